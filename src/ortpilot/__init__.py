@@ -1,0 +1,51 @@
+"""ortpilot: ONNX Runtime sessions that run where you asked, measured and tuned.
+
+The public surface is small; everything else lives in one module per job (see README).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ortpilot.errors import (
+    AccuracyGateError,
+    InputError,
+    ModelLoadError,
+    OrtpilotError,
+    ProviderError,
+    ProviderFallbackError,
+    StampMismatchError,
+    UsageError,
+    VerificationError,
+)
+from ortpilot.session import SessionSettings, VerifiedSession, load
+
+__version__ = "0.1.0"
+
+
+def doctor(**kwargs: Any):
+    """Inspect this environment: ORT distributions, providers, plugin EPs, GPU libraries, CPU ISA."""
+    from ortpilot.providers.doctor import run_doctor
+
+    return run_doctor(**kwargs)
+
+
+def tune(model: str | None = None, out_dir: str = "ortpilot-out", budget_s: float = 300, **kwargs: Any):
+    """Search for the fastest configuration that passes the accuracy gate; write a profile."""
+    from ortpilot.tune import tune as _tune
+
+    return _tune(model, out_dir=out_dir, budget_s=budget_s, **kwargs)
+
+
+def load_profile(path: str, **kwargs: Any) -> VerifiedSession:
+    """Recreate and re-verify the session a tune profile describes."""
+    from ortpilot.artifacts.profile import load_profile as _load_profile
+
+    return _load_profile(path, **kwargs)
+
+
+__all__ = [
+    "AccuracyGateError", "InputError", "ModelLoadError", "OrtpilotError", "ProviderError",
+    "ProviderFallbackError", "SessionSettings", "StampMismatchError", "UsageError", "VerificationError",
+    "VerifiedSession", "doctor", "load", "load_profile", "tune", "__version__",
+]

@@ -1,0 +1,39 @@
+"""Functions behind CLI commands that are not a single layer's job (thin glue, no logic of its own)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ortpilot.graph.feeds import make_feeds, plan_feeds
+from ortpilot.graph.shapes import parse_shape_args
+from ortpilot.session import SessionSettings, load
+
+
+def run_once(model: str, providers: Sequence[str] | None, *, policy: str = "warn", min_coverage: float | None = None,
+             level: str = "all", feeds: Mapping[str, np.ndarray] | None = None, shapes: Sequence[str] = (),
+             isolate: bool = False) -> dict[str, Any]:
+    """Load verified, run once (generated inputs unless given), describe everything."""
+    shape_map = parse_shape_args(list(shapes))
+    sess = load(model, providers, policy, min_coverage=min_coverage, settings=SessionSettings(level=level),
+                shapes=shape_map, isolate=isolate)
+    generated = ""
+    if feeds:
+        feeds = sess.check_feeds(feeds)
+    else:
+        plan = plan_feeds(sess.model, shape_map)
+        feeds = make_feeds(sess.model, plan=plan)
+        generated = plan.describe()
+    names = [o.name for o in sess.get_outputs()]
+    values = sess.run(None, feeds)
+    outputs = []
+    for name, value in zip(names, values):
+        arr = np.asarray(value)
+        numeric = arr.size and np.issubdtype(arr.dtype, np.number)
+        outputs.append({"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype),
+                        "min": float(np.nanmin(arr)) if numeric else 0.0,
+                        "max": float(np.nanmax(arr)) if numeric else 0.0,
+                        "nan": int(np.isnan(arr).sum()) if numeric and np.issubdtype(arr.dtype, np.floating) else 0})
+    return {"session": sess.to_dict(), "generated_inputs": generated, "outputs": outputs}

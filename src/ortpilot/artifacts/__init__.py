@@ -1,0 +1,1 @@
+"""Artifacts ortpilot writes: atomic files, stamps, the content-addressed cache, profiles."""

@@ -1,0 +1,118 @@
+"""What every command shares: error handling, exit codes, JSON on stdout, logs on stderr."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from ortpilot.errors import OrtpilotError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Logs, tables for humans and progress go to stderr unless a command renders to stdout on
+# purpose; --json keeps stdout for exactly one JSON document.
+stderr = Console(stderr=True)
+stdout = Console()
+
+
+def setup_logging(debug: bool) -> None:
+    from rich.logging import RichHandler
+
+    root = logging.getLogger("ortpilot")
+    root.handlers.clear()
+    handler = RichHandler(console=stderr, show_time=False, show_path=False, markup=False)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    root.propagate = False
+
+
+def emit_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, default=_json_default) + "\n")
+    sys.stdout.flush()
+
+
+def _json_default(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    return str(obj)
+
+
+def handle_errors(func: F) -> F:
+    """Turn OrtpilotError into a one-paragraph message and its exit code; --debug shows tracebacks."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        debug = bool(ctx.find_root().params.get("debug"))
+        try:
+            return func(*args, **kwargs)
+        except OrtpilotError as exc:
+            if debug:
+                stderr.print_exception()
+            stderr.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            stderr.print("[yellow]interrupted[/]")
+            ctx.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def parse_kv_list(items: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise click.BadParameter(f"'{item}' is not NAME=VALUE")
+        out[key] = value
+    return out
+
+
+def resolve_model_arg(text: str) -> str:
+    """``demo:NAME`` means a built-in demo model (built on first use); anything else is a path."""
+    if text.startswith("demo:"):
+        from ortpilot.models import demo_model_path
+
+        return str(demo_model_path(text.split(":", 1)[1]))
+    return text
+
+
+def load_input_files(items: tuple[str, ...]) -> dict[str, Any]:
+    """``--input NAME=FILE.npy`` (or one ``.npz`` holding every input) into arrays."""
+    import numpy as np
+
+    from ortpilot.errors import InputError
+
+    feeds: dict[str, Any] = {}
+    for item in items:
+        name, eq, path = item.partition("=")
+        try:
+            if not eq and item.endswith(".npz"):
+                with np.load(item) as data:
+                    feeds.update({k: data[k] for k in data.files})
+                continue
+            if not eq:
+                raise InputError(f"--input '{item}' is not NAME=FILE.npy (or one FILE.npz with all inputs).")
+            feeds[name] = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise InputError(f"Input file '{path or item}' does not exist.") from None
+        except (ValueError, OSError) as exc:
+            raise InputError(f"Input file '{path or item}' is not a readable .npy/.npz array ({exc}).") from None
+    return feeds
+
+
+PROVIDER_HELP = "Execution provider, in priority order (repeatable): cpu cuda tensorrt openvino coreml dml webgpu qnn, or 'cuda:device_id=1'."
+SHAPE_HELP = "Fix a dynamic shape: NAME=1x3x224x224 for an input, or DIM=64 for a symbolic dim (repeatable)."

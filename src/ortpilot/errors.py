@@ -1,0 +1,61 @@
+"""Errors that carry their own exit code and a one-paragraph explanation.
+
+Every error a user can cause or ortpilot can detect is one of these; the CLI prints
+``str(err)`` and exits with ``err.exit_code``. Anything else is a bug and shows a traceback.
+"""
+
+from __future__ import annotations
+
+
+class OrtpilotError(Exception):
+    """Base class. ``exit_code`` follows DESIGN.md: 1 verification failed, 2 bad input."""
+
+    exit_code: int = 2
+
+
+class UsageError(OrtpilotError):
+    """Bad usage or bad input: a wrong flag, a missing file, a malformed model or feed."""
+
+    exit_code = 2
+
+
+class ModelLoadError(UsageError):
+    """The model file cannot be read, parsed or checked (missing, truncated, external data)."""
+
+
+class InputError(UsageError):
+    """Feeds do not match the model (unknown names, wrong dtype, rank or shape)."""
+
+
+class ProviderError(UsageError):
+    """An unknown provider name or malformed provider options."""
+
+
+class VerificationError(OrtpilotError):
+    """A check failed: strict fallback, accuracy gate, stamp mismatch."""
+
+    exit_code = 1
+
+
+class ProviderFallbackError(VerificationError):
+    """The session did not run on the requested provider (any of the four fallback layers)."""
+
+    def __init__(self, message: str, *, requested: str = "", loaded: list[str] | None = None,
+                 reason: str = "", layer: int = 0) -> None:
+        super().__init__(message)
+        self.requested = requested
+        self.loaded = list(loaded or [])
+        self.reason = reason
+        self.layer = layer
+
+
+class StampMismatchError(VerificationError):
+    """An artifact was built for another ORT version, EP or model than the one in use."""
+
+
+class AccuracyGateError(VerificationError):
+    """A transformed model's error against its source exceeds the allowed maximum."""
+
+
+class OrtCrashError(VerificationError):
+    """ORT killed the (child) process while loading or running a model."""

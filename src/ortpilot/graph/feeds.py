@@ -1,0 +1,181 @@
+"""Synthetic inputs that respect the graph, and validation of user feeds.
+
+Random int64 token ids index past an embedding table and crash the run; random masks turn
+attention off. So generated values follow the graph: integer inputs that index a ``Gather``
+on an initializer stay below its row count, masks are ones, type ids zeros, positions count up,
+lengths equal their sequence.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from ortpilot.errors import InputError
+from ortpilot.graph.shapes import InputInfo, graph_inputs, resolve_input_shapes
+
+_MASK = re.compile(r"mask", re.I)
+_TYPE_IDS = re.compile(r"(token_?type|segment)", re.I)
+_POSITION = re.compile(r"position", re.I)
+_LENGTH = re.compile(r"(length|lens?$|seqlens)", re.I)
+_SAMPLE_RATE = re.compile(r"^(sr|sample_?rate|sampling_?rate)$", re.I)
+# Pass-through ops between an input and the Gather that consumes it as indices.
+_TRANSPARENT = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"}
+
+
+class NaNInputWarning(UserWarning):
+    """A feed holds NaN or Inf values: legal, but usually a bug upstream."""
+
+
+@dataclass(frozen=True)
+class FeedPlan:
+    """The shapes chosen for generated inputs, and the dims they came from (for printing)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    dim_values: dict[str, int]
+    index_bounds: dict[str, int]
+
+    def describe(self) -> str:
+        return ", ".join(f"{n}={'x'.join(map(str, s)) or 'scalar'}" for n, s in self.shapes.items())
+
+
+def embedding_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """Input name -> row count of the initializer table it indexes through Gather."""
+    inits = {t.name: t for t in model.graph.initializer}
+    consts = {}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].type == onnx.AttributeProto.TENSOR:
+            consts[node.output[0]] = node.attribute[0].t
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    bounds: dict[str, int] = {}
+    for info in graph_inputs(model):
+        frontier, seen = [info.name], set()
+        while frontier:
+            tensor = frontier.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            for node in consumers.get(tensor, []):
+                if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == tensor:
+                    table = inits.get(node.input[0]) or consts.get(node.input[0])
+                    if table is not None and table.dims:
+                        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                        rows = int(table.dims[axis])
+                        bounds[info.name] = min(bounds.get(info.name, rows), rows)
+                elif node.op_type in _TRANSPARENT and node.input and node.input[0] == tensor:
+                    frontier.extend(node.output)
+    return bounds
+
+
+def plan_feeds(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None) -> FeedPlan:
+    concrete, dims = resolve_input_shapes(graph_inputs(model), shapes)
+    return FeedPlan(concrete, dims, embedding_bounds(model))
+
+
+def make_feeds(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None,
+               *, seed: int = 0, plan: FeedPlan | None = None) -> dict[str, np.ndarray]:
+    """Generate one set of inputs for the model (deterministic for a seed)."""
+    plan = plan or plan_feeds(model, shapes)
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    infos = {i.name: i for i in graph_inputs(model)}
+    for name, shape in plan.shapes.items():
+        feeds[name] = _value_for(infos[name], shape, plan, rng)
+    return feeds
+
+
+def _value_for(info: InputInfo, shape: tuple[int, ...], plan: FeedPlan, rng: np.random.Generator) -> np.ndarray:
+    dtype = np.dtype(info.dtype)
+    name = info.name
+    if dtype == np.bool_:
+        return np.ones(shape, dtype=bool) if _MASK.search(name) else rng.integers(0, 2, shape).astype(bool)
+    if np.issubdtype(dtype, np.floating):
+        if _MASK.search(name):
+            return np.ones(shape, dtype=dtype)
+        return rng.standard_normal(shape).astype(dtype)
+    if not np.issubdtype(dtype, np.integer):
+        raise InputError(f"Input '{name}' has element type {dtype}, which ortpilot cannot generate; "
+                         "pass it with --input NAME=FILE.npy.")
+    if _MASK.search(name):
+        return np.ones(shape, dtype=dtype)
+    if name in plan.index_bounds:
+        return rng.integers(0, max(1, plan.index_bounds[name]), shape).astype(dtype)
+    if _TYPE_IDS.search(name):
+        return np.zeros(shape, dtype=dtype)
+    if _POSITION.search(name) and shape:
+        past = next((v for k, v in plan.dim_values.items() if "past" in k.lower()), 0)
+        return np.broadcast_to(np.arange(past, past + shape[-1]), shape).astype(dtype).copy()
+    if _SAMPLE_RATE.match(name):
+        return np.full(shape, 16000, dtype=dtype)
+    if _LENGTH.search(name):
+        seq = next((v for k, v in plan.dim_values.items() if "seq" in k.lower()), 1)
+        return np.full(shape, seq, dtype=dtype)
+    return rng.integers(0, 2, shape).astype(dtype)
+
+
+def validate_feeds(inputs: Sequence[InputInfo], feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """Check names, dtypes, ranks and fixed dims; warn on NaN/Inf. Returns numpy arrays.
+
+    Runs before ORT so that the error names the input and the fix, not an ORT status code.
+    """
+    by_name = {i.name: i for i in inputs}
+    unknown = [n for n in feeds if n not in by_name]
+    if unknown:
+        raise InputError(f"Unknown input name(s) {', '.join(map(repr, unknown))}. The model's inputs are: "
+                         + ", ".join(f"{i.name} {i.dtype}{_dims(i.dims)}" for i in inputs) + ".")
+    missing = [n for n in by_name if n not in feeds]
+    if missing:
+        raise InputError(f"Missing input(s) {', '.join(map(repr, missing))}. Provide every input: "
+                         + ", ".join(f"{i.name} {i.dtype}{_dims(i.dims)}" for i in inputs) + ".")
+    out: dict[str, np.ndarray] = {}
+    for name, value in feeds.items():
+        info = by_name[name]
+        if not isinstance(value, np.ndarray):
+            if hasattr(value, "numpy") and callable(value.numpy):
+                value = value.numpy()
+            else:
+                value = np.asarray(value)
+        want = np.dtype(info.dtype)
+        if value.dtype != want:
+            raise InputError(f"Input '{name}' must be {want}, got {value.dtype}. Convert it first, e.g. "
+                             f"arr.astype(np.{want.name}).")
+        if info.dims and value.ndim != len(info.dims):
+            raise InputError(f"Input '{name}' must have rank {len(info.dims)} {_dims(info.dims)}, got rank "
+                             f"{value.ndim} with shape {list(value.shape)}.")
+        for axis, (d, got) in enumerate(zip(info.dims, value.shape)):
+            if isinstance(d, int) and d >= 0 and d != got:
+                raise InputError(f"Input '{name}' dim {axis} must be {d} {_dims(info.dims)}, got shape "
+                                 f"{list(value.shape)}.")
+        if np.issubdtype(value.dtype, np.floating) and value.size and not np.isfinite(value).all():
+            nans = int(np.isnan(value).sum())
+            infs = int(np.isinf(value).sum())
+            warnings.warn(f"Input '{name}' contains {nans} NaN and {infs} Inf value(s); outputs will likely "
+                          "be NaN too.", NaNInputWarning, stacklevel=3)
+        out[name] = value
+    return out
+
+
+def _dims(dims: Sequence[int | str | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def batch_size_of(feeds: Mapping[str, np.ndarray]) -> int:
+    """Items per inference for throughput: the first dim of the first input with rank >= 2."""
+    for value in feeds.values():
+        if value.ndim >= 2:
+            return int(value.shape[0])
+    return 1
+
+
+def nbytes(feeds: Mapping[str, np.ndarray]) -> int:
+    return int(sum(v.nbytes for v in feeds.values()))
+
+

@@ -1,0 +1,133 @@
+"""Read and write ONNX model files with errors a user can act on.
+
+ORT's own messages for a bad file ("Protobuf parsing failed", "Load model from x failed")
+say neither what is wrong nor what to do; these checks run first and say both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import onnx
+
+from ortpilot.errors import ModelLoadError
+
+# IR version and default opset that every ORT ortpilot supports can read. onnx 1.23 writes
+# IR 14 by default, which ORT 1.24 (the onnxruntime-openvino build) refuses.
+SAFE_IR_VERSION = 10
+DEFAULT_OPSET = 18
+
+
+def max_ir_version_for_ort(ort_version: str | None = None) -> int:
+    """The highest model IR version the given (or running) ORT reads."""
+    if ort_version is None:
+        import onnxruntime as ort
+
+        ort_version = ort.__version__
+    major, minor = (int(p) for p in ort_version.split(".")[:2])
+    if (major, minor) >= (1, 25):
+        return 14  # assumption: ORT 1.25+ ships onnx 1.23 (IR 14); verified for 1.32
+    if (major, minor) >= (1, 20):
+        return 13 if (major, minor) >= (1, 23) else 10
+    return 9
+
+
+def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> onnx.ModelProto:
+    """Load and lightly validate an ONNX model, raising ModelLoadError with a fix."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"Model file '{p}' does not exist. Check the path, or run "
+                             "'ortpilot demo-models DIR' to get demo models to try.")
+    if p.is_dir():
+        raise ModelLoadError(f"'{p}' is a directory, not an ONNX model file. Pass the .onnx file itself.")
+    size = p.stat().st_size
+    if size == 0:
+        raise ModelLoadError(f"Model file '{p}' is empty (0 bytes). The download or export that "
+                             "produced it probably failed; produce it again.")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError and friends
+        raise ModelLoadError(
+            f"'{p}' is not a readable ONNX model ({type(exc).__name__}: {exc}). It may be truncated, "
+            "or not an ONNX file at all (a .ort, .pt or .safetensors file?). Re-export or re-download it."
+        ) from None
+    if not model.graph.node and not model.graph.output:
+        raise ModelLoadError(
+            f"'{p}' parsed as protobuf but holds no graph: it is not an ONNX model, or it is truncated. "
+            "Re-export or re-download it.")
+    missing = missing_external_data(model, p.parent)
+    if missing:
+        listed = ", ".join(sorted(missing)[:5])
+        raise ModelLoadError(
+            f"Model '{p}' keeps weights in external data files that are missing: {listed}. "
+            "Copy those files next to the model (same relative paths), or re-save the model "
+            "with all tensors inside it (onnx.save(model, path, save_as_external_data=False)).")
+    if load_external_data and _uses_external_data(model):
+        try:
+            onnx.load_external_data_for_model(model, str(p.parent))
+        except Exception as exc:
+            raise ModelLoadError(f"External data of '{p}' could not be read: {exc}. "
+                                 "Check that the data files are complete.") from None
+    return model
+
+
+def _external_locations(model: onnx.ModelProto) -> set[str]:
+    locations: set[str] = set()
+    for tensor in _all_initializers(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    locations.add(entry.value)
+    return locations
+
+
+def _uses_external_data(model: onnx.ModelProto) -> bool:
+    return bool(_external_locations(model))
+
+
+def missing_external_data(model: onnx.ModelProto, base_dir: Path) -> list[str]:
+    """External data files the model refers to that do not exist under ``base_dir``."""
+    return [loc for loc in _external_locations(model) if not (base_dir / loc).is_file()]
+
+
+def _all_initializers(model: onnx.ModelProto):
+    yield from model.graph.initializer
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.g is not None:
+                yield from attr.g.initializer
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Content hash of a file, streamed (models can be GBs)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_sha256(model: onnx.ModelProto) -> str:
+    """Content hash of an in-memory model (its serialized bytes)."""
+    return hashlib.sha256(model.SerializeToString()).hexdigest()
+
+
+def set_ir_for_running_ort(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Lower the model's IR version to what the running ORT reads, when that is safe."""
+    limit = max_ir_version_for_ort()
+    if model.ir_version > limit:
+        model.ir_version = max(limit, SAFE_IR_VERSION)
+    return model
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+    """Save atomically (temp file + fsync + rename), lowering the IR version if needed.
+
+    Models over 2 GB are written with external data next to them.
+    """
+    from ortpilot.artifacts.atomic import atomic_write_model
+
+    set_ir_for_running_ort(model)
+    return atomic_write_model(model, Path(path))

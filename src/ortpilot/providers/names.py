@@ -1,0 +1,169 @@
+"""Turn what a user types (``cuda:device_id=1``, ``OpenVINO``, a dict) into ORT provider specs.
+
+Resolution is pure: it does not check availability (that is the session's job, so that a
+missing provider becomes a recorded fallback, not a parse error). It does reject names that no
+ORT build knows, and malformed options, with the list of valid names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from ortpilot.errors import ProviderError
+
+PROVIDER_ALIASES: dict[str, str] = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+    "ov": "OpenVINOExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "directml": "DmlExecutionProvider",
+    "webgpu": "WebGpuExecutionProvider",
+    "qnn": "QNNExecutionProvider",
+    "rocm": "ROCMExecutionProvider",
+    "migraphx": "MIGraphXExecutionProvider",
+    "dnnl": "DnnlExecutionProvider",
+    "xnnpack": "XnnpackExecutionProvider",
+    "nvtensorrtrtx": "NvTensorRTRTXExecutionProvider",
+    "azure": "AzureExecutionProvider",
+}
+
+SHORT_NAMES: tuple[str, ...] = ("cpu", "cuda", "tensorrt", "openvino", "coreml", "dml", "webgpu", "qnn")
+
+ProviderLike = Union[str, "ProviderSpec", tuple, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class ProviderSpec:
+    """One execution provider with its options, as ortpilot will pass it to ORT."""
+
+    name: str
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def short(self) -> str:
+        return short_name(self.name)
+
+    def as_ort(self) -> tuple[str, dict[str, str]]:
+        return (self.name, dict(self.options))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "short": self.short, "options": dict(self.options)}
+
+    def __str__(self) -> str:
+        if not self.options:
+            return self.short
+        return self.short + ":" + ",".join(f"{k}={v}" for k, v in self.options.items())
+
+
+def known_provider_names() -> list[str]:
+    """Every provider name any ORT build knows, plus plugin EP names installed here."""
+    names = set(PROVIDER_ALIASES.values())
+    try:
+        import onnxruntime as ort
+
+        names.update(ort.get_all_providers())
+    except ImportError:  # pragma: no cover - ortpilot needs ORT, but errors must still render
+        pass
+    from ortpilot.providers.plugins import discover_plugin_eps
+
+    for plugin in discover_plugin_eps():
+        names.update(plugin.ep_names)
+    return sorted(names)
+
+
+def short_name(full: str) -> str:
+    for short, name in PROVIDER_ALIASES.items():
+        if name == full and short in SHORT_NAMES + ("rocm", "migraphx", "dnnl", "xnnpack", "azure"):
+            return short
+    return full
+
+
+def canonical_name(name: str) -> str:
+    """Map a short or full, any-case name to ORT's full provider name."""
+    key = name.strip()
+    if not key:
+        raise ProviderError(_unknown_message(name))
+    alias = PROVIDER_ALIASES.get(key.lower())
+    if alias:
+        return alias
+    for full in known_provider_names():
+        if full.lower() == key.lower() or full.lower() == key.lower() + "executionprovider":
+            return full
+    raise ProviderError(_unknown_message(name))
+
+
+def _unknown_message(name: str) -> str:
+    return (f"Unknown execution provider '{name}'. Valid short names: {', '.join(SHORT_NAMES)} "
+            f"(case-insensitive), or a full ORT name such as {', '.join(sorted(set(PROVIDER_ALIASES.values()))[:6])}, .... "
+            "Options follow a colon: 'cuda:device_id=1,cudnn_conv_algo_search=HEURISTIC'.")
+
+
+def parse_provider_arg(text: str) -> ProviderSpec:
+    """Parse the CLI form ``name[:key=value[,key=value...]]``."""
+    name, _, opts = text.partition(":")
+    options: dict[str, str] = {}
+    if opts:
+        for item in opts.split(","):
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip():
+                raise ProviderError(
+                    f"Malformed provider options in '{text}': '{item}' is not KEY=VALUE. "
+                    "Write options as 'name:key=value,key2=value2', e.g. 'cuda:device_id=1'.")
+            options[key.strip()] = value.strip()
+    return ProviderSpec(canonical_name(name), options)
+
+
+def _one(item: ProviderLike) -> ProviderSpec:
+    if isinstance(item, ProviderSpec):
+        return item
+    if isinstance(item, str):
+        return parse_provider_arg(item)
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
+        base = parse_provider_arg(item[0])
+        return ProviderSpec(base.name, {**base.options, **{str(k): _opt_str(v) for k, v in item[1].items()}})
+    if isinstance(item, Mapping) and "name" in item:
+        opts = item.get("options") or {}
+        return ProviderSpec(canonical_name(str(item["name"])), {str(k): _opt_str(v) for k, v in opts.items()})
+    raise ProviderError(f"Cannot read provider {item!r}: give a name ('cuda'), 'name:key=value', "
+                        "a (name, options-dict) tuple, or {'name': ..., 'options': {...}}.")
+
+
+def _opt_str(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def resolve_providers(items: Iterable[ProviderLike] | ProviderLike | None,
+                      *, apply_defaults: bool = True) -> list[ProviderSpec]:
+    """Resolve a provider chain, apply each provider's gotcha defaults, drop duplicates.
+
+    ``None`` or an empty chain means CPU only.
+    """
+    if items is None:
+        raw: Sequence[ProviderLike] = ["cpu"]
+    elif isinstance(items, (str, ProviderSpec, tuple)) or (isinstance(items, Mapping) and "name" in items):
+        raw = [items]  # type: ignore[list-item]
+    else:
+        raw = list(items)  # type: ignore[arg-type]
+        if not raw:
+            raw = ["cpu"]
+    specs: list[ProviderSpec] = []
+    seen: set[str] = set()
+    for item in raw:
+        spec = _one(item)
+        if spec.name in seen:
+            continue
+        seen.add(spec.name)
+        specs.append(spec)
+    if apply_defaults:
+        from ortpilot.providers.defaults import apply_provider_defaults
+
+        specs = apply_provider_defaults(specs)
+    return specs

@@ -1,0 +1,120 @@
+"""Plugin execution providers shipped as ``onnxruntime-ep-*`` packages.
+
+Such a package holds a shared library that must be registered with
+``onnxruntime.register_execution_provider_library``; its EP then appears in
+``get_ep_devices()`` and is selected with ``SessionOptions.add_provider_for_devices``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class PluginEP:
+    """An installed plugin EP package."""
+
+    distribution: str
+    version: str
+    module: str
+    library_path: str
+    ep_names: tuple[str, ...]
+    error: str = ""
+
+    def to_dict(self) -> dict:
+        return {"distribution": self.distribution, "version": self.version, "module": self.module,
+                "library_path": self.library_path, "ep_names": list(self.ep_names), "error": self.error}
+
+
+@dataclass
+class _Registry:
+    registered: dict[str, str] = field(default_factory=dict)  # ep name -> library path
+    failed: dict[str, str] = field(default_factory=dict)  # ep name -> error
+
+
+_REGISTRY = _Registry()
+
+
+def _is_plugin_dist(name: str) -> bool:
+    norm = name.lower().replace("_", "-")
+    return norm.startswith("onnxruntime-ep-")
+
+
+@lru_cache(maxsize=1)
+def discover_plugin_eps() -> tuple[PluginEP, ...]:
+    """Installed plugin EP packages, found through their distribution metadata."""
+    found: dict[str, PluginEP] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata.get("Name") or ""
+        if not _is_plugin_dist(name) or name in found:
+            continue
+        module_name = name.lower().replace("-", "_")
+        try:
+            top = (dist.read_text("top_level.txt") or "").split()
+            if top:
+                module_name = top[0]
+            mod = importlib.import_module(module_name)
+            lib = str(mod.get_library_path())
+            if hasattr(mod, "get_ep_names"):
+                eps = tuple(mod.get_ep_names())
+            else:
+                eps = (mod.get_ep_name(),)
+            found[name] = PluginEP(name, dist.version, module_name, lib, eps)
+        except Exception as exc:  # a broken plugin package must not break discovery
+            found[name] = PluginEP(name, dist.version, module_name, "", (), f"{type(exc).__name__}: {exc}")
+    return tuple(found.values())
+
+
+def plugin_for_ep(ep_name: str) -> PluginEP | None:
+    for plugin in discover_plugin_eps():
+        if ep_name in plugin.ep_names:
+            return plugin
+    return None
+
+
+def register_plugin(ep_name: str, library_path: str | None = None) -> str:
+    """Register a plugin EP library once per process. Returns '' on success, else ORT's error."""
+    import onnxruntime as ort
+
+    if ep_name in _REGISTRY.registered:
+        return ""
+    if library_path is None:
+        plugin = plugin_for_ep(ep_name)
+        if plugin is None:
+            return f"no installed onnxruntime-ep-* package provides {ep_name}"
+        if plugin.error:
+            return f"plugin package {plugin.distribution} is broken: {plugin.error}"
+        library_path = plugin.library_path
+    try:
+        ort.register_execution_provider_library(ep_name, library_path)
+    except Exception as exc:
+        message = str(exc)
+        if "already registered" in message.lower():
+            _REGISTRY.registered[ep_name] = library_path
+            return ""
+        _REGISTRY.failed[ep_name] = message
+        return message
+    _REGISTRY.registered[ep_name] = library_path
+    return ""
+
+
+def ep_devices(ep_name: str | None = None) -> list:
+    """``get_ep_devices()`` entries, optionally only those of one EP."""
+    import onnxruntime as ort
+
+    if not hasattr(ort, "get_ep_devices"):
+        return []
+    devices = list(ort.get_ep_devices())
+    if ep_name is not None:
+        devices = [d for d in devices if d.ep_name == ep_name]
+    return devices
+
+
+def describe_ep_device(device) -> dict:
+    hw = device.device
+    return {"ep_name": device.ep_name, "ep_vendor": device.ep_vendor,
+            "device_type": str(hw.type).rsplit(".", 1)[-1], "device_vendor": hw.vendor,
+            "device_id": getattr(hw, "device_id", None), "metadata": dict(device.ep_metadata)}

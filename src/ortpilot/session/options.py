@@ -1,0 +1,83 @@
+"""Session settings as a plain, serializable record, and their mapping onto ORT's SessionOptions.
+
+One record type serves ``load``, ``bench`` flags, tune candidates and profile files, so a
+profile recreates exactly the session that was measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import onnxruntime as ort
+
+from ortpilot.errors import UsageError
+
+LEVELS: dict[str, ort.GraphOptimizationLevel] = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+# "layout" (ORT_ENABLE_LAYOUT, between extended and all) exists only in newer ORT builds.
+if hasattr(ort.GraphOptimizationLevel, "ORT_ENABLE_LAYOUT"):
+    LEVELS["layout"] = ort.GraphOptimizationLevel.ORT_ENABLE_LAYOUT
+LEVEL_NAMES = ("disable", "basic", "extended", "layout", "all")
+
+
+@dataclass
+class SessionSettings:
+    """Everything about a session except the model and providers."""
+
+    level: str = "all"
+    intra_op_threads: int = 0  # 0 = ORT's default (one per physical core)
+    inter_op_threads: int = 0
+    execution_mode: str = "sequential"  # or "parallel"
+    enable_cpu_mem_arena: bool = True
+    enable_mem_pattern: bool = True
+    free_dimension_overrides: dict[str, int] = field(default_factory=dict)
+    config_entries: dict[str, str] = field(default_factory=dict)
+    optimized_model_filepath: str = ""
+    log_severity: int = 2  # 0 verbose .. 4 fatal; 2 = warnings, enough to see fallbacks
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVEL_NAMES:
+            raise UsageError(f"Unknown optimization level '{self.level}'. Choose one of {', '.join(LEVEL_NAMES)}.")
+        if self.execution_mode not in ("sequential", "parallel"):
+            raise UsageError(f"Unknown execution mode '{self.execution_mode}': use sequential or parallel.")
+        for name in ("intra_op_threads", "inter_op_threads"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name} must be >= 0 (0 means ORT's default), got {getattr(self, name)}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SessionSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise UsageError(f"Unknown session setting(s) {sorted(unknown)}; known: {sorted(known)}.")
+        return cls(**data)
+
+    def build(self) -> ort.SessionOptions:
+        opts = ort.SessionOptions()
+        level = LEVELS.get(self.level)
+        if level is None:
+            raise UsageError(f"Optimization level '{self.level}' is not supported by ORT {ort.__version__}; "
+                             f"it supports {', '.join(LEVELS)}.")
+        opts.graph_optimization_level = level
+        opts.intra_op_num_threads = self.intra_op_threads
+        opts.inter_op_num_threads = self.inter_op_threads
+        opts.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if self.execution_mode == "parallel"
+                               else ort.ExecutionMode.ORT_SEQUENTIAL)
+        opts.enable_cpu_mem_arena = self.enable_cpu_mem_arena
+        opts.enable_mem_pattern = self.enable_mem_pattern
+        opts.log_severity_level = self.log_severity
+        for dim, value in self.free_dimension_overrides.items():
+            opts.add_free_dimension_override_by_name(dim, int(value))
+        for key, value in self.config_entries.items():
+            opts.add_session_config_entry(key, str(value))
+        if self.optimized_model_filepath:
+            opts.optimized_model_filepath = self.optimized_model_filepath
+        return opts
