@@ -35,6 +35,9 @@ PROVIDER_ALIASES: dict[str, str] = {
 
 SHORT_NAMES: tuple[str, ...] = ("cpu", "cuda", "tensorrt", "openvino", "coreml", "dml", "webgpu", "qnn")
 
+# Provider option naming a plugin EP library to register; ortpilot's own, never passed to ORT.
+EP_LIBRARY_OPTION = "ep_library"
+
 ProviderLike = Union[str, "ProviderSpec", tuple, Mapping[str, Any]]
 
 
@@ -49,8 +52,12 @@ class ProviderSpec:
     def short(self) -> str:
         return short_name(self.name)
 
+    def ort_options(self) -> dict[str, str]:
+        """Options as ORT takes them (without ortpilot's own keys)."""
+        return {k: v for k, v in self.options.items() if k != EP_LIBRARY_OPTION}
+
     def as_ort(self) -> tuple[str, dict[str, str]]:
-        return (self.name, dict(self.options))
+        return (self.name, self.ort_options())
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "short": self.short, "options": dict(self.options)}

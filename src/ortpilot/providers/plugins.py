@@ -75,12 +75,15 @@ def plugin_for_ep(ep_name: str) -> PluginEP | None:
     return None
 
 
-def register_plugin(ep_name: str, library_path: str | None = None) -> str:
+def register_plugin(ep_name: str, library_path: str | None = None, *, registration_name: str | None = None) -> str:
     """Register a plugin EP library once per process. Returns '' on success, else ORT's error."""
     import onnxruntime as ort
 
-    if ep_name in _REGISTRY.registered:
+    key = registration_name or ep_name
+    if key in _REGISTRY.registered:
         return ""
+    if key in _REGISTRY.failed:
+        return _REGISTRY.failed[key]
     if library_path is None:
         plugin = plugin_for_ep(ep_name)
         if plugin is None:
@@ -89,15 +92,15 @@ def register_plugin(ep_name: str, library_path: str | None = None) -> str:
             return f"plugin package {plugin.distribution} is broken: {plugin.error}"
         library_path = plugin.library_path
     try:
-        ort.register_execution_provider_library(ep_name, library_path)
+        ort.register_execution_provider_library(key, library_path)
     except Exception as exc:
         message = str(exc)
         if "already registered" in message.lower():
-            _REGISTRY.registered[ep_name] = library_path
+            _REGISTRY.registered[key] = library_path
             return ""
-        _REGISTRY.failed[ep_name] = message
+        _REGISTRY.failed[key] = message
         return message
-    _REGISTRY.registered[ep_name] = library_path
+    _REGISTRY.registered[key] = library_path
     return ""
 
 

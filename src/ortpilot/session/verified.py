@@ -22,7 +22,7 @@ from ortpilot.graph.feeds import make_feeds, validate_feeds
 from ortpilot.graph.shapes import InputInfo, graph_inputs
 from ortpilot.modelio import file_sha256, load_model, model_sha256
 from ortpilot.providers.defaults import session_overrides
-from ortpilot.providers.names import ProviderLike, ProviderSpec, resolve_providers
+from ortpilot.providers.names import EP_LIBRARY_OPTION, ProviderLike, ProviderSpec, resolve_providers
 from ortpilot.providers.plugins import ep_devices, plugin_for_ep, register_plugin
 from ortpilot.session.fallback import Fallback, apply_policy, check_policy, fix_for
 from ortpilot.session.options import SessionSettings
@@ -133,6 +133,15 @@ def _read_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onn
 
 def _available(spec: ProviderSpec, built_in: list[str]) -> Fallback | None:
     """Layers 1 and 2 before creation: is the provider in this build, or a plugin with a device?"""
+    library = spec.options.get(EP_LIBRARY_OPTION)
+    if library:  # an explicit plugin library: register it under its own path
+        error = register_plugin(spec.name, library, registration_name=f"ortpilot:{library}")
+        if error:
+            return Fallback(2, spec.name, [], f"plugin library {library} failed to load: {error}", fix_for(spec.name))
+        if not ep_devices(spec.name):
+            return Fallback(2, spec.name, [], f"plugin library {library} registered, but ORT found no device for "
+                            f"{spec.name} (get_ep_devices() lists none)", fix_for(spec.name))
+        return None
     if spec.name in built_in:
         return None
     plugin = plugin_for_ep(spec.name)
@@ -154,12 +163,12 @@ def _create(source: str | bytes, chain: list[ProviderSpec], built_in: list[str],
     opts = settings.build()
     for key, value in extra_config.items():
         opts.add_session_config_entry(key, value)
-    if any(spec.name not in built_in for spec in chain):
+    if any(spec.name not in built_in or EP_LIBRARY_OPTION in spec.options for spec in chain):
         # Plugin EPs are selected by device; when one is in the chain, all of it goes that way.
         for spec in chain:
             devices = ep_devices(spec.name)
             if devices:
-                opts.add_provider_for_devices(devices, dict(spec.options))
+                opts.add_provider_for_devices(devices, spec.ort_options())
         return ort.InferenceSession(source, opts, enable_fallback=0)
     return ort.InferenceSession(source, opts, providers=[s.as_ort() for s in chain], enable_fallback=0)
 
@@ -247,9 +256,12 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
             raise ModelLoadError(f"ORT could not load the model: {error}. Check that the model is valid "
                                  "('ortpilot inspect MODEL') and was exported for an opset this ORT supports.")
         rest = chain[1:] or ([ProviderSpec(CPU)] if failed.name != CPU else [])
-        event = Fallback(3 if "disable_cpu_ep_fallback" not in error else 4, failed.name,
-                         [s.name for s in rest], error, fix_for(failed.name) if "disable_cpu" not in error
-                         else "allow CPU in the chain (-p cpu) or lower min_coverage.")
+        if "session.disable_cpu_ep_fallback" in extra and "CPU" in error:
+            # ORT refused because some nodes would need CPU: a layer-4 placement failure.
+            event = Fallback(4, failed.name, [s.name for s in rest], error,
+                             "allow CPU in the chain (-p cpu) or lower min_coverage.")
+        else:
+            event = Fallback(3, failed.name, [s.name for s in rest], error, fix_for(failed.name))
         fallbacks.append(event)
         if failed.name == primary.name or policy == "strict":
             apply_policy(policy, event)

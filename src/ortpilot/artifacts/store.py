@@ -1,0 +1,133 @@
+"""The content-addressed model cache: built once, verified on every read, safe to share.
+
+An entry lives in ``cache_root()/models/<key>/`` with ``model.onnx`` and ``entry.json`` (the
+model's sha256 and what built it). The key is the sha256 of everything that decides the
+bytes: source model hash, ORT version, EP and its options, level, free-dimension overrides,
+CPU features. Reads re-hash the model; a corrupt entry is discarded with a warning and
+rebuilt. Entries are built in a temp folder and renamed into place, under a per-entry
+``fcntl`` lock, so a crash leaves nothing half-written and two processes sharing the cache
+both end up with the same, complete entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ortpilot.artifacts.atomic import atomic_write_json
+from ortpilot.artifacts.cache import cache_root
+from ortpilot.modelio import file_sha256
+
+log = logging.getLogger("ortpilot")
+MODEL_FILE = "model.onnx"
+ENTRY_FILE = "entry.json"
+
+
+def cache_key(*, model_sha256: str, ort_version: str, providers: Sequence[Mapping[str, Any]] | Sequence[str],
+              level: str, free_dimension_overrides: Mapping[str, int] | None = None,
+              cpu: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None) -> str:
+    """sha256 over a canonical JSON of every input that decides the cached model's bytes."""
+    doc = {
+        "model": model_sha256, "ort": ort_version, "providers": list(providers), "level": level,
+        "free_dims": dict(sorted((free_dimension_overrides or {}).items())), "cpu": dict(cpu or {}),
+        "extra": dict(extra or {}),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class ModelStore:
+    """Cache of built models keyed by :func:`cache_key`."""
+
+    def __init__(self, root: str | os.PathLike | None = None) -> None:
+        self.root = Path(root) if root else cache_root() / "models"
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key
+
+    def get(self, key: str) -> Path | None:
+        """The cached model's path, or None; a corrupt entry is removed (with a warning)."""
+        folder = self.entry_dir(key)
+        model, entry = folder / MODEL_FILE, folder / ENTRY_FILE
+        if not folder.exists():
+            return None
+        try:
+            meta = json.loads(entry.read_text())
+            ok = model.is_file() and file_sha256(model) == meta["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            ok = False
+        if ok:
+            return model
+        log.warning("Cache entry %s is corrupt (content hash does not match); discarding and rebuilding it.", folder)
+        self.discard(key)
+        return None
+
+    def discard(self, key: str) -> None:
+        folder = self.entry_dir(key)
+        if folder.exists():
+            trash = folder.with_name(f".trash-{key}-{os.getpid()}-{time.monotonic_ns()}")
+            with contextlib.suppress(OSError):
+                os.replace(folder, trash)
+                folder = trash
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def read_entry(self, key: str) -> dict[str, Any]:
+        return json.loads((self.entry_dir(key) / ENTRY_FILE).read_text())
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        """Exclusive per-entry lock (fcntl), so only one process builds an entry at a time."""
+        lock_dir = self.root / ".locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(lock_dir / f"{key}.lock", "a+") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    def get_or_create(self, key: str, build: Callable[[Path], Any], meta: Mapping[str, Any] | None = None
+                      ) -> tuple[Path, bool]:
+        """Return (path, hit). On a miss, ``build(path)`` writes the model to ``path`` (a temp folder)."""
+        found = self.get(key)
+        if found is not None:
+            return found, True
+        with self.lock(key):
+            found = self.get(key)  # another process may have built it while we waited
+            if found is not None:
+                return found, True
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".build-{key[:16]}-", dir=self.root))
+            try:
+                build(tmp / MODEL_FILE)
+                if not (tmp / MODEL_FILE).is_file():
+                    raise RuntimeError(f"cache build for {key} wrote no {MODEL_FILE}")
+                atomic_write_json(tmp / ENTRY_FILE, {"key": key, "sha256": file_sha256(tmp / MODEL_FILE),
+                                                     "created": time.time(), "meta": dict(meta or {})})
+                os.replace(tmp, self.entry_dir(key))
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return self.entry_dir(key) / MODEL_FILE, False
+
+    def entries(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def leftovers(self) -> list[Path]:
+        """Temp build or trash folders (there should be none once no process is building)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.iterdir() if p.name.startswith((".build-", ".trash-")))
+
+
+__all__ = ["ENTRY_FILE", "MODEL_FILE", "ModelStore", "cache_key"]

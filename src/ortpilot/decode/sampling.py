@@ -1,0 +1,67 @@
+"""Choosing the next token from logits: greedy, or temperature / top-k / top-p with a seed.
+
+Greedy is the default because it is what the loops are compared on: every loop must produce
+the same greedy tokens. Sampling draws from one seeded generator, so a seed reproduces a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ortpilot.errors import UsageError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """``temperature`` 0 means greedy; ``top_k`` 0 and ``top_p`` 1.0 mean no cut."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise UsageError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        if self.top_k < 0:
+            raise UsageError(f"top_k must be >= 0 (0 = no cut), got {self.top_k}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UsageError(f"top_p must be in (0, 1], got {self.top_p}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Sampler:
+    """Picks one token per row of a [batch, vocab] logits array."""
+
+    def __init__(self, config: SamplingConfig | None = None) -> None:
+        self.config = config or SamplingConfig()
+        self._rng = np.random.default_rng(self.config.seed)
+
+    def __call__(self, logits: np.ndarray) -> np.ndarray:
+        if self.config.greedy:
+            return np.argmax(logits, axis=-1).astype(np.int64)
+        return np.array([self._sample(row) for row in logits], dtype=np.int64)
+
+    def _sample(self, row: np.ndarray) -> int:
+        cfg = self.config
+        scores = row.astype(np.float64) / cfg.temperature
+        order = np.argsort(-scores, kind="stable")
+        if cfg.top_k:
+            order = order[:cfg.top_k]
+        kept = scores[order]
+        probs = np.exp(kept - kept.max())
+        probs /= probs.sum()
+        if cfg.top_p < 1.0:
+            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+            cut = int(np.searchsorted(np.cumsum(probs), cfg.top_p) + 1)
+            order, probs = order[:cut], probs[:cut] / probs[:cut].sum()
+        return int(order[self._rng.choice(len(order), p=probs)])

@@ -1,0 +1,273 @@
+"""Which input is what in an ONNX decoder: token ids, mask, positions, KV cache, logits.
+
+Exporters name these differently (Optimum's ``past_key_values.N.key`` -> ``present.N.key``,
+old GPT-2 exports' stacked ``past_N`` -> ``present_N`` of shape [2, batch, heads, past, dim],
+``cache_position``, and GroupQueryAttention graphs that take ``seqlens_k`` and
+``total_sequence_length`` as inputs), so the loops read roles from one record instead of
+guessing names themselves. A model that does not fit is an exit-2 error that names what was
+found and what is missing; ``mapping`` overrides any role (and pairs a past input with its
+present output) when the names are unusual.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ortpilot.errors import UsageError
+from ortpilot.graph.feeds import embedding_bounds
+from ortpilot.graph.shapes import InputInfo, graph_inputs
+
+ROLES = ("input_ids", "attention_mask", "position_ids", "cache_position", "seqlens_k",
+         "total_sequence_length", "logits")
+_ROLE_NAMES: dict[str, tuple[str, ...]] = {
+    "input_ids": ("input_ids", "input", "tokens", "ids", "token_ids"),
+    "attention_mask": ("attention_mask", "mask", "attn_mask"),
+    "position_ids": ("position_ids", "positions"),
+    "cache_position": ("cache_position",),
+    "seqlens_k": ("seqlens_k",),
+    "total_sequence_length": ("total_sequence_length", "total_seq_len"),
+    "logits": ("logits", "lm_logits", "output", "scores"),
+}
+_PAST = re.compile(r"past", re.I)
+_SEQ_DIM = re.compile(r"(past|seq|len|total|cache)", re.I)
+_BATCH_DIM = re.compile(r"batch", re.I)
+_INDEX = re.compile(r"(\d+)")
+GQA_OPS = ("GroupQueryAttention",)
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One past input and the present output that becomes it at the next step.
+
+    ``dims`` are the past input's declared dims; ``seq_axis`` grows by one per generated token;
+    ``batch_axis`` takes the batch size. Every other dim must be a fixed number.
+    """
+
+    past: str
+    present: str
+    dims: tuple[int | str | None, ...]
+    seq_axis: int
+    batch_axis: int
+    dtype: np.dtype
+
+    def shape(self, batch: int, length: int) -> tuple[int, ...]:
+        out = []
+        for axis, dim in enumerate(self.dims):
+            out.append(batch if axis == self.batch_axis else length if axis == self.seq_axis
+                       else int(dim))  # type: ignore[arg-type]
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class DecoderSignature:
+    """Roles of a decoder's inputs and outputs, plus what the loops need to know about it."""
+
+    input_ids: str
+    logits: str
+    attention_mask: str | None = None
+    position_ids: str | None = None
+    cache_position: str | None = None
+    seqlens_k: str | None = None
+    total_sequence_length: str | None = None
+    cache: tuple[CacheEntry, ...] = ()
+    extra_inputs: tuple[str, ...] = ()
+    vocab_size: int | None = None
+    max_positions: int | None = None
+    gqa_nodes: int = 0
+    gqa_on_every_cache: bool = False
+    gqa_reads_mask: bool = False
+    inputs: Mapping[str, InputInfo] = field(default_factory=dict)
+
+    @property
+    def has_cache(self) -> bool:
+        return bool(self.cache)
+
+    @property
+    def kv_dtype(self) -> np.dtype | None:
+        return self.cache[0].dtype if self.cache else None
+
+    @property
+    def supports_shared_buffer(self) -> bool:
+        """GQA reads every past/present pair, so one max-length buffer can be both."""
+        return self.gqa_on_every_cache and self.has_cache
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input_ids": self.input_ids, "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids, "cache_position": self.cache_position,
+            "seqlens_k": self.seqlens_k, "total_sequence_length": self.total_sequence_length,
+            "logits": self.logits,
+            "cache": [{"past": c.past, "present": c.present, "dims": list(c.dims),
+                       "seq_axis": c.seq_axis, "dtype": str(c.dtype)} for c in self.cache],
+            "kv_dtype": str(self.kv_dtype) if self.cache else None,
+            "vocab_size": self.vocab_size, "max_positions": self.max_positions,
+            "gqa_nodes": self.gqa_nodes, "supports_shared_buffer": self.supports_shared_buffer,
+            "gqa_reads_attention_mask": self.gqa_reads_mask,
+        }
+
+
+def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None = None) -> DecoderSignature:
+    """Find the decoder roles in ``model`` (see the module docstring).
+
+    ``mapping``: role -> name for any of :data:`ROLES`, and past input name -> present output
+    name for cache pairs the usual patterns miss.
+    """
+    mapping = dict(mapping or {})
+    inputs = {i.name: i for i in graph_inputs(model)}
+    outputs = [o.name for o in model.graph.output]
+    unknown = [k for k in mapping if k not in ROLES and k not in inputs]
+    if unknown:
+        raise UsageError(f"Mapping key(s) {unknown} are neither roles ({', '.join(ROLES)}) nor inputs "
+                         f"of the model ({', '.join(inputs)}).")
+    for key, name in mapping.items():
+        pool = outputs if key == "logits" or key in inputs else list(inputs)
+        if name not in pool:
+            raise UsageError(f"Mapping {key}={name}: the model has no such "
+                             f"{'output' if pool is outputs else 'input'} (it has {', '.join(pool)}).")
+
+    pairs = _cache_pairs(inputs, outputs, {k: v for k, v in mapping.items() if k in inputs})
+    taken_in = {p for p, _ in pairs}
+    taken_out = {q for _, q in pairs}
+    roles = {role: mapping.get(role) or _find_role(role, [n for n in inputs if n not in taken_in])
+             for role in ROLES if role != "logits"}
+    roles["logits"] = mapping.get("logits") or _find_logits(model, [o for o in outputs if o not in taken_out])
+
+    missing = [r for r in ("input_ids", "logits") if not roles[r]]
+    if missing:
+        raise UsageError(
+            f"This model does not look like a decoder: no {' and no '.join(missing)} found. "
+            f"Inputs: {', '.join(inputs) or 'none'}; outputs: {', '.join(outputs) or 'none'}. "
+            "Expected input_ids -> logits, with past_key_values.N.key/value -> present.N.key/value "
+            "(or past_N -> present_N). Name the roles explicitly with --map ROLE=NAME "
+            f"(roles: {', '.join(ROLES)}) or --map PAST_INPUT=PRESENT_OUTPUT.")
+    used = {v for v in roles.values() if v} | taken_in
+    extra = tuple(n for n in inputs if n not in used)
+    if extra:
+        raise UsageError(
+            f"Decoder inputs {', '.join(extra)} have no known role, so the loops cannot feed them. "
+            f"Found: {', '.join(f'{r}={v}' for r, v in roles.items() if v)}, "
+            f"{len(pairs)} past/present pair(s). Map them with --map ROLE=NAME (roles: "
+            f"{', '.join(ROLES)}) or --map PAST_INPUT=PRESENT_OUTPUT.")
+
+    cache = tuple(_cache_entry(inputs[p], q) for p, q in pairs)
+    gqa = [n for n in model.graph.node if n.op_type in GQA_OPS]
+    gqa_pasts = {n.input[3] for n in gqa if len(n.input) > 4} | {n.input[4] for n in gqa if len(n.input) > 4}
+    reads_mask = False
+    if gqa and roles["attention_mask"]:
+        sources = _input_ancestors(model, [n.input[5] for n in gqa if len(n.input) > 5])
+        reads_mask = roles["attention_mask"] in sources
+    bounds = embedding_bounds(model)
+    return DecoderSignature(
+        input_ids=roles["input_ids"], logits=roles["logits"],  # type: ignore[arg-type]
+        attention_mask=roles["attention_mask"], position_ids=roles["position_ids"],
+        cache_position=roles["cache_position"], seqlens_k=roles["seqlens_k"],
+        total_sequence_length=roles["total_sequence_length"], cache=cache,
+        vocab_size=bounds.get(roles["input_ids"]) or _logits_vocab(model, roles["logits"]),  # type: ignore[arg-type]
+        max_positions=_max_positions(model), gqa_nodes=len(gqa),
+        gqa_on_every_cache=bool(cache) and all(c.past in gqa_pasts for c in cache),
+        gqa_reads_mask=reads_mask,
+        inputs=dict(inputs),
+    )
+
+
+def _find_role(role: str, names: Iterable[str]) -> str | None:
+    names = list(names)
+    for candidate in _ROLE_NAMES[role]:
+        for name in names:
+            if name.lower() == candidate:
+                return name
+    return None
+
+
+def _find_logits(model: onnx.ModelProto, names: list[str]) -> str | None:
+    exact = _find_role("logits", names)
+    if exact:
+        return exact
+    return names[0] if len(names) == 1 else None
+
+
+def _cache_pairs(inputs: Mapping[str, InputInfo], outputs: list[str],
+                 explicit: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Past input -> present output, by the usual renamings, in layer order."""
+    pairs = dict(explicit)
+    out_set = set(outputs)
+    for name in inputs:
+        if name in pairs or not _PAST.search(name):
+            continue
+        for present in (name.replace("past_key_values", "present"),
+                        name.replace("past_key_values", "present_key_values"),
+                        re.sub("past", "present", name, flags=re.I),
+                        re.sub("past", "present", name, flags=re.I).replace("present_key_values", "present")):
+            if present in out_set and present != name:
+                pairs[name] = present
+                break
+    dangling = [n for n in inputs if _PAST.search(n) and n not in pairs]
+    if dangling:
+        raise UsageError(f"Past input(s) {', '.join(dangling)} have no matching present output "
+                         f"(outputs: {', '.join(outputs)}). Pair them with --map PAST_INPUT=PRESENT_OUTPUT.")
+
+    def order(item: tuple[str, str]) -> tuple[int, int, str]:
+        idx = _INDEX.search(item[0])
+        kind = 1 if "value" in item[0].lower() else 0
+        return (int(idx.group(1)) if idx else -1, kind, item[0])
+
+    return sorted(pairs.items(), key=order)
+
+
+def _cache_entry(info: InputInfo, present: str) -> CacheEntry:
+    dims = info.dims
+    symbolic = [a for a, d in enumerate(dims) if not isinstance(d, int)]
+    named_seq = [a for a in symbolic if isinstance(dims[a], str) and _SEQ_DIM.search(dims[a])]
+    named_batch = [a for a in symbolic if isinstance(dims[a], str) and _BATCH_DIM.search(dims[a])]
+    rank = len(dims)
+    seq_axis = named_seq[0] if named_seq else (rank - 2 if rank >= 3 else -1)
+    batch_axis = named_batch[0] if named_batch else (1 if rank == 5 else 0)
+    others = [a for a in symbolic if a not in (seq_axis, batch_axis)]
+    if rank < 3 or seq_axis < 0 or others:
+        raise UsageError(f"Past input {info.name} has dims {list(dims)}: expected [batch, heads, past, "
+                         "head_dim] (or stacked [2, batch, heads, past, head_dim]) with fixed heads and "
+                         "head_dim.")
+    return CacheEntry(info.name, present, dims, seq_axis, batch_axis, np.dtype(info.dtype))
+
+
+def _input_ancestors(model: onnx.ModelProto, tensors: Iterable[str]) -> set[str]:
+    """Graph inputs a tensor is computed from (follows data edges, not Shape() edges' values)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    graph_in = {i.name for i in model.graph.input}
+    seen: set[str] = set()
+    found: set[str] = set()
+    stack = list(tensors)
+    while stack:
+        name = stack.pop()
+        if name in seen or not name:
+            continue
+        seen.add(name)
+        if name in graph_in:
+            found.add(name)
+        node = producer.get(name)
+        if node is not None:
+            stack.extend(node.input)
+    return found
+
+
+def _logits_vocab(model: onnx.ModelProto, logits: str) -> int | None:
+    for out in model.graph.output:
+        if out.name == logits:
+            dims = out.type.tensor_type.shape.dim
+            if dims and dims[-1].HasField("dim_value"):
+                return int(dims[-1].dim_value)
+    return None
+
+
+def _max_positions(model: onnx.ModelProto) -> int | None:
+    meta = {p.key: p.value for p in model.metadata_props}
+    for key in ("max_positions", "max_position_embeddings", "context_length"):
+        if meta.get(key, "").isdigit():
+            return int(meta[key])
+    return None

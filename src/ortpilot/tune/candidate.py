@@ -1,0 +1,111 @@
+"""A tune candidate: a pipeline of passes, providers, session settings and IOBinding.
+
+A candidate is plain data with a stable id (a hash of its canonical JSON), so the journal can
+say which candidates are finished, the worker process can rebuild one from a dict, and the
+profile can record exactly what won.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortpilot.session import SessionSettings
+
+PassStep = dict[str, Any]  # {"pass": "fusion"|"quantize", ...options}
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration to build, verify and measure."""
+
+    passes: tuple[PassStep, ...] = ()
+    providers: tuple[dict[str, Any], ...] = ({"name": "CPUExecutionProvider", "options": {}},)
+    settings: SessionSettings = field(default_factory=SessionSettings)
+    iobinding: bool = False
+    baseline: bool = False
+
+    @property
+    def id(self) -> str:
+        """Stable across processes and runs: the same configuration always has the same id."""
+        return hashlib.sha256(_canonical(self._key()).encode()).hexdigest()[:12]
+
+    @property
+    def model_key(self) -> str:
+        """Candidates with equal passes share one transformed model."""
+        return hashlib.sha256(_canonical(list(self.passes)).encode()).hexdigest()[:16]
+
+    def _key(self) -> dict[str, Any]:
+        return {"passes": list(self.passes), "providers": list(self.providers),
+                "settings": self.settings.to_dict(), "iobinding": self.iobinding}
+
+    @property
+    def label(self) -> str:
+        """Short human description: what differs from ORT's default session."""
+        if self.baseline:
+            return "ORT default"
+        parts = [pass_label(p) for p in self.passes] or ["fp32"]
+        names = [p["name"].replace("ExecutionProvider", "").lower() for p in self.providers]
+        if names != ["cpu"]:
+            parts.append("+".join(names))
+        default = SessionSettings().to_dict()
+        for key, value in self.settings.to_dict().items():
+            if value != default[key]:
+                parts.append(f"{_SHORT.get(key, key)}={_fmt(value)}")
+        if self.iobinding:
+            parts.append("iobinding")
+        return " · ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "label": self.label, "baseline": self.baseline, **self._key()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Candidate:
+        return cls(passes=tuple(dict(p) for p in data.get("passes", ())),
+                   providers=tuple(dict(p) for p in data.get("providers", ())),
+                   settings=SessionSettings.from_dict(dict(data.get("settings", {}))),
+                   iobinding=bool(data.get("iobinding", False)), baseline=bool(data.get("baseline", False)))
+
+    def with_settings(self, **changes: Any) -> Candidate:
+        data = self.settings.to_dict()
+        data.update(changes)
+        return Candidate(self.passes, self.providers, SessionSettings.from_dict(data), self.iobinding)
+
+    def with_iobinding(self, on: bool = True) -> Candidate:
+        return Candidate(self.passes, self.providers, self.settings, on)
+
+
+_SHORT = {"level": "level", "intra_op_threads": "intra", "inter_op_threads": "inter",
+          "execution_mode": "mode", "enable_cpu_mem_arena": "arena", "enable_mem_pattern": "mem_pattern"}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def pass_label(step: PassStep) -> str:
+    """``fusion(bert)``, ``int8-dynamic-pc``, ``int8-qdq``..."""
+    kind = step.get("pass")
+    if kind == "fusion":
+        return f"fusion({step.get('model_type', 'auto')})"
+    if kind == "quantize":
+        label = f"int8-{step.get('mode', 'dynamic')}"
+        if step.get("weights_only"):
+            label += "-w"
+        if step.get("per_channel"):
+            label += "-pc"
+        return label
+    return str(kind)
+
+
+def baseline_candidate() -> Candidate:
+    """ORT's default session: level all, default threads, CPU, no passes, no IOBinding."""
+    return Candidate(baseline=True)

@@ -1,0 +1,57 @@
+"""Shared fixtures: an isolated cache dir, demo model paths, real models from PyPI packages."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every test session gets its own cache root, so tests never see a user's cache."""
+    root = tmp_path_factory.mktemp("ortpilot-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ORTPILOT_CACHE_DIR", str(root))
+    yield root
+    mp.undo()
+
+
+def package_file(package: str, relative: str) -> Path | None:
+    """A data file inside an installed package, found without importing it (silero_vad imports torch)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    return path if path.exists() else None
+
+
+def real_model(package: str, relative: str) -> Path:
+    path = package_file(package, relative)
+    if path is None:
+        pytest.skip(f"{package} is not installed (pip install --no-deps {package.replace('_', '-')})")
+    return path
+
+
+@pytest.fixture
+def silero_vad_path() -> Path:
+    return real_model("silero_vad", "data/silero_vad.onnx")
+
+
+@pytest.fixture
+def nudenet_path() -> Path:
+    return real_model("nudenet", "320n.onnx")
+
+
+@pytest.fixture
+def ocr_det_path() -> Path:
+    return real_model("rapidocr", "models/PP-OCRv6_det_small.onnx")
+
+
+@pytest.fixture(scope="session")
+def demo_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every built-in demo model written once per test session."""
+    from ortpilot.models import write_demo_models
+
+    return write_demo_models(tmp_path_factory.mktemp("demo"))
