@@ -1,0 +1,24 @@
+"""``ortpilot demo-models OUTDIR``: write the built-in demo models (generated in code, no downloads)."""
+
+from __future__ import annotations
+
+import click
+
+from ortpilot.cli.common import emit_json, handle_errors, stdout
+
+
+@click.command("demo-models")
+@click.argument("outdir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@handle_errors
+def command(outdir: str, as_json: bool) -> None:
+    """Write the demo MLP, CNN, encoder and decoder models into OUTDIR."""
+    from ortpilot.models import DEMO_SPECS, write_demo_models
+
+    paths = write_demo_models(outdir)
+    if as_json:
+        emit_json({name: {"path": str(path), "description": DEMO_SPECS[name].description,
+                          "dims": DEMO_SPECS[name].dims} for name, path in paths.items()})
+        return
+    for name, path in paths.items():
+        stdout.print(f"[bold]{name:8}[/] {path}  [dim]{DEMO_SPECS[name].description}[/]", highlight=False)
