@@ -86,7 +86,7 @@ def session_overrides(specs: list[ProviderSpec]) -> list[SessionOverride]:
                                    "DmlExecutionProvider"))
     if "TensorrtExecutionProvider" in names:
         out.append(SessionOverride(
-            "graph_optimization_level", "basic",
+            "level", "basic",
             "extended/all-level fusions produce com.microsoft contrib ops that TensorRT cannot take, "
             "which splits the graph and sends those nodes to CUDA/CPU (ORT's TensorRT EP docs)",
             "TensorrtExecutionProvider"))
