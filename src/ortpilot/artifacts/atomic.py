@@ -7,6 +7,7 @@ destination (rename is atomic within one filesystem).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -26,6 +27,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
+        os.fchmod(fd, _default_mode())  # mkstemp makes 0600; a saved model should follow the umask
         with os.fdopen(fd, mode) as fh:
             yield fh  # type: ignore[misc]
             fh.flush()
@@ -36,6 +38,14 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@functools.lru_cache(maxsize=1)
+def _default_mode() -> int:
+    """0666 minus the umask, read once (os.umask can only be read by setting it)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _fsync_dir(folder: Path) -> None:
