@@ -1,0 +1,177 @@
+"""Deploy profiles: the exact session a tune chose, written once, re-verified on every load.
+
+``profile.json`` names the model file (relative to the profile) and its hash, the ORT version
+and distribution it was measured with, providers with options, session settings, passes,
+accuracy and latency figures, and a machine fingerprint. ``load_profile`` refuses what would
+silently run something else: a changed model file, a missing provider or another ORT build
+(exit 1); it warns on another ORT minor version; invalid JSON is exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import warnings
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from ortpilot.artifacts.atomic import atomic_write_json
+from ortpilot.artifacts.stamp import cpu_features, ort_distribution
+from ortpilot.errors import ProviderFallbackError, StampMismatchError, UsageError
+from ortpilot.modelio import file_sha256
+
+log = logging.getLogger("ortpilot")
+PROFILE_FORMAT = "ortpilot-profile"
+PROFILE_VERSION = 1
+
+
+class OrtVersionWarning(UserWarning):
+    """The profile was measured with another ORT minor version: it loads, but latencies may differ."""
+
+
+def machine_fingerprint() -> dict[str, Any]:
+    """What the latency figures depend on: CPU model and ISA, cores, OS, Python."""
+    model_name = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            model_name = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpu": model_name or platform.processor(), **cpu_features(), "cores": os.cpu_count(),
+            "os": platform.platform(), "python": platform.python_version(), "hostname": platform.node()}
+
+
+def ortpilot_version() -> str:
+    from ortpilot import __version__
+
+    return __version__
+
+
+def write_profile(path: str | os.PathLike, *, model_file: str | os.PathLike, providers: list[dict[str, Any]],
+                  settings: dict[str, Any], iobinding: bool = False, passes: list[dict[str, Any]] | None = None,
+                  accuracy: dict[str, Any] | None = None, latency: dict[str, Any] | None = None,
+                  extra: dict[str, Any] | None = None) -> Path:
+    """Write ``profile.json`` atomically; ``model_file`` is stored relative to the profile's folder."""
+    dest = Path(path)
+    model = Path(model_file)
+    try:
+        rel = os.path.relpath(model.resolve(), dest.parent.resolve())
+    except ValueError:  # another drive (Windows)
+        rel = str(model.resolve())
+    doc = {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "model": {"file": rel, "sha256": file_sha256(model)},
+        "onnxruntime": {"version": ort.__version__, "distribution": ort_distribution(),
+                        "available_providers": ort.get_available_providers()},
+        "providers": providers,
+        "session_settings": settings,
+        "iobinding": iobinding,
+        "passes": passes or [],
+        "accuracy": accuracy or {},
+        "latency": latency or {},
+        "machine": machine_fingerprint(),
+        "ortpilot_version": ortpilot_version(),
+        **(extra or {}),
+    }
+    return atomic_write_json(dest, doc)
+
+
+def read_profile(path: str | os.PathLike) -> dict[str, Any]:
+    """Parse and shape-check a profile; every problem is a UsageError (exit 2) naming the fix."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"Profile '{p}' does not exist. Create one with 'ortpilot tune MODEL -o DIR'.")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise UsageError(f"Profile '{p}' is not valid JSON ({exc}). It was edited or truncated; "
+                         "regenerate it with 'ortpilot tune'.") from None
+    if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
+        raise UsageError(f"'{p}' is not an ortpilot profile (no \"format\": \"{PROFILE_FORMAT}\").")
+    missing = [k for k in ("model", "onnxruntime", "providers", "session_settings") if k not in doc]
+    if missing or not isinstance(doc.get("model"), dict) or "file" not in doc["model"]:
+        raise UsageError(f"Profile '{p}' lacks {', '.join(missing) or 'model.file'}; regenerate it with 'ortpilot tune'.")
+    if int(doc.get("version", 0)) > PROFILE_VERSION:
+        raise UsageError(f"Profile '{p}' has format version {doc.get('version')}, newer than this ortpilot "
+                         f"reads ({PROFILE_VERSION}). Upgrade ortpilot.")
+    return doc
+
+
+def profile_model_path(doc: dict[str, Any], profile_path: str | os.PathLike) -> Path:
+    file = Path(doc["model"]["file"])
+    return file if file.is_absolute() else Path(profile_path).parent / file
+
+
+def verify_environment(doc: dict[str, Any], profile_path: str | os.PathLike) -> Path:
+    """Check model hash, ORT build and providers against the profile; returns the model path."""
+    model = profile_model_path(doc, profile_path)
+    if not model.is_file():
+        raise StampMismatchError(f"The model file '{model}' named by profile '{profile_path}' is missing. "
+                                 "Keep the profile next to its model, or re-run 'ortpilot tune'.")
+    digest = file_sha256(model)
+    if digest != doc["model"].get("sha256"):
+        raise StampMismatchError(f"The model file '{model}' changed since it was tuned (sha256 {digest[:12]}…, "
+                                 f"profile says {str(doc['model'].get('sha256'))[:12]}…). Re-run 'ortpilot tune' "
+                                 "on the new model; the old profile's measurements do not apply to it.")
+    recorded = doc["onnxruntime"]
+    version = str(recorded.get("version", ""))
+    if version.split(".")[:2] != ort.__version__.split(".")[:2]:
+        message = (f"Profile '{profile_path}' was measured with ONNX Runtime {version}; this is {ort.__version__}. "
+                   "It loads, but its latency figures may not hold: re-run 'ortpilot tune' to re-measure.")
+        log.warning(message)
+        warnings.warn(message, OrtVersionWarning, stacklevel=3)
+    dist_then = _dist_names(str(recorded.get("distribution", "")))
+    dist_now = _dist_names(ort_distribution())
+    if dist_then and dist_now and dist_then != dist_now:
+        raise StampMismatchError(f"Profile '{profile_path}' was made with ORT build {', '.join(sorted(dist_then))}; "
+                                 f"this environment has {', '.join(sorted(dist_now))}. Another build has other "
+                                 "execution providers and kernels: re-run 'ortpilot tune' here.")
+    available = ort.get_available_providers()
+    for spec in doc["providers"]:
+        name = spec.get("name") if isinstance(spec, dict) else str(spec)
+        if name not in available:
+            raise ProviderFallbackError(f"Profile '{profile_path}' runs on {name}, which this ORT build "
+                                        f"({ort.__version__}) lacks (available: {', '.join(available)}). "
+                                        "Install the ORT build the profile was made with, or re-tune here.",
+                                        requested=name, loaded=available, layer=1)
+    return model
+
+
+def _dist_names(text: str) -> set[str]:
+    return {item.split("==")[0] for item in text.split(",") if item and item != "unknown"}
+
+
+def load_profile(path: str | os.PathLike, policy: str = "strict", **kwargs: Any):
+    """Recreate the profiled session exactly and verify it (``ortpilot.load_profile``).
+
+    Returns a ``VerifiedSession``; its ``profile`` attribute holds the parsed profile (whether
+    to use IOBinding, the measured latency). ``kwargs`` go to ``ortpilot.session.load``.
+    """
+    from ortpilot.session import SessionSettings, load  # the profile format lives here; sessions above
+
+    doc = read_profile(path)
+    model = verify_environment(doc, path)
+    try:
+        settings = SessionSettings.from_dict(dict(doc["session_settings"]))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"Profile '{path}' has invalid session settings ({exc}); regenerate it.") from None
+    providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
+    shapes = {k: tuple(v) for k, v in (doc.get("shapes") or {}).items()} or None
+    session = load(str(model), providers, policy, settings=settings, shapes=shapes, **kwargs)
+    expected = (doc.get("placement") or {})
+    if expected and session.placement is not None and policy == "strict":
+        got = session.placement.counts
+        if got != expected:
+            raise StampMismatchError(f"Profile '{path}' recorded placement {expected}, but this session places "
+                                     f"nodes as {got}. The environment differs from the one tuned; re-tune.")
+    session.profile = doc
+    return session
+
+
+__all__ = ["OrtVersionWarning", "PROFILE_FORMAT", "load_profile", "machine_fingerprint", "read_profile",
+           "verify_environment", "write_profile"]

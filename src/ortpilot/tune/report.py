@@ -1,0 +1,143 @@
+"""report.html (every candidate, a Pareto plot of latency vs error) and report.md (for a PR).
+
+Both are rendered from ``TuneResult.to_dict()``, so they show exactly what the JSON says.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from typing import Any
+
+from ortpilot.artifacts.atomic import atomic_write_text
+
+
+def write_reports(result: Any) -> None:
+    doc = result.to_dict()
+    atomic_write_text(result.files["report_html"], render_html(doc))
+    atomic_write_text(result.files["report_md"], render_md(doc))
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _err(c: dict[str, Any]) -> str:
+    acc = c.get("accuracy") or {}
+    worst = acc.get("worst_error")
+    if worst is None:
+        return "-"
+    return "inf" if isinstance(worst, float) and math.isinf(worst) else f"{worst:.2e}"
+
+
+def _lat(c: dict[str, Any]) -> dict[str, Any]:
+    return c.get("latency") or c.get("screen_latency") or {}
+
+
+def _ranked(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    ok = [c for c in doc["candidates"] if c["status"] == "ok" and _lat(c)]
+    rest = [c for c in doc["candidates"] if c not in ok]
+    return sorted(ok, key=lambda c: _lat(c).get("p50_ms", math.inf)) + rest
+
+
+def headline(doc: dict[str, Any]) -> str:
+    sp = doc["speedup"]
+    if doc["default_best"]:
+        return f"ORT's default session was already best: {doc['default_best_reason']}."
+    return (f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x ORT's default on {doc['objective']} "
+            f"(95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}).")
+
+
+def render_md(doc: dict[str, Any]) -> str:
+    lines = [f"# ortpilot tune: {doc['model']}", "", headline(doc), "",
+             f"ONNX Runtime {doc['onnxruntime']}, shapes "
+             + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in doc["shapes"].items())
+             + f", objective {doc['objective']}, tune wall time {doc['wall_s']:.0f} s.", "",
+             "Accuracy gate (vs ORT's default session, held-out inputs): "
+             + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items()) + f", max error {doc['max_error']:g}.", "",
+             "| candidate | status | p50 ms | p99 ms | p50 95% CI | error | note |", "|---|---|---|---|---|---|---|"]
+    for c in _ranked(doc):
+        lat = _lat(c)
+        ci = lat.get("median_ci95_ms")
+        lines.append(f"| {c['label']} | {c['status']} | {_ms(lat.get('p50_ms'))} | {_ms(lat.get('p99_ms'))} | "
+                     f"{'-' if not ci else f'{ci[0]:.3f}-{ci[1]:.3f}'} | {_err(c)} | {c['reason'].replace('|', '/')} |")
+    excluded = doc["facts"].get("excluded") or []
+    if excluded:
+        lines += ["", "Not tried:", ""] + [f"- {e['what']}: {e['reason']}" for e in excluded]
+    lines += ["", "Latencies of the winner and ORT's default come from their interleaved final measurement; "
+              "the others from their screening and halving runs."]
+    return "\n".join(lines) + "\n"
+
+
+def pareto_png(doc: dict[str, Any]) -> str:
+    """Latency vs error scatter with the Pareto front, as a base64 PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = []
+    for c in doc["candidates"]:
+        lat = _lat(c)
+        acc = c.get("accuracy") or {}
+        if lat.get("p50_ms") is None or acc.get("worst_error") is None or math.isinf(acc["worst_error"]):
+            continue
+        points.append((lat["p50_ms"], max(acc["worst_error"], 1e-9), c["status"] == "ok", c["label"]))
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for ok, color, name in ((True, "tab:blue", "passed gate"), (False, "tab:red", "rejected")):
+        xs = [p[0] for p in points if p[2] == ok]
+        ys = [p[1] for p in points if p[2] == ok]
+        if xs:
+            ax.scatter(xs, ys, c=color, label=name, s=22)
+    front, best = [], math.inf
+    for p in sorted(points):
+        if p[1] < best:
+            front.append(p)
+            best = p[1]
+    if len(front) > 1:
+        ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.8, label="Pareto front")
+    ax.axhline(doc["max_error"], color="gray", lw=0.8, ls=":", label="max error")
+    ax.set_yscale("log")
+    ax.set_xlabel("p50 latency (ms)")
+    ax.set_ylabel("worst output error")
+    ax.legend(fontsize=8)
+    ax.set_title("latency vs error")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    e = html.escape
+    rows = []
+    for c in _ranked(doc):
+        lat = _lat(c)
+        ci = lat.get("median_ci95_ms")
+        acc = c.get("accuracy") or {}
+        per_out = "; ".join(f"{o['name']}: {o['metric']} {o['error']:.2e}" for o in acc.get("outputs", []))
+        cls = "win" if c["id"] == doc["winner"]["id"] else ("" if c["status"] == "ok" else "rej")
+        rows.append(f"<tr class='{cls}'><td>{e(c['label'])}</td><td>{e(c['phase'])}</td><td>{e(c['status'])}</td>"
+                    f"<td>{_ms(lat.get('p50_ms'))}</td><td>{_ms(lat.get('p99_ms'))}</td>"
+                    f"<td>{'-' if not ci else f'{ci[0]:.3f} – {ci[1]:.3f}'}</td><td>{lat.get('count', '-')}</td>"
+                    f"<td>{e(per_out) or '-'}</td><td>{e(c['reason'])}</td><td><code>{c['id']}</code></td></tr>")
+    excluded = "".join(f"<li>{e(x['what'])}: {e(x['reason'])}</li>" for x in doc["facts"].get("excluded") or [])
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>ortpilot tune report</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}}table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background:#dfd}}tr.rej{{color:#888}}</style></head><body>
+<h1>ortpilot tune: {e(doc['model'])}</h1>
+<p><b>{e(headline(doc))}</b></p>
+<p>ONNX Runtime {e(doc['onnxruntime'])}; shapes {e(str(doc['shapes']))}; objective {e(doc['objective'])};
+tune wall time {doc['wall_s']:.1f} s; accuracy gate on held-out inputs: {e(str(doc['metrics']))}, max error {doc['max_error']:g}.</p>
+<img alt="Pareto plot of latency vs error" src="data:image/png;base64,{pareto_png(doc)}">
+<h2>Candidates</h2>
+<table><tr><th>candidate</th><th>phase</th><th>status</th><th>p50 ms</th><th>p99 ms</th><th>p50 95% CI</th><th>runs</th>
+<th>accuracy (per output)</th><th>why rejected / note</th><th>id</th></tr>
+{''.join(rows)}</table>
+<h2>Not tried</h2><ul>{excluded or '<li>nothing ruled out</li>'}</ul>
+<p>The winner's and ORT's default latencies come from their interleaved final measurement; other rows from screening
+and successive-halving runs.</p></body></html>
+"""

@@ -1,0 +1,238 @@
+"""``ortpilot.tune``: search, pick, write the winning model, profile.json and the reports.
+
+The orchestration only: the space comes from ``space``, the measurements from ``search``
+(which runs candidates in ``worker`` children and journals every step), the files from
+``artifacts.profile`` and ``report``. Nothing lands in OUTDIR until ORT's default session has
+been measured within the budget, and the profile is written last, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from ortpilot.artifacts.atomic import atomic_write_bytes
+from ortpilot.artifacts.profile import write_profile
+from ortpilot.errors import UsageError
+from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds
+from ortpilot.graph.shapes import parse_shape_args
+from ortpilot.measure.stats import summarize
+from ortpilot.modelio import file_sha256, load_model
+from ortpilot.providers.names import resolve_providers
+from ortpilot.tune.candidate import baseline_candidate
+from ortpilot.tune.gate import Gate
+from ortpilot.tune.journal import JOURNAL_NAME, Journal
+from ortpilot.tune.search import Entry, Progress, Search, cost, speedup
+from ortpilot.tune.space import Facts, gather_facts
+from ortpilot.tune.worker import WorkerClient, save_samples
+
+log = logging.getLogger("ortpilot")
+HELDOUT_SEED = 10_000  # held-out inputs never share a seed with calibration inputs (0..)
+CALIBRATION_SAMPLES = 8
+MODEL_FILE = "model.onnx"
+
+
+@dataclass
+class TuneResult:
+    """What a tune found, and where it wrote it."""
+
+    out_dir: Path
+    model: str
+    objective: str
+    winner: Entry
+    baseline: Entry
+    entries: list[Entry]
+    speedup: dict[str, float]
+    default_best: bool
+    default_best_reason: str
+    metrics: dict[str, str]
+    max_error: float
+    facts: Facts
+    shapes: dict[str, tuple[int, ...]]
+    wall_s: float
+    batch: int = 1
+    files: dict[str, str] = field(default_factory=dict)
+    resumed: bool = False
+
+    def stats(self, entry: Entry) -> dict[str, Any]:
+        samples = entry.final or entry.samples
+        if not samples:
+            return {}
+        return summarize(samples, items_per_run=self.batch).to_dict()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "out_dir": str(self.out_dir), "objective": self.objective,
+            "winner": self._entry(self.winner), "baseline": self._entry(self.baseline),
+            "speedup": self.speedup, "default_best": self.default_best, "default_best_reason": self.default_best_reason,
+            "metrics": self.metrics, "max_error": self.max_error, "facts": self.facts.to_dict(),
+            "shapes": {k: list(v) for k, v in self.shapes.items()}, "wall_s": self.wall_s, "files": self.files,
+            "resumed": self.resumed, "onnxruntime": ort.__version__,
+            "candidates": [self._entry(e) for e in self.entries],
+        }
+
+    def _entry(self, e: Entry) -> dict[str, Any]:
+        d = e.to_dict()
+        d.pop("samples_s")
+        d.pop("final_samples_s")
+        d.pop("final_blocks")
+        d["latency"] = self.stats(e)
+        d["screen_latency"] = summarize(e.samples).to_dict() if e.samples else {}
+        return d
+
+
+def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "ortpilot-out", budget_s: float = 300,
+         *, shapes: Sequence[str] | Mapping[str, Any] | None = None, objective: str = "p50",
+         max_error: float | None = None, metric: str | None = None, calibration: str | os.PathLike | None = None,
+         providers: Sequence[Any] | None = None, resume: bool = False, quantize: bool = True, samples: int = 4,
+         progress: Callable[[Progress], None] | None = None) -> TuneResult:
+    """Find the fastest configuration that passes the accuracy gate and write it to ``out_dir``.
+
+    ``model`` None tunes the built-in demo encoder. ``budget_s`` bounds the search (the final
+    interleaved measurement is reserved inside it). Raises UsageError for bad input before
+    anything is written; Ctrl-C leaves the journal, so ``resume=True`` continues.
+    """
+    start = time.monotonic()
+    if not budget_s or budget_s <= 0:
+        raise UsageError(f"--budget must be a positive number of seconds, got {budget_s}.")
+    label = str(model) if model is not None else "demo:encoder"
+    path = _model_path(model)
+    proto = load_model(path, load_external_data=False)
+    parsed = parse_shape_args(shapes) if shapes else {}
+    plan = plan_feeds(proto, parsed)  # a dim with no default raises here, naming the input
+    specs = resolve_providers(providers) if providers else None
+    facts = gather_facts(proto, specs, quantize=quantize)
+    out = Path(out_dir)
+    heldout = [make_feeds(proto, plan=plan, seed=HELDOUT_SEED + i) for i in range(max(1, samples))]
+    calib = _calibration(proto, plan, calibration)
+    config = {"model_sha256": file_sha256(path), "shapes": {k: list(v) for k, v in plan.shapes.items()},
+              "objective": objective, "max_error": max_error, "metric": metric, "quantize": quantize,
+              "providers": [s.to_dict() for s in facts.providers], "ort": ort.__version__}
+    journal = Journal(out / JOURNAL_NAME, resume=resume)
+    _check_resume(journal, config, out)
+    if journal.get("start") is None:
+        journal.append({"kind": "start", **config, "budget_s": budget_s, "model": label})
+    scratch = Path(tempfile.mkdtemp(prefix="ortpilot-tune-"))
+    worker = WorkerClient(scratch)
+    try:
+        save_samples(scratch / "heldout.npz", heldout)
+        save_samples(scratch / "calibration.npz", calib)
+        (scratch / "worker.json").write_text(json.dumps(
+            {"model": str(Path(path).resolve()), "shapes": {k: list(v) for k, v in plan.shapes.items()}}))
+        search = Search(worker, journal, deadline=start + budget_s, objective=objective,
+                        gate_factory=lambda ref: Gate.from_file(ref, max_error, metric), progress=progress)
+        base = baseline_candidate()
+        finalists = search.run(base, facts)
+        entries = list(search.entries.values())
+        base_entry = search.entries[base.id]
+        winner, default_best, reason = _pick(finalists, base_entry, objective)
+        result = TuneResult(out, label, objective, winner, base_entry, entries,
+                            speedup(base_entry, winner, objective), default_best, reason,
+                            search.gate.metrics() if search.gate else {}, search.gate.max_error if search.gate else 0.0,
+                            facts, dict(plan.shapes), time.monotonic() - start, batch=batch_size_of(heldout[0]),
+                            resumed=bool(journal.replayed))
+        _write_outputs(result, path)
+        journal.append({"kind": "done", "winner": winner.candidate.id, "files": result.files})
+        return result
+    finally:
+        worker.close()
+        journal.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _model_path(model: str | os.PathLike | None) -> Path:
+    if model is None:
+        from ortpilot.models import demo_model_path
+
+        return demo_model_path("encoder")
+    text = str(model)
+    if text.startswith("demo:"):
+        from ortpilot.models import demo_model_path
+
+        return demo_model_path(text.split(":", 1)[1])
+    return Path(text)
+
+
+def _calibration(proto: Any, plan: Any, calibration: str | os.PathLike | None) -> list[dict[str, Any]]:
+    """User samples (an .npz of NAME arrays with a leading sample axis, or a folder of .npz), else synthetic."""
+    if calibration is None:
+        return [make_feeds(proto, plan=plan, seed=i) for i in range(CALIBRATION_SAMPLES)]
+    import numpy as np
+
+    p = Path(calibration)
+    files = sorted(p.glob("*.npz")) if p.is_dir() else [p]
+    if not files or not all(f.is_file() for f in files):
+        raise UsageError(f"--calibration '{p}' is not an .npz file or a folder of .npz files.")
+    samples: list[dict[str, Any]] = []
+    try:
+        for f in files:
+            with np.load(f) as data:
+                arrays = {k: data[k] for k in data.files}
+            if len(files) == 1 and all(a.ndim == len(plan.shapes.get(k, ())) + 1 for k, a in arrays.items()):
+                n = min(a.shape[0] for a in arrays.values())
+                samples.extend({k: a[i] for k, a in arrays.items()} for i in range(n))
+            else:
+                samples.append(arrays)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--calibration '{p}' could not be read as numpy arrays ({exc}).") from None
+    if not samples:
+        raise UsageError(f"--calibration '{p}' holds no samples.")
+    return samples
+
+
+def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
+    header = journal.get("start")
+    if header is None:
+        return
+    differs = [k for k, v in config.items() if header.get(k) != v]
+    if differs:
+        raise UsageError(f"The journal in '{out}' belongs to a different tune (it differs in: {', '.join(differs)}). "
+                         "Drop --resume to start over, or choose another -o folder.")
+
+
+def _pick(finalists: list[Entry], base: Entry, objective: str) -> tuple[Entry, bool, str]:
+    """The finalist with the best interleaved figure; ORT's default unless the gain is outside noise."""
+    measured = [e for e in finalists if e.final] or [e for e in finalists if e.samples]
+    best = min(measured, key=lambda e: cost(e.final or e.samples, objective))
+    if best is base:
+        return base, True, "ORT's default session measured fastest of all candidates that passed the gate"
+    gain = speedup(base, best, objective)
+    if gain["ci_low"] <= 1.0:
+        return base, True, (f"the best alternative ({best.candidate.label}) is within noise of ORT's default "
+                            f"({gain['ratio']:.2f}x, 95% CI {gain['ci_low']:.2f}-{gain['ci_high']:.2f})")
+    return best, False, ""
+
+
+def _write_outputs(result: TuneResult, source: Path) -> None:
+    from ortpilot.tune.report import write_reports
+
+    out = result.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    winner = result.winner
+    built = Path(winner.prepared.get("model_path") or source)
+    model_file = out / MODEL_FILE
+    atomic_write_bytes(model_file, built.read_bytes())
+    latency = {"objective": result.objective, "winner": result.stats(winner), "baseline": result.stats(result.baseline),
+               "speedup_vs_default": result.speedup, "interleaved": bool(winner.final and result.baseline.final)}
+    result.files = {"model": str(model_file), "profile": str(out / "profile.json"),
+                    "report_html": str(out / "report.html"), "report_md": str(out / "report.md"),
+                    "journal": str(out / JOURNAL_NAME)}
+    write_reports(result)
+    write_profile(out / "profile.json", model_file=model_file, providers=list(winner.candidate.providers),
+                  settings=winner.candidate.settings.to_dict(), iobinding=winner.candidate.iobinding,
+                  passes=winner.prepared.get("passes") or [], accuracy=winner.accuracy or {}, latency=latency,
+                  extra={"candidate": winner.candidate.to_dict(),
+                         "reference_outputs": {"heldout_seed": HELDOUT_SEED,
+                                               "sha256": winner.prepared.get("output_sha256") or {}}, "source_model": {"path": str(source),
+                         "sha256": file_sha256(source)}, "shapes": {k: list(v) for k, v in result.shapes.items()},
+                         "placement": winner.prepared.get("placement"), "default_best": result.default_best})

@@ -1,0 +1,300 @@
+"""Run candidates in a child process, so a crash of ORT or of an EP costs one candidate, not the tune.
+
+The parent starts ``python -m ortpilot.tune.worker SCRATCH`` and talks JSON lines over pipes:
+``prepare`` builds a candidate's model (through the cache), creates its session in strict mode
+and saves its outputs on the held-out inputs; ``bench`` times prepared sessions, interleaved
+round by round. A child killed by a signal is reported with the signal number and restarted.
+The child keeps a few sessions alive, so later rounds need not recreate them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# Test hook: a worker asked to prepare a candidate whose label contains this text kills itself
+# with SIGSEGV, the way a crashing EP would. Used by the crash-isolation test only.
+CRASH_ENV = "ORTPILOT_TUNE_CRASH_ON"
+MAX_LIVE_SESSIONS = 6
+
+
+# --------------------------------------------------------------------------- child side
+
+class _Child:
+    def __init__(self, scratch: Path) -> None:
+        import numpy as np
+
+        self.scratch = scratch
+        cfg = json.loads((scratch / "worker.json").read_text())
+        self.source = Path(cfg["model"])
+        self.shapes = {k: tuple(v) for k, v in (cfg.get("shapes") or {}).items()}
+        self.heldout = _load_samples(scratch / "heldout.npz")
+        self.calibration = _load_samples(scratch / "calibration.npz")
+        self.sessions: OrderedDict[str, Any] = OrderedDict()
+        (scratch / "outputs").mkdir(exist_ok=True)
+        self._np = np
+
+    def prepare(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        from ortpilot.session import load
+        from ortpilot.tune.candidate import Candidate
+        from ortpilot.tune.transform import NothingToDo, build_model
+
+        cand = Candidate.from_dict(dict(data))
+        crash_on = os.environ.get(CRASH_ENV)
+        if crash_on and crash_on in cand.label:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        start = time.perf_counter()
+        try:
+            path, records, hit = build_model(self.source, cand.passes, self.calibration)
+        except NothingToDo as exc:
+            return {"status": "skipped", "reason": str(exc)}
+        build_s = time.perf_counter() - start
+        start = time.perf_counter()
+        sess = load(str(path), [(p["name"], p.get("options", {})) for p in cand.providers], "strict",
+                    settings=cand.settings, shapes=self.shapes or None)
+        session_s = time.perf_counter() - start
+        runner = _Runner(sess, cand.iobinding)
+        outputs = [runner.run_outputs(feeds) for feeds in self.heldout]
+        names = [o.name for o in sess.get_outputs()]
+        arrays = {f"{i}/{n}": outputs[i][j] for i in range(len(outputs)) for j, n in enumerate(names)}
+        out_path = self.scratch / "outputs" / f"{cand.id}.npz"
+        self._np.savez(out_path, **arrays)
+        self._keep(cand.id, runner)
+        return {"status": "ok", "model_path": str(path), "model_sha256": sess.model_hash, "cache_hit": hit,
+                "passes": records, "build_s": build_s, "session_s": session_s, "providers": sess.providers,
+                "placement": sess.placement.counts if sess.placement else None, "outputs": str(out_path),
+                "output_names": names, "output_sha256": {n: _digest(outputs[0][j]) for j, n in enumerate(names)}}
+
+    def bench(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        cands = list(data["candidates"])
+        runs, warmup, rounds = int(data["runs"]), int(data.get("warmup", 2)), int(data.get("rounds", 1))
+        runners = {}
+        for c in cands:
+            cid = c["id"]
+            if cid not in self.sessions:
+                result = self.prepare(c)
+                if result["status"] != "ok":
+                    raise RuntimeError(f"candidate {cid} could not be prepared: {result}")
+            runners[cid] = self.sessions[cid]
+            self.sessions.move_to_end(cid)
+        feeds = self.heldout[0]
+        for runner in runners.values():
+            runner.bind(feeds)
+            for _ in range(warmup):
+                runner.timed()
+        samples: dict[str, list[float]] = {cid: [] for cid in runners}
+        blocks: dict[str, list[int]] = {cid: [] for cid in runners}
+        for block in range(rounds):
+            for cid, runner in runners.items():
+                for _ in range(runs):
+                    samples[cid].append(runner.timed())
+                    blocks[cid].append(block)
+        return {"status": "ok", "samples_s": samples, "blocks": blocks}
+
+    def _keep(self, cid: str, runner: _Runner) -> None:
+        self.sessions[cid] = runner
+        self.sessions.move_to_end(cid)
+        while len(self.sessions) > MAX_LIVE_SESSIONS:
+            self.sessions.popitem(last=False)
+
+
+class _Runner:
+    """One session and how to run it: plain ``run`` or IOBinding with inputs bound once."""
+
+    def __init__(self, sess: Any, iobinding: bool) -> None:
+        self.sess = sess
+        self.iobinding = iobinding
+        self._binding = None
+        self._feeds: dict[str, Any] = {}
+
+    def bind(self, feeds: Mapping[str, Any]) -> None:
+        self._feeds = dict(feeds)
+        if self.iobinding:
+            binding = self.sess.session.io_binding()
+            for name, value in feeds.items():
+                binding.bind_cpu_input(name, value)
+            for out in self.sess.get_outputs():
+                binding.bind_output(out.name)
+            self._binding = binding
+
+    def run_outputs(self, feeds: Mapping[str, Any]) -> list[Any]:
+        if not self.iobinding:
+            return self.sess.run(None, dict(feeds))
+        self.bind(feeds)
+        self.sess.session.run_with_iobinding(self._binding)
+        return self._binding.copy_outputs_to_cpu()
+
+    def timed(self) -> float:
+        if self.iobinding:
+            start = time.perf_counter()
+            self.sess.session.run_with_iobinding(self._binding)
+            return time.perf_counter() - start
+        start = time.perf_counter()
+        self.sess.session.run(None, self._feeds)
+        return time.perf_counter() - start
+
+
+def _digest(array: Any) -> str:
+    """Content hash of one output (dtype, shape and bytes): how a profile proves exact reproduction."""
+    import hashlib
+
+    import numpy as np
+
+    a = np.ascontiguousarray(array)
+    return hashlib.sha256(f"{a.dtype}|{a.shape}|".encode() + a.tobytes()).hexdigest()
+
+
+def _load_samples(path: Path) -> list[dict[str, Any]]:
+    """Samples saved as ``{i}/{input}`` arrays in one npz."""
+    import numpy as np
+
+    if not path.is_file():
+        return []
+    out: dict[int, dict[str, Any]] = {}
+    with np.load(path) as data:
+        for key in data.files:
+            index, _, name = key.partition("/")
+            out.setdefault(int(index), {})[name] = data[key]
+    return [out[i] for i in sorted(out)]
+
+
+def save_samples(path: Path, samples: list[Mapping[str, Any]]) -> None:
+    import numpy as np
+
+    from ortpilot.artifacts.atomic import atomic_open
+
+    with atomic_open(path, "wb") as fh:
+        np.savez(fh, **{f"{i}/{name}": value for i, feeds in enumerate(samples) for name, value in feeds.items()})
+
+
+def main(argv: list[str]) -> int:
+    resp = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything a library prints goes to the log, never into the protocol
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides about Ctrl-C
+    child = _Child(Path(argv[0]))
+    for line in sys.stdin:
+        msg = json.loads(line)
+        op = msg.get("op")
+        if op == "exit":
+            break
+        try:
+            result = getattr(child, op)(msg["data"])
+        except Exception as exc:  # a candidate that fails cleanly is a recorded failure
+            from ortpilot.errors import OrtpilotError
+
+            kind = type(exc).__name__
+            result = {"status": "failed", "error": f"{kind}: {str(exc).strip().splitlines()[0] if str(exc).strip() else kind}",
+                      "verification": isinstance(exc, OrtpilotError)}
+        resp.write(json.dumps(result) + "\n")
+    return 0
+
+
+# --------------------------------------------------------------------------- parent side
+
+class WorkerCrash(Exception):
+    """The child died (signal or exit) or timed out while handling one request."""
+
+    def __init__(self, signal_number: int | None, returncode: int | None, timed_out: bool, log_tail: str) -> None:
+        self.signal_number = signal_number
+        self.returncode = returncode
+        self.timed_out = timed_out
+        self.log_tail = log_tail
+        if timed_out:
+            what = "timed out"
+        elif signal_number:
+            what = f"killed by signal {signal_number} ({_signame(signal_number)})"
+        else:
+            what = f"exited with code {returncode}"
+        super().__init__(f"candidate process {what}")
+
+
+def _signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return "unknown"
+
+
+class WorkerClient:
+    """The parent's handle on one child; ``request`` restarts it after a crash."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+        self.proc: subprocess.Popen | None = None
+        self.log_path = scratch / "worker.log"
+
+    def _start(self) -> subprocess.Popen:
+        log = open(self.log_path, "ab")
+        env = dict(os.environ)
+        self.proc = subprocess.Popen([sys.executable, "-m", "ortpilot.tune.worker", str(self.scratch)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+                                     start_new_session=True)
+        log.close()
+        return self.proc
+
+    def request(self, op: str, data: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+        proc = self.proc if self.proc and self.proc.poll() is None else self._start()
+        try:
+            proc.stdin.write((json.dumps({"op": op, "data": data}) + "\n").encode())
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+        line = self._read_line(proc, timeout_s)
+        if line is None:
+            timed_out = proc.poll() is None
+            if timed_out:
+                proc.kill()
+            proc.wait()
+            self.proc = None
+            rc = proc.returncode
+            raise WorkerCrash(-rc if rc and rc < 0 and not timed_out else None, rc, timed_out, self._tail())
+        return json.loads(line)
+
+    def _read_line(self, proc: subprocess.Popen, timeout_s: float) -> str | None:
+        deadline = time.monotonic() + timeout_s
+        fd = proc.stdout.fileno()
+        buf = b""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            buf += chunk
+            if buf.endswith(b"\n"):
+                return buf.decode()
+
+    def _tail(self, n: int = 2000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            proc.stdin.write(b'{"op": "exit"}\n')
+            proc.stdin.close()
+            proc.wait(timeout=5)
+        except Exception:
+            proc.kill()
+            proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

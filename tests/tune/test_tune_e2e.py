@@ -1,0 +1,47 @@
+"""End to end: ``ortpilot tune`` writes its four outputs and the profile reproduces the winner exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from click.testing import CliRunner
+
+import ortpilot
+from ortpilot.cli.main import cli
+from ortpilot.graph.feeds import make_feeds
+from ortpilot.tune.tune import HELDOUT_SEED
+from ortpilot.tune.worker import _digest
+
+
+def test_tune_without_arguments_writes_outputs_and_profile_reproduces_winner(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["tune", "--budget", "20"])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "ortpilot-out"
+    for name in ("model.onnx", "profile.json", "report.html", "report.md"):
+        assert (out / name).is_file(), name
+    assert "ORT's default" in result.output or "already best" in result.output
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["model"]["file"] == "model.onnx"
+    assert profile["accuracy"]["passed"] is True
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+
+    sess = ortpilot.load_profile(str(out / "profile.json"))
+    feeds = make_feeds(sess.model, {k: tuple(v) for k, v in profile["shapes"].items()}, seed=HELDOUT_SEED)
+    outputs = sess.run(None, feeds)
+    names = [o.name for o in sess.get_outputs()]
+    expected = profile["reference_outputs"]["sha256"]
+    assert expected and {n: _digest(o) for n, o in zip(names, outputs)} == expected
+    assert sess.profile["candidate"]["id"] == profile["candidate"]["id"]
+
+
+def test_tune_json_is_one_document(tmp_path, demo_paths):
+    result = CliRunner().invoke(
+        cli, ["tune", str(demo_paths["mlp"]), "-o", str(tmp_path / "o"), "--budget", "12", "--no-quantize", "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["baseline"]["label"] == "ORT default"
+    assert {c["status"] for c in doc["candidates"]} <= {"ok", "rejected", "failed", "crashed", "skipped", "budget",
+                                                        "timeout"}
+    assert np.isfinite(doc["speedup"]["ratio"])

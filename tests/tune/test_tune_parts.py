@@ -1,0 +1,60 @@
+"""Candidates, space rules and the journal, without running a search."""
+
+from __future__ import annotations
+
+import json
+
+from ortpilot.modelio import load_model
+from ortpilot.tune.candidate import Candidate, baseline_candidate
+from ortpilot.tune.journal import Journal, read_journal
+from ortpilot.tune.space import combine, first_candidates, gather_facts, has_parallel_branches, knob_variants
+
+
+def test_candidate_id_is_stable_and_roundtrips():
+    cand = Candidate(({"pass": "quantize", "mode": "dynamic", "per_channel": True},)).with_settings(intra_op_threads=1)
+    again = Candidate.from_dict(json.loads(json.dumps(cand.to_dict())))
+    assert again.id == cand.id and again.label == cand.label
+    assert cand.id != cand.with_iobinding().id
+    assert baseline_candidate().label == "ORT default"
+
+
+def test_space_follows_the_model(demo_paths):
+    enc = gather_facts(load_model(demo_paths["encoder"]), None)
+    mlp = gather_facts(load_model(demo_paths["mlp"]), None)
+    assert enc.model_type == "bert" and mlp.model_type is None
+    assert has_parallel_branches(load_model(demo_paths["encoder"]))  # Q, K and V projections
+    assert any("fusion" in e.what for e in mlp.excluded)
+    assert any("Azure" in e.what for e in mlp.excluded)  # listed by ORT, runs nothing locally
+    enc_labels = [c.label for c in first_candidates(enc, baseline_candidate())]
+    assert any(label.startswith("fusion(bert)") for label in enc_labels)
+    assert not any("fusion" in c.label for c in first_candidates(mlp, baseline_candidate()))
+    knobs = knob_variants(baseline_candidate(), mlp)
+    assert all(c.settings.intra_op_threads <= mlp.cores for c in knobs)
+    assert not any(c.settings.execution_mode == "parallel" for c in knobs) or mlp.parallel_branches
+
+
+def test_combine_never_builds_parallel_mode_without_inter_op_threads():
+    base = Candidate()
+    bad = base.with_settings(execution_mode="parallel")  # inter_op_threads stays 0
+    assert combine(base, [bad, base.with_iobinding()]) is None
+    good = combine(base, [base.with_settings(level="basic"), base.with_iobinding()])
+    assert good is not None and good.iobinding and good.settings.level == "basic"
+
+
+def test_journal_drops_a_torn_last_line_and_defers_writing(tmp_path):
+    path = tmp_path / "j.jsonl"
+    journal = Journal(path, resume=False)
+    journal.append({"kind": "prepared", "id": "a"})
+    assert not path.exists()  # nothing on disk before commit (a failed start writes nothing)
+    journal.commit()
+    journal.append({"kind": "bench", "id": "a", "stage": "screen"})
+    journal.close()
+    with open(path, "ab") as fh:
+        fh.write(b'{"kind": "bench", "id": "b", "sta')  # killed mid-write
+    assert [r["id"] for r in read_journal(path)] == ["a", "a"]
+    resumed = Journal(path, resume=True)
+    assert resumed.get("bench", "a", "screen") is not None and resumed.get("bench", "b", "screen") is None
+    resumed.commit()
+    resumed.append({"kind": "bench", "id": "b", "stage": "screen"})
+    resumed.close()
+    assert [r["id"] for r in read_journal(path)] == ["a", "a", "b"]

@@ -1,0 +1,79 @@
+"""A crashing candidate, a killed tune resumed, a budget too small, inputs with no shape."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from ortpilot.errors import UsageError
+from ortpilot.tune import tune
+from ortpilot.tune.journal import read_journal
+from ortpilot.tune.worker import CRASH_ENV
+
+
+def test_candidate_that_segfaults_its_process_is_recorded_and_tune_completes(tmp_path, demo_paths, monkeypatch):
+    monkeypatch.setenv(CRASH_ENV, "level=basic")  # the first knob candidate kills its worker (SIGSEGV)
+    result = tune(str(demo_paths["mlp"]), tmp_path / "out", budget_s=20, quantize=False)
+    crashed = [e for e in result.entries if e.status == "crashed"]
+    assert crashed, [(e.candidate.label, e.status, e.reason) for e in result.entries]
+    assert all(e.prepared.get("signal") == signal.SIGSEGV for e in crashed)
+    assert "SIGSEGV" in crashed[0].reason
+    assert any(e.status == "ok" and not e.candidate.baseline for e in result.entries)
+    assert (tmp_path / "out" / "profile.json").is_file()
+
+
+def _keys(records):
+    return [(r.get("kind"), r.get("id", ""), r.get("stage", "")) for r in records if r.get("kind") in ("prepared", "bench")]
+
+
+def test_killed_tune_resumes_without_remeasuring_finished_candidates(tmp_path, demo_paths):
+    out = tmp_path / "out"
+    journal = out / "journal.jsonl"
+    cmd = [sys.executable, "-m", "ortpilot.cli.main", "tune", str(demo_paths["mlp"]), "-o", str(out), "--budget", "40"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if sum(1 for r in read_journal(journal) if r.get("kind") == "prepared") >= 5:
+            break
+        assert proc.poll() is None, "tune finished before it could be killed"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = _keys(read_journal(journal))
+    assert len([k for k in before if k[0] == "prepared"]) >= 5
+    assert not (out / "profile.json").exists()
+
+    result = tune(str(demo_paths["mlp"]), out, budget_s=20, resume=True)
+    after = _keys(read_journal(journal))
+    assert after[:len(before)] == before  # the old records are kept as they were
+    duplicates = [k for k, n in Counter(after).items() if n > 1]
+    assert not duplicates, duplicates  # nothing finished was measured again
+    assert result.resumed
+    assert (out / "profile.json").is_file()
+    assert read_journal(journal)[-1]["kind"] == "done"
+
+
+def test_budget_too_small_for_the_baseline_writes_nothing(tmp_path, demo_paths):
+    with pytest.raises(UsageError, match="budget"):
+        tune(str(demo_paths["mlp"]), tmp_path / "out", budget_s=0.05)
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_without_input_shapes_asks_for_them_by_name(tmp_path):
+    x = helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["features"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    with pytest.raises(UsageError, match="--shape features="):
+        tune(str(path), tmp_path / "out", budget_s=10)
+    assert not (tmp_path / "out").exists()
