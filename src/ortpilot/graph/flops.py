@@ -205,8 +205,8 @@ def _mha(ctx: _Ctx) -> float | None:
 def _gqa(ctx: _Ctx) -> float | None:
     """com.microsoft GroupQueryAttention: query [B,S,Hq] (or packed QKV), past_key [B,N_kv,P,d].
 
-    The total length is a run-time value; the present-key output (or the past buffer plus
-    the new tokens) bounds it, so this is an upper bound for a shared KV buffer.
+    The total length is a run-time value (``seqlens_k``); past length plus new tokens is used,
+    an upper bound when past and present share one preallocated buffer.
     """
     q = ctx.inp(0)
     heads = int(ctx.attrs.get("num_heads", 0) or 0)
@@ -216,12 +216,11 @@ def _gqa(ctx: _Ctx) -> float | None:
     b, s, hidden = q
     packed = len(ctx.node.input) < 2 or not ctx.node.input[1]
     d = hidden // (heads + 2 * kv_heads) if packed else hidden // heads
-    present = ctx.out(1)
-    past = ctx.inp(3)
-    if present is not None and len(present) == 4:
-        total = present[2]
-    elif past is not None and len(past) == 4:
+    past, present = ctx.inp(3), ctx.out(1)
+    if past is not None and len(past) == 4:
         total = past[2] + s
+    elif present is not None and len(present) == 4:
+        total = present[2]
     else:
         total = s
     return _attention_core(b, heads, s, total, d, d)
@@ -348,7 +347,7 @@ def infer_value_shapes(model: onnx.ModelProto, shapes: Shapes | None = None) -> 
 
     onnx's inference (fast, C++) runs first; when it leaves values unknown (contrib ops it does
     not know, shapes computed at run time through Shape/Gather/Range), ORT's symbolic shape
-    inference (``onnxruntime.tools``, slower, pure Python) gets a try and wins if it knows more.
+    inference (``onnxruntime.tools``, slower, pure Python) fills in what it can.
     """
     concrete = _concrete_inputs(model, shapes)
     skeleton = _skeleton(model, concrete)
@@ -361,9 +360,9 @@ def infer_value_shapes(model: onnx.ModelProto, shapes: Shapes | None = None) -> 
         return known  # symbolic inference costs seconds on big graphs and cannot invent missing dims
     deeper = _ort_symbolic_inference(skeleton)
     if deeper is not None:
-        better = _collect(deeper)
-        if _count_known(model, better) >= _count_known(model, known):
-            return better
+        merged = {**known, **{k: v for k, v in deeper.items() if None not in v}}
+        if _count_known(model, merged) > _count_known(model, known):
+            return merged
     return known
 
 
@@ -423,27 +422,44 @@ def _skeleton(model: onnx.ModelProto, concrete: Mapping[str, Shape]) -> onnx.Mod
     return light
 
 
-def _ort_symbolic_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
+def _ort_symbolic_inference(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]] | None:
+    """Shapes from ORT's symbolic shape inference, partial results included.
+
+    Its public ``infer_shapes`` saves ``sym_shape_infer_temp.onnx`` plus external data files
+    into the working directory whenever inference is incomplete, and then raises; driving the
+    same steps here keeps the partial result and writes nothing.
+    """
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
     except Exception:  # ORT missing or without its tools: onnx inference still runs
         return None
+    inference = SymbolicShapeInference(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess_rank, verbose
     try:
-        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
-    except Exception as exc:
-        log.debug("ORT symbolic shape inference failed: %s", exc)
+        inference._preprocess(model)
+        while inference.run_:
+            inference._infer_impl()
+    except Exception as exc:  # unknown ops and ORT tool bugs: keep what was inferred so far
+        log.debug("ORT symbolic shape inference stopped: %s", exc)
+    known = getattr(inference, "known_vi_", None)
+    if not known:
         return None
+    return _shapes_of(known.values())
 
 
 def _collect(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
+    out = _shapes_of([*model.graph.input, *model.graph.value_info, *model.graph.output])
+    for tensor in model.graph.initializer:
+        out[tensor.name] = tuple(int(d) for d in tensor.dims)
+    return out
+
+
+def _shapes_of(values) -> dict[str, tuple[int | None, ...]]:
     out: dict[str, tuple[int | None, ...]] = {}
-    for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+    for vi in values:
         ttype = vi.type.tensor_type
         if not vi.type.HasField("tensor_type") or not ttype.HasField("shape"):
             continue
         out[vi.name] = tuple(int(d.dim_value) if d.HasField("dim_value") else None for d in ttype.shape.dim)
-    for tensor in model.graph.initializer:
-        out[tensor.name] = tuple(int(d) for d in tensor.dims)
     return out
 
 

@@ -1,0 +1,87 @@
+"""``ortpilot doctor``: what this environment can run, proven, with a fix for each problem."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ortpilot.cli.common import emit_json, handle_errors, stdout
+
+_STYLE = {"ok": "green", "info": "cyan", "warn": "yellow", "error": "bold red"}
+
+
+@click.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (fields in the README).")
+@click.option("--no-probe", is_flag=True, help="Skip building a test session per provider (faster, less proof).")
+@handle_errors
+def command(as_json: bool, no_probe: bool) -> None:
+    """Check ORT distributions, providers, plugin EPs, CPU ISA and GPU libraries.
+
+    Exits 1 when an error is found (clashing ORT distributions, ORT not importable, the CPU
+    probe failing), else 0; warnings do not change the exit code.
+    """
+    from ortpilot.providers.doctor import run_doctor
+
+    report = run_doctor(probe=not no_probe)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        render(report)
+    ctx = click.get_current_context()
+    ctx.exit(report.exit_code)
+
+
+def render(report) -> None:
+    """Rich tables for humans: environment, providers, then findings with fixes."""
+    doc = report.to_dict()
+    ort_doc = doc["onnxruntime"]
+    env = Table(title="Environment", show_header=False, title_justify="left")
+    env.add_row("python", f"{doc['python']['version']} ({doc['python']['executable']})")
+    if ort_doc["import_error"]:
+        env.add_row("onnxruntime", f"[red]import failed: {escape(ort_doc['import_error'])}[/]")
+    else:
+        env.add_row("onnxruntime", escape(f"{ort_doc['version']} ({ort_doc['package_name'] or '?'}) {ort_doc['path']}"))
+    for dist in doc["distributions"]["distributions"]:
+        won = "wins" if dist["name"] == doc["distributions"]["winner"] else "overwritten"
+        env.add_row("distribution", escape(f"{dist['name']} {dist['version']} at {dist['location']}")
+                    + (f" [yellow]({won})[/]" if doc["distributions"]["conflict"] else ""))
+    cpu = doc["cpu"]
+    flags = ", ".join(k for k, v in cpu["flags"].items() if v) or "flags unknown"
+    env.add_row("cpu", escape(f"{cpu['model']}: {flags}"))
+    gpu = doc["gpu"]
+    env.add_row("nvidia driver", gpu["driver_version"] or "not found")
+    libs = escape(", ".join(f"{fam} {info['majors']}" for fam, info in gpu["libraries"].items() if info["majors"]))
+    env.add_row("gpu libraries", libs or "none found")
+    expected = {k: v for k, v in gpu["expected_by_ort"].items() if k != "package_name"}
+    if expected:
+        env.add_row("ORT expects", ", ".join(f"{k} {v}" for k, v in expected.items()))
+    stdout.print(env)
+
+    providers = Table(title="Providers", title_justify="left")
+    for col in ("provider", "kind", "probe", "nodes on it", "reason"):
+        providers.add_column(col)
+    for probe in doc["probes"]:
+        share = f"{probe['placement_share']:.0%}" if probe["placement_share"] is not None else "-"
+        style = {"ok": "green", "failed": "red", "skipped": "dim"}[probe["status"]]
+        providers.add_row(probe["provider"], probe["kind"], f"[{style}]{probe['status']}[/]", share,
+                          escape(probe["reason"]))
+    if not doc["probes"]:
+        for name in ort_doc["available_providers"]:
+            providers.add_row(name, "built-in", "[dim]not probed[/]", "-", "")
+    stdout.print(providers)
+    if doc["ep_devices"]:
+        devices = Table(title="EP devices (get_ep_devices)", title_justify="left")
+        for col in ("ep", "vendor", "device", "device vendor"):
+            devices.add_column(col)
+        for dev in doc["ep_devices"]:
+            devices.add_row(dev["ep_name"], dev["ep_vendor"], dev["device_type"], str(dev["device_vendor"]))
+        stdout.print(devices)
+
+    findings = Table(title="Findings", title_justify="left")
+    for col in ("severity", "topic", "finding", "fix"):
+        findings.add_column(col, overflow="fold")
+    for item in doc["findings"]:
+        sev = item["severity"]
+        findings.add_row(f"[{_STYLE[sev]}]{sev}[/]", item["topic"], escape(item["message"]), escape(item["fix"]))
+    stdout.print(findings)

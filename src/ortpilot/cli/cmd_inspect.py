@@ -1,0 +1,109 @@
+"""``ortpilot inspect MODEL``: interface, opsets, ops, parameters, FLOPs and provider gaps."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ortpilot.cli.common import PROVIDER_HELP, SHAPE_HELP, emit_json, handle_errors, resolve_model_arg, stdout
+
+
+def inspect_model(model: str, shapes: tuple[str, ...] = (), providers: tuple[str, ...] = (),
+                  check: bool = True) -> dict:
+    """The ``inspect --json`` document: the static summary plus ``unsupported_ops`` per provider."""
+    from ortpilot.graph.shapes import graph_inputs, parse_shape_args, resolve_input_shapes
+    from ortpilot.graph.summary import summarize
+    from ortpilot.modelio import load_model
+
+    path = resolve_model_arg(model)
+    proto = load_model(path, load_external_data=False)
+    shape_map = parse_shape_args(list(shapes))
+    if shape_map:
+        resolve_input_shapes(graph_inputs(proto), shape_map)  # explicit shapes that contradict the model: exit 2
+    doc = summarize(proto, path, shape_map).to_dict()
+    doc["unsupported_ops"] = []
+    if check:
+        from ortpilot.providers import resolve_providers
+        from ortpilot.providers.opsupport import unsupported_ops
+
+        names = [s.name for s in resolve_providers(list(providers), apply_defaults=False)] if providers else None
+        doc["unsupported_ops"] = [o.to_dict() for o in unsupported_ops(proto, path, names, shape_map or None)]
+    return doc
+
+
+@click.command("inspect")
+@click.argument("model")
+@click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
+@click.option("-p", "--provider", "providers", multiple=True,
+              help="Check op support on these providers only (default: every available one). " + PROVIDER_HELP)
+@click.option("--no-check", is_flag=True, help="Skip the provider op-support check (no sessions are built).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@handle_errors
+def command(model: str, shapes: tuple[str, ...], providers: tuple[str, ...], no_check: bool, as_json: bool) -> None:
+    """Describe MODEL: inputs/outputs, opsets, op histogram, parameters, FLOPs, provider gaps."""
+    doc = inspect_model(model, shapes, providers, not no_check)
+    if as_json:
+        emit_json(doc)
+    else:
+        render(doc)
+
+
+def _dims(dims: list) -> str:
+    return escape("[" + ", ".join("?" if d is None else str(d) for d in dims) + "]")
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f}"
+
+
+def render(doc: dict) -> None:
+    head = Table(title=escape(f"Model {doc['path']}"), show_header=False, title_justify="left")
+    head.add_row("IR version", str(doc["ir_version"]))
+    head.add_row("opsets", ", ".join(f"{d} {v}" for d, v in doc["opsets"].items()))
+    head.add_row("producer", f"{doc['producer']['name']} {doc['producer']['version']}".strip() or "-")
+    head.add_row("nodes", f"{doc['node_count']}" + (f" (+{doc['subgraph_node_count']} in subgraphs)"
+                                                     if doc["subgraph_node_count"] else ""))
+    params = doc["parameters"]
+    head.add_row("parameters",
+                 f"{_human(params['count'])} ({params['bytes'] / 2**20:.2f} MiB in {params['tensors']} tensors)")
+    flops = doc["flops"]
+    if flops["total"] is not None:
+        shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in flops["shapes"].items())
+        head.add_row("FLOPs (estimate)", f"{_human(flops['total'])} at {shapes} ({flops['counted_nodes']}/"
+                     f"{doc['node_count']} nodes counted)")
+    else:
+        head.add_row("FLOPs (estimate)", escape(f"unknown: {flops['error']}"))
+    for ext in doc["external_data"]:
+        state = "present" if ext["present"] else "[red]MISSING[/]"
+        head.add_row("external data", f"{escape(ext['location'])} ({ext['tensors']} tensors, {state})")
+    stdout.print(head)
+
+    io = Table(title="Inputs and outputs", title_justify="left")
+    for col in ("kind", "name", "dtype", "dims"):
+        io.add_column(col)
+    for kind in ("inputs", "outputs"):
+        for t in doc[kind]:
+            io.add_row(kind[:-1], escape(t["name"]), t["dtype"], _dims(t["dims"]))
+    stdout.print(io)
+
+    ops = Table(title="Op histogram", title_justify="left")
+    for col in ("op", "nodes", "est. FLOPs"):
+        ops.add_column(col)
+    for op, count in doc["op_histogram"].items():
+        value = flops["by_op_type"].get(op.rsplit(".", 1)[-1])
+        ops.add_row(op, str(count), _human(value) if value else "-")
+    stdout.print(ops)
+
+    if doc["unsupported_ops"]:
+        gaps = Table(title="Ops the providers will not run", title_justify="left")
+        for col in ("provider", "unsupported ops", "source / note"):
+            gaps.add_column(col, overflow="fold")
+        for entry in doc["unsupported_ops"]:
+            listed = escape(", ".join(f"{o['op']} ({o['nodes']})" for o in entry["unsupported"]))
+            text = listed or ("none" if entry["checked"] else "[dim]not checked[/]")
+            gaps.add_row(entry["provider"], text, escape("; ".join(filter(None, [entry["source"], entry["note"]]))))
+        stdout.print(gaps)

@@ -1,0 +1,62 @@
+"""``ortpilot inspect`` and ``ortpilot doctor`` through click: exit codes and JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from ortpilot.cli.main import cli
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_inspect_json_is_one_valid_document(demo_paths):
+    result = _invoke("inspect", str(demo_paths["encoder"]), "--json", "--shape", "sequence=32")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["flops"]["shapes"]["input_ids"] == [1, 32]
+    assert doc["op_histogram"]["MatMul"] >= 1
+    cpu = next(o for o in doc["unsupported_ops"] if o["provider"] == "CPUExecutionProvider")
+    assert cpu["checked"] and cpu["unsupported"] == []
+
+
+def test_inspect_human_output_shows_symbolic_dims():
+    result = _invoke("inspect", "demo:cnn", "--no-check")
+    assert result.exit_code == 0
+    assert "[batch, 3, 32, 32]" in result.stdout and "FLOPs" in result.stdout
+
+
+@pytest.mark.parametrize("content", [None, b"", b"this is not a model\n", "truncated"])
+def test_inspect_bad_files_exit_2_without_traceback(tmp_path, demo_paths, content):
+    path = tmp_path / "bad.onnx"
+    if content == "truncated":
+        data = demo_paths["cnn"].read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif content is not None:
+        path.write_bytes(content)
+    result = _invoke("inspect", str(path))
+    assert result.exit_code == 2
+    assert "error:" in result.stderr and "Traceback" not in result.output
+
+
+def test_inspect_contradicting_shape_exits_2(demo_paths):
+    result = _invoke("inspect", str(demo_paths["cnn"]), "--shape", "image=1x3x64")
+    assert result.exit_code == 2 and "rank" in result.stderr
+
+
+def test_doctor_json_is_valid_and_exit_0():
+    result = _invoke("doctor", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc) >= {"onnxruntime", "distributions", "plugins", "ep_devices", "probes", "cpu", "gpu",
+                        "findings", "exit_code"}
+
+
+def test_doctor_human_output_has_tables():
+    result = _invoke("doctor", "--no-probe")
+    assert result.exit_code == 0
+    assert "Findings" in result.stdout and "Providers" in result.stdout
