@@ -39,7 +39,7 @@ def tune(model: str | None = None, out_dir: str = "ortpilot-out", budget_s: floa
 
 def load_profile(path: str, **kwargs: Any) -> VerifiedSession:
     """Recreate and re-verify the session a tune profile describes."""
-    from ortpilot.artifacts.profile import load_profile as _load_profile
+    from ortpilot.session.profile import load_profile as _load_profile
 
     return _load_profile(path, **kwargs)
 

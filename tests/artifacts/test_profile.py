@@ -9,7 +9,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ortpilot.artifacts.profile import OrtVersionWarning, load_profile, write_profile
+from ortpilot.artifacts.profile import OrtVersionWarning, write_profile
+from ortpilot.session.profile import load_profile
 from ortpilot.errors import ProviderFallbackError, StampMismatchError, UsageError
 from ortpilot.graph.feeds import make_feeds
 from ortpilot.session import SessionSettings, load
