@@ -18,7 +18,8 @@ from ortpilot.errors import (
     UsageError,
     VerificationError,
 )
-from ortpilot.session import SessionSettings, VerifiedSession, load
+from ortpilot.api import load
+from ortpilot.session import SessionSettings, VerifiedSession
 
 __version__ = "0.1.0"
 

@@ -7,9 +7,38 @@ from typing import Any
 
 import numpy as np
 
+import os
+
+import onnx
+
+from ortpilot.errors import StampMismatchError
 from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
-from ortpilot.session import SessionSettings, load
+from ortpilot.session import SessionSettings, VerifiedSession
+from ortpilot.session import load as load_verified
+
+
+def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Any = None, policy: str = "warn",
+         **kwargs: Any) -> VerifiedSession:
+    """``ortpilot.load``: the verified session, plus rebuild-on-mismatch for stamped artifacts.
+
+    The session layer refuses an offline-optimized model stamped for another EP or ORT; when the
+    stamp names a source model that still exists unchanged, the passes layer rebuilds it for
+    what is in use (logged) and the rebuilt model is loaded instead.
+    """
+    try:
+        return load_verified(model, providers, policy, **kwargs)
+    except StampMismatchError:
+        if not isinstance(model, (str, os.PathLike)):
+            raise
+        from ortpilot.modelio import load_model
+        from ortpilot.passes.optimize import check_or_rebuild
+        from ortpilot.providers import resolve_providers
+
+        rebuilt = check_or_rebuild(load_model(model, load_external_data=False), resolve_providers(providers))
+        if rebuilt is None:
+            raise
+        return load_verified(rebuilt, providers, policy, **kwargs)
 
 
 def run_once(model: str, providers: Sequence[str] | None, *, policy: str = "warn", min_coverage: float | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import onnxruntime as ort
 from ortpilot.errors import InputError, ModelLoadError, ProviderFallbackError, UsageError
 from ortpilot.graph.feeds import make_feeds, validate_feeds
 from ortpilot.graph.shapes import InputInfo, graph_inputs
+from ortpilot.artifacts.stamp import check_stamp
 from ortpilot.modelio import file_sha256, load_model, model_sha256
 from ortpilot.providers.defaults import session_overrides
 from ortpilot.providers.names import EP_LIBRARY_OPTION, ProviderLike, ProviderSpec, resolve_providers
@@ -46,7 +48,7 @@ class VerifiedSession:
     def __init__(self, session: ort.InferenceSession, *, model: onnx.ModelProto, model_path: Path | None,
                  model_hash: str, requested: list[ProviderSpec], policy: str, settings: SessionSettings,
                  fallbacks: list[Fallback], placement: Placement | None, min_coverage: float,
-                 captured: list[str]) -> None:
+                 captured: list[str], create_s: float = 0.0) -> None:
         self.session = session
         self.model = model
         self.model_path = model_path
@@ -58,6 +60,7 @@ class VerifiedSession:
         self.placement = placement
         self.min_coverage = min_coverage
         self.ort_messages = captured
+        self.create_s = create_s  # ORT's own InferenceSession construction, as onnxruntime_perf_test times it
         self._inputs = graph_inputs(model)
         self._validated = False
 
@@ -177,7 +180,7 @@ def _apply_overrides(settings: SessionSettings, chain: list[ProviderSpec]) -> Se
     data = settings.to_dict()
     for override in session_overrides(chain):
         current = data.get(override.setting)
-        if override.setting == "graph_optimization_level":
+        if override.setting == "level":
             order = ["disable", "basic", "extended", "layout", "all"]
             if order.index(current) > order.index(str(override.value)):
                 log.info("%s: lowering optimization level to %s: %s", override.provider, override.value,
@@ -209,6 +212,7 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
     coverage = DEFAULT_MIN_COVERAGE if min_coverage is None else min_coverage
     proto, path, source, digest = _read_model(model)
     requested = resolve_providers(providers)
+    check_stamp(proto, requested)  # an offline-optimized model built for another EP/ORT is refused
     settings = _apply_overrides(settings or SessionSettings(), requested)
     if isolate:
         from ortpilot.session.isolate import preflight_in_child
@@ -240,12 +244,15 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
         usable_chain = [s for s in usable_chain if s.name != CPU] or usable_chain
 
     session: ort.InferenceSession | None = None
+    create_s = 0.0
     captured: list[str] = []
     chain = usable_chain
     while session is None:
         with capture_ort_output() as out:
             try:
+                started = time.perf_counter()
                 session = _create(source, chain, built_in, settings, extra)
+                create_s = time.perf_counter() - started
             except Exception as exc:  # layer 3: the EP raised while building the session
                 error = _first_line(str(exc))
         captured.extend(out.messages("W"))
@@ -261,7 +268,9 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
             event = Fallback(4, failed.name, [s.name for s in rest], error,
                              "allow CPU in the chain (-p cpu) or lower min_coverage.")
         else:
-            event = Fallback(3, failed.name, [s.name for s in rest], error, fix_for(failed.name))
+            event = Fallback(3, failed.name, [s.name for s in rest], error,
+                             f"{failed.name} is installed but cannot build this model; keep a fallback in the "
+                             f"chain (-p {failed.name} -p cpu --policy warn), or fix dynamic dims with --shape.")
         fallbacks.append(event)
         if failed.name == primary.name or policy == "strict":
             apply_policy(policy, event)
@@ -284,24 +293,43 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
     if placement:
         place = _placement(session, proto, source, chain, built_in, settings, shapes)
     if place is not None and primary.name in loaded:
-        share = place.share(primary.name)
-        if share < coverage:
-            others = {p: c for p, c in place.counts.items() if p != primary.name}
-            event = Fallback(4, primary.name, sorted(others), f"only {share:.1%} of {place.total} nodes run on "
-                             f"{primary.name} (minimum {coverage:.0%}); elsewhere: "
-                             + ", ".join(f"{p} {c}" for p, c in others.items()),
-                             "check which ops the provider lacks ('ortpilot inspect'), or lower min_coverage.")
+        event = _coverage_fallback(place, primary.name, coverage)
+        if event is not None:
             fallbacks.append(event)
             apply_policy(policy, event)
     for message in captured:
         log.debug("ORT: %s", message)
     return VerifiedSession(session, model=proto, model_path=path, model_hash=digest, requested=requested,
                            policy=policy, settings=settings, fallbacks=fallbacks, placement=place,
-                           min_coverage=coverage, captured=captured)
+                           min_coverage=coverage, captured=captured, create_s=create_s)
+
+
+def _coverage_fallback(place: Placement, provider: str, minimum: float) -> Fallback | None:
+    """Layer 4: too little of the graph on the requested provider.
+
+    Coverage is the share of estimated FLOPs where FLOPs are known, else the share of nodes.
+    GPU EPs leave shape arithmetic (Shape, Gather, Unsqueeze on int64) on CPU by design; those
+    nodes carry no FLOPs, so counting FLOPs does not punish a correct placement.
+    """
+    node_share = place.share(provider)
+    flops_share = place.flops_share(provider)
+    share = node_share if flops_share is None else flops_share
+    if share >= minimum:
+        return None
+    others = {p: c for p, c in place.counts.items() if p != provider}
+    basis = (f"{node_share:.1%} of {place.total} nodes" if flops_share is None
+             else f"{flops_share:.1%} of estimated FLOPs ({node_share:.1%} of {place.total} nodes)")
+    return Fallback(4, provider, sorted(others), f"only {basis} run on {provider} (minimum {minimum:.0%}); "
+                    "elsewhere: " + ", ".join(f"{p} {c} nodes" for p, c in others.items()),
+                    "check which ops the provider lacks ('ortpilot inspect -p PROVIDER'), or lower min_coverage.")
 
 
 def _first_line(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if len(lines) > 1:
+        # Nested EP exceptions (OpenVINO) open with a C++ call chain and end with the cause
+        # ("... doesn't support Parameter operation with dynamic rank"): keep both ends.
+        return f"{lines[0][:160]} ... {lines[-1]}"
     return lines[0] if lines else text.strip()
 
 

@@ -1,0 +1,106 @@
+"""``ortpilot compare``: two models, or one model on two providers, output by output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.table import Table
+
+from ortpilot.cli.common import (
+    PROVIDER_HELP,
+    SHAPE_HELP,
+    emit_json,
+    handle_errors,
+    load_input_files,
+    resolve_model_arg,
+    stdout,
+)
+from ortpilot.cli.cmd_optimize import _num
+
+
+@click.command("compare")
+@click.argument("model")
+@click.argument("model_b", required=False)
+@click.option("-p", "--provider", "providers", multiple=True,
+              help=PROVIDER_HELP + " With one MODEL: exactly two, reference first.")
+@click.option("--atol", "atol", multiple=True, help="Absolute tolerance, or NAME:VALUE for one output (repeatable).")
+@click.option("--rtol", "rtol", multiple=True, help="Relative tolerance, or NAME:VALUE for one output (repeatable).")
+@click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input.")
+@click.option("--calibration", default=None, help="Compare on these samples (folder of .npy/.npz, or one .npz).")
+@click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
+@click.option("--samples", "n_samples", type=click.IntRange(1), default=4, show_default=True,
+              help="Generated input sets when no inputs are given.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@handle_errors
+def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: tuple[str, ...], rtol: tuple[str, ...],
+            inputs: tuple[str, ...], calibration: str | None, shapes: tuple[str, ...], n_samples: int,
+            as_json: bool) -> None:
+    """Run MODEL and MODEL_B (or MODEL on two providers) on the same inputs and report the error per output.
+
+    Exits 1 when tolerances were given (--atol/--rtol) and an output exceeds them.
+    """
+    from ortpilot.errors import VerificationError
+    from ortpilot.graph.shapes import parse_shape_args
+    from ortpilot.measure.compare import Tolerances, compare_models
+
+    tolerances = Tolerances.parse(list(atol) or None, list(rtol) or None)
+    model = resolve_model_arg(model)
+    samples = None
+    if inputs:
+        samples = [load_input_files(inputs)]
+    elif calibration:
+        from ortpilot.modelio import load_model
+        from ortpilot.passes.calibration import load_calibration
+
+        samples = load_calibration(calibration, load_model(model, load_external_data=False)).samples
+    result = compare_models(model, resolve_model_arg(model_b) if model_b else None, list(providers) or None,
+                            samples=samples, shapes=parse_shape_args(list(shapes)), n_samples=n_samples,
+                            tolerances=tolerances)
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        render_comparison(result)
+    if tolerances.explicit and not result.passed:
+        failed = [o.name for o in result.outputs if not o.passed] + result.only_in_reference
+        raise VerificationError(f"Output(s) {', '.join(failed)} exceed the given tolerances; see the minimum "
+                                "atol/rtol that would pass above.")
+
+
+def render_comparison(comparison: Any) -> None:
+    c = comparison.to_dict() if hasattr(comparison, "to_dict") else comparison
+    stdout.print(f"[bold]reference[/] {c['reference']}   [bold]test[/] {c['test']}   samples {c['samples']}",
+                 highlight=False)
+    if c.get("inputs"):
+        stdout.print(f"[dim]generated inputs: {c['inputs']}[/]")
+    table = Table(title="Per-output error (test vs reference)")
+    table.add_column("")
+    for o in c["outputs"]:
+        table.add_column(o["name"], justify="right", overflow="fold")
+    rows: list[tuple[str, Any]] = [
+        ("abs error max / mean", lambda o: f"{_num(o['max_abs'])} / {_num(o['mean_abs'])}"),
+        ("abs error median / p99", lambda o: f"{_num(o['median_abs'])} / {_num(o['p99_abs'])}"),
+        ("rel error max / mean", lambda o: f"{_num(o['max_rel'])} / {_num(o['mean_rel'])}"),
+        ("rel error median / p99", lambda o: f"{_num(o['median_rel'])} / {_num(o['p99_rel'])}"),
+        ("cosine similarity", lambda o: _num(o["cosine"], ".6f")),
+        ("SNR dB", lambda o: _num(o["snr_db"], ".1f")),
+        ("top-1 / top-5 agreement", lambda o: "-" if o["top1_agreement"] is None
+         else f"{o['top1_agreement']:.1%} / {o['top5_agreement']:.1%}"),
+        ("NaN/Inf ref, test", lambda o: f"{o['nan_ref']}/{o['inf_ref']}, {o['nan_test']}/{o['inf_test']}"),
+        ("min atol (rtol=0)", lambda o: _num(o["min_atol"])),
+        ("min rtol (atol=0)", lambda o: _num(o["min_rtol"])),
+        ("gate metric", lambda o: f"{o['metric']} {_num(o['error'])}"),
+        ("passes atol/rtol", lambda o: ("[green]yes[/]" if o["passed"] else "[red]no[/]")
+         + f" ({o['atol']:g}/{o['rtol']:g})"),
+    ]
+    for label, cell in rows:
+        table.add_row(label, *[cell(o) for o in c["outputs"]])
+    stdout.print(table)
+    for o in c["outputs"]:
+        stdout.print(f"{o['name']}: minimum tolerance that passes: atol={_num(o['min_atol'])} (rtol=0) or "
+                     f"rtol={_num(o['min_rtol'])} (atol=0); checked atol={o['atol']:g} rtol={o['rtol']:g}",
+                     highlight=False)
+    for name in c.get("only_in_reference", []):
+        stdout.print(f"[yellow]output '{name}' only in the reference[/]")
+    for name in c.get("only_in_test", []):
+        stdout.print(f"[yellow]output '{name}' only in the test model[/]")

@@ -1,0 +1,83 @@
+"""``ortpilot optimize``: ORT graph optimization (offline, cached, stamped) and transformer fusion."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+from rich.table import Table
+
+from ortpilot.cli.common import PROVIDER_HELP, emit_json, handle_errors, resolve_model_arg, stdout
+
+
+@click.command("optimize")
+@click.argument("model")
+@click.option("-o", "--output", required=True, help="Where to write the optimized model (.onnx).")
+@click.option("--level", type=click.Choice(["disable", "basic", "extended", "layout", "all"]), default="all",
+              show_default=True, help="ORT graph optimization level.")
+@click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
+@click.option("--fusion", default="none", show_default=True,
+              help="Transformer fusion: auto (detect the model type), none, or an onnxruntime.transformers model "
+                   "type (bert, gpt2, vit, ...).")
+@click.option("--num-heads", type=int, default=0, help="Attention heads for fusion (0: detect).")
+@click.option("--hidden-size", type=int, default=0, help="Hidden size for fusion (0: detect).")
+@click.option("--free-dim", "free_dims", multiple=True, help="Fix a symbolic dim while optimizing: NAME=VALUE.")
+@click.option("--no-cache", is_flag=True, help="Build without the content-addressed cache.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@handle_errors
+def command(model: str, output: str, level: str, providers: tuple[str, ...], fusion: str, num_heads: int,
+            hidden_size: int, free_dims: tuple[str, ...], no_cache: bool, as_json: bool) -> None:
+    """Optimize MODEL with ORT at --level for the first --provider, stamp it, write it to OUTPUT.
+
+    With --fusion, ORT's transformer fusions run instead of (after a basic-level pass of) the
+    level optimization, and the fused operator counts are reported.
+    """
+    from ortpilot.cli.common import parse_kv_list
+    from ortpilot.passes.optimize import OptimizePass
+
+    free = {k: int(v) for k, v in parse_kv_list(free_dims).items()}
+    chain = list(providers) or None
+    if fusion != "none":
+        from ortpilot.passes.fusion import FusionPass
+
+        step = FusionPass(fusion, num_heads=num_heads, hidden_size=hidden_size, providers=chain)
+    else:
+        step = OptimizePass(level, chain, free_dimension_overrides=free, use_cache=not no_cache)
+    result = step.run(resolve_model_arg(model))
+    result.save(output)
+    doc = {"output": output, "record": result.record.to_dict()}
+    if as_json:
+        emit_json(doc)
+        return
+    render_record(result.record)
+    stdout.print(f"[bold green]wrote[/] {output}")
+
+
+def _num(value: Any, fmt: str = ".3g") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
+    return format(value, fmt)
+
+
+def render_record(record: Any) -> None:
+    """One pass record: node counts, size, op changes, fusions, notes."""
+    r = record.to_dict() if hasattr(record, "to_dict") else record
+    stdout.print(f"[bold]{r['name']}[/] {r['options']}  ({r['seconds']:.2f} s)", highlight=False)
+    stdout.print(f"nodes {r['nodes_before']} -> {r['nodes_after']}   size {r['size_before'] / 1e6:.2f} MB -> "
+                 f"{r['size_after'] / 1e6:.2f} MB   quantized nodes {r['quantized_nodes']}")
+    if r["fused"]:
+        table = Table(title="Fused operators")
+        table.add_column("op")
+        table.add_column("count", justify="right")
+        for op, count in r["fused"].items():
+            table.add_row(op, str(count))
+        stdout.print(table)
+    if r["op_diff"]:
+        stdout.print("op changes: " + ", ".join(f"{op} {d:+d}" for op, d in r["op_diff"].items()), highlight=False)
+    for note in r["notes"]:
+        stdout.print(f"[dim]- {note}[/]", highlight=False)

@@ -1,0 +1,76 @@
+"""``ortpilot quantize``: INT8 quantization, gated by accuracy on held-out samples."""
+
+from __future__ import annotations
+
+import warnings
+
+import click
+from rich.table import Table
+
+from ortpilot.cli.common import SHAPE_HELP, emit_json, handle_errors, resolve_model_arg, stderr, stdout
+from ortpilot.cli.cmd_compare import render_comparison
+from ortpilot.cli.cmd_optimize import render_record
+
+
+@click.command("quantize")
+@click.argument("model")
+@click.option("-o", "--output", required=True, help="Where to write the quantized model (.onnx).")
+@click.option("--mode", type=click.Choice(["dynamic", "static", "qdq", "full"]), required=True,
+              help="dynamic: INT8 weights, activations at run time; static: QOperator, calibrated; qdq: Q/DQ pairs "
+                   "around weighted ops, calibrated; full: QDQ on every supported op (always gated).")
+@click.option("--per-channel", is_flag=True, help="One scale per output channel of each weight.")
+@click.option("--reduce-range", is_flag=True, help="7-bit weights (for CPUs without VNNI).")
+@click.option("--weight-type", type=click.Choice(["qint8", "quint8"]), default="qint8", show_default=True)
+@click.option("--activation-type", type=click.Choice(["qint8", "quint8"]), default="quint8", show_default=True,
+              help="Activation type for static/qdq/full.")
+@click.option("--calibration", default=None,
+              help="Folder of .npy/.npz samples, one .npz with stacked samples, or FILE.py:FACTORY returning a "
+                   "CalibrationDataReader. Without it, synthetic inputs (with a warning).")
+@click.option("--method", type=click.Choice(["minmax", "entropy", "percentile"]), default="minmax",
+              show_default=True, help="Calibration method.")
+@click.option("--max-error", type=float, default=None,
+              help="Refuse to write the model if its error on held-out samples exceeds this (cosine distance for "
+                   "embeddings, top-1 disagreement for class scores, relative L2 otherwise).")
+@click.option("--auto-exclude", is_flag=True, help="Leave the worst layers in float until --max-error passes.")
+@click.option("--max-rounds", type=click.IntRange(1), default=6, show_default=True, help="Rounds of --auto-exclude.")
+@click.option("--exclude", "exclude", multiple=True, help="Node name to leave in float (repeatable).")
+@click.option("--op-types", default=None, help="Comma-separated op types to quantize (default: per mode).")
+@click.option("--no-preprocess", is_flag=True, help="Skip quant_pre_process.")
+@click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@handle_errors
+def command(model: str, output: str, mode: str, per_channel: bool, reduce_range: bool, weight_type: str,
+            activation_type: str, calibration: str | None, method: str, max_error: float | None, auto_exclude: bool,
+            max_rounds: int, exclude: tuple[str, ...], op_types: str | None, no_preprocess: bool,
+            shapes: tuple[str, ...], as_json: bool) -> None:
+    """Quantize MODEL, measure it against MODEL on held-out samples, and write OUTPUT only if it passes."""
+    from ortpilot.graph.shapes import parse_shape_args
+    from ortpilot.passes.gated import quantize_gated
+
+    if auto_exclude and max_error is None and mode != "full":
+        raise click.UsageError("--auto-exclude needs --max-error (the gate it works towards).")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the synthetic-data warning is already logged loudly
+        report = quantize_gated(
+            resolve_model_arg(model), output, mode, calibration=calibration, max_error=max_error,
+            shapes=parse_shape_args(list(shapes)), auto_exclude=auto_exclude, max_rounds=max_rounds,
+            per_channel=per_channel, reduce_range=reduce_range, weight_type=weight_type,
+            activation_type=activation_type, method=method, nodes_to_exclude=list(exclude),
+            op_types=[t.strip() for t in op_types.split(",") if t.strip()] if op_types else None,
+            preprocess=not no_preprocess)
+    if as_json:
+        emit_json(report.to_dict())
+        return
+    render_record(report.record)
+    render_comparison(report.gate.comparison)
+    if report.history:
+        table = Table(title="auto-exclude")
+        for col in ("round", "layers in float", "error", "passed"):
+            table.add_column(col)
+        for row in report.history:
+            table.add_row(str(row["round"]), str(len(row["excluded"])), str(row["error"]), str(row["passed"]))
+        stdout.print(table)
+    if report.synthetic:
+        stderr.print("[bold yellow]warning:[/] accuracy was measured on synthetic inputs; pass --calibration "
+                     "with real samples.")
+    stdout.print(f"[bold green]wrote[/] {report.output}  ({report.gate.describe()})", highlight=False)

@@ -1,0 +1,357 @@
+"""Accuracy of one model (or provider) against another, output by output.
+
+Per output: max/mean/median/p99 absolute and relative error, cosine similarity, SNR in dB,
+top-1/top-5 agreement when the output looks like class scores, NaN/Inf counts, and the
+minimum atol / rtol that would have passed (the line of Polygraphy's comparator people
+actually read). ``choose_metric`` picks the one number a gate or the tuner compares against a
+limit: cosine distance for embeddings and hidden states, top-1 disagreement for class scores,
+relative L2 error otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ortpilot.errors import InputError, UsageError
+
+DEFAULT_ATOL = 1e-5
+DEFAULT_RTOL = 1e-5
+_CLASS_NAME = re.compile(r"(logit|score|prob|class|pred)", re.I)
+_EMBED_NAME = re.compile(r"(hidden|embed|pool|feature|encoder_out|last_hidden|sentence|vector)", re.I)
+_TINY = np.finfo(np.float64).tiny
+
+Runs = Sequence[Mapping[str, np.ndarray]]
+
+
+# --------------------------------------------------------------------------- metric choice
+
+def looks_like_class_scores(name: str, shape: Sequence[int]) -> bool:
+    """Scores over classes: a named logits/scores/probs output, or a small 2-D [batch, classes]."""
+    if len(shape) < 2 or shape[-1] < 2:
+        return False
+    if _EMBED_NAME.search(name):
+        return False
+    if _CLASS_NAME.search(name):
+        return True
+    return len(shape) == 2 and shape[-1] <= 1000
+
+
+def looks_like_embedding(name: str, shape: Sequence[int]) -> bool:
+    """Vectors whose direction is the meaning: hidden states, sentence/token embeddings."""
+    if len(shape) < 2 or shape[-1] < 8:
+        return False
+    if _EMBED_NAME.search(name):
+        return True
+    return len(shape) == 3 and not _CLASS_NAME.search(name)
+
+
+def choose_metric(name: str, shape: Sequence[int], dtype: Any = np.float32) -> str:
+    """The error measure that matters for this output: ``cosine``, ``top1`` or ``rel_l2``."""
+    if not np.issubdtype(np.dtype(dtype), np.floating):
+        return "rel_l2"
+    if looks_like_class_scores(name, shape):
+        return "top1"
+    if looks_like_embedding(name, shape):
+        return "cosine"
+    return "rel_l2"
+
+
+METRIC_DESCRIPTIONS = {
+    "cosine": "cosine distance (1 - norm-weighted mean cosine similarity of the last-axis vectors)",
+    "top1": "top-1 disagreement (share of rows whose argmax changed)",
+    "rel_l2": "relative L2 error (||test - ref|| / ||ref||)",
+}
+
+
+def metric_error(metric: str, ref: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> float:
+    """One number, 0 = identical, for ``metric`` over all samples of one output."""
+    if metric == "top1":
+        return 1.0 - _topk_agreement(ref, test, 1)
+    if metric == "cosine":
+        # Rows weighted by their norms (sum of dots / sum of norm products): near-zero rows, whose
+        # direction is noise, cannot dominate the way they would in a plain mean of cosines.
+        a, b = np.concatenate(_rows(ref)), np.concatenate(_rows(test))
+        norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+        total = float(norms.sum())
+        if not math.isfinite(total):
+            return math.inf
+        return max(0.0, 1.0 - float((a * b).sum()) / total) if total > 0 else (0.0 if np.array_equal(a, b) else 1.0)
+    if metric == "rel_l2":
+        a, b = _flat(ref), _flat(test)
+        denom = float(np.linalg.norm(a))
+        diff = float(np.linalg.norm(a - b))
+        if not math.isfinite(diff):
+            return math.inf
+        return diff / denom if denom > 0 else (0.0 if diff == 0 else math.inf)
+    raise UsageError(f"Unknown metric '{metric}'; use one of {', '.join(METRIC_DESCRIPTIONS)}.")
+
+
+# --------------------------------------------------------------------------- tolerances
+
+@dataclass
+class Tolerances:
+    """Default atol/rtol plus per-output overrides (``logits:1e-3`` on the command line)."""
+
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
+    per_output_atol: dict[str, float] = field(default_factory=dict)
+    per_output_rtol: dict[str, float] = field(default_factory=dict)
+    explicit: bool = False  # set by the user: a failure is then a verification failure
+
+    def for_output(self, name: str) -> tuple[float, float]:
+        return self.per_output_atol.get(name, self.atol), self.per_output_rtol.get(name, self.rtol)
+
+    @classmethod
+    def parse(cls, atol: Sequence[str] | str | None = None, rtol: Sequence[str] | str | None = None) -> Tolerances:
+        """Parse ``["1e-4", "logits:1e-3"]``: a bare number is the default, NAME:VALUE one output's."""
+        tol = cls()
+        for kind, items in (("atol", atol), ("rtol", rtol)):
+            if items is None:
+                continue
+            for item in [items] if isinstance(items, str) else items:
+                name, sep, value = str(item).rpartition(":")
+                try:
+                    number = float(value)
+                except ValueError:
+                    raise UsageError(f"--{kind} '{item}' is not a number or NAME:NUMBER (e.g. logits:1e-3).") from None
+                if number < 0:
+                    raise UsageError(f"--{kind} '{item}' is negative.")
+                tol.explicit = True
+                if sep:
+                    getattr(tol, f"per_output_{kind}")[name] = number
+                else:
+                    setattr(tol, kind, number)
+        return tol
+
+
+# --------------------------------------------------------------------------- statistics
+
+@dataclass
+class OutputStats:
+    """Everything measured for one output, over all samples."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    elements: int
+    max_abs: float
+    mean_abs: float
+    median_abs: float
+    p99_abs: float
+    max_rel: float
+    mean_rel: float
+    median_rel: float
+    p99_rel: float
+    cosine: float
+    snr_db: float
+    nan_ref: int
+    inf_ref: int
+    nan_test: int
+    inf_test: int
+    min_atol: float  # smallest atol that passes with rtol = 0
+    min_rtol: float  # smallest rtol that passes with atol = 0
+    atol: float
+    rtol: float
+    passed: bool
+    metric: str
+    error: float  # value of ``metric``
+    top1_agreement: float | None = None
+    top5_agreement: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: _jsonable(v) for k, v in asdict(self).items()}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
+    return value
+
+
+def _flat(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays]) if arrays else np.zeros(0)
+
+
+def _rows(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    out = []
+    for a in arrays:
+        a = np.asarray(a, dtype=np.float64)
+        if a.ndim == 0:
+            a = a.reshape(1, 1)
+        out.append(a.reshape(-1, a.shape[-1]) if a.shape[-1] else a.reshape(-1, 1))
+    return out
+
+
+def _topk_agreement(ref: Sequence[np.ndarray], test: Sequence[np.ndarray], k: int) -> float:
+    """Share of rows whose reference argmax is in the test's top k."""
+    a, b = np.concatenate(_rows(ref)), np.concatenate(_rows(test))
+    if a.shape[0] == 0:
+        return 1.0
+    k = min(k, a.shape[1])
+    top_ref = np.argmax(a, axis=1)
+    top_test = np.argpartition(-np.nan_to_num(b, nan=-np.inf), k - 1, axis=1)[:, :k]
+    return float((top_test == top_ref[:, None]).any(axis=1).mean())
+
+
+def compare_arrays(name: str, ref: Sequence[np.ndarray], test: Sequence[np.ndarray], *,
+                   atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL) -> OutputStats:
+    """Statistics of ``test`` against ``ref`` for one output; each list holds one array per sample."""
+    for r, t in zip(ref, test):
+        if np.shape(r) != np.shape(t):
+            raise InputError(f"Output '{name}' has shape {list(np.shape(r))} in the reference but "
+                             f"{list(np.shape(t))} in the model under test; they cannot be compared.")
+    a, b = _flat(ref), _flat(test)
+    finite = np.isfinite(a) & np.isfinite(b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(a == b, 0.0, np.where(finite, np.abs(a - b), np.inf))
+        rel = np.where(diff == 0, 0.0, diff / np.maximum(np.abs(a), _TINY))
+
+    def stats(x: np.ndarray) -> tuple[float, float, float, float]:
+        if x.size == 0:
+            return 0.0, 0.0, 0.0, 0.0
+        return float(x.max()), float(x.mean()), float(np.median(x)), float(np.percentile(x, 99))
+
+    max_abs, mean_abs, median_abs, p99_abs = stats(diff)
+    max_rel, mean_rel, median_rel, p99_rel = stats(rel)
+    noise = float(np.sum(np.where(finite, a - b, 0.0) ** 2))
+    signal = float(np.sum(np.where(finite, a, 0.0) ** 2))
+    if noise == 0:
+        snr = math.inf
+    elif signal == 0:
+        snr = -math.inf
+    else:
+        snr = 10.0 * math.log10(signal / noise)
+    na, nb = float(np.linalg.norm(np.where(finite, a, 0))), float(np.linalg.norm(np.where(finite, b, 0)))
+    cosine = 1.0 if na == 0 and nb == 0 else (float(np.dot(np.where(finite, a, 0), np.where(finite, b, 0)) / (na * nb))
+                                                if na and nb else 0.0)
+    passed = bool(np.all(diff <= atol + rtol * np.abs(a))) if a.size else True
+    shape = list(np.shape(ref[0])) if ref else []
+    dtype = str(np.asarray(ref[0]).dtype) if ref else "float32"
+    metric = choose_metric(name, shape, dtype)
+    top1 = top5 = None
+    if looks_like_class_scores(name, shape) and np.issubdtype(np.dtype(dtype), np.floating):
+        top1 = _topk_agreement(ref, test, 1)
+        top5 = _topk_agreement(ref, test, 5)
+    return OutputStats(
+        name=name, shape=shape, dtype=dtype, elements=int(a.size),
+        max_abs=max_abs, mean_abs=mean_abs, median_abs=median_abs, p99_abs=p99_abs,
+        max_rel=max_rel, mean_rel=mean_rel, median_rel=median_rel, p99_rel=p99_rel,
+        cosine=cosine, snr_db=snr,
+        nan_ref=int(np.isnan(a).sum()), inf_ref=int(np.isinf(a).sum()),
+        nan_test=int(np.isnan(b).sum()), inf_test=int(np.isinf(b).sum()),
+        min_atol=max_abs, min_rtol=max_rel, atol=atol, rtol=rtol, passed=passed,
+        metric=metric, error=float(metric_error(metric, ref, test)), top1_agreement=top1, top5_agreement=top5)
+
+
+# --------------------------------------------------------------------------- comparison
+
+@dataclass
+class Comparison:
+    """The result of comparing a reference run against a test run, output by output."""
+
+    reference: str
+    test: str
+    samples: int
+    outputs: list[OutputStats]
+    tolerances_explicit: bool = False
+    only_in_reference: list[str] = field(default_factory=list)
+    only_in_test: list[str] = field(default_factory=list)
+    inputs: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs) and not self.only_in_reference
+
+    def worst_error(self) -> float:
+        """The largest per-output ``metric`` error (what an accuracy gate compares)."""
+        return max((o.error for o in self.outputs), default=0.0)
+
+    def worst_output(self) -> OutputStats | None:
+        return max(self.outputs, key=lambda o: o.error, default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference, "test": self.test, "samples": self.samples, "inputs": self.inputs,
+            "passed": self.passed, "tolerances_explicit": self.tolerances_explicit,
+            "worst_error": _jsonable(self.worst_error()),
+            "outputs": [o.to_dict() for o in self.outputs],
+            "only_in_reference": self.only_in_reference, "only_in_test": self.only_in_test,
+        }
+
+
+def compare_runs(ref_runs: Runs, test_runs: Runs, tolerances: Tolerances | None = None, *,
+                 reference: str = "reference", test: str = "test", inputs: str = "") -> Comparison:
+    """Compare outputs sample by sample; outputs are matched by name (by position if no name matches)."""
+    tol = tolerances or Tolerances()
+    if len(ref_runs) != len(test_runs) or not ref_runs:
+        raise UsageError(f"Need the same, non-zero number of runs to compare ({len(ref_runs)} vs {len(test_runs)}).")
+    ref_names, test_names = list(ref_runs[0]), list(test_runs[0])
+    pairs = [(n, n) for n in ref_names if n in test_names]
+    if not pairs and len(ref_names) == len(test_names):
+        pairs = list(zip(ref_names, test_names))
+    matched_ref, matched_test = {p[0] for p in pairs}, {p[1] for p in pairs}
+    stats = []
+    for ref_name, test_name in pairs:
+        atol, rtol = tol.for_output(ref_name)
+        stats.append(compare_arrays(ref_name, [r[ref_name] for r in ref_runs], [t[test_name] for t in test_runs],
+                                    atol=atol, rtol=rtol))
+    return Comparison(reference, test, len(ref_runs), stats, tol.explicit,
+                      [n for n in ref_names if n not in matched_ref], [n for n in test_names if n not in matched_test],
+                      inputs)
+
+
+def run_samples(session: Any, samples: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """Run a (verified or raw ORT) session on each sample, outputs by name."""
+    names = [o.name for o in session.get_outputs()]
+    return [dict(zip(names, session.run(None, dict(feeds)))) for feeds in samples]
+
+
+def compare_models(model_a: Any, model_b: Any = None, providers: Sequence[str] | None = None, *,
+                   samples: Sequence[Mapping[str, np.ndarray]] | None = None,
+                   shapes: Mapping[str, tuple[int, ...]] | None = None, n_samples: int = 1,
+                   tolerances: Tolerances | None = None, policy: str = "strict") -> Comparison:
+    """Run two models (or one model on two providers) on the same inputs and compare them.
+
+    With ``model_b``: both run on ``providers`` (a chain, default CPU). Without it,
+    ``providers`` must name two providers: the first is the reference, the second the test,
+    each loaded with ``policy`` (strict by default, so a silent fallback cannot make the
+    comparison compare CPU with CPU).
+    """
+    from ortpilot.graph.feeds import make_feeds, plan_feeds
+    from ortpilot.session import load
+
+    providers = list(providers or [])
+    if model_b is None:
+        if len(providers) != 2:
+            raise UsageError("Comparing one model needs exactly two providers (-p REFERENCE -p TEST), "
+                             f"got {len(providers) or 'none'}; or pass a second model.")
+        sess_a = load(model_a, [providers[0]], policy, placement=False)
+        sess_b = load(model_a, [providers[1]], policy, placement=False)
+        labels = (f"{_label(model_a)} on {providers[0]}", f"{_label(model_a)} on {providers[1]}")
+    else:
+        sess_a = load(model_a, providers or None, policy, placement=False)
+        sess_b = load(model_b, providers or None, policy, placement=False)
+        labels = (_label(model_a), _label(model_b))
+    described = ""
+    if samples is None:
+        plan = plan_feeds(sess_a.model, shapes)
+        samples = [make_feeds(sess_a.model, plan=plan, seed=i) for i in range(max(1, n_samples))]
+        described = plan.describe()
+    samples = [sess_a.check_feeds(s) for s in samples]
+    return compare_runs(run_samples(sess_a, samples), run_samples(sess_b, samples), tolerances,
+                        reference=labels[0], test=labels[1], inputs=described)
+
+
+def _label(model: Any) -> str:
+    return "<in-memory model>" if hasattr(model, "graph") else str(model)
+
+
+__all__ = ["Comparison", "METRIC_DESCRIPTIONS", "OutputStats", "Tolerances", "choose_metric", "compare_arrays",
+           "compare_models", "compare_runs", "looks_like_class_scores", "looks_like_embedding", "metric_error",
+           "run_samples"]

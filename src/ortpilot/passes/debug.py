@@ -1,0 +1,207 @@
+"""Where quantization error comes from, and leaving the worst layers in float until the gate passes.
+
+For QDQ models, ``onnxruntime.quantization.qdq_loss_debug`` saves every activation of the
+float and the quantized model and matches them by name; the SQNR of each quantized
+activation against its float twin says how much error has piled up there. A layer's own
+contribution is the SQNR its output loses relative to its worst input (dB dropped here),
+which ranks the layer that breaks the model above the layers that merely inherit its error.
+Static QOperator models are ranked through a QDQ twin built with the same settings (same node
+names); dynamic models, which have no activations to match, by the SQNR of their INT8 weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ortpilot.passes.base import PassResult, SourceModel
+from ortpilot.passes.gate import AccuracyGate, GateResult, gate_failure
+from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, full_op_types
+from ortpilot.session.ortlog import capture_ort_output
+
+log = logging.getLogger("ortpilot")
+SQNR_CAP_DB = 100.0
+_WEIGHTED = ("MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "LSTM", "GRU", "Gather", "EmbedLayerNormalization")
+
+
+@dataclass
+class LayerError:
+    """One node's share of the quantization error."""
+
+    node: str
+    op_type: str
+    tensor: str
+    sqnr_db: float  # SQNR of this tensor against the float model (activation) or of the INT8 weight
+    drop_db: float  # SQNR lost at this node (activation), or CAP - weight SQNR
+    kind: str  # "activation" or "weight"
+    exclude: list[str] = field(default_factory=list)  # nodes to leave in float to remove this error
+
+    def describe(self) -> str:
+        if self.kind == "weight":
+            return f"{self.node} ({self.op_type}): weight {self.tensor} SQNR {self.sqnr_db:.1f} dB"
+        return (f"{self.node} ({self.op_type}): output SQNR {self.sqnr_db:.1f} dB, {self.drop_db:.1f} dB lost at "
+                "this node")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(float(v), 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def _sqnr(ref: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> float:
+    a = np.concatenate([np.asarray(x, np.float64).ravel() for x in ref])
+    b = np.concatenate([np.asarray(x, np.float64).ravel() for x in test])
+    noise = float(np.sum((a - b) ** 2))
+    signal = float(np.sum(a ** 2))
+    if not math.isfinite(noise):
+        return -SQNR_CAP_DB
+    if noise == 0:
+        return SQNR_CAP_DB
+    if signal == 0:
+        return -SQNR_CAP_DB
+    return float(np.clip(10 * math.log10(signal / noise), -SQNR_CAP_DB, SQNR_CAP_DB))
+
+
+def activation_errors(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto,
+                      samples: Sequence[Mapping[str, np.ndarray]], op_types: Sequence[str] | None = None
+                      ) -> list[LayerError]:
+    """Per-node SQNR drop of a QDQ model against its float model, worst first."""
+    from onnxruntime.quantization.qdq_loss_debug import (
+        collect_activations,
+        create_activation_matching,
+        modify_model_output_intermediate_tensors,
+    )
+
+    from ortpilot.passes.calibration import reader_for
+
+    with tempfile.TemporaryDirectory(prefix="ortpilot-debug-") as tmp, capture_ort_output():
+        paths = {}
+        for tag, model in (("float", float_model), ("qdq", qdq_model)):
+            plain, augmented = Path(tmp) / f"{tag}.onnx", Path(tmp) / f"{tag}.aug.onnx"
+            onnx.save(model, str(plain))
+            modify_model_output_intermediate_tensors(str(plain), str(augmented))
+            paths[tag] = str(augmented)
+        float_acts = collect_activations(paths["float"], reader_for(samples))
+        qdq_acts = collect_activations(paths["qdq"], reader_for(samples))
+    matched = create_activation_matching(qdq_acts, float_acts)
+    sqnr = {name: _sqnr(m["float"], m["post_qdq"]) for name, m in matched.items()
+            if m.get("float") and m.get("post_qdq")}
+    # Error a tensor inherits when it is not itself matched: the worst of its producer's inputs.
+    inherited: dict[str, float] = dict(sqnr)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in float_model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    errors = []
+    for node in float_model.graph.node:
+        ins = [inherited.get(i, SQNR_CAP_DB) for i in node.input if i]
+        in_sqnr = min(ins) if ins else SQNR_CAP_DB
+        for out in node.output:
+            inherited.setdefault(out, in_sqnr)
+        outs = [o for o in node.output if o in sqnr]
+        if not outs:
+            continue
+        tensor = min(outs, key=lambda o: sqnr[o])
+        # Leaving this error out means leaving the node and the quantized consumers of its output in float.
+        exclude = [node.name] + [c.name for c in consumers.get(tensor, []) if not op_types or c.op_type in op_types]
+        errors.append(LayerError(node.name, node.op_type, tensor, sqnr[tensor], max(0.0, in_sqnr - sqnr[tensor]),
+                                 "activation", list(dict.fromkeys(exclude))))
+    errors.sort(key=lambda e: (-e.drop_db, e.sqnr_db))
+    return errors
+
+
+def weight_errors(float_model: onnx.ModelProto, *, per_channel: bool = False, reduce_range: bool = False
+                  ) -> list[LayerError]:
+    """SQNR of each weighted node's weights after symmetric INT8 rounding, worst first."""
+    inits = {t.name: t for t in float_model.graph.initializer}
+    qmax = 63.0 if reduce_range else 127.0
+    errors = []
+    for node in float_model.graph.node:
+        if node.op_type not in _WEIGHTED:
+            continue
+        for name in node.input:
+            if name not in inits:
+                continue
+            w = numpy_helper.to_array(inits[name])
+            if w.dtype.kind != "f" or w.ndim < 2:
+                continue
+            axis = 0 if node.op_type in ("Conv", "ConvTranspose") else w.ndim - 1
+            if per_channel:
+                scale = np.max(np.abs(w), axis=tuple(a for a in range(w.ndim) if a != axis), keepdims=True) / qmax
+            else:
+                scale = np.max(np.abs(w)) / qmax
+            scale = np.where(scale == 0, 1.0, scale)
+            q = np.clip(np.round(w / scale), -qmax, qmax) * scale
+            value = _sqnr([w], [q])
+            errors.append(LayerError(node.name, node.op_type, name, value, SQNR_CAP_DB - value, "weight", [node.name]))
+            break
+    errors.sort(key=lambda e: e.sqnr_db)
+    return errors
+
+
+def worst_layers(step: QuantizePass, source: SourceModel, quantized: onnx.ModelProto,
+                 samples: Sequence[Mapping[str, np.ndarray]], n: int = 5) -> list[LayerError]:
+    """The ``n`` layers contributing most error to ``quantized`` (made by ``step`` from ``source``)."""
+    prepared, _ = step.prepared(source)
+    excluded = set(step.nodes_to_exclude)
+    if step.mode == "dynamic":
+        errors = weight_errors(prepared, per_channel=step.per_channel, reduce_range=step.reduce_range)
+    else:
+        qdq = quantized
+        if step.mode == "static":  # QOperator ops hide their activations: rank through a QDQ twin
+            twin = step.with_excluded([])
+            twin.mode, twin.op_types = "qdq", step.op_types or full_op_types()
+            try:
+                qdq = twin.run(source).model
+            except NothingQuantizedError:
+                return []
+        errors = activation_errors(prepared, qdq, samples, step.op_types_for_mode() or full_op_types())
+    return [e for e in errors if e.node not in excluded][:n]
+
+
+def auto_exclude(step: QuantizePass, source: SourceModel, gate: AccuracyGate, *, max_rounds: int = 6,
+                 per_round: int = 2, worst_n: int = 5) -> tuple[PassResult, GateResult, list[dict[str, Any]]]:
+    """Re-quantize leaving the worst layers in float until ``gate`` passes or ``max_rounds`` is reached.
+
+    Raises AccuracyGateError (naming the worst layers left) when the gate still fails.
+    """
+    current = step
+    history: list[dict[str, Any]] = []
+    result = measured = None
+    layers: list[LayerError] = []
+    for round_no in range(max_rounds + 1):
+        try:
+            result = current.run(source)
+        except NothingQuantizedError:
+            break  # everything quantizable is already excluded
+        measured = gate.measure(result.model)
+        history.append({"round": round_no, "excluded": list(current.nodes_to_exclude),
+                        "error": float(measured.error) if math.isfinite(measured.error) else "inf",
+                        "passed": bool(measured.passed), "quantized_nodes": result.record.quantized_nodes})
+        log.info("auto-exclude round %d: %d layer(s) in float, %s", round_no, len(current.nodes_to_exclude),
+                 measured.describe())
+        if measured.passed:
+            return result, measured, history
+        layers = worst_layers(current, source, result.model, gate.heldout, worst_n)
+        new = list(dict.fromkeys(n for layer in layers[:per_round] for n in layer.exclude
+                                 if n not in current.nodes_to_exclude))
+        if round_no == max_rounds or not new:
+            break
+        current = current.with_excluded(new)
+    if measured is None:
+        raise NothingQuantizedError("Every quantizable layer was excluded and the gate still had nothing to pass.")
+    measured.worst_layers = layers
+    raise gate_failure(measured, hint=(
+        f"--auto-exclude left {len(current.nodes_to_exclude)} layer(s) in float over {len(history)} round(s) "
+        f"({', '.join(current.nodes_to_exclude) or 'none'}) and the gate still fails; raise --max-error, use "
+        "real --calibration data, or a milder --mode."))
+
+
+__all__ = ["LayerError", "activation_errors", "auto_exclude", "weight_errors", "worst_layers"]

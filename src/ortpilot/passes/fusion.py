@@ -1,0 +1,106 @@
+"""Transformer fusion (Attention, SkipLayerNormalization, BiasGelu, ...) without torch.
+
+``onnxruntime.transformers.optimizer.optimize_model`` runs ORT's own optimization first, and
+that step imports torch. We do that step ourselves (a basic-level offline optimization
+through a verified session, cached like any other) and then call the optimizer with
+``opt_level=0``, which only runs the pattern fusions (pure onnx/numpy code).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+
+from ortpilot.errors import UsageError
+from ortpilot.passes.base import Outcome, Pass, SourceModel, op_histogram
+from ortpilot.passes.optimize import OptimizePass
+from ortpilot.providers.names import ProviderLike, resolve_providers
+
+log = logging.getLogger("ortpilot")
+_DECODER_IO = ("past", "present", "cache")
+
+
+def fusion_model_types() -> list[str]:
+    from onnxruntime.transformers.optimizer import MODEL_TYPES
+
+    return sorted(MODEL_TYPES)
+
+
+def detect_model_type(model: onnx.ModelProto) -> tuple[str | None, str]:
+    """Guess the ``onnxruntime.transformers`` model type from the graph, with the reason."""
+    ops: Counter = op_histogram(model)
+    names = [v.name.lower() for v in list(model.graph.input) + list(model.graph.output)]
+    fused = {"Attention", "MultiHeadAttention", "GroupQueryAttention"} & set(ops)
+    if fused:
+        return None, f"already fused ({', '.join(sorted(fused))} present); there is nothing left to fuse"
+    if not ops.get("Softmax"):
+        return None, ("no attention pattern (no Softmax) in the graph: this does not look like a transformer; "
+                      "pass --fusion TYPE to force one of " + ", ".join(fusion_model_types()))
+    decoder = any(any(k in n for k in _DECODER_IO) for n in names) or ops.get("Trilu")
+    layernorm = ops.get("LayerNormalization", 0) or (ops.get("ReduceMean", 0) and ops.get("Sub", 0))
+    rmsnorm = ops.get("SimplifiedLayerNormalization", 0) or (ops.get("Pow", 0) and ops.get("ReduceMean", 0)
+                                                             and not layernorm)
+    if decoder:
+        if rmsnorm and not layernorm:
+            return None, ("a decoder with RMSNorm (Llama-style): the GPT-2 fusions do not match it; use the "
+                          "decoder fusion, or pass --fusion qwen3/phi if the model is one of those")
+        return "gpt2", "decoder: past/present KV inputs or a causal mask with LayerNorm (GPT-2 style)"
+    if ops.get("Conv") and layernorm:
+        return "vit", "attention with a Conv patch embedding and LayerNorm (ViT style)"
+    if layernorm:
+        return "bert", "encoder: self-attention (Softmax) with LayerNorm and no KV cache (BERT style)"
+    return None, "attention without LayerNorm: no optimizer model type fits; pass --fusion TYPE to force one"
+
+
+class FusionPass(Pass):
+    """ORT transformer fusions for one model type (``auto`` detects it from the graph)."""
+
+    name = "fusion"
+
+    def __init__(self, model_type: str = "auto", *, num_heads: int = 0, hidden_size: int = 0,
+                 providers: Sequence[ProviderLike] | ProviderLike | None = None, use_gpu: bool = False) -> None:
+        if model_type not in ("auto", *fusion_model_types()):
+            raise UsageError(f"Unknown fusion type '{model_type}'. Choose auto, none or one of "
+                             f"{', '.join(fusion_model_types())}.")
+        self.model_type = model_type
+        self.num_heads = num_heads
+        self.hidden_size = hidden_size
+        self.providers = resolve_providers(providers)
+        self.use_gpu = use_gpu
+
+    def options(self) -> dict[str, Any]:
+        return {"model_type": self.model_type, "num_heads": self.num_heads, "hidden_size": self.hidden_size,
+                "providers": [str(p) for p in self.providers]}
+
+    def transform(self, source: SourceModel) -> Outcome:
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        model_type, reason = self.model_type, "given"
+        if model_type == "auto":
+            model_type, reason = detect_model_type(source.proto)
+            if model_type is None:
+                raise UsageError(f"--fusion auto cannot tell the model type: {reason}.")
+        # ORT's own optimization step, done here so that optimize_model never imports torch.
+        basic = OptimizePass("basic", self.providers).run(source).model
+        quiet = logging.getLogger("onnxruntime.transformers.optimizer")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)  # its "model producer not matched" warning is noise here
+        try:
+            optimizer = optimize_model(basic, model_type=model_type, num_heads=self.num_heads,
+                                       hidden_size=self.hidden_size, opt_level=0, use_gpu=self.use_gpu)
+        finally:
+            quiet.setLevel(level)
+        stats = {k: int(v) for k, v in (optimizer.get_fused_operator_statistics() or {}).items()}
+        model = optimizer.model
+        notes = [f"model type {model_type} ({reason})"]
+        if not any(stats.values()):
+            notes.append("no fusion matched: the graph differs from the patterns ORT knows for this model type")
+        return Outcome(model, fused=stats, notes=notes, level="basic", providers=self.providers, ep_specific=True,
+                       extra={"model_type": model_type, "fused_operator_statistics": stats})
+
+
+__all__ = ["FusionPass", "detect_model_type", "fusion_model_types"]

@@ -1,0 +1,157 @@
+"""ORT graph optimization as a pass: online (at session creation) or offline (saved, cached, stamped).
+
+Offline runs the model through a verified session with ``optimized_model_filepath`` set, on
+the provider the model is meant for (strict: optimizing "for OpenVINO" on a CPU fallback
+would stamp a lie). The result goes to the content-addressed cache, keyed by everything
+that decides its bytes, so the same request never optimizes twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+
+from ortpilot.artifacts.stamp import (
+    EP_SPECIFIC_LEVELS,
+    cpu_features,
+    describe_stamp,
+    make_stamp,
+    mismatch_message,
+    read_stamp,
+    stamp_problems,
+    write_stamp,
+)
+from ortpilot.artifacts.store import ModelStore, cache_key
+from ortpilot.errors import StampMismatchError, UsageError
+from ortpilot.modelio import file_sha256, load_model, save_model
+from ortpilot.passes.base import Outcome, Pass, SourceModel
+from ortpilot.providers.names import ProviderLike, ProviderSpec, resolve_providers
+from ortpilot.session.options import LEVEL_NAMES, SessionSettings
+
+log = logging.getLogger("ortpilot")
+
+
+def optimize_to_file(source: SourceModel, level: str, providers: Sequence[ProviderSpec], dest: Path,
+                     free_dimension_overrides: Mapping[str, int] | None = None) -> SessionSettings:
+    """Let ORT optimize ``source`` at ``level`` for ``providers`` and save the graph to ``dest``."""
+    from ortpilot.session import load
+
+    settings = SessionSettings(level=level, free_dimension_overrides=dict(free_dimension_overrides or {}),
+                               optimized_model_filepath=str(dest), log_severity=3)
+    model = str(source.path) if source.path is not None else source.proto
+    sess = load(model, list(providers), "strict", settings=settings, placement=False)
+    if not dest.is_file():
+        raise UsageError(f"ORT did not write the optimized model for providers {[p.name for p in providers]} "
+                         f"at level {level}; this provider may not support saving optimized graphs.")
+    return sess.settings
+
+
+class OptimizePass(Pass):
+    """ORT's graph optimizations at one level for one provider chain."""
+
+    name = "optimize"
+
+    def __init__(self, level: str = "all", providers: Sequence[ProviderLike] | ProviderLike | None = None, *,
+                 offline: bool = True, free_dimension_overrides: Mapping[str, int] | None = None,
+                 use_cache: bool = True, store: ModelStore | None = None) -> None:
+        if level not in LEVEL_NAMES:
+            raise UsageError(f"Unknown optimization level '{level}'. Choose one of {', '.join(LEVEL_NAMES)}.")
+        self.level = level
+        self.providers = resolve_providers(providers)
+        self.offline = offline
+        self.free_dims = dict(free_dimension_overrides or {})
+        self.use_cache = use_cache
+        self.store = store
+
+    def options(self) -> dict[str, Any]:
+        return {"level": self.level, "providers": [str(p) for p in self.providers], "offline": self.offline,
+                "free_dimension_overrides": self.free_dims}
+
+    def key(self, source: SourceModel) -> str:
+        return cache_key(model_sha256=source.sha256, ort_version=ort.__version__,
+                         providers=[p.to_dict() for p in self.providers], level=self.level,
+                         free_dimension_overrides=self.free_dims, cpu=cpu_features())
+
+    def transform(self, source: SourceModel) -> Outcome:
+        ep_specific = self.level in EP_SPECIFIC_LEVELS
+        if not self.offline:
+            return Outcome(source.proto, level=self.level, providers=self.providers, ep_specific=False,
+                           notes=[f"online: ORT applies level '{self.level}' each time the session is created; "
+                                  "the model itself is unchanged"],
+                           extra={"session_settings": {"level": self.level,
+                                                       "free_dimension_overrides": self.free_dims}})
+        key = self.key(source)
+
+        def build(dest: Path) -> None:
+            optimize_to_file(source, self.level, self.providers, dest, self.free_dims)
+            built = load_model(dest)
+            write_stamp(built, make_stamp(source_sha256=source.sha256, providers=self.providers, level=self.level,
+                                          source_path=str(source.path.resolve()) if source.path else None,
+                                          pass_name=self.name, options=self.options()))
+            save_model(built, dest)
+
+        if self.use_cache:
+            store = self.store or ModelStore()
+            path, hit = store.get_or_create(key, build, meta=self.options())
+            model = load_model(path)
+            notes = [f"offline: {'cache hit' if hit else 'built and cached'} ({path.parent.name[:12]})"]
+            extra = {"cache_key": key, "cache_hit": hit, "cache_path": str(path)}
+        else:
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="ortpilot-opt-") as tmp:
+                build(Path(tmp) / "model.onnx")
+                model = load_model(Path(tmp) / "model.onnx")
+            notes, extra = ["offline: built (cache off)"], {"cache_key": key, "cache_hit": False}
+        if ep_specific:
+            notes.append(f"level '{self.level}' can save provider- and CPU-specific ops: the model is stamped for "
+                         f"{self.providers[0].name} and ORT {ort.__version__} and refused elsewhere")
+        return Outcome(model, level=self.level, providers=self.providers, ep_specific=ep_specific, notes=notes,
+                       extra=extra)
+
+
+def check_or_rebuild(proto: onnx.ModelProto, providers: Sequence[ProviderSpec]) -> Path | None:
+    """For session loading: None when the model's stamp (if any) fits ``providers`` and this ORT.
+
+    On a mismatch, rebuild from the source recorded in the stamp when that file still exists
+    with the same content (and log it), returning the rebuilt model's path; otherwise raise
+    StampMismatchError saying what the model was built for, what is in use, and how to rebuild.
+    """
+    stamp = read_stamp(proto)
+    if stamp is None:
+        return None
+    problems = stamp_problems(stamp, providers)
+    if not problems:
+        return None
+    source = Path(stamp.get("source_path") or "")
+    kind = stamp.get("pass")
+    if not stamp.get("source_path") or not source.is_file() or kind not in ("optimize", "fusion"):
+        raise StampMismatchError(mismatch_message(stamp, problems))
+    if file_sha256(source) != stamp.get("source_sha256"):
+        raise StampMismatchError(mismatch_message(stamp, problems + [f"its source {source} has changed since"]))
+    if kind == "optimize":
+        step: Pass = OptimizePass(stamp.get("level") or "all", list(providers),
+                                  free_dimension_overrides=(stamp.get("options") or {}).get("free_dimension_overrides"))
+    else:
+        from ortpilot.passes.fusion import FusionPass
+
+        opts = stamp.get("options") or {}
+        step = FusionPass(opts.get("model_type", "auto"), num_heads=opts.get("num_heads", 0),
+                          hidden_size=opts.get("hidden_size", 0), providers=list(providers))
+    log.warning("Stamped model was built for %s, but %s: rebuilding it from its source %s for %s.",
+                describe_stamp(stamp), "; ".join(problems), source, ", ".join(p.name for p in providers))
+    result = step.run(source)
+    store = ModelStore()
+    key = "rebuilt-" + cache_key(model_sha256=stamp.get("source_sha256", ""), ort_version=ort.__version__,
+                                 providers=[p.to_dict() for p in providers], level=str(stamp.get("level")),
+                                 cpu=cpu_features(), extra={"pass": kind, "options": stamp.get("options")})
+    path, _ = store.get_or_create(key, lambda dest: save_model(result.model, dest))
+    return path
+
+
+__all__ = ["OptimizePass", "check_or_rebuild", "optimize_to_file"]

@@ -1,0 +1,299 @@
+"""INT8 quantization as a pass: dynamic, static (QOperator), QDQ and full QDQ.
+
+Everything is ``onnxruntime.quantization``; this module only prepares the model and picks
+settings. Preparation: ``Constant`` nodes become initializers (the quantizer only quantizes
+initializer weights, and exporters such as silero-vad's or Paddle's keep weights in
+``Constant`` nodes), unnamed nodes get names (exclusion works by name), then
+``quant_pre_process`` (shape inference and basic fusions) when it succeeds.
+
+Modes: ``dynamic`` weights INT8, activations quantized at run time (fast on MatMul-heavy
+models, can be slow on conv nets); ``static`` QOperator ops (QLinearConv, ...) calibrated;
+``qdq`` QuantizeLinear/DequantizeLinear around weighted ops and the data-movement ops between
+them; ``full`` QDQ on every op type the quantizer knows, forced even where an input is float.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ortpilot.errors import UsageError
+from ortpilot.passes.base import Outcome, Pass, SourceModel, _graphs, op_histogram, quantized_node_count
+from ortpilot.session.ortlog import capture_ort_output
+
+log = logging.getLogger("ortpilot")
+MODES = ("dynamic", "static", "qdq", "full")
+METHODS = ("minmax", "entropy", "percentile")
+QUANT_TYPES = ("qint8", "quint8")
+# QDQ around the ops whose integer kernels pay off, plus ops that carry INT8 through unchanged.
+QDQ_OPS_DEFAULT = ("Conv", "ConvTranspose", "MatMul", "Gemm", "MaxPool", "AveragePool", "GlobalAveragePool",
+                   "Relu", "Clip", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Resize", "Concat")
+
+
+class NothingQuantizedError(UsageError):
+    """The quantizer skipped every node: the output would equal the input."""
+
+
+def _quant_type(name: str):
+    from onnxruntime.quantization import QuantType
+
+    key = name.lower()
+    if key not in QUANT_TYPES:
+        raise UsageError(f"Unknown quantization type '{name}'; use qint8 or quint8.")
+    return QuantType.QInt8 if key == "qint8" else QuantType.QUInt8
+
+
+def _method(name: str):
+    from onnxruntime.quantization import CalibrationMethod
+
+    table = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+             "percentile": CalibrationMethod.Percentile}
+    if name not in table:
+        raise UsageError(f"Unknown calibration method '{name}'; use one of {', '.join(METHODS)}.")
+    return table[name]
+
+
+def full_op_types() -> list[str]:
+    """Every op type ORT's QDQ and QOperator quantizers know."""
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    return sorted(set(QDQRegistry) | set(QLinearOpsRegistry))
+
+
+# --------------------------------------------------------------------------- preparation
+
+def _constant_array(node: onnx.NodeProto) -> np.ndarray | None:
+    if not node.attribute:
+        return None
+    attr = node.attribute[0]
+    if attr.name == "value":
+        return numpy_helper.to_array(attr.t)
+    if attr.name == "value_float":
+        return np.array(attr.f, dtype=np.float32)
+    if attr.name == "value_floats":
+        return np.array(list(attr.floats), dtype=np.float32)
+    if attr.name == "value_int":
+        return np.array(attr.i, dtype=np.int64)
+    if attr.name == "value_ints":
+        return np.array(list(attr.ints), dtype=np.int64)
+    return None  # sparse and string constants stay nodes
+
+
+def constants_to_initializers(model: onnx.ModelProto) -> int:
+    """Turn ``Constant`` nodes into initializers of their graph (subgraphs too), in place; return how many."""
+    converted = 0
+    for graph in list(_graphs(model.graph)):
+        keep = []
+        for node in graph.node:
+            value = _constant_array(node) if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
+            if value is None:
+                keep.append(node)
+                continue
+            graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+            converted += 1
+        if converted:
+            del graph.node[:]
+            graph.node.extend(keep)
+    return converted
+
+
+def name_nodes(model: onnx.ModelProto) -> int:
+    """Give every unnamed node a unique name (the quantizer excludes nodes by name)."""
+    taken = {n.name for g in _graphs(model.graph) for n in g.node if n.name}
+    named = 0
+    for graph in _graphs(model.graph):
+        for i, node in enumerate(graph.node):
+            if not node.name:
+                base = f"{node.op_type}_{i}"
+                name, k = base, 1
+                while name in taken:
+                    name, k = f"{base}_{k}", k + 1
+                node.name = name
+                taken.add(name)
+                named += 1
+    return named
+
+
+@contextlib.contextmanager
+def _working_dir(path: str) -> Iterator[None]:
+    """chdir for the block (process-wide: quant_pre_process is not called from threads here)."""
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def prepare(model: onnx.ModelProto, *, preprocess: bool = True) -> tuple[onnx.ModelProto, list[str]]:
+    """Constant fix, node names, ``quant_pre_process`` (skipped with a note when it fails)."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    notes = []
+    converted = constants_to_initializers(work)
+    if converted:
+        notes.append(f"{converted} Constant node(s) turned into initializers so their weights can be quantized")
+    if preprocess:
+        with tempfile.TemporaryDirectory(prefix="ortpilot-pre-") as tmp:
+            src, out = Path(tmp) / "in.onnx", Path(tmp) / "pre.onnx"
+            onnx.save(work, str(src))  # a path, not the proto: quant_pre_process moves a proto's weights out
+            for skip_symbolic in (False, True):
+                try:
+                    # It prints whole graphs when shape inference fails, and its symbolic shape
+                    # inference then dumps files into the working directory: keep both in tmp.
+                    with capture_ort_output(), _working_dir(tmp):
+                        quant_pre_process(str(src), str(out), skip_symbolic_shape=skip_symbolic)
+                    work = onnx.load(str(out))
+                    notes.append("quant_pre_process: shape inference and basic optimizations"
+                                 + (" (symbolic shape inference skipped: it failed)" if skip_symbolic else ""))
+                    break
+                except Exception as exc:  # the pre-processor's failures are its own; quantize without it
+                    log.debug("quant_pre_process failed (skip_symbolic_shape=%s): %s", skip_symbolic, exc)
+            else:
+                notes.append("quant_pre_process failed; quantizing the model as it is")
+    name_nodes(work)
+    return work, notes
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+# --------------------------------------------------------------------------- the pass
+
+class QuantizePass(Pass):
+    """Quantize with ORT in one of ``MODES``; calibrated modes need ``calibration`` samples."""
+
+    name = "quantize"
+
+    def __init__(self, mode: str = "dynamic", *, calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
+                 per_channel: bool = False, reduce_range: bool = False, weight_type: str = "qint8",
+                 activation_type: str = "quint8", method: str = "minmax", op_types: Sequence[str] | None = None,
+                 nodes_to_exclude: Sequence[str] = (), preprocess: bool = True,
+                 extra_options: Mapping[str, Any] | None = None) -> None:
+        if mode not in MODES:
+            raise UsageError(f"Unknown quantization mode '{mode}'. Choose one of {', '.join(MODES)}.")
+        _quant_type(weight_type), _quant_type(activation_type), _method(method)
+        self.mode = mode
+        self.calibration = list(calibration) if calibration is not None else None
+        self.per_channel = per_channel
+        self.reduce_range = reduce_range
+        self.weight_type = weight_type.lower()
+        self.activation_type = activation_type.lower()
+        self.method = method
+        self.op_types = list(op_types) if op_types else None
+        self.nodes_to_exclude = list(nodes_to_exclude)
+        self.preprocess = preprocess
+        self.extra_options = dict(extra_options or {})
+        self._prepared: dict[str, tuple[onnx.ModelProto, list[str]]] = {}
+
+    def options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"mode": self.mode, "per_channel": self.per_channel, "reduce_range": self.reduce_range,
+                                "weight_type": self.weight_type}
+        if self.mode != "dynamic":
+            opts.update(activation_type=self.activation_type, method=self.method,
+                        calibration_samples=len(self.calibration or []))
+        if self.op_types:
+            opts["op_types"] = self.op_types
+        if self.nodes_to_exclude:
+            opts["nodes_to_exclude"] = self.nodes_to_exclude
+        return opts
+
+    def with_excluded(self, nodes: Sequence[str]) -> QuantizePass:
+        """The same pass, leaving ``nodes`` in float too (shares the prepared-model cache)."""
+        clone = QuantizePass(self.mode, calibration=self.calibration, per_channel=self.per_channel,
+                             reduce_range=self.reduce_range, weight_type=self.weight_type,
+                             activation_type=self.activation_type, method=self.method, op_types=self.op_types,
+                             nodes_to_exclude=[*self.nodes_to_exclude, *[n for n in nodes if n not in self.nodes_to_exclude]],
+                             preprocess=self.preprocess, extra_options=self.extra_options)
+        clone._prepared = self._prepared
+        return clone
+
+    def prepared(self, source: SourceModel) -> tuple[onnx.ModelProto, list[str]]:
+        if source.sha256 not in self._prepared:
+            self._prepared[source.sha256] = prepare(source.proto, preprocess=self.preprocess)
+        return self._prepared[source.sha256]
+
+    def op_types_for_mode(self) -> list[str] | None:
+        if self.op_types:
+            return self.op_types
+        if self.mode == "qdq":
+            return list(QDQ_OPS_DEFAULT)
+        if self.mode == "full":
+            return full_op_types()
+        return None  # ORT's defaults for dynamic / static
+
+    def transform(self, source: SourceModel) -> Outcome:
+        model, notes = self.prepared(source)
+        if self.per_channel and self.mode in ("qdq", "full") and _default_opset(model) < 13:
+            # Per-axis QuantizeLinear/DequantizeLinear needs opset 13; older graphs are upgraded first.
+            from onnx import version_converter
+
+            try:
+                model = version_converter.convert_version(model, 13)
+                notes = [*notes, f"opset {_default_opset(source.proto)} upgraded to 13 for per-channel QDQ"]
+            except Exception as exc:
+                raise UsageError(f"Per-channel QDQ needs opset 13 and this model (opset {_default_opset(model)}) "
+                                 f"could not be upgraded ({exc}); drop --per-channel.") from None
+        with tempfile.TemporaryDirectory(prefix="ortpilot-quant-") as tmp:
+            src, dst = Path(tmp) / "float.onnx", Path(tmp) / "quant.onnx"
+            onnx.save(model, str(src))
+            with capture_ort_output() as captured:
+                self._quantize(src, dst, sum(1 for _ in _graphs(model.graph)) > 1)
+            for line in captured.log_lines + captured.warnings:
+                log.debug("quantizer: %s", line)
+            quantized = onnx.load(str(dst))
+        count = quantized_node_count(quantized)
+        if count == 0:
+            ops = ", ".join(f"{k} {v}" for k, v in op_histogram(model).most_common(8))
+            wanted = ", ".join(self.op_types_for_mode() or ["ORT's defaults"])
+            raise NothingQuantizedError(
+                f"Quantization ({self.mode}) changed nothing: no node of the op types it quantizes ({wanted}) has "
+                f"quantizable weights or inputs (the model's ops: {ops}). No model was written. Weights held in "
+                "Constant nodes are converted automatically; weights computed at run time cannot be quantized. "
+                "Try another --mode, or optimize the model instead.")
+        notes = [*notes, f"{count} node(s) quantized ({self.mode})"]
+        if self.nodes_to_exclude:
+            notes.append(f"left in float: {', '.join(self.nodes_to_exclude)}")
+        return Outcome(quantized, notes=notes, level=None, providers=None, ep_specific=False,
+                       extra={"nodes_excluded": list(self.nodes_to_exclude)})
+
+    def _quantize(self, src: Path, dst: Path, has_subgraphs: bool = False) -> None:
+        from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
+
+        from ortpilot.passes.calibration import reader_for
+
+        extra = dict(self.extra_options)
+        if self.mode in ("dynamic", "static") and has_subgraphs:
+            extra.setdefault("EnableSubgraph", True)  # If/Loop bodies (silero-vad keeps its model in one)
+        if self.mode == "dynamic":
+            quantize_dynamic(str(src), str(dst), op_types_to_quantize=self.op_types_for_mode(),
+                             per_channel=self.per_channel, reduce_range=self.reduce_range,
+                             weight_type=_quant_type(self.weight_type), nodes_to_exclude=self.nodes_to_exclude,
+                             extra_options=extra)
+            return
+        if not self.calibration:
+            raise UsageError(f"Quantization mode '{self.mode}' is calibrated: it needs calibration samples.")
+        if self.mode == "full":
+            extra.setdefault("ForceQuantizeNoInputCheck", True)
+        quantize_static(str(src), str(dst), reader_for(self.calibration),
+                        quant_format=QuantFormat.QOperator if self.mode == "static" else QuantFormat.QDQ,
+                        op_types_to_quantize=self.op_types_for_mode(), per_channel=self.per_channel,
+                        reduce_range=self.reduce_range, activation_type=_quant_type(self.activation_type),
+                        weight_type=_quant_type(self.weight_type), nodes_to_exclude=self.nodes_to_exclude,
+                        calibrate_method=_method(self.method), extra_options=extra)
+
+
+__all__ = ["METHODS", "MODES", "NothingQuantizedError", "QDQ_OPS_DEFAULT", "QuantizePass", "constants_to_initializers",
+           "full_op_types", "name_nodes", "prepare"]

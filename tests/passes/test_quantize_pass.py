@@ -1,0 +1,166 @@
+"""Quantization with the accuracy gate: the issue's done-when, bad input, and real models."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from ortpilot.cli.main import cli
+from ortpilot.errors import AccuracyGateError, InputError
+from ortpilot.modelio import save_model
+from ortpilot.passes.calibration import SyntheticCalibrationWarning, load_calibration, synthetic, write_samples
+from ortpilot.passes.gated import quantize_gated
+from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, constants_to_initializers
+
+
+@pytest.fixture(scope="module")
+def encoder_calibration(demo_paths, tmp_path_factory):
+    model = onnx.load(demo_paths["encoder"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        samples = synthetic(model, None, 8).samples
+    return write_samples([{k: v[:, :32] for k, v in s.items()} for s in samples],
+                         tmp_path_factory.mktemp("calib"))
+
+
+def test_quantize_qdq_cli_writes_a_gated_model_and_compare_prints_metrics(demo_paths, encoder_calibration, tmp_path):
+    out = tmp_path / "enc.qdq.onnx"
+    res = CliRunner().invoke(cli, ["quantize", str(demo_paths["encoder"]), "-o", str(out), "--mode", "qdq",
+                                   "--calibration", str(encoder_calibration), "--max-error", "0.05", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["record"]["quantized_nodes"] > 0 and doc["gate"]["passed"]
+    assert doc["record"]["op_diff"]["QuantizeLinear"] > 0 and out.is_file()
+    res = CliRunner().invoke(cli, ["compare", str(demo_paths["encoder"]), str(out), "--calibration",
+                                   str(encoder_calibration)])
+    assert res.exit_code == 0, res.output
+    for label in ("abs error max", "p99", "cosine similarity", "SNR dB", "min atol", "min rtol", "NaN/Inf"):
+        assert label in res.output
+
+
+def test_impossible_max_error_exits_1_names_worst_layers_writes_nothing(demo_paths, encoder_calibration, tmp_path):
+    out = tmp_path / "never.onnx"
+    res = CliRunner().invoke(cli, ["quantize", str(demo_paths["encoder"]), "-o", str(out), "--mode", "qdq",
+                                   "--calibration", str(encoder_calibration), "--max-error", "1e-9"])
+    assert res.exit_code == 1, res.output
+    assert "Accuracy gate failed" in res.output and "Worst layers" in res.output and "SQNR" in res.output
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_auto_exclude_reaches_a_tighter_gate(demo_paths, encoder_calibration):
+    plain = quantize_gated(demo_paths["encoder"], None, "full", calibration=str(encoder_calibration), max_error=1.0)
+    target = plain.gate.error * 0.8
+    report = quantize_gated(demo_paths["encoder"], None, "full", calibration=str(encoder_calibration),
+                            max_error=target, auto_exclude=True, max_rounds=8, per_round=3)
+    assert report.gate.passed and report.gate.error <= target
+    assert len(report.history) >= 2 and report.history[-1]["excluded"]
+    assert report.record.quantized_nodes > 0
+
+
+def test_dynamic_per_channel_reduce_range_and_static_qoperator(demo_paths, encoder_calibration):
+    dyn = QuantizePass("dynamic", per_channel=True, reduce_range=True).run(demo_paths["encoder"])
+    assert dyn.record.op_diff.get("DynamicQuantizeLinear", 0) > 0 and dyn.record.quantized_nodes > 0
+    samples = load_calibration(str(encoder_calibration), onnx.load(demo_paths["encoder"])).samples
+    static = QuantizePass("static", calibration=samples[:4]).run(demo_paths["encoder"])
+    assert any(op.startswith("QLinear") for op in static.record.op_diff)
+    full = QuantizePass("full", calibration=samples[:4]).run(demo_paths["encoder"])
+    qdq = QuantizePass("qdq", calibration=samples[:4]).run(demo_paths["encoder"])
+    assert full.record.quantized_nodes > qdq.record.quantized_nodes > 0
+
+
+def test_model_without_quantizable_ops_says_so(tmp_path):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    path = save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "relu.onnx")
+    out = tmp_path / "out" / "relu.q.onnx"
+    res = CliRunner().invoke(cli, ["quantize", str(path), "-o", str(out), "--mode", "dynamic"])
+    assert res.exit_code == 2 and "changed nothing" in res.output and not out.exists()
+    with pytest.raises(NothingQuantizedError):
+        QuantizePass("dynamic").run(path)
+
+
+def test_calibration_with_wrong_names_or_shapes_exits_2(demo_paths, tmp_path):
+    bad_names = tmp_path / "names"
+    bad_names.mkdir()
+    np.savez(bad_names / "s0.npz", image=np.zeros((1, 3, 32, 32), np.float32))
+    res = CliRunner().invoke(cli, ["quantize", str(demo_paths["mlp"]), "-o", str(tmp_path / "o.onnx"),
+                                   "--mode", "qdq", "--calibration", str(bad_names)])
+    assert res.exit_code == 2 and "'image'" in res.output and "'x'" in res.output
+    bad_shape = tmp_path / "shape.npz"
+    np.savez(bad_shape, x=np.zeros((4, 1, 63), np.float32))  # 4 stacked samples of [1, 63], model wants [batch, 64]
+    with pytest.raises(InputError, match="x"):
+        load_calibration(str(bad_shape), onnx.load(demo_paths["mlp"]))
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_calibration_formats_and_split(demo_paths, tmp_path):
+    model = onnx.load(demo_paths["mlp"])
+    stacked = tmp_path / "stack.npz"
+    np.savez(stacked, x=np.random.default_rng(0).standard_normal((8, 1, 64)).astype(np.float32))
+    data = load_calibration(str(stacked), model)
+    assert len(data) == 8 and not data.synthetic
+    calib, held = data.split(0.25)
+    assert (len(calib), len(held)) == (6, 2)
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "a.npy", np.zeros((1, 64), np.float32))
+    np.save(folder / "b.npy", np.ones((1, 64), np.float32))
+    assert len(load_calibration(str(folder), model)) == 2
+    with pytest.warns(SyntheticCalibrationWarning, match="NO CALIBRATION DATA"):
+        assert load_calibration(None, model).synthetic
+    reader_data = load_calibration(_Reader(), model)
+    assert len(reader_data) == 3
+
+
+class _Reader:
+    def __init__(self):
+        self.items = iter([{"x": np.zeros((1, 64), np.float32)} for _ in range(3)])
+
+    def get_next(self):
+        return next(self.items, None)
+
+
+def test_gate_refuses_before_writing(demo_paths, tmp_path):
+    with pytest.raises(AccuracyGateError, match="weight"):  # dynamic: layers ranked by weight SQNR
+        quantize_gated(demo_paths["encoder"], tmp_path / "enc.q.onnx", "dynamic", max_error=1e-12)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_class_scores_are_gated_on_top1(demo_paths):
+    report = quantize_gated(demo_paths["cnn"], None, "full", max_error=0.5)
+    assert report.gate.metric == "top1" and report.record.quantized_nodes > 0
+
+
+def test_constant_weights_become_initializers():
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], np.ones(16, np.float32).tolist())
+    nodes = [helper.make_node("Constant", [], ["W"], value=w), helper.make_node("MatMul", ["x", "W"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert constants_to_initializers(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["MatMul"] and model.graph.initializer[0].name == "W"
+
+
+@pytest.mark.realmodels
+def test_silero_vad_quantizes_dynamic_after_constant_fix(silero_vad_path):
+    result = QuantizePass("dynamic").run(silero_vad_path)
+    assert result.record.quantized_nodes > 0
+    assert any("Constant node(s) turned into initializers" in n for n in result.record.notes)
+    assert result.record.size_after < result.record.size_before / 2
+
+
+def test_quantize_leaves_no_files_in_the_working_directory(demo_paths, encoder_calibration, tmp_path, monkeypatch):
+    """ORT's pre-processor dumps sym_shape_infer_temp.onnx and UUID .data files into the cwd on failure."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    samples = load_calibration(str(encoder_calibration), onnx.load(demo_paths["encoder"])).samples
+    QuantizePass("qdq", calibration=samples[:2]).run(demo_paths["encoder"])
+    assert list(cwd.iterdir()) == []
