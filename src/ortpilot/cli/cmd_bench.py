@@ -1,0 +1,352 @@
+"""``ortpilot bench``: latency statistics of one configuration, or several interleaved (--vs)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from ortpilot.cli.common import (
+    PROVIDER_HELP,
+    SHAPE_HELP,
+    emit_json,
+    handle_errors,
+    load_input_files,
+    parse_kv_list,
+    resolve_model_arg,
+    stderr,
+    stdout,
+)
+from ortpilot.errors import UsageError
+
+LEVELS = ["disable", "basic", "extended", "layout", "all"]
+
+
+def _knobs(base: bool) -> list[Callable]:
+    """Options that describe one configuration. On the command they carry defaults; inside
+    ``--vs`` every default is None, so that only the flags given there override the base."""
+
+    def d(value: Any) -> Any:
+        return value if base else None
+
+    return [
+        click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP),
+        click.option("--level", type=click.Choice(LEVELS), default=d("all"), help="ORT graph optimization level."),
+        click.option("--threads", type=int, default=d(0), help="Intra-op threads (0 = ORT's default)."),
+        click.option("--inter-threads", type=int, default=d(0), help="Inter-op threads (parallel mode)."),
+        click.option("--mode", type=click.Choice(["sequential", "parallel"]), default=d("sequential"),
+                     help="Execution mode."),
+        click.option("--arena/--no-arena", default=d(True), help="CPU memory arena on/off."),
+        click.option("--mem-pattern/--no-mem-pattern", default=d(True), help="Memory pattern planning on/off."),
+        click.option("--iobinding/--no-iobinding", default=d(False),
+                     help="Bind inputs once as OrtValues and outputs to CPU; time run_with_iobinding."),
+        click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP),
+        click.option("--free-dim", "free_dims", multiple=True,
+                     help="DIM=N: an ORT free-dimension override (also sizes generated inputs)."),
+        click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input."),
+        click.option("--concurrency", type=int, default=d(1), help="Threads running the one session at once (1-256)."),
+    ]
+
+
+def _apply(options: list[Callable], cmd: click.Command) -> click.Command:
+    """Add options to a built command, in order (after its own)."""
+    for option in options:
+        option(cmd)
+    return cmd
+
+
+@click.command("vs", add_help_option=False)
+@click.option("--model", default=None, help="Another model for this configuration.")
+@click.option("--name", default=None, help="Label of this configuration.")
+def _vs_command(**params: Any) -> dict[str, Any]:
+    return params
+
+
+_vs_command = _apply(_knobs(base=False), _vs_command)
+
+KNOB_NAMES = ["providers", "level", "threads", "inter_threads", "mode", "arena", "mem_pattern", "iobinding",
+              "shapes", "free_dims", "inputs", "concurrency"]
+
+
+def parse_vs(text: str, base: dict[str, Any], where: str = "--vs") -> dict[str, Any]:
+    """Flags of another configuration, over the base configuration's. Unknown flags exit 2."""
+    try:
+        args = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"{where} '{text}' cannot be split into flags: {exc}.") from None
+    try:
+        ctx = _vs_command.make_context("--vs", args)
+    except click.exceptions.ClickException as exc:
+        raise UsageError(f"{where} '{text}': {exc.format_message()} Allowed inside it: the session flags "
+                         "(-p, --level, --threads, --inter-threads, --mode, --[no-]arena, --[no-]mem-pattern, "
+                         "--[no-]iobinding, --shape, --free-dim, --input, --concurrency) and --model, --name.") from None
+    params = dict(base)
+    for key, value in ctx.params.items():
+        if value is not None and value != ():
+            params[key] = value
+    return params
+
+
+def build_config(params: dict[str, Any], name: str):
+    """A BenchConfig from parsed flags (model path resolved, shapes and inputs parsed)."""
+    from ortpilot.graph.shapes import parse_shape_args
+    from ortpilot.measure.bench import check_concurrency
+    from ortpilot.measure.interleave import BenchConfig
+    from ortpilot.session import SessionSettings
+
+    check_concurrency(params["concurrency"])
+    free = {k: _positive_int(k, v) for k, v in parse_kv_list(tuple(params["free_dims"])).items()}
+    shapes = parse_shape_args(list(params["shapes"]))
+    for dim, value in free.items():
+        shapes.setdefault(dim, (value,))
+    settings = SessionSettings(level=params["level"], intra_op_threads=params["threads"],
+                               inter_op_threads=params["inter_threads"], execution_mode=params["mode"],
+                               enable_cpu_mem_arena=params["arena"], enable_mem_pattern=params["mem_pattern"],
+                               free_dimension_overrides=free)
+    return BenchConfig(name=params.get("name") or name, model=resolve_model_arg(params["model"]),
+                       providers=list(params["providers"]) or None, settings=settings, shapes=shapes,
+                       feeds=load_input_files(tuple(params["inputs"])) or None, iobinding=params["iobinding"],
+                       concurrency=params["concurrency"])
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--free-dim {name}={text}: the value must be an integer.") from None
+    if value <= 0:
+        raise UsageError(f"--free-dim {name}={text}: the value must be positive.")
+    return value
+
+
+def _config_file_entries(path: str) -> list[tuple[str | None, str]]:
+    """``--configs FILE.json``: a list (or {"configs": [...]}) of flag strings or {"name", "flags"}."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--configs file '{path}' does not exist.") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--configs file '{path}' is not valid JSON ({exc}).") from None
+    if isinstance(data, dict):
+        data = data.get("configs")
+    if not isinstance(data, list):
+        raise UsageError(f"--configs file '{path}' must hold a list of configurations (or {{\"configs\": [...]}}).")
+    out: list[tuple[str | None, str]] = []
+    for i, entry in enumerate(data):
+        if isinstance(entry, str):
+            out.append((None, entry))
+        elif isinstance(entry, dict) and isinstance(entry.get("flags", ""), str) and set(entry) <= {"name", "flags"}:
+            out.append((entry.get("name"), entry.get("flags", "")))
+        else:
+            raise UsageError(f"--configs entry {i} must be a flag string or {{\"name\": ..., \"flags\": \"...\"}}, "
+                             f"got {entry!r}.")
+    return out
+
+
+def _warmup_arg(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--warmup must be 'auto' or a run count, got '{text}'.") from None
+    if value < 0:
+        raise UsageError(f"--warmup must be >= 0, got {value}.")
+    return value
+
+
+@click.command("bench")
+@click.argument("model")
+@click.option("--warmup", default="auto", show_default=True,
+              help="Warm-up runs before timing, or 'auto': until the rolling median settles.")
+@click.option("--runs", type=int, default=None, help="Timed runs (per configuration).")
+@click.option("--duration", type=float, default=None, help="Seconds of timed runs (default 5; all configurations together).")
+@click.option("--vs", "vs", multiple=True, help="Flags of another configuration to run interleaved with this one, "
+              "e.g. --vs \"--threads 1\" (repeatable; flags not given keep this command's values).")
+@click.option("--configs", "configs_file", default=None, help="JSON file: more configurations, as flag strings "
+              "or {\"name\": ..., \"flags\": ...}.")
+@click.option("--name", default=None, help="Label of this (the baseline) configuration.")
+@click.option("--block", type=int, default=None, help="Runs per turn when interleaving (default: about 20 ms).")
+@click.option("--policy", type=click.Choice(["strict", "warn", "allow"]), default="warn", show_default=True,
+              help="What a provider fallback does: strict exits 1, warn logs, allow records only.")
+@click.option("--roofline/--no-roofline", default=True, show_default=True,
+              help="Achieved GFLOP/s vs this machine's measured matmul peak (measured once, cached).")
+@click.option("--samples/--no-samples", default=True, show_default=True, help="Per-run latencies in the JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("--report", default=None, help="Write a self-contained HTML report (histogram, time series, comparison).")
+@handle_errors
+def command(model: str, warmup: str, runs: int | None, duration: float | None, vs: tuple[str, ...],
+             configs_file: str | None, name: str | None, block: int | None, policy: str, roofline: bool,
+             samples: bool, as_json: bool, report: str | None, **knobs: Any) -> None:
+    """Benchmark MODEL: latency percentiles with a CI of the median, throughput, memory, roofline.
+
+    With --vs or --configs, every configuration runs interleaved in this process and each one's
+    median is compared with this command's configuration (the baseline).
+    """
+    from ortpilot.measure.bench import (
+        BenchmarkRunError,
+        bench,
+        check_budget,
+        check_concurrency,
+    )
+    from ortpilot.measure.interleave import bench_interleaved
+
+    warm = _warmup_arg(warmup)
+    runs, duration = check_budget(runs, duration, warm)
+    check_concurrency(knobs["concurrency"])
+    base = {**knobs, "model": model, "name": name}
+    entries: list[tuple[str | None, str, str]] = [(None, text, "--vs") for text in vs]
+    if configs_file:
+        entries += [(n, text, f"--configs entry '{n or text}'") for n, text in _config_file_entries(configs_file)]
+    params = [base] + [parse_vs(text, {**base, "name": n}, where) for n, text, where in entries]
+    configs = [build_config(p, "") for p in params]
+    progress, bar = _progress()
+    try:
+        with bar:
+            if len(configs) == 1:
+                c = configs[0]
+                result: Any = bench(c.model, c.providers, c.settings, c.shapes, c.feeds, runs=runs,
+                                    duration_s=duration, warmup=warm, iobinding=c.iobinding,
+                                    concurrency=c.concurrency, policy=policy, roofline=roofline,
+                                    name=c.name or "A", progress=progress)
+            else:
+                result = bench_interleaved(configs, runs=runs, duration_s=duration, warmup=warm, block=block,
+                                           policy=policy, roofline=roofline, progress=progress)
+    except BenchmarkRunError as exc:
+        if exc.partial is not None:
+            _output(exc.partial, as_json, samples, report)
+        raise
+    _output(result, as_json, samples, report)
+
+
+command = _apply(_knobs(base=True), command)
+
+
+def _progress():
+    """A rich progress bar on stderr, and the callback the benchmark drives it with."""
+    import contextlib
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    if not stderr.is_terminal:  # a log file or a pipe gets no bar
+        return None, contextlib.nullcontext()
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                   TimeRemainingColumn(), console=stderr, transient=True)
+    tasks: dict[str, Any] = {}
+
+    def update(phase: str, done: float, total: float) -> None:
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(phase, total=total)
+        bar.update(tasks[phase], completed=done, total=total)
+
+    return update, bar
+
+
+def _output(result: Any, as_json: bool, samples: bool, report: str | None) -> None:
+    if report:
+        from ortpilot.measure.html_report import write_report
+
+        path = write_report(report, result)
+        stderr.print(f"report written to {path}", highlight=False)
+    if as_json:
+        emit_json(result.to_dict(samples=samples))
+        return
+    render(result)
+
+
+def _results(result: Any) -> list[Any]:
+    return list(result.results) if hasattr(result, "results") else [result]
+
+
+def render(result: Any) -> None:
+    """One column per configuration; ratios against the baseline underneath."""
+    results = _results(result)
+    table = Table(title="Benchmark" if len(results) == 1 else "Benchmark (interleaved)")
+    table.add_column("")
+    for res in results:
+        table.add_column(res.name or "A", justify="right")
+    for label, cell in _ROWS:
+        table.add_row(label, *[cell(r) for r in results])
+    stdout.print(table)
+    first = results[0]
+    stdout.print(f"[dim]{first.model} on {', '.join(first.providers)}; inputs {first.inputs}: "
+                 + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in first.shapes.items())
+                 + f"; ORT {first.environment.get('onnxruntime')}[/]", highlight=False)
+    for res in results:
+        if res.stats and res.stats.noisy:
+            stdout.print(f"[yellow]noisy ({res.name}):[/] " + "; ".join(res.stats.noise_reasons)
+                         + ". Close other programs, pin threads, or run longer.", highlight=False)
+        if res.roofline:
+            stdout.print(f"roofline ({res.name}): {res.roofline['reading']}", highlight=False)
+    for ratio in getattr(result, "ratios", []):
+        stdout.print(f"[bold]{ratio.config} / {ratio.baseline}[/]: ratio {ratio.ratio:.3f} (95% CI {ratio.ci_low:.3f}-"
+                     f"{ratio.ci_high:.3f}): {ratio.verdict}  [dim](pooled medians {ratio.pooled:.3f}, "
+                     f"CI {ratio.pooled_low:.3f}-{ratio.pooled_high:.3f})[/]", highlight=False)
+    drift = getattr(result, "drift", None)
+    if drift is not None and abs(drift - 1) > 0.05:
+        stdout.print(f"[yellow]the machine drifted:[/] baseline median late/early = {drift:.2f}; interleaving "
+                     "kept the comparison fair.", highlight=False)
+    if first.failure:
+        stdout.print(f"[red]failed:[/] {first.failure}", highlight=False)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.3f} ms"
+
+
+def _stat(attr: str) -> Callable[[Any], str]:
+    return lambda r: _ms(getattr(r.stats, attr)) if r.stats else "-"
+
+
+def _ci(r: Any) -> str:
+    return f"{r.stats.median_ci[0] * 1e3:.3f}-{r.stats.median_ci[1] * 1e3:.3f}" if r.stats else "-"
+
+
+def _mem(r: Any) -> str:
+    m = r.memory
+    if m.peak_mb is None:
+        return "-"
+    growth = m.growth_mb
+    return f"{m.peak_mb:.0f} MiB" + ("" if growth is None else f" ({growth:+.1f})")
+
+
+def _roof(r: Any) -> str:
+    rf = r.roofline
+    if not rf:
+        return "-"
+    return f"{rf['achieved_gflops']:.1f}/{rf['peak_gflops']:.0f} GFLOP/s ({rf['fraction']:.1%})"
+
+
+def _config(r: Any) -> str:
+    s = r.settings
+    return (f"{s['level']}, t={s['intra_op_threads']}/{s['inter_op_threads']}, {s['execution_mode'][:3]}"
+            + ("" if s["enable_cpu_mem_arena"] else ", no-arena") + ("" if s["enable_mem_pattern"] else ", no-pattern")
+            + (", iobinding" if r.iobinding else "") + (f", C={r.concurrency}" if r.concurrency > 1 else ""))
+
+
+_ROWS: list[tuple[str, Callable[[Any], str]]] = [
+    ("config", _config),
+    ("runs (warm-up)", lambda r: f"{len(r.samples_s)} ({r.warmup.runs}{'' if r.warmup.settled is not False else ', unsettled'})"),
+    ("session create", lambda r: _ms(r.session_create_s)),
+    ("first run", lambda r: _ms(r.first_run_s)),
+    ("min", _stat("min")),
+    ("mean", _stat("mean")),
+    ("p50", _stat("p50")),
+    ("p50 95% CI", _ci),
+    ("p90", _stat("p90")),
+    ("p95", _stat("p95")),
+    ("p99", _stat("p99")),
+    ("p999", _stat("p999")),
+    ("max", _stat("max")),
+    ("std", _stat("std")),
+    ("inferences/s", lambda r: f"{r.stats.inferences_per_s:,.1f}" if r.stats else "-"),
+    ("items/s", lambda r: f"{r.stats.items_per_s:,.1f}" if r.stats else "-"),
+    ("peak RSS (growth)", _mem),
+    ("roofline", _roof),
+    ("noisy", lambda r: ("yes" if r.stats.noisy else "no") if r.stats else "-"),
+]

@@ -1,0 +1,248 @@
+"""Side-by-side benchmarks: configurations interleaved A B A B ... in one process.
+
+Run back to back, A and B meet different machines: a neighbour's build starts, the CPU clock
+drops, and a 10% "speedup" is drift. Interleaved in short turns, every stretch of the machine
+is shared by all configurations; turn order alternates (A B, then B A) so that neither always
+runs first. The ratio of medians gets a paired block-bootstrap CI over rounds, so drift shared
+by a round cancels in the ratio instead of widening it.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ortpilot.errors import UsageError
+from ortpilot.measure.bench import (
+    MIN_RUNS,
+    BenchmarkRunError,
+    BenchResult,
+    Progress,
+    Runner,
+    _Failed,
+    check_budget,
+    check_concurrency,
+    environment,
+    failure_of,
+    reset_peak_rss,
+)
+from ortpilot.measure.stats import bootstrap_ratio_ci, paired_ratio_ci
+from ortpilot.session import SessionSettings
+
+TURN_S = 0.02  # auto block: runs per turn so that one turn takes about this long
+MAX_BLOCK = 100
+
+
+@dataclass
+class BenchConfig:
+    """One configuration to compare: a model and everything about how it is run."""
+
+    name: str = ""
+    model: Any = None
+    providers: Any = None
+    settings: SessionSettings | None = None
+    shapes: Mapping[str, Sequence[int]] | None = None
+    feeds: Mapping[str, np.ndarray] | None = None
+    iobinding: bool = False
+    concurrency: int = 1
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """How ``config`` compares with ``baseline``; below 1 is faster.
+
+    ``ratio`` is the median, over A B B A pairs of rounds, of median(config) / median(baseline)
+    within the pair (CI: bootstrap over pairs). Each pair sees one machine state and puts each
+    configuration once first and once second, so drift and turn order cancel; the verdict
+    follows this CI. ``pooled`` is median(all config runs) / median(all baseline runs) with a
+    paired block-bootstrap CI: the classic figure, which a machine that switches between a
+    fast and a slow state makes wide.
+    """
+
+    config: str
+    baseline: str
+    ratio: float
+    ci_low: float
+    ci_high: float
+    pooled: float
+    pooled_low: float
+    pooled_high: float
+
+    @property
+    def verdict(self) -> str:
+        if self.ci_high < 1.0:
+            return "faster"
+        if self.ci_low > 1.0:
+            return "slower"
+        return "same within noise"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "baseline": self.baseline, "ratio": self.ratio,
+                "ci95": [self.ci_low, self.ci_high], "pooled_ratio": self.pooled,
+                "pooled_ci95": [self.pooled_low, self.pooled_high],
+                "speedup": 1.0 / self.ratio if self.ratio else None, "verdict": self.verdict}
+
+
+@dataclass
+class ComparisonResult:
+    """Each configuration's ``BenchResult`` and every ratio against the first (the baseline)."""
+
+    results: list[BenchResult]
+    ratios: list[Ratio]
+    block: int
+    rounds: int
+    drift: float | None
+    failure: dict[str, Any] | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def baseline(self) -> str:
+        return self.results[0].name if self.results else ""
+
+    def to_dict(self, *, samples: bool = True) -> dict[str, Any]:
+        return {"kind": "comparison", "baseline": self.baseline, "block": self.block, "rounds": self.rounds,
+                "order": "alternating: rounds go A B C, then C B A", "drift": self.drift,
+                "ratios": [r.to_dict() for r in self.ratios],
+                "configs": [r.to_dict(samples=samples) for r in self.results],
+                "failure": self.failure, "environment": self.environment}
+
+
+def default_names(count: int) -> list[str]:
+    letters = string.ascii_uppercase
+    return [letters[i] if i < len(letters) else f"C{i}" for i in range(count)]
+
+
+def bench_interleaved(configs: Sequence[BenchConfig], *, runs: int | None = None, duration_s: float | None = None,
+                      warmup: int | str = "auto", block: int | None = None, policy: str = "warn",
+                      roofline: bool = False, seed: int = 0, progress: Progress | None = None) -> ComparisonResult:
+    """Benchmark ``configs`` interleaved in turns of ``block`` runs; the first is the baseline.
+
+    ``runs`` is per configuration; ``duration_s`` (default 5 s) is for all of them together.
+    ``block`` defaults to the runs that take about 20 ms (1 to 100), at least the concurrency.
+    Sessions are created and warmed up one after another before the first timed turn.
+    """
+    if len(configs) < 1:
+        raise UsageError("bench_interleaved() needs at least one configuration.")
+    runs, duration_s = check_budget(runs, duration_s, warmup)
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
+        raise UsageError(f"The block (runs per turn) must be a positive integer, got {block}.")
+    names = [c.name or d for c, d in zip(configs, default_names(len(configs)))]
+    if len(set(names)) != len(names):
+        raise UsageError(f"Configuration names must be unique, got {names}.")
+    for config in configs:
+        check_concurrency(config.concurrency)
+    reset = reset_peak_rss()
+    runners: list[Runner] = []
+    for config, name in zip(configs, names):
+        runners.append(Runner(config.model, name=name, providers=config.providers, settings=config.settings,
+                              shapes=config.shapes, feeds=config.feeds, iobinding=config.iobinding,
+                              concurrency=config.concurrency, policy=policy, seed=seed))
+        if reset:
+            runners[-1].memory.peak_scope = "benchmark"
+    current, phase = runners[0], "first_run"
+    rounds = 0
+    try:
+        for current in runners:
+            phase = "first_run"
+            current.first_run()
+        for current in runners:
+            phase = "warmup"
+            current.warm_up(warmup)
+        phase = "runs"
+        turn = block or _auto_block(runners)
+        turn = max(turn, max(r.concurrency for r in runners))
+        rounds = _run_rounds(runners, turn, runs, duration_s, progress)
+    except _Failed as exc:
+        failure = {**failure_of(exc, phase), "config": current.name}
+        partial = _comparison(runners, block or 0, rounds, seed, failure)
+        where = "the first run" if phase == "first_run" else f"{phase} run {exc.index}"
+        raise BenchmarkRunError(
+            f"Configuration '{current.name}' failed at {where} ({failure['error']}: {failure['message']}). "
+            "The statistics of the runs that completed are reported.",
+            phase=phase, run_index=exc.index, partial=partial) from exc.error
+    result = _comparison(runners, turn, rounds, seed, None)
+    if roofline:
+        from ortpilot.measure.roofline import roofline_for
+
+        for runner, res in zip(runners, result.results):
+            res.roofline = roofline_for(runner.vs.model, res)
+    return result
+
+
+def _auto_block(runners: Sequence[Runner]) -> int:
+    """Runs per turn so that the slowest configuration's turn takes about TURN_S (from the warm-up
+    median: a mean would shrink the turns whenever a neighbour's load slows a few runs)."""
+    per_run = max((r.warmup.median_s or r.first_run_s or 0.0) for r in runners)
+    if per_run <= 0:
+        return 1
+    return int(min(MAX_BLOCK, max(1, math.ceil(TURN_S / per_run))))
+
+
+def _run_rounds(runners: Sequence[Runner], block: int, runs: int | None, duration_s: float | None,
+                progress: Progress | None) -> int:
+    """Alternate turns until every runner has ``runs`` samples, or ``duration_s`` has passed."""
+    start = time.perf_counter()
+    origin = time.perf_counter_ns()
+    for runner in runners:  # one time axis for every configuration's time series
+        runner.origin_ns = origin
+    total = float(runs * len(runners)) if runs is not None else float(duration_s or 0)
+    last_tick = 0.0
+    round_id = 0
+    while True:
+        if runs is not None:
+            if all(len(r.samples) >= runs for r in runners):
+                break
+        elif (time.perf_counter() - start >= (duration_s or 0)
+              and all(len(r.samples) >= MIN_RUNS for r in runners)):
+            break
+        order = runners if round_id % 2 == 0 else list(reversed(runners))
+        for runner in order:
+            n = block if runs is None else min(block, runs - len(runner.samples))
+            if n > 0:
+                runner.measure(n, round_id=round_id)
+        round_id += 1
+        now = time.perf_counter()
+        if progress and now - last_tick >= 0.1:
+            last_tick = now
+            done = sum(len(r.samples) for r in runners) if runs is not None else now - start
+            progress("runs", min(done, total), total)
+    return round_id
+
+
+def _comparison(runners: Sequence[Runner], block: int, rounds: int, seed: int,
+                failure: dict[str, Any] | None) -> ComparisonResult:
+    results = [r.result(seed=seed, keep_rounds=True) for r in runners]
+    ratios: list[Ratio] = []
+    base = results[0]
+    for res in results[1:]:
+        if not base.samples_s or not res.samples_s:
+            continue
+        pairs_a = [r // 2 for r in base.rounds]  # rounds 2k (A B) and 2k+1 (B A) form one pair
+        pairs_b = [r // 2 for r in res.rounds]
+        paired = paired_ratio_ci(base.samples_s, res.samples_s, pairs_a, pairs_b, seed=seed)
+        pooled = bootstrap_ratio_ci(base.samples_s, res.samples_s, a_blocks=pairs_a, b_blocks=pairs_b, seed=seed)
+        ratios.append(Ratio(res.name, base.name, *paired, *pooled))
+    return ComparisonResult(results=results, ratios=ratios, block=block, rounds=rounds,
+                            drift=_drift(base), failure=failure, environment=environment())
+
+
+def _drift(result: BenchResult) -> float | None:
+    """Baseline median over the last quarter of rounds / over the first quarter (1.0 = no drift)."""
+    if not result.rounds:
+        return None
+    rounds = np.asarray(result.rounds)
+    samples = np.asarray(result.samples_s)
+    last = int(rounds.max())
+    if last < 3:
+        return None
+    early = samples[rounds <= last // 4]
+    late = samples[rounds >= last - last // 4]
+    if early.size == 0 or late.size == 0:
+        return None
+    return float(np.median(late) / np.median(early))
