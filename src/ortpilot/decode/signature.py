@@ -121,10 +121,13 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
     mapping = dict(mapping or {})
     inputs = {i.name: i for i in graph_inputs(model)}
     outputs = [o.name for o in model.graph.output]
+    dim_names = {d for i in inputs.values() for d in i.dims if isinstance(d, str)}
+    dim_values = {k: int(v) for k, v in mapping.items() if k in dim_names and str(v).isdigit()}
+    mapping = {k: v for k, v in mapping.items() if k not in dim_values}
     unknown = [k for k in mapping if k not in ROLES and k not in inputs]
     if unknown:
-        raise UsageError(f"Mapping key(s) {unknown} are neither roles ({', '.join(ROLES)}) nor inputs "
-                         f"of the model ({', '.join(inputs)}).")
+        raise UsageError(f"Mapping key(s) {unknown} are neither roles ({', '.join(ROLES)}), inputs of the model "
+                         f"({', '.join(inputs)}) nor symbolic dims given a number ({', '.join(sorted(dim_names))}).")
     for key, name in mapping.items():
         pool = outputs if key == "logits" or key in inputs else list(inputs)
         if name not in pool:
@@ -136,12 +139,14 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
     taken_out = {q for _, q in pairs}
     roles = {role: mapping.get(role) or _find_role(role, [n for n in inputs if n not in taken_in])
              for role in ROLES if role != "logits"}
-    roles["logits"] = mapping.get("logits") or _find_logits(model, [o for o in outputs if o not in taken_out])
+    roles["logits"] = mapping.get("logits") or _find_logits([o for o in outputs if o not in taken_out])
 
     missing = [r for r in ("input_ids", "logits") if not roles[r]]
     if missing:
         raise UsageError(
-            f"This model does not look like a decoder: no {' and no '.join(missing)} found. "
+            f"This model does not look like a decoder: no {' and no '.join(missing)} found "
+            f"(found: {', '.join(f'{r}={v}' for r, v in roles.items() if v) or 'no known role'}; "
+            f"{len(pairs)} past/present pair(s)). "
             f"Inputs: {', '.join(inputs) or 'none'}; outputs: {', '.join(outputs) or 'none'}. "
             "Expected input_ids -> logits, with past_key_values.N.key/value -> present.N.key/value "
             "(or past_N -> present_N). Name the roles explicitly with --map ROLE=NAME "
@@ -155,8 +160,8 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
             f"{len(pairs)} past/present pair(s). Map them with --map ROLE=NAME (roles: "
             f"{', '.join(ROLES)}) or --map PAST_INPUT=PRESENT_OUTPUT.")
 
-    cache = tuple(_cache_entry(inputs[p], q) for p, q in pairs)
     gqa = [n for n in model.graph.node if n.op_type in GQA_OPS]
+    cache = tuple(_cache_entry(inputs[p], q, {**_gqa_head_dims(gqa, inputs[p]), **dim_values}) for p, q in pairs)
     gqa_pasts = {n.input[3] for n in gqa if len(n.input) > 4} | {n.input[4] for n in gqa if len(n.input) > 4}
     reads_mask = False
     if gqa and roles["attention_mask"]:
@@ -185,7 +190,7 @@ def _find_role(role: str, names: Iterable[str]) -> str | None:
     return None
 
 
-def _find_logits(model: onnx.ModelProto, names: list[str]) -> str | None:
+def _find_logits(names: list[str]) -> str | None:
     exact = _find_role("logits", names)
     if exact:
         return exact
@@ -220,8 +225,21 @@ def _cache_pairs(inputs: Mapping[str, InputInfo], outputs: list[str],
     return sorted(pairs.items(), key=order)
 
 
-def _cache_entry(info: InputInfo, present: str) -> CacheEntry:
-    dims = info.dims
+def _gqa_head_dims(gqa: list[onnx.NodeProto], info: InputInfo) -> dict[str, int]:
+    """A symbolic head_dim on a GQA past (onnxruntime-genai's ``kv_cache_dim``), from the node's scale."""
+    last = info.dims[-1] if info.dims else None
+    if not isinstance(last, str):
+        return {}
+    for node in gqa:
+        if info.name in node.input[3:5]:
+            scale = next((a.f for a in node.attribute if a.name == "scale"), 0.0)
+            if scale > 0:
+                return {last: int(round(1.0 / scale ** 2))}
+    return {}
+
+
+def _cache_entry(info: InputInfo, present: str, dim_values: Mapping[str, int]) -> CacheEntry:
+    dims = tuple(dim_values.get(d, d) if isinstance(d, str) else d for d in info.dims)
     symbolic = [a for a, d in enumerate(dims) if not isinstance(d, int)]
     named_seq = [a for a in symbolic if isinstance(dims[a], str) and _SEQ_DIM.search(dims[a])]
     named_batch = [a for a in symbolic if isinstance(dims[a], str) and _BATCH_DIM.search(dims[a])]
@@ -232,7 +250,7 @@ def _cache_entry(info: InputInfo, present: str) -> CacheEntry:
     if rank < 3 or seq_axis < 0 or others:
         raise UsageError(f"Past input {info.name} has dims {list(dims)}: expected [batch, heads, past, "
                          "head_dim] (or stacked [2, batch, heads, past, head_dim]) with fixed heads and "
-                         "head_dim.")
+                         "head_dim. Give a symbolic dim its number with --map DIM=VALUE (e.g. head_dim=64).")
     return CacheEntry(info.name, present, dims, seq_axis, batch_axis, np.dtype(info.dtype))
 
 

@@ -1,0 +1,230 @@
+"""``generate``: prompt in, tokens out, through the fastest loop the model supports, measured.
+
+The loop is chosen from the model's signature (shared buffer if GroupQueryAttention reads
+every cache pair, else IOBinding, else full recompute for a model without a cache) unless the
+caller forces one. The result carries what a performance engineer asks first: prefill and
+decode tokens/s, per-token p50/p99, bytes crossing between numpy and ORT per token (the KV part
+separately), and the process's peak memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ortpilot.decode.loops import DecodeLoop, make_loop
+from ortpilot.decode.sampling import Sampler, SamplingConfig
+from ortpilot.decode.signature import DecoderSignature, detect_signature
+from ortpilot.errors import UsageError
+from ortpilot.session import SessionSettings, VerifiedSession, load
+
+log = logging.getLogger("ortpilot")
+LOOP_CHOICES = ("auto", "plain", "bound", "shared")
+StreamCallback = Callable[[np.ndarray], None]
+
+
+@dataclass
+class GenerationResult:
+    """New tokens per row plus the measurements of the run that made them."""
+
+    tokens: list[list[int]]
+    prompt_length: int
+    loop: str
+    loop_reason: str
+    stop_reason: str
+    prefill_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    step_ms: list[float]
+    p50_ms: float
+    p99_ms: float
+    host_bytes_per_token: float
+    kv_host_bytes_per_token: float
+    prefill_host_bytes: int
+    kv_cache_bytes: int
+    peak_rss_bytes: int
+    sampling: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Generator:
+    """A decoder session plus its signature, reused across ``generate`` calls (benchmarks)."""
+
+    def __init__(self, model: str | os.PathLike | onnx.ModelProto | VerifiedSession, *,
+                 providers: Any = None, policy: str = "warn", settings: SessionSettings | None = None,
+                 mapping: Mapping[str, str] | None = None) -> None:
+        self.vsession = model if isinstance(model, VerifiedSession) else load(
+            model, providers, policy, settings=settings or SessionSettings(), placement=False)
+        self.signature: DecoderSignature = detect_signature(self.vsession.model, mapping)
+
+    def choose_loop(self, loop: str = "auto", *, padded: bool = False) -> tuple[str, str]:
+        """(loop name, why) for a request; refuses what the model cannot do."""
+        sig = self.signature
+        if loop not in LOOP_CHOICES:
+            raise UsageError(f"Unknown loop '{loop}'; choose one of {', '.join(LOOP_CHOICES)}.")
+        if padded and sig.gqa_nodes and not sig.gqa_reads_mask:
+            raise UsageError(
+                "The prompt batch is left-padded, but this model's GroupQueryAttention takes sequence "
+                "lengths from position_ids and ignores attention_mask, so padded rows would attend to "
+                "padding. Run the rows one at a time (batch 1), or use the unfused model.")
+        if not sig.has_cache:
+            return "recompute", ("the model has no KV cache (no past/present pair), so every step "
+                                 "recomputes the full sequence")
+        if loop == "shared" and not sig.supports_shared_buffer:
+            why = ("it has no GroupQueryAttention" if not sig.gqa_nodes else
+                   "its GroupQueryAttention nodes do not read every past input")
+            raise UsageError(f"The shared-buffer loop needs GroupQueryAttention on every past/present "
+                             f"pair, and {why}. Fuse it first (ortpilot.passes.decoder_fusion, or "
+                             "`ortpilot generate --fuse`), or use --loop bound.")
+        if loop == "auto":
+            if sig.supports_shared_buffer:
+                return "shared", "GroupQueryAttention reads every cache pair: one buffer per pair"
+            if self.vsession.providers[0] == "CPUExecutionProvider":
+                # Measured: on a CPU session IOBinding saves no copy worth its per-step binding calls
+                # (1.00x on SmolLM2, 0.6x on the tiny demo decoder); on a GPU EP it removes the
+                # host round trip of the cache (1.27x on WebGPU, benchmarks/results/device_webgpu.md).
+                return "plain", ("no GroupQueryAttention and a CPU session: IOBinding would add binding calls "
+                                 "without saving a device copy (--fuse enables the faster shared-buffer loop)")
+            return "bound", ("no GroupQueryAttention: IOBinding keeps the cache on the device (fusing the model "
+                            "into GroupQueryAttention, --fuse, enables the faster shared-buffer loop)")
+        return loop, "requested"
+
+    def generate(self, prompt_ids: Sequence[int] | np.ndarray, max_new_tokens: int = 32, loop: str = "auto", *,
+                 sampling: SamplingConfig | None = None, stop_tokens: Sequence[int] = (),
+                 stream: StreamCallback | None = None, attention_mask: np.ndarray | None = None,
+                 max_length: int | None = None) -> GenerationResult:
+        ids, mask = self._prompt(prompt_ids, attention_mask)
+        if max_new_tokens < 1:
+            raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
+        max_length = self._max_length(ids.shape[1], max_new_tokens, max_length)
+        name, reason = self.choose_loop(loop, padded=bool((mask == 0).any()))
+        notes = [] if name != "recompute" else [f"The model has no KV cache: the loop recomputes the "
+                                                 f"full sequence every step ({reason})."]
+        for note in notes:
+            log.warning(note)
+        runner = make_loop(name, self.vsession.session, self.signature, max_length)
+        return _run(runner, ids, mask, max_new_tokens, max_length, Sampler(sampling), set(stop_tokens),
+                    stream, reason, notes)
+
+    def _prompt(self, prompt_ids: Sequence[int] | np.ndarray,
+                attention_mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        if ids.ndim != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
+            raise UsageError(f"The prompt must be a non-empty list of token ids (or [batch, length]); "
+                             f"got shape {list(ids.shape)}.")
+        vocab = self.signature.vocab_size
+        bad = ids[(ids < 0) | (ids >= vocab)] if vocab else ids[ids < 0]
+        if bad.size:
+            raise UsageError(f"Token id(s) {sorted(set(bad.tolist()))[:10]} are outside the vocabulary "
+                             f"(0 .. {vocab - 1 if vocab else 'n'}).")
+        mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
+        if mask.shape != ids.shape:
+            raise UsageError(f"attention_mask shape {list(mask.shape)} differs from the prompt's {list(ids.shape)}.")
+        if (mask[:, -1] == 0).any():
+            raise UsageError("attention_mask has padding at the end of a row; pad prompts on the left.")
+        return ids, mask
+
+    def _max_length(self, prompt_length: int, max_new_tokens: int, max_length: int | None) -> int:
+        limit = self.signature.max_positions
+        if limit is not None and prompt_length >= limit:
+            raise UsageError(f"The prompt has {prompt_length} tokens, but the model handles at most "
+                             f"{limit} positions; shorten the prompt.")
+        if max_length is not None and prompt_length >= max_length:
+            raise UsageError(f"The prompt has {prompt_length} tokens, but the KV buffer holds "
+                             f"{max_length} (max_length); raise max_length or shorten the prompt.")
+        wanted = prompt_length + max_new_tokens
+        caps = [c for c in (limit, max_length) if c is not None]
+        return min([wanted, *caps])
+
+
+def generate(model: str | os.PathLike | onnx.ModelProto | VerifiedSession, prompt_ids: Sequence[int] | np.ndarray,
+             max_new_tokens: int = 32, loop: str = "auto", *, sampling: SamplingConfig | None = None,
+             stop_tokens: Sequence[int] = (), stream: StreamCallback | None = None,
+             attention_mask: np.ndarray | None = None, max_length: int | None = None,
+             providers: Any = None, policy: str = "warn", settings: SessionSettings | None = None,
+             mapping: Mapping[str, str] | None = None) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see :class:`GenerationResult`).
+
+    ``loop``: auto (the fastest the model supports), plain, bound or shared. ``stream`` gets the
+    new token ids ([batch]) as each step produces them. ``max_length`` caps prompt + new tokens
+    (and sizes the shared buffer).
+    """
+    return Generator(model, providers=providers, policy=policy, settings=settings, mapping=mapping).generate(
+        prompt_ids, max_new_tokens, loop, sampling=sampling, stop_tokens=stop_tokens, stream=stream,
+        attention_mask=attention_mask, max_length=max_length)
+
+
+def _run(runner: DecodeLoop, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, max_length: int,
+         sampler: Sampler, stop: set[int], stream: StreamCallback | None, reason: str,
+         notes: list[str]) -> GenerationResult:
+    batch, prompt_length = ids.shape
+    start = time.perf_counter()
+    logits = runner.prefill(ids, mask)
+    token = sampler(logits)
+    prefill_s = time.perf_counter() - start
+    prefill_traffic = runner.traffic.snapshot()
+    finished = np.zeros(batch, dtype=bool)
+    out: list[list[int]] = [[] for _ in range(batch)]
+    steps: list[float] = []
+    stop_reason = "max_new_tokens"
+    pad = next(iter(stop), 0)
+    while True:
+        for row in range(batch):
+            if not finished[row]:
+                out[row].append(int(token[row]))
+        if stream is not None:
+            stream(token)
+        finished |= np.isin(token, list(stop)) if stop else False
+        if finished.all():
+            stop_reason = "stop_token"
+            break
+        if len(steps) + 1 >= max_new_tokens:
+            break
+        if prompt_length + len(steps) + 1 >= max_length:
+            stop_reason = "max_length"
+            break
+        t0 = time.perf_counter()
+        logits = runner.step(np.where(finished, pad, token)[:, None])
+        token = sampler(logits)
+        steps.append(time.perf_counter() - t0)
+    decode = runner.traffic.since(prefill_traffic)
+    n = max(len(steps), 1)
+    ms = [s * 1e3 for s in steps]
+    return GenerationResult(
+        tokens=out, prompt_length=prompt_length, loop=runner.name, loop_reason=reason,
+        stop_reason=stop_reason, prefill_s=prefill_s,
+        prefill_tokens_per_s=batch * prompt_length / prefill_s if prefill_s else 0.0,
+        decode_tokens_per_s=batch * len(steps) / sum(steps) if steps else 0.0,
+        step_ms=ms, p50_ms=float(np.percentile(ms, 50)) if ms else 0.0,
+        p99_ms=float(np.percentile(ms, 99)) if ms else 0.0,
+        host_bytes_per_token=decode.host_bytes / n, kv_host_bytes_per_token=decode.kv_host_bytes / n,
+        prefill_host_bytes=prefill_traffic.host_bytes,
+        kv_cache_bytes=_kv_bytes(runner.sig, batch, runner.length if runner.name != "shared" else max_length),
+        peak_rss_bytes=_peak_rss(), sampling=sampler.config.to_dict(), notes=notes)
+
+
+def _kv_bytes(sig: DecoderSignature, batch: int, length: int) -> int:
+    return int(sum(np.prod(c.shape(batch, length)) * c.dtype.itemsize for c in sig.cache))
+
+
+def _peak_rss() -> int:
+    """Peak resident memory of this process so far (bytes; ru_maxrss is KiB on Linux)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)

@@ -1,0 +1,164 @@
+"""Decoder fusion: attention into ORT's GroupQueryAttention with onnxscript's ORT fusions.
+
+``onnxscript.rewriter.ort_fusions`` recognises a Hugging Face Llama-style export (SDPA, KV
+concat, repeat_kv, rotary embedding, RMSNorm) and rewrites it into ``com.microsoft`` ops. A
+GQA graph is what lets the decode layer's shared-buffer loop write the cache in place. The
+pass accepts the result only when every layer got its GroupQueryAttention and the fused
+model's outputs match the source's (an empty past and a filled one); otherwise it says which
+pattern stopped short, because a half-fused decoder is slower to debug than an unfused one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ortpilot.errors import AccuracyGateError, UsageError, VerificationError
+from ortpilot.graph.feeds import embedding_bounds
+from ortpilot.graph.shapes import InputInfo, graph_inputs
+from ortpilot.passes.base import ModelLike, Outcome, Pass, PassResult, SourceModel, op_histogram
+
+log = logging.getLogger("ortpilot")
+FUSED_OPS = ("GroupQueryAttention", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+             "RotaryEmbedding", "MultiHeadAttention", "Attention")
+_PAST = re.compile(r"past", re.I)
+_BATCH = re.compile(r"batch", re.I)
+CHECK_TOKENS = 8      # prompt length of the empty-past check
+CHECK_PAST = 5        # cached tokens of the second check
+CHECK_NEW = 3         # new tokens of the second check
+
+
+def count_layers(model: onnx.ModelProto) -> int:
+    """Attention layers, from the KV inputs: one key per layer, or one stacked past_N per layer."""
+    pasts = [i.name for i in graph_inputs(model) if _PAST.search(i.name)]
+    keys = [n for n in pasts if "key" in n.lower().replace("key_values", "")]
+    return len(keys) if keys else len(pasts)
+
+
+def diagnose(counts: dict[str, int], layers: int) -> str:
+    """Which of onnxscript's patterns stopped short, and what usually causes it."""
+    sdpa, gqa = counts.get("sdpa", 0), counts.get("gqa", 0)
+    rotary = counts.get("rotary_embedding", 0) + counts.get("partial_rotary_embedding", 0)
+    if sdpa < layers:
+        return (f"SDPA matched {sdpa} of {layers} layers: attention must be Softmax(Q @ K^T * scale + mask) @ V "
+                "(a TorchScript export's Div(1, Sqrt) scale or a different op order does not match)")
+    if gqa < layers:
+        hint = "" if rotary >= 2 * layers else (f"; RotaryEmbedding fused only {rotary} of {2 * layers} "
+                                                "(Slices need explicit axes, cos/sin must come from position_ids)")
+        return (f"SDPA matched every layer but GQA only {gqa} of {layers}: the cache must be Concat(past, new) "
+                "on the sequence axis, repeat_kv Unsqueeze/Expand/Reshape (not Tile), and the causal mask built "
+                f"from Shape(input_ids) and Shape(past) as a transformers export does{hint}")
+    return f"every layer fused ({gqa} GroupQueryAttention)"
+
+
+class DecoderFusionPass(Pass):
+    """onnxscript ORT fusions, accepted only with a GQA per layer and matching outputs."""
+
+    name = "decoder-fusion"
+
+    def __init__(self, atol: float = 1e-3, rtol: float = 1e-3, seed: int = 0) -> None:
+        self.atol, self.rtol, self.seed = atol, rtol, seed
+
+    def options(self) -> dict[str, Any]:
+        return {"atol": self.atol, "rtol": self.rtol, "seed": self.seed}
+
+    def transform(self, source: SourceModel) -> Outcome:
+        layers = count_layers(source.proto)
+        if not layers:
+            raise UsageError("The decoder fusion needs a model with a KV cache (past_* inputs); this one has "
+                             "none, so there is no GroupQueryAttention to build.")
+        existing = op_histogram(source.proto).get("GroupQueryAttention", 0)
+        if existing:
+            return Outcome(source.proto, fused={"GroupQueryAttention": existing},
+                           notes=[f"already fused: {existing} GroupQueryAttention"], extra={"layers": layers})
+        fused, counts = _optimize(source.proto)
+        gqa = op_histogram(fused).get("GroupQueryAttention", 0)
+        verdict = diagnose(counts, layers)
+        if gqa != layers:
+            raise VerificationError(f"Decoder fusion incomplete: {gqa} GroupQueryAttention for {layers} layers. "
+                                    f"{verdict}. The model is left unfused.")
+        error = _max_error(source.proto, fused, self.seed)
+        bound = self.atol + self.rtol * error["scale"]
+        if error["max_abs"] > bound:
+            raise AccuracyGateError(
+                f"Decoder fusion changed the outputs: max |fused - source| = {error['max_abs']:.3g} on "
+                f"'{error['worst']}' (allowed {bound:.3g} = atol {self.atol} + rtol {self.rtol} x "
+                f"{error['scale']:.3g}). The model is left unfused.")
+        ops = op_histogram(fused)
+        return Outcome(fused, fused={op: ops[op] for op in FUSED_OPS if ops.get(op)},
+                       notes=[verdict], extra={"layers": layers, "onnxscript_counts": counts,
+                                               "max_abs_error": error["max_abs"]})
+
+
+def fuse_decoder(model: ModelLike | SourceModel, atol: float = 1e-3, rtol: float = 1e-3) -> PassResult:
+    """Run :class:`DecoderFusionPass` (raises when the fusion is incomplete or wrong)."""
+    return DecoderFusionPass(atol, rtol).run(model)
+
+
+def summary(result: PassResult) -> str:
+    rec = result.record
+    fused = ", ".join(f"{v} {k}" for k, v in rec.fused.items()) or "nothing"
+    err = rec.extra.get("max_abs_error")
+    return (f"decoder fusion: {fused} for {rec.extra.get('layers')} layers"
+            + (f"; max output error {err:.2g}" if err is not None else "") + f" ({rec.seconds:.1f} s)")
+
+
+def _optimize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
+    try:
+        import onnx_ir as ir
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+    except ImportError:
+        raise UsageError("The decoder fusion needs onnxscript: pip install onnxscript.") from None
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    fused, counts = optimize_for_ort(ir.serde.deserialize_model(copy))
+    return ir.serde.serialize_model(fused), dict(counts)
+
+
+def _check_feeds(model: onnx.ModelProto, past: int, new: int, seed: int) -> dict[str, np.ndarray]:
+    """Feeds for a decoder by name: ids < vocab, mask ones, positions past..past+new, random past."""
+    rng = np.random.default_rng(seed)
+    bounds = embedding_bounds(model)
+    feeds: dict[str, np.ndarray] = {}
+    for info in graph_inputs(model):
+        name = info.name.lower()
+        if _PAST.search(name):
+            feeds[info.name] = rng.standard_normal(_past_shape(info, past)).astype(info.dtype)
+        elif "mask" in name:
+            feeds[info.name] = np.ones((1, past + new), dtype=info.dtype)
+        elif "position" in name:
+            positions = np.arange(past, past + new)
+            feeds[info.name] = (positions if "cache" in name else positions[None, :]).astype(info.dtype)
+        else:
+            feeds[info.name] = rng.integers(0, bounds.get(info.name, 2), size=(1, new)).astype(info.dtype)
+    return feeds
+
+
+def _past_shape(info: InputInfo, past: int) -> tuple[int, ...]:
+    symbolic = [a for a, d in enumerate(info.dims) if not isinstance(d, int)]
+    batch = next((a for a in symbolic if isinstance(info.dims[a], str) and _BATCH.search(info.dims[a])),
+                 symbolic[0] if symbolic else -1)
+    return tuple(1 if a == batch else past if a in symbolic else int(d)  # type: ignore[arg-type]
+                 for a, d in enumerate(info.dims))
+
+
+def _max_error(source: onnx.ModelProto, fused: onnx.ModelProto, seed: int) -> dict[str, Any]:
+    """Largest output difference over an empty-past prefill and a step with a filled past."""
+    from ortpilot.session import load
+
+    a = load(source, placement=False).session
+    b = load(fused, placement=False).session
+    names = [o.name for o in a.get_outputs()]
+    worst = {"max_abs": 0.0, "worst": names[0], "scale": 0.0}
+    for past, new in ((0, CHECK_TOKENS), (CHECK_PAST, CHECK_NEW)):
+        feeds = _check_feeds(source, past, new, seed)
+        for name, x, y in zip(names, a.run(names, feeds), b.run(names, feeds)):
+            diff = float(np.max(np.abs(x.astype(np.float64) - y))) if x.size else 0.0
+            worst["scale"] = max(worst["scale"], float(np.max(np.abs(x))) if x.size else 0.0)
+            if diff > worst["max_abs"]:
+                worst.update(max_abs=diff, worst=name)
+    return worst

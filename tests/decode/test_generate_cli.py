@@ -1,0 +1,76 @@
+"""``ortpilot generate``: streaming, --json, and exit 2 with a clear message on bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ortpilot.cli.main import cli
+
+
+def _run(*args: str):
+    return CliRunner().invoke(cli, ["generate", "demo:decoder", *args])
+
+
+def test_streams_ids_and_json_agrees() -> None:
+    streamed = _run("--prompt-ids", "1,2,3", "--max-new-tokens", "5", "--loop", "plain")
+    assert streamed.exit_code == 0, streamed.output
+    ids = [int(t) for t in streamed.stdout.split()]
+    result = _run("--prompt-ids", "1,2,3", "--max-new-tokens", "5", "--loop", "bound", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["tokens"] == [ids] and doc["loop"] == "bound" and doc["kv_host_bytes_per_token"] == 0
+    assert doc["signature"]["logits"] == "logits"
+
+
+def test_fuse_uses_the_shared_loop_with_the_same_tokens() -> None:
+    if importlib.util.find_spec("onnxscript") is None:
+        pytest.skip("onnxscript is not installed")
+    plain = json.loads(_run("--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--json", "--loop", "plain").stdout)
+    fused = _run("--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--json", "--fuse")
+    assert fused.exit_code == 0, fused.output
+    doc = json.loads(fused.stdout)
+    assert doc["loop"] == "shared" and doc["tokens"] == plain["tokens"]
+    assert "GroupQueryAttention" in doc["notes"][0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt-ids", "1,2,999"], "outside the vocabulary"),
+    (["--prompt-ids", "1,x"], "comma-separated list of integers"),
+    (["--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["--prompt", "hello"], "--prompt needs --tokenizer"),
+    (["--prompt", "hi", "--tokenizer", "/does/not/exist.json"], "does not exist"),
+    ([], "exactly one of --prompt-ids"),
+    (["--prompt-ids", "1,2,3,4", "--max-length", "4"], "KV buffer holds 4"),
+    (["--prompt-ids", ",".join(["1"] * 2048)], "at most 2048 positions"),
+    (["--prompt-ids", "1", "--loop", "shared"], "needs GroupQueryAttention"),
+    (["--prompt-ids", "1", "--top-p", "0"], "top_p must be in"),
+])
+def test_bad_input_exits_2(args: list[str], message: str) -> None:
+    result = _run(*args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+
+
+def test_text_prompt_with_a_tokenizer(tmp_path: Path) -> None:
+    if importlib.util.find_spec("tokenizers") is None:
+        pytest.skip("tokenizers is not installed (pip install tokenizers)")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<|im_end|>": 1, "<|im_start|>": 2, **{f"w{i}": i + 3 for i in range(250)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    result = _run("--prompt", "w1 w2 w3", "--tokenizer", str(path), "--max-new-tokens", "4", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["prompt_length"] == 3 and isinstance(doc["text"], str)
+    # A tokenizer without <|im_start|> cannot apply ChatML; one with it wraps the prompt.
+    chat = _run("--prompt", "w1", "--tokenizer", str(path), "--chat", "--max-new-tokens", "2", "--json")
+    assert chat.exit_code == 0, chat.output
+    assert json.loads(chat.stdout)["prompt_length"] > 1
