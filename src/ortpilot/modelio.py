@@ -12,7 +12,7 @@ from pathlib import Path
 
 import onnx
 
-from ortpilot.errors import ModelLoadError
+from ortpilot.errors import ModelLoadError, UsageError
 
 # IR version and default opset that every ORT ortpilot supports can read. onnx 1.23 writes
 # IR 14 by default, which ORT 1.24 (the onnxruntime-openvino build) refuses.
@@ -64,6 +64,11 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> o
             f"Model '{p}' keeps weights in external data files that are missing: {listed}. "
             "Copy those files next to the model (same relative paths), or re-save the model "
             "with all tensors inside it (onnx.save(model, path, save_as_external_data=False)).")
+    short = short_external_data(model, p.parent)
+    if short:
+        raise ModelLoadError(
+            f"Model '{p}' declares more external data than its files hold: {'; '.join(short[:3])}. "
+            "The data files are truncated or belong to another export; copy them again or re-export the model.")
     if load_external_data and _uses_external_data(model):
         try:
             onnx.load_external_data_for_model(model, str(p.parent))
@@ -90,6 +95,29 @@ def _uses_external_data(model: onnx.ModelProto) -> bool:
 def missing_external_data(model: onnx.ModelProto, base_dir: Path) -> list[str]:
     """External data files the model refers to that do not exist under ``base_dir``."""
     return [loc for loc in _external_locations(model) if not (base_dir / loc).is_file()]
+
+
+def short_external_data(model: onnx.ModelProto, base_dir: Path) -> list[str]:
+    """External tensors whose offset + length run past the end of their (existing) file.
+
+    ORT reads them lazily and fails deep inside session creation with a message that reads
+    like a provider failure; a ``stat`` per file catches it first.
+    """
+    short = []
+    for tensor in _all_initializers(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        path = base_dir / info.get("location", "")
+        try:
+            offset, length = int(info.get("offset", 0) or 0), int(info.get("length", 0) or 0)
+            available = path.stat().st_size
+        except (ValueError, OSError):
+            continue  # missing files are reported by missing_external_data
+        if offset + length > available:
+            short.append(f"'{tensor.name}' needs bytes {offset}..{offset + length} of {info.get('location')} "
+                         f"({available} bytes)")
+    return short
 
 
 def _all_initializers(model: onnx.ModelProto):
@@ -129,5 +157,9 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
     """
     from ortpilot.artifacts.atomic import atomic_write_model
 
+    dest = Path(path)
+    if dest.is_dir():
+        raise UsageError(f"Output '{dest}' is a directory; give the path of the .onnx file to write, "
+                         f"e.g. '{dest / 'model.onnx'}'.")
     set_ir_for_running_ort(model)
-    return atomic_write_model(model, Path(path))
+    return atomic_write_model(model, dest)

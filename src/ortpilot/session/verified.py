@@ -259,7 +259,8 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
         if session is not None:
             break
         failed = chain[0]
-        if _is_model_error(error) and (len(chain) == 1 or failed.name == CPU):
+        if failed.name == CPU or (_is_model_error(error) and len(chain) == 1):
+            # CPU is the last resort and runs every valid model: its failure is the model's fault.
             raise ModelLoadError(f"ORT could not load the model: {error}. Check that the model is valid "
                                  "('ortpilot inspect MODEL') and was exported for an opset this ORT supports.")
         rest = chain[1:] or ([ProviderSpec(CPU)] if failed.name != CPU else [])

@@ -1,0 +1,432 @@
+"""The bad-input corpus: hostile files and arguments, generated in code, with the answer each must get.
+
+Every case builds its inputs in a fresh folder (no committed binaries), names the command it
+runs (a CLI command, or ``load_profile`` / ``load`` for the Python API) and says what a user
+must see: the exit code DESIGN.md prescribes (2 bad input, 1 verification failed, 0 for NaN
+feeds, which only warn) and the key words of the one-paragraph message. ``test_corpus.py``
+runs them and also checks that nothing is left behind in the output folder, the cwd or the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+IR = 10
+OPSET = 18
+CLI = [sys.executable, "-m", "ortpilot.cli.main"]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where a case lives: inputs it builds, the output folder it must leave clean, the cache, the cwd."""
+
+    inputs: Path
+    out: Path
+    cache: Path
+    cwd: Path
+    tmp: Path  # $TMPDIR of the command: must be empty afterwards too
+
+    @classmethod
+    def create(cls, root: Path) -> Workspace:
+        ws = cls(root / "inputs", root / "out", root / "cache", root / "cwd", root / "tmp")
+        for folder in (ws.inputs, ws.out, ws.cache, ws.cwd, ws.tmp):
+            folder.mkdir(parents=True, exist_ok=True)
+        return ws
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ, ORTPILOT_CACHE_DIR=str(self.cache), TMPDIR=str(self.tmp), COLUMNS="200",
+                   NO_COLOR="1")
+        env.update(extra or {})
+        return env
+
+
+@dataclass(frozen=True)
+class Case:
+    """One hostile input. ``build`` writes files and returns the arguments after the command."""
+
+    id: str
+    command: str
+    build: Callable[[Workspace], list[str]]
+    exit_code: int
+    words: tuple[str, ...]
+    outputs: tuple[str, ...] = ()  # files allowed in ws.out afterwards (relative paths)
+    env: dict[str, str] = field(default_factory=dict)
+    bug: str = ""  # a known bug elsewhere: the case is an xfail(strict=True) until it is fixed
+    timeout_s: float = 120.0
+
+
+def run_cli(ws: Workspace, command: str, args: Sequence[str], env: dict[str, str] | None = None,
+            timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """``python -m ortpilot.cli.main COMMAND ARGS`` with the case's cache and cwd."""
+    return subprocess.run([*CLI, command, *args], cwd=ws.cwd, env=ws.env(env), capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+
+
+# --- model builders --------------------------------------------------------------------------------------------
+
+def tiny_model(*, input_name: str = "x", output_name: str = "y", node_prefix: str = "", dims=("batch", 4),
+               opset: int = OPSET, ir_version: int = IR) -> onnx.ModelProto:
+    """x[batch, 4] @ W[4, 3] + b -> y: the smallest model that exercises every command."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), f"{node_prefix}W")
+    b = numpy_helper.from_array(rng.standard_normal(3).astype(np.float32), f"{node_prefix}b")
+    nodes = [helper.make_node("MatMul", [input_name, w.name], [f"{node_prefix}mm"], name=f"{node_prefix}MatMul"),
+             helper.make_node("Add", [f"{node_prefix}mm", b.name], [output_name], name=f"{node_prefix}Add")]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, list(dims))],
+                              [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [dims[0], 3])], [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = ir_version
+    return model
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def tiny_file(ws: Workspace, name: str = "model.onnx", **kw) -> Path:
+    return save(tiny_model(**kw), ws.inputs / name)
+
+
+def dangling_edge() -> onnx.ModelProto:
+    model = tiny_model()
+    model.graph.node[1].input[0] = "nobody_makes_this"
+    return model
+
+
+def cycle() -> onnx.ModelProto:
+    """Add consumes its own output through a Relu: a -> Relu -> c -> Add -> a."""
+    model = tiny_model()
+    graph = model.graph
+    graph.node[1].input[1] = "loop_c"
+    graph.node.append(helper.make_node("Relu", ["y"], ["loop_c"], name="Back"))
+    return model
+
+
+def unknown_domain() -> onnx.ModelProto:
+    model = tiny_model()
+    model.graph.node[1].domain = "com.example.nowhere"
+    model.graph.node[1].op_type = "FancyAdd"
+    model.opset_import.append(helper.make_opsetid("com.example.nowhere", 1))
+    return model
+
+
+def huge_external(ws: Workspace) -> Path:
+    """A 2 GB-declared initializer whose external data file holds 16 bytes."""
+    model = tiny_model()
+    big = TensorProto(name="big", data_type=TensorProto.FLOAT, dims=[512, 1024, 1024])
+    big.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", str(2**31))):
+        big.external_data.add(key=key, value=value)
+    model.graph.initializer.append(big)
+    model.graph.node.append(helper.make_node("ReduceSum", ["big"], ["big_sum"], keepdims=0, name="UseBig"))
+    model.graph.output.append(helper.make_tensor_value_info("big_sum", TensorProto.FLOAT, []))
+    (ws.inputs / "weights.bin").parent.mkdir(parents=True, exist_ok=True)
+    (ws.inputs / "weights.bin").write_bytes(b"\0" * 16)
+    return save(model, ws.inputs / "huge.onnx")
+
+
+def missing_external(ws: Workspace) -> Path:
+    model = tiny_model()
+    onnx.external_data_helper.convert_model_to_external_data(model, location="gone.bin", size_threshold=0)
+    return save(model, ws.inputs / "external.onnx")
+
+
+def negative_dims() -> onnx.ModelProto:
+    """An initializer declaring dims [-1, 3]: onnx loads it, ORT refuses it while building the session."""
+    model = tiny_model()
+    bad = TensorProto(name="b", data_type=TensorProto.FLOAT, dims=[-1, 3], raw_data=b"\0" * 12)
+    model.graph.initializer[1].CopyFrom(bad)
+    return model
+
+
+def escaping_external(ws: Workspace) -> Path:
+    """External data whose location climbs out of the model's folder (ORT refuses: path traversal)."""
+    model = tiny_model()
+    secret = ws.inputs / "secret.bin"
+    secret.parent.mkdir(parents=True, exist_ok=True)
+    secret.write_bytes(b"\0" * 64)
+    tensor = model.graph.initializer[1]
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../secret.bin"), ("offset", "0"), ("length", "12")):
+        tensor.external_data.add(key=key, value=value)
+    return save(model, ws.inputs / "models" / "escape.onnx")
+
+
+def einsum_hang() -> onnx.ModelProto:
+    """Einsum '......->': onnx 1.23's shape inference, and so ORT 1.32's session creation, loop forever."""
+    graph = helper.make_graph([helper.make_node("Einsum", ["x"], ["y"], equation="......->")], "hang",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR
+    return model
+
+
+# --- file builders ---------------------------------------------------------------------------------------------
+
+def write_bytes(ws: Workspace, name: str, data: bytes) -> Path:
+    path = ws.inputs / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def empty_file(ws: Workspace) -> Path:
+    return write_bytes(ws, "empty.onnx", b"")
+
+
+def random_file(ws: Workspace) -> Path:
+    return write_bytes(ws, "random.onnx", random.Random(7).randbytes(4096))
+
+
+def truncated_file(ws: Workspace) -> Path:
+    data = tiny_model().SerializeToString()
+    return write_bytes(ws, "truncated.onnx", data[: len(data) * 2 // 3])
+
+
+def array_file(ws: Workspace, name: str, value: np.ndarray) -> str:
+    path = ws.inputs / f"{name}.npy"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, value)
+    return str(path)
+
+
+def odd_names(ws: Workspace) -> Path:
+    return save(tiny_model(input_name="in put/ü:0", output_name="out·put/ÿ 1", node_prefix="blk 0/über:"),
+                ws.inputs / "odd names ü" / "m odel.onnx")
+
+
+# --- profile builders (a real tune profile, then damaged) --------------------------------------------------------
+
+def tuned_profile(ws: Workspace) -> Path:
+    """A profile as ``tune`` writes it (``write_profile``) for the tiny model, before any damage."""
+    from ortpilot.artifacts.profile import write_profile
+
+    model = tiny_file(ws, "tuned.onnx")
+    return write_profile(ws.inputs / "profile.json", model_file=model,
+                         providers=[{"name": "CPUExecutionProvider", "options": {}}],
+                         settings={"level": "all", "intra_op_threads": 1})
+
+
+def profile_other_model(ws: Workspace) -> list[str]:
+    profile = tuned_profile(ws)
+    save(tiny_model(node_prefix="changed_"), ws.inputs / "tuned.onnx")  # same name, other bytes
+    return [str(profile)]
+
+
+def profile_invalid_json(ws: Workspace) -> list[str]:
+    profile = tuned_profile(ws)
+    text = profile.read_text()
+    profile.write_text(text[: len(text) // 2])  # an editor crash, a full disk
+    return [str(profile)]
+
+
+def profile_wrong_fields(ws: Workspace) -> list[str]:
+    profile = tuned_profile(ws)
+    doc = json.loads(profile.read_text())
+    del doc["providers"]
+    doc["model"] = "tuned.onnx"  # a string where an object belongs
+    profile.write_text(json.dumps(doc))
+    return [str(profile)]
+
+
+def profile_bad_setting(ws: Workspace) -> list[str]:
+    profile = tuned_profile(ws)
+    doc = json.loads(profile.read_text())
+    doc["session_settings"]["turbo_mode"] = True
+    profile.write_text(json.dumps(doc))
+    return [str(profile)]
+
+
+def profile_not_dict(ws: Workspace) -> list[str]:
+    profile = tuned_profile(ws)
+    profile.write_text("[1, 2, 3]\n")
+    return [str(profile)]
+
+
+def profile_bad_level(ws: Workspace) -> list[str]:
+    profile = tuned_profile(ws)
+    doc = json.loads(profile.read_text())
+    doc["session_settings"]["level"] = "ludicrous"
+    profile.write_text(json.dumps(doc))
+    return [str(profile)]
+
+
+# --- cache builders --------------------------------------------------------------------------------------------
+
+def truncated_cache_entry(ws: Workspace) -> list[str]:
+    """Optimize once (fills the cache), truncate the cached model, and ask for the same build again."""
+    model = tiny_file(ws)
+    first = run_cli(ws, "optimize", [str(model), "-o", str(ws.inputs / "first.onnx")])
+    assert first.returncode == 0, first.stderr
+    cached = sorted(ws.cache.glob("models/*/model.onnx"))
+    assert cached, "optimize did not fill the cache"
+    for path in cached:
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    return [str(model), "-o", str(ws.out / "opt.onnx")]
+
+
+# --- the corpus ------------------------------------------------------------------------------------------------
+
+def _model(builder: Callable[[Workspace], Path], *extra: str, out: str = "") -> Callable[[Workspace], list[str]]:
+    """args = MODEL (built) [+ -o OUT/out] + extra."""
+    def build(ws: Workspace) -> list[str]:
+        args = [str(builder(ws))]
+        if out:
+            args += ["-o", str(ws.out / out)]
+        return args + [a.replace("{in}", str(ws.inputs)) for a in extra]
+    return build
+
+
+def _proto(make: Callable[[], onnx.ModelProto], name: str) -> Callable[[Workspace], Path]:
+    return lambda ws: save(make(), ws.inputs / name)
+
+
+def _feeds(value: Callable[[], np.ndarray], *extra: str) -> Callable[[Workspace], list[str]]:
+    def build(ws: Workspace) -> list[str]:
+        return [str(tiny_file(ws)), "--input", f"x={array_file(ws, 'x', value())}", *extra]
+    return build
+
+
+def _nan() -> np.ndarray:
+    a = np.ones((1, 4), np.float32)
+    a[0, 1] = np.nan
+    return a
+
+
+def _inf() -> np.ndarray:
+    a = np.ones((1, 4), np.float32)
+    a[0, 2] = np.inf
+    return a
+
+
+NOT_MODEL = ("not a readable onnx model",)
+INSPECT_NO_CHECK = ("graph/summary.py / cli/cmd_inspect.py: inspect never checks the graph (onnx.checker "
+                    "full_check or an ORT session), so a graph ORT cannot load is described with exit 0")
+EMPTY = ("empty",)
+CANNOT_LOAD = ("could not load",)
+HUGE_EXTERNAL = ("declares more external data", "weights.bin")
+
+CASES: list[Case] = [
+    # load (the Python API; isolate=True exercises the child process too)
+    Case("load-random-bytes-isolated", "load", lambda ws: [str(random_file(ws))], 2, NOT_MODEL),
+    Case("load-cycle-isolated", "load", lambda ws: [str(save(cycle(), ws.inputs / "cycle.onnx"))], 2, CANNOT_LOAD),
+    Case("load-huge-external-isolated", "load", lambda ws: [str(huge_external(ws))], 2, HUGE_EXTERNAL),
+    # run
+    Case("run-empty-file", "run", _model(empty_file), 2, EMPTY),
+    Case("run-random-bytes", "run", _model(random_file), 2, NOT_MODEL),
+    Case("run-missing-file", "run", lambda ws: [str(ws.inputs / "nope.onnx")], 2, ("does not exist",)),
+    Case("run-directory", "run", lambda ws: [str(ws.inputs)], 2, ("directory",)),
+    Case("run-dangling-edge", "run", _model(_proto(dangling_edge, "dangling.onnx")), 2, ("nobody_makes_this",)),
+    Case("run-cycle", "run", _model(_proto(cycle, "cycle.onnx")), 2, CANNOT_LOAD),
+    Case("run-unknown-domain", "run", _model(_proto(unknown_domain, "domain.onnx")), 2, ("com.example.nowhere",)),
+    Case("run-future-opset", "run", _model(_proto(lambda: tiny_model(opset=99), "future.onnx")), 2, ("opset",)),
+    Case("run-future-ir-version", "run", _model(_proto(lambda: tiny_model(ir_version=99), "ir99.onnx")), 2,
+         ("ir version",)),
+    Case("run-missing-external-data", "run", _model(missing_external), 2, ("gone.bin", "missing")),
+    Case("run-huge-declared-external", "run", _model(huge_external), 2, HUGE_EXTERNAL),
+    Case("run-negative-initializer-dims", "run", _model(_proto(negative_dims, "negdims.onnx")), 2, CANNOT_LOAD),
+    Case("run-strict-policy-bad-model-is-bad-input", "run", _model(_proto(negative_dims, "negdims.onnx"), "--policy",
+                                                                    "strict"), 2, CANNOT_LOAD),
+    Case("run-external-path-escapes-folder", "run", _model(escaping_external), 2, ("escapes model directory",)),
+    Case("run-zero-size-dim", "run", _model(tiny_file, "--shape", "x=0x4"), 0, ("outputs",)),
+    Case("run-odd-names", "run", _model(odd_names), 0, ("out·put/ÿ 1",)),
+    Case("run-wrong-dtype", "run", _feeds(lambda: np.ones((1, 4), np.int64)), 2, ("x", "float32", "int64")),
+    Case("run-wrong-rank", "run", _feeds(lambda: np.ones((4,), np.float32)), 2, ("rank",)),
+    Case("run-wrong-shape", "run", _feeds(lambda: np.ones((1, 5), np.float32)), 2, ("dim 1", "4")),
+    Case("run-unknown-input-name", "run", lambda ws: [str(tiny_file(ws)), "--input",
+                                                      f"nope={array_file(ws, 'nope', np.ones((1, 4), np.float32))}"],
+         2, ("unknown input", "nope")),
+    Case("run-nan-input-warns", "run", _feeds(_nan), 0, ("warning", "nan")),
+    Case("run-inf-input-warns", "run", _feeds(_inf), 0, ("warning", "inf")),
+    Case("run-bad-npy", "run", lambda ws: [str(tiny_file(ws)), "--input",
+                                           f"x={write_bytes(ws, 'x.npy', b'not numpy')}"], 2, ("npy",)),
+    Case("run-einsum-hang-isolated-timeout", "run", _model(_proto(einsum_hang, "hang.onnx"), "--isolate"), 1,
+         ("did not finish", "ortpilot_isolate_timeout"), env={"ORTPILOT_ISOLATE_TIMEOUT": "4"}),
+    Case("run-isolate-deliberate-sigsegv-in-child", "run", _model(tiny_file, "--isolate"), 1,
+         ("crashed", "sigsegv"), env={"ORTPILOT_TEST_CRASH_IN_CHILD": "SIGSEGV"}),
+    # inspect
+    Case("inspect-empty-file", "inspect", _model(empty_file), 2, EMPTY),
+    Case("inspect-truncated", "inspect", _model(truncated_file), 2, NOT_MODEL),
+    Case("inspect-missing-external-data", "inspect", _model(missing_external), 2, ("gone.bin",)),
+    Case("inspect-dangling-edge", "inspect", _model(_proto(dangling_edge, "dangling.onnx")), 2,
+         ("nobody_makes_this",), bug=INSPECT_NO_CHECK),
+    Case("inspect-cycle", "inspect", _model(_proto(cycle, "cycle.onnx")), 2, ("cycle",), bug=INSPECT_NO_CHECK),
+    Case("inspect-huge-declared-external", "inspect", _model(huge_external), 2, HUGE_EXTERNAL),
+    Case("inspect-odd-names", "inspect", _model(odd_names), 0, ("in put/ü:0",)),
+    # optimize
+    Case("optimize-truncated", "optimize", _model(truncated_file, out="opt.onnx"), 2, NOT_MODEL),
+    Case("optimize-cycle", "optimize", _model(_proto(cycle, "cycle.onnx"), out="opt.onnx"), 2, CANNOT_LOAD),
+    Case("optimize-huge-declared-external", "optimize", _model(huge_external, out="opt.onnx"), 2, HUGE_EXTERNAL),
+    Case("optimize-output-is-directory", "optimize", lambda ws: [str(tiny_file(ws)), "-o", str(ws.inputs)], 2,
+         ("directory",), bug="cli/cmd_optimize.py checks -o only when saving, after the build filled the cache"),
+    Case("optimize-odd-output-path", "optimize", _model(odd_names, out="sub dir/ü opt.onnx"), 0, ("wrote",),
+         outputs=("sub dir/ü opt.onnx",)),
+    Case("optimize-truncated-cache-entry-rebuilt", "optimize", truncated_cache_entry, 0, ("corrupt",),
+         outputs=("opt.onnx",)),
+    # quantize
+    Case("quantize-random-bytes", "quantize", _model(random_file, "--mode", "dynamic", out="q.onnx"), 2, NOT_MODEL),
+    Case("quantize-future-opset", "quantize", _model(_proto(lambda: tiny_model(opset=99), "future.onnx"),
+                                                     "--mode", "dynamic", out="q.onnx"), 2, ("opset",)),
+    Case("quantize-missing-calibration", "quantize", _model(tiny_file, "--mode", "static", "--calibration",
+                                                            "{in}/no-such-folder", out="q.onnx"), 2,
+         ("calibration", "no-such-folder")),
+    Case("quantize-output-is-directory", "quantize", lambda ws: [str(tiny_file(ws)), "--mode", "dynamic", "-o",
+                                                                 str(ws.inputs)], 2, ("directory",)),
+    # compare
+    Case("compare-missing-model-b", "compare", lambda ws: [str(tiny_file(ws)), str(ws.inputs / "absent.onnx")], 2,
+         ("does not exist",)),
+    Case("compare-wrong-dtype", "compare", lambda ws: [str(tiny_file(ws)), "-p", "cpu", "-p", "cpu", "--input",
+                                                       f"x={array_file(ws, 'x', np.ones((1, 4), np.float64))}"], 2,
+         ("float32", "float64")),
+    Case("compare-different-inputs", "compare", lambda ws: [str(tiny_file(ws)),
+                                                            str(tiny_file(ws, "other.onnx", input_name="z"))], 2,
+         ("input",)),
+    # bench
+    Case("bench-empty-file", "bench", _model(empty_file, "--runs", "3"), 2, EMPTY),
+    Case("bench-wrong-shape", "bench", _feeds(lambda: np.ones((1, 7), np.float32), "--runs", "3"), 2, ("dim 1",)),
+    Case("bench-zero-size-dim", "bench", _model(tiny_file, "--shape", "x=0x4", "--runs", "3", "--warmup", "1", "--no-roofline"), 0,
+         ("p50",)),
+    Case("bench-report-is-directory", "bench", _model(tiny_file, "--runs", "3", "--warmup", "1", "--no-roofline", "--report", "{in}"),
+         2, ("directory",), bug="artifacts/atomic.py atomic_open: a destination that is a directory raises "
+         "IsADirectoryError (traceback) instead of a UsageError; cmd_bench does not check --report first"),
+    # tune
+    Case("tune-random-bytes", "tune", _model(random_file, "--budget", "30", out="tune"), 2, NOT_MODEL),
+    Case("tune-huge-declared-external", "tune", _model(huge_external, "--budget", "30", out="tune"), 2, HUGE_EXTERNAL),
+    Case("tune-bad-shape-arg", "tune", _model(tiny_file, "--shape", "x=banana", "--budget", "30", out="tune"), 2,
+         ("--shape", "banana")),
+    Case("tune-bad-calibration", "tune", _model(tiny_file, "--calibration", "{in}/calib.npz", "--budget", "30",
+                                                out="tune"), 2, ("calibration",)),
+    Case("tune-out-is-a-file", "tune", lambda ws: [str(tiny_file(ws)), "-o", str(tiny_file(ws, "taken.onnx")),
+                                                   "--budget", "30"], 2, ("taken.onnx", "not a folder"),
+         bug="tune/journal.py Journal.commit: -o naming an existing file raises FileExistsError (traceback)"),
+    # generate
+    Case("generate-not-a-decoder", "generate", _model(tiny_file, "--prompt-ids", "1,2,3"), 2, ("input_ids",)),
+    Case("generate-bad-prompt-ids", "generate", lambda ws: [str(save(tiny_model(), ws.inputs / "m.onnx")),
+                                                            "--prompt-ids", "1,two,3"], 2, ("prompt",)),
+    Case("generate-truncated", "generate", _model(truncated_file, "--prompt-ids", "1,2"), 2, NOT_MODEL),
+    # load_profile (Python API)
+    Case("load-profile-other-model-hash", "load_profile", profile_other_model, 1, ("changed since it was tuned",)),
+    Case("load-profile-invalid-json", "load_profile", profile_invalid_json, 2, ("not valid json",)),
+    Case("load-profile-wrong-fields", "load_profile", profile_wrong_fields, 2, ("providers",)),
+    Case("load-profile-unknown-setting", "load_profile", profile_bad_setting, 2, ("turbo_mode",)),
+    Case("load-profile-not-an-object", "load_profile", profile_not_dict, 2, ("not an ortpilot profile",)),
+    Case("load-profile-bad-level", "load_profile", profile_bad_level, 2, ("ludicrous",)),
+    Case("load-profile-missing", "load_profile", lambda ws: [str(ws.inputs / "profile.json")], 2,
+         ("does not exist",)),
+]
