@@ -12,7 +12,7 @@ from pathlib import Path
 
 import onnx
 
-from ortpilot.errors import ModelLoadError, UsageError
+from ortpilot.errors import ModelLoadError
 
 # IR version and default opset that every ORT ortpilot supports can read. onnx 1.23 writes
 # IR 14 by default, which ORT 1.24 (the onnxruntime-openvino build) refuses.
@@ -155,11 +155,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
 
     Models over 2 GB are written with external data next to them.
     """
-    from ortpilot.artifacts.atomic import atomic_write_model
+    from ortpilot.artifacts.atomic import atomic_write_model, check_output_path
 
-    dest = Path(path)
-    if dest.is_dir():
-        raise UsageError(f"Output '{dest}' is a directory; give the path of the .onnx file to write, "
-                         f"e.g. '{dest / 'model.onnx'}'.")
+    dest = check_output_path(path)  # a directory or an unwritable folder: UsageError, nothing written
     set_ir_for_running_ort(model)
     return atomic_write_model(model, dest)

@@ -316,11 +316,19 @@ def _inf() -> np.ndarray:
 
 
 NOT_MODEL = ("not a readable onnx model",)
-INSPECT_NO_CHECK = ("graph/summary.py / cli/cmd_inspect.py: inspect never checks the graph (onnx.checker "
-                    "full_check or an ORT session), so a graph ORT cannot load is described with exit 0")
 EMPTY = ("empty",)
 CANNOT_LOAD = ("could not load",)
 HUGE_EXTERNAL = ("declares more external data", "weights.bin")
+
+ISOLATE_CRASH_ARGS: list[tuple[str, Callable[[Workspace], list[str]]]] = [
+    ("inspect", _model(tiny_file, "--isolate")),
+    ("optimize", _model(tiny_file, "--isolate", out="opt.onnx")),
+    ("quantize", _model(tiny_file, "--mode", "dynamic", "--isolate", out="q.onnx")),
+    ("compare", lambda ws: [str(tiny_file(ws)), str(tiny_file(ws, "b.onnx", node_prefix="b_")), "--isolate"]),
+    ("bench", lambda ws: [str(tiny_file(ws)), "--runs", "3", "--warmup", "1", "--no-roofline", "--report",
+                          str(ws.out / "r.html"), "--isolate"]),
+    ("generate", _model(tiny_file, "--prompt-ids", "1,2", "--isolate")),
+]
 
 CASES: list[Case] = [
     # load (the Python API; isolate=True exercises the child process too)
@@ -365,8 +373,16 @@ CASES: list[Case] = [
     Case("inspect-truncated", "inspect", _model(truncated_file), 2, NOT_MODEL),
     Case("inspect-missing-external-data", "inspect", _model(missing_external), 2, ("gone.bin",)),
     Case("inspect-dangling-edge", "inspect", _model(_proto(dangling_edge, "dangling.onnx")), 2,
-         ("nobody_makes_this",), bug=INSPECT_NO_CHECK),
-    Case("inspect-cycle", "inspect", _model(_proto(cycle, "cycle.onnx")), 2, ("cycle",), bug=INSPECT_NO_CHECK),
+         ("nobody_makes_this", "dangling edge", "'add'")),
+    Case("inspect-dangling-edge-no-check", "inspect", _model(_proto(dangling_edge, "dangling.onnx"), "--no-check"), 2,
+         ("nobody_makes_this",)),
+    Case("inspect-cycle", "inspect", _model(_proto(cycle, "cycle.onnx")), 2, ("cycle", "'back' (relu)")),
+    Case("inspect-negative-initializer-dims", "inspect", _model(_proto(negative_dims, "negdims.onnx")), 2,
+         ("onnx.checker", "negative dimension")),
+    Case("inspect-einsum-hang-is-refused", "inspect", _model(_proto(einsum_hang, "hang.onnx")), 2,
+         ("einsum", "......->"), timeout_s=60),
+    Case("inspect-einsum-hang-no-check", "inspect", _model(_proto(einsum_hang, "hang.onnx"), "--no-check", "--json"),
+         2, ("einsum", "......->"), timeout_s=60),
     Case("inspect-huge-declared-external", "inspect", _model(huge_external), 2, HUGE_EXTERNAL),
     Case("inspect-odd-names", "inspect", _model(odd_names), 0, ("in put/ü:0",)),
     # optimize
@@ -374,7 +390,10 @@ CASES: list[Case] = [
     Case("optimize-cycle", "optimize", _model(_proto(cycle, "cycle.onnx"), out="opt.onnx"), 2, CANNOT_LOAD),
     Case("optimize-huge-declared-external", "optimize", _model(huge_external, out="opt.onnx"), 2, HUGE_EXTERNAL),
     Case("optimize-output-is-directory", "optimize", lambda ws: [str(tiny_file(ws)), "-o", str(ws.inputs)], 2,
-         ("directory",), bug="cli/cmd_optimize.py checks -o only when saving, after the build filled the cache"),
+         ("directory",)),
+    Case("optimize-output-parent-is-a-file", "optimize", lambda ws: [str(tiny_file(ws)), "-o",
+                                                                     str(tiny_file(ws, "taken.onnx") / "o.onnx")], 2,
+         ("taken.onnx", "not a folder")),
     Case("optimize-odd-output-path", "optimize", _model(odd_names, out="sub dir/ü opt.onnx"), 0, ("wrote",),
          outputs=("sub dir/ü opt.onnx",)),
     Case("optimize-truncated-cache-entry-rebuilt", "optimize", truncated_cache_entry, 0, ("corrupt",),
@@ -388,6 +407,9 @@ CASES: list[Case] = [
          ("calibration", "no-such-folder")),
     Case("quantize-output-is-directory", "quantize", lambda ws: [str(tiny_file(ws)), "--mode", "dynamic", "-o",
                                                                  str(ws.inputs)], 2, ("directory",)),
+    Case("quantize-output-parent-is-a-file", "quantize",
+         lambda ws: [str(tiny_file(ws)), "--mode", "dynamic", "-o", str(tiny_file(ws, "taken.onnx") / "sub" / "q.onnx")],
+         2, ("taken.onnx", "not a folder")),
     # compare
     Case("compare-missing-model-b", "compare", lambda ws: [str(tiny_file(ws)), str(ws.inputs / "absent.onnx")], 2,
          ("does not exist",)),
@@ -403,8 +425,7 @@ CASES: list[Case] = [
     Case("bench-zero-size-dim", "bench", _model(tiny_file, "--shape", "x=0x4", "--runs", "3", "--warmup", "1", "--no-roofline"), 0,
          ("p50",)),
     Case("bench-report-is-directory", "bench", _model(tiny_file, "--runs", "3", "--warmup", "1", "--no-roofline", "--report", "{in}"),
-         2, ("directory",), bug="artifacts/atomic.py atomic_open: a destination that is a directory raises "
-         "IsADirectoryError (traceback) instead of a UsageError; cmd_bench does not check --report first"),
+         2, ("--report", "directory")),
     # tune
     Case("tune-random-bytes", "tune", _model(random_file, "--budget", "30", out="tune"), 2, NOT_MODEL),
     Case("tune-huge-declared-external", "tune", _model(huge_external, "--budget", "30", out="tune"), 2, HUGE_EXTERNAL),
@@ -420,6 +441,9 @@ CASES: list[Case] = [
     Case("generate-bad-prompt-ids", "generate", lambda ws: [str(save(tiny_model(), ws.inputs / "m.onnx")),
                                                             "--prompt-ids", "1,two,3"], 2, ("prompt",)),
     Case("generate-truncated", "generate", _model(truncated_file, "--prompt-ids", "1,2"), 2, NOT_MODEL),
+    # --isolate on every other command that loads models: a deliberate SIGSEGV in the isolated child
+    *[Case(f"{command}-isolate-deliberate-sigsegv-in-child", command, build, 1, ("crashed", "signal 11: sigsegv"),
+           env={"ORTPILOT_TEST_CRASH_IN_CHILD": "SIGSEGV"}) for command, build in ISOLATE_CRASH_ARGS],
     # load_profile (Python API)
     Case("load-profile-other-model-hash", "load_profile", profile_other_model, 1, ("changed since it was tuned",)),
     Case("load-profile-invalid-json", "load_profile", profile_invalid_json, 2, ("not valid json",)),

@@ -170,8 +170,6 @@ def test_sigkill_optimize_mid_build_then_rerun(demo_paths: dict[str, Path], tmp_
     kill_optimize_mid_build(Workspace.create(tmp_path), demo_paths["cnn"])
 
 
-@pytest.mark.xfail(strict=True, reason="artifacts/store.py ModelStore: the .build-* folder of a killed builder stays "
-                   "in the cache forever (leftovers() lists it, nothing sweeps it)")
 def test_killed_build_folder_is_swept_by_the_next_build(demo_paths: dict[str, Path], tmp_path: Path) -> None:
     ws = Workspace.create(tmp_path)
     kill_optimize_mid_build(ws, demo_paths["cnn"])

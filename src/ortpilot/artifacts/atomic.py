@@ -17,13 +17,45 @@ from typing import Any, BinaryIO
 
 import onnx
 
+from ortpilot.errors import UsageError
+
 _TWO_GB = 2**31 - 1
+
+
+def check_output_path(path: str | os.PathLike, what: str = "Output", example: str = "model.onnx") -> Path:
+    """Refuse an output path that cannot be written, before any work is done: exit 2, not a traceback.
+
+    The destination must not be a directory, and its nearest existing ancestor must be a
+    writable directory (missing folders below it are created when the file is written).
+    Nothing is created here, so a command that fails later leaves no empty folders behind.
+    """
+    dest = Path(path)
+    if not dest.name or dest.is_dir():
+        raise UsageError(f"{what} '{dest}' is a directory; give the path of the file to write, "
+                         f"e.g. '{dest / example}'.")
+    parent = dest.parent
+    while not parent.exists() and parent != parent.parent:
+        if parent.is_symlink():  # a dangling link: mkdir would fail on it
+            raise UsageError(f"{what} '{dest}': '{parent}' is a broken symbolic link; fix it or choose "
+                             "another folder.")
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{what} '{dest}' cannot be written: '{parent}' is a file, not a folder. "
+                         "Choose a path inside an existing or new folder.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} '{dest}' cannot be written: folder '{parent}' is not writable by this user. "
+                         "Choose another path or fix the folder's permissions.")
+    return dest
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]:
-    """Open a temp file next to ``path``; on clean exit fsync and rename it to ``path``."""
-    dest = Path(path)
+    """Open a temp file next to ``path``; on clean exit fsync and rename it to ``path``.
+
+    An unwritable destination (a directory, a file where a folder belongs) raises
+    ``UsageError`` before any temp file exists.
+    """
+    dest = check_output_path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
@@ -73,8 +105,10 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
 
 def atomic_write_model(model: onnx.ModelProto, path: Path) -> Path:
     """Serialize a model atomically; models over 2 GB get one external data file beside them."""
+    path = check_output_path(path)
     if model.ByteSize() < _TWO_GB:
         return atomic_write_bytes(path, model.SerializeToString())
+    path.parent.mkdir(parents=True, exist_ok=True)
     data_name = path.name + ".data"
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import platform
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,7 +100,8 @@ def make_stamp(*, source_sha256: str, providers: Sequence[Any] | None = None, le
         "options": options or {},
         "cpu": cpu_features(),
         "gpu": any(s["name"] not in ("CPUExecutionProvider",) for s in specs),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        # No wall-clock time: the same input and options must give byte-identical files (the
+        # cache entry's entry.json records when it was built).
     }
 
 

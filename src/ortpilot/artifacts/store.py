@@ -6,7 +6,9 @@ bytes: source model hash, ORT version, EP and its options, level, free-dimension
 CPU features. Reads re-hash the model; a corrupt entry is discarded with a warning and
 rebuilt. Entries are built in a temp folder and renamed into place, under a per-entry
 ``fcntl`` lock, so a crash leaves nothing half-written and two processes sharing the cache
-both end up with the same, complete entry.
+both end up with the same, complete entry. A builder holds its entry's lock for as long as
+its ``.build-*`` folder exists, so a build folder whose lock can be taken belongs to a
+builder that was killed; the next ``get_or_create`` removes it (and any ``.trash-*`` folder).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from ortpilot.modelio import file_sha256
 log = logging.getLogger("ortpilot")
 MODEL_FILE = "model.onnx"
 ENTRY_FILE = "entry.json"
+BUILD_PREFIX = ".build-"
+TRASH_PREFIX = ".trash-"
+KEY_CHARS = 16  # of the key in a build folder's name
+STALE_WITHOUT_LOCK_S = 3600.0  # a build folder with no lock file to test is removed after this long
 
 
 def cache_key(*, model_sha256: str, ort_version: str, providers: Sequence[Mapping[str, Any]] | Sequence[str],
@@ -74,7 +80,7 @@ class ModelStore:
     def discard(self, key: str) -> None:
         folder = self.entry_dir(key)
         if folder.exists():
-            trash = folder.with_name(f".trash-{key}-{os.getpid()}-{time.monotonic_ns()}")
+            trash = folder.with_name(f"{TRASH_PREFIX}{key}-{os.getpid()}-{time.monotonic_ns()}")
             with contextlib.suppress(OSError):
                 os.replace(folder, trash)
                 folder = trash
@@ -95,9 +101,44 @@ class ModelStore:
             finally:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
+    def sweep(self) -> list[Path]:
+        """Remove what killed processes left: build folders nobody holds the lock of, trash folders.
+
+        Safe while other processes build: a live builder holds its entry's lock until its build
+        folder is gone, so a folder listed before its lock could be taken here is an orphan.
+        """
+        removed = []
+        for folder in self.leftovers():
+            if folder.name.startswith(BUILD_PREFIX) and not self._orphaned(folder):
+                continue
+            shutil.rmtree(folder, ignore_errors=True)  # a trash folder is garbage whoever deletes it
+            if not folder.exists():
+                removed.append(folder)
+        if removed:
+            log.info("Removed %d folder(s) left in the cache by killed builds.", len(removed))
+        return removed
+
+    def _orphaned(self, folder: Path) -> bool:
+        """True when no live process is building into ``folder`` (its entry's lock is free)."""
+        prefix = folder.name[len(BUILD_PREFIX):len(BUILD_PREFIX) + KEY_CHARS]
+        locks = sorted((self.root / ".locks").glob(f"{prefix}*.lock")) if len(prefix) == KEY_CHARS else []
+        if not locks:
+            with contextlib.suppress(OSError):
+                return time.time() - folder.stat().st_mtime > STALE_WITHOUT_LOCK_S
+            return False
+        for lock_file in locks:  # a 64-bit prefix is unique in practice; all must be free anyway
+            with open(lock_file, "a+") as fh:
+                try:
+                    fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    return False  # held: a live builder (or one waiting to build)
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        return True
+
     def get_or_create(self, key: str, build: Callable[[Path], Any], meta: Mapping[str, Any] | None = None
                       ) -> tuple[Path, bool]:
         """Return (path, hit). On a miss, ``build(path)`` writes the model to ``path`` (a temp folder)."""
+        self.sweep()  # before taking our lock: the orphan of a killed build of this very entry goes too
         found = self.get(key)
         if found is not None:
             return found, True
@@ -106,7 +147,7 @@ class ModelStore:
             if found is not None:
                 return found, True
             self.root.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".build-{key[:16]}-", dir=self.root))
+            tmp = Path(tempfile.mkdtemp(prefix=f"{BUILD_PREFIX}{key[:KEY_CHARS]}-", dir=self.root))
             try:
                 build(tmp / MODEL_FILE)
                 if not (tmp / MODEL_FILE).is_file():
@@ -127,7 +168,7 @@ class ModelStore:
         """Temp build or trash folders (there should be none once no process is building)."""
         if not self.root.is_dir():
             return []
-        return sorted(p for p in self.root.iterdir() if p.name.startswith((".build-", ".trash-")))
+        return sorted(p for p in self.root.iterdir() if p.name.startswith((BUILD_PREFIX, TRASH_PREFIX)))
 
 
 __all__ = ["ENTRY_FILE", "MODEL_FILE", "ModelStore", "cache_key"]

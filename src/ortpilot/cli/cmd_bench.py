@@ -12,12 +12,14 @@ import click
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    ISOLATE_HELP,
     PROVIDER_HELP,
     SHAPE_HELP,
     emit_json,
     handle_errors,
     load_input_files,
     parse_kv_list,
+    preflight_isolated,
     resolve_model_arg,
     stderr,
     stdout,
@@ -179,15 +181,17 @@ def _warmup_arg(text: str) -> int | str:
 @click.option("--samples/--no-samples", default=True, show_default=True, help="Per-run latencies in the JSON.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--report", default=None, help="Write a self-contained HTML report (histogram, time series, comparison).")
+@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @handle_errors
 def command(model: str, warmup: str, runs: int | None, duration: float | None, vs: tuple[str, ...],
              configs_file: str | None, name: str | None, block: int | None, policy: str, roofline: bool,
-             samples: bool, as_json: bool, report: str | None, **knobs: Any) -> None:
+             samples: bool, as_json: bool, report: str | None, isolate: bool, **knobs: Any) -> None:
     """Benchmark MODEL: latency percentiles with a CI of the median, throughput, memory, roofline.
 
     With --vs or --configs, every configuration runs interleaved in this process and each one's
     median is compared with this command's configuration (the baseline).
     """
+    from ortpilot.artifacts.atomic import check_output_path
     from ortpilot.measure.bench import (
         BenchmarkRunError,
         bench,
@@ -196,6 +200,8 @@ def command(model: str, warmup: str, runs: int | None, duration: float | None, v
     )
     from ortpilot.measure.interleave import bench_interleaved
 
+    if report:
+        check_output_path(report, "--report", "report.html")  # before minutes of measuring, not after
     warm = _warmup_arg(warmup)
     runs, duration = check_budget(runs, duration, warm)
     check_concurrency(knobs["concurrency"])
@@ -205,6 +211,10 @@ def command(model: str, warmup: str, runs: int | None, duration: float | None, v
         entries += [(n, text, f"--configs entry '{n or text}'") for n, text in _config_file_entries(configs_file)]
     params = [base] + [parse_vs(text, {**base, "name": n}, where) for n, text, where in entries]
     configs = [build_config(p, "") for p in params]
+    if isolate:  # once per distinct model/providers/settings: a crash can depend on any of them
+        distinct = {json.dumps([c.model, c.providers, c.settings.to_dict()], default=str): c for c in configs}
+        for c in distinct.values():
+            preflight_isolated([c.model], c.providers, c.settings)
     progress, bar = _progress()
     try:
         with bar:

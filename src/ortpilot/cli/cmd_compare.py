@@ -8,11 +8,13 @@ import click
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    ISOLATE_HELP,
     PROVIDER_HELP,
     SHAPE_HELP,
     emit_json,
     handle_errors,
     load_input_files,
+    preflight_isolated,
     resolve_model_arg,
     stdout,
 )
@@ -31,11 +33,12 @@ from ortpilot.cli.cmd_optimize import _num
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
 @click.option("--samples", "n_samples", type=click.IntRange(1), default=4, show_default=True,
               help="Generated input sets when no inputs are given.")
+@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
 def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: tuple[str, ...], rtol: tuple[str, ...],
             inputs: tuple[str, ...], calibration: str | None, shapes: tuple[str, ...], n_samples: int,
-            as_json: bool) -> None:
+            isolate: bool, as_json: bool) -> None:
     """Run MODEL and MODEL_B (or MODEL on two providers) on the same inputs and report the error per output.
 
     Exits 1 when tolerances were given (--atol/--rtol) and an output exceeds them.
@@ -46,6 +49,13 @@ def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: t
 
     tolerances = Tolerances.parse(list(atol) or None, list(rtol) or None)
     model = resolve_model_arg(model)
+    other = resolve_model_arg(model_b) if model_b else None
+    if isolate:
+        if other is None:  # one model on two providers: each provider builds its own session
+            for provider in providers:
+                preflight_isolated([model], [provider])
+        else:
+            preflight_isolated([model, other], list(providers) or None)
     samples = None
     if inputs:
         samples = [load_input_files(inputs)]
@@ -54,7 +64,7 @@ def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: t
         from ortpilot.passes.calibration import load_calibration
 
         samples = load_calibration(calibration, load_model(model, load_external_data=False)).samples
-    result = compare_models(model, resolve_model_arg(model_b) if model_b else None, list(providers) or None,
+    result = compare_models(model, other, list(providers) or None,
                             samples=samples, shapes=parse_shape_args(list(shapes)), n_samples=n_samples,
                             tolerances=tolerances)
     if as_json:

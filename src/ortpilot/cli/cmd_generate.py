@@ -7,7 +7,16 @@ from typing import Any
 
 import click
 
-from ortpilot.cli.common import PROVIDER_HELP, emit_json, handle_errors, parse_kv_list, resolve_model_arg, stderr
+from ortpilot.cli.common import (
+    ISOLATE_HELP,
+    PROVIDER_HELP,
+    emit_json,
+    handle_errors,
+    parse_kv_list,
+    preflight_isolated,
+    resolve_model_arg,
+    stderr,
+)
 from ortpilot.errors import UsageError
 
 
@@ -46,12 +55,14 @@ def _prompt_ids(text: str) -> list[int]:
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("--policy", type=click.Choice(["strict", "warn", "allow"]), default="warn", show_default=True)
 @click.option("--threads", type=int, default=0, show_default=True, help="ORT intra-op threads (0 = ORT's default).")
+@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
 def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: str | None, chat: bool,
             system: str | None, max_new_tokens: int, max_length: int | None, loop: str, fuse: bool,
             temperature: float, top_k: int, top_p: float, seed: int | None, stop_id: tuple[int, ...],
-            mapping: tuple[str, ...], providers: tuple[str, ...], policy: str, threads: int, as_json: bool) -> None:
+            mapping: tuple[str, ...], providers: tuple[str, ...], policy: str, threads: int, isolate: bool,
+            as_json: bool) -> None:
     """Generate tokens after a prompt, streaming them to stdout (or one JSON document)."""
     from ortpilot.decode import Generator, SamplingConfig
     from ortpilot.decode import text as textmod
@@ -71,6 +82,9 @@ def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: s
     stops = list(stop_id) + (textmod.stop_ids(tok) if tok is not None else [])
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     source: Any = resolve_model_arg(model)
+    settings = SessionSettings(intra_op_threads=threads)
+    if isolate:
+        preflight_isolated([source], list(providers) or None, settings)
     notes = []
     if fuse:
         from ortpilot.passes.decoder_fusion import fuse_decoder, summary
@@ -80,7 +94,7 @@ def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: s
         stderr.print(f"[dim]{summary(fused)}[/]", highlight=False)
         source = fused.model
     gen = Generator(source, providers=list(providers) or None, policy=policy,
-                    settings=SessionSettings(intra_op_threads=threads), mapping=parse_kv_list(mapping))
+                    settings=settings, mapping=parse_kv_list(mapping))
     stream = None if as_json else _streamer(tok)
     result = gen.generate(ids, max_new_tokens, loop, sampling=sampling, stop_tokens=stops, stream=stream,
                           max_length=max_length)

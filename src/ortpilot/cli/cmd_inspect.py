@@ -6,22 +6,43 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ortpilot.cli.common import PROVIDER_HELP, SHAPE_HELP, emit_json, handle_errors, resolve_model_arg, stdout
+from ortpilot.cli.common import (
+    ISOLATE_HELP,
+    PROVIDER_HELP,
+    SHAPE_HELP,
+    emit_json,
+    handle_errors,
+    preflight_isolated,
+    resolve_model_arg,
+    stderr,
+    stdout,
+)
 
 
 def inspect_model(model: str, shapes: tuple[str, ...] = (), providers: tuple[str, ...] = (),
-                  check: bool = True) -> dict:
-    """The ``inspect --json`` document: the static summary plus ``unsupported_ops`` per provider."""
+                  check: bool = True, isolate: bool = False) -> dict:
+    """The ``inspect --json`` document: the static summary plus ``unsupported_ops`` per provider.
+
+    The graph is validated first (dangling edges, cycles, malformed Einsum, onnx's checker):
+    an invalid graph raises ``ModelLoadError`` (exit 2) instead of being described. ``check``
+    runs the provider op-support check (it builds sessions); ``isolate`` builds one in a child
+    process first, so a model that crashes ORT kills only the child.
+    """
+    from ortpilot.graph.check import check_graph
     from ortpilot.graph.shapes import graph_inputs, parse_shape_args, resolve_input_shapes
     from ortpilot.graph.summary import summarize
     from ortpilot.modelio import load_model
 
     path = resolve_model_arg(model)
     proto = load_model(path, load_external_data=False)
+    validity = check_graph(proto)  # before anything runs shape inference or builds a session
+    if isolate:
+        preflight_isolated([path], list(providers) or None)
     shape_map = parse_shape_args(list(shapes))
     if shape_map:
         resolve_input_shapes(graph_inputs(proto), shape_map)  # explicit shapes that contradict the model: exit 2
     doc = summarize(proto, path, shape_map).to_dict()
+    doc["graph_check"] = validity.to_dict()
     doc["unsupported_ops"] = []
     if check:
         from ortpilot.providers import resolve_providers
@@ -37,12 +58,20 @@ def inspect_model(model: str, shapes: tuple[str, ...] = (), providers: tuple[str
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
 @click.option("-p", "--provider", "providers", multiple=True,
               help="Check op support on these providers only (default: every available one). " + PROVIDER_HELP)
-@click.option("--no-check", is_flag=True, help="Skip the provider op-support check (no sessions are built).")
+@click.option("--no-check", is_flag=True, help="Skip the provider op-support check (no sessions are built). "
+              "The graph itself is always validated.")
+@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @handle_errors
-def command(model: str, shapes: tuple[str, ...], providers: tuple[str, ...], no_check: bool, as_json: bool) -> None:
-    """Describe MODEL: inputs/outputs, opsets, op histogram, parameters, FLOPs, provider gaps."""
-    doc = inspect_model(model, shapes, providers, not no_check)
+def command(model: str, shapes: tuple[str, ...], providers: tuple[str, ...], no_check: bool, isolate: bool,
+            as_json: bool) -> None:
+    """Describe MODEL: inputs/outputs, opsets, op histogram, parameters, FLOPs, provider gaps.
+
+    Exits 2 when the graph is invalid (dangling edge, cycle, malformed Einsum, onnx checker error).
+    """
+    doc = inspect_model(model, shapes, providers, not no_check, isolate)
+    for text in doc["graph_check"]["warnings"]:
+        stderr.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
     if as_json:
         emit_json(doc)
     else:

@@ -8,7 +8,15 @@ from typing import Any
 import click
 from rich.table import Table
 
-from ortpilot.cli.common import PROVIDER_HELP, emit_json, handle_errors, resolve_model_arg, stdout
+from ortpilot.cli.common import (
+    ISOLATE_HELP,
+    PROVIDER_HELP,
+    emit_json,
+    handle_errors,
+    preflight_isolated,
+    resolve_model_arg,
+    stdout,
+)
 
 
 @click.command("optimize")
@@ -24,27 +32,38 @@ from ortpilot.cli.common import PROVIDER_HELP, emit_json, handle_errors, resolve
 @click.option("--hidden-size", type=int, default=0, help="Hidden size for fusion (0: detect).")
 @click.option("--free-dim", "free_dims", multiple=True, help="Fix a symbolic dim while optimizing: NAME=VALUE.")
 @click.option("--no-cache", is_flag=True, help="Build without the content-addressed cache.")
+@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
 def command(model: str, output: str, level: str, providers: tuple[str, ...], fusion: str, num_heads: int,
-            hidden_size: int, free_dims: tuple[str, ...], no_cache: bool, as_json: bool) -> None:
+            hidden_size: int, free_dims: tuple[str, ...], no_cache: bool, isolate: bool, as_json: bool) -> None:
     """Optimize MODEL with ORT at --level for the first --provider, stamp it, write it to OUTPUT.
 
     With --fusion, ORT's transformer fusions run instead of (after a basic-level pass of) the
     level optimization, and the fused operator counts are reported.
     """
+    from ortpilot.artifacts.atomic import check_output_path
     from ortpilot.cli.common import parse_kv_list
+    from ortpilot.errors import UsageError
     from ortpilot.passes.optimize import OptimizePass
+    from ortpilot.session import SessionSettings
 
-    free = {k: int(v) for k, v in parse_kv_list(free_dims).items()}
+    check_output_path(output)  # before the build fills the cache
+    try:
+        free = {k: int(v) for k, v in parse_kv_list(free_dims).items()}
+    except ValueError:
+        raise UsageError(f"--free-dim takes NAME=INTEGER, got {' '.join(free_dims)}.") from None
     chain = list(providers) or None
+    source = resolve_model_arg(model)
+    if isolate:
+        preflight_isolated([source], chain, SessionSettings(level=level, free_dimension_overrides=free))
     if fusion != "none":
         from ortpilot.passes.fusion import FusionPass
 
         step = FusionPass(fusion, num_heads=num_heads, hidden_size=hidden_size, providers=chain)
     else:
         step = OptimizePass(level, chain, free_dimension_overrides=free, use_cache=not no_cache)
-    result = step.run(resolve_model_arg(model))
+    result = step.run(source)
     result.save(output)
     doc = {"output": output, "record": result.record.to_dict()}
     if as_json:

@@ -7,7 +7,16 @@ import warnings
 import click
 from rich.table import Table
 
-from ortpilot.cli.common import SHAPE_HELP, emit_json, handle_errors, resolve_model_arg, stderr, stdout
+from ortpilot.cli.common import (
+    ISOLATE_HELP,
+    SHAPE_HELP,
+    emit_json,
+    handle_errors,
+    preflight_isolated,
+    resolve_model_arg,
+    stderr,
+    stdout,
+)
 from ortpilot.cli.cmd_compare import render_comparison
 from ortpilot.cli.cmd_optimize import render_record
 
@@ -37,22 +46,28 @@ from ortpilot.cli.cmd_optimize import render_record
 @click.option("--op-types", default=None, help="Comma-separated op types to quantize (default: per mode).")
 @click.option("--no-preprocess", is_flag=True, help="Skip quant_pre_process.")
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
+@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
 def command(model: str, output: str, mode: str, per_channel: bool, reduce_range: bool, weight_type: str,
             activation_type: str, calibration: str | None, method: str, max_error: float | None, auto_exclude: bool,
             max_rounds: int, exclude: tuple[str, ...], op_types: str | None, no_preprocess: bool,
-            shapes: tuple[str, ...], as_json: bool) -> None:
+            shapes: tuple[str, ...], isolate: bool, as_json: bool) -> None:
     """Quantize MODEL, measure it against MODEL on held-out samples, and write OUTPUT only if it passes."""
+    from ortpilot.artifacts.atomic import check_output_path
     from ortpilot.graph.shapes import parse_shape_args
     from ortpilot.passes.gated import quantize_gated
 
     if auto_exclude and max_error is None and mode != "full":
         raise click.UsageError("--auto-exclude needs --max-error (the gate it works towards).")
+    check_output_path(output)  # before calibration and quantization, which take minutes on big models
+    model = resolve_model_arg(model)
+    if isolate:
+        preflight_isolated([model])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the synthetic-data warning is already logged loudly
         report = quantize_gated(
-            resolve_model_arg(model), output, mode, calibration=calibration, max_error=max_error,
+            model, output, mode, calibration=calibration, max_error=max_error,
             shapes=parse_shape_args(list(shapes)), auto_exclude=auto_exclude, max_rounds=max_rounds,
             per_channel=per_channel, reduce_range=reduce_range, weight_type=weight_type,
             activation_type=activation_type, method=method, nodes_to_exclude=list(exclude),

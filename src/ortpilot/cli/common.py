@@ -6,7 +6,7 @@ import functools
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
@@ -88,6 +88,26 @@ def resolve_model_arg(text: str) -> str:
 
         return str(demo_model_path(text.split(":", 1)[1]))
     return text
+
+
+ISOLATE_HELP = ("Create each model's session in a child process first: if ORT crashes or hangs on the model, "
+                "only the child dies and the command exits 1 saying so.")
+
+
+def preflight_isolated(models: Sequence[str], providers: Sequence[str] | None = None,
+                       settings: Any = None) -> None:
+    """``--isolate``: create a session for each model in a child process before the real work.
+
+    Raises ``OrtCrashError`` (exit 1) when ORT crashes or hangs in the child; an ordinary load
+    error there returns quietly, so the command's own load reports it with the usual message.
+    """
+    from ortpilot.providers import resolve_providers
+    from ortpilot.session import SessionSettings
+    from ortpilot.session.isolate import preflight_in_child
+
+    requested = resolve_providers(list(providers) if providers else None)
+    for model in dict.fromkeys(models):  # once per model, in order
+        preflight_in_child(model, requested, settings or SessionSettings())
 
 
 def load_input_files(items: tuple[str, ...]) -> dict[str, Any]:

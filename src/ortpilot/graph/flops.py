@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 
 import onnx
 
+from ortpilot.graph.check import malformed_einsums
 from ortpilot.graph.shapes import graph_inputs, resolve_input_shapes
 
 log = logging.getLogger("ortpilot")
@@ -351,6 +352,10 @@ def infer_value_shapes(model: onnx.ModelProto, shapes: Shapes | None = None) -> 
     """
     concrete = _concrete_inputs(model, shapes)
     skeleton = _skeleton(model, concrete)
+    malformed = malformed_einsums(model)
+    if malformed:  # onnx's Einsum inference can loop forever on these: infer nothing
+        log.debug("shape inference skipped: %s", "; ".join(malformed))
+        return _collect(skeleton)
     try:
         known = _collect(onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True))
     except Exception as exc:  # onnx raises several error types for models it cannot follow
