@@ -33,12 +33,18 @@ from ortpilot.cli.cmd_optimize import _num
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
 @click.option("--samples", "n_samples", type=click.IntRange(1), default=4, show_default=True,
               help="Generated input sets when no inputs are given.")
+@click.option("--tokenizer", default=None,
+              help="Decoder pairs: tokenizer.json for real held-out text prompts (else random token prompts).")
+@click.option("--new-tokens", type=click.IntRange(1), default=16, show_default=True,
+              help="Decoder pairs: greedy tokens generated per prompt.")
+@click.option("--min-top1", type=click.FloatRange(0, 1), default=0.9, show_default=True,
+              help="Decoder pairs: least top-1 next-token agreement (exit 1 below it).")
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
 def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: tuple[str, ...], rtol: tuple[str, ...],
             inputs: tuple[str, ...], calibration: str | None, shapes: tuple[str, ...], n_samples: int,
-            isolate: bool, as_json: bool) -> None:
+            tokenizer: str | None, new_tokens: int, min_top1: float, isolate: bool, as_json: bool) -> None:
     """Run MODEL and MODEL_B (or MODEL on two providers) on the same inputs and report the error per output.
 
     Exits 1 when tolerances were given (--atol/--rtol) and an output exceeds them.
@@ -56,6 +62,10 @@ def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: t
                 preflight_isolated([model], [provider])
         else:
             preflight_isolated([model, other], list(providers) or None)
+    if other is not None and not inputs and not calibration and _both_decoders(model, other):
+        _compare_decoders(model, other, tokenizer=tokenizer, new_tokens=new_tokens, min_top1=min_top1,
+                          providers=list(providers) or None, as_json=as_json)
+        return
     samples = None
     if inputs:
         samples = [load_input_files(inputs)]
@@ -75,6 +85,33 @@ def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: t
         failed = [o.name for o in result.outputs if not o.passed] + result.only_in_reference
         raise VerificationError(f"Output(s) {', '.join(failed)} exceed the given tolerances; see the minimum "
                                 "atol/rtol that would pass above.")
+
+
+def _both_decoders(model: str, other: str) -> bool:
+    """Two models with a KV cache: compare what generation uses, not raw logits."""
+    from ortpilot.decode.signature import detect_signature
+    from ortpilot.errors import UsageError
+    from ortpilot.modelio import load_model
+
+    try:
+        return all(detect_signature(load_model(m, load_external_data=False)).has_cache for m in (model, other))
+    except UsageError:
+        return False
+
+
+def _compare_decoders(model: str, other: str, *, tokenizer: str | None, new_tokens: int, min_top1: float,
+                      providers: list[str] | None, as_json: bool) -> None:
+    from ortpilot.decode.gate import GenerationGate, compare_decoders, text_prompts
+    from ortpilot.errors import AccuracyGateError
+
+    result = compare_decoders(model, other, text_prompts(tokenizer) if tokenizer else None, new_tokens=new_tokens,
+                              gate=GenerationGate(min_top1=min_top1), providers=providers)
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        stdout.print(result.summary(), highlight=False)
+    if not result.passed:
+        raise AccuracyGateError(f"The decoder pair fails the generation gate: {'; '.join(result.failures)}.")
 
 
 def render_comparison(comparison: Any) -> None:

@@ -24,9 +24,10 @@ from ortpilot.cli.cmd_optimize import render_record
 @click.command("quantize")
 @click.argument("model")
 @click.option("-o", "--output", required=True, help="Where to write the quantized model (.onnx).")
-@click.option("--mode", type=click.Choice(["dynamic", "static", "qdq", "full"]), required=True,
+@click.option("--mode", type=click.Choice(["dynamic", "static", "qdq", "full", "int4", "int8-weights"]), required=True,
               help="dynamic: INT8 weights, activations at run time; static: QOperator, calibrated; qdq: Q/DQ pairs "
-                   "around weighted ops, calibrated; full: QDQ on every supported op (always gated).")
+                   "around weighted ops, calibrated; full: QDQ on every supported op (always gated); int4 / "
+                   "int8-weights: weight-only MatMulNBits for decoders, gated on generation.")
 @click.option("--per-channel", is_flag=True, help="One scale per output channel of each weight.")
 @click.option("--reduce-range", is_flag=True, help="7-bit weights (for CPUs without VNNI).")
 @click.option("--weight-type", type=click.Choice(["qint8", "quint8"]), default="qint8", show_default=True)
@@ -46,24 +47,40 @@ from ortpilot.cli.cmd_optimize import render_record
 @click.option("--op-types", default=None, help="Comma-separated op types to quantize (default: per mode).")
 @click.option("--no-preprocess", is_flag=True, help="Skip quant_pre_process.")
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
+@click.option("--block-size", type=click.IntRange(16), default=32, show_default=True,
+              help="int4/int8-weights: weights per quantization block (a power of 2).")
+@click.option("--asymmetric", is_flag=True, help="int4/int8-weights: zero points per block.")
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
+              help="int4/int8-weights: MatMulNBits compute type on CPU (4 = int8, fast with VNNI).")
+@click.option("--fuse", is_flag=True, help="int4/int8-weights: fuse attention into GroupQueryAttention first.")
+@click.option("--min-top1", type=click.FloatRange(0, 1), default=0.9, show_default=True,
+              help="int4/int8-weights: least top-1 next-token agreement with the float model.")
+@click.option("--tokenizer", default=None, help="int4/int8-weights: tokenizer.json for real held-out text prompts.")
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
 def command(model: str, output: str, mode: str, per_channel: bool, reduce_range: bool, weight_type: str,
             activation_type: str, calibration: str | None, method: str, max_error: float | None, auto_exclude: bool,
             max_rounds: int, exclude: tuple[str, ...], op_types: str | None, no_preprocess: bool,
-            shapes: tuple[str, ...], isolate: bool, as_json: bool) -> None:
+            shapes: tuple[str, ...], block_size: int, asymmetric: bool, accuracy_level: int, fuse: bool,
+            min_top1: float, tokenizer: str | None, isolate: bool, as_json: bool) -> None:
     """Quantize MODEL, measure it against MODEL on held-out samples, and write OUTPUT only if it passes."""
     from ortpilot.artifacts.atomic import check_output_path
     from ortpilot.graph.shapes import parse_shape_args
     from ortpilot.passes.gated import quantize_gated
 
-    if auto_exclude and max_error is None and mode != "full":
+    weight_only = mode in ("int4", "int8-weights")
+    if auto_exclude and max_error is None and mode != "full" and not weight_only:
         raise click.UsageError("--auto-exclude needs --max-error (the gate it works towards).")
     check_output_path(output)  # before calibration and quantization, which take minutes on big models
     model = resolve_model_arg(model)
     if isolate:
         preflight_isolated([model])
+    if weight_only:
+        _weight_only(model, output, mode, block_size=block_size, symmetric=not asymmetric,
+                     accuracy_level=accuracy_level, fuse=fuse, exclude=exclude, min_top1=min_top1,
+                     tokenizer=tokenizer, auto=auto_exclude, as_json=as_json)
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the synthetic-data warning is already logged loudly
         report = quantize_gated(
@@ -89,3 +106,23 @@ def command(model: str, output: str, mode: str, per_channel: bool, reduce_range:
         stderr.print("[bold yellow]warning:[/] accuracy was measured on synthetic inputs; pass --calibration "
                      "with real samples.")
     stdout.print(f"[bold green]wrote[/] {report.output}  ({report.gate.describe()})", highlight=False)
+
+
+def _weight_only(model: str, output: str, mode: str, *, block_size: int, symmetric: bool, accuracy_level: int,
+                 fuse: bool, exclude: tuple[str, ...], min_top1: float, tokenizer: str | None, auto: bool,
+                 as_json: bool) -> None:
+    """Weight-only MatMulNBits quantization of a decoder, gated on next-token agreement."""
+    from ortpilot.decode.gate import GenerationGate, quantize_weight_only_gated, text_prompts
+
+    report = quantize_weight_only_gated(
+        model, output, mode, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level, fuse=fuse,
+        nodes_to_exclude=list(exclude), prompts=text_prompts(tokenizer) if tokenizer else None,
+        gate=GenerationGate(min_top1=min_top1), auto=auto)
+    if as_json:
+        emit_json(report)
+        return
+    weights, gate = report["weights"], report["gate"]
+    stdout.print(f"[bold green]wrote[/] {output}: {weights['weight_only_nodes']} weight-only nodes, weights "
+                 f"{weights['weight_bytes_before'] / 1e6:.1f} -> {weights['weight_bytes_after'] / 1e6:.1f} MB "
+                 f"({weights['compression']}x); top-1 agreement {gate['top1_agreement']:.3f}, "
+                 f"KL {gate['kl_mean']:.4f}", highlight=False)

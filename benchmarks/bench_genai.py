@@ -1,0 +1,281 @@
+"""ortpilot vs onnxruntime-genai on SmolLM2-135M-Instruct: decode ms/token at equal weight precision.
+
+One process, interleaved: genai's own fp32 and int4 builds (``benchmarks/prep_genai.py``) run
+through genai's ``Generator``; ortpilot's export (``benchmarks/prep_smollm2.py``) is fused into
+GroupQueryAttention and, for 4 bits, weight-only quantized by ``ortpilot.passes.weight_only``
+(MatMulNBits block 32, symmetric, accuracy_level 4, GatherBlockQuantized embedding) after the
+generation gate accepted it (auto-excluding layers if it had not), and runs through ortpilot's
+shared-buffer loop. For each context C the prompt is C - N random token ids and N tokens are
+generated greedily; after every configuration's prefill, the decode steps alternate between
+configurations (step 1 of each, step 2 of each, ... in alternating order). Reported: median and
+p90 ms/token, the ratio to genai at the same precision, whether the greedy tokens agree with
+genai's, and each configuration's answer to "What is the capital of France?".
+
+Run in ``.venv-genai`` (made by prep_genai.py; it sees ortpilot and torch-free onnxscript):
+
+    .venv-genai/bin/python benchmarks/bench_genai.py --json benchmarks/out/genai.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import onnxruntime_genai as og
+
+from ortpilot.decode.loops import make_loop
+from ortpilot.decode.signature import detect_signature
+from ortpilot.decode.gate import (HELD_OUT_TEXTS as HELD_OUT, GenerationGate, auto_exclude,
+                                              candidate_logits, reference_run, score)
+from ortpilot.passes.base import SourceModel
+from ortpilot.modelio import load_model
+from ortpilot.passes.decoder_fusion import fuse_decoder
+from ortpilot.passes.weight_only import WeightOnlyPass, layer_groups, pack_weight_matmuls, weight_bytes
+from ortpilot.session import SessionSettings, load
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "benchmarks" / "models"
+QUESTION = "What is the capital of France?"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Config:
+    """One model behind one loop: genai's generator or ortpilot's shared-buffer loop."""
+
+    name: str
+    precision: str
+    kind: str  # genai | ortpilot
+    handle: Any  # og.Model, or (VerifiedSession, DecoderSignature)
+    steps_ms: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    state: Any = None
+
+    def prefill(self, prompt: np.ndarray, context: int) -> None:
+        self.steps_ms, self.tokens = [], []
+        if self.kind == "genai":
+            params = og.GeneratorParams(self.handle)
+            params.set_search_options(max_length=context, do_sample=False)
+            self.state = og.Generator(self.handle, params)
+            self.state.append_tokens(prompt.astype(np.int32))
+            self.state.generate_next_token()  # picks the token from the prefill's logits (no model run)
+            self.tokens.append(int(self.state.get_next_tokens()[0]))
+        else:
+            vsession, sig = self.handle
+            self.state = make_loop("shared", vsession.session, sig, context)
+            ids = prompt[None, :].astype(np.int64)
+            self.tokens.append(int(self.state.prefill(ids, np.ones_like(ids))[0].argmax()))
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        if self.kind == "genai":
+            self.state.generate_next_token()
+            token = int(self.state.get_next_tokens()[0])
+        else:
+            token = int(self.state.step(np.array([[self.tokens[-1]]], dtype=np.int64))[0].argmax())
+        self.steps_ms.append((time.perf_counter() - t0) * 1e3)
+        self.tokens.append(token)
+
+    def answer(self, ids: list[int], max_new: int, eos: set[int]) -> list[int]:
+        out: list[int] = []
+        self.prefill(np.asarray(ids), len(ids) + max_new)
+        out.append(self.tokens[-1])
+        while len(out) < max_new and out[-1] not in eos:
+            self.step()
+            out.append(self.tokens[-1])
+        return [t for t in out if t not in eos]
+
+
+def genai_model(path: Path, threads: int) -> og.Model:
+    config = og.Config(str(path))
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads,
+                                                                          "inter_op_num_threads": 1}}}}))
+    return og.Model(config)
+
+
+def ortpilot_models(export: Path, tokenizer: og.Tokenizer, block_size: int, min_top1: float, new_tokens: int,
+                    doc: dict, genai_int4: og.Model, int8_groups: list[str] | None,
+                    unpacked: bool = False, fp32_packed: bool = False) -> dict[str, onnx.ModelProto]:
+    source = load_model(export)
+    if any(n.op_type == "GroupQueryAttention" for n in source.graph.node):
+        fused_model = source  # already fused (e.g. genai's own fp32 graph given as --export)
+    else:
+        fused = fuse_decoder(source)
+        log(f"fusion: {fused.record.fused}")
+        fused_model = fused.model
+    prompts = [tokenizer.encode(p).tolist() for p in HELD_OUT]
+    settings = SessionSettings(intra_op_threads=2)
+    gate = GenerationGate(min_top1=min_top1)
+    t0 = time.perf_counter()
+    reference = reference_run(fused_model, prompts, new_tokens, settings=settings)
+    plain = WeightOnlyPass("int4", block_size=block_size).transform(SourceModel(fused_model, None, "")).model
+    plain_cmp = score(reference, candidate_logits(plain, reference, settings=settings), gate)
+    if int8_groups is None:  # the auto-exclude search
+        found = auto_exclude(fused_model, prompts, mode="int4", block_size=block_size, symmetric=True,
+                             accuracy_level=4, gate=gate, new_tokens=new_tokens, settings=settings,
+                             raise_on_failure=False)
+        gated_model, gated = found.model, {**found.to_dict(), "searched": True}
+    else:  # groups chosen by an earlier run's search, re-checked here
+        groups = layer_groups(fused_model)
+        nodes = [n for g in int8_groups for n in groups[g]]
+        gated_model = WeightOnlyPass("int4", block_size=block_size, nodes_in_int8=nodes).transform(
+            SourceModel(fused_model, None, "")).model
+        cmp = score(reference, candidate_logits(gated_model, reference, settings=settings), gate)
+        gated = {"passed": cmp.passed, "fallback": "int8", "excluded_groups": int8_groups, "sensitivity": {},
+                 "attempts": [], "comparison": cmp.to_dict(), "searched": False}
+    genai_logits = [genai_teacher_forced(genai_int4, p, t) for p, t in zip(reference.prompts, reference.tokens)]
+    doc["gate"] = {**gated, "seconds": time.perf_counter() - t0, "plain": plain_cmp.to_dict(),
+                   "weight_bytes_fp32": weight_bytes(fused_model), "weight_bytes_int4": weight_bytes(plain),
+                   "weight_bytes_int4_gated": weight_bytes(gated_model),
+                   "genai_int4": score(reference, genai_logits, gate).to_dict()}
+    log(f"gate: {gated['comparison']['top1_agreement']:.3f} top-1 with {gated['excluded_groups'] or 'nothing'} "
+        f"in int8; all-4-bit: {plain_cmp.summary()}")
+    models = {"fp32": fused_model, "int4": plain, "int4-gated": gated_model}
+    if fp32_packed:
+        models["fp32-packed"] = pack_weight_matmuls(fused_model)
+    if unpacked:
+        models["int4-unpacked"] = WeightOnlyPass("int4", block_size=block_size, pack=False).transform(
+            SourceModel(fused_model, None, "")).model
+    return models
+
+
+def genai_teacher_forced(model: og.Model, prompt: list[int], tokens: list[int]) -> np.ndarray:
+    """genai's next-token logits [len(tokens), vocab] with the reference's tokens fed in (for the gate)."""
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + len(tokens) + 1, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray(prompt, dtype=np.int32))
+    out = [_last_logits(generator)]
+    for token in tokens[:-1]:
+        generator.append_tokens(np.array([token], dtype=np.int32))
+        out.append(_last_logits(generator))
+    return np.stack(out)
+
+
+def _last_logits(generator: og.Generator) -> np.ndarray:
+    logits = np.array(generator.get_logits())
+    return logits.reshape(-1, logits.shape[-1])[-1].copy()
+
+
+def chat_ids(tokenizer: og.Tokenizer) -> list[int]:
+    prompt = tokenizer.apply_chat_template(json.dumps([{"role": "user", "content": QUESTION}]),
+                                           add_generation_prompt=True)
+    return tokenizer.encode(prompt).tolist()
+
+
+def run_context(configs: list[Config], context: int, new_tokens: int, vocab: int, seed: int) -> None:
+    prompt = np.random.default_rng(seed).integers(1, vocab, size=context - new_tokens)
+    for cfg in configs:
+        cfg.prefill(prompt, context)
+    for step in range(new_tokens - 1):
+        for cfg in configs if step % 2 == 0 else configs[::-1]:
+            cfg.step()
+
+
+def first_diff(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--export", default=str(MODELS / "smollm2" / "model.onnx"), help="ortpilot's ONNX export")
+    parser.add_argument("--genai", default=str(MODELS), help="folder with genai-fp32/ and genai-int4/")
+    parser.add_argument("--contexts", default="128,1024,2048")
+    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--min-top1", type=float, default=0.9)
+    parser.add_argument("--gate-tokens", type=int, default=16)
+    parser.add_argument("--int8-groups", help="comma-separated layer groups to keep in 8 bits (e.g. from an "
+                        "earlier run's search) instead of running the auto-exclude search")
+    parser.add_argument("--unpacked", action="store_true",
+                        help="also time the all-4-bit model without packing q/k/v and gate/up (pack=False)")
+    parser.add_argument("--fp32-packed", action="store_true",
+                        help="also time the float model with q/k/v and gate/up packed and the tied head untransposed")
+    parser.add_argument("--json", dest="json_out")
+    args = parser.parse_args()
+
+    doc: dict[str, Any] = {"ort": ort.__version__, "genai": og.__version__,
+                           "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                           "cpu": platform.processor() or platform.machine(), "threads": args.threads,
+                           "new_tokens": args.new_tokens, "command": " ".join(sys.argv), "contexts": {}}
+    genai = {p: genai_model(Path(args.genai) / f"genai-{p}", args.threads) for p in ("fp32", "int4")}
+    tokenizer = og.Tokenizer(genai["fp32"])
+    models = ortpilot_models(Path(args.export), tokenizer, args.block_size, args.min_top1, args.gate_tokens, doc,
+                             genai["int4"], args.int8_groups.split(",") if args.int8_groups else None, args.unpacked,
+                             args.fp32_packed)
+    settings = SessionSettings(intra_op_threads=args.threads, inter_op_threads=1)
+    configs = [Config(f"genai/{p}", p, "genai", genai[p]) for p in ("fp32", "int4")]
+    for p, model in models.items():
+        session = load(model, settings=settings, placement=False)
+        configs.append(Config(f"ortpilot/{p}", p.split("-")[0], "ortpilot", (session, detect_signature(model))))
+    vocab = configs[-1].handle[1].vocab_size or 49152
+    print(f"SmolLM2-135M-Instruct, ORT {ort.__version__}, onnxruntime-genai {og.__version__}, {args.threads} threads, "
+          f"{doc['date']}, {args.new_tokens} tokens per context, medians over {args.new_tokens - 1} decode steps\n")
+    print("| context | config | ms/token p50 | p90 | genai / ortpilot (same precision) | greedy tokens = genai's |")
+    print("|---:|---|---:|---:|---:|:-:|")
+    for i, context in enumerate(int(c) for c in args.contexts.split(",")):
+        log(f"context {context} ...")
+        run_context(configs, context, args.new_tokens, vocab, seed=i)
+        rows = {}
+        for cfg in configs:
+            ref = next(c for c in configs if c.kind == "genai" and c.precision == cfg.precision)
+            p50, p90 = float(np.median(cfg.steps_ms)), float(np.percentile(cfg.steps_ms, 90))
+            ratio = float(np.median(ref.steps_ms)) / p50
+            same = first_diff(cfg.tokens, ref.tokens)
+            rows[cfg.name] = {"p50_ms": p50, "p90_ms": p90, "genai_over_this": ratio, "same_tokens_as_genai": same,
+                              "tokens": cfg.tokens, "steps_ms": cfg.steps_ms}
+            mark = "-" if cfg is ref else ("all" if same == len(cfg.tokens) else f"first {same}")
+            print(f"| {context} | {cfg.name} | {p50:.2f} | {p90:.2f} | {'' if cfg is ref else f'{ratio:.2f}x'} "
+                  f"| {mark} |", flush=True)
+        doc["contexts"][str(context)] = rows
+    ids, eos = chat_ids(tokenizer), set(tokenizer.eos_token_ids.tolist())
+    doc["answers"] = {}
+    print()
+    for cfg in configs:
+        text = tokenizer.decode(np.asarray(cfg.answer(ids, 40, eos), dtype=np.int32))
+        doc["answers"][cfg.name] = text
+        print(f"- {cfg.name}: {QUESTION!r} -> {text!r} ({'names Paris' if 'Paris' in text else 'NO Paris'})")
+    gate = doc["gate"]
+    print(f"\ngate vs ortpilot fp32 ({len(HELD_OUT)} held-out prompts x {args.gate_tokens} greedy tokens, "
+          f"top-1 >= {args.min_top1}); weights fp32 {gate['weight_bytes_fp32'] / 1e6:.0f} MB\n")
+    print("| model | top-1 agreement | KL mean | KL max | identical tokens min / mean | passed | weights MB |")
+    print("|---|---:|---:|---:|---:|:-:|---:|")
+    plain = gate["plain"]
+    rows = [("ortpilot int4 (all 4-bit)", plain["top1_agreement"], plain["kl_mean"], plain["kl_max"],
+             plain["min_identical_tokens"], plain["mean_identical_tokens"], plain["passed"], gate["weight_bytes_int4"]),
+            (f"ortpilot int4-gated ({len(gate['excluded_groups'])} groups in {gate['fallback']})",
+             gate["comparison"]["top1_agreement"], gate["comparison"]["kl_mean"], gate["comparison"]["kl_max"],
+             gate["comparison"]["min_identical_tokens"], gate["comparison"]["mean_identical_tokens"], gate["passed"],
+             gate["weight_bytes_int4_gated"]),
+            ("genai int4", gate["genai_int4"]["top1_agreement"], gate["genai_int4"]["kl_mean"],
+             gate["genai_int4"]["kl_max"], gate["genai_int4"]["min_identical_tokens"],
+             gate["genai_int4"]["mean_identical_tokens"], gate["genai_int4"]["passed"], None)]
+    for name, top1, kl, klmax, imin, imean, ok, size in rows:
+        print(f"| {name} | {top1:.3f} | {kl:.4f} | {klmax:.3f} | {imin} / {imean:.1f} | {'yes' if ok else 'no'} | "
+              f"{'' if size is None else f'{size / 1e6:.0f}'} |")
+    how = (f"found by the search: {len(gate['attempts'])} attempts + {len(gate['sensitivity'])} sensitivity runs"
+           if gate["searched"] else "given with --int8-groups")
+    print(f"\nkept in {gate['fallback']}: {', '.join(gate['excluded_groups']) or 'nothing'} ({how}); "
+          f"gate work {gate['seconds']:.0f} s")
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
