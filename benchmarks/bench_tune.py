@@ -1,11 +1,16 @@
 """ortpilot tune vs ORT's default session on the corpus models, measured interleaved in one process.
 
-For each model: run ``ortpilot.tune`` with a budget, then load the written profile
-(``ortpilot.load_profile``) and benchmark it against ORT's default session A B A B ...
-(``measure.bench_interleaved``). Prints a markdown table: default p50, tuned p50, speedup with
-its paired CI, chosen configuration, accuracy, tuner wall time.
+For each model: run ``ortpilot.tune`` with a budget (its wall time is the tuner's cost), load
+the written profile (``ortpilot.load_profile``), check its accuracy against ORT's default
+session on inputs neither the tuner's calibration nor its gate saw (MiniLM: real sentences
+through its tokenizer, padded to 128 tokens; the others: generated inputs with fresh seeds),
+then benchmark ORT's default session and the profile A B A B ... (``measure.bench_interleaved``)
+on identical inputs. Prints a markdown table: default p50, tuned p50, speedup with its paired
+CI, chosen configuration, accuracy, tuner wall time.
 
     .venv/bin/python benchmarks/bench_tune.py [--budget 120] [--duration 20] [--only minilm,encoder]
+
+``benchmarks/bench_olive.py`` reuses these functions and adds Olive's pick as a third config.
 """
 
 from __future__ import annotations
@@ -13,48 +18,174 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 
 import ortpilot
+from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.measure.bench import bench_interleaved
+from ortpilot.measure.compare import choose_metric, metric_error
 from ortpilot.measure.interleave import BenchConfig
+from ortpilot.modelio import load_model
+from ortpilot.session import load
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / ".venv" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+MINILM_DIR = ROOT / "benchmarks/models/minilm"
 CORPUS = {  # name -> (model, shapes)
     "encoder": ("demo:encoder", ["batch=1", "sequence=128"]),
-    "minilm": (str(ROOT / "benchmarks/models/minilm/model.onnx"), ["batch=1", "sequence=128"]),
-    "nudenet": (str(SITE / "nudenet/320n.onnx"), []),
+    "minilm": (str(MINILM_DIR / "model.onnx"), ["batch=1", "sequence=128"]),
+    "nudenet": (str(SITE / "nudenet/320n.onnx"), ["images=1x3x320x320"]),
     "ocr-det": (str(SITE / "rapidocr/models/PP-OCRv6_det_small.onnx"), ["x=1x3x640x640"]),
-    "silero-vad": (str(SITE / "silero_vad/data/silero_vad.onnx"), []),
+    "silero-vad": (str(SITE / "silero_vad/data/silero_vad.onnx"), ["input=1x512", "state=2x1x128"]),
 }
+CHECK_SEED = 20_000  # accuracy inputs: neither calibration (0..) nor the tuner's held-out (10000..)
+SENTENCES = [
+    "ONNX Runtime runs this model on many execution providers.",
+    "The quick brown fox jumps over the lazy dog.",
+    "A short one.",
+    "Quantization trades a little accuracy for a lot of speed on CPUs with integer dot products.",
+    "Where is the nearest train station?",
+    "Sentence embeddings map text to vectors whose cosine similarity tracks meaning.",
+    "It rained all day, so the match was postponed until next week.",
+    "Please send me the report before Friday afternoon.",
+    "The patient was given a second dose after the symptoms returned.",
+    "Stock markets fell sharply on Monday after the announcement.",
+    "How do I reset my password if I no longer have access to my email?",
+    "The recipe calls for two cups of flour, one egg and a pinch of salt.",
+    "Graph optimizations fuse attention, layer normalization and GELU into single kernels.",
+    "She played the violin at the concert in front of a thousand people.",
+    "The committee approved the budget with a narrow majority.",
+    "Cats sleep for most of the day and hunt at night.",
+]
 
 
-def run_one(name: str, model: str, shapes: list[str], budget: float, duration: float, out_root: Path) -> dict:
+def model_path(model: str) -> Path:
+    if model.startswith("demo:"):
+        from ortpilot.models import demo_model_path
+
+        return demo_model_path(model.split(":", 1)[1])
+    return Path(model)
+
+
+def available(name: str) -> bool:
+    model, _ = CORPUS[name]
+    return model.startswith("demo:") or Path(model).is_file()
+
+
+def timing_feeds(profile: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The tuner's own held-out sample (regenerated from the source model): every config runs on it."""
+    from ortpilot.tune.tune import reference_feeds
+
+    return reference_feeds(profile)
+
+
+def check_samples(name: str, source: Path, shapes: dict[str, tuple[int, ...]]) -> tuple[list[dict[str, np.ndarray]], str]:
+    """Inputs for the accuracy check, and what they are."""
+    if name == "minilm" and (MINILM_DIR / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(MINILM_DIR / "tokenizer.json"))
+        seq = int(shapes["input_ids"][1])
+        tok.enable_padding(length=seq)
+        tok.enable_truncation(max_length=seq)
+        samples = []
+        for enc in tok.encode_batch(SENTENCES):
+            samples.append({"input_ids": np.array([enc.ids], np.int64),
+                            "attention_mask": np.array([enc.attention_mask], np.int64),
+                            "token_type_ids": np.array([enc.type_ids], np.int64)})
+        return samples, f"{len(samples)} real sentences, padded to {seq} tokens"
+    proto = load_model(source, load_external_data=False)
+    plan = plan_feeds(proto, shapes)
+    return [make_feeds(proto, plan=plan, seed=CHECK_SEED + i) for i in range(8)], "8 generated inputs (fresh seeds)"
+
+
+def accuracy(reference: Any, test: Any, samples: list[dict[str, np.ndarray]]) -> dict[str, dict[str, Any]]:
+    """Per output: the gate's metric, its error, and for cosine the mean cosine similarity."""
+    names = [o.name for o in reference.get_outputs()]
+    ref = [reference.run(None, s) for s in samples]
+    got = [test.run(None, s) for s in samples]
+    out = {}
+    for j, n in enumerate(names):
+        a, b = [r[j] for r in ref], [g[j] for g in got]
+        if not np.issubdtype(a[0].dtype, np.floating):
+            out[n] = {"metric": "exact", "error": float(np.mean([np.mean(x != y) for x, y in zip(a, b)]))}
+            continue
+        metric = choose_metric(n, a[0].shape, a[0].dtype)
+        err = float(metric_error(metric, a, b))
+        out[n] = {"metric": metric, "error": err, "rel_l2": float(metric_error("rel_l2", a, b)),
+                  **({"cosine": 1.0 - err} if metric == "cosine" else {})}
+    return out
+
+
+def tune_model(name: str, budget: float, out_root: Path) -> dict[str, Any]:
+    model, shapes = CORPUS[name]
     out = out_root / name
     start = time.monotonic()
     result = ortpilot.tune(model, out_dir=str(out), budget_s=budget, shapes=shapes or None)
     wall = time.monotonic() - start
-    tuned = ortpilot.load_profile(str(out / "profile.json"))
-    plan_shapes = {k: tuple(v) for k, v in result.shapes.items()}
-    configs = [BenchConfig("ORT default", model=tuned.profile["source_model"]["path"],
-                           shapes=plan_shapes),
-               BenchConfig("ortpilot tuned", model=tuned, shapes=plan_shapes, iobinding=tuned.profile["iobinding"])]
-    comp = bench_interleaved(configs, duration_s=duration, warmup=20)
-    ratio = comp.ratios[-1]
-    acc = result.winner.accuracy or {}
-    return {"model": name, "default_p50_ms": comp.results[0].stats.p50 * 1e3,
-            "tuned_p50_ms": comp.results[1].stats.p50 * 1e3, "speedup": 1.0 / ratio.ratio,
-            "speedup_ci": [1.0 / ratio.ci_high, 1.0 / ratio.ci_low],
-            "paired_speedup_ci": [1.0 / ratio.paired_high, 1.0 / ratio.paired_low], "verdict": ratio.verdict,
+    profile = json.loads((out / "profile.json").read_text())
+    counts: dict[str, int] = {}
+    for e in result.entries:
+        counts[e.status] = counts.get(e.status, 0) + 1
+    return {"name": name, "profile_path": str(out / "profile.json"), "profile": profile, "wall_s": wall,
             "config": result.winner.candidate.label, "default_best": result.default_best,
-            "accuracy": {o["name"]: f"{o['metric']} {o['error']:.2e}" for o in acc.get("outputs", [])},
-            "tune_wall_s": wall, "candidates": len(result.entries)}
+            "tuner_speedup": result.speedup, "gate": (result.winner.accuracy or {}).get("outputs"),
+            "shapes": {k: list(v) for k, v in result.shapes.items()}, "candidates": counts}
+
+
+def configs_for(tuned: dict[str, Any], feeds: dict[str, np.ndarray], extra: list[BenchConfig] = ()) -> list[BenchConfig]:
+    source = tuned["profile"]["source_model"]["path"]
+    session = ortpilot.load_profile(tuned["profile_path"])
+    return [BenchConfig("ORT default", model=source, providers=["CPUExecutionProvider"], feeds=feeds),
+            *extra,
+            BenchConfig("ortpilot", model=session, feeds=feeds, iobinding=bool(tuned["profile"]["iobinding"]))]
+
+
+def measure(configs: list[BenchConfig], duration: float) -> dict[str, Any]:
+    comp = bench_interleaved(configs, duration_s=duration, warmup=10)
+    base = comp.results[0].stats.p50
+    rows = {"ORT default": {"p50_ms": base * 1e3}}
+    for res, ratio in zip(comp.results[1:], comp.ratios):
+        rows[res.name] = {"p50_ms": res.stats.p50 * 1e3, "speedup": 1.0 / ratio.ratio,
+                          "speedup_ci": [1.0 / ratio.ci_high, 1.0 / ratio.ci_low], "verdict": ratio.verdict,
+                          "pooled_speedup": 1.0 / ratio.pooled}
+    return {"rows": rows, "rounds": comp.rounds, "block": comp.block, "drift": comp.drift,
+            "runs": {r.name: len(r.samples_s) for r in comp.results}}
+
+
+def check(name: str, tuned: dict[str, Any]) -> dict[str, Any]:
+    source = Path(tuned["profile"]["source_model"]["path"])
+    shapes = {k: tuple(v) for k, v in tuned["shapes"].items()}
+    samples, what = check_samples(name, source, shapes)
+    return {"inputs": what, "outputs": accuracy(load(str(source)), ortpilot.load_profile(tuned["profile_path"]),
+                                                samples)}
+
+
+def fmt_accuracy(acc: dict[str, Any]) -> str:
+    parts = []
+    for n, o in acc["outputs"].items():
+        if "cosine" in o:
+            parts.append(f"{n}: cosine {o['cosine']:.4f} (rel-L2 {o['rel_l2']:.1e})")
+        elif "rel_l2" in o:
+            parts.append(f"{n}: rel-L2 {o['rel_l2']:.1e}")
+        else:
+            parts.append(f"{n}: {o['metric']} {o['error']:.2e}")
+    return "; ".join(parts)
+
+
+def header(args: argparse.Namespace) -> str:
+    load1 = os.getloadavg()[0]
+    return (f"ONNX Runtime {ort.__version__}, {datetime.datetime.now().astimezone().isoformat(timespec='minutes')}, "
+            f"{os.cpu_count()} cores, load average at start {load1:.1f}; tune budget {args.budget:.0f} s; "
+            f"interleaved {args.duration:.0f} s per model")
 
 
 def main() -> None:
@@ -63,25 +194,35 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=20)
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = ap.parse_args()
     names = [n for n in CORPUS if not args.only or n in args.only.split(",")]
     out_root = Path(args.out or tempfile.mkdtemp(prefix="bench-tune-"))
+    head = header(args)
     rows = []
     for name in names:
-        model, shapes = CORPUS[name]
-        if not model.startswith("demo:") and not Path(model).is_file():
-            print(f"skip {name}: {model} missing", file=sys.stderr)
+        if not available(name):
+            print(f"skip {name}: {CORPUS[name][0]} missing", file=sys.stderr)
             continue
-        rows.append(run_one(name, model, shapes, args.budget, args.duration, out_root))
-        print(json.dumps(rows[-1]), file=sys.stderr)
-    print(f"ORT {ort.__version__}, {datetime.datetime.now().isoformat(timespec='minutes')}, budget {args.budget:.0f} s, "
-          f"interleaved {args.duration:.0f} s\n")
-    print("| model | ORT default p50 ms | tuned p50 ms | speedup (paired 95% CI) | chosen | accuracy | tune wall s |")
+        tuned = tune_model(name, args.budget, out_root)
+        feeds = timing_feeds(tuned["profile"])
+        row = {"model": name, "config": tuned["config"], "default_best": tuned["default_best"],
+               "tune_wall_s": tuned["wall_s"], "candidates": tuned["candidates"], "accuracy": check(name, tuned),
+               "timing": measure(configs_for(tuned, feeds), args.duration)}
+        rows.append(row)
+        print(json.dumps(row, default=str), file=sys.stderr, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"header": head, "rows": rows}, indent=1, default=str))
+    print(head + "\n")
+    print("| model | ORT default p50 ms | ortpilot p50 ms | speedup (paired 95% CI) | chosen | accuracy vs default "
+          "| tune wall s |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['default_p50_ms']:.3f} | {r['tuned_p50_ms']:.3f} | {r['speedup']:.2f}x "
-              f"({r['speedup_ci'][0]:.2f}-{r['speedup_ci'][1]:.2f}) | {r['config']} | "
-              f"{'; '.join(f'{k}: {v}' for k, v in r['accuracy'].items())} | {r['tune_wall_s']:.0f} |")
+        t = r["timing"]["rows"]
+        o = t["ortpilot"]
+        print(f"| {r['model']} | {t['ORT default']['p50_ms']:.3f} | {o['p50_ms']:.3f} | {o['speedup']:.2f}x "
+              f"({o['speedup_ci'][0]:.2f}-{o['speedup_ci'][1]:.2f}) | {r['config']} | "
+              f"{fmt_accuracy(r['accuracy'])} | {r['tune_wall_s']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def _fmt(value: Any) -> str:
 
 
 def pass_label(step: PassStep) -> str:
-    """``fusion(bert)``, ``int8-dynamic-pc``, ``int8-qdq``..."""
+    """``fusion(bert)``, ``int8-dynamic-pc``, ``int8-qdq``, ``int8-dynamic-w-pc-x2`` (2 layers left float)..."""
     kind = step.get("pass")
     if kind == "fusion":
         return f"fusion({step.get('model_type', 'auto')})"
@@ -102,6 +102,8 @@ def pass_label(step: PassStep) -> str:
             label += "-w"
         if step.get("per_channel"):
             label += "-pc"
+        if step.get("exclude"):
+            label += f"-x{len(step['exclude'])}"  # layers left in float
         return label
     return str(kind)
 

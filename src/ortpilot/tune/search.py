@@ -2,7 +2,10 @@
 interleaved measurement of the finalists against ORT's default session.
 
 Cheap pass: each candidate is prepared in the worker (built, loaded strict, checked against
-the gate) and timed with a few runs. Halving: the better half of the candidates that passed
+the gate) and timed with a few runs. Model variants are tried most promising first; a dynamic
+INT8 variant that misses the gate by a little is followed at once by the same variant with its
+most sensitive layers left in float (``tune.sensitivity``), so the search reaches a fast
+variant that passes within the budget. Halving: the better half of the candidates that passed
 gets twice the runs, until the leader's confidence interval separates from the runner-up's or
 the budget ends. Final: leader, runner-up and the baseline are timed round-robin in one
 process, so a slow stretch of the machine hits all of them alike. Every step goes to the
@@ -11,6 +14,8 @@ journal first and is replayed from it on ``--resume``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from collections.abc import Callable
@@ -24,7 +29,14 @@ from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
 from ortpilot.tune.candidate import Candidate
 from ortpilot.tune.gate import Gate
 from ortpilot.tune.journal import Journal
-from ortpilot.tune.space import Facts, combine, first_candidates, knob_variants
+from ortpilot.tune.sensitivity import nodes_to_exclude
+from ortpilot.tune.space import (
+    Facts,
+    combine,
+    first_candidates,
+    knob_variants,
+    with_exclusions,
+)
 from ortpilot.tune.worker import WorkerClient, WorkerCrash
 
 OBJECTIVES = ("p50", "p99", "throughput")
@@ -33,7 +45,15 @@ FINAL_ROUNDS = 8
 KNOB_BASES = 2  # model variants whose session knobs are explored
 MIN_GAIN = 0.03  # a knob "wins" on its own when it beats its base by this much in the cheap pass
 MAX_ROUNDS = 6
-OUTPUT_RESERVE_S = 4.0  # writing the model, profile and reports (matplotlib) after the search
+OUTPUT_RESERVE_S = 5.0  # writing the model, profile and reports (matplotlib) after the search
+CANDIDATE_TIMEOUT_S = 600.0  # a candidate's child that takes longer is taken to hang
+FINAL_MIN_RUNS = 2  # per candidate per final round
+FINAL_MIN_ROUNDS = 4  # the final shrinks to this when time is short (slow models, small budgets)
+# A rejected dynamic INT8 variant within this factor of the limit gets layers left in float,
+# aiming this much below the limit, at most this many times.
+FOLLOWUP_WITHIN = 4.0
+FOLLOWUP_MARGIN = 1.3
+FOLLOWUP_TRIES = 2
 
 
 @dataclass
@@ -127,8 +147,9 @@ class Search:
         return float(np.median(self.prep_times)) if self.prep_times else 2.0
 
     def _reserve(self) -> float:
-        """Time kept for the final interleaved measurement of three candidates."""
-        return FINAL_ROUNDS * 3 * (self.screen_runs + 1) * self._latency() * 1.5 + OUTPUT_RESERVE_S
+        """Time kept for the final interleaved measurement of three candidates (``deadline`` already
+        excludes the time for writing the outputs)."""
+        return (FINAL_MIN_ROUNDS * FINAL_MIN_RUNS + 2) * 3 * self._latency() * 1.3 + 1.0
 
     def _report(self, phase: str) -> None:
         best = self.ranking()[:1]
@@ -151,6 +172,10 @@ class Search:
             try:
                 result = self.worker.request("prepare", entry.candidate.to_dict(), timeout)
             except WorkerCrash as exc:
+                if exc.timed_out and timeout < CANDIDATE_TIMEOUT_S:
+                    # Stopped by the budget, not by a hang: not journaled, so --resume tries it again.
+                    entry.status, entry.reason = "budget", "stopped: the budget ran out while it was being prepared"
+                    return
                 result = {"status": "timeout" if exc.timed_out else "crashed", "error": str(exc),
                           "signal": exc.signal_number, "returncode": exc.returncode, "log_tail": exc.log_tail[-500:]}
             elapsed = time.monotonic() - start
@@ -210,7 +235,9 @@ class Search:
             entry.status, entry.reason = "budget", "not measured: the budget ran out"
             self._report("screening")
             return
-        timeout = max(5.0, self.left()) if entry.candidate.baseline else max(10.0, min(self.left(), 600.0))
+        # A candidate may not eat the final measurement's time: its worker is stopped at that point.
+        timeout = max(1.0, self.left()) if entry.candidate.baseline else max(1.0, self.left() - self._reserve())
+        timeout = min(timeout, CANDIDATE_TIMEOUT_S)
         self._prepare(entry, timeout=timeout)
         if entry.status == "ok":
             self._bench(entry, "screen", runs, timeout=timeout)
@@ -219,11 +246,11 @@ class Search:
     # ------------------------------------------------------------------ the search
 
     def run(self, baseline: Candidate, facts: Facts) -> list[Entry]:
-        first = first_candidates(facts, baseline)
-        self.planned = 1 + len(first) + KNOB_BASES * 6
+        queue = first_candidates(facts, baseline)
+        self.planned = 1 + len(queue) + KNOB_BASES * 6
         base = Entry(baseline, "baseline")
         self.evaluate(base, SCREEN_RUNS_BASELINE)
-        if base.status == "timeout" or self.left() <= 0:
+        if base.status in ("timeout", "budget") or self.left() <= 0:
             raise BudgetTooSmall()
         if base.status != "ok":
             raise UsageError(f"ORT's default session could not be measured ({base.status}: {base.reason}); "
@@ -231,12 +258,68 @@ class Search:
                              "Check it with 'ortpilot run MODEL'.")
         self.journal.commit()  # from here on an interrupted tune leaves a resumable journal
         self.screen_runs = int(min(40, max(5, math.ceil(0.25 / max(self._latency(), 1e-6)))))
-        for cand in first:
-            if cand.id not in self.entries:
-                self.evaluate(Entry(cand, "model variants"))
+        fusion = facts.fusion_step
+        while queue:
+            cand = queue.pop(0)
+            if cand.id in self.entries:
+                continue
+            entry = Entry(cand, "model variants")
+            self.evaluate(entry)
+            if fusion and cand.passes == (fusion,) and entry.status == "skipped":
+                dropped = [c for c in queue if c.passes[:1] == (fusion,)]
+                queue = [c for c in queue if c not in dropped]
+                for c in dropped:
+                    self._skip(c, "transformer fusion found no pattern to fuse")
+            follow = self._followup(entry)
+            if follow is not None:
+                queue.insert(0, follow)
+                self.planned += 1
         self._explore_knobs(facts)
         self._halve()
         return self._final(base)
+
+    def _skip(self, cand: Candidate, reason: str) -> None:
+        self.entries[cand.id] = Entry(cand, "model variants", status="skipped", reason=reason)
+
+    def _followup(self, entry: Entry) -> Candidate | None:
+        """For a dynamic INT8 variant just short of the gate: the same, its worst layers left in float."""
+        steps = entry.candidate.passes
+        quant = steps[-1] if steps and steps[-1].get("pass") == "quantize" else None
+        if entry.status != "rejected" or quant is None or quant.get("mode") != "dynamic" or not entry.accuracy:
+            return None
+
+        def base_of(step: dict[str, Any]) -> dict[str, Any]:
+            return {k: v for k, v in step.items() if k != "exclude"}
+
+        tries = sum(1 for e in self.entries.values() if e.candidate.passes and e.candidate.passes[:-1] == steps[:-1]
+                    and e.candidate.passes[-1].get("exclude") and base_of(e.candidate.passes[-1]) == base_of(quant))
+        limit = entry.accuracy["max_error"]
+        worst = entry.accuracy["worst_error"]
+        if tries >= FOLLOWUP_TRIES or not (0 < worst <= FOLLOWUP_WITHIN * max(limit, 1e-12)):
+            return None
+        ranking = self._ranking(steps[:-1], quant)
+        nodes = nodes_to_exclude(ranking, worst / max(limit, 1e-12) * FOLLOWUP_MARGIN,
+                                 already=quant.get("exclude", ()))
+        if not nodes:
+            return None
+        return with_exclusions(entry.candidate, nodes)
+
+    def _ranking(self, prefix: tuple[dict[str, Any], ...], quant: dict[str, Any]) -> list[dict[str, Any]]:
+        """Per-layer dynamic INT8 sensitivity of the model ``prefix`` builds (journaled)."""
+        op_types = ["MatMul", "Gemm", "Attention"]
+        data = {"passes": list(prefix), "per_channel": bool(quant.get("per_channel")), "op_types": op_types}
+        key = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+        record = self.journal.get("rank", key)
+        if record is None:
+            if self.left() - self._reserve() < self._est_prepare() * 2:
+                return []
+            try:
+                result = self.worker.request("rank", data, max(1.0, self.left() - self._reserve()))
+            except WorkerCrash as exc:
+                result = {"status": "crashed", "error": str(exc)}
+            record = self.journal.append({"kind": "rank", "id": key, **data, "status": result.get("status"),
+                                          "error": result.get("error"), "ranking": result.get("ranking") or []})
+        return list(record.get("ranking") or [])
 
     def _explore_knobs(self, facts: Facts) -> None:
         bases = self.ranking()[:KNOB_BASES]
@@ -271,7 +354,7 @@ class Search:
             if self.left() - self._reserve() < need:
                 return
             for entry in pool:
-                self._bench(entry, f"round{round_no}", runs, timeout=max(10.0, self.left()))
+                self._bench(entry, f"round{round_no}", runs, timeout=max(5.0, self.left()))
                 self._report(f"halving round {round_no}")
             pool = [e for e in self.ranking() if e in pool]
 
@@ -287,10 +370,14 @@ class Search:
             finalists.append(base)
         record = self.journal.get("final", "", "final")
         if record is None and len(finalists) > 1:
+            per_run = sum(cost(e.samples, "p50") for e in finalists) * 1.3  # one run of each finalist
+            budget_runs = max(0.0, self.left() - 1.0) / max(per_run, 1e-9) - 2  # less the warm-up
+            rounds = FINAL_ROUNDS if budget_runs >= FINAL_ROUNDS * FINAL_MIN_RUNS else FINAL_MIN_ROUNDS
+            runs = max(FINAL_MIN_RUNS, min(self.screen_runs * 2, int(budget_runs / rounds)))
             try:
                 result = self.worker.request("bench", {"candidates": [e.candidate.to_dict() for e in finalists],
-                                                       "runs": self.screen_runs, "rounds": FINAL_ROUNDS, "warmup": 3},
-                                             max(10.0, self.left() + 10.0))
+                                                       "runs": runs, "rounds": rounds, "warmup": 2},
+                                             max(5.0, self.left() + 5.0))
             except WorkerCrash as exc:
                 result = {"status": "crashed", "error": str(exc)}
             record = {"kind": "final", "stage": "final", "ids": [e.candidate.id for e in finalists], **result}

@@ -21,21 +21,22 @@ import onnxruntime as ort
 from ortpilot.providers.names import ProviderSpec
 from ortpilot.session.options import LEVELS
 from ortpilot.tune.candidate import Candidate, PassStep
-from ortpilot.tune.transform import detect_transformer
+from ortpilot.tune.transform import attention_dims
 
 CPU = "CPUExecutionProvider"
 # Providers that ORT lists but that run nothing locally.
 NOT_COMPUTE = {"AzureExecutionProvider": "a remote-endpoint provider; it runs no local compute"}
 HEAVY_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "LSTM", "GRU", "RNN", "Einsum"}
-# Quantization variants: dynamic (weights INT8, activations at run time), weights-only dynamic
-# (attention score products stay float), static QDQ of weight ops, and full QDQ of every op.
-QUANT_VARIANTS: tuple[PassStep, ...] = (
-    {"pass": "quantize", "mode": "dynamic", "per_channel": True, "weights_only": True},
-    {"pass": "quantize", "mode": "dynamic", "per_channel": True},
-    {"pass": "quantize", "mode": "dynamic", "per_channel": False},
-    {"pass": "quantize", "mode": "qdq", "per_channel": True},
-    {"pass": "quantize", "mode": "full", "per_channel": True},
-)
+# Quantization variants, by what usually pays off first. Dynamic (weights INT8, activations at
+# run time) suits MatMul-heavy graphs; "w" leaves embeddings and activation x activation
+# products float. Static QDQ (calibrated) suits conv nets, where dynamic ConvInteger is slow.
+DYN_W_PC: PassStep = {"pass": "quantize", "mode": "dynamic", "per_channel": True, "weights_only": True}
+DYN_PC: PassStep = {"pass": "quantize", "mode": "dynamic", "per_channel": True}
+DYN: PassStep = {"pass": "quantize", "mode": "dynamic", "per_channel": False}
+QDQ_PC: PassStep = {"pass": "quantize", "mode": "qdq", "per_channel": True}
+FULL_PC: PassStep = {"pass": "quantize", "mode": "full", "per_channel": True}
+QUANT_VARIANTS: tuple[PassStep, ...] = (DYN_W_PC, DYN_PC, QDQ_PC, DYN, FULL_PC)
+CONV_QUANT_VARIANTS: tuple[PassStep, ...] = (QDQ_PC, FULL_PC, DYN_W_PC, DYN_PC, DYN)
 # Only the CPU EP has the integer kernels dynamic quantization emits (MatMulInteger & co.).
 INT8_DYNAMIC_PROVIDERS = {CPU}
 
@@ -61,9 +62,19 @@ class Facts:
     parallel_branches: bool
     quantize: bool = True
     excluded: list[Excluded] = field(default_factory=list)
+    attention: tuple[int, int] = (0, 0)  # (num_heads, hidden_size) read from the graph, 0 = let ORT detect
+    conv_heavy: bool = False
+
+    @property
+    def fusion_step(self) -> PassStep | None:
+        if not self.model_type:
+            return None
+        heads, hidden = self.attention
+        return {"pass": "fusion", "model_type": self.model_type, "num_heads": heads, "hidden_size": hidden}
 
     def to_dict(self) -> dict[str, Any]:
         return {"cores": self.cores, "providers": [p.to_dict() for p in self.providers], "model_type": self.model_type,
+                "attention": list(self.attention), "conv_heavy": self.conv_heavy,
                 "parallel_branches": self.parallel_branches, "quantize": self.quantize,
                 "excluded": [e.to_dict() for e in self.excluded]}
 
@@ -102,28 +113,31 @@ def gather_facts(model: onnx.ModelProto, providers: Sequence[ProviderSpec] | Non
                 excluded.append(Excluded(name, NOT_COMPUTE[name]))
             else:
                 chosen.append(ProviderSpec(name))
-    model_type = detect_transformer(model)
+    from ortpilot.passes.fusion import detect_model_type
+
+    model_type, why = detect_model_type(model)
     if model_type is None:
-        excluded.append(Excluded("transformer fusion", "no attention pattern (Softmax + MatMul + LayerNorm) in the graph"))
+        excluded.append(Excluded("transformer fusion", why))
     parallel = has_parallel_branches(model)
     cores = physical_cores()
     if not parallel:
         excluded.append(Excluded("parallel execution mode", "the graph has no parallel branches of heavy ops"))
     elif cores < 2:
         excluded.append(Excluded("parallel execution mode", "needs inter-op threads > 1, and this machine has one core"))
-    return Facts(cores, chosen, model_type, parallel, quantize, excluded)
+    ops = [n.op_type for n in model.graph.node]
+    conv_heavy = ops.count("Conv") + ops.count("ConvTranspose") > ops.count("MatMul") + ops.count("Gemm")
+    return Facts(cores, chosen, model_type, parallel, quantize, excluded,
+                 attention_dims(model) if model_type else (0, 0), conv_heavy)
 
 
 def model_variants(facts: Facts) -> list[tuple[PassStep, ...]]:
-    """Pass pipelines to try, most promising first (fusion before quantization)."""
-    fusions: list[tuple[PassStep, ...]] = [()]
-    if facts.model_type:
-        fusions.insert(0, ({"pass": "fusion", "model_type": facts.model_type},))
-    variants: list[tuple[PassStep, ...]] = [f for f in fusions if f]
+    """Pass pipelines to try, most promising first: fusion, then each INT8 variant fused then plain."""
+    fusion = facts.fusion_step
+    prefixes: list[tuple[PassStep, ...]] = [(fusion,), ()] if fusion else [()]
+    variants: list[tuple[PassStep, ...]] = [(fusion,)] if fusion else []
     if facts.quantize:
-        for quant in QUANT_VARIANTS:
-            for fused in fusions:
-                variants.append(tuple(fused) + (quant,))
+        for quant in (CONV_QUANT_VARIANTS if facts.conv_heavy else QUANT_VARIANTS):
+            variants.extend(prefix + (quant,) for prefix in prefixes)
     return variants
 
 
@@ -189,7 +203,17 @@ def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
     return Candidate(base.passes, base.providers, SessionSettings.from_dict(data), iobinding)
 
 
+def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
+    """``cand`` with ``nodes`` left in float by its (last) quantize step."""
+    steps = [dict(p) for p in cand.passes]
+    last = max(i for i, p in enumerate(steps) if p.get("pass") == "quantize")
+    steps[last]["exclude"] = sorted({*steps[last].get("exclude", ()), *nodes})
+    return Candidate(tuple(steps), cand.providers, cand.settings, cand.iobinding)
+
+
 RULES = ("parallel execution mode needs inter-op threads > 1",
          "intra-op threads never exceed the cores this process may use",
          "dynamic INT8 only on the CPU EP (its integer kernels)",
-         "fusion only where a transformer pattern is detected")
+         "fusion only where a transformer pattern is detected",
+         "a fused variant is dropped once fusion alone finds nothing to fuse",
+         "layers are left in float only for a dynamic INT8 variant that missed the gate by a little")

@@ -1,17 +1,17 @@
 """Build a candidate's model: its passes applied to the source, through the model cache.
 
-This is the one place the tuner couples to the passes layer. It uses ``ortpilot.passes``
-(fusion, quantize) when they are importable and falls back to ORT's own tools
-(``onnxruntime.transformers.optimizer``, ``onnxruntime.quantization``) otherwise, so the
-search works while the passes layer is still landing. Results are content-addressed in
-``artifacts.store``: a candidate id seen before costs a hash check, not a rebuild.
+A candidate's pipeline is a list of JSON steps (``{"pass": "fusion", ...}``,
+``{"pass": "quantize", ...}``); :func:`pipeline_for` maps them onto ``ortpilot.passes``
+(``FusionPass``, ``QuantizePass``, with the quantizer's model preparation as a step of its
+own). Every prefix of a pipeline is content-addressed in ``artifacts.store`` (key: source,
+ORT version, steps and, for calibrated modes, the calibration samples), so a prefix seen
+before (the fused model, the prepared model) costs a hash check, not a rebuild, across
+candidates, tunes and processes.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,16 +19,28 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import numpy_helper
 
+from ortpilot.artifacts.atomic import atomic_write_json
+from ortpilot.artifacts.stamp import write_stamp
 from ortpilot.artifacts.store import ModelStore, cache_key
-from ortpilot.modelio import file_sha256, load_model, save_model
+from ortpilot.modelio import file_sha256
+from ortpilot.passes.base import Outcome, Pass, Pipeline, SourceModel
+from ortpilot.passes.fusion import FusionPass, detect_model_type
+from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, prepare
 
-log = logging.getLogger("ortpilot")
 Feeds = Mapping[str, np.ndarray]
+STORE_VERSION = 3  # bump when the step -> pass mapping changes what a step builds
+
+# "weights only": the op types whose second operand is a weight (MatMul with a constant B,
+# which is ORT's default for dynamic mode, Gemm, Conv, and the fused Attention's packed QKV
+# projection). Embedding Gathers stay float, and so do activation x activation products.
+WEIGHT_OPS = ("MatMul", "Gemm", "Conv", "Attention")
+CALIBRATED_MODES = ("static", "qdq", "full")
 
 
 class NothingToDo(Exception):
-    """A pass left the model unchanged (e.g. fusion found no pattern): the candidate is a duplicate."""
+    """A pass left the model unchanged (fusion found no pattern, nothing quantizable): a duplicate."""
 
 
 def samples_digest(samples: Sequence[Feeds]) -> str:
@@ -40,110 +52,181 @@ def samples_digest(samples: Sequence[Feeds]) -> str:
     return digest.hexdigest()[:16]
 
 
-def build_model(source: Path, passes: Sequence[Mapping[str, Any]], calibration: Sequence[Feeds]
-                ) -> tuple[Path, list[dict[str, Any]], bool]:
-    """Return (model path, pass records, cache hit). The source itself when there are no passes."""
-    if not passes:
-        return source, [], True
-    calibrated = any(p.get("mode") in ("qdq", "static", "full") for p in passes)
-    key = cache_key(model_sha256=file_sha256(source), ort_version=ort.__version__, providers=[],
-                    level="offline-passes", extra={"passes": list(passes), "tuner": 1,
-                                                   "calibration": samples_digest(calibration) if calibrated else None})
-    records: list[dict[str, Any]] = []
+class PrepareForQuantization(Pass):
+    """``passes.quantize.prepare`` as a step of its own (Constant weights to initializers, node
+    names, ``quant_pre_process``), so that its result is cached once per model and every INT8
+    variant of that model starts from it (``QuantizePass(preprocess=False)`` on a prepared model
+    writes the same bytes as ``QuantizePass()`` on the original)."""
 
-    def build(out: Path) -> None:
-        current = source
-        for i, step in enumerate(passes):
-            target = out if i == len(passes) - 1 else out.with_name(f"step{i}.onnx")
-            start = time.perf_counter()
-            info = _apply(step, current, target, calibration)
-            records.append({"pass": step.get("pass"), "options": dict(step), "seconds": round(time.perf_counter() - start, 3),
-                            **info})
-            current = target
+    name = "quantize-prepare"
 
-    store = ModelStore()
-    path, hit = store.get_or_create(key, build, meta={"passes": list(passes)})
-    if hit:
-        records = store.read_entry(key).get("meta", {}).get("records", [{"pass": p.get("pass"), "options": dict(p)}
-                                                                       for p in passes])
-    else:
-        _remember_records(store, key, records)
-    return path, records, hit
+    def options(self) -> dict[str, Any]:
+        return {}
+
+    def transform(self, source: SourceModel) -> Outcome:
+        model, notes = prepare(source.proto)
+        return Outcome(model, notes=notes)
 
 
-def _remember_records(store: ModelStore, key: str, records: list[dict[str, Any]]) -> None:
-    from ortpilot.artifacts.atomic import atomic_write_json
+def expand(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The steps as built: a ``prepare`` step before every quantize step."""
+    out: list[dict[str, Any]] = []
+    for step in steps:
+        if step.get("pass") == "quantize":
+            out.append({"pass": "prepare"})
+        out.append(dict(step))
+    return out
 
-    entry = store.read_entry(key)
-    entry.setdefault("meta", {})["records"] = records
-    atomic_write_json(store.entry_dir(key) / "entry.json", entry)
 
-
-def _apply(step: Mapping[str, Any], src: Path, dst: Path, calibration: Sequence[Feeds]) -> dict[str, Any]:
+def make_pass(step: Mapping[str, Any], calibration: Sequence[Feeds], *, prepared: bool = False) -> Pass:
+    """The ``ortpilot.passes`` pass one step stands for (``prepared``: its input went through ``prepare``)."""
     kind = step.get("pass")
     if kind == "fusion":
-        return _fusion(src, dst, str(step.get("model_type", "bert")))
+        return FusionPass(str(step.get("model_type", "bert")), num_heads=int(step.get("num_heads", 0)),
+                          hidden_size=int(step.get("hidden_size", 0)))
+    if kind == "prepare":
+        return PrepareForQuantization()
     if kind == "quantize":
-        return _quantize(src, dst, step, calibration)
+        mode = str(step.get("mode", "dynamic"))
+        return QuantizePass(mode, calibration=list(calibration) if mode in CALIBRATED_MODES else None,
+                            per_channel=bool(step.get("per_channel", False)),
+                            reduce_range=bool(step.get("reduce_range", False)),
+                            op_types=list(WEIGHT_OPS) if step.get("weights_only") else None,
+                            nodes_to_exclude=list(step.get("exclude", ())), preprocess=not prepared,
+                            # fused contrib ops (Attention, SkipLayerNormalization) defeat ONNX shape
+                            # inference; their tensors are float
+                            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     raise ValueError(f"unknown pass {kind!r}")
 
 
-def _fusion(src: Path, dst: Path, model_type: str) -> dict[str, Any]:
-    from onnxruntime.transformers import optimizer
-
-    optimized = optimizer.optimize_model(str(src), model_type=model_type, num_heads=0, hidden_size=0, opt_level=0)
-    fused = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
-    if not fused:
-        raise NothingToDo(f"transformer fusion ({model_type}) found no pattern to fuse")
-    model = optimized.model
-    if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))  # fused ops live there
-    save_model(model, dst)
-    return {"fused": fused}
+def pipeline_for(steps: Sequence[Mapping[str, Any]], calibration: Sequence[Feeds]) -> Pipeline:
+    """The candidate's passes as one ``Pipeline`` (what :func:`build_model` runs, prefix by prefix)."""
+    expanded = expand(steps)
+    return Pipeline([make_pass(step, calibration, prepared=i > 0 and expanded[i - 1].get("pass") == "prepare")
+                     for i, step in enumerate(expanded)])
 
 
-# Weight-carrying ops only: activations x activations products (attention scores) stay float,
-# which is what keeps a sentence embedding's direction through INT8.
-_WEIGHT_OPS = ["MatMul", "Gemm", "Conv"]
+def build_model(source: Path, steps: Sequence[Mapping[str, Any]], calibration: Sequence[Feeds]
+                ) -> tuple[Path, list[dict[str, Any]], bool]:
+    """Return (model path, pass records, cache hit). The source itself when there are no steps.
 
+    Every prefix of the pipeline is its own cache entry, so candidates that share a prefix
+    (the fused model, the prepared model) build it once.
+    """
+    if not steps:
+        return source, [], True
+    expanded = expand(steps)
+    passes = pipeline_for(steps, calibration).passes
+    store = ModelStore()
+    source_sha = file_sha256(source)
+    current, records, hit_all = source, [], True
+    for i, (step, step_pass) in enumerate(zip(expanded, passes)):
+        prefix = expanded[: i + 1]
+        calibrated = any(s.get("pass") == "quantize" and s.get("mode") in CALIBRATED_MODES for s in prefix)
+        key = cache_key(model_sha256=source_sha, ort_version=ort.__version__, providers=[], level="tune-pipeline",
+                        extra={"steps": prefix, "tuner": STORE_VERSION,
+                               "calibration": samples_digest(calibration) if calibrated else None})
+        built: list[dict[str, Any]] = []
+        is_last = i == len(expanded) - 1
 
-def _quantize(src: Path, dst: Path, step: Mapping[str, Any], calibration: Sequence[Feeds]) -> dict[str, Any]:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+        def build(out: Path, step=step, step_pass=step_pass, current=current, last=is_last, built=built) -> None:
+            try:
+                result = step_pass.run(current)
+            except NothingQuantizedError as exc:
+                raise NothingToDo(str(exc).split(". ")[0]) from None
+            if step.get("pass") == "fusion" and not result.record.fused:
+                raise NothingToDo(f"transformer fusion ({step.get('model_type')}) found no pattern to fuse")
+            record = result.record
+            if last:  # the final model's stamp names the original source
+                record.stamp = dict(record.stamp or {}, source_sha256=source_sha, source_path=str(source.resolve()))
+                write_stamp(result.model, record.stamp)
+            built.append(record.to_dict())
+            result.save(out)
 
-    mode = step.get("mode", "dynamic")
-    per_channel = bool(step.get("per_channel", False))
-    if mode == "dynamic":
-        weights_only = bool(step.get("weights_only", False))
-        quantize_dynamic(str(src), str(dst), per_channel=per_channel, weight_type=QuantType.QInt8,
-                         op_types_to_quantize=_WEIGHT_OPS if weights_only else None,
-                         extra_options={"MatMulConstBOnly": weights_only,
-                                        # fused contrib ops defeat ONNX shape inference; they are float
-                                        "DefaultTensorType": onnx.TensorProto.FLOAT})
-    else:
-        class Reader(CalibrationDataReader):
-            def __init__(self) -> None:
-                self._it = iter([dict(f) for f in calibration])
-
-            def get_next(self):  # noqa: ANN201 - ORT's interface
-                return next(self._it, None)
-
-        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        op_types_to_quantize=None if mode == "full" else _WEIGHT_OPS,
-                        extra_options={"ActivationSymmetric": False, "DefaultTensorType": onnx.TensorProto.FLOAT})
-    model = load_model(dst)
-    save_model(model, dst)  # lowers the IR version for the running ORT, atomically
-    return {"quantized_nodes": sum(1 for n in model.graph.node if n.op_type in _INT_OPS)}
-
-
-_INT_OPS = {"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "QLinearConv", "QGemm",
-            "QAttention", "DequantizeLinear", "MatMulIntegerToFloat"}
+        path, hit = store.get_or_create(key, build, meta={"steps": prefix})
+        if hit:
+            built = [store.read_entry(key).get("meta", {}).get("record") or {"name": step.get("pass"),
+                                                                              "options": dict(step)}]
+        else:
+            entry = store.read_entry(key)
+            entry.setdefault("meta", {})["record"] = built[0]
+            atomic_write_json(store.entry_dir(key) / "entry.json", entry)
+        records.extend(built)
+        hit_all = hit_all and hit
+        current = path
+    return current, records, hit_all
 
 
 def detect_transformer(model: onnx.ModelProto) -> str | None:
-    """The ``onnxruntime.transformers`` model type worth trying, from the graph's op pattern."""
-    ops = {n.op_type for n in model.graph.node}
-    if "Softmax" in ops and "MatMul" in ops and ({"LayerNormalization", "ReduceMean", "SimplifiedLayerNormalization",
-                                                  "SkipLayerNormalization"} & ops):
-        return "bert"
-    return None
+    """The ``onnxruntime.transformers`` model type worth trying (``passes.fusion``'s detection)."""
+    return detect_model_type(model)[0]
+
+
+# --------------------------------------------------------------------------- attention shape
+
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    values = {t.name: t for t in model.graph.initializer}
+    out: dict[str, Any] = dict(values)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            out[node.output[0]] = node.attribute[0].t
+    return {k: numpy_helper.to_array(v) for k, v in out.items() if v.data_type in (6, 7)}  # int32, int64
+
+
+def attention_dims(model: onnx.ModelProto) -> tuple[int, int]:
+    """(num_heads, hidden_size) of the first self-attention, or (0, 0) when the graph does not say.
+
+    ORT's fusion reads the head count from the constant in the Q/K/V reshape; exporters that
+    write ``[batch, seq, -1, head_size]`` leave it unreadable (MiniLM does), and attention is
+    then not fused at all. Here the head size and the projection width give it.
+    """
+    consts = _constants(model)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    widths = {t.name: int(t.dims[-1]) for t in model.graph.initializer if len(t.dims) >= 1}
+
+    def tail_of(name: str) -> list[int]:
+        """The trailing constant entries of a reshape's target shape (all of it when constant)."""
+        if name in consts:
+            return [int(v) for v in consts[name].reshape(-1)]
+        node = producer.get(name)
+        if node is None or node.op_type != "Concat":
+            return []
+        tail: list[int] = []
+        for part in reversed(node.input):
+            if part not in consts:
+                break
+            tail = [int(v) for v in consts[part].reshape(-1)] + tail
+        return tail
+
+    def width_of(name: str, depth: int = 0) -> int:
+        node = producer.get(name)
+        if node is None or depth > 3:
+            return 0
+        if node.op_type in ("MatMul", "Gemm", "Add"):
+            for inp in node.input[1:] if node.op_type != "Add" else node.input:
+                if inp in widths:
+                    return widths[inp]
+            return width_of(node.input[0], depth + 1)
+        return 0
+
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or len(node.input) < 2:
+            continue
+        perms = [next((list(a.ints) for a in c.attribute if a.name == "perm"), None)
+                 for c in consumers.get(node.output[0], []) if c.op_type == "Transpose"]
+        if [0, 2, 1, 3] not in perms and [0, 2, 3, 1] not in perms:
+            continue
+        tail = tail_of(node.input[1])  # a 4-D [batch, seq, heads, head_size] (the transpose says 4-D)
+        if len(tail) < 2 or tail[-1] <= 0:
+            continue
+        heads, head_size = tail[-2], tail[-1]
+        hidden = width_of(node.input[0])
+        if heads and heads > 0:
+            return heads, hidden or heads * head_size
+        if hidden and hidden % head_size == 0:
+            return hidden // head_size, hidden
+    return 0, 0

@@ -32,7 +32,14 @@ from ortpilot.providers.names import resolve_providers
 from ortpilot.tune.candidate import baseline_candidate
 from ortpilot.tune.gate import Gate
 from ortpilot.tune.journal import JOURNAL_NAME, Journal
-from ortpilot.tune.search import Entry, Progress, Search, cost, speedup
+from ortpilot.tune.search import (
+    OUTPUT_RESERVE_S,
+    Entry,
+    Progress,
+    Search,
+    cost,
+    speedup,
+)
 from ortpilot.tune.space import Facts, gather_facts
 from ortpilot.tune.worker import WorkerClient, save_samples
 
@@ -63,6 +70,7 @@ class TuneResult:
     batch: int = 1
     files: dict[str, str] = field(default_factory=dict)
     resumed: bool = False
+    heldout_sha256: str = ""
 
     def stats(self, entry: Entry) -> dict[str, Any]:
         samples = entry.final or entry.samples
@@ -129,7 +137,7 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
         save_samples(scratch / "calibration.npz", calib)
         (scratch / "worker.json").write_text(json.dumps(
             {"model": str(Path(path).resolve()), "shapes": {k: list(v) for k, v in plan.shapes.items()}}))
-        search = Search(worker, journal, deadline=start + budget_s, objective=objective,
+        search = Search(worker, journal, deadline=start + budget_s - OUTPUT_RESERVE_S, objective=objective,
                         gate_factory=lambda ref: Gate.from_file(ref, max_error, metric), progress=progress)
         base = baseline_candidate()
         finalists = search.run(base, facts)
@@ -140,7 +148,7 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
                             speedup(base_entry, winner, objective), default_best, reason,
                             search.gate.metrics() if search.gate else {}, search.gate.max_error if search.gate else 0.0,
                             facts, dict(plan.shapes), time.monotonic() - start, batch=batch_size_of(heldout[0]),
-                            resumed=bool(journal.replayed))
+                            resumed=bool(journal.replayed), heldout_sha256=feeds_digest(heldout[0]))
         _write_outputs(result, path)
         journal.append({"kind": "done", "winner": winner.candidate.id, "files": result.files})
         return result
@@ -148,6 +156,37 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
         worker.close()
         journal.close()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def feeds_digest(feeds: Mapping[str, Any]) -> str:
+    """Content hash of one input sample: proves a check ran on the inputs the tune used."""
+    from ortpilot.tune.worker import _digest
+
+    return _digest_join({name: _digest(feeds[name]) for name in sorted(feeds)})
+
+
+def _digest_join(parts: Mapping[str, str]) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def reference_feeds(profile: Mapping[str, Any]) -> dict[str, Any]:
+    """The held-out sample a profile's ``reference_outputs`` were computed on, regenerated from the
+    source model (``profile["source_model"]``) exactly as the tune made it.
+
+    Generated from the *source* model, not the tuned one: a fused model hides the embedding
+    Gather that bounds token ids, so generating from it would give other inputs.
+    """
+    source = Path(profile["source_model"]["path"])
+    proto = load_model(source, load_external_data=False)
+    shapes = {k: tuple(v) for k, v in (profile.get("shapes") or {}).items()}
+    feeds = make_feeds(proto, plan=plan_feeds(proto, shapes), seed=int(profile["reference_outputs"]["heldout_seed"]))
+    expected = profile["reference_outputs"].get("inputs_sha256")
+    if expected and feeds_digest(feeds) != expected:
+        raise UsageError(f"The reference inputs regenerated from '{source}' differ from those the tune used; "
+                         "the source model or ortpilot's input generator changed since the profile was made.")
+    return feeds
 
 
 def _model_path(model: str | os.PathLike | None) -> Path:
@@ -232,7 +271,8 @@ def _write_outputs(result: TuneResult, source: Path) -> None:
                   settings=winner.candidate.settings.to_dict(), iobinding=winner.candidate.iobinding,
                   passes=winner.prepared.get("passes") or [], accuracy=winner.accuracy or {}, latency=latency,
                   extra={"candidate": winner.candidate.to_dict(),
-                         "reference_outputs": {"heldout_seed": HELDOUT_SEED,
-                                               "sha256": winner.prepared.get("output_sha256") or {}}, "source_model": {"path": str(source),
-                         "sha256": file_sha256(source)}, "shapes": {k: list(v) for k, v in result.shapes.items()},
+                         "reference_outputs": {"heldout_seed": HELDOUT_SEED, "inputs_sha256": result.heldout_sha256,
+                                               "sha256": winner.prepared.get("output_sha256") or {}},
+                         "source_model": {"path": str(source), "sha256": file_sha256(source)},
+                         "shapes": {k: list(v) for k, v in result.shapes.items()},
                          "placement": winner.prepared.get("placement"), "default_best": result.default_best})

@@ -4,7 +4,9 @@ The parent starts ``python -m ortpilot.tune.worker SCRATCH`` and talks JSON line
 ``prepare`` builds a candidate's model (through the cache), creates its session in strict mode
 and saves its outputs on the held-out inputs; ``bench`` times prepared sessions, interleaved
 round by round. A child killed by a signal is reported with the signal number and restarted.
-The child keeps a few sessions alive, so later rounds need not recreate them.
+The child keeps a few sessions alive (each wrapped in ``measure.bench.Runner``, the timing loop
+``ortpilot bench`` uses), so later rounds need not recreate them. ``rank`` computes the
+dynamic-INT8 sensitivity of a model's layers (``tune.sensitivity``), also out of process.
 """
 
 from __future__ import annotations
@@ -31,19 +33,19 @@ MAX_LIVE_SESSIONS = 6
 
 class _Child:
     def __init__(self, scratch: Path) -> None:
-        import numpy as np
-
         self.scratch = scratch
         cfg = json.loads((scratch / "worker.json").read_text())
         self.source = Path(cfg["model"])
         self.shapes = {k: tuple(v) for k, v in (cfg.get("shapes") or {}).items()}
         self.heldout = _load_samples(scratch / "heldout.npz")
         self.calibration = _load_samples(scratch / "calibration.npz")
-        self.sessions: OrderedDict[str, Any] = OrderedDict()
+        self.runners: OrderedDict[str, Any] = OrderedDict()  # candidate id -> measure.bench.Runner
         (scratch / "outputs").mkdir(exist_ok=True)
-        self._np = np
 
     def prepare(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        from ortpilot.measure.bench import Runner
         from ortpilot.session import load
         from ortpilot.tune.candidate import Candidate
         from ortpilot.tune.transform import NothingToDo, build_model
@@ -62,13 +64,13 @@ class _Child:
         sess = load(str(path), [(p["name"], p.get("options", {})) for p in cand.providers], "strict",
                     settings=cand.settings, shapes=self.shapes or None)
         session_s = time.perf_counter() - start
-        runner = _Runner(sess, cand.iobinding)
-        outputs = [runner.run_outputs(feeds) for feeds in self.heldout]
+        outputs = [_outputs(sess, feeds, cand.iobinding) for feeds in self.heldout]
         names = [o.name for o in sess.get_outputs()]
         arrays = {f"{i}/{n}": outputs[i][j] for i in range(len(outputs)) for j, n in enumerate(names)}
         out_path = self.scratch / "outputs" / f"{cand.id}.npz"
-        self._np.savez(out_path, **arrays)
-        self._keep(cand.id, runner)
+        np.savez(out_path, **arrays)
+        # The timing loop is measure.bench's Runner, on this same session: later rounds reuse it.
+        self._keep(cand.id, Runner(sess, name=cand.label, feeds=self.heldout[0], iobinding=cand.iobinding))
         return {"status": "ok", "model_path": str(path), "model_sha256": sess.model_hash, "cache_hit": hit,
                 "passes": records, "build_s": build_s, "session_s": session_s, "providers": sess.providers,
                 "placement": sess.placement.counts if sess.placement else None, "outputs": str(out_path),
@@ -80,67 +82,51 @@ class _Child:
         runners = {}
         for c in cands:
             cid = c["id"]
-            if cid not in self.sessions:
+            if cid not in self.runners:
                 result = self.prepare(c)
                 if result["status"] != "ok":
                     raise RuntimeError(f"candidate {cid} could not be prepared: {result}")
-            runners[cid] = self.sessions[cid]
-            self.sessions.move_to_end(cid)
-        feeds = self.heldout[0]
+            runners[cid] = self.runners[cid]
+            self.runners.move_to_end(cid)
+        first = {cid: len(r.samples) for cid, r in runners.items()}
         for runner in runners.values():
-            runner.bind(feeds)
-            for _ in range(warmup):
-                runner.timed()
-        samples: dict[str, list[float]] = {cid: [] for cid in runners}
-        blocks: dict[str, list[int]] = {cid: [] for cid in runners}
-        for block in range(rounds):
-            for cid, runner in runners.items():
-                for _ in range(runs):
-                    samples[cid].append(runner.timed())
-                    blocks[cid].append(block)
-        return {"status": "ok", "samples_s": samples, "blocks": blocks}
+            runner.warm_up(warmup)
+        for block in range(rounds):  # round-robin: a slow stretch of the machine hits every candidate
+            for runner in runners.values():
+                runner.measure(runs=runs, round_id=block)
+        return {"status": "ok", "samples_s": {cid: r.samples[first[cid]:] for cid, r in runners.items()},
+                "blocks": {cid: r.rounds[first[cid]:] for cid, r in runners.items()}}
 
-    def _keep(self, cid: str, runner: _Runner) -> None:
-        self.sessions[cid] = runner
-        self.sessions.move_to_end(cid)
-        while len(self.sessions) > MAX_LIVE_SESSIONS:
-            self.sessions.popitem(last=False)
+    def rank(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """Dynamic-INT8 sensitivity of each weighted node of the model ``passes`` build."""
+        from ortpilot.tune.sensitivity import rank_dynamic
+        from ortpilot.tune.transform import build_model
+
+        # The prepared model: the very graph (and node names) the quantize step will see; cached,
+        # so the follow-up candidate's build starts from it.
+        path, _, _ = build_model(self.source, [*data.get("passes", ()), {"pass": "prepare"}], self.calibration)
+        ranking = rank_dynamic(path, self.calibration, op_types=list(data.get("op_types") or ()) or
+                               ("MatMul", "Gemm", "Attention"), per_channel=bool(data.get("per_channel", True)))
+        return {"status": "ok", "ranking": ranking}
+
+    def _keep(self, cid: str, runner: Any) -> None:
+        self.runners[cid] = runner
+        self.runners.move_to_end(cid)
+        while len(self.runners) > MAX_LIVE_SESSIONS:
+            self.runners.popitem(last=False)
 
 
-class _Runner:
-    """One session and how to run it: plain ``run`` or IOBinding with inputs bound once."""
-
-    def __init__(self, sess: Any, iobinding: bool) -> None:
-        self.sess = sess
-        self.iobinding = iobinding
-        self._binding = None
-        self._feeds: dict[str, Any] = {}
-
-    def bind(self, feeds: Mapping[str, Any]) -> None:
-        self._feeds = dict(feeds)
-        if self.iobinding:
-            binding = self.sess.session.io_binding()
-            for name, value in feeds.items():
-                binding.bind_cpu_input(name, value)
-            for out in self.sess.get_outputs():
-                binding.bind_output(out.name)
-            self._binding = binding
-
-    def run_outputs(self, feeds: Mapping[str, Any]) -> list[Any]:
-        if not self.iobinding:
-            return self.sess.run(None, dict(feeds))
-        self.bind(feeds)
-        self.sess.session.run_with_iobinding(self._binding)
-        return self._binding.copy_outputs_to_cpu()
-
-    def timed(self) -> float:
-        if self.iobinding:
-            start = time.perf_counter()
-            self.sess.session.run_with_iobinding(self._binding)
-            return time.perf_counter() - start
-        start = time.perf_counter()
-        self.sess.session.run(None, self._feeds)
-        return time.perf_counter() - start
+def _outputs(sess: Any, feeds: Mapping[str, Any], iobinding: bool) -> list[Any]:
+    """The candidate's outputs on one sample, through the same path it is timed with."""
+    if not iobinding:
+        return sess.run(None, dict(feeds))
+    binding = sess.session.io_binding()
+    for name, value in feeds.items():
+        binding.bind_cpu_input(name, value)
+    for out in sess.get_outputs():
+        binding.bind_output(out.name)
+    sess.session.run_with_iobinding(binding)
+    return binding.copy_outputs_to_cpu()
 
 
 def _digest(array: Any) -> str:
@@ -248,34 +234,40 @@ class WorkerClient:
             proc.stdin.flush()
         except BrokenPipeError:
             pass
-        line = self._read_line(proc, timeout_s)
+        line, eof = self._read_line(proc, timeout_s)
         if line is None:
-            timed_out = proc.poll() is None
+            timed_out = not eof
             if timed_out:
                 proc.kill()
-            proc.wait()
+            try:
+                proc.wait(timeout=10)  # a closed pipe comes a moment before the exit status
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             self.proc = None
             rc = proc.returncode
             raise WorkerCrash(-rc if rc and rc < 0 and not timed_out else None, rc, timed_out, self._tail())
         return json.loads(line)
 
-    def _read_line(self, proc: subprocess.Popen, timeout_s: float) -> str | None:
+    def _read_line(self, proc: subprocess.Popen, timeout_s: float) -> tuple[str | None, bool]:
+        """(the reply line, False), or (None, True) when the child closed the pipe (died), or
+        (None, False) when ``timeout_s`` passed first."""
         deadline = time.monotonic() + timeout_s
         fd = proc.stdout.fileno()
         buf = b""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return None
+                return None, False
             ready, _, _ = select.select([fd], [], [], min(left, 0.5))
             if not ready:
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
-                return None
+                return None, True
             buf += chunk
             if buf.endswith(b"\n"):
-                return buf.decode()
+                return buf.decode(), False
 
     def _tail(self, n: int = 2000) -> str:
         try:
