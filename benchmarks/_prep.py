@@ -1,0 +1,48 @@
+"""What the prep scripts share: user-facing errors, timed steps, package lookup, atomic publish."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+
+class PrepError(RuntimeError):
+    """A failure with a message meant for the user (no traceback needed)."""
+
+
+def step_printer(tag: str) -> Callable[[str], AbstractContextManager[None]]:
+    """``step(name)`` context managers that print the wall time of each step under ``[tag]``."""
+
+    @contextmanager
+    def step(name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        print(f"[{tag}] {name} ...", flush=True)
+        yield
+        print(f"[{tag}] {name}: {time.perf_counter() - start:.1f} s", flush=True)
+
+    return step
+
+
+def package_dir(package: str, pip_name: str, install: str = "pip install") -> Path:
+    """The installed package's folder, found without importing it (imports may need torch or llama-cpp)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise PrepError(f"package {pip_name!r} is not installed; run: {install} {pip_name}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Swap the finished temp folder into place, so readers never see a half-written model."""
+    tmp.chmod(0o755)  # mkdtemp makes it 0700
+    old = None
+    if out.exists():
+        old = out.with_name(out.name + f".old-{os.getpid()}")
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
