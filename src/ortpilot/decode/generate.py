@@ -93,7 +93,7 @@ class Generator:
             if self.vsession.providers[0] == "CPUExecutionProvider":
                 # Measured: on a CPU session IOBinding saves no copy worth its per-step binding calls
                 # (1.00x on SmolLM2, 0.6x on the tiny demo decoder); on a GPU EP it removes the
-                # host round trip of the cache (1.27x on WebGPU, benchmarks/results/device_webgpu.md).
+                # host round trip of the cache (1.27x on WebGPU, BENCHMARKS.md, GPU check).
                 return "plain", ("no GroupQueryAttention and a CPU session: IOBinding would add binding calls "
                                  "without saving a device copy (--fuse enables the faster shared-buffer loop)")
             return "bound", ("no GroupQueryAttention: IOBinding keeps the cache on the device (fusing the model "
