@@ -20,7 +20,7 @@ that serves exactly the feeds ortpilot measures with. Per model this script:
 4. checks ortpilot's accuracy against ORT's default (``bench_tune.check``).
 
     .venv/bin/python benchmarks/bench_olive.py [--budget 120] [--duration 20] [--only minilm,nudenet]
-        [--json benchmarks/out/olive.json]
+        [--turn 0.5] [--json benchmarks/out/olive.json]
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default="")
     ap.add_argument("--json", default="")
+    ap.add_argument("--turn", type=float, default=0.0, help="seconds per interleaving turn (see bench_tune)")
     args = ap.parse_args()
     if not OLIVE_PY.is_file():
         sys.exit(f"{OLIVE_PY} is missing; create the Olive venv first (see this script's docstring).")
@@ -120,7 +121,8 @@ def main() -> None:
         row = {"model": name, "config": tuned["config"], "default_best": tuned["default_best"],
                "tune_wall_s": tuned["wall_s"], "candidates": tuned["candidates"],
                "accuracy": bench_tune.check(name, tuned), "olive": {**olive, "label": olive_label},
-               "timing": bench_tune.measure(bench_tune.configs_for(tuned, feeds, extra), args.duration)}
+               "timing": bench_tune.measure(bench_tune.configs_for(tuned, feeds, extra), args.duration,
+                                            bench_tune.block_for(tuned, args.turn))}
         rows.append(row)
         print(json.dumps(row, default=str), file=sys.stderr, flush=True)
     if args.json:

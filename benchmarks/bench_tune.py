@@ -149,8 +149,18 @@ def configs_for(tuned: dict[str, Any], feeds: dict[str, np.ndarray], extra: list
             BenchConfig("ortpilot", model=session, feeds=feeds, iobinding=bool(tuned["profile"]["iobinding"]))]
 
 
-def measure(configs: list[BenchConfig], duration: float) -> dict[str, Any]:
-    comp = bench_interleaved(configs, duration_s=duration, warmup=10)
+def block_for(tuned: dict[str, Any], turn_s: float) -> int | None:
+    """Runs per turn so that one turn of ORT's default lasts about ``turn_s`` (None: measure's auto
+    block, about 20 ms). Longer turns amortize what a switch costs: on this VM the idle intra-op
+    threads of the session that just ran keep spinning and slow the next one down."""
+    if turn_s <= 0:
+        return None
+    p50_ms = tuned["profile"]["latency"]["baseline"].get("p50_ms") or 1.0
+    return max(1, min(200, round(turn_s * 1e3 / p50_ms)))
+
+
+def measure(configs: list[BenchConfig], duration: float, block: int | None = None) -> dict[str, Any]:
+    comp = bench_interleaved(configs, duration_s=duration, warmup=10, block=block)
     base = comp.results[0].stats.p50
     rows = {"ORT default": {"p50_ms": base * 1e3}}
     for res, ratio in zip(comp.results[1:], comp.ratios):
@@ -183,9 +193,10 @@ def fmt_accuracy(acc: dict[str, Any]) -> str:
 
 def header(args: argparse.Namespace) -> str:
     load1 = os.getloadavg()[0]
+    turn = f"turns of ~{args.turn:g} s" if args.turn > 0 else "auto turns (~20 ms)"
     return (f"ONNX Runtime {ort.__version__}, {datetime.datetime.now().astimezone().isoformat(timespec='minutes')}, "
             f"{os.cpu_count()} cores, load average at start {load1:.1f}; tune budget {args.budget:.0f} s; "
-            f"interleaved {args.duration:.0f} s per model")
+            f"interleaved {args.duration:.0f} s per model, {turn}")
 
 
 def main() -> None:
@@ -195,6 +206,8 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default="")
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
+    ap.add_argument("--turn", type=float, default=0.0,
+                    help="seconds per interleaving turn (0: measure's auto block of about 20 ms)")
     args = ap.parse_args()
     names = [n for n in CORPUS if not args.only or n in args.only.split(",")]
     out_root = Path(args.out or tempfile.mkdtemp(prefix="bench-tune-"))
@@ -208,7 +221,7 @@ def main() -> None:
         feeds = timing_feeds(tuned["profile"])
         row = {"model": name, "config": tuned["config"], "default_best": tuned["default_best"],
                "tune_wall_s": tuned["wall_s"], "candidates": tuned["candidates"], "accuracy": check(name, tuned),
-               "timing": measure(configs_for(tuned, feeds), args.duration)}
+               "timing": measure(configs_for(tuned, feeds), args.duration, block_for(tuned, args.turn))}
         rows.append(row)
         print(json.dumps(row, default=str), file=sys.stderr, flush=True)
     if args.json:

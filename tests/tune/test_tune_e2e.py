@@ -48,3 +48,36 @@ def test_tune_json_is_one_document(tmp_path, demo_paths):
     assert {c["status"] for c in doc["candidates"]} <= {"ok", "rejected", "failed", "crashed", "skipped", "budget",
                                                         "timeout"}
     assert np.isfinite(doc["speedup"]["ratio"])
+
+
+def test_reference_inputs_come_from_the_source_model_so_a_fused_winner_reproduces(tmp_path, demo_paths):
+    """The cause of an old flake: when a fused candidate won, inputs generated from the *fused*
+    model (whose embedding Gather is gone) differed from the tune's, and so did the outputs."""
+    from ortpilot.artifacts.profile import write_profile
+    from ortpilot.graph.feeds import make_feeds
+    from ortpilot.modelio import file_sha256, load_model, save_model
+    from ortpilot.passes.fusion import FusionPass
+    from ortpilot.session import load
+    from ortpilot.tune.tune import HELDOUT_SEED, feeds_digest
+
+    source = demo_paths["encoder"]
+    fused = tmp_path / "model.onnx"
+    save_model(FusionPass("bert").run(source).model, fused)
+    tuned_inputs = make_feeds(load_model(source), seed=HELDOUT_SEED)
+    outputs = load(str(fused)).run(None, tuned_inputs)
+    names = [o.name for o in load(str(fused)).get_outputs()]
+    path = write_profile(tmp_path / "profile.json", model_file=fused,
+                         providers=[{"name": "CPUExecutionProvider", "options": {}}], settings={},
+                         extra={"source_model": {"path": str(source), "sha256": file_sha256(source)},
+                                "shapes": {k: list(v.shape) for k, v in tuned_inputs.items()},
+                                "reference_outputs": {"heldout_seed": HELDOUT_SEED,
+                                                      "inputs_sha256": feeds_digest(tuned_inputs),
+                                                      "sha256": {n: _digest(o) for n, o in zip(names, outputs)}}})
+    profile = json.loads(path.read_text())
+    sess = ortpilot.load_profile(path)
+    feeds = reference_feeds(profile)
+    assert feeds_digest(feeds) == profile["reference_outputs"]["inputs_sha256"]
+    got = {n: _digest(o) for n, o in zip(names, sess.run(None, feeds))}
+    assert got == profile["reference_outputs"]["sha256"]
+    from_fused = make_feeds(sess.model, seed=HELDOUT_SEED)  # what the old test did
+    assert feeds_digest(from_fused) != feeds_digest(feeds)

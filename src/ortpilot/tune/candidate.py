@@ -56,7 +56,9 @@ class Candidate:
             parts.append("+".join(names))
         default = SessionSettings().to_dict()
         for key, value in self.settings.to_dict().items():
-            if value != default[key]:
+            if key == "config_entries":
+                parts.extend(_ENTRY_LABELS.get((k, str(v)), f"{k}={v}") for k, v in sorted(value.items()))
+            elif value != default[key]:
                 parts.append(f"{_SHORT.get(key, key)}={_fmt(value)}")
         if self.iobinding:
             parts.append("iobinding")
@@ -83,6 +85,9 @@ class Candidate:
 
 _SHORT = {"level": "level", "intra_op_threads": "intra", "inter_op_threads": "inter",
           "execution_mode": "mode", "enable_cpu_mem_arena": "arena", "enable_mem_pattern": "mem_pattern"}
+
+
+_ENTRY_LABELS = {("session.intra_op.allow_spinning", "0"): "spin=off"}
 
 
 def _fmt(value: Any) -> str:
