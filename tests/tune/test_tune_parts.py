@@ -31,6 +31,9 @@ def test_space_follows_the_model(demo_paths):
     knobs = knob_variants(baseline_candidate(), mlp)
     assert all(c.settings.intra_op_threads <= mlp.cores for c in knobs)
     assert not any(c.settings.execution_mode == "parallel" for c in knobs) or mlp.parallel_branches
+    spin = [c for c in knobs if "spin=off" in c.label]
+    assert len(spin) == (1 if mlp.cores >= 2 else 0)
+    assert all(c.settings.config_entries == {"session.intra_op.allow_spinning": "0"} for c in spin)
 
 
 def test_combine_never_builds_parallel_mode_without_inter_op_threads():
