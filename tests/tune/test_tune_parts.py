@@ -61,3 +61,11 @@ def test_journal_drops_a_torn_last_line_and_defers_writing(tmp_path):
     resumed.append({"kind": "bench", "id": "b", "stage": "screen"})
     resumed.close()
     assert [r["id"] for r in read_journal(path)] == ["a", "a", "b"]
+
+
+def test_load_note_warns_only_when_other_work_held_the_cores_at_the_start():
+    from ortpilot.tune.tune import load_note
+
+    assert load_note([0.4, 2.1], cores=2) == ""  # the tune's own worker raises the end figure
+    assert "busy" in load_note([3.0, 2.0], cores=2) and "intra=1" in load_note([3.0], cores=2)
+    assert load_note([], cores=2) == ""

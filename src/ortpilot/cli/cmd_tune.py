@@ -107,6 +107,8 @@ def render_summary(doc: dict) -> None:
         counts[c["status"]] = counts.get(c["status"], 0) + 1
     stderr.print("Candidates: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), highlight=False)
     stderr.print(("[bold]" if not doc["default_best"] else "[bold yellow]") + headline(doc) + "[/]", highlight=False)
+    if doc.get("load_note"):
+        stderr.print(f"[yellow]Note: {doc['load_note']}.[/]", highlight=False)
     files = doc["files"]
     stderr.print(f"Wrote {files['model']}, {files['profile']}, {files['report_html']}, {files['report_md']} "
                  f"in {doc['wall_s']:.0f} s. Load it with ortpilot.load_profile(\"{files['profile']}\").",

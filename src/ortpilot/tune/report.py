@@ -42,6 +42,10 @@ def _ranked(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(ok, key=lambda c: _lat(c).get("p50_ms", math.inf)) + rest
 
 
+def load_line(doc: dict[str, Any]) -> str:
+    return f"Note: {doc['load_note']}." if doc.get("load_note") else ""
+
+
 def headline(doc: dict[str, Any]) -> str:
     sp = doc["speedup"]
     if doc["default_best"]:
@@ -52,6 +56,7 @@ def headline(doc: dict[str, Any]) -> str:
 
 def render_md(doc: dict[str, Any]) -> str:
     lines = [f"# ortpilot tune: {doc['model']}", "", headline(doc), "",
+             *([load_line(doc), ""] if doc.get("load_note") else []),
              f"ONNX Runtime {doc['onnxruntime']}, shapes "
              + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in doc["shapes"].items())
              + f", objective {doc['objective']}, tune wall time {doc['wall_s']:.0f} s.", "",
@@ -130,6 +135,7 @@ def render_html(doc: dict[str, Any]) -> str:
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background:#dfd}}tr.rej{{color:#888}}</style></head><body>
 <h1>ortpilot tune: {e(doc['model'])}</h1>
 <p><b>{e(headline(doc))}</b></p>
+{f"<p>{e(load_line(doc))}</p>" if doc.get("load_note") else ""}
 <p>ONNX Runtime {e(doc['onnxruntime'])}; shapes {e(str(doc['shapes']))}; objective {e(doc['objective'])};
 tune wall time {doc['wall_s']:.1f} s; accuracy gate on held-out inputs: {e(str(doc['metrics']))}, max error {doc['max_error']:g}.</p>
 <img alt="Pareto plot of latency vs error" src="data:image/png;base64,{pareto_png(doc)}">

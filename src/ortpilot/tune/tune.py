@@ -71,6 +71,7 @@ class TuneResult:
     files: dict[str, str] = field(default_factory=dict)
     resumed: bool = False
     heldout_sha256: str = ""
+    load_avg: list[float] = field(default_factory=list)  # 1-min load average at the start and the end
 
     def stats(self, entry: Entry) -> dict[str, Any]:
         samples = entry.final or entry.samples
@@ -85,7 +86,8 @@ class TuneResult:
             "speedup": self.speedup, "default_best": self.default_best, "default_best_reason": self.default_best_reason,
             "metrics": self.metrics, "max_error": self.max_error, "facts": self.facts.to_dict(),
             "shapes": {k: list(v) for k, v in self.shapes.items()}, "wall_s": self.wall_s, "files": self.files,
-            "resumed": self.resumed, "onnxruntime": ort.__version__,
+            "resumed": self.resumed, "onnxruntime": ort.__version__, "load_avg": self.load_avg,
+            "load_note": load_note(self.load_avg, self.facts.cores),
             "candidates": [self._entry(e) for e in self.entries],
         }
 
@@ -111,6 +113,7 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
     anything is written; Ctrl-C leaves the journal, so ``resume=True`` continues.
     """
     start = time.monotonic()
+    load_start = _load1()
     if not budget_s or budget_s <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {budget_s}.")
     label = str(model) if model is not None else "demo:encoder"
@@ -148,7 +151,8 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
                             speedup(base_entry, winner, objective), default_best, reason,
                             search.gate.metrics() if search.gate else {}, search.gate.max_error if search.gate else 0.0,
                             facts, dict(plan.shapes), time.monotonic() - start, batch=batch_size_of(heldout[0]),
-                            resumed=bool(journal.replayed), heldout_sha256=feeds_digest(heldout[0]))
+                            resumed=bool(journal.replayed), heldout_sha256=feeds_digest(heldout[0]),
+                            load_avg=[x for x in (load_start, _load1()) if x is not None])
         _write_outputs(result, path)
         journal.append({"kind": "done", "winner": winner.candidate.id, "files": result.files})
         return result
@@ -156,6 +160,26 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
         worker.close()
         journal.close()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _load1() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover - no load average on this platform
+        return None
+
+
+def load_note(load_avg: Sequence[float], cores: int) -> str:
+    """A warning when other work competed for the cores: thread-count choices then reflect that load.
+
+    Judged on the load average at the start only: once the tune runs, its own worker keeps the
+    cores busy and the figure says nothing about other work.
+    """
+    if not load_avg or load_avg[0] < cores * 0.75:
+        return ""
+    return (f"the machine was busy when the tune started (load average {load_avg[0]:.1f} on {cores} "
+            "cores): latencies, and thread-count choices such as intra=1, reflect that load; re-tune on a quiet "
+            "machine before relying on them")
 
 
 def feeds_digest(feeds: Mapping[str, Any]) -> str:
@@ -262,7 +286,8 @@ def _write_outputs(result: TuneResult, source: Path) -> None:
     model_file = out / MODEL_FILE
     atomic_write_bytes(model_file, built.read_bytes())
     latency = {"objective": result.objective, "winner": result.stats(winner), "baseline": result.stats(result.baseline),
-               "speedup_vs_default": result.speedup, "interleaved": bool(winner.final and result.baseline.final)}
+               "speedup_vs_default": result.speedup, "interleaved": bool(winner.final and result.baseline.final),
+               "load_avg": result.load_avg}
     result.files = {"model": str(model_file), "profile": str(out / "profile.json"),
                     "report_html": str(out / "report.html"), "report_md": str(out / "report.md"),
                     "journal": str(out / JOURNAL_NAME)}
