@@ -2,8 +2,8 @@
 
 For each context C the prompt is C - N tokens and N tokens are generated, so every timed step
 runs with a past of C - N .. C - 1 tokens. Each configuration (loop x model) is prefilled once;
-then the decode steps of all configurations alternate (step 1 of every config, step 2 of every
-config, ...), so a noisy moment on the machine hits them all alike. Reported: median and p90
+then the configurations take turns of ``--turn`` decode steps each, in alternating order
+(``_interleave.py``), so a noisy moment on the machine hits them all alike. Reported: median and p90
 ms/token, ratio to the plain loop on the source model, bytes crossing numpy <-> ORT per token
 (KV cache separately) and whether all greedy tokens are identical.
 
@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from _interleave import interleave_steps
 from ortpilot.decode.loops import DecodeLoop, make_loop
 from ortpilot.decode.signature import DecoderSignature, detect_signature
 from ortpilot.passes.decoder_fusion import fuse_decoder, summary
@@ -96,7 +97,7 @@ def make_configs(models: dict[str, onnx.ModelProto], threads: int, spin: bool) -
     return configs
 
 
-def run_context(configs: list[Config], context: int, new_tokens: int, vocab: int, seed: int) -> None:
+def run_context(configs: list[Config], context: int, new_tokens: int, vocab: int, seed: int, turn: int) -> None:
     prompt = np.random.default_rng(seed).integers(1, vocab, size=(1, context - new_tokens))
     mask = np.ones_like(prompt)
     tokens = {}
@@ -110,15 +111,16 @@ def run_context(configs: list[Config], context: int, new_tokens: int, vocab: int
         cfg.tokens.append(tokens[cfg.name])
     # Traffic counters start after prefill: per-token figures are decode only.
     base = {cfg.name: cfg.runner.traffic.snapshot() for cfg in configs}
-    for step in range(new_tokens - 1):
-        order = configs if step % 2 == 0 else configs[::-1]  # alternate who goes first
-        for cfg in order:
-            ids = np.array([[cfg.tokens[-1]]])
-            t0 = time.perf_counter()
-            logits = cfg.runner.step(ids)
-            nxt = int(logits[0].argmax())
-            cfg.steps_ms.append((time.perf_counter() - t0) * 1e3)
-            cfg.tokens.append(nxt)
+
+    def step(cfg: Config) -> None:
+        ids = np.array([[cfg.tokens[-1]]])
+        t0 = time.perf_counter()
+        logits = cfg.runner.step(ids)
+        nxt = int(logits[0].argmax())
+        cfg.steps_ms.append((time.perf_counter() - t0) * 1e3)
+        cfg.tokens.append(nxt)
+
+    interleave_steps(configs, new_tokens - 1, turn, step)
     for cfg in configs:
         cfg.traffic = cfg.runner.traffic.since(base[cfg.name])  # type: ignore[attr-defined]
 
@@ -130,6 +132,8 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-spin", action="store_true", help="ORT threads sleep instead of spin-waiting")
+    parser.add_argument("--turn", type=int, default=4,
+                        help="decode steps a configuration runs before the next one takes over (default 4)")
     parser.add_argument("--int8", action="store_true", help="also the dynamic INT8 of the fused model")
     parser.add_argument("--json", dest="json_out", help="write all samples here")
     parser.add_argument("--tokenizer", help="tokenizer.json: also answer --question with every model variant")
@@ -144,7 +148,8 @@ def main() -> int:
     sig = configs[0].signature
     vocab = sig.vocab_size or 1000
     doc = {"model": args.model or "demo:decoder", "ort": ort.__version__, "date": datetime.datetime.now().isoformat(
-        timespec="seconds"), "cpu": platform.processor() or platform.machine(), "threads": args.threads, "spinning": not args.no_spin,
+        timespec="seconds"), "cpu": platform.processor() or platform.machine(), "threads": args.threads,
+        "spinning": not args.no_spin, "turn": args.turn,
         "new_tokens": args.new_tokens, "contexts": {}}
     print(f"model {doc['model']}, ORT {ort.__version__}, {args.threads} threads"
           f"{'' if not args.no_spin else ' (no spinning)'}, {doc['date']}, "
@@ -155,7 +160,7 @@ def main() -> int:
     print("|---:|---|---:|---:|---:|---:|---:|---:|:-:|")
     for i, context in enumerate(int(c) for c in args.contexts.split(",")):
         log(f"context {context} ...")
-        run_context(configs, context, args.new_tokens, vocab, seed=i)
+        run_context(configs, context, args.new_tokens, vocab, seed=i, turn=args.turn)
         ref = configs[0]
         ref_p50 = float(np.median(ref.steps_ms))
         rows = {}

@@ -6,8 +6,8 @@ GroupQueryAttention and, for 4 bits, weight-only quantized by ``ortpilot.passes.
 (MatMulNBits block 32, symmetric, accuracy_level 4, GatherBlockQuantized embedding) after the
 generation gate accepted it (auto-excluding layers if it had not), and runs through ortpilot's
 shared-buffer loop. For each context C the prompt is C - N random token ids and N tokens are
-generated greedily; after every configuration's prefill, the decode steps alternate between
-configurations (step 1 of each, step 2 of each, ... in alternating order). Reported: median and
+generated greedily; after every configuration's prefill, the configurations take turns of
+``--turn`` decode steps each, in alternating order (``_interleave.py``). Reported: median and
 p90 ms/token, the ratio to genai at the same precision, whether the greedy tokens agree with
 genai's, and each configuration's answer to "What is the capital of France?".
 
@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import onnxruntime_genai as og
+from _interleave import interleave_steps
 
 from ortpilot.decode.loops import make_loop
 from ortpilot.decode.signature import detect_signature
@@ -39,8 +40,8 @@ from ortpilot.decode.gate import (HELD_OUT_TEXTS as HELD_OUT, GenerationGate, au
                                               candidate_logits, reference_run, score)
 from ortpilot.passes.base import SourceModel
 from ortpilot.modelio import load_model
-from ortpilot.passes.decoder_fusion import fuse_decoder
-from ortpilot.passes.weight_only import WeightOnlyPass, layer_groups, pack_weight_matmuls, weight_bytes
+from ortpilot.passes.decoder_fusion import DecoderFusionPass, fuse_decoder
+from ortpilot.passes.weight_only import WeightOnlyPass, layer_groups, weight_bytes
 from ortpilot.session import SessionSettings, load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +109,7 @@ def genai_model(path: Path, threads: int) -> og.Model:
 
 def ortpilot_models(export: Path, tokenizer: og.Tokenizer, block_size: int, min_top1: float, new_tokens: int,
                     doc: dict, genai_int4: og.Model, int8_groups: list[str] | None,
-                    unpacked: bool = False, fp32_packed: bool = False) -> dict[str, onnx.ModelProto]:
+                    unpacked: bool = False, asymmetric: bool = False) -> dict[str, onnx.ModelProto]:
     source = load_model(export)
     if any(n.op_type == "GroupQueryAttention" for n in source.graph.node):
         fused_model = source  # already fused (e.g. genai's own fp32 graph given as --export)
@@ -144,11 +145,16 @@ def ortpilot_models(export: Path, tokenizer: og.Tokenizer, block_size: int, min_
     log(f"gate: {gated['comparison']['top1_agreement']:.3f} top-1 with {gated['excluded_groups'] or 'nothing'} "
         f"in int8; all-4-bit: {plain_cmp.summary()}")
     models = {"fp32": fused_model, "int4": plain, "int4-gated": gated_model}
-    if fp32_packed:
-        models["fp32-packed"] = pack_weight_matmuls(fused_model)
-    if unpacked:
-        models["int4-unpacked"] = WeightOnlyPass("int4", block_size=block_size, pack=False).transform(
+    if asymmetric:
+        asym = WeightOnlyPass("int4", block_size=block_size, symmetric=False).transform(
             SourceModel(fused_model, None, "")).model
+        doc["gate"]["asymmetric"] = score(reference, candidate_logits(asym, reference, settings=settings), gate).to_dict()
+        models["int4-asym"] = asym
+    if unpacked and fused_model is not source:
+        loose = DecoderFusionPass(pack=False).run(source).model
+        models["fp32-unpacked"] = loose
+        models["int4-unpacked"] = WeightOnlyPass("int4", block_size=block_size, pack=False).transform(
+            SourceModel(loose, None, "")).model
     return models
 
 
@@ -176,13 +182,11 @@ def chat_ids(tokenizer: og.Tokenizer) -> list[int]:
     return tokenizer.encode(prompt).tolist()
 
 
-def run_context(configs: list[Config], context: int, new_tokens: int, vocab: int, seed: int) -> None:
+def run_context(configs: list[Config], context: int, new_tokens: int, vocab: int, seed: int, turn: int) -> None:
     prompt = np.random.default_rng(seed).integers(1, vocab, size=context - new_tokens)
     for cfg in configs:
         cfg.prefill(prompt, context)
-    for step in range(new_tokens - 1):
-        for cfg in configs if step % 2 == 0 else configs[::-1]:
-            cfg.step()
+    interleave_steps(configs, new_tokens - 1, turn, Config.step)
 
 
 def first_diff(a: list[int], b: list[int]) -> int:
@@ -196,15 +200,17 @@ def main() -> int:
     parser.add_argument("--contexts", default="128,1024,2048")
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--turn", type=int, default=4,
+                        help="decode steps a configuration runs before the next one takes over (default 4)")
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--min-top1", type=float, default=0.9)
     parser.add_argument("--gate-tokens", type=int, default=16)
     parser.add_argument("--int8-groups", help="comma-separated layer groups to keep in 8 bits (e.g. from an "
                         "earlier run's search) instead of running the auto-exclude search")
     parser.add_argument("--unpacked", action="store_true",
-                        help="also time the all-4-bit model without packing q/k/v and gate/up (pack=False)")
-    parser.add_argument("--fp32-packed", action="store_true",
-                        help="also time the float model with q/k/v and gate/up packed and the tied head untransposed")
+                        help="also time fp32 and int4 without packing q/k/v and gate/up (the fusion's pack=False)")
+    parser.add_argument("--asymmetric", action="store_true",
+                        help="also time and gate the all-4-bit model with zero points (symmetric=False)")
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
 
@@ -216,7 +222,7 @@ def main() -> int:
     tokenizer = og.Tokenizer(genai["fp32"])
     models = ortpilot_models(Path(args.export), tokenizer, args.block_size, args.min_top1, args.gate_tokens, doc,
                              genai["int4"], args.int8_groups.split(",") if args.int8_groups else None, args.unpacked,
-                             args.fp32_packed)
+                             args.asymmetric)
     settings = SessionSettings(intra_op_threads=args.threads, inter_op_threads=1)
     configs = [Config(f"genai/{p}", p, "genai", genai[p]) for p in ("fp32", "int4")]
     for p, model in models.items():
@@ -229,7 +235,7 @@ def main() -> int:
     print("|---:|---|---:|---:|---:|:-:|")
     for i, context in enumerate(int(c) for c in args.contexts.split(",")):
         log(f"context {context} ...")
-        run_context(configs, context, args.new_tokens, vocab, seed=i)
+        run_context(configs, context, args.new_tokens, vocab, seed=i, turn=args.turn)
         rows = {}
         for cfg in configs:
             ref = next(c for c in configs if c.kind == "genai" and c.precision == cfg.precision)

@@ -55,3 +55,33 @@ def test_sdpa_pattern_failure_is_named(decoder: onnx.ModelProto) -> None:
 def test_output_mismatch_is_refused(decoder: onnx.ModelProto) -> None:
     with pytest.raises(AccuracyGateError, match="changed the outputs"):
         DecoderFusionPass(atol=0.0, rtol=0.0).run(decoder)
+
+
+def test_packing_gives_gqa_the_packed_qkv(decoder: onnx.ModelProto) -> None:
+    """q/k/v become one MatMul whose output GQA reads directly; gate/up one MatMul and a Split."""
+    packed, unpacked = fuse_decoder(decoder), DecoderFusionPass(pack=False).run(decoder)
+    before, after = op_histogram(unpacked.model), op_histogram(packed.model)
+    assert after["MatMul"] == before["MatMul"] - 3 * 3  # per layer: q/k/v 3 -> 1, gate/up 2 -> 1
+    assert after.get("Split", 0) == before.get("Split", 0) + 3  # gate/up only
+    gqas = [n for n in packed.model.graph.node if n.op_type == "GroupQueryAttention"]
+    producers = {o: n for n in packed.model.graph.node for o in n.output}
+    for gqa in gqas:
+        assert gqa.input[1] == gqa.input[2] == ""
+        assert producers[gqa.input[0]].op_type == "MatMul"
+    assert packed.record.extra["max_abs_error"] < 1e-4  # checked against the source like any fusion
+    assert any("packed" in note for note in packed.record.notes)
+
+
+def test_cached_fusion_is_built_once(decoder: onnx.ModelProto, tmp_path) -> None:
+    from ortpilot.artifacts.store import ModelStore
+
+    store = ModelStore(tmp_path / "cache")
+    first = DecoderFusionPass(use_cache=True, store=store).run(decoder)
+    second = DecoderFusionPass(use_cache=True, store=store).run(decoder)
+    assert first.record.extra["cache_hit"] is False and second.record.extra["cache_hit"] is True
+    assert second.record.fused == first.record.fused and second.record.fused["GroupQueryAttention"] == 3
+    assert second.model.SerializeToString() == first.model.SerializeToString()
+    assert len(store.entries()) == 1
+    # Other options are another entry, not a stale hit.
+    DecoderFusionPass(use_cache=True, store=store, pack=False).run(decoder)
+    assert len(store.entries()) == 2

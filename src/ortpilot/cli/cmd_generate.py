@@ -89,7 +89,7 @@ def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: s
     if fuse:
         from ortpilot.passes.decoder_fusion import fuse_decoder, summary
 
-        fused = fuse_decoder(source)
+        fused = fuse_decoder(source, use_cache=True)
         notes.append(summary(fused))
         stderr.print(f"[dim]{summary(fused)}[/]", highlight=False)
         source = fused.model

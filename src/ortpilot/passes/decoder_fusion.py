@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
+from ortpilot.artifacts.store import ModelStore, cache_key
 from ortpilot.errors import AccuracyGateError, UsageError, VerificationError
 from ortpilot.graph.feeds import embedding_bounds
 from ortpilot.graph.shapes import InputInfo, graph_inputs
+from ortpilot.modelio import load_model, save_model
 from ortpilot.passes.base import ModelLike, Outcome, Pass, PassResult, SourceModel, op_histogram
+from ortpilot.passes.weight_only import pack_weight_matmuls
 
 log = logging.getLogger("ortpilot")
 FUSED_OPS = ("GroupQueryAttention", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
@@ -60,11 +65,13 @@ class DecoderFusionPass(Pass):
 
     name = "decoder-fusion"
 
-    def __init__(self, atol: float = 1e-3, rtol: float = 1e-3, seed: int = 0) -> None:
-        self.atol, self.rtol, self.seed = atol, rtol, seed
+    def __init__(self, atol: float = 1e-3, rtol: float = 1e-3, seed: int = 0, pack: bool = True,
+                 use_cache: bool = False, store: ModelStore | None = None) -> None:
+        self.atol, self.rtol, self.seed, self.pack = atol, rtol, seed, pack
+        self.use_cache, self.store = use_cache, store
 
     def options(self) -> dict[str, Any]:
-        return {"atol": self.atol, "rtol": self.rtol, "seed": self.seed}
+        return {"atol": self.atol, "rtol": self.rtol, "seed": self.seed, "pack": self.pack}
 
     def transform(self, source: SourceModel) -> Outcome:
         layers = count_layers(source.proto)
@@ -75,12 +82,39 @@ class DecoderFusionPass(Pass):
         if existing:
             return Outcome(source.proto, fused={"GroupQueryAttention": existing},
                            notes=[f"already fused: {existing} GroupQueryAttention"], extra={"layers": layers})
+        return self._cached(source) if self.use_cache else self._fuse(source)
+
+    def _cached(self, source: SourceModel) -> Outcome:
+        """The fused model from the content-addressed cache (a SmolLM2 fusion takes about a minute)."""
+        from onnxscript import __version__ as onnxscript_version
+
+        key = cache_key(model_sha256=source.sha256, ort_version=ort.__version__, providers=[], level=self.name,
+                        extra={"options": self.options(), "onnxscript": onnxscript_version})
+        record: dict[str, Any] = {}
+
+        def build(dest: Path) -> None:
+            outcome = self._fuse(source)
+            record.update(fused=outcome.fused, notes=outcome.notes, extra=outcome.extra)
+            save_model(outcome.model, dest)
+
+        store = self.store or ModelStore()
+        path, hit = store.get_or_create(key, build, meta=record)
+        meta = store.read_entry(key).get("meta", {}) if hit else record
+        notes = [*meta.get("notes", []), f"{'cache hit' if hit else 'built and cached'} ({key[:12]})"]
+        return Outcome(load_model(path), fused=meta.get("fused", {}), notes=notes,
+                       extra={**meta.get("extra", {}), "cache_key": key, "cache_hit": hit, "cache_path": str(path)})
+
+    def _fuse(self, source: SourceModel) -> Outcome:
+        layers = count_layers(source.proto)
         fused, counts = _optimize(source.proto)
         gqa = op_histogram(fused).get("GroupQueryAttention", 0)
         verdict = diagnose(counts, layers)
         if gqa != layers:
             raise VerificationError(f"Decoder fusion incomplete: {gqa} GroupQueryAttention for {layers} layers. "
                                     f"{verdict}. The model is left unfused.")
+        matmuls = op_histogram(fused).get("MatMul", 0)
+        if self.pack:  # q/k/v and gate/up as one GEMV each: a decode step is a chain of small kernels
+            fused = pack_weight_matmuls(fused, untranspose=False)
         error = _max_error(source.proto, fused, self.seed)
         bound = self.atol + self.rtol * error["scale"]
         if error["max_abs"] > bound:
@@ -89,14 +123,19 @@ class DecoderFusionPass(Pass):
                 f"'{error['worst']}' (allowed {bound:.3g} = atol {self.atol} + rtol {self.rtol} x "
                 f"{error['scale']:.3g}). The model is left unfused.")
         ops = op_histogram(fused)
+        notes = [verdict]
+        if self.pack and ops.get("MatMul", 0) < matmuls:
+            notes.append(f"weight MatMuls reading the same input packed: {matmuls} -> {ops.get('MatMul', 0)}")
         return Outcome(fused, fused={op: ops[op] for op in FUSED_OPS if ops.get(op)},
-                       notes=[verdict], extra={"layers": layers, "onnxscript_counts": counts,
-                                               "max_abs_error": error["max_abs"]})
+                       notes=notes, extra={"layers": layers, "onnxscript_counts": counts,
+                                           "max_abs_error": error["max_abs"],
+                                           "matmuls_before_packing": matmuls, "matmuls": ops.get("MatMul", 0)})
 
 
-def fuse_decoder(model: ModelLike | SourceModel, atol: float = 1e-3, rtol: float = 1e-3) -> PassResult:
+def fuse_decoder(model: ModelLike | SourceModel, atol: float = 1e-3, rtol: float = 1e-3, *,
+                 use_cache: bool = False) -> PassResult:
     """Run :class:`DecoderFusionPass` (raises when the fusion is incomplete or wrong)."""
-    return DecoderFusionPass(atol, rtol).run(model)
+    return DecoderFusionPass(atol, rtol, use_cache=use_cache).run(model)
 
 
 def summary(result: PassResult) -> str:

@@ -167,6 +167,34 @@ def _pack_siblings(model: onnx.ModelProto, targets: Sequence[WeightTarget]) -> l
     return out
 
 
+def _feed_packed_qkv(model: onnx.ModelProto) -> int:
+    """Where a packed q/k/v Split feeds a GroupQueryAttention's query, key and value (in that order and
+    nowhere else), give GQA the packed tensor itself: GQA takes packed QKV with empty key/value inputs,
+    as genai's builder emits it, and the Split disappears. Returns the number of GQAs rewired."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in model.graph.output}
+    dropped: set[str] = set()
+    for split in model.graph.node:
+        if split.op_type != "Split" or len(split.output) != 3 or graph_outputs & set(split.output):
+            continue
+        users = [consumers.get(o, []) for o in split.output]
+        if any(len(u) != 1 for u in users) or len({id(u[0]) for u in users}) != 1:
+            continue
+        gqa = users[0][0]
+        if gqa.op_type != "GroupQueryAttention" or list(gqa.input[:3]) != list(split.output):
+            continue
+        gqa.input[0], gqa.input[1], gqa.input[2] = split.input[0], "", ""
+        dropped.add(split.name)
+    if dropped:
+        kept = [n for n in model.graph.node if n.name not in dropped]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return len(dropped)
+
+
 def _weight_of(model: onnx.ModelProto, index: dict[str, int], target: WeightTarget) -> str:
     """The initializer a (possibly untransposed) target's node reads now."""
     return model.graph.node[index[target.node]].input[1]
@@ -286,6 +314,7 @@ class WeightOnlyPass(Pass):
                     subset = _pack_siblings(quantized, subset)
                     packed += before - len(subset)
                 quantized = self._quantize(quantized, subset, bits)
+        packed_qkv = _feed_packed_qkv(quantized) if self.pack else 0
         before, after = weight_bytes(model), weight_bytes(quantized)
         matmuls = sum(1 for t in chosen if t.op_type != "Gather")
         gathers = sum(1 for t in chosen if t.op_type == "Gather" and t.node not in self.nodes_in_int8)
@@ -293,7 +322,8 @@ class WeightOnlyPass(Pass):
                  f"{'symmetric' if self.symmetric else 'asymmetric'}, accuracy_level {self.accuracy_level})",
                  f"weights {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB ({before / max(after, 1):.2f}x smaller)"]
         if packed:
-            notes.append(f"MatMuls reading the same input packed: {packed} fewer MatMulNBits calls per token")
+            notes.append(f"MatMuls reading the same input packed: {packed} fewer MatMulNBits calls per token"
+                         + (f"; {packed_qkv} GroupQueryAttention read packed QKV" if packed_qkv else ""))
         if gathers:
             notes.append(f"{gathers} embedding Gather -> GatherBlockQuantized")
         elif self.bits == 8:
@@ -305,7 +335,7 @@ class WeightOnlyPass(Pass):
                          + (" (an embedding among them stays float)" if len(wide) < len(self.nodes_in_int8) else ""))
         return Outcome(quantized, notes=notes, extra={
             "weight_bytes_before": before, "weight_bytes_after": after, "matmuls_quantized": matmuls,
-            "gathers_quantized": gathers, "matmuls_packed_away": packed, "excluded": list(self.nodes_to_exclude),
+            "gathers_quantized": gathers, "matmuls_packed_away": packed, "gqa_packed_qkv": packed_qkv, "excluded": list(self.nodes_to_exclude),
             "int8_nodes": sorted(wide),
             "already_quantized": False})
 
@@ -371,14 +401,19 @@ def _named_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def pack_weight_matmuls(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The same graph rewrites without quantization (for float decoders): a tied LM head's
-    FusedMatMul(transB) becomes a MatMul on a stored transposed weight, and MatMuls that read the same
-    input are packed into one (q/k/v, gate/up). Fewer, larger GEMVs per decode step."""
+def pack_weight_matmuls(model: onnx.ModelProto, *, untranspose: bool = True) -> onnx.ModelProto:
+    """The same graph rewrites without quantization (for float decoders): MatMuls that read the same
+    input are packed into one (q/k/v, gate/up; GQA then reads the packed QKV), and with ``untranspose``
+    a tied LM head's FusedMatMul(transB) becomes a MatMul on a stored transposed copy of the embedding
+    (a little faster, but the copy costs vocab x hidden floats). Fewer, larger GEMVs per decode step."""
     out = _named_copy(model)
     targets = find_targets(out, embedding=False)
-    _untranspose(out, targets)
+    if untranspose:
+        _untranspose(out, targets)
+    else:
+        targets = [t for t in targets if t.op_type == "MatMul"]
     _pack_siblings(out, targets)
+    _feed_packed_qkv(out)
     used = {i for n in out.graph.node for i in n.input}
     kept = [t for t in out.graph.initializer if t.name in used]
     del out.graph.initializer[:]
