@@ -434,8 +434,7 @@ CASES: list[Case] = [
     Case("tune-bad-calibration", "tune", _model(tiny_file, "--calibration", "{in}/calib.npz", "--budget", "30",
                                                 out="tune"), 2, ("calibration",)),
     Case("tune-out-is-a-file", "tune", lambda ws: [str(tiny_file(ws)), "-o", str(tiny_file(ws, "taken.onnx")),
-                                                   "--budget", "30"], 2, ("taken.onnx", "not a folder"),
-         bug="tune/journal.py Journal.commit: -o naming an existing file raises FileExistsError (traceback)"),
+                                                   "--budget", "30"], 2, ("taken.onnx", "not a folder")),
     # generate
     Case("generate-not-a-decoder", "generate", _model(tiny_file, "--prompt-ids", "1,2,3"), 2, ("input_ids",)),
     Case("generate-bad-prompt-ids", "generate", lambda ws: [str(save(tiny_model(), ws.inputs / "m.onnx")),

@@ -112,8 +112,7 @@ def kill_then_resume(seed: int, model: Path, tmp_path: Path) -> None:
     assert profile["candidate"]["id"] == winner
     ortpilot.load_profile(str(out / "profile.json"))
     assert_cache_sound(ws.cache)
-    if temp_files(out):  # proven deterministically (strict) by the test below
-        pytest.xfail(f"known gap: a killed atomic write's temp file stays: {temp_files(out)}")
+    assert not temp_files(out), f"temp files left in the output folder: {temp_files(out)}"
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -127,9 +126,6 @@ def test_sigkill_then_resume_many(seed: int, demo_paths: dict[str, Path], tmp_pa
     kill_then_resume(seed, demo_paths["mlp"], tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="tune/search.py + tune/tune.py: journal records point at reference outputs "
-                   "in the run's scratch dir ($TMPDIR/ortpilot-tune-*), removed when the run ends; --resume of a "
-                   "finished or Ctrl-C'd tune raises FileNotFoundError in Gate.from_file (traceback)")
 def test_resume_of_a_finished_tune_replays_the_same_winner(demo_paths: dict[str, Path], tmp_path: Path) -> None:
     ws = Workspace.create(tmp_path)
     out = ws.out / "tune"
@@ -176,8 +172,6 @@ def test_killed_build_folder_is_swept_by_the_next_build(demo_paths: dict[str, Pa
     assert_cache_sound(ws.cache)
 
 
-@pytest.mark.xfail(strict=True, reason="artifacts/atomic.py + tune: the .NAME.*.tmp of an atomic write killed "
-                   "mid-way stays in OUTDIR; --resume (and every later write) leaves it there")
 def test_resume_sweeps_the_temp_file_of_a_killed_write(demo_paths: dict[str, Path], tmp_path: Path) -> None:
     ws = Workspace.create(tmp_path)
     out = ws.out / "tune"

@@ -7,7 +7,13 @@ import json
 from ortpilot.modelio import load_model
 from ortpilot.tune.candidate import Candidate, baseline_candidate
 from ortpilot.tune.journal import Journal, read_journal
-from ortpilot.tune.space import combine, first_candidates, gather_facts, has_parallel_branches, knob_variants
+from ortpilot.tune.space import (
+    combine,
+    first_candidates,
+    gather_facts,
+    has_parallel_branches,
+    knob_variants,
+)
 
 
 def test_candidate_id_is_stable_and_roundtrips():

@@ -1,16 +1,22 @@
 """Write files so that a crash or Ctrl-C never leaves a half-written one.
 
 Each write goes to a temp file in the destination folder, is fsynced, then renamed over the
-destination (rename is atomic within one filesystem).
+destination (rename is atomic within one filesystem). The temp file (``.NAME.XXXXXXXX.tmp``)
+is ``flock``-ed by its writer until the rename, so :func:`sweep_temp_files` can tell the temp
+file of a writer that was killed (SIGKILL, power loss) from one that is still being written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import os
+import re
+import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -20,6 +26,10 @@ import onnx
 from ortpilot.errors import UsageError
 
 _TWO_GB = 2**31 - 1
+TEMP_SUFFIX = ".tmp"
+# What ``tempfile.mkstemp(prefix=f".{name}.", suffix=TEMP_SUFFIX)`` makes: a dot, the destination's
+# name, a dot, eight characters from tempfile's alphabet, ``.tmp``. Nothing else is ours to sweep.
+_TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX) + r"$")
 
 
 def check_output_path(path: str | os.PathLike, what: str = "Output", example: str = "model.onnx") -> Path:
@@ -57,19 +67,65 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
     """
     dest = check_output_path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=TEMP_SUFFIX, dir=dest.parent)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: marks the temp file as alive
         os.fchmod(fd, _default_mode())  # mkstemp makes 0600; a saved model should follow the umask
         with os.fdopen(fd, mode) as fh:
             yield fh  # type: ignore[misc]
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, dest)
+            os.replace(tmp, dest)  # still locked, so a sweep never takes a finished temp file
         _fsync_dir(dest.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether a file name is one :func:`atomic_open` makes for its temp files (``.NAME.XXXXXXXX.tmp``)."""
+    return bool(_TEMP_NAME.match(name))
+
+
+def sweep_temp_files(folder: str | os.PathLike, min_age_s: float = 1.0) -> list[Path]:
+    """Remove the temp files that killed atomic writes left in ``folder``; return what was removed.
+
+    Only files directly in ``folder`` whose names match ortpilot's own temp naming, whose
+    writer's lock is free (the writer is gone: a live writer holds it until its rename) and
+    that are at least ``min_age_s`` old (covering the instant between a writer's ``mkstemp`` and
+    its lock). Anything else, other programs' files included, is left alone. A missing folder
+    is not an error.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        return []
+    removed = []
+    for path in sorted(root.iterdir()):
+        if is_temp_name(path.name) and _is_stale(path, min_age_s):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(path)
+    return removed
+
+
+def _is_stale(path: Path, min_age_s: float) -> bool:
+    """A regular file, old enough, whose lock nobody holds (checked without blocking)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # gone, a link, or unreadable: not ours to judge
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or time.time() - info.st_mtime < min_age_s:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a live writer holds it
+            return False
+        return True
+    finally:
+        os.close(fd)
 
 
 @functools.lru_cache(maxsize=1)

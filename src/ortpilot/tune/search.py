@@ -9,7 +9,10 @@ variant that passes within the budget. Halving: the better half of the candidate
 gets twice the runs, until the leader's confidence interval separates from the runner-up's or
 the budget ends. Final: leader, runner-up and the baseline are timed round-robin in one
 process, so a slow stretch of the machine hits all of them alike. Every step goes to the
-journal first and is replayed from it on ``--resume``.
+journal first and is replayed from it on ``--resume``. A journal whose search had ended (its
+final measurement or its ``done`` record is there) is replayed only (``replay_only``): a step
+the journal lacks is what the budget cut then, and stays cut, so the same winner comes out
+and nothing is measured again.
 """
 
 from __future__ import annotations
@@ -119,7 +122,9 @@ class Search:
 
     def __init__(self, worker: WorkerClient, journal: Journal, *, deadline: float, objective: str,
                  gate_factory: Callable[[str], Gate], progress: Callable[[Progress], None] | None = None,
-                 on_first_record: Callable[[], None] | None = None) -> None:
+                 on_first_record: Callable[[], None] | None = None, replay_only: bool = False) -> None:
+        """``on_first_record`` runs just before the journal first reaches the disk (the baseline is
+        measured by then): what a resume needs besides the journal is saved there."""
         if objective not in OBJECTIVES:
             raise UsageError(f"Unknown objective '{objective}'; use one of {', '.join(OBJECTIVES)}.")
         self.worker = worker
@@ -129,6 +134,8 @@ class Search:
         self.gate_factory = gate_factory
         self.gate: Gate | None = None
         self.progress = progress or (lambda p: None)
+        self.on_first_record = on_first_record or (lambda: None)
+        self.replay_only = replay_only
         self.entries: dict[str, Entry] = {}
         self.planned = 0
         self.screen_runs = 5
@@ -208,6 +215,8 @@ class Search:
     def _bench(self, entry: Entry, stage: str, runs: int, *, timeout: float) -> None:
         cid = entry.candidate.id
         record = self.journal.get("bench", cid, stage)
+        if record is None and self.replay_only:
+            return  # the ended search did not run this step: the budget had run out
         if record is None:
             try:
                 result = self.worker.request("bench", {"candidates": [entry.candidate.to_dict()], "runs": runs,
@@ -231,7 +240,7 @@ class Search:
         runs = runs or self.screen_runs
         replayed = self.journal.get("prepared", entry.candidate.id) is not None
         est = self._est_prepare() + runs * self._latency() * 3
-        if not replayed and not entry.candidate.baseline and self.left() - self._reserve() < est:
+        if not replayed and not entry.candidate.baseline and (self.replay_only or self.left() - self._reserve() < est):
             entry.status, entry.reason = "budget", "not measured: the budget ran out"
             self._report("screening")
             return
@@ -250,12 +259,13 @@ class Search:
         self.planned = 1 + len(queue) + KNOB_BASES * 6
         base = Entry(baseline, "baseline")
         self.evaluate(base, SCREEN_RUNS_BASELINE)
-        if base.status in ("timeout", "budget") or self.left() <= 0:
+        if base.status in ("timeout", "budget") or (self.left() <= 0 and not self.replay_only):
             raise BudgetTooSmall()
         if base.status != "ok":
             raise UsageError(f"ORT's default session could not be measured ({base.status}: {base.reason}); "
                              "ortpilot tune needs the model to run with ORT's defaults first. "
                              "Check it with 'ortpilot run MODEL'.")
+        self.on_first_record()
         self.journal.commit()  # from here on an interrupted tune leaves a resumable journal
         self.screen_runs = int(min(40, max(5, math.ceil(0.25 / max(self._latency(), 1e-6)))))
         fusion = facts.fusion_step
@@ -311,7 +321,7 @@ class Search:
         key = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
         record = self.journal.get("rank", key)
         if record is None:
-            if self.left() - self._reserve() < self._est_prepare() * 2:
+            if self.replay_only or self.left() - self._reserve() < self._est_prepare() * 2:
                 return []
             try:
                 result = self.worker.request("rank", data, max(1.0, self.left() - self._reserve()))
@@ -369,7 +379,7 @@ class Search:
         if base not in finalists:
             finalists.append(base)
         record = self.journal.get("final", "", "final")
-        if record is None and len(finalists) > 1:
+        if record is None and len(finalists) > 1 and not self.replay_only:
             per_run = sum(cost(e.samples, "p50") for e in finalists) * 1.3  # one run of each finalist
             budget_runs = max(0.0, self.left() - 1.0) / max(per_run, 1e-9) - 2  # less the warm-up
             rounds = FINAL_ROUNDS if budget_runs >= FINAL_ROUNDS * FINAL_MIN_RUNS else FINAL_MIN_ROUNDS

@@ -3,7 +3,9 @@
 The orchestration only: the space comes from ``space``, the measurements from ``search``
 (which runs candidates in ``worker`` children and journals every step), the files from
 ``artifacts.profile`` and ``report``. Nothing lands in OUTDIR until ORT's default session has
-been measured within the budget, and the profile is written last, atomically.
+been measured within the budget, and the profile is written last, atomically. What a resume
+needs besides the journal (the default session's outputs, the held-out inputs) is kept in
+``OUTDIR/.ortpilot-tune/`` (``state``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import onnxruntime as ort
 
-from ortpilot.artifacts.atomic import atomic_write_bytes
+from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path
 from ortpilot.artifacts.profile import write_profile
 from ortpilot.errors import UsageError
 from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds
@@ -33,6 +35,7 @@ from ortpilot.tune.candidate import baseline_candidate
 from ortpilot.tune.gate import Gate
 from ortpilot.tune.journal import JOURNAL_NAME, Journal
 from ortpilot.tune.search import (
+    CANDIDATE_TIMEOUT_S,
     OUTPUT_RESERVE_S,
     Entry,
     Progress,
@@ -41,7 +44,8 @@ from ortpilot.tune.search import (
     speedup,
 )
 from ortpilot.tune.space import Facts, gather_facts
-from ortpilot.tune.worker import WorkerClient, save_samples
+from ortpilot.tune.state import KEPT, keep_for_resume, kept_file, sweep
+from ortpilot.tune.worker import WorkerClient, WorkerCrash, load_samples, save_samples
 
 log = logging.getLogger("ortpilot")
 HELDOUT_SEED = 10_000  # held-out inputs never share a seed with calibration inputs (0..)
@@ -110,12 +114,14 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
 
     ``model`` None tunes the built-in demo encoder. ``budget_s`` bounds the search (the final
     interleaved measurement is reserved inside it). Raises UsageError for bad input before
-    anything is written; Ctrl-C leaves the journal, so ``resume=True`` continues.
+    anything is written; Ctrl-C leaves the journal, so ``resume=True`` continues (and on a
+    finished tune replays it: the same winner, nothing measured again).
     """
     start = time.monotonic()
     load_start = _load1()
     if not budget_s or budget_s <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {budget_s}.")
+    out = check_out_dir(Path(out_dir))
     label = str(model) if model is not None else "demo:encoder"
     path = _model_path(model)
     proto = load_model(path, load_external_data=False)
@@ -123,14 +129,19 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
     plan = plan_feeds(proto, parsed)  # a dim with no default raises here, naming the input
     specs = resolve_providers(providers) if providers else None
     facts = gather_facts(proto, specs, quantize=quantize)
-    out = Path(out_dir)
-    heldout = [make_feeds(proto, plan=plan, seed=HELDOUT_SEED + i) for i in range(max(1, samples))]
     calib = _calibration(proto, plan, calibration)
     config = {"model_sha256": file_sha256(path), "shapes": {k: list(v) for k, v in plan.shapes.items()},
               "objective": objective, "max_error": max_error, "metric": metric, "quantize": quantize,
               "providers": [s.to_dict() for s in facts.providers], "ort": ort.__version__}
     journal = Journal(out / JOURNAL_NAME, resume=resume)
     _check_resume(journal, config, out)
+    kept = journal.get(KEPT)
+    if kept is not None:  # the inputs the journaled outputs were computed on, not a regeneration
+        kept_file(out, kept, "reference")  # checked now, before any work, not when the gate needs it
+        heldout = load_samples(kept_file(out, kept, "heldout"))
+    else:
+        heldout = [make_feeds(proto, plan=plan, seed=HELDOUT_SEED + i) for i in range(max(1, samples))]
+    sweep(out)
     if journal.get("start") is None:
         journal.append({"kind": "start", **config, "budget_s": budget_s, "model": label})
     scratch = Path(tempfile.mkdtemp(prefix="ortpilot-tune-"))
@@ -140,8 +151,11 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
         save_samples(scratch / "calibration.npz", calib)
         (scratch / "worker.json").write_text(json.dumps(
             {"model": str(Path(path).resolve()), "shapes": {k: list(v) for k, v in plan.shapes.items()}}))
+        references: list[Path] = []
         search = Search(worker, journal, deadline=start + budget_s - OUTPUT_RESERVE_S, objective=objective,
-                        gate_factory=lambda ref: Gate.from_file(ref, max_error, metric), progress=progress)
+                        gate_factory=lambda ref: _gate(journal, out, ref, references, max_error, metric),
+                        progress=progress, replay_only=_search_ended(journal),
+                        on_first_record=lambda: _keep(journal, out, references, scratch / "heldout.npz"))
         base = baseline_candidate()
         finalists = search.run(base, facts)
         entries = list(search.entries.values())
@@ -152,14 +166,78 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
                             search.gate.metrics() if search.gate else {}, search.gate.max_error if search.gate else 0.0,
                             facts, dict(plan.shapes), time.monotonic() - start, batch=batch_size_of(heldout[0]),
                             resumed=bool(journal.replayed), heldout_sha256=feeds_digest(heldout[0]),
-                            load_avg=[x for x in (load_start, _load1()) if x is not None])
-        _write_outputs(result, path)
-        journal.append({"kind": "done", "winner": winner.candidate.id, "files": result.files})
+                            load_avg=_load_avg(journal, search.replay_only, load_start))
+        _write_outputs(result, path, _winner_model(worker, winner, path))
+        journal.append({"kind": "done", "winner": winner.candidate.id, "files": result.files,
+                        "load_avg": result.load_avg})
+        sweep(out)  # a temp file too young to judge at the start is old enough now
         return result
     finally:
         worker.close()
         journal.close()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def check_out_dir(out: Path) -> Path:
+    """Refuse an OUTDIR that is a file or cannot be written, before any work: exit 2, nothing written."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"Output folder '{out}' is a file, not a folder: tune writes model.onnx, profile.json, "
+                         "the reports and its journal into a folder. Give -o a folder path (it is created if "
+                         "missing).")
+    check_output_path(out / JOURNAL_NAME, "Tune journal", JOURNAL_NAME)
+    return out
+
+
+def _gate(journal: Journal, out: Path, ref: str, references: list[Path], max_error: float | None,
+          metric: str | None) -> Gate:
+    """The gate on the default session's outputs: the worker's file in a fresh run, the copy kept in
+    OUTDIR on resume (the run that wrote ``ref`` has deleted its scratch folder since)."""
+    kept = journal.get(KEPT)
+    path = kept_file(out, kept, "reference") if kept is not None else Path(ref)
+    if not path.is_file():  # a journal from an ortpilot that kept nothing in OUTDIR
+        raise UsageError(f"Cannot resume the tune in '{out}': its journal points at the default session's outputs "
+                         f"in '{path}', which is gone (the run that wrote them has ended). Drop --resume to start "
+                         "the tune over, or choose another -o folder.")
+    references.append(path)
+    return Gate.from_file(path, max_error, metric)
+
+
+def _keep(journal: Journal, out: Path, references: list[Path], heldout: Path) -> None:
+    """Before the journal's first write: keep what a resume needs in OUTDIR (once per journal)."""
+    if journal.get(KEPT) is None and references:
+        journal.append(keep_for_resume(out, {"reference": references[0], "heldout": heldout}))
+
+
+def _search_ended(journal: Journal) -> bool:
+    """Whether the journaled search had finished (final measurement or outputs done): replay it only."""
+    return journal.get("done") is not None or journal.get("final", "", "final") is not None
+
+
+def _winner_model(worker: WorkerClient, winner: Entry, source: Path) -> Path:
+    """The winner's built model; rebuilt through the model store when a resumed tune finds its cache
+    entry gone (the cache was cleared in between), and refused if the rebuild differs."""
+    built = winner.prepared.get("model_path")
+    if not built:
+        return source
+    if Path(built).is_file():
+        return Path(built)
+    try:
+        result = worker.request("prepare", winner.candidate.to_dict(), CANDIDATE_TIMEOUT_S)
+    except WorkerCrash as exc:
+        result = {"status": "crashed", "error": str(exc)}
+    if result.get("status") != "ok" or result.get("model_sha256") != winner.prepared.get("model_sha256"):
+        raise UsageError(f"The winner's model ({winner.candidate.label}) is gone from the model cache and "
+                         f"rebuilding it gave {'a different model' if result.get('status') == 'ok' else result.get('error')}"
+                         "; its measurements do not hold for the rebuild. Drop --resume to tune again.")
+    return Path(result["model_path"])
+
+
+def _load_avg(journal: Journal, replay_only: bool, load_start: float | None) -> list[float]:
+    """This run's load average at its start and now; a replay reports the run that measured."""
+    done = journal.get("done")
+    if replay_only and done is not None and "load_avg" in done:
+        return list(done["load_avg"])
+    return [x for x in (load_start, _load1()) if x is not None]
 
 
 def _load1() -> float | None:
@@ -276,13 +354,12 @@ def _pick(finalists: list[Entry], base: Entry, objective: str) -> tuple[Entry, b
     return best, False, ""
 
 
-def _write_outputs(result: TuneResult, source: Path) -> None:
+def _write_outputs(result: TuneResult, source: Path, built: Path) -> None:
     from ortpilot.tune.report import write_reports
 
     out = result.out_dir
     out.mkdir(parents=True, exist_ok=True)
     winner = result.winner
-    built = Path(winner.prepared.get("model_path") or source)
     model_file = out / MODEL_FILE
     atomic_write_bytes(model_file, built.read_bytes())
     latency = {"objective": result.objective, "winner": result.stats(winner), "baseline": result.stats(result.baseline),

@@ -37,8 +37,8 @@ class _Child:
         cfg = json.loads((scratch / "worker.json").read_text())
         self.source = Path(cfg["model"])
         self.shapes = {k: tuple(v) for k, v in (cfg.get("shapes") or {}).items()}
-        self.heldout = _load_samples(scratch / "heldout.npz")
-        self.calibration = _load_samples(scratch / "calibration.npz")
+        self.heldout = load_samples(scratch / "heldout.npz")
+        self.calibration = load_samples(scratch / "calibration.npz")
         self.runners: OrderedDict[str, Any] = OrderedDict()  # candidate id -> measure.bench.Runner
         (scratch / "outputs").mkdir(exist_ok=True)
 
@@ -139,7 +139,7 @@ def _digest(array: Any) -> str:
     return hashlib.sha256(f"{a.dtype}|{a.shape}|".encode() + a.tobytes()).hexdigest()
 
 
-def _load_samples(path: Path) -> list[dict[str, Any]]:
+def load_samples(path: Path) -> list[dict[str, Any]]:
     """Samples saved as ``{i}/{input}`` arrays in one npz."""
     import numpy as np
 
