@@ -1,7 +1,9 @@
-"""What the prep scripts share: user-facing errors, timed steps, package lookup, atomic publish."""
+"""What the prep and bench scripts share: user-facing errors, timed steps, package lookup, atomic
+publish, and the command line of the tune benchmarks (bench_tune, bench_olive)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import shutil
@@ -34,6 +36,28 @@ def package_dir(package: str, pip_name: str, install: str = "pip install") -> Pa
     if spec is None or not spec.submodule_search_locations:
         raise PrepError(f"package {pip_name!r} is not installed; run: {install} {pip_name}")
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def package_file(package: str, relative: str) -> Path | None:
+    """A data file inside an installed package (a model shipped in a wheel), or None when either is missing."""
+    try:
+        path = package_dir(package, package) / relative
+    except PrepError:
+        return None
+    return path if path.exists() else None
+
+
+def tune_bench_parser(description: str) -> argparse.ArgumentParser:
+    """The options bench_tune and bench_olive share; each script may add its own before parsing."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--budget", type=float, default=120, help="ortpilot tune budget per model, seconds")
+    ap.add_argument("--duration", type=float, default=20, help="interleaved measurement per model, seconds")
+    ap.add_argument("--only", default="", help="comma-separated corpus names (default: every model present)")
+    ap.add_argument("--out", default="", help="folder for the tuners' outputs (default: a new temp folder)")
+    ap.add_argument("--json", default="", help="also write the rows to this JSON file")
+    ap.add_argument("--turn", type=float, default=0.0,
+                    help="seconds per interleaving turn (0: measure's auto block of about 20 ms)")
+    return ap
 
 
 def publish(tmp: Path, out: Path) -> None:

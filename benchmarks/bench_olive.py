@@ -25,7 +25,6 @@ that serves exactly the feeds ortpilot measures with. Per model this script:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -40,6 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_tune
+from _prep import tune_bench_parser
 
 from ortpilot.measure.interleave import BenchConfig
 from ortpilot.session import SessionSettings
@@ -89,14 +89,7 @@ def olive_config(pick: dict[str, Any], feeds: dict[str, np.ndarray], model: Path
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--budget", type=float, default=120)
-    ap.add_argument("--duration", type=float, default=20)
-    ap.add_argument("--only", default="")
-    ap.add_argument("--out", default="")
-    ap.add_argument("--json", default="")
-    ap.add_argument("--turn", type=float, default=0.0, help="seconds per interleaving turn (see bench_tune)")
-    args = ap.parse_args()
+    args = tune_bench_parser(__doc__.splitlines()[0]).parse_args()
     if not OLIVE_PY.is_file():
         sys.exit(f"{OLIVE_PY} is missing; create the Olive venv first (see this script's docstring).")
     names = [n for n in bench_tune.CORPUS if not args.only or n in args.only.split(",")]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import statistics
 import sys
 import time
@@ -21,19 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from _prep import package_file
 
 from ortpilot.measure.compare import compare_runs, run_samples
 from ortpilot.passes.quantize import QuantizePass
 
 ROOT = Path(__file__).resolve().parent
-
-
-def package_file(package: str, relative: str) -> Path | None:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / relative
-    return path if path.exists() else None
 
 
 def photo_like(n: int, size: int, seed: int, *, scale01: bool) -> list[np.ndarray]:
@@ -99,7 +91,7 @@ def bench_cnn(label: str, path: Path, input_name: str, size: int, scale01: bool,
         try:
             result = step.run(path)
             sessions_try = session(result.model, args.threads)
-        except Exception as exc:  # record the failure, keep measuring the others
+        except Exception as exc:  # noqa: BLE001 (record the failure, keep measuring the others)
             failures[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             continue
         variants[name] = sessions_try
@@ -115,8 +107,8 @@ def bench_cnn(label: str, path: Path, input_name: str, size: int, scale01: bool,
         errors[name] = (w.metric, w.error, w.cosine, w.snr_db)
     medians = interleaved(sessions, held[0], args.rounds, args.runs)
     lines = [f"### {label} (`{path.name}`, input {input_name} 1x3x{size}x{size})", "",
-             "| variant | quantized nodes | median ms | vs float | gate metric | error | cosine | SNR dB | "
-             f"passes --max-error {args.max_error} |", "|---|---|---|---|---|---|---|---|---|"]
+             ("| variant | quantized nodes | median ms | vs float | gate metric | error | cosine | SNR dB | "
+              f"passes --max-error {args.max_error} |"), "|---|---|---|---|---|---|---|---|---|"]
     best = None
     for name in sessions:
         metric, err, cos, snr = errors[name]
@@ -185,13 +177,13 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     lines = ["# Quantization on real models (CPU)", "",
-             f"Command: `python benchmarks/bench_quantize_cnn.py --rounds {args.rounds} --runs {args.runs} "
-             f"--threads {args.threads} --max-error {args.max_error}`", "",
-             f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; ORT {ort.__version__}; "
-             f"Python {sys.version.split()[0]}; {args.threads} intra-op threads; CPU EP. Medians over "
-             f"{args.rounds} interleaved rounds x {args.runs} runs per variant. Accuracy: each variant against "
-             "float on 4 held-out photo-like inputs (calibration: 12 others); metric chosen per output by "
-             "`ortpilot.measure.compare.choose_metric` (relative L2 for detection maps).", ""]
+             (f"Command: `python benchmarks/bench_quantize_cnn.py --rounds {args.rounds} --runs {args.runs} "
+              f"--threads {args.threads} --max-error {args.max_error}`"), "",
+             (f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; ORT {ort.__version__}; "
+              f"Python {sys.version.split()[0]}; {args.threads} intra-op threads; CPU EP. Medians over "
+              f"{args.rounds} interleaved rounds x {args.runs} runs per variant. Accuracy: each variant against "
+              "float on 4 held-out photo-like inputs (calibration: 12 others); metric chosen per output by "
+              "`ortpilot.measure.compare.choose_metric` (relative L2 for detection maps)."), ""]
     nude = package_file("nudenet", "320n.onnx")
     if nude:
         lines += bench_cnn("nudenet 320n (YOLOv8n detector)", nude, "images", 320, True, args)
@@ -202,8 +194,8 @@ def main() -> None:
     if minilm.exists():
         lines += bench_minilm(minilm, args)
     else:
-        lines += ["MiniLM: `benchmarks/models/minilm/model.onnx` not present when this ran (made by "
-                  "`benchmarks/prep_minilm.py`); not measured.", ""]
+        lines += [("MiniLM: `benchmarks/models/minilm/model.onnx` not present when this ran (made by "
+                   "`benchmarks/prep_minilm.py`); not measured."), ""]
     text = "\n".join(lines)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)

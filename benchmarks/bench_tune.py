@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+from _prep import package_file, tune_bench_parser
 
 import ortpilot
 from ortpilot.graph.feeds import make_feeds, plan_feeds
@@ -37,14 +38,20 @@ from ortpilot.modelio import load_model
 from ortpilot.session import load
 
 ROOT = Path(__file__).resolve().parent.parent
-SITE = ROOT / ".venv" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 MINILM_DIR = ROOT / "benchmarks/models/minilm"
+
+
+def _packaged(package: str, relative: str) -> str:
+    """The model's path in its installed package; a path that does not exist when it is missing."""
+    return str(package_file(package, relative) or Path(package) / relative)
+
+
 CORPUS = {  # name -> (model, shapes)
     "encoder": ("demo:encoder", ["batch=1", "sequence=128"]),
     "minilm": (str(MINILM_DIR / "model.onnx"), ["batch=1", "sequence=128"]),
-    "nudenet": (str(SITE / "nudenet/320n.onnx"), ["images=1x3x320x320"]),
-    "ocr-det": (str(SITE / "rapidocr/models/PP-OCRv6_det_small.onnx"), ["x=1x3x640x640"]),
-    "silero-vad": (str(SITE / "silero_vad/data/silero_vad.onnx"), ["input=1x512", "state=2x1x128"]),
+    "nudenet": (_packaged("nudenet", "320n.onnx"), ["images=1x3x320x320"]),
+    "ocr-det": (_packaged("rapidocr", "models/PP-OCRv6_det_small.onnx"), ["x=1x3x640x640"]),
+    "silero-vad": (_packaged("silero_vad", "data/silero_vad.onnx"), ["input=1x512", "state=2x1x128"]),
 }
 CHECK_SEED = 20_000  # accuracy inputs: neither calibration (0..) nor the tuner's held-out (10000..)
 SENTENCES = [
@@ -200,15 +207,7 @@ def header(args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--budget", type=float, default=120)
-    ap.add_argument("--duration", type=float, default=20)
-    ap.add_argument("--only", default="")
-    ap.add_argument("--out", default="")
-    ap.add_argument("--json", default="", help="also write the rows to this JSON file")
-    ap.add_argument("--turn", type=float, default=0.0,
-                    help="seconds per interleaving turn (0: measure's auto block of about 20 ms)")
-    args = ap.parse_args()
+    args = tune_bench_parser(__doc__.splitlines()[0]).parse_args()
     names = [n for n in CORPUS if not args.only or n in args.only.split(",")]
     out_root = Path(args.out or tempfile.mkdtemp(prefix="bench-tune-"))
     head = header(args)
@@ -225,6 +224,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row, default=str), file=sys.stderr, flush=True)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"header": head, "rows": rows}, indent=1, default=str))
     print(head + "\n")
     print("| model | ORT default p50 ms | ortpilot p50 ms | speedup (paired 95% CI) | chosen | accuracy vs default "

@@ -7,10 +7,15 @@ import pytest
 
 pytest.importorskip("onnxscript", reason="onnxscript is not installed (pip install onnxscript)")
 
-from ortpilot.errors import AccuracyGateError, VerificationError  # noqa: E402
-from ortpilot.models import make_decoder  # noqa: E402
-from ortpilot.passes.base import op_histogram  # noqa: E402
-from ortpilot.passes.decoder_fusion import DecoderFusionPass, count_layers, fuse_decoder, summary  # noqa: E402
+from ortpilot.errors import AccuracyGateError, VerificationError
+from ortpilot.models import make_decoder
+from ortpilot.passes.base import op_histogram
+from ortpilot.passes.decoder_fusion import (
+    DecoderFusionPass,
+    count_layers,
+    fuse_decoder,
+    summary,
+)
 
 
 @pytest.fixture(scope="module")

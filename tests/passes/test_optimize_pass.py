@@ -56,7 +56,7 @@ def test_pipeline_composes_and_stamps_the_original_source(demo_paths):
 
 
 def test_failing_pass_leaves_output_and_cache_clean(demo_paths, tmp_path, monkeypatch):
-    import ortpilot.passes.optimize as optimize
+    from ortpilot.passes import optimize
 
     def explode(*args, **kwargs):
         dest = args[3]
@@ -102,7 +102,7 @@ def test_fusion_runs_without_importing_torch(demo_paths, tmp_path):
     env_cache = {"ORTPILOT_CACHE_DIR": str(tmp_path / "cache")}
     import os
 
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
                           env={**os.environ, **env_cache}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("ok")

@@ -14,9 +14,18 @@ from onnx import TensorProto, helper
 from ortpilot.cli.main import cli
 from ortpilot.errors import AccuracyGateError, InputError
 from ortpilot.modelio import save_model
-from ortpilot.passes.calibration import SyntheticCalibrationWarning, load_calibration, synthetic, write_samples
+from ortpilot.passes.calibration import (
+    SyntheticCalibrationWarning,
+    load_calibration,
+    synthetic,
+    write_samples,
+)
 from ortpilot.passes.gated import quantize_gated
-from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, constants_to_initializers
+from ortpilot.passes.quantize import (
+    NothingQuantizedError,
+    QuantizePass,
+    constants_to_initializers,
+)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +137,7 @@ class _Reader:
 
 
 def test_gate_refuses_before_writing(demo_paths, tmp_path):
-    with pytest.raises(AccuracyGateError, match="weight"):  # dynamic: layers ranked by weight SQNR
+    with pytest.raises(AccuracyGateError, match="dynamic INT8"):  # dynamic: layers ranked by passes.sensitivity
         quantize_gated(demo_paths["encoder"], tmp_path / "enc.q.onnx", "dynamic", max_error=1e-12)
     assert list(tmp_path.iterdir()) == []
 

@@ -13,8 +13,14 @@ from ortpilot.decode.generate import generate
 from ortpilot.errors import UsageError
 from ortpilot.models import make_cnn, make_decoder
 from ortpilot.passes.decoder_fusion import DecoderFusionPass
-from ortpilot.passes.weight_only import (WeightOnlyPass, find_targets, layer_groups, quantize_weight_only,
-                                         weight_bytes, weight_only_summary)
+from ortpilot.passes.weight_only import (
+    WeightOnlyPass,
+    find_targets,
+    layer_groups,
+    quantize_weight_only,
+    weight_bytes,
+    weight_only_summary,
+)
 
 LAYERS = 2
 WEIGHT_MATMULS = LAYERS * 7 + 1  # q k v o gate up down per layer, plus lm_head

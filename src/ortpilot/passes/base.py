@@ -4,11 +4,18 @@ Like ONNX IR's passes, a pass never edits its input; it returns a ``PassResult``
 says whether and how the model changed (node counts, op histogram diff, fused and quantized
 node counts, size), how long it took, and the stamp written into the new model. A
 ``Pipeline`` runs passes in order; the tuner enumerates pipelines.
+
+Serializing a large model is the slowest thing a pass does besides its own work (protobuf's
+``ByteSize`` serializes too: about 1 s per 500 MB), so each model is serialized once: a source's
+size is computed once and kept, a pass's output once, and those bytes give the record's size,
+the next pass's input hash in a ``Pipeline`` and the file ``PassResult.save`` writes. Whether a
+pass changed the graph is a protobuf comparison, which does not serialize.
 """
 
 from __future__ import annotations
 
 import abc
+import hashlib
 import logging
 import os
 import time
@@ -16,15 +23,18 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import onnx
+from google.protobuf.message import EncodeError
 
+from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path
 from ortpilot.artifacts.stamp import make_stamp, write_stamp
-from ortpilot.modelio import file_sha256, load_model, model_sha256, save_model
+from ortpilot.modelio import file_sha256, load_model, save_model, set_ir_for_running_ort
 
 log = logging.getLogger("ortpilot")
-ModelLike = Union[str, os.PathLike, onnx.ModelProto]
+ModelLike = str | os.PathLike | onnx.ModelProto
+_TWO_GB = 2**31 - 1  # one protobuf file holds less; bigger models are saved with external data
 
 # Ops that only a quantizer writes; a node of one of these is a quantized node.
 QUANT_OPS = frozenset({
@@ -44,13 +54,21 @@ class SourceModel:
     proto: onnx.ModelProto
     path: Path | None
     sha256: str
+    size: int | None = None  # serialized size in bytes; computed on first need, then kept
 
     @classmethod
     def of(cls, model: ModelLike) -> SourceModel:
         if isinstance(model, onnx.ModelProto):
-            return cls(model, None, model_sha256(model))
+            data = model.SerializeToString()  # once: the hash and the size come from the same bytes
+            return cls(model, None, hashlib.sha256(data).hexdigest(), len(data))
         path = Path(model)
         return cls(load_model(path), path, file_sha256(path))
+
+    def byte_size(self) -> int:
+        """Serialized size of ``proto``, computed once (passes run many times on one source)."""
+        if self.size is None:
+            self.size = _byte_size(self.proto)
+        return self.size
 
 
 def iter_nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
@@ -76,9 +94,8 @@ def quantized_node_count(model: onnx.ModelProto) -> int:
     for graph in _graphs(model.graph):
         producers = {out: n.op_type for n in graph.node for out in n.output}
         for node in graph.node:
-            if node.op_type in QUANT_OPS:
-                count += 1
-            elif node.op_type not in QDQ_OPS and any(producers.get(i) == "DequantizeLinear" for i in node.input):
+            fed_by_dq = node.op_type not in QDQ_OPS and any(producers.get(i) == "DequantizeLinear" for i in node.input)
+            if node.op_type in QUANT_OPS or fed_by_dq:
                 count += 1
     return count
 
@@ -123,20 +140,53 @@ class PassRecord:
         }
 
 
+def _fingerprint(model: onnx.ModelProto) -> tuple[Any, ...]:
+    """What callers edit on a finished model (its stamp, its IR version), and cheap graph counts."""
+    return (model.ir_version, tuple((o.domain, o.version) for o in model.opset_import),
+            tuple((p.key, p.value) for p in model.metadata_props), len(model.graph.node),
+            len(model.graph.initializer))
+
+
 @dataclass
 class PassResult:
-    """The new model and the record of how it was made."""
+    """The new model and the record of how it was made.
+
+    ``data`` holds the bytes ``Pass.run`` serialized the model to; they are reused for as long
+    as the model's stamp, IR version, opsets and node counts are those it had then (editing a
+    result's graph in place is not supported).
+    """
 
     model: onnx.ModelProto
     record: PassRecord
+    data: bytes | None = field(default=None, repr=False, compare=False)
+    _data_of: tuple[Any, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._data_of = _fingerprint(self.model) if self.data is not None else ()
 
     @property
     def changed(self) -> bool:
         return self.record.changed
 
+    def serialized(self) -> bytes:
+        """The model's bytes: those ``run`` made while they still match the model, fresh ones otherwise."""
+        if self.data is None or _fingerprint(self.model) != self._data_of:
+            self.data = self.model.SerializeToString()
+            self._data_of = _fingerprint(self.model)
+        return self.data
+
+    def as_source(self) -> SourceModel:
+        """This result as the next pass's input, hashed from the bytes already made."""
+        data = self.serialized()
+        return SourceModel(self.model, None, hashlib.sha256(data).hexdigest(), len(data))
+
     def save(self, path: str | os.PathLike) -> Path:
         """Write the model atomically (nothing is written if the process dies first)."""
-        return save_model(self.model, path)
+        dest = check_output_path(path)  # a directory or an unwritable folder: UsageError, nothing written
+        set_ir_for_running_ort(self.model)  # as save_model does; a lowered IR version makes fresh bytes
+        if self.data is not None and len(self.data) < _TWO_GB:
+            return atomic_write_bytes(dest, self.serialized())
+        return save_model(self.model, dest)
 
 
 @dataclass
@@ -179,20 +229,34 @@ class Pass(abc.ABC):
                            ep_specific=outcome.ep_specific,
                            source_path=str(source.path.resolve()) if source.path else None,
                            pass_name=self.name, options=self.options())
-        changed = outcome.model is not source.proto and _graph_bytes(outcome.model) != _graph_bytes(source.proto)
+        # A field-by-field comparison: no serialization, and a different op mix settles it at once.
+        changed = outcome.model is not source.proto and (bool(diff) or outcome.model.graph != source.proto.graph)
         model = _copy(source.proto) if outcome.model is source.proto else outcome.model
         write_stamp(model, stamp)
+        data = _serialize(model)
         record = PassRecord(
             name=self.name, options=self.options(), changed=changed,
             nodes_before=sum(before.values()), nodes_after=sum(after.values()), op_diff=diff,
             fused={k: v for k, v in outcome.fused.items() if v}, quantized_nodes=quantized_node_count(model),
-            size_before=source.proto.ByteSize(), size_after=model.ByteSize(), seconds=seconds, stamp=stamp,
-            notes=list(outcome.notes), extra=dict(outcome.extra))
-        return PassResult(model, record)
+            size_before=source.byte_size(), size_after=len(data) if data is not None else _byte_size(model),
+            seconds=seconds, stamp=stamp, notes=list(outcome.notes), extra=dict(outcome.extra))
+        return PassResult(model, record, data)
 
 
-def _graph_bytes(model: onnx.ModelProto) -> bytes:
-    return model.graph.SerializeToString()
+def _serialize(model: onnx.ModelProto) -> bytes | None:
+    """The model's bytes, or None when it is too big for one protobuf (over 2 GB)."""
+    try:
+        return model.SerializeToString()
+    except EncodeError:
+        return None
+
+
+def _byte_size(model: onnx.ModelProto) -> int:
+    """Serialized size; over 2 GB, where protobuf cannot serialize (ByteSize included), the tensor bytes."""
+    try:
+        return model.ByteSize()
+    except EncodeError:
+        return sum(len(t.raw_data) for graph in _graphs(model.graph) for t in graph.initializer)
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -236,7 +300,7 @@ class Pipeline:
         for step in self.passes:
             result = step.run(current)
             records.append(result.record)
-            current = SourceModel(result.model, None, model_sha256(result.model))
+            current = result.as_source()
         final = current.proto if isinstance(current, SourceModel) else SourceModel.of(current).proto
         if records and isinstance(first, SourceModel) and first.path is not None:
             # The stamp of a pipeline's output names the original source, not an intermediate.
@@ -248,5 +312,5 @@ class Pipeline:
     __call__ = run
 
 
-__all__ = ["ModelLike", "Outcome", "Pass", "PassRecord", "PassResult", "Pipeline", "PipelineResult", "QDQ_OPS",
-           "QUANT_OPS", "SourceModel", "iter_nodes", "op_histogram", "quantized_node_count"]
+__all__ = ["QDQ_OPS", "QUANT_OPS", "ModelLike", "Outcome", "Pass", "PassRecord", "PassResult", "Pipeline",
+           "PipelineResult", "SourceModel", "iter_nodes", "op_histogram", "quantized_node_count"]

@@ -6,7 +6,9 @@ activation against its float twin says how much error has piled up there. A laye
 contribution is the SQNR its output loses relative to its worst input (dB dropped here),
 which ranks the layer that breaks the model above the layers that merely inherit its error.
 Static QOperator models are ranked through a QDQ twin built with the same settings (same node
-names); dynamic models, which have no activations to match, by the SQNR of their INT8 weights.
+names). Dynamic models have no quantized activations to match: ``passes.sensitivity`` replays
+each weighted node's product on the calibration activations with both operands rounded as ORT
+rounds them, which finds the layers fed by outliers that weight statistics alone miss.
 """
 
 from __future__ import annotations
@@ -21,16 +23,15 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from ortpilot.passes.base import PassResult, SourceModel
 from ortpilot.passes.gate import AccuracyGate, GateResult, gate_failure
 from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, full_op_types
+from ortpilot.passes.sensitivity import dynamic_op_types, rank_dynamic
 from ortpilot.session.ortlog import capture_ort_output
 
 log = logging.getLogger("ortpilot")
 SQNR_CAP_DB = 100.0
-_WEIGHTED = ("MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "LSTM", "GRU", "Gather", "EmbedLayerNormalization")
 
 
 @dataclass
@@ -40,14 +41,17 @@ class LayerError:
     node: str
     op_type: str
     tensor: str
-    sqnr_db: float  # SQNR of this tensor against the float model (activation) or of the INT8 weight
-    drop_db: float  # SQNR lost at this node (activation), or CAP - weight SQNR
-    kind: str  # "activation" or "weight"
+    sqnr_db: float  # SQNR of this tensor (activation) or of this node's rounded product (dynamic)
+    drop_db: float  # SQNR lost at this node; a dynamic node's inputs are float, so CAP - its SQNR
+    kind: str  # "activation" (QDQ activation matching) or "dynamic" (product replayed on real inputs)
     exclude: list[str] = field(default_factory=list)  # nodes to leave in float to remove this error
+    noise_share: float | None = None  # dynamic: this node's share of the noise all ranked nodes add
 
     def describe(self) -> str:
-        if self.kind == "weight":
-            return f"{self.node} ({self.op_type}): weight {self.tensor} SQNR {self.sqnr_db:.1f} dB"
+        if self.kind == "dynamic":
+            share = f", {self.noise_share:.0%} of the added noise" if self.noise_share is not None else ""
+            return (f"{self.node} ({self.op_type}): dynamic INT8 output SQNR {self.sqnr_db:.1f} dB on the calibration "
+                    f"activations{share}")
         return (f"{self.node} ({self.op_type}): output SQNR {self.sqnr_db:.1f} dB, {self.drop_db:.1f} dB lost at "
                 "this node")
 
@@ -117,64 +121,61 @@ def activation_errors(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto,
     return errors
 
 
-def weight_errors(float_model: onnx.ModelProto, *, per_channel: bool = False, reduce_range: bool = False
-                  ) -> list[LayerError]:
-    """SQNR of each weighted node's weights after symmetric INT8 rounding, worst first."""
-    inits = {t.name: t for t in float_model.graph.initializer}
-    qmax = 63.0 if reduce_range else 127.0
+def dynamic_errors(float_model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]], *,
+                   op_types: Sequence[str] | None = None, per_channel: bool = False, reduce_range: bool = False,
+                   weight_type: str = "qint8") -> list[LayerError]:
+    """``passes.sensitivity.rank_dynamic`` as LayerErrors, worst first (``op_types``: ORT's dynamic defaults)."""
+    ranking = rank_dynamic(float_model, samples, op_types=op_types or dynamic_op_types(), per_channel=per_channel,
+                           reduce_range=reduce_range, weight_type=weight_type)
+    total = sum(r["nsr"] for r in ranking)
     errors = []
-    for node in float_model.graph.node:
-        if node.op_type not in _WEIGHTED:
-            continue
-        for name in node.input:
-            if name not in inits:
-                continue
-            w = numpy_helper.to_array(inits[name])
-            if w.dtype.kind != "f" or w.ndim < 2:
-                continue
-            axis = 0 if node.op_type in ("Conv", "ConvTranspose") else w.ndim - 1
-            if per_channel:
-                scale = np.max(np.abs(w), axis=tuple(a for a in range(w.ndim) if a != axis), keepdims=True) / qmax
-            else:
-                scale = np.max(np.abs(w)) / qmax
-            scale = np.where(scale == 0, 1.0, scale)
-            q = np.clip(np.round(w / scale), -qmax, qmax) * scale
-            value = _sqnr([w], [q])
-            errors.append(LayerError(node.name, node.op_type, name, value, SQNR_CAP_DB - value, "weight", [node.name]))
-            break
-    errors.sort(key=lambda e: e.sqnr_db)
+    for r in ranking:
+        sqnr = float(np.clip(r["sqnr_db"], -SQNR_CAP_DB, SQNR_CAP_DB))
+        errors.append(LayerError(r["node"], r["op_type"], r["tensor"], sqnr, max(0.0, SQNR_CAP_DB - sqnr), "dynamic",
+                                 [r["node"]], r["nsr"] / total if total > 0 else None))
     return errors
+
+
+def layer_errors(step: QuantizePass, source: SourceModel, quantized: onnx.ModelProto,
+                 samples: Sequence[Mapping[str, np.ndarray]]) -> list[LayerError]:
+    """Every ranked layer's share of the error in ``quantized`` (made by ``step`` from ``source``), worst
+    first, excluded layers included. ``samples`` should be calibration samples, not the gate's held-out ones."""
+    prepared, _ = step.prepared(source)
+    if step.mode == "dynamic":
+        return dynamic_errors(prepared, samples, op_types=step.op_types, per_channel=step.per_channel,
+                              reduce_range=step.reduce_range, weight_type=step.weight_type)
+    qdq = quantized
+    if step.mode == "static":  # QOperator ops hide their activations: rank through a QDQ twin
+        twin = step.with_excluded([])
+        twin.mode, twin.op_types = "qdq", step.op_types or full_op_types()
+        try:
+            qdq = twin.run(source).model
+        except NothingQuantizedError:
+            return []
+    return activation_errors(prepared, qdq, samples, step.op_types_for_mode() or full_op_types())
 
 
 def worst_layers(step: QuantizePass, source: SourceModel, quantized: onnx.ModelProto,
                  samples: Sequence[Mapping[str, np.ndarray]], n: int = 5) -> list[LayerError]:
-    """The ``n`` layers contributing most error to ``quantized`` (made by ``step`` from ``source``)."""
-    prepared, _ = step.prepared(source)
+    """The ``n`` layers not yet excluded that contribute most error to ``quantized``."""
     excluded = set(step.nodes_to_exclude)
-    if step.mode == "dynamic":
-        errors = weight_errors(prepared, per_channel=step.per_channel, reduce_range=step.reduce_range)
-    else:
-        qdq = quantized
-        if step.mode == "static":  # QOperator ops hide their activations: rank through a QDQ twin
-            twin = step.with_excluded([])
-            twin.mode, twin.op_types = "qdq", step.op_types or full_op_types()
-            try:
-                qdq = twin.run(source).model
-            except NothingQuantizedError:
-                return []
-        errors = activation_errors(prepared, qdq, samples, step.op_types_for_mode() or full_op_types())
-    return [e for e in errors if e.node not in excluded][:n]
+    return [e for e in layer_errors(step, source, quantized, samples) if e.node not in excluded][:n]
 
 
-def auto_exclude(step: QuantizePass, source: SourceModel, gate: AccuracyGate, *, max_rounds: int = 6,
-                 per_round: int = 2, worst_n: int = 5) -> tuple[PassResult, GateResult, list[dict[str, Any]]]:
+def auto_exclude(step: QuantizePass, source: SourceModel, gate: AccuracyGate,
+                 samples: Sequence[Mapping[str, np.ndarray]], *, max_rounds: int = 6, per_round: int = 2,
+                 worst_n: int = 5) -> tuple[PassResult, GateResult, list[dict[str, Any]]]:
     """Re-quantize leaving the worst layers in float until ``gate`` passes or ``max_rounds`` is reached.
 
-    Raises AccuracyGateError (naming the worst layers left) when the gate still fails.
+    Layers are ranked on ``samples`` (calibration data), so the held-out samples stay a fair test.
+    A dynamic ranking depends only on the float model and is computed once; QDQ rankings are
+    re-measured on each round's model. Raises AccuracyGateError (naming the worst layers left)
+    when the gate still fails.
     """
     current = step
     history: list[dict[str, Any]] = []
     result = measured = None
+    ranked: list[LayerError] | None = None
     layers: list[LayerError] = []
     for round_no in range(max_rounds + 1):
         try:
@@ -189,7 +190,9 @@ def auto_exclude(step: QuantizePass, source: SourceModel, gate: AccuracyGate, *,
                  measured.describe())
         if measured.passed:
             return result, measured, history
-        layers = worst_layers(current, source, result.model, gate.heldout, worst_n)
+        if ranked is None or step.mode != "dynamic":
+            ranked = layer_errors(current, source, result.model, samples)
+        layers = [e for e in ranked if e.node not in set(current.nodes_to_exclude)][:worst_n]
         new = list(dict.fromkeys(n for layer in layers[:per_round] for n in layer.exclude
                                  if n not in current.nodes_to_exclude))
         if round_no == max_rounds or not new:
@@ -204,4 +207,4 @@ def auto_exclude(step: QuantizePass, source: SourceModel, gate: AccuracyGate, *,
         "real --calibration data, or a milder --mode."))
 
 
-__all__ = ["LayerError", "activation_errors", "auto_exclude", "weight_errors", "worst_layers"]
+__all__ = ["LayerError", "activation_errors", "auto_exclude", "dynamic_errors", "layer_errors", "worst_layers"]

@@ -3,7 +3,9 @@
 Calibration data is split into calibration and held-out samples; the quantized model is
 compared with its source on the held-out ones; a model that fails ``max_error`` is not
 written (AccuracyGateError, exit 1) and the worst layers are named, or, with
-``auto_exclude``, left in float round by round until it passes.
+``auto_exclude``, left in float round by round until it passes. Layers are ranked on the
+calibration samples (dynamic mode: each weighted node's product replayed on its real input
+activations, ``passes.sensitivity``), not on the held-out samples that decide the gate.
 """
 
 from __future__ import annotations
@@ -70,13 +72,13 @@ def quantize_gated(model: ModelLike, output: str | os.PathLike | None, mode: str
     gate = AccuracyGate(str(source.path) if source.path else source.proto, heldout, max_error, providers)
     history: list[dict[str, Any]] = []
     if auto_exclude and max_error is not None:
-        result, measured, history = run_auto_exclude(step, source, gate, max_rounds=max_rounds, per_round=per_round,
-                                                     worst_n=worst_n)
+        result, measured, history = run_auto_exclude(step, source, gate, calib, max_rounds=max_rounds,
+                                                     per_round=per_round, worst_n=worst_n)
     else:
         result = step.run(source)
         measured = gate.measure(result.model)
         if not measured.passed:
-            measured.worst_layers = worst_layers(step, source, result.model, heldout, worst_n)
+            measured.worst_layers = worst_layers(step, source, result.model, calib, worst_n)
             raise gate_failure(measured)
     result.record.notes.append(f"accuracy: {measured.describe()}")
     if data.synthetic:

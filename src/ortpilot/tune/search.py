@@ -4,7 +4,7 @@ interleaved measurement of the finalists against ORT's default session.
 Cheap pass: each candidate is prepared in the worker (built, loaded strict, checked against
 the gate) and timed with a few runs. Model variants are tried most promising first; a dynamic
 INT8 variant that misses the gate by a little is followed at once by the same variant with its
-most sensitive layers left in float (``tune.sensitivity``), so the search reaches a fast
+most sensitive layers left in float (``passes.sensitivity``), so the search reaches a fast
 variant that passes within the budget. Halving: the better half of the candidates that passed
 gets twice the runs, until the leader's confidence interval separates from the runner-up's or
 the budget ends. Final: leader, runner-up and the baseline are timed round-robin in one
@@ -32,7 +32,7 @@ from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
 from ortpilot.tune.candidate import Candidate
 from ortpilot.tune.gate import Gate
 from ortpilot.tune.journal import Journal
-from ortpilot.tune.sensitivity import nodes_to_exclude
+from ortpilot.passes.sensitivity import nodes_to_exclude
 from ortpilot.tune.space import (
     Facts,
     combine,

@@ -6,7 +6,7 @@ and saves its outputs on the held-out inputs; ``bench`` times prepared sessions,
 round by round. A child killed by a signal is reported with the signal number and restarted.
 The child keeps a few sessions alive (each wrapped in ``measure.bench.Runner``, the timing loop
 ``ortpilot bench`` uses), so later rounds need not recreate them. ``rank`` computes the
-dynamic-INT8 sensitivity of a model's layers (``tune.sensitivity``), also out of process.
+dynamic-INT8 sensitivity of a model's layers (``passes.sensitivity``), also out of process.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class _Child:
 
     def rank(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """Dynamic-INT8 sensitivity of each weighted node of the model ``passes`` build."""
-        from ortpilot.tune.sensitivity import rank_dynamic
+        from ortpilot.passes.sensitivity import rank_dynamic
         from ortpilot.tune.transform import build_model
 
         # The prepared model: the very graph (and node names) the quantize step will see; cached,
