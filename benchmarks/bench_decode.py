@@ -2,7 +2,7 @@
 
 For each context C the prompt is C - N tokens and N tokens are generated, so every timed step
 runs with a past of C - N .. C - 1 tokens. Each configuration (loop x model) is prefilled once;
-then the configurations take turns of ``--turn`` decode steps each, in alternating order
+then the configurations take turns of ``--turn`` decode steps each, in rotating order
 (``_interleave.py``), so a noisy moment on the machine hits them all alike. Reported: median and p90
 ms/token, ratio to the plain loop on the source model, bytes crossing numpy <-> ORT per token
 (KV cache separately) and whether all greedy tokens are identical.
@@ -132,8 +132,8 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-spin", action="store_true", help="ORT threads sleep instead of spin-waiting")
-    parser.add_argument("--turn", type=int, default=4,
-                        help="decode steps a configuration runs before the next one takes over (default 4)")
+    parser.add_argument("--turn", type=int, default=8,
+                        help="decode steps a configuration runs before the next one takes over (default 8)")
     parser.add_argument("--int8", action="store_true", help="also the dynamic INT8 of the fused model")
     parser.add_argument("--json", dest="json_out", help="write all samples here")
     parser.add_argument("--tokenizer", help="tokenizer.json: also answer --question with every model variant")

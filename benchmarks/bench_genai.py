@@ -7,7 +7,7 @@ GroupQueryAttention and, for 4 bits, weight-only quantized by ``ortpilot.passes.
 generation gate accepted it (auto-excluding layers if it had not), and runs through ortpilot's
 shared-buffer loop. For each context C the prompt is C - N random token ids and N tokens are
 generated greedily; after every configuration's prefill, the configurations take turns of
-``--turn`` decode steps each, in alternating order (``_interleave.py``). Reported: median and
+``--turn`` decode steps each, in rotating order (``_interleave.py``). Reported: median and
 p90 ms/token, the ratio to genai at the same precision, whether the greedy tokens agree with
 genai's, and each configuration's answer to "What is the capital of France?".
 
@@ -200,8 +200,8 @@ def main() -> int:
     parser.add_argument("--contexts", default="128,1024,2048")
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--turn", type=int, default=4,
-                        help="decode steps a configuration runs before the next one takes over (default 4)")
+    parser.add_argument("--turn", type=int, default=8,
+                        help="decode steps a configuration runs before the next one takes over (default 8)")
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--min-top1", type=float, default=0.9)
     parser.add_argument("--gate-tokens", type=int, default=16)

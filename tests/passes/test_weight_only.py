@@ -208,3 +208,19 @@ def test_pack_weight_matmuls_keeps_float_outputs(decoder: onnx.ModelProto) -> No
     assert abs(weight_bytes(packed) - weight_bytes(decoder)) < 1024  # the unpacked weights are gone
     ids = np.random.default_rng(2).integers(0, 256, (1, 7))
     np.testing.assert_allclose(full_logits(packed, ids), full_logits(decoder, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_matmuls_keep_their_layer_from_export_metadata(decoder: onnx.ModelProto) -> None:
+    """Exports name nodes node_linear_N and keep the module path in metadata; packing keeps it too."""
+    from ortpilot.passes.weight_only import _SCOPE_KEYS, pack_weight_matmuls
+
+    model = DecoderFusionPass(pack=False).run(decoder).model
+    for i, node in enumerate(model.graph.node):
+        entry = node.metadata_props.add()
+        entry.key, entry.value = sorted(_SCOPE_KEYS)[0], node.name
+        node.name = f"node_{i}"
+    assert len(layer_groups(model)["layer 0"]) == 7
+    packed = pack_weight_matmuls(model, untranspose=False)
+    groups = layer_groups(packed)
+    assert len(groups["layer 0"]) == 4 and len(groups["layer 1"]) == 4
+    assert all(name.startswith("layer") or "lm_head" in name or "embed" in name for name in groups)

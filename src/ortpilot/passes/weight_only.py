@@ -151,10 +151,12 @@ def _pack_siblings(model: onnx.ModelProto, targets: Sequence[WeightTarget]) -> l
         name, weight = f"{members[0].node}/packed", f"{nodes[0].input[1]}.packed"
         model.graph.initializer.extend([numpy_helper.from_array(np.concatenate(arrays, axis=1), weight),
                                         numpy_helper.from_array(np.array(sizes, dtype=np.int64), f"{weight}.split")])
-        inserts[min(index[m.node] for m in members)] = [
-            onnx.helper.make_node("MatMul", [nodes[0].input[0], weight], [f"{name}/output"], name=name),
-            onnx.helper.make_node("Split", [f"{name}/output", f"{weight}.split"], [n.output[0] for n in nodes],
-                                  name=f"{name}/Split", axis=-1)]
+        packed = [onnx.helper.make_node("MatMul", [nodes[0].input[0], weight], [f"{name}/output"], name=name),
+                  onnx.helper.make_node("Split", [f"{name}/output", f"{weight}.split"], [n.output[0] for n in nodes],
+                                        name=f"{name}/Split", axis=-1)]
+        for node in packed:  # the export's module path, which names the layer (``layer_groups``)
+            node.metadata_props.extend(nodes[0].metadata_props)
+        inserts[min(index[m.node] for m in members)] = packed
         out.append(WeightTarget(name, "MatMul", weight, (members[0].block_dim, sum(sizes)), members[0].block_dim,
                                 members[0].group))
     kept = []
