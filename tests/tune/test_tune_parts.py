@@ -75,3 +75,18 @@ def test_load_note_warns_only_when_other_work_held_the_cores_at_the_start():
     assert load_note([0.4, 2.1], cores=2) == ""  # the tune's own worker raises the end figure
     assert "busy" in load_note([3.0, 2.0], cores=2) and "intra=1" in load_note([3.0], cores=2)
     assert load_note([], cores=2) == ""
+
+
+def test_model_variants_run_on_the_cpu_too_when_another_provider_comes_first(demo_paths):
+    """With an accelerator EP first (OpenVINO, CUDA), INT8 on the CPU must still compete."""
+    from ortpilot.providers.names import ProviderSpec
+
+    facts = gather_facts(load_model(demo_paths["cnn"]), [ProviderSpec("OpenVINOExecutionProvider"),
+                                                         ProviderSpec("CPUExecutionProvider")])
+    cands = first_candidates(facts, baseline_candidate())
+    on = {name: [c for c in cands if c.providers[0]["name"] == name]
+          for name in ("OpenVINOExecutionProvider", "CPUExecutionProvider")}
+    quantized = {name: [c for c in group if c.passes] for name, group in on.items()}
+    assert quantized["OpenVINOExecutionProvider"] and quantized["CPUExecutionProvider"]
+    assert len({c.id for c in cands}) == len(cands)  # no candidate twice
+    assert any(not c.passes for c in on["OpenVINOExecutionProvider"])  # the plain model on OpenVINO

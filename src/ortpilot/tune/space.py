@@ -147,21 +147,32 @@ def provider_chain(spec: ProviderSpec) -> tuple[dict[str, Any], ...]:
 
 
 def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
-    """Model variants on the first provider, plus every other provider with the plain model."""
+    """Model variants on the first provider, every other provider with the plain model, and, when
+    the first provider is not the CPU, the model variants on the CPU too (an INT8 model on the
+    CPU can beat the float one on an accelerator EP: the search must see both)."""
     out: list[Candidate] = []
     primary = facts.providers[0] if facts.providers else ProviderSpec(CPU)
-    for passes in model_variants(facts):
-        quant = any(p.get("pass") == "quantize" for p in passes)
-        if quant and primary.name not in INT8_DYNAMIC_PROVIDERS and any(p.get("mode") == "dynamic" for p in passes):
-            facts.excluded.append(Excluded(f"{'+'.join(map(str, passes))} on {primary.short}",
-                                           "dynamic INT8 ops (MatMulInteger, DynamicQuantizeLinear) run only on CPU"))
-            continue
-        out.append(Candidate(passes, provider_chain(primary), baseline.settings))
+    out.extend(_variants_on(primary, facts, baseline))
     for spec in facts.providers:
         if spec.name != CPU or primary.name != CPU:
             cand = Candidate((), provider_chain(spec), baseline.settings)
             if cand.id != baseline.id:
                 out.append(cand)
+    cpu = next((spec for spec in facts.providers if spec.name == CPU), None)
+    if cpu is not None and primary.name != CPU:
+        out.extend(_variants_on(cpu, facts, baseline))
+    return out
+
+
+def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[Candidate]:
+    out = []
+    for passes in model_variants(facts):
+        quant = any(p.get("pass") == "quantize" for p in passes)
+        if quant and spec.name not in INT8_DYNAMIC_PROVIDERS and any(p.get("mode") == "dynamic" for p in passes):
+            facts.excluded.append(Excluded(f"{'+'.join(map(str, passes))} on {spec.short}",
+                                           "dynamic INT8 ops (MatMulInteger, DynamicQuantizeLinear) run only on CPU"))
+            continue
+        out.append(Candidate(passes, provider_chain(spec), baseline.settings))
     return out
 
 
