@@ -211,6 +211,8 @@ def main() -> int:
                         help="also time fp32 and int4 without packing q/k/v and gate/up (the fusion's pack=False)")
     parser.add_argument("--asymmetric", action="store_true",
                         help="also time and gate the all-4-bit model with zero points (symmetric=False)")
+    parser.add_argument("--genai-graphs", action="store_true",
+                        help="also run ortpilot's shared-buffer loop on genai's own fp32 and int4 graphs")
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
 
@@ -228,6 +230,11 @@ def main() -> int:
     for p, model in models.items():
         session = load(model, settings=settings, placement=False)
         configs.append(Config(f"ortpilot/{p}", p.split("-")[0], "ortpilot", (session, detect_signature(model))))
+    if args.genai_graphs:  # ortpilot's loop on genai's own graphs: separates the graph from the loop
+        for p in ("fp32", "int4"):
+            graph = load_model(Path(args.genai) / f"genai-{p}" / "model.onnx")
+            session = load(graph, settings=settings, placement=False)
+            configs.append(Config(f"ortpilot-loop/genai-{p}-graph", p, "ortpilot", (session, detect_signature(graph))))
     vocab = configs[-1].handle[1].vocab_size or 49152
     print(f"SmolLM2-135M-Instruct, ORT {ort.__version__}, onnxruntime-genai {og.__version__}, {args.threads} threads, "
           f"{doc['date']}, {args.new_tokens} tokens per context, medians over {args.new_tokens - 1} decode steps\n")
