@@ -116,11 +116,8 @@ def main() -> None:
                "accuracy": bench_tune.check(name, tuned), "olive": {**olive, "label": olive_label},
                "timing": bench_tune.measure(bench_tune.configs_for(tuned, feeds, extra), args.duration,
                                             bench_tune.block_for(tuned, args.turn))}
-        rows.append(row)
-        print(json.dumps(row, default=str), file=sys.stderr, flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"header": head, "rows": rows}, indent=1, default=str))
+        bench_tune.record(rows, row)
+    bench_tune.save_rows(args.json, head, rows)
     print(head + "\n")
     print("| model | ORT default p50 ms | ortpilot p50 ms (speedup, 95% CI) | ortpilot config | ortpilot accuracy vs "
           "default | ortpilot wall s | Olive pick p50 ms (speedup, 95% CI) | Olive pick | Olive wall s | "

@@ -12,7 +12,6 @@ OpenVINO cannot compile is reported with ORT's reason, and the tune must still f
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -21,7 +20,8 @@ from typing import Any
 import onnxruntime as ort
 from _prep import tune_bench_parser
 import bench_tune
-from bench_tune import CORPUS, available, block_for, configs_for, header, measure, timing_feeds, tune_model
+from bench_tune import (CORPUS, available, block_for, configs_for, header, measure, record, save_rows, timing_feeds,
+                        tune_model)
 
 from ortpilot.errors import OrtpilotError
 from ortpilot.measure.interleave import BenchConfig
@@ -63,11 +63,8 @@ def main() -> None:
         row = {"model": name, "config": tuned["config"], "provider": chosen_provider(tuned["profile"]),
                "openvino": ov_note, "tune_wall_s": tuned["wall_s"], "candidates": tuned["candidates"],
                "timing": timing}
-        rows.append(row)
-        print(json.dumps(row, default=str), file=sys.stderr, flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"header": head, "rows": rows}, indent=1, default=str))
+        record(rows, row)
+    save_rows(args.json, head, rows)
     print(head + "\n")
     print("| model | ORT default (CPU) p50 ms | OpenVINO p50 ms (vs default, 95% CI) | ortpilot p50 ms (vs default) "
           "| ortpilot chose | provider | tune wall s |")

@@ -198,6 +198,18 @@ def fmt_accuracy(acc: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def record(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    """Keep a model's row and print it at once (a long run shows its progress on stderr)."""
+    rows.append(row)
+    print(json.dumps(row, default=str), file=sys.stderr, flush=True)
+
+
+def save_rows(path: str, head: str, rows: list[dict[str, Any]]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"header": head, "rows": rows}, indent=1, default=str))
+
+
 def header(args: argparse.Namespace) -> str:
     load1 = os.getloadavg()[0]
     turn = f"turns of ~{args.turn:g} s" if args.turn > 0 else "auto turns (~20 ms)"
@@ -221,11 +233,8 @@ def main() -> None:
         row = {"model": name, "config": tuned["config"], "default_best": tuned["default_best"],
                "tune_wall_s": tuned["wall_s"], "candidates": tuned["candidates"], "accuracy": check(name, tuned),
                "timing": measure(configs_for(tuned, feeds), args.duration, block_for(tuned, args.turn))}
-        rows.append(row)
-        print(json.dumps(row, default=str), file=sys.stderr, flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"header": head, "rows": rows}, indent=1, default=str))
+        record(rows, row)
+    save_rows(args.json, head, rows)
     print(head + "\n")
     print("| model | ORT default p50 ms | ortpilot p50 ms | speedup (paired 95% CI) | chosen | accuracy vs default "
           "| tune wall s |")
