@@ -81,3 +81,24 @@ def test_reference_inputs_come_from_the_source_model_so_a_fused_winner_reproduce
     assert got == profile["reference_outputs"]["sha256"]
     from_fused = make_feeds(sess.model, seed=HELDOUT_SEED)  # what the old test did
     assert feeds_digest(from_fused) != feeds_digest(feeds)
+
+
+def test_decoder_gets_gqa_and_weight_only_candidates(tmp_path, monkeypatch):
+    """A KV-cache decoder is searched with GQA fusion and MatMulNBits; the gate decides on them."""
+    import onnx
+    import pytest
+
+    pytest.importorskip("onnxscript")
+    monkeypatch.setenv("ORTPILOT_CACHE_DIR", str(tmp_path / "cache"))
+    result = ortpilot.tune("demo:decoder", out_dir=str(tmp_path / "out"), budget_s=40, max_error=0.6)
+    by_label = {e.candidate.label: e for e in result.entries}
+    assert result.facts.decoder
+    assert {"gqa", "int4-weights", "gqa · int4-weights", "int8-weights"} <= set(by_label)
+    # A gate loose enough for 4 bits lets them be measured like any candidate.
+    for label in ("gqa", "int4-weights", "gqa · int4-weights"):
+        assert by_label[label].status == "ok", (label, by_label[label].status, by_label[label].reason)
+    built = onnx.load(by_label["gqa · int4-weights"].prepared["model_path"])
+    from ortpilot.passes.weight_only import find_targets
+
+    assert {"GroupQueryAttention", "MatMulNBits"} <= {n.op_type for n in built.graph.node}
+    assert not [t for t in find_targets(built) if t.op_type != "Gather"]  # no float weight MatMul left

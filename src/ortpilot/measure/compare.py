@@ -23,7 +23,7 @@ from ortpilot.errors import InputError, UsageError
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-5
 _CLASS_NAME = re.compile(r"(logit|score|prob|class|pred)", re.I)
-_EMBED_NAME = re.compile(r"(hidden|embed|pool|feature|encoder_out|last_hidden|sentence|vector)", re.I)
+_EMBED_NAME = re.compile(r"(hidden|embed|pool|feature|encoder_out|last_hidden|sentence|vector|present)", re.I)
 _TINY = np.finfo(np.float64).tiny
 
 Runs = Sequence[Mapping[str, np.ndarray]]

@@ -110,6 +110,10 @@ def pass_label(step: PassStep) -> str:
         if step.get("exclude"):
             label += f"-x{len(step['exclude'])}"  # layers left in float
         return label
+    if kind == "decoder_fusion":
+        return "gqa"
+    if kind == "weight_only":
+        return f"{step.get('mode', 'int4').split('-')[0]}-weights{'-asym' if step.get('asymmetric') else ''}"
     return str(kind)
 
 

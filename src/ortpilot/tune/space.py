@@ -9,6 +9,8 @@ that the report prints.
 
 from __future__ import annotations
 
+import importlib.util
+
 import os
 from collections import defaultdict
 from collections.abc import Sequence
@@ -18,6 +20,7 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
+from ortpilot.passes.decoder_fusion import count_layers
 from ortpilot.providers.names import ProviderSpec
 from ortpilot.session.options import LEVELS
 from ortpilot.tune.candidate import Candidate, PassStep
@@ -37,6 +40,11 @@ QDQ_PC: PassStep = {"pass": "quantize", "mode": "qdq", "per_channel": True}
 FULL_PC: PassStep = {"pass": "quantize", "mode": "full", "per_channel": True}
 QUANT_VARIANTS: tuple[PassStep, ...] = (DYN_W_PC, DYN_PC, QDQ_PC, DYN, FULL_PC)
 CONV_QUANT_VARIANTS: tuple[PassStep, ...] = (QDQ_PC, FULL_PC, DYN_W_PC, DYN_PC, DYN)
+# Decoders (a KV cache in, presents out): attention fused into GroupQueryAttention, and weight-only
+# MatMulNBits, the two things that pay on a decode step, each alone and together.
+GQA: PassStep = {"pass": "decoder_fusion"}
+W4: PassStep = {"pass": "weight_only", "mode": "int4"}
+W8: PassStep = {"pass": "weight_only", "mode": "int8-weights"}
 SPIN_KEY = "session.intra_op.allow_spinning"
 # Only the CPU EP has the integer kernels dynamic quantization emits (MatMulInteger & co.).
 INT8_DYNAMIC_PROVIDERS = {CPU}
@@ -65,6 +73,8 @@ class Facts:
     excluded: list[Excluded] = field(default_factory=list)
     attention: tuple[int, int] = (0, 0)  # (num_heads, hidden_size) read from the graph, 0 = let ORT detect
     conv_heavy: bool = False
+    decoder: bool = False  # past_* inputs: a KV-cache decoder
+    gqa_fusion: bool = False  # onnxscript is there to fuse its attention
 
     @property
     def fusion_step(self) -> PassStep | None:
@@ -75,7 +85,7 @@ class Facts:
 
     def to_dict(self) -> dict[str, Any]:
         return {"cores": self.cores, "providers": [p.to_dict() for p in self.providers], "model_type": self.model_type,
-                "attention": list(self.attention), "conv_heavy": self.conv_heavy,
+                "attention": list(self.attention), "conv_heavy": self.conv_heavy, "decoder": self.decoder,
                 "parallel_branches": self.parallel_branches, "quantize": self.quantize,
                 "excluded": [e.to_dict() for e in self.excluded]}
 
@@ -127,8 +137,14 @@ def gather_facts(model: onnx.ModelProto, providers: Sequence[ProviderSpec] | Non
         excluded.append(Excluded("parallel execution mode", "needs inter-op threads > 1, and this machine has one core"))
     ops = [n.op_type for n in model.graph.node]
     conv_heavy = ops.count("Conv") + ops.count("ConvTranspose") > ops.count("MatMul") + ops.count("Gemm")
+    decoder = count_layers(model) > 0 and "MatMul" in ops
+    gqa = decoder and "GroupQueryAttention" not in ops and importlib.util.find_spec("onnxscript") is not None
+    if decoder and not gqa:
+        excluded.append(Excluded("decoder fusion (GroupQueryAttention)",
+                                 "already fused" if "GroupQueryAttention" in ops else "needs onnxscript "
+                                 "(pip install onnxscript)"))
     return Facts(cores, chosen, model_type, parallel, quantize, excluded,
-                 attention_dims(model) if model_type else (0, 0), conv_heavy)
+                 attention_dims(model) if model_type else (0, 0), conv_heavy, decoder, gqa)
 
 
 def model_variants(facts: Facts) -> list[tuple[PassStep, ...]]:
@@ -136,6 +152,11 @@ def model_variants(facts: Facts) -> list[tuple[PassStep, ...]]:
     fusion = facts.fusion_step
     prefixes: list[tuple[PassStep, ...]] = [(fusion,), ()] if fusion else [()]
     variants: list[tuple[PassStep, ...]] = [(fusion,)] if fusion else []
+    if facts.decoder:  # before the INT8 variants: what a decode step is made of, weights and attention
+        gqa: list[tuple[PassStep, ...]] = [(GQA,)] if facts.gqa_fusion else []
+        variants.extend(gqa)
+        if facts.quantize:
+            variants.extend([*((GQA, W4),) * bool(gqa), (W4,), (W8,)])
     if facts.quantize:
         for quant in (CONV_QUANT_VARIANTS if facts.conv_heavy else QUANT_VARIANTS):
             variants.extend(prefix + (quant,) for prefix in prefixes)

@@ -24,6 +24,7 @@ from onnx import numpy_helper
 from ortpilot.artifacts.atomic import atomic_write_json
 from ortpilot.artifacts.stamp import write_stamp
 from ortpilot.artifacts.store import ModelStore, cache_key
+from ortpilot.errors import VerificationError
 from ortpilot.modelio import file_sha256
 from ortpilot.passes.base import Outcome, Pass, Pipeline, SourceModel
 from ortpilot.passes.fusion import FusionPass, detect_model_type
@@ -86,6 +87,14 @@ def make_pass(step: Mapping[str, Any], calibration: Sequence[Feeds], *, prepared
                           hidden_size=int(step.get("hidden_size", 0)))
     if kind == "prepare":
         return PrepareForQuantization()
+    if kind == "decoder_fusion":
+        from ortpilot.passes.decoder_fusion import DecoderFusionPass
+
+        return DecoderFusionPass()
+    if kind == "weight_only":
+        from ortpilot.passes.weight_only import WeightOnlyPass
+
+        return WeightOnlyPass(str(step.get("mode", "int4")), symmetric=not step.get("asymmetric", False))
     if kind == "quantize":
         mode = str(step.get("mode", "dynamic"))
         return QuantizePass(mode, calibration=list(calibration) if mode in CALIBRATED_MODES else None,
@@ -133,6 +142,10 @@ def build_model(source: Path, steps: Sequence[Mapping[str, Any]], calibration: S
             try:
                 result = step_pass.run(current)
             except NothingQuantizedError as exc:
+                raise NothingToDo(str(exc).split(". ")[0]) from None
+            except VerificationError as exc:  # the decoder fusion fell short of a GQA per layer
+                if step.get("pass") != "decoder_fusion":
+                    raise
                 raise NothingToDo(str(exc).split(". ")[0]) from None
             if step.get("pass") == "fusion" and not result.record.fused:
                 raise NothingToDo(f"transformer fusion ({step.get('model_type')}) found no pattern to fuse")
