@@ -54,14 +54,26 @@ def test_deliberate_sigsegv_in_child_with_bytes_source(own_tmp: Path, monkeypatc
     assert not stray_entries(own_tmp), "the temp copy of the model bytes was left behind"
 
 
-def test_real_ort_hang_is_stopped_and_reported(tmp_path: Path, own_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = save(einsum_hang(), tmp_path / "hang.onnx")
+def test_hang_in_child_is_stopped_and_reported(tmp_path: Path, own_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deliberate hang in the child (the one real ORT hang known, a malformed Einsum, is now refused
+    before any session is created: see the next test)."""
+    model = save(tiny_model(), tmp_path / "tiny.onnx")
+    monkeypatch.setenv(CRASH_ENV, "hang")
     monkeypatch.setenv(TIMEOUT_ENV, "3")
     with pytest.raises(OrtCrashError) as err:
         ortpilot.load(str(model), isolate=True)
     assert "did not finish loading this model within 3 s" in str(err.value)
     assert TIMEOUT_ENV in str(err.value)
     assert not stray_entries(own_tmp), "a killed child's temp files were left behind"
+
+
+def test_load_refuses_the_einsum_that_hangs_ort_without_isolation(tmp_path: Path) -> None:
+    """This equation makes ORT 1.32's session creation loop forever; load names it at once instead."""
+    from ortpilot.errors import ModelLoadError
+
+    model = save(einsum_hang(), tmp_path / "hang.onnx")
+    with pytest.raises(ModelLoadError, match=r"malformed Einsum equation.*\.\.\.\.\.\.->"):
+        ortpilot.load(str(model))
 
 
 def test_child_error_falls_through_to_the_in_process_message(tmp_path: Path, own_tmp: Path) -> None:

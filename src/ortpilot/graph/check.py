@@ -75,12 +75,11 @@ def malformed_einsums(model: onnx.ModelProto) -> list[str]:
     return found
 
 
-def check_graph(model: onnx.ModelProto, *, checker: bool = True) -> GraphCheck:
-    """Raise ``ModelLoadError`` (exit 2) naming the node and edge when the graph cannot run.
+def refuse_malformed_einsums(model: onnx.ModelProto) -> None:
+    """Raise ``ModelLoadError`` (exit 2) for an Einsum equation that would hang shape inference.
 
-    Checks, in order: malformed Einsum equations (before anything runs shape inference),
-    values used but never produced (dangling edges), values produced twice, cycles, and then
-    ``onnx.checker.check_model`` on a topologically sorted copy (ORT accepts any node order).
+    ORT's session creation runs onnx's shape inference, which loops forever on some malformed
+    equations (``......->``); a linear scan of the nodes first turns that hang into an error.
     """
     bad = malformed_einsums(model)
     if bad:
@@ -88,6 +87,16 @@ def check_graph(model: onnx.ModelProto, *, checker: bool = True) -> GraphCheck:
                              "ONNX Einsum equations are comma-separated terms of letters, each with at most one "
                              "'...', then optionally '->' and the output term; shape inference (and ORT) can loop "
                              "forever on anything else. Fix the equation in the exporter or re-export the model.")
+
+
+def check_graph(model: onnx.ModelProto, *, checker: bool = True) -> GraphCheck:
+    """Raise ``ModelLoadError`` (exit 2) naming the node and edge when the graph cannot run.
+
+    Checks, in order: malformed Einsum equations (before anything runs shape inference),
+    values used but never produced (dangling edges), values produced twice, cycles, and then
+    ``onnx.checker.check_model`` on a topologically sorted copy (ORT accepts any node order).
+    """
+    refuse_malformed_einsums(model)
     order = _check_edges(model.graph, set(), "the main graph")[0]
     result = GraphCheck(checker=checker)
     if checker:
@@ -234,4 +243,4 @@ def _describe(node: onnx.NodeProto) -> str:
     return f"'{name}' ({node.op_type})"
 
 
-__all__ = ["GraphCheck", "check_graph", "einsum_problem", "malformed_einsums"]
+__all__ = ["GraphCheck", "check_graph", "einsum_problem", "malformed_einsums", "refuse_malformed_einsums"]

@@ -19,6 +19,7 @@ import onnx
 import onnxruntime as ort
 
 from ortpilot.errors import InputError, ModelLoadError, ProviderFallbackError, UsageError
+from ortpilot.graph.check import refuse_malformed_einsums
 from ortpilot.graph.feeds import make_feeds, validate_feeds
 from ortpilot.graph.shapes import InputInfo, graph_inputs
 from ortpilot.artifacts.stamp import check_stamp
@@ -211,6 +212,7 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
         raise UsageError(f"min_coverage must be between 0 and 1, got {min_coverage}.")
     coverage = DEFAULT_MIN_COVERAGE if min_coverage is None else min_coverage
     proto, path, source, digest = _read_model(model)
+    refuse_malformed_einsums(proto)  # ORT's session creation would hang on them, isolated or not
     requested = resolve_providers(providers)
     check_stamp(proto, requested)  # an offline-optimized model built for another EP/ORT is refused
     settings = _apply_overrides(settings or SessionSettings(), requested)
