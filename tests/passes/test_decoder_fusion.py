@@ -84,6 +84,7 @@ def test_cached_fusion_is_built_once(decoder: onnx.ModelProto, tmp_path) -> None
     first = DecoderFusionPass(use_cache=True, store=store).run(decoder)
     second = DecoderFusionPass(use_cache=True, store=store).run(decoder)
     assert first.record.extra["cache_hit"] is False and second.record.extra["cache_hit"] is True
+    assert summary(second).endswith("from the cache)") and summary(first).endswith("cached)")
     assert second.record.fused == first.record.fused and second.record.fused["GroupQueryAttention"] == 3
     assert second.model.SerializeToString() == first.model.SerializeToString()
     assert len(store.entries()) == 1

@@ -142,8 +142,9 @@ def summary(result: PassResult) -> str:
     rec = result.record
     fused = ", ".join(f"{v} {k}" for k, v in rec.fused.items()) or "nothing"
     err = rec.extra.get("max_abs_error")
+    cached = {True: ", from the cache", False: ", cached"}.get(rec.extra.get("cache_hit"), "")
     return (f"decoder fusion: {fused} for {rec.extra.get('layers')} layers"
-            + (f"; max output error {err:.2g}" if err is not None else "") + f" ({rec.seconds:.1f} s)")
+            + (f"; max output error {err:.2g}" if err is not None else "") + f" ({rec.seconds:.1f} s{cached})")
 
 
 def _optimize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
