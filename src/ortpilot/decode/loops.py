@@ -237,6 +237,7 @@ class SharedBufferLoop(_BindingLoop):
         super().__init__(session, signature, max_length)
         self._arrays: list[np.ndarray] = []
         self._values: list[ort.OrtValue] = []
+        self._step_inputs: dict[str, np.ndarray] = {}  # bound once per sequence, rewritten in place
 
     def _allocate(self, batch: int) -> None:
         self._arrays = [np.zeros(c.shape(batch, self.max_length), dtype=c.dtype) for c in self.sig.cache]
@@ -254,11 +255,38 @@ class SharedBufferLoop(_BindingLoop):
             for entry, value in zip(self.sig.cache, self._values):
                 io.bind_ortvalue_input(entry.past, value)
                 io.bind_ortvalue_output(entry.present, value)
-        self._bind_small(ids, positions, past_length)
-        self._bind_logits(batch, seq)
+            self._step_inputs = {}
+        if seq == 1 and past_length:
+            self._bind_step(ids, positions, past_length)
+        else:
+            self._step_inputs = {}  # a prefill binds its own arrays; the next decode step rebinds
+            self._bind_small(ids, positions, past_length)
+            self._bind_logits(batch, seq)
         self.session.run_with_iobinding(io)
         self.length = past_length + seq
         return self._read_logits(seq)
+
+
+    def _bind_step(self, ids: np.ndarray, positions: np.ndarray, past_length: int) -> None:
+        """Decode step: inputs of fixed shape (ids, positions, GQA lengths) and the logits buffer are
+        bound on the first step and then rewritten in place; only the growing mask is bound anew.
+
+        A binding call right after a run cost 50-90 us on the 2-core box, against 5 us otherwise;
+        rebinding everything every step spent ~0.24 ms per token before the run started.
+        """
+        feeds = self._small_inputs(ids, positions, past_length)
+        mask = self.sig.attention_mask
+        if not self._step_inputs:
+            for name, value in feeds.items():
+                if name != mask:
+                    self._step_inputs[name] = value.copy()
+                    self.io.bind_cpu_input(name, self._step_inputs[name])
+            self._bind_logits(ids.shape[0], 1)
+        else:
+            for name, buffer in self._step_inputs.items():
+                buffer[...] = feeds[name]
+        if mask:
+            self.io.bind_cpu_input(mask, feeds[mask])
 
 
 def make_loop(name: str, session: ort.InferenceSession, signature: DecoderSignature, max_length: int) -> DecodeLoop:
