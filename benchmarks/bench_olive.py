@@ -127,11 +127,9 @@ def main() -> None:
         t = r["timing"]["rows"]
         o = t["ortpilot"]
         v = t.get("Olive")
-        olive_cell = (f"{v['p50_ms']:.3f} ({v['speedup']:.2f}x, {v['speedup_ci'][0]:.2f}-{v['speedup_ci'][1]:.2f})"
-                      if v else f"failed: {r['olive'].get('error', '')}")
+        olive_cell = bench_tune.timing_cell(v) if v else f"failed: {r['olive'].get('error', '')}"
         vs = f"{v['p50_ms'] / o['p50_ms']:.2f}x" if v else "-"
-        print(f"| {r['model']} | {t['ORT default']['p50_ms']:.3f} | {o['p50_ms']:.3f} ({o['speedup']:.2f}x, "
-              f"{o['speedup_ci'][0]:.2f}-{o['speedup_ci'][1]:.2f}) | {r['config']} | "
+        print(f"| {r['model']} | {t['ORT default']['p50_ms']:.3f} | {bench_tune.timing_cell(o)} | {r['config']} | "
               f"{bench_tune.fmt_accuracy(r['accuracy'])} | {r['tune_wall_s']:.0f} | {olive_cell} | "
               f"{r['olive'].get('label', '-')} | {r['olive']['wall_s']:.0f} | {vs} |")
 

@@ -20,8 +20,8 @@ from typing import Any
 import onnxruntime as ort
 from _prep import tune_bench_parser
 import bench_tune
-from bench_tune import (CORPUS, available, block_for, configs_for, header, measure, record, save_rows, timing_feeds,
-                        tune_model)
+from bench_tune import (CORPUS, available, block_for, configs_for, header, measure, record, save_rows, timing_cell,
+                        timing_feeds, tune_model)
 
 from ortpilot.errors import OrtpilotError
 from ortpilot.measure.interleave import BenchConfig
@@ -72,12 +72,9 @@ def main() -> None:
     for r in rows:
         t = r["timing"]["rows"]
         ov = t.get("OpenVINO")
-        ov_cell = (f"{ov['p50_ms']:.3f} ({ov['speedup']:.2f}x, {ov['speedup_ci'][0]:.2f}-{ov['speedup_ci'][1]:.2f})"
-                   if ov else f"fails: {r['openvino']}")
-        o = t["ortpilot"]
-        print(f"| {r['model']} | {t['ORT default']['p50_ms']:.3f} | {ov_cell} | {o['p50_ms']:.3f} ({o['speedup']:.2f}x, "
-              f"{o['speedup_ci'][0]:.2f}-{o['speedup_ci'][1]:.2f}) | {r['config']} | {r['provider']} | "
-              f"{r['tune_wall_s']:.0f} |")
+        ov_cell = timing_cell(ov) if ov else f"fails: {r['openvino']}"
+        print(f"| {r['model']} | {t['ORT default']['p50_ms']:.3f} | {ov_cell} | {timing_cell(t['ortpilot'])} | "
+              f"{r['config']} | {r['provider']} | {r['tune_wall_s']:.0f} |")
 
 
 if __name__ == "__main__":

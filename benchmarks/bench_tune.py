@@ -198,6 +198,11 @@ def fmt_accuracy(acc: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def timing_cell(stat: dict[str, Any]) -> str:
+    """``p50 (speedup x, CI low-high)`` of one measured configuration, as the comparison tables print it."""
+    return f"{stat['p50_ms']:.3f} ({stat['speedup']:.2f}x, {stat['speedup_ci'][0]:.2f}-{stat['speedup_ci'][1]:.2f})"
+
+
 def record(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
     """Keep a model's row and print it at once (a long run shows its progress on stderr)."""
     rows.append(row)
