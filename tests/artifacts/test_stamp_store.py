@@ -143,3 +143,18 @@ def test_two_processes_share_an_entry(tmp_path):
     meta = store.read_entry("s" * 64)
     assert meta["sha256"] == file_sha256(store.entry_dir("s" * 64) / "model.onnx")
     json.dumps(meta)
+
+
+def test_what_a_build_returns_is_in_the_entry_before_it_appears(tmp_path):
+    store = ModelStore(tmp_path / "cache")
+    key = "m" * 64
+
+    def build(dest):
+        dest.write_bytes(b"model")
+        assert not store.entry_dir(key).exists()  # the entry appears only after its entry.json is complete
+        return {"record": {"name": "p"}}
+
+    store.get_or_create(key, build, meta={"steps": [1]})
+    assert store.read_entry(key)["meta"] == {"steps": [1], "record": {"name": "p"}}
+    store.get_or_create("n" * 64, lambda dest: dest.write_bytes(b"x"))  # a non-mapping return adds nothing
+    assert store.read_entry("n" * 64)["meta"] == {}

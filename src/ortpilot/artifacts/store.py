@@ -137,7 +137,12 @@ class ModelStore:
 
     def get_or_create(self, key: str, build: Callable[[Path], Any], meta: Mapping[str, Any] | None = None
                       ) -> tuple[Path, bool]:
-        """Return (path, hit). On a miss, ``build(path)`` writes the model to ``path`` (a temp folder)."""
+        """Return (path, hit). On a miss, ``build(path)`` writes the model to ``path`` (a temp folder).
+
+        A mapping that ``build`` returns (what the build found out, e.g. its pass record) joins
+        ``meta`` in the entry's ``entry.json``, written before the entry appears, so a reader that
+        hits the entry always finds it there.
+        """
         self.sweep()  # before taking our lock: the orphan of a killed build of this very entry goes too
         found = self.get(key)
         if found is not None:
@@ -149,11 +154,12 @@ class ModelStore:
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f"{BUILD_PREFIX}{key[:KEY_CHARS]}-", dir=self.root))
             try:
-                build(tmp / MODEL_FILE)
+                found_out = build(tmp / MODEL_FILE)
                 if not (tmp / MODEL_FILE).is_file():
                     raise RuntimeError(f"cache build for {key} wrote no {MODEL_FILE}")
+                entry_meta = {**(meta or {}), **(found_out if isinstance(found_out, Mapping) else {})}
                 atomic_write_json(tmp / ENTRY_FILE, {"key": key, "sha256": file_sha256(tmp / MODEL_FILE),
-                                                     "created": time.time(), "meta": dict(meta or {})})
+                                                     "created": time.time(), "meta": entry_meta})
                 os.replace(tmp, self.entry_dir(key))
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -37,6 +37,10 @@ CHECK_PAST = 5        # cached tokens of the second check
 CHECK_NEW = 3         # new tokens of the second check
 
 
+class FusionIncompleteError(VerificationError):
+    """onnxscript's fusions stopped short of a GroupQueryAttention per layer (the model stays unfused)."""
+
+
 def count_layers(model: onnx.ModelProto) -> int:
     """Attention layers, from the KV inputs: one key per layer, or one stacked past_N per layer."""
     pasts = [i.name for i in graph_inputs(model) if _PAST.search(i.name)]
@@ -90,16 +94,15 @@ class DecoderFusionPass(Pass):
 
         key = cache_key(model_sha256=source.sha256, ort_version=ort.__version__, providers=[], level=self.name,
                         extra={"options": self.options(), "onnxscript": onnxscript_version})
-        record: dict[str, Any] = {}
 
-        def build(dest: Path) -> None:
+        def build(dest: Path) -> dict[str, Any]:
             outcome = self._fuse(source)
-            record.update(fused=outcome.fused, notes=outcome.notes, extra=outcome.extra)
             save_model(outcome.model, dest)
+            return {"fused": outcome.fused, "notes": outcome.notes, "extra": outcome.extra}
 
         store = self.store or ModelStore()
-        path, hit = store.get_or_create(key, build, meta=record)
-        meta = store.read_entry(key).get("meta", {}) if hit else record
+        path, hit = store.get_or_create(key, build)
+        meta = store.read_entry(key).get("meta", {})
         notes = [*meta.get("notes", []), f"{'cache hit' if hit else 'built and cached'} ({key[:12]})"]
         return Outcome(load_model(path), fused=meta.get("fused", {}), notes=notes,
                        extra={**meta.get("extra", {}), "cache_key": key, "cache_hit": hit, "cache_path": str(path)})
@@ -107,12 +110,13 @@ class DecoderFusionPass(Pass):
     def _fuse(self, source: SourceModel) -> Outcome:
         layers = count_layers(source.proto)
         fused, counts = _optimize(source.proto)
-        gqa = op_histogram(fused).get("GroupQueryAttention", 0)
+        unpacked = op_histogram(fused)
+        gqa = unpacked.get("GroupQueryAttention", 0)
         verdict = diagnose(counts, layers)
         if gqa != layers:
-            raise VerificationError(f"Decoder fusion incomplete: {gqa} GroupQueryAttention for {layers} layers. "
+            raise FusionIncompleteError(f"Decoder fusion incomplete: {gqa} GroupQueryAttention for {layers} layers. "
                                     f"{verdict}. The model is left unfused.")
-        matmuls = op_histogram(fused).get("MatMul", 0)
+        matmuls = unpacked.get("MatMul", 0)
         if self.pack:  # q/k/v and gate/up as one GEMV each: a decode step is a chain of small kernels
             fused = pack_weight_matmuls(fused, untranspose=False)
         error = _max_error(source.proto, fused, self.seed)

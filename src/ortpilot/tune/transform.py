@@ -21,12 +21,11 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from ortpilot.artifacts.atomic import atomic_write_json
 from ortpilot.artifacts.stamp import write_stamp
 from ortpilot.artifacts.store import ModelStore, cache_key
-from ortpilot.errors import VerificationError
 from ortpilot.modelio import file_sha256
 from ortpilot.passes.base import Outcome, Pass, Pipeline, SourceModel
+from ortpilot.passes.decoder_fusion import DecoderFusionPass, FusionIncompleteError
 from ortpilot.passes.fusion import FusionPass, detect_model_type
 from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, prepare
 
@@ -88,8 +87,6 @@ def make_pass(step: Mapping[str, Any], calibration: Sequence[Feeds], *, prepared
     if kind == "prepare":
         return PrepareForQuantization()
     if kind == "decoder_fusion":
-        from ortpilot.passes.decoder_fusion import DecoderFusionPass
-
         return DecoderFusionPass()
     if kind == "weight_only":
         from ortpilot.passes.weight_only import WeightOnlyPass
@@ -135,17 +132,12 @@ def build_model(source: Path, steps: Sequence[Mapping[str, Any]], calibration: S
         key = cache_key(model_sha256=source_sha, ort_version=ort.__version__, providers=[], level="tune-pipeline",
                         extra={"steps": prefix, "tuner": STORE_VERSION,
                                "calibration": samples_digest(calibration) if calibrated else None})
-        built: list[dict[str, Any]] = []
         is_last = i == len(expanded) - 1
 
-        def build(out: Path, step=step, step_pass=step_pass, current=current, last=is_last, built=built) -> None:
+        def build(out: Path, step=step, step_pass=step_pass, current=current, last=is_last) -> dict[str, Any]:
             try:
                 result = step_pass.run(current)
-            except NothingQuantizedError as exc:
-                raise NothingToDo(str(exc).split(". ")[0]) from None
-            except VerificationError as exc:  # the decoder fusion fell short of a GQA per layer
-                if step.get("pass") != "decoder_fusion":
-                    raise
+            except (NothingQuantizedError, FusionIncompleteError) as exc:
                 raise NothingToDo(str(exc).split(". ")[0]) from None
             if step.get("pass") == "fusion" and not result.record.fused:
                 raise NothingToDo(f"transformer fusion ({step.get('model_type')}) found no pattern to fuse")
@@ -153,18 +145,12 @@ def build_model(source: Path, steps: Sequence[Mapping[str, Any]], calibration: S
             if last:  # the final model's stamp names the original source
                 record.stamp = dict(record.stamp or {}, source_sha256=source_sha, source_path=str(source.resolve()))
                 write_stamp(result.model, record.stamp)
-            built.append(record.to_dict())
             result.save(out)
+            return {"record": record.to_dict()}  # kept in the entry's meta, for hits
 
         path, hit = store.get_or_create(key, build, meta={"steps": prefix})
-        if hit:
-            built = [store.read_entry(key).get("meta", {}).get("record") or {"name": step.get("pass"),
-                                                                              "options": dict(step)}]
-        else:
-            entry = store.read_entry(key)
-            entry.setdefault("meta", {})["record"] = built[0]
-            atomic_write_json(store.entry_dir(key) / "entry.json", entry)
-        records.extend(built)
+        records.append(store.read_entry(key).get("meta", {}).get("record")
+                       or {"name": step.get("pass"), "options": dict(step)})
         hit_all = hit_all and hit
         current = path
     return current, records, hit_all
