@@ -266,7 +266,6 @@ class SharedBufferLoop(_BindingLoop):
         self.length = past_length + seq
         return self._read_logits(seq)
 
-
     def _bind_step(self, ids: np.ndarray, positions: np.ndarray, past_length: int) -> None:
         """Decode step: inputs of fixed shape (ids, positions, GQA lengths) and the logits buffer are
         bound on the first step and then rewritten in place; only the growing mask is bound anew.

@@ -337,8 +337,8 @@ class WeightOnlyPass(Pass):
                          + (" (an embedding among them stays float)" if len(wide) < len(self.nodes_in_int8) else ""))
         return Outcome(quantized, notes=notes, extra={
             "weight_bytes_before": before, "weight_bytes_after": after, "matmuls_quantized": matmuls,
-            "gathers_quantized": gathers, "matmuls_packed_away": packed, "gqa_packed_qkv": packed_qkv, "excluded": list(self.nodes_to_exclude),
-            "int8_nodes": sorted(wide),
+            "gathers_quantized": gathers, "matmuls_packed_away": packed, "gqa_packed_qkv": packed_qkv,
+            "excluded": list(self.nodes_to_exclude), "int8_nodes": sorted(wide),
             "already_quantized": False})
 
     def _check_blocks(self, targets: Sequence[WeightTarget]) -> None:

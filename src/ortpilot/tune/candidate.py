@@ -113,7 +113,7 @@ def pass_label(step: PassStep) -> str:
     if kind == "decoder_fusion":
         return "gqa"
     if kind == "weight_only":
-        return f"{step.get('mode', 'int4').split('-')[0]}-weights{'-asym' if step.get('asymmetric') else ''}"
+        return f"{step.get('mode', 'int4').split('-')[0]}-weights"
     return str(kind)
 
 

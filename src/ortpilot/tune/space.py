@@ -10,7 +10,6 @@ that the report prints.
 from __future__ import annotations
 
 import importlib.util
-
 import os
 from collections import defaultdict
 from collections.abc import Sequence
@@ -153,10 +152,11 @@ def model_variants(facts: Facts) -> list[tuple[PassStep, ...]]:
     prefixes: list[tuple[PassStep, ...]] = [(fusion,), ()] if fusion else [()]
     variants: list[tuple[PassStep, ...]] = [(fusion,)] if fusion else []
     if facts.decoder:  # before the INT8 variants: what a decode step is made of, weights and attention
-        gqa: list[tuple[PassStep, ...]] = [(GQA,)] if facts.gqa_fusion else []
-        variants.extend(gqa)
+        if facts.gqa_fusion:
+            variants.append((GQA,))
         if facts.quantize:
-            variants.extend([*((GQA, W4),) * bool(gqa), (W4,), (W8,)])
+            variants.extend([(GQA, W4)] if facts.gqa_fusion else [])
+            variants.extend([(W4,), (W8,)])
     if facts.quantize:
         for quant in (CONV_QUANT_VARIANTS if facts.conv_heavy else QUANT_VARIANTS):
             variants.extend(prefix + (quant,) for prefix in prefixes)

@@ -91,7 +91,7 @@ def make_pass(step: Mapping[str, Any], calibration: Sequence[Feeds], *, prepared
     if kind == "weight_only":
         from ortpilot.passes.weight_only import WeightOnlyPass
 
-        return WeightOnlyPass(str(step.get("mode", "int4")), symmetric=not step.get("asymmetric", False))
+        return WeightOnlyPass(str(step.get("mode", "int4")))
     if kind == "quantize":
         mode = str(step.get("mode", "dynamic"))
         return QuantizePass(mode, calibration=list(calibration) if mode in CALIBRATED_MODES else None,
