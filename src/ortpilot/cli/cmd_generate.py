@@ -44,6 +44,9 @@ def _prompt_ids(text: str) -> list[int]:
               help="auto picks the fastest the model supports.")
 @click.option("--fuse", is_flag=True, help="Fuse attention into GroupQueryAttention first (onnxscript), "
               "so the shared-buffer loop applies.")
+@click.option("--max-positions", type=int, default=None,
+              help="With --fuse: positions the constant rotary tables cover, the fused model's length limit "
+              "(default: the export's recorded context length, else 8192; 0 keeps the tables computed per step).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 = no cut.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1.0 = no cut.")
@@ -60,7 +63,7 @@ def _prompt_ids(text: str) -> list[int]:
 @handle_errors
 def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: str | None, chat: bool,
             system: str | None, max_new_tokens: int, max_length: int | None, loop: str, fuse: bool,
-            temperature: float, top_k: int, top_p: float, seed: int | None, stop_id: tuple[int, ...],
+            max_positions: int | None, temperature: float, top_k: int, top_p: float, seed: int | None, stop_id: tuple[int, ...],
             mapping: tuple[str, ...], providers: tuple[str, ...], policy: str, threads: int, isolate: bool,
             as_json: bool) -> None:
     """Generate tokens after a prompt, streaming them to stdout (or one JSON document)."""
@@ -89,7 +92,7 @@ def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: s
     if fuse:
         from ortpilot.passes.decoder_fusion import fuse_decoder, summary
 
-        fused = fuse_decoder(source, use_cache=True)
+        fused = fuse_decoder(source, use_cache=True, max_positions=max_positions)
         notes.append(summary(fused))
         stderr.print(f"[dim]{summary(fused)}[/]", highlight=False)
         source = fused.model

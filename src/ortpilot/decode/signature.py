@@ -21,7 +21,8 @@ import onnx
 
 from ortpilot.errors import UsageError
 from ortpilot.graph.feeds import embedding_bounds
-from ortpilot.graph.shapes import InputInfo, graph_inputs
+from ortpilot.graph.prune import reads
+from ortpilot.graph.shapes import InputInfo, graph_inputs, model_max_positions
 
 ROLES = ("input_ids", "attention_mask", "position_ids", "cache_position", "seqlens_k",
          "total_sequence_length", "logits")
@@ -82,6 +83,7 @@ class DecoderSignature:
     gqa_nodes: int = 0
     gqa_on_every_cache: bool = False
     gqa_reads_mask: bool = False
+    unread_inputs: tuple[str, ...] = ()  # fed because ORT requires them, read by no node
     inputs: Mapping[str, InputInfo] = field(default_factory=dict)
 
     @property
@@ -108,7 +110,7 @@ class DecoderSignature:
             "kv_dtype": str(self.kv_dtype) if self.cache else None,
             "vocab_size": self.vocab_size, "max_positions": self.max_positions,
             "gqa_nodes": self.gqa_nodes, "supports_shared_buffer": self.supports_shared_buffer,
-            "gqa_reads_attention_mask": self.gqa_reads_mask,
+            "gqa_reads_attention_mask": self.gqa_reads_mask, "unread_inputs": list(self.unread_inputs),
         }
 
 
@@ -168,6 +170,7 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
         sources = _input_ancestors(model, [n.input[5] for n in gqa if len(n.input) > 5])
         reads_mask = roles["attention_mask"] in sources
     bounds = embedding_bounds(model)
+    read = set().union(*(reads(n) for n in model.graph.node))
     return DecoderSignature(
         input_ids=roles["input_ids"], logits=roles["logits"],  # type: ignore[arg-type]
         attention_mask=roles["attention_mask"], position_ids=roles["position_ids"],
@@ -176,7 +179,7 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
         vocab_size=bounds.get(roles["input_ids"]) or _logits_vocab(model, roles["logits"]),  # type: ignore[arg-type]
         max_positions=_max_positions(model), gqa_nodes=len(gqa),
         gqa_on_every_cache=bool(cache) and all(c.past in gqa_pasts for c in cache),
-        gqa_reads_mask=reads_mask,
+        gqa_reads_mask=reads_mask, unread_inputs=tuple(n for n in inputs if n not in read),
         inputs=dict(inputs),
     )
 
@@ -284,8 +287,11 @@ def _logits_vocab(model: onnx.ModelProto, logits: str) -> int | None:
 
 
 def _max_positions(model: onnx.ModelProto) -> int | None:
-    meta = {p.key: p.value for p in model.metadata_props}
-    for key in ("max_positions", "max_position_embeddings", "context_length"):
-        if meta.get(key, "").isdigit():
-            return int(meta[key])
-    return None
+    """The recorded context limit, else the rows of a constant GQA rotary table (past them GQA fails)."""
+    recorded = model_max_positions(model)
+    if recorded is not None:
+        return recorded
+    tables = {i.name: i for i in model.graph.initializer}
+    rows = [int(tables[n.input[7]].dims[0]) for n in model.graph.node
+            if n.op_type == "GroupQueryAttention" and len(n.input) > 7 and n.input[7] in tables]
+    return min(rows) if rows else None

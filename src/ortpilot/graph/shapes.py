@@ -178,3 +178,12 @@ def _default_dims(inputs: Sequence[InputInfo], dim_values: dict[str, int]) -> No
         seq = next((v for k, v in dim_values.items() if _SEQ.search(k) and not _PAST.search(k)
                     and not _TOTAL.search(k)), SEQUENCE_DEFAULT)
         dim_values[name] = past + seq if past else seq
+
+
+def model_max_positions(model: onnx.ModelProto) -> int | None:
+    """The context limit an export recorded in its metadata, if any."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    for key in ("max_positions", "max_position_embeddings", "context_length"):
+        if meta.get(key, "").isdigit():
+            return int(meta[key])
+    return None

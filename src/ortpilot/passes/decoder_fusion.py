@@ -22,9 +22,11 @@ import onnxruntime as ort
 from ortpilot.artifacts.store import ModelStore, cache_key
 from ortpilot.errors import AccuracyGateError, UsageError, VerificationError
 from ortpilot.graph.feeds import embedding_bounds
-from ortpilot.graph.shapes import InputInfo, graph_inputs
+from ortpilot.graph.prune import clear_unread_outputs
+from ortpilot.graph.shapes import InputInfo, graph_inputs, model_max_positions
 from ortpilot.modelio import load_model, save_model
 from ortpilot.passes.base import ModelLike, Outcome, Pass, PassResult, SourceModel, op_histogram
+from ortpilot.passes.rotary import DEFAULT_MAX_POSITIONS, fold_rotary_tables
 from ortpilot.passes.weight_only import pack_weight_matmuls
 
 log = logging.getLogger("ortpilot")
@@ -68,14 +70,23 @@ class DecoderFusionPass(Pass):
     """onnxscript ORT fusions, accepted only with a GQA per layer and matching outputs."""
 
     name = "decoder-fusion"
+    # Part of the cache key: bump it when the pass's output changes for the same options.
+    revision = 2
 
     def __init__(self, atol: float = 1e-3, rtol: float = 1e-3, seed: int = 0, pack: bool = True,
-                 use_cache: bool = False, store: ModelStore | None = None) -> None:
+                 use_cache: bool = False, store: ModelStore | None = None,
+                 max_positions: int | None = None) -> None:
+        """``max_positions``: rows of the constant rotary tables (None: the export's recorded
+        context length, else 8192; 0 keeps the per-step computation and no length limit)."""
+        if max_positions is not None and max_positions < 0:
+            raise UsageError(f"max_positions must be >= 0 (0 keeps the rotary tables computed), got {max_positions}.")
         self.atol, self.rtol, self.seed, self.pack = atol, rtol, seed, pack
         self.use_cache, self.store = use_cache, store
+        self.max_positions = max_positions
 
     def options(self) -> dict[str, Any]:
-        return {"atol": self.atol, "rtol": self.rtol, "seed": self.seed, "pack": self.pack}
+        return {"atol": self.atol, "rtol": self.rtol, "seed": self.seed, "pack": self.pack,
+                "max_positions": self.max_positions}
 
     def transform(self, source: SourceModel) -> Outcome:
         layers = count_layers(source.proto)
@@ -93,7 +104,8 @@ class DecoderFusionPass(Pass):
         from onnxscript import __version__ as onnxscript_version
 
         key = cache_key(model_sha256=source.sha256, ort_version=ort.__version__, providers=[], level=self.name,
-                        extra={"options": self.options(), "onnxscript": onnxscript_version})
+                        extra={"options": self.options(), "onnxscript": onnxscript_version,
+                               "revision": self.revision})
 
         def build(dest: Path) -> dict[str, Any]:
             outcome = self._fuse(source)
@@ -119,6 +131,10 @@ class DecoderFusionPass(Pass):
         matmuls = unpacked.get("MatMul", 0)
         if self.pack:  # q/k/v and gate/up as one GEMV each: a decode step is a chain of small kernels
             fused = pack_weight_matmuls(fused, untranspose=False)
+        positions = (self.max_positions if self.max_positions is not None
+                     else model_max_positions(source.proto) or DEFAULT_MAX_POSITIONS)
+        rotary = fold_rotary_tables(fused, positions) if positions else None
+        cleared = clear_unread_outputs(fused)
         error = _max_error(source.proto, fused, self.seed)
         bound = self.atol + self.rtol * error["scale"]
         if error["max_abs"] > bound:
@@ -130,16 +146,24 @@ class DecoderFusionPass(Pass):
         notes = [verdict]
         if self.pack and ops.get("MatMul", 0) < matmuls:
             notes.append(f"weight MatMuls reading the same input packed: {matmuls} -> {ops.get('MatMul', 0)}")
+        if cleared:
+            notes.append(f"{cleared} optional outputs nobody reads left unnamed, so ORT skips them")
+        if rotary is not None:
+            notes.append(f"rotary tables constant for {rotary.max_positions} positions ({rotary.nodes_removed} "
+                         "nodes no longer run per token; longer sequences are refused)" if rotary.folded
+                         else f"rotary tables left computed: {rotary.reason}")
         return Outcome(fused, fused={op: ops[op] for op in FUSED_OPS if ops.get(op)},
                        notes=notes, extra={"layers": layers, "onnxscript_counts": counts,
                                            "max_abs_error": error["max_abs"],
-                                           "matmuls_before_packing": matmuls, "matmuls": ops.get("MatMul", 0)})
+                                           "matmuls_before_packing": matmuls, "matmuls": ops.get("MatMul", 0),
+                                           "rotary": vars(rotary) if rotary is not None else None,
+                                           "unread_outputs_cleared": cleared})
 
 
 def fuse_decoder(model: ModelLike | SourceModel, atol: float = 1e-3, rtol: float = 1e-3, *,
-                 use_cache: bool = False) -> PassResult:
+                 use_cache: bool = False, max_positions: int | None = None) -> PassResult:
     """Run :class:`DecoderFusionPass` (raises when the fusion is incomplete or wrong)."""
-    return DecoderFusionPass(atol, rtol, use_cache=use_cache).run(model)
+    return DecoderFusionPass(atol, rtol, use_cache=use_cache, max_positions=max_positions).run(model)
 
 
 def summary(result: PassResult) -> str:
@@ -147,7 +171,9 @@ def summary(result: PassResult) -> str:
     fused = ", ".join(f"{v} {k}" for k, v in rec.fused.items()) or "nothing"
     err = rec.extra.get("max_abs_error")
     cached = {True: ", from the cache", False: ", cached"}.get(rec.extra.get("cache_hit"), "")
-    return (f"decoder fusion: {fused} for {rec.extra.get('layers')} layers"
+    rotary = rec.extra.get("rotary") or {}
+    limit = f"; rotary tables for {rotary['max_positions']} positions" if rotary.get("folded") else ""
+    return (f"decoder fusion: {fused} for {rec.extra.get('layers')} layers{limit}"
             + (f"; max output error {err:.2g}" if err is not None else "") + f" ({rec.seconds:.1f} s{cached})")
 
 

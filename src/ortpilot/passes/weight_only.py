@@ -244,8 +244,11 @@ def tensor_bytes(tensor: onnx.TensorProto) -> int:
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of all initializers: what a decode step reads (plus the KV cache)."""
-    return sum(tensor_bytes(t) for t in model.graph.initializer)
+    """Bytes of the initializers a decode step streams (plus the KV cache): all of them but
+    GroupQueryAttention's rotary tables, of which a step reads one row per position."""
+    rotary = {n.input[i] for n in model.graph.node if n.op_type == "GroupQueryAttention"
+              for i in (7, 8) if len(n.input) > i}
+    return sum(tensor_bytes(t) for t in model.graph.initializer if t.name not in rotary)
 
 
 class WeightOnlyPass(Pass):

@@ -1,0 +1,74 @@
+"""Pruning what a graph computes and nobody reads: dead nodes and unread optional outputs.
+
+Fusions leave both behind. onnxscript's SkipSimplifiedLayerNormalization names its optional
+mean and inverse-std outputs although nothing reads them, so ORT computes and allocates them on
+every run (60 nodes in SmolLM2: ~0.15 ms per decode step); onnxruntime-genai's builder leaves
+them empty.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import onnx
+
+
+def reads(node: onnx.NodeProto) -> set[str]:
+    """Names a node reads, including those its subgraphs (If/Loop/Scan bodies) take from outside."""
+    names = {i for i in node.input if i}
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            for inner in graph.node:
+                names |= reads(inner)
+    return names
+
+
+def _read_names(model: onnx.ModelProto) -> set[str]:
+    names = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        names |= reads(node)
+    return names
+
+
+def remove_dead_nodes(model: onnx.ModelProto) -> int:
+    """Drop nodes whose outputs nobody reads, and the initializers only they read; returns the count."""
+    needed = {o.name for o in model.graph.output}
+    keep: list[onnx.NodeProto] = []
+    for node in reversed(model.graph.node):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed |= reads(node)
+    removed = len(model.graph.node) - len(keep)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(keep))
+    for init in [i for i in model.graph.initializer if i.name not in needed]:
+        model.graph.initializer.remove(init)
+    return removed
+
+
+@lru_cache(maxsize=None)
+def _optional_outputs(domain: str, op_type: str) -> frozenset[int]:
+    """Output positions ORT's schema for the op marks optional (empty when the op is unknown)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+    for schema in C.get_all_operator_schema():
+        if schema.name == op_type and schema.domain == domain:
+            return frozenset(k for k, out in enumerate(schema.outputs)
+                             if out.option == C.schemadef.OpSchema.FormalParameterOption.Optional)
+    return frozenset()
+
+
+def clear_unread_outputs(model: onnx.ModelProto) -> int:
+    """Empty the names of optional outputs nobody reads, so ORT skips them; returns the count."""
+    read = _read_names(model)
+    cleared = 0
+    for node in model.graph.node:
+        optional = _optional_outputs(node.domain if node.domain != "ai.onnx" else "", node.op_type)
+        for k, name in enumerate(node.output):
+            if name and k in optional and name not in read:
+                node.output[k] = ""
+                cleared += 1
+    for node in model.graph.node:  # trailing empty outputs are dropped
+        while node.output and not node.output[-1]:
+            node.output.pop()
+    return cleared

@@ -1,0 +1,119 @@
+"""Rotary tables as constants: the cos/sin caches a fused decoder's GroupQueryAttention reads.
+
+A transformers export computes the rotary cos/sin for positions 0..max(position_ids) on every
+run (ReduceMax, Range, MatMul, Cos, Sin): a dozen small kernels per token, and Cos/Sin over the
+whole context, so the work grows with the context (0.34 ms per token at 2048 on SmolLM2).
+GroupQueryAttention only indexes the tables by position, so they can be computed once for
+``max_positions`` positions and stored, as onnxruntime-genai's builder does. The price is a hard
+limit: the model then handles at most ``max_positions`` tokens, which the fold records in the
+model's metadata (``max_positions``) so the decode loops refuse longer sequences up front.
+
+The fold is checked, not assumed: the subgraph must depend on the position ids alone, and its
+table for a short sequence must equal the first rows of the long one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from ortpilot.graph.prune import remove_dead_nodes
+
+DEFAULT_MAX_POSITIONS = 8192
+COS_NAME, SIN_NAME = "rotary.cos_cache", "rotary.sin_cache"
+_COS_INPUT, _SIN_INPUT = 7, 8  # GroupQueryAttention's cos_cache and sin_cache
+_PROBE_POSITIONS = 16
+
+
+@dataclass
+class RotaryFold:
+    """What the fold did: the tables' shape and the nodes it removed, or why it left them."""
+
+    folded: bool
+    reason: str = ""
+    max_positions: int = 0
+    rotary_dim: int = 0
+    nodes_removed: int = 0
+
+
+def fold_rotary_tables(model: onnx.ModelProto, max_positions: int) -> RotaryFold:
+    """Replace computed GQA cos/sin caches by ``max_positions``-row initializers, in place."""
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and len(n.input) > _SIN_INPUT
+           and n.input[_COS_INPUT] and n.input[_SIN_INPUT]]
+    if not gqa:
+        return RotaryFold(False, "no GroupQueryAttention reads rotary tables")
+    pairs = {(n.input[_COS_INPUT], n.input[_SIN_INPUT]) for n in gqa}
+    if len(pairs) != 1:
+        return RotaryFold(False, f"the attention layers read {len(pairs)} different rotary tables")
+    cos, sin = next(iter(pairs))
+    initializers = {i.name for i in model.graph.initializer}
+    if cos in initializers and sin in initializers:
+        return RotaryFold(False, "the rotary tables are already constants")
+    cone, inputs = _cone(model, [cos, sin])
+    if len(inputs) != 1:
+        return RotaryFold(False, f"the rotary tables depend on {sorted(inputs) or 'no input'}, "
+                                 "not on the position ids alone")
+    (position_input,) = inputs
+    tables = _evaluate(model, cone, position_input, [cos, sin], max_positions)
+    short = _evaluate(model, cone, position_input, [cos, sin], _PROBE_POSITIONS)
+    if (tables[0].ndim != 2 or tables[0].shape[0] != max_positions or short[0].shape[0] != _PROBE_POSITIONS
+            or not all(np.allclose(s, t[:_PROBE_POSITIONS], atol=1e-6) for s, t in zip(short, tables))):
+        return RotaryFold(False, f"the subgraph does not compute a position-indexed table (shape "
+                                 f"{list(tables[0].shape)} for {max_positions} positions)")
+    model.graph.initializer.extend([numpy_helper.from_array(tables[0], COS_NAME),
+                                    numpy_helper.from_array(tables[1], SIN_NAME)])
+    for node in gqa:
+        node.input[_COS_INPUT], node.input[_SIN_INPUT] = COS_NAME, SIN_NAME
+    removed = remove_dead_nodes(model)
+    _set_metadata(model, "max_positions", str(max_positions))
+    return RotaryFold(True, max_positions=max_positions, rotary_dim=int(tables[0].shape[1]), nodes_removed=removed)
+
+
+def _cone(model: onnx.ModelProto, outputs: list[str]) -> tuple[list[onnx.NodeProto], set[str]]:
+    """The nodes that compute ``outputs`` (graph order) and the graph inputs they read."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    graph_inputs = {i.name for i in model.graph.input}
+    seen: set[int] = set()
+    inputs: set[str] = set()
+    stack = list(outputs)
+    while stack:
+        name = stack.pop()
+        if name in graph_inputs:
+            inputs.add(name)
+        node = producer.get(name)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.extend(i for i in node.input if i)
+    return [n for n in model.graph.node if id(n) in seen], inputs
+
+
+def _evaluate(model: onnx.ModelProto, cone: list[onnx.NodeProto], position_input: str, outputs: list[str],
+              positions: int) -> list[np.ndarray]:
+    """Run the cone alone, on position ids [[positions - 1]] (the tables cover 0..max)."""
+    info = next(i for i in model.graph.input if i.name == position_input)
+    used = {i for n in cone for i in n.input}
+    graph = helper.make_graph(
+        list(cone), "rotary", [info],
+        [onnx.ValueInfoProto(name=o) for o in outputs],
+        [i for i in model.graph.initializer if i.name in used])
+    sub = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(sub.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    dtype = helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
+    rank = len(info.type.tensor_type.shape.dim) or 2
+    feed = np.full((1,) * rank, positions - 1, dtype=dtype)
+    return [np.ascontiguousarray(t) for t in session.run(outputs, {position_input: feed})]
+
+
+def _set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = value
+            return
+    model.metadata_props.add(key=key, value=value)
