@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 
@@ -34,11 +35,15 @@ def _keys(records):
     return [(r.get("kind"), r.get("id", ""), r.get("stage", "")) for r in records if r.get("kind") in ("prepared", "bench")]
 
 
-def test_killed_tune_resumes_without_remeasuring_finished_candidates(tmp_path, demo_paths):
+def test_killed_tune_resumes_without_remeasuring_finished_candidates(tmp_path, demo_paths, monkeypatch):
     out = tmp_path / "out"
     journal = out / "journal.jsonl"
+    scratch_root = tmp_path / "tmp"  # $TMPDIR of both tunes: the killed one's scratch folder stays there
+    scratch_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
     cmd = [sys.executable, "-m", "ortpilot.cli.main", "tune", str(demo_paths["mlp"]), "-o", str(out), "--budget", "40"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "TMPDIR": str(scratch_root)})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if sum(1 for r in read_journal(journal) if r.get("kind") == "prepared") >= 5:
@@ -50,8 +55,11 @@ def test_killed_tune_resumes_without_remeasuring_finished_candidates(tmp_path, d
     before = _keys(read_journal(journal))
     assert len([k for k in before if k[0] == "prepared"]) >= 5
     assert not (out / "profile.json").exists()
+    (left,) = scratch_root.glob("ortpilot-tune-*")  # SIGKILL: no cleanup ran
+    time.sleep(1.1)  # the sweep leaves folders younger than a second (their owner may be starting)
 
     result = tune(str(demo_paths["mlp"]), out, budget_s=20, resume=True)
+    assert not left.exists() and not list(scratch_root.glob("ortpilot-tune-*"))
     after = _keys(read_journal(journal))
     assert after[:len(before)] == before  # the old records are kept as they were
     duplicates = [k for k, n in Counter(after).items() if n > 1]

@@ -67,6 +67,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
     """
     dest = check_output_path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    sweep_temp_files(dest.parent, destination=dest.name)  # what a killed write of this file left
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=TEMP_SUFFIX, dir=dest.parent)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: marks the temp file as alive
@@ -88,9 +89,12 @@ def is_temp_name(name: str) -> bool:
     return bool(_TEMP_NAME.match(name))
 
 
-def sweep_temp_files(folder: str | os.PathLike, min_age_s: float = 1.0) -> list[Path]:
+def sweep_temp_files(folder: str | os.PathLike, min_age_s: float = 1.0,
+                     destination: str | None = None) -> list[Path]:
     """Remove the temp files that killed atomic writes left in ``folder``; return what was removed.
 
+    Every atomic write sweeps those of its own destination first (``destination``: that file's
+    name), so a killed ``optimize -o m.onnx`` is cleaned up by the next write of ``m.onnx``.
     Only files directly in ``folder`` whose names match ortpilot's own temp naming, whose
     writer's lock is free (the writer is gone: a live writer holds it until its rename) and
     that are at least ``min_age_s`` old (covering the instant between a writer's ``mkstemp`` and
@@ -101,8 +105,9 @@ def sweep_temp_files(folder: str | os.PathLike, min_age_s: float = 1.0) -> list[
     if not root.is_dir():
         return []
     removed = []
+    prefix = f".{destination}." if destination is not None else ""
     for path in sorted(root.iterdir()):
-        if is_temp_name(path.name) and _is_stale(path, min_age_s):
+        if is_temp_name(path.name) and path.name.startswith(prefix) and _is_stale(path, min_age_s):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed.append(path)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.passes.base import PassResult, SourceModel
 from ortpilot.passes.gate import AccuracyGate, GateResult, gate_failure
 from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, full_op_types
@@ -85,7 +85,7 @@ def activation_errors(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto,
 
     from ortpilot.passes.calibration import reader_for
 
-    with tempfile.TemporaryDirectory(prefix="ortpilot-debug-") as tmp, capture_ort_output():
+    with scratch_dir("ortpilot-debug-") as tmp, capture_ort_output():
         paths = {}
         for tag, model in (("float", float_model), ("qdq", qdq_model)):
             plain, augmented = Path(tmp) / f"{tag}.onnx", Path(tmp) / f"{tag}.aug.onnx"

@@ -16,6 +16,7 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
+from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.artifacts.stamp import (
     EP_SPECIFIC_LEVELS,
     cpu_features,
@@ -102,9 +103,7 @@ class OptimizePass(Pass):
             notes = [f"offline: {'cache hit' if hit else 'built and cached'} ({path.parent.name[:12]})"]
             extra = {"cache_key": key, "cache_hit": hit, "cache_path": str(path)}
         else:
-            import tempfile
-
-            with tempfile.TemporaryDirectory(prefix="ortpilot-opt-") as tmp:
+            with scratch_dir("ortpilot-opt-") as tmp:
                 build(Path(tmp) / "model.onnx")
                 model = load_model(Path(tmp) / "model.onnx")
             notes, extra = ["offline: built (cache off)"], {"cache_key": key, "cache_hit": False}

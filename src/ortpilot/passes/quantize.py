@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import UsageError
 from ortpilot.passes.base import Outcome, Pass, SourceModel, _graphs, op_histogram, quantized_node_count
 from ortpilot.session.ortlog import capture_ort_output
@@ -145,7 +145,7 @@ def prepare(model: onnx.ModelProto, *, preprocess: bool = True) -> tuple[onnx.Mo
     if converted:
         notes.append(f"{converted} Constant node(s) turned into initializers so their weights can be quantized")
     if preprocess:
-        with tempfile.TemporaryDirectory(prefix="ortpilot-pre-") as tmp:
+        with scratch_dir("ortpilot-pre-") as tmp:
             src, out = Path(tmp) / "in.onnx", Path(tmp) / "pre.onnx"
             onnx.save(work, str(src))  # a path, not the proto: quant_pre_process moves a proto's weights out
             for skip_symbolic in (False, True):
@@ -246,7 +246,7 @@ class QuantizePass(Pass):
             except Exception as exc:
                 raise UsageError(f"Per-channel QDQ needs opset 13 and this model (opset {_default_opset(model)}) "
                                  f"could not be upgraded ({exc}); drop --per-channel.") from None
-        with tempfile.TemporaryDirectory(prefix="ortpilot-quant-") as tmp:
+        with scratch_dir("ortpilot-quant-") as tmp:
             src, dst = Path(tmp) / "float.onnx", Path(tmp) / "quant.onnx"
             onnx.save(model, str(src))
             with capture_ort_output() as captured:

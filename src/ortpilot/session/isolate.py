@@ -19,11 +19,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import OrtCrashError
 from ortpilot.providers.names import ProviderSpec
 from ortpilot.session.options import SessionSettings
@@ -51,7 +51,7 @@ def preflight_in_child(source: str | bytes, requested: list[ProviderSpec], setti
     then reports that error properly). ``bytes`` are written to a private temp file first.
     """
     timeout = default_timeout() if timeout_s is None else timeout_s
-    with tempfile.TemporaryDirectory(prefix="ortpilot-isolate-") as tmp:
+    with scratch_dir("ortpilot-isolate-") as tmp:
         folder = Path(tmp)
         if isinstance(source, (bytes, bytearray)):
             model_path = folder / "model.onnx"

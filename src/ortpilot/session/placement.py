@@ -122,9 +122,9 @@ def profile_placement(model_path_or_bytes: str | bytes, providers: list, sess_op
     Used on ORT < 1.24 (no assignment API). The twin is separate so that the user's session
     does not pay for profiling.
     """
-    import tempfile
+    from ortpilot.artifacts.scratch import scratch_dir
 
-    with tempfile.TemporaryDirectory(prefix="ortpilot-prof-") as tmp:
+    with scratch_dir("ortpilot-prof-") as tmp:
         sess_options.enable_profiling = True
         sess_options.profile_file_prefix = os.path.join(tmp, "prof")
         sess = ort.InferenceSession(model_path_or_bytes, sess_options, providers=providers)

@@ -10,11 +10,10 @@ needs besides the journal (the default session's outputs, the held-out inputs) i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import onnxruntime as ort
 
 from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path
 from ortpilot.artifacts.profile import write_profile
+from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import UsageError
 from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
@@ -144,7 +144,8 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
     sweep(out)
     if journal.get("start") is None:
         journal.append({"kind": "start", **config, "budget_s": budget_s, "model": label})
-    scratch = Path(tempfile.mkdtemp(prefix="ortpilot-tune-"))
+    scratch_owner = contextlib.ExitStack()  # the folder is swept by a later tune if this one is killed
+    scratch = scratch_owner.enter_context(scratch_dir("ortpilot-tune-"))
     worker = WorkerClient(scratch)
     try:
         save_samples(scratch / "heldout.npz", heldout)
@@ -175,7 +176,7 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
     finally:
         worker.close()
         journal.close()
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratch_owner.close()
 
 
 def check_out_dir(out: Path) -> Path:

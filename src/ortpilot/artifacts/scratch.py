@@ -1,0 +1,68 @@
+"""Scratch folders under $TMPDIR that a killed process does not leave behind for good.
+
+``tempfile.TemporaryDirectory`` cleans up on return and on exceptions, not on SIGKILL or an OOM
+kill; a tune's scratch folder holds candidate models (hundreds of MB for a decoder) and would
+stay until reboot. Each folder made here holds an ``flock``-ed ``.lock`` file for its owner's
+lifetime; making a new folder first removes older folders of the same prefix whose lock is free,
+i.e. whose owner is gone. Folders without the lock file are not ours and are left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+LOCK_NAME = ".lock"
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str, *, sweep: bool = True) -> Iterator[Path]:
+    """A fresh folder ``$TMPDIR/PREFIX*``, removed on exit; its orphans from killed runs are swept first."""
+    if sweep:
+        sweep_scratch_dirs(prefix)
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    fd = os.open(path / LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield path
+    finally:
+        os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def sweep_scratch_dirs(prefix: str, min_age_s: float = 1.0, root: str | os.PathLike | None = None) -> list[Path]:
+    """Remove ``PREFIX*`` folders in ``root`` (default $TMPDIR) whose owner is gone; return them."""
+    base = Path(root or tempfile.gettempdir())
+    removed = []
+    with contextlib.suppress(OSError):
+        for path in sorted(base.glob(f"{prefix}*")):
+            if _orphaned(path, min_age_s):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+def _orphaned(path: Path, min_age_s: float) -> bool:
+    """A real folder of ours (lock file present), old enough, whose lock nobody holds."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # no lock file: not made here (or being made this instant)
+        return False
+    try:
+        if time.time() - os.fstat(fd).st_mtime < min_age_s:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its owner is alive
+            return False
+        return True
+    finally:
+        os.close(fd)
