@@ -38,6 +38,21 @@ def test_fuse_uses_the_shared_loop_with_the_same_tokens() -> None:
     assert "GroupQueryAttention" in doc["notes"][0]
 
 
+def test_fuse_with_max_positions_limits_the_fused_model() -> None:
+    if importlib.util.find_spec("onnxscript") is None:
+        pytest.skip("onnxscript is not installed")
+    fused = _run("--prompt-ids", "5,6,7", "--max-new-tokens", "30", "--json", "--fuse", "--max-positions", "12")
+    assert fused.exit_code == 0, fused.output
+    doc = json.loads(fused.stdout)
+    assert doc["stop_reason"] == "max_length" and len(doc["tokens"][0]) == 9  # 3 + 9 = the table's 12 rows
+    assert "rotary tables for 12 positions" in doc["notes"][0]
+    assert doc["signature"]["max_positions"] == 12
+    too_long = _run("--prompt-ids", ",".join(["1"] * 12), "--fuse", "--max-positions", "12")
+    assert too_long.exit_code == 2 and "fuse again with a larger --max-positions" in " ".join(too_long.output.split())
+    negative = _run("--prompt-ids", "1", "--fuse", "--max-positions", "-1")
+    assert negative.exit_code == 2 and "max_positions must be >= 0" in negative.output
+
+
 @pytest.mark.parametrize("args, message", [
     (["--prompt-ids", "1,2,999"], "outside the vocabulary"),
     (["--prompt-ids", "1,x"], "comma-separated list of integers"),

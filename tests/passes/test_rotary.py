@@ -98,3 +98,13 @@ def test_tables_not_indexed_by_position_stay_computed() -> None:
     # cos/sin of the position ids themselves: [1, seq], not a [positions, dim] table.
     fold = fold_rotary_tables(_gqa_graph(["position_ids"]), 32)
     assert not fold.folded and "position-indexed table" in fold.reason
+
+
+def test_tables_the_cone_cannot_compute_alone_stay_computed() -> None:
+    model = _gqa_graph(["position_ids"])
+    concat = next(n for n in model.graph.node if n.op_type == "Concat")
+    concat.op_type, concat.domain = "NoSuchOp", "ortpilot.test"  # ORT has no kernel for it
+    model.opset_import.append(helper.make_opsetid("ortpilot.test", 1))
+    fold = fold_rotary_tables(model, 32)
+    assert not fold.folded and "did not run on its own" in fold.reason
+    assert op_histogram(model)["Cos"] == 1

@@ -141,7 +141,9 @@ class Generator:
         limit = self.signature.max_positions
         if limit is not None and prompt_length >= limit:
             raise UsageError(f"The prompt has {prompt_length} tokens, but the model handles at most "
-                             f"{limit} positions; shorten the prompt.")
+                             f"{limit} positions (its max_positions metadata or rotary tables); shorten the "
+                             "prompt, or, for a model fused by ortpilot, fuse again with a larger "
+                             "--max-positions.")
         if max_length is not None and prompt_length >= max_length:
             raise UsageError(f"The prompt has {prompt_length} tokens, but the KV buffer holds "
                              f"{max_length} (max_length); raise max_length or shorten the prompt.")
