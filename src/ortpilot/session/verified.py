@@ -7,6 +7,7 @@ and applies one policy to each: strict raises, warn logs and records, allow reco
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -122,8 +123,8 @@ class VerifiedSession:
 def _read_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None, str | bytes, str]:
     """Return (proto without external data, path, what to hand ORT, content hash)."""
     if isinstance(model, onnx.ModelProto):
-        data = model.SerializeToString()
-        return model, None, data, model_sha256(model)
+        data = model.SerializeToString()  # once: ORT takes these bytes and the hash is of them
+        return model, None, data, hashlib.sha256(data).hexdigest()
     if isinstance(model, (bytes, bytearray)):
         try:
             proto = onnx.load_from_string(bytes(model))
