@@ -21,7 +21,7 @@ import onnx
 
 from ortpilot.errors import UsageError
 from ortpilot.graph.feeds import embedding_bounds
-from ortpilot.graph.prune import reads
+from ortpilot.graph.prune import cone, reads
 from ortpilot.graph.shapes import InputInfo, graph_inputs, model_max_positions
 
 ROLES = ("input_ids", "attention_mask", "position_ids", "cache_position", "seqlens_k",
@@ -167,7 +167,7 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
     gqa_pasts = {n.input[3] for n in gqa if len(n.input) > 4} | {n.input[4] for n in gqa if len(n.input) > 4}
     reads_mask = False
     if gqa and roles["attention_mask"]:
-        sources = _input_ancestors(model, [n.input[5] for n in gqa if len(n.input) > 5])
+        _, sources = cone(model, [n.input[5] for n in gqa if len(n.input) > 5])
         reads_mask = roles["attention_mask"] in sources
     bounds = embedding_bounds(model)
     read = set().union(*(reads(n) for n in model.graph.node))
@@ -255,26 +255,6 @@ def _cache_entry(info: InputInfo, present: str, dim_values: Mapping[str, int]) -
                          "head_dim] (or stacked [2, batch, heads, past, head_dim]) with fixed heads and "
                          "head_dim. Give a symbolic dim its number with --map DIM=VALUE (e.g. head_dim=64).")
     return CacheEntry(info.name, present, dims, seq_axis, batch_axis, np.dtype(info.dtype))
-
-
-def _input_ancestors(model: onnx.ModelProto, tensors: Iterable[str]) -> set[str]:
-    """Graph inputs a tensor is computed from (follows data edges, not Shape() edges' values)."""
-    producer = {o: n for n in model.graph.node for o in n.output}
-    graph_in = {i.name for i in model.graph.input}
-    seen: set[str] = set()
-    found: set[str] = set()
-    stack = list(tensors)
-    while stack:
-        name = stack.pop()
-        if name in seen or not name:
-            continue
-        seen.add(name)
-        if name in graph_in:
-            found.add(name)
-        node = producer.get(name)
-        if node is not None:
-            stack.extend(node.input)
-    return found
 
 
 def _logits_vocab(model: onnx.ModelProto, logits: str) -> int | None:

@@ -1,4 +1,5 @@
-"""Pruning what a graph computes and nobody reads: dead nodes and unread optional outputs.
+"""Who reads what in a graph (``reads``, ``cone``), and pruning what nobody reads: dead nodes
+and unread optional outputs.
 
 Fusions leave both behind. onnxscript's SkipSimplifiedLayerNormalization names its optional
 mean and inverse-std outputs although nothing reads them, so ORT computes and allocates them on
@@ -21,6 +22,25 @@ def reads(node: onnx.NodeProto) -> set[str]:
             for inner in graph.node:
                 names |= reads(inner)
     return names
+
+
+def cone(model: onnx.ModelProto, outputs: list[str]) -> tuple[list[onnx.NodeProto], set[str]]:
+    """The nodes that compute ``outputs`` (in graph order) and the graph inputs they read."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    graph_inputs = {i.name for i in model.graph.input}
+    seen: set[int] = set()
+    inputs: set[str] = set()
+    stack = list(outputs)
+    while stack:
+        name = stack.pop()
+        if name in graph_inputs:
+            inputs.add(name)
+        node = producer.get(name)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.extend(i for i in node.input if i)
+    return [n for n in model.graph.node if id(n) in seen], inputs
 
 
 def _read_names(model: onnx.ModelProto) -> set[str]:

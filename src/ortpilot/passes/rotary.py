@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from ortpilot.graph.prune import remove_dead_nodes
+from ortpilot.graph.prune import cone, remove_dead_nodes
 
 DEFAULT_MAX_POSITIONS = 8192
 COS_NAME, SIN_NAME = "rotary.cos_cache", "rotary.sin_cache"
@@ -53,15 +53,15 @@ def fold_rotary_tables(model: onnx.ModelProto, max_positions: int) -> RotaryFold
     initializers = {i.name for i in model.graph.initializer}
     if cos in initializers and sin in initializers:
         return RotaryFold(False, "the rotary tables are already constants")
-    cone, inputs = _cone(model, [cos, sin])
+    nodes, inputs = cone(model, [cos, sin])
     if len(inputs) != 1:
         return RotaryFold(False, f"the rotary tables depend on {sorted(inputs) or 'no input'}, "
                                  "not on the position ids alone")
     (position_input,) = inputs
     probe = min(_PROBE_POSITIONS, max(1, max_positions // 2))
     try:
-        tables = _evaluate(model, cone, position_input, [cos, sin], max_positions)
-        short = _evaluate(model, cone, position_input, [cos, sin], probe)
+        tables = _evaluate(model, nodes, position_input, [cos, sin], max_positions)
+        short = _evaluate(model, nodes, position_input, [cos, sin], probe)
     except Exception as exc:  # ORT refused the subgraph alone: keep it in the model, computed
         return RotaryFold(False, f"the rotary subgraph did not run on its own ({str(exc).splitlines()[0][:200]})")
     if (tables[0].ndim != 2 or tables[0].shape[0] != max_positions or short[0].ndim != 2
@@ -78,32 +78,13 @@ def fold_rotary_tables(model: onnx.ModelProto, max_positions: int) -> RotaryFold
     return RotaryFold(True, max_positions=max_positions, rotary_dim=int(tables[0].shape[1]), nodes_removed=removed)
 
 
-def _cone(model: onnx.ModelProto, outputs: list[str]) -> tuple[list[onnx.NodeProto], set[str]]:
-    """The nodes that compute ``outputs`` (graph order) and the graph inputs they read."""
-    producer = {o: n for n in model.graph.node for o in n.output}
-    graph_inputs = {i.name for i in model.graph.input}
-    seen: set[int] = set()
-    inputs: set[str] = set()
-    stack = list(outputs)
-    while stack:
-        name = stack.pop()
-        if name in graph_inputs:
-            inputs.add(name)
-        node = producer.get(name)
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.extend(i for i in node.input if i)
-    return [n for n in model.graph.node if id(n) in seen], inputs
-
-
-def _evaluate(model: onnx.ModelProto, cone: list[onnx.NodeProto], position_input: str, outputs: list[str],
+def _evaluate(model: onnx.ModelProto, nodes: list[onnx.NodeProto], position_input: str, outputs: list[str],
               positions: int) -> list[np.ndarray]:
     """Run the cone alone, on position ids [[positions - 1]] (the tables cover 0..max)."""
     info = next(i for i in model.graph.input if i.name == position_input)
-    used = {i for n in cone for i in n.input}
+    used = {i for n in nodes for i in n.input}
     graph = helper.make_graph(
-        list(cone), "rotary", [info],
+        list(nodes), "rotary", [info],
         [onnx.ValueInfoProto(name=o) for o in outputs],
         [i for i in model.graph.initializer if i.name in used])
     sub = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
