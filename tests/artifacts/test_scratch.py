@@ -54,12 +54,25 @@ def test_killed_owner_leaves_a_folder_the_next_one_sweeps(tmpdir_root: Path) -> 
 
 
 def test_a_young_folder_is_left_alone(tmpdir_root: Path) -> None:
-    orphan = tmpdir_root / "ortpilot-opt-abc"
+    orphan = tmpdir_root / "ortpilot-opt-abcd_123"
     orphan.mkdir()
     (orphan / LOCK_NAME).write_bytes(b"")
     assert sweep_scratch_dirs("ortpilot-opt-") == []  # could be a process between mkdtemp and its lock
     _age(orphan / LOCK_NAME)
     assert sweep_scratch_dirs("ortpilot-opt-") == [orphan] and not orphan.exists()
+
+
+def test_folders_that_are_not_ours_are_left_alone_and_a_fifo_does_not_hang(tmpdir_root: Path) -> None:
+    named_otherwise = tmpdir_root / "ortpilot-opt-my-notes"  # not a mkdtemp name
+    fifo_lock = tmpdir_root / "ortpilot-opt-fifo_123"
+    for folder in (named_otherwise, fifo_lock):
+        folder.mkdir()
+    (named_otherwise / LOCK_NAME).write_bytes(b"")
+    _age(named_otherwise / LOCK_NAME)
+    os.mkfifo(fifo_lock / LOCK_NAME)  # opening it for reading without O_NONBLOCK would block forever
+    _age(fifo_lock / LOCK_NAME)
+    assert sweep_scratch_dirs("ortpilot-opt-") == []
+    assert named_otherwise.exists() and fifo_lock.exists()
 
 
 def test_a_write_sweeps_what_a_killed_write_of_the_same_file_left(tmp_path: Path) -> None:
@@ -68,6 +81,11 @@ def test_a_write_sweeps_what_a_killed_write_of_the_same_file_left(tmp_path: Path
     for path in (dead, other):
         path.write_bytes(b"half")
         _age(path)
+    longer = tmp_path / ".model.onnx.data.ab_d1234.tmp"  # starts like model.onnx's, belongs to model.onnx.data
+    longer.write_bytes(b"half")
+    _age(longer)
     atomic_write_bytes(tmp_path / "model.onnx", b"whole")
-    assert not dead.exists() and other.exists()  # only the destination's own leftovers
+    assert not dead.exists() and other.exists() and longer.exists()  # only the destination's own leftovers
     assert sorted(p.name for p in tmp_path.iterdir() if not is_temp_name(p.name)) == ["model.onnx"]
+    atomic_write_bytes(tmp_path / "model.onnx.data", b"whole")
+    assert not longer.exists() and other.exists()

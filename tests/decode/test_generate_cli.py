@@ -49,8 +49,11 @@ def test_fuse_with_max_positions_limits_the_fused_model() -> None:
     assert doc["signature"]["max_positions"] == 12
     too_long = _run("--prompt-ids", ",".join(["1"] * 12), "--fuse", "--max-positions", "12")
     assert too_long.exit_code == 2 and "fuse again with a larger --max-positions" in " ".join(too_long.output.split())
-    negative = _run("--prompt-ids", "1", "--fuse", "--max-positions", "-1")
-    assert negative.exit_code == 2 and "max_positions must be >= 0" in negative.output
+    for args, message in ((["--fuse", "--max-positions", "-1"], "-1 is not in the range"),
+                          (["--fuse", "--max-positions", "4"], "or at least 8"),  # the fusion's check needs 8
+                          (["--max-positions", "64"], "does nothing without --fuse")):
+        bad = _run("--prompt-ids", "1", *args)
+        assert bad.exit_code == 2 and message in " ".join(bad.output.split()), bad.output
 
 
 @pytest.mark.parametrize("args, message", [

@@ -43,9 +43,11 @@ def test_fusion_stores_the_tables_and_drops_the_per_token_nodes(decoder: onnx.Mo
     table_bytes = sum(tensor_bytes(tables[name]) for name in (COS_NAME, SIN_NAME))
     assert table_bytes == 2 * 64 * rotary["rotary_dim"] * 4
     assert weight_bytes(folded.model) == sum(tensor_bytes(t) for t in tables.values()) - table_bytes
-    prompt = np.random.default_rng(0).integers(0, 256, 9).tolist()
-    assert (generate(folded.model, prompt, 20, "shared").tokens
-            == generate(dynamic.model, prompt, 20, "shared").tokens)
+    # The folded model in the shared loop (its mask bound once: no node reads it) against the
+    # unfused source in the plain loop, two rows at once.
+    prompts = np.random.default_rng(0).integers(0, 256, (2, 9))
+    assert (generate(folded.model, prompts, 20, "shared").tokens
+            == generate(decoder, prompts, 20, "plain").tokens)
 
 
 def test_default_is_the_exports_recorded_context(decoder: onnx.ModelProto) -> None:
@@ -64,7 +66,7 @@ def test_generation_past_the_table_is_refused(decoder: onnx.ModelProto) -> None:
 
 
 def test_negative_limit_is_a_usage_error() -> None:
-    with pytest.raises(UsageError, match="max_positions must be >= 0"):
+    with pytest.raises(UsageError, match="max_positions must be 0"):
         DecoderFusionPass(max_positions=-1)
 
 
@@ -91,7 +93,32 @@ def test_tables_that_read_more_than_positions_stay_computed() -> None:
     model = _gqa_graph(["position_ids", "attention_mask"])
     fold = fold_rotary_tables(model, 32)
     assert not fold.folded and "attention_mask" in fold.reason and "position_ids" in fold.reason
+    only_mask = fold_rotary_tables(_gqa_graph(["attention_mask"]), 32)
+    assert not only_mask.folded and "'attention_mask', not on position ids" in only_mask.reason
     assert op_histogram(model)["Cos"] == 1
+
+
+def test_tables_whose_rows_depend_on_their_length_stay_computed() -> None:
+    # cos/sin of Range(0, n) / n: 2-D and n rows long, but row k changes with n, so not a table.
+    inputs = [helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "s"]),
+              helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, "s", 24])]
+    nodes = [helper.make_node("ReduceMax", ["position_ids"], ["last"], keepdims=0),
+             helper.make_node("Add", ["last", "one"], ["n"]),
+             helper.make_node("Range", ["zero", "n", "one"], ["steps"]),
+             helper.make_node("Cast", ["steps"], ["stepsf"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+             helper.make_node("Div", ["stepsf", "nf"], ["angles"]),
+             helper.make_node("Unsqueeze", ["angles", "axis1"], ["angles2"]),
+             helper.make_node("Cos", ["angles2"], ["cos"]), helper.make_node("Sin", ["angles2"], ["sin"]),
+             helper.make_node("GroupQueryAttention", ["qkv", "", "", "", "", "seqlens", "total", "cos", "sin"],
+                              ["out"], domain="com.microsoft", num_heads=2, kv_num_heads=1, do_rotary=1)]
+    inits = [helper.make_tensor("one", TensorProto.INT64, [], [1]), helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+             helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
+             helper.make_tensor("seqlens", TensorProto.INT32, [1], [0]), helper.make_tensor("total", TensorProto.INT32, [], [1])]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    fold = fold_rotary_tables(model, 32)
+    assert not fold.folded and "position-indexed table" in fold.reason and "[32, 1]" in fold.reason
 
 
 def test_tables_not_indexed_by_position_stay_computed() -> None:

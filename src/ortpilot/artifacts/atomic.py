@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import glob
 import json
 import os
 import re
@@ -105,9 +106,11 @@ def sweep_temp_files(folder: str | os.PathLike, min_age_s: float = 1.0,
     if not root.is_dir():
         return []
     removed = []
-    prefix = f".{destination}." if destination is not None else ""
-    for path in sorted(root.iterdir()):
-        if is_temp_name(path.name) and path.name.startswith(prefix) and _is_stale(path, min_age_s):
+    own = (re.compile(r"^\." + re.escape(destination) + r"\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX) + r"$")
+           if destination is not None else _TEMP_NAME)
+    candidates = root.glob(f".{glob.escape(destination)}.*{TEMP_SUFFIX}") if destination is not None else root.iterdir()
+    for path in sorted(candidates):
+        if own.match(path.name) and _is_stale(path, min_age_s):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed.append(path)

@@ -44,7 +44,7 @@ def _prompt_ids(text: str) -> list[int]:
               help="auto picks the fastest the model supports.")
 @click.option("--fuse", is_flag=True, help="Fuse attention into GroupQueryAttention first (onnxscript), "
               "so the shared-buffer loop applies.")
-@click.option("--max-positions", type=int, default=None,
+@click.option("--max-positions", type=click.IntRange(min=0), default=None,
               help="With --fuse: positions the constant rotary tables cover, the fused model's length limit "
               "(default: the export's recorded context length, else 8192; 0 keeps the tables computed per step).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
@@ -82,6 +82,9 @@ def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: s
         ids = textmod.encode(tok, textmod.chat_prompt(tok, prompt, system) if chat else prompt)
     else:
         ids = _prompt_ids(prompt_ids or "")
+    if max_positions is not None and not fuse:
+        raise UsageError("--max-positions sets the length of the rotary tables --fuse stores; it does nothing "
+                         "without --fuse (a model fused earlier keeps the limit it was fused with).")
     stops = list(stop_id) + (textmod.stop_ids(tok) if tok is not None else [])
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     source: Any = resolve_model_arg(model)

@@ -268,10 +268,8 @@ def _logits_vocab(model: onnx.ModelProto, logits: str) -> int | None:
 
 def _max_positions(model: onnx.ModelProto) -> int | None:
     """The recorded context limit, else the rows of a constant GQA rotary table (past them GQA fails)."""
-    recorded = model_max_positions(model)
-    if recorded is not None:
-        return recorded
     tables = {i.name: i for i in model.graph.initializer}
     rows = [int(tables[n.input[7]].dims[0]) for n in model.graph.node
             if n.op_type == "GroupQueryAttention" and len(n.input) > 7 and n.input[7] in tables]
-    return min(rows) if rows else None
+    limits = [x for x in (model_max_positions(model), min(rows) if rows else None) if x is not None]
+    return min(limits) if limits else None

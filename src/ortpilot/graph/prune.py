@@ -27,7 +27,8 @@ def reads(node: onnx.NodeProto) -> set[str]:
 def cone(model: onnx.ModelProto, outputs: list[str]) -> tuple[list[onnx.NodeProto], set[str]]:
     """The nodes that compute ``outputs`` (in graph order) and the graph inputs they read."""
     producer = {o: n for n in model.graph.node for o in n.output}
-    graph_inputs = {i.name for i in model.graph.input}
+    # Older exports list initializers among the graph inputs too; those are constants, not inputs.
+    graph_inputs = {i.name for i in model.graph.input} - {i.name for i in model.graph.initializer}
     seen: set[int] = set()
     inputs: set[str] = set()
     stack = list(outputs)
@@ -39,7 +40,7 @@ def cone(model: onnx.ModelProto, outputs: list[str]) -> tuple[list[onnx.NodeProt
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
-        stack.extend(i for i in node.input if i)
+        stack.extend(reads(node))
     return [n for n in model.graph.node if id(n) in seen], inputs
 
 
@@ -61,7 +62,8 @@ def remove_dead_nodes(model: onnx.ModelProto) -> int:
     removed = len(model.graph.node) - len(keep)
     del model.graph.node[:]
     model.graph.node.extend(reversed(keep))
-    for init in [i for i in model.graph.initializer if i.name not in needed]:
+    declared = {i.name for i in model.graph.input}  # an initializer that is also an input stays with it
+    for init in [i for i in model.graph.initializer if i.name not in needed and i.name not in declared]:
         model.graph.initializer.remove(init)
     return removed
 

@@ -206,6 +206,8 @@ class Pass(abc.ABC):
     """A model -> model step. Subclasses implement ``transform`` and ``options``."""
 
     name: str = "pass"
+    # Part of every cache key of this pass's output: bump it when the output changes for the same options.
+    revision: int = 0
 
     @abc.abstractmethod
     def options(self) -> dict[str, Any]:

@@ -37,6 +37,7 @@ _BATCH = re.compile(r"batch", re.I)
 CHECK_TOKENS = 8      # prompt length of the empty-past check
 CHECK_PAST = 5        # cached tokens of the second check
 CHECK_NEW = 3         # new tokens of the second check
+MIN_POSITIONS = max(CHECK_TOKENS, CHECK_PAST + CHECK_NEW)  # the checks must fit a folded rotary table
 
 
 class FusionIncompleteError(VerificationError):
@@ -70,16 +71,16 @@ class DecoderFusionPass(Pass):
     """onnxscript ORT fusions, accepted only with a GQA per layer and matching outputs."""
 
     name = "decoder-fusion"
-    # Part of the cache key: bump it when the pass's output changes for the same options.
-    revision = 2
+    revision = 2  # 2: constant rotary tables, unread optional outputs cleared
 
     def __init__(self, atol: float = 1e-3, rtol: float = 1e-3, seed: int = 0, pack: bool = True,
                  use_cache: bool = False, store: ModelStore | None = None,
                  max_positions: int | None = None) -> None:
         """``max_positions``: rows of the constant rotary tables (None: the export's recorded
         context length, else 8192; 0 keeps the per-step computation and no length limit)."""
-        if max_positions is not None and max_positions < 0:
-            raise UsageError(f"max_positions must be >= 0 (0 keeps the rotary tables computed), got {max_positions}.")
+        if max_positions is not None and (max_positions < 0 or 0 < max_positions < MIN_POSITIONS):
+            raise UsageError(f"max_positions must be 0 (keep the rotary tables computed) or at least {MIN_POSITIONS} "
+                             f"(the fusion's output check runs {MIN_POSITIONS} positions), got {max_positions}.")
         self.atol, self.rtol, self.seed, self.pack = atol, rtol, seed, pack
         self.use_cache, self.store = use_cache, store
         self.max_positions = max_positions

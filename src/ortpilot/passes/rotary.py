@@ -1,8 +1,8 @@
 """Rotary tables as constants: the cos/sin caches a fused decoder's GroupQueryAttention reads.
 
 A transformers export computes the rotary cos/sin for positions 0..max(position_ids) on every
-run (ReduceMax, Range, MatMul, Cos, Sin): a dozen small kernels per token, and Cos/Sin over the
-whole context, so the work grows with the context (0.34 ms per token at 2048 on SmolLM2).
+run (ReduceMax, Range, MatMul, Cos, Sin: 8 small kernels per token in SmolLM2's export), and
+Cos/Sin over the whole context, so the work grows with it (0.34 ms per token at 2048).
 GroupQueryAttention only indexes the tables by position, so they can be computed once for
 ``max_positions`` positions and stored, as onnxruntime-genai's builder does. The price is a hard
 limit: the model then handles at most ``max_positions`` tokens, which the fold records in the
@@ -58,14 +58,16 @@ def fold_rotary_tables(model: onnx.ModelProto, max_positions: int) -> RotaryFold
         return RotaryFold(False, f"the rotary tables depend on {sorted(inputs) or 'no input'}, "
                                  "not on the position ids alone")
     (position_input,) = inputs
+    if "position" not in position_input.lower():
+        return RotaryFold(False, f"the rotary tables depend on '{position_input}', not on position ids")
     probe = min(_PROBE_POSITIONS, max(1, max_positions // 2))
     try:
         tables = _evaluate(model, nodes, position_input, [cos, sin], max_positions)
         short = _evaluate(model, nodes, position_input, [cos, sin], probe)
     except Exception as exc:  # ORT refused the subgraph alone: keep it in the model, computed
         return RotaryFold(False, f"the rotary subgraph did not run on its own ({str(exc).splitlines()[0][:200]})")
-    if (tables[0].ndim != 2 or tables[0].shape[0] != max_positions or short[0].ndim != 2
-            or short[0].shape[0] != probe
+    if (any(t.ndim != 2 or t.shape != tables[0].shape or t.shape[0] != max_positions for t in tables)
+            or any(t.ndim != 2 or t.shape != (probe, tables[0].shape[1]) for t in short)
             or not all(np.allclose(s, t[:probe], atol=1e-6) for s, t in zip(short, tables))):
         return RotaryFold(False, f"the subgraph does not compute a position-indexed table (shape "
                                  f"{list(tables[0].shape)} for {max_positions} positions)")

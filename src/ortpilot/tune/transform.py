@@ -131,6 +131,7 @@ def build_model(source: Path, steps: Sequence[Mapping[str, Any]], calibration: S
         calibrated = any(s.get("pass") == "quantize" and s.get("mode") in CALIBRATED_MODES for s in prefix)
         key = cache_key(model_sha256=source_sha, ort_version=ort.__version__, providers=[], level="tune-pipeline",
                         extra={"steps": prefix, "tuner": STORE_VERSION,
+                               "revisions": [p.revision for p in passes[: i + 1]],
                                "calibration": samples_digest(calibration) if calibrated else None})
         is_last = i == len(expanded) - 1
 
