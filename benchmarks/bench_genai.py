@@ -10,10 +10,10 @@ accuracy_level 4, GatherBlockQuantized embedding) after the generation gate acce
 Timing is head to head: each ortpilot configuration is paired with genai at its precision and
 the two alone take turns of ``--turn`` decode steps (rotating who starts), for ``--rounds``
 rounds per context, each round on a fresh random prompt of C - N token ids followed by N greedy
-tokens. Pairs, not one many-way interleaving: with six or more sessions spinning in one
-process, whichever configuration followed a busy one paid for it, and the same model measured
-0.79x-1.42x of genai from one run to the next. Reported per configuration and context: the
-median over rounds of each round's p50 ms/token, the median of the per-round ratios (genai's
+tokens. Pairs, not one many-way interleaving: with seven to nine sessions spinning in one
+process, whichever configuration followed a busy one paid for it, and ortpilot's int4 ratio to
+genai moved 0.75x-1.13x from one run to the next (BENCHMARKS.md, runs 5-7). Reported per
+configuration and context: the median over rounds of each round's p50 ms/token, the median of the per-round ratios (genai's
 p50 / ortpilot's p50, > 1 = ortpilot faster), their range, the rounds ortpilot won, whether the
 greedy tokens agree with genai's, and each configuration's answer to "What is the capital of France?".
 

@@ -20,7 +20,8 @@ def test_tune_without_arguments_writes_outputs_and_profile_reproduces_winner(tmp
     out = tmp_path / "ortpilot-out"
     for name in ("model.onnx", "profile.json", "report.html", "report.md"):
         assert (out / name).is_file(), name
-    assert "ORT's default" in result.output or "already best" in result.output
+    said = " ".join(result.output.split())  # rich wraps long lines: a winner's label can push "default" down
+    assert "ORT's default" in said or "already best" in said
     profile = json.loads((out / "profile.json").read_text())
     assert profile["model"]["file"] == "model.onnx"
     assert profile["accuracy"]["passed"] is True
