@@ -33,8 +33,25 @@ from ortpilot.decode.signature import detect_signature
 TURN = 8
 
 
+def name_norm_statistics(model: onnx.ModelProto) -> int:
+    """Undo what ``graph.prune.clear_unread_outputs`` does to this model: name the mean and
+    inverse-std outputs (1, 2) of every SkipSimplifiedLayerNormalization, as onnxscript leaves them."""
+    named = 0
+    for node in model.graph.node:
+        if node.op_type != "SkipSimplifiedLayerNormalization":
+            continue
+        while len(node.output) < 3:
+            node.output.append("")
+        for k in (1, 2):
+            if not node.output[k]:
+                node.output[k] = f"{node.name or 'norm'}_unread_{k}_{named}"
+                named += 1
+    return named
+
+
 def fused_variants(export: str, out: Path) -> dict[str, Path]:
-    """ortpilot's int4 model as shipped, and with the rotary tables left computed per step."""
+    """ortpilot's int4 model as shipped, with the rotary tables left computed per step, and with
+    the norms' unread statistics outputs named again (what ``graph.prune`` saves)."""
     from ortpilot.modelio import load_model
     from ortpilot.passes.base import SourceModel
     from ortpilot.passes.decoder_fusion import DecoderFusionPass
@@ -47,6 +64,10 @@ def fused_variants(export: str, out: Path) -> dict[str, Path]:
         int4 = WeightOnlyPass("int4").transform(SourceModel(fused, None, "")).model
         paths[name] = out / f"{len(paths)}.onnx"
         onnx.save(int4, paths[name])
+        if positions is None:
+            name_norm_statistics(int4)
+            paths["ortpilot-int4 (norm statistics named)"] = out / "named.onnx"
+            onnx.save(int4, paths["ortpilot-int4 (norm statistics named)"])
     return paths
 
 

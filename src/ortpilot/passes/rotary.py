@@ -2,7 +2,7 @@
 
 A transformers export computes the rotary cos/sin for positions 0..max(position_ids) on every
 run (ReduceMax, Range, MatMul, Cos, Sin: 8 small kernels per token in SmolLM2's export), and
-Cos/Sin over the whole context, so the work grows with it (0.34 ms per token at 2048).
+Cos/Sin over the whole context, so the work grows with it (0.35 ms per token at 2048).
 GroupQueryAttention only indexes the tables by position, so they can be computed once for
 ``max_positions`` positions and stored, as onnxruntime-genai's builder does. The price is a hard
 limit: the model then handles at most ``max_positions`` tokens, which the fold records in the
