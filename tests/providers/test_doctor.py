@@ -193,3 +193,16 @@ def test_real_onnxruntime_and_openvino_wheels_in_one_venv(tmp_path):
     assert pybind["matches"] == ["onnxruntime-openvino"]
     error = next(f for f in doc["findings"] if f["severity"] == "error" and f["topic"] == "distributions")
     assert "onnxruntime-openvino's" in error["message"]
+
+
+def test_missing_helper_package_is_named_with_what_breaks_and_the_fix(monkeypatch):
+    import importlib.util
+
+    from ortpilot.providers import doctor
+
+    present = {f.message.split()[0]: f.severity for f in doctor.tool_findings()}
+    assert present == {"sympy": "ok", "onnxscript": "ok", "tokenizers": "ok"}  # the test extra installs them
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sympy" else real(name, *a))
+    (sympy,) = [f for f in doctor.tool_findings() if f.message.startswith("sympy")]
+    assert sympy.severity == "warn" and "fusion candidates" in sympy.message and sympy.fix == "pip install sympy"

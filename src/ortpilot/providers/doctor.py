@@ -12,6 +12,7 @@ doctor works even when ORT itself cannot be imported.
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 import sys
 import time
@@ -203,7 +204,7 @@ def diagnose(ort_info: OrtInfo, dists: DistributionReport, plugins: list[dict[st
                  if reg["error"] or not reg["devices"]}
     findings = (_ort_findings(ort_info, dists) + _distribution_findings(dists, ort_info) + plugin_findings
                 + _probe_findings([p for p in probes if p.provider not in explained]) + [_cpu_finding(cpu)]
-                + _gpu_findings(gpu, ort_info))
+                + _gpu_findings(gpu, ort_info) + tool_findings())
     return sorted(findings, key=lambda f: -SEVERITIES.index(f.severity))
 
 
@@ -274,6 +275,27 @@ def _probe_findings(probes: list[ProbeResult]) -> list[Finding]:
             out.append(Finding(severe, "probe", f"{p.provider}: probe failed: {p.reason}",
                                "see the GPU/plugin findings; 'ortpilot run MODEL -p <provider> --policy strict' "
                                "shows the full reason"))
+    return out
+
+
+# Python packages ortpilot's steps import from ORT's tools or beside them: what breaks without each.
+TOOLS = {
+    "sympy": ("warn", "ORT's transformer fusions and quantization pre-processing (symbolic shape inference) "
+                      "fail with an ImportError (tune records its fusion candidates as failed)"),
+    "onnxscript": ("info", "the decoder fusion (generate --fuse, quantize --fuse, tune's gqa candidates) "
+                           "is unavailable"),
+    "tokenizers": ("info", "generate --prompt TEXT cannot read a tokenizer.json (--prompt-ids still works)"),
+}
+
+
+def tool_findings() -> list[Finding]:
+    """One finding per helper package: present, or what is lost without it and how to install it."""
+    out = []
+    for name, (severity, lost) in TOOLS.items():
+        if importlib.util.find_spec(name) is not None:
+            out.append(Finding("ok", "python tools", f"{name} is installed"))
+        else:
+            out.append(Finding(severity, "python tools", f"{name} is not installed: {lost}", f"pip install {name}"))
     return out
 
 
