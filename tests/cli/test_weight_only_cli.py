@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import onnx
+import pytest
 from click.testing import CliRunner
 
 from ortpilot.cli.main import cli
+from ortpilot.decode.signature import detect_signature
 
 
 def _run(*args: str):
@@ -46,3 +49,21 @@ def test_failing_weight_only_gate_writes_nothing(tmp_path):
 def test_bad_block_size_is_exit_2(tmp_path):
     res = _run("quantize", "demo:decoder", "-o", str(tmp_path / "x.onnx"), "--mode", "int4", "--block-size", "48")
     assert res.exit_code == 2
+
+
+def test_fuse_with_max_positions_writes_the_limit_into_the_model(tmp_path):
+    if importlib.util.find_spec("onnxscript") is None:
+        pytest.skip("onnxscript is not installed")
+    out = tmp_path / "d4.onnx"
+    res = _run("quantize", "demo:decoder", "-o", str(out), "--mode", "int4", "--block-size", "16", "--fuse",
+               "--max-positions", "64", "--min-top1", "0.5", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert any("rotary tables constant for 64 positions" in note for note in doc["fusion_notes"])
+    model = onnx.load(str(out))
+    assert detect_signature(model).max_positions == 64
+    assert {n.op_type for n in model.graph.node} >= {"GroupQueryAttention", "MatMulNBits"}
+    unfused = _run("quantize", "demo:decoder", "-o", str(tmp_path / "x.onnx"), "--mode", "int4",
+                   "--max-positions", "64")
+    assert unfused.exit_code == 2 and "needs --mode int4|int8-weights with --fuse" in " ".join(unfused.output.split())
+    assert not (tmp_path / "x.onnx").exists()

@@ -53,6 +53,9 @@ from ortpilot.cli.cmd_optimize import render_record
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
               help="int4/int8-weights: MatMulNBits compute type on CPU (4 = int8, fast with VNNI).")
 @click.option("--fuse", is_flag=True, help="int4/int8-weights: fuse attention into GroupQueryAttention first.")
+@click.option("--max-positions", type=click.IntRange(min=0), default=None,
+              help="With --fuse: positions the fused model's constant rotary tables cover, its length limit "
+              "(default: the export's recorded context length, else 8192; 0 keeps them computed per step).")
 @click.option("--min-top1", type=click.FloatRange(0, 1), default=0.9, show_default=True,
               help="int4/int8-weights: least top-1 next-token agreement with the float model.")
 @click.option("--tokenizer", default=None, help="int4/int8-weights: tokenizer.json for real held-out text prompts.")
@@ -63,13 +66,16 @@ def command(model: str, output: str, mode: str, per_channel: bool, reduce_range:
             activation_type: str, calibration: str | None, method: str, max_error: float | None, auto_exclude: bool,
             max_rounds: int, exclude: tuple[str, ...], op_types: str | None, no_preprocess: bool,
             shapes: tuple[str, ...], block_size: int, asymmetric: bool, accuracy_level: int, fuse: bool,
-            min_top1: float, tokenizer: str | None, isolate: bool, as_json: bool) -> None:
+            max_positions: int | None, min_top1: float, tokenizer: str | None, isolate: bool, as_json: bool) -> None:
     """Quantize MODEL, measure it against MODEL on held-out samples, and write OUTPUT only if it passes."""
     from ortpilot.artifacts.atomic import check_output_path
     from ortpilot.graph.shapes import parse_shape_args
     from ortpilot.passes.gated import quantize_gated
 
     weight_only = mode in ("int4", "int8-weights")
+    if max_positions is not None and not (weight_only and fuse):
+        raise click.UsageError("--max-positions sets the rotary tables that --fuse stores; it needs --mode "
+                               "int4|int8-weights with --fuse.")
     if auto_exclude and max_error is None and mode != "full" and not weight_only:
         raise click.UsageError("--auto-exclude needs --max-error (the gate it works towards).")
     check_output_path(output)  # before calibration and quantization, which take minutes on big models
@@ -78,8 +84,8 @@ def command(model: str, output: str, mode: str, per_channel: bool, reduce_range:
         preflight_isolated([model])
     if weight_only:
         _weight_only(model, output, mode, block_size=block_size, symmetric=not asymmetric,
-                     accuracy_level=accuracy_level, fuse=fuse, exclude=exclude, min_top1=min_top1,
-                     tokenizer=tokenizer, auto=auto_exclude, as_json=as_json)
+                     accuracy_level=accuracy_level, fuse=fuse, max_positions=max_positions, exclude=exclude,
+                     min_top1=min_top1, tokenizer=tokenizer, auto=auto_exclude, as_json=as_json)
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the synthetic-data warning is already logged loudly
@@ -109,19 +115,21 @@ def command(model: str, output: str, mode: str, per_channel: bool, reduce_range:
 
 
 def _weight_only(model: str, output: str, mode: str, *, block_size: int, symmetric: bool, accuracy_level: int,
-                 fuse: bool, exclude: tuple[str, ...], min_top1: float, tokenizer: str | None, auto: bool,
-                 as_json: bool) -> None:
+                 fuse: bool, max_positions: int | None, exclude: tuple[str, ...], min_top1: float,
+                 tokenizer: str | None, auto: bool, as_json: bool) -> None:
     """Weight-only MatMulNBits quantization of a decoder, gated on next-token agreement."""
     from ortpilot.decode.gate import GenerationGate, quantize_weight_only_gated, text_prompts
 
     report = quantize_weight_only_gated(
         model, output, mode, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level, fuse=fuse,
-        nodes_to_exclude=list(exclude), prompts=text_prompts(tokenizer) if tokenizer else None,
+        max_positions=max_positions, nodes_to_exclude=list(exclude), prompts=text_prompts(tokenizer) if tokenizer else None,
         gate=GenerationGate(min_top1=min_top1), auto=auto)
     if as_json:
         emit_json(report)
         return
     weights, gate = report["weights"], report["gate"]
+    for note in report["fusion_notes"]:
+        stderr.print(f"[dim]decoder fusion: {note}[/]", highlight=False)
     stdout.print(f"[bold green]wrote[/] {output}: {weights['weight_only_nodes']} weight-only nodes, weights "
                  f"{weights['weight_bytes_before'] / 1e6:.1f} -> {weights['weight_bytes_after'] / 1e6:.1f} MB "
                  f"({weights['compression']}x); top-1 agreement {gate['top1_agreement']:.3f}, "

@@ -409,8 +409,11 @@ def quantize_weight_only_gated(model: str | os.PathLike | onnx.ModelProto, out: 
                                gate: GenerationGate | None = None, auto: bool = False,
                                nodes_to_exclude: Sequence[str] = (),
                                new_tokens: int = DEFAULT_NEW_TOKENS, settings: SessionSettings | None = None,
-                               ) -> dict[str, Any]:
+                               max_positions: int | None = None) -> dict[str, Any]:
     """What ``ortpilot quantize --mode int4|int8-weights`` does: (fuse,) quantize, gate, write if it passes.
+
+    ``max_positions``: with ``fuse``, the rows of the fused model's constant rotary tables (see
+    :class:`~ortpilot.passes.decoder_fusion.DecoderFusionPass`).
 
     ``auto``: leave the most sensitive layers in float until the gate passes (``auto_exclude``).
     Returns a JSON-ready report; raises ``AccuracyGateError`` (exit 1) without writing when the
@@ -421,13 +424,17 @@ def quantize_weight_only_gated(model: str | os.PathLike | onnx.ModelProto, out: 
 
     source = model if isinstance(model, onnx.ModelProto) else load_model(model)
     gate = gate or GenerationGate()
+    if max_positions is not None and not fuse:
+        raise UsageError("max_positions sets the rotary tables the decoder fusion stores; it needs fuse=True.")
+    fusion_notes: list[str] = []
     if fuse:
         from ortpilot.passes.decoder_fusion import DecoderFusionPass
 
-        source = DecoderFusionPass().run(source).model
+        fused = DecoderFusionPass(max_positions=max_positions).run(source)
+        source, fusion_notes = fused.model, list(fused.record.notes)
     if prompts is None:
         prompts = make_prompts(_vocab_size(source))
-    report: dict[str, Any] = {"mode": mode, "fused": fuse, "output": str(out)}
+    report: dict[str, Any] = {"mode": mode, "fused": fuse, "output": str(out), "fusion_notes": fusion_notes}
     if auto:
         found = auto_exclude(source, prompts, mode=mode, block_size=block_size, symmetric=symmetric,
                              accuracy_level=accuracy_level, embedding=embedding, gate=gate, new_tokens=new_tokens,
