@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shutil
 import time
@@ -70,3 +71,10 @@ def publish(tmp: Path, out: Path) -> None:
     tmp.rename(out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_json(path: str | os.PathLike | None, doc: object) -> None:
+    """A benchmark's JSON result (nothing when no path was given), its folder made on the way."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(doc, indent=1, default=str))

@@ -39,6 +39,7 @@ import onnx
 import onnxruntime as ort
 import onnxruntime_genai as og
 from _interleave import interleave_steps
+from _prep import write_json
 
 from ortpilot.decode.loops import make_loop
 from ortpilot.decode.signature import detect_signature
@@ -308,9 +309,7 @@ def main() -> int:
            if gate["searched"] else "given with --int8-groups")
     print(f"\nkept in {gate['fallback']}: {', '.join(gate['excluded_groups']) or 'nothing'} ({how}); "
           f"gate work {gate['seconds']:.0f} s")
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(doc, indent=1))
+    write_json(args.json_out, doc)
     return 0
 
 

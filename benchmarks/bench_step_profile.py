@@ -27,6 +27,7 @@ import onnx
 import onnxruntime as ort
 
 from _interleave import interleave_steps
+from _prep import write_json
 from ortpilot.decode.loops import DecodeLoop, make_loop
 from ortpilot.decode.signature import detect_signature
 
@@ -156,9 +157,7 @@ def main() -> int:
                             ("step p50 (ms, profiler off)", "step_ms_p50", "{:.2f}"),
                             ("Python around run p50 (µs)", "python_us_per_step_p50", "{:.0f}")):
         print(f"| **{label}** | " + " | ".join(fmt.format(doc["models"][n][key]) for n in names) + " |")
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(doc, indent=1))
+    write_json(args.json_out, doc)
     return 0
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from _prep import package_file, tune_bench_parser
+from _prep import package_file, tune_bench_parser, write_json
 
 import ortpilot
 from ortpilot.graph.feeds import make_feeds, plan_feeds
@@ -210,9 +210,7 @@ def record(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
 
 
 def save_rows(path: str, head: str, rows: list[dict[str, Any]]) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps({"header": head, "rows": rows}, indent=1, default=str))
+    write_json(path, {"header": head, "rows": rows})
 
 
 def header(args: argparse.Namespace) -> str:
