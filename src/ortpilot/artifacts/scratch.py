@@ -26,10 +26,9 @@ _MKDTEMP_TAIL = re.compile(r"^[a-z0-9_]{8}$")  # what tempfile.mkdtemp appends t
 
 
 @contextlib.contextmanager
-def scratch_dir(prefix: str, *, sweep: bool = True) -> Iterator[Path]:
+def scratch_dir(prefix: str) -> Iterator[Path]:
     """A fresh folder ``$TMPDIR/PREFIX*``, removed on exit; its orphans from killed runs are swept first."""
-    if sweep:
-        sweep_scratch_dirs(prefix)
+    sweep_scratch_dirs(prefix)
     path = Path(tempfile.mkdtemp(prefix=prefix))
     fd = os.open(path / LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o600)
     try:

@@ -21,8 +21,9 @@ import onnx
 
 from ortpilot.errors import UsageError
 from ortpilot.graph.feeds import embedding_bounds
-from ortpilot.graph.prune import cone, reads
+from ortpilot.graph.prune import cone, read_names
 from ortpilot.graph.shapes import InputInfo, graph_inputs, model_max_positions
+from ortpilot.passes.rotary import constant_tables
 
 ROLES = ("input_ids", "attention_mask", "position_ids", "cache_position", "seqlens_k",
          "total_sequence_length", "logits")
@@ -170,7 +171,7 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
         _, sources = cone(model, [n.input[5] for n in gqa if len(n.input) > 5])
         reads_mask = roles["attention_mask"] in sources
     bounds = embedding_bounds(model)
-    read = set().union(*(reads(n) for n in model.graph.node))
+    read = read_names(model)
     return DecoderSignature(
         input_ids=roles["input_ids"], logits=roles["logits"],  # type: ignore[arg-type]
         attention_mask=roles["attention_mask"], position_ids=roles["position_ids"],
@@ -268,8 +269,6 @@ def _logits_vocab(model: onnx.ModelProto, logits: str) -> int | None:
 
 def _max_positions(model: onnx.ModelProto) -> int | None:
     """The recorded context limit, else the rows of a constant GQA rotary table (past them GQA fails)."""
-    tables = {i.name: i for i in model.graph.initializer}
-    rows = [int(tables[n.input[7]].dims[0]) for n in model.graph.node
-            if n.op_type == "GroupQueryAttention" and len(n.input) > 7 and n.input[7] in tables]
+    rows = [int(table.dims[0]) for table in constant_tables(model)]
     limits = [x for x in (model_max_positions(model), min(rows) if rows else None) if x is not None]
     return min(limits) if limits else None

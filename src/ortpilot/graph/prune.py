@@ -44,7 +44,8 @@ def cone(model: onnx.ModelProto, outputs: list[str]) -> tuple[list[onnx.NodeProt
     return [n for n in model.graph.node if id(n) in seen], inputs
 
 
-def _read_names(model: onnx.ModelProto) -> set[str]:
+def read_names(model: onnx.ModelProto) -> set[str]:
+    """Every name the graph reads: node inputs (subgraphs included) and graph outputs."""
     names = {o.name for o in model.graph.output}
     for node in model.graph.node:
         names |= reads(node)
@@ -82,7 +83,7 @@ def _optional_outputs(domain: str, op_type: str) -> frozenset[int]:
 
 def clear_unread_outputs(model: onnx.ModelProto) -> int:
     """Empty the names of optional outputs nobody reads, so ORT skips them; returns the count."""
-    read = _read_names(model)
+    read = read_names(model)
     cleared = 0
     for node in model.graph.node:
         optional = _optional_outputs(node.domain if node.domain != "ai.onnx" else "", node.op_type)

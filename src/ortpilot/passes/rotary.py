@@ -40,6 +40,15 @@ class RotaryFold:
     nodes_removed: int = 0
 
 
+def constant_tables(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """The constant cos/sin tables GroupQueryAttention nodes read (a step reads one row of each per
+    position, and positions past their rows fail)."""
+    initializers = {i.name: i for i in model.graph.initializer}
+    names = {n.input[k] for n in model.graph.node if n.op_type == "GroupQueryAttention"
+             for k in (_COS_INPUT, _SIN_INPUT) if len(n.input) > k}
+    return [initializers[name] for name in sorted(names) if name in initializers]
+
+
 def fold_rotary_tables(model: onnx.ModelProto, max_positions: int) -> RotaryFold:
     """Replace computed GQA cos/sin caches by ``max_positions``-row initializers, in place."""
     gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and len(n.input) > _SIN_INPUT

@@ -28,6 +28,7 @@ import onnx
 
 from ortpilot.errors import UsageError
 from ortpilot.passes.base import ModelLike, Outcome, Pass, PassResult, Pipeline, PipelineResult, SourceModel
+from ortpilot.passes.rotary import constant_tables
 
 log = logging.getLogger("ortpilot")
 
@@ -246,8 +247,7 @@ def tensor_bytes(tensor: onnx.TensorProto) -> int:
 def weight_bytes(model: onnx.ModelProto) -> int:
     """Bytes of the initializers a decode step streams (plus the KV cache): all of them but
     GroupQueryAttention's rotary tables, of which a step reads one row per position."""
-    rotary = {n.input[i] for n in model.graph.node if n.op_type == "GroupQueryAttention"
-              for i in (7, 8) if len(n.input) > i}
+    rotary = {t.name for t in constant_tables(model)}
     return sum(tensor_bytes(t) for t in model.graph.initializer if t.name not in rotary)
 
 
