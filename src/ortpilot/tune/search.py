@@ -316,8 +316,9 @@ class Search:
 
     def _ranking(self, prefix: tuple[dict[str, Any], ...], quant: dict[str, Any]) -> list[dict[str, Any]]:
         """Per-layer dynamic INT8 sensitivity of the model ``prefix`` builds (journaled)."""
-        op_types = ["MatMul", "Gemm", "Attention"]
-        data = {"passes": list(prefix), "per_channel": bool(quant.get("per_channel")), "op_types": op_types}
+        op_types = ["MatMul", "Attention"]
+        data = {"passes": list(prefix), "per_channel": bool(quant.get("per_channel")), "op_types": op_types,
+                "reduce_range": bool(quant.get("reduce_range")), "weight_type": quant.get("weight_type", "qint8")}
         key = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
         record = self.journal.get("rank", key)
         if record is None:

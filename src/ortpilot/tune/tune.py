@@ -30,6 +30,8 @@ from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.measure.stats import summarize
 from ortpilot.modelio import file_sha256, load_model
+from ortpilot.providers.cpubudget import ort_default_threads
+from ortpilot.providers.machine import machine_facts
 from ortpilot.providers.names import resolve_providers
 from ortpilot.tune.candidate import baseline_candidate
 from ortpilot.tune.gate import Gate
@@ -43,7 +45,7 @@ from ortpilot.tune.search import (
     cost,
     speedup,
 )
-from ortpilot.tune.space import Facts, gather_facts
+from ortpilot.tune.space import Facts, default_stand_in, gather_facts
 from ortpilot.tune.state import KEPT, keep_for_resume, kept_file, sweep
 from ortpilot.tune.worker import WorkerClient, WorkerCrash, load_samples, save_samples
 
@@ -161,7 +163,8 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
         finalists = search.run(base, facts)
         entries = list(search.entries.values())
         base_entry = search.entries[base.id]
-        winner, default_best, reason = _pick(finalists, base_entry, objective)
+        stand_in = search.entries.get(default_stand_in(facts, base).id) if facts.default_oversubscribes else None
+        winner, default_best, reason = _pick(finalists, base_entry, objective, stand_in)
         result = TuneResult(out, label, objective, winner, base_entry, entries,
                             speedup(base_entry, winner, objective), default_best, reason,
                             search.gate.metrics() if search.gate else {}, search.gate.max_error if search.gate else 0.0,
@@ -342,16 +345,26 @@ def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
                          "Drop --resume to start over, or choose another -o folder.")
 
 
-def _pick(finalists: list[Entry], base: Entry, objective: str) -> tuple[Entry, bool, str]:
-    """The finalist with the best interleaved figure; ORT's default unless the gain is outside noise."""
+def _pick(finalists: list[Entry], base: Entry, objective: str, stand_in: Entry | None = None
+          ) -> tuple[Entry, bool, str]:
+    """The finalist with the best interleaved figure; ORT's default unless the gain is outside noise.
+
+    ``stand_in`` (ORT's default with its threads capped at the CPU budget) replaces ORT's default
+    as the choice when the default itself starts more threads than this process may use.
+    """
     measured = [e for e in finalists if e.final] or [e for e in finalists if e.samples]
     best = min(measured, key=lambda e: cost(e.final or e.samples, objective))
+    capped = stand_in is not None and stand_in.measured
+    why_capped = (f"; recorded with {stand_in.candidate.settings.intra_op_threads} intra-op thread(s), the CPUs "
+                  "this process may use (ORT's default starts more)") if capped else ""
     if best is base:
-        return base, True, "ORT's default session measured fastest of all candidates that passed the gate"
+        return (stand_in if capped else base), True, ("ORT's default session measured fastest of all candidates "
+                                                      "that passed the gate" + why_capped)
     gain = speedup(base, best, objective)
     if gain["ci_low"] <= 1.0:
-        return base, True, (f"the best alternative ({best.candidate.label}) is within noise of ORT's default "
-                            f"({gain['ratio']:.2f}x, 95% CI {gain['ci_low']:.2f}-{gain['ci_high']:.2f})")
+        return (stand_in if capped else base), True, (
+            f"the best alternative ({best.candidate.label}) is within noise of ORT's default "
+            f"({gain['ratio']:.2f}x, 95% CI {gain['ci_low']:.2f}-{gain['ci_high']:.2f})" + why_capped)
     return best, False, ""
 
 
@@ -370,8 +383,9 @@ def _write_outputs(result: TuneResult, source: Path, built: Path) -> None:
                     "report_html": str(out / "report.html"), "report_md": str(out / "report.md"),
                     "journal": str(out / JOURNAL_NAME)}
     write_reports(result)
+    settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
     write_profile(out / "profile.json", model_file=model_file, providers=list(winner.candidate.providers),
-                  settings=winner.candidate.settings.to_dict(), iobinding=winner.candidate.iobinding,
+                  settings=settings.to_dict(), iobinding=winner.candidate.iobinding, machine=machine_facts(),
                   passes=winner.prepared.get("passes") or [], accuracy=winner.accuracy or {}, latency=latency,
                   extra={"candidate": winner.candidate.to_dict(),
                          "reference_outputs": {"heldout_seed": HELDOUT_SEED, "inputs_sha256": result.heldout_sha256,
