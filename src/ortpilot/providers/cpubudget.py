@@ -62,6 +62,8 @@ def _read(path: Path, notes: list[str]) -> str | None:
 def _cgroup_paths(proc_self: Path, notes: list[str]) -> tuple[str | None, dict[str, str]]:
     """(the v2 path, {v1 controller: path}) from ``/proc/self/cgroup``."""
     text = _read(proc_self / "cgroup", notes)
+    if text is None and not notes:
+        notes.append(f"{proc_self / 'cgroup'} is missing: cgroup quotas unknown, affinity alone decides")
     v2, v1 = None, {}
     for line in (text or "").splitlines():
         parts = line.split(":", 2)

@@ -47,6 +47,7 @@ from ortpilot.tune.search import (
 )
 from ortpilot.tune.space import Facts, default_stand_in, gather_facts
 from ortpilot.tune.state import KEPT, keep_for_resume, kept_file, sweep
+from ortpilot.tune.verify import REFERENCE_FILE
 from ortpilot.tune.worker import WorkerClient, WorkerCrash, load_samples, save_samples
 
 log = logging.getLogger("ortpilot")
@@ -171,7 +172,7 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
                             facts, dict(plan.shapes), time.monotonic() - start, batch=batch_size_of(heldout[0]),
                             resumed=bool(journal.replayed), heldout_sha256=feeds_digest(heldout[0]),
                             load_avg=_load_avg(journal, search.replay_only, load_start))
-        _write_outputs(result, path, _winner_model(worker, winner, path))
+        _write_outputs(result, path, _winner_model(worker, winner, path), heldout[0])
         journal.append({"kind": "done", "winner": winner.candidate.id, "files": result.files,
                         "load_avg": result.load_avg})
         sweep(out)  # a temp file too young to judge at the start is old enough now
@@ -368,7 +369,35 @@ def _pick(finalists: list[Entry], base: Entry, objective: str, stand_in: Entry |
     return best, False, ""
 
 
-def _write_outputs(result: TuneResult, source: Path, built: Path) -> None:
+def _write_reference(out: Path, winner: Entry, feeds: Mapping[str, Any]) -> Path:
+    """OUTDIR/reference.npz: the first held-out sample and the winner's outputs on it, for ``verify``
+    on other machines (hashes alone only prove a bit-exact rerun). The outputs are the worker's (the
+    bytes ``output_sha256`` hashes); when a resumed tune's worker files are gone, the winner is rerun."""
+    import numpy as np
+
+    from ortpilot.artifacts.atomic import atomic_open
+
+    names = list(winner.prepared.get("output_names") or [])
+    outputs: dict[str, Any] = {}
+    saved = Path(str(winner.prepared.get("outputs") or ""))
+    if names and saved.is_file():
+        with np.load(saved) as data:
+            outputs = {name: data[f"0/{name}"] for name in names if f"0/{name}" in data.files}
+    if not names or len(outputs) != len(names):
+        from ortpilot.session import load
+        from ortpilot.tune.worker import _outputs
+
+        cand = winner.candidate
+        sess = load(str(out / MODEL_FILE), [(p["name"], p.get("options", {})) for p in cand.providers], "strict",
+                    settings=cand.settings)
+        outputs = dict(zip([o.name for o in sess.get_outputs()], _outputs(sess, feeds, cand.iobinding)))
+    dest = out / REFERENCE_FILE
+    with atomic_open(dest, "wb") as fh:
+        np.savez(fh, **{f"inputs/{k}": v for k, v in feeds.items()}, **{f"outputs/{k}": v for k, v in outputs.items()})
+    return dest
+
+
+def _write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds: Mapping[str, Any]) -> None:
     from ortpilot.tune.report import write_reports
 
     out = result.out_dir
@@ -379,17 +408,19 @@ def _write_outputs(result: TuneResult, source: Path, built: Path) -> None:
     latency = {"objective": result.objective, "winner": result.stats(winner), "baseline": result.stats(result.baseline),
                "speedup_vs_default": result.speedup, "interleaved": bool(winner.final and result.baseline.final),
                "load_avg": result.load_avg}
-    result.files = {"model": str(model_file), "profile": str(out / "profile.json"),
+    result.files = {"model": str(model_file), "profile": str(out / "profile.json"), "reference": str(out / REFERENCE_FILE),
                     "report_html": str(out / "report.html"), "report_md": str(out / "report.md"),
                     "journal": str(out / JOURNAL_NAME)}
     write_reports(result)
+    reference = _write_reference(out, winner, reference_feeds)
     settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
     write_profile(out / "profile.json", model_file=model_file, providers=list(winner.candidate.providers),
                   settings=settings.to_dict(), iobinding=winner.candidate.iobinding, machine=machine_facts(),
                   passes=winner.prepared.get("passes") or [], accuracy=winner.accuracy or {}, latency=latency,
                   extra={"candidate": winner.candidate.to_dict(),
                          "reference_outputs": {"heldout_seed": HELDOUT_SEED, "inputs_sha256": result.heldout_sha256,
-                                               "sha256": winner.prepared.get("output_sha256") or {}},
+                                               "sha256": winner.prepared.get("output_sha256") or {},
+                                               "file": reference.name},
                          "source_model": {"path": str(source), "sha256": file_sha256(source)},
                          "shapes": {k: list(v) for k, v in result.shapes.items()},
                          "placement": winner.prepared.get("placement"), "default_best": result.default_best})
