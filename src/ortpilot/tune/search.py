@@ -39,6 +39,7 @@ from ortpilot.tune.space import (
     first_candidates,
     knob_variants,
     with_exclusions,
+    within_budget,
 )
 from ortpilot.tune.worker import WorkerClient, WorkerCrash
 
@@ -347,6 +348,7 @@ class Search:
             winners = [e.candidate for e in trials if e.measured
                        and cost(e.samples, self.objective) < base_cost * (1 - MIN_GAIN)]
             combo = combine(base, winners)
+            combo = within_budget([combo], facts)[0] if combo is not None else None
             if combo is not None and combo.id not in self.entries:
                 self.evaluate(Entry(combo, "session knobs"))
 

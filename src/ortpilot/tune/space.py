@@ -232,12 +232,21 @@ def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
     cpu = next((spec for spec in facts.providers if spec.name == CPU), None)
     if cpu is not None and primary.name != CPU:
         out.extend(_variants_on(cpu, facts, baseline))
-    return out
+    return within_budget(out, facts)
 
 
 def default_stand_in(facts: Facts, baseline: Candidate) -> Candidate:
     """ORT's default session with its intra-op threads capped at the CPU budget (see ``Facts.default_oversubscribes``)."""
     return baseline.with_settings(intra_op_threads=facts.cores)
+
+
+def within_budget(cands: Sequence[Candidate], facts: Facts) -> list[Candidate]:
+    """``cands`` with ORT's default thread count (0) replaced by the CPU budget where the default
+    would start more threads than that: no candidate but the baseline itself oversubscribes."""
+    if not facts.default_oversubscribes:
+        return list(cands)
+    return [c.with_settings(intra_op_threads=facts.cores) if c.settings.intra_op_threads == 0 and not c.baseline
+            else c for c in cands]
 
 
 def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[Candidate]:
@@ -273,7 +282,7 @@ def knob_variants(base: Candidate, facts: Facts) -> list[Candidate]:
         # Idle intra-op threads spin by default; on a VM with few vCPUs the spinning competes with
         # the threads doing the work (measured here: MiniLM fp32 45 ms spinning vs 32 ms not).
         out.append(base.with_settings(config_entries={**base.settings.config_entries, SPIN_KEY: "0"}))
-    return [c for c in out if c.id != base.id]
+    return [c for c in within_budget(out, facts) if c.id != base.id]
 
 
 def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
