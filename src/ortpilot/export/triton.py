@@ -258,24 +258,25 @@ def _copy_model(model_path: Path, proto: onnx.ModelProto, version_dir: Path) -> 
 def _notes(result: ExportResult, doc: dict[str, Any], settings: SessionSettings) -> str:
     """ORTPILOT.md: where the model came from, what config.pbtxt carries, and what it does not."""
     accuracy = doc.get("accuracy") or {}
-    latency = (doc.get("latency") or {}).get("winner") or {}
-    candidate = (doc.get("candidate") or {}).get("label", "?")
-    lines = [
+    p50 = ((doc.get("latency") or {}).get("winner") or {}).get("p50_ms")
+    gate = "passed" if accuracy.get("passed") else "not recorded"
+    if "worst_error" in accuracy:
+        gate += f" (worst error {accuracy['worst_error']:.3g} <= {accuracy.get('max_error')})"
+    carried = (f"level {settings.level}, intra_op_threads {settings.intra_op_threads}, inter_op_threads "
+               f"{settings.inter_op_threads}, execution_mode {settings.execution_mode}, cpu arena "
+               f"{'on' if settings.enable_cpu_mem_arena else 'off'}, memory pattern "
+               f"{'on' if settings.enable_mem_pattern else 'off'}")
+    return "\n".join([
         f"# {result.name}: exported by ortpilot from a verified profile",
         "",
-        f"- Profile: `{result.profile}` (winner `{candidate}`, model sha256 `{doc['model'].get('sha256', '?')[:16]}…`)",
-        f"- Measured: p50 {latency.get('p50_ms', float('nan')):.3f} ms with ONNX Runtime "
-        f"{(doc.get('onnxruntime') or {}).get('version', '?')}; accuracy gate "
-        f"{'passed' if accuracy.get('passed') else 'not recorded'}"
-        + (f" (worst error {accuracy['worst_error']:.3g} <= {accuracy.get('max_error')})"
-           if 'worst_error' in accuracy else ""),
+        (f"- Profile: `{result.profile}` (winner `{(doc.get('candidate') or {}).get('label', '?')}`, "
+         f"model sha256 `{str(doc['model'].get('sha256', '?'))[:16]}…`)"),
+        (f"- Measured: p50 {f'{p50:.3f} ms' if p50 is not None else 'not recorded'} with ONNX Runtime "
+         f"{(doc.get('onnxruntime') or {}).get('version', '?')}; accuracy gate {gate}"),
         f"- Target: Triton's ONNX Runtime backend, read from {BACKEND_SOURCE}",
-        f"- Instances: {result.kind}; providers the backend appends: {' > '.join(result.providers)}; "
-        f"max_batch_size {result.max_batch_size}",
-        f"- Session settings carried: level {settings.level}, intra_op_threads {settings.intra_op_threads}, "
-        f"inter_op_threads {settings.inter_op_threads}, execution_mode {settings.execution_mode}, "
-        f"cpu arena {'on' if settings.enable_cpu_mem_arena else 'off'}, "
-        f"memory pattern {'on' if settings.enable_mem_pattern else 'off'}",
+        (f"- Instances: {result.kind}; providers the backend appends: {' > '.join(result.providers)}; "
+         f"max_batch_size {result.max_batch_size}"),
+        f"- Session settings carried: {carried}",
         f"- Warmup: {result.warmup['source']} ({result.warmup.get('note', '')})",
         "",
         "## What is lost",
@@ -293,5 +294,4 @@ def _notes(result: ExportResult, doc: dict[str, Any], settings: SessionSettings)
         "outputs = session.run(None, warmup_samples(MODEL_DIR)[0], run_options)",
         "```",
         "",
-    ]
-    return "\n".join(lines)
+    ])

@@ -177,7 +177,7 @@ def check_config(config: Any, model_dir: Path) -> list[str]:
                 problems.extend(_check_tensorrt(dict(accel.parameters)))
             if accel.name == "openvino" and accel.parameters:
                 problems.append("the openvino accelerator takes no parameters")
-    if accelerators.gpu_execution_accelerator and any(g.kind != KIND_GPU for g in config.instance_group):
+    if accelerators.gpu_execution_accelerator and any(instance_kind(g) != KIND_GPU for g in config.instance_group):
         problems.append("gpu_execution_accelerator is set, but an instance group is not KIND_GPU (it would be ignored)")
     if not (model_dir / VERSION_DIR / MODEL_FILE).is_file():
         problems.append(f"{VERSION_DIR}/{MODEL_FILE} is missing")
@@ -210,9 +210,15 @@ def _check_warmup_file(model_dir: Path, name: str, item: Any) -> list[str]:
         return [f"warmup file {WARMUP_DIR}/{item.input_data_file} of input '{name}' is missing"]
     expected = int(np.prod(item.dims)) * onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
     if path.stat().st_size != expected:
-        return [f"warmup file {WARMUP_DIR}/{item.input_data_file} holds {path.stat().st_size} bytes, "
-                f"not {expected} ({list(item.dims)} of {type_name})"]
+        return [(f"warmup file {WARMUP_DIR}/{item.input_data_file} holds {path.stat().st_size} bytes, "
+                 f"not {expected} ({list(item.dims)} of {type_name})")]
     return []
+
+
+def instance_kind(group: Any) -> str:
+    """An instance group's kind by name (``KIND_CPU``, ``KIND_GPU``, ...); protobuf holds the number."""
+    pb, _ = protobuf()
+    return pb.ModelInstanceGroup.Kind.Name(group.kind)
 
 
 def model_config_datatype_name(value: int) -> str:

@@ -79,9 +79,7 @@ def map_profile(chain: list[ProviderSpec], settings: SessionSettings, *, name: s
         if spec.name == TENSORRT:
             out.gpu_accelerators.append(("tensorrt", _tensorrt(spec, name, out, devices)))
         elif spec.name == CUDA:
-            params = _cuda(spec, out, devices)
-            if params:
-                out.gpu_accelerators.append(("cuda", params))
+            out.gpu_accelerators.append(("cuda", _cuda(spec, out, devices)))
         elif spec.name == OPENVINO:
             out.cpu_accelerators.append(("openvino", {}))
             for key, value in spec.options.items():

@@ -34,6 +34,7 @@ from ortpilot.export.triton_config import (
     MODEL_FILE,
     VERSION_DIR,
     WARMUP_DIR,
+    instance_kind,
     model_config_datatype_name,
     parse_config,
 )
@@ -67,7 +68,7 @@ def backend_providers(config: Any) -> list[tuple[str, dict[str, str]]]:
     device = str(group.gpus[0]) if group is not None and group.gpus else "0"
     accelerators = config.optimization.execution_accelerators
     providers: list[tuple[str, dict[str, str]]] = []
-    if group is not None and group.kind == KIND_GPU:
+    if group is not None and instance_kind(group) == KIND_GPU:
         cuda: dict[str, str] = {}
         for accel in accelerators.gpu_execution_accelerator:
             if accel.name == "tensorrt":
