@@ -112,6 +112,8 @@ def export_triton(profile: str | Path, repo: str | Path, *, name: str | None = N
     decoder = count_layers(proto) > 0
     losses = backend.losses + _deployment_losses(doc, decoder, batch, instances, backend)
     feeds, warmup = _warmup_feeds(doc, proto, inputs)
+    if feeds is not None and batch > 0 and max(len(a) for a in feeds.values()) > 1:
+        warmup["note"] += "; Triton's warmup repeats one batch element, so it holds the first of the batch"
     manifest = None
     if inferenceservice is not None:
         manifest = kserve.manifest_yaml(kserve.inference_service(name, Path(repo).resolve().name,
