@@ -45,3 +45,11 @@ def test_a_missing_or_short_warmup_file_is_found(exported):
     (exported / "warmup" / "attention_mask").unlink()
     said = " | ".join(check_config(read_config(exported), exported))
     assert "warmup/input_ids holds 8 bytes, not 1024" in said and "warmup/attention_mask of input" in said
+
+
+def test_warmup_dims_that_do_not_fit_the_declared_input_are_found(exported):
+    text = (exported / "config.pbtxt").read_text()
+    text = text.replace("dims: 128\n      input_data_file: \"input_ids\"", "dims: 64\n      dims: 2\n      "
+                        "input_data_file: \"input_ids\"")
+    said = " | ".join(check_config(parse_config(text), exported))
+    assert "warmup input 'input_ids' has dims [64, 2], the config declares [-1]" in said

@@ -181,8 +181,16 @@ def check_config(config: Any, model_dir: Path) -> list[str]:
         problems.append("gpu_execution_accelerator is set, but an instance group is not KIND_GPU (it would be ignored)")
     if not (model_dir / VERSION_DIR / MODEL_FILE).is_file():
         problems.append(f"{VERSION_DIR}/{MODEL_FILE} is missing")
+    declared = {i.name: list(i.dims) for i in config.input}
     for sample in config.model_warmup:
+        if set(sample.inputs) != set(declared):
+            problems.append(f"warmup sample '{sample.name}' feeds {sorted(sample.inputs)}, the model takes "
+                            f"{sorted(declared)}")
         for name, item in sample.inputs.items():
+            dims = declared.get(name)
+            if dims is not None and (len(dims) != len(item.dims)
+                                     or any(d not in (-1, w) for d, w in zip(dims, item.dims))):
+                problems.append(f"warmup input '{name}' has dims {list(item.dims)}, the config declares {dims}")
             problems.extend(_check_warmup_file(model_dir, name, item))
     return problems
 
