@@ -78,7 +78,8 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> o
     return model
 
 
-def _external_locations(model: onnx.ModelProto) -> set[str]:
+def external_data_files(model: onnx.ModelProto) -> set[str]:
+    """The external data files a model's tensors live in, relative to the model's folder."""
     locations: set[str] = set()
     for tensor in _all_initializers(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -89,12 +90,12 @@ def _external_locations(model: onnx.ModelProto) -> set[str]:
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:
-    return bool(_external_locations(model))
+    return bool(external_data_files(model))
 
 
 def missing_external_data(model: onnx.ModelProto, base_dir: Path) -> list[str]:
     """External data files the model refers to that do not exist under ``base_dir``."""
-    return [loc for loc in _external_locations(model) if not (base_dir / loc).is_file()]
+    return [loc for loc in external_data_files(model) if not (base_dir / loc).is_file()]
 
 
 def short_external_data(model: onnx.ModelProto, base_dir: Path) -> list[str]:

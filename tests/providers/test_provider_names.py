@@ -8,7 +8,7 @@ from ortpilot.errors import ProviderError
 from ortpilot.providers import ProviderSpec, parse_provider_arg, resolve_providers
 from ortpilot.providers.defaults import session_overrides
 from ortpilot.session import SessionSettings
-from ortpilot.session.verified import _apply_overrides
+from ortpilot.session.verified import effective_settings
 
 
 @pytest.mark.parametrize("text,full", [
@@ -56,8 +56,8 @@ def test_tensorrt_gets_engine_cache_and_cuda_after_it(tmp_path, monkeypatch):
     assert trt["trt_engine_cache_path"].startswith(str(tmp_path))
     assert specs[1].options["device_id"] == "0"
     # graph optimization is lowered for TensorRT, and only lowered
-    assert _apply_overrides(SessionSettings(level="all"), specs).level == "basic"
-    assert _apply_overrides(SessionSettings(level="disable"), specs).level == "disable"
+    assert effective_settings(SessionSettings(level="all"), specs).level == "basic"
+    assert effective_settings(SessionSettings(level="disable"), specs).level == "disable"
 
 
 def test_openvino_coreml_qnn_dml_defaults():
@@ -65,7 +65,7 @@ def test_openvino_coreml_qnn_dml_defaults():
     assert ov.options["device_type"] == "CPU" and ov.options["cache_dir"]
     assert coreml.options["ModelFormat"] == "MLProgram"
     assert qnn.options["backend_type"] == "htp"
-    settings = _apply_overrides(SessionSettings(), [dml])
+    settings = effective_settings(SessionSettings(), [dml])
     assert settings.enable_mem_pattern is False and settings.execution_mode == "sequential"
     assert {o.setting for o in session_overrides([dml])} == {"enable_mem_pattern", "execution_mode"}
 

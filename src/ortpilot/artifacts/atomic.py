@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import stat
 import tempfile
 import time
@@ -24,6 +25,7 @@ from typing import Any, BinaryIO
 
 import onnx
 
+from ortpilot.artifacts.scratch import LOCK_NAME, scratch_dir
 from ortpilot.errors import UsageError
 
 _TWO_GB = 2**31 - 1
@@ -44,6 +46,12 @@ def check_output_path(path: str | os.PathLike, what: str = "Output", example: st
     if not dest.name or dest.is_dir():
         raise UsageError(f"{what} '{dest}' is a directory; give the path of the file to write, "
                          f"e.g. '{dest / example}'.")
+    _check_writable_parent(dest, what)
+    return dest
+
+
+def _check_writable_parent(dest: Path, what: str) -> None:
+    """The nearest existing ancestor of ``dest``'s folder must be a writable folder."""
     parent = dest.parent
     while not parent.exists() and parent != parent.parent:
         if parent.is_symlink():  # a dangling link: mkdir would fail on it
@@ -56,7 +64,6 @@ def check_output_path(path: str | os.PathLike, what: str = "Output", example: st
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{what} '{dest}' cannot be written: folder '{parent}' is not writable by this user. "
                          "Choose another path or fix the folder's permissions.")
-    return dest
 
 
 @contextlib.contextmanager
@@ -83,6 +90,42 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Path]:
+    """Build a folder in a scratch folder beside ``path``; on clean exit it becomes ``path``.
+
+    Readers (a server polling a model repository) see the old folder or the new one, never a
+    half-built one. An existing non-empty folder raises UsageError unless ``replace``; then it is
+    renamed aside and removed once the new one is in place (a crash between the two renames
+    leaves it as ``.NAME.old-XXXXXXXX``, never a mix). The scratch folder of a killed build is
+    swept by the next build of the same ``path``.
+    """
+    dest = Path(path)
+    check_dir_destination(dest, replace=replace)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with scratch_dir(f".{dest.name}.", root=dest.parent) as tmp:
+        yield tmp
+        os.unlink(tmp / LOCK_NAME)  # the folder is ours until renamed; its lock must not move with it
+        if dest.is_dir() and any(dest.iterdir()):
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.replace(dest, old)
+            os.replace(tmp, dest)
+            _fsync_dir(dest.parent)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)  # onto nothing, or onto an empty folder
+            _fsync_dir(dest.parent)
+
+
+def check_dir_destination(dest: Path, *, replace: bool) -> None:
+    """Refuse a folder destination that is a file, or that holds files and may not be replaced."""
+    if dest.exists() and not dest.is_dir():
+        raise UsageError(f"'{dest}' is a file; the output must be a folder. Choose another path.")
+    if not replace and dest.is_dir() and any(dest.iterdir()):
+        raise UsageError(f"'{dest}' exists and is not empty; replace it explicitly or choose another folder.")
+    _check_writable_parent(dest, "Output folder")
 
 
 def is_temp_name(name: str) -> bool:
@@ -183,7 +226,5 @@ def atomic_write_model(model: onnx.ModelProto, path: Path) -> Path:
         os.replace(tmp_model, path)
         _fsync_dir(path.parent)
     finally:
-        import shutil
-
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return path

@@ -98,8 +98,12 @@ def profile_model_path(doc: dict[str, Any], profile_path: str | os.PathLike) -> 
     return file if file.is_absolute() else Path(profile_path).parent / file
 
 
-def verify_environment(doc: dict[str, Any], profile_path: str | os.PathLike) -> Path:
-    """Check model hash, ORT build and providers against the profile; returns the model path."""
+def verify_model_file(doc: dict[str, Any], profile_path: str | os.PathLike) -> Path:
+    """The profile's model file, after checking it is there and unchanged (its sha256); exit 1 if not.
+
+    What an export needs: the model the profile measured, without requiring this machine to have
+    the profile's ORT build or providers (the target server brings its own).
+    """
     model = profile_model_path(doc, profile_path)
     if not model.is_file():
         raise StampMismatchError(f"The model file '{model}' named by profile '{profile_path}' is missing. "
@@ -109,6 +113,12 @@ def verify_environment(doc: dict[str, Any], profile_path: str | os.PathLike) -> 
         raise StampMismatchError(f"The model file '{model}' changed since it was tuned (sha256 {digest[:12]}…, "
                                  f"profile says {str(doc['model'].get('sha256'))[:12]}…). Re-run 'ortpilot tune' "
                                  "on the new model; the old profile's measurements do not apply to it.")
+    return model
+
+
+def verify_environment(doc: dict[str, Any], profile_path: str | os.PathLike) -> Path:
+    """Check model hash, ORT build and providers against the profile; returns the model path."""
+    model = verify_model_file(doc, profile_path)
     recorded = doc["onnxruntime"]
     version = str(recorded.get("version", ""))
     if version.split(".")[:2] != ort.__version__.split(".")[:2]:
@@ -137,5 +147,5 @@ def _dist_names(text: str) -> set[str]:
     return {item.split("==")[0] for item in text.split(",") if item and item != "unknown"}
 
 
-__all__ = ["OrtVersionWarning", "PROFILE_FORMAT", "read_profile",
-           "verify_environment", "write_profile"]
+__all__ = ["OrtVersionWarning", "PROFILE_FORMAT", "read_profile", "verify_environment", "verify_model_file",
+           "write_profile"]

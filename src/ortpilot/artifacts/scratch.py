@@ -26,10 +26,11 @@ _MKDTEMP_TAIL = re.compile(r"^[a-z0-9_]{8}$")  # what tempfile.mkdtemp appends t
 
 
 @contextlib.contextmanager
-def scratch_dir(prefix: str) -> Iterator[Path]:
-    """A fresh folder ``$TMPDIR/PREFIX*``, removed on exit; its orphans from killed runs are swept first."""
-    sweep_scratch_dirs(prefix)
-    path = Path(tempfile.mkdtemp(prefix=prefix))
+def scratch_dir(prefix: str, root: str | os.PathLike | None = None) -> Iterator[Path]:
+    """A fresh folder ``ROOT/PREFIX*`` (ROOT: $TMPDIR), removed on exit; its orphans from killed runs
+    are swept first."""
+    sweep_scratch_dirs(prefix, root=root)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
     fd = os.open(path / LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "tune": "cmd_tune",
     "generate": "cmd_generate",
     "verify": "cmd_verify",
+    "export": "cmd_export",
     "demo-models": "cmd_demo_models",
 }
 

@@ -25,6 +25,11 @@ _PAST = re.compile(r"past", re.I)
 _TOTAL = re.compile(r"(total|all|kv|key_?len)", re.I)
 
 
+def is_batch_dim(name: str) -> bool:
+    """Whether a symbolic dim's name says batch (the rule that gives it the default 1)."""
+    return bool(_BATCH.match(name))
+
+
 @dataclass(frozen=True)
 class InputInfo:
     """One graph input: name, element type (onnx enum) and dims (int, str or None)."""
@@ -165,7 +170,7 @@ def _default_dims(inputs: Sequence[InputInfo], dim_values: dict[str, int]) -> No
                 symbolic.append(d)
     totals = []
     for name in symbolic:
-        if _BATCH.match(name):
+        if is_batch_dim(name):
             dim_values[name] = BATCH_DEFAULT
         elif _PAST.search(name):
             dim_values[name] = SEQUENCE_DEFAULT

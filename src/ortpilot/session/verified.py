@@ -178,7 +178,9 @@ def _create(source: str | bytes, chain: list[ProviderSpec], built_in: list[str],
     return ort.InferenceSession(source, opts, providers=[s.as_ort() for s in chain], enable_fallback=0)
 
 
-def _apply_overrides(settings: SessionSettings, chain: list[ProviderSpec]) -> SessionSettings:
+def effective_settings(settings: SessionSettings, chain: list[ProviderSpec]) -> SessionSettings:
+    """The settings a session on ``chain`` really gets: ``settings`` with the providers' needs applied
+    (``providers.defaults.session_overrides``: TensorRT lowers the level to basic, DirectML ...)."""
     data = settings.to_dict()
     for override in session_overrides(chain):
         current = data.get(override.setting)
@@ -216,7 +218,7 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
     refuse_malformed_einsums(proto)  # ORT's session creation would hang on them, isolated or not
     requested = resolve_providers(providers)
     check_stamp(proto, requested)  # an offline-optimized model built for another EP/ORT is refused
-    settings = _apply_overrides(settings or SessionSettings(), requested)
+    settings = effective_settings(settings or SessionSettings(), requested)
     if isolate:
         from ortpilot.session.isolate import preflight_in_child
 
