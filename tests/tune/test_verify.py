@@ -129,3 +129,13 @@ def test_a_tune_pinned_to_one_cpu_records_one_intra_op_thread(tmp_path):
     doc = json.loads((out / "profile.json").read_text())
     assert doc["session_settings"]["intra_op_threads"] == 1
     assert doc["machine"]["cpu_budget"] == {"cpus": 1, "source": "affinity"}
+
+
+def test_a_malformed_machine_section_is_exit_2_naming_the_field(tmp_path, demo_paths):
+    model = tmp_path / "model.onnx"
+    shutil.copy(demo_paths["mlp"], model)
+    machine = {**machine_facts(), "cpu_budget": {"cpus": "two"}}
+    path = write_profile(tmp_path / "profile.json", model_file=model, machine=machine,
+                         providers=[{"name": "CPUExecutionProvider", "options": {}}], settings={"intra_op_threads": 1})
+    proc = subprocess.run([*CLI, "verify", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "machine.cpu_budget.cpus" in proc.stderr and "Traceback" not in proc.stderr
