@@ -13,6 +13,7 @@ from ortpilot.artifacts.profile import OrtVersionWarning, write_profile
 from ortpilot.session.profile import load_profile
 from ortpilot.errors import ProviderFallbackError, StampMismatchError, UsageError
 from ortpilot.graph.feeds import make_feeds
+from ortpilot.providers.machine import machine_facts
 from ortpilot.session import SessionSettings, load
 
 
@@ -22,7 +23,8 @@ def profile(tmp_path, demo_paths):
     shutil.copy(demo_paths["mlp"], model)
     settings = SessionSettings(level="extended", intra_op_threads=1)
     return write_profile(tmp_path / "profile.json", model_file=model,
-                         providers=[{"name": "CPUExecutionProvider", "options": {}}], settings=settings.to_dict())
+                         providers=[{"name": "CPUExecutionProvider", "options": {}}], settings=settings.to_dict(),
+                         machine=machine_facts())
 
 
 def test_load_profile_recreates_the_session(profile):

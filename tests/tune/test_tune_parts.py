@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ortpilot.modelio import load_model
 from ortpilot.tune.candidate import Candidate, baseline_candidate
 from ortpilot.tune.journal import Journal, read_journal
@@ -90,3 +92,53 @@ def test_model_variants_run_on_the_cpu_too_when_another_provider_comes_first(dem
     assert quantized["OpenVINOExecutionProvider"] and quantized["CPUExecutionProvider"]
     assert len({c.id for c in cands}) == len(cands)  # no candidate twice
     assert any(not c.passes for c in on["OpenVINOExecutionProvider"])  # the plain model on OpenVINO
+
+
+def test_no_candidate_but_the_baseline_oversubscribes_the_cpu_budget(demo_paths):
+    """Under ``taskset -c 0`` ORT's default still starts its usual pool: every other candidate gets
+    explicit threads within the budget, and the capped default comes first as its stand-in."""
+    from ortpilot.tune.space import default_stand_in
+
+    facts = gather_facts(load_model(demo_paths["encoder"]), None)
+    facts.default_threads = facts.cores + 1
+    base = baseline_candidate()
+    cands = first_candidates(facts, base)
+    assert cands[0] == default_stand_in(facts, base) and cands[0].settings.intra_op_threads == facts.cores
+    assert all(0 < c.settings.intra_op_threads <= facts.cores for c in cands)
+    for knob_base in (base, *cands[:3]):
+        assert all(0 < c.settings.intra_op_threads <= facts.cores for c in knob_variants(knob_base, facts))
+    facts.default_threads = facts.cores
+    assert all(c.settings.intra_op_threads == 0 for c in first_candidates(facts, base))
+
+
+@pytest.mark.parametrize("rule", ["vnni", "amx", "x86-no-vnni", "arm-dot", "unknown"])
+def test_int8_variants_follow_the_cpus_int8_rule(demo_paths, rule):
+    from ortpilot.providers.cpuisa import Int8Rule
+    from ortpilot.tune.candidate import pass_label
+
+    facts = gather_facts(load_model(demo_paths["encoder"]), None,
+                         int8=Int8Rule(rule, rule == "x86-no-vnni", f"{rule} reason"))
+    steps = [c.passes[-1] for c in first_candidates(facts, baseline_candidate())
+             if c.passes and c.passes[-1]["pass"] == "quantize"]
+    labels = list(dict.fromkeys(pass_label(s) for s in steps))
+    assert set(labels) == set(facts.to_dict()["int8_variants"]) and all(facts.int8_reasons.values())
+    if rule == "x86-no-vnni":  # 7-bit weights first, per channel first; U8U8 next; u8s8 as-is last
+        assert labels[:2] == ["int8-dynamic-w-pc-rr", "int8-dynamic-pc-rr"]
+        assert "int8-dynamic-w-pc-u8u8" in labels and "saturate" in facts.int8_reasons["int8-dynamic-w-pc-rr"]
+        plain = [i for i, s in enumerate(steps) if not s.get("reduce_range") and s.get("weight_type") != "quint8"]
+        assert plain and min(plain) > max(i for i, s in enumerate(steps) if s.get("reduce_range"))
+    else:
+        assert not any(s.get("reduce_range") or s.get("weight_type") == "quint8" for s in steps)
+    if rule == "arm-dot":
+        assert labels[0] == "int8-qdq-pc-s8s8" and "S8S8 QDQ" in facts.int8_reasons[labels[0]]
+    if rule in ("vnni", "amx", "unknown"):
+        assert labels[0] == "int8-dynamic-w-pc"
+
+
+def test_this_cpus_measured_rule_decides_the_space(demo_paths):
+    from ortpilot.providers.cpuisa import int8_rule
+
+    facts = gather_facts(load_model(demo_paths["encoder"]), None)
+    assert facts.int8 == int8_rule()
+    reduced = any(s.get("reduce_range") for c in first_candidates(facts, baseline_candidate()) for s in c.passes)
+    assert reduced == int8_rule().u8s8_saturates

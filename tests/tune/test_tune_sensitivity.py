@@ -39,8 +39,18 @@ def test_attention_dims_reads_heads_from_a_minus_one_reshape():
     assert attention_dims(model) == (0, 0)
 
 
+def _first_dynamic_error(result):
+    """The gate error of the first dynamic INT8 variant the search measured (the space orders them by CPU)."""
+    return next(e.accuracy["worst_error"] for e in result.entries if e.accuracy and e.candidate.passes
+                and e.candidate.passes[-1].get("mode") == "dynamic" and not e.candidate.passes[-1].get("exclude"))
+
+
 def test_a_dynamic_variant_just_over_the_gate_is_retried_with_its_worst_layers_in_float(tmp_path, demo_paths):
-    result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=18, max_error=8e-5)
+    # The limit sits just under what this CPU's first dynamic variant reaches (its INT8 kernels,
+    # and so its error, depend on the ISA: exact with VNNI, 7-bit weights without it).
+    probe = tune(str(demo_paths["encoder"]), tmp_path / "probe", budget_s=10, max_error=1.0)
+    limit = _first_dynamic_error(probe) / 2
+    result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=18, max_error=limit)
     follow = [e for e in result.entries if e.candidate.passes and e.candidate.passes[-1].get("exclude")]
     assert follow, [(e.candidate.label, e.status, e.reason) for e in result.entries]
 

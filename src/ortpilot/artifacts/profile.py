@@ -2,7 +2,7 @@
 
 ``profile.json`` names the model file (relative to the profile) and its hash, the ORT version
 and distribution it was measured with, providers with options, session settings, passes,
-accuracy and latency figures, and a machine fingerprint. ``load_profile`` refuses what would
+accuracy and latency figures, and the machine it was measured on (``providers.machine``). ``load_profile`` refuses what would
 silently run something else: a changed model file, a missing provider or another ORT build
 (exit 1); it warns on another ORT minor version; invalid JSON is exit 2.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import onnxruntime as ort
 
 from ortpilot.artifacts.atomic import atomic_write_json
-from ortpilot.artifacts.stamp import cpu_features, ort_distribution
+from ortpilot.artifacts.stamp import ort_distribution
 from ortpilot.errors import ProviderFallbackError, StampMismatchError, UsageError
 from ortpilot.modelio import file_sha256
 
@@ -33,18 +32,6 @@ class OrtVersionWarning(UserWarning):
     """The profile was measured with another ORT minor version: it loads, but latencies may differ."""
 
 
-def machine_fingerprint() -> dict[str, Any]:
-    """What the latency figures depend on: CPU model and ISA, cores, OS, Python."""
-    model_name = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            model_name = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cpu": model_name or platform.processor(), **cpu_features(), "cores": os.cpu_count(),
-            "os": platform.platform(), "python": platform.python_version(), "hostname": platform.node()}
-
-
 def ortpilot_version() -> str:
     from ortpilot import __version__
 
@@ -54,8 +41,12 @@ def ortpilot_version() -> str:
 def write_profile(path: str | os.PathLike, *, model_file: str | os.PathLike, providers: list[dict[str, Any]],
                   settings: dict[str, Any], iobinding: bool = False, passes: list[dict[str, Any]] | None = None,
                   accuracy: dict[str, Any] | None = None, latency: dict[str, Any] | None = None,
-                  extra: dict[str, Any] | None = None) -> Path:
-    """Write ``profile.json`` atomically; ``model_file`` is stored relative to the profile's folder."""
+                  machine: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``profile.json`` atomically; ``model_file`` is stored relative to the profile's folder.
+
+    ``machine`` is the measuring machine as ``providers.machine.machine_facts`` describes it
+    (the caller, a layer above, passes it in); ``load_profile`` compares it with the loading one.
+    """
     dest = Path(path)
     model = Path(model_file)
     try:
@@ -74,7 +65,7 @@ def write_profile(path: str | os.PathLike, *, model_file: str | os.PathLike, pro
         "passes": passes or [],
         "accuracy": accuracy or {},
         "latency": latency or {},
-        "machine": machine_fingerprint(),
+        "machine": machine or {},
         "ortpilot_version": ortpilot_version(),
         **(extra or {}),
     }
@@ -156,5 +147,5 @@ def _dist_names(text: str) -> set[str]:
     return {item.split("==")[0] for item in text.split(",") if item and item != "unknown"}
 
 
-__all__ = ["OrtVersionWarning", "PROFILE_FORMAT", "machine_fingerprint", "read_profile",
-           "verify_environment", "verify_model_file", "write_profile"]
+__all__ = ["OrtVersionWarning", "PROFILE_FORMAT", "read_profile", "verify_environment", "verify_model_file",
+           "write_profile"]

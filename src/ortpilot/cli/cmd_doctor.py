@@ -49,6 +49,14 @@ def render(report) -> None:
     cpu = doc["cpu"]
     flags = ", ".join(k for k, v in cpu["flags"].items() if v) or "flags unknown"
     env.add_row("cpu", escape(f"{cpu['model']}: {flags}"))
+    if cpu.get("int8_rule"):
+        env.add_row("int8 kernels", escape(f"{cpu['int8_rule']['name']}: {cpu['int8_rule']['reason']}"))
+    budget = doc.get("cpu_budget")
+    if budget:
+        threads = budget.get("ort_default_threads")
+        env.add_row("cpu budget", escape(f"{budget['cpus']} ({budget['source']}; limits "
+                                         + ", ".join(f"{k} {v:g}" for k, v in budget["limits"].items()) + ")"
+                                         + (f"; ORT's default starts {threads} threads" if threads else "")))
     gpu = doc["gpu"]
     env.add_row("nvidia driver", gpu["driver_version"] or "not found")
     libs = escape(", ".join(f"{fam} {info['majors']}" for fam, info in gpu["libraries"].items() if info["majors"]))

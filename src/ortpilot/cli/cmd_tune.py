@@ -106,6 +106,9 @@ def render_summary(doc: dict) -> None:
     for c in doc["candidates"]:
         counts[c["status"]] = counts.get(c["status"], 0) + 1
     stderr.print("Candidates: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), highlight=False)
+    rule = doc["facts"].get("int8_rule")
+    if rule:
+        stderr.print(f"INT8 rule for this CPU: {rule['name']} ({rule['reason']}).", highlight=False, markup=False)
     stderr.print(("[bold]" if not doc["default_best"] else "[bold yellow]") + headline(doc) + "[/]", highlight=False)
     if doc.get("load_note"):
         stderr.print(f"[yellow]Note: {doc['load_note']}.[/]", highlight=False)

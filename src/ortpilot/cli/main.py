@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "bench": "cmd_bench",
     "tune": "cmd_tune",
     "generate": "cmd_generate",
+    "verify": "cmd_verify",
     "export": "cmd_export",
     "demo-models": "cmd_demo_models",
 }

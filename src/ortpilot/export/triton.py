@@ -44,6 +44,7 @@ from ortpilot.export.triton_config import (
 from ortpilot.export.triton_mapping import KIND_CPU, KIND_GPU, BackendSettings, map_profile
 from ortpilot.modelio import external_data_files, load_model
 from ortpilot.passes.decoder_fusion import count_layers
+from ortpilot.providers.machine import describe_machine
 from ortpilot.providers.names import resolve_providers, short_name
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.verified import effective_settings
@@ -188,8 +189,9 @@ def _deployment_losses(doc: dict[str, Any], decoder: bool, batch: int, instances
         Loss("onnxruntime", f"{ort_info.get('version', '?')} ({ort_info.get('distribution', '?')})",
              "the Triton release brings its own ORT build; its kernels, fusions and defaults may differ, and nothing "
              "checks them against the build the profile was measured with"),
-        Loss("machine", f"{machine.get('cpu', '?')} ({machine.get('isa', '?')}, {machine.get('cores', '?')} cores)",
-             "the latency figures hold for this machine; the server's CPU/GPU is not checked against it"),
+        Loss("machine", describe_machine(machine),
+             "the latency figures hold for this machine; Triton does not compare the server's CPU (its INT8 kernel, "
+             "its CPU budget) or GPU with it, as load_profile and 'ortpilot verify' do"),
     ]
     if decoder:
         out.append(Loss("decode loop", "KV cache (past_* / present*)",

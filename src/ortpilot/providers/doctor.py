@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ortpilot.providers.cpuisa import CpuIsa, read_cpu_isa
+from ortpilot.providers.cpubudget import CpuBudget, cpu_budget, ort_default_threads
+from ortpilot.providers.cpuisa import CpuIsa, Int8Rule, int8_rule, read_cpu_isa
 from ortpilot.providers.gpulibs import GpuEnvironment, library_mismatches, scan_gpu_environment
 from ortpilot.providers.ortdists import DistributionReport, find_ort_distributions
 
@@ -87,6 +88,9 @@ class DoctorReport:
     cpu: CpuIsa
     gpu: GpuEnvironment
     findings: list[Finding]
+    cpu_budget: CpuBudget | None = None
+    int8: Int8Rule | None = None
+    ort_default_threads: int | None = None
 
     @property
     def exit_code(self) -> int:
@@ -104,7 +108,9 @@ class DoctorReport:
             "plugins": self.plugins,
             "ep_devices": self.ep_devices,
             "probes": [p.to_dict() for p in self.probes],
-            "cpu": self.cpu.to_dict(),
+            "cpu": {**self.cpu.to_dict(), "int8_rule": self.int8.to_dict() if self.int8 else None},
+            "cpu_budget": {**self.cpu_budget.to_dict(), "ort_default_threads": self.ort_default_threads}
+            if self.cpu_budget else None,
             "gpu": self.gpu.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
             "exit_code": self.exit_code,
@@ -192,18 +198,26 @@ def run_doctor(probe: bool = True) -> DoctorReport:
     probes = run_probes(ort_info, plugins) if probe and ort_info.import_error is None else []
     cpu = read_cpu_isa()
     gpu = scan_gpu_environment()
-    findings = diagnose(ort_info, dists, plugins, probes, cpu, gpu)
-    return DoctorReport(ort_info, dists, plugins, devices, probes, cpu, gpu, findings)
+    budget = cpu_budget()
+    rule = int8_rule(cpu)
+    try:
+        default_threads = ort_default_threads() if ort_info.import_error is None else None
+    except Exception:  # a broken build: already an error finding of its own
+        default_threads = None
+    findings = diagnose(ort_info, dists, plugins, probes, cpu, gpu, budget, rule, default_threads)
+    return DoctorReport(ort_info, dists, plugins, devices, probes, cpu, gpu, findings, budget, rule, default_threads)
 
 
 def diagnose(ort_info: OrtInfo, dists: DistributionReport, plugins: list[dict[str, Any]],
-             probes: list[ProbeResult], cpu: CpuIsa, gpu: GpuEnvironment) -> list[Finding]:
+             probes: list[ProbeResult], cpu: CpuIsa, gpu: GpuEnvironment, budget: CpuBudget | None = None,
+             rule: Int8Rule | None = None, default_threads: int | None = None) -> list[Finding]:
     """Turn the facts into findings, worst first."""
     plugin_findings = _plugin_findings(plugins)
     explained = {ep for plugin in plugins for ep, reg in plugin.get("registration", {}).items()
                  if reg["error"] or not reg["devices"]}
     findings = (_ort_findings(ort_info, dists) + _distribution_findings(dists, ort_info) + plugin_findings
-                + _probe_findings([p for p in probes if p.provider not in explained]) + [_cpu_finding(cpu)]
+                + _probe_findings([p for p in probes if p.provider not in explained]) + [_cpu_finding(cpu, rule)]
+                + _budget_findings(budget, default_threads)
                 + _gpu_findings(gpu, ort_info) + tool_findings())
     return sorted(findings, key=lambda f: -SEVERITIES.index(f.severity))
 
@@ -299,11 +313,36 @@ def tool_findings() -> list[Finding]:
     return out
 
 
-def _cpu_finding(cpu: CpuIsa) -> Finding:
+def _cpu_finding(cpu: CpuIsa, rule: Int8Rule | None = None) -> Finding:
     level, verdict = cpu.int8_verdict()
     present = ", ".join(k for k, v in cpu.flags.items() if v) or "none detected"
     fix = "" if level != "warn" else "prefer fp32 or measure: 'ortpilot quantize ... --max-error' then 'ortpilot bench'"
-    return Finding(level, "cpu", f"{cpu.model}: {present}. {verdict}", fix)
+    if rule is None or not rule.measured:
+        return Finding(level, "cpu", f"{cpu.model}: {present}. {verdict}", fix)
+    if rule.flags_rule != rule.name and "measured probe" in rule.reason:  # the flags lie to ORT's CPUID check
+        return Finding("warn", "cpu", f"{cpu.model}: {present}. INT8 rule '{rule.name}': {rule.reason}.",
+                       "trust the measurement: 'ortpilot tune' uses it; INT8 profiles from a machine where the "
+                       "flags were true are refused here")
+    if rule.u8s8_saturates:
+        fix = ("quantize with --reduce-range (7-bit weights) or --weight-type quint8 (U8U8), then measure "
+               "('ortpilot tune' tries both on this CPU)")
+    return Finding(level, "cpu", f"{cpu.model}: {present}. {verdict} INT8 rule '{rule.name}': {rule.reason}.", fix)
+
+
+def _budget_findings(budget: CpuBudget | None, default_threads: int | None) -> list[Finding]:
+    if budget is None:
+        return []
+    out = [Finding("info", "cpu budget", note, "check the container's cgroup mount") for note in budget.notes]
+    text = f"this process may use {budget.describe()}"
+    if default_threads and default_threads > budget.cpus:
+        out.append(Finding("warn", "cpu budget", f"{text}; ORT's default session starts {default_threads} intra-op "
+                           "threads anyway (it ignores affinity and cgroup quotas), so they compete for the CPUs",
+                           f"set intra_op_num_threads={budget.cpus} (ortpilot.load(..., settings=SessionSettings("
+                           f"intra_op_threads={budget.cpus})) or tune here: profiles record explicit thread counts)"))
+    else:
+        out.append(Finding("ok", "cpu budget", text + (f"; ORT's default session starts {default_threads} intra-op "
+                                                       "threads" if default_threads else "")))
+    return out
 
 
 def _gpu_findings(gpu: GpuEnvironment, info: OrtInfo) -> list[Finding]:

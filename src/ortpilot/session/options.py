@@ -52,6 +52,17 @@ class SessionSettings:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def with_explicit_threads(self, default_intra: int) -> SessionSettings:
+        """These settings with every 0 ("ORT's default") thread count replaced by what it means:
+        ``default_intra`` intra-op threads (counted where the session was measured), and one
+        inter-op thread in sequential mode, where ORT runs no inter-op pool."""
+        data = self.to_dict()
+        if self.intra_op_threads == 0:
+            data["intra_op_threads"] = max(1, int(default_intra))
+        if self.inter_op_threads == 0 and self.execution_mode == "sequential":
+            data["inter_op_threads"] = 1
+        return SessionSettings.from_dict(data)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SessionSettings:
         known = {f.name for f in fields(cls)}

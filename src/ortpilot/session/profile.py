@@ -1,25 +1,79 @@
 """Load a deploy profile as a verified session (``ortpilot.load_profile``).
 
 The profile format and its environment checks live in ``ortpilot.artifacts.profile``; this
-module recreates the session above them, so imports keep pointing down.
+module recreates the session above them, so imports keep pointing down. Besides the model,
+the ORT build and the providers, it checks the machine (``providers.machine``): a profile
+whose winner can change here (an INT8 model moved across exact and saturating u8s8 kernels,
+more threads than this process may use) is refused under ``strict`` unless the caller accepts
+the machine, logged under ``warn``, and recorded under ``allow``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from ortpilot.artifacts.profile import read_profile, verify_environment
-from ortpilot.errors import StampMismatchError, UsageError
+from ortpilot.errors import StampMismatchError, UsageError, VerificationError
+from ortpilot.providers.cpubudget import ort_default_threads
+from ortpilot.providers.machine import MachineCheck, check_machine_section, compare_machines
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.verified import VerifiedSession, load
 
+log = logging.getLogger("ortpilot")
+INT8_MODES = ("dynamic", "static", "qdq", "full")
 
-def load_profile(path: str | os.PathLike, policy: str = "strict", **kwargs: Any) -> VerifiedSession:
+
+class MachineMismatchWarning(UserWarning):
+    """The profile was tuned on a machine whose differences can change its winner (policy ``warn``)."""
+
+
+def profile_runs_int8(doc: Mapping[str, Any]) -> bool:
+    """Whether the profile's model is INT8-quantized (its tune candidate or its pass records say so)."""
+    steps = (doc.get("candidate") or {}).get("passes") or []
+    if any(isinstance(s, Mapping) and s.get("pass") == "quantize" for s in steps):
+        return True
+    return any(isinstance(r, Mapping) and (r.get("pass") == "quantize" or r.get("name") == "quantize"
+                                           or (r.get("options") or {}).get("mode") in INT8_MODES)
+               for r in doc.get("passes") or [])
+
+
+def profile_threads(settings: SessionSettings) -> int:
+    """The threads a session with ``settings`` runs here (intra-op, plus the inter-op pool in parallel mode)."""
+    intra = settings.intra_op_threads or ort_default_threads()
+    return intra * max(1, settings.inter_op_threads) if settings.execution_mode == "parallel" else intra
+
+
+def check_machine(doc: Mapping[str, Any], path: str | os.PathLike, settings: SessionSettings, *, policy: str,
+                  accept_machine: bool = False) -> MachineCheck:
+    """Compare the profile's machine with this one and apply ``policy`` to the decisive differences."""
+    recorded = check_machine_section(doc.get("machine") or {}, str(path))
+    check = compare_machines(recorded, int8=profile_runs_int8(doc), threads=profile_threads(settings))
+    decisive = check.decisive
+    if not decisive or accept_machine or policy == "allow":
+        return check
+    reasons = "; ".join(d.why for d in decisive)
+    message = (f"Profile '{path}' was tuned on {check.recorded}; this machine is {check.here}. What differs can "
+               f"change its winner: {reasons}. Re-run 'ortpilot tune' on this machine, or load it anyway with "
+               "accept_machine=True (--accept-machine on the command line).")
+    if policy == "strict":
+        raise VerificationError(message)
+    log.warning(message)
+    warnings.warn(message, MachineMismatchWarning, stacklevel=3)
+    return check
+
+
+def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
+                 **kwargs: Any) -> VerifiedSession:
     """Recreate the profiled session exactly and verify it (``ortpilot.load_profile``).
 
     Returns a ``VerifiedSession``; its ``profile`` attribute holds the parsed profile (whether
-    to use IOBinding, the measured latency). ``kwargs`` go to ``ortpilot.session.load``.
+    to use IOBinding, the measured latency) and ``machine_check`` how this machine compares with
+    the one it was tuned on. ``accept_machine`` loads a profile from a machine whose
+    differences can change the winner. ``kwargs`` go to ``ortpilot.session.load``.
     """
     doc = read_profile(path)
     model = verify_environment(doc, path)
@@ -27,6 +81,7 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", **kwargs: Any)
         settings = SessionSettings.from_dict(dict(doc["session_settings"]))
     except (TypeError, ValueError) as exc:
         raise UsageError(f"Profile '{path}' has invalid session settings ({exc}); regenerate it.") from None
+    machine = check_machine(doc, path, settings, policy=policy, accept_machine=accept_machine)
     providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
     shapes = {k: tuple(v) for k, v in (doc.get("shapes") or {}).items()} or None
     session = load(str(model), providers, policy, settings=settings, shapes=shapes, **kwargs)
@@ -37,4 +92,5 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", **kwargs: Any)
             raise StampMismatchError(f"Profile '{path}' recorded placement {expected}, but this session places "
                                      f"nodes as {got}. The environment differs from the one tuned; re-tune.")
     session.profile = doc
+    session.machine_check = machine
     return session

@@ -107,6 +107,12 @@ def pass_label(step: PassStep) -> str:
             label += "-w"
         if step.get("per_channel"):
             label += "-pc"
+        if step.get("reduce_range"):
+            label += "-rr"  # 7-bit weights
+        if step.get("weight_type") == "quint8":
+            label += "-u8u8"
+        if step.get("activation_type") == "qint8":
+            label += "-s8s8"
         if step.get("exclude"):
             label += f"-x{len(step['exclude'])}"  # layers left in float
         return label

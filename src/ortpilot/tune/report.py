@@ -42,6 +42,16 @@ def _ranked(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(ok, key=lambda c: _lat(c).get("p50_ms", math.inf)) + rest
 
 
+def int8_lines(doc: dict[str, Any]) -> list[str]:
+    """Which INT8 rule this CPU got, and why each INT8 variant is in the space (empty when quantization was off)."""
+    rule = doc["facts"].get("int8_rule")
+    if not rule:
+        return []
+    lines = [f"INT8 rule for this CPU: {rule['name']} ({rule['reason']})."]
+    lines += [f"- {label}: {reason}" for label, reason in (doc["facts"].get("int8_variants") or {}).items()]
+    return lines
+
+
 def load_line(doc: dict[str, Any]) -> str:
     return f"Note: {doc['load_note']}." if doc.get("load_note") else ""
 
@@ -68,6 +78,9 @@ def render_md(doc: dict[str, Any]) -> str:
         ci = lat.get("median_ci95_ms")
         lines.append(f"| {c['label']} | {c['status']} | {_ms(lat.get('p50_ms'))} | {_ms(lat.get('p99_ms'))} | "
                      f"{'-' if not ci else f'{ci[0]:.3f}-{ci[1]:.3f}'} | {_err(c)} | {c['reason'].replace('|', '/')} |")
+    int8 = int8_lines(doc)
+    if int8:
+        lines += ["", int8[0], "", *int8[1:]]
     excluded = doc["facts"].get("excluded") or []
     if excluded:
         lines += ["", "Not tried:", ""] + [f"- {e['what']}: {e['reason']}" for e in excluded]
@@ -130,6 +143,9 @@ def render_html(doc: dict[str, Any]) -> str:
                     f"<td>{'-' if not ci else f'{ci[0]:.3f} – {ci[1]:.3f}'}</td><td>{lat.get('count', '-')}</td>"
                     f"<td>{e(per_out) or '-'}</td><td>{e(c['reason'])}</td><td><code>{c['id']}</code></td></tr>")
     excluded = "".join(f"<li>{e(x['what'])}: {e(x['reason'])}</li>" for x in doc["facts"].get("excluded") or [])
+    int8 = int8_lines(doc)
+    int8_html = (f"<h2>INT8 variants</h2><p>{e(int8[0])}</p><ul>"
+                 + "".join(f"<li>{e(line[2:])}</li>" for line in int8[1:]) + "</ul>") if int8 else ""
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ortpilot tune report</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background:#dfd}}tr.rej{{color:#888}}</style></head><body>
@@ -143,6 +159,7 @@ tune wall time {doc['wall_s']:.1f} s; accuracy gate on held-out inputs: {e(str(d
 <table><tr><th>candidate</th><th>phase</th><th>status</th><th>p50 ms</th><th>p99 ms</th><th>p50 95% CI</th><th>runs</th>
 <th>accuracy (per output)</th><th>why rejected / note</th><th>id</th></tr>
 {''.join(rows)}</table>
+{int8_html}
 <h2>Not tried</h2><ul>{excluded or '<li>nothing ruled out</li>'}</ul>
 <p>The winner's and ORT's default latencies come from their interleaved final measurement; other rows from screening
 and successive-halving runs.</p></body></html>

@@ -39,6 +39,7 @@ from ortpilot.tune.space import (
     first_candidates,
     knob_variants,
     with_exclusions,
+    within_budget,
 )
 from ortpilot.tune.worker import WorkerClient, WorkerCrash
 
@@ -316,8 +317,9 @@ class Search:
 
     def _ranking(self, prefix: tuple[dict[str, Any], ...], quant: dict[str, Any]) -> list[dict[str, Any]]:
         """Per-layer dynamic INT8 sensitivity of the model ``prefix`` builds (journaled)."""
-        op_types = ["MatMul", "Gemm", "Attention"]
-        data = {"passes": list(prefix), "per_channel": bool(quant.get("per_channel")), "op_types": op_types}
+        op_types = ["MatMul", "Attention"]
+        data = {"passes": list(prefix), "per_channel": bool(quant.get("per_channel")), "op_types": op_types,
+                "reduce_range": bool(quant.get("reduce_range")), "weight_type": quant.get("weight_type", "qint8")}
         key = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
         record = self.journal.get("rank", key)
         if record is None:
@@ -346,6 +348,7 @@ class Search:
             winners = [e.candidate for e in trials if e.measured
                        and cost(e.samples, self.objective) < base_cost * (1 - MIN_GAIN)]
             combo = combine(base, winners)
+            combo = within_budget([combo], facts)[0] if combo is not None else None
             if combo is not None and combo.id not in self.entries:
                 self.evaluate(Entry(combo, "session knobs"))
 

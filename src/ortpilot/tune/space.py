@@ -20,9 +20,11 @@ import onnx
 import onnxruntime as ort
 
 from ortpilot.passes.decoder_fusion import count_layers
+from ortpilot.providers.cpubudget import ort_default_threads, this_budget
+from ortpilot.providers.cpuisa import Int8Rule, int8_rule
 from ortpilot.providers.names import ProviderSpec
 from ortpilot.session.options import LEVELS
-from ortpilot.tune.candidate import Candidate, PassStep
+from ortpilot.tune.candidate import Candidate, PassStep, pass_label
 from ortpilot.tune.transform import attention_dims
 
 CPU = "CPUExecutionProvider"
@@ -32,6 +34,8 @@ HEAVY_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "LSTM", "GR
 # Quantization variants, by what usually pays off first. Dynamic (weights INT8, activations at
 # run time) suits MatMul-heavy graphs; "w" leaves embeddings and activation x activation
 # products float. Static QDQ (calibrated) suits conv nets, where dynamic ConvInteger is slow.
+# Which of them, in which order and with which weight range, depends on the CPU's INT8 kernels:
+# ``int8_variants`` applies the rule ``providers.cpuisa.int8_rule`` found for this CPU.
 DYN_W_PC: PassStep = {"pass": "quantize", "mode": "dynamic", "per_channel": True, "weights_only": True}
 DYN_PC: PassStep = {"pass": "quantize", "mode": "dynamic", "per_channel": True}
 DYN: PassStep = {"pass": "quantize", "mode": "dynamic", "per_channel": False}
@@ -74,6 +78,9 @@ class Facts:
     conv_heavy: bool = False
     decoder: bool = False  # past_* inputs: a KV-cache decoder
     gqa_fusion: bool = False  # onnxscript is there to fuse its attention
+    int8: Int8Rule | None = None  # this CPU's INT8 rule (None: quantization off)
+    default_threads: int = 0  # the intra-op threads ORT's default session starts here (counted)
+    int8_reasons: dict[str, str] = field(default_factory=dict)  # INT8 step label -> why it is in the space
 
     @property
     def fusion_step(self) -> PassStep | None:
@@ -82,19 +89,22 @@ class Facts:
         heads, hidden = self.attention
         return {"pass": "fusion", "model_type": self.model_type, "num_heads": heads, "hidden_size": hidden}
 
+    @property
+    def default_oversubscribes(self) -> bool:
+        """ORT's default pool starts more threads than this process may use: it cannot be the winner."""
+        return self.default_threads > self.cores
+
     def to_dict(self) -> dict[str, Any]:
-        return {"cores": self.cores, "providers": [p.to_dict() for p in self.providers], "model_type": self.model_type,
+        return {"cores": self.cores, "default_threads": self.default_threads, "providers": [p.to_dict() for p in self.providers], "model_type": self.model_type,
                 "attention": list(self.attention), "conv_heavy": self.conv_heavy, "decoder": self.decoder,
                 "parallel_branches": self.parallel_branches, "quantize": self.quantize,
+                "int8_rule": self.int8.to_dict() if self.int8 else None, "int8_variants": dict(self.int8_reasons),
                 "excluded": [e.to_dict() for e in self.excluded]}
 
 
 def physical_cores() -> int:
-    """Cores this process may use (affinity), which is what intra-op threads should not exceed."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
+    """The CPUs this process may use (``providers.cpubudget``): intra-op threads never exceed it."""
+    return this_budget().cpus
 
 
 def has_parallel_branches(model: onnx.ModelProto) -> bool:
@@ -112,7 +122,9 @@ def has_parallel_branches(model: onnx.ModelProto) -> bool:
     return False
 
 
-def gather_facts(model: onnx.ModelProto, providers: Sequence[ProviderSpec] | None, *, quantize: bool = True) -> Facts:
+def gather_facts(model: onnx.ModelProto, providers: Sequence[ProviderSpec] | None, *, quantize: bool = True,
+                 int8: Int8Rule | None = None) -> Facts:
+    """What the space is built from; ``int8`` overrides this CPU's measured INT8 rule (tests, what-ifs)."""
     excluded: list[Excluded] = []
     if providers:
         chosen = list(providers)
@@ -142,8 +154,45 @@ def gather_facts(model: onnx.ModelProto, providers: Sequence[ProviderSpec] | Non
         excluded.append(Excluded("decoder fusion (GroupQueryAttention)",
                                  "already fused" if "GroupQueryAttention" in ops else "needs onnxscript "
                                  "(pip install onnxscript)"))
+    default_threads = ort_default_threads()
+    if default_threads > cores:
+        excluded.append(Excluded("ORT's default threads as the winner", (
+            f"ORT's default pool starts {default_threads} intra-op threads and this process may use {cores} CPU"
+            f"{'s' if cores != 1 else ''} ({this_budget().source}): it is measured as the baseline, and "
+            f"'intra={cores}' stands in for it as a deployable choice")))
     return Facts(cores, chosen, model_type, parallel, quantize, excluded,
-                 attention_dims(model) if model_type else (0, 0), conv_heavy, decoder, gqa)
+                 attention_dims(model) if model_type else (0, 0), conv_heavy, decoder, gqa,
+                 (int8 or int8_rule()) if quantize else None, default_threads=default_threads)
+
+
+def _twin(step: PassStep, **changes: Any) -> PassStep:
+    return {**step, **changes}
+
+
+def int8_variants(rule: Int8Rule, conv_heavy: bool) -> list[tuple[PassStep, str]]:
+    """The INT8 steps to try on a CPU with ``rule``, most promising first, each with the rule's reason.
+
+    From ORT's quantization guide: x86 without VNNI runs u8s8 through ``vpmaddubsw``, whose pair
+    sums saturate, so 7-bit weights (``reduce_range``, per channel first) and U8U8 weights come
+    first, and the u8s8 steps as they are last; VNNI and AMX accumulate exactly (no reduced
+    range needed); on Arm, S8S8 QDQ is ORT's first choice and its dynamic kernels are exact.
+    """
+    base = CONV_QUANT_VARIANTS if conv_heavy else QUANT_VARIANTS
+    if rule.name == "x86-no-vnni":
+        why = "x86 without VNNI: u8s8 pair sums saturate in vpmaddubsw"
+        out = [(_twin(s, reduce_range=True), f"{why}; reduce_range (7-bit weights) keeps them in int16") for s in base]
+        out += [(_twin(s, weight_type="quint8"), f"{why}; U8U8 weights take ORT's exact u8u8 kernel")
+                for s in base if s["mode"] == "dynamic" and s.get("per_channel")]
+        out += [(s, f"{why}: tried as they are, last (ORT: saturation is often harmless)") for s in base]
+        return out
+    if rule.name == "arm-dot":
+        s8s8 = _twin(QDQ_PC, activation_type="qint8")
+        return [(s8s8, "Arm: S8S8 QDQ is ORT's first choice there")] + \
+            [(s, "Arm dot product: ORT's INT8 kernels are exact") for s in base]
+    reason = {"vnni": "VNNI: u8s8 products accumulate exactly; 8-bit weights as they are",
+              "amx": "AMX: u8s8 products accumulate exactly; 8-bit weights as they are"}.get(
+        rule.name, "no INT8 rule for this CPU: the default INT8 variants, measured like any other")
+    return [(s, reason) for s in base]
 
 
 def model_variants(facts: Facts) -> list[tuple[PassStep, ...]]:
@@ -157,8 +206,9 @@ def model_variants(facts: Facts) -> list[tuple[PassStep, ...]]:
         if facts.quantize:
             variants.extend([(GQA, W4)] if facts.gqa_fusion else [])
             variants.extend([(W4,), (W8,)])
-    if facts.quantize:
-        for quant in (CONV_QUANT_VARIANTS if facts.conv_heavy else QUANT_VARIANTS):
+    if facts.quantize and facts.int8 is not None:
+        for quant, reason in int8_variants(facts.int8, facts.conv_heavy):
+            facts.int8_reasons[pass_label(quant)] = reason
             variants.extend(prefix + (quant,) for prefix in prefixes)
     return variants
 
@@ -171,7 +221,7 @@ def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
     """Model variants on the first provider, every other provider with the plain model, and, when
     the first provider is not the CPU, the model variants on the CPU too (an INT8 model on the
     CPU can beat the float one on an accelerator EP: the search must see both)."""
-    out: list[Candidate] = []
+    out: list[Candidate] = [default_stand_in(facts, baseline)] if facts.default_oversubscribes else []
     primary = facts.providers[0] if facts.providers else ProviderSpec(CPU)
     out.extend(_variants_on(primary, facts, baseline))
     for spec in facts.providers:
@@ -182,7 +232,21 @@ def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
     cpu = next((spec for spec in facts.providers if spec.name == CPU), None)
     if cpu is not None and primary.name != CPU:
         out.extend(_variants_on(cpu, facts, baseline))
-    return out
+    return within_budget(out, facts)
+
+
+def default_stand_in(facts: Facts, baseline: Candidate) -> Candidate:
+    """ORT's default session with its intra-op threads capped at the CPU budget (see ``Facts.default_oversubscribes``)."""
+    return baseline.with_settings(intra_op_threads=facts.cores)
+
+
+def within_budget(cands: Sequence[Candidate], facts: Facts) -> list[Candidate]:
+    """``cands`` with ORT's default thread count (0) replaced by the CPU budget where the default
+    would start more threads than that: no candidate but the baseline itself oversubscribes."""
+    if not facts.default_oversubscribes:
+        return list(cands)
+    return [c.with_settings(intra_op_threads=facts.cores) if c.settings.intra_op_threads == 0 and not c.baseline
+            else c for c in cands]
 
 
 def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[Candidate]:
@@ -218,7 +282,7 @@ def knob_variants(base: Candidate, facts: Facts) -> list[Candidate]:
         # Idle intra-op threads spin by default; on a VM with few vCPUs the spinning competes with
         # the threads doing the work (measured here: MiniLM fp32 45 ms spinning vs 32 ms not).
         out.append(base.with_settings(config_entries={**base.settings.config_entries, SPIN_KEY: "0"}))
-    return [c for c in out if c.id != base.id]
+    return [c for c in within_budget(out, facts) if c.id != base.id]
 
 
 def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:

@@ -97,6 +97,8 @@ def make_pass(step: Mapping[str, Any], calibration: Sequence[Feeds], *, prepared
         return QuantizePass(mode, calibration=list(calibration) if mode in CALIBRATED_MODES else None,
                             per_channel=bool(step.get("per_channel", False)),
                             reduce_range=bool(step.get("reduce_range", False)),
+                            weight_type=str(step.get("weight_type", "qint8")),
+                            activation_type=str(step.get("activation_type", "quint8")),
                             op_types=list(WEIGHT_OPS) if step.get("weights_only") else None,
                             nodes_to_exclude=list(step.get("exclude", ())), preprocess=not prepared,
                             # fused contrib ops (Attention, SkipLayerNormalization) defeat ONNX shape

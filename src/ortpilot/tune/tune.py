@@ -30,6 +30,8 @@ from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.measure.stats import summarize
 from ortpilot.modelio import file_sha256, load_model
+from ortpilot.providers.cpubudget import ort_default_threads
+from ortpilot.providers.machine import machine_facts
 from ortpilot.providers.names import resolve_providers
 from ortpilot.tune.candidate import baseline_candidate
 from ortpilot.tune.gate import Gate
@@ -43,8 +45,9 @@ from ortpilot.tune.search import (
     cost,
     speedup,
 )
-from ortpilot.tune.space import Facts, gather_facts
+from ortpilot.tune.space import Facts, default_stand_in, gather_facts
 from ortpilot.tune.state import KEPT, keep_for_resume, kept_file, sweep
+from ortpilot.tune.verify import REFERENCE_FILE
 from ortpilot.tune.worker import WorkerClient, WorkerCrash, load_samples, save_samples
 
 log = logging.getLogger("ortpilot")
@@ -161,14 +164,15 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
         finalists = search.run(base, facts)
         entries = list(search.entries.values())
         base_entry = search.entries[base.id]
-        winner, default_best, reason = _pick(finalists, base_entry, objective)
+        stand_in = search.entries.get(default_stand_in(facts, base).id) if facts.default_oversubscribes else None
+        winner, default_best, reason = _pick(finalists, base_entry, objective, stand_in)
         result = TuneResult(out, label, objective, winner, base_entry, entries,
                             speedup(base_entry, winner, objective), default_best, reason,
                             search.gate.metrics() if search.gate else {}, search.gate.max_error if search.gate else 0.0,
                             facts, dict(plan.shapes), time.monotonic() - start, batch=batch_size_of(heldout[0]),
                             resumed=bool(journal.replayed), heldout_sha256=feeds_digest(heldout[0]),
                             load_avg=_load_avg(journal, search.replay_only, load_start))
-        _write_outputs(result, path, _winner_model(worker, winner, path))
+        _write_outputs(result, path, _winner_model(worker, winner, path), heldout[0])
         journal.append({"kind": "done", "winner": winner.candidate.id, "files": result.files,
                         "load_avg": result.load_avg})
         sweep(out)  # a temp file too young to judge at the start is old enough now
@@ -342,20 +346,58 @@ def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
                          "Drop --resume to start over, or choose another -o folder.")
 
 
-def _pick(finalists: list[Entry], base: Entry, objective: str) -> tuple[Entry, bool, str]:
-    """The finalist with the best interleaved figure; ORT's default unless the gain is outside noise."""
+def _pick(finalists: list[Entry], base: Entry, objective: str, stand_in: Entry | None = None
+          ) -> tuple[Entry, bool, str]:
+    """The finalist with the best interleaved figure; ORT's default unless the gain is outside noise.
+
+    ``stand_in`` (ORT's default with its threads capped at the CPU budget) replaces ORT's default
+    as the choice when the default itself starts more threads than this process may use.
+    """
     measured = [e for e in finalists if e.final] or [e for e in finalists if e.samples]
     best = min(measured, key=lambda e: cost(e.final or e.samples, objective))
+    capped = stand_in is not None and stand_in.measured
+    why_capped = (f"; recorded with {stand_in.candidate.settings.intra_op_threads} intra-op thread(s), the CPUs "
+                  "this process may use (ORT's default starts more)") if capped else ""
     if best is base:
-        return base, True, "ORT's default session measured fastest of all candidates that passed the gate"
+        return (stand_in if capped else base), True, ("ORT's default session measured fastest of all candidates "
+                                                      "that passed the gate" + why_capped)
     gain = speedup(base, best, objective)
     if gain["ci_low"] <= 1.0:
-        return base, True, (f"the best alternative ({best.candidate.label}) is within noise of ORT's default "
-                            f"({gain['ratio']:.2f}x, 95% CI {gain['ci_low']:.2f}-{gain['ci_high']:.2f})")
+        return (stand_in if capped else base), True, (
+            f"the best alternative ({best.candidate.label}) is within noise of ORT's default "
+            f"({gain['ratio']:.2f}x, 95% CI {gain['ci_low']:.2f}-{gain['ci_high']:.2f})" + why_capped)
     return best, False, ""
 
 
-def _write_outputs(result: TuneResult, source: Path, built: Path) -> None:
+def _write_reference(out: Path, winner: Entry, feeds: Mapping[str, Any]) -> Path:
+    """OUTDIR/reference.npz: the first held-out sample and the winner's outputs on it, for ``verify``
+    on other machines (hashes alone only prove a bit-exact rerun). The outputs are the worker's (the
+    bytes ``output_sha256`` hashes); when a resumed tune's worker files are gone, the winner is rerun."""
+    import numpy as np
+
+    from ortpilot.artifacts.atomic import atomic_open
+
+    names = list(winner.prepared.get("output_names") or [])
+    outputs: dict[str, Any] = {}
+    saved = Path(str(winner.prepared.get("outputs") or ""))
+    if names and saved.is_file():
+        with np.load(saved) as data:
+            outputs = {name: data[f"0/{name}"] for name in names if f"0/{name}" in data.files}
+    if not names or len(outputs) != len(names):
+        from ortpilot.session import load
+        from ortpilot.tune.worker import _outputs
+
+        cand = winner.candidate
+        sess = load(str(out / MODEL_FILE), [(p["name"], p.get("options", {})) for p in cand.providers], "strict",
+                    settings=cand.settings)
+        outputs = dict(zip([o.name for o in sess.get_outputs()], _outputs(sess, feeds, cand.iobinding)))
+    dest = out / REFERENCE_FILE
+    with atomic_open(dest, "wb") as fh:
+        np.savez(fh, **{f"inputs/{k}": v for k, v in feeds.items()}, **{f"outputs/{k}": v for k, v in outputs.items()})
+    return dest
+
+
+def _write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds: Mapping[str, Any]) -> None:
     from ortpilot.tune.report import write_reports
 
     out = result.out_dir
@@ -366,16 +408,19 @@ def _write_outputs(result: TuneResult, source: Path, built: Path) -> None:
     latency = {"objective": result.objective, "winner": result.stats(winner), "baseline": result.stats(result.baseline),
                "speedup_vs_default": result.speedup, "interleaved": bool(winner.final and result.baseline.final),
                "load_avg": result.load_avg}
-    result.files = {"model": str(model_file), "profile": str(out / "profile.json"),
+    result.files = {"model": str(model_file), "profile": str(out / "profile.json"), "reference": str(out / REFERENCE_FILE),
                     "report_html": str(out / "report.html"), "report_md": str(out / "report.md"),
                     "journal": str(out / JOURNAL_NAME)}
     write_reports(result)
+    reference = _write_reference(out, winner, reference_feeds)
+    settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
     write_profile(out / "profile.json", model_file=model_file, providers=list(winner.candidate.providers),
-                  settings=winner.candidate.settings.to_dict(), iobinding=winner.candidate.iobinding,
+                  settings=settings.to_dict(), iobinding=winner.candidate.iobinding, machine=machine_facts(),
                   passes=winner.prepared.get("passes") or [], accuracy=winner.accuracy or {}, latency=latency,
                   extra={"candidate": winner.candidate.to_dict(),
                          "reference_outputs": {"heldout_seed": HELDOUT_SEED, "inputs_sha256": result.heldout_sha256,
-                                               "sha256": winner.prepared.get("output_sha256") or {}},
+                                               "sha256": winner.prepared.get("output_sha256") or {},
+                                               "file": reference.name},
                          "source_model": {"path": str(source), "sha256": file_sha256(source)},
                          "shapes": {k: list(v) for k, v in result.shapes.items()},
                          "placement": winner.prepared.get("placement"), "default_best": result.default_best})

@@ -106,7 +106,9 @@ class _Child:
         # so the follow-up candidate's build starts from it.
         path, _, _ = build_model(self.source, [*data.get("passes", ()), {"pass": "prepare"}], self.calibration)
         ranking = rank_dynamic(path, self.calibration, op_types=list(data.get("op_types") or ()) or
-                               ("MatMul", "Gemm", "Attention"), per_channel=bool(data.get("per_channel", True)))
+                               ("MatMul", "Attention"), per_channel=bool(data.get("per_channel", True)),
+                               reduce_range=bool(data.get("reduce_range", False)),
+                               weight_type=str(data.get("weight_type", "qint8")))
         return {"status": "ok", "ranking": ranking}
 
     def _keep(self, cid: str, runner: Any) -> None:

@@ -1,0 +1,52 @@
+"""``ortpilot verify``: re-verify tune profiles on this machine (environment, machine, reference outputs)."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ortpilot.cli.common import emit_json, handle_errors, stdout
+
+
+@click.command("verify")
+@click.argument("profiles", nargs=-1, required=True, type=click.Path(dir_okay=True))
+@click.option("--accept-machine", is_flag=True,
+              help="Load profiles tuned on a machine whose differences can change the winner (INT8 kernels, CPUs).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@handle_errors
+def command(profiles: tuple[str, ...], accept_machine: bool, as_json: bool) -> None:
+    """Check each PROFILE (profile.json or its folder) here: model hash, ORT build, providers and
+    placement (strict), the machine it was tuned on, and its reference outputs (bit for bit on the
+    same kernels, within the tune's gate elsewhere). Exit 0 all hold, 1 a verification failed, 2 bad input."""
+    from ortpilot.tune.verify import verify_profile
+
+    results = [verify_profile(path, accept_machine=accept_machine) for path in profiles]
+    if as_json:
+        emit_json({"profiles": [r.to_dict() for r in results], "passed": all(r.passed for r in results)})
+    else:
+        for result in results:
+            render(result)
+    failure = next((r.failure() for r in results if not r.passed), None)
+    if failure is not None:
+        raise failure
+
+
+def render(result) -> None:
+    doc = result.to_dict()
+    table = Table(title=f"verify {escape(doc['profile'])}", title_justify="left")
+    for col in ("check", "result", "detail"):
+        table.add_column(col)
+    table.add_row("environment", "[green]ok[/]", escape(f"model hash, ORT build, providers {', '.join(doc['providers'])}"))
+    machine = doc["machine"] or {}
+    notes = "; ".join(f"{d['field']}: {d['why']}" for d in machine.get("differences", []))
+    table.add_row("machine", "[green]same kernels[/]" if machine.get("same_kernels") else "[yellow]differs[/]",
+                  escape(f"tuned on {machine.get('recorded')}; here {machine.get('here')}" + (f"; {notes}" if notes else "")))
+    ref = doc["reference"]
+    table.add_row("reference outputs", "[green]ok[/]" if doc["passed"] and ref["mode"] != "not checked" else
+                  "[yellow]not checked[/]" if ref["mode"] == "not checked" else "[red]failed[/]",
+                  escape(f"{ref['mode']}: {ref['why']}"))
+    for out in ref["outputs"]:
+        table.add_row(f"  {escape(out['name'])}", "[green]ok[/]" if out["passed"] else "[red]failed[/]",
+                      escape(out["detail"]))
+    stdout.print(table)

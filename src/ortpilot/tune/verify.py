@@ -1,0 +1,162 @@
+"""Re-verify a tune profile on this machine: the session it names, and the outputs it recorded.
+
+``load_profile`` proves the environment (model hash, ORT build, providers, placement, the
+machine). This adds the outputs: the profile's winner, run on the reference input sample the
+tune kept (``reference.npz`` beside ``profile.json``), must give what it gave there. Bit for
+bit is only a fair demand where the same kernels run (same ORT version, CPU architecture,
+kernel-choosing ISA flags and INT8 exactness): there each output's sha256 must match. Elsewhere
+ORT's kernels legitimately round differently, so each output is compared with the recorded
+one by the tune's own gate metric and limit, and the result says which check it was.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from ortpilot.errors import UsageError, VerificationError
+from ortpilot.measure.compare import choose_metric, metric_error
+from ortpilot.session.profile import load_profile
+from ortpilot.session.verified import VerifiedSession
+
+REFERENCE_FILE = "reference.npz"
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    passed: bool
+    detail: str
+    metric: str = ""
+    error: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "detail": self.detail, "metric": self.metric,
+                "error": self.error}
+
+
+@dataclass
+class ProfileVerification:
+    """What ``verify_profile`` found: the session, how the machine compares, and the outputs."""
+
+    profile: str
+    session: VerifiedSession
+    mode: str  # "bit-exact" | "tolerance" | "not checked"
+    why: str
+    outputs: list[OutputCheck] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def failure(self) -> VerificationError | None:
+        """The error to raise (exit 1) when an output was not reproduced, else None."""
+        if self.passed:
+            return None
+        failed = "; ".join(f"{o.name}: {o.detail}" for o in self.outputs if not o.passed)
+        return VerificationError(f"Profile '{self.profile}' does not reproduce its reference outputs ({self.mode} "
+                                 f"check: {failed}). The model, ORT build or machine changed what it computes; "
+                                 "re-run 'ortpilot tune' here.")
+
+    def to_dict(self) -> dict[str, Any]:
+        check = getattr(self.session, "machine_check", None)
+        return {"profile": self.profile, "passed": self.passed, "providers": self.session.providers,
+                "placement": self.session.placement.to_dict() if self.session.placement else None,
+                "machine": check.to_dict() if check else None,
+                "reference": {"mode": self.mode, "why": self.why, "outputs": [o.to_dict() for o in self.outputs]}}
+
+
+def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(inputs, outputs) of a ``reference.npz``; a damaged file is a UsageError naming it."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except (OSError, ValueError, EOFError) as exc:
+        raise UsageError(f"The reference file '{path}' cannot be read ({exc}). It was damaged or edited; "
+                         "re-run 'ortpilot tune' to write it again.") from None
+    inputs = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("inputs/")}
+    outputs = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("outputs/")}
+    if not inputs or not outputs:
+        raise UsageError(f"The reference file '{path}' holds no inputs/ and outputs/ arrays; re-run 'ortpilot tune'.")
+    return inputs, outputs
+
+
+def _run(session: VerifiedSession, feeds: dict[str, np.ndarray], iobinding: bool) -> dict[str, np.ndarray]:
+    names = [o.name for o in session.get_outputs()]
+    if not iobinding:
+        return dict(zip(names, session.run(None, feeds)))
+    binding = session.session.io_binding()
+    for name, value in feeds.items():
+        binding.bind_cpu_input(name, value)
+    for name in names:
+        binding.bind_output(name)
+    session.session.run_with_iobinding(binding)
+    return dict(zip(names, binding.copy_outputs_to_cpu()))
+
+
+def _digest(array: np.ndarray) -> str:
+    from ortpilot.tune.worker import _digest as digest
+
+    return digest(array)
+
+
+def verify_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False
+                   ) -> ProfileVerification:
+    """Load ``path`` with ``load_profile`` (its errors raise) and reproduce its reference outputs.
+
+    The result says which check ran and whether each output held; ``result.failure()`` is the
+    VerificationError to raise when one did not.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "profile.json"
+    session = load_profile(path, policy, accept_machine=accept_machine)
+    doc = session.profile
+    reference = doc.get("reference_outputs") or {}
+    file = path.parent / str(reference.get("file") or REFERENCE_FILE)
+    if not reference or not file.is_file():
+        return ProfileVerification(str(path), session, "not checked", (
+            f"the profile keeps no reference sample ({file.name} is missing): only the environment was verified; "
+            "re-run 'ortpilot tune' to record one"))
+    inputs, recorded = read_reference(file)
+    got = _run(session, session.check_feeds(inputs), bool(doc.get("iobinding")))
+    check = session.machine_check
+    same_ort = str((doc.get("onnxruntime") or {}).get("version")) == ort.__version__
+    if check.same_kernels and same_ort:
+        expected = reference.get("sha256") or {name: _digest(value) for name, value in recorded.items()}
+        outputs = [OutputCheck(name, _digest(got[name]) == digest if name in got else False,
+                               "identical bytes" if name in got and _digest(got[name]) == digest
+                               else "differs from the recorded output")
+                   for name, digest in expected.items()]
+        result = ProfileVerification(str(path), session, "bit-exact", (
+            "same ORT version and the same kernels (CPU architecture, ISA flags, INT8 exactness) as the tune: "
+            "outputs must match bit for bit"), outputs)
+    else:
+        accuracy = doc.get("accuracy") or {}
+        limit = float(accuracy.get("max_error", 0.01))
+        metrics = {o.get("name"): o.get("metric") for o in accuracy.get("outputs") or [] if isinstance(o, dict)}
+        outputs = []
+        for name, value in recorded.items():
+            if name not in got or got[name].shape != value.shape:
+                outputs.append(OutputCheck(name, False, "missing or of another shape"))
+                continue
+            metric = metrics.get(name) or choose_metric(name, value.shape, value.dtype)
+            error = metric_error(metric, [value], [got[name]])
+            ok = math.isfinite(error) and error <= limit
+            outputs.append(OutputCheck(name, ok, f"{metric} error {error:.3g} {'<=' if ok else '>'} {limit:g}",
+                                       metric, float(error)))
+        why = ("another ORT version" if not same_ort else "other kernels than the tune's machine "
+               f"({check.recorded} vs {check.here})")
+        result = ProfileVerification(str(path), session, "tolerance", (
+            f"{why}: bit-exact outputs are not expected, so each output is held to the tune's gate "
+            f"(max error {limit:g}) against the recorded one"), outputs)
+    return result
+
+
+__all__ = ["OutputCheck", "ProfileVerification", "REFERENCE_FILE", "read_reference", "verify_profile"]
