@@ -111,6 +111,7 @@ def test_no_candidate_but_the_baseline_oversubscribes_the_cpu_budget(demo_paths)
     assert all(c.settings.intra_op_threads == 0 for c in first_candidates(facts, base))
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("rule", ["vnni", "amx", "x86-no-vnni", "arm-dot", "unknown"])
 def test_int8_variants_follow_the_cpus_int8_rule(demo_paths, rule):
     from ortpilot.providers.cpuisa import Int8Rule
@@ -135,6 +136,7 @@ def test_int8_variants_follow_the_cpus_int8_rule(demo_paths, rule):
         assert labels[0] == "int8-dynamic-w-pc"
 
 
+@pytest.mark.isa
 def test_this_cpus_measured_rule_decides_the_space(demo_paths):
     from ortpilot.providers.cpuisa import int8_rule
 
