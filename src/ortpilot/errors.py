@@ -59,3 +59,11 @@ class AccuracyGateError(VerificationError):
 
 class OrtCrashError(VerificationError):
     """ORT killed the (child) process while loading or running a model."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the signal arrived so that cleanup runs as for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

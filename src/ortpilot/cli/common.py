@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
-from ortpilot.errors import OrtpilotError
+from ortpilot.errors import Interrupted, OrtpilotError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,13 +63,37 @@ def handle_errors(func: F) -> F:
         except OrtpilotError as exc:
             if debug:
                 stderr.print_exception()
-            stderr.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            stderr.print("[yellow]interrupted[/]")
-            ctx.exit(130)
+        except KeyboardInterrupt as exc:
+            stderr.print(f"[yellow]interrupted[/] ({interrupt_name(exc)}); every file ortpilot writes is renamed "
+                         "into place only when complete, so nothing half-written was left.", highlight=False)
+            ctx.exit(interrupt_exit_code(exc))
 
     return wrapper  # type: ignore[return-value]
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM and SIGHUP end a command the way Ctrl-C does: ``Interrupted`` unwinds every ``finally``
+    (journal kept, worker children stopped, scratch folders removed), then exit 128 + the signal."""
+    import signal
+
+    def raise_interrupted(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, raise_interrupted)
+
+
+def interrupt_exit_code(exc: BaseException) -> int:
+    """130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP."""
+    return 128 + getattr(exc, "signum", 2)
+
+
+def interrupt_name(exc: BaseException) -> str:
+    import signal
+
+    return signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
 
 
 def parse_kv_list(items: tuple[str, ...]) -> dict[str, str]:
