@@ -31,6 +31,15 @@ class ProviderError(UsageError):
     """An unknown provider name or malformed provider options."""
 
 
+class StorageError(UsageError):
+    """The machine refused a write or read: no space, read-only, no permission, a file in the way."""
+
+    def __init__(self, message: str, *, errno: int | None = None, path: str = "") -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.path = path
+
+
 class VerificationError(OrtpilotError):
     """A check failed: strict fallback, accuracy gate, stamp mismatch."""
 

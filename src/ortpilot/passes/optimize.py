@@ -98,7 +98,7 @@ class OptimizePass(Pass):
 
         if self.use_cache:
             store = self.store or ModelStore()
-            path, hit = store.get_or_create(key, build, meta=self.options())
+            path, hit = store.get_or_create(key, build, meta={**self.options(), "source_sha256": source.sha256})
             model = load_model(path)
             notes = [f"offline: {'cache hit' if hit else 'built and cached'} ({path.parent.name[:12]})"]
             extra = {"cache_key": key, "cache_hit": hit, "cache_path": str(path)}
@@ -149,7 +149,8 @@ def check_or_rebuild(proto: onnx.ModelProto, providers: Sequence[ProviderSpec]) 
     key = "rebuilt-" + cache_key(model_sha256=stamp.get("source_sha256", ""), ort_version=ort.__version__,
                                  providers=[p.to_dict() for p in providers], level=str(stamp.get("level")),
                                  cpu=cpu_features(), extra={"pass": kind, "options": stamp.get("options")})
-    path, _ = store.get_or_create(key, lambda dest: save_model(result.model, dest))
+    path, _ = store.get_or_create(key, lambda dest: save_model(result.model, dest),
+                                 meta={"source_sha256": stamp.get("source_sha256"), "pass": kind})
     return path
 
 
