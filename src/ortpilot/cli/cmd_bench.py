@@ -259,15 +259,16 @@ def _progress():
 
 
 def _output(result: Any, as_json: bool, samples: bool, report: str | None) -> None:
+    """The results first, then the report: a report that cannot be written (full disk) keeps the numbers."""
+    if as_json:
+        emit_json(result.to_dict(samples=samples))
+    else:
+        render(result)
     if report:
         from ortpilot.measure.html_report import write_report
 
         path = write_report(report, result)
         stderr.print(escape(f"report written to {path}"), highlight=False)
-    if as_json:
-        emit_json(result.to_dict(samples=samples))
-        return
-    render(result)
 
 
 def _results(result: Any) -> list[Any]:

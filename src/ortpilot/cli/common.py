@@ -65,6 +65,13 @@ def handle_errors(func: F) -> F:
                 stderr.print_exception()
             stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             ctx.exit(exc.exit_code)
+        except OSError as exc:  # a full disk, a read-only folder, no permission: a message, not a traceback
+            from ortpilot.artifacts.oserrors import is_environmental, storage_error
+
+            if debug or not is_environmental(exc):
+                raise
+            stderr.print(f"[bold red]error:[/] {escape(str(storage_error(exc)))}", highlight=False, soft_wrap=True)
+            ctx.exit(2)
         except KeyboardInterrupt as exc:
             stderr.print(f"[yellow]interrupted[/] ({interrupt_name(exc)}); every file ortpilot writes is renamed "
                          "into place only when complete, so nothing half-written was left.", highlight=False)

@@ -186,9 +186,17 @@ def main(argv: list[str]) -> int:
 
             kind = type(exc).__name__
             result = {"status": "failed", "error": f"{kind}: {str(exc).strip().splitlines()[0] if str(exc).strip() else kind}",
-                      "verification": isinstance(exc, OrtpilotError)}
+                      "verification": isinstance(exc, OrtpilotError), "errno": _environmental_errno(exc)}
         resp.write(json.dumps(result) + "\n")
     return 0
+
+
+def _environmental_errno(exc: BaseException) -> int | None:
+    """The errno of a full disk, a read-only or unwritable folder (the tune stops on it), else None."""
+    from ortpilot.artifacts.oserrors import ENVIRONMENTAL
+
+    number = getattr(exc, "errno", None)
+    return number if isinstance(number, int) and number in ENVIRONMENTAL else None
 
 
 # --------------------------------------------------------------------------- parent side
