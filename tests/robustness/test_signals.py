@@ -57,8 +57,9 @@ def start_tune(ws: Workspace, model: Path) -> subprocess.Popen[str]:
 
 
 def wait_for_hanging_worker(ws: Workspace, proc: subprocess.Popen[str]) -> None:
-    """The baseline is journaled (prepared + bench), so the worker is now inside the hanging candidate."""
-    wait_for(lambda: _kinds(ws.out).count("bench") >= 1 or proc.poll() is not None, what="the baseline")
+    """The baseline is journaled (its last record, ``kept``, is on disk), so the worker is inside the hanging
+    candidate."""
+    wait_for(lambda: "kept" in _kinds(ws.out) or proc.poll() is not None, what="the baseline")
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     assert processes_mentioning(str(ws.tmp)), "no worker was running"
 
