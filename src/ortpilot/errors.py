@@ -66,6 +66,10 @@ class AccuracyGateError(VerificationError):
     """A transformed model's error against its source exceeds the allowed maximum."""
 
 
+class OrtRunError(VerificationError):
+    """ORT raised while running valid-looking inputs: out of memory, or a kernel that refuses them."""
+
+
 class OrtCrashError(VerificationError):
     """ORT killed the (child) process while loading or running a model."""
 
