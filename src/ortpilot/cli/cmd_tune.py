@@ -34,7 +34,8 @@ MODEL_BUDGET_S = 300.0
 @click.option("--metric", type=click.Choice(["cosine", "top1", "rel_l2"]), default=None,
               help="Force one accuracy metric for every output (default: chosen per output).")
 @click.option("--calibration", type=click.Path(), default=None,
-              help="Calibration inputs for static INT8: an .npz (arrays with a leading sample axis) or a folder of .npz.")
+              help="Calibration inputs for static INT8, read as quantize and compare read them: a folder of .npy/.npz, "
+                   "one .npz (arrays with a leading sample axis), or FILE.py:FACTORY.")
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("--no-quantize", is_flag=True, help="Leave INT8 variants out of the search.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted tune from OUTDIR's journal.")

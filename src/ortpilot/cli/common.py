@@ -147,21 +147,25 @@ def load_input_files(items: tuple[str, ...]) -> dict[str, Any]:
     import numpy as np
 
     from ortpilot.errors import InputError
+    from ortpilot.graph.feeds import read_npz
 
     feeds: dict[str, Any] = {}
     for item in items:
         name, eq, path = item.partition("=")
         try:
             if not eq and item.endswith(".npz"):
-                with np.load(item) as data:
-                    feeds.update({k: data[k] for k in data.files})
+                feeds.update(read_npz(item))
                 continue
             if not eq:
                 raise InputError(f"--input '{item}' is not NAME=FILE.npy (or one FILE.npz with all inputs).")
-            feeds[name] = np.load(path, allow_pickle=False)
+            value = np.load(path, allow_pickle=False)
+            if not isinstance(value, np.ndarray):  # an .npz given as one input's file
+                value.close()
+                raise ValueError("it holds named arrays (an .npz), not one array: pass it alone, as --input FILE.npz")
+            feeds[name] = value
         except FileNotFoundError:
             raise InputError(f"Input file '{path or item}' does not exist.") from None
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError, EOFError) as exc:  # EOFError: an empty file
             raise InputError(f"Input file '{path or item}' is not a readable .npy/.npz array ({exc}).") from None
     return feeds
 

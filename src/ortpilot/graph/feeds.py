@@ -214,6 +214,22 @@ def _dims(dims: Sequence[int | str | None]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
+def read_npz(path: str | Path, what: str = "Input file") -> dict[str, np.ndarray]:
+    """The named arrays of one .npz; a corrupt archive, pickled objects or a plain .npy is an ``InputError``."""
+    import zipfile
+
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not hasattr(data, "files"):  # an .npy file named .npz
+            raise ValueError("it holds one array, not named arrays")
+        with data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise InputError(f"{what} '{path}' does not exist.") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise InputError(f"{what} '{path}' is not a readable .npz ({type(exc).__name__}: {str(exc)[:200]}).") from None
+
+
 def batch_size_of(feeds: Mapping[str, np.ndarray]) -> int:
     """Items per inference for throughput: the first dim of the first input with rank >= 2."""
     for value in feeds.values():

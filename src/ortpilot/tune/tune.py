@@ -328,30 +328,13 @@ def _model_path(model: str | os.PathLike | None) -> Path:
 
 
 def _calibration(proto: Any, plan: Any, calibration: str | os.PathLike | None) -> list[dict[str, Any]]:
-    """User samples (an .npz of NAME arrays with a leading sample axis, or a folder of .npz), else synthetic."""
+    """User samples through the one loader quantize and compare use (names, dtypes and ranks checked against
+    the model, so a mismatch is an error now, not a failed candidate later), else synthetic inputs."""
     if calibration is None:
         return [make_feeds(proto, plan=plan, seed=i) for i in range(CALIBRATION_SAMPLES)]
-    import numpy as np
+    from ortpilot.passes.calibration import load_calibration
 
-    p = Path(calibration)
-    files = sorted(p.glob("*.npz")) if p.is_dir() else [p]
-    if not files or not all(f.is_file() for f in files):
-        raise UsageError(f"--calibration '{p}' is not an .npz file or a folder of .npz files.")
-    samples: list[dict[str, Any]] = []
-    try:
-        for f in files:
-            with np.load(f) as data:
-                arrays = {k: data[k] for k in data.files}
-            if len(files) == 1 and all(a.ndim == len(plan.shapes.get(k, ())) + 1 for k, a in arrays.items()):
-                n = min(a.shape[0] for a in arrays.values())
-                samples.extend({k: a[i] for k, a in arrays.items()} for i in range(n))
-            else:
-                samples.append(arrays)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--calibration '{p}' could not be read as numpy arrays ({exc}).") from None
-    if not samples:
-        raise UsageError(f"--calibration '{p}' holds no samples.")
-    return samples
+    return load_calibration(calibration, proto, shapes=plan.shapes).samples
 
 
 def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
