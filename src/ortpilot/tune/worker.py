@@ -182,7 +182,11 @@ def main(argv: list[str]) -> int:
         try:
             result = getattr(child, op)(msg["data"])
         except Exception as exc:  # a candidate that fails cleanly is a recorded failure
+            from ortpilot.artifacts.oserrors import is_environmental, storage_error
             from ortpilot.errors import OrtpilotError
+
+            if is_environmental(exc):  # a raw OSError (numpy's writes): the message names path, errno and fix
+                exc = storage_error(exc, getattr(exc, "filename", None) or child.scratch)
 
             kind = type(exc).__name__
             result = {"status": "failed", "error": f"{kind}: {str(exc).strip().splitlines()[0] if str(exc).strip() else kind}",
