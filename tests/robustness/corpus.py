@@ -166,14 +166,18 @@ def escaping_external(ws: Workspace) -> Path:
     return save(model, ws.inputs / "models" / "escape.onnx")
 
 
-def einsum_hang() -> onnx.ModelProto:
-    """Einsum '......->': onnx 1.23's shape inference, and so ORT 1.32's session creation, loop forever."""
-    graph = helper.make_graph([helper.make_node("Einsum", ["x"], ["y"], equation="......->")], "hang",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+def one_node(node: onnx.NodeProto, elem_type: int, dims: list) -> onnx.ModelProto:
+    """A model of one node reading input ``x`` (``elem_type``, ``dims``) into output ``y`` of any shape."""
+    graph = helper.make_graph([node], node.op_type.lower(), [helper.make_tensor_value_info("x", elem_type, dims)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR
     return model
+
+
+def einsum_hang() -> onnx.ModelProto:
+    """Einsum '......->': onnx 1.23's shape inference, and so ORT 1.32's session creation, loop forever."""
+    return one_node(helper.make_node("Einsum", ["x"], ["y"], equation="......->"), TensorProto.FLOAT, [2, 2])
 
 
 # --- file builders ---------------------------------------------------------------------------------------------
@@ -491,13 +495,8 @@ def _model_elsewhere(kind: str) -> Callable[[dict], None]:
 
 
 def profile_model_linked_out(ws: Workspace) -> list[str]:
-    profile = tuned_profile(ws)
-    outside = save(tiny_model(), ws.tmp.parent / "elsewhere" / "m.onnx")
-    (ws.inputs / "linked.onnx").symlink_to(outside)
-    doc = json.loads(profile.read_text())
-    doc["model"]["file"] = "linked.onnx"
-    profile.write_text(json.dumps(doc))
-    return [str(profile)]
+    (ws.inputs / "linked.onnx").symlink_to(save(tiny_model(), ws.tmp.parent / "elsewhere" / "m.onnx"))
+    return _edited_profile(_set("model.file", "linked.onnx"))(ws)
 
 
 def profile_model_deleted(ws: Workspace) -> list[str]:
@@ -538,28 +537,18 @@ PREPARED = {"kind": "prepared", "id": "abc", "status": "failed", "error": "x"}
 
 def wide_model() -> onnx.ModelProto:
     """x[batch, 1024] -> ReduceSum: a batch of 10^9 declares 4 TB of input."""
-    graph = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)], "wide",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1024])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = IR
-    return model
+    return one_node(helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0), TensorProto.FLOAT, ["batch", 1024])
 
 
 def alloc_model() -> onnx.ModelProto:
-    """ConstantOfShape(s): s = [10^6, 10^6] asks ORT for a 4 TB output while running."""
-    graph = helper.make_graph([helper.make_node("ConstantOfShape", ["s"], ["y"])], "alloc",
-                              [helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = IR
-    return model
+    """ConstantOfShape(x): x = [10^6, 10^6] asks ORT for a 4 TB output while running."""
+    return one_node(helper.make_node("ConstantOfShape", ["x"], ["y"]), TensorProto.INT64, [2])
 
 
 def _alloc(*extra: str) -> Callable[[Workspace], list[str]]:
     def build(ws: Workspace) -> list[str]:
         model = save(alloc_model(), ws.inputs / "alloc.onnx")
-        return [str(model), "--input", f"s={array_file(ws, 's', np.array([10**6, 10**6], np.int64))}", *extra]
+        return [str(model), "--input", f"x={array_file(ws, 'x', np.array([10**6, 10**6], np.int64))}", *extra]
     return build
 
 
@@ -765,7 +754,7 @@ CASES += [
     Case("run-shape-above-the-bound", "run", _model(tiny_file, "--shape", "batch=99999999999"), 2, TOO_BIG),
     Case("run-shape-of-a-billion-needs-4tb", "run", _model(WIDE, "--shape", "batch=1000000000"), 2, NO_MEMORY),
     Case("run-shape-float-dims", "run", _model(tiny_file, "--shape", "x=1.5x4"), 2, ("malformed --shape",)),
-    Case("run-ort-out-of-memory", "run", _alloc(), 1, ("out of memory", "failed to allocate", "s[2]")),
+    Case("run-ort-out-of-memory", "run", _alloc(), 1, ("out of memory", "failed to allocate", "x[2]")),
     Case("bench-shape-of-a-billion", "bench", _model(WIDE, "--shape", "batch=1000000000", "--runs", "3"), 2, NO_MEMORY),
     Case("bench-ort-out-of-memory", "bench", _alloc("--runs", "3", "--warmup", "1", "--no-roofline"), 1,
          ("failed at the first run", "failed to allocate")),
