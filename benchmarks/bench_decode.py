@@ -7,8 +7,8 @@ then the configurations take turns of ``--turn`` decode steps each, in rotating 
 ms/token, ratio to the plain loop on the source model, bytes crossing numpy <-> ORT per token
 (KV cache separately) and whether all greedy tokens are identical.
 
-    python benchmarks/bench_decode.py                        # demo decoder
-    python benchmarks/bench_decode.py --model benchmarks/models/smollm2/model.onnx --int8
+    .venv/bin/python benchmarks/bench_decode.py                        # demo decoder
+    .venv/bin/python benchmarks/bench_decode.py --model benchmarks/models/smollm2/model.onnx --int8
 """
 
 from __future__ import annotations

@@ -20,6 +20,11 @@ greedy tokens agree with genai's, and each configuration's answer to "What is th
 Run in ``.venv-genai`` (made by prep_genai.py; it sees ortpilot and torch-free onnxscript):
 
     .venv-genai/bin/python benchmarks/bench_genai.py --json benchmarks/out/genai.json
+
+``--skip NAME`` (repeatable) leaves one ortpilot configuration out. ``--skip ortpilot/int4-gated``
+also skips the generation gate's auto-exclude search, the slowest part of a run without
+``--int8-groups`` (BENCHMARKS.md run 1: 31 sensitivity runs + 11 attempts, 712 s); genai's two
+configurations are the references of every pair and cannot be skipped.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ from ortpilot.session import SessionSettings, load
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "benchmarks" / "models"
 QUESTION = "What is the capital of France?"
+# ortpilot configurations by name (as the tables print them); --skip takes these.
+SKIPPABLE = ("ortpilot/fp32", "ortpilot/int4", "ortpilot/int4-gated", "ortpilot/int4-asym", "ortpilot/fp32-unpacked",
+             "ortpilot/int4-unpacked", "ortpilot-loop/genai-fp32-graph", "ortpilot-loop/genai-int4-graph")
 
 
 def log(msg: str) -> None:
@@ -116,7 +124,8 @@ def genai_model(path: Path, threads: int) -> og.Model:
 
 def ortpilot_models(export: Path, tokenizer: og.Tokenizer, block_size: int, min_top1: float, new_tokens: int,
                     doc: dict, genai_int4: og.Model, int8_groups: list[str] | None,
-                    unpacked: bool = False, asymmetric: bool = False) -> dict[str, onnx.ModelProto]:
+                    unpacked: bool = False, asymmetric: bool = False,
+                    skip: frozenset[str] = frozenset()) -> dict[str, onnx.ModelProto]:
     source = load_model(export)
     if any(n.op_type == "GroupQueryAttention" for n in source.graph.node):
         fused_model = source  # already fused (e.g. genai's own fp32 graph given as --export)
@@ -131,7 +140,11 @@ def ortpilot_models(export: Path, tokenizer: og.Tokenizer, block_size: int, min_
     reference = reference_run(fused_model, prompts, new_tokens, settings=settings)
     plain = WeightOnlyPass("int4", block_size=block_size).transform(SourceModel(fused_model, None, "")).model
     plain_cmp = score(reference, candidate_logits(plain, reference, settings=settings), gate)
-    if int8_groups is None:  # the auto-exclude search
+    gated_model: onnx.ModelProto | None
+    gated: dict[str, Any]
+    if "ortpilot/int4-gated" in skip:  # no search, no gated model
+        gated_model, gated = None, {}
+    elif int8_groups is None:  # the auto-exclude search
         found = auto_exclude(fused_model, prompts, mode="int4", block_size=block_size, symmetric=True,
                              accuracy_level=4, gate=gate, new_tokens=new_tokens, settings=settings,
                              raise_on_failure=False)
@@ -147,11 +160,15 @@ def ortpilot_models(export: Path, tokenizer: og.Tokenizer, block_size: int, min_
     genai_logits = [genai_teacher_forced(genai_int4, p, t) for p, t in zip(reference.prompts, reference.tokens)]
     doc["gate"] = {**gated, "seconds": time.perf_counter() - t0, "plain": plain_cmp.to_dict(),
                    "weight_bytes_fp32": weight_bytes(fused_model), "weight_bytes_int4": weight_bytes(plain),
-                   "weight_bytes_int4_gated": weight_bytes(gated_model),
                    "genai_int4": score(reference, genai_logits, gate).to_dict()}
-    log(f"gate: {gated['comparison']['top1_agreement']:.3f} top-1 with {gated['excluded_groups'] or 'nothing'} "
-        f"in int8; all-4-bit: {plain_cmp.summary()}")
-    models = {"fp32": fused_model, "int4": plain, "int4-gated": gated_model}
+    models = {"fp32": fused_model, "int4": plain}
+    if gated_model is not None:
+        doc["gate"]["weight_bytes_int4_gated"] = weight_bytes(gated_model)
+        models["int4-gated"] = gated_model
+        log(f"gate: {gated['comparison']['top1_agreement']:.3f} top-1 with {gated['excluded_groups'] or 'nothing'} "
+            f"in int8; all-4-bit: {plain_cmp.summary()}")
+    else:
+        log(f"gate: ortpilot/int4-gated skipped; all-4-bit: {plain_cmp.summary()}")
     if asymmetric:
         asym = WeightOnlyPass("int4", block_size=block_size, symmetric=False).transform(
             SourceModel(fused_model, None, "")).model
@@ -162,7 +179,7 @@ def ortpilot_models(export: Path, tokenizer: og.Tokenizer, block_size: int, min_
         models["fp32-unpacked"] = loose
         models["int4-unpacked"] = WeightOnlyPass("int4", block_size=block_size, pack=False).transform(
             SourceModel(loose, None, "")).model
-    return models
+    return {name: model for name, model in models.items() if f"ortpilot/{name}" not in skip}
 
 
 def genai_teacher_forced(model: og.Model, prompt: list[int], tokens: list[int]) -> np.ndarray:
@@ -240,28 +257,35 @@ def main() -> int:
                         help="also time and gate the all-4-bit model with zero points (symmetric=False)")
     parser.add_argument("--genai-graphs", action="store_true",
                         help="also run ortpilot's shared-buffer loop on genai's own fp32 and int4 graphs")
+    parser.add_argument("--skip", action="append", default=[], choices=SKIPPABLE, metavar="NAME",
+                        help="leave this ortpilot configuration out (repeatable): " + ", ".join(SKIPPABLE)
+                        + "; ortpilot/int4-gated also skips the auto-exclude search, the slowest part of a run")
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
+    skip = frozenset(args.skip)
 
     doc: dict[str, Any] = {"ort": ort.__version__, "genai": og.__version__,
                            "date": datetime.datetime.now().isoformat(timespec="seconds"),
                            "cpu": platform.processor() or platform.machine(), "threads": args.threads,
-                           "new_tokens": args.new_tokens, "command": " ".join(sys.argv), "contexts": {}}
+                           "new_tokens": args.new_tokens, "command": " ".join(sys.argv), "skipped": sorted(skip),
+                           "contexts": {}}
     genai = {p: genai_model(Path(args.genai) / f"genai-{p}", args.threads) for p in ("fp32", "int4")}
     tokenizer = og.Tokenizer(genai["fp32"])
     models = ortpilot_models(Path(args.export), tokenizer, args.block_size, args.min_top1, args.gate_tokens, doc,
                              genai["int4"], args.int8_groups.split(",") if args.int8_groups else None, args.unpacked,
-                             args.asymmetric)
+                             args.asymmetric, skip)
     settings = SessionSettings(intra_op_threads=args.threads, inter_op_threads=1)
     configs = [Config(f"genai/{p}", p, "genai", genai[p]) for p in ("fp32", "int4")]
     for p, model in models.items():
         session = load(model, settings=settings, placement=False)
         configs.append(Config(f"ortpilot/{p}", p.split("-")[0], "ortpilot", (session, detect_signature(model))))
     if args.genai_graphs:  # ortpilot's loop on genai's own graphs: separates the graph from the loop
-        for p in ("fp32", "int4"):
+        for p in (p for p in ("fp32", "int4") if f"ortpilot-loop/genai-{p}-graph" not in skip):
             graph = load_model(Path(args.genai) / f"genai-{p}" / "model.onnx")
             session = load(graph, settings=settings, placement=False)
             configs.append(Config(f"ortpilot-loop/genai-{p}-graph", p, "ortpilot", (session, detect_signature(graph))))
+    if len(configs) == 2:
+        parser.error("--skip left no ortpilot configuration to time")
     vocab = configs[-1].handle[1].vocab_size or 49152
     print(f"SmolLM2-135M-Instruct, ORT {ort.__version__}, onnxruntime-genai {og.__version__}, {args.threads} threads, "
           f"{doc['date']}; head to head with genai at the same precision, {args.rounds} rounds x "
@@ -293,22 +317,22 @@ def main() -> int:
     print("| model | top-1 agreement | KL mean | KL max | identical tokens min / mean | passed | weights MB |")
     print("|---|---:|---:|---:|---:|:-:|---:|")
     plain = gate["plain"]
-    rows = [("ortpilot int4 (all 4-bit)", plain["top1_agreement"], plain["kl_mean"], plain["kl_max"],
-             plain["min_identical_tokens"], plain["mean_identical_tokens"], plain["passed"], gate["weight_bytes_int4"]),
-            (f"ortpilot int4-gated ({len(gate['excluded_groups'])} groups in {gate['fallback']})",
-             gate["comparison"]["top1_agreement"], gate["comparison"]["kl_mean"], gate["comparison"]["kl_max"],
-             gate["comparison"]["min_identical_tokens"], gate["comparison"]["mean_identical_tokens"], gate["passed"],
-             gate["weight_bytes_int4_gated"]),
-            ("genai int4", gate["genai_int4"]["top1_agreement"], gate["genai_int4"]["kl_mean"],
-             gate["genai_int4"]["kl_max"], gate["genai_int4"]["min_identical_tokens"],
-             gate["genai_int4"]["mean_identical_tokens"], gate["genai_int4"]["passed"], None)]
-    for name, top1, kl, klmax, imin, imean, ok, size in rows:
-        print(f"| {name} | {top1:.3f} | {kl:.4f} | {klmax:.3f} | {imin} / {imean:.1f} | {'yes' if ok else 'no'} | "
+    rows = [("ortpilot int4 (all 4-bit)", plain, gate["weight_bytes_int4"])]
+    if "comparison" in gate:  # not with --skip ortpilot/int4-gated
+        rows.append((f"ortpilot int4-gated ({len(gate['excluded_groups'])} groups in {gate['fallback']})",
+                     {**gate["comparison"], "passed": gate["passed"]}, gate["weight_bytes_int4_gated"]))
+    rows.append(("genai int4", gate["genai_int4"], None))
+    for name, cmp, size in rows:
+        print(f"| {name} | {cmp['top1_agreement']:.3f} | {cmp['kl_mean']:.4f} | {cmp['kl_max']:.3f} | "
+              f"{cmp['min_identical_tokens']} / {cmp['mean_identical_tokens']:.1f} | {'yes' if cmp['passed'] else 'no'} | "
               f"{'' if size is None else f'{size / 1e6:.0f}'} |")
-    how = (f"found by the search: {len(gate['attempts'])} attempts + {len(gate['sensitivity'])} sensitivity runs"
-           if gate["searched"] else "given with --int8-groups")
-    print(f"\nkept in {gate['fallback']}: {', '.join(gate['excluded_groups']) or 'nothing'} ({how}); "
-          f"gate work {gate['seconds']:.0f} s")
+    if "comparison" in gate:
+        how = (f"found by the search: {len(gate['attempts'])} attempts + {len(gate['sensitivity'])} sensitivity runs"
+               if gate["searched"] else "given with --int8-groups")
+        print(f"\nkept in {gate['fallback']}: {', '.join(gate['excluded_groups']) or 'nothing'} ({how}); "
+              f"gate work {gate['seconds']:.0f} s")
+    else:
+        print(f"\nortpilot/int4-gated skipped (--skip): no auto-exclude search; gate work {gate['seconds']:.0f} s")
     write_json(args.json_out, doc)
     return 0
 

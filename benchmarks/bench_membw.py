@@ -5,7 +5,7 @@ faster than one MatMul over the same bytes. This times ``x[1, K] @ W[K, N]`` wit
 in ORT (1 and 2 intra-op threads, medians of 10 runs after 3 warm-ups) and a single-threaded numpy
 sum over the same bytes, so BENCHMARKS.md can say how close the shared-buffer loop is to it.
 
-    python benchmarks/bench_membw.py
+    .venv/bin/python benchmarks/bench_membw.py
 """
 
 from __future__ import annotations

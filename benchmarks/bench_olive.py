@@ -3,7 +3,7 @@
 Olive (``olive-ai`` 0.13) lives in its own venv, ``.venv-olive`` (it pulls torch):
 
     python3.11 -m venv .venv-olive
-    .venv-olive/bin/pip install "olive-ai==0.13.*" "torch==2.14.1" "onnxruntime==1.32.0" requests psutil tabulate
+    .venv-olive/bin/pip install "olive-ai==0.13.*" "torch==2.13.0" "onnxruntime==1.32.0" requests psutil tabulate
 
 (``requests``, ``psutil`` and ``tabulate`` are imported by olive-ai 0.13 but not declared.)
 Its ``tune-session-params`` CLI cannot set input shapes (it feeds a (1, 1) tensor named

@@ -5,7 +5,7 @@ Every variant is built with ortpilot's passes and gated with its accuracy metric
 float model on held-out inputs; latencies are measured interleaved (round-robin over the
 variants, several rounds, in one process) and reported as medians with ratios to float.
 
-    python benchmarks/bench_quantize_cnn.py [--rounds 5] [--runs 20] [--threads 2] [--out FILE.md]
+    .venv/bin/python benchmarks/bench_quantize_cnn.py [--rounds 5] [--runs 20] [--threads 2] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -173,11 +173,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-error", type=float, default=0.05)
-    parser.add_argument("--out", default=str(ROOT / "results" / "quantize.md"))
+    parser.add_argument("--out", default=str(ROOT / "out" / "quantize.md"))
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     lines = ["# Quantization on real models (CPU)", "",
-             (f"Command: `python benchmarks/bench_quantize_cnn.py --rounds {args.rounds} --runs {args.runs} "
+             (f"Command: `.venv/bin/python benchmarks/bench_quantize_cnn.py --rounds {args.rounds} --runs {args.runs} "
               f"--threads {args.threads} --max-error {args.max_error}`"), "",
              (f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; ORT {ort.__version__}; "
               f"Python {sys.version.split()[0]}; {args.threads} intra-op threads; CPU EP. Medians over "

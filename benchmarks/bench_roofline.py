@@ -4,7 +4,7 @@ The peak is a large float32 matmul through ORT and numpy (``measure.roofline``),
 machine; ``--refresh-peak`` measures it again (do that on a quiet machine). Model FLOPs come
 from ``graph.flops`` at the benchmarked input shapes; achieved GFLOP/s = FLOPs / median latency.
 
-    python benchmarks/bench_roofline.py [--runs 300] [--refresh-peak] [--json]
+    .venv/bin/python benchmarks/bench_roofline.py [--runs 300] [--refresh-peak] [--json]
 
 The real model is NudeNet 320n (YOLOv8n, images 1x3x320x320), from the ``nudenet`` package
 installed with --no-deps; it is skipped with a message when missing.
@@ -13,21 +13,13 @@ installed with --no-deps; it is skipped with a message when missing.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
+
+from _prep import package_file
 
 from ortpilot.measure.bench import bench
 from ortpilot.measure.roofline import peak
 from ortpilot.models import demo_model_path
-
-
-def nudenet_path() -> Path | None:
-    spec = importlib.util.find_spec("nudenet")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "320n.onnx"
-    return path if path.exists() else None
 
 
 def main() -> None:
@@ -39,7 +31,7 @@ def main() -> None:
 
     machine = peak(refresh=args.refresh_peak)
     models: list[tuple[str, str, dict]] = [("demo encoder", str(demo_model_path("encoder")), {})]
-    nude = nudenet_path()
+    nude = package_file("nudenet", "320n.onnx")
     if nude is None:
         print("nudenet is not installed (pip install --no-deps nudenet): real model skipped")
     else:

@@ -13,7 +13,7 @@ neighbour's process pre-empting a few calls moves a mean, hardly a median):
 sees (also includes any difference in session options ortpilot sets). Ratios are medians of
 per-round ratios with a bootstrap 95% CI (``measure.stats.paired_ratio_ci``). Target: <= 1.02.
 
-    python benchmarks/bench_wrapper_overhead.py [--blocks 300] [--calls 200] [--json]
+    .venv/bin/python benchmarks/bench_wrapper_overhead.py [--blocks 300] [--calls 200] [--json]
 """
 
 from __future__ import annotations

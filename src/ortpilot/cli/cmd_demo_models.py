@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 from rich.markup import escape
 
@@ -14,8 +16,11 @@ from ortpilot.cli.common import emit_json, handle_errors, stdout
 @handle_errors
 def command(outdir: str, as_json: bool) -> None:
     """Write the demo MLP, CNN, encoder and decoder models into OUTDIR."""
-    from ortpilot.models import DEMO_SPECS, write_demo_models
+    from ortpilot.artifacts.atomic import check_output_path
+    from ortpilot.models import DEMO_MODELS, DEMO_SPECS, write_demo_models
 
+    for name in DEMO_MODELS:  # OUTDIR below a file, or not writable: exit 2 before anything is written
+        check_output_path(Path(outdir) / f"{name}.onnx", "Demo model")
     paths = write_demo_models(outdir)
     if as_json:
         emit_json({name: {"path": str(path), "description": DEMO_SPECS[name].description,

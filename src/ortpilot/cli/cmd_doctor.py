@@ -12,7 +12,7 @@ _STYLE = {"ok": "green", "info": "cyan", "warn": "yellow", "error": "bold red"}
 
 
 @click.command("doctor")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (fields in the README).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (fields: docs/commands/doctor.md).")
 @click.option("--no-probe", is_flag=True, help="Skip building a test session per provider (faster, less proof).")
 @handle_errors
 def command(as_json: bool, no_probe: bool) -> None:

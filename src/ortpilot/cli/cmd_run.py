@@ -26,7 +26,8 @@ from ortpilot.cli.common import (
 @click.option("--policy", type=click.Choice(["strict", "warn", "allow"]), default="warn", show_default=True,
               help="What a provider fallback does: strict exits 1, warn logs, allow records only.")
 @click.option("--min-coverage", type=click.FloatRange(0, 1), default=None,
-              help="Least share of nodes on the first provider (default 0.95).")
+              help="Least share of estimated FLOPs (of nodes where FLOPs are unknown) on the first provider "
+                   "(default 0.95).")
 @click.option("--level", type=click.Choice(["disable", "basic", "extended", "layout", "all"]), default="all",
               show_default=True, help="ORT graph optimization level.")
 @click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input.")
