@@ -55,10 +55,10 @@ def test_combine_never_builds_parallel_mode_without_inter_op_threads():
 def test_journal_drops_a_torn_last_line_and_defers_writing(tmp_path):
     path = tmp_path / "j.jsonl"
     journal = Journal(path, resume=False)
-    journal.append({"kind": "prepared", "id": "a"})
+    journal.append({"kind": "prepared", "id": "a", "status": "failed"})
     assert not path.exists()  # nothing on disk before commit (a failed start writes nothing)
     journal.commit()
-    journal.append({"kind": "bench", "id": "a", "stage": "screen"})
+    journal.append({"kind": "bench", "id": "a", "stage": "screen", "status": "ok", "samples_s": [0.1]})
     journal.close()
     with open(path, "ab") as fh:
         fh.write(b'{"kind": "bench", "id": "b", "sta')  # killed mid-write
@@ -66,7 +66,7 @@ def test_journal_drops_a_torn_last_line_and_defers_writing(tmp_path):
     resumed = Journal(path, resume=True)
     assert resumed.get("bench", "a", "screen") is not None and resumed.get("bench", "b", "screen") is None
     resumed.commit()
-    resumed.append({"kind": "bench", "id": "b", "stage": "screen"})
+    resumed.append({"kind": "bench", "id": "b", "stage": "screen", "status": "ok", "samples_s": [0.1]})
     resumed.close()
     assert [r["id"] for r in read_journal(path)] == ["a", "a", "b"]
 
