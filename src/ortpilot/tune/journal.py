@@ -182,8 +182,10 @@ class Journal:
                     self.path.unlink()
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND, 0o644)
             self._fh = os.fdopen(fd, "ab")
-            for line in self._pending:
-                self._write(line)
+            if self._pending:
+                # One write and one fsync: a kill mid-commit must not leave the default session's
+                # records without the ``kept`` record that makes them resumable.
+                self._write(b"".join(self._pending))
         self._pending.clear()
 
     def _write(self, line: bytes) -> None:
