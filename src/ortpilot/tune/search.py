@@ -236,7 +236,7 @@ class Search:
         base = steps[-1].with_options(exclude=None)
         same = [e for e in self.entries.values() if e.candidate.passes and e.candidate.passes[:-1] == steps[:-1]
                 and e.candidate.passes[-1].with_options(exclude=None) == base]
-        followups = [e for e in same if e.candidate.passes[-1].get("exclude")]
+        followups = [e for e in same if _excluded(e)]
         first = entry if entry not in followups else next((e for e in same if e not in followups), entry)
         return [_try(e) for e in [first, *followups] if e is not entry] + [_try(entry)]
 
@@ -306,9 +306,15 @@ class Search:
                                max(0.0, self.budget.left()), phase))
 
 
+def _excluded(entry: Entry) -> list[str]:
+    """The nodes a candidate's (last, quantize) step leaves in float."""
+    step = entry.candidate.passes[-1]
+    return list(step.spec.nodes_to_exclude) if step.name == "quantize" else []
+
+
 def _try(entry: Entry) -> Try:
     """A candidate the search measured, as a try of the auto-exclude loop."""
-    excluded = list(entry.candidate.passes[-1].get("exclude") or ())
+    excluded = _excluded(entry)
     result = GateResult.from_dict(entry.accuracy) if entry.accuracy else None
     return Try([Layer(n, (n,)) for n in excluded], excluded, result)
 
