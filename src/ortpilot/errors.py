@@ -59,3 +59,11 @@ class AccuracyGateError(VerificationError):
 
 class OrtCrashError(VerificationError):
     """ORT killed the (child) process while loading or running a model."""
+
+
+class QueueFullError(OrtpilotError):
+    """Every decode stream is busy and the request queue is at its limit (HTTP 429, Retry-After)."""
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
