@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
@@ -258,15 +259,16 @@ def _progress():
 
 
 def _output(result: Any, as_json: bool, samples: bool, report: str | None) -> None:
+    """The results first, then the report: a report that cannot be written (full disk) keeps the numbers."""
+    if as_json:
+        emit_json(result.to_dict(samples=samples))
+    else:
+        render(result)
     if report:
         from ortpilot.measure.html_report import write_report
 
         path = write_report(report, result)
-        stderr.print(f"report written to {path}", highlight=False)
-    if as_json:
-        emit_json(result.to_dict(samples=samples))
-        return
-    render(result)
+        stderr.print(escape(f"report written to {path}"), highlight=False)
 
 
 def _results(result: Any) -> list[Any]:
@@ -279,30 +281,30 @@ def render(result: Any) -> None:
     table = Table(title="Benchmark" if len(results) == 1 else "Benchmark (interleaved)")
     table.add_column("")
     for res in results:
-        table.add_column(res.name or "A", justify="right")
+        table.add_column(escape(res.name or "A"), justify="right")
     for label, cell in _ROWS:
-        table.add_row(label, *[cell(r) for r in results])
+        table.add_row(label, *[escape(cell(r)) for r in results])
     stdout.print(table)
     first = results[0]
-    stdout.print(f"[dim]{first.model} on {', '.join(first.providers)}; inputs {first.inputs}: "
+    stdout.print("[dim]" + escape(f"{first.model} on {', '.join(first.providers)}; inputs {first.inputs}: "
                  + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in first.shapes.items())
-                 + f"; ORT {first.environment.get('onnxruntime')}[/]", highlight=False)
+                 + f"; ORT {first.environment.get('onnxruntime')}") + "[/]", highlight=False)
     for res in results:
         if res.stats and res.stats.noisy:
-            stdout.print(f"[yellow]noisy ({res.name}):[/] " + "; ".join(res.stats.noise_reasons)
+            stdout.print(f"[yellow]noisy ({escape(res.name)}):[/] " + escape("; ".join(res.stats.noise_reasons))
                          + ". Close other programs, pin threads, or run longer.", highlight=False)
         if res.roofline:
-            stdout.print(f"roofline ({res.name}): {res.roofline['reading']}", highlight=False)
+            stdout.print(escape(f"roofline ({res.name}): {res.roofline['reading']}"), highlight=False)
     for ratio in getattr(result, "ratios", []):
-        stdout.print(f"[bold]{ratio.config} / {ratio.baseline}[/]: ratio {ratio.ratio:.3f} (95% CI {ratio.ci_low:.3f}-"
-                     f"{ratio.ci_high:.3f}): {ratio.verdict}  [dim](pooled medians {ratio.pooled:.3f}, "
+        stdout.print(f"[bold]{escape(ratio.config)} / {escape(ratio.baseline)}[/]: ratio {ratio.ratio:.3f} (95% CI {ratio.ci_low:.3f}-"
+                     f"{ratio.ci_high:.3f}): {escape(ratio.verdict)}  [dim](pooled medians {ratio.pooled:.3f}, "
                      f"CI {ratio.pooled_low:.3f}-{ratio.pooled_high:.3f})[/]", highlight=False)
     drift = getattr(result, "drift", None)
     if drift is not None and abs(drift - 1) > 0.05:
         stdout.print(f"[yellow]the machine drifted:[/] baseline median late/early = {drift:.2f}; interleaving "
                      "kept the comparison fair.", highlight=False)
     if first.failure:
-        stdout.print(f"[red]failed:[/] {first.failure}", highlight=False)
+        stdout.print(f"[red]failed:[/] {escape(str(first.failure))}", highlight=False)
 
 
 def _ms(value: float | None) -> str:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ortpilot.artifacts.profile import read_profile, verify_environment
+from ortpilot.artifacts.profile_schema import file_settings, model_outside_folder
 from ortpilot.errors import StampMismatchError, UsageError, VerificationError
 from ortpilot.providers.cpubudget import ort_default_threads
 from ortpilot.providers.machine import MachineCheck, check_machine_section, compare_machines
@@ -67,6 +68,7 @@ def check_machine(doc: Mapping[str, Any], path: str | os.PathLike, settings: Ses
 
 
 def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
+                 accept_fields: Sequence[str] = (), accept_model_outside: bool = False,
                  **kwargs: Any) -> VerifiedSession:
     """Recreate the profiled session exactly and verify it (``ortpilot.load_profile``).
 
@@ -74,8 +76,12 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_mach
     to use IOBinding, the measured latency) and ``machine_check`` how this machine compares with
     the one it was tuned on. ``accept_machine`` loads a profile from a machine whose
     differences can change the winner. ``kwargs`` go to ``ortpilot.session.load``.
+    A profile is an input: settings that make ORT write or load files are refused unless named
+    in ``accept_fields`` (as the error names them), and a model outside the profile's folder
+    unless ``accept_model_outside``.
     """
     doc = read_profile(path)
+    _refuse_file_settings(doc, path, accept_fields, accept_model_outside)
     model = verify_environment(doc, path)
     try:
         settings = SessionSettings.from_dict(dict(doc["session_settings"]))
@@ -94,3 +100,19 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_mach
     session.profile = doc
     session.machine_check = machine
     return session
+
+
+def _refuse_file_settings(doc: dict[str, Any], path: str | os.PathLike, accept_fields: Sequence[str],
+                          accept_model_outside: bool) -> None:
+    """A profile from elsewhere must not make ORT write or load files its reader did not ask for."""
+    refused = [f for f in file_settings(doc) if f not in set(accept_fields)]
+    if refused:
+        raise UsageError(f"Profile '{path}' sets {', '.join(refused)}, which make(s) ONNX Runtime write or load files "
+                         "(a saved model, an EP cache or library, a config entry outside the safe list). ortpilot "
+                         "does not take such settings from a profile file; if you trust it, pass "
+                         f"accept_fields={refused!r} to load_profile.")
+    outside = None if accept_model_outside else model_outside_folder(doc, path)
+    if outside is not None:
+        raise UsageError(f"Profile '{path}' names the model '{doc['model']['file']}', which resolves to '{outside}', "
+                         "outside the profile's folder. Keep the model next to its profile, or pass "
+                         "accept_model_outside=True to load_profile if you trust this profile.")
