@@ -55,6 +55,22 @@ def chunk_length(remaining: int, budget: int) -> int:
     return min(take, remaining)
 
 
+def check_batchable(sig: DecoderSignature) -> None:
+    """Refuse a decoder whose rows cannot decode in one run, saying why (a UsageError, exit 2)."""
+    if not sig.supports_shared_buffer:
+        why = ("it has no KV cache" if not sig.has_cache else "it has no GroupQueryAttention"
+               if not sig.gqa_nodes else "its GroupQueryAttention nodes do not read every past input")
+        raise UsageError(f"Batched decoding needs GroupQueryAttention on every past/present pair (one shared "
+                         f"buffer per pair, a length per row), and {why}. Fuse the model first "
+                         "(ortpilot.passes.decoder_fusion, or --fuse).")
+    if any(c.batch_axis != 0 for c in sig.cache):
+        raise UsageError("Batched decoding needs the batch axis first in every past input "
+                         "([batch, kv_heads, past, head_dim]), so that a slot is one block of the buffer.")
+    if sig.cache_position and sig.cache_position not in sig.unread_inputs:
+        raise UsageError(f"The model reads '{sig.cache_position}', one cache position for the whole batch, so "
+                         "rows of different lengths cannot share a run; serve it one stream at a time.")
+
+
 class _StepBinding:
     """The decode run for ``rows`` slots: cache bound once, fixed-shape inputs rewritten in place.
 
@@ -105,18 +121,7 @@ class BatchedLoop:
     def __init__(self, session: ort.InferenceSession, signature: DecoderSignature, slots: int,
                  max_length: int) -> None:
         sig = signature
-        if not sig.supports_shared_buffer:
-            why = ("it has no KV cache" if not sig.has_cache else "it has no GroupQueryAttention"
-                   if not sig.gqa_nodes else "its GroupQueryAttention nodes do not read every past input")
-            raise UsageError(f"Batched decoding needs GroupQueryAttention on every past/present pair (one shared "
-                             f"buffer per pair, a length per row), and {why}. Fuse the model first "
-                             "(ortpilot.passes.decoder_fusion, or --fuse).")
-        if any(c.batch_axis != 0 for c in sig.cache):
-            raise UsageError("Batched decoding needs the batch axis first in every past input "
-                             "([batch, kv_heads, past, head_dim]), so that a slot is one block of the buffer.")
-        if sig.cache_position and sig.cache_position not in sig.unread_inputs:
-            raise UsageError(f"The model reads '{sig.cache_position}', one cache position for the whole batch, so "
-                             "rows of different lengths cannot share a run; serve it one stream at a time.")
+        check_batchable(sig)
         if slots < 1 or max_length < 2:
             raise UsageError(f"Batched decoding needs at least one slot and a max_length of at least 2; got "
                              f"{slots} slot(s) and max_length {max_length}.")

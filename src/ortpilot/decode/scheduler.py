@@ -33,6 +33,7 @@ import onnx
 from ortpilot.decode.batched import BatchedLoop, chunk_length
 from ortpilot.decode.generate import Generator
 from ortpilot.decode.sampling import Sampler, SamplingConfig
+from ortpilot.decode.signature import DecoderSignature
 from ortpilot.errors import OrtpilotError, QueueFullError, UsageError
 from ortpilot.session import SessionSettings, VerifiedSession
 
@@ -40,6 +41,17 @@ log = logging.getLogger("ortpilot")
 DEFAULT_MAX_LENGTH = 1024  # tokens per stream when neither the caller nor the model says less
 TokenCallback = Callable[["Stream", "int | None"], None]
 _END = object()
+
+
+def resolve_max_length(sig: DecoderSignature, max_length: int | None) -> int:
+    """Tokens per stream: as asked (at most the model's positions), else the model's limit up to 1024."""
+    limit = sig.max_positions
+    if max_length is None:
+        return min(limit or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH)
+    if limit is not None and max_length > limit:
+        raise UsageError(f"max_length {max_length} is above the model's {limit} positions (its max_positions "
+                         "metadata or rotary tables); give at most that.")
+    return max_length
 
 
 @dataclass
@@ -84,6 +96,7 @@ class Stream:
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._done = threading.Event()
         self._cancelled = False
+        self.cancelled_at_token: int | None = None  # tokens it had when cancel() was called
 
     @property
     def done(self) -> bool:
@@ -95,8 +108,15 @@ class Stream:
 
     def cancel(self) -> None:
         """Stop this request; its slot is free before the next step (safe from any thread)."""
+        if not self._cancelled:
+            self.cancelled_at_token = len(self.tokens)
         self._cancelled = True
         self._scheduler.wake()
+
+    @property
+    def tokens_after_cancel(self) -> int | None:
+        """Tokens made after ``cancel``: at most the one of the step already running when it came."""
+        return None if self.cancelled_at_token is None else len(self.tokens) - self.cancelled_at_token
 
     def __iter__(self) -> Iterator[int]:
         """The new token ids as the engine makes them (blocks; raises the engine's error, if any)."""
@@ -164,12 +184,7 @@ class Scheduler:
         self.generator = model if isinstance(model, Generator) else Generator(
             model, providers=providers, policy=policy, settings=settings, mapping=mapping)
         sig = self.generator.signature
-        limit = sig.max_positions
-        if max_length is None:
-            max_length = min(limit or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH)
-        elif limit is not None and max_length > limit:
-            raise UsageError(f"max_length {max_length} is above the model's {limit} positions (its max_positions "
-                             "metadata or rotary tables); give at most that.")
+        max_length = resolve_max_length(sig, max_length)
         self.loop = BatchedLoop(self.generator.vsession.session, sig, max_streams, max_length)
         self.max_streams = max_streams
         self.max_queue = max_queue
