@@ -12,9 +12,11 @@ Three ways to serve the same N requests (N = ``--streams``, each a distinct rand
 
 Two arrival patterns: ``together`` (all at t = 0) and ``staggered`` (request i at i x
 ``--interval-ms``). Reported per configuration: aggregate tokens/s (all new tokens over the time
-from the first arrival to the last token), per-stream ms/token p50/p99 (each request's decode
-time after its first token over its tokens, across the N requests) and time to first token
-p50/p99 (from each request's arrival). ``sequential`` and ``genai-static`` run each request or
+from the first arrival to the last token), the per-stream ms/token as inter-token latency
+(ITL: every interval between two tokens of a stream, pooled over the N streams, p50 and p99; the
+p99 shows a stream waiting while others prefill) and as time per output token (TPOT: a stream's
+mean interval, p50 over streams), and time to first token p50/p99 from each request's arrival.
+``sequential`` and ``genai-static`` run each request or
 batch for real and place it on the arrival timeline (a request starts when it has arrived and the
 one before it is done; the static batch when the last request has arrived); ``continuous`` runs
 on the real clock. The three run back to back for every (precision, N, pattern), in an order
@@ -59,20 +61,28 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def summarize(arrivals: list[float], firsts: list[float], ends: list[float], decode_s: list[float],
+def summarize(arrivals: list[float], firsts: list[float], ends: list[float], gaps_ms: list[list[float]],
               tokens: list[int]) -> dict[str, float]:
-    """Aggregate tokens/s, per-stream ms/token and TTFT percentiles of one configuration's requests."""
-    ms = [d * 1e3 / (n - 1) for d, n in zip(decode_s, tokens) if n > 1]
+    """Aggregate tokens/s, inter-token latency, time per output token and TTFT of one configuration.
+
+    ``gaps_ms[i]``: request i's intervals between consecutive tokens. ITL p50/p99 pool every
+    interval of every request (p99 shows the stalls: a stream waiting while others prefill); TPOT
+    is a request's mean interval, its p50 over requests.
+    """
+    pooled = [g for request in gaps_ms for g in request]
+    tpot = [float(np.mean(g)) for g in gaps_ms if g]
     ttft = [(f - a) * 1e3 for f, a in zip(firsts, arrivals)]
     span = max(ends) - min(arrivals)
-    return {"tokens_per_s": sum(tokens) / span, "ms_per_token_p50": float(np.percentile(ms, 50)),
-            "ms_per_token_p99": float(np.percentile(ms, 99)), "ttft_p50_ms": float(np.percentile(ttft, 50)),
-            "ttft_p99_ms": float(np.percentile(ttft, 99)), "span_s": span}
+    return {"tokens_per_s": sum(tokens) / span, "itl_p50_ms": float(np.percentile(pooled, 50)),
+            "itl_p99_ms": float(np.percentile(pooled, 99)), "tpot_p50_ms": float(np.percentile(tpot, 50)),
+            "ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p99_ms": float(np.percentile(ttft, 99)),
+            "span_s": span}
 
 
 def run_continuous(gen: Generator, prompts: list[list[int]], arrivals: list[float], new: int,
-                   max_length: int) -> tuple[dict[str, float], list[list[int]], dict[str, Any]]:
-    scheduler = Scheduler(gen, max_streams=len(prompts), max_queue=len(prompts), max_length=max_length)
+                   max_length: int, prefill_chunk: int) -> tuple[dict[str, float], list[list[int]], dict[str, Any]]:
+    scheduler = Scheduler(gen, max_streams=len(prompts), max_queue=len(prompts), max_length=max_length,
+                          prefill_chunk=prefill_chunk)
     start = time.perf_counter()
     streams: list[Any] = []
     while len(streams) < len(prompts) or scheduler.pending:
@@ -85,15 +95,15 @@ def run_continuous(gen: Generator, prompts: list[list[int]], arrivals: list[floa
             time.sleep(max(0.0, arrivals[len(streams)] - (time.perf_counter() - start)))
     firsts = [s.token_times[0] - start for s in streams]
     ends = [s.token_times[-1] - start for s in streams]
-    decode = [s.token_times[-1] - s.token_times[0] for s in streams]
+    gaps = [(np.diff(s.token_times) * 1e3).tolist() for s in streams]
     stats = scheduler.stats()
-    return (summarize(arrivals, firsts, ends, decode, [len(s.tokens) for s in streams]),
+    return (summarize(arrivals, firsts, ends, gaps, [len(s.tokens) for s in streams]),
             [s.tokens for s in streams], {"mean_rows_per_step": stats["mean_rows_per_step"]})
 
 
 def run_sequential(gen: Generator, prompts: list[list[int]], arrivals: list[float],
                    new: int) -> tuple[dict[str, float], list[list[int]]]:
-    clock, firsts, ends, decode, out = 0.0, [], [], [], []
+    clock, firsts, ends, gaps, out = 0.0, [], [], [], []
     for prompt, arrival in zip(prompts, arrivals):
         begin = max(clock, arrival)
         t0 = time.perf_counter()
@@ -101,10 +111,10 @@ def run_sequential(gen: Generator, prompts: list[list[int]], arrivals: list[floa
         took = time.perf_counter() - t0
         firsts.append(begin + result.prefill_s)
         ends.append(begin + took)
-        decode.append(sum(result.step_ms) / 1e3)
+        gaps.append(list(result.step_ms))
         out.append(result.tokens[0])
         clock = begin + took
-    return summarize(arrivals, firsts, ends, decode, [len(t) for t in out]), out
+    return summarize(arrivals, firsts, ends, gaps, [len(t) for t in out]), out
 
 
 def run_genai(model: og.Model, prompts: list[list[int]], arrivals: list[float],
@@ -117,16 +127,15 @@ def run_genai(model: og.Model, prompts: list[list[int]], arrivals: list[float],
     generator = og.Generator(model, params)
     generator.append_tokens(np.asarray(prompts, dtype=np.int32))
     tokens: list[list[int]] = [[] for _ in prompts]
-    first = end = 0.0
+    times: list[float] = []
     while not generator.is_done():
         generator.generate_next_token()
         for row, token in enumerate(generator.get_next_tokens().tolist()):
             tokens[row].append(int(token))
-        if not first:
-            first = time.perf_counter() - t0
-        end = time.perf_counter() - t0
-    n = len(prompts)
-    summary = summarize(arrivals, [begin + first] * n, [begin + end] * n, [end - first] * n, [len(t) for t in tokens])
+        times.append(time.perf_counter() - t0)
+    n, gaps = len(prompts), (np.diff(times) * 1e3).tolist()
+    summary = summarize(arrivals, [begin + times[0]] * n, [begin + times[-1]] * n, [gaps] * n,
+                        [len(t) for t in tokens])
     return summary, tokens
 
 
@@ -165,6 +174,7 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--interval-ms", type=float, default=100.0, help="staggered: one request every T ms")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prefill-chunk", type=int, default=0, help="the scheduler's prefill_chunk (0: whole prompts)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
@@ -176,7 +186,8 @@ def main() -> int:
                            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                            "load_average_start": os.getloadavg(), "cpu": cpu_facts(), "threads": args.threads,
                            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-                           "interval_ms": args.interval_ms, "rounds": args.rounds, "results": {}}
+                           "interval_ms": args.interval_ms, "rounds": args.rounds, "prefill_chunk": args.prefill_chunk,
+                           "results": {}}
     log("fusing / quantizing ...")
     gens = ortpilot_generators(Path(args.export), args.threads, precisions)
     genai = {p: genai_model(Path(args.genai) / f"genai-{p}", args.threads) for p in precisions}
@@ -198,7 +209,7 @@ def main() -> int:
                     for system in order:
                         if system == "continuous":
                             row, tokens[system], info = run_continuous(gens[precision], prompts, arrivals,
-                                                                       args.new_tokens, max_length)
+                                                                       args.new_tokens, max_length, args.prefill_chunk)
                             extra["mean_rows_per_step"].append(info["mean_rows_per_step"])
                         elif system == "sequential":
                             row, tokens[system] = run_sequential(gens[precision], prompts, arrivals, args.new_tokens)
@@ -216,18 +227,18 @@ def main() -> int:
                 med = {s: {k: float(np.median([row[k] for row in rows])) for k in rows[0]} for s, rows in rounds.items()}
                 doc["results"][key] = {"median": med, "rounds": rounds, **extra}
                 c, q, g = med["continuous"], med["sequential"], med["genai-static"]
-                log(f"{key}: continuous {c['tokens_per_s']:.1f} tok/s (ms/token {c['ms_per_token_p50']:.1f}, ttft p99 "
-                    f"{c['ttft_p99_ms']:.0f}); sequential {q['tokens_per_s']:.1f} ({q['ms_per_token_p50']:.1f}, "
-                    f"{q['ttft_p99_ms']:.0f}); genai {g['tokens_per_s']:.1f} ({g['ms_per_token_p50']:.1f}, "
-                    f"{g['ttft_p99_ms']:.0f})")
+                log(f"{key}: continuous {c['tokens_per_s']:.1f} tok/s (itl {c['itl_p50_ms']:.1f}, ttft p99 "
+                    f"{c['ttft_p99_ms']:.0f}); sequential {q['tokens_per_s']:.1f} ({q['itl_p50_ms']:.1f}, "
+                    f"{q['ttft_p99_ms']:.0f}); genai {g['tokens_per_s']:.1f} ({g['itl_p50_ms']:.1f}, "
+                    f"{g['ttft_p99_ms']:.0f}); load {os.getloadavg()[0]:.1f}")
     doc["greedy_identical_rounds"] = f"{identical}/{checked}"
     doc["load_average_end"] = os.getloadavg()
     print(f"SmolLM2-135M-Instruct, ORT {ort.__version__}, onnxruntime-genai {og.__version__}, {args.threads} threads, "
           f"{doc['date']}; {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, staggered every "
           f"{args.interval_ms:g} ms; medians of {args.rounds} rounds; load average {doc['load_average_start']}\n")
-    print("| precision | streams | arrivals | system | tokens/s | x sequential | x genai | ms/token p50 / p99 "
-          "| TTFT p50 / p99 ms |")
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|")
+    print("| precision | streams | arrivals | system | tokens/s | x sequential | x genai | ITL p50 / p99 ms "
+          "| TPOT p50 ms | TTFT p50 / p99 ms |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for key, res in doc["results"].items():
         precision, n, pattern = key.split("/")
         med = res["median"]
@@ -236,7 +247,7 @@ def main() -> int:
             print(f"| {precision} | {n} | {pattern} | {system} | {row['tokens_per_s']:.1f} | "
                   f"{row['tokens_per_s'] / med['sequential']['tokens_per_s']:.2f}x | "
                   f"{row['tokens_per_s'] / med['genai-static']['tokens_per_s']:.2f}x | "
-                  f"{row['ms_per_token_p50']:.1f} / {row['ms_per_token_p99']:.1f} | "
+                  f"{row['itl_p50_ms']:.1f} / {row['itl_p99_ms']:.1f} | {row['tpot_p50_ms']:.1f} | "
                   f"{row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f} |")
     print(f"\ngreedy tokens of every continuous stream = its single-stream tokens: {doc['greedy_identical_rounds']} "
           f"rounds; load average at the end {doc['load_average_end']}")

@@ -181,7 +181,7 @@ def test_requests_that_cannot_fit_are_refused(fused_gen: Generator, demo_decoder
 
 def test_chunk_plan_never_leaves_a_lone_token() -> None:
     for remaining in range(1, 40):
-        for budget in range(0, 12):
+        for budget in range(12):
             done, chunks = 0, []
             while done < remaining:
                 take = chunk_length(remaining - done, budget)

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-from ortpilot.decode.text import TextStream, chat_template, chatml, render_chat  # noqa: E402
-from ortpilot.models import demo_tokenizer_path  # noqa: E402
-from ortpilot.models.tokenizer import make_byte_tokenizer  # noqa: E402
+from ortpilot.decode.text import TextStream, chat_template, chatml, render_chat
+from ortpilot.models import demo_tokenizer_path
+from ortpilot.models.tokenizer import make_byte_tokenizer
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Grüß dich"}]
 
@@ -36,7 +36,7 @@ def test_random_bytes_concatenate_to_the_full_decode() -> None:
 def test_stop_string_cuts_the_text_and_is_never_sent() -> None:
     tok = make_byte_tokenizer()
     stream = TextStream(tok, stop=["<END>", "zz"])
-    deltas = _deltas(stream, list("hello <EN world <END> more".encode()))
+    deltas = _deltas(stream, list(b"hello <EN world <END> more"))
     assert "".join(deltas) == "hello <EN world " and stream.stopped
     # A tail that could still become the stop string waits: "<EN" went out only when " w" came.
     assert "<" not in "".join(deltas[:7])
@@ -64,3 +64,10 @@ def test_no_config_means_no_template(tmp_path) -> None:
 
     with pytest.raises(UsageError, match="not a readable tokenizer config"):
         chat_template(tmp_path)
+
+
+def test_chat_template_jinja_file_wins(tmp_path) -> None:
+    (tmp_path / "tokenizer_config.json").write_text('{"chat_template": "config"}')
+    assert chat_template(tmp_path / "tokenizer.json") == "config"
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert chat_template(tmp_path / "tokenizer.json") == "{{ messages[0]['content'] }}"

@@ -11,8 +11,12 @@ import pytest
 
 tokenizers = pytest.importorskip("tokenizers", reason="the demo tokenizer is built with the tokenizers package")
 
-from ortpilot.models import DEMO_SPECS, demo_tokenizer_path  # noqa: E402
-from ortpilot.models.tokenizer import CHATML_TEMPLATE, byte_to_unicode, make_byte_tokenizer  # noqa: E402
+from ortpilot.models import DEMO_SPECS, demo_tokenizer_path
+from ortpilot.models.tokenizer import (
+    CHATML_TEMPLATE,
+    byte_to_unicode,
+    make_byte_tokenizer,
+)
 
 TEXTS = ["hello", "Grüß dich", "世界 🌍", "<|im_start|>user\nhi<|im_end|>\n", "\x00\x01 tab\there", ""]
 

@@ -9,8 +9,22 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from conftest import RAY_ENV, free_port
+
+
+def client_modules() -> tuple[Any, Any]:
+    """(openai, its HTTP library) for a test module, which is skipped without them or the decode extras."""
+    openai = pytest.importorskip("openai")
+    try:  # the HTTP library the openai client itself uses (httpx2 in its newer releases)
+        import httpx2 as httpx
+    except ImportError:
+        httpx = pytest.importorskip("httpx")
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("onnxscript")
+    return openai, httpx
 
 
 class OpenAIServer:

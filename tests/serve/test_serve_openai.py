@@ -9,26 +9,17 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from openai_procs import OpenAIServer, client_modules
 
-openai = pytest.importorskip("openai")
-try:  # the HTTP library the openai client itself uses (httpx2 in its newer releases)
-    import httpx2 as httpx
-except ImportError:
-    httpx = pytest.importorskip("httpx")
-pytest.importorskip("tokenizers")
-pytest.importorskip("onnxscript")
+openai, httpx = client_modules()
 
-from openai_procs import OpenAIServer  # noqa: E402
-
-from ortpilot.cli.main import cli  # noqa: E402
-from ortpilot.decode.text import chatml  # noqa: E402
-from ortpilot.models import demo_tokenizer_path, make_decoder  # noqa: E402
+from ortpilot.cli.main import cli
+from ortpilot.decode.text import chatml
+from ortpilot.models import demo_tokenizer_path, make_decoder
 
 PROMPTS = ["Hi", "The quick brown fox", "Once upon a time, in a land far away, there lived",
            "ortpilot serves decoders behind the API every LLM client already speaks: " * 3]

@@ -11,18 +11,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from openai_procs import OpenAIServer, client_modules
 
-openai = pytest.importorskip("openai")
-try:  # the HTTP library the openai client itself uses (httpx2 in its newer releases)
-    import httpx2 as httpx
-except ImportError:
-    httpx = pytest.importorskip("httpx")
-pytest.importorskip("tokenizers")
-pytest.importorskip("onnxscript")
+openai, httpx = client_modules()
 
-from openai_procs import OpenAIServer  # noqa: E402
-
-from ortpilot.models import demo_tokenizer_path, make_decoder  # noqa: E402
+from ortpilot.models import demo_tokenizer_path, make_decoder
 
 SLOW_TOKENS = 600
 

@@ -200,7 +200,7 @@ class BatchedLoop:
     def _feeds(self, ids: np.ndarray, past: np.ndarray) -> dict[str, np.ndarray]:
         """ids [rows, seq] after ``past[row]`` cached tokens: positions, a right-padded mask, GQA lengths."""
         sig = self.sig
-        rows, seq = ids.shape
+        seq = ids.shape[1]
         total = past + seq
         longest = int(total.max())
         feeds = {sig.input_ids: cast_feed(sig, sig.input_ids, ids)}

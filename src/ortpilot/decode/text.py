@@ -58,9 +58,14 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def chat_template(tokenizer_path: str | os.PathLike) -> str | None:
-    """The Jinja chat template in ``tokenizer_config.json`` beside the tokenizer, if it has one."""
+    """The Jinja chat template beside the tokenizer: ``chat_template.jinja`` (as transformers 5 saves
+    it), else the ``chat_template`` of ``tokenizer_config.json``; None when there is neither."""
     folder = Path(tokenizer_path)
-    config = (folder if folder.is_dir() else folder.parent) / "tokenizer_config.json"
+    folder = folder if folder.is_dir() else folder.parent
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = folder / "tokenizer_config.json"
     if not config.is_file():
         return None
     import json

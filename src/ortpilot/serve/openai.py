@@ -264,5 +264,19 @@ def now() -> int:
     return int(time.time())
 
 
-__all__ = ["ApiError", "DEFAULT_COMPLETION_TOKENS", "GenerationRequest", "ROLES", "chunk_body", "completion_body",
-           "finish_reason", "model_object", "new_id", "not_found", "now", "parse_request", "sse", "usage"]
+__all__ = [
+    "DEFAULT_COMPLETION_TOKENS",
+    "ROLES",
+    "ApiError",
+    "GenerationRequest",
+    "chunk_body",
+    "completion_body",
+    "finish_reason",
+    "model_object",
+    "new_id",
+    "not_found",
+    "now",
+    "parse_request",
+    "sse",
+    "usage",
+]

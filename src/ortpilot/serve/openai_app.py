@@ -79,8 +79,7 @@ class OpenAIIngress:
     async def __call__(self, request: Any) -> Any:
         started = time.perf_counter()
         path = request.url.path.rstrip("/")
-        if path.startswith(ROUTE_PREFIX):
-            path = path[len(ROUTE_PREFIX):]
+        path = path.removeprefix(ROUTE_PREFIX)
         try:
             response = await self._route(request.method, path, request)
         except ApiError as exc:
@@ -315,5 +314,12 @@ def _serve_port() -> int | None:
         return -1
 
 
-__all__ = ["APP_NAME", "DecoderDeployment", "OpenAIIngress", "ROUTE_PREFIX", "openai_deployment",
-           "run_openai_server", "wait_ready"]
+__all__ = [
+    "APP_NAME",
+    "ROUTE_PREFIX",
+    "DecoderDeployment",
+    "OpenAIIngress",
+    "openai_deployment",
+    "run_openai_server",
+    "wait_ready",
+]
