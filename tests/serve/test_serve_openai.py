@@ -168,3 +168,27 @@ def test_bad_json_and_methods(demo_server: OpenAIServer, client: openai.OpenAI) 
     assert httpx.get(f"{demo_server.base_url}/models/nope", timeout=30).status_code == 404
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["/no/such/model.onnx"], "does not exist"),
+    (["demo:mlp"], "does not look like a decoder"),
+    (["demo:decoder", "--name", "a", "--name", "b"], "--name is given 2 time(s) for 1 model(s)"),
+    (["demo:decoder", "--chat-template", "jinja"], "'jinja' is not one of 'auto', 'chatml'"),
+    (["demo:decoder", "--max-length", "4096"], "above the model's 2048 positions"),
+    (["demo:decoder", "--tokenizer", "/no/tokenizer.json"], "does not exist"),
+])
+def test_bad_usage_exits_2_before_ray_starts(args: list[str], words: str) -> None:
+    result = CliRunner().invoke(cli, ["serve", *args])
+    assert result.exit_code == 2, result.output
+    assert words in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+def test_taken_port_exits_2() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        result = CliRunner().invoke(cli, ["serve", "demo:decoder", "--port", str(sock.getsockname()[1])])
+    assert result.exit_code == 2 and "is not free" in " ".join(result.output.split()), result.output

@@ -115,9 +115,9 @@ def prepare_decoder(source: str, name: str | None = None, *, tokenizer: str | No
         else:
             raise UsageError(f"'{source}' does not exist. Serve a decoder model file, a folder holding one with its "
                              "tokenizer.json, or demo:decoder.")
+    sig = detect_signature(load_model(path, load_external_data=False))  # not a decoder: say that first
     tok = find_tokenizer(source, folders, tokenizer)
     notes: list[str] = []
-    sig = detect_signature(load_model(path, load_external_data=False))
     if sig.has_cache and not sig.supports_shared_buffer:
         from ortpilot.passes.decoder_fusion import fuse_decoder, summary
 
