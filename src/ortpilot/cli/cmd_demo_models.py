@@ -33,14 +33,10 @@ def command(outdir: str, as_json: bool) -> None:
         emit_json(doc)
         return
     for name, path in paths.items():
-<<<<<<< HEAD
-        stdout.print(f"[bold]{name:8}[/] {path}  [dim]{DEMO_SPECS[name].description}[/]", highlight=False)
-    if tokenizer:
-        stdout.print(f"[bold]{'tokenizer':8}[/] {tokenizer}  [dim]the decoder's byte-level tokenizer (token id = byte value; "
-                     "ChatML chat template in tokenizer_config.json)[/]", highlight=False)
-    else:
-        stdout.print("[dim]no tokenizer.json for the decoder: pip install tokenizers[/]", highlight=False)
-=======
         stdout.print(f"[bold]{name:8}[/] {escape(str(path))}  [dim]{escape(DEMO_SPECS[name].description)}[/]",
                      highlight=False)
->>>>>>> main
+    if tokenizer:
+        stdout.print(f"[bold]{'tokenizer':8}[/] {escape(str(tokenizer))}  [dim]the decoder's byte-level tokenizer "
+                     "(token id = byte value; ChatML chat template in tokenizer_config.json)[/]", highlight=False)
+    else:
+        stdout.print("[dim]no tokenizer.json for the decoder: pip install tokenizers[/]", highlight=False)

@@ -93,10 +93,15 @@ class _StepBinding:
         loop.bind_cache(self.io, 0, rows)  # after the logits, which stay output 0
         mask = loop.sig.attention_mask
         self.grows = mask if mask and mask not in loop.sig.unread_inputs else None
+        # A mask no node reads (an onnxscript-fused graph takes lengths from position_ids) stays as first
+        # bound: ORT still wants the input, but rebinding it as it grows would cost a call per step.
+        self.unread = mask if mask and mask in loop.sig.unread_inputs else None
 
     def run(self, session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
         for name, value in feeds.items():
             held = self.inputs.get(name)
+            if name == self.unread and held is not None:
+                continue
             if name == self.grows or held is None or held.shape != value.shape:
                 self.inputs[name] = value.copy()
                 self.io.bind_cpu_input(name, self.inputs[name])
