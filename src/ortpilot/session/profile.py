@@ -67,13 +67,15 @@ def check_machine(doc: Mapping[str, Any], path: str | os.PathLike, settings: Ses
 
 
 def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
-                 **kwargs: Any) -> VerifiedSession:
+                 intra_op_threads: int | None = None, **kwargs: Any) -> VerifiedSession:
     """Recreate the profiled session exactly and verify it (``ortpilot.load_profile``).
 
     Returns a ``VerifiedSession``; its ``profile`` attribute holds the parsed profile (whether
     to use IOBinding, the measured latency) and ``machine_check`` how this machine compares with
     the one it was tuned on. ``accept_machine`` loads a profile from a machine whose
-    differences can change the winner. ``kwargs`` go to ``ortpilot.session.load``.
+    differences can change the winner. ``intra_op_threads`` replaces the profile's thread count
+    (a serving replica runs on the CPUs it was given, not on those the tune had); the machine
+    check then counts the replaced one. ``kwargs`` go to ``ortpilot.session.load``.
     """
     doc = read_profile(path)
     model = verify_environment(doc, path)
@@ -81,6 +83,8 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_mach
         settings = SessionSettings.from_dict(dict(doc["session_settings"]))
     except (TypeError, ValueError) as exc:
         raise UsageError(f"Profile '{path}' has invalid session settings ({exc}); regenerate it.") from None
+    if intra_op_threads is not None:
+        settings = SessionSettings.from_dict({**settings.to_dict(), "intra_op_threads": max(1, int(intra_op_threads))})
     machine = check_machine(doc, path, settings, policy=policy, accept_machine=accept_machine)
     providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
     shapes = {k: tuple(v) for k, v in (doc.get("shapes") or {}).items()} or None
