@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 # mode (without it Ray rewrites 127.0.0.1 to this machine's network address when joining).
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "PYTHONUNBUFFERED": "1"}
+READY = re.compile(r"^[\w.-]+: \d+ replicas? ready on ")
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
 
 
@@ -47,8 +49,10 @@ class Server:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            self._lines.append(raw.decode(errors="replace").rstrip("\n"))
+        for raw in self.proc.stdout:  # Ray forwards its own log lines here too: keep the ready lines
+            line = raw.decode(errors="replace").rstrip("\n")
+            if READY.match(line):
+                self._lines.append(line)
 
     @property
     def stderr(self) -> str:

@@ -56,8 +56,9 @@ class ServeOptions:
             raise UsageError(f"--replicas must be at least 1, got {self.replicas}.")
         if self.autoscale is not None:
             low, high = self.autoscale
-            if low < 0 or high < max(1, low):
-                raise UsageError(f"--autoscale {low}:{high} needs 0 <= MIN <= MAX and MAX >= 1.")
+            if low < 1 or high < low:
+                raise UsageError(f"--autoscale {low}:{high} needs 1 <= MIN <= MAX (a model is ready once a replica "
+                                 "verified, so it keeps at least one).")
         if self.cpus_per_replica is not None and self.cpus_per_replica <= 0:
             raise UsageError(f"--cpus-per-replica must be above 0, got {self.cpus_per_replica:g}.")
         if self.max_batch < 1:

@@ -133,8 +133,9 @@ def _start_ray(address: str | None, cpus: int) -> tuple[bool, bool]:
         ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
         started = False
     else:
-        ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True,
-                 logging_level=logging.WARNING)
+        # "local": a new instance even where RAY_ADDRESS names another one.
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 log_to_driver=True, logging_level=logging.WARNING)
         started = True
     try:
         from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
@@ -189,7 +190,7 @@ def run_server(specs: Sequence[ModelSpec], options: ServeOptions, *, host: str =
 
         server.deployed = True
         threading.Thread(target=deploy, name="ortpilot-deploy", daemon=True).start()
-        ready = wait_ready(specs, host, port, started, ready_timeout, stop, deploy_error)
+        ready = wait_ready(specs, host, port, started, ready_timeout, stop, deploy_error, options.initial_replicas)
         if on_ready:
             on_ready(ready)
         while not stop.wait(0.5):
@@ -202,7 +203,9 @@ def run_server(specs: Sequence[ModelSpec], options: ServeOptions, *, host: str =
 
 
 def wait_ready(specs: Sequence[ModelSpec], host: str, port: int, started: float, timeout: float,
-               stop: threading.Event, deploy_error: list[BaseException]) -> list[ModelReady]:
+               stop: threading.Event, deploy_error: list[BaseException], expected: int = 1) -> list[ModelReady]:
+    """Poll each model until ``expected`` replicas verified; at the deadline one is enough (the line says
+    how many), none is exit 1 with the reason Ray recorded for the replica."""
     from ray import serve
 
     base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -212,6 +215,7 @@ def wait_ready(specs: Sequence[ModelSpec], host: str, port: int, started: float,
     while len(ready) < len(specs):
         if stop.is_set():
             raise KeyboardInterrupt
+        late = time.monotonic() > deadline
         for spec in specs:
             if spec.name in ready:
                 continue
@@ -219,8 +223,12 @@ def wait_ready(specs: Sequence[ModelSpec], host: str, port: int, started: float,
             if code == 200:
                 _, meta = _get(f"{base}/v2/models/{spec.name}")
                 replicas = ((meta or {}).get("ortpilot") or {}).get("replicas") or []
+                if len(replicas) < expected and not late:
+                    continue
                 providers = list(dict.fromkeys(p for r in replicas for p in r.get("providers", [])[:1]))
                 notes = sorted({r["threads_note"] for r in replicas if r.get("threads_note")})
+                if len(replicas) < expected:
+                    notes.insert(0, f"{len(replicas)} of {expected} replicas verified within {timeout:g} s")
                 if any(r.get("verification") == "not checked" for r in replicas):
                     notes.append("outputs not checked: " + next(r["why"] for r in replicas
                                                                  if r.get("verification") == "not checked"))
@@ -229,13 +237,13 @@ def wait_ready(specs: Sequence[ModelSpec], host: str, port: int, started: float,
         if len(ready) == len(specs):
             break
         failed = _failed(serve, specs, ready, reasons)
-        if failed or time.monotonic() > deadline:
+        if failed or late:
             name = failed or next(s.name for s in specs if s.name not in ready)
             reason = reasons.get(name) or (deploy_error and str(deploy_error[0])) or "its replicas did not start"
             raise VerificationError(f"No replica of model '{name}' became ready "
                                     f"{'(its deployment failed)' if failed else f'within {timeout:g} s'}: "
                                     f"{failure_reason(str(reason))}")
-        time.sleep(0.2)
+        time.sleep(0.5)
     return [ready[s.name] for s in specs]
 
 
