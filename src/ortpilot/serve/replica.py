@@ -30,16 +30,18 @@ def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -
     if spec.kind == "profile":
         from ortpilot.tune.verify import verify_profile
 
-        result = verify_profile(spec.path, accept_machine=accept_machine, intra_op_threads=threads)
+        result = verify_profile(spec.path, accept_machine=accept_machine, intra_op_threads=threads, optimized=True)
         failure = result.failure()
         if failure is not None:
             raise failure
         profile_threads = int((result.session.profile.get("session_settings") or {}).get("intra_op_threads") or 0)
-        return result.session, {"mode": result.mode, "why": result.why, "profile_threads": profile_threads}
+        return result.session, {"mode": result.mode, "why": result.why, "profile_threads": profile_threads,
+                                "optimized_model": result.session.settings.level == "disable"
+                                and bool(result.session.profile.get("optimized_model"))}
     from ortpilot.session import SessionSettings, load
 
     session = load(spec.path, ["cpu"], "strict", settings=SessionSettings(intra_op_threads=threads))
-    return session, {"mode": "not checked", "profile_threads": 0,
+    return session, {"mode": "not checked", "profile_threads": 0, "optimized_model": False,
                      "why": "a plain model has no reference outputs: the strict CPU session was verified"}
 
 
@@ -85,6 +87,7 @@ class ModelReplica:
             "node": _node_id(), "host": socket.gethostname(), "pid": os.getpid(),
             "load_s": round(time.perf_counter() - started, 3),
             "session_create_s": round(getattr(self.session, "create_s", 0.0), 4),
+            "optimized_model": verification["optimized_model"],
         }
         self._ingress = None
         self._ingress_name = replica.get("ingress")

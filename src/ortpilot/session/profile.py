@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,7 +68,7 @@ def check_machine(doc: Mapping[str, Any], path: str | os.PathLike, settings: Ses
 
 
 def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
-                 intra_op_threads: int | None = None, **kwargs: Any) -> VerifiedSession:
+                 intra_op_threads: int | None = None, optimized: bool = False, **kwargs: Any) -> VerifiedSession:
     """Recreate the profiled session exactly and verify it (``ortpilot.load_profile``).
 
     Returns a ``VerifiedSession``; its ``profile`` attribute holds the parsed profile (whether
@@ -75,7 +76,10 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_mach
     the one it was tuned on. ``accept_machine`` loads a profile from a machine whose
     differences can change the winner. ``intra_op_threads`` replaces the profile's thread count
     (a serving replica runs on the CPUs it was given, not on those the tune had); the machine
-    check then counts the replaced one. ``kwargs`` go to ``ortpilot.session.load``.
+    check then counts the replaced one. ``optimized`` loads the ORT-optimized graph the tune kept
+    (``optimized_model``) with optimizations off, which skips graph optimization at creation; when
+    it is missing, changed or stamped for another ORT/CPU, the profile's model loads instead
+    (logged). ``kwargs`` go to ``ortpilot.session.load``.
     """
     doc = read_profile(path)
     model = verify_environment(doc, path)
@@ -88,8 +92,12 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_mach
     machine = check_machine(doc, path, settings, policy=policy, accept_machine=accept_machine)
     providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
     shapes = {k: tuple(v) for k, v in (doc.get("shapes") or {}).items()} or None
-    session = load(str(model), providers, policy, settings=settings, shapes=shapes, **kwargs)
+    session = _load_optimized(doc, path, providers, policy, settings, shapes, **kwargs) if optimized else None
     expected = (doc.get("placement") or {})
+    if session is not None:
+        expected = doc["optimized_model"].get("placement") or {}
+    else:
+        session = load(str(model), providers, policy, settings=settings, shapes=shapes, **kwargs)
     if expected and session.placement is not None and policy == "strict":
         got = session.placement.counts
         if got != expected:
@@ -98,3 +106,23 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_mach
     session.profile = doc
     session.machine_check = machine
     return session
+
+
+def _load_optimized(doc: Mapping[str, Any], path: str | os.PathLike, providers: list, policy: str,
+                    settings: SessionSettings, shapes: Any, **kwargs: Any) -> VerifiedSession | None:
+    """The session on the profile's ``optimized_model`` (optimizations off), or None to load the plain one."""
+    from ortpilot.modelio import file_sha256
+
+    entry = doc.get("optimized_model") or {}
+    file = Path(path).parent / str(entry.get("file") or "")
+    if not entry.get("file") or not file.is_file():
+        return None
+    if file_sha256(file) != entry.get("sha256"):
+        log.warning("The optimized model '%s' changed since it was tuned; loading the profile's model instead.", file)
+        return None
+    plain = SessionSettings.from_dict({**settings.to_dict(), "level": "disable", "optimized_model_filepath": ""})
+    try:
+        return load(str(file), providers, policy, settings=plain, shapes=shapes, **kwargs)
+    except StampMismatchError as exc:
+        log.warning("The optimized model does not fit here (%s); loading the profile's model instead.", exc)
+        return None

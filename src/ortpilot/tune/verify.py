@@ -107,17 +107,18 @@ def _digest(array: np.ndarray) -> str:
 
 
 def verify_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
-                   intra_op_threads: int | None = None) -> ProfileVerification:
+                   intra_op_threads: int | None = None, optimized: bool = False) -> ProfileVerification:
     """Load ``path`` with ``load_profile`` (its errors raise) and reproduce its reference outputs.
 
     The result says which check ran and whether each output held; ``result.failure()`` is the
-    VerificationError to raise when one did not. ``intra_op_threads`` goes to ``load_profile``
-    (a serving replica verifies the session it will serve with, on its own CPUs).
+    VerificationError to raise when one did not. ``intra_op_threads`` and ``optimized`` go to
+    ``load_profile`` (a serving replica verifies the session it will serve with, on its own CPUs).
     """
     path = Path(path)
     if path.is_dir():
         path = path / "profile.json"
-    session = load_profile(path, policy, accept_machine=accept_machine, intra_op_threads=intra_op_threads)
+    session = load_profile(path, policy, accept_machine=accept_machine, intra_op_threads=intra_op_threads,
+                           optimized=optimized)
     doc = session.profile
     reference = doc.get("reference_outputs") or {}
     file = path.parent / str(reference.get("file") or REFERENCE_FILE)
