@@ -31,6 +31,15 @@ class ProviderError(UsageError):
     """An unknown provider name or malformed provider options."""
 
 
+class StorageError(UsageError):
+    """The machine refused a write or read: no space, read-only, no permission, a file in the way."""
+
+    def __init__(self, message: str, *, errno: int | None = None, path: str = "") -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.path = path
+
+
 class VerificationError(OrtpilotError):
     """A check failed: strict fallback, accuracy gate, stamp mismatch."""
 
@@ -57,5 +66,17 @@ class AccuracyGateError(VerificationError):
     """A transformed model's error against its source exceeds the allowed maximum."""
 
 
+class OrtRunError(VerificationError):
+    """ORT raised while running valid-looking inputs: out of memory, or a kernel that refuses them."""
+
+
 class OrtCrashError(VerificationError):
     """ORT killed the (child) process while loading or running a model."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the signal arrived so that cleanup runs as for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

@@ -57,6 +57,12 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> o
         raise ModelLoadError(
             f"'{p}' parsed as protobuf but holds no graph: it is not an ONNX model, or it is truncated. "
             "Re-export or re-download it.")
+    outside = escaping_external_data(model, p.parent)
+    if outside:  # refused before anything stats or reads the target: a model must not probe the disk
+        raise ModelLoadError(
+            f"Model '{p}' names external data outside its own folder: {'; '.join(outside[:3])}. ONNX external data "
+            "lives beside the model (relative paths, no '..', no links out); a model that points elsewhere could "
+            "make ortpilot or ORT read any file. Move the data next to the model and fix the locations.")
     missing = missing_external_data(model, p.parent)
     if missing:
         listed = ", ".join(sorted(missing)[:5])
@@ -76,6 +82,46 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> o
             raise ModelLoadError(f"External data of '{p}' could not be read: {exc}. "
                                  "Check that the data files are complete.") from None
     return model
+
+
+def escaping_external_data(model: onnx.ModelProto, base_dir: Path) -> list[str]:
+    """``'tensor' -> location`` for external data that resolves outside ``base_dir``, decided without
+    touching the target: absolute paths and '..' that climb out lexically, links walked only while
+    they stay inside the folder."""
+    found = []
+    for tensor in _all_initializers(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            if _resolves_outside(base_dir, location):
+                found.append(f"'{tensor.name}' -> '{location}'")
+    return found
+
+
+def _resolves_outside(base_dir: Path, location: str) -> bool:
+    if not location or "\0" in location or os.path.isabs(location) or location.startswith("\\"):
+        return True
+    root = os.path.realpath(base_dir)
+    current = root
+    pending = list(Path(location).parts)
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        candidate = os.path.normpath(os.path.join(current, part))
+        if not _inside(candidate, root):
+            return True
+        if os.path.islink(candidate):  # an lstat of a name inside the folder, never of what it names
+            hops += 1
+            target = os.readlink(candidate)
+            if hops > 40 or os.path.isabs(target):
+                return True
+            pending = list(Path(target).parts) + pending
+            continue
+        current = candidate
+    return False
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def external_data_files(model: onnx.ModelProto) -> set[str]:
@@ -115,18 +161,61 @@ def short_external_data(model: onnx.ModelProto, base_dir: Path) -> list[str]:
             available = path.stat().st_size
         except (ValueError, OSError):
             continue  # missing files are reported by missing_external_data
-        if offset + length > available:
-            short.append(f"'{tensor.name}' needs bytes {offset}..{offset + length} of {info.get('location')} "
-                         f"({available} bytes)")
+        declared = _declared_bytes(tensor)
+        if declared is not None and length and length < declared:
+            short.append(f"'{tensor.name}' declares dims {list(tensor.dims)} ({declared} bytes) but its length is "
+                         f"{length}")
+        elif offset + max(length, declared or 0) > available:
+            short.append(f"'{tensor.name}' needs bytes {offset}..{offset + max(length, declared or 0)} of "
+                         f"{info.get('location')} ({available} bytes)")
     return short
 
 
+def _declared_bytes(tensor: onnx.TensorProto) -> int | None:
+    """Bytes the tensor's dims and type call for (None for strings and sub-byte or unknown types)."""
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED) or any(d < 0 for d in tensor.dims):
+        return None
+    count = 1
+    for d in tensor.dims:
+        count *= int(d)
+    return count * itemsize if itemsize and tensor.data_type not in _SUB_BYTE else None
+
+
+_SUB_BYTE = {getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+             if hasattr(onnx.TensorProto, n)}
+
+
 def _all_initializers(model: onnx.ModelProto):
-    yield from model.graph.initializer
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if attr.g is not None:
-                yield from attr.g.initializer
+    """Every tensor ORT may load from external data: initializers (sparse ones too) and tensor
+    attributes, in the main graph, every subgraph at any depth and every function."""
+    yield from _graph_tensors(model.graph)
+    for function in model.functions:
+        for node in function.node:
+            yield from _node_tensors(node)
+
+
+def _graph_tensors(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        yield from _node_tensors(node)
+
+
+def _node_tensors(node: onnx.NodeProto):
+    for attr in node.attribute:
+        if attr.HasField("t"):
+            yield attr.t
+        yield from attr.tensors
+        if attr.HasField("g"):
+            yield from _graph_tensors(attr.g)
+        for sub in attr.graphs:
+            yield from _graph_tensors(sub)
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -19,6 +19,9 @@ from ortpilot.passes.sensitivity import nodes_to_exclude, rank_dynamic
 from ortpilot.providers.cpuisa import int8_rule
 from ortpilot.session import load
 
+# The answers depend on the CPU's INT8 kernel: .ci/run also runs these on an emulated AVX2 CPU.
+pytestmark = pytest.mark.isa
+
 
 def _outlier_mlp(tmp_path):
     """x -> mm1 -> (one channel x 40) -> mm2 -> mm3: mm2's input has an outlier channel, so a

@@ -27,6 +27,9 @@ from ortpilot.passes.quantize import (
     constants_to_initializers,
 )
 
+# The answers depend on the CPU's INT8 kernel: .ci/run also runs these on an emulated AVX2 CPU.
+pytestmark = pytest.mark.isa
+
 
 @pytest.fixture(scope="module")
 def encoder_calibration(demo_paths, tmp_path_factory):

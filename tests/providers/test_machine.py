@@ -8,6 +8,9 @@ from ortpilot.errors import UsageError
 from ortpilot.providers.cpuisa import KERNEL_FLAGS
 from ortpilot.providers.machine import check_machine_section, compare_machines, describe_machine, machine_facts
 
+# The answers depend on the CPU's INT8 kernel: .ci/run also runs these on an emulated AVX2 CPU.
+pytestmark = pytest.mark.isa
+
 
 def _machine(rule: str, *, cpus: int = 8, cpu: str = "Some CPU") -> dict:
     """A recorded machine section of one INT8 kind, as machine_facts writes it."""

@@ -166,14 +166,18 @@ def escaping_external(ws: Workspace) -> Path:
     return save(model, ws.inputs / "models" / "escape.onnx")
 
 
-def einsum_hang() -> onnx.ModelProto:
-    """Einsum '......->': onnx 1.23's shape inference, and so ORT 1.32's session creation, loop forever."""
-    graph = helper.make_graph([helper.make_node("Einsum", ["x"], ["y"], equation="......->")], "hang",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+def one_node(node: onnx.NodeProto, elem_type: int, dims: list) -> onnx.ModelProto:
+    """A model of one node reading input ``x`` (``elem_type``, ``dims``) into output ``y`` of any shape."""
+    graph = helper.make_graph([node], node.op_type.lower(), [helper.make_tensor_value_info("x", elem_type, dims)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR
     return model
+
+
+def einsum_hang() -> onnx.ModelProto:
+    """Einsum '......->': onnx 1.23's shape inference, and so ORT 1.32's session creation, loop forever."""
+    return one_node(helper.make_node("Einsum", ["x"], ["y"], equation="......->"), TensorProto.FLOAT, [2, 2])
 
 
 # --- file builders ---------------------------------------------------------------------------------------------
@@ -351,7 +355,8 @@ CASES: list[Case] = [
     Case("run-negative-initializer-dims", "run", _model(_proto(negative_dims, "negdims.onnx")), 2, CANNOT_LOAD),
     Case("run-strict-policy-bad-model-is-bad-input", "run", _model(_proto(negative_dims, "negdims.onnx"), "--policy",
                                                                     "strict"), 2, CANNOT_LOAD),
-    Case("run-external-path-escapes-folder", "run", _model(escaping_external), 2, ("escapes model directory",)),
+    Case("run-external-path-escapes-folder", "run", _model(escaping_external), 2,
+         ("outside its own folder", "../secret.bin")),
     Case("run-zero-size-dim", "run", _model(tiny_file, "--shape", "x=0x4"), 0, ("outputs",)),
     Case("run-odd-names", "run", _model(odd_names), 0, ("out·put/ÿ 1",)),
     Case("run-wrong-dtype", "run", _feeds(lambda: np.ones((1, 4), np.int64)), 2, ("x", "float32", "int64")),
@@ -455,3 +460,361 @@ CASES: list[Case] = [
     Case("load-profile-missing", "load_profile", lambda ws: [str(ws.inputs / "profile.json")], 2,
          ("does not exist",)),
 ]
+
+
+# --- files read back, resources, the OS: builders ----------------------------------------------------------------
+
+def _edited_profile(change: Callable[[dict], None]) -> Callable[[Workspace], list[str]]:
+    """A profile as tune writes it, then one field changed by ``change(doc)``."""
+    def build(ws: Workspace) -> list[str]:
+        profile = tuned_profile(ws)
+        doc = json.loads(profile.read_text())
+        change(doc)
+        profile.write_text(json.dumps(doc))
+        return [str(profile)]
+    return build
+
+
+def _profile_text(text: Callable[[Workspace], str | bytes]) -> Callable[[Workspace], list[str]]:
+    def build(ws: Workspace) -> list[str]:
+        profile = tuned_profile(ws)
+        data = text(ws)
+        profile.write_bytes(data if isinstance(data, bytes) else data.encode())
+        return [str(profile)]
+    return build
+
+
+def _valid_profile_json(ws: Workspace) -> str:
+    return tuned_profile(ws).read_text()
+
+
+def _model_elsewhere(kind: str) -> Callable[[dict], None]:
+    def change(doc: dict) -> None:
+        doc["model"]["file"] = {"absolute": "/etc/hostname", "dotdot": "../../etc/hostname"}[kind]
+    return change
+
+
+def profile_model_linked_out(ws: Workspace) -> list[str]:
+    (ws.inputs / "linked.onnx").symlink_to(save(tiny_model(), ws.tmp.parent / "elsewhere" / "m.onnx"))
+    return _edited_profile(_set("model.file", "linked.onnx"))(ws)
+
+
+def profile_model_deleted(ws: Workspace) -> list[str]:
+    profile = tuned_profile(ws)
+    (ws.inputs / "tuned.onnx").unlink()
+    return [str(profile)]
+
+
+def _set(path: str, value) -> Callable[[dict], None]:
+    """``doc[a][b]... = value`` for a dotted path (list indices as digits)."""
+    def change(doc: dict) -> None:
+        keys = path.split(".")
+        target = doc
+        for key in keys[:-1]:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        target[keys[-1]] = value
+    return change
+
+
+def _journal(*lines: str | dict, link: bool = False) -> Callable[[Workspace], list[str]]:
+    """A tune --resume on the tiny model whose OUTDIR journal holds ``lines`` (dicts are dumped as JSON)."""
+    def build(ws: Workspace) -> list[str]:
+        model = tiny_file(ws)
+        text = "".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in lines)
+        if link:
+            (ws.inputs / "elsewhere.jsonl").write_text(text)
+            (ws.out / "journal.jsonl").symlink_to(ws.inputs / "elsewhere.jsonl")
+        else:
+            (ws.out / "journal.jsonl").write_text(text)
+        return [str(model), "-o", str(ws.out), "--resume", "--budget", "30"]
+    return build
+
+
+START = {"kind": "start", "model_sha256": "0" * 64, "shapes": {"x": [1, 4]}, "objective": "p50", "max_error": None,
+         "metric": None, "quantize": True, "providers": [], "ort": "1", "budget_s": 30, "model": "m.onnx"}
+PREPARED = {"kind": "prepared", "id": "abc", "status": "failed", "error": "x"}
+
+
+def wide_model() -> onnx.ModelProto:
+    """x[batch, 1024] -> ReduceSum: a batch of 10^9 declares 4 TB of input."""
+    return one_node(helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0), TensorProto.FLOAT, ["batch", 1024])
+
+
+def alloc_model() -> onnx.ModelProto:
+    """ConstantOfShape(x): x = [10^6, 10^6] asks ORT for a 4 TB output while running."""
+    return one_node(helper.make_node("ConstantOfShape", ["x"], ["y"]), TensorProto.INT64, [2])
+
+
+def _alloc(*extra: str) -> Callable[[Workspace], list[str]]:
+    def build(ws: Workspace) -> list[str]:
+        model = save(alloc_model(), ws.inputs / "alloc.onnx")
+        return [str(model), "--input", f"x={array_file(ws, 'x', np.array([10**6, 10**6], np.int64))}", *extra]
+    return build
+
+
+def _external(location: str, *, length: int | None = None, where: str = "initializer",
+              link_to: str | None = None) -> Callable[[Workspace], Path]:
+    """The tiny model with its bias ``b`` (3 floats, 12 bytes) in external data at ``location``.
+
+    ``where``: ``initializer`` (the graph's), ``constant`` (a Constant node's tensor attribute), or
+    ``subgraph`` (an initializer inside an If branch). ``link_to`` plants a link at ``location``.
+    """
+    def build(ws: Workspace) -> Path:
+        model = tiny_model()
+        (ws.inputs / "models").mkdir(parents=True, exist_ok=True)
+        (ws.inputs / "outside.bin").write_bytes(b"\0" * 64)
+        if link_to is not None:
+            (ws.inputs / "models" / location).symlink_to(link_to)
+        elif not location.startswith(("/", "..")):
+            (ws.inputs / "models" / location).write_bytes(b"\0" * 64)
+        tensor = TensorProto(name="b", data_type=TensorProto.FLOAT, dims=[3])
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", "0"), ("length", str(12 if length is None else length))):
+            tensor.external_data.add(key=key, value=value)
+        if where == "initializer":
+            model.graph.initializer[1].CopyFrom(tensor)
+        elif where == "constant":
+            del model.graph.initializer[1]
+            model.graph.node.insert(0, helper.make_node("Constant", [], ["b"], value=tensor, name="BiasConst"))
+        else:  # an If whose branch reads the external tensor: the bias comes out of a subgraph
+            del model.graph.initializer[1]
+            branch = helper.make_graph([helper.make_node("Identity", ["b_inner"], ["b_out"])], "branch", [],
+                                       [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, [3])])
+            tensor.name = "b_inner"
+            branch.initializer.append(tensor)
+            cond = numpy_helper.from_array(np.array(True), "cond")
+            model.graph.initializer.append(cond)
+            model.graph.node.insert(0, helper.make_node("If", ["cond"], ["b"], then_branch=branch, else_branch=branch,
+                                                        name="PickBias"))
+        return save(model, ws.inputs / "models" / "ext.onnx")
+    return build
+
+
+def _calibration_file(value: Callable[[], dict[str, np.ndarray]] | bytes, name: str = "calib.npz"
+                      ) -> Callable[[Workspace], str]:
+    def make(ws: Workspace) -> str:
+        path = ws.inputs / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(value, bytes):
+            path.write_bytes(value)
+        else:
+            np.savez(path, **value())
+        return str(path)
+    return make
+
+
+WRONG_DTYPE = _calibration_file(lambda: {"x": np.ones((4, 1, 4), np.float64)})
+UNKNOWN_NAME = _calibration_file(lambda: {"nope": np.ones((4, 1, 4), np.float32)})
+CORRUPT_NPZ = _calibration_file(b"PK\x03\x04 not really a zip", "corrupt.npz")
+CALIB_DTYPE_WORDS = ("calibration data", "sample 0", "'x' must be float32, got float64")
+
+
+def _calibrated(command: str, make: Callable[[Workspace], str]) -> Callable[[Workspace], list[str]]:
+    """The same calibration file for quantize, tune and compare: one loader, one message."""
+    def build(ws: Workspace) -> list[str]:
+        model = str(tiny_file(ws))
+        calib = make(ws)
+        if command == "quantize":
+            return [model, "--mode", "static", "--calibration", calib, "-o", str(ws.out / "q.onnx")]
+        if command == "tune":
+            return [model, "--calibration", calib, "-o", str(ws.out / "tune"), "--budget", "30"]
+        return [model, "--calibration", calib]
+    return build
+
+
+def markup_names() -> onnx.ModelProto:
+    """Names that are rich markup: printed literally, never styled away."""
+    return tiny_model(input_name="[bold]x[/bold]", node_prefix="[red]n[/red]")
+
+
+def _npy_bytes(data: bytes, name: str) -> Callable[[Workspace], list[str]]:
+    def build(ws: Workspace) -> list[str]:
+        path = write_bytes(ws, name, data)
+        return [str(tiny_file(ws)), "--input", f"x={path}" if name.endswith(".npy") else str(path)]
+    return build
+
+
+def _pickled_npy(ws: Workspace) -> list[str]:
+    path = ws.inputs / "obj.npy"
+    np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    return [str(tiny_file(ws)), "--input", f"x={path}"]
+
+
+def _npz_for_one_input(ws: Workspace) -> list[str]:
+    path = ws.inputs / "x.npz"
+    np.savez(path, x=np.ones((1, 4), np.float32))
+    return [str(tiny_file(ws)), "--input", f"x={path}"]
+
+
+def _blocker_cache(ws: Workspace) -> list[str]:
+    (ws.inputs / "blocker").write_text("a file where the cache folder belongs")
+    return [str(tiny_file(ws)), "-o", str(ws.out / "o.onnx")]
+
+
+def _broken_link_parent(ws: Workspace) -> list[str]:
+    (ws.inputs / "gone").symlink_to(ws.inputs / "nowhere")
+    return [str(tiny_file(ws)), "-o", str(ws.inputs / "gone" / "o.onnx")]
+
+
+OUTSIDE = ("outside its own folder",)
+TOO_BIG = ("2147483647",)
+NO_MEMORY = ("memory available", "'x'", "1000000000, 1024")
+WIDE = _proto(wide_model, "wide.onnx")
+JOURNAL_OUT = ("journal.jsonl",)
+
+
+def _escape(*extra: str, out: str = "") -> Callable[[Workspace], list[str]]:
+    """The model with external data at '../outside.bin', then ``extra`` arguments."""
+    return _model(_external("../outside.bin"), *extra, out=out)
+
+
+CASES += [
+    # load_profile: a profile is an input; only what tune writes, by type and range
+    Case("load-profile-optimized-model-filepath", "load_profile",
+         _edited_profile(_set("session_settings.optimized_model_filepath", "/tmp/overwrite-me.onnx")), 2,
+         ("session_settings.optimized_model_filepath", "accept_fields")),
+    Case("load-profile-config-entry-that-writes", "load_profile",
+         _edited_profile(_set("session_settings.config_entries", {"ep.context_file_path": "/tmp/x.onnx"})), 2,
+         ("session_settings.config_entries.ep.context_file_path",)),
+    Case("load-profile-ep-library-option", "load_profile",
+         _edited_profile(_set("providers.0.options", {"ep_library": "/tmp/libevil.so"})), 2,
+         ("providers[0].options.ep_library",)),
+    Case("load-profile-model-absolute-elsewhere", "load_profile", _edited_profile(_model_elsewhere("absolute")), 2,
+         ("outside the profile's folder", "accept_model_outside")),
+    Case("load-profile-model-dotdot", "load_profile", _edited_profile(_model_elsewhere("dotdot")), 2,
+         ("outside the profile's folder",)),
+    Case("load-profile-model-link-out", "load_profile", profile_model_linked_out, 2, ("outside the profile's folder",)),
+    Case("load-profile-model-deleted", "load_profile", profile_model_deleted, 1, ("is missing",)),
+    Case("load-profile-huge-file", "load_profile", _profile_text(lambda ws: b" " * (17 * 2**20)), 2,
+         ("bytes, more than an ortpilot profile",)),
+    Case("load-profile-deep-nesting", "load_profile", _profile_text(lambda ws: "[" * 100_000), 2,
+         ("not valid json", "recursion")),
+    Case("load-profile-not-utf8", "load_profile", _profile_text(lambda ws: b"\xff\xfe{}"), 2, ("not valid json",)),
+    Case("load-profile-nul-in-string", "load_profile", _edited_profile(_set("model.file", "tuned.onnx\0.txt")), 2,
+         ("'model.file'", "nul")),
+    Case("load-profile-bool-threads", "load_profile", _edited_profile(_set("session_settings.intra_op_threads", True)),
+         2, ("session_settings.intra_op_threads", "integer")),
+    Case("load-profile-negative-threads", "load_profile",
+         _edited_profile(_set("session_settings.intra_op_threads", -4)), 2, ("intra_op_threads", "outside 0..")),
+    Case("load-profile-billion-threads", "load_profile",
+         _edited_profile(_set("session_settings.inter_op_threads", 10**9)), 2, ("inter_op_threads", "outside 0..")),
+    Case("load-profile-nan-threads", "load_profile",
+         _profile_text(lambda ws: _valid_profile_json(ws).replace('"intra_op_threads": 1', '"intra_op_threads": NaN')),
+         2, ("intra_op_threads",)),
+    Case("load-profile-unknown-top-field", "load_profile", _edited_profile(_set("run_this", "rm -rf /")), 2,
+         ("'run_this'", "no such field")),
+    Case("load-profile-bad-sha256", "load_profile", _edited_profile(_set("model.sha256", "abc")), 2,
+         ("'model.sha256'", "sha256")),
+    Case("load-profile-empty-providers", "load_profile", _edited_profile(_set("providers", [])), 2,
+         ("'providers'", "empty")),
+    Case("load-profile-providers-not-a-list", "load_profile", _edited_profile(_set("providers", "cpu")), 2,
+         ("'providers'", "array")),
+    Case("load-profile-provider-without-name", "load_profile", _edited_profile(_set("providers", [{"options": {}}])),
+         2, ("providers[0].name", "missing")),
+    Case("load-profile-option-value-object", "load_profile",
+         _edited_profile(_set("providers.0.options", {"device_id": {"x": 1}})), 2, ("providers[0].options.device_id",)),
+    Case("load-profile-negative-shape", "load_profile", _edited_profile(_set("shapes", {"x": [-1, 4]})), 2,
+         ("shapes.x[0]",)),
+    Case("load-profile-log-severity-9", "load_profile", _edited_profile(_set("session_settings.log_severity", 9)), 2,
+         ("log_severity", "0..4")),
+    Case("load-profile-version-string", "load_profile", _edited_profile(_set("version", "two")), 2, ("'version'",)),
+    Case("load-profile-newer-version", "load_profile", _edited_profile(_set("version", 99)), 2, ("upgrade ortpilot",)),
+    Case("load-profile-machine-not-object", "load_profile", _edited_profile(_set("machine", "fast")), 2,
+         ("'machine'", "object")),
+    Case("load-profile-settings-a-list", "load_profile", _edited_profile(_set("session_settings", [1, 2])), 2,
+         ("'session_settings'", "object")),
+    Case("load-profile-empty-model-file", "load_profile", _edited_profile(_set("model.file", "")), 2,
+         ("'model.file'", "empty")),
+    Case("load-profile-free-dim-string", "load_profile",
+         _edited_profile(_set("session_settings.free_dimension_overrides", {"batch": "many"})), 2,
+         ("free_dimension_overrides.batch", "integer")),
+    # tune --resume: the journal is parsed strictly, never through a link
+    Case("tune-resume-journal-line-not-json", "tune", _journal(START, "{not json"), 2, ("line 2", "not json"),
+         outputs=JOURNAL_OUT),
+    Case("tune-resume-journal-unknown-kind", "tune", _journal(START, {"kind": "exec", "cmd": "rm -rf /"}), 2,
+         ("line 2", "unknown kind 'exec'"), outputs=JOURNAL_OUT),
+    Case("tune-resume-journal-wrong-type", "tune", _journal({**START, "budget_s": "thirty"}), 2,
+         ("line 1", "'budget_s'"), outputs=JOURNAL_OUT),
+    Case("tune-resume-journal-unknown-field", "tune", _journal(START, {**PREPARED, "shell": "x"}), 2,
+         ("line 2", "'shell'"), outputs=JOURNAL_OUT),
+    Case("tune-resume-journal-kept-points-elsewhere", "tune",
+         _journal(START, {"kind": "kept", "reference": {"file": "/etc/passwd", "sha256": "0"},
+                          "heldout": {"file": ".ortpilot-tune/heldout.npz", "sha256": "0"}}), 2,
+         ("line 2", "/etc/passwd"), outputs=JOURNAL_OUT),
+    Case("tune-resume-journal-negative-timing", "tune",
+         _journal(START, {"kind": "bench", "id": "a", "stage": "screen", "status": "ok", "samples_s": [-1.0]}), 2,
+         ("line 2", "timings"), outputs=JOURNAL_OUT),
+    Case("tune-resume-journal-without-kept", "tune", _journal(START, PREPARED), 2, ("lacks its kept record",),
+         outputs=JOURNAL_OUT),
+    Case("tune-resume-journal-not-an-object", "tune", _journal("[1, 2, 3]"), 2, ("line 1", "not a json object"),
+         outputs=JOURNAL_OUT),
+    Case("tune-resume-journal-is-a-link", "tune", _journal(START, link=True), 2, ("symbolic link",),
+         outputs=JOURNAL_OUT),
+    # resource limits
+    Case("run-shape-above-the-bound", "run", _model(tiny_file, "--shape", "batch=99999999999"), 2, TOO_BIG),
+    Case("run-shape-of-a-billion-needs-4tb", "run", _model(WIDE, "--shape", "batch=1000000000"), 2, NO_MEMORY),
+    Case("run-shape-float-dims", "run", _model(tiny_file, "--shape", "x=1.5x4"), 2, ("malformed --shape",)),
+    Case("run-ort-out-of-memory", "run", _alloc(), 1, ("out of memory", "failed to allocate", "x[2]")),
+    Case("bench-shape-of-a-billion", "bench", _model(WIDE, "--shape", "batch=1000000000", "--runs", "3"), 2, NO_MEMORY),
+    Case("bench-ort-out-of-memory", "bench", _alloc("--runs", "3", "--warmup", "1", "--no-roofline"), 1,
+         ("failed at the first run", "failed to allocate")),
+    Case("tune-shape-of-a-billion", "tune", _model(WIDE, "--shape", "batch=1000000000", "--budget", "30", out="tune"),
+         2, NO_MEMORY),
+    Case("tune-shape-above-the-bound", "tune", _model(tiny_file, "--shape", "batch=3000000000", "--budget", "30",
+                                                      out="tune"), 2, TOO_BIG),
+    Case("compare-shape-above-the-bound", "compare", _model(tiny_file, "--shape", "batch=3000000000"), 2, TOO_BIG),
+    Case("inspect-shape-above-the-bound", "inspect", _model(tiny_file, "--shape", "batch=3000000000"), 2, TOO_BIG),
+    Case("quantize-shape-of-a-billion", "quantize", _model(WIDE, "--mode", "dynamic", "--shape", "batch=1000000000",
+                                                           out="q.onnx"), 2, NO_MEMORY),
+    Case("generate-prompt-id-beyond-int64", "generate", lambda ws: ["demo:decoder", "--prompt-ids", "9" * 30], 2,
+         ("int64",)),
+    # operating-system errors
+    Case("optimize-cache-path-is-a-file", "optimize", _blocker_cache, 2, ("is a file", "ortpilot_cache_dir"),
+         env={"ORTPILOT_CACHE_DIR": "../inputs/blocker"}),
+    Case("optimize-output-under-a-broken-link", "optimize", _broken_link_parent, 2, ("broken symbolic link",)),
+    Case("tune-budget-zero", "tune", _model(tiny_file, "--budget", "0", out="tune"), 2, ("--budget",)),
+    # external data that resolves outside the model's folder: refused without touching the target
+    Case("inspect-external-data-dotdot", "inspect", _model(_external("../outside.bin")), 2, (*OUTSIDE, "../outside.bin")),
+    Case("inspect-external-data-absolute", "inspect", _model(_external("/etc/hostname")), 2, (*OUTSIDE, "/etc/hostname")),
+    Case("inspect-external-data-link-out", "inspect", _model(_external("w.bin", link_to="../outside.bin")), 2, OUTSIDE),
+    Case("inspect-external-data-in-constant", "inspect", _model(_external("../outside.bin", where="constant")), 2,
+         OUTSIDE),
+    Case("inspect-external-data-in-subgraph", "inspect", _model(_external("../outside.bin", where="subgraph")), 2,
+         OUTSIDE),
+    Case("inspect-external-shorter-than-dims", "inspect", _model(_external("w.bin", length=4)), 2,
+         ("declares dims [3] (12 bytes)", "length is 4")),
+    Case("run-external-data-absolute", "run", _model(_external("/etc/hostname")), 2, OUTSIDE),
+    Case("run-external-shorter-than-dims", "run", _model(_external("w.bin", length=4)), 2, ("declares dims",)),
+    Case("optimize-external-data-dotdot", "optimize", _escape(out="o.onnx"), 2, OUTSIDE),
+    Case("quantize-external-data-dotdot", "quantize", _escape("--mode", "dynamic", out="q.onnx"), 2,
+         OUTSIDE),
+    Case("bench-external-data-dotdot", "bench", _escape("--runs", "3"), 2, OUTSIDE),
+    Case("tune-external-data-dotdot", "tune", _escape("--budget", "30", out="tune"), 2, OUTSIDE),
+    Case("compare-external-data-dotdot", "compare", _escape("-p", "cpu", "-p", "cpu"), 2, OUTSIDE),
+    Case("generate-external-data-dotdot", "generate", _escape("--prompt-ids", "1,2"), 2, OUTSIDE),
+    Case("load-external-data-dotdot-isolated", "load", lambda ws: [str(_external("../outside.bin")(ws))], 2, OUTSIDE),
+    # one calibration loader: the same file gets the same answer from quantize, tune and compare
+    *[Case(f"{command}-calibration-wrong-dtype", command, _calibrated(command, WRONG_DTYPE), 2, CALIB_DTYPE_WORDS)
+      for command in ("quantize", "tune", "compare")],
+    *[Case(f"{command}-calibration-unknown-name", command, _calibrated(command, UNKNOWN_NAME), 2,
+           ("'nope'", "not model inputs")) for command in ("quantize", "tune", "compare")],
+    *[Case(f"{command}-calibration-corrupt-npz", command, _calibrated(command, CORRUPT_NPZ), 2,
+           ("not a readable .npz", "badzipfile")) for command in ("quantize", "tune", "compare")],
+    # input files
+    Case("run-input-npy-empty", "run", _npy_bytes(b"", "x.npy"), 2, ("x.npy", "not a readable")),
+    Case("run-input-npz-corrupt", "run", _npy_bytes(b"PK\x03\x04 no zip", "all.npz"), 2, ("not a readable .npz",)),
+    Case("run-input-npy-pickled-object", "run", _pickled_npy, 2, ("obj.npy", "allow_pickle")),
+    Case("run-input-npz-for-one-input", "run", _npz_for_one_input, 2, ("named arrays",)),
+    # messages keep their text: rich markup in names is printed literally
+    Case("run-markup-in-input-name", "run", lambda ws: [str(save(markup_names(), ws.inputs / "markup.onnx")),
+                                                         "--input", f"[bold]x[/bold]={array_file(ws, 'x', np.ones(4, np.float32))}"],
+         2, ("'[bold]x[/bold]'", "[batch, 4]")),
+    Case("inspect-markup-in-dangling-edge", "inspect",
+         _model(_proto(lambda: _dangling_named("[red]boom[/red]"), "markup-dangling.onnx")), 2, ("[red]boom[/red]",)),
+]
+
+
+def _dangling_named(name: str) -> onnx.ModelProto:
+    model = tiny_model()
+    model.graph.node[1].input[0] = name
+    return model

@@ -29,7 +29,7 @@ def _params() -> list:
 
 
 def test_corpus_is_large_and_covers_every_entry_point() -> None:
-    assert len(CASES) >= 30
+    assert sum(1 for c in CASES if c.exit_code in (1, 2)) >= 100  # bad input: exit 1 or 2 with a message
     assert len({c.id for c in CASES}) == len(CASES)
     commands = {c.command for c in CASES}
     assert commands >= {"load", "run", "inspect", "optimize", "quantize", "compare", "bench", "tune", "generate",

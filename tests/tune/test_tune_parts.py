@@ -55,10 +55,10 @@ def test_combine_never_builds_parallel_mode_without_inter_op_threads():
 def test_journal_drops_a_torn_last_line_and_defers_writing(tmp_path):
     path = tmp_path / "j.jsonl"
     journal = Journal(path, resume=False)
-    journal.append({"kind": "prepared", "id": "a"})
+    journal.append({"kind": "prepared", "id": "a", "status": "failed"})
     assert not path.exists()  # nothing on disk before commit (a failed start writes nothing)
     journal.commit()
-    journal.append({"kind": "bench", "id": "a", "stage": "screen"})
+    journal.append({"kind": "bench", "id": "a", "stage": "screen", "status": "ok", "samples_s": [0.1]})
     journal.close()
     with open(path, "ab") as fh:
         fh.write(b'{"kind": "bench", "id": "b", "sta')  # killed mid-write
@@ -66,7 +66,7 @@ def test_journal_drops_a_torn_last_line_and_defers_writing(tmp_path):
     resumed = Journal(path, resume=True)
     assert resumed.get("bench", "a", "screen") is not None and resumed.get("bench", "b", "screen") is None
     resumed.commit()
-    resumed.append({"kind": "bench", "id": "b", "stage": "screen"})
+    resumed.append({"kind": "bench", "id": "b", "stage": "screen", "status": "ok", "samples_s": [0.1]})
     resumed.close()
     assert [r["id"] for r in read_journal(path)] == ["a", "a", "b"]
 
@@ -111,6 +111,7 @@ def test_no_candidate_but_the_baseline_oversubscribes_the_cpu_budget(demo_paths)
     assert all(c.settings.intra_op_threads == 0 for c in first_candidates(facts, base))
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("rule", ["vnni", "amx", "x86-no-vnni", "arm-dot", "unknown"])
 def test_int8_variants_follow_the_cpus_int8_rule(demo_paths, rule):
     from ortpilot.providers.cpuisa import Int8Rule
@@ -135,6 +136,7 @@ def test_int8_variants_follow_the_cpus_int8_rule(demo_paths, rule):
         assert labels[0] == "int8-dynamic-w-pc"
 
 
+@pytest.mark.isa
 def test_this_cpus_measured_rule_decides_the_space(demo_paths):
     from ortpilot.providers.cpuisa import int8_rule
 

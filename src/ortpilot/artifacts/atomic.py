@@ -9,6 +9,7 @@ file of a writer that was killed (SIGKILL, power loss) from one that is still be
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import glob
@@ -25,8 +26,9 @@ from typing import Any, BinaryIO
 
 import onnx
 
+from ortpilot.artifacts.oserrors import fix_for, storage_errors
 from ortpilot.artifacts.scratch import LOCK_NAME, scratch_dir
-from ortpilot.errors import UsageError
+from ortpilot.errors import StorageError, UsageError
 
 _TWO_GB = 2**31 - 1
 TEMP_SUFFIX = ".tmp"
@@ -61,9 +63,20 @@ def _check_writable_parent(dest: Path, what: str) -> None:
     if not parent.is_dir():
         raise UsageError(f"{what} '{dest}' cannot be written: '{parent}' is a file, not a folder. "
                          "Choose a path inside an existing or new folder.")
+    if _read_only(parent):
+        raise StorageError(f"{what} '{dest}' cannot be written: folder '{parent}' is on a read-only filesystem "
+                           f"(EROFS). {fix_for(dest)}", errno=errno.EROFS, path=str(dest))
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{what} '{dest}' cannot be written: folder '{parent}' is not writable by this user. "
-                         "Choose another path or fix the folder's permissions.")
+        raise StorageError(f"{what} '{dest}' cannot be written: folder '{parent}' is not writable by this user "
+                           f"(EACCES). {fix_for(dest)}", errno=errno.EACCES, path=str(dest))
+    return dest
+
+
+def _read_only(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
@@ -74,22 +87,24 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
     ``UsageError`` before any temp file exists.
     """
     dest = check_output_path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    sweep_temp_files(dest.parent, destination=dest.name)  # what a killed write of this file left
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=TEMP_SUFFIX, dir=dest.parent)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: marks the temp file as alive
-        os.fchmod(fd, _default_mode())  # mkstemp makes 0600; a saved model should follow the umask
-        with os.fdopen(fd, mode) as fh:
-            yield fh  # type: ignore[misc]
-            fh.flush()
-            os.fsync(fh.fileno())
-            os.replace(tmp, dest)  # still locked, so a sweep never takes a finished temp file
-        _fsync_dir(dest.parent)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with storage_errors(dest):  # a full disk, a read-only mount: a message naming dest, not a traceback
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        sweep_temp_files(dest.parent, destination=dest.name)  # what a killed write of this file left
+        # mkstemp opens with O_EXCL: never through a planted link; the rename replaces a link at dest
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=TEMP_SUFFIX, dir=dest.parent)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: marks the temp file as alive
+            os.fchmod(fd, _default_mode())  # mkstemp makes 0600; a saved model should follow the umask
+            with os.fdopen(fd, mode) as fh:
+                yield fh  # type: ignore[misc]
+                fh.flush()
+                os.fsync(fh.fileno())
+                os.replace(tmp, dest)  # still locked, so a sweep never takes a finished temp file
+            _fsync_dir(dest.parent)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
 
 @contextlib.contextmanager
@@ -215,15 +230,17 @@ def atomic_write_model(model: onnx.ModelProto, path: Path) -> Path:
     path = check_output_path(path)
     if model.ByteSize() < _TWO_GB:
         return atomic_write_bytes(path, model.SerializeToString())
-    path.parent.mkdir(parents=True, exist_ok=True)
     data_name = path.name + ".data"
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         tmp_model = tmp_dir / path.name
-        onnx.save_model(model, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_name, size_threshold=1024)
-        os.replace(tmp_dir / data_name, path.parent / data_name)
-        os.replace(tmp_model, path)
+        with storage_errors(path):
+            onnx.save_model(model, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data_name, size_threshold=1024)
+            os.replace(tmp_dir / data_name, path.parent / data_name)
+            os.replace(tmp_model, path)
         _fsync_dir(path.parent)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)

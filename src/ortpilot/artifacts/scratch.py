@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ortpilot.artifacts.oserrors import storage_errors
+
 LOCK_NAME = ".ortpilot-scratch.lock"
 _MKDTEMP_TAIL = re.compile(r"^[a-z0-9_]{8}$")  # what tempfile.mkdtemp appends to the prefix
 
@@ -30,8 +32,13 @@ def scratch_dir(prefix: str, root: str | os.PathLike | None = None) -> Iterator[
     """A fresh folder ``ROOT/PREFIX*`` (ROOT: $TMPDIR), removed on exit; its orphans from killed runs
     are swept first."""
     sweep_scratch_dirs(prefix, root=root)
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
-    fd = os.open(path / LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o600)
+    with storage_errors(Path(root or tempfile.gettempdir()) / f"{prefix}*", "create a scratch folder"):
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        try:
+            fd = os.open(path / LOCK_NAME, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield path

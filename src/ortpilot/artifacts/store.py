@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.artifacts.atomic import atomic_write_json
-from ortpilot.artifacts.cache import cache_root
+from ortpilot.artifacts.cache import cache_root, is_shared, make_shared_dir, share
+from ortpilot.artifacts.oserrors import storage_errors
+from ortpilot.errors import UsageError
 from ortpilot.modelio import file_sha256
 
 log = logging.getLogger("ortpilot")
@@ -60,25 +63,62 @@ class ModelStore:
     def entry_dir(self, key: str) -> Path:
         return self.root / key
 
-    def get(self, key: str) -> Path | None:
-        """The cached model's path, or None; a corrupt entry is removed (with a warning)."""
+    @property
+    def shared(self) -> bool:
+        """The cache folder is group-writable: entries of other group members are served, and ours are shared."""
+        return is_shared(self.root) or is_shared(self.root.parent)
+
+    def get(self, key: str, expect: Mapping[str, Any] | None = None) -> Path | None:
+        """The cached model's path, or None; an entry that fails its checks is removed (with a warning).
+
+        Checked before it is served: a real folder (a planted link is never followed), owned by this
+        user unless the cache is shared, its record naming this key and, for every item of
+        ``expect`` (what builds it: source hash, pass record), the same value; its model's hash.
+        """
         folder = self.entry_dir(key)
         model, entry = folder / MODEL_FILE, folder / ENTRY_FILE
-        if not folder.exists():
-            return None
         try:
-            meta = json.loads(entry.read_text())
-            ok = model.is_file() and file_sha256(model) == meta["sha256"]
-        except (OSError, ValueError, KeyError, TypeError):
-            ok = False
-        if ok:
+            info = folder.lstat()
+        except FileNotFoundError:
+            return None
+        self._check_owner(folder, info)
+        problem = "it is a symbolic link, not a folder" if stat.S_ISLNK(info.st_mode) else self._problem(key, expect)
+        if problem is None:
             return model
-        log.warning("Cache entry %s is corrupt (content hash does not match); discarding and rebuilding it.", folder)
+        log.warning("Cache entry %s is not what this build needs (%s); discarding and rebuilding it.", folder, problem)
         self.discard(key)
         return None
 
+    def _problem(self, key: str, expect: Mapping[str, Any] | None) -> str | None:
+        folder = self.entry_dir(key)
+        try:
+            record = json.loads(_read_no_follow(folder / ENTRY_FILE))
+            if not isinstance(record, dict) or record.get("key") != key:
+                return "its record names another key"
+            stored = record.get("meta") if isinstance(record.get("meta"), dict) else {}
+            differs = [k for k, v in (expect or {}).items() if _canonical(stored.get(k)) != _canonical(v)]
+            if differs:
+                return f"it was built from another {', '.join(differs)}"
+            model = folder / MODEL_FILE
+            if model.is_symlink() or not model.is_file() or file_sha256(model) != record.get("sha256"):
+                return "corrupt: the model's content hash does not match its record"
+        except (OSError, ValueError, TypeError):
+            return "corrupt: its record is unreadable"
+        return None
+
+    def _check_owner(self, folder: Path, info: os.stat_result) -> None:
+        if info.st_uid != os.getuid() and not self.shared:
+            raise UsageError(f"Cache entry '{folder}' belongs to user id {info.st_uid}, not to you (user id "
+                             f"{os.getuid()}), and the cache '{self.root.parent}' is not shared (not group-writable): "
+                             "ortpilot serves only models its user built or a group shares. Remove the entry, make "
+                             "the cache folder group-writable to share it, or point ORTPILOT_CACHE_DIR elsewhere.")
+
     def discard(self, key: str) -> None:
         folder = self.entry_dir(key)
+        if folder.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                folder.unlink()  # the link only, never what it points at
+            return
         if folder.exists():
             trash = folder.with_name(f"{TRASH_PREFIX}{key}-{os.getpid()}-{time.monotonic_ns()}")
             with contextlib.suppress(OSError):
@@ -87,19 +127,30 @@ class ModelStore:
             shutil.rmtree(folder, ignore_errors=True)
 
     def read_entry(self, key: str) -> dict[str, Any]:
-        return json.loads((self.entry_dir(key) / ENTRY_FILE).read_text())
+        return json.loads(_read_no_follow(self.entry_dir(key) / ENTRY_FILE))
 
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
-        """Exclusive per-entry lock (fcntl), so only one process builds an entry at a time."""
+        """Exclusive per-entry lock (fcntl), so only one process builds an entry at a time.
+
+        The lock file is opened read-only and never through a link: flock needs no write access,
+        so members of a shared cache can lock files another member created.
+        """
         lock_dir = self.root / ".locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        with open(lock_dir / f"{key}.lock", "a+") as fh:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        make_shared_dir(lock_dir, self.shared)
+        path = lock_dir / f"{key}.lock"
+        with storage_errors(path, "lock"):
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666 if self.shared else 0o644)
+        try:
+            if self.shared:
+                share(path)
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def sweep(self) -> list[Path]:
         """Remove what killed processes left: build folders nobody holds the lock of, trash folders.
@@ -127,12 +178,16 @@ class ModelStore:
                 return time.time() - folder.stat().st_mtime > STALE_WITHOUT_LOCK_S
             return False
         for lock_file in locks:  # a 64-bit prefix is unique in practice; all must be free anyway
-            with open(lock_file, "a+") as fh:
-                try:
-                    fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    return False  # held: a live builder (or one waiting to build)
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            try:
+                fd = os.open(lock_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                return False  # unreadable or a link: not ours to judge
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False  # held: a live builder (or one waiting to build)
+            finally:
+                os.close(fd)
         return True
 
     def get_or_create(self, key: str, build: Callable[[Path], Any], meta: Mapping[str, Any] | None = None
@@ -144,15 +199,17 @@ class ModelStore:
         hits the entry always finds it there.
         """
         self.sweep()  # before taking our lock: the orphan of a killed build of this very entry goes too
-        found = self.get(key)
+        found = self.get(key, meta)
         if found is not None:
             return found, True
         with self.lock(key):
-            found = self.get(key)  # another process may have built it while we waited
+            found = self.get(key, meta)  # another process may have built it while we waited
             if found is not None:
                 return found, True
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f"{BUILD_PREFIX}{key[:KEY_CHARS]}-", dir=self.root))
+            shared = self.shared
+            make_shared_dir(self.root, shared)
+            with storage_errors(self.root, "create a cache build folder in"):
+                tmp = Path(tempfile.mkdtemp(prefix=f"{BUILD_PREFIX}{key[:KEY_CHARS]}-", dir=self.root))
             try:
                 found_out = build(tmp / MODEL_FILE)
                 if not (tmp / MODEL_FILE).is_file():
@@ -160,7 +217,11 @@ class ModelStore:
                 entry_meta = {**(meta or {}), **(found_out if isinstance(found_out, Mapping) else {})}
                 atomic_write_json(tmp / ENTRY_FILE, {"key": key, "sha256": file_sha256(tmp / MODEL_FILE),
                                                      "created": time.time(), "meta": entry_meta})
-                os.replace(tmp, self.entry_dir(key))
+                if shared:  # every member may read, and repair, what this one built
+                    for path in [tmp, *tmp.iterdir()]:
+                        share(path)
+                with storage_errors(self.entry_dir(key), "move the finished cache entry to"):
+                    os.replace(tmp, self.entry_dir(key))
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         return self.entry_dir(key) / MODEL_FILE, False
@@ -175,6 +236,17 @@ class ModelStore:
         if not self.root.is_dir():
             return []
         return sorted(p for p in self.root.iterdir() if p.name.startswith((BUILD_PREFIX, TRASH_PREFIX)))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _read_no_follow(path: Path) -> bytes:
+    """A file's bytes, refusing a symbolic link at its name (ELOOP)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
 
 
 __all__ = ["ENTRY_FILE", "MODEL_FILE", "ModelStore", "cache_key"]

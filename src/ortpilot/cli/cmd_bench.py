@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
@@ -182,10 +183,15 @@ def _warmup_arg(text: str) -> int | str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--report", default=None, help="Write a self-contained HTML report (histogram, time series, comparison).")
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
+@click.option("--baseline", default=None, help="A saved 'bench --json' result of the old build: exit 1 when this "
+              "one is slower by more than --max-slowdown beyond the noise (give the old model with --vs "
+              "\"--model OLD.onnx\" to compare interleaved).")
+@click.option("--max-slowdown", default=None, help="Percent slower than --baseline that still passes, e.g. 10.")
 @handle_errors
 def command(model: str, warmup: str, runs: int | None, duration: float | None, vs: tuple[str, ...],
              configs_file: str | None, name: str | None, block: int | None, policy: str, roofline: bool,
-             samples: bool, as_json: bool, report: str | None, isolate: bool, **knobs: Any) -> None:
+             samples: bool, as_json: bool, report: str | None, isolate: bool, baseline: str | None,
+             max_slowdown: str | None, **knobs: Any) -> None:
     """Benchmark MODEL: latency percentiles with a CI of the median, throughput, memory, roofline.
 
     With --vs or --configs, every configuration runs interleaved in this process and each one's
@@ -211,6 +217,7 @@ def command(model: str, warmup: str, runs: int | None, duration: float | None, v
         entries += [(n, text, f"--configs entry '{n or text}'") for n, text in _config_file_entries(configs_file)]
     params = [base] + [parse_vs(text, {**base, "name": n}, where) for n, text, where in entries]
     configs = [build_config(p, "") for p in params]
+    gate = _regression_gate(baseline, max_slowdown, configs)
     if isolate:  # once per distinct model/providers/settings: a crash can depend on any of them
         distinct = {json.dumps([c.model, c.providers, c.settings.to_dict()], default=str): c for c in configs}
         for c in distinct.values():
@@ -231,7 +238,45 @@ def command(model: str, warmup: str, runs: int | None, duration: float | None, v
         if exc.partial is not None:
             _output(exc.partial, as_json, samples, report)
         raise
-    _output(result, as_json, samples, report)
+    verdict = gate(result) if gate else None
+    _output(result, as_json, samples, report, verdict)
+    if verdict is not None and verdict.slower:
+        from ortpilot.errors import VerificationError
+
+        raise VerificationError(f"Performance regression against --baseline: {verdict.line()}")
+
+
+def _regression_gate(baseline: str | None, max_slowdown: str | None, configs: list[Any]):
+    """Checks before measuring (exit 2 at once), and the verdict to compute after; None without --baseline."""
+    from ortpilot.measure import regression
+    from ortpilot.modelio import file_sha256
+
+    if baseline is None:
+        if max_slowdown is not None:
+            raise UsageError("--max-slowdown needs --baseline: the saved 'bench --json' result to compare with.")
+        return None
+    if max_slowdown is None:
+        raise UsageError("--baseline needs --max-slowdown PCT: how much slower than the saved run still passes.")
+    pct = regression.check_max_slowdown(max_slowdown)
+    if len(configs) > 2:
+        raise UsageError("--baseline compares two configurations at most: MODEL, and the old model with one --vs.")
+    saved = regression.read_baseline(baseline)
+    old_model = configs[-1].model
+    if isinstance(old_model, (str, Path)) and Path(old_model).is_file() and file_sha256(old_model) != saved.get("model_sha256"):
+        raise UsageError(f"--baseline '{baseline}' measured another model (sha256 {str(saved.get('model_sha256'))[:12]}…) "
+                         f"than '{old_model}' ({file_sha256(old_model)[:12]}…). Give the model it measured, or its "
+                         "new build as MODEL and the old one with --vs \"--model OLD.onnx\".")
+
+    def verdict(result: Any):
+        doc = result.to_dict(samples=False)
+        if doc.get("kind") == "comparison":
+            new, old = doc["configs"][0], doc["configs"][1]
+            regression.check_same_measurement(saved, old, baseline)
+            return regression.from_interleaved(new, old, doc["ratios"][0], pct)
+        regression.check_same_measurement(saved, doc, baseline)
+        return regression.from_saved_ci(doc, saved, pct)
+
+    return verdict
 
 
 command = _apply(_knobs(base=True), command)
@@ -257,16 +302,23 @@ def _progress():
     return update, bar
 
 
-def _output(result: Any, as_json: bool, samples: bool, report: str | None) -> None:
+def _output(result: Any, as_json: bool, samples: bool, report: str | None, verdict: Any = None) -> None:
+    """The results first, then the report: a report that cannot be written (full disk) keeps the numbers."""
+    if as_json:
+        doc = result.to_dict(samples=samples)
+        if verdict is not None:
+            doc["regression"] = verdict.to_dict()
+        emit_json(doc)
+    else:
+        render(result)
+    if verdict is not None:
+        (stderr if as_json else stdout).print(("[red]" if verdict.slower else "[green]") + escape(verdict.line())
+                                              + "[/]", highlight=False)
     if report:
         from ortpilot.measure.html_report import write_report
 
         path = write_report(report, result)
-        stderr.print(f"report written to {path}", highlight=False)
-    if as_json:
-        emit_json(result.to_dict(samples=samples))
-        return
-    render(result)
+        stderr.print(escape(f"report written to {path}"), highlight=False)
 
 
 def _results(result: Any) -> list[Any]:
@@ -279,30 +331,30 @@ def render(result: Any) -> None:
     table = Table(title="Benchmark" if len(results) == 1 else "Benchmark (interleaved)")
     table.add_column("")
     for res in results:
-        table.add_column(res.name or "A", justify="right")
+        table.add_column(escape(res.name or "A"), justify="right")
     for label, cell in _ROWS:
-        table.add_row(label, *[cell(r) for r in results])
+        table.add_row(label, *[escape(cell(r)) for r in results])
     stdout.print(table)
     first = results[0]
-    stdout.print(f"[dim]{first.model} on {', '.join(first.providers)}; inputs {first.inputs}: "
+    stdout.print("[dim]" + escape(f"{first.model} on {', '.join(first.providers)}; inputs {first.inputs}: "
                  + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in first.shapes.items())
-                 + f"; ORT {first.environment.get('onnxruntime')}[/]", highlight=False)
+                 + f"; ORT {first.environment.get('onnxruntime')}") + "[/]", highlight=False)
     for res in results:
         if res.stats and res.stats.noisy:
-            stdout.print(f"[yellow]noisy ({res.name}):[/] " + "; ".join(res.stats.noise_reasons)
+            stdout.print(f"[yellow]noisy ({escape(res.name)}):[/] " + escape("; ".join(res.stats.noise_reasons))
                          + ". Close other programs, pin threads, or run longer.", highlight=False)
         if res.roofline:
-            stdout.print(f"roofline ({res.name}): {res.roofline['reading']}", highlight=False)
+            stdout.print(escape(f"roofline ({res.name}): {res.roofline['reading']}"), highlight=False)
     for ratio in getattr(result, "ratios", []):
-        stdout.print(f"[bold]{ratio.config} / {ratio.baseline}[/]: ratio {ratio.ratio:.3f} (95% CI {ratio.ci_low:.3f}-"
-                     f"{ratio.ci_high:.3f}): {ratio.verdict}  [dim](pooled medians {ratio.pooled:.3f}, "
+        stdout.print(f"[bold]{escape(ratio.config)} / {escape(ratio.baseline)}[/]: ratio {ratio.ratio:.3f} (95% CI {ratio.ci_low:.3f}-"
+                     f"{ratio.ci_high:.3f}): {escape(ratio.verdict)}  [dim](pooled medians {ratio.pooled:.3f}, "
                      f"CI {ratio.pooled_low:.3f}-{ratio.pooled_high:.3f})[/]", highlight=False)
     drift = getattr(result, "drift", None)
     if drift is not None and abs(drift - 1) > 0.05:
         stdout.print(f"[yellow]the machine drifted:[/] baseline median late/early = {drift:.2f}; interleaving "
                      "kept the comparison fair.", highlight=False)
     if first.failure:
-        stdout.print(f"[red]failed:[/] {first.failure}", highlight=False)
+        stdout.print(f"[red]failed:[/] {escape(str(first.failure))}", highlight=False)
 
 
 def _ms(value: float | None) -> str:

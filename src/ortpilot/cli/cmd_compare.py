@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
@@ -109,21 +110,22 @@ def _compare_decoders(model: str, other: str, *, tokenizer: str | None, new_toke
     if as_json:
         emit_json(result.to_dict())
     else:
-        stdout.print(result.summary(), highlight=False)
+        stdout.print(escape(result.summary()), highlight=False)
     if not result.passed:
         raise AccuracyGateError(f"The decoder pair fails the generation gate: {'; '.join(result.failures)}.")
 
 
 def render_comparison(comparison: Any) -> None:
     c = comparison.to_dict() if hasattr(comparison, "to_dict") else comparison
-    stdout.print(f"[bold]reference[/] {c['reference']}   [bold]test[/] {c['test']}   samples {c['samples']}",
+    stdout.print(f"[bold]reference[/] {escape(str(c['reference']))}   [bold]test[/] {escape(str(c['test']))}   "
+                 f"samples {c['samples']}",
                  highlight=False)
     if c.get("inputs"):
-        stdout.print(f"[dim]generated inputs: {c['inputs']}[/]")
+        stdout.print(f"[dim]generated inputs: {escape(str(c['inputs']))}[/]")
     table = Table(title="Per-output error (test vs reference)")
     table.add_column("")
     for o in c["outputs"]:
-        table.add_column(o["name"], justify="right", overflow="fold")
+        table.add_column(escape(o["name"]), justify="right", overflow="fold")
     rows: list[tuple[str, Any]] = [
         ("abs error max / mean", lambda o: f"{_num(o['max_abs'])} / {_num(o['mean_abs'])}"),
         ("abs error median / p99", lambda o: f"{_num(o['median_abs'])} / {_num(o['p99_abs'])}"),
@@ -144,10 +146,10 @@ def render_comparison(comparison: Any) -> None:
         table.add_row(label, *[cell(o) for o in c["outputs"]])
     stdout.print(table)
     for o in c["outputs"]:
-        stdout.print(f"{o['name']}: minimum tolerance that passes: atol={_num(o['min_atol'])} (rtol=0) or "
+        stdout.print(f"{escape(o['name'])}: minimum tolerance that passes: atol={_num(o['min_atol'])} (rtol=0) or "
                      f"rtol={_num(o['min_rtol'])} (atol=0); checked atol={o['atol']:g} rtol={o['rtol']:g}",
                      highlight=False)
     for name in c.get("only_in_reference", []):
-        stdout.print(f"[yellow]output '{name}' only in the reference[/]")
+        stdout.print(f"[yellow]output '{escape(name)}' only in the reference[/]")
     for name in c.get("only_in_test", []):
-        stdout.print(f"[yellow]output '{name}' only in the test model[/]")
+        stdout.print(f"[yellow]output '{escape(name)}' only in the test model[/]")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from ortpilot.cli.common import emit_json, handle_errors, stdout
 
@@ -26,4 +27,5 @@ def command(outdir: str, as_json: bool) -> None:
                           "dims": DEMO_SPECS[name].dims} for name, path in paths.items()})
         return
     for name, path in paths.items():
-        stdout.print(f"[bold]{name:8}[/] {path}  [dim]{DEMO_SPECS[name].description}[/]", highlight=False)
+        stdout.print(f"[bold]{name:8}[/] {escape(str(path))}  [dim]{escape(DEMO_SPECS[name].description)}[/]",
+                     highlight=False)

@@ -37,7 +37,7 @@ def render(report) -> None:
     doc = report.to_dict()
     ort_doc = doc["onnxruntime"]
     env = Table(title="Environment", show_header=False, title_justify="left")
-    env.add_row("python", f"{doc['python']['version']} ({doc['python']['executable']})")
+    env.add_row("python", escape(f"{doc['python']['version']} ({doc['python']['executable']})"))
     if ort_doc["import_error"]:
         env.add_row("onnxruntime", f"[red]import failed: {escape(ort_doc['import_error'])}[/]")
     else:
@@ -58,12 +58,12 @@ def render(report) -> None:
                                          + ", ".join(f"{k} {v:g}" for k, v in budget["limits"].items()) + ")"
                                          + (f"; ORT's default starts {threads} threads" if threads else "")))
     gpu = doc["gpu"]
-    env.add_row("nvidia driver", gpu["driver_version"] or "not found")
+    env.add_row("nvidia driver", escape(gpu["driver_version"] or "not found"))
     libs = escape(", ".join(f"{fam} {info['majors']}" for fam, info in gpu["libraries"].items() if info["majors"]))
     env.add_row("gpu libraries", libs or "none found")
     expected = {k: v for k, v in gpu["expected_by_ort"].items() if k != "package_name"}
     if expected:
-        env.add_row("ORT expects", ", ".join(f"{k} {v}" for k, v in expected.items()))
+        env.add_row("ORT expects", escape(", ".join(f"{k} {v}" for k, v in expected.items())))
     stdout.print(env)
 
     providers = Table(title="Providers", title_justify="left")
@@ -72,7 +72,7 @@ def render(report) -> None:
     for probe in doc["probes"]:
         share = f"{probe['placement_share']:.0%}" if probe["placement_share"] is not None else "-"
         style = {"ok": "green", "failed": "red", "skipped": "dim"}[probe["status"]]
-        providers.add_row(probe["provider"], probe["kind"], f"[{style}]{probe['status']}[/]", share,
+        providers.add_row(escape(probe["provider"]), escape(probe["kind"]), f"[{style}]{probe['status']}[/]", share,
                           escape(probe["reason"]))
     if not doc["probes"]:
         for name in ort_doc["available_providers"]:
@@ -83,7 +83,7 @@ def render(report) -> None:
         for col in ("ep", "vendor", "device", "device vendor"):
             devices.add_column(col)
         for dev in doc["ep_devices"]:
-            devices.add_row(dev["ep_name"], dev["ep_vendor"], dev["device_type"], str(dev["device_vendor"]))
+            devices.add_row(*(escape(str(dev[k])) for k in ("ep_name", "ep_vendor", "device_type", "device_vendor")))
         stdout.print(devices)
 
     findings = Table(title="Findings", title_justify="left")
@@ -91,5 +91,5 @@ def render(report) -> None:
         findings.add_column(col, overflow="fold")
     for item in doc["findings"]:
         sev = item["severity"]
-        findings.add_row(f"[{_STYLE[sev]}]{sev}[/]", item["topic"], escape(item["message"]), escape(item["fix"]))
+        findings.add_row(f"[{_STYLE[sev]}]{sev}[/]", escape(item["topic"]), escape(item["message"]), escape(item["fix"]))
     stdout.print(findings)

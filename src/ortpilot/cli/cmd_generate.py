@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from ortpilot.cli.common import (
     ISOLATE_HELP,
@@ -97,7 +98,7 @@ def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: s
 
         fused = fuse_decoder(source, use_cache=True, max_positions=max_positions)
         notes.append(summary(fused))
-        stderr.print(f"[dim]{summary(fused)}[/]", highlight=False)
+        stderr.print(f"[dim]{escape(summary(fused))}[/]", highlight=False)
         source = fused.model
     gen = Generator(source, providers=list(providers) or None, policy=policy,
                     settings=settings, mapping=parse_kv_list(mapping))
@@ -137,10 +138,10 @@ def _streamer(tok: Any):
 
 def _summary(r: Any) -> None:
     stderr.print(
-        f"[dim]loop {r.loop} ({r.loop_reason}); {len(r.tokens[0])} tokens, stop: {r.stop_reason}; "
-        f"prefill {r.prompt_length} tokens at {r.prefill_tokens_per_s:.1f} tok/s; decode "
-        f"{r.decode_tokens_per_s:.1f} tok/s, p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms; "
-        f"host bytes/token {r.host_bytes_per_token:.0f} (KV cache {r.kv_host_bytes_per_token:.0f}); "
-        f"peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB[/]", highlight=False)
+        "[dim]" + escape(f"loop {r.loop} ({r.loop_reason}); {len(r.tokens[0])} tokens, stop: {r.stop_reason}; "
+                         f"prefill {r.prompt_length} tokens at {r.prefill_tokens_per_s:.1f} tok/s; decode "
+                         f"{r.decode_tokens_per_s:.1f} tok/s, p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms; "
+                         f"host bytes/token {r.host_bytes_per_token:.0f} (KV cache {r.kv_host_bytes_per_token:.0f}); "
+                         f"peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB") + "[/]", highlight=False)
     for note in r.notes:
-        stderr.print(f"[yellow]note:[/] {note}", highlight=False)
+        stderr.print(f"[yellow]note:[/] {escape(note)}", highlight=False)

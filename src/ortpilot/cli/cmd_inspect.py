@@ -92,8 +92,8 @@ def _human(n: float) -> str:
 def render(doc: dict) -> None:
     head = Table(title=escape(f"Model {doc['path']}"), show_header=False, title_justify="left")
     head.add_row("IR version", str(doc["ir_version"]))
-    head.add_row("opsets", ", ".join(f"{d} {v}" for d, v in doc["opsets"].items()))
-    head.add_row("producer", f"{doc['producer']['name']} {doc['producer']['version']}".strip() or "-")
+    head.add_row("opsets", escape(", ".join(f"{d} {v}" for d, v in doc["opsets"].items())))
+    head.add_row("producer", escape(f"{doc['producer']['name']} {doc['producer']['version']}".strip()) or "-")
     head.add_row("nodes", f"{doc['node_count']}" + (f" (+{doc['subgraph_node_count']} in subgraphs)"
                                                      if doc["subgraph_node_count"] else ""))
     params = doc["parameters"]
@@ -102,8 +102,8 @@ def render(doc: dict) -> None:
     flops = doc["flops"]
     if flops["total"] is not None:
         shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in flops["shapes"].items())
-        head.add_row("FLOPs (estimate)", f"{_human(flops['total'])} at {shapes} ({flops['counted_nodes']}/"
-                     f"{doc['node_count']} nodes counted)")
+        head.add_row("FLOPs (estimate)", escape(f"{_human(flops['total'])} at {shapes} ({flops['counted_nodes']}/"
+                                                f"{doc['node_count']} nodes counted)"))
     else:
         head.add_row("FLOPs (estimate)", escape(f"unknown: {flops['error']}"))
     for ext in doc["external_data"]:
@@ -124,7 +124,7 @@ def render(doc: dict) -> None:
         ops.add_column(col)
     for op, count in doc["op_histogram"].items():
         value = flops["by_op_type"].get(op.rsplit(".", 1)[-1])
-        ops.add_row(op, str(count), _human(value) if value else "-")
+        ops.add_row(escape(op), str(count), _human(value) if value else "-")
     stdout.print(ops)
 
     if doc["unsupported_ops"]:
@@ -134,5 +134,5 @@ def render(doc: dict) -> None:
         for entry in doc["unsupported_ops"]:
             listed = escape(", ".join(f"{o['op']} ({o['nodes']})" for o in entry["unsupported"]))
             text = listed or ("none" if entry["checked"] else "[dim]not checked[/]")
-            gaps.add_row(entry["provider"], text, escape("; ".join(filter(None, [entry["source"], entry["note"]]))))
+            gaps.add_row(escape(entry["provider"]), text, escape("; ".join(filter(None, [entry["source"], entry["note"]]))))
         stdout.print(gaps)

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
@@ -70,7 +71,7 @@ def command(model: str, output: str, level: str, providers: tuple[str, ...], fus
         emit_json(doc)
         return
     render_record(result.record)
-    stdout.print(f"[bold green]wrote[/] {output}")
+    stdout.print(f"[bold green]wrote[/] {escape(str(output))}", highlight=False)
 
 
 def _num(value: Any, fmt: str = ".3g") -> str:
@@ -86,7 +87,7 @@ def _num(value: Any, fmt: str = ".3g") -> str:
 def render_record(record: Any) -> None:
     """One pass record: node counts, size, op changes, fusions, notes."""
     r = record.to_dict() if hasattr(record, "to_dict") else record
-    stdout.print(f"[bold]{r['name']}[/] {r['options']}  ({r['seconds']:.2f} s)", highlight=False)
+    stdout.print(f"[bold]{escape(r['name'])}[/] {escape(str(r['options']))}  ({r['seconds']:.2f} s)", highlight=False)
     stdout.print(f"nodes {r['nodes_before']} -> {r['nodes_after']}   size {r['size_before'] / 1e6:.2f} MB -> "
                  f"{r['size_after'] / 1e6:.2f} MB   quantized nodes {r['quantized_nodes']}")
     if r["fused"]:
@@ -94,9 +95,9 @@ def render_record(record: Any) -> None:
         table.add_column("op")
         table.add_column("count", justify="right")
         for op, count in r["fused"].items():
-            table.add_row(op, str(count))
+            table.add_row(escape(op), str(count))
         stdout.print(table)
     if r["op_diff"]:
-        stdout.print("op changes: " + ", ".join(f"{op} {d:+d}" for op, d in r["op_diff"].items()), highlight=False)
+        stdout.print("op changes: " + escape(", ".join(f"{op} {d:+d}" for op, d in r["op_diff"].items())), highlight=False)
     for note in r["notes"]:
-        stdout.print(f"[dim]- {note}[/]", highlight=False)
+        stdout.print(f"[dim]- {escape(note)}[/]", highlight=False)

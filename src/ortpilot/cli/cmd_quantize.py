@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
@@ -111,7 +112,7 @@ def command(model: str, output: str, mode: str, per_channel: bool, reduce_range:
     if report.synthetic:
         stderr.print("[bold yellow]warning:[/] accuracy was measured on synthetic inputs; pass --calibration "
                      "with real samples.")
-    stdout.print(f"[bold green]wrote[/] {report.output}  ({report.gate.describe()})", highlight=False)
+    stdout.print(f"[bold green]wrote[/] {escape(f'{report.output}  ({report.gate.describe()})')}", highlight=False)
 
 
 def _weight_only(model: str, output: str, mode: str, *, block_size: int, symmetric: bool, accuracy_level: int,
@@ -129,8 +130,8 @@ def _weight_only(model: str, output: str, mode: str, *, block_size: int, symmetr
         return
     weights, gate = report["weights"], report["gate"]
     for note in report["fusion_notes"]:
-        stderr.print(f"[dim]decoder fusion: {note}[/]", highlight=False)
-    stdout.print(f"[bold green]wrote[/] {output}: {weights['weight_only_nodes']} weight-only nodes, weights "
+        stderr.print(f"[dim]decoder fusion: {escape(note)}[/]", highlight=False)
+    stdout.print(f"[bold green]wrote[/] {escape(output)}: {weights['weight_only_nodes']} weight-only nodes, weights "
                  f"{weights['weight_bytes_before'] / 1e6:.1f} -> {weights['weight_bytes_after'] / 1e6:.1f} MB "
                  f"({weights['compression']}x); top-1 agreement {gate['top1_agreement']:.3f}, "
                  f"KL {gate['kl_mean']:.4f}", highlight=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
@@ -46,7 +47,7 @@ def command(model: str, providers: tuple[str, ...], policy: str, min_coverage: f
                           shapes=list(shapes), isolate=isolate)
     result["warnings"] = [str(w.message) for w in caught]
     for text in result["warnings"]:
-        stderr.print(f"[yellow]warning:[/] {text}", highlight=False)
+        stderr.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
     if as_json:
         emit_json(result)
         return
@@ -55,24 +56,24 @@ def command(model: str, providers: tuple[str, ...], policy: str, min_coverage: f
 
 def render(result: dict) -> None:
     session = result["session"]
-    stdout.print(f"[bold]providers loaded:[/] {', '.join(session['providers'])}   policy: {session['policy']}")
+    stdout.print(f"[bold]providers loaded:[/] {escape(', '.join(session['providers']))}   policy: {session['policy']}")
     if result.get("generated_inputs"):
-        stdout.print(f"[dim]generated inputs: {result['generated_inputs']}[/]")
+        stdout.print(f"[dim]generated inputs: {escape(result['generated_inputs'])}[/]")
     for fb in session["fallbacks"]:
-        stdout.print(f"[yellow]fallback (layer {fb['layer']}):[/] {fb['requested']}: {fb['title']}. {fb['reason']}",
+        stdout.print(f"[yellow]fallback (layer {fb['layer']}):[/] " + escape(f"{fb['requested']}: {fb['title']}. {fb['reason']}"),
                      highlight=False)
     placement = session.get("placement")
     if placement:
-        table = Table(title=f"Placement ({placement['source']})")
+        table = Table(title=escape(f"Placement ({placement['source']})"))
         for col in ("provider", "nodes", "share", "FLOPs share"):
             table.add_column(col, justify="right" if col != "provider" else "left")
         for provider, info in placement["providers"].items():
             flops = "-" if info["flops_share"] is None else f"{info['flops_share']:.1%}"
-            table.add_row(provider, str(info["nodes"]), f"{info['share']:.1%}", flops)
+            table.add_row(escape(provider), str(info["nodes"]), f"{info['share']:.1%}", flops)
         stdout.print(table)
     table = Table(title="Outputs")
     for col in ("name", "shape", "dtype", "min", "max"):
         table.add_column(col)
     for out in result["outputs"]:
-        table.add_row(out["name"], str(out["shape"]), out["dtype"], f"{out['min']:.4g}", f"{out['max']:.4g}")
+        table.add_row(escape(out["name"]), escape(str(out["shape"])), out["dtype"], f"{out['min']:.4g}", f"{out['max']:.4g}")
     stdout.print(table)

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import click
 
-from ortpilot.cli.common import PROVIDER_HELP, SHAPE_HELP, emit_json, handle_errors, resolve_model_arg, stderr
+from rich.markup import escape
+
+from ortpilot.cli.common import (
+    PROVIDER_HELP,
+    SHAPE_HELP,
+    emit_json,
+    handle_errors,
+    interrupt_exit_code,
+    interrupt_name,
+    resolve_model_arg,
+    stderr,
+)
 
 DEMO_BUDGET_S = 60.0
 MODEL_BUDGET_S = 300.0
@@ -23,7 +34,8 @@ MODEL_BUDGET_S = 300.0
 @click.option("--metric", type=click.Choice(["cosine", "top1", "rel_l2"]), default=None,
               help="Force one accuracy metric for every output (default: chosen per output).")
 @click.option("--calibration", type=click.Path(), default=None,
-              help="Calibration inputs for static INT8: an .npz (arrays with a leading sample axis) or a folder of .npz.")
+              help="Calibration inputs for static INT8, read as quantize and compare read them: a folder of .npy/.npz, "
+                   "one .npz (arrays with a leading sample axis), or FILE.py:FACTORY.")
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("--no-quantize", is_flag=True, help="Leave INT8 variants out of the search.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted tune from OUTDIR's journal.")
@@ -36,22 +48,34 @@ def command(model: str | None, out_dir: str, shapes: tuple[str, ...], budget: fl
 
     budget_s = budget if budget is not None else (DEMO_BUDGET_S if model is None else MODEL_BUDGET_S)
     target = resolve_model_arg(model) if model else None
-    stderr.print(f"Tuning {model or 'the built-in demo encoder (demo:encoder)'} for {budget_s:.0f} s "
-                 f"(objective {objective}) into {out_dir}/", highlight=False)
+    stderr.print(escape(f"Tuning {model or 'the built-in demo encoder (demo:encoder)'} for {budget_s:.0f} s "
+                        f"(objective {objective}) into {out_dir}/"), highlight=False)
     with _ProgressView(budget_s) as view:
         try:
             result = tune(target, out_dir, budget_s, shapes=list(shapes) or None, objective=objective,
                           max_error=max_error, metric=metric, calibration=calibration, providers=list(providers) or None,
                           resume=resume, quantize=not no_quantize, progress=view.update)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP
             view.stop()
-            stderr.print(f"[yellow]interrupted[/]: the journal in {out_dir}/ keeps every finished candidate; "
-                         "run the same command with --resume to continue. No profile was written.")
-            raise SystemExit(130) from None
+            stderr.print(f"[yellow]interrupted[/] ({interrupt_name(exc)}): {escape(_kept(out_dir))}", highlight=False)
+            raise SystemExit(interrupt_exit_code(exc)) from None
     doc = result.to_dict()
     if as_json:
         emit_json(doc)
     render_summary(doc)
+
+
+def _kept(out_dir: str) -> str:
+    """What an interrupted tune leaves: its journal (resumable) or, before the first measurement, nothing."""
+    from pathlib import Path
+
+    from ortpilot.tune.journal import JOURNAL_NAME
+
+    if (Path(out_dir) / JOURNAL_NAME).is_file():
+        return (f"the journal in {out_dir}/ keeps every finished candidate; run the same command with --resume "
+                "to continue. No profile was written; the worker and scratch files are gone.")
+    return ("it stopped before the first measurement was journaled, so nothing was kept; the worker and scratch "
+            "files are gone.")
 
 
 class _ProgressView:
@@ -76,8 +100,8 @@ class _ProgressView:
         self.progress.stop()
 
     def update(self, p) -> None:  # noqa: ANN001 - ortpilot.tune.search.Progress
-        best = f"best: {p.best} {p.best_ms:.3f} ms" if p.best_ms is not None else ""
-        self.progress.update(self.task, description=p.phase, completed=p.done, total=p.total, best=best,
+        best = escape(f"best: {p.best} {p.best_ms:.3f} ms") if p.best_ms is not None else ""
+        self.progress.update(self.task, description=escape(p.phase), completed=p.done, total=p.total, best=best,
                              left=f"{p.time_left_s:.0f} s left")
 
 
@@ -86,8 +110,8 @@ def render_summary(doc: dict) -> None:
 
     from ortpilot.tune.report import _ranked, headline
 
-    stderr.print("Accuracy metric per output: " + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items())
-                 + f" (max error {doc['max_error']:g})", highlight=False)
+    stderr.print(escape("Accuracy metric per output: " + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items())
+                        + f" (max error {doc['max_error']:g})"), highlight=False)
     table = Table(title=f"Top candidates ({doc['objective']}, ORT {doc['onnxruntime']})")
     for col in ("candidate", "p50 ms", "p99 ms", "p50 95% CI", "error", "vs default"):
         table.add_column(col)
@@ -99,7 +123,7 @@ def render_summary(doc: dict) -> None:
         acc = (c.get("accuracy") or {}).get("worst_error")
         ratio = f"{base / lat['p50_ms']:.2f}x" if base and lat.get("p50_ms") else "-"
         mark = " [green]<- profile[/]" if c["id"] == doc["winner"]["id"] else ""
-        table.add_row(c["label"] + mark, f"{lat.get('p50_ms', 0):.3f}", f"{lat.get('p99_ms', 0):.3f}",
+        table.add_row(escape(c["label"]) + mark, f"{lat.get('p50_ms', 0):.3f}", f"{lat.get('p99_ms', 0):.3f}",
                       f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-", "-" if acc is None else f"{acc:.1e}", ratio)
     stderr.print(table)
     counts: dict[str, int] = {}
@@ -109,10 +133,11 @@ def render_summary(doc: dict) -> None:
     rule = doc["facts"].get("int8_rule")
     if rule:
         stderr.print(f"INT8 rule for this CPU: {rule['name']} ({rule['reason']}).", highlight=False, markup=False)
-    stderr.print(("[bold]" if not doc["default_best"] else "[bold yellow]") + headline(doc) + "[/]", highlight=False)
+    stderr.print(("[bold]" if not doc["default_best"] else "[bold yellow]") + escape(headline(doc)) + "[/]",
+                 highlight=False)
     if doc.get("load_note"):
-        stderr.print(f"[yellow]Note: {doc['load_note']}.[/]", highlight=False)
+        stderr.print(f"[yellow]Note: {escape(doc['load_note'])}.[/]", highlight=False)
     files = doc["files"]
-    stderr.print(f"Wrote {files['model']}, {files['profile']}, {files['report_html']}, {files['report_md']} "
-                 f"in {doc['wall_s']:.0f} s. Load it with ortpilot.load_profile(\"{files['profile']}\").",
+    stderr.print(escape(f"Wrote {files['model']}, {files['profile']}, {files['report_html']}, {files['report_md']} "
+                        f"in {doc['wall_s']:.0f} s. Load it with ortpilot.load_profile(\"{files['profile']}\")."),
                  highlight=False)

@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
-from ortpilot.errors import OrtpilotError
+from ortpilot.errors import Interrupted, OrtpilotError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,13 +63,44 @@ def handle_errors(func: F) -> F:
         except OrtpilotError as exc:
             if debug:
                 stderr.print_exception()
-            stderr.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            stderr.print("[yellow]interrupted[/]")
-            ctx.exit(130)
+        except OSError as exc:  # a full disk, a read-only folder, no permission: a message, not a traceback
+            from ortpilot.artifacts.oserrors import is_environmental, storage_error
+
+            if debug or not is_environmental(exc):
+                raise
+            stderr.print(f"[bold red]error:[/] {escape(str(storage_error(exc)))}", highlight=False, soft_wrap=True)
+            ctx.exit(2)
+        except KeyboardInterrupt as exc:
+            stderr.print(f"[yellow]interrupted[/] ({interrupt_name(exc)}); every file ortpilot writes is renamed "
+                         "into place only when complete, so nothing half-written was left.", highlight=False)
+            ctx.exit(interrupt_exit_code(exc))
 
     return wrapper  # type: ignore[return-value]
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM and SIGHUP end a command the way Ctrl-C does: ``Interrupted`` unwinds every ``finally``
+    (journal kept, worker children stopped, scratch folders removed), then exit 128 + the signal."""
+    import signal
+
+    def raise_interrupted(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, raise_interrupted)
+
+
+def interrupt_exit_code(exc: BaseException) -> int:
+    """130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP."""
+    return 128 + getattr(exc, "signum", 2)
+
+
+def interrupt_name(exc: BaseException) -> str:
+    import signal
+
+    return signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
 
 
 def parse_kv_list(items: tuple[str, ...]) -> dict[str, str]:
@@ -115,21 +147,25 @@ def load_input_files(items: tuple[str, ...]) -> dict[str, Any]:
     import numpy as np
 
     from ortpilot.errors import InputError
+    from ortpilot.graph.feeds import read_npz
 
     feeds: dict[str, Any] = {}
     for item in items:
         name, eq, path = item.partition("=")
         try:
             if not eq and item.endswith(".npz"):
-                with np.load(item) as data:
-                    feeds.update({k: data[k] for k in data.files})
+                feeds.update(read_npz(item))
                 continue
             if not eq:
                 raise InputError(f"--input '{item}' is not NAME=FILE.npy (or one FILE.npz with all inputs).")
-            feeds[name] = np.load(path, allow_pickle=False)
+            value = np.load(path, allow_pickle=False)
+            if not isinstance(value, np.ndarray):  # an .npz given as one input's file
+                value.close()
+                raise ValueError("it holds named arrays (an .npz), not one array: pass it alone, as --input FILE.npz")
+            feeds[name] = value
         except FileNotFoundError:
             raise InputError(f"Input file '{path or item}' does not exist.") from None
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError, EOFError) as exc:  # EOFError: an empty file
             raise InputError(f"Input file '{path or item}' is not a readable .npy/.npz array ({exc}).") from None
     return feeds
 

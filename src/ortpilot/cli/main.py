@@ -6,7 +6,7 @@ import importlib
 
 import click
 
-from ortpilot.cli.common import setup_logging
+from ortpilot.cli.common import install_signal_handlers, setup_logging
 
 # command name -> module in ortpilot.cli that defines a click command called ``command``.
 COMMANDS: dict[str, str] = {
@@ -57,6 +57,7 @@ def cli(debug: bool) -> None:
 
 
 def main() -> None:
+    install_signal_handlers()  # the process's, not the library's: only the command line installs them
     cli(prog_name="ortpilot")
 
 

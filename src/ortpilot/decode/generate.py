@@ -119,7 +119,11 @@ class Generator:
 
     def _prompt(self, prompt_ids: Sequence[int] | np.ndarray,
                 attention_mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.asarray(prompt_ids, dtype=np.int64)
+        try:
+            ids = np.asarray(prompt_ids, dtype=np.int64)
+        except OverflowError:  # ids beyond int64: no vocabulary is that large
+            raise UsageError("Token ids must fit in int64 and lie inside the vocabulary; the prompt holds a larger "
+                             "number.") from None
         if ids.ndim == 1:
             ids = ids[None, :]
         if ids.ndim != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:

@@ -8,10 +8,12 @@ lengths equal their sequence.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -24,6 +26,8 @@ _TYPE_IDS = re.compile(r"(token_?type|segment)", re.I)
 _POSITION = re.compile(r"position", re.I)
 _LENGTH = re.compile(r"(length|lens?$|seqlens)", re.I)
 _SAMPLE_RATE = re.compile(r"^(sr|sample_?rate|sampling_?rate)$", re.I)
+# Element types numpy can hold (strings and others are refused later, by _value_for).
+_SIZED = {t for t in range(1, 17) if t not in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED)}
 # Pass-through ops between an input and the Gather that consumes it as indices.
 _TRANSPARENT = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"}
 
@@ -84,12 +88,55 @@ def make_feeds(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | N
                *, seed: int = 0, plan: FeedPlan | None = None) -> dict[str, np.ndarray]:
     """Generate one set of inputs for the model (deterministic for a seed)."""
     plan = plan or plan_feeds(model, shapes)
+    infos = {i.name: i for i in graph_inputs(model)}
+    check_memory(plan, infos)  # before anything is allocated
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
-    infos = {i.name: i for i in graph_inputs(model)}
     for name, shape in plan.shapes.items():
         feeds[name] = _value_for(infos[name], shape, plan, rng)
     return feeds
+
+
+def check_memory(plan: FeedPlan, infos: Mapping[str, InputInfo]) -> None:
+    """Refuse inputs that cannot fit before allocating them: exit 2 naming the input, its shape and bytes.
+
+    ORT needs at least as much again for outputs and intermediates, so inputs above half of what
+    is available (MemAvailable, or the cgroup's ``memory.max`` less its usage) cannot run.
+    """
+    sizes = {name: math.prod(shape) * np.dtype(infos[name].dtype).itemsize for name, shape in plan.shapes.items()
+             if name in infos and infos[name].elem_type in _SIZED}
+    total = sum(sizes.values())
+    available = available_memory()
+    if available is None or total <= available // 2:
+        return
+    name = max(sizes, key=sizes.get)
+    raise InputError(f"The generated inputs would need {total:,} bytes ({total / 2**30:.1f} GiB), the largest "
+                     f"'{name}' with shape {list(plan.shapes[name])} alone {sizes[name]:,} bytes; with ORT's outputs "
+                     f"and intermediates that is more than the {available:,} bytes ({available / 2**30:.1f} GiB) "
+                     "of memory available. Choose smaller dims with --shape NAME=DIMS.")
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: MemAvailable, capped by the cgroup v2 (or v1) memory limit."""
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            if limit.isdigit() and int(limit) < 2**60:
+                found.append(max(0, int(limit) - int(Path(usage_file).read_text().strip())))
+                break
+        except (OSError, ValueError):
+            continue
+    return min(found) if found else None
 
 
 def _value_for(info: InputInfo, shape: tuple[int, ...], plan: FeedPlan, rng: np.random.Generator) -> np.ndarray:
@@ -165,6 +212,22 @@ def validate_feeds(inputs: Sequence[InputInfo], feeds: Mapping[str, object]) -> 
 
 def _dims(dims: Sequence[int | str | None]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def read_npz(path: str | Path, what: str = "Input file") -> dict[str, np.ndarray]:
+    """The named arrays of one .npz; a corrupt archive, pickled objects or a plain .npy is an ``InputError``."""
+    import zipfile
+
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not hasattr(data, "files"):  # an .npy file named .npz
+            raise ValueError("it holds one array, not named arrays")
+        with data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise InputError(f"{what} '{path}' does not exist.") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise InputError(f"{what} '{path}' is not a readable .npz ({type(exc).__name__}: {str(exc)[:200]}).") from None
 
 
 def batch_size_of(feeds: Mapping[str, np.ndarray]) -> int:

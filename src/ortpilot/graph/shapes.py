@@ -18,6 +18,7 @@ from ortpilot.errors import InputError, UsageError
 
 BATCH_DEFAULT = 1
 SEQUENCE_DEFAULT = 128
+MAX_DIM = 2**31 - 1
 
 _BATCH = re.compile(r"^(n|b|bs|batch|batch_?size|.*batch.*|num_?images|unk__\d+_batch)$", re.I)
 _SEQ = re.compile(r"(seq|sequence|length|len|tokens|time|frames|steps)", re.I)
@@ -89,6 +90,8 @@ def parse_shape_args(items: Sequence[str] | Mapping[str, Sequence[int] | int | s
 
 
 def _parse_dims(name: str, dims: object) -> tuple[int, ...]:
+    if isinstance(dims, bool):
+        raise UsageError(f"Malformed --shape for '{name}': {dims!r} is not a dim.")
     if isinstance(dims, int):
         values = [dims]
     elif isinstance(dims, str):
@@ -98,10 +101,24 @@ def _parse_dims(name: str, dims: object) -> tuple[int, ...]:
         except ValueError:
             raise UsageError(f"Malformed --shape for '{name}': '{dims}' is not dims like 1x3x224x224.") from None
     else:
-        values = [int(v) for v in dims]  # type: ignore[union-attr]
+        try:
+            values = [_integer(v) for v in dims]  # type: ignore[union-attr]
+        except (TypeError, ValueError):
+            raise UsageError(f"Malformed --shape for '{name}': {dims!r} is not a list of integer dims.") from None
     if any(v < 0 for v in values):
         raise UsageError(f"--shape for '{name}' has a negative dim: {values}.")
+    too_big = [v for v in values if v > MAX_DIM]
+    if too_big:
+        raise UsageError(f"--shape for '{name}' has dim {too_big[0]}, above the largest dim ortpilot accepts "
+                         f"({MAX_DIM}, 2^31-1: ORT's kernels index dims with 32-bit integers in places).")
     return tuple(values)
+
+
+def _integer(value: object) -> int:
+    """An int, or a string of digits; never a bool or a float (1.5 would silently become 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(value)
+    return int(value)
 
 
 def resolve_input_shapes(inputs: Sequence[InputInfo], overrides: Mapping[str, tuple[int, ...]] | None = None

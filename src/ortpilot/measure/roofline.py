@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,9 @@ import onnxruntime as ort
 
 from ortpilot.artifacts.atomic import atomic_write_json
 from ortpilot.artifacts.cache import cache_root
+from ortpilot.errors import UsageError
+
+log = logging.getLogger("ortpilot")
 
 PEAK_FILE = "peak.json"
 # 2*N^3 = 2.1 GFLOP per matmul: tens of ms, so that best-of-many finds a quiet moment on a busy
@@ -131,14 +136,15 @@ def measure_peak(n: int = PEAK_N, repeats: int = PEAK_REPEATS, budget_s: float =
 
 def peak(refresh: bool = False) -> Peak:
     """The cached peak for this machine, measured (a few seconds) when missing or ``refresh``."""
-    path = cache_root() / PEAK_FILE
     key = machine_fingerprint()
     table: dict[str, Any] = {}
+    path: Path | None = None
     try:
+        path = cache_root() / PEAK_FILE
         table = json.loads(path.read_text())
         if not isinstance(table, dict):
             table = {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, UsageError):  # no cache (unwritable, a file, not ours): measure anyway
         table = {}
     entry = table.get(key)
     if entry and not refresh:
@@ -148,7 +154,12 @@ def peak(refresh: bool = False) -> Peak:
             pass  # written by another version: measure again
     fresh = measure_peak()
     table[key] = {k: v for k, v in fresh.to_dict().items() if k != "cached"}
-    atomic_write_json(path, table)
+    try:
+        if path is not None:
+            atomic_write_json(path, table)
+    except UsageError as exc:  # a full or read-only cache must not discard a finished benchmark
+        log.warning("The machine's peak was measured but could not be cached, so the next benchmark measures it "
+                    "again: %s", exc)
     return fresh
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from ortpilot.errors import InputError
-from ortpilot.graph.feeds import make_feeds, plan_feeds, validate_feeds
+from ortpilot.graph.feeds import make_feeds, plan_feeds, read_npz, validate_feeds
 from ortpilot.graph.shapes import InputInfo, graph_inputs
 
 log = logging.getLogger("ortpilot")
@@ -104,9 +104,7 @@ def load_calibration(source: Any, model: onnx.ModelProto, *, shapes: Mapping[str
     if path.is_dir():
         return _checked(_from_folder(path, inputs), inputs, str(path))
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-        return _checked(_unstack(arrays, inputs, str(path)), inputs, str(path))
+        return _checked(_unstack(_load_npz(path), inputs, str(path)), inputs, str(path))
     if path.suffix == ".npy" and len(inputs) == 1:
         return _checked(_unstack({inputs[0].name: _load_npy(path)}, inputs, str(path)), inputs, str(path))
     raise InputError(f"Calibration data '{path}' is not a folder, an .npz, or (for a one-input model) an .npy file.")
@@ -157,6 +155,10 @@ def _load_npy(path: Path) -> np.ndarray:
         raise InputError(f"Calibration file '{path}' is not a readable .npy array ({exc}).") from None
 
 
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    return read_npz(path, "Calibration file")
+
+
 def _from_folder(folder: Path, inputs: Sequence[InputInfo]) -> list[Sample]:
     npz = sorted(folder.glob("*.npz"))
     npy = sorted(folder.glob("*.npy"))
@@ -164,12 +166,7 @@ def _from_folder(folder: Path, inputs: Sequence[InputInfo]) -> list[Sample]:
         raise InputError(f"Calibration folder '{folder}' holds no .npy or .npz files.")
     samples: list[Sample] = []
     for file in npz:
-        try:
-            with np.load(file, allow_pickle=False) as data:
-                arrays = {k: data[k] for k in data.files}
-        except (ValueError, OSError) as exc:
-            raise InputError(f"Calibration file '{file}' is not a readable .npz ({exc}).") from None
-        samples.extend(_unstack(arrays, inputs, str(file)))
+        samples.extend(_unstack(_load_npz(file), inputs, str(file)))
     if npy:
         names = {i.name for i in inputs}
         by_name = {f.stem: f for f in npy}

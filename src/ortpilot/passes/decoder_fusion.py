@@ -114,7 +114,7 @@ class DecoderFusionPass(Pass):
             return {"fused": outcome.fused, "notes": outcome.notes, "extra": outcome.extra}
 
         store = self.store or ModelStore()
-        path, hit = store.get_or_create(key, build)
+        path, hit = store.get_or_create(key, build, meta={"source_sha256": source.sha256, "options": self.options()})
         meta = store.read_entry(key).get("meta", {})
         notes = [*meta.get("notes", []), f"{'cache hit' if hit else 'built and cached'} ({key[:12]})"]
         return Outcome(load_model(path), fused=meta.get("fused", {}), notes=notes,

@@ -28,7 +28,8 @@ from ortpilot.artifacts.stamp import (
     write_stamp,
 )
 from ortpilot.artifacts.store import ModelStore, cache_key
-from ortpilot.errors import StampMismatchError, UsageError
+from ortpilot.artifacts.oserrors import fix_for, free_bytes
+from ortpilot.errors import ModelLoadError, StampMismatchError, StorageError, UsageError
 from ortpilot.modelio import file_sha256, load_model, save_model
 from ortpilot.passes.base import Outcome, Pass, SourceModel
 from ortpilot.providers.names import ProviderLike, ProviderSpec, resolve_providers
@@ -45,11 +46,34 @@ def optimize_to_file(source: SourceModel, level: str, providers: Sequence[Provid
     settings = SessionSettings(level=level, free_dimension_overrides=dict(free_dimension_overrides or {}),
                                optimized_model_filepath=str(dest), log_severity=3)
     model = str(source.path) if source.path is not None else source.proto
-    sess = load(model, list(providers), "strict", settings=settings, placement=False)
+    try:
+        sess = load(model, list(providers), "strict", settings=settings, placement=False)
+    except ModelLoadError as exc:
+        _raise_if_write_failed(model, providers, settings, dest, exc)
+        raise
     if not dest.is_file():
         raise UsageError(f"ORT did not write the optimized model for providers {[p.name for p in providers]} "
                          f"at level {level}; this provider may not support saving optimized graphs.")
     return sess.settings
+
+
+def _raise_if_write_failed(model: Any, providers: Sequence[ProviderSpec], settings: SessionSettings, dest: Path,
+                           exc: ModelLoadError) -> None:
+    """ORT reports a full disk while saving the optimized graph as a load failure ("Protobuf
+    serialization failed"): when the same session loads without saving, the write failed, so say so."""
+    from ortpilot.session import load
+
+    unsaved = SessionSettings.from_dict({**settings.to_dict(), "optimized_model_filepath": ""})
+    try:
+        load(model, list(providers), "strict", settings=unsaved, placement=False)
+    except Exception:  # noqa: BLE001 - the model itself does not load: the original error stands
+        return
+    free = free_bytes(dest)
+    said = str(exc).split("could not load the model: ", 1)[-1].split(". Check that the model is valid", 1)[0]
+    raise StorageError(f"ORT could not save the optimized model to '{dest}' (ORT said: {said[:300]}); "
+                       f"the model itself loads, so the write failed"
+                       + (f": {free} bytes are free on that filesystem" if free is not None else "")
+                       + f". {fix_for(dest)}", path=str(dest)) from None
 
 
 class OptimizePass(Pass):
@@ -98,7 +122,7 @@ class OptimizePass(Pass):
 
         if self.use_cache:
             store = self.store or ModelStore()
-            path, hit = store.get_or_create(key, build, meta=self.options())
+            path, hit = store.get_or_create(key, build, meta={**self.options(), "source_sha256": source.sha256})
             model = load_model(path)
             notes = [f"offline: {'cache hit' if hit else 'built and cached'} ({path.parent.name[:12]})"]
             extra = {"cache_key": key, "cache_hit": hit, "cache_path": str(path)}
@@ -149,7 +173,8 @@ def check_or_rebuild(proto: onnx.ModelProto, providers: Sequence[ProviderSpec]) 
     key = "rebuilt-" + cache_key(model_sha256=stamp.get("source_sha256", ""), ort_version=ort.__version__,
                                  providers=[p.to_dict() for p in providers], level=str(stamp.get("level")),
                                  cpu=cpu_features(), extra={"pass": kind, "options": stamp.get("options")})
-    path, _ = store.get_or_create(key, lambda dest: save_model(result.model, dest))
+    path, _ = store.get_or_create(key, lambda dest: save_model(result.model, dest),
+                                 meta={"source_sha256": stamp.get("source_sha256"), "pass": kind})
     return path
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.artifacts.scratch import scratch_dir
+from ortpilot.childproc import child_process, die_with_parent
 from ortpilot.errors import OrtCrashError
 from ortpilot.providers.names import ProviderSpec
 from ortpilot.session.options import SessionSettings
@@ -100,19 +101,18 @@ def _run_child(spec_file: Path, result_file: Path, folder: Path, timeout: float)
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "ortpilot.session.isolate", str(spec_file), str(result_file)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env=env, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-        return proc.returncode, err.decode("utf-8", "replace")
-    except subprocess.TimeoutExpired:
-        return None, ""
-    finally:  # also on Ctrl-C: the child is in its own session and would not get the SIGINT
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+    # The child is in its own session (a terminal's Ctrl-C misses it); leaving this block in any way,
+    # a timeout or an interrupt included, kills its group and reaps it.
+    with child_process(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       env=env) as proc:
+        try:
+            _, err = proc.communicate(timeout=timeout)
+            return proc.returncode, err.decode("utf-8", "replace")
+        except subprocess.TimeoutExpired:
+            return None, ""
+        finally:
+            if proc.stderr:
+                proc.stderr.close()
 
 
 def _last_words(stderr_text: str) -> str:
@@ -122,6 +122,7 @@ def _last_words(stderr_text: str) -> str:
 
 def _child_main(spec_file: str, result_file: str) -> int:
     """Child side: the same ``load`` the parent will run, without placement or optional writes."""
+    die_with_parent()
     from ortpilot.session.verified import load
 
     _test_fault()

@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 from ortpilot.artifacts.profile import read_profile, verify_environment
+from ortpilot.artifacts.profile_schema import file_settings, model_outside_folder
 from ortpilot.errors import StampMismatchError, UsageError, VerificationError
 from ortpilot.providers.cpubudget import ort_default_threads
 from ortpilot.providers.machine import MachineCheck, check_machine_section, compare_machines
@@ -68,6 +69,7 @@ def check_machine(doc: Mapping[str, Any], path: str | os.PathLike, settings: Ses
 
 
 def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
+                 accept_fields: Sequence[str] = (), accept_model_outside: bool = False,
                  intra_op_threads: int | None = None, optimized: bool = False, **kwargs: Any) -> VerifiedSession:
     """Recreate the profiled session exactly and verify it (``ortpilot.load_profile``).
 
@@ -77,11 +79,15 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_mach
     differences can change the winner. ``intra_op_threads`` replaces the profile's thread count
     (a serving replica runs on the CPUs it was given, not on those the tune had); the machine
     check then counts the replaced one. ``optimized`` loads the ORT-optimized graph the tune kept
-    (``optimized_model``) with optimizations off, which skips graph optimization at creation; when
-    it is missing, changed or stamped for another ORT/CPU, the profile's model loads instead
-    (logged). ``kwargs`` go to ``ortpilot.session.load``.
+    (``optimized_model``, a file beside the profile) with optimizations off, which skips graph
+    optimization at creation; when it is missing, changed or stamped for another ORT/CPU, the
+    profile's model loads instead (logged). ``kwargs`` go to ``ortpilot.session.load``.
+    A profile is an input: settings that make ORT write or load files are refused unless named
+    in ``accept_fields`` (as the error names them), and a model outside the profile's folder
+    unless ``accept_model_outside``.
     """
     doc = read_profile(path)
+    _refuse_file_settings(doc, path, accept_fields, accept_model_outside)
     model = verify_environment(doc, path)
     try:
         settings = SessionSettings.from_dict(dict(doc["session_settings"]))
@@ -114,8 +120,9 @@ def _load_optimized(doc: Mapping[str, Any], path: str | os.PathLike, providers: 
     from ortpilot.modelio import file_sha256
 
     entry = doc.get("optimized_model") or {}
-    file = Path(path).parent / str(entry.get("file") or "")
-    if not entry.get("file") or not file.is_file():
+    name = str(entry.get("file") or "")
+    file = Path(path).parent / name
+    if not name or Path(name).name != name or not file.is_file():  # only a file beside the profile
         return None
     if file_sha256(file) != entry.get("sha256"):
         log.warning("The optimized model '%s' changed since it was tuned; loading the profile's model instead.", file)
@@ -126,3 +133,19 @@ def _load_optimized(doc: Mapping[str, Any], path: str | os.PathLike, providers: 
     except StampMismatchError as exc:
         log.warning("The optimized model does not fit here (%s); loading the profile's model instead.", exc)
         return None
+
+
+def _refuse_file_settings(doc: dict[str, Any], path: str | os.PathLike, accept_fields: Sequence[str],
+                          accept_model_outside: bool) -> None:
+    """A profile from elsewhere must not make ORT write or load files its reader did not ask for."""
+    refused = [f for f in file_settings(doc) if f not in set(accept_fields)]
+    if refused:
+        raise UsageError(f"Profile '{path}' sets {', '.join(refused)}, which make(s) ONNX Runtime write or load files "
+                         "(a saved model, an EP cache or library, a config entry outside the safe list). ortpilot "
+                         "does not take such settings from a profile file; if you trust it, pass "
+                         f"accept_fields={refused!r} to load_profile.")
+    outside = None if accept_model_outside else model_outside_folder(doc, path)
+    if outside is not None:
+        raise UsageError(f"Profile '{path}' names the model '{doc['model']['file']}', which resolves to '{outside}', "
+                         "outside the profile's folder. Keep the model next to its profile, or pass "
+                         "accept_model_outside=True to load_profile if you trust this profile.")

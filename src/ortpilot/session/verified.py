@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from ortpilot.errors import InputError, ModelLoadError, ProviderFallbackError, UsageError
+from ortpilot.errors import InputError, ModelLoadError, OrtRunError, ProviderFallbackError, UsageError
 from ortpilot.graph.check import refuse_malformed_einsums
 from ortpilot.graph.feeds import make_feeds, validate_feeds
 from ortpilot.graph.shapes import InputInfo, graph_inputs
@@ -102,6 +102,14 @@ class VerifiedSession:
         message = str(exc)
         if "InvalidArgument" in message or "INVALID_ARGUMENT" in message:
             raise InputError(f"ORT rejected the inputs: {message.splitlines()[0]}") from None
+        shapes = ", ".join(f"{n}{list(np.shape(v))}" for n, v in input_feed.items())
+        reason = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
+        if _is_allocation_failure(message):
+            raise OrtRunError(f"ORT ran out of memory while running the model ({reason}); inputs: {shapes}. Smaller "
+                              "inputs (--shape) or a machine with more memory may run it.") from None
+        if type(exc).__module__.startswith("onnxruntime"):
+            raise OrtRunError(f"ORT failed while running the model ({reason}); inputs: {shapes}. The model does not "
+                              "run on these inputs under this ORT build.") from None
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         return validate_feeds(self._inputs, feeds)
@@ -328,6 +336,10 @@ def _coverage_fallback(place: Placement, provider: str, minimum: float) -> Fallb
     return Fallback(4, provider, sorted(others), f"only {basis} run on {provider} (minimum {minimum:.0%}); "
                     "elsewhere: " + ", ".join(f"{p} {c} nodes" for p, c in others.items()),
                     "check which ops the provider lacks ('ortpilot inspect -p PROVIDER'), or lower min_coverage.")
+
+
+def _is_allocation_failure(message: str) -> bool:
+    return any(k in message for k in ("Failed to allocate memory", "bad_alloc", "out of memory", "OutOfMemory"))
 
 
 def _first_line(text: str) -> str:

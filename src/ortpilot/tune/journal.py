@@ -2,34 +2,141 @@
 
 Every finished step (a candidate prepared, a batch of runs timed) is one line. A tune killed at
 any moment leaves at most one torn last line, which reading skips; ``--resume`` replays the
-rest, so finished candidates are never measured twice.
+rest, so finished candidates are never measured twice. The journal is read back as input, not
+trusted state: a complete line that is not a record this module writes (unknown kind, a field
+of the wrong type) is a ``UsageError`` naming the line, and the file is never opened through a
+symbolic link, for reading or writing.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ortpilot.artifacts.oserrors import storage_errors
+from ortpilot.errors import UsageError
+
 JOURNAL_NAME = "journal.jsonl"
+MAX_JOURNAL_BYTES = 256 * 2**20
+_NUMBER = (int, float)
+_OPT_STR = (str, type(None))
+_OPT_NUMBER = (int, float, type(None))
+# kind -> field -> allowed types (bool is never taken for a number). Fields not listed are refused.
+_STEP = {"kind": str, "id": str, "stage": str, "status": _OPT_STR, "error": _OPT_STR, "signal": (int, type(None))}
+_FIELDS: dict[str, dict[str, Any]] = {
+    "start": {"kind": str, "model_sha256": str, "shapes": dict, "objective": str, "max_error": _OPT_NUMBER,
+              "metric": _OPT_STR, "quantize": bool, "providers": list, "ort": str, "budget_s": _NUMBER,
+              "model": str},
+    "kept": {"kind": str, "reference": dict, "heldout": dict},
+    "prepared": {**_STEP, "candidate": dict, "phase": str, "seconds": _NUMBER, "reason": _OPT_STR,
+                 "model_path": str, "model_sha256": str, "cache_hit": bool, "passes": list, "build_s": _NUMBER,
+                 "session_s": _NUMBER, "providers": list, "placement": (dict, type(None)), "outputs": str,
+                 "output_names": list, "output_sha256": dict, "accuracy": (dict, type(None)),
+                 "verification": bool, "returncode": (int, type(None)), "log_tail": str, "errno": (int, type(None))},
+    "bench": {**_STEP, "runs": int, "samples_s": list},
+    "rank": {**_STEP, "passes": list, "per_channel": bool, "op_types": list, "ranking": list},
+    "final": {**_STEP, "ids": list, "samples_s": dict, "blocks": dict},
+    "done": {"kind": str, "winner": str, "files": dict, "load_avg": list},
+}
+_REQUIRED = {"start": ("model_sha256",), "kept": ("reference", "heldout"), "prepared": ("id", "status"),
+             "bench": ("id", "stage", "status", "samples_s"), "rank": ("id",), "final": ("status",),
+             "done": ("winner",)}
 
 
 def read_journal(path: Path) -> list[dict[str, Any]]:
-    """All complete records; a torn (half-written) line is dropped."""
-    if not path.is_file():
+    """All complete records, each checked (see module docstring); a torn (half-written) last line is dropped."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
         return []
-    records = []
-    with open(path, "rb") as fh:
-        for raw in fh:
+    except OSError as exc:
+        if path.is_symlink():
+            raise UsageError(f"The tune journal '{path}' is a symbolic link; ortpilot does not follow links in an "
+                             "output folder. Remove it, or choose another -o folder.") from None
+        raise UsageError(f"The tune journal '{path}' cannot be read ({exc.strerror}).") from None
+    with os.fdopen(fd, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size > MAX_JOURNAL_BYTES:
+            raise UsageError(f"The tune journal '{path}' is larger than any tune writes ({MAX_JOURNAL_BYTES} bytes); "
+                             "it is not one. Drop --resume to start over, or choose another -o folder.")
+        records = []
+        for number, raw in enumerate(fh, start=1):
             if not raw.endswith(b"\n"):
                 break  # torn last line: the process died mid-write
-            try:
-                records.append(json.loads(raw))
-            except ValueError:
-                continue
+            records.append(check_record(raw, path, number))
     return records
+
+
+def check_record(raw: bytes, path: Path, number: int) -> dict[str, Any]:
+    """One journal line as the record this module wrote, or ``UsageError`` naming the line and the problem."""
+    try:
+        record = json.loads(raw)
+        problem = _problem(record)
+    except (ValueError, RecursionError) as exc:
+        problem = f"it is not JSON ({type(exc).__name__})"
+    if problem:
+        raise UsageError(f"Cannot resume from the tune journal '{path}': line {number} {problem}. A tune writes only "
+                         "its own records there; this journal was damaged or edited. Drop --resume to start over, "
+                         "or choose another -o folder.")
+    return record
+
+
+def _problem(record: Any) -> str | None:
+    if not isinstance(record, dict):
+        return "is not a JSON object"
+    kind = record.get("kind")
+    fields = _FIELDS.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        return f"has an unknown kind {str(kind)[:40]!r}"
+    for name in _REQUIRED[kind]:
+        if name not in record:
+            return f"({kind}) lacks '{name}'"
+    for name, value in record.items():
+        allowed = fields.get(name)
+        if allowed is None:
+            return f"({kind}) has a field '{str(name)[:40]}' no tune writes"
+        types = allowed if isinstance(allowed, tuple) else (allowed,)
+        if type(value) not in types and not (float in types and type(value) is int):
+            return f"({kind}) has '{name}' of type {type(value).__name__}"
+    return _numbers(record) or _kept_files(record)
+
+
+def _numbers(record: Mapping[str, Any]) -> str | None:
+    """Timings must be finite, non-negative numbers; accuracy figures numbers (an error may be inf)."""
+    lists = [record.get("samples_s")] if isinstance(record.get("samples_s"), list) else \
+        list((record.get("samples_s") or {}).values())
+    for samples in lists:
+        if not isinstance(samples, list) or not all(type(x) in _NUMBER and math.isfinite(x) and x >= 0
+                                                    for x in samples):
+            return "has timings that are not finite non-negative numbers"
+    accuracy = record.get("accuracy")
+    if isinstance(accuracy, dict):
+        outputs = accuracy.get("outputs")
+        if (type(accuracy.get("passed")) is not bool or not isinstance(outputs, list)
+                or type(accuracy.get("max_error")) not in _NUMBER or type(accuracy.get("worst_error")) not in _NUMBER
+                or not all(isinstance(o, dict) and isinstance(o.get("name"), str) and isinstance(o.get("metric"), str)
+                           and type(o.get("error")) in _NUMBER for o in outputs)):
+            return "has an accuracy record that is not the gate's"
+    if record.get("kind") == "prepared" and record.get("status") == "ok":
+        if not all(isinstance(record.get(k), str) for k in ("model_path", "model_sha256", "outputs")):
+            return "(prepared, ok) lacks model_path, model_sha256 or outputs"
+    return None
+
+
+def _kept_files(record: Mapping[str, Any]) -> str | None:
+    """A ``kept`` record names its files in the state folder and nothing else (no absolute path, no '..')."""
+    if record.get("kind") != "kept":
+        return None
+    from ortpilot.tune.state import FILES, STATE_DIR
+
+    for key, name in FILES.items():
+        entry = record[key]
+        if entry.get("file") != f"{STATE_DIR}/{name}" or not isinstance(entry.get("sha256"), str):
+            return f"(kept) names '{str(entry.get('file'))[:80]}' instead of {STATE_DIR}/{name}"
+    return None
 
 
 class Journal:
@@ -37,35 +144,46 @@ class Journal:
 
     def __init__(self, path: Path, *, resume: bool) -> None:
         self.path = path
-        self.resume = resume and path.is_file()
+        self.resume = resume and (path.is_file() or path.is_symlink())  # a link is refused by read_journal
         self.replayed = read_journal(path) if self.resume else []
         self._done = {self.key(r): r for r in self.replayed if "kind" in r}
         self._pending: list[bytes] = []
         self._fh = None  # opened by commit(): until then nothing is written (a failed start leaves no file)
 
     def commit(self) -> None:
-        """Open the file (truncating a fresh tune's, keeping a resumed one's) and write pending records."""
+        """Open the file (a fresh tune's new, a resumed one's kept) and write pending records.
+
+        Never through a link: a fresh journal replaces whatever stands at its name (a planted
+        link included) with a new file made with ``O_EXCL``; a resumed one is opened ``O_NOFOLLOW``.
+        """
         if self._fh is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.resume:
-            self._truncate_torn_tail()
-        self._fh = open(self.path, "ab" if self.resume else "wb")
-        for line in self._pending:
-            self._write(line)
+        with storage_errors(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.resume:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+                self._truncate_torn_tail(fd)
+            else:
+                if self.path.is_symlink() or self.path.is_file():
+                    self.path.unlink()
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND, 0o644)
+            self._fh = os.fdopen(fd, "ab")
+            for line in self._pending:
+                self._write(line)
         self._pending.clear()
 
     def _write(self, line: bytes) -> None:
-        self._fh.write(line)
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        with storage_errors(self.path):
+            self._fh.write(line)
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
 
-    def _truncate_torn_tail(self) -> None:
-        data = self.path.read_bytes()
+    def _truncate_torn_tail(self, fd: int) -> None:
+        with os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
+            data = fh.read()
         end = data.rfind(b"\n") + 1
         if end != len(data):
-            with open(self.path, "r+b") as fh:
-                fh.truncate(end)
+            os.ftruncate(fd, end)
 
     @staticmethod
     def key(record: dict[str, Any]) -> tuple[str, str, str]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ortpilot.errors import UsageError
+from ortpilot.errors import StorageError, UsageError
 from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
 from ortpilot.tune.candidate import Candidate
 from ortpilot.tune.gate import Gate
@@ -186,6 +186,13 @@ class Search:
                     return
                 result = {"status": "timeout" if exc.timed_out else "crashed", "error": str(exc),
                           "signal": exc.signal_number, "returncode": exc.returncode, "log_tail": exc.log_tail[-500:]}
+            if result.get("errno") is not None:  # a full disk, a read-only cache: every candidate would fail
+                kept = ("Nothing was measured yet; fix that and run the command again." if entry.candidate.baseline
+                        else "The journal keeps every finished candidate; fix that and run the same command with "
+                             "--resume.")
+                raise StorageError(f"The tune stopped at candidate {entry.candidate.label}, because the machine "
+                                   f"refused a write: {str(result.get('error')).split(': ', 1)[-1]} {kept}",
+                                   errno=result["errno"])
             elapsed = time.monotonic() - start
             record = {"kind": "prepared", "id": cid, "candidate": entry.candidate.to_dict(), "phase": entry.phase,
                       "seconds": elapsed, **result}

@@ -28,6 +28,9 @@ def keep_for_resume(out: Path, sources: Mapping[str, Path]) -> dict[str, Any]:
     """Copy ``sources`` (``reference``: the baseline's outputs, ``heldout``: the held-out inputs)
     into ``OUTDIR/.ortpilot-tune/``; return the journal record that names them and their hashes."""
     record: dict[str, Any] = {"kind": KEPT}
+    state = out / STATE_DIR
+    if state.is_symlink():  # planted: writes would land wherever it points
+        state.unlink()
     for key, name in FILES.items():
         data = Path(sources[key]).read_bytes()
         atomic_write_bytes(out / STATE_DIR / name, data)
@@ -43,6 +46,10 @@ def kept_file(out: Path, record: Mapping[str, Any], key: str) -> Path:
     entry = record.get(key) or {}
     path = out / str(entry.get("file") or f"{STATE_DIR}/{FILES[key]}")
     what = "the default session's outputs" if key == "reference" else "the held-out inputs"
+    if path.is_symlink() or path.parent.is_symlink():
+        raise UsageError(f"Cannot resume the tune in '{out}': '{path}' ({what}) is reached through a symbolic link; "
+                         "ortpilot does not follow links in an output folder. Drop --resume to start the tune over, "
+                         "or choose another -o folder.")
     if not path.is_file():
         raise UsageError(f"Cannot resume the tune in '{out}': '{path}' ({what}, which the tune kept for --resume) "
                          "is missing. Drop --resume to start the tune over, or choose another -o folder.")

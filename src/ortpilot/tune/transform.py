@@ -151,7 +151,7 @@ def build_model(source: Path, steps: Sequence[Mapping[str, Any]], calibration: S
             result.save(out)
             return {"record": record.to_dict()}  # kept in the entry's meta, for hits
 
-        path, hit = store.get_or_create(key, build, meta={"steps": prefix})
+        path, hit = store.get_or_create(key, build, meta={"steps": prefix, "source_sha256": source_sha})
         records.append(store.read_entry(key).get("meta", {}).get("record")
                        or {"name": step.get("pass"), "options": dict(step)})
         hit_all = hit_all and hit

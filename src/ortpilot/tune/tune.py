@@ -23,6 +23,7 @@ from typing import Any
 import onnxruntime as ort
 
 from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path
+from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.artifacts.profile import write_profile
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import UsageError
@@ -125,6 +126,17 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
     if not budget_s or budget_s <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {budget_s}.")
     out = check_out_dir(Path(out_dir))
+    with one_writer(out, "ortpilot tune"):  # a second tune on this OUTDIR exits 2 naming this one's PID
+        return _tune(model, out, budget_s, start, load_start, shapes=shapes, objective=objective,
+                     max_error=max_error, metric=metric, calibration=calibration, providers=providers, resume=resume,
+                     quantize=quantize, samples=samples, progress=progress)
+
+
+def _tune(model: str | os.PathLike | None, out: Path, budget_s: float, start: float, load_start: float | None, *,
+          shapes: Sequence[str] | Mapping[str, Any] | None, objective: str, max_error: float | None,
+          metric: str | None, calibration: str | os.PathLike | None, providers: Sequence[Any] | None, resume: bool,
+          quantize: bool, samples: int, progress: Callable[[Progress], None] | None) -> TuneResult:
+    """``tune`` once OUTDIR is this process's."""
     label = str(model) if model is not None else "demo:encoder"
     path = _model_path(model)
     proto = load_model(path, load_external_data=False)
@@ -224,7 +236,7 @@ def _winner_model(worker: WorkerClient, winner: Entry, source: Path) -> Path:
     built = winner.prepared.get("model_path")
     if not built:
         return source
-    if Path(built).is_file():
+    if _trusted_model(Path(built), source, winner.prepared.get("model_sha256")):
         return Path(built)
     try:
         result = worker.request("prepare", winner.candidate.to_dict(), CANDIDATE_TIMEOUT_S)
@@ -235,6 +247,16 @@ def _winner_model(worker: WorkerClient, winner: Entry, source: Path) -> Path:
                          f"rebuilding it gave {'a different model' if result.get('status') == 'ok' else result.get('error')}"
                          "; its measurements do not hold for the rebuild. Drop --resume to tune again.")
     return Path(result["model_path"])
+
+
+def _trusted_model(path: Path, source: Path, sha256: Any) -> bool:
+    """A journaled model path is used only if it is the source or a model-cache entry, with the journaled hash:
+    a journal must not make tune copy an arbitrary file into OUTDIR."""
+    from ortpilot.artifacts.store import ModelStore
+
+    real = Path(os.path.realpath(path))
+    inside = real == Path(os.path.realpath(source)) or Path(os.path.realpath(ModelStore().root)) in real.parents
+    return inside and real.is_file() and not path.is_symlink() and file_sha256(real) == sha256
 
 
 def _load_avg(journal: Journal, replay_only: bool, load_start: float | None) -> list[float]:
@@ -310,34 +332,22 @@ def _model_path(model: str | os.PathLike | None) -> Path:
 
 
 def _calibration(proto: Any, plan: Any, calibration: str | os.PathLike | None) -> list[dict[str, Any]]:
-    """User samples (an .npz of NAME arrays with a leading sample axis, or a folder of .npz), else synthetic."""
+    """User samples through the one loader quantize and compare use (names, dtypes and ranks checked against
+    the model, so a mismatch is an error now, not a failed candidate later), else synthetic inputs."""
     if calibration is None:
         return [make_feeds(proto, plan=plan, seed=i) for i in range(CALIBRATION_SAMPLES)]
-    import numpy as np
+    from ortpilot.passes.calibration import load_calibration
 
-    p = Path(calibration)
-    files = sorted(p.glob("*.npz")) if p.is_dir() else [p]
-    if not files or not all(f.is_file() for f in files):
-        raise UsageError(f"--calibration '{p}' is not an .npz file or a folder of .npz files.")
-    samples: list[dict[str, Any]] = []
-    try:
-        for f in files:
-            with np.load(f) as data:
-                arrays = {k: data[k] for k in data.files}
-            if len(files) == 1 and all(a.ndim == len(plan.shapes.get(k, ())) + 1 for k, a in arrays.items()):
-                n = min(a.shape[0] for a in arrays.values())
-                samples.extend({k: a[i] for k, a in arrays.items()} for i in range(n))
-            else:
-                samples.append(arrays)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--calibration '{p}' could not be read as numpy arrays ({exc}).") from None
-    if not samples:
-        raise UsageError(f"--calibration '{p}' holds no samples.")
-    return samples
+    return load_calibration(calibration, proto, shapes=plan.shapes).samples
 
 
 def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
     header = journal.get("start")
+    if journal.replayed and (header is None or journal.get(KEPT) is None):
+        # the gate would read the default session's outputs from a path the journal names
+        raise UsageError(f"The journal in '{out}' lacks its {'start' if header is None else 'kept'} record, which "
+                         "every resumable tune writes first; it was damaged or edited. Drop --resume to start over, "
+                         "or choose another -o folder.")
     if header is None:
         return
     differs = [k for k, v in config.items() if header.get(k) != v]

@@ -23,8 +23,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ortpilot.childproc import die_with_parent, spawn, stop
+
 # Test hook: a worker asked to prepare a candidate whose label contains this text kills itself
-# with SIGSEGV, the way a crashing EP would. Used by the crash-isolation test only.
+# with SIGSEGV, the way a crashing EP would; ``hang:TEXT`` makes it sleep instead, like a candidate
+# that takes ten minutes (never the baseline). Used by the crash-isolation and signal tests only.
 CRASH_ENV = "ORTPILOT_TUNE_CRASH_ON"
 MAX_LIVE_SESSIONS = 6
 
@@ -52,7 +55,10 @@ class _Child:
 
         cand = Candidate.from_dict(dict(data))
         crash_on = os.environ.get(CRASH_ENV)
-        if crash_on and crash_on in cand.label:
+        if crash_on and crash_on.startswith("hang:"):
+            if not cand.baseline and crash_on[5:] in cand.label:
+                time.sleep(3600)
+        elif crash_on and crash_on in cand.label:
             os.kill(os.getpid(), signal.SIGSEGV)
         start = time.perf_counter()
         try:
@@ -165,6 +171,7 @@ def save_samples(path: Path, samples: list[Mapping[str, Any]]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    die_with_parent()  # a tune killed outright must not leave a worker finishing a 10-minute candidate
     resp = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything a library prints goes to the log, never into the protocol
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides about Ctrl-C
@@ -177,13 +184,25 @@ def main(argv: list[str]) -> int:
         try:
             result = getattr(child, op)(msg["data"])
         except Exception as exc:  # a candidate that fails cleanly is a recorded failure
+            from ortpilot.artifacts.oserrors import is_environmental, storage_error
             from ortpilot.errors import OrtpilotError
+
+            if is_environmental(exc):  # a raw OSError (numpy's writes): the message names path, errno and fix
+                exc = storage_error(exc, getattr(exc, "filename", None) or child.scratch)
 
             kind = type(exc).__name__
             result = {"status": "failed", "error": f"{kind}: {str(exc).strip().splitlines()[0] if str(exc).strip() else kind}",
-                      "verification": isinstance(exc, OrtpilotError)}
+                      "verification": isinstance(exc, OrtpilotError), "errno": _environmental_errno(exc)}
         resp.write(json.dumps(result) + "\n")
     return 0
+
+
+def _environmental_errno(exc: BaseException) -> int | None:
+    """The errno of a full disk, a read-only or unwritable folder (the tune stops on it), else None."""
+    from ortpilot.artifacts.oserrors import ENVIRONMENTAL
+
+    number = getattr(exc, "errno", None)
+    return number if isinstance(number, int) and number in ENVIRONMENTAL else None
 
 
 # --------------------------------------------------------------------------- parent side
@@ -219,17 +238,22 @@ class WorkerClient:
         self.scratch = scratch
         self.proc: subprocess.Popen | None = None
         self.log_path = scratch / "worker.log"
+        self.busy = False  # a request is in flight: close() then kills instead of asking
 
     def _start(self) -> subprocess.Popen:
-        log = open(self.log_path, "ab")
-        env = dict(os.environ)
-        self.proc = subprocess.Popen([sys.executable, "-m", "ortpilot.tune.worker", str(self.scratch)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
-                                     start_new_session=True)
-        log.close()
-        return self.proc
+        with open(self.log_path, "ab") as log:
+            # spawn records the child in self.proc before an interrupt that came meanwhile is raised
+            return spawn([sys.executable, "-m", "ortpilot.tune.worker", str(self.scratch)],
+                         lambda proc: setattr(self, "proc", proc), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=log)
 
     def request(self, op: str, data: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.busy = True
+        result = self._request(op, data, timeout_s)  # an interrupt leaves busy set: close() kills the worker
+        self.busy = False
+        return result
+
+    def _request(self, op: str, data: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
         proc = self.proc if self.proc and self.proc.poll() is None else self._start()
         try:
             proc.stdin.write((json.dumps({"op": op, "data": data}) + "\n").encode())
@@ -240,12 +264,11 @@ class WorkerClient:
         if line is None:
             timed_out = not eof
             if timed_out:
-                proc.kill()
+                stop(proc)
             try:
                 proc.wait(timeout=10)  # a closed pipe comes a moment before the exit status
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                stop(proc)
             self.proc = None
             rc = proc.returncode
             raise WorkerCrash(-rc if rc and rc < 0 and not timed_out else None, rc, timed_out, self._tail())
@@ -278,16 +301,22 @@ class WorkerClient:
             return ""
 
     def close(self) -> None:
+        """Ask an idle worker to exit; one still busy (the tune was interrupted) is killed at once."""
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
+            return
+        if self.busy:
+            stop(proc)
             return
         try:
             proc.stdin.write(b'{"op": "exit"}\n')
             proc.stdin.close()
             proc.wait(timeout=5)
-        except Exception:
-            proc.kill()
-            proc.wait()
+        except Exception:  # a broken pipe, or no exit within 5 s
+            stop(proc)
+        except BaseException:
+            stop(proc)
+            raise
 
 
 if __name__ == "__main__":
