@@ -147,7 +147,7 @@ def closed_loop(port: int, path: str, body: bytes, headers: dict[str, str], conc
         with lock:
             latencies.extend(mine)
 
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
@@ -187,6 +187,9 @@ def main() -> None:
     for name in args.models:
         model, output = MODELS[name]
         profile = profile_for(name, model)
+        # Ctrl-C or SIGTERM stop the servers this script started (tune keeps its own SIGINT handler).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         doc = json.loads(profile.read_text())
         feeds = make_feeds(load_model(profile.parent / doc["model"]["file"]), seed=0)
         servers: dict[str, Proc] = {}
