@@ -1,0 +1,29 @@
+"""``ortpilot serve``: verified profiles as a Ray Serve application (Open Inference Protocol, /metrics).
+
+``deployment(profile, ...)`` returns the Ray Serve application; ``run_server`` is what the CLI
+runs (a local Ray instance by default, or ``address=`` an existing cluster). Ray is imported
+only when one of them is called, so ``import ortpilot.serve`` works without the extra.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ortpilot.serve.options import ModelSpec, ServeOptions, resolve_models
+
+
+def deployment(profiles: Any, names: Any = (), **kwargs: Any) -> Any:
+    """The Ray Serve application of verified replicas for ``profiles`` (see ``ortpilot.serve.app``)."""
+    from ortpilot.serve.app import deployment as _deployment
+
+    return _deployment(profiles, names, **kwargs)
+
+
+def run_server(*args: Any, **kwargs: Any) -> Any:
+    """Start (or join) Ray, run the application, report readiness, serve until a signal."""
+    from ortpilot.serve.runner import run_server as _run_server
+
+    return _run_server(*args, **kwargs)
+
+
+__all__ = ["ModelSpec", "ServeOptions", "deployment", "resolve_models", "run_server"]
