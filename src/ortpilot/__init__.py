@@ -45,8 +45,25 @@ def load_profile(path: str, **kwargs: Any) -> VerifiedSession:
     return _load_profile(path, **kwargs)
 
 
+def verify(profile: str, **kwargs: Any):
+    """Re-verify a tune profile here (environment, machine, reference outputs; latency with
+    ``max_slowdown_pct``): what ``ortpilot verify`` runs. See ``ortpilot.tune.verify.verify_profile``."""
+    from ortpilot.tune.verify import verify_profile
+
+    return verify_profile(profile, **kwargs)
+
+
+def probe(provider: str):
+    """Build and run a tiny strict session on ``provider`` alone: the doctor's proof that it works here.
+    Returns a ``ProbeResult`` (``status`` ok/failed/skipped, ``reason``)."""
+    from ortpilot.providers.doctor import probe_provider
+    from ortpilot.providers.names import canonical_name
+
+    return probe_provider(canonical_name(provider))
+
+
 __all__ = [
     "AccuracyGateError", "InputError", "ModelLoadError", "OrtpilotError", "ProviderError",
     "ProviderFallbackError", "SessionSettings", "StampMismatchError", "UsageError", "VerificationError",
-    "VerifiedSession", "doctor", "load", "load_profile", "tune", "__version__",
+    "VerifiedSession", "doctor", "load", "load_profile", "probe", "tune", "verify", "__version__",
 ]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RAY_ENV, free_port
+from serve_procs import RAY_ENV, free_port
 
 
 def client_modules() -> tuple[Any, Any]:

@@ -172,7 +172,8 @@ def test_bad_json_and_methods(demo_server: OpenAIServer, client: openai.OpenAI) 
 
 @pytest.mark.parametrize("args, words", [
     (["/no/such/model.onnx"], "does not exist"),
-    (["demo:mlp"], "does not look like a decoder"),
+    (["demo:decoder", "demo:mlp"], "serve them from two `ortpilot serve` processes"),
+    (["demo:decoder", "--max-batch", "4"], "--max-batch do(es) not apply to decoders"),
     (["demo:decoder", "--name", "a", "--name", "b"], "--name is given 2 time(s) for 1 model(s)"),
     (["demo:decoder", "--chat-template", "jinja"], "'jinja' is not one of 'auto', 'chatml'"),
     (["demo:decoder", "--max-length", "4096"], "above the model's 2048 positions"),

@@ -183,10 +183,15 @@ def _warmup_arg(text: str) -> int | str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--report", default=None, help="Write a self-contained HTML report (histogram, time series, comparison).")
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
+@click.option("--baseline", default=None, help="A saved 'bench --json' result of the old build: exit 1 when this "
+              "one is slower by more than --max-slowdown beyond the noise (give the old model with --vs "
+              "\"--model OLD.onnx\" to compare interleaved).")
+@click.option("--max-slowdown", default=None, help="Percent slower than --baseline that still passes, e.g. 10.")
 @handle_errors
 def command(model: str, warmup: str, runs: int | None, duration: float | None, vs: tuple[str, ...],
              configs_file: str | None, name: str | None, block: int | None, policy: str, roofline: bool,
-             samples: bool, as_json: bool, report: str | None, isolate: bool, **knobs: Any) -> None:
+             samples: bool, as_json: bool, report: str | None, isolate: bool, baseline: str | None,
+             max_slowdown: str | None, **knobs: Any) -> None:
     """Benchmark MODEL: latency percentiles with a CI of the median, throughput, memory, roofline.
 
     With --vs or --configs, every configuration runs interleaved in this process and each one's
@@ -212,6 +217,7 @@ def command(model: str, warmup: str, runs: int | None, duration: float | None, v
         entries += [(n, text, f"--configs entry '{n or text}'") for n, text in _config_file_entries(configs_file)]
     params = [base] + [parse_vs(text, {**base, "name": n}, where) for n, text, where in entries]
     configs = [build_config(p, "") for p in params]
+    gate = _regression_gate(baseline, max_slowdown, configs)
     if isolate:  # once per distinct model/providers/settings: a crash can depend on any of them
         distinct = {json.dumps([c.model, c.providers, c.settings.to_dict()], default=str): c for c in configs}
         for c in distinct.values():
@@ -232,7 +238,45 @@ def command(model: str, warmup: str, runs: int | None, duration: float | None, v
         if exc.partial is not None:
             _output(exc.partial, as_json, samples, report)
         raise
-    _output(result, as_json, samples, report)
+    verdict = gate(result) if gate else None
+    _output(result, as_json, samples, report, verdict)
+    if verdict is not None and verdict.slower:
+        from ortpilot.errors import VerificationError
+
+        raise VerificationError(f"Performance regression against --baseline: {verdict.line()}")
+
+
+def _regression_gate(baseline: str | None, max_slowdown: str | None, configs: list[Any]):
+    """Checks before measuring (exit 2 at once), and the verdict to compute after; None without --baseline."""
+    from ortpilot.measure import regression
+    from ortpilot.modelio import file_sha256
+
+    if baseline is None:
+        if max_slowdown is not None:
+            raise UsageError("--max-slowdown needs --baseline: the saved 'bench --json' result to compare with.")
+        return None
+    if max_slowdown is None:
+        raise UsageError("--baseline needs --max-slowdown PCT: how much slower than the saved run still passes.")
+    pct = regression.check_max_slowdown(max_slowdown)
+    if len(configs) > 2:
+        raise UsageError("--baseline compares two configurations at most: MODEL, and the old model with one --vs.")
+    saved = regression.read_baseline(baseline)
+    old_model = configs[-1].model
+    if isinstance(old_model, (str, Path)) and Path(old_model).is_file() and file_sha256(old_model) != saved.get("model_sha256"):
+        raise UsageError(f"--baseline '{baseline}' measured another model (sha256 {str(saved.get('model_sha256'))[:12]}…) "
+                         f"than '{old_model}' ({file_sha256(old_model)[:12]}…). Give the model it measured, or its "
+                         "new build as MODEL and the old one with --vs \"--model OLD.onnx\".")
+
+    def verdict(result: Any):
+        doc = result.to_dict(samples=False)
+        if doc.get("kind") == "comparison":
+            new, old = doc["configs"][0], doc["configs"][1]
+            regression.check_same_measurement(saved, old, baseline)
+            return regression.from_interleaved(new, old, doc["ratios"][0], pct)
+        regression.check_same_measurement(saved, doc, baseline)
+        return regression.from_saved_ci(doc, saved, pct)
+
+    return verdict
 
 
 command = _apply(_knobs(base=True), command)
@@ -258,12 +302,18 @@ def _progress():
     return update, bar
 
 
-def _output(result: Any, as_json: bool, samples: bool, report: str | None) -> None:
+def _output(result: Any, as_json: bool, samples: bool, report: str | None, verdict: Any = None) -> None:
     """The results first, then the report: a report that cannot be written (full disk) keeps the numbers."""
     if as_json:
-        emit_json(result.to_dict(samples=samples))
+        doc = result.to_dict(samples=samples)
+        if verdict is not None:
+            doc["regression"] = verdict.to_dict()
+        emit_json(doc)
     else:
         render(result)
+    if verdict is not None:
+        (stderr if as_json else stdout).print(("[red]" if verdict.slower else "[green]") + escape(verdict.line())
+                                              + "[/]", highlight=False)
     if report:
         from ortpilot.measure.html_report import write_report
 

@@ -81,6 +81,26 @@ def find_tokenizer(source: str, folders: list[Path], tokenizer: str | None) -> P
                      "PATH/tokenizer.json (or serve a folder that holds one beside the model).")
 
 
+def is_decoder_target(source: str, tokenizer: str | None = None) -> bool:
+    """Whether ``ortpilot serve`` serves ``source`` behind the OpenAI API: ``demo:decoder``, a folder
+    without a profile that holds a tokenizer.json, or a model file with a KV cache (past inputs)."""
+    if source == "demo:decoder":
+        return True
+    path = Path(source)
+    if path.is_dir():
+        return not (path / "profile.json").is_file() and (
+            tokenizer is not None or (path / "tokenizer.json").is_file())
+    if not path.is_file() or path.suffix != ".onnx":
+        return False
+    from ortpilot.decode.signature import detect_signature
+    from ortpilot.modelio import load_model
+
+    try:
+        return detect_signature(load_model(path, load_external_data=False)).has_cache
+    except Exception:  # not readable as a decoder: the usual serve path reports what is wrong with it
+        return False
+
+
 def prepare_decoder(source: str, name: str | None = None, *, tokenizer: str | None = None,
                     chat_template: str = "auto", max_streams: int = 8, max_queue: int = 64,
                     max_length: int | None = None, prefill_chunk: int = 0) -> DecoderSpec:
@@ -273,4 +293,5 @@ class DecoderReplica:
         self.scheduler.close()
 
 
-__all__ = ["CHAT_TEMPLATES", "DecoderReplica", "DecoderSpec", "find_model_file", "find_tokenizer", "prepare_decoder"]
+__all__ = ["CHAT_TEMPLATES", "DecoderReplica", "DecoderSpec", "find_model_file", "find_tokenizer", "is_decoder_target",
+           "prepare_decoder"]

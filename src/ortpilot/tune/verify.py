@@ -1,4 +1,5 @@
-"""Re-verify a tune profile on this machine: the session it names, and the outputs it recorded.
+"""Re-verify a tune profile on this machine: the session it names, the outputs it recorded, and
+(on request) the speedup it promised.
 
 ``load_profile`` proves the environment (model hash, ORT build, providers, placement, the
 machine). This adds the outputs: the profile's winner, run on the reference input sample the
@@ -7,6 +8,11 @@ bit is only a fair demand where the same kernels run (same ORT version, CPU arch
 kernel-choosing ISA flags and INT8 exactness): there each output's sha256 must match. Elsewhere
 ORT's kernels legitimately round differently, so each output is compared with the recorded
 one by the tune's own gate metric and limit, and the result says which check it was.
+
+With ``max_slowdown_pct`` the profile's session and ORT's default session (on the tune's source
+model) are timed interleaved in this process, and the speedup's CI is held against the one the
+tune recorded: the check fails when even the CI's upper end is below the recorded speedup
+divided by 1 + PCT/100 (the profile is slower than promised by more than PCT, beyond the noise).
 """
 
 from __future__ import annotations
@@ -26,6 +32,37 @@ from ortpilot.session.profile import load_profile
 from ortpilot.session.verified import VerifiedSession
 
 REFERENCE_FILE = "reference.npz"
+LATENCY_DURATION_S = 8.0  # the interleaved timing of profile vs default, both together
+
+
+@dataclass
+class LatencyCheck:
+    """The speedup over ORT's default measured here against the one the tune recorded."""
+
+    recorded: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    max_slowdown_pct: float
+    default_p50_ms: float
+    profile_p50_ms: float
+
+    @property
+    def passed(self) -> bool:
+        return self.ci_high >= self.recorded / (1 + self.max_slowdown_pct / 100)
+
+    @property
+    def detail(self) -> str:
+        floor = self.recorded / (1 + self.max_slowdown_pct / 100)
+        return (f"{self.ratio:.2f}x ORT's default here (95% CI {self.ci_low:.2f}-{self.ci_high:.2f}; p50 "
+                f"{self.profile_p50_ms:.3f} vs {self.default_p50_ms:.3f} ms), {self.recorded:.2f}x recorded; "
+                f"{'passes' if self.passed else 'fails'}: at least {floor:.2f}x allowed ({self.max_slowdown_pct:g}% "
+                "slowdown)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recorded_speedup": self.recorded, "speedup": self.ratio, "ci95": [self.ci_low, self.ci_high],
+                "max_slowdown_pct": self.max_slowdown_pct, "default_p50_ms": self.default_p50_ms,
+                "profile_p50_ms": self.profile_p50_ms, "passed": self.passed, "detail": self.detail}
 
 
 @dataclass
@@ -50,26 +87,31 @@ class ProfileVerification:
     mode: str  # "bit-exact" | "tolerance" | "not checked"
     why: str
     outputs: list[OutputCheck] = field(default_factory=list)
+    latency: LatencyCheck | None = None
 
     @property
     def passed(self) -> bool:
-        return all(o.passed for o in self.outputs)
+        return all(o.passed for o in self.outputs) and (self.latency is None or self.latency.passed)
 
     def failure(self) -> VerificationError | None:
         """The error to raise (exit 1) when an output was not reproduced, else None."""
         if self.passed:
             return None
-        failed = "; ".join(f"{o.name}: {o.detail}" for o in self.outputs if not o.passed)
-        return VerificationError(f"Profile '{self.profile}' does not reproduce its reference outputs ({self.mode} "
-                                 f"check: {failed}). The model, ORT build or machine changed what it computes; "
-                                 "re-run 'ortpilot tune' here.")
+        if not all(o.passed for o in self.outputs):
+            failed = "; ".join(f"{o.name}: {o.detail}" for o in self.outputs if not o.passed)
+            return VerificationError(f"Profile '{self.profile}' does not reproduce its reference outputs ({self.mode} "
+                                     f"check: {failed}). The model, ORT build or machine changed what it computes; "
+                                     "re-run 'ortpilot tune' here.")
+        return VerificationError(f"Profile '{self.profile}' is slower than it was tuned: {self.latency.detail}. "
+                                 "The machine, its load or the ORT build changed; re-run 'ortpilot tune' here.")
 
     def to_dict(self) -> dict[str, Any]:
         check = getattr(self.session, "machine_check", None)
         return {"profile": self.profile, "passed": self.passed, "providers": self.session.providers,
                 "placement": self.session.placement.to_dict() if self.session.placement else None,
                 "machine": check.to_dict() if check else None,
-                "reference": {"mode": self.mode, "why": self.why, "outputs": [o.to_dict() for o in self.outputs]}}
+                "reference": {"mode": self.mode, "why": self.why, "outputs": [o.to_dict() for o in self.outputs]},
+                "latency": self.latency.to_dict() if self.latency else None}
 
 
 def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -106,17 +148,33 @@ def _digest(array: np.ndarray) -> str:
     return digest(array)
 
 
-def verify_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False
-                   ) -> ProfileVerification:
+def verify_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
+                   max_slowdown_pct: float | None = None, duration_s: float = LATENCY_DURATION_S,
+                   intra_op_threads: int | None = None, optimized: bool = False) -> ProfileVerification:
     """Load ``path`` with ``load_profile`` (its errors raise) and reproduce its reference outputs.
 
     The result says which check ran and whether each output held; ``result.failure()`` is the
-    VerificationError to raise when one did not.
+    VerificationError to raise when one did not. ``max_slowdown_pct`` adds the latency check.
+    ``intra_op_threads`` and ``optimized`` go to ``load_profile`` (a serving replica verifies the
+    session it will serve with, on its own CPUs).
     """
     path = Path(path)
     if path.is_dir():
         path = path / "profile.json"
-    session = load_profile(path, policy, accept_machine=accept_machine)
+    if max_slowdown_pct is not None:
+        from ortpilot.measure.regression import check_max_slowdown
+
+        max_slowdown_pct = check_max_slowdown(max_slowdown_pct)
+    result = _verify_outputs(path, policy, accept_machine, intra_op_threads, optimized)
+    if max_slowdown_pct is not None:
+        result.latency = check_latency(result.session, path, max_slowdown_pct, duration_s)
+    return result
+
+
+def _verify_outputs(path: Path, policy: str, accept_machine: bool, intra_op_threads: int | None = None,
+                    optimized: bool = False) -> ProfileVerification:
+    session = load_profile(path, policy, accept_machine=accept_machine, intra_op_threads=intra_op_threads,
+                           optimized=optimized)
     doc = session.profile
     reference = doc.get("reference_outputs") or {}
     file = path.parent / str(reference.get("file") or REFERENCE_FILE)
@@ -159,4 +217,40 @@ def verify_profile(path: str | os.PathLike, policy: str = "strict", *, accept_ma
     return result
 
 
-__all__ = ["OutputCheck", "ProfileVerification", "REFERENCE_FILE", "read_reference", "verify_profile"]
+def check_latency(session: VerifiedSession, path: Path, max_slowdown_pct: float,
+                  duration_s: float = LATENCY_DURATION_S) -> LatencyCheck:
+    """Time the profile's session and ORT's default session on the source model, interleaved."""
+    from ortpilot.measure.interleave import BenchConfig, bench_interleaved
+    from ortpilot.modelio import file_sha256
+    from ortpilot.session import SessionSettings
+
+    doc = session.profile
+    recorded = ((doc.get("latency") or {}).get("speedup_vs_default") or {}).get("ratio")
+    if not isinstance(recorded, (int, float)) or not recorded > 0:
+        raise UsageError(f"Profile '{path}' records no speedup over ORT's default (latency.speedup_vs_default), so "
+                         "--max-slowdown has nothing to hold it to; re-run 'ortpilot tune' to record one.")
+    source = Path(str((doc.get("source_model") or {}).get("path") or ""))
+    if not source.is_file() or file_sha256(source) != (doc.get("source_model") or {}).get("sha256"):
+        raise UsageError(f"--max-slowdown times the profile against ORT's default session on the model it was tuned "
+                         f"from, and that model ('{source}') is missing here or changed. Copy it to that path, or "
+                         "verify without --max-slowdown.")
+    file = path.parent / str((doc.get("reference_outputs") or {}).get("file") or REFERENCE_FILE)
+    if file.is_file():
+        feeds = read_reference(file)[0]
+    else:
+        from ortpilot.tune.tune import reference_feeds
+
+        feeds = reference_feeds(doc)
+    providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
+    configs = [BenchConfig("ORT default", str(source), ["CPUExecutionProvider"], SessionSettings(), feeds=feeds),
+               BenchConfig("profile", str(session.model_path), providers, session.settings, feeds=feeds,
+                           iobinding=bool(doc.get("iobinding")))]
+    comparison = bench_interleaved(configs, duration_s=duration_s, policy="strict")
+    ratio = comparison.ratios[0]  # profile / default latency
+    default, profile = (r.stats.p50 * 1e3 for r in comparison.results)
+    return LatencyCheck(float(recorded), 1 / ratio.ratio, 1 / ratio.ci_high, 1 / ratio.ci_low, max_slowdown_pct,
+                        default, profile)
+
+
+__all__ = ["LatencyCheck", "OutputCheck", "ProfileVerification", "REFERENCE_FILE", "check_latency", "read_reference",
+           "verify_profile"]
