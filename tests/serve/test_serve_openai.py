@@ -37,7 +37,7 @@ def demo_server(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> I
     server = OpenAIServer(["demo:decoder", "--max-streams", "4", "--max-queue", "4", "--max-length", "512"],
                           ray_address, tmp_path_factory.mktemp("serve") / "demo.err")
     yield server
-    assert server.stop() == 0, server.stderr
+    assert server.stop() == 0, server.log.read_text(errors="replace")
 
 
 @pytest.fixture(scope="module")

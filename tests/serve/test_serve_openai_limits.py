@@ -30,7 +30,7 @@ def slow_server(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> I
                            "--max-streams", "2", "--max-queue", "1", "--max-length", "1024"],
                           ray_address, folder / "slow.err")
     yield server
-    assert server.stop() == 0, server.stderr
+    assert server.stop() == 0, server.log.read_text(errors="replace")
 
 
 def _info(server: OpenAIServer) -> dict:

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -45,8 +42,6 @@ log = logging.getLogger("ortpilot")
 APP_NAME = "ortpilot-openai"
 ROUTE_PREFIX = "/v1"
 INGRESS_NAME = "openai-ingress"
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
-QUIET_LOGS = {"log_level": "WARNING", "enable_access_log": False}
 
 
 class DecoderDeployment(DecoderReplica):
@@ -171,10 +166,9 @@ class OpenAIIngress:
 def openai_deployment(specs: Sequence[DecoderSpec], *, replicas: int = 1, cpus_per_replica: float | None = None,
                       cpu_budget: int | None = None, access_log: bool = True) -> Any:
     """The Ray Serve application for ``specs`` (not yet running): mount it at ``ROUTE_PREFIX``."""
-    try:
-        from ray import serve
-    except ImportError:
-        raise UsageError("Serving needs Ray Serve: pip install 'ortpilot[serve]'.") from None
+    from ortpilot.serve.app import require_ray
+
+    serve = require_ray()
     if replicas < 1:
         raise UsageError(f"--replicas must be at least 1, got {replicas}.")
     if cpu_budget is None:
@@ -195,24 +189,16 @@ def openai_deployment(specs: Sequence[DecoderSpec], *, replicas: int = 1, cpus_p
     return ingress.bind(handles, access_log)
 
 
-def _get(url: str, timeout: float = 5.0) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        return exc.code, None
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0, None
-
-
 def wait_ready(specs: Sequence[DecoderSpec], base: str, timeout: float, failed: list[BaseException]) -> list[dict]:
     """Each model's ``GET /v1/models/NAME`` once a replica answers it (it loaded and started its engine)."""
+    from ortpilot.serve.runner import _get
+
     deadline = time.monotonic() + timeout
     ready: dict[str, dict] = {}
     while len(ready) < len(specs):
         for spec in specs:
             if spec.name not in ready:
-                code, doc = _get(f"{base}{ROUTE_PREFIX}/models/{spec.name}")
+                code, doc = _get(f"{base}{ROUTE_PREFIX}/models/{spec.name}", timeout=5.0)
                 if code == 200 and doc:
                     ready[spec.name] = doc
         if failed:
@@ -229,44 +215,42 @@ def run_openai_server(specs: Sequence[DecoderSpec], *, host: str = "127.0.0.1", 
                       ready_timeout: float = 300.0, access_log: bool = True,
                       on_ready: Callable[[list[dict]], None] | None = None,
                       stop: threading.Event | None = None) -> list[dict]:
-    """Start (or join, ``address``) Ray, run the application at ``/v1``, serve until SIGINT/SIGTERM."""
-    import socket
+    """Start (or join, ``address``) Ray, run the application at ``/v1``, serve until SIGINT/SIGTERM.
 
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise UsageError(f"Port {port} on {host} is not free ({exc.strerror or exc}); pick another with "
-                             "--port.") from None
-    for key, value in RAY_ENV.items():
-        os.environ.setdefault(key, value)
-    if (address or "").rpartition(":")[0] in ("127.0.0.1", "localhost"):
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # stay on loopback when joining one
-    try:
-        import ray
-        from ray import serve
-    except ImportError:
-        raise UsageError("Serving needs Ray Serve: pip install 'ortpilot[serve]'.") from None
+    The Ray and Serve handling is ``runner``'s (what the Open Inference Protocol application
+    uses): exactly what this call started is stopped again.
+    """
+    from ortpilot.serve.app import require_ray
+    from ortpilot.serve.runner import (
+        QUIET_LOGS,
+        Server,
+        _start_ray,
+        check_port,
+        ray_environment,
+    )
+
+    check_port(host, port)
+    ray_environment(address)
+    serve = require_ray()
     from ortpilot.providers.cpubudget import this_budget
 
     budget = this_budget().cpus
     stop = stop or threading.Event()
-    if address:
-        ray.init(address=address, logging_level=logging.WARNING)
-    else:
-        ray.init(num_cpus=budget, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level=logging.WARNING)
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    deployed = started_serve = False
+    server = Server(APP_NAME)
+    previous: dict[int, Any] = {}
     try:
-        running = _serve_port()
-        if running is None:
+        server.started_ray, serve_running = _start_ray(address, budget)
+        if threading.current_thread() is threading.main_thread():
+            previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        if serve_running:
+            running = _serve_port()
+            if running != port:
+                raise UsageError(f"Ray Serve already runs on this cluster with its HTTP proxy on port {running}; "
+                                 f"one cluster has one proxy port, so serve on --port {running} or use another "
+                                 "cluster.")
+        else:
             serve.start(http_options={"host": host, "port": port}, logging_config=QUIET_LOGS)
-            started_serve = True
-        elif running != port:
-            raise UsageError(f"Ray Serve already runs on this cluster with its HTTP proxy on port {running}; one "
-                             f"cluster has one proxy port, so serve on --port {running} or use another cluster.")
+            server.started_serve = True  # the next server on a shared cluster starts Serve on its own port
         app = openai_deployment(specs, replicas=replicas, cpus_per_replica=cpus_per_replica, cpu_budget=budget,
                                 access_log=access_log)
         failed: list[BaseException] = []
@@ -274,10 +258,10 @@ def run_openai_server(specs: Sequence[DecoderSpec], *, host: str = "127.0.0.1", 
         def deploy() -> None:
             try:
                 serve.run(app, name=APP_NAME, route_prefix=ROUTE_PREFIX, logging_config=QUIET_LOGS)
-            except BaseException as exc:
+            except BaseException as exc:  # wait_ready reports it
                 failed.append(exc)
 
-        deployed = True
+        server.deployed = True
         threading.Thread(target=deploy, name="ortpilot-deploy", daemon=True).start()
         ready = wait_ready(specs, f"http://{host}:{port}", ready_timeout, failed)
         if on_ready:
@@ -288,27 +272,17 @@ def run_openai_server(specs: Sequence[DecoderSpec], *, host: str = "127.0.0.1", 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if deployed:
-            try:
-                serve.delete(APP_NAME)
-            except Exception as exc:
-                log.warning("Deleting the application failed: %s", exc)
-        if started_serve:
-            serve.shutdown()  # the next server on a shared cluster starts Serve on its own port
-        ray.shutdown()
+        server.stop()
 
 
 def _serve_port() -> int | None:
-    """The HTTP port of the Serve instance already running on the cluster, or None."""
+    """The HTTP port of the Serve instance running on the cluster (-1 when it cannot be read)."""
     import ray
 
     try:
         from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
         controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-    except Exception:
-        return None
-    try:
         return int(ray.get(controller.get_http_config.remote(), timeout=30).port)
     except Exception:
         return -1
