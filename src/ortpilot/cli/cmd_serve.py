@@ -1,4 +1,5 @@
-"""``ortpilot serve``: verified profiles as a service on Ray Serve (Open Inference Protocol, /metrics)."""
+"""``ortpilot serve``: verified profiles as a service on Ray Serve (Open Inference Protocol, /metrics);
+decoders behind an OpenAI-compatible API with continuous batching."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 import click
 
 from ortpilot.cli.common import emit_json, handle_errors, stderr, stdout
+from ortpilot.cli.serve_openai import openai_options, serve_decoders
 
 _STARTED = time.perf_counter()  # cold start counts from the command's start, imports included
 
@@ -40,11 +42,14 @@ _STARTED = time.perf_counter()  # cold start counts from the command's start, im
               help="Write a KubeRay RayService manifest for these arguments to FILE and exit (serves nothing).")
 @click.option("--image", default=None, help="Container image for --emit-rayservice (default: rayproject/ray).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ready models as one JSON document.")
+@openai_options
 @handle_errors
 def command(profiles: tuple[str, ...], names: tuple[str, ...], host: str, port: int, replicas: int,
             autoscale: str | None, cpus_per_replica: float | None, max_batch: int, batch_wait_ms: float,
             max_request_mb: float, address: str | None, ready_timeout: float, accept_machine: bool,
-            access_log: bool, rayservice: str | None, image: str | None, as_json: bool) -> None:
+            access_log: bool, rayservice: str | None, image: str | None, as_json: bool, tokenizer: str | None,
+            chat_template: str, max_streams: int, max_queue: int, max_length: int | None,
+            prefill_chunk: int) -> None:
     """Serve each PROFILE (a tune output folder or profile.json, a model file, or demo:NAME) over the
     Open Inference Protocol (KServe v2 REST) with verified replicas on Ray Serve.
 
@@ -53,8 +58,36 @@ def command(profiles: tuple[str, ...], names: tuple[str, ...], host: str, port: 
     when it is ready; SIGINT/SIGTERM drains and stops what serve started. Exit 0 after a signal,
     1 when a model has no verified replica within --ready-timeout, 2 bad usage (a taken port,
     an unreadable profile).
+
+    A decoder (demo:decoder, a decoder model file, or a folder with one and its tokenizer.json) is
+    served behind OpenAI-compatible endpoints under /v1 instead (GET /v1/models, POST
+    /v1/completions and /v1/chat/completions, streamed or not): each replica decodes up to
+    --max-streams requests together on one shared KV buffer (continuous batching).
     """
+    from ortpilot.serve.decoder import is_decoder_target
     from ortpilot.serve.options import ServeOptions, parse_autoscale, resolve_models
+
+    decoders = [p for p in profiles if is_decoder_target(p, tokenizer)]
+    if decoders:
+        from ortpilot.errors import UsageError
+
+        if len(decoders) != len(profiles):
+            others = [p for p in profiles if p not in decoders]
+            raise UsageError(f"{', '.join(decoders)} {'is a decoder' if len(decoders) == 1 else 'are decoders'} "
+                             "(served behind the OpenAI API under /v1) and "
+                             f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not: serve them from two "
+                             "`ortpilot serve` processes on two ports.")
+        refused = [flag for flag, on in (("--autoscale", autoscale), ("--max-batch", max_batch != 1),
+                                         ("--emit-rayservice", rayservice), ("--accept-machine", accept_machine))
+                   if on]
+        if refused:
+            raise UsageError(f"{', '.join(refused)} do(es) not apply to decoders: a decoder replica batches "
+                             "continuously (--max-streams, --max-queue) and serves a model file, not a profile.")
+        serve_decoders(profiles, names, tokenizer=tokenizer, chat_template=chat_template, max_streams=max_streams,
+                       max_queue=max_queue, max_length=max_length, prefill_chunk=prefill_chunk, host=host, port=port,
+                       replicas=replicas, cpus_per_replica=cpus_per_replica, address=address,
+                       ready_timeout=ready_timeout, access_log=access_log, as_json=as_json, started=_STARTED)
+        return
 
     specs = resolve_models(list(profiles), list(names))
     options = ServeOptions(replicas=replicas, autoscale=parse_autoscale(autoscale), cpus_per_replica=cpus_per_replica,

@@ -3,6 +3,8 @@
 ``deployment(profile, ...)`` returns the Ray Serve application; ``run_server`` is what the CLI
 runs (a local Ray instance by default, or ``address=`` an existing cluster). Ray is imported
 only when one of them is called, so ``import ortpilot.serve`` works without the extra.
+Decoders have their own application behind an OpenAI-compatible API, mounted at ``/v1``
+(``openai_app.openai_deployment``, replicas in ``decoder``, the wire format in ``openai``).
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ def _get(url: str, timeout: float = 2.0) -> tuple[int, Any]:
 class Server:
     """What ``run_server`` started, so that ``stop`` shuts down exactly that."""
 
-    def __init__(self) -> None:
+    def __init__(self, app_name: str = APP_NAME) -> None:
+        self.app_name = app_name
         self.started_ray = False
         self.started_serve = False
         self.deployed = False
@@ -98,7 +99,7 @@ class Server:
 
         if self.deployed:
             try:
-                serve.delete(APP_NAME)  # graceful: replicas finish the requests they hold
+                serve.delete(self.app_name)  # graceful: replicas finish the requests they hold
             except Exception as exc:
                 log.warning("Deleting the application failed: %s", exc)
         if self.started_serve:
