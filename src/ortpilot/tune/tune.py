@@ -431,6 +431,7 @@ def _write_outputs(result: TuneResult, source: Path, built: Path, reference_feed
     write_reports(result)
     reference = _write_reference(out, winner, reference_feeds)
     settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
+    optimized = _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
     write_profile(out / "profile.json", model_file=model_file, providers=list(winner.candidate.providers),
                   settings=settings.to_dict(), iobinding=winner.candidate.iobinding, machine=machine_facts(),
                   passes=winner.prepared.get("passes") or [], accuracy=winner.accuracy or {}, latency=latency,
@@ -440,4 +441,17 @@ def _write_outputs(result: TuneResult, source: Path, built: Path, reference_feed
                                                "file": reference.name},
                          "source_model": {"path": str(source), "sha256": file_sha256(source)},
                          "shapes": {k: list(v) for k, v in result.shapes.items()},
-                         "placement": winner.prepared.get("placement"), "default_best": result.default_best})
+                         "placement": winner.prepared.get("placement"), "default_best": result.default_best,
+                         **({"optimized_model": optimized} if optimized else {})})
+    if optimized:
+        result.files["optimized_model"] = str(out / optimized["file"])
+
+
+def _write_optimized(out: Path, model_file: Path, providers: list[dict[str, Any]], settings: Any,
+                     reference: Path) -> dict[str, Any] | None:
+    """The ORT-optimized winner for serving replicas (``tune.optimized``), checked on the reference sample."""
+    from ortpilot.tune.optimized import write_optimized_model
+    from ortpilot.tune.verify import read_reference
+
+    inputs, outputs = read_reference(reference)
+    return write_optimized_model(out, model_file, providers, settings, inputs, outputs)
