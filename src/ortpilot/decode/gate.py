@@ -24,7 +24,7 @@ import onnx
 
 from ortpilot.errors import AccuracyGateError, UsageError
 from ortpilot.gate.core import ModelGate
-from ortpilot.gate.exclude import Bisect, Excluded, auto_exclude as run_auto_exclude, nodes_of
+from ortpilot.gate.exclude import Bisect, ExcludeResult, auto_exclude as run_auto_exclude, nodes_of
 from ortpilot.gate.generation import DecoderComparison, GenerationGate, ReferenceRun, log_softmax
 from ortpilot.gate.rankings import GroupSensitivity
 from ortpilot.passes.base import Outcome, SourceModel
@@ -273,7 +273,7 @@ def auto_exclude(model: str | os.PathLike | onnx.ModelProto, prompts: Sequence[S
     return outcome
 
 
-def _auto_exclude_result(found: Excluded, ranking: GroupSensitivity, fallback: str) -> AutoExcludeResult:
+def _auto_exclude_result(found: ExcludeResult, ranking: GroupSensitivity, fallback: str) -> AutoExcludeResult:
     attempts = [{"excluded_groups": [layer.name for layer in t.layers], "passed": t.passed,
                  "top1_agreement": t.result.comparison.top1_agreement, "kl_mean": t.result.comparison.kl_mean,
                  "min_identical_tokens": t.result.comparison.min_identical} for t in found.tries]

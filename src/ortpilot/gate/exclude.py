@@ -189,7 +189,7 @@ def propose(ranking: Ranking, tries: Sequence[Try], schedule: Schedule, max_trie
 
 
 @dataclass
-class Excluded:
+class ExcludeResult:
     """How the loop ended: every try in order, and the one to keep."""
 
     tries: list[Try]
@@ -222,7 +222,7 @@ def attempt(step: ExcludeStep, layers: list[Layer], gate: ModelGate) -> Try | No
 
 
 def auto_exclude(step: ExcludeStep, gate: ModelGate, ranking: Ranking, schedule: Schedule | None = None, *,
-                 max_tries: int | None = None) -> Excluded:
+                 max_tries: int | None = None) -> ExcludeResult:
     """Measure ``step``; while the schedule goes on, try the next variant ``propose`` gives.
 
     ``max_tries`` counts the first try (``step`` as it is): 1 measures it and ranks nothing.
@@ -239,7 +239,7 @@ def auto_exclude(step: ExcludeStep, gate: ModelGate, ranking: Ranking, schedule:
         tries.append(trial)
         log.info("auto-exclude try %d: %d node(s) in higher precision, %s", len(tries) - 1, len(trial.excluded),
                  trial.result.describe())
-    return Excluded(tries, ranking)
+    return ExcludeResult(tries, ranking)
 
 
 def finite(value: float) -> float | str:
@@ -247,5 +247,5 @@ def finite(value: float) -> float | str:
     return float(value) if math.isfinite(value) else "inf"
 
 
-__all__ = ["Bisect", "ExcludeStep", "Excluded", "Layer", "NoiseShare", "Ranking", "Rounds", "Schedule", "Try",
+__all__ = ["Bisect", "ExcludeStep", "ExcludeResult", "Layer", "NoiseShare", "Ranking", "Rounds", "Schedule", "Try",
            "attempt", "auto_exclude", "finite", "nodes_of", "propose"]
