@@ -48,8 +48,8 @@ from _prep import write_json
 
 from ortpilot.decode.loops import make_loop
 from ortpilot.decode.signature import detect_signature
-from ortpilot.decode.gate import (HELD_OUT_TEXTS as HELD_OUT, GenerationGate, auto_exclude,
-                                              candidate_logits, reference_run, score)
+from ortpilot.decode.gate import HELD_OUT_TEXTS as HELD_OUT, auto_exclude, candidate_logits, reference_run
+from ortpilot.gate.generation import GenerationGate, score
 from ortpilot.passes.base import SourceModel
 from ortpilot.modelio import load_model
 from ortpilot.passes.decoder_fusion import DecoderFusionPass, fuse_decoder

@@ -72,3 +72,137 @@ def run_once(model: str, providers: Sequence[str] | None, *, policy: str = "warn
                         "max": float(np.nanmax(arr)) if numeric else 0.0,
                         "nan": int(np.isnan(arr).sum()) if numeric and np.issubdtype(arr.dtype, np.floating) else 0})
     return {"session": sess.to_dict(), "generated_inputs": generated, "outputs": outputs}
+
+
+def inspect_model(model: str | os.PathLike, shapes: Sequence[str] = (), providers: Sequence[str] = (), check: bool = True,
+                  isolate: bool = False) -> dict[str, Any]:
+    """The ``inspect --json`` document: the static summary plus ``unsupported_ops`` per provider.
+
+    The graph is validated first (dangling edges, cycles, malformed Einsum, onnx's checker):
+    an invalid graph raises ``ModelLoadError`` (exit 2) instead of being described. ``check``
+    runs the provider op-support check (it builds sessions); ``isolate`` builds one in a child
+    process first, so a model that crashes ORT kills only the child.
+    """
+    from ortpilot.graph.check import check_graph
+    from ortpilot.graph.shapes import graph_inputs, resolve_input_shapes
+    from ortpilot.graph.summary import summarize
+    from ortpilot.modelio import load_model
+    from ortpilot.providers import resolve_providers
+
+    path = str(model)
+    proto = load_model(path, load_external_data=False)
+    validity = check_graph(proto)  # before anything runs shape inference or builds a session
+    if isolate:
+        preflight_isolated([path], list(providers) or None)
+    shape_map = parse_shape_args(list(shapes))
+    if shape_map:
+        resolve_input_shapes(graph_inputs(proto), shape_map)  # explicit shapes that contradict the model: exit 2
+    doc = summarize(proto, path, shape_map).to_dict()
+    doc["graph_check"] = validity.to_dict()
+    doc["unsupported_ops"] = []
+    if check:
+        from ortpilot.providers.opsupport import unsupported_ops
+
+        names = [s.name for s in resolve_providers(list(providers), apply_defaults=False)] if providers else None
+        doc["unsupported_ops"] = [o.to_dict() for o in unsupported_ops(proto, path, names, shape_map or None)]
+    return doc
+
+
+def preflight_isolated(models: Sequence[str], providers: Sequence[str] | None = None,
+                       settings: SessionSettings | None = None) -> None:
+    """``--isolate``: create a session for each model in a child process before the real work.
+
+    Raises ``OrtCrashError`` (exit 1) when ORT crashes or hangs in the child; an ordinary load
+    error there returns quietly, so the command's own load reports it with the usual message.
+    """
+    from ortpilot.providers import resolve_providers
+    from ortpilot.session.isolate import preflight_in_child
+
+    requested = resolve_providers(list(providers) if providers else None)
+    for model in dict.fromkeys(models):  # once per model, in order
+        preflight_in_child(model, requested, settings or SessionSettings())
+
+
+def compare(model: str, other: str | None = None, providers: Sequence[str] | None = None, *,
+            inputs: Mapping[str, np.ndarray] | None = None, calibration: str | None = None,
+            shapes: Sequence[str] = (), n_samples: int = 4, tolerances: Any = None, tokenizer: str | None = None,
+            new_tokens: int = 16, min_top1: float = 0.9) -> Any:
+    """``ortpilot compare``: ``other`` against ``model`` (or ``model`` on two providers), output by output.
+
+    Two decoders with a KV cache, and no inputs given, are compared on what generation uses (the
+    generation gate: top-1 next-token agreement, KL; prompts from ``tokenizer`` or random token
+    ids) and return a ``gate.generation.DecoderComparison``; everything else runs
+    ``measure.compare.compare_models`` on ``inputs``, ``calibration`` samples or generated inputs
+    and returns its ``Comparison``. :func:`compare_failure` says whether the result fails.
+    """
+    from ortpilot.decode.signature import is_kv_decoder
+    from ortpilot.measure.compare import compare_models
+
+    chain = list(providers) if providers else None
+    if other is not None and not inputs and not calibration and is_kv_decoder(model) and is_kv_decoder(other):
+        from ortpilot.decode.gate import compare_decoders, text_prompts
+        from ortpilot.gate.generation import GenerationGate
+
+        return compare_decoders(model, other, text_prompts(tokenizer) if tokenizer else None, new_tokens=new_tokens,
+                                gate=GenerationGate(min_top1=min_top1), providers=chain)
+    samples = None
+    if inputs:
+        samples = [dict(inputs)]
+    elif calibration:
+        from ortpilot.modelio import load_model
+        from ortpilot.passes.calibration import load_calibration
+
+        samples = load_calibration(calibration, load_model(model, load_external_data=False)).samples
+    return compare_models(model, other, chain, samples=samples, shapes=parse_shape_args(list(shapes)),
+                          n_samples=n_samples, tolerances=tolerances)
+
+
+def compare_failure(result: Any) -> Exception | None:
+    """The error a ``compare`` result exits with: a decoder pair under the generation gate (exit 1), outputs
+    over explicitly given tolerances (exit 1); None when it passes."""
+    from ortpilot.errors import AccuracyGateError, VerificationError
+    from ortpilot.gate.generation import DecoderComparison
+
+    if isinstance(result, DecoderComparison):
+        return None if result.passed else AccuracyGateError(
+            f"The decoder pair fails the generation gate: {'; '.join(result.failures)}.")
+    if result.tolerances_explicit and not result.passed:
+        failed = [o.name for o in result.outputs if not o.passed] + result.only_in_reference
+        return VerificationError(f"Output(s) {', '.join(failed)} exceed the given tolerances; see the minimum "
+                                 "atol/rtol that would pass above.")
+    return None
+
+
+def quantize_gated(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLike | None,
+                   mode: str = "dynamic", *, calibration: Any = None, max_error: float | None = None,
+                   shapes: Mapping[str, tuple[int, ...]] | None = None, auto_exclude: bool = False,
+                   max_rounds: int = 6, nodes_to_exclude: Sequence[str] = (), block_size: int = 32,
+                   symmetric: bool = True, accuracy_level: int = 4, fuse: bool = False,
+                   max_positions: int | None = None, min_top1: float = 0.9, tokenizer: str | None = None,
+                   **int8_options: Any) -> Any:
+    """``ortpilot quantize``: quantize ``model`` in any ``mode``, gate it, write ``output`` only if it passes.
+
+    INT8 modes (dynamic, static, qdq, full) are gated on every output against the float model on
+    held-out calibration samples (``gate.quantize.quantize_int8_gated``; ``int8_options``: the
+    ``QuantizePass`` settings) and return its ``QuantizeReport``. Weight-only modes (int4,
+    int8-weights) quantize a decoder's weights and are gated on generation
+    (``decode.gate.quantize_weight_only_gated``: ``min_top1``, prompts from ``tokenizer``) and
+    return its JSON-ready report. Both rescue a failing model with the one auto-exclude loop
+    (``auto_exclude``) and raise ``AccuracyGateError`` (exit 1) without writing when it still fails.
+    """
+    from ortpilot.decode.gate import WEIGHT_ONLY_MODES
+
+    if mode in WEIGHT_ONLY_MODES:
+        from ortpilot.decode.gate import quantize_weight_only_gated, text_prompts
+        from ortpilot.gate.generation import GenerationGate
+
+        return quantize_weight_only_gated(
+            model, output, mode, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
+            fuse=fuse, max_positions=max_positions, nodes_to_exclude=list(nodes_to_exclude),
+            prompts=text_prompts(tokenizer) if tokenizer else None, gate=GenerationGate(min_top1=min_top1),
+            auto=auto_exclude)
+    from ortpilot.gate.quantize import quantize_int8_gated
+
+    return quantize_int8_gated(model, output, mode, calibration=calibration, max_error=max_error, shapes=shapes,
+                               auto_exclude=auto_exclude, max_rounds=max_rounds,
+                               nodes_to_exclude=list(nodes_to_exclude), **int8_options)

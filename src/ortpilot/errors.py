@@ -80,3 +80,11 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+class QueueFullError(OrtpilotError):
+    """Every decode stream is busy and the request queue is at its limit (HTTP 429, Retry-After)."""
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -60,7 +60,6 @@ def test_fuse_with_max_positions_limits_the_fused_model() -> None:
     (["--prompt-ids", "1,2,999"], "outside the vocabulary"),
     (["--prompt-ids", "1,x"], "comma-separated list of integers"),
     (["--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-    (["--prompt", "hello"], "--prompt needs --tokenizer"),
     (["--prompt", "hi", "--tokenizer", "/does/not/exist.json"], "does not exist"),
     ([], "exactly one of --prompt-ids"),
     (["--prompt-ids", "1,2,3,4", "--max-length", "4"], "KV buffer holds 4"),
@@ -72,6 +71,27 @@ def test_bad_input_exits_2(args: list[str], message: str) -> None:
     result = _run(*args)
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
+
+
+def test_text_prompt_without_a_tokenizer_exits_2() -> None:
+    from ortpilot.models import demo_model_path
+
+    # A model file brings no tokenizer (only demo:decoder has one of its own).
+    result = CliRunner().invoke(cli, ["generate", str(demo_model_path("decoder")), "--prompt", "hello"])
+    assert result.exit_code == 2 and "--prompt needs --tokenizer" in " ".join(result.output.split())
+
+
+def test_demo_decoder_takes_text_offline() -> None:
+    if importlib.util.find_spec("tokenizers") is None:
+        pytest.skip("tokenizers is not installed (pip install tokenizers)")
+    text = "Grüß dich, 世界"
+    by_text = _run("--prompt", text, "--max-new-tokens", "6", "--json")
+    assert by_text.exit_code == 0, by_text.output
+    ids = ",".join(str(b) for b in text.encode())  # byte-level: the ids are the UTF-8 bytes
+    by_ids = json.loads(_run("--prompt-ids", ids, "--max-new-tokens", "6", "--json").stdout)
+    doc = json.loads(by_text.stdout)
+    assert doc["prompt_length"] == len(text.encode()) and doc["tokens"] == by_ids["tokens"]
+    assert doc["text"] == bytes(doc["tokens"][0]).decode("utf-8", errors="replace")
 
 
 def test_text_prompt_with_a_tokenizer(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ import onnx
 import pytest
 
 from ortpilot.errors import AccuracyGateError, UsageError
-from ortpilot.decode.gate import (GenerationGate, auto_exclude, compare_decoders, divergence_position,
-                                              kl_divergence, log_softmax, make_prompts, reference_run)
+from ortpilot.decode.gate import auto_exclude, compare_decoders, make_prompts, reference_run
+from ortpilot.gate.generation import GenerationGate, divergence_position, kl_divergence, log_softmax
 from ortpilot.models import make_decoder
 from ortpilot.passes.decoder_fusion import DecoderFusionPass
 from ortpilot.passes.weight_only import WeightOnlyPass

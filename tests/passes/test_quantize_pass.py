@@ -20,7 +20,7 @@ from ortpilot.passes.calibration import (
     synthetic,
     write_samples,
 )
-from ortpilot.passes.gated import quantize_gated
+from ortpilot.api import quantize_gated
 from ortpilot.passes.quantize import (
     NothingQuantizedError,
     QuantizePass,

@@ -270,5 +270,8 @@ _TOP: dict[str, Check] = {
     "shapes": _dict_of(_list_of(_dim, limit=64)),
     "placement": _placement,
     "default_best": _bool,
+    # The ORT-optimized winner serving replicas load with optimizations off (tune.optimized).
+    "optimized_model": _fields({"file": _file_name, "sha256": _sha256, "level": _level, "placement": _placement},
+                               required=("file", "sha256")),
 }
 _TOP_LEVEL = _fields(_TOP, required=("format", "model", "onnxruntime", "providers", "session_settings"))

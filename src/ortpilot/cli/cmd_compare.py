@@ -52,9 +52,9 @@ def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: t
 
     Exits 1 when tolerances were given (--atol/--rtol) and an output exceeds them.
     """
-    from ortpilot.errors import VerificationError
-    from ortpilot.graph.shapes import parse_shape_args
-    from ortpilot.measure.compare import Tolerances, compare_models
+    from ortpilot.api import compare, compare_failure
+    from ortpilot.gate.generation import DecoderComparison
+    from ortpilot.measure.compare import Tolerances
 
     tolerances = Tolerances.parse(list(atol) or None, list(rtol) or None)
     model = resolve_model_arg(model)
@@ -65,56 +65,18 @@ def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: t
                 preflight_isolated([model], [provider])
         else:
             preflight_isolated([model, other], list(providers) or None)
-    if other is not None and not inputs and not calibration and _both_decoders(model, other):
-        _compare_decoders(model, other, tokenizer=tokenizer, new_tokens=new_tokens, min_top1=min_top1,
-                          providers=list(providers) or None, as_json=as_json)
-        return
-    samples = None
-    if inputs:
-        samples = [load_input_files(inputs)]
-    elif calibration:
-        from ortpilot.modelio import load_model
-        from ortpilot.passes.calibration import load_calibration
-
-        samples = load_calibration(calibration, load_model(model, load_external_data=False)).samples
-    result = compare_models(model, other, list(providers) or None,
-                            samples=samples, shapes=parse_shape_args(list(shapes)), n_samples=n_samples,
-                            tolerances=tolerances)
+    result = compare(model, other, list(providers) or None, inputs=load_input_files(inputs) if inputs else None,
+                     calibration=calibration, shapes=list(shapes), n_samples=n_samples, tolerances=tolerances,
+                     tokenizer=tokenizer, new_tokens=new_tokens, min_top1=min_top1)
     if as_json:
         emit_json(result.to_dict())
+    elif isinstance(result, DecoderComparison):
+        stdout.print(escape(result.summary()), highlight=False)
     else:
         render_comparison(result)
-    if tolerances.explicit and not result.passed:
-        failed = [o.name for o in result.outputs if not o.passed] + result.only_in_reference
-        raise VerificationError(f"Output(s) {', '.join(failed)} exceed the given tolerances; see the minimum "
-                                "atol/rtol that would pass above.")
-
-
-def _both_decoders(model: str, other: str) -> bool:
-    """Two models with a KV cache: compare what generation uses, not raw logits."""
-    from ortpilot.decode.signature import detect_signature
-    from ortpilot.errors import UsageError
-    from ortpilot.modelio import load_model
-
-    try:
-        return all(detect_signature(load_model(m, load_external_data=False)).has_cache for m in (model, other))
-    except UsageError:
-        return False
-
-
-def _compare_decoders(model: str, other: str, *, tokenizer: str | None, new_tokens: int, min_top1: float,
-                      providers: list[str] | None, as_json: bool) -> None:
-    from ortpilot.decode.gate import GenerationGate, compare_decoders, text_prompts
-    from ortpilot.errors import AccuracyGateError
-
-    result = compare_decoders(model, other, text_prompts(tokenizer) if tokenizer else None, new_tokens=new_tokens,
-                              gate=GenerationGate(min_top1=min_top1), providers=providers)
-    if as_json:
-        emit_json(result.to_dict())
-    else:
-        stdout.print(escape(result.summary()), highlight=False)
-    if not result.passed:
-        raise AccuracyGateError(f"The decoder pair fails the generation gate: {'; '.join(result.failures)}.")
+    failure = compare_failure(result)
+    if failure is not None:
+        raise failure
 
 
 def render_comparison(comparison: Any) -> None:

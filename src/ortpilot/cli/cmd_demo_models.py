@@ -15,17 +15,28 @@ from ortpilot.cli.common import emit_json, handle_errors, stdout
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
 def command(outdir: str, as_json: bool) -> None:
-    """Write the demo MLP, CNN, encoder and decoder models into OUTDIR."""
+    """Write the demo MLP, CNN, encoder and decoder models (and the decoder's tokenizer) into OUTDIR."""
+    import importlib.util
+
     from ortpilot.artifacts.atomic import check_output_path
-    from ortpilot.models import DEMO_MODELS, DEMO_SPECS, write_demo_models
+    from ortpilot.models import DEMO_MODELS, DEMO_SPECS, write_demo_models, write_demo_tokenizer
 
     for name in DEMO_MODELS:  # OUTDIR below a file, or not writable: exit 2 before anything is written
         check_output_path(Path(outdir) / f"{name}.onnx", "Demo model")
     paths = write_demo_models(outdir)
+    # The byte-level tokenizer needs the optional 'tokenizers' package; without it the models still come.
+    tokenizer = write_demo_tokenizer(outdir) if importlib.util.find_spec("tokenizers") else None
     if as_json:
-        emit_json({name: {"path": str(path), "description": DEMO_SPECS[name].description,
-                          "dims": DEMO_SPECS[name].dims} for name, path in paths.items()})
+        doc = {name: {"path": str(path), "description": DEMO_SPECS[name].description,
+                      "dims": DEMO_SPECS[name].dims} for name, path in paths.items()}
+        doc["decoder"]["tokenizer"] = str(tokenizer) if tokenizer else None
+        emit_json(doc)
         return
     for name, path in paths.items():
         stdout.print(f"[bold]{name:8}[/] {escape(str(path))}  [dim]{escape(DEMO_SPECS[name].description)}[/]",
                      highlight=False)
+    if tokenizer:
+        stdout.print(f"[bold]{'tokenizer':8}[/] {escape(str(tokenizer))}  [dim]the decoder's byte-level tokenizer "
+                     "(token id = byte value; ChatML chat template in tokenizer_config.json)[/]", highlight=False)
+    else:
+        stdout.print("[dim]no tokenizer.json for the decoder: pip install tokenizers[/]", highlight=False)

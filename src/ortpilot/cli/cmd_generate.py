@@ -37,7 +37,8 @@ def _prompt_ids(text: str) -> list[int]:
 @click.argument("model")
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
 @click.option("--prompt", help="Prompt text (needs --tokenizer).")
-@click.option("--tokenizer", type=click.Path(dir_okay=True), help="Hugging Face tokenizer.json (or its folder).")
+@click.option("--tokenizer", type=click.Path(dir_okay=True),
+              help="Hugging Face tokenizer.json (or its folder); demo:decoder brings its own byte-level one.")
 @click.option("--chat", is_flag=True, help="Wrap --prompt in the ChatML chat template (SmolLM2, Qwen).")
 @click.option("--system", help="System message for --chat.")
 @click.option("--max-new-tokens", type=int, default=32, show_default=True, help="Tokens to generate at most.")
@@ -78,6 +79,10 @@ def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: s
         raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
     if (prompt_ids is None) == (prompt is None):
         raise UsageError("Give exactly one of --prompt-ids 1,2,3 or --prompt TEXT (with --tokenizer).")
+    if tokenizer is None and prompt is not None and model == "demo:decoder":
+        from ortpilot.models import demo_tokenizer_path
+
+        tokenizer = str(demo_tokenizer_path())  # the demo decoder's byte-level tokenizer, built offline
     tok = textmod.load_tokenizer(tokenizer) if tokenizer else None
     if prompt is not None:
         if tok is None:

@@ -13,45 +13,10 @@ from ortpilot.cli.common import (
     SHAPE_HELP,
     emit_json,
     handle_errors,
-    preflight_isolated,
     resolve_model_arg,
     stderr,
     stdout,
 )
-
-
-def inspect_model(model: str, shapes: tuple[str, ...] = (), providers: tuple[str, ...] = (),
-                  check: bool = True, isolate: bool = False) -> dict:
-    """The ``inspect --json`` document: the static summary plus ``unsupported_ops`` per provider.
-
-    The graph is validated first (dangling edges, cycles, malformed Einsum, onnx's checker):
-    an invalid graph raises ``ModelLoadError`` (exit 2) instead of being described. ``check``
-    runs the provider op-support check (it builds sessions); ``isolate`` builds one in a child
-    process first, so a model that crashes ORT kills only the child.
-    """
-    from ortpilot.graph.check import check_graph
-    from ortpilot.graph.shapes import graph_inputs, parse_shape_args, resolve_input_shapes
-    from ortpilot.graph.summary import summarize
-    from ortpilot.modelio import load_model
-
-    path = resolve_model_arg(model)
-    proto = load_model(path, load_external_data=False)
-    validity = check_graph(proto)  # before anything runs shape inference or builds a session
-    if isolate:
-        preflight_isolated([path], list(providers) or None)
-    shape_map = parse_shape_args(list(shapes))
-    if shape_map:
-        resolve_input_shapes(graph_inputs(proto), shape_map)  # explicit shapes that contradict the model: exit 2
-    doc = summarize(proto, path, shape_map).to_dict()
-    doc["graph_check"] = validity.to_dict()
-    doc["unsupported_ops"] = []
-    if check:
-        from ortpilot.providers import resolve_providers
-        from ortpilot.providers.opsupport import unsupported_ops
-
-        names = [s.name for s in resolve_providers(list(providers), apply_defaults=False)] if providers else None
-        doc["unsupported_ops"] = [o.to_dict() for o in unsupported_ops(proto, path, names, shape_map or None)]
-    return doc
 
 
 @click.command("inspect")
@@ -71,7 +36,9 @@ def command(model: str, shapes: tuple[str, ...], providers: tuple[str, ...], no_
 
     Exits 2 when the graph is invalid (dangling edge, cycle, malformed Einsum, onnx checker error).
     """
-    doc = inspect_model(model, shapes, providers, not no_check, isolate)
+    from ortpilot.api import inspect_model
+
+    doc = inspect_model(resolve_model_arg(model), shapes, providers, not no_check, isolate)
     for text in doc["graph_check"]["warnings"]:
         stderr.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
     if as_json:

@@ -71,9 +71,9 @@ def command(model: str, output: str, mode: str, per_channel: bool, reduce_range:
             shapes: tuple[str, ...], block_size: int, asymmetric: bool, accuracy_level: int, fuse: bool,
             max_positions: int | None, min_top1: float, tokenizer: str | None, isolate: bool, as_json: bool) -> None:
     """Quantize MODEL, measure it against MODEL on held-out samples, and write OUTPUT only if it passes."""
+    from ortpilot.api import quantize_gated
     from ortpilot.artifacts.atomic import check_output_path
     from ortpilot.graph.shapes import parse_shape_args
-    from ortpilot.passes.gated import quantize_gated
 
     weight_only = mode in ("int4", "int8-weights")
     if max_positions is not None and not (weight_only and fuse):
@@ -85,23 +85,26 @@ def command(model: str, output: str, mode: str, per_channel: bool, reduce_range:
     model = resolve_model_arg(model)
     if isolate:
         preflight_isolated([model])
-    if weight_only:
-        _weight_only(model, output, mode, block_size=block_size, symmetric=not asymmetric,
-                     accuracy_level=accuracy_level, fuse=fuse, max_positions=max_positions, exclude=exclude,
-                     min_top1=min_top1, tokenizer=tokenizer, auto=auto_exclude, as_json=as_json)
-        return
+    int8 = {} if weight_only else dict(
+        per_channel=per_channel, reduce_range=reduce_range, weight_type=weight_type, activation_type=activation_type,
+        method=method, op_types=[t.strip() for t in op_types.split(",") if t.strip()] if op_types else None,
+        preprocess=not no_preprocess)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the synthetic-data warning is already logged loudly
         report = quantize_gated(
-            model, output, mode, calibration=calibration, max_error=max_error,
-            shapes=parse_shape_args(list(shapes)), auto_exclude=auto_exclude, max_rounds=max_rounds,
-            per_channel=per_channel, reduce_range=reduce_range, weight_type=weight_type,
-            activation_type=activation_type, method=method, nodes_to_exclude=list(exclude),
-            op_types=[t.strip() for t in op_types.split(",") if t.strip()] if op_types else None,
-            preprocess=not no_preprocess)
+            model, output, mode, calibration=calibration, max_error=max_error, shapes=parse_shape_args(list(shapes)),
+            auto_exclude=auto_exclude, max_rounds=max_rounds, nodes_to_exclude=list(exclude), block_size=block_size,
+            symmetric=not asymmetric, accuracy_level=accuracy_level, fuse=fuse, max_positions=max_positions,
+            min_top1=min_top1, tokenizer=tokenizer, **int8)
     if as_json:
-        emit_json(report.to_dict())
-        return
+        emit_json(report)
+    elif weight_only:
+        _render_weight_only(report, output)
+    else:
+        _render_int8(report)
+
+
+def _render_int8(report) -> None:  # noqa: ANN001 - ortpilot.gate.quantize.QuantizeReport
     render_record(report.record)
     render_comparison(report.gate.comparison)
     if report.history:
@@ -117,19 +120,8 @@ def command(model: str, output: str, mode: str, per_channel: bool, reduce_range:
     stdout.print(f"[bold green]wrote[/] {escape(f'{report.output}  ({report.gate.describe()})')}", highlight=False)
 
 
-def _weight_only(model: str, output: str, mode: str, *, block_size: int, symmetric: bool, accuracy_level: int,
-                 fuse: bool, max_positions: int | None, exclude: tuple[str, ...], min_top1: float,
-                 tokenizer: str | None, auto: bool, as_json: bool) -> None:
+def _render_weight_only(report: dict, output: str) -> None:
     """Weight-only MatMulNBits quantization of a decoder, gated on next-token agreement."""
-    from ortpilot.decode.gate import GenerationGate, quantize_weight_only_gated, text_prompts
-
-    report = quantize_weight_only_gated(
-        model, output, mode, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level, fuse=fuse,
-        max_positions=max_positions, nodes_to_exclude=list(exclude), prompts=text_prompts(tokenizer) if tokenizer else None,
-        gate=GenerationGate(min_top1=min_top1), auto=auto)
-    if as_json:
-        emit_json(report)
-        return
     weights, gate = report["weights"], report["gate"]
     for note in report["fusion_notes"]:
         stderr.print(f"[dim]decoder fusion: {escape(note)}[/]", highlight=False)

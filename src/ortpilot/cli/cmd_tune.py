@@ -110,7 +110,7 @@ class _ProgressView:
 def render_summary(doc: dict) -> None:
     from rich.table import Table
 
-    from ortpilot.tune.report import _ranked, headline
+    from ortpilot.tune.report import headline, ranked_candidates
 
     stderr.print(escape("Accuracy metric per output: " + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items())
                         + f" (max error {doc['max_error']:g})"), highlight=False)
@@ -118,7 +118,7 @@ def render_summary(doc: dict) -> None:
     for col in ("candidate", "p50 ms", "p99 ms", "p50 95% CI", "error", "vs default"):
         table.add_column(col)
     base = (doc["baseline"].get("latency") or {}).get("p50_ms")
-    shown = [c for c in _ranked(doc) if c["status"] == "ok"][:6]
+    shown = [c for c in ranked_candidates(doc) if c["status"] == "ok"][:6]
     for c in shown:
         lat = c.get("latency") or c.get("screen_latency") or {}
         ci = lat.get("median_ci95_ms")

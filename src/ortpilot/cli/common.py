@@ -148,18 +148,10 @@ ISOLATE_HELP = ("Create each model's session in a child process first: if ORT cr
 
 def preflight_isolated(models: Sequence[str], providers: Sequence[str] | None = None,
                        settings: Any = None) -> None:
-    """``--isolate``: create a session for each model in a child process before the real work.
+    """``--isolate``: ``ortpilot.api.preflight_isolated`` (a session per model in a child process first)."""
+    from ortpilot.api import preflight_isolated as preflight
 
-    Raises ``OrtCrashError`` (exit 1) when ORT crashes or hangs in the child; an ordinary load
-    error there returns quietly, so the command's own load reports it with the usual message.
-    """
-    from ortpilot.providers import resolve_providers
-    from ortpilot.session import SessionSettings
-    from ortpilot.session.isolate import preflight_in_child
-
-    requested = resolve_providers(list(providers) if providers else None)
-    for model in dict.fromkeys(models):  # once per model, in order
-        preflight_in_child(model, requested, settings or SessionSettings())
+    preflight(models, providers, settings)
 
 
 def load_input_files(items: tuple[str, ...]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "generate": "cmd_generate",
     "verify": "cmd_verify",
     "export": "cmd_export",
+    "serve": "cmd_serve",
     "demo-models": "cmd_demo_models",
 }
 

@@ -1,23 +1,13 @@
-"""An accuracy gate that fits generation: next-token distributions and greedy continuations.
+"""Running decoders for the generation gate, and weight-only quantization gated on generation.
 
-Raw logit error says little about a decoder: a 4-bit model can move every logit and still pick
-the same tokens, or move one logit a little and flip a token that changes the rest of the
-answer. So the gate compares what generation uses. For each held-out prompt the reference
-(float) model generates ``new_tokens`` greedily; the candidate is fed the same tokens (teacher
-forcing), so at every position both models see the same context and we get
-
-- top-1 agreement: the candidate's argmax equals the reference's token,
-- KL(reference || candidate) of the next-token distributions (nats),
-- the divergence position: the first generated token where the candidate's greedy choice differs
-  (until then teacher forcing and free-running greedy decoding are the same run), so "tokens
-  identical for the first N" is ``identical_tokens >= N``.
-
-The gate is on these. With a failing gate, ``auto_exclude`` finds which layers to keep in higher
-precision (8-bit or float; sensitivity: quantize one layer at a time, rank by KL) and retries until
-the gate passes.
-
-It lives in the decode layer because it runs models through the decode loops; the metric
-functions are plain numpy.
+The gate itself (top-1 agreement, KL, divergence position; numpy only) is
+``gate.generation.GenerationGate``. What lives here is what needs the decode loops: the
+reference decoder generating greedily, the candidate teacher-forced on the reference's tokens
+(:class:`TeacherForcedProbe`, the gate's probe for decoders), and the weight-only flow of
+``ortpilot quantize --mode int4|int8-weights``: quantize, gate, and with a failing gate keep the
+most sensitive layer groups in higher precision (8-bit or float) through the one auto-exclude
+loop (``gate.exclude``: groups ranked by ``gate.rankings.GroupSensitivity``, the fewest found by
+``Bisect``).
 """
 
 from __future__ import annotations
@@ -26,14 +16,18 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
 from ortpilot.errors import AccuracyGateError, UsageError
-from ortpilot.passes.base import SourceModel
+from ortpilot.gate.core import ModelGate
+from ortpilot.gate.exclude import Bisect, ExcludeResult, auto_exclude as run_auto_exclude, nodes_of
+from ortpilot.gate.generation import DecoderComparison, GenerationGate, ReferenceRun, log_softmax
+from ortpilot.gate.rankings import GroupSensitivity
+from ortpilot.passes.base import Outcome, SourceModel
 from ortpilot.passes.weight_only import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, WeightOnlyPass, layer_groups
 
 if TYPE_CHECKING:
@@ -41,139 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ortpilot")
 DEFAULT_NEW_TOKENS = 16
-DEFAULT_MIN_TOP1 = 0.9
-
-
-# --------------------------------------------------------------------------- metrics (numpy only)
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-probabilities in float64 (KL of near-equal distributions needs the precision)."""
-    x = np.asarray(logits, dtype=np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
-def kl_divergence(ref_logp: np.ndarray, cand_logp: np.ndarray) -> np.ndarray:
-    """KL(P_ref || P_cand) per row, in nats, from log-probabilities."""
-    return np.maximum((np.exp(ref_logp) * (ref_logp - cand_logp)).sum(axis=-1), 0.0)
-
-
-def divergence_position(reference: Sequence[int], candidate: Sequence[int]) -> int | None:
-    """Index of the first differing token, or None if one sequence is a prefix of the other."""
-    for i, (a, b) in enumerate(zip(reference, candidate)):
-        if a != b:
-            return i
-    return None
-
-
-@dataclass
-class PromptComparison:
-    """One prompt: the reference's greedy tokens and how the candidate did on them."""
-
-    prompt_length: int
-    reference_tokens: list[int]
-    candidate_top1: list[int]  # the candidate's argmax at each position, fed the reference's tokens
-    top1_agreement: float
-    kl_mean: float
-    kl_max: float
-    divergence: int | None  # first generated position where the candidate's greedy token differs
-    identical_tokens: int  # greedy tokens identical to the reference from the start
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class GenerationGate:
-    """The limits; ``None`` switches one off."""
-
-    min_top1: float | None = DEFAULT_MIN_TOP1
-    max_kl: float | None = None
-    min_identical: int | None = None
-
-    def check(self, top1: float, kl_mean: float, min_identical: int) -> list[str]:
-        """Why the gate fails (empty when it passes)."""
-        reasons = []
-        if self.min_top1 is not None and top1 < self.min_top1:
-            reasons.append(f"top-1 next-token agreement {top1:.3f} < {self.min_top1}")
-        if self.max_kl is not None and kl_mean > self.max_kl:
-            reasons.append(f"mean KL divergence {kl_mean:.4f} > {self.max_kl}")
-        if self.min_identical is not None and min_identical < self.min_identical:
-            reasons.append(f"a greedy continuation diverges at token {min_identical} < {self.min_identical}")
-        return reasons
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class DecoderComparison:
-    """The reference against the candidate over all prompts, and the gate's verdict."""
-
-    prompts: list[PromptComparison]
-    new_tokens: int
-    top1_agreement: float
-    kl_mean: float
-    kl_max: float
-    min_identical: int
-    mean_identical: float
-    gate: GenerationGate
-    failures: list[str]
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "failures": self.failures, "top1_agreement": self.top1_agreement,
-                "kl_mean": self.kl_mean, "kl_max": self.kl_max, "min_identical_tokens": self.min_identical,
-                "mean_identical_tokens": self.mean_identical, "new_tokens": self.new_tokens,
-                "gate": self.gate.to_dict(), "seconds": round(self.seconds, 3), "notes": self.notes,
-                "prompts": [p.to_dict() for p in self.prompts]}
-
-    def summary(self) -> str:
-        verdict = "passed" if self.passed else "FAILED: " + "; ".join(self.failures)
-        return (f"top-1 agreement {self.top1_agreement:.3f}, KL mean {self.kl_mean:.4f} max {self.kl_max:.4f}, "
-                f"greedy tokens identical for {self.min_identical}..{self.new_tokens} "
-                f"(mean {self.mean_identical:.1f}) over {len(self.prompts)} prompt(s): {verdict}")
-
-
-@dataclass
-class ReferenceRun:
-    """The reference model's greedy tokens and next-token log-probabilities, per prompt."""
-
-    prompts: list[list[int]]
-    tokens: list[list[int]]
-    logprobs: list[np.ndarray]  # [new_tokens, vocab] per prompt
-
-
-def score(reference: ReferenceRun, candidate_logits: Sequence[np.ndarray],
-          gate: GenerationGate | None = None) -> DecoderComparison:
-    """Compare the candidate's teacher-forced logits ([new_tokens, vocab] per prompt) with the reference."""
-    gate = gate or GenerationGate()
-    rows: list[PromptComparison] = []
-    all_kl: list[np.ndarray] = []
-    agree = total = 0
-    for prompt, tokens, ref_lp, logits in zip(reference.prompts, reference.tokens, reference.logprobs,
-                                              candidate_logits):
-        cand_lp = log_softmax(logits)
-        kl = kl_divergence(ref_lp, cand_lp)
-        top1 = cand_lp.argmax(axis=-1).astype(int).tolist()
-        hits = sum(a == b for a, b in zip(tokens, top1))
-        first = divergence_position(tokens, top1)
-        rows.append(PromptComparison(len(prompt), list(tokens), top1, hits / len(tokens), float(kl.mean()),
-                                     float(kl.max()), first, len(tokens) if first is None else first))
-        all_kl.append(kl)
-        agree += hits
-        total += len(tokens)
-    kl_all = np.concatenate(all_kl) if all_kl else np.zeros(1)
-    top1 = agree / max(total, 1)
-    identical = [r.identical_tokens for r in rows] or [0]
-    new_tokens = len(reference.tokens[0]) if reference.tokens else 0
-    return DecoderComparison(rows, new_tokens, top1, float(kl_all.mean()), float(kl_all.max()), min(identical),
-                             float(np.mean(identical)), gate, gate.check(top1, float(kl_all.mean()), min(identical)))
+WEIGHT_ONLY_MODES = ("int4", "int8-weights")
 
 
 # --------------------------------------------------------------------------- running decoders
@@ -258,6 +120,34 @@ def candidate_logits(model: Any, reference: ReferenceRun, *, settings: SessionSe
     return [decoder.teacher_forced(p, t, len(t)) for p, t in zip(reference.prompts, reference.tokens)]
 
 
+def _vocab_size(model: Any) -> int:
+    from ortpilot.decode.signature import detect_signature
+    from ortpilot.modelio import load_model
+
+    proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
+    vocab = detect_signature(proto).vocab_size
+    if not vocab:
+        raise UsageError("Cannot tell the decoder's vocabulary size to make prompts; pass prompts explicitly.")
+    return vocab
+
+
+@dataclass
+class TeacherForcedProbe:
+    """The generation gate's probe: the reference generates greedily, a candidate is fed its tokens."""
+
+    prompts: Sequence[Sequence[int]]
+    new_tokens: int = DEFAULT_NEW_TOKENS
+    settings: SessionSettings | None = None
+    providers: Any = None
+    loop: str = "auto"
+
+    def run(self, model: Any, reference: ReferenceRun | None = None) -> ReferenceRun | list[np.ndarray]:
+        if reference is None:
+            return reference_run(model, self.prompts, self.new_tokens, settings=self.settings,
+                                 providers=self.providers, loop=self.loop)
+        return candidate_logits(model, reference, settings=self.settings, providers=self.providers, loop=self.loop)
+
+
 def compare_decoders(model_a: Any, model_b: Any, prompts: Sequence[Sequence[int]] | None = None, *,
                      new_tokens: int = DEFAULT_NEW_TOKENS, gate: GenerationGate | None = None,
                      settings: SessionSettings | None = None, providers: Any = None, loop: str = "auto",
@@ -272,24 +162,52 @@ def compare_decoders(model_a: Any, model_b: Any, prompts: Sequence[Sequence[int]
         if prompts is None:
             prompts = make_prompts(_vocab_size(model_a))
         reference = reference_run(model_a, prompts, new_tokens, settings=settings, providers=providers, loop=loop)
-    result = score(reference, candidate_logits(model_b, reference, settings=settings, providers=providers,
-                                               loop=loop), gate)
+    probe = TeacherForcedProbe(reference.prompts, new_tokens, settings, providers, loop)
+    result = ModelGate(gate or GenerationGate(), probe, reference).measure(model_b).comparison
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _vocab_size(model: Any) -> int:
-    from ortpilot.decode.signature import detect_signature
-    from ortpilot.modelio import load_model
+# --------------------------------------------------------------------------- weight-only, gated
 
-    proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
-    vocab = detect_signature(proto).vocab_size
-    if not vocab:
-        raise UsageError("Cannot tell the decoder's vocabulary size to make prompts; pass prompts explicitly.")
-    return vocab
+@dataclass
+class WeightOnlyStep:
+    """``WeightOnlyPass`` as the auto-exclude loop builds it: ``excluded`` nodes go to ``fallback``
+    precision ("int8": 8-bit MatMulNBits, half the bytes of float; "float": left unquantized)."""
 
+    source: onnx.ModelProto
+    mode: str = "int4"
+    block_size: int = DEFAULT_BLOCK_SIZE
+    symmetric: bool = True
+    accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL
+    embedding: bool = True
+    fallback: str = "int8"
+    excluded: list[str] = field(default_factory=list)
+    skip: tuple[str, ...] = ()  # left float and out of the search (quantize one group alone)
 
-# --------------------------------------------------------------------------- auto-exclude loop
+    def excluding(self, nodes: Sequence[str]) -> WeightOnlyStep:
+        return replace(self, excluded=[*self.excluded, *(n for n in nodes if n not in self.excluded)])
+
+    def only(self, nodes: Sequence[str], every: Sequence[str]) -> onnx.ModelProto:
+        """The model with just ``nodes`` of ``every`` quantizable node quantized (a group's sensitivity)."""
+        keep = set(nodes)
+        return replace(self, excluded=[], skip=tuple(n for n in every if n not in keep)).build().model
+
+    def groups(self) -> dict[str, list[str]]:
+        # The int8 path never quantizes the embedding, so its groups must not name it.
+        effective = WeightOnlyPass(self.mode, block_size=self.block_size, embedding=self.embedding).embedding
+        return layer_groups(self.source, embedding=effective)
+
+    def build(self) -> Outcome:
+        wide = list(self.excluded)
+        qpass = WeightOnlyPass(self.mode, block_size=self.block_size, symmetric=self.symmetric,
+                               accuracy_level=self.accuracy_level, embedding=self.embedding,
+                               nodes_to_exclude=list(self.skip) + (wide if self.fallback == "float" else []),
+                               nodes_in_int8=wide if self.fallback == "int8" else [])
+        # transform, not run: the search needs the model, not a stamped record per attempt (on a
+        # 500 MB decoder the record's serialisations cost more than the quantization itself).
+        return qpass.transform(SourceModel(self.source, None, ""))
+
 
 @dataclass
 class AutoExcludeResult:
@@ -336,70 +254,32 @@ def auto_exclude(model: str | os.PathLike | onnx.ModelProto, prompts: Sequence[S
     if mode != "int4":
         fallback = "float"  # nothing sits between 8-bit weights and float
     source = model if isinstance(model, onnx.ModelProto) else load_model(model)
-    gate = gate or GenerationGate()
     if prompts is None:
         prompts = make_prompts(_vocab_size(source))
-    ref = reference_run(source, prompts, new_tokens, settings=settings, providers=providers)
-    # The int8 path never quantizes the embedding, so its groups must not name it.
-    effective_embedding = WeightOnlyPass(mode, block_size=block_size, embedding=embedding).embedding
-    groups = layer_groups(source, embedding=effective_embedding)
+    judge = ModelGate.of(gate or GenerationGate(), TeacherForcedProbe(prompts, new_tokens, settings, providers),
+                         source)
+    step = WeightOnlyStep(source, mode, block_size, symmetric, accuracy_level, embedding, fallback)
+    groups = step.groups()
     every = [n for names in groups.values() for n in names]
-
-    def attempt(wide: Sequence[str], narrow_only: Sequence[str] | None = None) -> tuple[onnx.ModelProto,
-                                                                                         DecoderComparison]:
-        """``wide``: nodes in fallback precision; ``narrow_only``: quantize just these (sensitivity)."""
-        skip = [n for n in every if n not in narrow_only] if narrow_only is not None else []
-        qpass = WeightOnlyPass(mode, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
-                               embedding=embedding,
-                               nodes_to_exclude=list(skip) + (list(wide) if fallback == "float" else []),
-                               nodes_in_int8=list(wide) if fallback == "int8" else [])
-        # transform, not run: the search needs the model, not a stamped record per attempt (on a
-        # 500 MB decoder the record's serialisations cost more than the quantization itself).
-        quantized = qpass.transform(SourceModel(source, None, "")).model
-        return quantized, score(ref, candidate_logits(quantized, ref, settings=settings, providers=providers), gate)
-
-    attempts: list[dict[str, Any]] = []
-    quantized, result = attempt([])
-    attempts.append(_attempt_record([], result))
-    sensitivity: dict[str, float] = {}
-    chosen: list[str] = []
-    if not result.passed:
-        log.warning("Weight-only %s fails the generation gate (%s); ranking %d layer groups by sensitivity.",
-                    mode, "; ".join(result.failures), len(groups))
-        for group, names in groups.items():
-            sensitivity[group] = attempt([], narrow_only=names)[1].kl_mean
-        ranked = sorted(sensitivity, key=sensitivity.__getitem__, reverse=True)
-        limit = len(ranked) - (fallback == "float") if max_excluded is None else min(max_excluded, len(ranked))
-        tried: dict[int, tuple[onnx.ModelProto, DecoderComparison]] = {0: (quantized, result)}
-
-        def trial(k: int) -> bool:
-            if k not in tried:
-                wide = [n for g in ranked[:k] for n in groups[g]]
-                tried[k] = attempt(wide)
-                attempts.append(_attempt_record(ranked[:k], tried[k][1]))
-                log.info("%s in %s: %s -> %s", k, fallback, ", ".join(ranked[:k]), tried[k][1].summary())
-            return tried[k][1].passed
-
-        low, high, k = 0, None, 1
-        while k <= limit:
-            if trial(k):
-                high = k
-                break
-            low, k = k, (k * 2 if k * 2 <= limit or k == limit else limit)
-        while high is not None and high - low > 1:
-            mid = (low + high) // 2
-            low, high = (low, mid) if trial(mid) else (mid, high)
-        best = high if high is not None else low
-        quantized, result = tried[best]
-        chosen = ranked[:best]
-    nodes = [n for g in chosen for n in groups[g]]
-    outcome = AutoExcludeResult(quantized, result, chosen, nodes, sensitivity, attempts, fallback)
-    if not result.passed and raise_on_failure:
+    ranking = GroupSensitivity(groups, lambda nodes: step.only(nodes, every), judge)
+    found = run_auto_exclude(step, judge, ranking, Bisect(max_excluded, keep=1 if fallback == "float" else 0))
+    outcome = _auto_exclude_result(found, ranking, fallback)
+    if not outcome.passed and raise_on_failure:
+        chosen = outcome.excluded_groups
         raise AccuracyGateError(
             f"Weight-only {mode} fails the generation gate even with {len(chosen)} layer group(s) in {fallback} "
-            f"({', '.join(chosen) or 'none'}): {'; '.join(result.failures)}. Try --mode int8-weights, "
+            f"({', '.join(chosen) or 'none'}): {'; '.join(outcome.comparison.failures)}. Try --mode int8-weights, "
             "a smaller --block-size, --asymmetric, or a looser gate.")
     return outcome
+
+
+def _auto_exclude_result(found: ExcludeResult, ranking: GroupSensitivity, fallback: str) -> AutoExcludeResult:
+    attempts = [{"excluded_groups": [layer.name for layer in t.layers], "passed": t.passed,
+                 "top1_agreement": t.result.comparison.top1_agreement, "kl_mean": t.result.comparison.kl_mean,
+                 "min_identical_tokens": t.result.comparison.min_identical} for t in found.tries]
+    best = found.best
+    return AutoExcludeResult(best.built.model, best.result.comparison, [layer.name for layer in best.layers],
+                             nodes_of(best.layers), ranking.sensitivity, attempts, fallback)
 
 
 def quantize_weight_only_gated(model: str | os.PathLike | onnx.ModelProto, out: str | os.PathLike, mode: str = "int4",
@@ -461,12 +341,6 @@ def quantize_weight_only_gated(model: str | os.PathLike | onnx.ModelProto, out: 
     return report
 
 
-def _attempt_record(excluded: list[str], result: DecoderComparison) -> dict[str, Any]:
-    return {"excluded_groups": list(excluded), "passed": result.passed, "top1_agreement": result.top1_agreement,
-            "kl_mean": result.kl_mean, "min_identical_tokens": result.min_identical}
-
-
-__all__ = ["AutoExcludeResult", "DecoderComparison", "GenerationGate", "PromptComparison", "ReferenceRun",
-           "auto_exclude", "candidate_logits", "compare_decoders", "divergence_position", "kl_divergence",
-           "HELD_OUT_TEXTS", "log_softmax", "make_prompts", "text_prompts", "quantize_weight_only_gated",
-           "reference_run", "score"]
+__all__ = ["AutoExcludeResult", "HELD_OUT_TEXTS", "TeacherForcedProbe", "WEIGHT_ONLY_MODES", "WeightOnlyStep",
+           "auto_exclude", "candidate_logits", "compare_decoders", "make_prompts", "quantize_weight_only_gated",
+           "reference_run", "text_prompts"]

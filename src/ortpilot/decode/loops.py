@@ -45,6 +45,17 @@ class Traffic:
         return Traffic(self.host_bytes - before.host_bytes, self.kv_host_bytes - before.kv_host_bytes)
 
 
+def cast_feed(sig: DecoderSignature, name: str, value: np.ndarray) -> np.ndarray:
+    """``value`` as the dtype the model declares for input ``name`` (int64 when it declares none)."""
+    info = sig.inputs.get(name)
+    return np.ascontiguousarray(value, dtype=info.dtype if info is not None else np.int64)
+
+
+def logits_dtype(session: ort.InferenceSession, signature: DecoderSignature) -> type:
+    kind = next(o.type for o in session.get_outputs() if o.name == signature.logits)
+    return np.float16 if "float16" in kind else np.float32
+
+
 class DecodeLoop(ABC):
     """Prefill once, then one token per ``step``; both return last-position logits [batch, vocab].
 
@@ -102,9 +113,7 @@ class DecodeLoop(ABC):
         return feeds
 
     def _cast(self, name: str, value: np.ndarray) -> np.ndarray:
-        info = self.sig.inputs.get(name)
-        dtype = info.dtype if info is not None else np.int64
-        return np.ascontiguousarray(value, dtype=dtype)
+        return cast_feed(self.sig, name, value)
 
     def _empty_past(self, batch: int) -> dict[str, np.ndarray]:
         return {c.past: np.zeros(c.shape(batch, 0), dtype=c.dtype) for c in self.sig.cache}
@@ -161,8 +170,7 @@ class _BindingLoop(DecodeLoop):
         super().__init__(session, signature, max_length)
         self.io = session.io_binding()
         self._logits_buf: np.ndarray | None = None
-        kind = next(o.type for o in session.get_outputs() if o.name == signature.logits)
-        self._logits_dtype = np.float16 if "float16" in kind else np.float32
+        self._logits_dtype = logits_dtype(session, signature)
 
     def _bind_small(self, ids: np.ndarray, positions: np.ndarray, past_length: int) -> None:
         for name, value in self._small_inputs(ids, positions, past_length).items():

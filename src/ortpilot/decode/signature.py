@@ -11,6 +11,7 @@ present output) when the names are unusual.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -272,3 +273,14 @@ def _max_positions(model: onnx.ModelProto) -> int | None:
     rows = [int(table.dims[0]) for table in constant_tables(model)]
     limits = [x for x in (model_max_positions(model), min(rows) if rows else None) if x is not None]
     return min(limits) if limits else None
+
+
+def is_kv_decoder(model: str | os.PathLike | onnx.ModelProto) -> bool:
+    """Whether ``model`` is a decoder with a KV cache (what generation, not raw logits, should judge)."""
+    from ortpilot.modelio import load_model
+
+    try:
+        proto = model if isinstance(model, onnx.ModelProto) else load_model(model, load_external_data=False)
+        return detect_signature(proto).has_cache
+    except UsageError:
+        return False

@@ -55,3 +55,100 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     if not ids:
         raise UsageError("The prompt encodes to no tokens; give some text.")
     return list(ids)
+
+
+def chat_template(tokenizer_path: str | os.PathLike) -> str | None:
+    """The Jinja chat template beside the tokenizer: ``chat_template.jinja`` (as transformers 5 saves
+    it), else the ``chat_template`` of ``tokenizer_config.json``; None when there is neither."""
+    folder = Path(tokenizer_path)
+    folder = folder if folder.is_dir() else folder.parent
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = folder / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    import json
+
+    try:
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise UsageError(f"'{config}' is not a readable tokenizer config ({exc}).") from None
+    if isinstance(template, list):  # several named templates: the default one
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
+    return template if isinstance(template, str) and template.strip() else None
+
+
+def render_chat(template: str, messages: list[dict[str, str]], tokenizer: Any = None) -> str:
+    """``messages`` through a Hugging Face chat template (Jinja, sandboxed), ready for the answer."""
+    try:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise UsageError("The tokenizer's chat template is Jinja: pip install jinja2 (Ray Serve brings it), "
+                         "or use the built-in ChatML template.") from None
+
+    def raise_exception(message: str) -> None:
+        raise UsageError(f"The chat template refused the messages: {message}")
+
+    special = {}
+    for name, token in (("bos_token", "<s>"), ("eos_token", "</s>")):
+        if tokenizer is not None and tokenizer.token_to_id(token) is not None:
+            special[name] = token
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                                **{"bos_token": "", "eos_token": "", **special})
+    except TemplateError as exc:
+        raise UsageError(f"The chat template failed on these messages: {exc}") from None
+
+
+def chatml(messages: list[dict[str, str]]) -> str:
+    """The messages as ChatML turns, then the assistant's turn opened."""
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return turns + "<|im_start|>assistant\n"
+
+
+class TextStream:
+    """Token ids in, text deltas out: never a half UTF-8 character, never a stop string.
+
+    Each delta is the decoded text so far minus what was handed out. A trailing replacement
+    character (a multi-byte character not complete yet) and a tail that could still become a
+    stop string wait for the next token; ``finish`` hands out the rest.
+    """
+
+    def __init__(self, tokenizer: Any, stop: list[str] = (), skip_ids: frozenset[int] = frozenset()) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.skip_ids = skip_ids
+        self.ids: list[int] = []
+        self.sent = ""
+        self.stopped = False
+
+    def text(self) -> str:
+        return self.tokenizer.decode([t for t in self.ids if t not in self.skip_ids])
+
+    def push(self, token: int) -> str:
+        """The delta after ``token``; sets ``stopped`` when a stop string appeared (the text ends before it)."""
+        self.ids.append(int(token))
+        text = self.text()
+        for stop in self.stop:
+            at = text.find(stop, max(0, len(self.sent) - len(stop)))
+            if at >= 0:
+                self.stopped = True
+                return self._hand_out(text[:at])
+        ready = text.rstrip("\ufffd")
+        hold = max((n for s in self.stop for n in range(1, len(s)) if ready.endswith(s[:n])), default=0)
+        return self._hand_out(ready[:len(ready) - hold])
+
+    def finish(self) -> str:
+        return "" if self.stopped else self._hand_out(self.text())
+
+    def _hand_out(self, text: str) -> str:
+        if not text.startswith(self.sent) or len(text) <= len(self.sent):
+            return ""
+        delta = text[len(self.sent):]
+        self.sent = text
+        return delta

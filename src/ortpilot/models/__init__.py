@@ -32,11 +32,13 @@ __all__ = [
     "DemoSpec",
     "builder_hash",
     "demo_model_path",
+    "demo_tokenizer_path",
     "make_cnn",
     "make_decoder",
     "make_encoder",
     "make_mlp",
     "write_demo_models",
+    "write_demo_tokenizer",
 ]
 
 # Bump when a builder changes in a way its source hash would not show (e.g. a dependency).
@@ -101,6 +103,31 @@ def write_demo_models(outdir: str | Path) -> dict[str, Path]:
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     return {name: save_model(build(), out / f"{name}.onnx") for name, build in DEMO_MODELS.items()}
+
+
+def write_demo_tokenizer(outdir: str | Path) -> Path:
+    """The demo decoder's byte-level ``tokenizer.json`` (and ``tokenizer_config.json``) in ``outdir``."""
+    from ortpilot.models.tokenizer import write_byte_tokenizer
+
+    return write_byte_tokenizer(outdir)
+
+
+def demo_tokenizer_path() -> Path:
+    """``tokenizer.json`` of the demo decoder, built once into ``<cache root>/demo/tokenizer-HASH/``."""
+    from ortpilot.artifacts.cache import cache_root
+    from ortpilot.models import tokenizer
+
+    try:
+        import tokenizers
+    except ImportError:
+        tokenizer.make_byte_tokenizer()  # raises the message that names the package
+        raise
+    digest = hashlib.sha256(f"{tokenizers.__version__}|".encode() + Path(tokenizer.__file__).read_bytes())
+    folder = cache_root() / "demo" / f"tokenizer-{digest.hexdigest()[:16]}"
+    path = folder / tokenizer.TOKENIZER_FILE
+    if not (path.is_file() and (folder / tokenizer.CONFIG_FILE).is_file()):
+        tokenizer.write_byte_tokenizer(folder)
+    return path
 
 
 def builder_hash(name: str) -> str:

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,10 +208,26 @@ class Pass(abc.ABC):
     name: str = "pass"
     # Part of every cache key of this pass's output: bump it when the output changes for the same options.
     revision: int = 0
+    # Whether the output depends on calibration samples (their digest is then part of cache keys).
+    calibrated: bool = False
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], *, calibration: Sequence[Mapping[str, Any]] = (),
+                     prepared: bool = False) -> Pass:
+        """The pass a pipeline step's JSON options describe (``passes.registry.Step``).
+
+        ``calibration``: samples, for passes that calibrate; ``prepared``: the input already went
+        through ``PrepareForQuantization`` (a quantize step then skips its own preparation).
+        """
+        return cls(**options)
 
     @abc.abstractmethod
     def options(self) -> dict[str, Any]:
         """The settings that decide this pass's output (recorded, and part of cache keys)."""
+
+    def label(self) -> str:
+        """A short human label (tune's candidate labels, reports): what this pass does to a model."""
+        return self.name
 
     @abc.abstractmethod
     def transform(self, source: SourceModel) -> Outcome:

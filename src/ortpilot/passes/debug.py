@@ -1,4 +1,4 @@
-"""Where quantization error comes from, and leaving the worst layers in float until the gate passes.
+"""Where quantization error comes from: each layer's share, for naming the worst and leaving them in float.
 
 For QDQ models, ``onnxruntime.quantization.qdq_loss_debug`` saves every activation of the
 float and the quantized model and matches them by name; the SQNR of each quantized
@@ -9,11 +9,12 @@ Static QOperator models are ranked through a QDQ twin built with the same settin
 names). Dynamic models have no quantized activations to match: ``passes.sensitivity`` replays
 each weighted node's product on the calibration activations with both operands rounded as ORT
 rounds them, which finds the layers fed by outliers that weight statistics alone miss.
+The loop that leaves them in float until a gate passes is ``gate.exclude`` (these rankings:
+``gate.rankings``).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,13 +25,11 @@ import numpy as np
 import onnx
 
 from ortpilot.artifacts.scratch import scratch_dir
-from ortpilot.passes.base import PassResult, SourceModel
-from ortpilot.passes.gate import AccuracyGate, GateResult, gate_failure
+from ortpilot.passes.base import SourceModel
 from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, full_op_types
 from ortpilot.passes.sensitivity import dynamic_op_types, rank_dynamic
 from ortpilot.session.ortlog import capture_ort_output
 
-log = logging.getLogger("ortpilot")
 SQNR_CAP_DB = 100.0
 
 
@@ -155,56 +154,4 @@ def layer_errors(step: QuantizePass, source: SourceModel, quantized: onnx.ModelP
     return activation_errors(prepared, qdq, samples, step.op_types_for_mode() or full_op_types())
 
 
-def worst_layers(step: QuantizePass, source: SourceModel, quantized: onnx.ModelProto,
-                 samples: Sequence[Mapping[str, np.ndarray]], n: int = 5) -> list[LayerError]:
-    """The ``n`` layers not yet excluded that contribute most error to ``quantized``."""
-    excluded = set(step.nodes_to_exclude)
-    return [e for e in layer_errors(step, source, quantized, samples) if e.node not in excluded][:n]
-
-
-def auto_exclude(step: QuantizePass, source: SourceModel, gate: AccuracyGate,
-                 samples: Sequence[Mapping[str, np.ndarray]], *, max_rounds: int = 6, per_round: int = 2,
-                 worst_n: int = 5) -> tuple[PassResult, GateResult, list[dict[str, Any]]]:
-    """Re-quantize leaving the worst layers in float until ``gate`` passes or ``max_rounds`` is reached.
-
-    Layers are ranked on ``samples`` (calibration data), so the held-out samples stay a fair test.
-    A dynamic ranking depends only on the float model and is computed once; QDQ rankings are
-    re-measured on each round's model. Raises AccuracyGateError (naming the worst layers left)
-    when the gate still fails.
-    """
-    current = step
-    history: list[dict[str, Any]] = []
-    result = measured = None
-    ranked: list[LayerError] | None = None
-    layers: list[LayerError] = []
-    for round_no in range(max_rounds + 1):
-        try:
-            result = current.run(source)
-        except NothingQuantizedError:
-            break  # everything quantizable is already excluded
-        measured = gate.measure(result.model)
-        history.append({"round": round_no, "excluded": list(current.nodes_to_exclude),
-                        "error": float(measured.error) if math.isfinite(measured.error) else "inf",
-                        "passed": bool(measured.passed), "quantized_nodes": result.record.quantized_nodes})
-        log.info("auto-exclude round %d: %d layer(s) in float, %s", round_no, len(current.nodes_to_exclude),
-                 measured.describe())
-        if measured.passed:
-            return result, measured, history
-        if ranked is None or step.mode != "dynamic":
-            ranked = layer_errors(current, source, result.model, samples)
-        layers = [e for e in ranked if e.node not in set(current.nodes_to_exclude)][:worst_n]
-        new = list(dict.fromkeys(n for layer in layers[:per_round] for n in layer.exclude
-                                 if n not in current.nodes_to_exclude))
-        if round_no == max_rounds or not new:
-            break
-        current = current.with_excluded(new)
-    if measured is None:
-        raise NothingQuantizedError("Every quantizable layer was excluded and the gate still had nothing to pass.")
-    measured.worst_layers = layers
-    raise gate_failure(measured, hint=(
-        f"--auto-exclude left {len(current.nodes_to_exclude)} layer(s) in float over {len(history)} round(s) "
-        f"({', '.join(current.nodes_to_exclude) or 'none'}) and the gate still fails; raise --max-error, use "
-        "real --calibration data, or a milder --mode."))
-
-
-__all__ = ["LayerError", "activation_errors", "auto_exclude", "dynamic_errors", "layer_errors", "worst_layers"]
+__all__ = ["LayerError", "activation_errors", "dynamic_errors", "layer_errors"]

@@ -89,6 +89,9 @@ class DecoderFusionPass(Pass):
         return {"atol": self.atol, "rtol": self.rtol, "seed": self.seed, "pack": self.pack,
                 "max_positions": self.max_positions}
 
+    def label(self) -> str:
+        return "gqa"
+
     def transform(self, source: SourceModel) -> Outcome:
         layers = count_layers(source.proto)
         if not layers:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -56,29 +56,47 @@ def detect_model_type(model: onnx.ModelProto) -> tuple[str | None, str]:
     return None, "attention without LayerNorm: no optimizer model type fits; pass --fusion TYPE to force one"
 
 
+def _check_model_type(model_type: str) -> None:
+    if model_type not in ("auto", *fusion_model_types()):
+        raise UsageError(f"Unknown fusion type '{model_type}'. Choose auto, none or one of "
+                         f"{', '.join(fusion_model_types())}.")
+
+
 class FusionPass(Pass):
     """ORT transformer fusions for one model type (``auto`` detects it from the graph)."""
 
     name = "fusion"
 
     def __init__(self, model_type: str = "auto", *, num_heads: int = 0, hidden_size: int = 0,
-                 providers: Sequence[ProviderLike] | ProviderLike | None = None, use_gpu: bool = False) -> None:
-        if model_type not in ("auto", *fusion_model_types()):
-            raise UsageError(f"Unknown fusion type '{model_type}'. Choose auto, none or one of "
-                             f"{', '.join(fusion_model_types())}.")
+                 providers: Sequence[ProviderLike] | ProviderLike | None = None, use_gpu: bool = False,
+                 check: bool = True) -> None:
+        """``check``: refuse an unknown ``model_type`` now (it imports ORT's transformer optimizer,
+        0.2 s); without it ``transform`` refuses it, when that import is needed anyway."""
+        if check:
+            _check_model_type(model_type)
         self.model_type = model_type
         self.num_heads = num_heads
         self.hidden_size = hidden_size
         self.providers = resolve_providers(providers)
         self.use_gpu = use_gpu
 
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], **_: Any) -> FusionPass:
+        """A tune step: ``model_type``, ``num_heads``, ``hidden_size`` (0: let ORT detect them)."""
+        return cls(str(options.get("model_type", "auto")), num_heads=int(options.get("num_heads", 0)),
+                   hidden_size=int(options.get("hidden_size", 0)), check=False)
+
     def options(self) -> dict[str, Any]:
         return {"model_type": self.model_type, "num_heads": self.num_heads, "hidden_size": self.hidden_size,
                 "providers": [str(p) for p in self.providers]}
 
+    def label(self) -> str:
+        return f"fusion({self.model_type})"
+
     def transform(self, source: SourceModel) -> Outcome:
         from onnxruntime.transformers.optimizer import optimize_model
 
+        _check_model_type(self.model_type)
         model_type, reason = self.model_type, "given"
         if model_type == "auto":
             model_type, reason = detect_model_type(source.proto)

@@ -37,6 +37,11 @@ QUANT_TYPES = ("qint8", "quint8")
 # QDQ around the ops whose integer kernels pay off, plus ops that carry INT8 through unchanged.
 QDQ_OPS_DEFAULT = ("Conv", "ConvTranspose", "MatMul", "Gemm", "MaxPool", "AveragePool", "GlobalAveragePool",
                    "Relu", "Clip", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Resize", "Concat")
+# "weights only" (a tune step's ``weights_only``): the op types whose second operand is a weight
+# (MatMul with a constant B, which is ORT's default for dynamic mode, Gemm, Conv, and the fused
+# Attention's packed QKV projection). Embedding Gathers stay float, and so do activation x activation products.
+WEIGHT_OPS = ("MatMul", "Gemm", "Conv", "Attention")
+CALIBRATED_MODES = ("static", "qdq", "full")
 
 
 class NothingQuantizedError(UsageError):
@@ -166,6 +171,25 @@ def prepare(model: onnx.ModelProto, *, preprocess: bool = True) -> tuple[onnx.Mo
     return work, notes
 
 
+class PrepareForQuantization(Pass):
+    """:func:`prepare` as a step of its own (Constant weights to initializers, node names,
+    ``quant_pre_process``), so that its result is cached once per model and every INT8 variant of
+    that model starts from it (``QuantizePass(preprocess=False)`` on a prepared model writes the
+    same bytes as ``QuantizePass()`` on the original)."""
+
+    name = "quantize-prepare"
+
+    def options(self) -> dict[str, Any]:
+        return {}
+
+    def label(self) -> str:
+        return "prepare"
+
+    def transform(self, source: SourceModel) -> Outcome:
+        model, notes = prepare(source.proto)
+        return Outcome(model, notes=notes)
+
+
 def _default_opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
@@ -197,6 +221,45 @@ class QuantizePass(Pass):
         self.preprocess = preprocess
         self.extra_options = dict(extra_options or {})
         self._prepared: dict[str, tuple[onnx.ModelProto, list[str]]] = {}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], *, calibration: Sequence[Mapping[str, np.ndarray]] = (),
+                     prepared: bool = False) -> QuantizePass:
+        """A tune step: ``mode``, ``per_channel``, ``reduce_range``, ``weight_type``, ``activation_type``,
+        ``weights_only`` (only ``WEIGHT_OPS``) and ``exclude`` (nodes left in float)."""
+        mode = str(options.get("mode", "dynamic"))
+        return cls(mode, calibration=list(calibration) if mode in CALIBRATED_MODES else None,
+                   per_channel=bool(options.get("per_channel", False)),
+                   reduce_range=bool(options.get("reduce_range", False)),
+                   weight_type=str(options.get("weight_type", "qint8")),
+                   activation_type=str(options.get("activation_type", "quint8")),
+                   op_types=list(WEIGHT_OPS) if options.get("weights_only") else None,
+                   nodes_to_exclude=list(options.get("exclude", ())), preprocess=not prepared,
+                   # fused contrib ops (Attention, SkipLayerNormalization) defeat ONNX shape
+                   # inference; their tensors are float
+                   extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+
+    @property
+    def calibrated(self) -> bool:
+        return self.mode in CALIBRATED_MODES
+
+    def label(self) -> str:
+        """``int8-dynamic``, then ``-w`` (weights only), ``-pc`` (per channel), ``-rr`` (7-bit weights),
+        ``-u8u8`` / ``-s8s8`` (weight / activation types off the default) and ``-xN`` (N nodes left float)."""
+        label = f"int8-{self.mode}"
+        if self.op_types == list(WEIGHT_OPS):
+            label += "-w"
+        if self.per_channel:
+            label += "-pc"
+        if self.reduce_range:
+            label += "-rr"
+        if self.weight_type == "quint8":
+            label += "-u8u8"
+        if self.activation_type == "qint8":
+            label += "-s8s8"
+        if self.nodes_to_exclude:
+            label += f"-x{len(self.nodes_to_exclude)}"
+        return label
 
     def options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"mode": self.mode, "per_channel": self.per_channel, "reduce_range": self.reduce_range,
@@ -295,5 +358,5 @@ class QuantizePass(Pass):
                         calibrate_method=_method(self.method), extra_options=extra)
 
 
-__all__ = ["METHODS", "MODES", "NothingQuantizedError", "QDQ_OPS_DEFAULT", "QuantizePass", "constants_to_initializers",
-           "full_op_types", "name_nodes", "prepare"]
+__all__ = ["CALIBRATED_MODES", "METHODS", "MODES", "NothingQuantizedError", "PrepareForQuantization", "QDQ_OPS_DEFAULT",
+           "QuantizePass", "WEIGHT_OPS", "constants_to_initializers", "full_op_types", "name_nodes", "prepare"]

@@ -285,6 +285,9 @@ class WeightOnlyPass(Pass):
                 "nodes_to_exclude": list(self.nodes_to_exclude), "nodes_in_int8": list(self.nodes_in_int8),
                 "pack": self.pack}
 
+    def label(self) -> str:
+        return f"{self.mode.split('-')[0]}-weights"
+
     def transform(self, source: SourceModel) -> Outcome:
         model = source.proto
         done = weight_only_nodes(model)

@@ -14,6 +14,7 @@ import logging
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ortpilot.artifacts.profile import read_profile, verify_environment
@@ -69,13 +70,18 @@ def check_machine(doc: Mapping[str, Any], path: str | os.PathLike, settings: Ses
 
 def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
                  accept_fields: Sequence[str] = (), accept_model_outside: bool = False,
-                 **kwargs: Any) -> VerifiedSession:
+                 intra_op_threads: int | None = None, optimized: bool = False, **kwargs: Any) -> VerifiedSession:
     """Recreate the profiled session exactly and verify it (``ortpilot.load_profile``).
 
     Returns a ``VerifiedSession``; its ``profile`` attribute holds the parsed profile (whether
     to use IOBinding, the measured latency) and ``machine_check`` how this machine compares with
     the one it was tuned on. ``accept_machine`` loads a profile from a machine whose
-    differences can change the winner. ``kwargs`` go to ``ortpilot.session.load``.
+    differences can change the winner. ``intra_op_threads`` replaces the profile's thread count
+    (a serving replica runs on the CPUs it was given, not on those the tune had); the machine
+    check then counts the replaced one. ``optimized`` loads the ORT-optimized graph the tune kept
+    (``optimized_model``, a file beside the profile) with optimizations off, which skips graph
+    optimization at creation; when it is missing, changed or stamped for another ORT/CPU, the
+    profile's model loads instead (logged). ``kwargs`` go to ``ortpilot.session.load``.
     A profile is an input: settings that make ORT write or load files are refused unless named
     in ``accept_fields`` (as the error names them), and a model outside the profile's folder
     unless ``accept_model_outside``.
@@ -87,11 +93,17 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_mach
         settings = SessionSettings.from_dict(dict(doc["session_settings"]))
     except (TypeError, ValueError) as exc:
         raise UsageError(f"Profile '{path}' has invalid session settings ({exc}); regenerate it.") from None
+    if intra_op_threads is not None:
+        settings = SessionSettings.from_dict({**settings.to_dict(), "intra_op_threads": max(1, int(intra_op_threads))})
     machine = check_machine(doc, path, settings, policy=policy, accept_machine=accept_machine)
     providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
     shapes = {k: tuple(v) for k, v in (doc.get("shapes") or {}).items()} or None
-    session = load(str(model), providers, policy, settings=settings, shapes=shapes, **kwargs)
+    session = _load_optimized(doc, path, providers, policy, settings, shapes, **kwargs) if optimized else None
     expected = (doc.get("placement") or {})
+    if session is not None:
+        expected = doc["optimized_model"].get("placement") or {}
+    else:
+        session = load(str(model), providers, policy, settings=settings, shapes=shapes, **kwargs)
     if expected and session.placement is not None and policy == "strict":
         got = session.placement.counts
         if got != expected:
@@ -100,6 +112,27 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_mach
     session.profile = doc
     session.machine_check = machine
     return session
+
+
+def _load_optimized(doc: Mapping[str, Any], path: str | os.PathLike, providers: list, policy: str,
+                    settings: SessionSettings, shapes: Any, **kwargs: Any) -> VerifiedSession | None:
+    """The session on the profile's ``optimized_model`` (optimizations off), or None to load the plain one."""
+    from ortpilot.modelio import file_sha256
+
+    entry = doc.get("optimized_model") or {}
+    name = str(entry.get("file") or "")
+    file = Path(path).parent / name
+    if not name or Path(name).name != name or not file.is_file():  # only a file beside the profile
+        return None
+    if file_sha256(file) != entry.get("sha256"):
+        log.warning("The optimized model '%s' changed since it was tuned; loading the profile's model instead.", file)
+        return None
+    plain = SessionSettings.from_dict({**settings.to_dict(), "level": "disable", "optimized_model_filepath": ""})
+    try:
+        return load(str(file), providers, policy, settings=plain, shapes=shapes, **kwargs)
+    except StampMismatchError as exc:
+        log.warning("The optimized model does not fit here (%s); loading the profile's model instead.", exc)
+        return None
 
 
 def _refuse_file_settings(doc: dict[str, Any], path: str | os.PathLike, accept_fields: Sequence[str],

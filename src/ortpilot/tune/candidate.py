@@ -2,7 +2,8 @@
 
 A candidate is plain data with a stable id (a hash of its canonical JSON), so the journal can
 say which candidates are finished, the worker process can rebuild one from a dict, and the
-profile can record exactly what won.
+profile can record exactly what won. Its passes are ``passes.registry.Step`` records (a
+registered pass name and its options): each builds its ``Pass`` and gives that pass's label.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ortpilot.passes.registry import Step
 from ortpilot.session import SessionSettings
 
-PassStep = dict[str, Any]  # {"pass": "fusion"|"quantize", ...options}
+PassStep = Step  # {"pass": "fusion"|"quantize", ...options}, typed
 
 
 def _canonical(obj: Any) -> str:
@@ -31,6 +33,9 @@ class Candidate:
     iobinding: bool = False
     baseline: bool = False
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "passes", tuple(Step.of(p) for p in self.passes))
+
     @property
     def id(self) -> str:
         """Stable across processes and runs: the same configuration always has the same id."""
@@ -39,10 +44,13 @@ class Candidate:
     @property
     def model_key(self) -> str:
         """Candidates with equal passes share one transformed model."""
-        return hashlib.sha256(_canonical(list(self.passes)).encode()).hexdigest()[:16]
+        return hashlib.sha256(_canonical(self._steps()).encode()).hexdigest()[:16]
+
+    def _steps(self) -> list[dict[str, Any]]:
+        return [step.to_dict() for step in self.passes]
 
     def _key(self) -> dict[str, Any]:
-        return {"passes": list(self.passes), "providers": list(self.providers),
+        return {"passes": self._steps(), "providers": list(self.providers),
                 "settings": self.settings.to_dict(), "iobinding": self.iobinding}
 
     @property
@@ -50,7 +58,7 @@ class Candidate:
         """Short human description: what differs from ORT's default session."""
         if self.baseline:
             return "ORT default"
-        parts = [pass_label(p) for p in self.passes] or ["fp32"]
+        parts = [step.label() for step in self.passes] or ["fp32"]
         names = [p["name"].replace("ExecutionProvider", "").lower() for p in self.providers]
         if names != ["cpu"]:
             parts.append("+".join(names))
@@ -69,7 +77,7 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Candidate:
-        return cls(passes=tuple(dict(p) for p in data.get("passes", ())),
+        return cls(passes=tuple(Step.of(p) for p in data.get("passes", ())),
                    providers=tuple(dict(p) for p in data.get("providers", ())),
                    settings=SessionSettings.from_dict(dict(data.get("settings", {}))),
                    iobinding=bool(data.get("iobinding", False)), baseline=bool(data.get("baseline", False)))
@@ -96,31 +104,10 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def pass_label(step: PassStep) -> str:
-    """``fusion(bert)``, ``int8-dynamic-pc``, ``int8-qdq``, ``int8-dynamic-w-pc-x2`` (2 layers left float)..."""
-    kind = step.get("pass")
-    if kind == "fusion":
-        return f"fusion({step.get('model_type', 'auto')})"
-    if kind == "quantize":
-        label = f"int8-{step.get('mode', 'dynamic')}"
-        if step.get("weights_only"):
-            label += "-w"
-        if step.get("per_channel"):
-            label += "-pc"
-        if step.get("reduce_range"):
-            label += "-rr"  # 7-bit weights
-        if step.get("weight_type") == "quint8":
-            label += "-u8u8"
-        if step.get("activation_type") == "qint8":
-            label += "-s8s8"
-        if step.get("exclude"):
-            label += f"-x{len(step['exclude'])}"  # layers left in float
-        return label
-    if kind == "decoder_fusion":
-        return "gqa"
-    if kind == "weight_only":
-        return f"{step.get('mode', 'int4').split('-')[0]}-weights"
-    return str(kind)
+def pass_label(step: Step | dict[str, Any]) -> str:
+    """``fusion(bert)``, ``int8-dynamic-pc``, ``int8-qdq``, ``int8-dynamic-w-pc-x2`` (2 layers left float)...:
+    the label of the pass the step builds (``Pass.label``)."""
+    return Step.of(step).label()
 
 
 def baseline_candidate() -> Candidate:

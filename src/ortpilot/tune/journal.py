@@ -22,6 +22,9 @@ from ortpilot.errors import UsageError
 
 JOURNAL_NAME = "journal.jsonl"
 MAX_JOURNAL_BYTES = 256 * 2**20
+# The record format (the ``start`` record's ``journal_version``). Journals written before it was
+# recorded have none and are version 1: the format has not changed since, so they resume.
+JOURNAL_VERSION = 1
 _NUMBER = (int, float)
 _OPT_STR = (str, type(None))
 _OPT_NUMBER = (int, float, type(None))
@@ -30,7 +33,7 @@ _STEP = {"kind": str, "id": str, "stage": str, "status": _OPT_STR, "error": _OPT
 _FIELDS: dict[str, dict[str, Any]] = {
     "start": {"kind": str, "model_sha256": str, "shapes": dict, "objective": str, "max_error": _OPT_NUMBER,
               "metric": _OPT_STR, "quantize": bool, "providers": list, "ort": str, "budget_s": _NUMBER,
-              "model": str},
+              "model": str, "journal_version": int},
     "kept": {"kind": str, "reference": dict, "heldout": dict},
     "prepared": {**_STEP, "candidate": dict, "phase": str, "seconds": _NUMBER, "reason": _OPT_STR,
                  "model_path": str, "model_sha256": str, "cache_hit": bool, "passes": list, "build_s": _NUMBER,
@@ -38,7 +41,8 @@ _FIELDS: dict[str, dict[str, Any]] = {
                  "output_names": list, "output_sha256": dict, "accuracy": (dict, type(None)),
                  "verification": bool, "returncode": (int, type(None)), "log_tail": str, "errno": (int, type(None))},
     "bench": {**_STEP, "runs": int, "samples_s": list},
-    "rank": {**_STEP, "passes": list, "per_channel": bool, "op_types": list, "ranking": list},
+    "rank": {**_STEP, "passes": list, "per_channel": bool, "op_types": list, "reduce_range": bool, "weight_type": str,
+             "ranking": list},
     "final": {**_STEP, "ids": list, "samples_s": dict, "blocks": dict},
     "done": {"kind": str, "winner": str, "files": dict, "load_avg": list},
 }
@@ -102,6 +106,16 @@ def _problem(record: Any) -> str | None:
         if type(value) not in types and not (float in types and type(value) is int):
             return f"({kind}) has '{name}' of type {type(value).__name__}"
     return _numbers(record) or _kept_files(record)
+
+
+def check_version(path: Path, header: Mapping[str, Any] | None) -> None:
+    """Refuse (exit 2) a journal whose ``start`` record names a format this ortpilot does not read."""
+    version = (header or {}).get("journal_version", 1)
+    if version != JOURNAL_VERSION:
+        raise UsageError(f"Cannot resume from the tune journal '{path}': it was written in journal format "
+                         f"{version}, and this ortpilot reads format {JOURNAL_VERSION} (journals without a "
+                         "format number are format 1). Resume it with the ortpilot that wrote it, or drop "
+                         "--resume to start the tune over.")
 
 
 def _numbers(record: Mapping[str, Any]) -> str | None:
@@ -168,8 +182,10 @@ class Journal:
                     self.path.unlink()
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND, 0o644)
             self._fh = os.fdopen(fd, "ab")
-            for line in self._pending:
-                self._write(line)
+            if self._pending:
+                # One write and one fsync: a kill mid-commit must not leave the default session's
+                # records without the ``kept`` record that makes them resumable.
+                self._write(b"".join(self._pending))
         self._pending.clear()
 
     def _write(self, line: bytes) -> None:

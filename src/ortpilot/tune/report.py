@@ -36,7 +36,8 @@ def _lat(c: dict[str, Any]) -> dict[str, Any]:
     return c.get("latency") or c.get("screen_latency") or {}
 
 
-def _ranked(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def ranked_candidates(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A tune document's candidates, those measured fastest first (p50), then the rest in search order."""
     ok = [c for c in doc["candidates"] if c["status"] == "ok" and _lat(c)]
     rest = [c for c in doc["candidates"] if c not in ok]
     return sorted(ok, key=lambda c: _lat(c).get("p50_ms", math.inf)) + rest
@@ -73,7 +74,7 @@ def render_md(doc: dict[str, Any]) -> str:
              "Accuracy gate (vs ORT's default session, held-out inputs): "
              + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items()) + f", max error {doc['max_error']:g}.", "",
              "| candidate | status | p50 ms | p99 ms | p50 95% CI | error | note |", "|---|---|---|---|---|---|---|"]
-    for c in _ranked(doc):
+    for c in ranked_candidates(doc):
         lat = _lat(c)
         ci = lat.get("median_ci95_ms")
         lines.append(f"| {c['label']} | {c['status']} | {_ms(lat.get('p50_ms'))} | {_ms(lat.get('p99_ms'))} | "
@@ -132,7 +133,7 @@ def pareto_png(doc: dict[str, Any]) -> str:
 def render_html(doc: dict[str, Any]) -> str:
     e = html.escape
     rows = []
-    for c in _ranked(doc):
+    for c in ranked_candidates(doc):
         lat = _lat(c)
         ci = lat.get("median_ci95_ms")
         acc = c.get("accuracy") or {}

@@ -4,15 +4,16 @@ interleaved measurement of the finalists against ORT's default session.
 Cheap pass: each candidate is prepared in the worker (built, loaded strict, checked against
 the gate) and timed with a few runs. Model variants are tried most promising first; a dynamic
 INT8 variant that misses the gate by a little is followed at once by the same variant with its
-most sensitive layers left in float (``passes.sensitivity``), so the search reaches a fast
-variant that passes within the budget. Halving: the better half of the candidates that passed
-gets twice the runs, until the leader's confidence interval separates from the runner-up's or
-the budget ends. Final: leader, runner-up and the baseline are timed round-robin in one
-process, so a slow stretch of the machine hits all of them alike. Every step goes to the
-journal first and is replayed from it on ``--resume``. A journal whose search had ended (its
-final measurement or its ``done`` record is there) is replayed only (``replay_only``): a step
-the journal lacks is what the budget cut then, and stays cut, so the same winner comes out
-and nothing is measured again.
+most sensitive layers left in float: one more try of the gate's auto-exclude loop
+(``gate.exclude``, layers ranked by ``passes.sensitivity`` in the worker), so the search
+reaches a fast variant that passes within the budget. Halving: the better half of the
+candidates that passed gets twice the runs, until the leader's confidence interval separates
+from the runner-up's or the budget ends. Final: leader, runner-up and the baseline are timed
+round-robin in one process, so a slow stretch of the machine hits all of them alike.
+
+This module is the policy only. What each step costs and whether it still fits is
+``tune.budget``; running a step, or replaying it from the journal on ``--resume``, is
+``tune.steps`` (whose docstring explains resume).
 """
 
 from __future__ import annotations
@@ -20,44 +21,36 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ortpilot.errors import StorageError, UsageError
+from ortpilot.errors import UsageError
+from ortpilot.gate.exclude import Layer, NoiseShare, Try, nodes_of, propose
+from ortpilot.gate.rankings import noise_layers
+from ortpilot.gate.result import GateResult
 from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
+from ortpilot.passes.quantize import QuantizePass
+from ortpilot.passes.registry import Step
+from ortpilot.tune.budget import SAFETY, Budget
 from ortpilot.tune.candidate import Candidate
-from ortpilot.tune.gate import Gate
-from ortpilot.tune.journal import Journal
-from ortpilot.passes.sensitivity import nodes_to_exclude
-from ortpilot.tune.space import (
-    Facts,
-    combine,
-    first_candidates,
-    knob_variants,
-    with_exclusions,
-    within_budget,
-)
-from ortpilot.tune.worker import WorkerClient, WorkerCrash
+from ortpilot.tune.space import Facts, combine, first_candidates, knob_variants, with_exclusions, within_budget
+from ortpilot.tune.steps import StepRunner
 
 OBJECTIVES = ("p50", "p99", "throughput")
 SCREEN_RUNS_BASELINE = 10
-FINAL_ROUNDS = 8
 KNOB_BASES = 2  # model variants whose session knobs are explored
 MIN_GAIN = 0.03  # a knob "wins" on its own when it beats its base by this much in the cheap pass
 MAX_ROUNDS = 6
 OUTPUT_RESERVE_S = 5.0  # writing the model, profile and reports (matplotlib) after the search
-CANDIDATE_TIMEOUT_S = 600.0  # a candidate's child that takes longer is taken to hang
-FINAL_MIN_RUNS = 2  # per candidate per final round
-FINAL_MIN_ROUNDS = 4  # the final shrinks to this when time is short (slow models, small budgets)
 # A rejected dynamic INT8 variant within this factor of the limit gets layers left in float,
 # aiming this much below the limit, at most this many times.
 FOLLOWUP_WITHIN = 4.0
 FOLLOWUP_MARGIN = 1.3
 FOLLOWUP_TRIES = 2
+RANK_OPS = ["MatMul", "Attention"]
 
 
 @dataclass
@@ -119,175 +112,36 @@ def cost_ci(samples: list[float], objective: str, seed: int = 0, n_boot: int = 1
 
 
 class Search:
-    """One tune's search loop over a worker, a journal and a deadline."""
+    """One tune's search policy over a step runner and a budget."""
 
-    def __init__(self, worker: WorkerClient, journal: Journal, *, deadline: float, objective: str,
-                 gate_factory: Callable[[str], Gate], progress: Callable[[Progress], None] | None = None,
-                 on_first_record: Callable[[], None] | None = None, replay_only: bool = False) -> None:
-        """``on_first_record`` runs just before the journal first reaches the disk (the baseline is
-        measured by then): what a resume needs besides the journal is saved there."""
+    def __init__(self, steps: StepRunner, budget: Budget, *, objective: str,
+                 progress: Callable[[Progress], None] | None = None) -> None:
         if objective not in OBJECTIVES:
             raise UsageError(f"Unknown objective '{objective}'; use one of {', '.join(OBJECTIVES)}.")
-        self.worker = worker
-        self.journal = journal
-        self.deadline = deadline
+        self.steps = steps
+        self.budget = budget
         self.objective = objective
-        self.gate_factory = gate_factory
-        self.gate: Gate | None = None
         self.progress = progress or (lambda p: None)
-        self.on_first_record = on_first_record or (lambda: None)
-        self.replay_only = replay_only
         self.entries: dict[str, Entry] = {}
         self.planned = 0
         self.screen_runs = 5
-        self.prep_times: list[float] = []
 
-    # ------------------------------------------------------------------ helpers
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def _latency(self) -> float:
-        base = [e for e in self.entries.values() if e.candidate.baseline and e.samples]
-        return cost(base[0].samples, "p50") if base else 0.01
-
-    def _est_prepare(self) -> float:
-        return float(np.median(self.prep_times)) if self.prep_times else 2.0
-
-    def _reserve(self) -> float:
-        """Time kept for the final interleaved measurement of three candidates (``deadline`` already
-        excludes the time for writing the outputs)."""
-        return (FINAL_MIN_ROUNDS * FINAL_MIN_RUNS + 2) * 3 * self._latency() * 1.3 + 1.0
-
-    def _report(self, phase: str) -> None:
-        best = self.ranking()[:1]
-        done = sum(1 for e in self.entries.values() if e.status != "pending")
-        self.progress(Progress(done, max(self.planned, done), best[0].candidate.label if best else "-",
-                               cost(best[0].samples, self.objective) * 1e3 if best else None,
-                               max(0.0, self.left()), phase))
-
-    def ranking(self) -> list[Entry]:
-        ok = [e for e in self.entries.values() if e.measured]
-        return sorted(ok, key=lambda e: cost(e.samples, self.objective))
-
-    # ------------------------------------------------------------------ steps
-
-    def _prepare(self, entry: Entry, *, timeout: float) -> None:
-        cid = entry.candidate.id
-        record = self.journal.get("prepared", cid)
-        if record is None:
-            start = time.monotonic()
-            try:
-                result = self.worker.request("prepare", entry.candidate.to_dict(), timeout)
-            except WorkerCrash as exc:
-                if exc.timed_out and timeout < CANDIDATE_TIMEOUT_S:
-                    # Stopped by the budget, not by a hang: not journaled, so --resume tries it again.
-                    entry.status, entry.reason = "budget", "stopped: the budget ran out while it was being prepared"
-                    return
-                result = {"status": "timeout" if exc.timed_out else "crashed", "error": str(exc),
-                          "signal": exc.signal_number, "returncode": exc.returncode, "log_tail": exc.log_tail[-500:]}
-            if result.get("errno") is not None:  # a full disk, a read-only cache: every candidate would fail
-                kept = ("Nothing was measured yet; fix that and run the command again." if entry.candidate.baseline
-                        else "The journal keeps every finished candidate; fix that and run the same command with "
-                             "--resume.")
-                raise StorageError(f"The tune stopped at candidate {entry.candidate.label}, because the machine "
-                                   f"refused a write: {str(result.get('error')).split(': ', 1)[-1]} {kept}",
-                                   errno=result["errno"])
-            elapsed = time.monotonic() - start
-            record = {"kind": "prepared", "id": cid, "candidate": entry.candidate.to_dict(), "phase": entry.phase,
-                      "seconds": elapsed, **result}
-            if result.get("status") == "ok":
-                self.prep_times.append(elapsed)
-                if self.gate is None:
-                    self.gate = self.gate_factory(result["outputs"])
-                record["accuracy"] = self.gate.check(result["outputs"])
-            self.journal.append(record)
-        entry.prepared = {k: v for k, v in record.items() if k not in ("kind", "candidate", "log_tail")}
-        if self.gate is None and record.get("status") == "ok":
-            self.gate = self.gate_factory(record["outputs"])
-        status = record.get("status")
-        entry.accuracy = record.get("accuracy")
-        if status == "ok" and entry.accuracy and not entry.accuracy["passed"]:
-            worst = max(entry.accuracy["outputs"], key=lambda o: o["error"])
-            entry.status, entry.reason = "rejected", (f"accuracy: {worst['metric']} error {worst['error']:.4g} on "
-                                                      f"'{worst['name']}' > {entry.accuracy['max_error']:g}")
-        elif status == "ok":
-            entry.status = "ok"
-        elif status == "skipped":
-            entry.status, entry.reason = "skipped", record.get("reason", "")
-        elif status in ("crashed", "timeout"):
-            entry.status, entry.reason = status, record.get("error", "")
-        else:
-            entry.status, entry.reason = "failed", record.get("error", "")
-
-    def _bench(self, entry: Entry, stage: str, runs: int, *, timeout: float) -> None:
-        cid = entry.candidate.id
-        record = self.journal.get("bench", cid, stage)
-        if record is None and self.replay_only:
-            return  # the ended search did not run this step: the budget had run out
-        if record is None:
-            try:
-                result = self.worker.request("bench", {"candidates": [entry.candidate.to_dict()], "runs": runs,
-                                                       "warmup": 2}, timeout)
-            except WorkerCrash as exc:
-                result = {"status": "timeout" if exc.timed_out else "crashed", "error": str(exc),
-                          "signal": exc.signal_number}
-            record = {"kind": "bench", "id": cid, "stage": stage, "runs": runs, "status": result.get("status"),
-                      "error": result.get("error"), "signal": result.get("signal"),
-                      "samples_s": (result.get("samples_s") or {}).get(cid, [])}
-            self.journal.append(record)
-        if record["status"] != "ok":
-            entry.status, entry.reason = (record["status"] if record["status"] in ("crashed", "timeout") else "failed",
-                                          record.get("error") or "")
-            return
-        entry.samples.extend(record["samples_s"])
-
-    def evaluate(self, entry: Entry, runs: int | None = None) -> None:
-        """Prepare, gate and screen one candidate, unless the budget says no."""
-        self.entries[entry.candidate.id] = entry
-        runs = runs or self.screen_runs
-        replayed = self.journal.get("prepared", entry.candidate.id) is not None
-        est = self._est_prepare() + runs * self._latency() * 3
-        if not replayed and not entry.candidate.baseline and (self.replay_only or self.left() - self._reserve() < est):
-            entry.status, entry.reason = "budget", "not measured: the budget ran out"
-            self._report("screening")
-            return
-        # A candidate may not eat the final measurement's time: its worker is stopped at that point.
-        timeout = max(1.0, self.left()) if entry.candidate.baseline else max(1.0, self.left() - self._reserve())
-        timeout = min(timeout, CANDIDATE_TIMEOUT_S)
-        self._prepare(entry, timeout=timeout)
-        if entry.status == "ok":
-            self._bench(entry, "screen", runs, timeout=timeout)
-        self._report("screening")
-
-    # ------------------------------------------------------------------ the search
+    @property
+    def gate(self) -> Any:
+        return self.steps.gate
 
     def run(self, baseline: Candidate, facts: Facts) -> list[Entry]:
+        """Baseline, model variants (each rejected dynamic INT8 one followed up), knobs, halving, final."""
         queue = first_candidates(facts, baseline)
         self.planned = 1 + len(queue) + KNOB_BASES * 6
-        base = Entry(baseline, "baseline")
-        self.evaluate(base, SCREEN_RUNS_BASELINE)
-        if base.status in ("timeout", "budget") or (self.left() <= 0 and not self.replay_only):
-            raise BudgetTooSmall()
-        if base.status != "ok":
-            raise UsageError(f"ORT's default session could not be measured ({base.status}: {base.reason}); "
-                             "ortpilot tune needs the model to run with ORT's defaults first. "
-                             "Check it with 'ortpilot run MODEL'.")
-        self.on_first_record()
-        self.journal.commit()  # from here on an interrupted tune leaves a resumable journal
-        self.screen_runs = int(min(40, max(5, math.ceil(0.25 / max(self._latency(), 1e-6)))))
-        fusion = facts.fusion_step
+        base = self._baseline(baseline)
         while queue:
             cand = queue.pop(0)
             if cand.id in self.entries:
                 continue
-            entry = Entry(cand, "model variants")
-            self.evaluate(entry)
-            if fusion and cand.passes == (fusion,) and entry.status == "skipped":
-                dropped = [c for c in queue if c.passes[:1] == (fusion,)]
-                queue = [c for c in queue if c not in dropped]
-                for c in dropped:
-                    self._skip(c, "transformer fusion found no pattern to fuse")
+            entry = self.evaluate(Entry(cand, "model variants"))
+            if facts.fusion_step and cand.passes == (facts.fusion_step,) and entry.status == "skipped":
+                queue = self._drop_fused(queue, facts.fusion_step)
             follow = self._followup(entry)
             if follow is not None:
                 queue.insert(0, follow)
@@ -296,61 +150,101 @@ class Search:
         self._halve()
         return self._final(base)
 
-    def _skip(self, cand: Candidate, reason: str) -> None:
-        self.entries[cand.id] = Entry(cand, "model variants", status="skipped", reason=reason)
+    # ------------------------------------------------------------------ the policy's parts
+
+    def _baseline(self, baseline: Candidate) -> Entry:
+        base = self.evaluate(Entry(baseline, "baseline"), SCREEN_RUNS_BASELINE)
+        if base.status in ("timeout", "budget") or self.budget.spent():
+            raise BudgetTooSmall()
+        if base.status != "ok":
+            raise UsageError(f"ORT's default session could not be measured ({base.status}: {base.reason}); "
+                             "ortpilot tune needs the model to run with ORT's defaults first. "
+                             "Check it with 'ortpilot run MODEL'.")
+        self.steps.commit()
+        self.screen_runs = int(min(40, max(5, math.ceil(0.25 / max(self.budget.latency, 1e-6)))))
+        return base
+
+    def _drop_fused(self, queue: list[Candidate], fusion: Step) -> list[Candidate]:
+        """Fusion alone found nothing to fuse: its fused INT8 variants would be the plain ones again."""
+        dropped = [c for c in queue if c.passes[:1] == (fusion,)]
+        for c in dropped:
+            self.entries[c.id] = Entry(c, "model variants", status="skipped",
+                                       reason="transformer fusion found no pattern to fuse")
+        return [c for c in queue if c not in dropped]
+
+    def evaluate(self, entry: Entry, runs: int | None = None) -> Entry:
+        """Prepare, gate and screen one candidate, unless the budget says no."""
+        self.entries[entry.candidate.id] = entry
+        runs = runs or self.screen_runs
+        cand = entry.candidate
+        record, fresh = self.steps.prepare(cand, entry.phase, self.budget.candidate_timeout(cand.baseline),
+                                           affordable=self.budget.affords(self.budget.screen_cost(runs)))
+        if record is None:
+            entry.status, entry.reason = "budget", "not measured: the budget ran out"
+        else:
+            if fresh and record.get("status") == "ok":
+                self.budget.prep_times.append(record["seconds"])
+            self._record_prepared(entry, record)
+            if entry.status == "ok":
+                self._bench(entry, "screen", runs, self.budget.candidate_timeout(cand.baseline))
+        self._report("screening")
+        return entry
+
+    def _record_prepared(self, entry: Entry, record: dict[str, Any]) -> None:
+        entry.prepared = {k: v for k, v in record.items() if k not in ("kind", "candidate", "log_tail")}
+        status = record.get("status")
+        entry.accuracy = record.get("accuracy")
+        if status == "ok" and entry.accuracy and not entry.accuracy["passed"]:
+            worst = max(entry.accuracy["outputs"], key=lambda o: o["error"])
+            entry.status, entry.reason = "rejected", (f"accuracy: {worst['metric']} error {worst['error']:.4g} on "
+                                                      f"'{worst['name']}' > {entry.accuracy['max_error']:g}")
+        elif status in ("ok", "skipped", "budget"):
+            entry.status, entry.reason = status, record.get("reason") or ""
+        elif status in ("crashed", "timeout"):
+            entry.status, entry.reason = status, record.get("error", "")
+        else:
+            entry.status, entry.reason = "failed", record.get("error", "")
+
+    def _bench(self, entry: Entry, stage: str, runs: int, timeout: float) -> None:
+        record = self.steps.bench(entry.candidate, stage, runs, timeout)
+        if record is None:
+            return  # the ended search did not run this step: the budget had run out
+        if record["status"] != "ok":
+            entry.status, entry.reason = (record["status"] if record["status"] in ("crashed", "timeout") else "failed",
+                                          record.get("error") or "")
+            return
+        entry.samples.extend(record["samples_s"])
+        if entry.candidate.baseline:
+            self.budget.latency = cost(entry.samples, "p50")
 
     def _followup(self, entry: Entry) -> Candidate | None:
-        """For a dynamic INT8 variant just short of the gate: the same, its worst layers left in float."""
+        """A dynamic INT8 variant just over the gate: one more try of the auto-exclude loop, its worst
+        layers (``NoiseShare`` of the worker's ranking) in float."""
         steps = entry.candidate.passes
-        quant = steps[-1] if steps and steps[-1].get("pass") == "quantize" else None
-        if entry.status != "rejected" or quant is None or quant.get("mode") != "dynamic" or not entry.accuracy:
+        quant = steps[-1].spec if steps and steps[-1].name == "quantize" else None
+        if (entry.status != "rejected" or not isinstance(quant, QuantizePass) or quant.mode != "dynamic"
+                or not entry.accuracy):
             return None
+        layers = propose(_JournaledNoise(self, steps[:-1], quant), self._tries(entry),
+                         NoiseShare(FOLLOWUP_WITHIN, FOLLOWUP_MARGIN), max_tries=1 + FOLLOWUP_TRIES)
+        return with_exclusions(entry.candidate, nodes_of(layers)) if layers else None
 
-        def base_of(step: dict[str, Any]) -> dict[str, Any]:
-            return {k: v for k, v in step.items() if k != "exclude"}
-
-        tries = sum(1 for e in self.entries.values() if e.candidate.passes and e.candidate.passes[:-1] == steps[:-1]
-                    and e.candidate.passes[-1].get("exclude") and base_of(e.candidate.passes[-1]) == base_of(quant))
-        limit = entry.accuracy["max_error"]
-        worst = entry.accuracy["worst_error"]
-        if tries >= FOLLOWUP_TRIES or not (0 < worst <= FOLLOWUP_WITHIN * max(limit, 1e-12)):
-            return None
-        ranking = self._ranking(steps[:-1], quant)
-        nodes = nodes_to_exclude(ranking, worst / max(limit, 1e-12) * FOLLOWUP_MARGIN,
-                                 already=quant.get("exclude", ()))
-        if not nodes:
-            return None
-        return with_exclusions(entry.candidate, nodes)
-
-    def _ranking(self, prefix: tuple[dict[str, Any], ...], quant: dict[str, Any]) -> list[dict[str, Any]]:
-        """Per-layer dynamic INT8 sensitivity of the model ``prefix`` builds (journaled)."""
-        op_types = ["MatMul", "Attention"]
-        data = {"passes": list(prefix), "per_channel": bool(quant.get("per_channel")), "op_types": op_types,
-                "reduce_range": bool(quant.get("reduce_range")), "weight_type": quant.get("weight_type", "qint8")}
-        key = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-        record = self.journal.get("rank", key)
-        if record is None:
-            if self.replay_only or self.left() - self._reserve() < self._est_prepare() * 2:
-                return []
-            try:
-                result = self.worker.request("rank", data, max(1.0, self.left() - self._reserve()))
-            except WorkerCrash as exc:
-                result = {"status": "crashed", "error": str(exc)}
-            record = self.journal.append({"kind": "rank", "id": key, **data, "status": result.get("status"),
-                                          "error": result.get("error"), "ranking": result.get("ranking") or []})
-        return list(record.get("ranking") or [])
+    def _tries(self, entry: Entry) -> list[Try]:
+        """The loop's tries on ``entry``'s variant so far: the variant as the space made it, each follow-up,
+        ``entry`` last."""
+        steps = entry.candidate.passes
+        base = steps[-1].with_options(exclude=None)
+        same = [e for e in self.entries.values() if e.candidate.passes and e.candidate.passes[:-1] == steps[:-1]
+                and e.candidate.passes[-1].with_options(exclude=None) == base]
+        followups = [e for e in same if _excluded(e)]
+        first = entry if entry not in followups else next((e for e in same if e not in followups), entry)
+        return [_try(e) for e in [first, *followups] if e is not entry] + [_try(entry)]
 
     def _explore_knobs(self, facts: Facts) -> None:
-        bases = self.ranking()[:KNOB_BASES]
-        for base_entry in bases:
+        for base_entry in self.ranking()[:KNOB_BASES]:
             base = base_entry.candidate
-            trials: list[Entry] = []
-            for cand in knob_variants(base, facts):
-                if cand.id in self.entries:
-                    continue
-                entry = Entry(cand, "session knobs")
-                self.evaluate(entry)
-                trials.append(entry)
+            trials = [self.evaluate(Entry(c, "session knobs")) for c in knob_variants(base, facts)
+                      if c.id not in self.entries]
             base_cost = cost(base_entry.samples, self.objective)
             winners = [e.candidate for e in trials if e.measured
                        and cost(e.samples, self.objective) < base_cost * (1 - MIN_GAIN)]
@@ -365,16 +259,14 @@ class Search:
         for round_no in range(1, MAX_ROUNDS + 1):
             if len(pool) < 2:
                 return
-            keep = max(2, math.ceil(len(pool) / 2))
-            pool = pool[:keep]
+            pool = pool[:max(2, math.ceil(len(pool) / 2))]
             if len(pool) == 2 and self._separated(pool[0], pool[1]):
                 return
             runs *= 2
-            need = sum(runs * cost(e.samples, "p50") * 1.3 for e in pool)
-            if self.left() - self._reserve() < need:
+            if not self.budget.affords(sum(runs * cost(e.samples, "p50") * SAFETY for e in pool)):
                 return
             for entry in pool:
-                self._bench(entry, f"round{round_no}", runs, timeout=max(5.0, self.left()))
+                self._bench(entry, f"round{round_no}", runs, max(5.0, self.budget.left()))
                 self._report(f"halving round {round_no}")
             pool = [e for e in self.ranking() if e in pool]
 
@@ -384,30 +276,65 @@ class Search:
         return a_hi < b_lo
 
     def _final(self, base: Entry) -> list[Entry]:
-        ranked = self.ranking()
-        finalists = [e for e in ranked[:2]]
+        finalists = self.ranking()[:2]
         if base not in finalists:
             finalists.append(base)
-        record = self.journal.get("final", "", "final")
-        if record is None and len(finalists) > 1 and not self.replay_only:
-            per_run = sum(cost(e.samples, "p50") for e in finalists) * 1.3  # one run of each finalist
-            budget_runs = max(0.0, self.left() - 1.0) / max(per_run, 1e-9) - 2  # less the warm-up
-            rounds = FINAL_ROUNDS if budget_runs >= FINAL_ROUNDS * FINAL_MIN_RUNS else FINAL_MIN_ROUNDS
-            runs = max(FINAL_MIN_RUNS, min(self.screen_runs * 2, int(budget_runs / rounds)))
-            try:
-                result = self.worker.request("bench", {"candidates": [e.candidate.to_dict() for e in finalists],
-                                                       "runs": runs, "rounds": rounds, "warmup": 2},
-                                             max(5.0, self.left() + 5.0))
-            except WorkerCrash as exc:
-                result = {"status": "crashed", "error": str(exc)}
-            record = {"kind": "final", "stage": "final", "ids": [e.candidate.id for e in finalists], **result}
-            self.journal.append(record)
+
+        def plan() -> tuple[int, int, float]:
+            per_run = sum(cost(e.samples, "p50") for e in finalists)  # one run of each finalist
+            return (*self.budget.final_plan(per_run, self.screen_runs), max(5.0, self.budget.left() + 5.0))
+
+        record = self.steps.final([e.candidate for e in finalists], plan)
         if record and record.get("status") == "ok":
             for entry in finalists:
                 entry.final = record["samples_s"].get(entry.candidate.id, [])
                 entry.final_blocks = record["blocks"].get(entry.candidate.id, [])
         self._report("final")
         return finalists
+
+    # ------------------------------------------------------------------ reading the state
+
+    def ranking(self) -> list[Entry]:
+        ok = [e for e in self.entries.values() if e.measured]
+        return sorted(ok, key=lambda e: cost(e.samples, self.objective))
+
+    def _report(self, phase: str) -> None:
+        best = self.ranking()[:1]
+        done = sum(1 for e in self.entries.values() if e.status != "pending")
+        self.progress(Progress(done, max(self.planned, done), best[0].candidate.label if best else "-",
+                               cost(best[0].samples, self.objective) * 1e3 if best else None,
+                               max(0.0, self.budget.left()), phase))
+
+
+def _excluded(entry: Entry) -> list[str]:
+    """The nodes a candidate's (last, quantize) step leaves in float."""
+    step = entry.candidate.passes[-1]
+    return list(step.spec.nodes_to_exclude) if step.name == "quantize" else []
+
+
+def _try(entry: Entry) -> Try:
+    """A candidate the search measured, as a try of the auto-exclude loop."""
+    excluded = _excluded(entry)
+    result = GateResult.from_dict(entry.accuracy) if entry.accuracy else None
+    return Try([Layer(n, (n,)) for n in excluded], excluded, result)
+
+
+class _JournaledNoise:
+    """The follow-up's ranking: per-layer dynamic INT8 sensitivity of the model ``prefix`` builds, computed
+    by the worker (``passes.sensitivity.rank_dynamic``) and journaled (``rank`` records)."""
+
+    def __init__(self, search: Search, prefix: tuple[Step, ...], quant: QuantizePass) -> None:
+        self.search, self.prefix, self.quant = search, prefix, quant
+
+    def rank(self, attempt: Try) -> list[Layer]:
+        data = {"passes": [s.to_dict() for s in self.prefix], "per_channel": bool(self.quant.per_channel),
+                "op_types": RANK_OPS, "reduce_range": bool(self.quant.reduce_range),
+                "weight_type": self.quant.weight_type}
+        key = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+        budget = self.search.budget
+        ranking = self.search.steps.rank(key, data, max(1.0, budget.left() - budget.reserve()),
+                                         affordable=budget.affords(budget.est_prepare() * 2))
+        return noise_layers(ranking)
 
 
 class BudgetTooSmall(UsageError):

@@ -20,11 +20,13 @@ import onnx
 import onnxruntime as ort
 
 from ortpilot.passes.decoder_fusion import count_layers
+from ortpilot.passes.quantize import QuantizePass
 from ortpilot.providers.cpubudget import ort_default_threads, this_budget
 from ortpilot.providers.cpuisa import Int8Rule, int8_rule
 from ortpilot.providers.names import ProviderSpec
 from ortpilot.session.options import LEVELS
-from ortpilot.tune.candidate import Candidate, PassStep, pass_label
+from ortpilot.passes.registry import Step
+from ortpilot.tune.candidate import Candidate
 from ortpilot.tune.transform import attention_dims
 
 CPU = "CPUExecutionProvider"
@@ -36,18 +38,18 @@ HEAVY_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "LSTM", "GR
 # products float. Static QDQ (calibrated) suits conv nets, where dynamic ConvInteger is slow.
 # Which of them, in which order and with which weight range, depends on the CPU's INT8 kernels:
 # ``int8_variants`` applies the rule ``providers.cpuisa.int8_rule`` found for this CPU.
-DYN_W_PC: PassStep = {"pass": "quantize", "mode": "dynamic", "per_channel": True, "weights_only": True}
-DYN_PC: PassStep = {"pass": "quantize", "mode": "dynamic", "per_channel": True}
-DYN: PassStep = {"pass": "quantize", "mode": "dynamic", "per_channel": False}
-QDQ_PC: PassStep = {"pass": "quantize", "mode": "qdq", "per_channel": True}
-FULL_PC: PassStep = {"pass": "quantize", "mode": "full", "per_channel": True}
-QUANT_VARIANTS: tuple[PassStep, ...] = (DYN_W_PC, DYN_PC, QDQ_PC, DYN, FULL_PC)
-CONV_QUANT_VARIANTS: tuple[PassStep, ...] = (QDQ_PC, FULL_PC, DYN_W_PC, DYN_PC, DYN)
+DYN_W_PC = Step("quantize", {"mode": "dynamic", "per_channel": True, "weights_only": True})
+DYN_PC = Step("quantize", {"mode": "dynamic", "per_channel": True})
+DYN = Step("quantize", {"mode": "dynamic", "per_channel": False})
+QDQ_PC = Step("quantize", {"mode": "qdq", "per_channel": True})
+FULL_PC = Step("quantize", {"mode": "full", "per_channel": True})
+QUANT_VARIANTS: tuple[Step, ...] = (DYN_W_PC, DYN_PC, QDQ_PC, DYN, FULL_PC)
+CONV_QUANT_VARIANTS: tuple[Step, ...] = (QDQ_PC, FULL_PC, DYN_W_PC, DYN_PC, DYN)
 # Decoders (a KV cache in, presents out): attention fused into GroupQueryAttention, and weight-only
 # MatMulNBits, the two things that pay on a decode step, each alone and together.
-GQA: PassStep = {"pass": "decoder_fusion"}
-W4: PassStep = {"pass": "weight_only", "mode": "int4"}
-W8: PassStep = {"pass": "weight_only", "mode": "int8-weights"}
+GQA = Step("decoder_fusion")
+W4 = Step("weight_only", {"mode": "int4"})
+W8 = Step("weight_only", {"mode": "int8-weights"})
 SPIN_KEY = "session.intra_op.allow_spinning"
 # Only the CPU EP has the integer kernels dynamic quantization emits (MatMulInteger & co.).
 INT8_DYNAMIC_PROVIDERS = {CPU}
@@ -83,11 +85,11 @@ class Facts:
     int8_reasons: dict[str, str] = field(default_factory=dict)  # INT8 step label -> why it is in the space
 
     @property
-    def fusion_step(self) -> PassStep | None:
+    def fusion_step(self) -> Step | None:
         if not self.model_type:
             return None
         heads, hidden = self.attention
-        return {"pass": "fusion", "model_type": self.model_type, "num_heads": heads, "hidden_size": hidden}
+        return Step("fusion", {"model_type": self.model_type, "num_heads": heads, "hidden_size": hidden})
 
     @property
     def default_oversubscribes(self) -> bool:
@@ -165,11 +167,7 @@ def gather_facts(model: onnx.ModelProto, providers: Sequence[ProviderSpec] | Non
                  (int8 or int8_rule()) if quantize else None, default_threads=default_threads)
 
 
-def _twin(step: PassStep, **changes: Any) -> PassStep:
-    return {**step, **changes}
-
-
-def int8_variants(rule: Int8Rule, conv_heavy: bool) -> list[tuple[PassStep, str]]:
+def int8_variants(rule: Int8Rule, conv_heavy: bool) -> list[tuple[Step, str]]:
     """The INT8 steps to try on a CPU with ``rule``, most promising first, each with the rule's reason.
 
     From ORT's quantization guide: x86 without VNNI runs u8s8 through ``vpmaddubsw``, whose pair
@@ -180,13 +178,14 @@ def int8_variants(rule: Int8Rule, conv_heavy: bool) -> list[tuple[PassStep, str]
     base = CONV_QUANT_VARIANTS if conv_heavy else QUANT_VARIANTS
     if rule.name == "x86-no-vnni":
         why = "x86 without VNNI: u8s8 pair sums saturate in vpmaddubsw"
-        out = [(_twin(s, reduce_range=True), f"{why}; reduce_range (7-bit weights) keeps them in int16") for s in base]
-        out += [(_twin(s, weight_type="quint8"), f"{why}; U8U8 weights take ORT's exact u8u8 kernel")
-                for s in base if s["mode"] == "dynamic" and s.get("per_channel")]
+        out = [(s.with_options(reduce_range=True), f"{why}; reduce_range (7-bit weights) keeps them in int16")
+               for s in base]
+        out += [(s.with_options(weight_type="quint8"), f"{why}; U8U8 weights take ORT's exact u8u8 kernel")
+                for s in base if s.spec.mode == "dynamic" and s.spec.per_channel]
         out += [(s, f"{why}: tried as they are, last (ORT: saturation is often harmless)") for s in base]
         return out
     if rule.name == "arm-dot":
-        s8s8 = _twin(QDQ_PC, activation_type="qint8")
+        s8s8 = QDQ_PC.with_options(activation_type="qint8")
         return [(s8s8, "Arm: S8S8 QDQ is ORT's first choice there")] + \
             [(s, "Arm dot product: ORT's INT8 kernels are exact") for s in base]
     reason = {"vnni": "VNNI: u8s8 products accumulate exactly; 8-bit weights as they are",
@@ -195,11 +194,11 @@ def int8_variants(rule: Int8Rule, conv_heavy: bool) -> list[tuple[PassStep, str]
     return [(s, reason) for s in base]
 
 
-def model_variants(facts: Facts) -> list[tuple[PassStep, ...]]:
+def model_variants(facts: Facts) -> list[tuple[Step, ...]]:
     """Pass pipelines to try, most promising first: fusion, then each INT8 variant fused then plain."""
     fusion = facts.fusion_step
-    prefixes: list[tuple[PassStep, ...]] = [(fusion,), ()] if fusion else [()]
-    variants: list[tuple[PassStep, ...]] = [(fusion,)] if fusion else []
+    prefixes: list[tuple[Step, ...]] = [(fusion,), ()] if fusion else [()]
+    variants: list[tuple[Step, ...]] = [(fusion,)] if fusion else []
     if facts.decoder:  # before the INT8 variants: what a decode step is made of, weights and attention
         if facts.gqa_fusion:
             variants.append((GQA,))
@@ -208,7 +207,7 @@ def model_variants(facts: Facts) -> list[tuple[PassStep, ...]]:
             variants.extend([(W4,), (W8,)])
     if facts.quantize and facts.int8 is not None:
         for quant, reason in int8_variants(facts.int8, facts.conv_heavy):
-            facts.int8_reasons[pass_label(quant)] = reason
+            facts.int8_reasons[quant.label()] = reason
             variants.extend(prefix + (quant,) for prefix in prefixes)
     return variants
 
@@ -252,8 +251,7 @@ def within_budget(cands: Sequence[Candidate], facts: Facts) -> list[Candidate]:
 def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[Candidate]:
     out = []
     for passes in model_variants(facts):
-        quant = any(p.get("pass") == "quantize" for p in passes)
-        if quant and spec.name not in INT8_DYNAMIC_PROVIDERS and any(p.get("mode") == "dynamic" for p in passes):
+        if spec.name not in INT8_DYNAMIC_PROVIDERS and any(_dynamic_int8(p) for p in passes):
             facts.excluded.append(Excluded(f"{'+'.join(map(str, passes))} on {spec.short}",
                                            "dynamic INT8 ops (MatMulInteger, DynamicQuantizeLinear) run only on CPU"))
             continue
@@ -306,10 +304,14 @@ def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
 
 def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
     """``cand`` with ``nodes`` left in float by its (last) quantize step."""
-    steps = [dict(p) for p in cand.passes]
-    last = max(i for i, p in enumerate(steps) if p.get("pass") == "quantize")
-    steps[last]["exclude"] = sorted({*steps[last].get("exclude", ()), *nodes})
+    steps = list(cand.passes)
+    last = max(i for i, step in enumerate(steps) if isinstance(step.spec, QuantizePass))
+    steps[last] = steps[last].with_options(exclude=sorted({*steps[last].spec.nodes_to_exclude, *nodes}))
     return Candidate(tuple(steps), cand.providers, cand.settings, cand.iobinding)
+
+
+def _dynamic_int8(step: Step) -> bool:
+    return isinstance(step.spec, QuantizePass) and step.spec.mode == "dynamic"
 
 
 RULES = ("parallel execution mode needs inter-op threads > 1",

@@ -1,12 +1,12 @@
 """Build a candidate's model: its passes applied to the source, through the model cache.
 
-A candidate's pipeline is a list of JSON steps (``{"pass": "fusion", ...}``,
-``{"pass": "quantize", ...}``); :func:`pipeline_for` maps them onto ``ortpilot.passes``
-(``FusionPass``, ``QuantizePass``, with the quantizer's model preparation as a step of its
-own). Every prefix of a pipeline is content-addressed in ``artifacts.store`` (key: source,
-ORT version, steps and, for calibrated modes, the calibration samples), so a prefix seen
-before (the fused model, the prepared model) costs a hash check, not a rebuild, across
-candidates, tunes and processes.
+A candidate's pipeline is a list of steps (``passes.registry.Step``: ``{"pass": "fusion", ...}``,
+``{"pass": "quantize", ...}``); each builds its pass from the registry (``FusionPass``,
+``QuantizePass``, ...), and :func:`expand` puts the quantizer's model preparation
+(``PrepareForQuantization``) before each quantize step as a step of its own. Every prefix of
+a pipeline is content-addressed in ``artifacts.store`` (key: source, ORT version, steps and,
+for calibrated modes, the calibration samples), so a prefix seen before (the fused model, the
+prepared model) costs a hash check, not a rebuild, across candidates, tunes and processes.
 """
 
 from __future__ import annotations
@@ -24,19 +24,16 @@ from onnx import numpy_helper
 from ortpilot.artifacts.stamp import write_stamp
 from ortpilot.artifacts.store import ModelStore, cache_key
 from ortpilot.modelio import file_sha256
-from ortpilot.passes.base import Outcome, Pass, Pipeline, SourceModel
-from ortpilot.passes.decoder_fusion import DecoderFusionPass, FusionIncompleteError
+from ortpilot.passes.base import Pipeline
+from ortpilot.passes.decoder_fusion import FusionIncompleteError
 from ortpilot.passes.fusion import FusionPass, detect_model_type
-from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, prepare
+from ortpilot.passes.quantize import NothingQuantizedError
+from ortpilot.passes.registry import Step
+
+PREPARE = Step("prepare")  # PrepareForQuantization: once per model, shared by its INT8 variants
 
 Feeds = Mapping[str, np.ndarray]
 STORE_VERSION = 3  # bump when the step -> pass mapping changes what a step builds
-
-# "weights only": the op types whose second operand is a weight (MatMul with a constant B,
-# which is ORT's default for dynamic mode, Gemm, Conv, and the fused Attention's packed QKV
-# projection). Embedding Gathers stay float, and so do activation x activation products.
-WEIGHT_OPS = ("MatMul", "Gemm", "Conv", "Attention")
-CALIBRATED_MODES = ("static", "qdq", "full")
 
 
 class NothingToDo(Exception):
@@ -52,69 +49,24 @@ def samples_digest(samples: Sequence[Feeds]) -> str:
     return digest.hexdigest()[:16]
 
 
-class PrepareForQuantization(Pass):
-    """``passes.quantize.prepare`` as a step of its own (Constant weights to initializers, node
-    names, ``quant_pre_process``), so that its result is cached once per model and every INT8
-    variant of that model starts from it (``QuantizePass(preprocess=False)`` on a prepared model
-    writes the same bytes as ``QuantizePass()`` on the original)."""
-
-    name = "quantize-prepare"
-
-    def options(self) -> dict[str, Any]:
-        return {}
-
-    def transform(self, source: SourceModel) -> Outcome:
-        model, notes = prepare(source.proto)
-        return Outcome(model, notes=notes)
-
-
-def expand(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The steps as built: a ``prepare`` step before every quantize step."""
-    out: list[dict[str, Any]] = []
-    for step in steps:
-        if step.get("pass") == "quantize":
-            out.append({"pass": "prepare"})
-        out.append(dict(step))
+def expand(steps: Sequence[Step | Mapping[str, Any]]) -> list[Step]:
+    """The steps as built: a ``prepare`` step (``PrepareForQuantization``) before every quantize step."""
+    out: list[Step] = []
+    for step in map(Step.of, steps):
+        if step.name == "quantize":
+            out.append(PREPARE)
+        out.append(step)
     return out
 
 
-def make_pass(step: Mapping[str, Any], calibration: Sequence[Feeds], *, prepared: bool = False) -> Pass:
-    """The ``ortpilot.passes`` pass one step stands for (``prepared``: its input went through ``prepare``)."""
-    kind = step.get("pass")
-    if kind == "fusion":
-        return FusionPass(str(step.get("model_type", "bert")), num_heads=int(step.get("num_heads", 0)),
-                          hidden_size=int(step.get("hidden_size", 0)))
-    if kind == "prepare":
-        return PrepareForQuantization()
-    if kind == "decoder_fusion":
-        return DecoderFusionPass()
-    if kind == "weight_only":
-        from ortpilot.passes.weight_only import WeightOnlyPass
-
-        return WeightOnlyPass(str(step.get("mode", "int4")))
-    if kind == "quantize":
-        mode = str(step.get("mode", "dynamic"))
-        return QuantizePass(mode, calibration=list(calibration) if mode in CALIBRATED_MODES else None,
-                            per_channel=bool(step.get("per_channel", False)),
-                            reduce_range=bool(step.get("reduce_range", False)),
-                            weight_type=str(step.get("weight_type", "qint8")),
-                            activation_type=str(step.get("activation_type", "quint8")),
-                            op_types=list(WEIGHT_OPS) if step.get("weights_only") else None,
-                            nodes_to_exclude=list(step.get("exclude", ())), preprocess=not prepared,
-                            # fused contrib ops (Attention, SkipLayerNormalization) defeat ONNX shape
-                            # inference; their tensors are float
-                            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    raise ValueError(f"unknown pass {kind!r}")
-
-
-def pipeline_for(steps: Sequence[Mapping[str, Any]], calibration: Sequence[Feeds]) -> Pipeline:
+def pipeline_for(steps: Sequence[Step | Mapping[str, Any]], calibration: Sequence[Feeds]) -> Pipeline:
     """The candidate's passes as one ``Pipeline`` (what :func:`build_model` runs, prefix by prefix)."""
     expanded = expand(steps)
-    return Pipeline([make_pass(step, calibration, prepared=i > 0 and expanded[i - 1].get("pass") == "prepare")
+    return Pipeline([step.build(calibration=calibration, prepared=i > 0 and expanded[i - 1].name == PREPARE.name)
                      for i, step in enumerate(expanded)])
 
 
-def build_model(source: Path, steps: Sequence[Mapping[str, Any]], calibration: Sequence[Feeds]
+def build_model(source: Path, steps: Sequence[Step | Mapping[str, Any]], calibration: Sequence[Feeds]
                 ) -> tuple[Path, list[dict[str, Any]], bool]:
     """Return (model path, pass records, cache hit). The source itself when there are no steps.
 
@@ -129,21 +81,21 @@ def build_model(source: Path, steps: Sequence[Mapping[str, Any]], calibration: S
     source_sha = file_sha256(source)
     current, records, hit_all = source, [], True
     for i, (step, step_pass) in enumerate(zip(expanded, passes)):
-        prefix = expanded[: i + 1]
-        calibrated = any(s.get("pass") == "quantize" and s.get("mode") in CALIBRATED_MODES for s in prefix)
+        prefix = [s.to_dict() for s in expanded[: i + 1]]
+        calibrated = any(p.calibrated for p in passes[: i + 1])
         key = cache_key(model_sha256=source_sha, ort_version=ort.__version__, providers=[], level="tune-pipeline",
                         extra={"steps": prefix, "tuner": STORE_VERSION,
                                "revisions": [p.revision for p in passes[: i + 1]],
                                "calibration": samples_digest(calibration) if calibrated else None})
         is_last = i == len(expanded) - 1
 
-        def build(out: Path, step=step, step_pass=step_pass, current=current, last=is_last) -> dict[str, Any]:
+        def build(out: Path, step_pass=step_pass, current=current, last=is_last) -> dict[str, Any]:
             try:
                 result = step_pass.run(current)
             except (NothingQuantizedError, FusionIncompleteError) as exc:
                 raise NothingToDo(str(exc).split(". ")[0]) from None
-            if step.get("pass") == "fusion" and not result.record.fused:
-                raise NothingToDo(f"transformer fusion ({step.get('model_type')}) found no pattern to fuse")
+            if isinstance(step_pass, FusionPass) and not result.record.fused:
+                raise NothingToDo(f"transformer fusion ({step_pass.model_type}) found no pattern to fuse")
             record = result.record
             if last:  # the final model's stamp names the original source
                 record.stamp = dict(record.stamp or {}, source_sha256=source_sha, source_path=str(source.resolve()))
@@ -153,7 +105,7 @@ def build_model(source: Path, steps: Sequence[Mapping[str, Any]], calibration: S
 
         path, hit = store.get_or_create(key, build, meta={"steps": prefix, "source_sha256": source_sha})
         records.append(store.read_entry(key).get("meta", {}).get("record")
-                       or {"name": step.get("pass"), "options": dict(step)})
+                       or {"name": step.name, "options": dict(step)})
         hit_all = hit_all and hit
         current = path
     return current, records, hit_all

@@ -34,18 +34,13 @@ from ortpilot.modelio import file_sha256, load_model
 from ortpilot.providers.cpubudget import ort_default_threads
 from ortpilot.providers.machine import machine_facts
 from ortpilot.providers.names import resolve_providers
+from ortpilot.gate.core import ModelGate
+from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
+from ortpilot.tune.budget import CANDIDATE_TIMEOUT_S, Budget
 from ortpilot.tune.candidate import baseline_candidate
-from ortpilot.tune.gate import Gate
-from ortpilot.tune.journal import JOURNAL_NAME, Journal
-from ortpilot.tune.search import (
-    CANDIDATE_TIMEOUT_S,
-    OUTPUT_RESERVE_S,
-    Entry,
-    Progress,
-    Search,
-    cost,
-    speedup,
-)
+from ortpilot.tune.journal import JOURNAL_NAME, JOURNAL_VERSION, Journal, check_version
+from ortpilot.tune.search import OUTPUT_RESERVE_S, Entry, Progress, Search, cost, speedup
+from ortpilot.tune.steps import StepRunner
 from ortpilot.tune.space import Facts, default_stand_in, gather_facts
 from ortpilot.tune.state import KEPT, keep_for_resume, kept_file, sweep
 from ortpilot.tune.verify import REFERENCE_FILE
@@ -142,6 +137,7 @@ def _tune(model: str | os.PathLike | None, out: Path, budget_s: float, start: fl
     proto = load_model(path, load_external_data=False)
     parsed = parse_shape_args(shapes) if shapes else {}
     plan = plan_feeds(proto, parsed)  # a dim with no default raises here, naming the input
+    OutputGate(DEFAULT_MAX_ERROR if max_error is None else float(max_error), metric)  # bad --max-error: exit 2 now
     specs = resolve_providers(providers) if providers else None
     facts = gather_facts(proto, specs, quantize=quantize)
     calib = _calibration(proto, plan, calibration)
@@ -158,7 +154,8 @@ def _tune(model: str | os.PathLike | None, out: Path, budget_s: float, start: fl
         heldout = [make_feeds(proto, plan=plan, seed=HELDOUT_SEED + i) for i in range(max(1, samples))]
     sweep(out)
     if journal.get("start") is None:
-        journal.append({"kind": "start", **config, "budget_s": budget_s, "model": label})
+        journal.append({"kind": "start", **config, "budget_s": budget_s, "model": label,
+                        "journal_version": JOURNAL_VERSION})
     scratch_owner = contextlib.ExitStack()  # the folder is swept by a later tune if this one is killed
     scratch = scratch_owner.enter_context(scratch_dir("ortpilot-tune-"))
     worker = WorkerClient(scratch)
@@ -168,10 +165,12 @@ def _tune(model: str | os.PathLike | None, out: Path, budget_s: float, start: fl
         (scratch / "worker.json").write_text(json.dumps(
             {"model": str(Path(path).resolve()), "shapes": {k: list(v) for k, v in plan.shapes.items()}}))
         references: list[Path] = []
-        search = Search(worker, journal, deadline=start + budget_s - OUTPUT_RESERVE_S, objective=objective,
-                        gate_factory=lambda ref: _gate(journal, out, ref, references, max_error, metric),
-                        progress=progress, replay_only=_search_ended(journal),
-                        on_first_record=lambda: _keep(journal, out, references, scratch / "heldout.npz"))
+        replay_only = _search_ended(journal)
+        steps = StepRunner(worker, journal, lambda ref: _gate(journal, out, ref, references, max_error, metric),
+                           replay_only=replay_only,
+                           on_first_record=lambda: _keep(journal, out, references, scratch / "heldout.npz"))
+        search = Search(steps, Budget(start + budget_s - OUTPUT_RESERVE_S, binding=not replay_only),
+                        objective=objective, progress=progress)
         base = baseline_candidate()
         finalists = search.run(base, facts)
         entries = list(search.entries.values())
@@ -180,10 +179,10 @@ def _tune(model: str | os.PathLike | None, out: Path, budget_s: float, start: fl
         winner, default_best, reason = _pick(finalists, base_entry, objective, stand_in)
         result = TuneResult(out, label, objective, winner, base_entry, entries,
                             speedup(base_entry, winner, objective), default_best, reason,
-                            search.gate.metrics() if search.gate else {}, search.gate.max_error if search.gate else 0.0,
+                            _metrics(search.gate), search.gate.gate.max_error if search.gate else 0.0,
                             facts, dict(plan.shapes), time.monotonic() - start, batch=batch_size_of(heldout[0]),
                             resumed=bool(journal.replayed), heldout_sha256=feeds_digest(heldout[0]),
-                            load_avg=_load_avg(journal, search.replay_only, load_start))
+                            load_avg=_load_avg(journal, replay_only, load_start))
         _write_outputs(result, path, _winner_model(worker, winner, path), heldout[0])
         journal.append({"kind": "done", "winner": winner.candidate.id, "files": result.files,
                         "load_avg": result.load_avg})
@@ -206,7 +205,7 @@ def check_out_dir(out: Path) -> Path:
 
 
 def _gate(journal: Journal, out: Path, ref: str, references: list[Path], max_error: float | None,
-          metric: str | None) -> Gate:
+          metric: str | None) -> ModelGate:
     """The gate on the default session's outputs: the worker's file in a fresh run, the copy kept in
     OUTDIR on resume (the run that wrote ``ref`` has deleted its scratch folder since)."""
     kept = journal.get(KEPT)
@@ -216,7 +215,13 @@ def _gate(journal: Journal, out: Path, ref: str, references: list[Path], max_err
                          f"in '{path}', which is gone (the run that wrote them has ended). Drop --resume to start "
                          "the tune over, or choose another -o folder.")
     references.append(path)
-    return Gate.from_file(path, max_error, metric)
+    gate = OutputGate(DEFAULT_MAX_ERROR if max_error is None else float(max_error), metric)
+    return ModelGate.of(gate, SavedOutputs(), path)
+
+
+def _metrics(gate: ModelGate | None) -> dict[str, str]:
+    """Output name -> the metric the gate held it to (printed, and in the reports)."""
+    return gate.gate.metrics_for(gate.reference) if gate is not None else {}
 
 
 def _keep(journal: Journal, out: Path, references: list[Path], heldout: Path) -> None:
@@ -347,6 +352,8 @@ def _calibration(proto: Any, plan: Any, calibration: str | os.PathLike | None) -
 
 def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
     header = journal.get("start")
+    if journal.replayed:
+        check_version(journal.path, header)
     if journal.replayed and (header is None or journal.get(KEPT) is None):
         # the gate would read the default session's outputs from a path the journal names
         raise UsageError(f"The journal in '{out}' lacks its {'start' if header is None else 'kept'} record, which "
@@ -428,6 +435,7 @@ def _write_outputs(result: TuneResult, source: Path, built: Path, reference_feed
     write_reports(result)
     reference = _write_reference(out, winner, reference_feeds)
     settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
+    optimized = _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
     write_profile(out / "profile.json", model_file=model_file, providers=list(winner.candidate.providers),
                   settings=settings.to_dict(), iobinding=winner.candidate.iobinding, machine=machine_facts(),
                   passes=winner.prepared.get("passes") or [], accuracy=winner.accuracy or {}, latency=latency,
@@ -437,4 +445,17 @@ def _write_outputs(result: TuneResult, source: Path, built: Path, reference_feed
                                                "file": reference.name},
                          "source_model": {"path": str(source), "sha256": file_sha256(source)},
                          "shapes": {k: list(v) for k, v in result.shapes.items()},
-                         "placement": winner.prepared.get("placement"), "default_best": result.default_best})
+                         "placement": winner.prepared.get("placement"), "default_best": result.default_best,
+                         **({"optimized_model": optimized} if optimized else {})})
+    if optimized:
+        result.files["optimized_model"] = str(out / optimized["file"])
+
+
+def _write_optimized(out: Path, model_file: Path, providers: list[dict[str, Any]], settings: Any,
+                     reference: Path) -> dict[str, Any] | None:
+    """The ORT-optimized winner for serving replicas (``tune.optimized``), checked on the reference sample."""
+    from ortpilot.tune.optimized import write_optimized_model
+    from ortpilot.tune.verify import read_reference
+
+    inputs, outputs = read_reference(reference)
+    return write_optimized_model(out, model_file, providers, settings, inputs, outputs)

@@ -149,12 +149,14 @@ def _digest(array: np.ndarray) -> str:
 
 
 def verify_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
-                   max_slowdown_pct: float | None = None, duration_s: float = LATENCY_DURATION_S
-                   ) -> ProfileVerification:
+                   max_slowdown_pct: float | None = None, duration_s: float = LATENCY_DURATION_S,
+                   intra_op_threads: int | None = None, optimized: bool = False) -> ProfileVerification:
     """Load ``path`` with ``load_profile`` (its errors raise) and reproduce its reference outputs.
 
     The result says which check ran and whether each output held; ``result.failure()`` is the
     VerificationError to raise when one did not. ``max_slowdown_pct`` adds the latency check.
+    ``intra_op_threads`` and ``optimized`` go to ``load_profile`` (a serving replica verifies the
+    session it will serve with, on its own CPUs).
     """
     path = Path(path)
     if path.is_dir():
@@ -163,14 +165,16 @@ def verify_profile(path: str | os.PathLike, policy: str = "strict", *, accept_ma
         from ortpilot.measure.regression import check_max_slowdown
 
         max_slowdown_pct = check_max_slowdown(max_slowdown_pct)
-    result = _verify_outputs(path, policy, accept_machine)
+    result = _verify_outputs(path, policy, accept_machine, intra_op_threads, optimized)
     if max_slowdown_pct is not None:
         result.latency = check_latency(result.session, path, max_slowdown_pct, duration_s)
     return result
 
 
-def _verify_outputs(path: Path, policy: str, accept_machine: bool) -> ProfileVerification:
-    session = load_profile(path, policy, accept_machine=accept_machine)
+def _verify_outputs(path: Path, policy: str, accept_machine: bool, intra_op_threads: int | None = None,
+                    optimized: bool = False) -> ProfileVerification:
+    session = load_profile(path, policy, accept_machine=accept_machine, intra_op_threads=intra_op_threads,
+                           optimized=optimized)
     doc = session.profile
     reference = doc.get("reference_outputs") or {}
     file = path.parent / str(reference.get("file") or REFERENCE_FILE)

@@ -1,0 +1,138 @@
+"""The output gate: each output of a candidate against the reference's, with the metric that suits it.
+
+The metric is chosen per output by ``measure.compare.choose_metric`` (cosine distance for
+embeddings and hidden states, top-1 disagreement for class scores, relative L2 otherwise) or
+forced (``metric`` for every output, ``metrics`` per output). Every metric is an error (0 =
+identical), so one limit serves them all. An output the candidate lacks, or whose shape changed,
+fails with an infinite error. ``tune`` holds candidates to 0.01 by default, strict enough that
+plain dynamic INT8 of MiniLM (cosine 0.88) fails; ``quantize`` holds them to ``--max-error``.
+
+Outputs travel as ``{name: [array per sample]}``. Two probes make them: :class:`SampleProbe`
+runs held-out samples through a strict verified session (``quantize``), :class:`SavedOutputs`
+reads the ``{i}/{name}`` npz a tune worker saved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortpilot.errors import UsageError
+from ortpilot.gate.result import Check, GateResult
+from ortpilot.measure.compare import METRIC_DESCRIPTIONS, choose_metric, compare_runs, metric_error, run_samples
+
+DEFAULT_MAX_ERROR = 0.01
+Outputs = Mapping[str, Sequence[np.ndarray]]  # output name -> one array per sample
+
+
+@dataclass(frozen=True)
+class OutputGate:
+    """Every output's error at most ``max_error`` (None: measured, never refused)."""
+
+    max_error: float | None = DEFAULT_MAX_ERROR
+    metric: str | None = None  # one metric for every output (tune --metric)
+    metrics: Mapping[str, str] = field(default_factory=dict)  # per output, e.g. the metrics a profile recorded
+    compare: bool = False  # also keep measure.compare's full statistics per output (quantize's table)
+
+    def __post_init__(self) -> None:
+        for metric in (self.metric, *self.metrics.values()):
+            if metric is not None and metric not in METRIC_DESCRIPTIONS:
+                raise UsageError(f"Unknown --metric '{metric}'; use one of {', '.join(METRIC_DESCRIPTIONS)}.")
+        if self.max_error is not None and not (self.max_error >= 0):
+            raise UsageError(f"--max-error must be >= 0, got {self.max_error}.")
+
+    def metric_of(self, name: str, arrays: Sequence[np.ndarray]) -> str:
+        return self.metrics.get(name) or self.metric or choose_metric(name, arrays[0].shape, arrays[0].dtype)
+
+    def metrics_for(self, reference: Outputs) -> dict[str, str]:
+        """Output name -> metric used (printed before a search starts)."""
+        return {name: self.metric_of(name, arrays) for name, arrays in reference.items()}
+
+    def check(self, reference: Outputs, candidate: Outputs) -> GateResult:
+        checks = []
+        for name, metric in self.metrics_for(reference).items():
+            ref, got = reference[name], candidate.get(name)
+            note = ("output missing" if got is None
+                    else "shape changed" if [a.shape for a in ref] != [b.shape for b in got] else "")
+            error = math.inf if note else metric_error(metric, ref, got)
+            error = float(error) if math.isfinite(error) else math.inf
+            passed = self.max_error is None or error <= self.max_error
+            checks.append(Check(name, metric, error, self.max_error, passed, note))
+        samples = len(next(iter(reference.values()), ()))
+        comparison = None
+        if self.compare:
+            comparison = compare_runs(by_sample(reference), by_sample(candidate), reference="float",
+                                      test="transformed")
+        result = GateResult(checks, self.max_error, samples, comparison=comparison)
+        result.summary = _summary(result)
+        return result
+
+
+def _summary(result: GateResult) -> str:
+    what = METRIC_DESCRIPTIONS.get(result.metric or "", result.metric or "error")
+    limit = "no limit" if result.limit is None else f"limit {result.limit:g}"
+    return (f"error {result.error:.4g} on output '{result.worst_output}' ({what}) over {result.samples} held-out "
+            f"sample(s), {limit}")
+
+
+def by_name(runs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, list[np.ndarray]]:
+    """Per-sample output dicts (``measure.compare.run_samples``) as name -> one array per sample."""
+    out: dict[str, list[np.ndarray]] = {}
+    for run in runs:
+        for name, value in run.items():
+            out.setdefault(name, []).append(value)
+    return out
+
+
+def by_sample(outputs: Outputs) -> list[dict[str, np.ndarray]]:
+    count = max((len(v) for v in outputs.values()), default=0)
+    return [{name: arrays[i] for name, arrays in outputs.items() if i < len(arrays)} for i in range(count)]
+
+
+@dataclass
+class SampleProbe:
+    """A model's outputs on held-out samples, through a strict verified session (no silent fallback)."""
+
+    samples: Sequence[Mapping[str, np.ndarray]]
+    providers: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            raise ValueError("the accuracy gate needs at least one held-out sample")
+        self.samples = [dict(s) for s in self.samples]
+        self.providers = list(self.providers) if self.providers else None
+
+    def run(self, model: Any, reference: Any = None) -> dict[str, list[np.ndarray]]:
+        from ortpilot.session import load
+
+        return by_name(run_samples(load(model, self.providers, "strict", placement=False), self.samples))
+
+
+class SavedOutputs:
+    """Outputs a tune worker saved (``{i}/{name}`` arrays in one npz); the "model" is that file."""
+
+    def run(self, model: str | Path, reference: Any = None) -> dict[str, list[np.ndarray]]:
+        return read_outputs(model)
+
+
+def read_outputs(path: str | Path) -> dict[str, list[np.ndarray]]:
+    """``{i}/{name}`` arrays from the worker's npz into name -> one array per sample."""
+    per: dict[str, dict[int, np.ndarray]] = {}
+    with np.load(path) as data:
+        for key in data.files:
+            index, _, name = key.partition("/")
+            per.setdefault(name, {})[int(index)] = data[key]
+    return {name: [by_index[i] for i in sorted(by_index)] for name, by_index in per.items()}
+
+
+def describe(metric: str) -> str:
+    return METRIC_DESCRIPTIONS.get(metric, metric)
+
+
+__all__ = ["DEFAULT_MAX_ERROR", "OutputGate", "Outputs", "SampleProbe", "SavedOutputs", "by_name", "by_sample",
+           "describe", "read_outputs"]

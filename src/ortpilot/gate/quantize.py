@@ -1,0 +1,130 @@
+"""INT8 quantize, measure, explain, and only then write (the INT8 modes of ``ortpilot quantize``).
+
+Calibration data is split into calibration and held-out samples; the quantized model is
+compared with its source on the held-out ones (``OutputGate``); a model that fails ``max_error``
+is not written (AccuracyGateError, exit 1) and the worst layers are named, or, with
+``auto_exclude``, left in float try by try until it passes (``gate.exclude.auto_exclude`` with
+``Rounds``). Layers are ranked on the calibration samples (``gate.rankings``), not on the
+held-out samples that decide the gate. Weight-only modes (decoders) are gated on generation:
+``decode.gate.quantize_weight_only_gated``; ``ortpilot.api.quantize_gated`` takes every mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ortpilot.gate.core import ModelGate
+from ortpilot.gate.exclude import Rounds, auto_exclude as run_auto_exclude, finite
+from ortpilot.gate.outputs import OutputGate, SampleProbe
+from ortpilot.gate.rankings import int8_ranking
+from ortpilot.gate.result import GateResult, gate_failure
+from ortpilot.graph.feeds import make_feeds, plan_feeds
+from ortpilot.passes.base import ModelLike, PassRecord, PassResult, SourceModel
+from ortpilot.passes.calibration import CalibrationSet, load_calibration
+from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass
+
+log = logging.getLogger("ortpilot")
+# ``full`` leaves no float islands: it is always gated, by this much unless told otherwise.
+DEFAULT_FULL_MAX_ERROR = 0.05
+
+
+@dataclass
+class QuantizeReport:
+    output: Path | None
+    record: PassRecord
+    gate: GateResult
+    calibration: str
+    synthetic: bool
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"output": str(self.output) if self.output else None, "record": self.record.to_dict(),
+                "gate": _gate_doc(self.gate), "calibration": self.calibration,
+                "synthetic_calibration": self.synthetic, "auto_exclude": self.history}
+
+
+def _gate_doc(result: GateResult) -> dict[str, Any]:
+    """``quantize --json``'s ``gate``: the worst output, the full comparison, the worst layers."""
+    return {"passed": result.passed, "max_error": result.limit, "error": finite(result.error),
+            "worst_output": result.worst_output, "metric": result.metric, "samples": result.samples,
+            "comparison": result.comparison.to_dict() if result.comparison is not None else None,
+            "worst_layers": [w.to_dict() if hasattr(w, "to_dict") else w for w in result.worst_layers]}
+
+
+@dataclass
+class QuantizeStep:
+    """``QuantizePass`` on one source, as the auto-exclude loop builds it (``gate.exclude.ExcludeStep``)."""
+
+    pass_: QuantizePass
+    source: SourceModel
+    base: QuantizePass | None = None  # the pass before the loop excluded anything
+
+    @property
+    def excluded(self) -> list[str]:
+        return list(self.pass_.nodes_to_exclude)
+
+    def excluding(self, nodes: Sequence[str]) -> QuantizeStep:
+        base = self.base or self.pass_
+        return QuantizeStep(base.with_excluded(nodes), self.source, base)
+
+    def build(self) -> PassResult | None:
+        try:
+            return self.pass_.run(self.source)
+        except NothingQuantizedError:
+            if self.base is None:
+                raise  # the step itself quantizes nothing: the pass's own message says why
+            return None  # everything quantizable is already in float
+
+
+def _samples(source: SourceModel, mode: str, calibration: Any, shapes: Mapping[str, tuple[int, ...]] | None,
+             max_error: float | None) -> CalibrationSet:
+    if calibration is not None or mode != "dynamic" or max_error is not None:
+        return load_calibration(calibration, source.proto, shapes=shapes)
+    # Dynamic quantization does not calibrate; accuracy is still reported, on generated inputs.
+    plan = plan_feeds(source.proto, shapes)
+    log.info("Measuring accuracy on 4 generated inputs (%s); pass --calibration for real ones.", plan.describe())
+    return CalibrationSet([make_feeds(source.proto, plan=plan, seed=i) for i in range(4)], "generated inputs",
+                          synthetic=True)
+
+
+def quantize_int8_gated(model: ModelLike, output: str | os.PathLike | None, mode: str = "dynamic", *,
+                        calibration: Any = None, max_error: float | None = None,
+                        shapes: Mapping[str, tuple[int, ...]] | None = None, auto_exclude: bool = False,
+                        max_rounds: int = 6, per_round: int = 2, worst_n: int = 5, holdout_fraction: float = 0.25,
+                        providers: Sequence[str] | None = None, **pass_options: Any) -> QuantizeReport:
+    """Quantize ``model`` in an INT8 ``mode``, gate it on held-out samples, write it to ``output`` if it passes."""
+    source = SourceModel.of(model)
+    if mode == "full" and max_error is None:
+        max_error = DEFAULT_FULL_MAX_ERROR
+        log.info("--mode full is always gated: using --max-error %g.", max_error)
+    gate_spec = OutputGate(max_error, compare=True)  # a bad --max-error is refused before any work
+    data = _samples(source, mode, calibration, shapes, max_error)
+    calib, heldout = data.split(holdout_fraction)
+    step = QuantizePass(mode, calibration=calib if mode != "dynamic" else None, **pass_options)
+    gate = ModelGate.of(gate_spec, SampleProbe(heldout, providers), str(source.path) if source.path else source.proto)
+    rescue = auto_exclude and max_error is not None
+    outcome = run_auto_exclude(QuantizeStep(step, source), gate, int8_ranking(step, source, calib),
+                               Rounds(per_round), max_tries=max_rounds + 1 if rescue else 1)
+    best = outcome.best
+    result, measured = best.built, best.result
+    history = [{"round": i, "excluded": t.excluded, "error": finite(t.result.error), "passed": t.passed,
+                "quantized_nodes": t.built.record.quantized_nodes} for i, t in enumerate(outcome.tries)] if rescue else []
+    if not measured.passed:
+        measured.worst_layers = outcome.worst_layers(worst_n)
+        raise gate_failure(measured, hint=(
+            f"--auto-exclude left {len(best.excluded)} layer(s) in float over {len(history)} round(s) "
+            f"({', '.join(best.excluded) or 'none'}) and the gate still fails; raise --max-error, use "
+            "real --calibration data, or a milder --mode.") if rescue else "")
+    result.record.notes.append(f"accuracy: {measured.describe()}")
+    if data.synthetic:
+        result.record.notes.append("calibration/accuracy on synthetic inputs: not representative of real data")
+    written = result.save(output) if output else None
+    return QuantizeReport(written, result.record, measured, data.describe(), data.synthetic, history)
+
+
+__all__ = ["DEFAULT_FULL_MAX_ERROR", "QuantizeReport", "QuantizeStep", "quantize_int8_gated"]

@@ -1,0 +1,115 @@
+"""What a gate says about a candidate: one ``Check`` per output (or per statistic), and the verdict.
+
+Every gate in ortpilot reports the same shape, Polygraphy-comparator style: for each thing it
+judged, the metric, the value measured, the limit and whether it passed. The candidate passes
+when every check does. Gates that measured more than the checks (the full per-output statistics
+of ``measure.compare``, the per-prompt record of the generation gate) keep it in ``comparison``,
+for the tables and documents that show it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortpilot.errors import AccuracyGateError
+
+
+@dataclass(frozen=True)
+class Check:
+    """One output (or one statistic) against its limit. ``limit`` None: measured, not gated."""
+
+    name: str
+    metric: str
+    value: float
+    limit: float | None
+    passed: bool
+    note: str = ""  # why the value is what it is when it is not a measurement ("output missing")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The per-output record tune journals (``error``: the value; every output metric is an error)."""
+        doc: dict[str, Any] = {"name": self.name, "metric": self.metric, "error": self.value}
+        if self.note:
+            doc["note"] = self.note
+        return doc
+
+
+@dataclass
+class GateResult:
+    """Every check of one candidate, and what the gate measured on the way."""
+
+    checks: list[Check]
+    limit: float | None = None  # the one limit an output gate holds every output to (``max_error``)
+    samples: int = 0
+    summary: str = ""  # one line, written by the gate that checked
+    comparison: Any = None  # measure.compare.Comparison, generation.DecoderComparison, or None
+    worst_layers: list[Any] = field(default_factory=list)  # filled in when the gate failed and layers were ranked
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def worst(self) -> Check | None:
+        """The check with the largest value (for output gates: the largest error)."""
+        return max(self.checks, key=lambda c: c.value, default=None)
+
+    @property
+    def error(self) -> float:
+        worst = self.worst
+        return worst.value if worst is not None else 0.0
+
+    @property
+    def max_error(self) -> float | None:
+        return self.limit
+
+    @property
+    def worst_output(self) -> str | None:
+        worst = self.worst
+        return worst.name if worst is not None else None
+
+    @property
+    def metric(self) -> str | None:
+        worst = self.worst
+        return worst.metric if worst is not None else None
+
+    def check(self, name: str) -> Check | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    def describe(self) -> str:
+        return self.summary or f"error {self.error:.4g} on '{self.worst_output}'"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The compact record: verdict, limit, worst value and each check (what a tune journals per candidate)."""
+        return {"passed": self.passed, "max_error": self.limit, "worst_error": self.error,
+                "outputs": [c.to_dict() for c in self.checks]}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> GateResult:
+        """A compact record (``to_dict``, a tune journal's ``accuracy``) read back."""
+        limit = doc.get("max_error")
+        checks = [Check(str(o.get("name")), str(o.get("metric")), float(o.get("error", math.inf)), limit,
+                        _within(float(o.get("error", math.inf)), limit), str(o.get("note", "")))
+                  for o in doc.get("outputs") or []]
+        return cls(checks, limit)
+
+
+def _within(value: float, limit: float | None) -> bool:
+    return limit is None or bool(math.isfinite(value) and value <= limit)
+
+
+def gate_failure(result: GateResult, hint: str = "") -> AccuracyGateError:
+    """The error to raise for a failed gate, naming the worst layers when they are known."""
+    layers = ""
+    if result.worst_layers:
+        layers = " Worst layers: " + "; ".join(w.describe() if hasattr(w, "describe") else str(w)
+                                                for w in result.worst_layers) + "."
+    return AccuracyGateError(
+        f"Accuracy gate failed: {result.describe()}. Nothing was written.{layers} "
+        + (hint or "Try --auto-exclude to leave the worst layers in float, per-channel weights (--per-channel), "
+           "another calibration --method, or a milder --mode."))
+
+
+__all__ = ["Check", "GateResult", "gate_failure"]

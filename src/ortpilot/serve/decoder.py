@@ -1,0 +1,297 @@
+"""A decoder replica: one continuous-batching scheduler, a tokenizer, a chat template.
+
+``DecoderReplica`` is the class a Ray Serve deployment wraps (nothing here imports Ray): its
+constructor loads the (GroupQueryAttention-fused) decoder strictly on the CPU with ORT's
+intra-op threads set to the replica's CPUs and starts one :class:`~ortpilot.decode.Scheduler`;
+``generate`` turns a checked OpenAI request into tokens and yields events (``start``, ``delta``
+text, ``end`` with the finish reason and usage, or one ``error``) as the engine makes them. A
+caller that stops reading (a client gone) cancels the request, and the scheduler frees its slot
+before its next step. ``prepare_decoder`` runs once in the driver, before Ray starts: it checks
+the model, fuses it when it has no GroupQueryAttention yet, and finds its tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ortpilot.errors import QueueFullError, UsageError
+from ortpilot.serve.openai import DEFAULT_COMPLETION_TOKENS, ApiError, GenerationRequest
+
+log = logging.getLogger("ortpilot")
+CHAT_TEMPLATES = ("auto", "chatml")
+MODEL_NAMES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx", "decoder.onnx")
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """A served decoder: its URL name, the fused model a replica loads, its tokenizer, and the engine's limits."""
+
+    name: str
+    model: str  # the .onnx a replica loads (fused into GroupQueryAttention)
+    tokenizer: str  # tokenizer.json
+    source: str = ""
+    chat_template: str = "auto"  # auto: the tokenizer's own (tokenizer_config.json), else ChatML if it has <|im_start|>
+    max_streams: int = 8
+    max_queue: int = 64
+    max_length: int | None = None
+    prefill_chunk: int = 0
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def find_model_file(folder: Path) -> Path:
+    """The decoder file in a model folder: a known name, else the only .onnx (also under onnx/)."""
+    for base in (folder, folder / "onnx"):
+        for name in MODEL_NAMES:
+            if (base / name).is_file():
+                return base / name
+        found = sorted(base.glob("*.onnx")) if base.is_dir() else []
+        if len(found) == 1:
+            return found[0]
+    raise UsageError(f"'{folder}' has no decoder model (looked for {', '.join(MODEL_NAMES)} or a single .onnx "
+                     "file, also under onnx/).")
+
+
+def find_tokenizer(source: str, folders: list[Path], tokenizer: str | None) -> Path:
+    """``--tokenizer``, else the demo decoder's own, else ``tokenizer.json`` in one of ``folders``."""
+    if tokenizer:
+        path = Path(tokenizer)
+        path = path / "tokenizer.json" if path.is_dir() else path
+        if not path.is_file():
+            raise UsageError(f"Tokenizer '{tokenizer}' does not exist; pass the tokenizer.json saved with the model.")
+        return path.resolve()
+    if source == "demo:decoder":
+        from ortpilot.models import demo_tokenizer_path
+
+        return demo_tokenizer_path()
+    for folder in folders:
+        if (folder / "tokenizer.json").is_file():
+            return (folder / "tokenizer.json").resolve()
+    raise UsageError(f"No tokenizer for '{source}': the OpenAI endpoints speak text, so give --tokenizer "
+                     "PATH/tokenizer.json (or serve a folder that holds one beside the model).")
+
+
+def is_decoder_target(source: str, tokenizer: str | None = None) -> bool:
+    """Whether ``ortpilot serve`` serves ``source`` behind the OpenAI API: ``demo:decoder``, a folder
+    without a profile that holds a tokenizer.json, or a model file with a KV cache (past inputs)."""
+    if source == "demo:decoder":
+        return True
+    path = Path(source)
+    if path.is_dir():
+        return not (path / "profile.json").is_file() and (
+            tokenizer is not None or (path / "tokenizer.json").is_file())
+    if not path.is_file() or path.suffix != ".onnx":
+        return False
+    from ortpilot.decode.signature import detect_signature
+    from ortpilot.modelio import load_model
+
+    try:
+        return detect_signature(load_model(path, load_external_data=False)).has_cache
+    except Exception:  # not readable as a decoder: the usual serve path reports what is wrong with it
+        return False
+
+
+def prepare_decoder(source: str, name: str | None = None, *, tokenizer: str | None = None,
+                    chat_template: str = "auto", max_streams: int = 8, max_queue: int = 64,
+                    max_length: int | None = None, prefill_chunk: int = 0) -> DecoderSpec:
+    """Check ``source`` (a model file, a folder with a model and tokenizer, ``demo:decoder``) in the driver.
+
+    A decoder without GroupQueryAttention is fused first (onnxscript, content-addressed cache, so
+    only the first start pays); one that cannot be batched is a UsageError naming why, before
+    any replica starts.
+    """
+    from ortpilot.decode.batched import check_batchable
+    from ortpilot.decode.scheduler import resolve_max_length
+    from ortpilot.decode.signature import detect_signature
+    from ortpilot.modelio import load_model
+
+    if chat_template not in CHAT_TEMPLATES:
+        raise UsageError(f"--chat-template must be one of {', '.join(CHAT_TEMPLATES)}; got '{chat_template}'.")
+    if source.startswith("demo:"):
+        from ortpilot.models import demo_model_path
+
+        path = Path(demo_model_path(source.split(":", 1)[1]))
+        default = source.split(":", 1)[1]
+        folders: list[Path] = []
+    else:
+        path = Path(source)
+        if path.is_dir():
+            folders = [path, path.parent]
+            path = find_model_file(path)
+            default = Path(source).resolve().name
+        elif path.is_file():
+            folders = [path.parent, path.parent.parent]
+            default = path.stem
+        else:
+            raise UsageError(f"'{source}' does not exist. Serve a decoder model file, a folder holding one with its "
+                             "tokenizer.json, or demo:decoder.")
+    sig = detect_signature(load_model(path, load_external_data=False))  # not a decoder: say that first
+    tok = find_tokenizer(source, folders, tokenizer)
+    notes: list[str] = []
+    if sig.has_cache and not sig.supports_shared_buffer:
+        from ortpilot.passes.decoder_fusion import fuse_decoder, summary
+
+        fused = fuse_decoder(str(path), use_cache=True)
+        notes.append(summary(fused))
+        path = Path(fused.record.extra["cache_path"])
+        sig = detect_signature(fused.model)
+    check_batchable(sig)
+    resolve_max_length(sig, max_length)
+    return DecoderSpec(name or default, str(path.resolve()), str(tok), source, chat_template, max_streams,
+                       max_queue, max_length, prefill_chunk, tuple(notes))
+
+
+class DecoderReplica:
+    """One batched loop behind the OpenAI endpoints (see the module docstring)."""
+
+    def __init__(self, spec: dict[str, Any], threads: int = 0) -> None:
+        from ortpilot.decode import Scheduler
+        from ortpilot.decode import text as textmod
+        from ortpilot.session import SessionSettings
+
+        started = time.perf_counter()
+        self.spec = DecoderSpec(**{**spec, "notes": tuple(spec.get("notes", ()))})
+        self.tokenizer = textmod.load_tokenizer(self.spec.tokenizer)
+        self.stop_ids = frozenset(textmod.stop_ids(self.tokenizer))
+        self.template = textmod.chat_template(self.spec.tokenizer) if self.spec.chat_template == "auto" else None
+        self.scheduler = Scheduler(self.spec.model, max_streams=self.spec.max_streams, max_queue=self.spec.max_queue,
+                                   max_length=self.spec.max_length, prefill_chunk=self.spec.prefill_chunk,
+                                   providers=["cpu"], policy="strict",
+                                   settings=SessionSettings(intra_op_threads=threads)).start()
+        self.threads = threads
+        self.recent: deque[dict[str, Any]] = deque(maxlen=64)
+        self.load_s = time.perf_counter() - started
+        self.pid = os.getpid()
+
+    # Prompts.
+    def prompt_text(self, request: GenerationRequest) -> str:
+        from ortpilot.decode import text as textmod
+
+        if request.kind == "completion":
+            return request.prompt  # type: ignore[return-value]
+        if self.template is not None:
+            return textmod.render_chat(self.template, request.messages, self.tokenizer)
+        if self.spec.chat_template == "chatml" or self.tokenizer.token_to_id("<|im_start|>") is not None:
+            return textmod.chatml(request.messages)
+        raise ApiError(400, f"The model '{self.spec.name}' has no chat template (no chat_template in its "
+                       "tokenizer_config.json, no <|im_start|> token); use /v1/completions, or start the server "
+                       "with --chat-template chatml.", param="messages", code="no_chat_template")
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if isinstance(request.prompt, list):
+            return list(request.prompt)
+        ids = self.tokenizer.encode(self.prompt_text(request), add_special_tokens=False).ids
+        if not ids:
+            raise ApiError(400, "The prompt encodes to no tokens.", param="prompt", code="invalid_value")
+        return list(ids)
+
+    def max_tokens(self, request: GenerationRequest, prompt_tokens: int) -> int:
+        room = self.scheduler.max_length - prompt_tokens
+        if request.max_tokens is not None:
+            return request.max_tokens
+        return min(room, DEFAULT_COMPLETION_TOKENS) if request.kind == "completion" else room
+
+    # Requests.
+    async def generate(self, doc: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Events for one request: ``start``, ``delta`` (text), ``end``; or a single ``error``."""
+        from ortpilot.decode import SamplingConfig
+        from ortpilot.decode.text import TextStream
+
+        request = GenerationRequest.from_dict(doc)
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue[int | None] = asyncio.Queue()
+        try:
+            ids = self.prompt_ids(request)
+            limit = self.scheduler.generator.signature.max_positions
+            if len(ids) >= self.scheduler.max_length:
+                model = f" and the model {limit} positions" if limit else ""
+                raise ApiError(400, f"The prompt has {len(ids)} tokens, but a stream of this server holds "
+                               f"{self.scheduler.max_length} (--max-length){model}; shorten the prompt.",
+                               param="messages" if request.kind == "chat" else "prompt",
+                               code="context_length_exceeded")
+            max_tokens = self.max_tokens(request, len(ids))
+            room = self.scheduler.max_length - len(ids)
+            if max_tokens > room:
+                raise ApiError(400, f"max_tokens {max_tokens} is above the limit: the prompt has {len(ids)} tokens "
+                               f"and a stream holds {self.scheduler.max_length}, so at most {room} more.",
+                               param="max_tokens", code="context_length_exceeded")
+            sampling = SamplingConfig(temperature=request.temperature, top_p=request.top_p, seed=request.seed)
+            stream = self.scheduler.submit(ids, max_tokens, sampling=sampling, stop_tokens=sorted(self.stop_ids),
+                                           on_token=lambda _s, t: loop.call_soon_threadsafe(tokens.put_nowait, t))
+        except ApiError as exc:
+            yield exc.to_event()
+            return
+        except QueueFullError as exc:
+            yield ApiError(429, str(exc), kind="rate_limit_error", code="rate_limit_exceeded",
+                           retry_after_s=exc.retry_after_s).to_event()
+            return
+        except UsageError as exc:
+            yield ApiError(400, str(exc), code="invalid_value").to_event()
+            return
+        text = TextStream(self.tokenizer, request.stop, self.stop_ids)
+        try:
+            yield {"type": "start", "prompt_tokens": len(ids)}
+            ended = False
+            while not ended:
+                batch = [await tokens.get()]
+                while not tokens.empty():  # a slow reader gets what piled up in one delta
+                    batch.append(tokens.get_nowait())
+                delta = ""
+                for token in batch:
+                    if token is None:
+                        ended = True
+                        break
+                    delta += text.push(token)
+                    if text.stopped:
+                        stream.cancel()
+                        ended = True
+                        break
+                if ended and not text.stopped:
+                    delta += text.finish()
+                if delta:
+                    yield {"type": "delta", "text": delta}
+            if stream.error is not None and not text.stopped:
+                yield ApiError(500, f"generation failed: {stream.error}", kind="server_error").to_event()
+                return
+            reason = "stop_string" if text.stopped else stream.stop_reason or "max_new_tokens"
+            yield {"type": "end", "finish_reason": reason, "prompt_tokens": len(ids),
+                   "completion_tokens": len(stream.tokens)}
+        finally:
+            if not stream.done:
+                stream.cancel()  # the caller went away: free the slot before the next step
+            self._record(stream)
+
+    def _record(self, stream: Any) -> None:
+        async def later() -> None:  # the engine retires a cancelled stream at its next step
+            for _ in range(200):
+                if stream.done:
+                    break
+                await asyncio.sleep(0.01)
+            self.recent.append({"id": stream.id, **stream.metrics().to_dict(),
+                                "tokens_after_cancel": stream.tokens_after_cancel})
+
+        asyncio.get_running_loop().create_task(later())
+
+    def describe(self) -> dict[str, Any]:
+        sig = self.scheduler.generator.signature
+        return {"name": self.spec.name, "source": self.spec.source, "pid": self.pid, "intra_op_threads": self.threads,
+                "load_s": round(self.load_s, 3), "max_positions": sig.max_positions,
+                "chat_template": "tokenizer" if self.template is not None else self.spec.chat_template,
+                "notes": list(self.spec.notes), **self.scheduler.stats(), "recent": list(self.recent)}
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+
+__all__ = ["CHAT_TEMPLATES", "DecoderReplica", "DecoderSpec", "find_model_file", "find_tokenizer", "is_decoder_target",
+           "prepare_decoder"]

@@ -1,0 +1,299 @@
+"""The OpenAI-compatible application on Ray Serve: an ingress for ``/v1`` and one deployment per decoder.
+
+Each decoder deployment's replicas own one continuous-batching scheduler each; Ray routes
+requests among them. The ingress parses and checks a request (400 for bad input, 404 for an
+unknown model), calls a replica's ``generate`` as a streaming handle call, and answers with one
+JSON body or server-sent events ending in ``data: [DONE]``. When a client goes away, Ray
+cancels the ingress's request and its handle call; the replica's generator cancels the stream,
+and the scheduler frees the slot before its next step.
+
+The application mounts at ``/v1`` (``ROUTE_PREFIX``), so it runs beside other Serve
+applications on the same proxy and port. Ray is imported only inside the functions here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from ortpilot.errors import UsageError, VerificationError
+from ortpilot.serve.decoder import DecoderReplica, DecoderSpec
+from ortpilot.serve.openai import (
+    ApiError,
+    GenerationRequest,
+    chunk_body,
+    completion_body,
+    finish_reason,
+    model_object,
+    new_id,
+    not_found,
+    now,
+    parse_request,
+    sse,
+    usage,
+)
+
+log = logging.getLogger("ortpilot")
+APP_NAME = "ortpilot-openai"
+ROUTE_PREFIX = "/v1"
+INGRESS_NAME = "openai-ingress"
+
+
+class DecoderDeployment(DecoderReplica):
+    """The decoder deployment's class: a DecoderReplica with Ray's health check."""
+
+    def check_health(self) -> None:
+        if self.scheduler._thread is None or not self.scheduler._thread.is_alive():
+            raise RuntimeError("the decode engine thread is not running")
+
+
+def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Any:
+    from starlette.responses import Response
+
+    return Response(json.dumps(doc, separators=(",", ":"), ensure_ascii=False), status_code=status,
+                    media_type="application/json", headers=headers)
+
+
+def _error(exc: ApiError) -> Any:
+    return _json(exc.status, exc.body(), exc.headers())
+
+
+class OpenAIIngress:
+    """``GET /v1/models``, ``GET /v1/models/{name}``, ``POST /v1/completions``, ``POST /v1/chat/completions``."""
+
+    def __init__(self, handles: dict[str, Any], access_log: bool = True) -> None:
+        self.handles = dict(handles)
+        self.created = now()
+        self.access_log = access_log
+
+    async def __call__(self, request: Any) -> Any:
+        started = time.perf_counter()
+        path = request.url.path.rstrip("/")
+        path = path.removeprefix(ROUTE_PREFIX)
+        try:
+            response = await self._route(request.method, path, request)
+        except ApiError as exc:
+            response = _error(exc)
+        if self.access_log:
+            import sys
+
+            client = request.client.host if request.client else "-"
+            sys.stderr.write(f"{client} \"{request.method} {request.url.path}\" {response.status_code} "
+                             f"{(time.perf_counter() - started) * 1e3:.1f}ms\n")
+        return response
+
+    async def _route(self, method: str, path: str, request: Any) -> Any:
+        kind = {"/completions": "completion", "/chat/completions": "chat"}.get(path)
+        if kind is not None:
+            if method != "POST":
+                raise ApiError(405, f"{method} is not allowed on {ROUTE_PREFIX}{path} (use POST).",
+                               code="method_not_allowed")
+            return await self._generate(parse_request(kind, await request.body()))
+        if path == "/models" or path.startswith("/models/"):
+            if method != "GET":
+                raise ApiError(405, f"{method} is not allowed on {ROUTE_PREFIX}{path} (use GET).",
+                               code="method_not_allowed")
+            if path == "/models":
+                return _json(200, {"object": "list", "data": [model_object(n, self.created) for n in self.handles]})
+            name = path[len("/models/"):]
+            if name not in self.handles:
+                raise not_found(name, list(self.handles))
+            return _json(200, model_object(name, self.created, await self.handles[name].describe.remote()))
+        raise ApiError(404, f"No route {method} {ROUTE_PREFIX}{path}: this server has GET /v1/models, "
+                       "POST /v1/completions and POST /v1/chat/completions.", code="not_found")
+
+    async def _generate(self, req: GenerationRequest) -> Any:
+        from starlette.responses import StreamingResponse
+
+        handle = self.handles.get(req.model)
+        if handle is None:
+            raise not_found(req.model, list(self.handles))
+        try:
+            events = handle.options(stream=True).generate.remote(req.to_dict())
+            first = await events.__anext__()
+        except StopAsyncIteration:
+            raise ApiError(500, "the decoder replica ended the request without an answer", kind="server_error")
+        except Exception as exc:
+            if type(exc).__name__ == "BackPressureError":
+                raise ApiError(429, f"Every replica of '{req.model}' is at its limit; retry later.",
+                               kind="rate_limit_error", code="rate_limit_exceeded", retry_after_s=1) from None
+            raise
+        if first["type"] == "error":
+            return _error(ApiError.from_event(first))
+        ident, created = new_id(req.kind), now()
+        if req.stream:
+            return StreamingResponse(self._sse(req, ident, created, first, events), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        parts, end = [], None
+        async for event in events:
+            if event["type"] == "delta":
+                parts.append(event["text"])
+            elif event["type"] == "end":
+                end = event
+            elif event["type"] == "error":
+                return _error(ApiError.from_event(event))
+        if end is None:
+            raise ApiError(500, "the decoder replica ended the request without an answer", kind="server_error")
+        return _json(200, completion_body(req, ident, created, "".join(parts), finish_reason(end["finish_reason"]),
+                                          usage(end["prompt_tokens"], end["completion_tokens"])))
+
+    async def _sse(self, req: GenerationRequest, ident: str, created: int, first: dict[str, Any],
+                   events: Any) -> AsyncIterator[bytes]:
+        try:
+            if req.kind == "chat":
+                yield sse(chunk_body(req, ident, created, None, first=True))
+            async for event in events:
+                if event["type"] == "delta":
+                    yield sse(chunk_body(req, ident, created, event["text"]))
+                elif event["type"] == "end":
+                    yield sse(chunk_body(req, ident, created, None, finish_reason(event["finish_reason"])))
+                    if req.include_usage:
+                        yield sse(chunk_body(req, ident, created, None,
+                                             counts=usage(event["prompt_tokens"], event["completion_tokens"])))
+                elif event["type"] == "error":
+                    yield sse(ApiError.from_event(event).body())
+                    return
+            yield sse("[DONE]")
+        finally:
+            events.cancel()  # a client gone: the replica cancels its stream (a no-op after the end)
+
+
+def openai_deployment(specs: Sequence[DecoderSpec], *, replicas: int = 1, cpus_per_replica: float | None = None,
+                      cpu_budget: int | None = None, access_log: bool = True) -> Any:
+    """The Ray Serve application for ``specs`` (not yet running): mount it at ``ROUTE_PREFIX``."""
+    from ortpilot.serve.app import require_ray
+
+    serve = require_ray()
+    if replicas < 1:
+        raise UsageError(f"--replicas must be at least 1, got {replicas}.")
+    if cpu_budget is None:
+        from ortpilot.providers.cpubudget import this_budget
+
+        cpu_budget = this_budget().cpus
+    cpus = float(cpus_per_replica) if cpus_per_replica else float(max(1, cpu_budget // (len(specs) * replicas)))
+    handles = {}
+    for spec in specs:
+        model = serve.deployment(
+            DecoderDeployment, name=f"decoder-{spec.name}", num_replicas=replicas,
+            ray_actor_options={"num_cpus": cpus},
+            # Requests beyond the streams and the queue reach the scheduler, which answers 429 itself.
+            max_ongoing_requests=spec.max_streams + spec.max_queue + 8, graceful_shutdown_timeout_s=10.0)
+        handles[spec.name] = model.bind(spec.to_dict(), max(1, int(cpus)))
+    ingress = serve.deployment(OpenAIIngress, name=INGRESS_NAME, num_replicas=1, ray_actor_options={"num_cpus": 0},
+                               max_ongoing_requests=4096)
+    return ingress.bind(handles, access_log)
+
+
+def wait_ready(specs: Sequence[DecoderSpec], base: str, timeout: float, failed: list[BaseException]) -> list[dict]:
+    """Each model's ``GET /v1/models/NAME`` once a replica answers it (it loaded and started its engine)."""
+    from ortpilot.serve.runner import _get
+
+    deadline = time.monotonic() + timeout
+    ready: dict[str, dict] = {}
+    while len(ready) < len(specs):
+        for spec in specs:
+            if spec.name not in ready:
+                code, doc = _get(f"{base}{ROUTE_PREFIX}/models/{spec.name}", timeout=5.0)
+                if code == 200 and doc:
+                    ready[spec.name] = doc
+        if failed:
+            raise VerificationError(f"The OpenAI application did not deploy: {failed[0]}")
+        if len(ready) < len(specs) and time.monotonic() > deadline:
+            missing = next(s.name for s in specs if s.name not in ready)
+            raise VerificationError(f"No replica of decoder '{missing}' became ready within {timeout:g} s.")
+        time.sleep(0.2)
+    return [ready[s.name] for s in specs]
+
+
+def run_openai_server(specs: Sequence[DecoderSpec], *, host: str = "127.0.0.1", port: int = 8000,
+                      replicas: int = 1, cpus_per_replica: float | None = None, address: str | None = None,
+                      ready_timeout: float = 300.0, access_log: bool = True,
+                      on_ready: Callable[[list[dict]], None] | None = None,
+                      stop: threading.Event | None = None) -> list[dict]:
+    """Start (or join, ``address``) Ray, run the application at ``/v1``, serve until SIGINT/SIGTERM.
+
+    The Ray and Serve handling is ``runner``'s (what the Open Inference Protocol application
+    uses): exactly what this call started is stopped again.
+    """
+    from ortpilot.serve.app import require_ray
+    from ortpilot.serve.runner import (
+        QUIET_LOGS,
+        Server,
+        _start_ray,
+        check_port,
+        ray_environment,
+    )
+
+    check_port(host, port)
+    ray_environment(address)
+    serve = require_ray()
+    from ortpilot.providers.cpubudget import this_budget
+
+    budget = this_budget().cpus
+    stop = stop or threading.Event()
+    server = Server(APP_NAME)
+    previous: dict[int, Any] = {}
+    try:
+        server.started_ray, serve_running = _start_ray(address, budget)
+        if threading.current_thread() is threading.main_thread():
+            previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        if serve_running:
+            running = _serve_port()
+            if running != port:
+                raise UsageError(f"Ray Serve already runs on this cluster with its HTTP proxy on port {running}; "
+                                 f"one cluster has one proxy port, so serve on --port {running} or use another "
+                                 "cluster.")
+        else:
+            serve.start(http_options={"host": host, "port": port}, logging_config=QUIET_LOGS)
+            server.started_serve = True  # the next server on a shared cluster starts Serve on its own port
+        app = openai_deployment(specs, replicas=replicas, cpus_per_replica=cpus_per_replica, cpu_budget=budget,
+                                access_log=access_log)
+        failed: list[BaseException] = []
+
+        def deploy() -> None:
+            try:
+                serve.run(app, name=APP_NAME, route_prefix=ROUTE_PREFIX, logging_config=QUIET_LOGS)
+            except BaseException as exc:  # wait_ready reports it
+                failed.append(exc)
+
+        server.deployed = True
+        threading.Thread(target=deploy, name="ortpilot-deploy", daemon=True).start()
+        ready = wait_ready(specs, f"http://{host}:{port}", ready_timeout, failed)
+        if on_ready:
+            on_ready(ready)
+        while not stop.wait(0.5):
+            pass
+        return ready
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        server.stop()
+
+
+def _serve_port() -> int | None:
+    """The HTTP port of the Serve instance running on the cluster (-1 when it cannot be read)."""
+    import ray
+
+    try:
+        from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        return int(ray.get(controller.get_http_config.remote(), timeout=30).port)
+    except Exception:
+        return -1
+
+
+__all__ = [
+    "APP_NAME",
+    "ROUTE_PREFIX",
+    "DecoderDeployment",
+    "OpenAIIngress",
+    "openai_deployment",
+    "run_openai_server",
+    "wait_ready",
+]

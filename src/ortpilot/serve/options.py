@@ -1,0 +1,150 @@
+"""What ``ortpilot serve`` serves and how: the models (profiles or plain models) and the replica settings.
+
+Plain data, no Ray: the CLI, the application builder and the KubeRay manifest all read the same
+records, so ``--emit-rayservice`` describes exactly what ``serve`` would run.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ortpilot.errors import UsageError
+
+DEFAULT_PORT = 8000
+DEFAULT_MAX_REQUEST_MB = 64.0
+DEFAULT_READY_TIMEOUT_S = 300.0
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One served model: its name in the URL and what a replica loads.
+
+    ``kind`` is ``profile`` (a tune output, verified against its reference outputs) or ``model``
+    (an ONNX file served with a default strict CPU session: environment-verified only).
+    """
+
+    name: str
+    kind: str  # "profile" | "model"
+    path: str  # profile.json or the .onnx file, absolute (replicas may run in another working directory)
+    source: str = ""  # what the user wrote (demo:encoder, OUT/, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Replica and batching settings shared by every served model."""
+
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None  # (min, max) replicas, Ray Serve autoscaling on ongoing requests
+    cpus_per_replica: float | None = None  # None: the CPU budget shared evenly by all replicas
+    max_batch: int = 1  # 1: no dynamic batching
+    batch_wait_ms: float = 2.0
+    max_request_mb: float = DEFAULT_MAX_REQUEST_MB
+    access_log: bool = True
+    accept_machine: bool = False
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise UsageError(f"--replicas must be at least 1, got {self.replicas}.")
+        if self.autoscale is not None:
+            low, high = self.autoscale
+            if low < 1 or high < low:
+                raise UsageError(f"--autoscale {low}:{high} needs 1 <= MIN <= MAX (a model is ready once a replica "
+                                 "verified, so it keeps at least one).")
+        if self.cpus_per_replica is not None and self.cpus_per_replica <= 0:
+            raise UsageError(f"--cpus-per-replica must be above 0, got {self.cpus_per_replica:g}.")
+        if self.max_batch < 1:
+            raise UsageError(f"--max-batch must be at least 1 (1 turns batching off), got {self.max_batch}.")
+        if self.batch_wait_ms < 0:
+            raise UsageError(f"--batch-wait-ms must be >= 0, got {self.batch_wait_ms:g}.")
+        if self.max_request_mb <= 0:
+            raise UsageError(f"--max-request-mb must be above 0, got {self.max_request_mb:g}.")
+
+    @property
+    def initial_replicas(self) -> int:
+        return self.autoscale[0] if self.autoscale else self.replicas
+
+    @property
+    def max_replicas(self) -> int:
+        return self.autoscale[1] if self.autoscale else self.replicas
+
+    def replica_cpus(self, models: int, budget: int) -> float:
+        """Ray CPUs per replica: as given, or the budget shared by every replica that starts."""
+        if self.cpus_per_replica is not None:
+            return float(self.cpus_per_replica)
+        return float(max(1, budget // max(1, models * max(1, self.initial_replicas))))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ort_threads(cpus: float) -> int:
+    """ORT intra-op threads for a replica given ``cpus`` Ray CPUs: whole CPUs, at least one."""
+    return max(1, int(math.floor(cpus + 1e-9)))
+
+
+def parse_autoscale(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    low, colon, high = text.partition(":")
+    try:
+        if not colon:
+            raise ValueError
+        return int(low), int(high)
+    except ValueError:
+        raise UsageError(f"--autoscale '{text}' is not MIN:MAX (e.g. 1:4).") from None
+
+
+def resolve_models(targets: Sequence[str], names: Sequence[str] = ()) -> list[ModelSpec]:
+    """PROFILE arguments -> ModelSpecs: a profile.json or its folder, a model file, or ``demo:NAME``."""
+    if not targets:
+        raise UsageError("Give at least one PROFILE (a tune output folder or profile.json, a model, or demo:NAME).")
+    if names and len(names) != len(targets):
+        raise UsageError(f"--name is given {len(names)} time(s) for {len(targets)} PROFILE(s): give one per "
+                         "PROFILE, in order, or none (default names come from the folders or model files).")
+    specs = []
+    for i, target in enumerate(targets):
+        kind, path, default = _resolve(target)
+        name = names[i] if names else default
+        if not _NAME.match(name):
+            raise UsageError(f"Model name '{name}' (for {target}) is not usable in a URL: use letters, digits, "
+                             "'_', '.', '-' (give one with --name).")
+        specs.append(ModelSpec(name, kind, str(path), target))
+    seen: dict[str, str] = {}
+    for spec in specs:
+        if spec.name in seen:
+            raise UsageError(f"Two models would be served as '{spec.name}' ({seen[spec.name]} and {spec.source}); "
+                             "give each its own --name.")
+        seen[spec.name] = spec.source
+    return specs
+
+
+def _resolve(target: str) -> tuple[str, Path, str]:
+    if target.startswith("demo:"):
+        from ortpilot.models import demo_model_path
+
+        path = Path(demo_model_path(target.split(":", 1)[1])).resolve()
+        return "model", path, target.split(":", 1)[1]
+    path = Path(target)
+    if path.is_dir():
+        if (path / "profile.json").is_file():
+            return "profile", (path / "profile.json").resolve(), path.resolve().name
+        raise UsageError(f"'{target}' is a folder without profile.json. Serve a tune output folder "
+                         "('ortpilot tune MODEL -o DIR'), a profile.json, a model file or demo:NAME.")
+    if not path.is_file():
+        raise UsageError(f"'{target}' does not exist. Serve a tune output folder or profile.json, a model file "
+                         "or demo:NAME.")
+    if path.suffix == ".json":
+        return "profile", path.resolve(), path.resolve().parent.name
+    return "model", path.resolve(), path.stem
+
+
+__all__ = ["DEFAULT_PORT", "ModelSpec", "ServeOptions", "ort_threads", "parse_autoscale", "resolve_models"]

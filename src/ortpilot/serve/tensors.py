@@ -1,0 +1,161 @@
+"""Open Inference Protocol (KServe v2) tensors <-> numpy, JSON and the binary-tensor extension.
+
+Datatype names come from the Triton export's table (``export.triton_backend.DATATYPES`` without
+its ``TYPE_`` prefix; Triton's ``TYPE_STRING`` is the protocol's ``BYTES``), so serve and export
+never disagree about a model's types. A request that does not decode is an ``InputError`` (HTTP
+400); whether the decoded arrays fit the model is the session's ``check_feeds``, the same check
+and message as ``ortpilot run`` and the library.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ortpilot.errors import InputError
+from ortpilot.export.triton_backend import DATATYPES
+
+HEADER_LENGTH = "inference-header-content-length"
+BINARY_TYPE = "application/octet-stream"
+
+# The protocol's datatype names, from the export table; BF16 has no numpy type and is not decoded.
+NUMPY_OF: dict[str, np.dtype] = {
+    ("BYTES" if v == "TYPE_STRING" else v.removeprefix("TYPE_")): np.dtype(onnx.helper.tensor_dtype_to_np_dtype(k))
+    for k, v in DATATYPES.items() if v not in ("TYPE_BF16", "TYPE_STRING")}
+DATATYPE_OF: dict[np.dtype, str] = {dtype: name for name, dtype in NUMPY_OF.items()}
+
+
+@dataclass
+class InferRequest:
+    """A decoded ``/infer`` body: the feeds, the outputs asked for, and which to send as binary."""
+
+    feeds: dict[str, np.ndarray]
+    outputs: list[str] | None  # None: every output
+    binary_outputs: set[str]
+    binary_default: bool
+    id: str | None = None
+
+
+def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
+    """Parse an infer request: JSON, or a JSON header of ``header_length`` bytes plus binary tensors."""
+    if header_length is not None:
+        if header_length < 0 or header_length > len(body):
+            raise InputError(f"Inference-Header-Content-Length is {header_length}, but the body has {len(body)} "
+                             "bytes: the JSON header must be the first that many bytes of it.")
+        head, rest = body[:header_length], memoryview(body)[header_length:]
+    else:
+        head, rest = body, memoryview(b"")
+    try:
+        doc = json.loads(head)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"The request body is not valid JSON ({exc}). Send an Open Inference Protocol infer "
+                         'request: {"inputs": [{"name", "shape", "datatype", "data"}]}.') from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
+        raise InputError('The request has no "inputs" list. Send {"inputs": [{"name", "shape", "datatype", '
+                         '"data"}]} (Open Inference Protocol).')
+    feeds: dict[str, np.ndarray] = {}
+    offset = 0
+    for item in doc["inputs"]:
+        name, array, used = _decode_tensor(item, rest, offset)
+        if name in feeds:
+            raise InputError(f"Input '{name}' is given twice in the request.")
+        feeds[name] = array
+        offset += used
+    if offset != len(rest):
+        raise InputError(f"The request carries {len(rest)} bytes of binary tensor data, but its inputs' "
+                         f"binary_data_size add up to {offset}.")
+    params = doc.get("parameters") or {}
+    binary_default = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+    outputs = None
+    binary: set[str] = set()
+    if isinstance(doc.get("outputs"), list):
+        outputs = []
+        for out in doc["outputs"]:
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise InputError('Each entry of "outputs" must be an object with a "name".')
+            outputs.append(out["name"])
+            if (out.get("parameters") or {}).get("binary_data", binary_default):
+                binary.add(out["name"])
+    return InferRequest(feeds, outputs, binary, binary_default, doc.get("id"))
+
+
+def _decode_tensor(item: Any, rest: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        raise InputError('Each entry of "inputs" must be an object with "name", "shape", "datatype" and "data".')
+    name = item["name"]
+    datatype = item.get("datatype")
+    shape = item.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InputError(f"Input '{name}' needs \"shape\" as a list of non-negative integers, got {shape!r}.")
+    if datatype not in NUMPY_OF:
+        raise InputError(f"Input '{name}' has datatype {datatype!r}, which this server does not decode; it takes "
+                         f"{', '.join(NUMPY_OF)}.")
+    dtype = NUMPY_OF[datatype]
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    size = (item.get("parameters") or {}).get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size != count * dtype.itemsize or offset + size > len(rest):
+            raise InputError(f"Input '{name}' declares binary_data_size {size!r}; shape {shape} of {datatype} needs "
+                             f"{count * dtype.itemsize} bytes and {len(rest) - offset} remain in the body.")
+        return name, np.frombuffer(rest[offset:offset + size], dtype=dtype).reshape(shape).copy(), size
+    if "data" not in item:
+        raise InputError(f"Input '{name}' has neither \"data\" nor a binary_data_size parameter.")
+    try:
+        array = np.asarray(item["data"], dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InputError(f"Input '{name}' data cannot be read as {datatype} ({exc}).") from None
+    if array.size != count:
+        raise InputError(f"Input '{name}' has {array.size} values, but shape {shape} needs {count}.")
+    return name, array.reshape(shape), 0
+
+
+def encode_response(model: str, outputs: Mapping[str, np.ndarray], binary: set[str] | bool,
+                    request_id: str | None = None, parameters: Mapping[str, Any] | None = None
+                    ) -> tuple[bytes, int | None]:
+    """The response body and, when any output goes as binary, the JSON header's length."""
+    entries, blobs = [], []
+    for name, value in outputs.items():
+        value = np.ascontiguousarray(value)
+        entry: dict[str, Any] = {"name": name, "shape": list(value.shape),
+                                 "datatype": DATATYPE_OF.get(value.dtype, str(value.dtype))}
+        if binary is True or (binary and name in binary):
+            data = value.tobytes()
+            entry["parameters"] = {"binary_data_size": len(data)}
+            blobs.append(data)
+        else:
+            entry["data"] = value.reshape(-1).tolist()
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": entries}
+    if request_id is not None:
+        doc["id"] = request_id
+    if parameters:
+        doc["parameters"] = dict(parameters)
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    if not blobs:
+        return head, None
+    return head + b"".join(blobs), len(head)
+
+
+def protocol_datatype(triton_type: str) -> str:
+    """``TYPE_FP32`` (a Triton config's name) -> ``FP32`` (the protocol's)."""
+    return "BYTES" if triton_type == "TYPE_STRING" else triton_type.removeprefix("TYPE_")
+
+
+def tensor_metadata(model: onnx.ModelProto) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+    """``inputs`` and ``outputs`` of the model metadata (datatype, shape with -1 for dynamic dims), and
+    whether the model has a batch dim (every first dim dynamic and named like batch, the export's rule)."""
+    from ortpilot.export.triton_config import has_batch_dim, model_tensors
+
+    inputs, outputs = model_tensors(model)
+    meta = [[{"name": t.name, "datatype": protocol_datatype(t.data_type), "shape": list(t.dims)} for t in group]
+            for group in (inputs, outputs)]
+    return meta[0], meta[1], has_batch_dim(inputs, outputs)
+
+
+__all__ = ["HEADER_LENGTH", "InferRequest", "decode_request", "encode_response", "protocol_datatype",
+           "tensor_metadata"]

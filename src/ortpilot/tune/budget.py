@@ -1,0 +1,71 @@
+"""The tune's clock: what is left, what the final measurement keeps, what a step is expected to cost.
+
+The deadline excludes the time for writing the outputs. Out of what is left, enough is kept for
+the final interleaved measurement of three candidates (leader, runner-up, ORT's default), so no
+screening or halving step may eat it: a step runs only when ``affords`` says its estimate fits,
+and a candidate's worker is stopped at the reserve. Estimates come from what was measured: the
+median preparation time so far and the default session's latency.
+
+Replaying an ended search (``binding=False``) is decided by the journal, not the clock: the
+budget then affords everything, and the step runner cuts what the journal lacks.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+CANDIDATE_TIMEOUT_S = 600.0  # a candidate's child that takes longer is taken to hang
+FINAL_ROUNDS = 8
+FINAL_MIN_RUNS = 2  # per candidate per final round
+FINAL_MIN_ROUNDS = 4  # the final shrinks to this when time is short (slow models, small budgets)
+SAFETY = 1.3  # estimates are scaled by this much
+
+
+class Budget:
+    """Seconds left before ``deadline`` (a ``time.monotonic`` value), and the estimates that spend them."""
+
+    def __init__(self, deadline: float, *, binding: bool = True) -> None:
+        self.deadline = deadline
+        self.binding = binding
+        self.latency = 0.01  # ORT's default session's p50 (s), once measured
+        self.prep_times: list[float] = []
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def spent(self) -> bool:
+        return self.binding and self.left() <= 0
+
+    def est_prepare(self) -> float:
+        return float(np.median(self.prep_times)) if self.prep_times else 2.0
+
+    def reserve(self) -> float:
+        """Time kept for the final interleaved measurement of three candidates."""
+        return (FINAL_MIN_ROUNDS * FINAL_MIN_RUNS + 2) * 3 * self.latency * SAFETY + 1.0
+
+    def affords(self, seconds: float) -> bool:
+        """Whether a step expected to take ``seconds`` fits before the reserve."""
+        return not self.binding or self.left() - self.reserve() >= seconds
+
+    def screen_cost(self, runs: int) -> float:
+        """A new candidate: its preparation and ``runs`` timed runs (models are slower than the default)."""
+        return self.est_prepare() + runs * self.latency * 3
+
+    def candidate_timeout(self, baseline: bool) -> float:
+        """A candidate may not eat the final measurement's time: its worker is stopped at that point
+        (the baseline, measured first, may use everything)."""
+        left = max(1.0, self.left()) if baseline else max(1.0, self.left() - self.reserve())
+        return min(left, CANDIDATE_TIMEOUT_S)
+
+    def final_plan(self, per_run: float, screen_runs: int) -> tuple[int, int]:
+        """(runs per candidate per round, rounds) of the final that fit in what is left;
+        ``per_run``: one run of every finalist."""
+        per_run *= SAFETY
+        budget_runs = max(0.0, self.left() - 1.0) / max(per_run, 1e-9) - 2  # less the warm-up
+        rounds = FINAL_ROUNDS if budget_runs >= FINAL_ROUNDS * FINAL_MIN_RUNS else FINAL_MIN_ROUNDS
+        return max(FINAL_MIN_RUNS, min(screen_runs * 2, int(budget_runs / rounds))), rounds
+
+
+__all__ = ["Budget", "CANDIDATE_TIMEOUT_S", "FINAL_MIN_ROUNDS", "FINAL_MIN_RUNS", "FINAL_ROUNDS"]

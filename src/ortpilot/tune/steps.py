@@ -1,0 +1,158 @@
+"""The tune's steps, run in the worker or replayed from the journal: how ``--resume`` works.
+
+A tune is a sequence of steps: prepare a candidate (build its model, load it strict, save its
+outputs on the held-out inputs, gate them), time it (``bench``, one record per stage: screen,
+halving round N), rank a dynamic INT8 variant's layers (``rank``), and the final interleaved
+measurement (``final``). Every step goes through :class:`StepRunner`, which asks the journal
+first:
+
+1. **Journaled: replayed.** ``tune.journal`` keeps one fsynced JSON line per finished step,
+   keyed by (kind, candidate id, stage). A step found there is not run again; its record is
+   the result, as if the worker had just answered.
+2. **Not journaled: run, then journaled.** The worker (a child process) runs it; the record is
+   appended before the search goes on, so a tune killed at any moment loses at most the step
+   in flight. Until the default session is measured nothing is on disk (``commit``): what a
+   resume needs besides the journal, the default session's outputs and the held-out inputs, is
+   copied into ``OUTDIR/.ortpilot-tune/`` just before the first write (``tune.state``, the
+   ``kept`` record).
+3. **Same steps, same order.** A candidate's id hashes its canonical JSON (passes as
+   ``passes.registry.Step`` records, providers, settings), and the search policy
+   (``tune.search``) decides from measurements only, so a resumed search asks for the same
+   steps in the same order and finds the finished ones journaled. It continues with a fresh
+   budget; replayed steps cost nothing.
+4. **An ended search is replayed only** (``replay_only``: its ``final`` or ``done`` record is
+   there). A step it lacks was cut by the budget then and stays cut (the baseline's preparation
+   excepted, which a search cannot do without), so the same winner comes out and nothing is
+   measured again; ``tune.budget`` then affords everything and the journal alone decides.
+5. **Refused, exit 2, nothing written** (``tune.tune._check_resume``, ``tune.journal``): a
+   journal of another tune (its ``start`` record's model hash, shapes, objective, gate,
+   providers or ORT version differ), of another journal format (``JOURNAL_VERSION``; journals
+   without a version, written before versions existed, are version 1 and resume), a record no
+   tune writes, or a kept file that is missing or changed.
+
+The accuracy gate is built from the default session's outputs (``gate_factory``) on its first
+preparation, replayed or fresh; a fresh preparation is gated at once and its verdict journaled
+with it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ortpilot.errors import StorageError
+from ortpilot.gate.core import ModelGate
+from ortpilot.tune.budget import CANDIDATE_TIMEOUT_S
+from ortpilot.tune.candidate import Candidate
+from ortpilot.tune.journal import Journal
+from ortpilot.tune.worker import WorkerClient, WorkerCrash
+
+
+class StepRunner:
+    """Every step of a search: the journal's record if it has one, else the worker's, journaled."""
+
+    def __init__(self, worker: WorkerClient, journal: Journal, gate_factory: Callable[[str], ModelGate], *,
+                 replay_only: bool = False, on_first_record: Callable[[], None] | None = None) -> None:
+        """``gate_factory``: the default session's outputs file -> the gate; ``on_first_record``
+        runs just before the journal first reaches the disk (the baseline is measured by then)."""
+        self.worker = worker
+        self.journal = journal
+        self.gate_factory = gate_factory
+        self.gate: ModelGate | None = None
+        self.replay_only = replay_only
+        self.on_first_record = on_first_record or (lambda: None)
+
+    def commit(self) -> None:
+        """From here on an interrupted tune leaves a resumable journal."""
+        self.on_first_record()
+        self.journal.commit()
+
+    def journaled(self, kind: str, cid: str = "", stage: str = "") -> bool:
+        return self.journal.get(kind, cid, stage) is not None
+
+    def prepare(self, cand: Candidate, phase: str, timeout: float, *, affordable: bool = True
+                ) -> tuple[dict[str, Any] | None, bool]:
+        """(record, fresh). None when it may not run: replaying an ended search, or not ``affordable``
+        (the baseline always runs). A worker stopped by the budget gives a ``budget`` record, not journaled."""
+        record = self.journal.get("prepared", cand.id)
+        fresh = record is None
+        if fresh:
+            if not cand.baseline and (self.replay_only or not affordable):
+                return None, False
+            record = self._prepare(cand, phase, timeout)
+        if self.gate is None and record.get("status") == "ok":
+            self.gate = self.gate_factory(record["outputs"])
+        return record, fresh
+
+    def _prepare(self, cand: Candidate, phase: str, timeout: float) -> dict[str, Any]:
+        start = time.monotonic()
+        try:
+            result = self.worker.request("prepare", cand.to_dict(), timeout)
+        except WorkerCrash as exc:
+            if exc.timed_out and timeout < CANDIDATE_TIMEOUT_S:
+                # Stopped by the budget, not by a hang: not journaled, so --resume tries it again.
+                return {"status": "budget", "reason": "stopped: the budget ran out while it was being prepared"}
+            result = {"status": "timeout" if exc.timed_out else "crashed", "error": str(exc),
+                      "signal": exc.signal_number, "returncode": exc.returncode, "log_tail": exc.log_tail[-500:]}
+        if result.get("errno") is not None:  # a full disk, a read-only cache: every candidate would fail
+            kept = ("Nothing was measured yet; fix that and run the command again." if cand.baseline
+                    else "The journal keeps every finished candidate; fix that and run the same command with "
+                         "--resume.")
+            raise StorageError(f"The tune stopped at candidate {cand.label}, because the machine "
+                               f"refused a write: {str(result.get('error')).split(': ', 1)[-1]} {kept}",
+                               errno=result["errno"])
+        record = {"kind": "prepared", "id": cand.id, "candidate": cand.to_dict(), "phase": phase,
+                  "seconds": time.monotonic() - start, **result}
+        if result.get("status") == "ok":
+            if self.gate is None:
+                self.gate = self.gate_factory(result["outputs"])
+            record["accuracy"] = self.gate.measure(result["outputs"]).to_dict()
+        return self.journal.append(record)
+
+    def bench(self, cand: Candidate, stage: str, runs: int, timeout: float) -> dict[str, Any] | None:
+        """The ``runs`` timings of ``stage``; None when replaying an ended search that did not run it."""
+        record = self.journal.get("bench", cand.id, stage)
+        if record is not None or self.replay_only:
+            return record
+        try:
+            result = self.worker.request("bench", {"candidates": [cand.to_dict()], "runs": runs, "warmup": 2},
+                                         timeout)
+        except WorkerCrash as exc:
+            result = {"status": "timeout" if exc.timed_out else "crashed", "error": str(exc),
+                      "signal": exc.signal_number}
+        return self.journal.append({"kind": "bench", "id": cand.id, "stage": stage, "runs": runs,
+                                    "status": result.get("status"), "error": result.get("error"),
+                                    "signal": result.get("signal"),
+                                    "samples_s": (result.get("samples_s") or {}).get(cand.id, [])})
+
+    def rank(self, key: str, data: dict[str, Any], timeout: float, *, affordable: bool = True) -> list[dict[str, Any]]:
+        """A model's per-layer dynamic INT8 sensitivity (``passes.sensitivity``); [] when it may not run."""
+        record = self.journal.get("rank", key)
+        if record is None:
+            if self.replay_only or not affordable:
+                return []
+            try:
+                result = self.worker.request("rank", data, timeout)
+            except WorkerCrash as exc:
+                result = {"status": "crashed", "error": str(exc)}
+            record = self.journal.append({"kind": "rank", "id": key, **data, "status": result.get("status"),
+                                          "error": result.get("error"), "ranking": result.get("ranking") or []})
+        return list(record.get("ranking") or [])
+
+    def final(self, finalists: list[Candidate], plan: Callable[[], tuple[int, int, float]]) -> dict[str, Any] | None:
+        """The finalists timed round-robin in one process; ``plan()``: (runs, rounds, timeout), asked only when
+        it runs. None when replaying an ended search without one, or with a single finalist."""
+        record = self.journal.get("final", "", "final")
+        if record is not None or self.replay_only or len(finalists) < 2:
+            return record
+        runs, rounds, timeout = plan()
+        try:
+            result = self.worker.request("bench", {"candidates": [c.to_dict() for c in finalists], "runs": runs,
+                                                   "rounds": rounds, "warmup": 2}, timeout)
+        except WorkerCrash as exc:
+            result = {"status": "crashed", "error": str(exc)}
+        return self.journal.append({"kind": "final", "stage": "final", "ids": [c.id for c in finalists], **result})
+
+
+__all__ = ["StepRunner"]

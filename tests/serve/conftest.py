@@ -1,0 +1,72 @@
+"""Fixtures for tests/serve: one local Ray instance for the session, a tuned profile, servers by PID.
+
+Every ``ortpilot serve`` a test starts is a real process joining the session's Ray instance with
+``--address`` (one Ray start instead of one per server), listening on 127.0.0.1 on a free port;
+it is stopped with SIGTERM by its PID before the test (or module) ends, and must exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from serve_procs import RAY_ENV, Server, free_port  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> Iterator[str]:
+    """A local one-node Ray instance (2 CPUs, no dashboard) shared by every serve test; stopped at the end."""
+    for key, value in RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={"num_cpus": 2, "include_dashboard": False, "node_ip_address": "127.0.0.1"})
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tuned_encoder(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str, Path]) -> Path:
+    """A real tune output of the demo encoder (short budget), its folder."""
+    from ortpilot.tune import tune
+
+    out = tmp_path_factory.mktemp("tuned") / "encoder"
+    tune(str(demo_paths["encoder"]), out, budget_s=15, quantize=False)
+    return out
+
+
+def _starter(folder: Path) -> tuple:
+    started: list[Server] = []
+
+    def start(*args: str, timeout: float = 240.0) -> Server:
+        server = Server(list(args), free_port(), folder / f"serve-{len(started)}.err", timeout)
+        started.append(server)
+        return server
+
+    return start, started
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator:
+    """``start_server(args...)`` -> a running Server; every one it started is stopped after the test."""
+    start, started = _starter(tmp_path)
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def start_module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """The same for servers a whole test module shares."""
+    start, started = _starter(tmp_path_factory.mktemp("serve"))
+    yield start
+    for server in started:
+        server.stop()

@@ -1,0 +1,73 @@
+"""An ``ortpilot serve`` process for the serve tests: started on a free 127.0.0.1 port, stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+# Lean Ray on loopback only: no usage stats, access lines not deduplicated, and Ray's single-machine
+# mode (without it Ray rewrites 127.0.0.1 to this machine's network address when joining).
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "PYTHONUNBUFFERED": "1"}
+READY = re.compile(r"^[\w.-]+: \d+ replicas? ready on ")
+CLI = [sys.executable, "-m", "ortpilot.cli.main"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """An ``ortpilot serve`` process: its URL, the ready lines it printed, its stderr so far."""
+
+    def __init__(self, args: list[str], port: int, log: Path, timeout: float = 240.0) -> None:
+        self.port = port
+        self.url = f"127.0.0.1:{port}"
+        self.log = log
+        self._err = open(log, "wb")
+        env = {**os.environ, **RAY_ENV}
+        self.proc = subprocess.Popen([*CLI, "serve", *args, "--port", str(port)], stdout=subprocess.PIPE,
+                                     stderr=self._err, env=env)
+        self.ready: list[str] = []
+        self._lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self._lines:
+                break
+            time.sleep(0.2)
+        self.ready = list(self._lines)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:  # Ray forwards its own log lines here too: keep the ready lines
+            line = raw.decode(errors="replace").rstrip("\n")
+            if READY.match(line):
+                self._lines.append(line)
+
+    @property
+    def stderr(self) -> str:
+        self._err.flush()
+        return self.log.read_text(errors="replace")
+
+    def stop(self, timeout: float = 90.0) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        self._err.close()
+        return self.proc.returncode
+
+

@@ -1,0 +1,112 @@
+"""The serve package's plain parts, without a running server: the protocol codec, options, the
+KubeRay manifest, and that only the serve modules import Ray."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from ortpilot.errors import InputError, UsageError, VerificationError
+from ortpilot.serve.options import ServeOptions, parse_autoscale, resolve_models
+from ortpilot.serve.tensors import decode_request, encode_response, tensor_metadata
+
+
+def test_binary_and_json_tensors_decode_to_the_same_arrays_and_encode_back():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ids = np.array([[1, 2]], dtype=np.int64)
+    head = json.dumps({"inputs": [
+        {"name": "x", "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}},
+        {"name": "ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]}],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    req = decode_request(head + x.tobytes(), len(head))
+    assert req.feeds["x"].tobytes() == x.tobytes() and req.feeds["ids"].tobytes() == ids.tobytes()
+    assert req.outputs == ["y"] and req.binary_outputs == {"y"}
+    body, length = encode_response("m", {"y": x, "z": ids}, {"y"})
+    doc = json.loads(body[:length])
+    assert body[length:] == x.tobytes()
+    assert doc["outputs"][0]["parameters"]["binary_data_size"] == x.nbytes and doc["outputs"][1]["data"] == [1, 2]
+
+
+@pytest.mark.parametrize("body, header, message", [
+    (b"\xff\xfe", None, "not valid JSON"),
+    (b'{"inputs": 3}', None, 'no "inputs" list'),
+    (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP99", "data": [1, 2]}]}', None, "FP99"),
+    (b'{"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}', None, "non-negative"),
+    (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "INT64", "data": ["a", "b"]}]}', None, "cannot be read"),
+    (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]}',
+     None, "binary_data_size"),
+    (b'{"inputs": []}', 99, "Inference-Header-Content-Length is 99"),
+])
+def test_undecodable_requests_are_input_errors_naming_the_problem(body, header, message):
+    with pytest.raises(InputError, match=message):
+        decode_request(body, header)
+
+
+def test_metadata_uses_the_exports_datatypes_and_the_batch_rule(demo_paths):
+    from ortpilot.modelio import load_model
+
+    inputs, outputs, batch = tensor_metadata(load_model(demo_paths["encoder"]))
+    assert {i["datatype"] for i in inputs} == {"INT64"} and outputs[0]["datatype"] == "FP32"
+    assert all(i["shape"][0] == -1 for i in inputs) and batch
+
+
+def test_options_and_model_names(tmp_path, demo_paths):
+    assert parse_autoscale("1:4") == (1, 4)
+    with pytest.raises(UsageError, match="MIN:MAX"):
+        parse_autoscale("4")
+    with pytest.raises(UsageError, match="1 <= MIN <= MAX"):
+        ServeOptions(autoscale=(3, 1))
+    with pytest.raises(UsageError, match="one per"):
+        resolve_models(["demo:mlp", "demo:cnn"], ["a"])
+    with pytest.raises(UsageError, match="served as 'mlp'"):
+        resolve_models(["demo:mlp", str(demo_paths["mlp"])], ["mlp", "mlp"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="without profile.json"):
+        resolve_models([str(tmp_path / "empty")])
+    assert ServeOptions().replica_cpus(models=1, budget=2) == 2.0
+    assert ServeOptions(replicas=2).replica_cpus(models=1, budget=2) == 1.0
+
+
+def test_rayservice_manifest_round_trips_and_checks_kuberays_fields(tmp_path, demo_paths):
+    from ortpilot.serve.rayservice import BUILDER, check_manifest, write_rayservice
+
+    specs = resolve_models(["demo:encoder", "demo:mlp"], ["enc", "mlp"])
+    options = ServeOptions(autoscale=(1, 3), cpus_per_replica=1, max_batch=8)
+    path = write_rayservice(tmp_path / "rayservice.yaml", specs, options, port=8000)
+    doc = yaml.safe_load(path.read_text())
+    assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayService"
+    serve_config = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    app = serve_config["applications"][0]
+    assert app["import_path"] == BUILDER and app["route_prefix"] == "/"
+    assert app["args"]["names"] == ["enc", "mlp"] and app["args"]["autoscale"] == "1:3"
+    workers = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    assert (workers["minReplicas"], workers["replicas"], workers["maxReplicas"]) == (2, 2, 6)
+    assert workers["rayStartParams"] == {"num-cpus": "1"}
+    doc["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = 0
+    broken = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    del broken["applications"][0]["import_path"]
+    doc["spec"]["serveConfigV2"] = yaml.safe_dump(broken)
+    with pytest.raises(VerificationError, match="map\\[string\\]string.*not a valid Serve config"):
+        check_manifest(yaml.safe_dump(doc))
+
+
+def test_the_builder_and_the_library_give_a_ray_serve_application(demo_paths):
+    from ray.serve import Application
+
+    import ortpilot.serve
+    from ortpilot.serve.app import build
+
+    assert isinstance(ortpilot.serve.deployment("demo:mlp", replicas=2), Application)
+    assert isinstance(build({"profiles": [str(demo_paths["mlp"])], "names": ["m"], "autoscale": "1:2"}), Application)
+
+
+def test_only_the_serve_modules_import_ray():
+    code = ("import sys, ortpilot, ortpilot.serve, ortpilot.serve.options, ortpilot.tune, ortpilot.cli.main; "
+            "print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
