@@ -19,13 +19,19 @@ from ortpilot.session import load as load_verified
 
 
 def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Any = None, policy: str = "warn",
-         **kwargs: Any) -> VerifiedSession:
+         *, model_file: str | None = None, **kwargs: Any) -> VerifiedSession:
     """``ortpilot.load``: the verified session, plus rebuild-on-mismatch for stamped artifacts.
 
-    The session layer refuses an offline-optimized model stamped for another EP or ORT; when the
-    stamp names a source model that still exists unchanged, the passes layer rebuilds it for
-    what is in use (logged) and the rebuilt model is loaded instead.
+    ``model`` may be a model folder (optimum export, Hugging Face ``onnx/``, onnxruntime-genai):
+    its model file is used, ``model_file`` choosing among several. The session layer refuses an
+    offline-optimized model stamped for another EP or ORT; when the stamp names a source model
+    that still exists unchanged, the passes layer rebuilds it for what is in use (logged) and the
+    rebuilt model is loaded instead.
     """
+    if isinstance(model, (str, os.PathLike)) and (model_file is not None or os.path.isdir(model)):
+        from ortpilot.data import model_path_of
+
+        model = model_path_of(model, model_file)
     try:
         return load_verified(model, providers, policy, **kwargs)
     except StampMismatchError:

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    MODEL_FILE_OPTION,
     ISOLATE_HELP,
     PROVIDER_HELP,
     SHAPE_HELP,
@@ -164,6 +165,7 @@ def _warmup_arg(text: str) -> int | str:
 
 
 @click.command("bench")
+@MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("--warmup", default="auto", show_default=True,
               help="Warm-up runs before timing, or 'auto': until the rolling median settles.")

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    MODEL_FILE_OPTION,
     ISOLATE_HELP,
     PROVIDER_HELP,
     SHAPE_HELP,
@@ -23,6 +24,7 @@ from ortpilot.cli.cmd_optimize import _num
 
 
 @click.command("compare")
+@MODEL_FILE_OPTION
 @click.argument("model")
 @click.argument("model_b", required=False)
 @click.option("-p", "--provider", "providers", multiple=True,

@@ -9,6 +9,7 @@ import click
 from rich.markup import escape
 
 from ortpilot.cli.common import (
+    MODEL_FILE_OPTION,
     ISOLATE_HELP,
     PROVIDER_HELP,
     emit_json,
@@ -32,6 +33,7 @@ def _prompt_ids(text: str) -> list[int]:
 
 
 @click.command("generate")
+@MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
 @click.option("--prompt", help="Prompt text (needs --tokenizer).")

@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    MODEL_FILE_OPTION,
     ISOLATE_HELP,
     PROVIDER_HELP,
     SHAPE_HELP,
@@ -19,6 +20,7 @@ from ortpilot.cli.common import (
 
 
 @click.command("inspect")
+@MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
 @click.option("-p", "--provider", "providers", multiple=True,

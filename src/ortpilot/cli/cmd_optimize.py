@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    MODEL_FILE_OPTION,
     ISOLATE_HELP,
     PROVIDER_HELP,
     emit_json,
@@ -21,6 +22,7 @@ from ortpilot.cli.common import (
 
 
 @click.command("optimize")
+@MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("-o", "--output", required=True, help="Where to write the optimized model (.onnx).")
 @click.option("--level", type=click.Choice(["disable", "basic", "extended", "layout", "all"]), default="all",

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    MODEL_FILE_OPTION,
     ISOLATE_HELP,
     SHAPE_HELP,
     emit_json,
@@ -23,6 +24,7 @@ from ortpilot.cli.cmd_optimize import render_record
 
 
 @click.command("quantize")
+@MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("-o", "--output", required=True, help="Where to write the quantized model (.onnx).")
 @click.option("--mode", type=click.Choice(["dynamic", "static", "qdq", "full", "int4", "int8-weights"]), required=True,

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    MODEL_FILE_OPTION,
     PROVIDER_HELP,
     SHAPE_HELP,
     emit_json,
@@ -21,6 +22,7 @@ from ortpilot.cli.common import (
 
 
 @click.command("run")
+@MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("--policy", type=click.Choice(["strict", "warn", "allow"]), default="warn", show_default=True,

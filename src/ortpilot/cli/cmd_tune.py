@@ -7,6 +7,7 @@ import click
 from rich.markup import escape
 
 from ortpilot.cli.common import (
+    MODEL_FILE_OPTION,
     PROVIDER_HELP,
     SHAPE_HELP,
     emit_json,
@@ -24,6 +25,7 @@ MODEL_BUDGET_S = 300.0
 @click.command(help="Search providers x levels x fusion x INT8 x threads x IOBinding for the fastest configuration "
                     "that passes the accuracy gate, and write the winning model, profile.json, report.html and "
                     "report.md to OUTDIR. Without MODEL, tunes the built-in demo encoder.")
+@MODEL_FILE_OPTION
 @click.argument("model", required=False)
 @click.option("-o", "--out", "out_dir", default="ortpilot-out", show_default=True, help="Output folder.")
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)

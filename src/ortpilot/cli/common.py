@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -114,12 +115,31 @@ def parse_kv_list(items: tuple[str, ...]) -> dict[str, str]:
 
 
 def resolve_model_arg(text: str) -> str:
-    """``demo:NAME`` means a built-in demo model (built on first use); anything else is a path."""
+    """``demo:NAME`` means a built-in demo model (built on first use); a folder means the model file
+    it holds (``data.folder``: optimum, Hugging Face ``onnx/``, onnxruntime-genai layouts; the
+    command's ``--model-file`` chooses among several); anything else is a path."""
     if text.startswith("demo:"):
         from ortpilot.models import demo_model_path
 
         return str(demo_model_path(text.split(":", 1)[1]))
+    ctx = click.get_current_context(silent=True)
+    model_file = ctx.meta.get("ortpilot.model_file") if ctx is not None else None
+    if model_file is not None or os.path.isdir(text):
+        from ortpilot.data import model_path_of
+
+        return str(model_path_of(text, model_file))
     return text
+
+
+def _remember_model_file(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.meta["ortpilot.model_file"] = value
+
+
+# MODEL may be a folder: this picks the model file when it holds several (docs/concepts/model-folders.md).
+MODEL_FILE_OPTION = click.option("--model-file", default=None, expose_value=False, callback=_remember_model_file,
+                                 is_eager=True, help="With MODEL a folder holding several .onnx files: the one to "
+                                 "use (a name in the folder or its onnx/ subfolder).")
 
 
 ISOLATE_HELP = ("Create each model's session in a child process first: if ORT crashes or hangs on the model, "

@@ -333,6 +333,10 @@ def _model_path(model: str | os.PathLike | None) -> Path:
         from ortpilot.models import demo_model_path
 
         return demo_model_path(text.split(":", 1)[1])
+    if Path(text).is_dir():  # a model folder: its model file (data.folder)
+        from ortpilot.data import model_path_of
+
+        return model_path_of(text)
     return Path(text)
 
 

@@ -1,0 +1,122 @@
+"""Sentences through a tokenizer.json and pictures through a preprocessor config, into model feeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from folders import SENTENCES, image_folder, sentence_folder, word_tokenizer, write_images
+
+from ortpilot.data import ImagePreprocess, image_samples, load_tokenizer, real_data, resolve_model_folder, text_samples
+from ortpilot.errors import UsageError
+from ortpilot.graph.shapes import graph_inputs
+from ortpilot.modelio import load_model
+from ortpilot.session import load
+
+
+@pytest.fixture
+def encoder_inputs(demo_paths):
+    return graph_inputs(load_model(demo_paths["encoder"]))
+
+
+def test_lines_are_padded_to_the_longest_with_masks_and_type_ids_and_run(tmp_path, demo_paths, encoder_inputs):
+    text = tmp_path / "s.txt"
+    text.write_text("\n".join(SENTENCES[:4]) + "\n\n")
+    tok = load_tokenizer(word_tokenizer(tmp_path / "tokenizer.json"))
+    samples, notes = text_samples(text, tok, encoder_inputs)
+    longest = max(len(tok.encode(s).ids) for s in SENTENCES[:4])
+    assert len(samples) == 4 and not notes
+    for sample, sentence in zip(samples, SENTENCES[:4]):
+        ids = tok.encode(sentence).ids
+        assert sample["input_ids"].shape == (1, longest) and sample["input_ids"].dtype == np.int64
+        assert sample["input_ids"][0, : len(ids)].tolist() == ids and sample["input_ids"][0, 0] == 2  # [CLS]
+        assert sample["attention_mask"][0].tolist() == [1] * len(ids) + [0] * (longest - len(ids))
+        assert set(sample["token_type_ids"].ravel()) == {0}
+    out = load(str(demo_paths["encoder"])).run(None, samples[0])[0]
+    assert out.shape == (1, longest, 128) and np.isfinite(out).all()
+
+
+def test_shape_fixes_the_length_and_long_lines_are_truncated_with_a_note(tmp_path, encoder_inputs):
+    text = tmp_path / "s.txt"
+    text.write_text("\n".join(SENTENCES[:3]))
+    tok = load_tokenizer(word_tokenizer(tmp_path / "tokenizer.json"))
+    samples, notes = text_samples(text, tok, encoder_inputs, shapes={"sequence": (5,)})
+    assert all(s["input_ids"].shape == (1, 5) for s in samples) and "truncated" in notes[0]
+    samples, _ = text_samples(text, tok, encoder_inputs, max_positions=4)
+    assert all(s["input_ids"].shape == (1, 4) for s in samples)
+    with pytest.raises(UsageError, match="position limit is 4"):
+        text_samples(text, tok, encoder_inputs, shapes={"input_ids": (1, 9)}, max_positions=4)
+
+
+@pytest.mark.parametrize("content,message", [(b"", "holds no text"), (b"\n  \n", "holds no text"),
+                                             (b"ok\n\xff\xfe bad\n", "not UTF-8 \\(line 2")])
+def test_empty_or_undecodable_text_is_refused_naming_the_file(tmp_path, encoder_inputs, content, message):
+    text = tmp_path / "s.txt"
+    text.write_bytes(content)
+    tok = load_tokenizer(word_tokenizer(tmp_path / "tokenizer.json"))
+    with pytest.raises(UsageError, match=message):
+        text_samples(text, tok, encoder_inputs)
+
+
+def test_text_cannot_feed_a_model_without_token_inputs(tmp_path, demo_paths):
+    text = tmp_path / "s.txt"
+    text.write_text("the cat\n")
+    tok = load_tokenizer(word_tokenizer(tmp_path / "tokenizer.json"))
+    with pytest.raises(UsageError, match="'x'|x cannot come from text"):
+        text_samples(text, tok, graph_inputs(load_model(demo_paths["mlp"])))
+
+
+def test_images_follow_the_preprocessor_config_and_run_on_the_cnn(tmp_path, demo_paths):
+    root = image_folder(tmp_path / "cnn", demo_paths["cnn"])
+    pics = write_images(tmp_path / "pics", n=6)
+    folder = resolve_model_folder(root)
+    spec = real_data(images=pics, folder=folder)
+    samples, notes = spec.samples(graph_inputs(load_model(folder.model_file)))
+    assert len(samples) == 6 and "32x32 NCHW" in notes[0]
+    x = samples[0]["image"]
+    assert x.shape == (1, 3, 32, 32) and x.dtype == np.float32
+    # normalized as the config says: (pixel / 255 - 0.5) / 0.25 lies in [-2, 2]
+    assert x.min() >= -2.0 - 1e-6 and x.max() <= 2.0 + 1e-6 and x.std() > 0.1
+    assert spec.source.kind == "images" and len(spec.source.sha256) == 64
+    assert load(str(folder.model_file)).run(None, samples[0])[0].shape == (1, 10)
+
+
+def test_shortest_edge_and_center_crop_and_arguments_for_a_bare_cnn(tmp_path, demo_paths):
+    pics = write_images(tmp_path / "pics", n=2, size=(80, 50))
+    inputs = graph_inputs(load_model(demo_paths["cnn"]))
+    prep = ImagePreprocess.from_config({"size": {"shortest_edge": 32}, "do_center_crop": True,
+                                        "crop_size": {"height": 32, "width": 32}, "image_mean": [0.5] * 3,
+                                        "image_std": [0.5] * 3})
+    samples, _ = image_samples(pics, prep, inputs)
+    assert samples[0]["image"].shape == (1, 3, 32, 32)
+    samples, _ = image_samples(pics, ImagePreprocess.from_args("32", "0.4,0.4,0.4", "0.2,0.2,0.2"), inputs)
+    assert samples[1]["image"].shape == (1, 3, 32, 32)
+    with pytest.raises(UsageError, match="takes 32x32 images, but the preprocessing .* makes 64x64"):
+        image_samples(pics, ImagePreprocess.from_args("64"), inputs)
+    with pytest.raises(UsageError, match="--image-size must be HxW"):
+        ImagePreprocess.from_args("big")
+
+
+def test_an_undecodable_image_is_refused_by_name_and_an_empty_folder_too(tmp_path, demo_paths):
+    pics = write_images(tmp_path / "pics", n=2)
+    (pics / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    inputs = graph_inputs(load_model(demo_paths["cnn"]))
+    with pytest.raises(UsageError, match="Image '.*broken.jpg' cannot be decoded"):
+        image_samples(pics, ImagePreprocess.from_args("32"), inputs)
+    (tmp_path / "none").mkdir()
+    with pytest.raises(UsageError, match="holds no .jpg, .png or .webp"):
+        image_samples(tmp_path / "none", ImagePreprocess.from_args("32"), inputs)
+
+
+def test_real_data_takes_the_tokenizer_and_limit_from_the_folder(tmp_path, demo_paths):
+    root = sentence_folder(tmp_path / "m", demo_paths["encoder"])
+    text = tmp_path / "s.txt"
+    text.write_text("the cat\n")
+    spec = real_data(text=text, folder=resolve_model_folder(root))
+    assert spec.tokenizer == root / "tokenizer.json" and spec.max_positions == 512
+    assert spec.source.describe(1) == {"source": "text", "samples": 1, "path": str(text), "sha256": spec.source.sha256}
+    with pytest.raises(UsageError, match="needs a tokenizer"):
+        real_data(text=text)
+    with pytest.raises(UsageError, match="not both"):
+        real_data(text=text, images=tmp_path)
+    with pytest.raises(UsageError, match="needs to know how to preprocess"):
+        real_data(images=tmp_path)
