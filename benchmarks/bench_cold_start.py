@@ -24,7 +24,7 @@ from _prep import package_file
 from ortpilot.graph.feeds import make_feeds
 from ortpilot.models import demo_model_path
 from ortpilot.session import SessionSettings, load
-from ortpilot.tune.optimized import loading_settings, write_optimized_model
+from ortpilot.tuning.optimized import loading_settings, write_optimized_model
 
 ROOT = Path(__file__).resolve().parent
 

@@ -43,7 +43,7 @@ from _prep import tune_bench_parser
 
 from ortpilot.measure.interleave import BenchConfig
 from ortpilot.session import SessionSettings
-from ortpilot.tune.space import physical_cores
+from ortpilot.tuning.space import physical_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 OLIVE_PY = ROOT / ".venv-olive" / "bin" / "python"

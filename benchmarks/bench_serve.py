@@ -60,7 +60,7 @@ def profile_for(name: str, model: str) -> Path:
     """A real tune output for the model (kept in benchmarks/out/serve/ and reused)."""
     out = OUT / name.replace(" ", "-")
     if not (out / "profile.json").is_file():
-        from ortpilot.tune import tune
+        from ortpilot.tuning import tune
 
         print(f"[bench_serve] tuning {name} (budget 20 s) into {out}", flush=True)
         tune(None if model == "demo:encoder" else model, out, budget_s=20, quantize=False)

@@ -31,9 +31,8 @@ from _prep import package_file, tune_bench_parser, write_json
 
 import ortpilot
 from ortpilot.graph.feeds import make_feeds, plan_feeds
-from ortpilot.measure.bench import bench_interleaved
 from ortpilot.measure.compare import choose_metric, metric_error
-from ortpilot.measure.interleave import BenchConfig
+from ortpilot.measure.interleave import BenchConfig, bench_interleaved
 from ortpilot.modelio import load_model
 from ortpilot.session import load
 
@@ -89,7 +88,7 @@ def available(name: str) -> bool:
 
 def timing_feeds(profile: dict[str, Any]) -> dict[str, np.ndarray]:
     """The tuner's own held-out sample (regenerated from the source model): every config runs on it."""
-    from ortpilot.tune.tune import reference_feeds
+    from ortpilot.tuning.reference import reference_feeds
 
     return reference_feeds(profile)
 

@@ -21,19 +21,19 @@ from ortpilot.errors import (
 from ortpilot.api import load
 from ortpilot.session import SessionSettings, VerifiedSession
 
-__version__ = "0.1.0"
+from ortpilot.version import __version__
 
 
 def doctor(**kwargs: Any):
     """Inspect this environment: ORT distributions, providers, plugin EPs, GPU libraries, CPU ISA."""
-    from ortpilot.providers.doctor import run_doctor
+    from ortpilot.session.probe import run_doctor
 
     return run_doctor(**kwargs)
 
 
 def tune(model: str | None = None, out_dir: str = "ortpilot-out", budget_s: float = 300, **kwargs: Any):
     """Search for the fastest configuration that passes the accuracy gate; write a profile."""
-    from ortpilot.tune import tune as _tune
+    from ortpilot.tuning import tune as _tune
 
     return _tune(model, out_dir=out_dir, budget_s=budget_s, **kwargs)
 
@@ -47,8 +47,8 @@ def load_profile(path: str, **kwargs: Any) -> VerifiedSession:
 
 def verify(profile: str, **kwargs: Any):
     """Re-verify a tune profile here (environment, machine, reference outputs; latency with
-    ``max_slowdown_pct``): what ``ortpilot verify`` runs. See ``ortpilot.tune.verify.verify_profile``."""
-    from ortpilot.tune.verify import verify_profile
+    ``max_slowdown_pct``): what ``ortpilot verify`` runs. See ``ortpilot.tuning.verify.verify_profile``."""
+    from ortpilot.tuning.verify import verify_profile
 
     return verify_profile(profile, **kwargs)
 
@@ -56,7 +56,7 @@ def verify(profile: str, **kwargs: Any):
 def probe(provider: str):
     """Build and run a tiny strict session on ``provider`` alone: the doctor's proof that it works here.
     Returns a ``ProbeResult`` (``status`` ok/failed/skipped, ``reason``)."""
-    from ortpilot.providers.doctor import probe_provider
+    from ortpilot.session.probe import probe_provider
     from ortpilot.providers.names import canonical_name
 
     return probe_provider(canonical_name(provider))

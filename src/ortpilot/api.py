@@ -38,7 +38,7 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Any = No
         if not isinstance(model, (str, os.PathLike)):
             raise
         from ortpilot.modelio import load_model
-        from ortpilot.passes.optimize import check_or_rebuild
+        from ortpilot.passes.rebuild import check_or_rebuild
         from ortpilot.providers import resolve_providers
 
         rebuilt = check_or_rebuild(load_model(model, load_external_data=False), resolve_providers(providers))
@@ -101,7 +101,7 @@ def inspect_model(model: str | os.PathLike, shapes: Sequence[str] = (), provider
     doc["graph_check"] = validity.to_dict()
     doc["unsupported_ops"] = []
     if check:
-        from ortpilot.providers.opsupport import unsupported_ops
+        from ortpilot.session.opsupport import unsupported_ops
 
         names = [s.name for s in resolve_providers(list(providers), apply_defaults=False)] if providers else None
         doc["unsupported_ops"] = [o.to_dict() for o in unsupported_ops(proto, path, names, shape_map or None)]

@@ -238,15 +238,3 @@ def set_ir_for_running_ort(model: onnx.ModelProto) -> onnx.ModelProto:
     if model.ir_version > limit:
         model.ir_version = max(limit, SAFE_IR_VERSION)
     return model
-
-
-def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
-    """Save atomically (temp file + fsync + rename), lowering the IR version if needed.
-
-    Models over 2 GB are written with external data next to them.
-    """
-    from ortpilot.artifacts.atomic import atomic_write_model, check_output_path
-
-    dest = check_output_path(path)  # a directory or an unwritable folder: UsageError, nothing written
-    set_ir_for_running_ort(model)
-    return atomic_write_model(model, dest)

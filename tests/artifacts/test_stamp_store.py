@@ -14,12 +14,14 @@ from click.testing import CliRunner
 from ortpilot.artifacts.stamp import check_stamp, make_stamp, read_stamp, stamp_problems, write_stamp
 from ortpilot.artifacts.store import ModelStore, cache_key
 from ortpilot.errors import StampMismatchError
-from ortpilot.modelio import file_sha256, save_model
+from ortpilot.modelio import file_sha256
+from ortpilot.artifacts.atomic import save_model
+from ortpilot.providers.names import resolve_providers
 
 
 def _stamped(model: onnx.ModelProto, provider: str, *, level: str = "all", source_path: str | None = None,
              ort_version: str | None = None) -> onnx.ModelProto:
-    stamp = make_stamp(source_sha256="0" * 64, providers=[provider], level=level, source_path=source_path,
+    stamp = make_stamp(source_sha256="0" * 64, providers=resolve_providers([provider]), level=level, source_path=source_path,
                        pass_name="optimize", ort_version=ort_version)
     return write_stamp(model, stamp)
 
@@ -31,20 +33,20 @@ def test_stamp_roundtrip_and_fields(demo_paths):
     for key in ("ort_version", "ort_distribution", "level", "source_sha256", "cpu", "gpu", "ortpilot_version"):
         assert key in stamp
     assert stamp["ep_specific"] is True
-    check_stamp(model, ["cpu"])  # same EP, same ORT: fine
+    check_stamp(model, resolve_providers(["cpu"]))  # same EP, same ORT: fine
 
 
 def test_stamp_mismatch_names_what_it_was_built_for(demo_paths):
     model = _stamped(onnx.load(demo_paths["mlp"]), "openvino")
     with pytest.raises(StampMismatchError) as err:
-        check_stamp(model, ["cpu"])
+        check_stamp(model, resolve_providers(["cpu"]))
     text = str(err.value)
     assert "OpenVINOExecutionProvider" in text and "CPUExecutionProvider" in text and "ortpilot optimize" in text
     assert err.value.exit_code == 1
     old = _stamped(onnx.load(demo_paths["mlp"]), "cpu", ort_version="1.0.0")
-    assert any("ORT 1.0.0" in p for p in stamp_problems(read_stamp(old), ["cpu"]))
+    assert any("ORT 1.0.0" in p for p in stamp_problems(read_stamp(old), resolve_providers(["cpu"])))
     basic = _stamped(onnx.load(demo_paths["mlp"]), "openvino", level="basic")
-    check_stamp(basic, ["cpu"])  # basic-level graphs are provider-independent
+    check_stamp(basic, resolve_providers(["cpu"]))  # basic-level graphs are provider-independent
 
 
 def test_loading_a_model_stamped_for_another_ep_is_refused(demo_paths, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ortpilot
-from ortpilot.tune import tune
+from ortpilot.tuning import tune
 
 
 def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ import ortpilot
 from ortpilot.export import export_triton
 from ortpilot.export.triton_session import backend_session, read_config, warmup_samples
 from ortpilot.modelio import file_sha256
-from ortpilot.tune.worker import _digest
+from ortpilot.tuning.reference import array_digest as _digest
 
 
 def _backend_outputs(model_dir):

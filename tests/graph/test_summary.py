@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ortpilot.graph.flops import total_flops
 from ortpilot.graph.summary import summarize
 from ortpilot.modelio import DEFAULT_OPSET, SAFE_IR_VERSION, load_model
-from ortpilot.providers.opsupport import kernel_gaps, unsupported_ops
+from ortpilot.session.opsupport import kernel_gaps, unsupported_ops
 
 
 def test_demo_cnn_summary_matches_the_graph(demo_paths):

@@ -11,7 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortpilot.modelio import load_model, save_model
+from ortpilot.modelio import load_model
+from ortpilot.artifacts.atomic import save_model
 
 CLI = [sys.executable, "-m", "ortpilot.cli.main", "bench"]
 

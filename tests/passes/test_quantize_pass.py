@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from ortpilot.cli.main import cli
 from ortpilot.errors import AccuracyGateError, InputError
-from ortpilot.modelio import save_model
+from ortpilot.artifacts.atomic import save_model
 from ortpilot.passes.calibration import (
     SyntheticCalibrationWarning,
     load_calibration,

@@ -17,10 +17,10 @@ from ortpilot.passes.weight_only import (
     WeightOnlyPass,
     find_targets,
     layer_groups,
-    quantize_weight_only,
     weight_bytes,
     weight_only_summary,
 )
+from ortpilot.passes.weight_only_fused import quantize_weight_only
 
 LAYERS = 2
 WEIGHT_MATMULS = LAYERS * 7 + 1  # q k v o gate up down per layer, plus lm_head

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from ortpilot.providers.cpuisa import read_cpu_isa
-from ortpilot.providers.doctor import probe_provider, run_doctor
+from ortpilot.session.probe import probe_provider, run_doctor
 from ortpilot.providers.gpulibs import GpuEnvironment, LibraryHit, library_mismatches
 from ortpilot.providers.ortdists import find_ort_distributions
 

@@ -314,7 +314,7 @@ def test_journal_strategy_edits_real_records(tuned_journal: tuple[Path, list[dic
 def test_fuzz_journal_records(tuned_journal: tuple[Path, list[dict]], tmp_path: Path, data: st.DataObject) -> None:
     """Reading a hostile journal: its records, or a UsageError naming a line; never another exception."""
     from ortpilot.errors import UsageError
-    from ortpilot.tune.journal import Journal
+    from ortpilot.tuning.journal import Journal
 
     path = tmp_path / "journal.jsonl"
     path.write_bytes(data.draw(journal_texts(tuned_journal[1], str(tmp_path / "victim.txt"))))

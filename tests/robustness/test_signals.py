@@ -22,7 +22,7 @@ from leftovers import stray_entries
 
 from ortpilot.childproc import child_process, spawn, stop
 from ortpilot.session.isolate import CRASH_ENV
-from ortpilot.tune.worker import CRASH_ENV as TUNE_HOOK
+from ortpilot.tuning.worker import CRASH_ENV as TUNE_HOOK
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, uses Linux signals")
 

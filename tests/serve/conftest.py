@@ -36,7 +36,7 @@ def ray_address() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def tuned_encoder(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str, Path]) -> Path:
     """A real tune output of the demo encoder (short budget), its folder."""
-    from ortpilot.tune import tune
+    from ortpilot.tuning import tune
 
     out = tmp_path_factory.mktemp("tuned") / "encoder"
     tune(str(demo_paths["encoder"]), out, budget_s=15, quantize=False)

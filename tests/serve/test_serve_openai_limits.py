@@ -22,7 +22,7 @@ SLOW_TOKENS = 600
 
 @pytest.fixture(scope="module")
 def slow_server(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAIServer]:
-    from ortpilot.modelio import save_model
+    from ortpilot.artifacts.atomic import save_model
 
     folder = tmp_path_factory.mktemp("slow")
     save_model(make_decoder(layers=6, hidden=384, heads=6, kv_heads=2), folder / "slow.onnx")

@@ -106,7 +106,7 @@ def test_the_builder_and_the_library_give_a_ray_serve_application(demo_paths):
 
 
 def test_only_the_serve_modules_import_ray():
-    code = ("import sys, ortpilot, ortpilot.serve, ortpilot.serve.options, ortpilot.tune, ortpilot.cli.main; "
+    code = ("import sys, ortpilot, ortpilot.serve, ortpilot.serve.options, ortpilot.tuning, ortpilot.cli.main; "
             "print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr

@@ -29,6 +29,7 @@ import onnx
 from ortpilot.artifacts.oserrors import fix_for, storage_errors
 from ortpilot.artifacts.scratch import LOCK_NAME, scratch_dir
 from ortpilot.errors import StorageError, UsageError
+from ortpilot.modelio import set_ir_for_running_ort
 
 _TWO_GB = 2**31 - 1
 TEMP_SUFFIX = ".tmp"
@@ -245,3 +246,13 @@ def atomic_write_model(model: onnx.ModelProto, path: Path) -> Path:
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return path
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+    """Save atomically (temp file + fsync + rename), lowering the IR version if needed.
+
+    Models over 2 GB are written with external data next to them.
+    """
+    dest = check_output_path(path)  # a directory or an unwritable folder: UsageError, nothing written
+    set_ir_for_running_ort(model)
+    return atomic_write_model(model, dest)

@@ -34,7 +34,7 @@ class OrtVersionWarning(UserWarning):
 
 
 def ortpilot_version() -> str:
-    from ortpilot import __version__
+    from ortpilot.version import __version__
 
     return __version__
 

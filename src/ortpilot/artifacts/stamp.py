@@ -68,13 +68,9 @@ def ort_distribution() -> str:
 
 
 def _providers_list(providers: Sequence[Any] | None) -> list[dict[str, Any]]:
-    """Provider dicts; resolved ProviderSpecs pass through, user spellings are resolved."""
-    items = list(providers) if providers else []
-    if items and all(hasattr(p, "to_dict") for p in items):
-        return [p.to_dict() for p in items]
-    from ortpilot.providers.names import resolve_providers  # only for user spellings like "cpu"
-
-    return [spec.to_dict() for spec in resolve_providers(items or None)]
+    """Provider dicts of resolved providers (``ProviderSpec`` or their dicts): the caller resolves user
+    spellings (``providers.names.resolve_providers``), which live a layer above this one."""
+    return [p.to_dict() if hasattr(p, "to_dict") else dict(p) for p in providers or ()]
 
 
 def make_stamp(*, source_sha256: str, providers: Sequence[Any] | None = None, level: str | None = None,
@@ -83,7 +79,7 @@ def make_stamp(*, source_sha256: str, providers: Sequence[Any] | None = None, le
     """Build a stamp. ``ep_specific`` defaults to True for extended/layout/all levels."""
     import onnxruntime as ort
 
-    from ortpilot import __version__
+    from ortpilot.version import __version__
 
     specs = _providers_list(providers)
     return {

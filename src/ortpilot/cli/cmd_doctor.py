@@ -21,7 +21,7 @@ def command(as_json: bool, no_probe: bool) -> None:
     Exits 1 when an error is found (clashing ORT distributions, ORT not importable, the CPU
     probe failing), else 0; warnings do not change the exit code.
     """
-    from ortpilot.providers.doctor import run_doctor
+    from ortpilot.session.probe import run_doctor
 
     report = run_doctor(probe=not no_probe)
     if as_json:

@@ -46,7 +46,7 @@ MODEL_BUDGET_S = 300.0
 def command(model: str | None, out_dir: str, shapes: tuple[str, ...], budget: float | None, objective: str,
             max_error: float | None, metric: str | None, calibration: str | None, providers: tuple[str, ...],
             no_quantize: bool, resume: bool, as_json: bool) -> None:
-    from ortpilot.tune import tune
+    from ortpilot.tuning import tune
 
     budget_s = budget if budget is not None else (DEMO_BUDGET_S if model is None else MODEL_BUDGET_S)
     target = resolve_model_arg(model) if model else None
@@ -71,7 +71,7 @@ def _kept(out_dir: str) -> str:
     """What an interrupted tune leaves: its journal (resumable) or, before the first measurement, nothing."""
     from pathlib import Path
 
-    from ortpilot.tune.journal import JOURNAL_NAME
+    from ortpilot.tuning.journal import JOURNAL_NAME
 
     if (Path(out_dir) / JOURNAL_NAME).is_file():
         return (f"the journal in {out_dir}/ keeps every finished candidate; run the same command with --resume "
@@ -101,7 +101,7 @@ class _ProgressView:
     def stop(self) -> None:
         self.progress.stop()
 
-    def update(self, p) -> None:  # noqa: ANN001 - ortpilot.tune.search.Progress
+    def update(self, p) -> None:  # noqa: ANN001 - ortpilot.tuning.search.Progress
         best = escape(f"best: {p.best} {p.best_ms:.3f} ms") if p.best_ms is not None else ""
         self.progress.update(self.task, description=escape(p.phase), completed=p.done, total=p.total, best=best,
                              left=f"{p.time_left_s:.0f} s left")
@@ -110,7 +110,7 @@ class _ProgressView:
 def render_summary(doc: dict) -> None:
     from rich.table import Table
 
-    from ortpilot.tune.report import headline, ranked_candidates
+    from ortpilot.tuning.report import headline, ranked_candidates
 
     stderr.print(escape("Accuracy metric per output: " + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items())
                         + f" (max error {doc['max_error']:g})"), highlight=False)

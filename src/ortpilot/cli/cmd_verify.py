@@ -26,7 +26,7 @@ def command(profiles: tuple[str, ...], accept_machine: bool, max_slowdown: str |
     placement (strict), the machine it was tuned on, and its reference outputs (bit for bit on the
     same kernels, within the tune's gate elsewhere). Exit 0 all hold, 1 a verification failed, 2 bad input."""
     from ortpilot.measure.regression import check_max_slowdown
-    from ortpilot.tune.verify import verify_profile
+    from ortpilot.tuning.verify import verify_profile
 
     pct = check_max_slowdown(max_slowdown) if max_slowdown is not None else None
     results = [verify_profile(path, accept_machine=accept_machine, max_slowdown_pct=pct, duration_s=duration)

@@ -299,8 +299,10 @@ def quantize_weight_only_gated(model: str | os.PathLike | onnx.ModelProto, out: 
     Returns a JSON-ready report; raises ``AccuracyGateError`` (exit 1) without writing when the
     gate fails.
     """
-    from ortpilot.modelio import load_model, save_model
-    from ortpilot.passes.weight_only import quantize_weight_only, weight_bytes, weight_only_nodes
+    from ortpilot.modelio import load_model
+    from ortpilot.artifacts.atomic import save_model
+    from ortpilot.passes.weight_only import weight_bytes, weight_only_nodes
+    from ortpilot.passes.weight_only_fused import quantize_weight_only
 
     source = model if isinstance(model, onnx.ModelProto) else load_model(model)
     gate = gate or GenerationGate()

@@ -26,16 +26,14 @@ from ortpilot.errors import UsageError, VerificationError
 from ortpilot.export import kserve
 from ortpilot.export.losses import Loss, losses_markdown
 from ortpilot.export.triton_backend import BACKEND_SOURCE, DEFAULT_MAX_BATCH
+from ortpilot.graph.tensors import TensorSpec, has_batch_dim, model_tensors
 from ortpilot.export.triton_config import (
     MODEL_FILE,
     VERSION_DIR,
     WARMUP_DIR,
-    TensorSpec,
     WarmupInput,
     build_config,
     check_config,
-    has_batch_dim,
-    model_tensors,
     parse_config,
     protobuf,
     render,
@@ -218,7 +216,7 @@ def _warmup_feeds(doc: dict[str, Any], proto: onnx.ModelProto,
         return None, {"source": "none", "note": "string inputs: ortpilot writes no warmup for them"}
     note = ""
     if doc.get("reference_outputs") and doc.get("source_model"):
-        from ortpilot.tune.tune import reference_feeds
+        from ortpilot.tuning.reference import reference_feeds
 
         try:
             return reference_feeds(doc), {"source": "reference", "note": "the tune's held-out reference inputs",

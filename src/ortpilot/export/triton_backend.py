@@ -81,14 +81,6 @@ SUPPORTED_PROVIDERS = (CPU, CUDA, TENSORRT, OPENVINO)
 GPU_PROVIDERS = (TENSORRT, CUDA)
 
 # ONNX element type -> Triton data type (the backend's OnnxDataTypeToModelConfigDataType).
-DATATYPES: dict[int, str] = {
-    onnx.TensorProto.BOOL: "TYPE_BOOL", onnx.TensorProto.UINT8: "TYPE_UINT8", onnx.TensorProto.UINT16: "TYPE_UINT16",
-    onnx.TensorProto.UINT32: "TYPE_UINT32", onnx.TensorProto.UINT64: "TYPE_UINT64", onnx.TensorProto.INT8: "TYPE_INT8",
-    onnx.TensorProto.INT16: "TYPE_INT16", onnx.TensorProto.INT32: "TYPE_INT32", onnx.TensorProto.INT64: "TYPE_INT64",
-    onnx.TensorProto.BFLOAT16: "TYPE_BF16", onnx.TensorProto.FLOAT16: "TYPE_FP16", onnx.TensorProto.FLOAT: "TYPE_FP32",
-    onnx.TensorProto.DOUBLE: "TYPE_FP64", onnx.TensorProto.STRING: "TYPE_STRING",
-}
-ONNX_TYPE_OF: dict[str, int] = {v: k for k, v in DATATYPES.items()}
 
 # The backend's default ``default-max-batch-size`` (what its auto-complete would fill in).
 DEFAULT_MAX_BATCH = 4

@@ -22,31 +22,19 @@ from ortpilot.export.triton_backend import (
     BACKEND,
     BACKEND_SOURCE,
     CPU_ACCELERATORS,
-    DATATYPES,
     GPU_ACCELERATORS,
     MODEL_PARAMETERS,
-    ONNX_TYPE_OF,
     PRECISION_MODES,
     TENSORRT_PARAMETERS,
     parses_as,
 )
 from ortpilot.export.triton_mapping import KIND_GPU, BackendSettings
-from ortpilot.graph.shapes import graph_inputs, is_batch_dim
+from ortpilot.graph.tensors import ONNX_TYPE_OF, TensorSpec
 
 WARMUP_DIR = "warmup"
 VERSION_DIR = "1"
 MODEL_FILE = "model.onnx"
 INSTALL_HINT = "pip install 'ortpilot[export]' (or: pip install 'tritonclient[grpc]')"
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One model input or output as Triton sees it: name, data type, dims (-1: dynamic)."""
-
-    name: str
-    data_type: str
-    dims: tuple[int, ...]
-    first_dim_batch: bool  # a dynamic first dim that may be Triton's batch dim
 
 
 def protobuf() -> tuple[Any, Any]:
@@ -58,43 +46,6 @@ def protobuf() -> tuple[Any, Any]:
         raise UsageError(f"Exporting to Triton needs tritonclient, whose protobuf classes parse and check the "
                          f"written config.pbtxt: {INSTALL_HINT}.") from None
     return model_config_pb2, text_format
-
-
-def model_tensors(model: onnx.ModelProto) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The model's inputs (initializers excluded) and outputs as Triton tensors."""
-    inputs = [TensorSpec(i.name, _datatype(i.name, i.elem_type), tuple(_dim(d) for d in i.dims),
-                         bool(i.dims) and isinstance(i.dims[0], str) and is_batch_dim(i.dims[0]))
-              for i in graph_inputs(model)]
-    outputs = list(model.graph.output)
-    if any(not o.type.tensor_type.HasField("shape") for o in outputs):
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        outputs = list(inferred.graph.output)
-    specs = []
-    for out in outputs:
-        ttype = out.type.tensor_type
-        if not ttype.HasField("shape"):
-            raise UsageError(f"Output '{out.name}' has no declared rank, even after shape inference; Triton's config "
-                             "needs its dims. Re-export the model with output shapes.")
-        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim)
-        specs.append(TensorSpec(out.name, _datatype(out.name, ttype.elem_type), dims, bool(dims) and dims[0] == -1))
-    return inputs, specs
-
-
-def _dim(d: int | str | None) -> int:
-    return d if isinstance(d, int) and d >= 0 else -1
-
-
-def _datatype(name: str, elem_type: int) -> str:
-    if elem_type not in DATATYPES:
-        raise UsageError(f"Tensor '{name}' has ONNX type {onnx.TensorProto.DataType.Name(elem_type)}, which Triton's "
-                         f"ONNX Runtime backend cannot pass (it takes {', '.join(sorted(DATATYPES.values()))}).")
-    return DATATYPES[elem_type]
-
-
-def has_batch_dim(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:
-    """Every input's first dim is dynamic and named like batch, and every output's first dim is
-    dynamic: then Triton's batch dim can take it (the backend's own test is that every first dim is -1)."""
-    return bool(inputs) and all(t.first_dim_batch for t in inputs) and all(t.first_dim_batch for t in outputs)
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,12 @@ import onnx
 import onnxruntime as ort
 
 from ortpilot.errors import ProviderError
+from ortpilot.graph.tensors import ONNX_TYPE_OF
 from ortpilot.export.triton_backend import (
     CPU,
     CUDA,
     CUDA_CODES,
     CUDA_MODEL_DEFAULTS,
-    ONNX_TYPE_OF,
     OPENVINO,
     ORT_LEVEL_OF,
     PRECISION_MODES,

@@ -573,9 +573,3 @@ def bench(model: Any, providers: Any = None, settings: SessionSettings | None = 
         result.roofline = roofline_for(runner.vs.model, result)
     return result
 
-
-def bench_interleaved(configs: Sequence[Any], **kwargs: Any):
-    """Benchmark several configurations A B A B ... in one process; see ``measure.interleave``."""
-    from ortpilot.measure.interleave import bench_interleaved as _impl
-
-    return _impl(configs, **kwargs)

@@ -30,7 +30,9 @@ from google.protobuf.message import EncodeError
 
 from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path
 from ortpilot.artifacts.stamp import make_stamp, write_stamp
-from ortpilot.modelio import file_sha256, load_model, save_model, set_ir_for_running_ort
+from ortpilot.modelio import file_sha256, load_model, set_ir_for_running_ort
+from ortpilot.artifacts.atomic import save_model
+from ortpilot.providers.names import resolve_providers
 
 log = logging.getLogger("ortpilot")
 ModelLike = str | os.PathLike | onnx.ModelProto
@@ -243,7 +245,8 @@ class Pass(abc.ABC):
         seconds = time.perf_counter() - start
         before, after = op_histogram(source.proto), op_histogram(outcome.model)
         diff = {op: after[op] - before[op] for op in sorted(set(before) | set(after)) if after[op] != before[op]}
-        stamp = make_stamp(source_sha256=source.sha256, providers=outcome.providers, level=outcome.level,
+        providers = outcome.providers if outcome.providers is not None else resolve_providers(None)
+        stamp = make_stamp(source_sha256=source.sha256, providers=providers, level=outcome.level,
                            ep_specific=outcome.ep_specific,
                            source_path=str(source.path.resolve()) if source.path else None,
                            pass_name=self.name, options=self.options())

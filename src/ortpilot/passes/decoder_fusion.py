@@ -24,7 +24,8 @@ from ortpilot.errors import AccuracyGateError, UsageError, VerificationError
 from ortpilot.graph.feeds import embedding_bounds
 from ortpilot.graph.prune import clear_unread_outputs
 from ortpilot.graph.shapes import InputInfo, graph_inputs, model_max_positions
-from ortpilot.modelio import load_model, save_model
+from ortpilot.modelio import load_model
+from ortpilot.artifacts.atomic import save_model
 from ortpilot.passes.base import ModelLike, Outcome, Pass, PassResult, SourceModel, op_histogram
 from ortpilot.passes.rotary import DEFAULT_MAX_POSITIONS, fold_rotary_tables
 from ortpilot.passes.weight_only import pack_weight_matmuls

@@ -30,7 +30,8 @@ from ortpilot.artifacts.stamp import (
 from ortpilot.artifacts.store import ModelStore, cache_key
 from ortpilot.artifacts.oserrors import fix_for, free_bytes
 from ortpilot.errors import ModelLoadError, StampMismatchError, StorageError, UsageError
-from ortpilot.modelio import file_sha256, load_model, save_model
+from ortpilot.modelio import file_sha256, load_model
+from ortpilot.artifacts.atomic import save_model
 from ortpilot.passes.base import Outcome, Pass, SourceModel
 from ortpilot.providers.names import ProviderLike, ProviderSpec, resolve_providers
 from ortpilot.session.options import LEVEL_NAMES, SessionSettings
@@ -138,44 +139,4 @@ class OptimizePass(Pass):
                        extra=extra)
 
 
-def check_or_rebuild(proto: onnx.ModelProto, providers: Sequence[ProviderSpec]) -> Path | None:
-    """For session loading: None when the model's stamp (if any) fits ``providers`` and this ORT.
-
-    On a mismatch, rebuild from the source recorded in the stamp when that file still exists
-    with the same content (and log it), returning the rebuilt model's path; otherwise raise
-    StampMismatchError saying what the model was built for, what is in use, and how to rebuild.
-    """
-    stamp = read_stamp(proto)
-    if stamp is None:
-        return None
-    problems = stamp_problems(stamp, providers)
-    if not problems:
-        return None
-    source = Path(stamp.get("source_path") or "")
-    kind = stamp.get("pass")
-    if not stamp.get("source_path") or not source.is_file() or kind not in ("optimize", "fusion"):
-        raise StampMismatchError(mismatch_message(stamp, problems))
-    if file_sha256(source) != stamp.get("source_sha256"):
-        raise StampMismatchError(mismatch_message(stamp, problems + [f"its source {source} has changed since"]))
-    if kind == "optimize":
-        step: Pass = OptimizePass(stamp.get("level") or "all", list(providers),
-                                  free_dimension_overrides=(stamp.get("options") or {}).get("free_dimension_overrides"))
-    else:
-        from ortpilot.passes.fusion import FusionPass
-
-        opts = stamp.get("options") or {}
-        step = FusionPass(opts.get("model_type", "auto"), num_heads=opts.get("num_heads", 0),
-                          hidden_size=opts.get("hidden_size", 0), providers=list(providers))
-    log.warning("Stamped model was built for %s, but %s: rebuilding it from its source %s for %s.",
-                describe_stamp(stamp), "; ".join(problems), source, ", ".join(p.name for p in providers))
-    result = step.run(source)
-    store = ModelStore()
-    key = "rebuilt-" + cache_key(model_sha256=stamp.get("source_sha256", ""), ort_version=ort.__version__,
-                                 providers=[p.to_dict() for p in providers], level=str(stamp.get("level")),
-                                 cpu=cpu_features(), extra={"pass": kind, "options": stamp.get("options")})
-    path, _ = store.get_or_create(key, lambda dest: save_model(result.model, dest),
-                                 meta={"source_sha256": stamp.get("source_sha256"), "pass": kind})
-    return path
-
-
-__all__ = ["OptimizePass", "check_or_rebuild", "optimize_to_file"]
+__all__ = ["OptimizePass", "optimize_to_file"]

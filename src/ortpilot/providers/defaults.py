@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ortpilot.providers.names import ProviderSpec
+from ortpilot.providers.spec import ProviderSpec
 
 
 def _cache_subdir(name: str) -> str:

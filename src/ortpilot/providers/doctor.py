@@ -6,8 +6,8 @@ one concrete fix each. It reports; only ``error`` findings (a broken install: cl
 distributions, ORT not importable, the CPU probe failing) make ``exit_code`` 1.
 
 The probe builds a verified session (``ortpilot.session.load``, strict policy), which sits one
-layer above this module; it is imported inside ``probe_provider`` so that the rest of the
-doctor works even when ORT itself cannot be imported.
+layer above this module: ``session.probe`` holds it and ``run_doctor``, and hands the probe to
+:func:`examine`, so that the rest of the doctor works even when ORT itself cannot be imported.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import platform
 import sys
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,7 +97,7 @@ class DoctorReport:
         return 1 if any(f.severity == "error" for f in self.findings) else 0
 
     def to_dict(self) -> dict[str, Any]:
-        from ortpilot import __version__
+        from ortpilot.version import __version__
 
         return {
             "ortpilot_version": __version__,
@@ -158,44 +158,17 @@ def plugin_status() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return plugins, devices
 
 
-def probe_provider(provider: str, kind: str = "built-in") -> ProbeResult:
-    """Build a strict verified session of the demo MLP on ``provider`` alone, and run it once."""
-    if provider in NOT_PROBED:
-        return ProbeResult(provider, "skipped", NOT_PROBED[provider], kind=kind)
-    from ortpilot.errors import OrtpilotError
-    from ortpilot.graph.feeds import make_feeds
-    from ortpilot.models import make_mlp
-    from ortpilot.session import load
-
-    start = time.perf_counter()
-    try:
-        sess = load(make_mlp(), [provider], policy="strict")
-        sess.run(None, make_feeds(sess.model))
-    except OrtpilotError as exc:
-        return ProbeResult(provider, "failed", getattr(exc, "reason", "") or str(exc),
-                           seconds=time.perf_counter() - start, kind=kind)
-    except Exception as exc:  # ORT's own errors from run()
-        return ProbeResult(provider, "failed", f"{type(exc).__name__}: {exc}".splitlines()[0],
-                           seconds=time.perf_counter() - start, kind=kind)
-    share = sess.placement.share(provider) if sess.placement else None
-    return ProbeResult(provider, "ok", "", share, time.perf_counter() - start, kind)
-
-
-def run_probes(ort_info: OrtInfo, plugins: list[dict[str, Any]]) -> list[ProbeResult]:
-    probes = [probe_provider(p) for p in ort_info.available]
-    for plugin in plugins:
-        for ep in plugin.get("ep_names", []):
-            if ep not in ort_info.available:
-                probes.append(probe_provider(ep, "plugin"))
-    return probes
-
-
-def run_doctor(probe: bool = True) -> DoctorReport:
-    """Examine this environment. ``probe=False`` skips building sessions (faster, less proof)."""
+def examine(probe: Callable[[str, str], ProbeResult] | None = None) -> DoctorReport:
+    """Examine this environment; ``probe(provider, kind)`` proves each provider with a real session
+    (``session.probe.probe_provider``, a layer above this one, passes itself in); None skips it."""
     dists = find_ort_distributions()
     ort_info = read_ort_info()
     plugins, devices = plugin_status() if ort_info.import_error is None else ([], [])
-    probes = run_probes(ort_info, plugins) if probe and ort_info.import_error is None else []
+    probes = []
+    if probe is not None and ort_info.import_error is None:
+        probes = [probe(p, "built-in") for p in ort_info.available]
+        probes += [probe(ep, "plugin") for plugin in plugins for ep in plugin.get("ep_names", [])
+                   if ep not in ort_info.available]
     cpu = read_cpu_isa()
     gpu = scan_gpu_environment()
     budget = cpu_budget()
@@ -370,4 +343,4 @@ def _gpu_findings(gpu: GpuEnvironment, info: OrtInfo) -> list[Finding]:
     return out
 
 
-__all__ = ["DoctorReport", "Finding", "ProbeResult", "diagnose", "probe_provider", "run_doctor"]
+__all__ = ["DoctorReport", "Finding", "NOT_PROBED", "ProbeResult", "diagnose", "examine"]

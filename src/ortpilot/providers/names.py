@@ -12,60 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from ortpilot.errors import ProviderError
-
-PROVIDER_ALIASES: dict[str, str] = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-    "trt": "TensorrtExecutionProvider",
-    "openvino": "OpenVINOExecutionProvider",
-    "ov": "OpenVINOExecutionProvider",
-    "coreml": "CoreMLExecutionProvider",
-    "dml": "DmlExecutionProvider",
-    "directml": "DmlExecutionProvider",
-    "webgpu": "WebGpuExecutionProvider",
-    "qnn": "QNNExecutionProvider",
-    "rocm": "ROCMExecutionProvider",
-    "migraphx": "MIGraphXExecutionProvider",
-    "dnnl": "DnnlExecutionProvider",
-    "xnnpack": "XnnpackExecutionProvider",
-    "nvtensorrtrtx": "NvTensorRTRTXExecutionProvider",
-    "azure": "AzureExecutionProvider",
-}
-
-SHORT_NAMES: tuple[str, ...] = ("cpu", "cuda", "tensorrt", "openvino", "coreml", "dml", "webgpu", "qnn")
-
-# Provider option naming a plugin EP library to register; ortpilot's own, never passed to ORT.
-EP_LIBRARY_OPTION = "ep_library"
+from ortpilot.providers.defaults import apply_provider_defaults
+from ortpilot.providers.spec import EP_LIBRARY_OPTION, PROVIDER_ALIASES, SHORT_NAMES, ProviderSpec, short_name
 
 ProviderLike = Union[str, "ProviderSpec", tuple, Mapping[str, Any]]
-
-
-@dataclass(frozen=True)
-class ProviderSpec:
-    """One execution provider with its options, as ortpilot will pass it to ORT."""
-
-    name: str
-    options: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def short(self) -> str:
-        return short_name(self.name)
-
-    def ort_options(self) -> dict[str, str]:
-        """Options as ORT takes them (without ortpilot's own keys)."""
-        return {k: v for k, v in self.options.items() if k != EP_LIBRARY_OPTION}
-
-    def as_ort(self) -> tuple[str, dict[str, str]]:
-        return (self.name, self.ort_options())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "short": self.short, "options": dict(self.options)}
-
-    def __str__(self) -> str:
-        if not self.options:
-            return self.short
-        return self.short + ":" + ",".join(f"{k}={v}" for k, v in self.options.items())
 
 
 def known_provider_names() -> list[str]:
@@ -82,13 +32,6 @@ def known_provider_names() -> list[str]:
     for plugin in discover_plugin_eps():
         names.update(plugin.ep_names)
     return sorted(names)
-
-
-def short_name(full: str) -> str:
-    for short, name in PROVIDER_ALIASES.items():
-        if name == full and short in SHORT_NAMES + ("rocm", "migraphx", "dnnl", "xnnpack", "azure"):
-            return short
-    return full
 
 
 def canonical_name(name: str) -> str:
@@ -170,7 +113,5 @@ def resolve_providers(items: Iterable[ProviderLike] | ProviderLike | None,
         seen.add(spec.name)
         specs.append(spec)
     if apply_defaults:
-        from ortpilot.providers.defaults import apply_provider_defaults
-
         specs = apply_provider_defaults(specs)
     return specs

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ortpilot.errors import InputError
-from ortpilot.serve.ingress import Reply, error_reply, json_reply, route
+from ortpilot.serve.http import Reply, error_reply, json_reply, route
 from ortpilot.serve.tensors import BINARY_TYPE, HEADER_LENGTH, decode_request, encode_response
 
 EXTENSIONS = ["binary_tensor_data"]
@@ -34,7 +34,7 @@ def routes(ingress: Any) -> list:
         return json_reply(200 if all(states.values()) else 503, {"ready": all(states.values()), "models": states})
 
     async def server_metadata(request: Any) -> Reply:
-        from ortpilot import __version__
+        from ortpilot.version import __version__
 
         return json_reply(200, {"name": "ortpilot", "version": __version__, "extensions": EXTENSIONS})
 

@@ -28,7 +28,7 @@ from ortpilot.serve.options import ModelSpec, ort_threads
 def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -> tuple[Any, dict[str, Any]]:
     """(session, verification facts) for ``spec``; raises the verification's own error when it fails."""
     if spec.kind == "profile":
-        from ortpilot.tune.verify import verify_profile
+        from ortpilot.tuning.verify import verify_profile
 
         result = verify_profile(spec.path, accept_machine=accept_machine, intra_op_threads=threads, optimized=True)
         failure = result.failure()

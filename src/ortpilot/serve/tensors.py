@@ -1,6 +1,6 @@
 """Open Inference Protocol (KServe v2) tensors <-> numpy, JSON and the binary-tensor extension.
 
-Datatype names come from the Triton export's table (``export.triton_backend.DATATYPES`` without
+Datatype names come from the Triton export's table (``graph.tensors.DATATYPES`` without
 its ``TYPE_`` prefix; Triton's ``TYPE_STRING`` is the protocol's ``BYTES``), so serve and export
 never disagree about a model's types. A request that does not decode is an ``InputError`` (HTTP
 400); whether the decoded arrays fit the model is the session's ``check_feeds``, the same check
@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from ortpilot.errors import InputError
-from ortpilot.export.triton_backend import DATATYPES
+from ortpilot.graph.tensors import DATATYPES, has_batch_dim, model_tensors
 
 HEADER_LENGTH = "inference-header-content-length"
 BINARY_TYPE = "application/octet-stream"
@@ -149,8 +149,6 @@ def protocol_datatype(triton_type: str) -> str:
 def tensor_metadata(model: onnx.ModelProto) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
     """``inputs`` and ``outputs`` of the model metadata (datatype, shape with -1 for dynamic dims), and
     whether the model has a batch dim (every first dim dynamic and named like batch, the export's rule)."""
-    from ortpilot.export.triton_config import has_batch_dim, model_tensors
-
     inputs, outputs = model_tensors(model)
     meta = [[{"name": t.name, "datatype": protocol_datatype(t.data_type), "shape": list(t.dims)} for t in group]
             for group in (inputs, outputs)]

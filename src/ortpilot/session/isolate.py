@@ -2,7 +2,7 @@
 
 ORT checks less than it parses: some malformed models make it segfault or abort inside
 ``InferenceSession``, which no ``try`` can catch. ``preflight_in_child`` runs the very same
-``ortpilot.session.load`` in a fresh interpreter (``python -m ortpilot.session.isolate``).
+``ortpilot.session.load`` in a fresh interpreter (``python -m ortpilot.session.isolate_child``).
 If the child dies from a signal, the parent raises ``OrtCrashError`` (exit 1: the model does
 not verify under this ORT) with what to do. If the child merely raises, the parent returns and
 its own in-process load produces the proper, specific error message.
@@ -100,7 +100,7 @@ def _run_child(spec_file: Path, result_file: Path, folder: Path, timeout: float)
     env["TMPDIR"] = str(folder / "tmp")
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "ortpilot.session.isolate", str(spec_file), str(result_file)]
+    cmd = [sys.executable, "-m", "ortpilot.session.isolate_child", str(spec_file), str(result_file)]
     # The child is in its own session (a terminal's Ctrl-C misses it); leaving this block in any way,
     # a timeout or an interrupt included, kills its group and reaps it.
     with child_process(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -118,36 +118,3 @@ def _run_child(spec_file: Path, result_file: Path, folder: Path, timeout: float)
 def _last_words(stderr_text: str) -> str:
     lines = [ln.strip() for ln in stderr_text.splitlines() if ln.strip() and not ln.startswith(("Fatal Python", "  File"))]
     return f" Its last output: {lines[-1][:300]}." if lines else ""
-
-
-def _child_main(spec_file: str, result_file: str) -> int:
-    """Child side: the same ``load`` the parent will run, without placement or optional writes."""
-    die_with_parent()
-    from ortpilot.session.verified import load
-
-    _test_fault()
-    spec = json.loads(Path(spec_file).read_text())
-    started = time.perf_counter()
-    try:
-        load(spec["model"], spec["providers"], "allow", settings=SessionSettings.from_dict(spec["settings"]),
-             placement=False, isolate=False)
-        result: dict[str, Any] = {"ok": True}
-    except Exception as exc:  # noqa: BLE001 - OrtpilotError or a bug: the parent's own load reports it
-        result = {"ok": False, "error": type(exc).__name__, "message": str(exc)}
-    result["seconds"] = time.perf_counter() - started
-    Path(result_file).write_text(json.dumps(result))
-    return 0
-
-
-def _test_fault() -> None:
-    """Deliberate fault for tests (see module docstring); never set in normal use."""
-    fault = os.environ.get(CRASH_ENV, "").strip()
-    if not fault:
-        return
-    if fault.lower() == "hang":
-        time.sleep(3600)
-    os.kill(os.getpid(), getattr(signal, fault.upper()))
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1], sys.argv[2]))

@@ -29,6 +29,7 @@ from ortpilot.providers.defaults import session_overrides
 from ortpilot.providers.names import EP_LIBRARY_OPTION, ProviderLike, ProviderSpec, resolve_providers
 from ortpilot.providers.plugins import ep_devices, plugin_for_ep, register_plugin
 from ortpilot.session.fallback import Fallback, apply_policy, check_policy, fix_for
+from ortpilot.session.isolate import preflight_in_child
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.ortlog import capture_ort_output
 from ortpilot.session.placement import (
@@ -228,8 +229,6 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
     check_stamp(proto, requested)  # an offline-optimized model built for another EP/ORT is refused
     settings = effective_settings(settings or SessionSettings(), requested)
     if isolate:
-        from ortpilot.session.isolate import preflight_in_child
-
         preflight_in_child(source, requested, settings)
     built_in = ort.get_available_providers()
     fallbacks: list[Fallback] = []

@@ -26,8 +26,8 @@ from ortpilot.providers.cpuisa import Int8Rule, int8_rule
 from ortpilot.providers.names import ProviderSpec
 from ortpilot.session.options import LEVELS
 from ortpilot.passes.registry import Step
-from ortpilot.tune.candidate import Candidate
-from ortpilot.tune.transform import attention_dims
+from ortpilot.tuning.candidate import Candidate
+from ortpilot.tuning.transform import attention_dims
 
 CPU = "CPUExecutionProvider"
 # Providers that ORT lists but that run nothing locally.

@@ -7,8 +7,8 @@ import logging
 
 from ortpilot.artifacts.stamp import read_stamp
 from ortpilot.modelio import load_model
-from ortpilot.tune import tune
-from ortpilot.tune.verify import verify_profile
+from ortpilot.tuning import tune
+from ortpilot.tuning.verify import verify_profile
 
 
 def test_tune_keeps_a_stamped_optimized_model_that_verifies_bit_for_bit_with_optimizations_off(tmp_path, demo_paths,

@@ -15,9 +15,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from ortpilot.errors import UsageError
-from ortpilot.tune import tune
-from ortpilot.tune.journal import read_journal
-from ortpilot.tune.worker import CRASH_ENV
+from ortpilot.tuning import tune
+from ortpilot.tuning.journal import read_journal
+from ortpilot.tuning.worker import CRASH_ENV
 
 
 def test_candidate_that_segfaults_its_process_is_recorded_and_tune_completes(tmp_path, demo_paths, monkeypatch):

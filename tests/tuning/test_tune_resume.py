@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from ortpilot.artifacts.atomic import atomic_open, is_temp_name, sweep_temp_files
 from ortpilot.cli.main import cli
 from ortpilot.errors import UsageError
-from ortpilot.tune import tune
-from ortpilot.tune.journal import read_journal
-from ortpilot.tune.state import STATE_DIR
+from ortpilot.tuning import tune
+from ortpilot.tuning.journal import read_journal
+from ortpilot.tuning.state import STATE_DIR
 
 
 def _old(path: Path, age_s: float = 60.0) -> Path:

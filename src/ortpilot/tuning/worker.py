@@ -1,6 +1,6 @@
 """Run candidates in a child process, so a crash of ORT or of an EP costs one candidate, not the tune.
 
-The parent starts ``python -m ortpilot.tune.worker SCRATCH`` and talks JSON lines over pipes:
+The parent starts ``python -m ortpilot.tuning.worker SCRATCH`` and talks JSON lines over pipes:
 ``prepare`` builds a candidate's model (through the cache), creates its session in strict mode
 and saves its outputs on the held-out inputs; ``bench`` times prepared sessions, interleaved
 round by round. A child killed by a signal is reported with the signal number and restarted.
@@ -46,12 +46,13 @@ class _Child:
         (scratch / "outputs").mkdir(exist_ok=True)
 
     def prepare(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        from ortpilot.tuning.reference import array_digest
         import numpy as np
 
         from ortpilot.measure.bench import Runner
         from ortpilot.session import load
-        from ortpilot.tune.candidate import Candidate
-        from ortpilot.tune.transform import NothingToDo, build_model
+        from ortpilot.tuning.candidate import Candidate
+        from ortpilot.tuning.transform import NothingToDo, build_model
 
         cand = Candidate.from_dict(dict(data))
         crash_on = os.environ.get(CRASH_ENV)
@@ -80,7 +81,7 @@ class _Child:
         return {"status": "ok", "model_path": str(path), "model_sha256": sess.model_hash, "cache_hit": hit,
                 "passes": records, "build_s": build_s, "session_s": session_s, "providers": sess.providers,
                 "placement": sess.placement.counts if sess.placement else None, "outputs": str(out_path),
-                "output_names": names, "output_sha256": {n: _digest(outputs[0][j]) for j, n in enumerate(names)}}
+                "output_names": names, "output_sha256": {n: array_digest(outputs[0][j]) for j, n in enumerate(names)}}
 
     def bench(self, data: Mapping[str, Any]) -> dict[str, Any]:
         cands = list(data["candidates"])
@@ -106,7 +107,7 @@ class _Child:
     def rank(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """Dynamic-INT8 sensitivity of each weighted node of the model ``passes`` build."""
         from ortpilot.passes.sensitivity import rank_dynamic
-        from ortpilot.tune.transform import build_model
+        from ortpilot.tuning.transform import build_model
 
         # The prepared model: the very graph (and node names) the quantize step will see; cached,
         # so the follow-up candidate's build starts from it.
@@ -135,16 +136,6 @@ def _outputs(sess: Any, feeds: Mapping[str, Any], iobinding: bool) -> list[Any]:
         binding.bind_output(out.name)
     sess.session.run_with_iobinding(binding)
     return binding.copy_outputs_to_cpu()
-
-
-def _digest(array: Any) -> str:
-    """Content hash of one output (dtype, shape and bytes): how a profile proves exact reproduction."""
-    import hashlib
-
-    import numpy as np
-
-    a = np.ascontiguousarray(array)
-    return hashlib.sha256(f"{a.dtype}|{a.shape}|".encode() + a.tobytes()).hexdigest()
 
 
 def load_samples(path: Path) -> list[dict[str, Any]]:
@@ -243,7 +234,7 @@ class WorkerClient:
     def _start(self) -> subprocess.Popen:
         with open(self.log_path, "ab") as log:
             # spawn records the child in self.proc before an interrupt that came meanwhile is raised
-            return spawn([sys.executable, "-m", "ortpilot.tune.worker", str(self.scratch)],
+            return spawn([sys.executable, "-m", "ortpilot.tuning.worker", str(self.scratch)],
                          lambda proc: setattr(self, "proc", proc), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=log)
 

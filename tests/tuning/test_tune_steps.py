@@ -11,10 +11,10 @@ from ortpilot.cli.main import cli
 from ortpilot.passes.fusion import FusionPass
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
-from ortpilot.tune import tune
-from ortpilot.tune.candidate import Candidate, baseline_candidate
-from ortpilot.tune.journal import JOURNAL_VERSION, check_record, read_journal
-from ortpilot.tune.space import DYN_W_PC, GQA, QDQ_PC, W4, with_exclusions
+from ortpilot.tuning import tune
+from ortpilot.tuning.candidate import Candidate, baseline_candidate
+from ortpilot.tuning.journal import JOURNAL_VERSION, check_record, read_journal
+from ortpilot.tuning.space import DYN_W_PC, GQA, QDQ_PC, W4, with_exclusions
 
 FUSION = {"pass": "fusion", "model_type": "bert", "num_heads": 4, "hidden_size": 64}
 

@@ -10,8 +10,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ortpilot.modelio import load_model
-from ortpilot.tune import tune
-from ortpilot.tune.transform import attention_dims
+from ortpilot.tuning import tune
+from ortpilot.tuning.transform import attention_dims
 
 
 def test_attention_dims_reads_heads_from_a_minus_one_reshape():

@@ -34,10 +34,10 @@ from ortpilot.gate.result import GateResult
 from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
-from ortpilot.tune.budget import SAFETY, Budget
-from ortpilot.tune.candidate import Candidate
-from ortpilot.tune.space import Facts, combine, first_candidates, knob_variants, with_exclusions, within_budget
-from ortpilot.tune.steps import StepRunner
+from ortpilot.tuning.budget import SAFETY, Budget
+from ortpilot.tuning.candidate import Candidate
+from ortpilot.tuning.space import Facts, combine, first_candidates, knob_variants, with_exclusions, within_budget
+from ortpilot.tuning.steps import StepRunner
 
 OBJECTIVES = ("p50", "p99", "throughput")
 SCREEN_RUNS_BASELINE = 10

@@ -144,7 +144,7 @@ def _kept_files(record: Mapping[str, Any]) -> str | None:
     """A ``kept`` record names its files in the state folder and nothing else (no absolute path, no '..')."""
     if record.get("kind") != "kept":
         return None
-    from ortpilot.tune.state import FILES, STATE_DIR
+    from ortpilot.tuning.state import FILES, STATE_DIR
 
     for key, name in FILES.items():
         entry = record[key]

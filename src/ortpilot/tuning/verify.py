@@ -30,8 +30,8 @@ from ortpilot.errors import UsageError, VerificationError
 from ortpilot.measure.compare import choose_metric, metric_error
 from ortpilot.session.profile import load_profile
 from ortpilot.session.verified import VerifiedSession
+from ortpilot.tuning.reference import REFERENCE_FILE, array_digest, read_reference, reference_feeds
 
-REFERENCE_FILE = "reference.npz"
 LATENCY_DURATION_S = 8.0  # the interleaved timing of profile vs default, both together
 
 
@@ -114,21 +114,6 @@ class ProfileVerification:
                 "latency": self.latency.to_dict() if self.latency else None}
 
 
-def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(inputs, outputs) of a ``reference.npz``; a damaged file is a UsageError naming it."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {key: data[key] for key in data.files}
-    except (OSError, ValueError, EOFError) as exc:
-        raise UsageError(f"The reference file '{path}' cannot be read ({exc}). It was damaged or edited; "
-                         "re-run 'ortpilot tune' to write it again.") from None
-    inputs = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("inputs/")}
-    outputs = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("outputs/")}
-    if not inputs or not outputs:
-        raise UsageError(f"The reference file '{path}' holds no inputs/ and outputs/ arrays; re-run 'ortpilot tune'.")
-    return inputs, outputs
-
-
 def _run(session: VerifiedSession, feeds: dict[str, np.ndarray], iobinding: bool) -> dict[str, np.ndarray]:
     names = [o.name for o in session.get_outputs()]
     if not iobinding:
@@ -140,12 +125,6 @@ def _run(session: VerifiedSession, feeds: dict[str, np.ndarray], iobinding: bool
         binding.bind_output(name)
     session.session.run_with_iobinding(binding)
     return dict(zip(names, binding.copy_outputs_to_cpu()))
-
-
-def _digest(array: np.ndarray) -> str:
-    from ortpilot.tune.worker import _digest as digest
-
-    return digest(array)
 
 
 def verify_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
@@ -187,9 +166,9 @@ def _verify_outputs(path: Path, policy: str, accept_machine: bool, intra_op_thre
     check = session.machine_check
     same_ort = str((doc.get("onnxruntime") or {}).get("version")) == ort.__version__
     if check.same_kernels and same_ort:
-        expected = reference.get("sha256") or {name: _digest(value) for name, value in recorded.items()}
-        outputs = [OutputCheck(name, _digest(got[name]) == digest if name in got else False,
-                               "identical bytes" if name in got and _digest(got[name]) == digest
+        expected = reference.get("sha256") or {name: array_digest(value) for name, value in recorded.items()}
+        outputs = [OutputCheck(name, array_digest(got[name]) == digest if name in got else False,
+                               "identical bytes" if name in got and array_digest(got[name]) == digest
                                else "differs from the recorded output")
                    for name, digest in expected.items()]
         result = ProfileVerification(str(path), session, "bit-exact", (
@@ -238,8 +217,6 @@ def check_latency(session: VerifiedSession, path: Path, max_slowdown_pct: float,
     if file.is_file():
         feeds = read_reference(file)[0]
     else:
-        from ortpilot.tune.tune import reference_feeds
-
         feeds = reference_feeds(doc)
     providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
     configs = [BenchConfig("ORT default", str(source), ["CPUExecutionProvider"], SessionSettings(), feeds=feeds),

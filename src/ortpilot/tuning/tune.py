@@ -36,15 +36,15 @@ from ortpilot.providers.machine import machine_facts
 from ortpilot.providers.names import resolve_providers
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
-from ortpilot.tune.budget import CANDIDATE_TIMEOUT_S, Budget
-from ortpilot.tune.candidate import baseline_candidate
-from ortpilot.tune.journal import JOURNAL_NAME, JOURNAL_VERSION, Journal, check_version
-from ortpilot.tune.search import OUTPUT_RESERVE_S, Entry, Progress, Search, cost, speedup
-from ortpilot.tune.steps import StepRunner
-from ortpilot.tune.space import Facts, default_stand_in, gather_facts
-from ortpilot.tune.state import KEPT, keep_for_resume, kept_file, sweep
-from ortpilot.tune.verify import REFERENCE_FILE
-from ortpilot.tune.worker import WorkerClient, WorkerCrash, load_samples, save_samples
+from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S, Budget
+from ortpilot.tuning.candidate import baseline_candidate
+from ortpilot.tuning.journal import JOURNAL_NAME, JOURNAL_VERSION, Journal, check_version
+from ortpilot.tuning.search import OUTPUT_RESERVE_S, Entry, Progress, Search, cost, speedup
+from ortpilot.tuning.steps import StepRunner
+from ortpilot.tuning.space import Facts, default_stand_in, gather_facts
+from ortpilot.tuning.state import KEPT, keep_for_resume, kept_file, sweep
+from ortpilot.tuning.reference import REFERENCE_FILE, feeds_digest, read_reference, reference_feeds
+from ortpilot.tuning.worker import WorkerClient, WorkerCrash, load_samples, save_samples
 
 log = logging.getLogger("ortpilot")
 HELDOUT_SEED = 10_000  # held-out inputs never share a seed with calibration inputs (0..)
@@ -292,37 +292,6 @@ def load_note(load_avg: Sequence[float], cores: int) -> str:
             "machine before relying on them")
 
 
-def feeds_digest(feeds: Mapping[str, Any]) -> str:
-    """Content hash of one input sample: proves a check ran on the inputs the tune used."""
-    from ortpilot.tune.worker import _digest
-
-    return _digest_join({name: _digest(feeds[name]) for name in sorted(feeds)})
-
-
-def _digest_join(parts: Mapping[str, str]) -> str:
-    import hashlib
-
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
-def reference_feeds(profile: Mapping[str, Any]) -> dict[str, Any]:
-    """The held-out sample a profile's ``reference_outputs`` were computed on, regenerated from the
-    source model (``profile["source_model"]``) exactly as the tune made it.
-
-    Generated from the *source* model, not the tuned one: a fused model hides the embedding
-    Gather that bounds token ids, so generating from it would give other inputs.
-    """
-    source = Path(profile["source_model"]["path"])
-    proto = load_model(source, load_external_data=False)
-    shapes = {k: tuple(v) for k, v in (profile.get("shapes") or {}).items()}
-    feeds = make_feeds(proto, plan=plan_feeds(proto, shapes), seed=int(profile["reference_outputs"]["heldout_seed"]))
-    expected = profile["reference_outputs"].get("inputs_sha256")
-    if expected and feeds_digest(feeds) != expected:
-        raise UsageError(f"The reference inputs regenerated from '{source}' differ from those the tune used; "
-                         "the source model or ortpilot's input generator changed since the profile was made.")
-    return feeds
-
-
 def _model_path(model: str | os.PathLike | None) -> Path:
     if model is None:
         from ortpilot.models import demo_model_path
@@ -406,7 +375,7 @@ def _write_reference(out: Path, winner: Entry, feeds: Mapping[str, Any]) -> Path
             outputs = {name: data[f"0/{name}"] for name in names if f"0/{name}" in data.files}
     if not names or len(outputs) != len(names):
         from ortpilot.session import load
-        from ortpilot.tune.worker import _outputs
+        from ortpilot.tuning.worker import _outputs
 
         cand = winner.candidate
         sess = load(str(out / MODEL_FILE), [(p["name"], p.get("options", {})) for p in cand.providers], "strict",
@@ -419,7 +388,7 @@ def _write_reference(out: Path, winner: Entry, feeds: Mapping[str, Any]) -> Path
 
 
 def _write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds: Mapping[str, Any]) -> None:
-    from ortpilot.tune.report import write_reports
+    from ortpilot.tuning.report import write_reports
 
     out = result.out_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -454,8 +423,7 @@ def _write_outputs(result: TuneResult, source: Path, built: Path, reference_feed
 def _write_optimized(out: Path, model_file: Path, providers: list[dict[str, Any]], settings: Any,
                      reference: Path) -> dict[str, Any] | None:
     """The ORT-optimized winner for serving replicas (``tune.optimized``), checked on the reference sample."""
-    from ortpilot.tune.optimized import write_optimized_model
-    from ortpilot.tune.verify import read_reference
+    from ortpilot.tuning.optimized import write_optimized_model
 
     inputs, outputs = read_reference(reference)
     return write_optimized_model(out, model_file, providers, settings, inputs, outputs)

@@ -89,7 +89,7 @@ def measured_gaps(model: str | bytes | onnx.ModelProto, provider: str,
     fallback is recorded, not raised.
     """
     from ortpilot.errors import OrtpilotError
-    from ortpilot.session import load
+    from ortpilot.session.verified import load
 
     source = "measured: placement of a real session on [provider, CPU]"
     try:

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from ortpilot.modelio import load_model
-from ortpilot.tune.candidate import Candidate, baseline_candidate
-from ortpilot.tune.journal import Journal, read_journal
-from ortpilot.tune.space import (
+from ortpilot.tuning.candidate import Candidate, baseline_candidate
+from ortpilot.tuning.journal import Journal, read_journal
+from ortpilot.tuning.space import (
     combine,
     first_candidates,
     gather_facts,
@@ -72,7 +72,7 @@ def test_journal_drops_a_torn_last_line_and_defers_writing(tmp_path):
 
 
 def test_load_note_warns_only_when_other_work_held_the_cores_at_the_start():
-    from ortpilot.tune.tune import load_note
+    from ortpilot.tuning.tune import load_note
 
     assert load_note([0.4, 2.1], cores=2) == ""  # the tune's own worker raises the end figure
     assert "busy" in load_note([3.0, 2.0], cores=2) and "intra=1" in load_note([3.0], cores=2)
@@ -97,7 +97,7 @@ def test_model_variants_run_on_the_cpu_too_when_another_provider_comes_first(dem
 def test_no_candidate_but_the_baseline_oversubscribes_the_cpu_budget(demo_paths):
     """Under ``taskset -c 0`` ORT's default still starts its usual pool: every other candidate gets
     explicit threads within the budget, and the capped default comes first as its stand-in."""
-    from ortpilot.tune.space import default_stand_in
+    from ortpilot.tuning.space import default_stand_in
 
     facts = gather_facts(load_model(demo_paths["encoder"]), None)
     facts.default_threads = facts.cores + 1
@@ -115,7 +115,7 @@ def test_no_candidate_but_the_baseline_oversubscribes_the_cpu_budget(demo_paths)
 @pytest.mark.parametrize("rule", ["vnni", "amx", "x86-no-vnni", "arm-dot", "unknown"])
 def test_int8_variants_follow_the_cpus_int8_rule(demo_paths, rule):
     from ortpilot.providers.cpuisa import Int8Rule
-    from ortpilot.tune.candidate import pass_label
+    from ortpilot.tuning.candidate import pass_label
 
     facts = gather_facts(load_model(demo_paths["encoder"]), None,
                          int8=Int8Rule(rule, rule == "x86-no-vnni", f"{rule} reason"))

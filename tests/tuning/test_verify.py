@@ -21,8 +21,8 @@ from ortpilot.providers.cpuisa import KERNEL_FLAGS, int8_rule
 from ortpilot.providers.machine import machine_facts
 from ortpilot.session import load
 from ortpilot.session.profile import MachineMismatchWarning, load_profile
-from ortpilot.tune import tune
-from ortpilot.tune.verify import verify_profile
+from ortpilot.tuning import tune
+from ortpilot.tuning.verify import verify_profile
 
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
 

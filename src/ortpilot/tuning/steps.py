@@ -43,10 +43,10 @@ from typing import Any
 
 from ortpilot.errors import StorageError
 from ortpilot.gate.core import ModelGate
-from ortpilot.tune.budget import CANDIDATE_TIMEOUT_S
-from ortpilot.tune.candidate import Candidate
-from ortpilot.tune.journal import Journal
-from ortpilot.tune.worker import WorkerClient, WorkerCrash
+from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S
+from ortpilot.tuning.candidate import Candidate
+from ortpilot.tuning.journal import Journal
+from ortpilot.tuning.worker import WorkerClient, WorkerCrash
 
 
 class StepRunner:

@@ -1,0 +1,3 @@
+"""ortpilot's version, in a module of its own so that every layer can read it without importing the package."""
+
+__version__ = "0.1.0"
