@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-
 from _interleave import interleave_steps
+
 from ortpilot.decode.loops import DecodeLoop, make_loop
 from ortpilot.decode.signature import DecoderSignature, detect_signature
 from ortpilot.passes.decoder_fusion import fuse_decoder, summary
@@ -185,8 +185,7 @@ def main() -> int:
 
 def answers(configs: list[Config], tokenizer_path: str, question: str) -> dict[str, str]:
     """Greedy chat answer of each model variant, through generate's auto loop."""
-    from ortpilot.decode import Generator
-    from ortpilot.decode import text
+    from ortpilot.decode import Generator, text
 
     tok = text.load_tokenizer(tokenizer_path)
     ids = text.encode(tok, text.chat_prompt(tok, question))

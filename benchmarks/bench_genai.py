@@ -46,12 +46,13 @@ import onnxruntime_genai as og
 from _interleave import interleave_steps
 from _prep import write_json
 
+from ortpilot.decode.gate import HELD_OUT_TEXTS as HELD_OUT
+from ortpilot.decode.gate import auto_exclude, candidate_logits, reference_run
 from ortpilot.decode.loops import make_loop
 from ortpilot.decode.signature import detect_signature
-from ortpilot.decode.gate import HELD_OUT_TEXTS as HELD_OUT, auto_exclude, candidate_logits, reference_run
 from ortpilot.gate.generation import GenerationGate, score
-from ortpilot.passes.base import SourceModel
 from ortpilot.modelio import load_model
+from ortpilot.passes.base import SourceModel
 from ortpilot.passes.decoder_fusion import DecoderFusionPass, fuse_decoder
 from ortpilot.passes.weight_only import WeightOnlyPass, layer_groups, weight_bytes
 from ortpilot.session import SessionSettings, load

@@ -17,11 +17,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import bench_tune
 import onnxruntime as ort
 from _prep import tune_bench_parser
-import bench_tune
-from bench_tune import (CORPUS, available, block_for, configs_for, header, measure, record, save_rows, timing_cell,
-                        timing_feeds, tune_model)
+from bench_tune import (
+    CORPUS,
+    available,
+    block_for,
+    configs_for,
+    header,
+    measure,
+    record,
+    save_rows,
+    timing_cell,
+    timing_feeds,
+    tune_model,
+)
 
 from ortpilot.errors import OrtpilotError
 from ortpilot.measure.interleave import BenchConfig

@@ -91,7 +91,7 @@ def bench_cnn(label: str, path: Path, input_name: str, size: int, scale01: bool,
         try:
             result = step.run(path)
             sessions_try = session(result.model, args.threads)
-        except Exception as exc:  # noqa: BLE001 (record the failure, keep measuring the others)
+        except Exception as exc:
             failures[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             continue
         variants[name] = sessions_try

@@ -72,7 +72,7 @@ class Proc:
 
     def __init__(self, label: str, argv: list[str], port: int, env: dict[str, str], ready) -> None:
         self.label, self.port = label, port
-        self.log = open(OUT / f"{label.split(':')[0]}-{port}.log", "wb")
+        self.log = open(OUT / f"{label.split(':')[0]}-{port}.log", "wb")  # noqa: SIM115 - the server's log, closed in stop()
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         deadline = time.monotonic() + 300
         while not ready(port):

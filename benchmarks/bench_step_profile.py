@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-
 from _interleave import interleave_steps
 from _prep import write_json
+
 from ortpilot.decode.loops import DecodeLoop, make_loop
 from ortpilot.decode.signature import detect_signature
 

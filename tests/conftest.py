@@ -23,7 +23,7 @@ def package_file(package: str, relative: str) -> Path | None:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
     return path if path.exists() else None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ortpilot.api import load
 from ortpilot.errors import (
     AccuracyGateError,
     InputError,
@@ -18,9 +19,7 @@ from ortpilot.errors import (
     UsageError,
     VerificationError,
 )
-from ortpilot.api import load
 from ortpilot.session import SessionSettings, VerifiedSession
-
 from ortpilot.version import __version__
 
 
@@ -56,14 +55,29 @@ def verify(profile: str, **kwargs: Any):
 def probe(provider: str):
     """Build and run a tiny strict session on ``provider`` alone: the doctor's proof that it works here.
     Returns a ``ProbeResult`` (``status`` ok/failed/skipped, ``reason``)."""
-    from ortpilot.session.probe import probe_provider
     from ortpilot.providers.names import canonical_name
+    from ortpilot.session.probe import probe_provider
 
     return probe_provider(canonical_name(provider))
 
 
 __all__ = [
-    "AccuracyGateError", "InputError", "ModelLoadError", "OrtpilotError", "ProviderError",
-    "ProviderFallbackError", "SessionSettings", "StampMismatchError", "UsageError", "VerificationError",
-    "VerifiedSession", "doctor", "load", "load_profile", "probe", "tune", "verify", "__version__",
+    "AccuracyGateError",
+    "InputError",
+    "ModelLoadError",
+    "OrtpilotError",
+    "ProviderError",
+    "ProviderFallbackError",
+    "SessionSettings",
+    "StampMismatchError",
+    "UsageError",
+    "VerificationError",
+    "VerifiedSession",
+    "__version__",
+    "doctor",
+    "load",
+    "load_profile",
+    "probe",
+    "tune",
+    "verify",
 ]

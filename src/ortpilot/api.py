@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-import os
-
 import onnx
 
 from ortpilot.errors import StampMismatchError

@@ -10,11 +10,11 @@ import onnxruntime as ort
 import pytest
 
 from ortpilot.artifacts.profile import OrtVersionWarning, write_profile
-from ortpilot.session.profile import load_profile
 from ortpilot.errors import ProviderFallbackError, StampMismatchError, UsageError
 from ortpilot.graph.feeds import make_feeds
 from ortpilot.providers.machine import machine_facts
 from ortpilot.session import SessionSettings, load
+from ortpilot.session.profile import load_profile
 
 
 @pytest.fixture

@@ -11,11 +11,11 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+from ortpilot.artifacts.atomic import save_model
 from ortpilot.artifacts.stamp import check_stamp, make_stamp, read_stamp, stamp_problems, write_stamp
 from ortpilot.artifacts.store import ModelStore, cache_key
 from ortpilot.errors import StampMismatchError
 from ortpilot.modelio import file_sha256
-from ortpilot.artifacts.atomic import save_model
 from ortpilot.providers.names import resolve_providers
 
 

@@ -8,10 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-WORDS = ("the a an is was runs model fast slow cat dog sat on mat onnx runtime quantization sentence embedding "
-         "vector meaning rain day match week report friday patient dose market monday password email recipe flour "
-         "egg salt graph fuse attention layer violin concert people committee budget majority cats sleep night hunt "
-         "train station nearest where how do i reset my if no longer have access to").split()
+WORDS = ["the", "a", "an", "is", "was", "runs", "model", "fast", "slow", "cat", "dog", "sat", "on", "mat", "onnx", "runtime", "quantization", "sentence", "embedding", "vector", "meaning", "rain", "day", "match", "week", "report", "friday", "patient", "dose", "market", "monday", "password", "email", "recipe", "flour", "egg", "salt", "graph", "fuse", "attention", "layer", "violin", "concert", "people", "committee", "budget", "majority", "cats", "sleep", "night", "hunt", "train", "station", "nearest", "where", "how", "do", "i", "reset", "my", "if", "no", "longer", "have", "access", "to"]
 SENTENCES = [
     "the cat sat on the mat", "a dog runs fast", "onnx runtime runs the model", "quantization is fast",
     "the sentence embedding is a vector", "rain all day and the match was on monday", "the patient was given a dose",

@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 import pytest
 
-from ortpilot.errors import AccuracyGateError, UsageError
 from ortpilot.decode.gate import auto_exclude, compare_decoders, make_prompts, reference_run
+from ortpilot.errors import AccuracyGateError, UsageError
 from ortpilot.gate.generation import GenerationGate, divergence_position, kl_divergence, log_softmax
 from ortpilot.models import make_decoder
 from ortpilot.passes.decoder_fusion import DecoderFusionPass

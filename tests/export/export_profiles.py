@@ -23,8 +23,8 @@ def write_cpu_profile(folder: Path, model: Path, *, settings: dict[str, Any] | N
     from ortpilot.graph.feeds import make_feeds, plan_feeds
     from ortpilot.modelio import file_sha256, load_model
     from ortpilot.session import SessionSettings, load
-    from ortpilot.tuning.tune import HELDOUT_SEED, feeds_digest
     from ortpilot.tuning.reference import array_digest as _digest
+    from ortpilot.tuning.tune import HELDOUT_SEED, feeds_digest
 
     folder.mkdir(parents=True, exist_ok=True)
     model_file = folder / "model.onnx"

@@ -88,7 +88,7 @@ def test_rounds_add_the_next_worst_each_try_and_stop_at_the_first_pass():
     found, ranking = _loop("abc", Rounds(per_round=2))
     assert [t.excluded for t in found.tries] == [[], ["a", "b"], ["a", "b", "c", "d"]]
     assert found.passed and found.best is found.tries[-1]
-    assert found.worst_layers(2) == [layer for layer in ranking.layers[4:6]]
+    assert found.worst_layers(2) == list(ranking.layers[4:6])
 
 
 def test_max_tries_counts_the_first_try_and_one_try_ranks_nothing():

@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
-from ortpilot.modelio import load_model
 from ortpilot.artifacts.atomic import save_model
+from ortpilot.modelio import load_model
 
 CLI = [sys.executable, "-m", "ortpilot.cli.main", "bench"]
 

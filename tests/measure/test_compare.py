@@ -108,8 +108,8 @@ def test_compare_cli_json_and_tolerance_exit_code(demo_paths):
     doc = json.loads(res.stdout)
     assert doc["passed"] and {"max_abs", "p99_rel", "cosine", "snr_db", "min_atol", "min_rtol"} <= set(doc["outputs"][0])
     # Different models (different seeds) exceed an explicit tolerance: exit 1 naming the output.
-    from ortpilot.models import make_mlp
     from ortpilot.artifacts.atomic import save_model
+    from ortpilot.models import make_mlp
 
     other = save_model(make_mlp(seed=1), demo_paths["mlp"].parent / "mlp_seed1.onnx")
     res = runner.invoke(cli, ["compare", str(demo_paths["mlp"]), str(other), "--atol", "1e-6"])

@@ -168,7 +168,7 @@ class _RefDecoder:
             pre = f"model.layers.{i}"
             a = self._rms(x, f"{pre}.input_layernorm")
             def heads_of(proj: str, n: int) -> np.ndarray:
-                y = a @ self.w[f"{pre}.self_attn.{proj}.weight"]
+                y = a @ self.w[f"{pre}.self_attn.{proj}.weight"]  # noqa: B023 - called in this iteration only
                 return y.reshape(b, s, n, hd).transpose(0, 2, 1, 3)
 
             q, k, v = heads_of("q_proj", h), heads_of("k_proj", hkv), heads_of("v_proj", hkv)

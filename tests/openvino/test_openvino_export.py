@@ -13,8 +13,8 @@ from ortpilot.artifacts.profile import write_profile
 from ortpilot.graph.feeds import make_feeds
 from ortpilot.modelio import file_sha256, load_model
 from ortpilot.session import load
-from ortpilot.tuning.tune import HELDOUT_SEED, feeds_digest
 from ortpilot.tuning.reference import array_digest as _digest
+from ortpilot.tuning.tune import HELDOUT_SEED, feeds_digest
 
 OV = "OpenVINOExecutionProvider"
 pytestmark = [

@@ -7,13 +7,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from ortpilot.api import quantize_gated
 from ortpilot.errors import AccuracyGateError
 from ortpilot.graph.feeds import make_feeds
 from ortpilot.measure.compare import metric_error
 from ortpilot.modelio import load_model
 from ortpilot.passes.base import SourceModel
 from ortpilot.passes.calibration import load_calibration, write_samples
-from ortpilot.api import quantize_gated
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.sensitivity import nodes_to_exclude, rank_dynamic
 from ortpilot.providers.cpuisa import int8_rule

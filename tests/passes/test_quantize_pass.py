@@ -11,16 +11,16 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper
 
+from ortpilot.api import quantize_gated
+from ortpilot.artifacts.atomic import save_model
 from ortpilot.cli.main import cli
 from ortpilot.errors import AccuracyGateError, InputError
-from ortpilot.artifacts.atomic import save_model
 from ortpilot.passes.calibration import (
     SyntheticCalibrationWarning,
     load_calibration,
     synthetic,
     write_samples,
 )
-from ortpilot.api import quantize_gated
 from ortpilot.passes.quantize import (
     NothingQuantizedError,
     QuantizePass,

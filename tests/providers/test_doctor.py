@@ -13,9 +13,9 @@ import onnxruntime as ort
 import pytest
 
 from ortpilot.providers.cpuisa import read_cpu_isa
-from ortpilot.session.probe import probe_provider, run_doctor
 from ortpilot.providers.gpulibs import GpuEnvironment, LibraryHit, library_mismatches
 from ortpilot.providers.ortdists import find_ort_distributions
+from ortpilot.session.probe import probe_provider, run_doctor
 
 ORT_DIR = Path(ort.__file__).parent
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from corpus import CLI, Workspace, run_cli, save, tiny_model, tuned_profile
-from test_signals import start_tune, wait_for, wait_for_hanging_worker
+from test_signals import start_tune, wait_for_hanging_worker
 
 import ortpilot
 from ortpilot.errors import UsageError

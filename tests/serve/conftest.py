@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from serve_procs import RAY_ENV, Server, free_port  # noqa: E402
+from serve_procs import RAY_ENV, Server, free_port
 
 
 @pytest.fixture(scope="session")

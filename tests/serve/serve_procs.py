@@ -33,7 +33,7 @@ class Server:
         self.port = port
         self.url = f"127.0.0.1:{port}"
         self.log = log
-        self._err = open(log, "wb")
+        self._err = open(log, "wb")  # noqa: SIM115 - the server's stderr, closed when it is stopped
         env = {**os.environ, **RAY_ENV}
         self.proc = subprocess.Popen([*CLI, "serve", *args, "--port", str(port)], stdout=subprocess.PIPE,
                                      stderr=self._err, env=env)

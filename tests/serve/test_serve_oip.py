@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 th = pytest.importorskip("tritonclient.http")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-import ortpilot  # noqa: E402
-from ortpilot.graph.feeds import make_feeds  # noqa: E402
+import ortpilot
+from ortpilot.graph.feeds import make_feeds
 
 
 @pytest.fixture(scope="module")
@@ -139,13 +139,13 @@ def test_a_body_over_max_request_mb_is_413(server):
 
 
 def test_metrics_count_requests_batches_verified_replicas_and_placement(server, reference):
-    sess, feeds = reference
+    _sess, feeds = reference
     client = th.InferenceServerClient(server.url)
     before = _metrics(server)
     for _ in range(3):
         client.infer("m", _inputs(feeds))
     with pytest.raises(InferenceServerException):
-        client.infer("m", _inputs({k: v for k, v in list(feeds.items())[1:]}))
+        client.infer("m", _inputs(dict(list(feeds.items())[1:])))
     after = _metrics(server)
     ok = 'ortpilot_requests_total{code="200",model="m"}'
     bad = 'ortpilot_requests_total{code="400",model="m"}'
@@ -159,7 +159,7 @@ def test_metrics_count_requests_batches_verified_replicas_and_placement(server, 
 
 
 def test_access_log_has_one_line_per_request_without_payloads(server, reference):
-    sess, feeds = reference
+    _sess, feeds = reference
     client = th.InferenceServerClient(server.url)
     marker = np.full_like(next(iter(feeds.values())), 7)
     client.infer("m", _inputs({**feeds, next(iter(feeds)): marker}))

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 th = pytest.importorskip("tritonclient.http")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from serve_procs import Server, free_port
+from tritonclient.utils import InferenceServerException
 
-import ortpilot  # noqa: E402
-from ortpilot.graph.feeds import make_feeds  # noqa: E402
-from serve_procs import Server, free_port  # noqa: E402
+import ortpilot
+from ortpilot.graph.feeds import make_feeds
 
 
 def _inputs(feeds):
@@ -42,7 +42,7 @@ def test_a_replica_killed_mid_request_gives_5xx_and_comes_back_verified(start_se
     sess = ortpilot.load_profile(tuned_encoder / "profile.json")
     (before,) = _replicas(server, "m")
     # A large batch keeps the replica busy long enough to be killed while it runs.
-    big = make_feeds(sess.model, {k: (64, 512) for k in (i.name for i in sess.inputs)}, seed=1)
+    big = make_feeds(sess.model, dict.fromkeys((i.name for i in sess.inputs), (64, 512)), seed=1)
     errors: list[BaseException] = []
 
     def request() -> None:
@@ -76,7 +76,7 @@ def test_a_replica_that_fails_verification_never_serves_and_serve_exits_1_saying
     broken = tmp_path / "broken"
     shutil.copytree(tuned_encoder, broken)
     doc = json.loads((broken / "profile.json").read_text())
-    doc["reference_outputs"]["sha256"] = {k: "0" * 64 for k in doc["reference_outputs"]["sha256"]}
+    doc["reference_outputs"]["sha256"] = dict.fromkeys(doc["reference_outputs"]["sha256"], "0" * 64)
     (broken / "profile.json").write_text(json.dumps(doc))
     server = start_server(str(broken), "--name", "bad", "--address", ray_address, "--ready-timeout", "120")
     assert server.proc.wait(180) == 1
@@ -157,7 +157,6 @@ def test_a_port_in_use_exits_2_before_ray_starts(tmp_path):
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        server = Server.__new__(Server)
         import subprocess
 
         from serve_procs import CLI, RAY_ENV

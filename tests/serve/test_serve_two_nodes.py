@@ -11,9 +11,10 @@ import pytest
 
 th = pytest.importorskip("tritonclient.http")
 
-import ortpilot  # noqa: E402
-from ortpilot.graph.feeds import make_feeds  # noqa: E402
-from serve_procs import RAY_ENV, Server, free_port  # noqa: E402
+from serve_procs import RAY_ENV, Server, free_port
+
+import ortpilot
+from ortpilot.graph.feeds import make_feeds
 
 pytestmark = pytest.mark.raycluster
 

@@ -92,7 +92,7 @@ def test_warn_logs_once_and_records(mlp, case, ortpilot_log):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_allow_records_silently(mlp, case, ortpilot_log):
-    providers, layer, name = CASES[case]
+    providers, layer, _name = CASES[case]
     sess = ortpilot.load(mlp, providers, policy="allow")
     assert [f.layer for f in sess.fallbacks] == [layer]
     assert not [r for r in ortpilot_log if r.levelno >= logging.WARNING]

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 import ortpilot
 from ortpilot.cli.main import cli
-from ortpilot.tuning.tune import reference_feeds
 from ortpilot.tuning.reference import array_digest as _digest
+from ortpilot.tuning.tune import reference_feeds
 
 
 def test_tune_without_arguments_writes_outputs_and_profile_reproduces_winner(tmp_path, monkeypatch):
@@ -54,10 +54,10 @@ def test_tune_json_is_one_document(tmp_path, demo_paths):
 def test_reference_inputs_come_from_the_source_model_so_a_fused_winner_reproduces(tmp_path, demo_paths):
     """The cause of an old flake: when a fused candidate won, inputs generated from the *fused*
     model (whose embedding Gather is gone) differed from the tune's, and so did the outputs."""
+    from ortpilot.artifacts.atomic import save_model
     from ortpilot.artifacts.profile import write_profile
     from ortpilot.graph.feeds import make_feeds
     from ortpilot.modelio import file_sha256, load_model
-    from ortpilot.artifacts.atomic import save_model
     from ortpilot.passes.fusion import FusionPass
     from ortpilot.session import load
     from ortpilot.tuning.tune import HELDOUT_SEED, feeds_digest

@@ -104,7 +104,7 @@ def test_a_fresh_tune_verifies_bit_for_bit_here_and_a_changed_output_fails(tmp_p
     proc = subprocess.run([*CLI, "verify", str(out)], capture_output=True, text=True, timeout=120)
     # bit-exact compares the recorded hashes, which the edit did not touch: still 0; the file is not trusted
     assert proc.returncode == 0, proc.stderr
-    doc["reference_outputs"]["sha256"] = {k: "0" * 64 for k in doc["reference_outputs"]["sha256"]}
+    doc["reference_outputs"]["sha256"] = dict.fromkeys(doc["reference_outputs"]["sha256"], "0" * 64)
     (out / "profile.json").write_text(json.dumps(doc))
     proc = subprocess.run([*CLI, "verify", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "does not reproduce its reference outputs" in proc.stderr
@@ -170,13 +170,14 @@ def _set(doc, keys, value):
 
 
 @pytest.mark.parametrize("case,edit,code,message", [
-    ("model changed", lambda doc, out: open(out / "model.onnx", "ab").write(b"\0"), 1, "changed since it was tuned"),
+    ("model changed", lambda doc, out: (out / "model.onnx").write_bytes((out / "model.onnx").read_bytes() + b"\0"), 1,
+     "changed since it was tuned"),
     ("provider missing", lambda doc, out: _set(doc, ["providers"], [{"name": "CUDAExecutionProvider", "options": {}}]),
      1, "CUDAExecutionProvider"),
     ("placement changed", lambda doc, out: _set(doc, ["placement"], {"CPUExecutionProvider": 999}), 1,
      "recorded placement"),
     ("outputs changed", lambda doc, out: _set(doc, ["reference_outputs", "sha256"],
-                                              {k: "0" * 64 for k in doc["reference_outputs"]["sha256"]}), 1,
+                                              dict.fromkeys(doc["reference_outputs"]["sha256"], "0" * 64)), 1,
      "does not reproduce its reference outputs"),
     ("threads over the budget", lambda doc, out: _set(doc, ["session_settings", "intra_op_threads"], 4096), 1,
      "this process may use"),

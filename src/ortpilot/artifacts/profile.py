@@ -150,5 +150,11 @@ def _dist_names(text: str) -> set[str]:
     return {item.split("==")[0] for item in text.split(",") if item and item != "unknown"}
 
 
-__all__ = ["OrtVersionWarning", "PROFILE_FORMAT", "read_profile", "verify_environment", "verify_model_file",
-           "write_profile"]
+__all__ = [
+    "PROFILE_FORMAT",
+    "OrtVersionWarning",
+    "read_profile",
+    "verify_environment",
+    "verify_model_file",
+    "write_profile",
+]

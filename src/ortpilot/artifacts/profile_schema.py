@@ -110,7 +110,7 @@ def _string(value: Any, name: str, *, nonempty: bool = False, limit: int = 4096)
     if not isinstance(value, str):
         raise _Bad(name, f"expected a string, got a {_kind(value)}")
     if nonempty and not value:
-        raise _Bad(name, f"it is empty")
+        raise _Bad(name, "it is empty")
     if len(value) > limit or "\0" in value:
         raise _Bad(name, f"a string of {len(value)} characters{' with a NUL' if chr(0) in value else ''}")
 
@@ -135,7 +135,7 @@ def _bool(value: Any, name: str) -> None:
 def _json_value(value: Any, name: str, depth: int = 0) -> None:
     """Plain JSON (informational sections): finite numbers, bounded depth."""
     if depth > 32:
-        raise _Bad(name, f"nested more than 32 levels deep")
+        raise _Bad(name, "nested more than 32 levels deep")
     if isinstance(value, float):
         _number(value, name)
     elif isinstance(value, dict):
@@ -163,7 +163,7 @@ def _list_of(check: Check, *, nonempty: bool = False, limit: int = 4096) -> Chec
         if not isinstance(value, list):
             raise _Bad(name, f"expected an array, got a {_kind(value)}")
         if nonempty and not value:
-            raise _Bad(name, f"it is empty")
+            raise _Bad(name, "it is empty")
         if len(value) > limit:
             raise _Bad(name, f"{len(value)} items, more than {limit}")
         for i, item in enumerate(value):
@@ -177,11 +177,11 @@ def _fields(fields: Mapping[str, Check], required: Sequence[str] = ()) -> Check:
             raise _Bad(name, f"expected an object, got a {_kind(value)}")
         for key in required:
             if key not in value:
-                raise _Bad(_join(name, key), f"it is missing")
+                raise _Bad(_join(name, key), "it is missing")
         for key, item in value.items():
             check = fields.get(key)
             if check is None:
-                raise _Bad(_join(name, str(key)), f"ortpilot writes no such field")
+                raise _Bad(_join(name, str(key)), "ortpilot writes no such field")
             check(item, _join(name, key))
     return run
 
@@ -189,7 +189,7 @@ def _fields(fields: Mapping[str, Check], required: Sequence[str] = ()) -> Check:
 def _sha256(value: Any, name: str) -> None:
     _string(value, name)
     if not _SHA256.match(value):
-        raise _Bad(name, f"not a sha256 hex digest")
+        raise _Bad(name, "not a sha256 hex digest")
 
 
 def _model_file(value: Any, name: str) -> None:

@@ -76,7 +76,7 @@ class ModelStore:
         ``expect`` (what builds it: source hash, pass record), the same value; its model's hash.
         """
         folder = self.entry_dir(key)
-        model, entry = folder / MODEL_FILE, folder / ENTRY_FILE
+        model = folder / MODEL_FILE
         try:
             info = folder.lstat()
         except FileNotFoundError:

@@ -8,9 +8,10 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from ortpilot.cli.cmd_optimize import _num
 from ortpilot.cli.common import (
-    MODEL_FILE_OPTION,
     ISOLATE_HELP,
+    MODEL_FILE_OPTION,
     PROVIDER_HELP,
     SHAPE_HELP,
     emit_json,
@@ -20,7 +21,6 @@ from ortpilot.cli.common import (
     resolve_model_arg,
     stdout,
 )
-from ortpilot.cli.cmd_optimize import _num
 
 
 @click.command("compare")

@@ -9,8 +9,8 @@ import click
 from rich.markup import escape
 
 from ortpilot.cli.common import (
-    MODEL_FILE_OPTION,
     ISOLATE_HELP,
+    MODEL_FILE_OPTION,
     PROVIDER_HELP,
     emit_json,
     handle_errors,

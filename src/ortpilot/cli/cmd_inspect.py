@@ -7,8 +7,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
-    MODEL_FILE_OPTION,
     ISOLATE_HELP,
+    MODEL_FILE_OPTION,
     PROVIDER_HELP,
     SHAPE_HELP,
     emit_json,

@@ -10,8 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
-    MODEL_FILE_OPTION,
     ISOLATE_HELP,
+    MODEL_FILE_OPTION,
     PROVIDER_HELP,
     emit_json,
     handle_errors,

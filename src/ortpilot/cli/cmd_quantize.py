@@ -8,9 +8,11 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from ortpilot.cli.cmd_compare import render_comparison
+from ortpilot.cli.cmd_optimize import render_record
 from ortpilot.cli.common import (
-    MODEL_FILE_OPTION,
     ISOLATE_HELP,
+    MODEL_FILE_OPTION,
     SHAPE_HELP,
     emit_json,
     handle_errors,
@@ -19,8 +21,6 @@ from ortpilot.cli.common import (
     stderr,
     stdout,
 )
-from ortpilot.cli.cmd_compare import render_comparison
-from ortpilot.cli.cmd_optimize import render_record
 
 
 @click.command("quantize")
@@ -104,7 +104,7 @@ def command(model: str, output: str, mode: str, per_channel: bool, reduce_range:
         _render_int8(report)
 
 
-def _render_int8(report) -> None:  # noqa: ANN001 - ortpilot.gate.quantize.QuantizeReport
+def _render_int8(report) -> None:
     render_record(report.record)
     render_comparison(report.gate.comparison)
     if report.history:

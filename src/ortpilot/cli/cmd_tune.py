@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-
 from rich.markup import escape
 
 from ortpilot.cli.common import (
@@ -101,7 +100,7 @@ class _ProgressView:
     def stop(self) -> None:
         self.progress.stop()
 
-    def update(self, p) -> None:  # noqa: ANN001 - ortpilot.tuning.search.Progress
+    def update(self, p) -> None:
         best = escape(f"best: {p.best} {p.best_ms:.3f} ms") if p.best_ms is not None else ""
         self.progress.update(self.task, description=escape(p.phase), completed=p.done, total=p.total, best=best,
                              left=f"{p.time_left_s:.0f} s left")

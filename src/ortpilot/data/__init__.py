@@ -118,6 +118,20 @@ def real_data(*, text: str | os.PathLike | None = None, images: str | os.PathLik
     return None
 
 
-__all__ = ["DataSource", "ImageData", "ImagePreprocess", "ModelFolder", "SOURCES", "TextData", "Value",
-           "digest_files", "image_samples", "load_tokenizer", "model_path_of", "read_lines", "real_data",
-           "resolve_model_folder", "text_samples"]
+__all__ = [
+    "SOURCES",
+    "DataSource",
+    "ImageData",
+    "ImagePreprocess",
+    "ModelFolder",
+    "TextData",
+    "Value",
+    "digest_files",
+    "image_samples",
+    "load_tokenizer",
+    "model_path_of",
+    "read_lines",
+    "real_data",
+    "resolve_model_folder",
+    "text_samples",
+]

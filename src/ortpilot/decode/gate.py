@@ -24,7 +24,8 @@ import onnx
 
 from ortpilot.errors import AccuracyGateError, UsageError
 from ortpilot.gate.core import ModelGate
-from ortpilot.gate.exclude import Bisect, ExcludeResult, auto_exclude as run_auto_exclude, nodes_of
+from ortpilot.gate.exclude import Bisect, ExcludeResult, nodes_of
+from ortpilot.gate.exclude import auto_exclude as run_auto_exclude
 from ortpilot.gate.generation import DecoderComparison, GenerationGate, ReferenceRun, log_softmax
 from ortpilot.gate.rankings import GroupSensitivity
 from ortpilot.passes.base import Outcome, SourceModel
@@ -299,8 +300,8 @@ def quantize_weight_only_gated(model: str | os.PathLike | onnx.ModelProto, out: 
     Returns a JSON-ready report; raises ``AccuracyGateError`` (exit 1) without writing when the
     gate fails.
     """
-    from ortpilot.modelio import load_model
     from ortpilot.artifacts.atomic import save_model
+    from ortpilot.modelio import load_model
     from ortpilot.passes.weight_only import weight_bytes, weight_only_nodes
     from ortpilot.passes.weight_only_fused import quantize_weight_only
 
@@ -343,6 +344,17 @@ def quantize_weight_only_gated(model: str | os.PathLike | onnx.ModelProto, out: 
     return report
 
 
-__all__ = ["AutoExcludeResult", "HELD_OUT_TEXTS", "TeacherForcedProbe", "WEIGHT_ONLY_MODES", "WeightOnlyStep",
-           "auto_exclude", "candidate_logits", "compare_decoders", "make_prompts", "quantize_weight_only_gated",
-           "reference_run", "text_prompts"]
+__all__ = [
+    "HELD_OUT_TEXTS",
+    "WEIGHT_ONLY_MODES",
+    "AutoExcludeResult",
+    "TeacherForcedProbe",
+    "WeightOnlyStep",
+    "auto_exclude",
+    "candidate_logits",
+    "compare_decoders",
+    "make_prompts",
+    "quantize_weight_only_gated",
+    "reference_run",
+    "text_prompts",
+]

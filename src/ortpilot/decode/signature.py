@@ -239,7 +239,7 @@ def _gqa_head_dims(gqa: list[onnx.NodeProto], info: InputInfo) -> dict[str, int]
         if info.name in node.input[3:5]:
             scale = next((a.f for a in node.attribute if a.name == "scale"), 0.0)
             if scale > 0:
-                return {last: int(round(1.0 / scale ** 2))}
+                return {last: round(1.0 / scale ** 2)}
     return {}
 
 

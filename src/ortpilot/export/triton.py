@@ -26,7 +26,6 @@ from ortpilot.errors import UsageError, VerificationError
 from ortpilot.export import kserve
 from ortpilot.export.losses import Loss, losses_markdown
 from ortpilot.export.triton_backend import BACKEND_SOURCE, DEFAULT_MAX_BATCH
-from ortpilot.graph.tensors import TensorSpec, has_batch_dim, model_tensors
 from ortpilot.export.triton_config import (
     MODEL_FILE,
     VERSION_DIR,
@@ -40,6 +39,7 @@ from ortpilot.export.triton_config import (
     warmup_file_name,
 )
 from ortpilot.export.triton_mapping import KIND_CPU, KIND_GPU, BackendSettings, map_profile
+from ortpilot.graph.tensors import TensorSpec, has_batch_dim, model_tensors
 from ortpilot.modelio import external_data_files, load_model
 from ortpilot.passes.decoder_fusion import count_layers
 from ortpilot.providers.machine import describe_machine

@@ -13,8 +13,6 @@ would quietly leave ORT's default in place. That is why every key written is che
 
 from __future__ import annotations
 
-import onnx
-
 BACKEND = "onnxruntime"
 BACKEND_SOURCE = "triton-inference-server/onnxruntime_backend src/onnxruntime.cc @ 00fd3e8 (r26.06)"
 

@@ -17,7 +17,6 @@ import onnx
 import onnxruntime as ort
 
 from ortpilot.errors import ProviderError
-from ortpilot.graph.tensors import ONNX_TYPE_OF
 from ortpilot.export.triton_backend import (
     CPU,
     CUDA,
@@ -39,6 +38,7 @@ from ortpilot.export.triton_config import (
     parse_config,
 )
 from ortpilot.export.triton_mapping import DEVICE_ALLOCATOR_KEY, KIND_GPU
+from ortpilot.graph.tensors import ONNX_TYPE_OF
 from ortpilot.session.options import SessionSettings
 
 

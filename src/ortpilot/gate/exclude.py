@@ -247,5 +247,19 @@ def finite(value: float) -> float | str:
     return float(value) if math.isfinite(value) else "inf"
 
 
-__all__ = ["Bisect", "ExcludeStep", "ExcludeResult", "Layer", "NoiseShare", "Ranking", "Rounds", "Schedule", "Try",
-           "attempt", "auto_exclude", "finite", "nodes_of", "propose"]
+__all__ = [
+    "Bisect",
+    "ExcludeResult",
+    "ExcludeStep",
+    "Layer",
+    "NoiseShare",
+    "Ranking",
+    "Rounds",
+    "Schedule",
+    "Try",
+    "attempt",
+    "auto_exclude",
+    "finite",
+    "nodes_of",
+    "propose",
+]

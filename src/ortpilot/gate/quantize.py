@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.gate.core import ModelGate
-from ortpilot.gate.exclude import Rounds, auto_exclude as run_auto_exclude, finite
+from ortpilot.gate.exclude import Rounds, finite
+from ortpilot.gate.exclude import auto_exclude as run_auto_exclude
 from ortpilot.gate.outputs import OutputGate, SampleProbe
 from ortpilot.gate.rankings import int8_ranking
 from ortpilot.gate.result import GateResult, gate_failure

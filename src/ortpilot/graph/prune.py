@@ -9,7 +9,7 @@ noise (BENCHMARKS.md, bench_step_profile), so this is tidiness, not a speed clai
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import onnx
 
@@ -69,7 +69,7 @@ def remove_dead_nodes(model: onnx.ModelProto) -> int:
     return removed
 
 
-@lru_cache(maxsize=None)
+@cache
 def _optional_outputs(domain: str, op_type: str) -> frozenset[int]:
     """Output positions ORT's schema for the op marks optional (empty when the op is unknown)."""
     from onnxruntime.capi import onnxruntime_pybind11_state as C

@@ -352,6 +352,17 @@ def _label(model: Any) -> str:
     return "<in-memory model>" if hasattr(model, "graph") else str(model)
 
 
-__all__ = ["Comparison", "METRIC_DESCRIPTIONS", "OutputStats", "Tolerances", "choose_metric", "compare_arrays",
-           "compare_models", "compare_runs", "looks_like_class_scores", "looks_like_embedding", "metric_error",
-           "run_samples"]
+__all__ = [
+    "METRIC_DESCRIPTIONS",
+    "Comparison",
+    "OutputStats",
+    "Tolerances",
+    "choose_metric",
+    "compare_arrays",
+    "compare_models",
+    "compare_runs",
+    "looks_like_class_scores",
+    "looks_like_embedding",
+    "metric_error",
+    "run_samples",
+]

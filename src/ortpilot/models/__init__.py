@@ -18,9 +18,9 @@ from pathlib import Path
 
 import onnx
 
+from ortpilot.artifacts.atomic import save_model
 from ortpilot.errors import UsageError
 from ortpilot.modelio import DEFAULT_OPSET, SAFE_IR_VERSION
-from ortpilot.artifacts.atomic import save_model
 from ortpilot.models.cnn import make_cnn
 from ortpilot.models.decoder import make_decoder
 from ortpilot.models.encoder import make_encoder

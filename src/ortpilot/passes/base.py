@@ -28,10 +28,9 @@ from typing import Any
 import onnx
 from google.protobuf.message import EncodeError
 
-from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path
+from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path, save_model
 from ortpilot.artifacts.stamp import make_stamp, write_stamp
 from ortpilot.modelio import file_sha256, load_model, set_ir_for_running_ort
-from ortpilot.artifacts.atomic import save_model
 from ortpilot.providers.names import resolve_providers
 
 log = logging.getLogger("ortpilot")

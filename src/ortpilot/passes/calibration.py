@@ -52,7 +52,7 @@ class CalibrationSet:
         if n <= 1:
             self.notes.append("only one sample: the accuracy gate runs on the calibration sample itself")
             return list(self.samples), list(self.samples)
-        held = max(min_holdout, int(round(n * holdout_fraction)))
+        held = max(min_holdout, round(n * holdout_fraction))
         held = min(held, n - 1)
         return list(self.samples[: n - held]), list(self.samples[n - held:])
 

@@ -19,13 +19,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from ortpilot.artifacts.atomic import save_model
 from ortpilot.artifacts.store import ModelStore, cache_key
 from ortpilot.errors import AccuracyGateError, UsageError, VerificationError
 from ortpilot.graph.feeds import embedding_bounds
 from ortpilot.graph.prune import clear_unread_outputs
 from ortpilot.graph.shapes import InputInfo, graph_inputs, model_max_positions
 from ortpilot.modelio import load_model
-from ortpilot.artifacts.atomic import save_model
 from ortpilot.passes.base import ModelLike, Outcome, Pass, PassResult, SourceModel, op_histogram
 from ortpilot.passes.rotary import DEFAULT_MAX_POSITIONS, fold_rotary_tables
 from ortpilot.passes.weight_only import pack_weight_matmuls

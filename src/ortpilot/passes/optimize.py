@@ -13,25 +13,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import onnx
 import onnxruntime as ort
 
+from ortpilot.artifacts.atomic import save_model
+from ortpilot.artifacts.oserrors import fix_for, free_bytes
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.artifacts.stamp import (
     EP_SPECIFIC_LEVELS,
     cpu_features,
-    describe_stamp,
     make_stamp,
-    mismatch_message,
-    read_stamp,
-    stamp_problems,
     write_stamp,
 )
 from ortpilot.artifacts.store import ModelStore, cache_key
-from ortpilot.artifacts.oserrors import fix_for, free_bytes
-from ortpilot.errors import ModelLoadError, StampMismatchError, StorageError, UsageError
-from ortpilot.modelio import file_sha256, load_model
-from ortpilot.artifacts.atomic import save_model
+from ortpilot.errors import ModelLoadError, StorageError, UsageError
+from ortpilot.modelio import load_model
 from ortpilot.passes.base import Outcome, Pass, SourceModel
 from ortpilot.providers.names import ProviderLike, ProviderSpec, resolve_providers
 from ortpilot.session.options import LEVEL_NAMES, SessionSettings
@@ -67,7 +62,7 @@ def _raise_if_write_failed(model: Any, providers: Sequence[ProviderSpec], settin
     unsaved = SessionSettings.from_dict({**settings.to_dict(), "optimized_model_filepath": ""})
     try:
         load(model, list(providers), "strict", settings=unsaved, placement=False)
-    except Exception:  # noqa: BLE001 - the model itself does not load: the original error stands
+    except Exception:
         return
     free = free_bytes(dest)
     said = str(exc).split("could not load the model: ", 1)[-1].split(". Check that the model is valid", 1)[0]

@@ -358,5 +358,17 @@ class QuantizePass(Pass):
                         calibrate_method=_method(self.method), extra_options=extra)
 
 
-__all__ = ["CALIBRATED_MODES", "METHODS", "MODES", "NothingQuantizedError", "PrepareForQuantization", "QDQ_OPS_DEFAULT",
-           "QuantizePass", "WEIGHT_OPS", "constants_to_initializers", "full_op_types", "name_nodes", "prepare"]
+__all__ = [
+    "CALIBRATED_MODES",
+    "METHODS",
+    "MODES",
+    "QDQ_OPS_DEFAULT",
+    "WEIGHT_OPS",
+    "NothingQuantizedError",
+    "PrepareForQuantization",
+    "QuantizePass",
+    "constants_to_initializers",
+    "full_op_types",
+    "name_nodes",
+    "prepare",
+]

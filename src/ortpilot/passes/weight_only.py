@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import onnx
 
 from ortpilot.errors import UsageError
-from ortpilot.passes.base import ModelLike, Outcome, Pass, PassResult, Pipeline, PipelineResult, SourceModel
+from ortpilot.passes.base import Outcome, Pass, PassResult, PipelineResult, SourceModel
 from ortpilot.passes.rotary import constant_tables
 
 log = logging.getLogger("ortpilot")

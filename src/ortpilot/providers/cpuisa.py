@@ -234,5 +234,15 @@ def int8_rule(isa: CpuIsa | None = None, kernels: Int8Kernels | None = None) -> 
         "treated as a CPU with exact INT8 dot products"), by_flags, True)
 
 
-__all__ = ["CpuIsa", "ISA_MEANING", "Int8Kernels", "Int8Rule", "KERNEL_FLAGS", "RULES", "int8_rule",
-           "probe_int8_kernels", "read_cpu_isa", "this_cpu"]
+__all__ = [
+    "ISA_MEANING",
+    "KERNEL_FLAGS",
+    "RULES",
+    "CpuIsa",
+    "Int8Kernels",
+    "Int8Rule",
+    "int8_rule",
+    "probe_int8_kernels",
+    "read_cpu_isa",
+    "this_cpu",
+]

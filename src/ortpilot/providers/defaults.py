@@ -61,10 +61,9 @@ def apply_provider_defaults(specs: list[ProviderSpec]) -> list[ProviderSpec]:
             # The older NeuralNetwork format supports fewer ops, so more nodes land on CPU.
             opts.setdefault("ModelFormat", "MLProgram")
             opts.setdefault("MLComputeUnits", "ALL")
-        elif spec.name == "QNNExecutionProvider":
+        elif spec.name == "QNNExecutionProvider" and "backend_path" not in opts:
             # Without a backend QNN cannot create a session; HTP is the NPU most users want.
-            if "backend_path" not in opts:
-                opts.setdefault("backend_type", "htp")
+            opts.setdefault("backend_type", "htp")
         out.append(ProviderSpec(spec.name, opts))
         if (spec.name == "TensorrtExecutionProvider" and "CUDAExecutionProvider" not in names):
             # Subgraphs TensorRT rejects should run on CUDA, not bounce to CPU with copies.

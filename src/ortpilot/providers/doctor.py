@@ -343,4 +343,4 @@ def _gpu_findings(gpu: GpuEnvironment, info: OrtInfo) -> list[Finding]:
     return out
 
 
-__all__ = ["DoctorReport", "Finding", "NOT_PROBED", "ProbeResult", "diagnose", "examine"]
+__all__ = ["NOT_PROBED", "DoctorReport", "Finding", "ProbeResult", "diagnose", "examine"]

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortpilot.errors import UsageError
-from ortpilot.providers.cpuisa import KERNEL_FLAGS, RULES, int8_rule, probe_int8_kernels, this_cpu
 from ortpilot.providers.cpubudget import ort_default_threads, this_budget
+from ortpilot.providers.cpuisa import KERNEL_FLAGS, RULES, int8_rule, probe_int8_kernels, this_cpu
 
 _FLAG_NAMES = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "AVX-512 VNNI", "avx_vnni": "AVX-VNNI",
                "amx_int8": "AMX-INT8", "asimddp": "Arm dotprod", "i8mm": "Arm i8mm"}

@@ -8,12 +8,11 @@ ORT build knows, and malformed options, with the list of valid names.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Union
 
 from ortpilot.errors import ProviderError
 from ortpilot.providers.defaults import apply_provider_defaults
-from ortpilot.providers.spec import EP_LIBRARY_OPTION, PROVIDER_ALIASES, SHORT_NAMES, ProviderSpec, short_name
+from ortpilot.providers.spec import PROVIDER_ALIASES, SHORT_NAMES, ProviderSpec
 
 ProviderLike = Union[str, "ProviderSpec", tuple, Mapping[str, Any]]
 

@@ -9,12 +9,9 @@ The ingress runs one replica per application, so its counters are the applicatio
 
 from __future__ import annotations
 
-import json
-import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ortpilot.serve.http import Reply, Route, error_reply, json_reply, route

@@ -155,4 +155,4 @@ class _ReplicaCollector:
         yield share
 
 
-__all__ = ["BATCH_BUCKETS", "BatchCounts", "HEARTBEAT_S", "REPLICA_TTL_S", "ReplicaReport", "ServeMetrics"]
+__all__ = ["BATCH_BUCKETS", "HEARTBEAT_S", "REPLICA_TTL_S", "BatchCounts", "ReplicaReport", "ServeMetrics"]

@@ -117,7 +117,7 @@ class OpenAIIngress:
             events = handle.options(stream=True).generate.remote(req.to_dict())
             first = await events.__anext__()
         except StopAsyncIteration:
-            raise ApiError(500, "the decoder replica ended the request without an answer", kind="server_error")
+            raise ApiError(500, "the decoder replica ended the request without an answer", kind="server_error") from None
         except Exception as exc:
             if type(exc).__name__ == "BackPressureError":
                 raise ApiError(429, f"Every replica of '{req.model}' is at its limit; retry later.",

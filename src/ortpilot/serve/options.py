@@ -88,7 +88,7 @@ class ServeOptions:
 
 def ort_threads(cpus: float) -> int:
     """ORT intra-op threads for a replica given ``cpus`` Ray CPUs: whole CPUs, at least one."""
-    return max(1, int(math.floor(cpus + 1e-9)))
+    return max(1, math.floor(cpus + 1e-9))
 
 
 def parse_autoscale(text: str | None) -> tuple[int, int] | None:

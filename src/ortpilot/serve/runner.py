@@ -68,7 +68,7 @@ def check_port(host: str, port: int) -> None:
 
 def failure_reason(message: str) -> str:
     """The error a replica's constructor raised, from Ray's deployment status message (its traceback)."""
-    found = [m for m in _ERROR_LINE.finditer(message)]
+    found = list(_ERROR_LINE.finditer(message))
     if found:
         return f"{found[-1].group(1)}: {found[-1].group(2).strip()}"
     lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]

@@ -10,7 +10,7 @@ and message as ``ortpilot run`` and the library.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 

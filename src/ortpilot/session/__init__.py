@@ -5,4 +5,4 @@ from ortpilot.session.options import LEVEL_NAMES, SessionSettings
 from ortpilot.session.placement import Placement
 from ortpilot.session.verified import VerifiedSession, load
 
-__all__ = ["POLICIES", "Fallback", "LEVEL_NAMES", "SessionSettings", "Placement", "VerifiedSession", "load"]
+__all__ = ["LEVEL_NAMES", "POLICIES", "Fallback", "Placement", "SessionSettings", "VerifiedSession", "load"]

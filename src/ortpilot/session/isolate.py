@@ -19,12 +19,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from ortpilot.artifacts.scratch import scratch_dir
-from ortpilot.childproc import child_process, die_with_parent
+from ortpilot.childproc import child_process
 from ortpilot.errors import OrtCrashError
 from ortpilot.providers.names import ProviderSpec
 from ortpilot.session.options import SessionSettings

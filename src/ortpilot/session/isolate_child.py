@@ -31,7 +31,7 @@ def _child_main(spec_file: str, result_file: str) -> int:
         load(spec["model"], spec["providers"], "allow", settings=SessionSettings.from_dict(spec["settings"]),
              placement=False, isolate=False)
         result: dict[str, Any] = {"ok": True}
-    except Exception as exc:  # noqa: BLE001 - OrtpilotError or a bug: the parent's own load reports it
+    except Exception as exc:
         result = {"ok": False, "error": type(exc).__name__, "message": str(exc)}
     result["seconds"] = time.perf_counter() - started
     Path(result_file).write_text(json.dumps(result))

@@ -90,7 +90,7 @@ def _redirect_fd(fd: int) -> Iterator[str]:
     stream = sys.stderr if fd == 2 else sys.stdout
     with contextlib.suppress(Exception):
         stream.flush()
-    tmp = tempfile.NamedTemporaryFile(prefix="ortpilot-log-", delete=False)
+    tmp = tempfile.NamedTemporaryFile(prefix="ortpilot-log-", delete=False)  # noqa: SIM115 - its fd is redirected
     saved = os.dup(fd)
     try:
         os.dup2(tmp.fileno(), fd)

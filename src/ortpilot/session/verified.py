@@ -19,11 +19,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from ortpilot.artifacts.stamp import check_stamp
 from ortpilot.errors import InputError, ModelLoadError, OrtRunError, ProviderFallbackError, UsageError
 from ortpilot.graph.check import refuse_malformed_einsums
 from ortpilot.graph.feeds import make_feeds, validate_feeds
 from ortpilot.graph.shapes import InputInfo, graph_inputs
-from ortpilot.artifacts.stamp import check_stamp
 from ortpilot.modelio import file_sha256, load_model, model_sha256
 from ortpilot.providers.defaults import session_overrides
 from ortpilot.providers.names import EP_LIBRARY_OPTION, ProviderLike, ProviderSpec, resolve_providers
@@ -384,4 +384,4 @@ def _node_flops(proto: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | 
         return {}
 
 
-__all__ = ["VerifiedSession", "load", "ProviderFallbackError"]
+__all__ = ["ProviderFallbackError", "VerifiedSession", "load"]

@@ -68,4 +68,4 @@ class Budget:
         return max(FINAL_MIN_RUNS, min(screen_runs * 2, int(budget_runs / rounds))), rounds
 
 
-__all__ = ["Budget", "CANDIDATE_TIMEOUT_S", "FINAL_MIN_ROUNDS", "FINAL_MIN_RUNS", "FINAL_ROUNDS"]
+__all__ = ["CANDIDATE_TIMEOUT_S", "FINAL_MIN_ROUNDS", "FINAL_MIN_RUNS", "FINAL_ROUNDS", "Budget"]

@@ -134,9 +134,9 @@ def _numbers(record: Mapping[str, Any]) -> str | None:
                 or not all(isinstance(o, dict) and isinstance(o.get("name"), str) and isinstance(o.get("metric"), str)
                            and type(o.get("error")) in _NUMBER for o in outputs)):
             return "has an accuracy record that is not the gate's"
-    if record.get("kind") == "prepared" and record.get("status") == "ok":
-        if not all(isinstance(record.get(k), str) for k in ("model_path", "model_sha256", "outputs")):
-            return "(prepared, ok) lacks model_path, model_sha256 or outputs"
+    if (record.get("kind") == "prepared" and record.get("status") == "ok"
+            and not all(isinstance(record.get(k), str) for k in ("model_path", "model_sha256", "outputs"))):
+        return "(prepared, ok) lacks model_path, model_sha256 or outputs"
     return None
 
 

@@ -30,9 +30,9 @@ def write_optimized_model(out: Path, model_file: Path, providers: list[dict[str,
     (logged) when the winner cannot use one or its outputs would differ."""
     if settings.level == "disable" or any(p.get("name") != CPU for p in providers):
         return None
+    from ortpilot.artifacts.atomic import save_model
     from ortpilot.artifacts.stamp import make_stamp, write_stamp
     from ortpilot.modelio import file_sha256, load_model
-    from ortpilot.artifacts.atomic import save_model
     from ortpilot.passes.base import SourceModel
     from ortpilot.passes.optimize import optimize_to_file
     from ortpilot.providers.names import resolve_providers

@@ -10,7 +10,6 @@ that the report prints.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,11 +20,11 @@ import onnxruntime as ort
 
 from ortpilot.passes.decoder_fusion import count_layers
 from ortpilot.passes.quantize import QuantizePass
+from ortpilot.passes.registry import Step
 from ortpilot.providers.cpubudget import ort_default_threads, this_budget
 from ortpilot.providers.cpuisa import Int8Rule, int8_rule
 from ortpilot.providers.names import ProviderSpec
 from ortpilot.session.options import LEVELS
-from ortpilot.passes.registry import Step
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.transform import attention_dims
 

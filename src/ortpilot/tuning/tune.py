@@ -27,6 +27,8 @@ from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.artifacts.profile import write_profile
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import UsageError
+from ortpilot.gate.core import ModelGate
+from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
 from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.measure.stats import summarize
@@ -34,16 +36,14 @@ from ortpilot.modelio import file_sha256, load_model
 from ortpilot.providers.cpubudget import ort_default_threads
 from ortpilot.providers.machine import machine_facts
 from ortpilot.providers.names import resolve_providers
-from ortpilot.gate.core import ModelGate
-from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
 from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S, Budget
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import JOURNAL_NAME, JOURNAL_VERSION, Journal, check_version
+from ortpilot.tuning.reference import REFERENCE_FILE, feeds_digest, read_reference
 from ortpilot.tuning.search import OUTPUT_RESERVE_S, Entry, Progress, Search, cost, speedup
-from ortpilot.tuning.steps import StepRunner
 from ortpilot.tuning.space import Facts, default_stand_in, gather_facts
 from ortpilot.tuning.state import KEPT, keep_for_resume, kept_file, sweep
-from ortpilot.tuning.reference import REFERENCE_FILE, feeds_digest, read_reference, reference_feeds
+from ortpilot.tuning.steps import StepRunner
 from ortpilot.tuning.worker import WorkerClient, WorkerCrash, load_samples, save_samples
 
 log = logging.getLogger("ortpilot")

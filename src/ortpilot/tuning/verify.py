@@ -229,5 +229,12 @@ def check_latency(session: VerifiedSession, path: Path, max_slowdown_pct: float,
                         default, profile)
 
 
-__all__ = ["LatencyCheck", "OutputCheck", "ProfileVerification", "REFERENCE_FILE", "check_latency", "read_reference",
-           "verify_profile"]
+__all__ = [
+    "REFERENCE_FILE",
+    "LatencyCheck",
+    "OutputCheck",
+    "ProfileVerification",
+    "check_latency",
+    "read_reference",
+    "verify_profile",
+]

@@ -46,12 +46,12 @@ class _Child:
         (scratch / "outputs").mkdir(exist_ok=True)
 
     def prepare(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        from ortpilot.tuning.reference import array_digest
         import numpy as np
 
         from ortpilot.measure.bench import Runner
         from ortpilot.session import load
         from ortpilot.tuning.candidate import Candidate
+        from ortpilot.tuning.reference import array_digest
         from ortpilot.tuning.transform import NothingToDo, build_model
 
         cand = Candidate.from_dict(dict(data))
