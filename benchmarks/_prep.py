@@ -56,8 +56,9 @@ def tune_bench_parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--only", default="", help="comma-separated corpus names (default: every model present)")
     ap.add_argument("--out", default="", help="folder for the tuners' outputs (default: a new temp folder)")
     ap.add_argument("--json", default="", help="also write the rows to this JSON file")
-    ap.add_argument("--turn", type=float, default=0.0,
-                    help="seconds per interleaving turn (0: measure's auto block of about 20 ms)")
+    ap.add_argument(
+        "--turn", type=float, default=0.0, help="seconds per interleaving turn (0: measure's auto block of about 20 ms)"
+    )
     return ap
 
 

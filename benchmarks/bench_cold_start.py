@@ -30,9 +30,11 @@ ROOT = Path(__file__).resolve().parent
 
 
 def models() -> dict[str, Path]:
-    found = {"minilm": (ROOT / "models" / "minilm" / "model.onnx", {}),
-             "nudenet-320n (CNN)": (package_file("nudenet", "320n.onnx"), {"images": (1, 3, 320, 320)}),
-             "demo cnn": (Path(demo_model_path("cnn")), {})}
+    found = {
+        "minilm": (ROOT / "models" / "minilm" / "model.onnx", {}),
+        "nudenet-320n (CNN)": (package_file("nudenet", "320n.onnx"), {"images": (1, 3, 320, 320)}),
+        "demo cnn": (Path(demo_model_path("cnn")), {}),
+    }
     return {name: entry for name, entry in found.items() if entry[0] and Path(entry[0]).is_file()}
 
 
@@ -43,8 +45,10 @@ def main() -> None:
     threads = min(2, os.cpu_count() or 1)
     settings = SessionSettings(level="all", intra_op_threads=threads, inter_op_threads=1)
     print(f"load average {os.getloadavg()[0]:.2f}; {threads} intra-op threads; {args.runs} interleaved runs each")
-    print("| model | plain, level all: create ms | optimized, level disable: create ms | ratio | "
-          "plain load ms | optimized load ms |")
+    print(
+        "| model | plain, level all: create ms | optimized, level disable: create ms | ratio | "
+        "plain load ms | optimized load ms |"
+    )
     print("|---|---|---|---|---|---|")
     for name, (source, shapes) in models().items():
         with tempfile.TemporaryDirectory() as tmp:
@@ -53,23 +57,30 @@ def main() -> None:
             plain = load(str(model), ["cpu"], "strict", settings=settings)
             feeds = make_feeds(plain.model, shapes, seed=0)
             expected = dict(zip([o.name for o in plain.get_outputs()], plain.run(None, feeds)))
-            entry = write_optimized_model(Path(tmp), model, [{"name": "CPUExecutionProvider"}], settings, feeds,
-                                          expected)
+            entry = write_optimized_model(
+                Path(tmp), model, [{"name": "CPUExecutionProvider"}], settings, feeds, expected
+            )
             if entry is None:
                 print(f"| {name} | no optimized model kept (outputs differ or ORT cannot save it) | | | | |")
                 continue
             optimized = Path(tmp) / entry["file"]
             times: dict[str, list[float]] = {"plain": [], "optimized": [], "plain_load": [], "optimized_load": []}
             for _ in range(args.runs):
-                for kind, path, opts in (("plain", model, settings), ("optimized", optimized, loading_settings(settings))):
+                for kind, path, opts in (
+                    ("plain", model, settings),
+                    ("optimized", optimized, loading_settings(settings)),
+                ):
                     started = time.perf_counter()
                     sess = load(str(path), ["cpu"], "strict", settings=opts)
                     times[f"{kind}_load"].append(time.perf_counter() - started)
                     times[kind].append(sess.create_s)
                     del sess
             med = {k: statistics.median(v) * 1000 for k, v in times.items()}
-            print(f"| {name} | {med['plain']:.1f} | {med['optimized']:.1f} | {med['plain'] / med['optimized']:.2f}x | "
-                  f"{med['plain_load']:.1f} | {med['optimized_load']:.1f} |", flush=True)
+            print(
+                f"| {name} | {med['plain']:.1f} | {med['optimized']:.1f} | {med['plain'] / med['optimized']:.2f}x | "
+                f"{med['plain_load']:.1f} | {med['optimized_load']:.1f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -73,25 +73,39 @@ def quantize_int8(model: onnx.ModelProto) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, src, save_as_external_data=model.ByteSize() > 1_800_000_000)
-        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-                         extra_options={"MatMulConstBOnly": True})
+        quantize_dynamic(
+            src,
+            dst,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul"],
+            extra_options={"MatMulConstBOnly": True},
+        )
         return onnx.load(dst)
 
 
 def make_configs(models: dict[str, onnx.ModelProto], threads: int, spin: bool) -> list[Config]:
     # Without spinning, idle ORT threads sleep instead of burning a core: fairer on a shared machine.
-    settings = SessionSettings(intra_op_threads=threads,
-                               config_entries={} if spin else {"session.intra_op.allow_spinning": "0"})
-    wanted = [("source", "plain"), ("source", "bound"), ("fused", "plain"), ("fused", "bound"),
-              ("fused", "shared"), ("fused-int8", "shared")]
+    settings = SessionSettings(
+        intra_op_threads=threads, config_entries={} if spin else {"session.intra_op.allow_spinning": "0"}
+    )
+    wanted = [
+        ("source", "plain"),
+        ("source", "bound"),
+        ("fused", "plain"),
+        ("fused", "bound"),
+        ("fused", "shared"),
+        ("fused-int8", "shared"),
+    ]
     sessions: dict[str, tuple[VerifiedSession, DecoderSignature]] = {}
     configs = []
     for variant, loop in wanted:
         if variant not in models:
             continue
         if variant not in sessions:
-            sessions[variant] = (load(models[variant], settings=settings, placement=False),
-                                 detect_signature(models[variant]))
+            sessions[variant] = (
+                load(models[variant], settings=settings, placement=False),
+                detect_signature(models[variant]),
+            )
         sess, sig = sessions[variant]
         configs.append(Config(f"{variant}/{loop}", variant, loop, sess, sig))
     return configs
@@ -132,8 +146,12 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-spin", action="store_true", help="ORT threads sleep instead of spin-waiting")
-    parser.add_argument("--turn", type=int, default=8,
-                        help="decode steps a configuration runs before the next one takes over (default 8)")
+    parser.add_argument(
+        "--turn",
+        type=int,
+        default=8,
+        help="decode steps a configuration runs before the next one takes over (default 8)",
+    )
     parser.add_argument("--int8", action="store_true", help="also the dynamic INT8 of the fused model")
     parser.add_argument("--json", dest="json_out", help="write all samples here")
     parser.add_argument("--tokenizer", help="tokenizer.json: also answer --question with every model variant")
@@ -147,16 +165,27 @@ def main() -> int:
     configs = make_configs(models, args.threads, not args.no_spin)
     sig = configs[0].signature
     vocab = sig.vocab_size or 1000
-    doc = {"model": args.model or "demo:decoder", "ort": ort.__version__, "date": datetime.datetime.now().isoformat(
-        timespec="seconds"), "cpu": platform.processor() or platform.machine(), "threads": args.threads,
-        "spinning": not args.no_spin, "turn": args.turn,
-        "new_tokens": args.new_tokens, "contexts": {}}
-    print(f"model {doc['model']}, ORT {ort.__version__}, {args.threads} threads"
-          f"{'' if not args.no_spin else ' (no spinning)'}, {doc['date']}, "
-          f"{args.new_tokens} tokens per context, medians over decode steps")
+    doc = {
+        "model": args.model or "demo:decoder",
+        "ort": ort.__version__,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cpu": platform.processor() or platform.machine(),
+        "threads": args.threads,
+        "spinning": not args.no_spin,
+        "turn": args.turn,
+        "new_tokens": args.new_tokens,
+        "contexts": {},
+    }
+    print(
+        f"model {doc['model']}, ORT {ort.__version__}, {args.threads} threads"
+        f"{'' if not args.no_spin else ' (no spinning)'}, {doc['date']}, "
+        f"{args.new_tokens} tokens per context, medians over decode steps"
+    )
     print()
-    print("| context | config | ms/token p50 | p90 | vs source/plain | prefill s | host B/token | KV B/token "
-          "| same tokens |")
+    print(
+        "| context | config | ms/token p50 | p90 | vs source/plain | prefill s | host B/token | KV B/token "
+        "| same tokens |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---:|:-:|")
     for i, context in enumerate(int(c) for c in args.contexts.split(",")):
         log(f"context {context} ...")
@@ -167,14 +196,24 @@ def main() -> int:
         for cfg in configs:
             p50, p90 = float(np.median(cfg.steps_ms)), float(np.percentile(cfg.steps_ms, 90))
             same = cfg.tokens == ref.tokens
-            rows[cfg.name] = {"p50_ms": p50, "p90_ms": p90, "ratio": ref_p50 / p50, "prefill_s": cfg.prefill_s,
-                              "host_bytes_per_token": cfg.traffic.host_bytes / len(cfg.steps_ms),
-                              "kv_bytes_per_token": cfg.traffic.kv_host_bytes / len(cfg.steps_ms),
-                              "same_tokens": same, "tokens": cfg.tokens, "steps_ms": cfg.steps_ms}
+            rows[cfg.name] = {
+                "p50_ms": p50,
+                "p90_ms": p90,
+                "ratio": ref_p50 / p50,
+                "prefill_s": cfg.prefill_s,
+                "host_bytes_per_token": cfg.traffic.host_bytes / len(cfg.steps_ms),
+                "kv_bytes_per_token": cfg.traffic.kv_host_bytes / len(cfg.steps_ms),
+                "same_tokens": same,
+                "tokens": cfg.tokens,
+                "steps_ms": cfg.steps_ms,
+            }
             mark = "yes" if same else f"no ({_agree(cfg.tokens, ref.tokens)})"
-            print(f"| {context} | {cfg.name} | {p50:.2f} | {p90:.2f} | {ref_p50 / p50:.2f}x | {cfg.prefill_s:.2f} "
-                  f"| {rows[cfg.name]['host_bytes_per_token']:.0f} | {rows[cfg.name]['kv_bytes_per_token']:.0f} "
-                  f"| {mark} |", flush=True)
+            print(
+                f"| {context} | {cfg.name} | {p50:.2f} | {p90:.2f} | {ref_p50 / p50:.2f}x | {cfg.prefill_s:.2f} "
+                f"| {rows[cfg.name]['host_bytes_per_token']:.0f} | {rows[cfg.name]['kv_bytes_per_token']:.0f} "
+                f"| {mark} |",
+                flush=True,
+            )
         doc["contexts"][str(context)] = rows
     if args.tokenizer:
         doc["answers"] = answers(configs, args.tokenizer, args.question)

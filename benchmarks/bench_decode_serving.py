@@ -61,8 +61,9 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def summarize(arrivals: list[float], firsts: list[float], ends: list[float], gaps_ms: list[list[float]],
-              tokens: list[int]) -> dict[str, float]:
+def summarize(
+    arrivals: list[float], firsts: list[float], ends: list[float], gaps_ms: list[list[float]], tokens: list[int]
+) -> dict[str, float]:
     """Aggregate tokens/s, inter-token latency, time per output token and TTFT of one configuration.
 
     ``gaps_ms[i]``: request i's intervals between consecutive tokens. ITL p50/p99 pool every
@@ -73,16 +74,23 @@ def summarize(arrivals: list[float], firsts: list[float], ends: list[float], gap
     tpot = [float(np.mean(g)) for g in gaps_ms if g]
     ttft = [(f - a) * 1e3 for f, a in zip(firsts, arrivals)]
     span = max(ends) - min(arrivals)
-    return {"tokens_per_s": sum(tokens) / span, "itl_p50_ms": float(np.percentile(pooled, 50)),
-            "itl_p99_ms": float(np.percentile(pooled, 99)), "tpot_p50_ms": float(np.percentile(tpot, 50)),
-            "ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p99_ms": float(np.percentile(ttft, 99)),
-            "span_s": span}
+    return {
+        "tokens_per_s": sum(tokens) / span,
+        "itl_p50_ms": float(np.percentile(pooled, 50)),
+        "itl_p99_ms": float(np.percentile(pooled, 99)),
+        "tpot_p50_ms": float(np.percentile(tpot, 50)),
+        "ttft_p50_ms": float(np.percentile(ttft, 50)),
+        "ttft_p99_ms": float(np.percentile(ttft, 99)),
+        "span_s": span,
+    }
 
 
-def run_continuous(gen: Generator, prompts: list[list[int]], arrivals: list[float], new: int,
-                   max_length: int, prefill_chunk: int) -> tuple[dict[str, float], list[list[int]], dict[str, Any]]:
-    scheduler = Scheduler(gen, max_streams=len(prompts), max_queue=len(prompts), max_length=max_length,
-                          prefill_chunk=prefill_chunk)
+def run_continuous(
+    gen: Generator, prompts: list[list[int]], arrivals: list[float], new: int, max_length: int, prefill_chunk: int
+) -> tuple[dict[str, float], list[list[int]], dict[str, Any]]:
+    scheduler = Scheduler(
+        gen, max_streams=len(prompts), max_queue=len(prompts), max_length=max_length, prefill_chunk=prefill_chunk
+    )
     start = time.perf_counter()
     streams: list[Any] = []
     while len(streams) < len(prompts) or scheduler.pending:
@@ -97,12 +105,16 @@ def run_continuous(gen: Generator, prompts: list[list[int]], arrivals: list[floa
     ends = [s.token_times[-1] - start for s in streams]
     gaps = [(np.diff(s.token_times) * 1e3).tolist() for s in streams]
     stats = scheduler.stats()
-    return (summarize(arrivals, firsts, ends, gaps, [len(s.tokens) for s in streams]),
-            [s.tokens for s in streams], {"mean_rows_per_step": stats["mean_rows_per_step"]})
+    return (
+        summarize(arrivals, firsts, ends, gaps, [len(s.tokens) for s in streams]),
+        [s.tokens for s in streams],
+        {"mean_rows_per_step": stats["mean_rows_per_step"]},
+    )
 
 
-def run_sequential(gen: Generator, prompts: list[list[int]], arrivals: list[float],
-                   new: int) -> tuple[dict[str, float], list[list[int]]]:
+def run_sequential(
+    gen: Generator, prompts: list[list[int]], arrivals: list[float], new: int
+) -> tuple[dict[str, float], list[list[int]]]:
     clock, firsts, ends, gaps, out = 0.0, [], [], [], []
     for prompt, arrival in zip(prompts, arrivals):
         begin = max(clock, arrival)
@@ -117,8 +129,9 @@ def run_sequential(gen: Generator, prompts: list[list[int]], arrivals: list[floa
     return summarize(arrivals, firsts, ends, gaps, [len(t) for t in out]), out
 
 
-def run_genai(model: og.Model, prompts: list[list[int]], arrivals: list[float],
-              new: int) -> tuple[dict[str, float], list[list[int]]]:
+def run_genai(
+    model: og.Model, prompts: list[list[int]], arrivals: list[float], new: int
+) -> tuple[dict[str, float], list[list[int]]]:
     length = len(prompts[0]) + new
     params = og.GeneratorParams(model)
     params.set_search_options(batch_size=len(prompts), max_length=length, min_length=length, do_sample=False)
@@ -134,15 +147,17 @@ def run_genai(model: og.Model, prompts: list[list[int]], arrivals: list[float],
             tokens[row].append(int(token))
         times.append(time.perf_counter() - t0)
     n, gaps = len(prompts), (np.diff(times) * 1e3).tolist()
-    summary = summarize(arrivals, [begin + times[0]] * n, [begin + times[-1]] * n, [gaps] * n,
-                        [len(t) for t in tokens])
+    summary = summarize(arrivals, [begin + times[0]] * n, [begin + times[-1]] * n, [gaps] * n, [len(t) for t in tokens])
     return summary, tokens
 
 
 def genai_model(path: Path, threads: int) -> og.Model:
     config = og.Config(str(path))
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads,
-                                                                          "inter_op_num_threads": 1}}}}))
+    config.overlay(
+        json.dumps(
+            {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}
+        )
+    )
     return og.Model(config)
 
 
@@ -182,12 +197,21 @@ def main() -> int:
     streams = [int(s) for s in args.streams.split(",")]
     patterns = args.patterns.split(",")
 
-    doc: dict[str, Any] = {"ort": ort.__version__, "genai": og.__version__, "command": " ".join(sys.argv),
-                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                           "load_average_start": os.getloadavg(), "cpu": cpu_facts(), "threads": args.threads,
-                           "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-                           "interval_ms": args.interval_ms, "rounds": args.rounds, "prefill_chunk": args.prefill_chunk,
-                           "results": {}}
+    doc: dict[str, Any] = {
+        "ort": ort.__version__,
+        "genai": og.__version__,
+        "command": " ".join(sys.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load_average_start": os.getloadavg(),
+        "cpu": cpu_facts(),
+        "threads": args.threads,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "interval_ms": args.interval_ms,
+        "rounds": args.rounds,
+        "prefill_chunk": args.prefill_chunk,
+        "results": {},
+    }
     log("fusing / quantizing ...")
     gens = ortpilot_generators(Path(args.export), args.threads, precisions)
     genai = {p: genai_model(Path(args.genai) / f"genai-{p}", args.threads) for p in precisions}
@@ -204,12 +228,13 @@ def main() -> int:
                 for r in range(args.rounds):
                     rng = np.random.default_rng(1000 * n + r)
                     prompts = [rng.integers(1, vocab, size=args.prompt_tokens).tolist() for _ in range(n)]
-                    order = SYSTEMS[r % 3:] + SYSTEMS[:r % 3]
+                    order = SYSTEMS[r % 3 :] + SYSTEMS[: r % 3]
                     tokens: dict[str, list[list[int]]] = {}
                     for system in order:
                         if system == "continuous":
-                            row, tokens[system], info = run_continuous(gens[precision], prompts, arrivals,
-                                                                       args.new_tokens, max_length, args.prefill_chunk)
+                            row, tokens[system], info = run_continuous(
+                                gens[precision], prompts, arrivals, args.new_tokens, max_length, args.prefill_chunk
+                            )
                             extra["mean_rows_per_step"].append(info["mean_rows_per_step"])
                         elif system == "sequential":
                             row, tokens[system] = run_sequential(gens[precision], prompts, arrivals, args.new_tokens)
@@ -220,37 +245,50 @@ def main() -> int:
                     extra["identical"].append(same)
                     identical += same
                     checked += 1
-                    extra["genai_tokens_equal"].append(sum(a == b for a, b in zip(tokens["genai-static"],
-                                                                                  tokens["sequential"])))
+                    extra["genai_tokens_equal"].append(
+                        sum(a == b for a, b in zip(tokens["genai-static"], tokens["sequential"]))
+                    )
                     if not same:
                         log(f"{key} round {r}: continuous tokens differ from single-stream!")
-                med = {s: {k: float(np.median([row[k] for row in rows])) for k in rows[0]} for s, rows in rounds.items()}
+                med = {
+                    s: {k: float(np.median([row[k] for row in rows])) for k in rows[0]} for s, rows in rounds.items()
+                }
                 doc["results"][key] = {"median": med, "rounds": rounds, **extra}
                 c, q, g = med["continuous"], med["sequential"], med["genai-static"]
-                log(f"{key}: continuous {c['tokens_per_s']:.1f} tok/s (itl {c['itl_p50_ms']:.1f}, ttft p99 "
+                log(
+                    f"{key}: continuous {c['tokens_per_s']:.1f} tok/s (itl {c['itl_p50_ms']:.1f}, ttft p99 "
                     f"{c['ttft_p99_ms']:.0f}); sequential {q['tokens_per_s']:.1f} ({q['itl_p50_ms']:.1f}, "
                     f"{q['ttft_p99_ms']:.0f}); genai {g['tokens_per_s']:.1f} ({g['itl_p50_ms']:.1f}, "
-                    f"{g['ttft_p99_ms']:.0f}); load {os.getloadavg()[0]:.1f}")
+                    f"{g['ttft_p99_ms']:.0f}); load {os.getloadavg()[0]:.1f}"
+                )
     doc["greedy_identical_rounds"] = f"{identical}/{checked}"
     doc["load_average_end"] = os.getloadavg()
-    print(f"SmolLM2-135M-Instruct, ORT {ort.__version__}, onnxruntime-genai {og.__version__}, {args.threads} threads, "
-          f"{doc['date']}; {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, staggered every "
-          f"{args.interval_ms:g} ms; medians of {args.rounds} rounds; load average {doc['load_average_start']}\n")
-    print("| precision | streams | arrivals | system | tokens/s | x sequential | x genai | ITL p50 / p99 ms "
-          "| TPOT p50 ms | TTFT p50 / p99 ms |")
+    print(
+        f"SmolLM2-135M-Instruct, ORT {ort.__version__}, onnxruntime-genai {og.__version__}, {args.threads} threads, "
+        f"{doc['date']}; {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, staggered every "
+        f"{args.interval_ms:g} ms; medians of {args.rounds} rounds; load average {doc['load_average_start']}\n"
+    )
+    print(
+        "| precision | streams | arrivals | system | tokens/s | x sequential | x genai | ITL p50 / p99 ms "
+        "| TPOT p50 ms | TTFT p50 / p99 ms |"
+    )
     print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for key, res in doc["results"].items():
         precision, n, pattern = key.split("/")
         med = res["median"]
         for system in SYSTEMS:
             row = med[system]
-            print(f"| {precision} | {n} | {pattern} | {system} | {row['tokens_per_s']:.1f} | "
-                  f"{row['tokens_per_s'] / med['sequential']['tokens_per_s']:.2f}x | "
-                  f"{row['tokens_per_s'] / med['genai-static']['tokens_per_s']:.2f}x | "
-                  f"{row['itl_p50_ms']:.1f} / {row['itl_p99_ms']:.1f} | {row['tpot_p50_ms']:.1f} | "
-                  f"{row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f} |")
-    print(f"\ngreedy tokens of every continuous stream = its single-stream tokens: {doc['greedy_identical_rounds']} "
-          f"rounds; load average at the end {doc['load_average_end']}")
+            print(
+                f"| {precision} | {n} | {pattern} | {system} | {row['tokens_per_s']:.1f} | "
+                f"{row['tokens_per_s'] / med['sequential']['tokens_per_s']:.2f}x | "
+                f"{row['tokens_per_s'] / med['genai-static']['tokens_per_s']:.2f}x | "
+                f"{row['itl_p50_ms']:.1f} / {row['itl_p99_ms']:.1f} | {row['tpot_p50_ms']:.1f} | "
+                f"{row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f} |"
+            )
+    print(
+        f"\ngreedy tokens of every continuous stream = its single-stream tokens: {doc['greedy_identical_rounds']} "
+        f"rounds; load average at the end {doc['load_average_end']}"
+    )
     write_json(args.json_out, doc)
     return 0 if identical == checked else 1
 

@@ -36,10 +36,13 @@ def gemv_ms(model: bytes, threads: int, x: np.ndarray, runs: int = 10) -> float:
 
 def main() -> None:
     weight = np.random.default_rng(0).standard_normal((K, N)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "gemv",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, K])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, N])],
-                              [numpy_helper.from_array(weight, "W")])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "gemv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, N])],
+        [numpy_helper.from_array(weight, "W")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     data = model.SerializeToString()
@@ -50,8 +53,10 @@ def main() -> None:
     for _ in range(5):
         flat.sum()
     numpy_gbs = 5 * flat.nbytes / (time.perf_counter() - t0) / 1e9
-    print(f"ORT {ort.__version__}, {datetime.datetime.now().isoformat(timespec='minutes')}, "
-          f"weight {weight.nbytes / 1e6:.0f} MB")
+    print(
+        f"ORT {ort.__version__}, {datetime.datetime.now().isoformat(timespec='minutes')}, "
+        f"weight {weight.nbytes / 1e6:.0f} MB"
+    )
     print(f"numpy sum, 1 thread: {numpy_gbs:.1f} GB/s")
     for threads in (1, 2):
         ms = gemv_ms(data, threads, x)

@@ -60,32 +60,59 @@ def run_olive(model: Path, feeds: dict[str, np.ndarray], out: Path, timeout_s: f
     np.savez(out / "inputs.npz", **feeds)
     env = dict(os.environ, OLIVE_DISABLE_TELEMETRY="1")
     start = time.monotonic()
-    proc = subprocess.run([str(OLIVE_PY), str(RUNNER), str(model), str(out / "inputs.npz"), str(out),
-                           str(physical_cores())], capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+    proc = subprocess.run(
+        [str(OLIVE_PY), str(RUNNER), str(model), str(out / "inputs.npz"), str(out), str(physical_cores())],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        check=False,
+    )
     wall = time.monotonic() - start
     (out / "olive.log").write_text(proc.stdout + proc.stderr)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("OLIVE_RESULT ")), None)
     if proc.returncode != 0 or line is None:
-        return {"ok": False, "wall_s": wall, "error": f"exit {proc.returncode}", "log_tail": (proc.stdout + proc.stderr)[-1500:]}
-    doc = json.loads(line[len("OLIVE_RESULT "):])
+        return {
+            "ok": False,
+            "wall_s": wall,
+            "error": f"exit {proc.returncode}",
+            "log_tail": (proc.stdout + proc.stderr)[-1500:],
+        }
+    doc = json.loads(line[len("OLIVE_RESULT ") :])
     failed = (proc.stdout + proc.stderr).count("... FAILED")
-    return {"ok": doc.get("settings") is not None, "wall_s": wall, "olive_run_s": doc.get("wall_s"),
-            "settings": doc.get("settings"), "olive_latency": doc.get("latency_ms"),
-            "olive_input_latency": doc.get("input_model_metrics"), "points_failed": failed}
+    return {
+        "ok": doc.get("settings") is not None,
+        "wall_s": wall,
+        "olive_run_s": doc.get("wall_s"),
+        "settings": doc.get("settings"),
+        "olive_latency": doc.get("latency_ms"),
+        "olive_input_latency": doc.get("input_model_metrics"),
+        "points_failed": failed,
+    }
 
 
 def olive_config(pick: dict[str, Any], feeds: dict[str, np.ndarray], model: Path) -> tuple[BenchConfig, str]:
     """Olive's inference settings as an ortpilot BenchConfig, and a short label."""
     so = dict(pick.get("session_options") or {})
-    settings = SessionSettings(level=OLIVE_LEVELS.get(int(so.get("graph_optimization_level", 99)), "all"),
-                               intra_op_threads=int(so.get("intra_op_num_threads") or 0),
-                               inter_op_threads=int(so.get("inter_op_num_threads") or 0),
-                               execution_mode="parallel" if int(so.get("execution_mode") or 0) == 1 else "sequential")
+    settings = SessionSettings(
+        level=OLIVE_LEVELS.get(int(so.get("graph_optimization_level", 99)), "all"),
+        intra_op_threads=int(so.get("intra_op_num_threads") or 0),
+        inter_op_threads=int(so.get("inter_op_num_threads") or 0),
+        execution_mode="parallel" if int(so.get("execution_mode") or 0) == 1 else "sequential",
+    )
     providers = list(pick.get("execution_provider") or ["CPUExecutionProvider"])
-    label = (f"{settings.level} · intra={settings.intra_op_threads} · inter={settings.inter_op_threads} · "
-             f"{settings.execution_mode}" + (" · iobinding" if pick.get("io_bind") else ""))
-    return BenchConfig("Olive", model=str(model), providers=providers, settings=settings, feeds=feeds,
-                       iobinding=bool(pick.get("io_bind"))), label
+    label = (
+        f"{settings.level} · intra={settings.intra_op_threads} · inter={settings.inter_op_threads} · "
+        f"{settings.execution_mode}" + (" · iobinding" if pick.get("io_bind") else "")
+    )
+    return BenchConfig(
+        "Olive",
+        model=str(model),
+        providers=providers,
+        settings=settings,
+        feeds=feeds,
+        iobinding=bool(pick.get("io_bind")),
+    ), label
 
 
 def main() -> None:
@@ -111,17 +138,26 @@ def main() -> None:
             cfg, olive_label = olive_config(olive["settings"], feeds, source)
             extra = [cfg]
         print(f"[{name}] interleaved ...", file=sys.stderr, flush=True)
-        row = {"model": name, "config": tuned["config"], "default_best": tuned["default_best"],
-               "tune_wall_s": tuned["wall_s"], "candidates": tuned["candidates"],
-               "accuracy": bench_tune.check(name, tuned), "olive": {**olive, "label": olive_label},
-               "timing": bench_tune.measure(bench_tune.configs_for(tuned, feeds, extra), args.duration,
-                                            bench_tune.block_for(tuned, args.turn))}
+        row = {
+            "model": name,
+            "config": tuned["config"],
+            "default_best": tuned["default_best"],
+            "tune_wall_s": tuned["wall_s"],
+            "candidates": tuned["candidates"],
+            "accuracy": bench_tune.check(name, tuned),
+            "olive": {**olive, "label": olive_label},
+            "timing": bench_tune.measure(
+                bench_tune.configs_for(tuned, feeds, extra), args.duration, bench_tune.block_for(tuned, args.turn)
+            ),
+        }
         bench_tune.record(rows, row)
     bench_tune.save_rows(args.json, head, rows)
     print(head + "\n")
-    print("| model | ORT default p50 ms | ortpilot p50 ms (speedup, 95% CI) | ortpilot config | ortpilot accuracy vs "
-          "default | ortpilot wall s | Olive pick p50 ms (speedup, 95% CI) | Olive pick | Olive wall s | "
-          "ortpilot / Olive |")
+    print(
+        "| model | ORT default p50 ms | ortpilot p50 ms (speedup, 95% CI) | ortpilot config | ortpilot accuracy vs "
+        "default | ortpilot wall s | Olive pick p50 ms (speedup, 95% CI) | Olive pick | Olive wall s | "
+        "ortpilot / Olive |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         t = r["timing"]["rows"]
@@ -129,9 +165,11 @@ def main() -> None:
         v = t.get("Olive")
         olive_cell = bench_tune.timing_cell(v) if v else f"failed: {r['olive'].get('error', '')}"
         vs = f"{v['p50_ms'] / o['p50_ms']:.2f}x" if v else "-"
-        print(f"| {r['model']} | {t['ORT default']['p50_ms']:.3f} | {bench_tune.timing_cell(o)} | {r['config']} | "
-              f"{bench_tune.fmt_accuracy(r['accuracy'])} | {r['tune_wall_s']:.0f} | {olive_cell} | "
-              f"{r['olive'].get('label', '-')} | {r['olive']['wall_s']:.0f} | {vs} |")
+        print(
+            f"| {r['model']} | {t['ORT default']['p50_ms']:.3f} | {bench_tune.timing_cell(o)} | {r['config']} | "
+            f"{bench_tune.fmt_accuracy(r['accuracy'])} | {r['tune_wall_s']:.0f} | {olive_cell} | "
+            f"{r['olive'].get('label', '-')} | {r['olive']['wall_s']:.0f} | {vs} |"
+        )
 
 
 if __name__ == "__main__":

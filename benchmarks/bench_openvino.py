@@ -71,21 +71,31 @@ def main() -> None:
         feeds = timing_feeds(tuned["profile"])
         ov, ov_note = openvino_config(tuned["profile"]["source_model"]["path"], feeds)
         timing = measure(configs_for(tuned, feeds, [ov] if ov else []), args.duration, block_for(tuned, args.turn))
-        row = {"model": name, "config": tuned["config"], "provider": chosen_provider(tuned["profile"]),
-               "openvino": ov_note, "tune_wall_s": tuned["wall_s"], "candidates": tuned["candidates"],
-               "timing": timing}
+        row = {
+            "model": name,
+            "config": tuned["config"],
+            "provider": chosen_provider(tuned["profile"]),
+            "openvino": ov_note,
+            "tune_wall_s": tuned["wall_s"],
+            "candidates": tuned["candidates"],
+            "timing": timing,
+        }
         record(rows, row)
     save_rows(args.json, head, rows)
     print(head + "\n")
-    print("| model | ORT default (CPU) p50 ms | OpenVINO p50 ms (vs default, 95% CI) | ortpilot p50 ms (vs default) "
-          "| ortpilot chose | provider | tune wall s |")
+    print(
+        "| model | ORT default (CPU) p50 ms | OpenVINO p50 ms (vs default, 95% CI) | ortpilot p50 ms (vs default) "
+        "| ortpilot chose | provider | tune wall s |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         t = r["timing"]["rows"]
         ov = t.get("OpenVINO")
         ov_cell = timing_cell(ov) if ov else f"fails: {r['openvino']}"
-        print(f"| {r['model']} | {t['ORT default']['p50_ms']:.3f} | {ov_cell} | {timing_cell(t['ortpilot'])} | "
-              f"{r['config']} | {r['provider']} | {r['tune_wall_s']:.0f} |")
+        print(
+            f"| {r['model']} | {t['ORT default']['p50_ms']:.3f} | {ov_cell} | {timing_cell(t['ortpilot'])} | "
+            f"{r['config']} | {r['provider']} | {r['tune_wall_s']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

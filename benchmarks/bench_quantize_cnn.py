@@ -41,7 +41,7 @@ def photo_like(n: int, size: int, seed: int, *, scale01: bool) -> list[np.ndarra
             cx, cy, r = rng.uniform(0, 1, 2).tolist() + [rng.uniform(0.05, 0.25)]
             color = rng.uniform(0, 1, 3)[:, None, None]
             if rng.random() < 0.5:
-                mask = ((xx - cx) ** 2 + (yy - cy) ** 2) < r ** 2
+                mask = ((xx - cx) ** 2 + (yy - cy) ** 2) < r**2
             else:
                 mask = (abs(xx - cx) < r) & (abs(yy - cy) < r / 4)
             img = np.where(mask[None], color, img)
@@ -83,11 +83,13 @@ def bench_cnn(label: str, path: Path, input_name: str, size: int, scale01: bool,
     variants: dict = {"float": None}
     records = {}
     failures: dict[str, str] = {}
-    for name, step in (("dynamic", QuantizePass("dynamic")),
-                       ("dynamic per-channel", QuantizePass("dynamic", per_channel=True)),
-                       ("qdq", QuantizePass("qdq", calibration=calib)),
-                       ("qdq per-channel", QuantizePass("qdq", calibration=calib, per_channel=True)),
-                       ("full", QuantizePass("full", calibration=calib, per_channel=True))):
+    for name, step in (
+        ("dynamic", QuantizePass("dynamic")),
+        ("dynamic per-channel", QuantizePass("dynamic", per_channel=True)),
+        ("qdq", QuantizePass("qdq", calibration=calib)),
+        ("qdq per-channel", QuantizePass("qdq", calibration=calib, per_channel=True)),
+        ("full", QuantizePass("full", calibration=calib, per_channel=True)),
+    ):
         try:
             result = step.run(path)
             sessions_try = session(result.model, args.threads)
@@ -106,23 +108,36 @@ def bench_cnn(label: str, path: Path, input_name: str, size: int, scale01: bool,
         w = c.worst_output()
         errors[name] = (w.metric, w.error, w.cosine, w.snr_db)
     medians = interleaved(sessions, held[0], args.rounds, args.runs)
-    lines = [f"### {label} (`{path.name}`, input {input_name} 1x3x{size}x{size})", "",
-             ("| variant | quantized nodes | median ms | vs float | gate metric | error | cosine | SNR dB | "
-              f"passes --max-error {args.max_error} |"), "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### {label} (`{path.name}`, input {input_name} 1x3x{size}x{size})",
+        "",
+        (
+            "| variant | quantized nodes | median ms | vs float | gate metric | error | cosine | SNR dB | "
+            f"passes --max-error {args.max_error} |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     best = None
     for name in sessions:
         metric, err, cos, snr = errors[name]
         q = records[name].quantized_nodes if name in records else 0
         ratio = medians["float"] / medians[name]
         ok = err <= args.max_error
-        lines.append(f"| {name} | {q} | {medians[name]:.2f} | {ratio:.2f}x | {metric} | {err:.4g} | {cos:.5f} | "
-                     f"{snr:.1f} | {'yes' if ok else 'no'} |")
+        lines.append(
+            f"| {name} | {q} | {medians[name]:.2f} | {ratio:.2f}x | {metric} | {err:.4g} | {cos:.5f} | "
+            f"{snr:.1f} | {'yes' if ok else 'no'} |"
+        )
         if name != "float" and ok and (best is None or medians[name] < medians[best]):
             best = name
     for name, why in failures.items():
         lines.append(f"| {name} | - | failed | - | - | - | - | - | {why} |")
-    lines += ["", f"Fastest gate-passing INT8 variant: **{best or 'none'}**"
-              + (f" ({medians['float'] / medians[best]:.2f}x float)" if best else "") + ".", ""]
+    lines += [
+        "",
+        f"Fastest gate-passing INT8 variant: **{best or 'none'}**"
+        + (f" ({medians['float'] / medians[best]:.2f}x float)" if best else "")
+        + ".",
+        "",
+    ]
     return lines
 
 
@@ -132,17 +147,26 @@ def bench_minilm(path: Path, args) -> list[str]:
     from ortpilot.graph.feeds import make_feeds, plan_feeds
 
     model = onnx.load(path, load_external_data=False)
-    plan = plan_feeds(model, {"sequence": (128,)} if any("seq" in str(d) for i in model.graph.input
-                                                        for d in i.type.tensor_type.shape.dim) else None)
+    plan = plan_feeds(
+        model,
+        {"sequence": (128,)}
+        if any("seq" in str(d) for i in model.graph.input for d in i.type.tensor_type.shape.dim)
+        else None,
+    )
     samples = [make_feeds(model, plan=plan, seed=i) for i in range(8)]
-    sessions = {"float": session(path, args.threads),
-                "dynamic int8": session(QuantizePass("dynamic").run(path).model, args.threads),
-                "dynamic int8 per-channel": session(QuantizePass("dynamic", per_channel=True).run(path).model,
-                                                    args.threads)}
+    sessions = {
+        "float": session(path, args.threads),
+        "dynamic int8": session(QuantizePass("dynamic").run(path).model, args.threads),
+        "dynamic int8 per-channel": session(QuantizePass("dynamic", per_channel=True).run(path).model, args.threads),
+    }
     ref = run_samples(sessions["float"], samples)
     medians = interleaved(sessions, samples[0], args.rounds, args.runs)
-    lines = [f"### MiniLM (`benchmarks/models/minilm/model.onnx`), inputs {plan.describe()}", "",
-             "| variant | median ms | vs float |", "|---|---|---|"]
+    lines = [
+        f"### MiniLM (`benchmarks/models/minilm/model.onnx`), inputs {plan.describe()}",
+        "",
+        "| variant | median ms | vs float |",
+        "|---|---|---|",
+    ]
     for name in sessions:
         lines.append(f"| {name} | {medians[name]:.2f} | {medians['float'] / medians[name]:.2f}x |")
     lines.append("")
@@ -162,8 +186,10 @@ def _minilm_accuracy(variant: str, ref: list, test: list) -> list[str]:
             b = np.concatenate([t[o.name].mean(axis=1) for t in test])
             cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
             extra = f", mean-pooled sentence-embedding cosine min {cos.min():.5f} mean {cos.mean():.5f}"
-        lines.append(f"- {variant}, output `{o.name}`: cosine {o.cosine:.5f}, SNR {o.snr_db:.1f} dB, {o.metric} "
-                     f"error {o.error:.4g}{extra}")
+        lines.append(
+            f"- {variant}, output `{o.name}`: cosine {o.cosine:.5f}, SNR {o.snr_db:.1f} dB, {o.metric} "
+            f"error {o.error:.4g}{extra}"
+        )
     return lines
 
 
@@ -176,14 +202,23 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "out" / "quantize.md"))
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    lines = ["# Quantization on real models (CPU)", "",
-             (f"Command: `.venv/bin/python benchmarks/bench_quantize_cnn.py --rounds {args.rounds} --runs {args.runs} "
-              f"--threads {args.threads} --max-error {args.max_error}`"), "",
-             (f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; ORT {ort.__version__}; "
-              f"Python {sys.version.split()[0]}; {args.threads} intra-op threads; CPU EP. Medians over "
-              f"{args.rounds} interleaved rounds x {args.runs} runs per variant. Accuracy: each variant against "
-              "float on 4 held-out photo-like inputs (calibration: 12 others); metric chosen per output by "
-              "`ortpilot.measure.compare.choose_metric` (relative L2 for detection maps)."), ""]
+    lines = [
+        "# Quantization on real models (CPU)",
+        "",
+        (
+            f"Command: `.venv/bin/python benchmarks/bench_quantize_cnn.py --rounds {args.rounds} --runs {args.runs} "
+            f"--threads {args.threads} --max-error {args.max_error}`"
+        ),
+        "",
+        (
+            f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; ORT {ort.__version__}; "
+            f"Python {sys.version.split()[0]}; {args.threads} intra-op threads; CPU EP. Medians over "
+            f"{args.rounds} interleaved rounds x {args.runs} runs per variant. Accuracy: each variant against "
+            "float on 4 held-out photo-like inputs (calibration: 12 others); metric chosen per output by "
+            "`ortpilot.measure.compare.choose_metric` (relative L2 for detection maps)."
+        ),
+        "",
+    ]
     nude = package_file("nudenet", "320n.onnx")
     if nude:
         lines += bench_cnn("nudenet 320n (YOLOv8n detector)", nude, "images", 320, True, args)
@@ -194,8 +229,13 @@ def main() -> None:
     if minilm.exists():
         lines += bench_minilm(minilm, args)
     else:
-        lines += [("MiniLM: `benchmarks/models/minilm/model.onnx` not present when this ran (made by "
-                   "`benchmarks/prep_minilm.py`); not measured."), ""]
+        lines += [
+            (
+                "MiniLM: `benchmarks/models/minilm/model.onnx` not present when this ran (made by "
+                "`benchmarks/prep_minilm.py`); not measured."
+            ),
+            "",
+        ]
     text = "\n".join(lines)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)

@@ -32,8 +32,14 @@ def main() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     quiet = {"log_level": "WARNING", "enable_access_log": False}
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             logging_level="WARNING")
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        logging_level="WARNING",
+    )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=quiet)
 
@@ -60,7 +66,7 @@ def main() -> None:
                 conn.request("GET", path)
                 conn.getresponse().read()
         for block in range(args.requests // 50):
-            for path in (("/one", "/two") if block % 2 == 0 else ("/two", "/one")):
+            for path in ("/one", "/two") if block % 2 == 0 else ("/two", "/one"):
                 for _ in range(25):
                     t0 = time.perf_counter()
                     conn.request("GET", path)
@@ -68,8 +74,10 @@ def main() -> None:
                     times[path].append(time.perf_counter() - t0)
         one, two = (statistics.median(times[p]) * 1000 for p in ("/one", "/two"))
         print(f"load average {os.getloadavg()[0]:.2f}; {len(times['/one'])} requests each")
-        print(f"proxy -> ingress: p50 {one:.2f} ms; proxy -> ingress -> model: p50 {two:.2f} ms; "
-              f"the second hop: {two - one:.2f} ms")
+        print(
+            f"proxy -> ingress: p50 {one:.2f} ms; proxy -> ingress -> model: p50 {two:.2f} ms; "
+            f"the second hop: {two - one:.2f} ms"
+        )
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -40,22 +40,35 @@ def main() -> None:
     for label, path, shapes in models:
         result = bench(path, shapes=shapes, runs=args.runs, roofline=True, name=label)
         roof = result.roofline or {}
-        rows.append({"model": label, "shapes": result.shapes, "p50_ms": result.stats.p50 * 1e3,
-                     "median_ci95_ms": [v * 1e3 for v in result.stats.median_ci],
-                     "noisy": result.stats.noisy, "model_gflop": roof.get("model_gflop"),
-                     "achieved_gflops": roof.get("achieved_gflops"), "peak_gflops": roof.get("peak_gflops"),
-                     "fraction": roof.get("fraction"), "reading": roof.get("reading")})
+        rows.append(
+            {
+                "model": label,
+                "shapes": result.shapes,
+                "p50_ms": result.stats.p50 * 1e3,
+                "median_ci95_ms": [v * 1e3 for v in result.stats.median_ci],
+                "noisy": result.stats.noisy,
+                "model_gflop": roof.get("model_gflop"),
+                "achieved_gflops": roof.get("achieved_gflops"),
+                "peak_gflops": roof.get("peak_gflops"),
+                "fraction": roof.get("fraction"),
+                "reading": roof.get("reading"),
+            }
+        )
     doc = {"peak": machine.to_dict(), "models": rows}
     if args.json:
         print(json.dumps(doc, indent=2))
         return
-    print(f"peak {machine.gflops:.1f} GFLOP/s (ORT {machine.ort_gflops:.1f}, numpy {machine.numpy_gflops:.1f}; "
-          f"{machine.n}x{machine.n} float32 matmul, {machine.cpus} cores, ORT {machine.onnxruntime}, "
-          f"{'cached' if machine.cached else 'measured now'} {machine.measured_at})")
+    print(
+        f"peak {machine.gflops:.1f} GFLOP/s (ORT {machine.ort_gflops:.1f}, numpy {machine.numpy_gflops:.1f}; "
+        f"{machine.n}x{machine.n} float32 matmul, {machine.cpus} cores, ORT {machine.onnxruntime}, "
+        f"{'cached' if machine.cached else 'measured now'} {machine.measured_at})"
+    )
     for r in rows:
-        print(f"  {r['model']:14s} {r['model_gflop']:.3f} GFLOP  p50 {r['p50_ms']:.3f} ms "
-              f"(CI {r['median_ci95_ms'][0]:.3f}-{r['median_ci95_ms'][1]:.3f})  {r['achieved_gflops']:.1f} GFLOP/s "
-              f"= {r['fraction']:.1%} of peak{'  [noisy]' if r['noisy'] else ''}")
+        print(
+            f"  {r['model']:14s} {r['model_gflop']:.3f} GFLOP  p50 {r['p50_ms']:.3f} ms "
+            f"(CI {r['median_ci95_ms'][0]:.3f}-{r['median_ci95_ms'][1]:.3f})  {r['achieved_gflops']:.1f} GFLOP/s "
+            f"= {r['fraction']:.1%} of peak{'  [noisy]' if r['noisy'] else ''}"
+        )
 
 
 if __name__ == "__main__":

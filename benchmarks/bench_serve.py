@@ -39,8 +39,10 @@ REPO = ROOT.parent
 OUT = ROOT / "out" / "serve"
 BENTO = REPO / ".venv-bento" / "bin" / "bentoml"
 CONCURRENCY = (1, 8, 32)
-MODELS = {"demo encoder": ("demo:encoder", "last_hidden_state"),
-          "minilm": (str(ROOT / "models" / "minilm" / "model.onnx"), "sentence_embedding")}
+MODELS = {
+    "demo encoder": ("demo:encoder", "last_hidden_state"),
+    "minilm": (str(ROOT / "models" / "minilm" / "model.onnx"), "sentence_embedding"),
+}
 ORTPILOT_CONFIGS = {
     "a: ortpilot 1 replica": ["--replicas", "1"],
     "b: ortpilot batching": ["--replicas", "1", "--max-batch", "8", "--batch-wait-ms", "2"],
@@ -102,9 +104,15 @@ def _status(port: int, path: str) -> int:
 
 def oip_request(feeds: dict[str, np.ndarray], output: str) -> tuple[bytes, dict[str, str]]:
     """An infer body with binary tensors, as tritonclient.http builds it."""
-    head = json.dumps({"inputs": [{"name": k, "shape": list(v.shape), "datatype": "INT64",
-                                   "parameters": {"binary_data_size": v.nbytes}} for k, v in feeds.items()],
-                       "outputs": [{"name": output, "parameters": {"binary_data": True}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": k, "shape": list(v.shape), "datatype": "INT64", "parameters": {"binary_data_size": v.nbytes}}
+                for k, v in feeds.items()
+            ],
+            "outputs": [{"name": output, "parameters": {"binary_data": True}}],
+        }
+    ).encode()
     body = head + b"".join(v.tobytes() for v in feeds.values())
     return body, {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"}
 
@@ -114,8 +122,9 @@ def bento_request(feeds: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
     return json.dumps({"tokens": tokens.tolist()}).encode(), {"Content-Type": "application/json"}
 
 
-def closed_loop(port: int, path: str, body: bytes, headers: dict[str, str], concurrency: int,
-                seconds: float) -> dict[str, float]:
+def closed_loop(
+    port: int, path: str, body: bytes, headers: dict[str, str], concurrency: int, seconds: float
+) -> dict[str, float]:
     """``concurrency`` clients, each with one keep-alive connection, for ``seconds`` after a short warmup."""
     latencies: list[float] = []
     errors = [0]
@@ -153,8 +162,12 @@ def closed_loop(port: int, path: str, body: bytes, headers: dict[str, str], conc
     for t in threads:
         t.join()
     lat = np.array(latencies) * 1000
-    return {"rps": len(lat) / seconds, "p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
-            "p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"), "errors": errors[0]}
+    return {
+        "rps": len(lat) / seconds,
+        "p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
+        "p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
+        "errors": errors[0],
+    }
 
 
 def bare_p50(profile: Path, feeds: dict[str, np.ndarray], runs: int = 200) -> float:
@@ -196,15 +209,48 @@ def main() -> None:
         try:
             for label, extra in ORTPILOT_CONFIGS.items():
                 port = free_port()
-                servers[label] = Proc(label, [sys.executable, "-m", "ortpilot.cli.main", "serve", str(profile),
-                                              "--name", "m", "--port", str(port), "--no-access-log", *extra],
-                                      port, ENV, lambda p: _status(p, "/v2/health/ready") == 200)
+                servers[label] = Proc(
+                    label,
+                    [
+                        sys.executable,
+                        "-m",
+                        "ortpilot.cli.main",
+                        "serve",
+                        str(profile),
+                        "--name",
+                        "m",
+                        "--port",
+                        str(port),
+                        "--no-access-log",
+                        *extra,
+                    ],
+                    port,
+                    ENV,
+                    lambda p: _status(p, "/v2/health/ready") == 200,
+                )
             port = free_port()
-            servers[BENTO_CONFIG] = Proc(BENTO_CONFIG, [str(BENTO), "serve", "bento_service:Encoder", "--port",
-                                                        str(port), "--host", "127.0.0.1", "--working-dir", str(ROOT)],
-                                         port, {**ENV, "BENCH_PROFILE": str(profile), "BENCH_OUTPUT": output,
-                                                "BENTOML_CONFIG_OPTIONS": "api_server.logging.access.enabled=false"},
-                                         lambda p: _status(p, "/readyz") == 200)
+            servers[BENTO_CONFIG] = Proc(
+                BENTO_CONFIG,
+                [
+                    str(BENTO),
+                    "serve",
+                    "bento_service:Encoder",
+                    "--port",
+                    str(port),
+                    "--host",
+                    "127.0.0.1",
+                    "--working-dir",
+                    str(ROOT),
+                ],
+                port,
+                {
+                    **ENV,
+                    "BENCH_PROFILE": str(profile),
+                    "BENCH_OUTPUT": output,
+                    "BENTOML_CONFIG_OPTIONS": "api_server.logging.access.enabled=false",
+                },
+                lambda p: _status(p, "/readyz") == 200,
+            )
             requests = {label: ("/v2/models/m/infer", *oip_request(feeds, output)) for label in ORTPILOT_CONFIGS}
             requests[BENTO_CONFIG] = ("/infer", *bento_request(feeds))
             for label, (path, body, headers) in requests.items():  # warm every server up, outside the clock
@@ -214,27 +260,39 @@ def main() -> None:
             labels = list(requests)
             for r in range(args.rounds):
                 bare.append(bare_p50(profile, feeds))
-                order = labels[r % len(labels):] + labels[:r % len(labels)]
+                order = labels[r % len(labels) :] + labels[: r % len(labels)]
                 for conc in CONCURRENCY:
                     for label in order:
                         path, body, headers = requests[label]
                         cell = closed_loop(servers[label].port, path, body, headers, conc, args.seconds)
                         cells.setdefault((label, conc), []).append(cell)
-                        print(f"[bench_serve] {name} round {r + 1} {label} c={conc}: {cell['rps']:.1f} req/s "
-                              f"p50 {cell['p50']:.2f} ms p99 {cell['p99']:.2f} ms errors {cell['errors']}", flush=True)
+                        print(
+                            f"[bench_serve] {name} round {r + 1} {label} c={conc}: {cell['rps']:.1f} req/s "
+                            f"p50 {cell['p50']:.2f} ms p99 {cell['p99']:.2f} ms errors {cell['errors']}",
+                            flush=True,
+                        )
         finally:
             for server in servers.values():
                 server.stop()
-        results[name] = {"bare_p50_ms": statistics.median(bare), "profile_threads": doc["session_settings"]["intra_op_threads"],
-                         "cells": {f"{label}|{conc}": {k: statistics.median(c[k] for c in runs) for k in runs[0]}
-                                   for (label, conc), runs in cells.items()}}
+        results[name] = {
+            "bare_p50_ms": statistics.median(bare),
+            "profile_threads": doc["session_settings"]["intra_op_threads"],
+            "cells": {
+                f"{label}|{conc}": {k: statistics.median(c[k] for c in runs) for k in runs[0]}
+                for (label, conc), runs in cells.items()
+            },
+        }
     (OUT / "bench_serve.json").write_text(json.dumps(results, indent=2))
     print(f"load average after: {os.getloadavg()}")
     for name, res in results.items():
-        print(f"\n### {name}: bare in-process session.run p50 {res['bare_p50_ms']:.2f} ms "
-              f"(profile intra-op threads {res['profile_threads']})\n")
-        print("| configuration | c=1 req/s | c=1 p50 ms | c=1 p99 ms | c=8 req/s | c=8 p50 | c=8 p99 | "
-              "c=32 req/s | c=32 p50 | c=32 p99 |")
+        print(
+            f"\n### {name}: bare in-process session.run p50 {res['bare_p50_ms']:.2f} ms "
+            f"(profile intra-op threads {res['profile_threads']})\n"
+        )
+        print(
+            "| configuration | c=1 req/s | c=1 p50 ms | c=1 p99 ms | c=8 req/s | c=8 p50 | c=8 p99 | "
+            "c=32 req/s | c=32 p50 | c=32 p99 |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for label in list(ORTPILOT_CONFIGS) + [BENTO_CONFIG]:
             row = [label]

@@ -119,8 +119,12 @@ class Probe:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", default=[], help="a decoder with GroupQueryAttention (repeatable)")
-    ap.add_argument("--fuse", metavar="EXPORT", help="also profile ortpilot's int4 builds of this export "
-                    "(as shipped, and with the rotary tables computed per step)")
+    ap.add_argument(
+        "--fuse",
+        metavar="EXPORT",
+        help="also profile ortpilot's int4 builds of this export "
+        "(as shipped, and with the rotary tables computed per step)",
+    )
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
@@ -131,8 +135,14 @@ def main() -> int:
         paths.update({m: Path(m) for m in args.model})
         if not paths:
             ap.error("give --model and/or --fuse")
-        doc = {"ort": ort.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-               "command": " ".join(sys.argv), "context": args.context, "steps": args.steps, "models": {}}
+        doc = {
+            "ort": ort.__version__,
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv),
+            "context": args.context,
+            "steps": args.steps,
+            "models": {},
+        }
         profiled = {n: Probe(p, args.context, args.steps, args.threads, Path(tmp)) for n, p in paths.items()}
         interleave_steps(list(profiled.values()), args.steps, TURN, Probe.step)
         timed = {n: Probe(p, args.context, args.steps, args.threads, None) for n, p in paths.items()}
@@ -141,21 +151,30 @@ def main() -> int:
             ops = profiled[name].op_time_us(args.steps)
             probe = timed[name]
             outside = (np.array(probe.step_s) - np.array(probe.run_s)) * 1e6
-            doc["models"][name] = {"op_us_per_step": ops, "kernel_us_per_step": sum(ops.values()),
-                                   "step_ms_p50": float(np.median(probe.step_s) * 1e3),
-                                   "python_us_per_step_p50": float(np.median(outside))}
-    print(f"ORT {ort.__version__}, {args.threads} threads, context {args.context}, {args.steps} decode steps, "
-          f"{doc['date']}\n")
+            doc["models"][name] = {
+                "op_us_per_step": ops,
+                "kernel_us_per_step": sum(ops.values()),
+                "step_ms_p50": float(np.median(probe.step_s) * 1e3),
+                "python_us_per_step_p50": float(np.median(outside)),
+            }
+    print(
+        f"ORT {ort.__version__}, {args.threads} threads, context {args.context}, {args.steps} decode steps, "
+        f"{doc['date']}\n"
+    )
     names = list(doc["models"])
-    ops = sorted({op for m in doc["models"].values() for op in m["op_us_per_step"]},
-                 key=lambda op: -max(m["op_us_per_step"].get(op, 0) for m in doc["models"].values()))
+    ops = sorted(
+        {op for m in doc["models"].values() for op in m["op_us_per_step"]},
+        key=lambda op: -max(m["op_us_per_step"].get(op, 0) for m in doc["models"].values()),
+    )
     print("| op type (µs per step, profiled) | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
     for op in ops[:12]:
         print(f"| {op} | " + " | ".join(f"{doc['models'][n]['op_us_per_step'].get(op, 0):.0f}" for n in names) + " |")
-    for label, key, fmt in (("all kernels (µs, profiled)", "kernel_us_per_step", "{:.0f}"),
-                            ("step p50 (ms, profiler off)", "step_ms_p50", "{:.2f}"),
-                            ("Python around run p50 (µs)", "python_us_per_step_p50", "{:.0f}")):
+    for label, key, fmt in (
+        ("all kernels (µs, profiled)", "kernel_us_per_step", "{:.0f}"),
+        ("step p50 (ms, profiler off)", "step_ms_p50", "{:.2f}"),
+        ("Python around run p50 (µs)", "python_us_per_step_p50", "{:.0f}"),
+    ):
         print(f"| **{label}** | " + " | ".join(fmt.format(doc["models"][n][key]) for n in names) + " |")
     write_json(args.json_out, doc)
     return 0

@@ -93,7 +93,9 @@ def timing_feeds(profile: dict[str, Any]) -> dict[str, np.ndarray]:
     return reference_feeds(profile)
 
 
-def check_samples(name: str, source: Path, shapes: dict[str, tuple[int, ...]]) -> tuple[list[dict[str, np.ndarray]], str]:
+def check_samples(
+    name: str, source: Path, shapes: dict[str, tuple[int, ...]]
+) -> tuple[list[dict[str, np.ndarray]], str]:
     """Inputs for the accuracy check, and what they are."""
     if name == "minilm" and (MINILM_DIR / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
@@ -104,9 +106,13 @@ def check_samples(name: str, source: Path, shapes: dict[str, tuple[int, ...]]) -
         tok.enable_truncation(max_length=seq)
         samples = []
         for enc in tok.encode_batch(SENTENCES):
-            samples.append({"input_ids": np.array([enc.ids], np.int64),
-                            "attention_mask": np.array([enc.attention_mask], np.int64),
-                            "token_type_ids": np.array([enc.type_ids], np.int64)})
+            samples.append(
+                {
+                    "input_ids": np.array([enc.ids], np.int64),
+                    "attention_mask": np.array([enc.attention_mask], np.int64),
+                    "token_type_ids": np.array([enc.type_ids], np.int64),
+                }
+            )
         return samples, f"{len(samples)} real sentences, padded to {seq} tokens"
     proto = load_model(source, load_external_data=False)
     plan = plan_feeds(proto, shapes)
@@ -126,8 +132,12 @@ def accuracy(reference: Any, test: Any, samples: list[dict[str, np.ndarray]]) ->
             continue
         metric = choose_metric(n, a[0].shape, a[0].dtype)
         err = float(metric_error(metric, a, b))
-        out[n] = {"metric": metric, "error": err, "rel_l2": float(metric_error("rel_l2", a, b)),
-                  **({"cosine": 1.0 - err} if metric == "cosine" else {})}
+        out[n] = {
+            "metric": metric,
+            "error": err,
+            "rel_l2": float(metric_error("rel_l2", a, b)),
+            **({"cosine": 1.0 - err} if metric == "cosine" else {}),
+        }
     return out
 
 
@@ -141,18 +151,30 @@ def tune_model(name: str, budget: float, out_root: Path) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for e in result.entries:
         counts[e.status] = counts.get(e.status, 0) + 1
-    return {"name": name, "profile_path": str(out / "profile.json"), "profile": profile, "wall_s": wall,
-            "config": result.winner.candidate.label, "default_best": result.default_best,
-            "tuner_speedup": result.speedup, "gate": (result.winner.accuracy or {}).get("outputs"),
-            "shapes": {k: list(v) for k, v in result.shapes.items()}, "candidates": counts}
+    return {
+        "name": name,
+        "profile_path": str(out / "profile.json"),
+        "profile": profile,
+        "wall_s": wall,
+        "config": result.winner.candidate.label,
+        "default_best": result.default_best,
+        "tuner_speedup": result.speedup,
+        "gate": (result.winner.accuracy or {}).get("outputs"),
+        "shapes": {k: list(v) for k, v in result.shapes.items()},
+        "candidates": counts,
+    }
 
 
-def configs_for(tuned: dict[str, Any], feeds: dict[str, np.ndarray], extra: list[BenchConfig] = ()) -> list[BenchConfig]:
+def configs_for(
+    tuned: dict[str, Any], feeds: dict[str, np.ndarray], extra: list[BenchConfig] = ()
+) -> list[BenchConfig]:
     source = tuned["profile"]["source_model"]["path"]
     session = ortpilot.load_profile(tuned["profile_path"])
-    return [BenchConfig("ORT default", model=source, providers=["CPUExecutionProvider"], feeds=feeds),
-            *extra,
-            BenchConfig("ortpilot", model=session, feeds=feeds, iobinding=bool(tuned["profile"]["iobinding"]))]
+    return [
+        BenchConfig("ORT default", model=source, providers=["CPUExecutionProvider"], feeds=feeds),
+        *extra,
+        BenchConfig("ortpilot", model=session, feeds=feeds, iobinding=bool(tuned["profile"]["iobinding"])),
+    ]
 
 
 def block_for(tuned: dict[str, Any], turn_s: float) -> int | None:
@@ -170,19 +192,30 @@ def measure(configs: list[BenchConfig], duration: float, block: int | None = Non
     base = comp.results[0].stats.p50
     rows = {"ORT default": {"p50_ms": base * 1e3}}
     for res, ratio in zip(comp.results[1:], comp.ratios):
-        rows[res.name] = {"p50_ms": res.stats.p50 * 1e3, "speedup": 1.0 / ratio.ratio,
-                          "speedup_ci": [1.0 / ratio.ci_high, 1.0 / ratio.ci_low], "verdict": ratio.verdict,
-                          "pooled_speedup": 1.0 / ratio.pooled}
-    return {"rows": rows, "rounds": comp.rounds, "block": comp.block, "drift": comp.drift,
-            "runs": {r.name: len(r.samples_s) for r in comp.results}}
+        rows[res.name] = {
+            "p50_ms": res.stats.p50 * 1e3,
+            "speedup": 1.0 / ratio.ratio,
+            "speedup_ci": [1.0 / ratio.ci_high, 1.0 / ratio.ci_low],
+            "verdict": ratio.verdict,
+            "pooled_speedup": 1.0 / ratio.pooled,
+        }
+    return {
+        "rows": rows,
+        "rounds": comp.rounds,
+        "block": comp.block,
+        "drift": comp.drift,
+        "runs": {r.name: len(r.samples_s) for r in comp.results},
+    }
 
 
 def check(name: str, tuned: dict[str, Any]) -> dict[str, Any]:
     source = Path(tuned["profile"]["source_model"]["path"])
     shapes = {k: tuple(v) for k, v in tuned["shapes"].items()}
     samples, what = check_samples(name, source, shapes)
-    return {"inputs": what, "outputs": accuracy(load(str(source)), ortpilot.load_profile(tuned["profile_path"]),
-                                                samples)}
+    return {
+        "inputs": what,
+        "outputs": accuracy(load(str(source)), ortpilot.load_profile(tuned["profile_path"]), samples),
+    }
 
 
 def fmt_accuracy(acc: dict[str, Any]) -> str:
@@ -215,9 +248,11 @@ def save_rows(path: str, head: str, rows: list[dict[str, Any]]) -> None:
 def header(args: argparse.Namespace) -> str:
     load1 = os.getloadavg()[0]
     turn = f"turns of ~{args.turn:g} s" if args.turn > 0 else "auto turns (~20 ms)"
-    return (f"ONNX Runtime {ort.__version__}, {datetime.datetime.now().astimezone().isoformat(timespec='minutes')}, "
-            f"{os.cpu_count()} cores, load average at start {load1:.1f}; tune budget {args.budget:.0f} s; "
-            f"interleaved {args.duration:.0f} s per model, {turn}")
+    return (
+        f"ONNX Runtime {ort.__version__}, {datetime.datetime.now().astimezone().isoformat(timespec='minutes')}, "
+        f"{os.cpu_count()} cores, load average at start {load1:.1f}; tune budget {args.budget:.0f} s; "
+        f"interleaved {args.duration:.0f} s per model, {turn}"
+    )
 
 
 def main() -> None:
@@ -232,21 +267,31 @@ def main() -> None:
             continue
         tuned = tune_model(name, args.budget, out_root)
         feeds = timing_feeds(tuned["profile"])
-        row = {"model": name, "config": tuned["config"], "default_best": tuned["default_best"],
-               "tune_wall_s": tuned["wall_s"], "candidates": tuned["candidates"], "accuracy": check(name, tuned),
-               "timing": measure(configs_for(tuned, feeds), args.duration, block_for(tuned, args.turn))}
+        row = {
+            "model": name,
+            "config": tuned["config"],
+            "default_best": tuned["default_best"],
+            "tune_wall_s": tuned["wall_s"],
+            "candidates": tuned["candidates"],
+            "accuracy": check(name, tuned),
+            "timing": measure(configs_for(tuned, feeds), args.duration, block_for(tuned, args.turn)),
+        }
         record(rows, row)
     save_rows(args.json, head, rows)
     print(head + "\n")
-    print("| model | ORT default p50 ms | ortpilot p50 ms | speedup (paired 95% CI) | chosen | accuracy vs default "
-          "| tune wall s |")
+    print(
+        "| model | ORT default p50 ms | ortpilot p50 ms | speedup (paired 95% CI) | chosen | accuracy vs default "
+        "| tune wall s |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         t = r["timing"]["rows"]
         o = t["ortpilot"]
-        print(f"| {r['model']} | {t['ORT default']['p50_ms']:.3f} | {o['p50_ms']:.3f} | {o['speedup']:.2f}x "
-              f"({o['speedup_ci'][0]:.2f}-{o['speedup_ci'][1]:.2f}) | {r['config']} | "
-              f"{fmt_accuracy(r['accuracy'])} | {r['tune_wall_s']:.0f} |")
+        print(
+            f"| {r['model']} | {t['ORT default']['p50_ms']:.3f} | {o['p50_ms']:.3f} | {o['speedup']:.2f}x "
+            f"({o['speedup_ci'][0]:.2f}-{o['speedup_ci'][1]:.2f}) | {r['config']} | "
+            f"{fmt_accuracy(r['accuracy'])} | {r['tune_wall_s']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

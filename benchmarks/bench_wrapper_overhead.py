@@ -43,8 +43,11 @@ def main() -> None:
     verified = ortpilot.load(path, ["cpu"])
     raw = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     feeds = make_feeds(verified.model)
-    callers = {"raw": lambda: raw.run(None, feeds), "wrapped": lambda: verified.run(None, feeds),
-               "inner": lambda: verified.session.run(None, feeds)}
+    callers = {
+        "raw": lambda: raw.run(None, feeds),
+        "wrapped": lambda: verified.run(None, feeds),
+        "inner": lambda: verified.session.run(None, feeds),
+    }
     for call in callers.values():  # warm-up; also lets VerifiedSession validate its first feed
         for _ in range(args.calls):
             call()
@@ -53,7 +56,7 @@ def main() -> None:
     names = list(callers)
     clock = time.perf_counter_ns
     for block in range(args.blocks):
-        for name in (names if block % 2 == 0 else names[::-1]):
+        for name in names if block % 2 == 0 else names[::-1]:
             call, times = callers[name], [0] * args.calls
             for i in range(args.calls):
                 t0 = clock()
@@ -62,9 +65,14 @@ def main() -> None:
             per_call[name].append(float(np.median(times)) / 1e9)
 
     rounds = np.arange(args.blocks)
-    doc = {"model": args.model, "blocks": args.blocks, "calls_per_block": args.calls,
-           "onnxruntime": ort.__version__,
-           "median_us": {k: float(np.median(v) * 1e6) for k, v in per_call.items()}, "ratios": {}}
+    doc = {
+        "model": args.model,
+        "blocks": args.blocks,
+        "calls_per_block": args.calls,
+        "onnxruntime": ort.__version__,
+        "median_us": {k: float(np.median(v) * 1e6) for k, v in per_call.items()},
+        "ratios": {},
+    }
     for num, den in (("wrapped", "inner"), ("wrapped", "raw"), ("inner", "raw")):
         ratio, lo, hi = paired_ratio_ci(per_call[den], per_call[num], rounds, rounds)
         doc["ratios"][f"{num}/{den}"] = {"ratio": ratio, "ci95": [lo, hi]}

@@ -18,8 +18,12 @@ import onnxruntime as ort
 PROFILE = Path(os.environ["BENCH_PROFILE"])
 OUTPUT = os.environ["BENCH_OUTPUT"]
 MAX_BATCH = int(os.environ.get("BENCH_MAX_BATCH", "8"))
-LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-          "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -31,8 +35,9 @@ def profile_session() -> ort.InferenceSession:
     opts.graph_optimization_level = LEVELS.get(s["level"], ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     opts.intra_op_num_threads = int(s["intra_op_threads"])
     opts.inter_op_num_threads = int(s["inter_op_threads"])
-    opts.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if s["execution_mode"] == "parallel"
-                           else ort.ExecutionMode.ORT_SEQUENTIAL)
+    opts.execution_mode = (
+        ort.ExecutionMode.ORT_PARALLEL if s["execution_mode"] == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+    )
     opts.enable_cpu_mem_arena = bool(s["enable_cpu_mem_arena"])
     opts.enable_mem_pattern = bool(s["enable_mem_pattern"])
     for key, value in (s.get("config_entries") or {}).items():

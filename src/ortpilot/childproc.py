@@ -25,8 +25,13 @@ _DEFERRED = ("SIGINT", "SIGTERM", "SIGHUP")
 _PR_SET_PDEATHSIG = 1
 
 
-def spawn(cmd: Sequence[str], keep: Callable[[subprocess.Popen], None], *, env: dict[str, str] | None = None,
-          **popen_kwargs: Any) -> subprocess.Popen:
+def spawn(
+    cmd: Sequence[str],
+    keep: Callable[[subprocess.Popen], None],
+    *,
+    env: dict[str, str] | None = None,
+    **popen_kwargs: Any,
+) -> subprocess.Popen:
     """Start ``cmd`` in a new session; ``keep(proc)`` records it before any deferred signal is raised.
 
     The child finds the parent's PID in ``$ORTPILOT_PARENT_PID`` for :func:`die_with_parent`.

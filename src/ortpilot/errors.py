@@ -49,8 +49,9 @@ class VerificationError(OrtpilotError):
 class ProviderFallbackError(VerificationError):
     """The session did not run on the requested provider (any of the four fallback layers)."""
 
-    def __init__(self, message: str, *, requested: str = "", loaded: list[str] | None = None,
-                 reason: str = "", layer: int = 0) -> None:
+    def __init__(
+        self, message: str, *, requested: str = "", loaded: list[str] | None = None, reason: str = "", layer: int = 0
+    ) -> None:
         super().__init__(message)
         self.requested = requested
         self.loaded = list(loaded or [])

@@ -38,14 +38,18 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> o
     """Load and lightly validate an ONNX model, raising ModelLoadError with a fix."""
     p = Path(path)
     if not p.exists():
-        raise ModelLoadError(f"Model file '{p}' does not exist. Check the path, or run "
-                             "'ortpilot demo-models DIR' to get demo models to try.")
+        raise ModelLoadError(
+            f"Model file '{p}' does not exist. Check the path, or run "
+            "'ortpilot demo-models DIR' to get demo models to try."
+        )
     if p.is_dir():
         raise ModelLoadError(f"'{p}' is a directory, not an ONNX model file. Pass the .onnx file itself.")
     size = p.stat().st_size
     if size == 0:
-        raise ModelLoadError(f"Model file '{p}' is empty (0 bytes). The download or export that "
-                             "produced it probably failed; produce it again.")
+        raise ModelLoadError(
+            f"Model file '{p}' is empty (0 bytes). The download or export that "
+            "produced it probably failed; produce it again."
+        )
     try:
         model = onnx.load(str(p), load_external_data=False)
     except Exception as exc:  # protobuf DecodeError and friends
@@ -56,31 +60,36 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> o
     if not model.graph.node and not model.graph.output:
         raise ModelLoadError(
             f"'{p}' parsed as protobuf but holds no graph: it is not an ONNX model, or it is truncated. "
-            "Re-export or re-download it.")
+            "Re-export or re-download it."
+        )
     outside = escaping_external_data(model, p.parent)
     if outside:  # refused before anything stats or reads the target: a model must not probe the disk
         raise ModelLoadError(
             f"Model '{p}' names external data outside its own folder: {'; '.join(outside[:3])}. ONNX external data "
             "lives beside the model (relative paths, no '..', no links out); a model that points elsewhere could "
-            "make ortpilot or ORT read any file. Move the data next to the model and fix the locations.")
+            "make ortpilot or ORT read any file. Move the data next to the model and fix the locations."
+        )
     missing = missing_external_data(model, p.parent)
     if missing:
         listed = ", ".join(sorted(missing)[:5])
         raise ModelLoadError(
             f"Model '{p}' keeps weights in external data files that are missing: {listed}. "
             "Copy those files next to the model (same relative paths), or re-save the model "
-            "with all tensors inside it (onnx.save(model, path, save_as_external_data=False)).")
+            "with all tensors inside it (onnx.save(model, path, save_as_external_data=False))."
+        )
     short = short_external_data(model, p.parent)
     if short:
         raise ModelLoadError(
             f"Model '{p}' declares more external data than its files hold: {'; '.join(short[:3])}. "
-            "The data files are truncated or belong to another export; copy them again or re-export the model.")
+            "The data files are truncated or belong to another export; copy them again or re-export the model."
+        )
     if load_external_data and _uses_external_data(model):
         try:
             onnx.load_external_data_for_model(model, str(p.parent))
         except Exception as exc:
-            raise ModelLoadError(f"External data of '{p}' could not be read: {exc}. "
-                                 "Check that the data files are complete.") from None
+            raise ModelLoadError(
+                f"External data of '{p}' could not be read: {exc}. Check that the data files are complete."
+            ) from None
     return model
 
 
@@ -163,11 +172,14 @@ def short_external_data(model: onnx.ModelProto, base_dir: Path) -> list[str]:
             continue  # missing files are reported by missing_external_data
         declared = _declared_bytes(tensor)
         if declared is not None and length and length < declared:
-            short.append(f"'{tensor.name}' declares dims {list(tensor.dims)} ({declared} bytes) but its length is "
-                         f"{length}")
+            short.append(
+                f"'{tensor.name}' declares dims {list(tensor.dims)} ({declared} bytes) but its length is {length}"
+            )
         elif offset + max(length, declared or 0) > available:
-            short.append(f"'{tensor.name}' needs bytes {offset}..{offset + max(length, declared or 0)} of "
-                         f"{info.get('location')} ({available} bytes)")
+            short.append(
+                f"'{tensor.name}' needs bytes {offset}..{offset + max(length, declared or 0)} of "
+                f"{info.get('location')} ({available} bytes)"
+            )
     return short
 
 
@@ -185,8 +197,11 @@ def _declared_bytes(tensor: onnx.TensorProto) -> int | None:
     return count * itemsize if itemsize and tensor.data_type not in _SUB_BYTE else None
 
 
-_SUB_BYTE = {getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
-             if hasattr(onnx.TensorProto, n)}
+_SUB_BYTE = {
+    getattr(onnx.TensorProto, n)
+    for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(onnx.TensorProto, n)
+}
 
 
 def _all_initializers(model: onnx.ModelProto):

@@ -32,18 +32,34 @@ _MISSING = pytest.StashKey[str]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ortpilot", "ortpilot: verified ONNX Runtime sessions")
-    group.addoption("--ortpilot-profile", action="append", default=[], metavar="PATH",
-                    help="A tune profile (profile.json or its folder) to verify as a test item; repeatable.")
-    group.addoption("--ortpilot-max-slowdown", default=None, metavar="PCT",
-                    help="With --ortpilot-profile: also time each profile against ORT's default (fails when slower "
-                         "than recorded by more than PCT percent beyond the noise).")
-    group.addoption("--ortpilot-strict-providers", action="store_true", default=False,
-                    help="Fail, instead of skipping, tests marked requires_provider whose provider cannot run here.")
+    group.addoption(
+        "--ortpilot-profile",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="A tune profile (profile.json or its folder) to verify as a test item; repeatable.",
+    )
+    group.addoption(
+        "--ortpilot-max-slowdown",
+        default=None,
+        metavar="PCT",
+        help="With --ortpilot-profile: also time each profile against ORT's default (fails when slower "
+        "than recorded by more than PCT percent beyond the noise).",
+    )
+    group.addoption(
+        "--ortpilot-strict-providers",
+        action="store_true",
+        default=False,
+        help="Fail, instead of skipping, tests marked requires_provider whose provider cannot run here.",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{MARKER}(*providers): skip unless every provider (short or full ORT name) "
-                                       "runs here; fail instead with --ortpilot-strict-providers")
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(*providers): skip unless every provider (short or full ORT name) "
+        "runs here; fail instead with --ortpilot-strict-providers",
+    )
     pct = config.getoption("--ortpilot-max-slowdown", default=None)
     if pct is not None:
         try:
@@ -53,8 +69,10 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--ortpilot-max-slowdown must be a positive percentage, got {pct!r}.") from None
     for path in config.getoption("--ortpilot-profile", default=[]):
         if not (Path(path).is_file() or (Path(path) / "profile.json").is_file()):
-            raise pytest.UsageError(f"--ortpilot-profile '{path}' is neither a profile.json nor a folder holding one. "
-                                    "Write one with 'ortpilot tune MODEL -o DIR'.")
+            raise pytest.UsageError(
+                f"--ortpilot-profile '{path}' is neither a profile.json nor a folder holding one. "
+                "Write one with 'ortpilot tune MODEL -o DIR'."
+            )
 
 
 class ProfileItem(pytest.Item):
@@ -87,8 +105,14 @@ class ProfileItem(pytest.Item):
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     pct = config.getoption("--ortpilot-max-slowdown", default=None)
     for path in config.getoption("--ortpilot-profile", default=[]):
-        items.append(ProfileItem.from_parent(session, name=f"ortpilot-verify[{path}]", profile=path,
-                                             max_slowdown=float(pct) if pct is not None else None))
+        items.append(
+            ProfileItem.from_parent(
+                session,
+                name=f"ortpilot-verify[{path}]",
+                profile=path,
+                max_slowdown=float(pct) if pct is not None else None,
+            )
+        )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -97,8 +121,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
     for marker in item.iter_markers(name=MARKER):
         if not marker.args:
-            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER}() needs at least one provider name, "
-                                    "e.g. @pytest.mark.requires_provider(\"cuda\").")
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.{MARKER}() needs at least one provider name, "
+                'e.g. @pytest.mark.requires_provider("cuda").'
+            )
         for name in marker.args:
             try:
                 probe = ortpilot.probe(str(name))

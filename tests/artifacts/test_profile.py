@@ -22,9 +22,13 @@ def profile(tmp_path, demo_paths):
     model = tmp_path / "model.onnx"
     shutil.copy(demo_paths["mlp"], model)
     settings = SessionSettings(level="extended", intra_op_threads=1)
-    return write_profile(tmp_path / "profile.json", model_file=model,
-                         providers=[{"name": "CPUExecutionProvider", "options": {}}], settings=settings.to_dict(),
-                         machine=machine_facts())
+    return write_profile(
+        tmp_path / "profile.json",
+        model_file=model,
+        providers=[{"name": "CPUExecutionProvider", "options": {}}],
+        settings=settings.to_dict(),
+        machine=machine_facts(),
+    )
 
 
 def test_load_profile_recreates_the_session(profile):

@@ -15,9 +15,11 @@ import pytest
 from ortpilot.artifacts.atomic import atomic_write_bytes, is_temp_name
 from ortpilot.artifacts.scratch import LOCK_NAME, scratch_dir, sweep_scratch_dirs
 
-HOLD = ("import sys, time\nfrom ortpilot.artifacts.scratch import scratch_dir\n"
-        "with scratch_dir('ortpilot-tune-') as d:\n    (d / 'candidate.onnx').write_bytes(b'x' * 1000)\n"
-        "    print(d, flush=True)\n    time.sleep(600)\n")
+HOLD = (
+    "import sys, time\nfrom ortpilot.artifacts.scratch import scratch_dir\n"
+    "with scratch_dir('ortpilot-tune-') as d:\n    (d / 'candidate.onnx').write_bytes(b'x' * 1000)\n"
+    "    print(d, flush=True)\n    time.sleep(600)\n"
+)
 
 
 @pytest.fixture

@@ -19,10 +19,22 @@ from ortpilot.modelio import file_sha256
 from ortpilot.providers.names import resolve_providers
 
 
-def _stamped(model: onnx.ModelProto, provider: str, *, level: str = "all", source_path: str | None = None,
-             ort_version: str | None = None) -> onnx.ModelProto:
-    stamp = make_stamp(source_sha256="0" * 64, providers=resolve_providers([provider]), level=level, source_path=source_path,
-                       pass_name="optimize", ort_version=ort_version)
+def _stamped(
+    model: onnx.ModelProto,
+    provider: str,
+    *,
+    level: str = "all",
+    source_path: str | None = None,
+    ort_version: str | None = None,
+) -> onnx.ModelProto:
+    stamp = make_stamp(
+        source_sha256="0" * 64,
+        providers=resolve_providers([provider]),
+        level=level,
+        source_path=source_path,
+        pass_name="optimize",
+        ort_version=ort_version,
+    )
     return write_stamp(model, stamp)
 
 
@@ -55,8 +67,11 @@ def test_loading_a_model_stamped_for_another_ep_is_refused(demo_paths, tmp_path)
     from ortpilot.passes.optimize import OptimizePass
 
     result = OptimizePass("all", "cpu").run(demo_paths["cnn"])
-    stamp = dict(result.record.stamp, providers=[{"name": "OpenVINOExecutionProvider", "short": "openvino",
-                                                   "options": {}}], source_path=None)
+    stamp = dict(
+        result.record.stamp,
+        providers=[{"name": "OpenVINOExecutionProvider", "short": "openvino", "options": {}}],
+        source_path=None,
+    )
     path = save_model(write_stamp(result.model, stamp), tmp_path / "cnn.ov.onnx")
     res = CliRunner().invoke(cli, ["run", str(path), "-p", "cpu"])
     assert res.exit_code == 1
@@ -68,8 +83,9 @@ def test_stamped_model_with_known_source_is_rebuilt(demo_paths, tmp_path, caplog
     from ortpilot.passes.optimize import OptimizePass
 
     result = OptimizePass("all", "cpu").run(demo_paths["cnn"])
-    stamp = dict(result.record.stamp, providers=[{"name": "OpenVINOExecutionProvider", "short": "openvino",
-                                                   "options": {}}])
+    stamp = dict(
+        result.record.stamp, providers=[{"name": "OpenVINOExecutionProvider", "short": "openvino", "options": {}}]
+    )
     assert stamp["source_path"] == str(Path(demo_paths["cnn"]).resolve())
     path = save_model(write_stamp(result.model, stamp), tmp_path / "cnn.ov.onnx")
     sess = ortpilot.load(str(path), ["cpu"])
@@ -98,11 +114,23 @@ def test_store_builds_once_and_verifies_content(tmp_path, caplog):
 
 
 def test_cache_key_depends_on_every_input():
-    base = dict(model_sha256="a", ort_version="1", providers=["cpu"], level="all", free_dimension_overrides={},
-                cpu={"isa": "avx2"})
+    base = dict(
+        model_sha256="a",
+        ort_version="1",
+        providers=["cpu"],
+        level="all",
+        free_dimension_overrides={},
+        cpu={"isa": "avx2"},
+    )
     keys = {cache_key(**base)}
-    for change in ({"model_sha256": "b"}, {"ort_version": "2"}, {"providers": ["cuda"]}, {"level": "basic"},
-                   {"free_dimension_overrides": {"batch": 1}}, {"cpu": {"isa": "avx512"}}):
+    for change in (
+        {"model_sha256": "b"},
+        {"ort_version": "2"},
+        {"providers": ["cuda"]},
+        {"level": "basic"},
+        {"free_dimension_overrides": {"batch": 1}},
+        {"cpu": {"isa": "avx512"}},
+    ):
         keys.add(cache_key(**{**base, **change}))
     assert len(keys) == 7
 

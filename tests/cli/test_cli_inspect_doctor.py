@@ -52,8 +52,17 @@ def test_doctor_json_is_valid_and_exit_0():
     result = _invoke("doctor", "--json")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert set(doc) >= {"onnxruntime", "distributions", "plugins", "ep_devices", "probes", "cpu", "gpu",
-                        "findings", "exit_code"}
+    assert set(doc) >= {
+        "onnxruntime",
+        "distributions",
+        "plugins",
+        "ep_devices",
+        "probes",
+        "cpu",
+        "gpu",
+        "findings",
+        "exit_code",
+    }
 
 
 def test_doctor_human_output_has_tables():

@@ -11,8 +11,9 @@ import onnx
 
 
 def _ortpilot(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ortpilot.cli.main", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ortpilot.cli.main", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_writes_every_demo_model_and_lists_them_in_json(tmp_path: Path) -> None:

@@ -16,8 +16,14 @@ from ortpilot.tuning import tune
 
 def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *args],
-                          cwd=folder, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +50,8 @@ def test_a_profile_is_one_test_item_that_fails_naming_the_hash_after_its_model_c
 
 
 def test_requires_provider_skips_with_the_probes_reason_and_fails_when_strict(tmp_path):
-    (tmp_path / "test_gpu.py").write_text(textwrap.dedent('''
+    (tmp_path / "test_gpu.py").write_text(
+        textwrap.dedent("""
         import pytest
 
         @pytest.mark.requires_provider("cuda")
@@ -54,7 +61,8 @@ def test_requires_provider_skips_with_the_probes_reason_and_fails_when_strict(tm
         @pytest.mark.requires_provider("cpu")
         def test_on_cpu():
             pass
-    '''))
+    """)
+    )
     cuda = ortpilot.probe("cuda")
     plain = _pytest(tmp_path)
     strict = _pytest(tmp_path, "--ortpilot-strict-providers")
@@ -68,7 +76,8 @@ def test_requires_provider_skips_with_the_probes_reason_and_fails_when_strict(tm
 
 
 def test_the_fixture_gives_a_strict_session_and_a_fallback_fails_the_test(tmp_path, demo_paths):
-    (tmp_path / "test_load.py").write_text(textwrap.dedent(f'''
+    (tmp_path / "test_load.py").write_text(
+        textwrap.dedent(f"""
         import numpy as np
 
         def test_cpu(ortpilot_load):
@@ -78,7 +87,8 @@ def test_the_fixture_gives_a_strict_session_and_a_fallback_fails_the_test(tmp_pa
 
         def test_cuda_falls_back(ortpilot_load):
             ortpilot_load({str(demo_paths["mlp"])!r}, providers=["cuda", "cpu"])
-    '''))
+    """)
+    )
     proc = _pytest(tmp_path)
     if ortpilot.probe("cuda").status == "ok":
         assert proc.returncode == 0
@@ -87,17 +97,21 @@ def test_the_fixture_gives_a_strict_session_and_a_fallback_fails_the_test(tmp_pa
     assert "ProviderFallbackError" in proc.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--ortpilot-profile", "nowhere/profile.json"], "neither a profile.json nor a folder"),
-    (["--ortpilot-max-slowdown", "-5"], "must be a positive percentage"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--ortpilot-profile", "nowhere/profile.json"], "neither a profile.json nor a folder"),
+        (["--ortpilot-max-slowdown", "-5"], "must be a positive percentage"),
+    ],
+)
 def test_bad_plugin_options_are_usage_errors(tmp_path, args, message):
     proc = _pytest(tmp_path, *args)
     assert proc.returncode == 4 and message in proc.stderr, proc.stdout + proc.stderr
 
 
 def test_a_marker_naming_an_unknown_provider_is_a_usage_error(tmp_path):
-    (tmp_path / "test_x.py").write_text("import pytest\n\n@pytest.mark.requires_provider('tpu9')\n"
-                                        "def test_x():\n    pass\n")
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n\n@pytest.mark.requires_provider('tpu9')\ndef test_x():\n    pass\n"
+    )
     proc = _pytest(tmp_path)
     assert proc.returncode != 0 and "Unknown execution provider 'tpu9'" in proc.stdout + proc.stderr

@@ -8,8 +8,9 @@ import sys
 
 
 def _ortpilot(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ortpilot.cli.main", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ortpilot.cli.main", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_strict_cuda_exits_1_and_says_how_to_get_it(demo_paths):

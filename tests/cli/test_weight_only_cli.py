@@ -19,8 +19,19 @@ def _run(*args: str):
 
 def test_int4_writes_matmulnbits_and_compare_reports_the_generation_gate(tmp_path):
     out = tmp_path / "d4.onnx"
-    res = _run("quantize", "demo:decoder", "-o", str(out), "--mode", "int4", "--block-size", "16",
-               "--min-top1", "0.5", "--json")
+    res = _run(
+        "quantize",
+        "demo:decoder",
+        "-o",
+        str(out),
+        "--mode",
+        "int4",
+        "--block-size",
+        "16",
+        "--min-top1",
+        "0.5",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["weights"]["weight_only_nodes"] > 0 and doc["weights"]["compression"] > 3
@@ -40,8 +51,7 @@ def test_int4_writes_matmulnbits_and_compare_reports_the_generation_gate(tmp_pat
 
 def test_failing_weight_only_gate_writes_nothing(tmp_path):
     out = tmp_path / "d4.onnx"
-    res = _run("quantize", "demo:decoder", "-o", str(out), "--mode", "int4", "--block-size", "16",
-               "--min-top1", "1.0")
+    res = _run("quantize", "demo:decoder", "-o", str(out), "--mode", "int4", "--block-size", "16", "--min-top1", "1.0")
     assert res.exit_code == 1 and "Nothing was written" in res.output
     assert not out.exists() and not list(tmp_path.iterdir())
 
@@ -55,15 +65,30 @@ def test_fuse_with_max_positions_writes_the_limit_into_the_model(tmp_path):
     if importlib.util.find_spec("onnxscript") is None:
         pytest.skip("onnxscript is not installed")
     out = tmp_path / "d4.onnx"
-    res = _run("quantize", "demo:decoder", "-o", str(out), "--mode", "int4", "--block-size", "16", "--fuse",
-               "--max-positions", "64", "--min-top1", "0.5", "--json")
+    res = _run(
+        "quantize",
+        "demo:decoder",
+        "-o",
+        str(out),
+        "--mode",
+        "int4",
+        "--block-size",
+        "16",
+        "--fuse",
+        "--max-positions",
+        "64",
+        "--min-top1",
+        "0.5",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert any("rotary tables constant for 64 positions" in note for note in doc["fusion_notes"])
     model = onnx.load(str(out))
     assert detect_signature(model).max_positions == 64
     assert {n.op_type for n in model.graph.node} >= {"GroupQueryAttention", "MatMulNBits"}
-    unfused = _run("quantize", "demo:decoder", "-o", str(tmp_path / "x.onnx"), "--mode", "int4",
-                   "--max-positions", "64")
+    unfused = _run(
+        "quantize", "demo:decoder", "-o", str(tmp_path / "x.onnx"), "--mode", "int4", "--max-positions", "64"
+    )
     assert unfused.exit_code == 2 and "needs --mode int4|int8-weights with --fuse" in " ".join(unfused.output.split())
     assert not (tmp_path / "x.onnx").exists()

@@ -28,12 +28,24 @@ def test_load_takes_a_folder_and_model_file_chooses(hf_folder):
         ortpilot.load(str(hf_folder))
 
 
-@pytest.mark.parametrize("command", [["run"], ["inspect", "--no-check"], ["bench", "--runs", "3", "--no-roofline"],
-                                     ["compare", "-p", "cpu", "-p", "cpu"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run"],
+        ["inspect", "--no-check"],
+        ["bench", "--runs", "3", "--no-roofline"],
+        ["compare", "-p", "cpu", "-p", "cpu"],
+    ],
+)
 def test_commands_take_a_folder_and_model_file(hf_folder, command):
-    listed = subprocess.run([*CLI, command[0], str(hf_folder), *command[1:]], capture_output=True, text=True,
-                            timeout=300)
+    listed = subprocess.run(
+        [*CLI, command[0], str(hf_folder), *command[1:]], capture_output=True, text=True, timeout=300
+    )
     assert listed.returncode == 2 and "--model-file" in listed.stderr and "model_quantized.onnx" in listed.stderr
-    chosen = subprocess.run([*CLI, command[0], str(hf_folder), "--model-file", "model.onnx", *command[1:]],
-                            capture_output=True, text=True, timeout=300)
+    chosen = subprocess.run(
+        [*CLI, command[0], str(hf_folder), "--model-file", "model.onnx", *command[1:]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert chosen.returncode == 0, chosen.stderr

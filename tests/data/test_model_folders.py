@@ -46,12 +46,15 @@ def test_several_models_are_listed_and_model_file_chooses(tmp_path, demo_paths):
         model_path_of(demo_paths["encoder"], "model.onnx")
 
 
-@pytest.mark.parametrize("config,message", [
-    ({"num_attention_heads": 5}, "5 does not divide 128"),
-    ({"num_attention_heads": "four"}, "must be a positive integer"),
-    ({"hidden_size": 0}, "must be a positive integer"),
-    ({"num_key_value_heads": 3}, "does not divide num_attention_heads=4"),
-])
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        ({"num_attention_heads": 5}, "5 does not divide 128"),
+        ({"num_attention_heads": "four"}, "must be a positive integer"),
+        ({"hidden_size": 0}, "must be a positive integer"),
+        ({"num_key_value_heads": 3}, "does not divide num_attention_heads=4"),
+    ],
+)
 def test_contradicting_or_malformed_configs_are_refused(tmp_path, demo_paths, config, message):
     root = sentence_folder(tmp_path / "m", demo_paths["encoder"], **config)
     with pytest.raises(UsageError, match=message):

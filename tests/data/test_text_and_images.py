@@ -47,8 +47,10 @@ def test_shape_fixes_the_length_and_long_lines_are_truncated_with_a_note(tmp_pat
         text_samples(text, tok, encoder_inputs, shapes={"input_ids": (1, 9)}, max_positions=4)
 
 
-@pytest.mark.parametrize("content,message", [(b"", "holds no text"), (b"\n  \n", "holds no text"),
-                                             (b"ok\n\xff\xfe bad\n", "not UTF-8 \\(line 2")])
+@pytest.mark.parametrize(
+    "content,message",
+    [(b"", "holds no text"), (b"\n  \n", "holds no text"), (b"ok\n\xff\xfe bad\n", "not UTF-8 \\(line 2")],
+)
 def test_empty_or_undecodable_text_is_refused_naming_the_file(tmp_path, encoder_inputs, content, message):
     text = tmp_path / "s.txt"
     text.write_bytes(content)
@@ -83,9 +85,15 @@ def test_images_follow_the_preprocessor_config_and_run_on_the_cnn(tmp_path, demo
 def test_shortest_edge_and_center_crop_and_arguments_for_a_bare_cnn(tmp_path, demo_paths):
     pics = write_images(tmp_path / "pics", n=2, size=(80, 50))
     inputs = graph_inputs(load_model(demo_paths["cnn"]))
-    prep = ImagePreprocess.from_config({"size": {"shortest_edge": 32}, "do_center_crop": True,
-                                        "crop_size": {"height": 32, "width": 32}, "image_mean": [0.5] * 3,
-                                        "image_std": [0.5] * 3})
+    prep = ImagePreprocess.from_config(
+        {
+            "size": {"shortest_edge": 32},
+            "do_center_crop": True,
+            "crop_size": {"height": 32, "width": 32},
+            "image_mean": [0.5] * 3,
+            "image_std": [0.5] * 3,
+        }
+    )
     samples, _ = image_samples(pics, prep, inputs)
     assert samples[0]["image"].shape == (1, 3, 32, 32)
     samples, _ = image_samples(pics, ImagePreprocess.from_args("32", "0.4,0.4,0.4", "0.2,0.2,0.2"), inputs)

@@ -53,8 +53,9 @@ def _run_staggered(scheduler: Scheduler) -> list:
 
 
 @pytest.mark.parametrize("prefill_chunk", [0, 4, 1])
-def test_staggered_streams_equal_single_stream(fused_gen: Generator, reference: list[list[int]],
-                                               prefill_chunk: int) -> None:
+def test_staggered_streams_equal_single_stream(
+    fused_gen: Generator, reference: list[list[int]], prefill_chunk: int
+) -> None:
     scheduler = Scheduler(fused_gen, max_streams=4, max_queue=16, max_length=128, prefill_chunk=prefill_chunk)
     streams = _run_staggered(scheduler)
     assert [s.tokens for s in streams] == reference
@@ -89,8 +90,9 @@ def test_batched_logits_are_bit_identical(fused_decoder: onnx.ModelProto, fused_
     assert loop.kv_cache_bytes == sum(int(np.prod(c.shape(4, 96))) * 4 for c in sig.cache)
 
 
-def test_finished_and_cancelled_streams_free_their_slot_at_once(fused_gen: Generator,
-                                                                reference: list[list[int]]) -> None:
+def test_finished_and_cancelled_streams_free_their_slot_at_once(
+    fused_gen: Generator, reference: list[list[int]]
+) -> None:
     scheduler = Scheduler(fused_gen, max_streams=2, max_queue=4, max_length=128)
     stop = reference[0][3]
     first = reference[0].index(stop)
@@ -102,14 +104,14 @@ def test_finished_and_cancelled_streams_free_their_slot_at_once(fused_gen: Gener
         scheduler.step()
         steps += 1
     # The stop token ends a with it (as generate does), in the step that made it, and frees slot 0.
-    assert a.tokens == reference[0][:first + 1] and a.stop_reason == "stop_token" and steps == first
+    assert a.tokens == reference[0][: first + 1] and a.stop_reason == "stop_token" and steps == first
     assert scheduler.loop.lengths[a.slot] == 0 and c.slot is None
     scheduler.step()
     assert c.slot == a.slot and len(c.tokens) == 2  # admitted, prefilled and decoded in the very next step
     b.cancel()
     scheduler.step()  # a client gone: its slot is free before this step decodes
     assert b.stop_reason == "cancelled" and scheduler.loop.lengths[b.slot] == 0
-    assert b.tokens == reference[2][:len(b.tokens)] and len(b.tokens) < NEW[2]
+    assert b.tokens == reference[2][: len(b.tokens)] and len(b.tokens) < NEW[2]
     scheduler.run_until_idle()
     assert c.tokens == reference[5]
 
@@ -129,6 +131,7 @@ def test_each_request_samples_with_its_own_settings(fused_gen: Generator, refere
 def test_engine_thread_serves_concurrent_submitters(fused_gen: Generator, reference: list[list[int]]) -> None:
     results: dict[int, list[int]] = {}
     with Scheduler(fused_gen, max_streams=3, max_queue=8, max_length=128) as scheduler:
+
         def client(index: int) -> None:
             results[index] = list(scheduler.submit(PROMPTS[index], NEW[index]))
 

@@ -75,7 +75,7 @@ def test_stop_tokens_and_streaming(plain_gen: Generator) -> None:
     first = full.index(stop)
     seen: list[int] = []
     result = plain_gen.generate(prompt, 10, "bound", stop_tokens=[stop], stream=lambda t: seen.append(int(t[0])))
-    assert result.tokens[0] == full[:first + 1] and result.stop_reason == "stop_token"
+    assert result.tokens[0] == full[: first + 1] and result.stop_reason == "stop_token"
     assert seen == result.tokens[0]
 
 
@@ -112,12 +112,16 @@ def test_model_without_cache_recomputes(tmp_path) -> None:
     emb = numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "emb")
     head = numpy_helper.from_array(rng.standard_normal((8, 32)).astype(np.float32), "head")
     graph = helper.make_graph(
-        [helper.make_node("Gather", ["emb", "input_ids"], ["h"]),
-         helper.make_node("CumSum", ["h", "axis"], ["c"]),  # the last logits depend on every token
-         helper.make_node("MatMul", ["c", "head"], ["logits"])],
-        "nocache", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+        [
+            helper.make_node("Gather", ["emb", "input_ids"], ["h"]),
+            helper.make_node("CumSum", ["h", "axis"], ["c"]),  # the last logits depend on every token
+            helper.make_node("MatMul", ["c", "head"], ["logits"]),
+        ],
+        "nocache",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", 32])],
-        [emb, head, numpy_helper.from_array(np.array(1, dtype=np.int64), "axis")])
+        [emb, head, numpy_helper.from_array(np.array(1, dtype=np.int64), "axis")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
     gen = Generator(model)
     result = gen.generate([1, 2, 3], 5, "bound")
@@ -130,15 +134,18 @@ def test_model_without_cache_recomputes(tmp_path) -> None:
     assert result.tokens[0] == ids[3:]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"prompt_ids": [1, 300]}, "outside the vocabulary"),
-    ({"prompt_ids": [-1]}, "outside the vocabulary"),
-    ({"prompt_ids": []}, "non-empty"),
-    ({"prompt_ids": [1], "max_new_tokens": 0}, "at least 1"),
-    ({"prompt_ids": [1, 2, 3], "max_length": 3}, "KV buffer holds 3"),
-    ({"prompt_ids": [1], "loop": "fast"}, "Unknown loop"),
-    ({"prompt_ids": [1], "loop": "shared"}, "no GroupQueryAttention"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt_ids": [1, 300]}, "outside the vocabulary"),
+        ({"prompt_ids": [-1]}, "outside the vocabulary"),
+        ({"prompt_ids": []}, "non-empty"),
+        ({"prompt_ids": [1], "max_new_tokens": 0}, "at least 1"),
+        ({"prompt_ids": [1, 2, 3], "max_length": 3}, "KV buffer holds 3"),
+        ({"prompt_ids": [1], "loop": "fast"}, "Unknown loop"),
+        ({"prompt_ids": [1], "loop": "shared"}, "no GroupQueryAttention"),
+    ],
+)
 def test_bad_requests_are_usage_errors(plain_gen: Generator, kwargs: dict, message: str) -> None:
     args = {"max_new_tokens": 2, **kwargs}
     with pytest.raises(UsageError, match=message):

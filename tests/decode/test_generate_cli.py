@@ -49,24 +49,29 @@ def test_fuse_with_max_positions_limits_the_fused_model() -> None:
     assert doc["signature"]["max_positions"] == 12
     too_long = _run("--prompt-ids", ",".join(["1"] * 12), "--fuse", "--max-positions", "12")
     assert too_long.exit_code == 2 and "fuse again with a larger --max-positions" in " ".join(too_long.output.split())
-    for args, message in ((["--fuse", "--max-positions", "-1"], "-1 is not in the range"),
-                          (["--fuse", "--max-positions", "4"], "or at least 8"),  # the fusion's check needs 8
-                          (["--max-positions", "64"], "does nothing without --fuse")):
+    for args, message in (
+        (["--fuse", "--max-positions", "-1"], "-1 is not in the range"),
+        (["--fuse", "--max-positions", "4"], "or at least 8"),  # the fusion's check needs 8
+        (["--max-positions", "64"], "does nothing without --fuse"),
+    ):
         bad = _run("--prompt-ids", "1", *args)
         assert bad.exit_code == 2 and message in " ".join(bad.output.split()), bad.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--prompt-ids", "1,2,999"], "outside the vocabulary"),
-    (["--prompt-ids", "1,x"], "comma-separated list of integers"),
-    (["--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-    (["--prompt", "hi", "--tokenizer", "/does/not/exist.json"], "does not exist"),
-    ([], "exactly one of --prompt-ids"),
-    (["--prompt-ids", "1,2,3,4", "--max-length", "4"], "KV buffer holds 4"),
-    (["--prompt-ids", ",".join(["1"] * 2048)], "at most 2048 positions"),
-    (["--prompt-ids", "1", "--loop", "shared"], "needs GroupQueryAttention"),
-    (["--prompt-ids", "1", "--top-p", "0"], "top_p must be in"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prompt-ids", "1,2,999"], "outside the vocabulary"),
+        (["--prompt-ids", "1,x"], "comma-separated list of integers"),
+        (["--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["--prompt", "hi", "--tokenizer", "/does/not/exist.json"], "does not exist"),
+        ([], "exactly one of --prompt-ids"),
+        (["--prompt-ids", "1,2,3,4", "--max-length", "4"], "KV buffer holds 4"),
+        (["--prompt-ids", ",".join(["1"] * 2048)], "at most 2048 positions"),
+        (["--prompt-ids", "1", "--loop", "shared"], "needs GroupQueryAttention"),
+        (["--prompt-ids", "1", "--top-p", "0"], "top_p must be in"),
+    ],
+)
 def test_bad_input_exits_2(args: list[str], message: str) -> None:
     result = _run(*args)
     assert result.exit_code == 2, result.output

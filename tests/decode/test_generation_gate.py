@@ -54,7 +54,7 @@ def test_unfused_reference_and_int8_candidate_are_sane(fused: onnx.ModelProto, p
     for row in result.prompts:
         assert len(row.reference_tokens) == len(row.candidate_top1) == NEW
         assert row.identical_tokens == (NEW if row.divergence is None else row.divergence)
-        assert row.reference_tokens[:row.identical_tokens] == row.candidate_top1[:row.identical_tokens]
+        assert row.reference_tokens[: row.identical_tokens] == row.candidate_top1[: row.identical_tokens]
     doc = result.to_dict()
     assert doc["passed"] is True and len(doc["prompts"]) == len(prompts)
 
@@ -63,8 +63,9 @@ def test_int4_of_random_weights_fails_with_reasons(fused: onnx.ModelProto, promp
     # Random demo weights have small logit margins: 4 bits flips many next tokens.
     candidate = WeightOnlyPass("int4").run(fused).model
     ref = reference_run(fused, prompts, NEW)
-    strict = compare_decoders(fused, candidate, reference=ref, gate=GenerationGate(min_top1=0.99, max_kl=1e-4,
-                                                                                   min_identical=NEW))
+    strict = compare_decoders(
+        fused, candidate, reference=ref, gate=GenerationGate(min_top1=0.99, max_kl=1e-4, min_identical=NEW)
+    )
     assert not strict.passed and len(strict.failures) == 3
     assert "top-1" in strict.failures[0] and "KL" in strict.failures[1] and "diverges" in strict.failures[2]
     assert strict.top1_agreement < 0.99 and strict.kl_mean > 1e-4
@@ -72,20 +73,28 @@ def test_int4_of_random_weights_fails_with_reasons(fused: onnx.ModelProto, promp
     assert loose.passed and loose.kl_mean == strict.kl_mean  # same reference, same numbers
 
 
-def test_auto_exclude_leaves_layers_in_float_until_the_gate_passes(fused: onnx.ModelProto,
-                                                                   prompts: list[list[int]]) -> None:
+def test_auto_exclude_leaves_layers_in_float_until_the_gate_passes(
+    fused: onnx.ModelProto, prompts: list[list[int]]
+) -> None:
     gate = GenerationGate(min_top1=0.8)
     first = compare_decoders(fused, WeightOnlyPass("int4").run(fused).model, prompts, new_tokens=NEW, gate=gate)
     assert not first.passed
     result = auto_exclude(fused, prompts, mode="int4", gate=gate, new_tokens=NEW)
     assert result.passed and result.comparison.top1_agreement >= 0.8
-    assert result.excluded_groups and set(result.sensitivity) == {"layer 0", "layer 1", "lm_head.weight",
-                                                                  "model.embed_tokens.weight"}
+    assert result.excluded_groups and set(result.sensitivity) == {
+        "layer 0",
+        "layer 1",
+        "lm_head.weight",
+        "model.embed_tokens.weight",
+    }
     assert result.attempts[0]["passed"] is False and result.attempts[-1]["passed"] is True
     # The default fallback keeps the sensitive layers in 8 bits (an embedding among them stays float).
     assert result.fallback == "int8"
-    bits = {n.name.rsplit("_Q", 1)[0]: next(a.i for a in n.attribute if a.name == "bits")
-            for n in result.model.graph.node if n.op_type == "MatMulNBits"}
+    bits = {
+        n.name.rsplit("_Q", 1)[0]: next(a.i for a in n.attribute if a.name == "bits")
+        for n in result.model.graph.node
+        if n.op_type == "MatMulNBits"
+    }
     assert {n for n, b in bits.items() if b == 8} <= set(result.excluded_nodes)
     assert 8 in bits.values()
     assert 4 in bits.values()
@@ -114,13 +123,21 @@ def test_quantize_weight_only_gated_writes_only_what_passes(tmp_path, prompts: l
     from ortpilot.decode.gate import quantize_weight_only_gated
 
     out = tmp_path / "int8.onnx"
-    report = quantize_weight_only_gated(make_decoder(), out, "int8-weights", fuse=True, prompts=prompts,
-                                        new_tokens=NEW, gate=GenerationGate(min_top1=0.8))
+    report = quantize_weight_only_gated(
+        make_decoder(),
+        out,
+        "int8-weights",
+        fuse=True,
+        prompts=prompts,
+        new_tokens=NEW,
+        gate=GenerationGate(min_top1=0.8),
+    )
     assert out.exists() and report["gate"]["passed"] and report["weights"]["compression"] > 2
     refused = tmp_path / "int4.onnx"
     with pytest.raises(AccuracyGateError, match="Nothing was written"):
-        quantize_weight_only_gated(make_decoder(), refused, "int4", prompts=prompts, new_tokens=NEW,
-                                   gate=GenerationGate(min_top1=0.99))
+        quantize_weight_only_gated(
+            make_decoder(), refused, "int4", prompts=prompts, new_tokens=NEW, gate=GenerationGate(min_top1=0.99)
+        )
     assert not refused.exists()
 
 

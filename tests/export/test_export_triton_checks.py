@@ -29,14 +29,22 @@ def test_keys_values_and_accelerators_the_backend_would_ignore_or_refuse_are_fou
     text = (exported / "config.pbtxt").read_text()
     text = text.replace('key: "intra_op_thread_count"', 'key: "intra_op_threads"')  # a typo: silently ignored
     text = text.replace('string_value: "0"', 'string_value: "maybe"', 1)  # enable_mem_arena is a bool
-    text += ('optimization { graph { level: 3 } execution_accelerators { cpu_execution_accelerator { name: "dnnl" }'
-             ' gpu_execution_accelerator { name: "tensorrt" parameters { key: "precision_mode" value: "FP8" } '
-             'parameters { key: "trt_fp16_enable" value: "1" } } } }\n')
+    text += (
+        'optimization { graph { level: 3 } execution_accelerators { cpu_execution_accelerator { name: "dnnl" }'
+        ' gpu_execution_accelerator { name: "tensorrt" parameters { key: "precision_mode" value: "FP8" } '
+        'parameters { key: "trt_fp16_enable" value: "1" } } } }\n'
+    )
     problems = check_config(parse_config(text), exported)
     said = " | ".join(problems)
-    for fragment in ("'intra_op_threads' is not one the backend reads", "'enable_mem_arena' = 'maybe'",
-                     "graph.level 3", "'dnnl' is not one the backend knows", "precision_mode 'FP8'",
-                     "'trt_fp16_enable' is unknown", "not KIND_GPU"):
+    for fragment in (
+        "'intra_op_threads' is not one the backend reads",
+        "'enable_mem_arena' = 'maybe'",
+        "graph.level 3",
+        "'dnnl' is not one the backend knows",
+        "precision_mode 'FP8'",
+        "'trt_fp16_enable' is unknown",
+        "not KIND_GPU",
+    ):
         assert fragment in said, (fragment, problems)
 
 
@@ -49,7 +57,8 @@ def test_a_missing_or_short_warmup_file_is_found(exported):
 
 def test_warmup_dims_that_do_not_fit_the_declared_input_are_found(exported):
     text = (exported / "config.pbtxt").read_text()
-    text = text.replace("dims: 128\n      input_data_file: \"input_ids\"", "dims: 64\n      dims: 2\n      "
-                        "input_data_file: \"input_ids\"")
+    text = text.replace(
+        'dims: 128\n      input_data_file: "input_ids"', 'dims: 64\n      dims: 2\n      input_data_file: "input_ids"'
+    )
     said = " | ".join(check_config(parse_config(text), exported))
     assert "warmup input 'input_ids' has dims [64, 2], the config declares [-1]" in said

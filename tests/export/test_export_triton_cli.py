@@ -28,15 +28,22 @@ def test_cli_writes_the_repository_and_one_json_document(encoder_profile, tmp_pa
     doc = json.loads(result.stdout)
     assert doc["name"] == "enc" and doc["kind"] == "KIND_CPU" and doc["providers"] == ["cpu"]
     files = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file())
-    assert files == ["enc/1/model.onnx", "enc/ORTPILOT.md", "enc/config.pbtxt", "enc/warmup/attention_mask",
-                     "enc/warmup/input_ids", "enc/warmup/token_type_ids"]
+    assert files == [
+        "enc/1/model.onnx",
+        "enc/ORTPILOT.md",
+        "enc/config.pbtxt",
+        "enc/warmup/attention_mask",
+        "enc/warmup/input_ids",
+        "enc/warmup/token_type_ids",
+    ]
     assert "count: 2" in (repo / "enc" / "config.pbtxt").read_text()
     assert "instance_group.count" in {loss["setting"] for loss in doc["losses"]}  # 2 sessions share the cores
 
 
 @pytest.mark.parametrize("provider", ["CoreMLExecutionProvider", "WebGpuExecutionProvider", "QNNExecutionProvider"])
-def test_a_provider_the_backend_cannot_use_is_exit_2_naming_it_and_the_supported_ones(provider, encoder_profile,
-                                                                                      tmp_path):
+def test_a_provider_the_backend_cannot_use_is_exit_2_naming_it_and_the_supported_ones(
+    provider, encoder_profile, tmp_path
+):
     profile = with_providers(encoder_profile, [{"name": provider, "options": {}}], f"profile-{provider}.json")
     result = _run(str(profile), "-o", str(tmp_path / "repo"))
     assert result.exit_code == 2, result.output
@@ -112,8 +119,15 @@ def test_kind_against_the_profile_is_exported_as_a_loss(encoder_profile, tmp_pat
 
 def test_inferenceservice_manifest_is_kserve_triton_v2(encoder_profile, tmp_path):
     manifest = tmp_path / "isvc.yaml"
-    result = _run(str(encoder_profile), "-o", str(tmp_path / "models"), "--name", "My_Encoder.v1",
-                  "--emit-inferenceservice", str(manifest))
+    result = _run(
+        str(encoder_profile),
+        "-o",
+        str(tmp_path / "models"),
+        "--name",
+        "My_Encoder.v1",
+        "--emit-inferenceservice",
+        str(manifest),
+    )
     assert result.exit_code == 0, result.output
     doc = yaml.safe_load(manifest.read_text())
     assert doc["apiVersion"] == "serving.kserve.io/v1beta1" and doc["kind"] == "InferenceService"
@@ -122,8 +136,15 @@ def test_inferenceservice_manifest_is_kserve_triton_v2(encoder_profile, tmp_path
     assert model["modelFormat"] == {"name": "triton"} and model["protocolVersion"] == "v2"
     assert model["storageUri"] == "s3://CHANGE-ME/models" and "resources" not in model  # a CPU model: no GPU
     cuda = with_providers(encoder_profile, [{"name": "CUDAExecutionProvider", "options": {}}], "profile-cuda.json")
-    result = _run(str(cuda), "-o", str(tmp_path / "gpu"), "--emit-inferenceservice", str(manifest),
-                  "--storage-uri", "gs://bucket/gpu")
+    result = _run(
+        str(cuda),
+        "-o",
+        str(tmp_path / "gpu"),
+        "--emit-inferenceservice",
+        str(manifest),
+        "--storage-uri",
+        "gs://bucket/gpu",
+    )
     assert result.exit_code == 0, result.output
     model = yaml.safe_load(manifest.read_text())["spec"]["predictor"]["model"]
     assert model["resources"]["limits"]["nvidia.com/gpu"] == 1 and model["storageUri"] == "gs://bucket/gpu"

@@ -43,10 +43,13 @@ def test_tuned_demo_encoder_exports_to_a_config_that_reproduces_the_reference(tu
 
 
 @pytest.mark.realmodels
-@pytest.mark.parametrize("fixture, shapes, max_batch", [
-    ("nudenet_path", {"images": [1, 3, 320, 320]}, 4),  # [batch, 3, height, width]: batch folded
-    ("ocr_det_path", {"x": [1, 3, 64, 64]}, 0),  # first dim 'DynamicDimension.0': not named batch
-])
+@pytest.mark.parametrize(
+    "fixture, shapes, max_batch",
+    [
+        ("nudenet_path", {"images": [1, 3, 320, 320]}, 4),  # [batch, 3, height, width]: batch folded
+        ("ocr_det_path", {"x": [1, 3, 64, 64]}, 0),  # first dim 'DynamicDimension.0': not named batch
+    ],
+)
 def test_real_model_export_reproduces_the_reference(fixture, shapes, max_batch, request, tmp_path):
     model = request.getfixturevalue(fixture)
     profile_path = write_cpu_profile(tmp_path / "profile", model, shapes=shapes)

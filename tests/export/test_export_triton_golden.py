@@ -57,15 +57,25 @@ def test_config_matches_golden_file_and_parses(key, encoder_profile, tmp_path):
 
 
 def test_each_provider_maps_to_the_backend_accelerators(encoder_profile, tmp_path):
-    configs = {key: text_format.Parse((GOLDEN / f"{key}.pbtxt").read_text(), model_config_pb2.ModelConfig())
-               for key in PROVIDERS}
+    configs = {
+        key: text_format.Parse((GOLDEN / f"{key}.pbtxt").read_text(), model_config_pb2.ModelConfig())
+        for key in PROVIDERS
+    }
     kinds = {key: model_config_pb2.ModelInstanceGroup.Kind.Name(c.instance_group[0].kind) for key, c in configs.items()}
     assert kinds == {"cpu": "KIND_CPU", "cuda": "KIND_GPU", "tensorrt": "KIND_GPU", "openvino": "KIND_CPU"}
-    accelerators = {key: ([a.name for a in c.optimization.execution_accelerators.gpu_execution_accelerator],
-                          [a.name for a in c.optimization.execution_accelerators.cpu_execution_accelerator])
-                    for key, c in configs.items()}
-    assert accelerators == {"cpu": ([], []), "cuda": (["cuda"], []), "tensorrt": (["tensorrt", "cuda"], []),
-                            "openvino": ([], ["openvino"])}
+    accelerators = {
+        key: (
+            [a.name for a in c.optimization.execution_accelerators.gpu_execution_accelerator],
+            [a.name for a in c.optimization.execution_accelerators.cpu_execution_accelerator],
+        )
+        for key, c in configs.items()
+    }
+    assert accelerators == {
+        "cpu": ([], []),
+        "cuda": (["cuda"], []),
+        "tensorrt": (["tensorrt", "cuda"], []),
+        "openvino": ([], ["openvino"]),
+    }
     # TensorRT lowers the level to basic (ortpilot's gotcha default), which Triton spells -1.
     assert configs["tensorrt"].optimization.graph.level == -1
     assert not configs["cpu"].optimization.HasField("graph")  # level all: no graph section
@@ -77,8 +87,10 @@ def test_each_provider_maps_to_the_backend_accelerators(encoder_profile, tmp_pat
 def test_the_backend_builds_the_profiles_session_from_each_config():
     """Read back as the backend would: the CUDA EP gets the profile's HEURISTIC conv search even
     though the backend's deprecated model-level keys override the cuda accelerator's own."""
-    configs = {key: text_format.Parse((GOLDEN / f"{key}.pbtxt").read_text(), model_config_pb2.ModelConfig())
-               for key in PROVIDERS}
+    configs = {
+        key: text_format.Parse((GOLDEN / f"{key}.pbtxt").read_text(), model_config_pb2.ModelConfig())
+        for key in PROVIDERS
+    }
     chains = {key: backend_providers(c) for key, c in configs.items()}
     assert [name for name, _ in chains["cpu"]] == [CPU]
     assert [name for name, _ in chains["openvino"]] == ["OpenVINOExecutionProvider", CPU]
@@ -92,8 +104,10 @@ def test_the_backend_builds_the_profiles_session_from_each_config():
 
 
 def test_losses_name_what_triton_cannot_express(encoder_profile, tmp_path):
-    losses = {key: {loss.setting: loss for loss in _export(encoder_profile, tmp_path / key, key).losses}
-              for key in ("cpu", "tensorrt", "openvino")}
+    losses = {
+        key: {loss.setting: loss for loss in _export(encoder_profile, tmp_path / key, key).losses}
+        for key in ("cpu", "tensorrt", "openvino")
+    }
     spin = "session_settings.config_entries[session.intra_op.allow_spinning]"
     assert spin in losses["cpu"] and "spin" in losses["cpu"][spin].consequence
     assert {"placement", "onnxruntime", "machine", "max_batch_size"} <= set(losses["cpu"])

@@ -55,8 +55,9 @@ class _Identity:
 
 class _Fixed:
     def __init__(self, names, scores=None):
-        self.layers = [Layer(n, (n,), float(len(names) - i) if scores is None else scores[i])
-                       for i, n in enumerate(names)]
+        self.layers = [
+            Layer(n, (n,), float(len(names) - i) if scores is None else scores[i]) for i, n in enumerate(names)
+        ]
         self.calls = 0
 
     def rank(self, attempt):
@@ -104,9 +105,18 @@ def test_a_passing_first_try_is_kept_without_ranking():
 
 
 def _tune_try(error, limit=0.01, excluded=()):
-    return Try([Layer(n, (n,)) for n in excluded], list(excluded),
-               GateResult.from_dict({"passed": error <= limit, "max_error": limit, "worst_error": error,
-                                     "outputs": [{"name": "y", "metric": "cosine", "error": error}]}))
+    return Try(
+        [Layer(n, (n,)) for n in excluded],
+        list(excluded),
+        GateResult.from_dict(
+            {
+                "passed": error <= limit,
+                "max_error": limit,
+                "worst_error": error,
+                "outputs": [{"name": "y", "metric": "cosine", "error": error}],
+            }
+        ),
+    )
 
 
 def test_noise_share_takes_the_fewest_layers_that_close_the_gap_and_gives_up_when_hopeless():
@@ -115,14 +125,19 @@ def test_noise_share_takes_the_fewest_layers_that_close_the_gap_and_gives_up_whe
     assert [layer.name for layer in chosen] == ["n0", "n1", "n2", "n3"]
     assert propose(ranking, [_tune_try(0.05)], NoiseShare(within=4.0)) is None  # 5x over the limit
     assert propose(ranking, [_tune_try(0.005)], NoiseShare()) is None  # passed
-    assert propose(ranking, [_tune_try(0.015), _tune_try(0.012, excluded=["n0"])], NoiseShare(),
-                   max_tries=2) is None
+    assert propose(ranking, [_tune_try(0.015), _tune_try(0.012, excluded=["n0"])], NoiseShare(), max_tries=2) is None
 
 
 def test_gate_result_reads_back_the_record_a_tune_journals():
-    record = {"passed": False, "max_error": 0.01, "worst_error": math.inf,
-              "outputs": [{"name": "a", "metric": "cosine", "error": 0.002},
-                          {"name": "b", "metric": "top1", "error": math.inf, "note": "output missing"}]}
+    record = {
+        "passed": False,
+        "max_error": 0.01,
+        "worst_error": math.inf,
+        "outputs": [
+            {"name": "a", "metric": "cosine", "error": 0.002},
+            {"name": "b", "metric": "top1", "error": math.inf, "note": "output missing"},
+        ],
+    }
     result = GateResult.from_dict(record)
     assert not result.passed and result.worst_output == "b" and result.error == math.inf
     assert result.to_dict() == record

@@ -12,8 +12,9 @@ from ortpilot.modelio import DEFAULT_OPSET, SAFE_IR_VERSION
 
 
 def _model(nodes, inputs, outputs, inits=(), opsets=(("", DEFAULT_OPSET),)):
-    graph = helper.make_graph(nodes, "g", inputs, outputs,
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits])
+    graph = helper.make_graph(
+        nodes, "g", inputs, outputs, [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
     model.ir_version = SAFE_IR_VERSION
     return model
@@ -25,12 +26,16 @@ def _vi(name, dims, elem=TensorProto.FLOAT):
 
 def test_matmul_gemm_and_elementwise_counts_are_exact():
     model = _model(
-        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-         helper.make_node("Relu", ["h"], ["r"], name="relu"),
-         helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="gemm", transB=1),
-         helper.make_node("Reshape", ["y", "shape"], ["z"], name="reshape")],
-        [_vi("x", ["batch", 3])], [_vi("z", None)],
-        [("w", np.ones((3, 4))), ("w2", np.ones((5, 4))), ("b2", np.ones(5))])
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="gemm", transB=1),
+            helper.make_node("Reshape", ["y", "shape"], ["z"], name="reshape"),
+        ],
+        [_vi("x", ["batch", 3])],
+        [_vi("z", None)],
+        [("w", np.ones((3, 4))), ("w2", np.ones((5, 4))), ("b2", np.ones(5))],
+    )
     model.graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "shape"))
     flops = node_flops(model, {"x": (2, 3)})
     assert flops == {"mm": 2 * 2 * 4 * 3, "relu": 2 * 4, "gemm": 2 * 2 * 5 * 4 + 2 * 5, "reshape": 0.0}
@@ -39,13 +44,16 @@ def test_matmul_gemm_and_elementwise_counts_are_exact():
 
 def test_conv_counts_groups_bias_and_transpose():
     model = _model(
-        [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-         helper.make_node("Conv", ["c", "wd"], ["d"], name="depthwise", group=4, pads=[1, 1, 1, 1]),
-         helper.make_node("ConvTranspose", ["d", "wt"], ["t"], name="up", strides=[2, 2]),
-         helper.make_node("MaxPool", ["t"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2])],
-        [_vi("x", [1, 3, 8, 8])], [_vi("p", None)],
-        [("w", np.ones((4, 3, 3, 3))), ("b", np.ones(4)), ("wd", np.ones((4, 1, 3, 3))),
-         ("wt", np.ones((4, 2, 2, 2)))])
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Conv", ["c", "wd"], ["d"], name="depthwise", group=4, pads=[1, 1, 1, 1]),
+            helper.make_node("ConvTranspose", ["d", "wt"], ["t"], name="up", strides=[2, 2]),
+            helper.make_node("MaxPool", ["t"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        ],
+        [_vi("x", [1, 3, 8, 8])],
+        [_vi("p", None)],
+        [("w", np.ones((4, 3, 3, 3))), ("b", np.ones(4)), ("wd", np.ones((4, 1, 3, 3))), ("wt", np.ones((4, 2, 2, 2)))],
+    )
     flops = node_flops(model)
     assert flops["conv"] == 2 * (4 * 8 * 8) * 27 + 4 * 8 * 8
     assert flops["depthwise"] == 2 * (4 * 8 * 8) * 9
@@ -56,17 +64,43 @@ def test_conv_counts_groups_bias_and_transpose():
 def test_contrib_matmulnbits_and_gqa_counted_from_input_shapes():
     k, n, heads, kv_heads, d, s, past = 64, 32, 4, 2, 16, 8, 24
     model = _model(
-        [helper.make_node("MatMulNBits", ["a", "qw", "scales"], ["m"], name="q4", domain="com.microsoft",
-                          K=k, N=n, bits=4, block_size=32),
-         helper.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "seqlens", "total"],
-                          ["attn", "present_k", "present_v"], name="gqa", domain="com.microsoft",
-                          num_heads=heads, kv_num_heads=kv_heads)],
-        [_vi("a", [1, s, k]), _vi("qw", [n, 2, 16], TensorProto.UINT8), _vi("scales", [n * 2]),
-         _vi("q", [1, s, heads * d]), _vi("k", [1, s, kv_heads * d]), _vi("v", [1, s, kv_heads * d]),
-         _vi("pk", [1, kv_heads, past, d]), _vi("pv", [1, kv_heads, past, d]),
-         _vi("seqlens", [1], TensorProto.INT32), _vi("total", [], TensorProto.INT32)],
+        [
+            helper.make_node(
+                "MatMulNBits",
+                ["a", "qw", "scales"],
+                ["m"],
+                name="q4",
+                domain="com.microsoft",
+                K=k,
+                N=n,
+                bits=4,
+                block_size=32,
+            ),
+            helper.make_node(
+                "GroupQueryAttention",
+                ["q", "k", "v", "pk", "pv", "seqlens", "total"],
+                ["attn", "present_k", "present_v"],
+                name="gqa",
+                domain="com.microsoft",
+                num_heads=heads,
+                kv_num_heads=kv_heads,
+            ),
+        ],
+        [
+            _vi("a", [1, s, k]),
+            _vi("qw", [n, 2, 16], TensorProto.UINT8),
+            _vi("scales", [n * 2]),
+            _vi("q", [1, s, heads * d]),
+            _vi("k", [1, s, kv_heads * d]),
+            _vi("v", [1, s, kv_heads * d]),
+            _vi("pk", [1, kv_heads, past, d]),
+            _vi("pv", [1, kv_heads, past, d]),
+            _vi("seqlens", [1], TensorProto.INT32),
+            _vi("total", [], TensorProto.INT32),
+        ],
         [_vi("m", None), _vi("attn", None)],
-        opsets=(("", DEFAULT_OPSET), ("com.microsoft", 1)))
+        opsets=(("", DEFAULT_OPSET), ("com.microsoft", 1)),
+    )
     flops = node_flops(model)
     assert flops["q4"] == 2 * s * n * k
     scores = heads * s * (past + s)
@@ -75,17 +109,20 @@ def test_contrib_matmulnbits_and_gqa_counted_from_input_shapes():
 
 def test_unknown_ops_and_unknown_shapes_are_left_out():
     model = _model(
-        [helper.make_node("MyOp", ["x"], ["y"], name="custom", domain="my.domain"),
-         helper.make_node("Relu", ["y"], ["z"], name="after_custom"),
-         helper.make_node("Relu", ["x"], ["r"], name="known")],
-        [_vi("x", [2, 3])], [_vi("z", None), _vi("r", None)],
-        opsets=(("", DEFAULT_OPSET), ("my.domain", 1)))
+        [
+            helper.make_node("MyOp", ["x"], ["y"], name="custom", domain="my.domain"),
+            helper.make_node("Relu", ["y"], ["z"], name="after_custom"),
+            helper.make_node("Relu", ["x"], ["r"], name="known"),
+        ],
+        [_vi("x", [2, 3])],
+        [_vi("z", None), _vi("r", None)],
+        opsets=(("", DEFAULT_OPSET), ("my.domain", 1)),
+    )
     assert node_flops(model) == {"known": 6.0}
 
 
 def test_unresolvable_dims_do_not_raise():
-    model = _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_vi("x", [None, "weird"])],
-                   [_vi("y", None)])
+    model = _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_vi("x", [None, "weird"])], [_vi("y", None)])
     assert node_flops(model) == {}
     assert node_flops(model, {"x": (2, 5)}) == {"relu": 10.0}
 

@@ -20,35 +20,63 @@ def tiny(nodes=None, outputs=None) -> onnx.ModelProto:
     """x[2, 4] @ W + b -> y, or the given nodes over x, W and b."""
     w = numpy_helper.from_array(np.ones((4, 3), np.float32), "W")
     b = numpy_helper.from_array(np.ones(3, np.float32), "b")
-    nodes = nodes or [helper.make_node("MatMul", ["x", "W"], ["mm"], name="mm_node"),
-                      helper.make_node("Add", ["mm", "b"], ["y"], name="add_node")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-                              outputs or [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [w, b])
+    nodes = nodes or [
+        helper.make_node("MatMul", ["x", "W"], ["mm"], name="mm_node"),
+        helper.make_node("Add", ["mm", "b"], ["y"], name="add_node"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        outputs or [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [w, b],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 10
     return model
 
 
 def einsum_model(equation: str) -> onnx.ModelProto:
-    graph = helper.make_graph([helper.make_node("Einsum", ["x"], ["y"], equation=equation, name="ein")], "e",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    graph = helper.make_graph(
+        [helper.make_node("Einsum", ["x"], ["y"], equation=equation, name="ein")],
+        "e",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 10
     return model
 
 
-@pytest.mark.parametrize("equation,inputs", [("ij,jk->ik", 2), ("...ij->...ji", 1), ("ii", 1), ("i j , j k", 2),
-                                             ("bij,bjk->bik", 2), ("...->...", 1), ("ij->", 1)])
+@pytest.mark.parametrize(
+    "equation,inputs",
+    [
+        ("ij,jk->ik", 2),
+        ("...ij->...ji", 1),
+        ("ii", 1),
+        ("i j , j k", 2),
+        ("bij,bjk->bik", 2),
+        ("...->...", 1),
+        ("ij->", 1),
+    ],
+)
 def test_valid_einsum_equations_pass(equation: str, inputs: int) -> None:
     assert einsum_problem(equation, inputs) is None
 
 
-@pytest.mark.parametrize("equation,inputs,words", [
-    ("......->", 1, "more than one '...'"), ("ij,jk->ik", 1, "2 operand(s)"), ("i.j->ij", 1, "not letters"),
-    ("ij->ik", 1, "appear in no input"), ("ij->ii", 1, "repeats"), ("ij->j->i", 1, "more than one '->'"),
-    ("", 1, "empty"), ("i1->i", 1, "not letters"),
-])
+@pytest.mark.parametrize(
+    "equation,inputs,words",
+    [
+        ("......->", 1, "more than one '...'"),
+        ("ij,jk->ik", 1, "2 operand(s)"),
+        ("i.j->ij", 1, "not letters"),
+        ("ij->ik", 1, "appear in no input"),
+        ("ij->ii", 1, "repeats"),
+        ("ij->j->i", 1, "more than one '->'"),
+        ("", 1, "empty"),
+        ("i1->i", 1, "not letters"),
+    ],
+)
 def test_malformed_einsum_equations_are_named(equation: str, inputs: int, words: str) -> None:
     assert words in (einsum_problem(equation, inputs) or "")
 
@@ -56,7 +84,8 @@ def test_malformed_einsum_equations_are_named(equation: str, inputs: int, words:
 def test_hanging_einsum_is_refused_before_shape_inference() -> None:
     model = einsum_model("......->")
     assert malformed_einsums(model) == [
-        "node 'ein' (Einsum) (equation '......->'): term '......' has more than one '...'"]
+        "node 'ein' (Einsum) (equation '......->'): term '......' has more than one '...'"
+    ]
     with pytest.raises(ModelLoadError, match=r"malformed Einsum equation.*'ein'"):
         check_graph(model)
     started = time.monotonic()
@@ -99,20 +128,36 @@ def test_nodes_out_of_order_are_valid_as_ort_sorts_them() -> None:
 
 
 def test_value_produced_twice_is_refused() -> None:
-    model = tiny([helper.make_node("MatMul", ["x", "W"], ["y"], name="one"),
-                  helper.make_node("MatMul", ["x", "W"], ["y"], name="two")])
+    model = tiny(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["y"], name="one"),
+            helper.make_node("MatMul", ["x", "W"], ["y"], name="two"),
+        ]
+    )
     with pytest.raises(ModelLoadError, match="'y'.*'two'.*'one'"):
         check_graph(model)
 
 
 def test_subgraph_reading_an_unknown_outer_value_is_a_dangling_edge() -> None:
-    then = helper.make_graph([helper.make_node("Identity", ["nowhere"], ["t"])], "then", [],
-                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])])
-    other = helper.make_graph([helper.make_node("Identity", ["mm"], ["e"])], "else", [],
-                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 3])])
+    then = helper.make_graph(
+        [helper.make_node("Identity", ["nowhere"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["mm"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 3])],
+    )
     cond = numpy_helper.from_array(np.array(True), "cond")
-    model = tiny([helper.make_node("MatMul", ["x", "W"], ["mm"], name="mm_node"),
-                  helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="branch")])
+    model = tiny(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["mm"], name="mm_node"),
+            helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="branch"),
+        ]
+    )
     model.graph.initializer.append(cond)
     with pytest.raises(ModelLoadError, match=r"'branch' \(If\) attribute 'then_branch'.*'nowhere'"):
         check_graph(model)
@@ -123,8 +168,9 @@ def test_subgraph_reading_an_unknown_outer_value_is_a_dangling_edge() -> None:
 
 def test_checker_errors_are_model_load_errors_in_one_paragraph() -> None:
     model = tiny()
-    model.graph.initializer[1].CopyFrom(TensorProto(name="b", data_type=TensorProto.FLOAT, dims=[-1, 3],
-                                                    raw_data=b"\0" * 12))
+    model.graph.initializer[1].CopyFrom(
+        TensorProto(name="b", data_type=TensorProto.FLOAT, dims=[-1, 3], raw_data=b"\0" * 12)
+    )
     with pytest.raises(ModelLoadError, match="onnx.checker.check_model says: Negative dimension") as err:
         check_graph(model)
     assert "\n" not in str(err.value)

@@ -30,8 +30,9 @@ def test_demo_cnn_summary_matches_the_graph(demo_paths):
 def test_given_shapes_scale_flops(demo_paths):
     model = onnx.load(str(demo_paths["encoder"]))
     one = summarize(model, shapes={"batch": (1,)}).flops["total"]
-    four = summarize(model, shapes={"input_ids": (4, 128), "attention_mask": (4, 128),
-                                    "token_type_ids": (4, 128)}).flops["total"]
+    four = summarize(
+        model, shapes={"input_ids": (4, 128), "attention_mask": (4, 128), "token_type_ids": (4, 128)}
+    ).flops["total"]
     assert four == pytest.approx(4 * one)
 
 
@@ -39,8 +40,9 @@ def test_external_data_is_listed_and_sized_without_loading_it(tmp_path, demo_pat
     model = onnx.load(str(demo_paths["mlp"]))
     expected = summarize(model).parameters
     out = tmp_path / "ext.onnx"
-    onnx.save(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
-              size_threshold=0)
+    onnx.save(
+        model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin", size_threshold=0
+    )
     light = load_model(out, load_external_data=False)
     doc = summarize(light, out).to_dict()
     assert doc["parameters"] == expected
@@ -49,9 +51,12 @@ def test_external_data_is_listed_and_sized_without_loading_it(tmp_path, demo_pat
 
 
 def test_unresolvable_dims_give_a_flops_error_that_names_the_fix():
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     flops = summarize(helper.make_model(graph)).flops
     assert flops["total"] is None and "--shape x=" in flops["error"]
 
@@ -62,8 +67,12 @@ def test_subgraph_nodes_are_counted(silero_vad_path):
 
 
 def _op_model(node: onnx.NodeProto, opsets) -> onnx.ModelProto:
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
     model.ir_version = SAFE_IR_VERSION
     return model
@@ -72,8 +81,9 @@ def _op_model(node: onnx.NodeProto, opsets) -> onnx.ModelProto:
 def test_kernel_registry_flags_a_custom_op_and_nothing_else():
     custom = _op_model(helper.make_node("NoSuchOp", ["x"], ["y"], domain="my.ops"), [("", 18), ("my.ops", 1)])
     assert kernel_gaps(custom).ops == {"my.ops.NoSuchOp": 1}
-    contrib = _op_model(helper.make_node("FastGelu", ["x"], ["y"], domain="com.microsoft"),
-                        [("", 18), ("com.microsoft", 1)])
+    contrib = _op_model(
+        helper.make_node("FastGelu", ["x"], ["y"], domain="com.microsoft"), [("", 18), ("com.microsoft", 1)]
+    )
     assert kernel_gaps(contrib).ops == {}
     # Gelu (opset 20) is an ONNX function; ORT expands it when it has no kernel.
     gelu = _op_model(helper.make_node("Gelu", ["x"], ["y"]), [("", 20)])

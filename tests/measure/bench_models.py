@@ -14,12 +14,18 @@ def flaky_model(seed: float = 7.0) -> onnx.ModelProto:
     fail (index out of bounds) at a fixed, run-count-dependent call."""
     x = h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    nodes = [h.make_node("RandomUniform", [], ["r"], shape=[1], low=0.0, high=1.0, seed=seed),
-             h.make_node("Mul", ["r", "k"], ["rk"]), h.make_node("Floor", ["rk"], ["f"]),
-             h.make_node("Cast", ["f"], ["i"], to=TensorProto.INT64),
-             h.make_node("Gather", ["table", "i"], ["g"], axis=0), h.make_node("Add", ["x", "g"], ["y"])]
-    inits = [h.make_tensor("k", TensorProto.FLOAT, [1], [103.0]),
-             h.make_tensor("table", TensorProto.FLOAT, [100, 4], np.zeros(400).tolist())]
+    nodes = [
+        h.make_node("RandomUniform", [], ["r"], shape=[1], low=0.0, high=1.0, seed=seed),
+        h.make_node("Mul", ["r", "k"], ["rk"]),
+        h.make_node("Floor", ["rk"], ["f"]),
+        h.make_node("Cast", ["f"], ["i"], to=TensorProto.INT64),
+        h.make_node("Gather", ["table", "i"], ["g"], axis=0),
+        h.make_node("Add", ["x", "g"], ["y"]),
+    ]
+    inits = [
+        h.make_tensor("k", TensorProto.FLOAT, [1], [103.0]),
+        h.make_tensor("table", TensorProto.FLOAT, [100, 4], np.zeros(400).tolist()),
+    ]
     model = h.make_model(h.make_graph(nodes, "flaky", [x], [y], inits), opset_imports=[h.make_opsetid("", 18)])
     model.ir_version = 10
     return model

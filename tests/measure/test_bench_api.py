@@ -12,8 +12,23 @@ from ortpilot.errors import InputError, UsageError
 from ortpilot.measure.bench import BenchmarkRunError, bench
 from ortpilot.session import SessionSettings, load
 
-STAT_KEYS = ("count", "min_ms", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "max_ms", "std_ms",
-             "median_ci95_ms", "inferences_per_s", "items_per_s", "noisy", "noise_reasons")
+STAT_KEYS = (
+    "count",
+    "min_ms",
+    "mean_ms",
+    "p50_ms",
+    "p90_ms",
+    "p95_ms",
+    "p99_ms",
+    "p999_ms",
+    "max_ms",
+    "std_ms",
+    "median_ci95_ms",
+    "inferences_per_s",
+    "items_per_s",
+    "noisy",
+    "noise_reasons",
+)
 
 
 def test_fixed_runs_report_every_statistic(demo_paths) -> None:
@@ -67,8 +82,18 @@ def test_given_feeds_and_a_loaded_session(demo_paths) -> None:
     assert result.settings["intra_op_threads"] == 1 and result.shapes == {"x": [2, 64]}
 
 
-@pytest.mark.parametrize("kwargs", [{"runs": 0}, {"runs": -5}, {"duration_s": 0}, {"runs": 5, "duration_s": 1.0},
-                                    {"concurrency": 257}, {"concurrency": 0}, {"warmup": -1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"runs": 0},
+        {"runs": -5},
+        {"duration_s": 0},
+        {"runs": 5, "duration_s": 1.0},
+        {"concurrency": 257},
+        {"concurrency": 0},
+        {"warmup": -1},
+    ],
+)
 def test_bad_budgets_are_usage_errors(demo_paths, kwargs) -> None:
     with pytest.raises(UsageError):
         bench(str(demo_paths["mlp"]), **kwargs)

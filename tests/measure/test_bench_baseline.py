@@ -29,15 +29,23 @@ def slowed(model: onnx.ModelProto, work: int = 24) -> onnx.ModelProto:
     graph = out.graph
     y = graph.output[0].name
     rng = np.random.default_rng(0)
-    graph.initializer.extend([numpy_helper.from_array(rng.standard_normal((256, 256)).astype(np.float32) / 16, "slow_w"),
-                              numpy_helper.from_array(np.ones((1, 256), np.float32), "slow_x"),
-                              numpy_helper.from_array(np.zeros((), np.float32), "slow_zero")])
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(rng.standard_normal((256, 256)).astype(np.float32) / 16, "slow_w"),
+            numpy_helper.from_array(np.ones((1, 256), np.float32), "slow_x"),
+            numpy_helper.from_array(np.zeros((), np.float32), "slow_zero"),
+        ]
+    )
     prev = "slow_x"
     for i in range(work):
         graph.node.append(helper.make_node("MatMul", [prev, "slow_w"], [f"slow_{i}"]))
         prev = f"slow_{i}"
-    graph.node.extend([helper.make_node("ReduceSum", [prev], ["slow_sum"], keepdims=0),
-                       helper.make_node("Mul", ["slow_sum", "slow_zero"], ["slow_nothing"])])
+    graph.node.extend(
+        [
+            helper.make_node("ReduceSum", [prev], ["slow_sum"], keepdims=0),
+            helper.make_node("Mul", ["slow_sum", "slow_zero"], ["slow_nothing"]),
+        ]
+    )
     for node in graph.node:  # the output now also carries the chain's (zero) result
         node.output[:] = [o if o != y else "fast_y" for o in node.output]
     graph.node.append(helper.make_node("Add", ["fast_y", "slow_nothing"], [y]))
@@ -58,8 +66,20 @@ def models(tmp_path_factory, demo_paths):
 
 
 def test_a_deliberately_slowed_model_fails_the_gate_interleaved_with_the_old_one(models):
-    proc = _bench(models["new"], "--level", "disable", "--vs", f"--model {models['old']}", "--duration", "3",
-                  "--baseline", models["base"], "--max-slowdown", "10", "--json")
+    proc = _bench(
+        models["new"],
+        "--level",
+        "disable",
+        "--vs",
+        f"--model {models['old']}",
+        "--duration",
+        "3",
+        "--baseline",
+        models["base"],
+        "--max-slowdown",
+        "10",
+        "--json",
+    )
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)["regression"]
     assert doc["slower"] and doc["method"] == "interleaved" and doc["ci95"][0] > 1.1
@@ -67,18 +87,22 @@ def test_a_deliberately_slowed_model_fails_the_gate_interleaved_with_the_old_one
 
 
 def test_the_same_model_passes_against_its_own_saved_run(models):
-    proc = _bench(models["old"], "--level", "disable", "--duration", "2", "--baseline", models["base"],
-                  "--max-slowdown", "50")
+    proc = _bench(
+        models["old"], "--level", "disable", "--duration", "2", "--baseline", models["base"], "--max-slowdown", "50"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "ok: p50" in proc.stdout and "saved run's" in proc.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["{new}", "--level", "disable"], "measured another model"),
-    (["{old}", "--level", "all"], "measured something else: settings"),
-    (["{old}", "--level", "disable", "--max-slowdown", "0"], "--max-slowdown must be a positive"),
-    (["{old}", "--level", "disable", "--max-slowdown", "ten"], "--max-slowdown must be a number"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["{new}", "--level", "disable"], "measured another model"),
+        (["{old}", "--level", "all"], "measured something else: settings"),
+        (["{old}", "--level", "disable", "--max-slowdown", "0"], "--max-slowdown must be a positive"),
+        (["{old}", "--level", "disable", "--max-slowdown", "ten"], "--max-slowdown must be a number"),
+    ],
+)
 def test_a_baseline_of_something_else_or_a_bad_limit_is_exit_2(models, args, message):
     args = [a.format(**models) for a in args]
     if "--max-slowdown" not in args:

@@ -12,8 +12,21 @@ from click.testing import CliRunner
 
 from ortpilot.cli.main import cli
 
-STATS = ("min_ms", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "max_ms", "std_ms",
-         "median_ci95_ms", "inferences_per_s", "items_per_s", "noisy")
+STATS = (
+    "min_ms",
+    "mean_ms",
+    "p50_ms",
+    "p90_ms",
+    "p95_ms",
+    "p99_ms",
+    "p999_ms",
+    "max_ms",
+    "std_ms",
+    "median_ci95_ms",
+    "inferences_per_s",
+    "items_per_s",
+    "noisy",
+)
 
 
 def _bench(*args: str):
@@ -21,8 +34,12 @@ def _bench(*args: str):
 
 
 def test_json_has_every_statistic_and_nothing_else_on_stdout() -> None:
-    res = subprocess.run([sys.executable, "-m", "ortpilot.cli.main", "bench", "demo:encoder", "--json",
-                          "--runs", "30"], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "ortpilot.cli.main", "bench", "demo:encoder", "--json", "--runs", "30"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)  # exactly one JSON document
     assert doc["kind"] == "bench" and doc["runs"] == 30
@@ -37,8 +54,23 @@ def test_json_has_every_statistic_and_nothing_else_on_stdout() -> None:
 
 def test_vs_runs_interleaved_with_overrides(tmp_path) -> None:
     report = tmp_path / "r.html"
-    res = _bench("demo:mlp", "--runs", "20", "--warmup", "2", "--threads", "2", "--no-roofline", "--json",
-                 "--vs", "--threads 1 --name single", "--vs", "--iobinding", "--report", str(report))
+    res = _bench(
+        "demo:mlp",
+        "--runs",
+        "20",
+        "--warmup",
+        "2",
+        "--threads",
+        "2",
+        "--no-roofline",
+        "--json",
+        "--vs",
+        "--threads 1 --name single",
+        "--vs",
+        "--iobinding",
+        "--report",
+        str(report),
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["kind"] == "comparison" and doc["baseline"] == "A"
@@ -54,8 +86,9 @@ def test_vs_runs_interleaved_with_overrides(tmp_path) -> None:
 def test_configs_file(tmp_path) -> None:
     path = tmp_path / "configs.json"
     path.write_text(json.dumps([{"name": "basic", "flags": "--level basic"}, "--no-arena"]))
-    res = _bench("demo:mlp", "--runs", "5", "--warmup", "0", "--no-roofline", "--json", "--no-samples",
-                 "--configs", str(path))
+    res = _bench(
+        "demo:mlp", "--runs", "5", "--warmup", "0", "--no-roofline", "--json", "--no-samples", "--configs", str(path)
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert [c["settings"]["level"] for c in doc["configs"]] == ["all", "basic", "all"]
@@ -70,17 +103,20 @@ def test_table_output() -> None:
         assert word in res.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--runs", "0"], "positive"),
-    (["--runs", "-3"], "positive"),
-    (["--duration", "0"], "positive"),
-    (["--runs", "5", "--duration", "1"], "not both"),
-    (["--concurrency", "300"], "between 1 and 256"),
-    (["--warmup", "lots"], "auto"),
-    (["--vs", "--bogus 3"], "No such option"),
-    (["--vs", "--threads"], "requires an argument"),
-    (["--free-dim", "batch=0"], "positive"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--runs", "0"], "positive"),
+        (["--runs", "-3"], "positive"),
+        (["--duration", "0"], "positive"),
+        (["--runs", "5", "--duration", "1"], "not both"),
+        (["--concurrency", "300"], "between 1 and 256"),
+        (["--warmup", "lots"], "auto"),
+        (["--vs", "--bogus 3"], "No such option"),
+        (["--vs", "--threads"], "requires an argument"),
+        (["--free-dim", "batch=0"], "positive"),
+    ],
+)
 def test_bad_input_exits_2(args, message) -> None:
     res = _bench("demo:mlp", "--no-roofline", *args)
     assert res.exit_code == 2, res.output

@@ -13,8 +13,11 @@ from ortpilot.session import SessionSettings
 
 def test_configs_alternate_and_get_equal_runs(demo_paths) -> None:
     model = str(demo_paths["mlp"])
-    configs = [BenchConfig(model=model), BenchConfig("one", model, settings=SessionSettings(intra_op_threads=1)),
-               BenchConfig("io", model, iobinding=True)]
+    configs = [
+        BenchConfig(model=model),
+        BenchConfig("one", model, settings=SessionSettings(intra_op_threads=1)),
+        BenchConfig("io", model, iobinding=True),
+    ]
     result = bench_interleaved(configs, runs=25, warmup=2, block=4)
     assert [r.name for r in result.results] == ["A", "one", "io"]
     assert result.block == 4 and result.rounds == 7  # ceil(25 / 4)

@@ -18,8 +18,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _images(page: str) -> dict[str, bytes]:
-    return {m.group(1): base64.b64decode(m.group(2))
-            for m in re.finditer(r'<img id="(\w+)" alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)}
+    return {
+        m.group(1): base64.b64decode(m.group(2))
+        for m in re.finditer(r'<img id="(\w+)" alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    }
 
 
 def test_single_report_has_three_embedded_charts(demo_paths, tmp_path) -> None:
@@ -35,8 +37,9 @@ def test_single_report_has_three_embedded_charts(demo_paths, tmp_path) -> None:
 
 def test_comparison_report_has_ratio_table(demo_paths) -> None:
     model = str(demo_paths["mlp"])
-    result = bench_interleaved([BenchConfig(model=model), BenchConfig("io", model, iobinding=True)], runs=20,
-                               warmup=1, block=5)
+    result = bench_interleaved(
+        [BenchConfig(model=model), BenchConfig("io", model, iobinding=True)], runs=20, warmup=1, block=5
+    )
     page = render_html(result)
     assert set(_images(page)) == set(CHART_IDS)
     assert "io / A" in page and "pooled medians" in page

@@ -57,8 +57,21 @@ def test_noise_flag() -> None:
 def test_to_dict_reports_milliseconds() -> None:
     d = summarize([0.002, 0.004, 0.003]).to_dict()
     assert d["p50_ms"] == pytest.approx(3.0)
-    for key in ("min_ms", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "max_ms", "std_ms",
-                "median_ci95_ms", "inferences_per_s", "items_per_s", "noisy"):
+    for key in (
+        "min_ms",
+        "mean_ms",
+        "p50_ms",
+        "p90_ms",
+        "p95_ms",
+        "p99_ms",
+        "p999_ms",
+        "max_ms",
+        "std_ms",
+        "median_ci95_ms",
+        "inferences_per_s",
+        "items_per_s",
+        "noisy",
+    ):
         assert key in d
 
 

@@ -60,11 +60,18 @@ def test_nan_and_inf_are_counted_and_fail():
     json.dumps(s.to_dict())  # infinities serialize
 
 
-@pytest.mark.parametrize(("name", "shape", "metric"), [
-    ("logits", (1, 1000), "top1"), ("y", (4, 10), "top1"), ("last_hidden_state", (1, 128, 384), "cosine"),
-    ("sentence_embedding", (1, 384), "cosine"), ("boxes", (1, 100, 4), "rel_l2"), ("output", (1, 1), "rel_l2"),
-    ("logits", (1, 16, 256), "top1"),
-])
+@pytest.mark.parametrize(
+    ("name", "shape", "metric"),
+    [
+        ("logits", (1, 1000), "top1"),
+        ("y", (4, 10), "top1"),
+        ("last_hidden_state", (1, 128, 384), "cosine"),
+        ("sentence_embedding", (1, 384), "cosine"),
+        ("boxes", (1, 100, 4), "rel_l2"),
+        ("output", (1, 1), "rel_l2"),
+        ("logits", (1, 16, 256), "top1"),
+    ],
+)
 def test_metric_choice(name, shape, metric):
     assert choose_metric(name, shape) == metric
 
@@ -106,7 +113,9 @@ def test_compare_cli_json_and_tolerance_exit_code(demo_paths):
     res = runner.invoke(cli, ["compare", str(demo_paths["mlp"]), str(demo_paths["mlp"]), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert doc["passed"] and {"max_abs", "p99_rel", "cosine", "snr_db", "min_atol", "min_rtol"} <= set(doc["outputs"][0])
+    assert doc["passed"] and {"max_abs", "p99_rel", "cosine", "snr_db", "min_atol", "min_rtol"} <= set(
+        doc["outputs"][0]
+    )
     # Different models (different seeds) exceed an explicit tolerance: exit 1 naming the output.
     from ortpilot.artifacts.atomic import save_model
     from ortpilot.models import make_mlp

@@ -28,9 +28,11 @@ from ortpilot.models import (
 CPU = ["CPUExecutionProvider"]
 
 
-def _session(model: onnx.ModelProto | str | Path,
-             level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-             optimized_path: Path | None = None) -> ort.InferenceSession:
+def _session(
+    model: onnx.ModelProto | str | Path,
+    level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    optimized_path: Path | None = None,
+) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.graph_optimization_level = level
     so.intra_op_num_threads = 1
@@ -52,12 +54,15 @@ def decoder_session(decoder: onnx.ModelProto) -> ort.InferenceSession:
 
 # -- every model ---------------------------------------------------------------------------
 
+
 def _encoder_feeds(batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     mask = np.ones((batch, seq), np.int64)
-    mask[-1, seq // 2:] = 0
-    return {"input_ids": rng.integers(0, 1000, (batch, seq), dtype=np.int64),
-            "attention_mask": mask,
-            "token_type_ids": np.zeros((batch, seq), np.int64)}
+    mask[-1, seq // 2 :] = 0
+    return {
+        "input_ids": rng.integers(0, 1000, (batch, seq), dtype=np.int64),
+        "attention_mask": mask,
+        "token_type_ids": np.zeros((batch, seq), np.int64),
+    }
 
 
 @pytest.mark.parametrize("name", sorted(DEMO_MODELS))
@@ -85,8 +90,7 @@ def test_cnn_runs_and_conv_bn_fuses(tmp_path: Path) -> None:
     image = np.random.default_rng(0).standard_normal((2, 3, 32, 32), np.float32)
     (ref,) = _session(model, ort.GraphOptimizationLevel.ORT_DISABLE_ALL).run(None, {"image": image})
     out = tmp_path / "cnn_basic.onnx"
-    (y,) = _session(model, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, out).run(
-        None, {"image": image})
+    (y,) = _session(model, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, out).run(None, {"image": image})
     assert y.shape == (2, 10)
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
     ops = collections.Counter(n.op_type for n in onnx.load(str(out)).graph.node)
@@ -108,12 +112,12 @@ def test_encoder_runs_and_honours_mask() -> None:
 
 # -- encoder fusion (the main acceptance criterion) ---------------------------------------
 
+
 def test_encoder_fuses_with_ort_transformers_optimizer(tmp_path: Path) -> None:
     optimizer = pytest.importorskip("onnxruntime.transformers.optimizer")
     path = tmp_path / "encoder.onnx"
     onnx.save(make_encoder(), str(path))
-    opt = optimizer.optimize_model(str(path), model_type="bert", num_heads=4, hidden_size=128,
-                                   opt_level=0)
+    opt = optimizer.optimize_model(str(path), model_type="bert", num_heads=4, hidden_size=128, opt_level=0)
     stats = opt.get_fused_operator_statistics()
     assert stats["Attention"] == 2
     assert stats["SkipLayerNormalization"] == 4
@@ -129,12 +133,12 @@ def test_encoder_fuses_with_ort_transformers_optimizer(tmp_path: Path) -> None:
 
 # -- decoder: numpy reference, cache, mask ---------------------------------------------------
 
+
 class _RefDecoder:
     """Independent numpy implementation of the Llama-style decoder, from the initializers."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        self.w = {t.name: numpy_helper.to_array(t).astype(np.float64)
-                  for t in model.graph.initializer}
+        self.w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
         meta = {p.key: p.value for p in model.metadata_props}
         self.layers = int(meta["num_layers"])
         self.heads = int(meta["num_heads"])
@@ -151,8 +155,13 @@ class _RefDecoder:
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rotated * sin
 
-    def __call__(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray,
-                 past: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, list]:
+    def __call__(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        past: list[tuple[np.ndarray, np.ndarray]],
+    ) -> tuple[np.ndarray, list]:
         b, s = input_ids.shape
         hd, h, hkv = self.head_dim, self.heads, self.kv_heads
         x = self.w["model.embed_tokens.weight"][input_ids]
@@ -167,6 +176,7 @@ class _RefDecoder:
         for i in range(self.layers):
             pre = f"model.layers.{i}"
             a = self._rms(x, f"{pre}.input_layernorm")
+
             def heads_of(proj: str, n: int) -> np.ndarray:
                 y = a @ self.w[f"{pre}.self_attn.{proj}.weight"]  # noqa: B023 - called in this iteration only
                 return y.reshape(b, s, n, hd).transpose(0, 2, 1, 3)
@@ -196,8 +206,9 @@ def _empty_past(batch: int, layers: int = 2, kv_heads: int = 2, head_dim: int = 
     return [(z, z) for _ in range(layers)]
 
 
-def _run_decoder(sess: ort.InferenceSession, ids: np.ndarray, positions: np.ndarray,
-                 mask: np.ndarray, past: list) -> tuple[np.ndarray, list]:
+def _run_decoder(
+    sess: ort.InferenceSession, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, past: list
+) -> tuple[np.ndarray, list]:
     feeds = {"input_ids": ids, "position_ids": positions, "attention_mask": mask}
     for i, (k, v) in enumerate(past):
         feeds[f"past_key_values.{i}.key"] = k
@@ -206,8 +217,9 @@ def _run_decoder(sess: ort.InferenceSession, ids: np.ndarray, positions: np.ndar
     return logits, [(flat[2 * i], flat[2 * i + 1]) for i in range(len(past))]
 
 
-def test_decoder_matches_numpy_reference_with_past(decoder: onnx.ModelProto,
-                                                   decoder_session: ort.InferenceSession) -> None:
+def test_decoder_matches_numpy_reference_with_past(
+    decoder: onnx.ModelProto, decoder_session: ort.InferenceSession
+) -> None:
     ref = _RefDecoder(decoder)
     rng = np.random.default_rng(3)
     ids = rng.integers(0, 256, (2, 12), dtype=np.int64)
@@ -227,8 +239,7 @@ def test_decoder_matches_numpy_reference_with_past(decoder: onnx.ModelProto,
     np.testing.assert_allclose(got7, want[:, 5:], rtol=1e-4, atol=1e-4)
 
 
-def _greedy(sess: ort.InferenceSession, prompt: list[int], steps: int,
-            cache: bool) -> tuple[list[int], list]:
+def _greedy(sess: ort.InferenceSession, prompt: list[int], steps: int, cache: bool) -> tuple[list[int], list]:
     """Greedy tokens and their logits, with the KV cache fed back or recomputing everything."""
     tokens = list(prompt)
     past = _empty_past(1)
@@ -242,16 +253,14 @@ def _greedy(sess: ort.InferenceSession, prompt: list[int], steps: int,
         else:
             ids = np.array([tokens], np.int64)
             pos = np.arange(len(tokens), dtype=np.int64)[None]
-            logits, _ = _run_decoder(sess, ids, pos, np.ones((1, len(tokens)), np.int64),
-                                     _empty_past(1))
+            logits, _ = _run_decoder(sess, ids, pos, np.ones((1, len(tokens)), np.int64), _empty_past(1))
         new_logits.append(logits[0, -1])
         tokens.append(int(np.argmax(logits[0, -1])))
-    return tokens[len(prompt):], new_logits
+    return tokens[len(prompt) :], new_logits
 
 
 @pytest.mark.parametrize("prompt_len", [1, 7, 64])
-def test_decoder_greedy_with_cache_equals_without(decoder_session: ort.InferenceSession,
-                                                  prompt_len: int) -> None:
+def test_decoder_greedy_with_cache_equals_without(decoder_session: ort.InferenceSession, prompt_len: int) -> None:
     prompt = np.random.default_rng(prompt_len).integers(0, 256, prompt_len).tolist()
     cached, cached_logits = _greedy(decoder_session, prompt, 8, cache=True)
     full, full_logits = _greedy(decoder_session, prompt, 8, cache=False)
@@ -269,20 +278,21 @@ def test_decoder_honours_left_padding(decoder_session: ort.InferenceSession) -> 
     mask[1, :pad] = 0
     pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     batch_logits, past = _run_decoder(decoder_session, ids, pos, mask, _empty_past(2))
-    alone, alone_past = _run_decoder(decoder_session, b[None], np.arange(4)[None],
-                                     np.ones((1, 4), np.int64), _empty_past(1))
+    alone, alone_past = _run_decoder(
+        decoder_session, b[None], np.arange(4)[None], np.ones((1, 4), np.int64), _empty_past(1)
+    )
     np.testing.assert_allclose(batch_logits[1, pad:], alone[0], atol=1e-4)
     # One cached decode step with the extended mask still ignores the padding.
     nxt = np.array([[5], [9]], np.int64)
     mask2 = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
     step, _ = _run_decoder(decoder_session, nxt, pos[:, -1:] + 1, mask2, past)
-    step_alone, _ = _run_decoder(decoder_session, nxt[1:], np.array([[4]]),
-                                 np.ones((1, 5), np.int64), alone_past)
+    step_alone, _ = _run_decoder(decoder_session, nxt[1:], np.array([[4]]), np.ones((1, 5), np.int64), alone_past)
     np.testing.assert_allclose(step[1], step_alone[0], atol=1e-4)
 
 
-def test_decoder_fuses_into_group_query_attention(decoder: onnx.ModelProto,
-                                                  decoder_session: ort.InferenceSession) -> None:
+def test_decoder_fuses_into_group_query_attention(
+    decoder: onnx.ModelProto, decoder_session: ort.InferenceSession
+) -> None:
     pytest.importorskip("onnxscript")
     ir = pytest.importorskip("onnx_ir")
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
@@ -298,8 +308,7 @@ def test_decoder_fuses_into_group_query_attention(decoder: onnx.ModelProto,
     rng = np.random.default_rng(5)
     ids = rng.integers(0, 256, (1, 9), dtype=np.int64)
     pos, mask = np.arange(9)[None], np.ones((1, 9), np.int64)
-    want, want_past = _run_decoder(decoder_session, ids[:, :6], pos[:, :6], mask[:, :6],
-                                   _empty_past(1))
+    want, want_past = _run_decoder(decoder_session, ids[:, :6], pos[:, :6], mask[:, :6], _empty_past(1))
     fused_sess = _session(fused)
     got, got_past = _run_decoder(fused_sess, ids[:, :6], pos[:, :6], mask[:, :6], _empty_past(1))
     np.testing.assert_allclose(got, want, atol=1e-4)
@@ -309,6 +318,7 @@ def test_decoder_fuses_into_group_query_attention(decoder: onnx.ModelProto,
 
 
 # -- determinism, files, cache ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(DEMO_MODELS))
 def test_same_seed_same_bytes(name: str) -> None:
@@ -325,7 +335,8 @@ def test_specs_match_builders() -> None:
             if key in meta:
                 assert float(meta[key]) == value, (name, key)
     assert DEMO_SPECS["decoder"].dims["total_sequence"] == (
-        DEMO_SPECS["decoder"].dims["past_sequence"] + DEMO_SPECS["decoder"].dims["sequence"])
+        DEMO_SPECS["decoder"].dims["past_sequence"] + DEMO_SPECS["decoder"].dims["sequence"]
+    )
 
 
 def test_write_demo_models(tmp_path: Path) -> None:

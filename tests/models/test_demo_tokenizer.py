@@ -47,8 +47,12 @@ def test_cached_tokenizer_loads_with_the_tokenizers_library() -> None:
 
 
 def test_demo_models_writes_it_beside_the_decoder(tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "ortpilot.cli.main", "demo-models", str(tmp_path), "--json"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "ortpilot.cli.main", "demo-models", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     path = Path(doc["decoder"]["tokenizer"])

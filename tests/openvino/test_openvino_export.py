@@ -19,8 +19,10 @@ from ortpilot.tuning.tune import HELDOUT_SEED, feeds_digest
 OV = "OpenVINOExecutionProvider"
 pytestmark = [
     pytest.mark.openvino,
-    pytest.mark.skipif(OV not in ort.get_available_providers(),
-                       reason="OpenVINOExecutionProvider not available (pip install onnxruntime-openvino)"),
+    pytest.mark.skipif(
+        OV not in ort.get_available_providers(),
+        reason="OpenVINOExecutionProvider not available (pip install onnxruntime-openvino)",
+    ),
 ]
 
 
@@ -34,12 +36,21 @@ def test_openvino_profile_exports_to_a_config_that_reproduces_the_reference(demo
     feeds = make_feeds(load_model(model), seed=HELDOUT_SEED)
     names = [o.name for o in sess.get_outputs()]
     reference = {n: _digest(o) for n, o in zip(names, sess.run(None, feeds))}
-    profile = write_profile(tmp_path / "profile.json", model_file=model,
-                            providers=[p.to_dict() for p in sess.requested], settings={},
-                            extra={"source_model": {"path": str(model), "sha256": file_sha256(model)},
-                                   "shapes": {k: list(v.shape) for k, v in feeds.items()},
-                                   "reference_outputs": {"heldout_seed": HELDOUT_SEED,
-                                                         "inputs_sha256": feeds_digest(feeds), "sha256": reference}})
+    profile = write_profile(
+        tmp_path / "profile.json",
+        model_file=model,
+        providers=[p.to_dict() for p in sess.requested],
+        settings={},
+        extra={
+            "source_model": {"path": str(model), "sha256": file_sha256(model)},
+            "shapes": {k: list(v.shape) for k, v in feeds.items()},
+            "reference_outputs": {
+                "heldout_seed": HELDOUT_SEED,
+                "inputs_sha256": feeds_digest(feeds),
+                "sha256": reference,
+            },
+        },
+    )
     result = export_triton(profile, tmp_path / "repo", name="cnn")
     assert result.providers == ["openvino", "cpu"] and result.kind == "KIND_CPU"
     session, run_options = backend_session(result.model_dir)

@@ -24,15 +24,26 @@ CPU = "CPUExecutionProvider"
 
 pytestmark = [
     pytest.mark.openvino,
-    pytest.mark.skipif(OV not in ort.get_available_providers(),
-                       reason="OpenVINOExecutionProvider not available (pip install onnxruntime-openvino)"),
+    pytest.mark.skipif(
+        OV not in ort.get_available_providers(),
+        reason="OpenVINOExecutionProvider not available (pip install onnxruntime-openvino)",
+    ),
 ]
 
 
 def _show(sess) -> None:
     """Print the placement, so that the lane's log shows where the nodes ran."""
-    print(json.dumps({"providers": sess.providers, "placement": {
-        p: {"nodes": v["nodes"], "share": v["share"]} for p, v in sess.placement.to_dict()["providers"].items()}}))
+    print(
+        json.dumps(
+            {
+                "providers": sess.providers,
+                "placement": {
+                    p: {"nodes": v["nodes"], "share": v["share"]}
+                    for p, v in sess.placement.to_dict()["providers"].items()
+                },
+            }
+        )
+    )
 
 
 def test_demo_cnn_verifies_on_openvino_strict(demo_paths):
@@ -84,8 +95,11 @@ def test_silero_vad_warn_falls_back_to_cpu_and_records(silero_vad_path, caplog):
 def _silero_feeds() -> dict[str, np.ndarray]:
     """One 32 ms chunk at 16 kHz; silero-vad's dims are unnamed, so they are given here."""
     rng = np.random.default_rng(0)
-    return {"input": rng.standard_normal((1, 512)).astype(np.float32) * 0.1,
-            "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
+    return {
+        "input": rng.standard_normal((1, 512)).astype(np.float32) * 0.1,
+        "state": np.zeros((2, 1, 128), np.float32),
+        "sr": np.array(16000, np.int64),
+    }
 
 
 def test_silero_vad_allow_records_silently(silero_vad_path, caplog):
@@ -97,8 +111,9 @@ def test_silero_vad_allow_records_silently(silero_vad_path, caplog):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ortpilot.cli.main", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ortpilot.cli.main", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_cli_run_strict_on_silero_vad_exits_1_with_reason(silero_vad_path):

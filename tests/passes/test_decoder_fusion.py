@@ -47,8 +47,11 @@ def _mutated(decoder: onnx.ModelProto, op: str, value: int) -> onnx.ModelProto:
 
 
 def test_gqa_pattern_failure_is_named(decoder: onnx.ModelProto) -> None:
-    with pytest.raises(VerificationError, match=r"0 GroupQueryAttention for 3 layers.*SDPA matched every layer "
-                                                r"but GQA only 0 of 3.*Concat\(past, new\)"):
+    with pytest.raises(
+        VerificationError,
+        match=r"0 GroupQueryAttention for 3 layers.*SDPA matched every layer "
+        r"but GQA only 0 of 3.*Concat\(past, new\)",
+    ):
         fuse_decoder(_mutated(decoder, "Concat", 2))
 
 

@@ -94,7 +94,7 @@ def test_fusion_runs_without_importing_torch(demo_paths, tmp_path):
     code = textwrap.dedent(f"""
         import sys
         from ortpilot.passes.fusion import FusionPass
-        result = FusionPass('bert').run({str(demo_paths['encoder'])!r})
+        result = FusionPass('bert').run({str(demo_paths["encoder"])!r})
         assert result.record.fused['Attention'] == 2, result.record.fused
         assert 'torch' not in sys.modules
         print('ok')
@@ -102,8 +102,14 @@ def test_fusion_runs_without_importing_torch(demo_paths, tmp_path):
     env_cache = {"ORTPILOT_CACHE_DIR": str(tmp_path / "cache")}
     import os
 
-    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
-                          env={**os.environ, **env_cache}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env_cache},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("ok")
 
@@ -112,12 +118,14 @@ def test_optimize_cli_fusion_json(demo_paths, tmp_path):
     from ortpilot.cli.main import cli
 
     out = tmp_path / "fused.onnx"
-    res = CliRunner().invoke(cli, ["optimize", str(demo_paths["encoder"]), "-o", str(out), "--fusion", "auto",
-                                   "--json"])
+    res = CliRunner().invoke(
+        cli, ["optimize", str(demo_paths["encoder"]), "-o", str(out), "--fusion", "auto", "--json"]
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["record"]["fused"]["Attention"] == 2 and out.is_file()
-    res = CliRunner().invoke(cli, ["optimize", str(demo_paths["mlp"]), "-o", str(tmp_path / "m.onnx"),
-                                   "--level", "extended"])
+    res = CliRunner().invoke(
+        cli, ["optimize", str(demo_paths["mlp"]), "-o", str(tmp_path / "m.onnx"), "--level", "extended"]
+    )
     assert res.exit_code == 0, res.output
     assert "nodes" in res.output

@@ -32,12 +32,19 @@ def _outlier_mlp(tmp_path):
     scale[3] = 40.0
     inits = [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32) / 8, f"w{i}") for i in (1, 2, 3)]
     inits.append(numpy_helper.from_array(scale, "s"))
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"),
-             helper.make_node("Mul", ["h1", "s"], ["h1s"], name="outlier"),
-             helper.make_node("MatMul", ["h1s", "w2"], ["h2"], name="mm2"),
-             helper.make_node("MatMul", ["h2", "w3"], ["y"], name="mm3")]
-    graph = helper.make_graph(nodes, "outlier_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 64])], inits)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"),
+        helper.make_node("Mul", ["h1", "s"], ["h1s"], name="outlier"),
+        helper.make_node("MatMul", ["h1s", "w2"], ["h2"], name="mm2"),
+        helper.make_node("MatMul", ["h2", "w3"], ["y"], name="mm3"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "outlier_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 64])],
+        inits,
+    )
     path = tmp_path / "outlier.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
     return path
@@ -59,8 +66,9 @@ def _noise(quantized, source, samples):
 
 
 @pytest.mark.parametrize("reduce_range", [False, True])
-def test_each_layers_rank_is_the_error_leaving_it_in_float_removes_from_the_real_quantized_model(tmp_path,
-                                                                                                 reduce_range):
+def test_each_layers_rank_is_the_error_leaving_it_in_float_removes_from_the_real_quantized_model(
+    tmp_path, reduce_range
+):
     """On any CPU: the ranking is a measurement with ORT's own kernels (VNNI, AMX or AVX2's saturating
     vpmaddubsw alike), so each layer's figure equals what excluding it does to the quantized model."""
     source = _outlier_mlp(tmp_path)
@@ -87,8 +95,9 @@ def test_ranking_finds_the_layer_fed_by_outliers_and_excluding_it_cuts_the_error
     quant = QuantizePass("dynamic", per_channel=True, reduce_range=reduce_range)
     err_all = _error(quant.run(source).model, source, heldout)
     if not reduce_range:
-        seven_bit = _error(QuantizePass("dynamic", per_channel=True, reduce_range=True).run(source).model, source,
-                           heldout)
+        seven_bit = _error(
+            QuantizePass("dynamic", per_channel=True, reduce_range=True).run(source).model, source, heldout
+        )
         assert (err_all > seven_bit) == int8_rule().u8s8_saturates, (err_all, seven_bit, int8_rule())
         if int8_rule().u8s8_saturates:
             return
@@ -122,8 +131,9 @@ def test_ranking_replays_conv_and_reduce_range_on_the_cnn(demo_paths):
     proto = load_model(demo_paths["cnn"])
     samples = [make_feeds(proto, seed=i) for i in range(2)]
     full = {r["node"]: r["nsr"] for r in rank_dynamic(demo_paths["cnn"], samples, per_channel=False)}
-    reduced = {r["node"]: r["nsr"] for r in rank_dynamic(demo_paths["cnn"], samples, per_channel=False,
-                                                         reduce_range=True)}
+    reduced = {
+        r["node"]: r["nsr"] for r in rank_dynamic(demo_paths["cnn"], samples, per_channel=False, reduce_range=True)
+    }
     convs = [n.name for n in proto.graph.node if n.op_type == "Conv"]
     assert convs and set(convs) <= set(full) and set(full) == set(reduced)
     assert all(reduced[name] > full[name] > 0 for name in convs)
@@ -141,8 +151,16 @@ def test_auto_exclude_leaves_the_layer_fed_by_outliers_in_float_first(tmp_path):
     proto = load_model(source)
     calibration = write_samples([make_feeds(proto, seed=i) for i in range(8)], tmp_path / "calib")
     plain = quantize_gated(source, None, "dynamic", calibration=str(calibration), max_error=1.0, per_channel=True)
-    report = quantize_gated(source, tmp_path / "q.onnx", "dynamic", calibration=str(calibration),
-                            max_error=plain.gate.error / 1.5, auto_exclude=True, per_round=1, per_channel=True)
+    report = quantize_gated(
+        source,
+        tmp_path / "q.onnx",
+        "dynamic",
+        calibration=str(calibration),
+        max_error=plain.gate.error / 1.5,
+        auto_exclude=True,
+        per_round=1,
+        per_channel=True,
+    )
     assert report.gate.passed and [h["excluded"] for h in report.history] == [[], ["mm2"]]
     ops = {n.name: n.op_type for n in load_model(report.output).graph.node}
     assert ops["mm2"] == "MatMul" and "mm1" not in ops  # mm1 became MatMulInteger (renamed by the quantizer)
@@ -158,8 +176,15 @@ def encoder_samples(demo_paths, tmp_path_factory):
 def test_auto_exclude_on_the_encoder_ranks_by_calibration_activations_and_passes(demo_paths, encoder_samples):
     plain = quantize_gated(demo_paths["encoder"], None, "dynamic", calibration=str(encoder_samples), max_error=1.0)
     target = plain.gate.error * 0.7
-    report = quantize_gated(demo_paths["encoder"], None, "dynamic", calibration=str(encoder_samples),
-                            max_error=target, auto_exclude=True, per_round=2)
+    report = quantize_gated(
+        demo_paths["encoder"],
+        None,
+        "dynamic",
+        calibration=str(encoder_samples),
+        max_error=target,
+        auto_exclude=True,
+        per_round=2,
+    )
     assert report.gate.passed and report.gate.error <= target < plain.gate.error
     # Round by round, the layers left in float are the activation ranking's worst, in order, on the
     # calibration part of the data (the held-out quarter only judges).
@@ -174,7 +199,8 @@ def test_auto_exclude_on_the_encoder_ranks_by_calibration_activations_and_passes
 
 def test_a_dynamic_gate_failure_names_layers_by_their_activation_error(demo_paths, encoder_samples, tmp_path):
     with pytest.raises(AccuracyGateError, match="dynamic INT8 output SQNR .* on the calibration activations") as err:
-        quantize_gated(demo_paths["encoder"], tmp_path / "enc.q.onnx", "dynamic", calibration=str(encoder_samples),
-                       max_error=1e-12)
+        quantize_gated(
+            demo_paths["encoder"], tmp_path / "enc.q.onnx", "dynamic", calibration=str(encoder_samples), max_error=1e-12
+        )
     assert "of the added noise" in str(err.value)
     assert list(tmp_path.iterdir()) == []

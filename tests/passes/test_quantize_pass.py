@@ -37,20 +37,34 @@ def encoder_calibration(demo_paths, tmp_path_factory):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         samples = synthetic(model, None, 8).samples
-    return write_samples([{k: v[:, :32] for k, v in s.items()} for s in samples],
-                         tmp_path_factory.mktemp("calib"))
+    return write_samples([{k: v[:, :32] for k, v in s.items()} for s in samples], tmp_path_factory.mktemp("calib"))
 
 
 def test_quantize_qdq_cli_writes_a_gated_model_and_compare_prints_metrics(demo_paths, encoder_calibration, tmp_path):
     out = tmp_path / "enc.qdq.onnx"
-    res = CliRunner().invoke(cli, ["quantize", str(demo_paths["encoder"]), "-o", str(out), "--mode", "qdq",
-                                   "--calibration", str(encoder_calibration), "--max-error", "0.05", "--json"])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "quantize",
+            str(demo_paths["encoder"]),
+            "-o",
+            str(out),
+            "--mode",
+            "qdq",
+            "--calibration",
+            str(encoder_calibration),
+            "--max-error",
+            "0.05",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["record"]["quantized_nodes"] > 0 and doc["gate"]["passed"]
     assert doc["record"]["op_diff"]["QuantizeLinear"] > 0 and out.is_file()
-    res = CliRunner().invoke(cli, ["compare", str(demo_paths["encoder"]), str(out), "--calibration",
-                                   str(encoder_calibration)])
+    res = CliRunner().invoke(
+        cli, ["compare", str(demo_paths["encoder"]), str(out), "--calibration", str(encoder_calibration)]
+    )
     assert res.exit_code == 0, res.output
     for label in ("abs error max", "p99", "cosine similarity", "SNR dB", "min atol", "min rtol", "NaN/Inf"):
         assert label in res.output
@@ -58,8 +72,21 @@ def test_quantize_qdq_cli_writes_a_gated_model_and_compare_prints_metrics(demo_p
 
 def test_impossible_max_error_exits_1_names_worst_layers_writes_nothing(demo_paths, encoder_calibration, tmp_path):
     out = tmp_path / "never.onnx"
-    res = CliRunner().invoke(cli, ["quantize", str(demo_paths["encoder"]), "-o", str(out), "--mode", "qdq",
-                                   "--calibration", str(encoder_calibration), "--max-error", "1e-9"])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "quantize",
+            str(demo_paths["encoder"]),
+            "-o",
+            str(out),
+            "--mode",
+            "qdq",
+            "--calibration",
+            str(encoder_calibration),
+            "--max-error",
+            "1e-9",
+        ],
+    )
     assert res.exit_code == 1, res.output
     assert "Accuracy gate failed" in res.output and "Worst layers" in res.output and "SQNR" in res.output
     assert not out.exists() and list(tmp_path.iterdir()) == []
@@ -68,8 +95,16 @@ def test_impossible_max_error_exits_1_names_worst_layers_writes_nothing(demo_pat
 def test_auto_exclude_reaches_a_tighter_gate(demo_paths, encoder_calibration):
     plain = quantize_gated(demo_paths["encoder"], None, "full", calibration=str(encoder_calibration), max_error=1.0)
     target = plain.gate.error * 0.8
-    report = quantize_gated(demo_paths["encoder"], None, "full", calibration=str(encoder_calibration),
-                            max_error=target, auto_exclude=True, max_rounds=8, per_round=3)
+    report = quantize_gated(
+        demo_paths["encoder"],
+        None,
+        "full",
+        calibration=str(encoder_calibration),
+        max_error=target,
+        auto_exclude=True,
+        max_rounds=8,
+        per_round=3,
+    )
     assert report.gate.passed and report.gate.error <= target
     assert len(report.history) >= 2 and report.history[-1]["excluded"]
     assert report.record.quantized_nodes > 0
@@ -87,9 +122,12 @@ def test_dynamic_per_channel_reduce_range_and_static_qoperator(demo_paths, encod
 
 
 def test_model_without_quantizable_ops_says_so(tmp_path):
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+    )
     path = save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "relu.onnx")
     out = tmp_path / "out" / "relu.q.onnx"
     res = CliRunner().invoke(cli, ["quantize", str(path), "-o", str(out), "--mode", "dynamic"])
@@ -102,8 +140,19 @@ def test_calibration_with_wrong_names_or_shapes_exits_2(demo_paths, tmp_path):
     bad_names = tmp_path / "names"
     bad_names.mkdir()
     np.savez(bad_names / "s0.npz", image=np.zeros((1, 3, 32, 32), np.float32))
-    res = CliRunner().invoke(cli, ["quantize", str(demo_paths["mlp"]), "-o", str(tmp_path / "o.onnx"),
-                                   "--mode", "qdq", "--calibration", str(bad_names)])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "quantize",
+            str(demo_paths["mlp"]),
+            "-o",
+            str(tmp_path / "o.onnx"),
+            "--mode",
+            "qdq",
+            "--calibration",
+            str(bad_names),
+        ],
+    )
     assert res.exit_code == 2 and "'image'" in res.output and "'x'" in res.output
     bad_shape = tmp_path / "shape.npz"
     np.savez(bad_shape, x=np.zeros((4, 1, 63), np.float32))  # 4 stacked samples of [1, 63], model wants [batch, 64]
@@ -153,8 +202,12 @@ def test_class_scores_are_gated_on_top1(demo_paths):
 def test_constant_weights_become_initializers():
     w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], np.ones(16, np.float32).tolist())
     nodes = [helper.make_node("Constant", [], ["W"], value=w), helper.make_node("MatMul", ["x", "W"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     assert constants_to_initializers(model) == 1
     assert [n.op_type for n in model.graph.node] == ["MatMul"] and model.graph.initializer[0].name == "W"

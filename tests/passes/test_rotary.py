@@ -34,8 +34,9 @@ def test_fusion_stores_the_tables_and_drops_the_per_token_nodes(decoder: onnx.Mo
     assert rotary["folded"] and rotary["max_positions"] == 64 and rotary["nodes_removed"] >= 5
     tables = {t.name: t for t in folded.model.graph.initializer}
     assert list(tables[COS_NAME].dims) == list(tables[SIN_NAME].dims) == [64, rotary["rotary_dim"]]
-    assert all(n.input[7:9] == [COS_NAME, SIN_NAME] for n in folded.model.graph.node
-               if n.op_type == "GroupQueryAttention")
+    assert all(
+        n.input[7:9] == [COS_NAME, SIN_NAME] for n in folded.model.graph.node if n.op_type == "GroupQueryAttention"
+    )
     # The pass's own output check covered the folded model; both loops agree with the dynamic one.
     assert folded.record.extra["max_abs_error"] < 1e-4
     assert detect_signature(folded.model).max_positions == 64
@@ -46,8 +47,7 @@ def test_fusion_stores_the_tables_and_drops_the_per_token_nodes(decoder: onnx.Mo
     # The folded model in the shared loop (its mask bound once: no node reads it) against the
     # unfused source in the plain loop, two rows at once.
     prompts = np.random.default_rng(0).integers(0, 256, (2, 9))
-    assert (generate(folded.model, prompts, 20, "shared").tokens
-            == generate(decoder, prompts, 20, "plain").tokens)
+    assert generate(folded.model, prompts, 20, "shared").tokens == generate(decoder, prompts, 20, "plain").tokens
 
 
 def test_default_is_the_exports_recorded_context(decoder: onnx.ModelProto) -> None:
@@ -72,21 +72,38 @@ def test_negative_limit_is_a_usage_error() -> None:
 
 def _gqa_graph(cos_from: list[str]) -> onnx.ModelProto:
     """One GroupQueryAttention whose cos/sin tables are computed from ``cos_from`` inputs."""
-    inputs = [helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "s"]),
-              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "t"]),
-              helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, "s", 24])]
-    nodes = [helper.make_node("Concat", cos_from, ["joined"], axis=1),
-             helper.make_node("Cast", ["joined"], ["angles"], to=TensorProto.FLOAT),
-             helper.make_node("Unsqueeze", ["angles", "axis0"], ["angles2"]),
-             helper.make_node("Cos", ["angles2"], ["cos"]), helper.make_node("Sin", ["angles2"], ["sin"]),
-             helper.make_node("GroupQueryAttention", ["qkv", "", "", "", "", "seqlens", "total", "cos", "sin"],
-                              ["out"], domain="com.microsoft", num_heads=2, kv_num_heads=1, do_rotary=1)]
-    inits = [helper.make_tensor("axis0", TensorProto.INT64, [1], [0]),
-             helper.make_tensor("seqlens", TensorProto.INT32, [1], [0]),
-             helper.make_tensor("total", TensorProto.INT32, [], [1])]
-    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
-                              inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    inputs = [
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "s"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "t"]),
+        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, "s", 24]),
+    ]
+    nodes = [
+        helper.make_node("Concat", cos_from, ["joined"], axis=1),
+        helper.make_node("Cast", ["joined"], ["angles"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["angles", "axis0"], ["angles2"]),
+        helper.make_node("Cos", ["angles2"], ["cos"]),
+        helper.make_node("Sin", ["angles2"], ["sin"]),
+        helper.make_node(
+            "GroupQueryAttention",
+            ["qkv", "", "", "", "", "seqlens", "total", "cos", "sin"],
+            ["out"],
+            domain="com.microsoft",
+            num_heads=2,
+            kv_num_heads=1,
+            do_rotary=1,
+        ),
+    ]
+    inits = [
+        helper.make_tensor("axis0", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("seqlens", TensorProto.INT32, [1], [0]),
+        helper.make_tensor("total", TensorProto.INT32, [], [1]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
 
 
 def test_tables_that_read_more_than_positions_stay_computed() -> None:
@@ -100,23 +117,43 @@ def test_tables_that_read_more_than_positions_stay_computed() -> None:
 
 def test_tables_whose_rows_depend_on_their_length_stay_computed() -> None:
     # cos/sin of Range(0, n) / n: 2-D and n rows long, but row k changes with n, so not a table.
-    inputs = [helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "s"]),
-              helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, "s", 24])]
-    nodes = [helper.make_node("ReduceMax", ["position_ids"], ["last"], keepdims=0),
-             helper.make_node("Add", ["last", "one"], ["n"]),
-             helper.make_node("Range", ["zero", "n", "one"], ["steps"]),
-             helper.make_node("Cast", ["steps"], ["stepsf"], to=TensorProto.FLOAT),
-             helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
-             helper.make_node("Div", ["stepsf", "nf"], ["angles"]),
-             helper.make_node("Unsqueeze", ["angles", "axis1"], ["angles2"]),
-             helper.make_node("Cos", ["angles2"], ["cos"]), helper.make_node("Sin", ["angles2"], ["sin"]),
-             helper.make_node("GroupQueryAttention", ["qkv", "", "", "", "", "seqlens", "total", "cos", "sin"],
-                              ["out"], domain="com.microsoft", num_heads=2, kv_num_heads=1, do_rotary=1)]
-    inits = [helper.make_tensor("one", TensorProto.INT64, [], [1]), helper.make_tensor("zero", TensorProto.INT64, [], [0]),
-             helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
-             helper.make_tensor("seqlens", TensorProto.INT32, [1], [0]), helper.make_tensor("total", TensorProto.INT32, [], [1])]
-    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    inputs = [
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "s"]),
+        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, "s", 24]),
+    ]
+    nodes = [
+        helper.make_node("ReduceMax", ["position_ids"], ["last"], keepdims=0),
+        helper.make_node("Add", ["last", "one"], ["n"]),
+        helper.make_node("Range", ["zero", "n", "one"], ["steps"]),
+        helper.make_node("Cast", ["steps"], ["stepsf"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+        helper.make_node("Div", ["stepsf", "nf"], ["angles"]),
+        helper.make_node("Unsqueeze", ["angles", "axis1"], ["angles2"]),
+        helper.make_node("Cos", ["angles2"], ["cos"]),
+        helper.make_node("Sin", ["angles2"], ["sin"]),
+        helper.make_node(
+            "GroupQueryAttention",
+            ["qkv", "", "", "", "", "seqlens", "total", "cos", "sin"],
+            ["out"],
+            domain="com.microsoft",
+            num_heads=2,
+            kv_num_heads=1,
+            do_rotary=1,
+        ),
+    ]
+    inits = [
+        helper.make_tensor("one", TensorProto.INT64, [], [1]),
+        helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+        helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("seqlens", TensorProto.INT32, [1], [0]),
+        helper.make_tensor("total", TensorProto.INT32, [], [1]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
     fold = fold_rotary_tables(model, 32)
     assert not fold.folded and "position-indexed table" in fold.reason and "[32, 1]" in fold.reason
 

@@ -151,12 +151,15 @@ def test_model_without_matmul_weights_says_so() -> None:
         WeightOnlyPass("int4").run(make_cnn())
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"mode": "int3"}, "Unknown weight-only mode"),
-    ({"block_size": 24}, "power of two"),
-    ({"block_size": 8}, "at least 16"),
-    ({"accuracy_level": 7}, "accuracy-level"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"mode": "int3"}, "Unknown weight-only mode"),
+        ({"block_size": 24}, "power of two"),
+        ({"block_size": 8}, "at least 16"),
+        ({"accuracy_level": 7}, "accuracy-level"),
+    ],
+)
 def test_bad_options(kwargs: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         WeightOnlyPass(**kwargs)
@@ -184,12 +187,18 @@ def test_tied_lm_head_fused_matmul_is_quantized() -> None:
     rng = np.random.default_rng(0)
     table = rng.standard_normal((64, 32)).astype(np.float32)  # [vocab, hidden], shared with the embedding
     graph = helper.make_graph(
-        [helper.make_node("Gather", ["E", "ids"], ["h"], name="embed"),
-         helper.make_node("FusedMatMul", ["h", "E"], ["logits"], name="lm_head", domain="com.microsoft", transB=1)],
-        "tied", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 5, 64])], [numpy_helper.from_array(table, "E")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                    helper.make_opsetid("com.microsoft", 1)])
+        [
+            helper.make_node("Gather", ["E", "ids"], ["h"], name="embed"),
+            helper.make_node("FusedMatMul", ["h", "E"], ["logits"], name="lm_head", domain="com.microsoft", transB=1),
+        ],
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 5, 64])],
+        [numpy_helper.from_array(table, "E")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
     assert [t.op_type for t in find_targets(model)] == ["Gather", "FusedMatMul"]
     quantized = WeightOnlyPass("int4", block_size=16).run(model).model
     assert ops(quantized) == Counter({"GatherBlockQuantized": 1, "MatMulNBits": 1})

@@ -30,8 +30,11 @@ def _tree(tmp_path: Path, cgroup: str, files: dict[str, str]) -> tuple[Path, Pat
 
 def test_cgroup_v2_quota_is_rounded_down_and_a_parent_limit_binds(tmp_path):
     affinity = len(os.sched_getaffinity(0))
-    proc, root = _tree(tmp_path, "0::/kube/pod/app\n", {
-        "cgroup.controllers": "cpu", "kube/cpu.max": "150000 100000", "kube/pod/app/cpu.max": "max 100000"})
+    proc, root = _tree(
+        tmp_path,
+        "0::/kube/pod/app\n",
+        {"cgroup.controllers": "cpu", "kube/cpu.max": "150000 100000", "kube/pod/app/cpu.max": "max 100000"},
+    )
     budget = cpu_budget(proc, root)
     assert budget.limits["cgroup v2 cpu.max"] == 1.5
     assert budget.cpus == 1 and budget.source == "cgroup v2 cpu.max" and budget.affinity == affinity
@@ -45,8 +48,11 @@ def test_a_quota_under_one_cpu_still_allows_one(tmp_path):
 
 
 def test_cgroup_v1_cfs_quota(tmp_path):
-    proc, root = _tree(tmp_path, "4:memory:/x\n2:cpu,cpuacct:/docker/abc\n0::/\n", {
-        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "100000", "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000"})
+    proc, root = _tree(
+        tmp_path,
+        "4:memory:/x\n2:cpu,cpuacct:/docker/abc\n0::/\n",
+        {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "100000", "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000"},
+    )
     budget = cpu_budget(proc, root)
     assert budget.cpus == 1 and budget.source == "cgroup v1 cpu.cfs_quota_us"
     (root / "cpu,cpuacct/docker/abc/cpu.cfs_quota_us").write_text("-1")
@@ -67,8 +73,13 @@ def test_an_unreadable_or_garbled_cgroup_file_falls_back_to_affinity_and_says_so
 
 def test_affinity_limits_the_budget_in_a_real_process():
     code = "from ortpilot.providers.cpubudget import cpu_budget; b = cpu_budget(); print(b.cpus, b.source)"
-    out = subprocess.run(CLI[:1] + ["-c", code], capture_output=True, text=True, check=True,
-                         preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})).stdout
+    out = subprocess.run(
+        CLI[:1] + ["-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+    ).stdout
     assert out.split() == ["1", "affinity"]
 
 
@@ -76,8 +87,13 @@ def test_ort_default_ignores_affinity_and_is_counted():
     """ORT's default pool is sized from the machine, not from the affinity mask (the reason for the budget)."""
     assert ort_default_threads() >= 1
     code = "from ortpilot.providers.cpubudget import ort_default_threads as t; print(t())"
-    pinned = subprocess.run(CLI[:1] + ["-c", code], capture_output=True, text=True, check=True,
-                            preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})).stdout
+    pinned = subprocess.run(
+        CLI[:1] + ["-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+    ).stdout
     assert int(pinned) == ort_default_threads()
 
 
@@ -99,8 +115,13 @@ def cpu_cgroup():
 
 def test_doctor_reports_a_real_cgroup_quota(cpu_cgroup):
     procs = cpu_cgroup / "cgroup.procs"
-    proc = subprocess.run([*CLI, "doctor", "--json", "--no-probe"], capture_output=True, text=True, timeout=120,
-                          preexec_fn=lambda: procs.write_text(str(os.getpid())))
+    proc = subprocess.run(
+        [*CLI, "doctor", "--json", "--no-probe"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: procs.write_text(str(os.getpid())),
+    )
     assert proc.returncode in (0, 1), proc.stderr
     budget = json.loads(proc.stdout)["cpu_budget"]
     assert budget["cpus"] == 1 and budget["source"] == "cgroup v1 cpu.cfs_quota_us"

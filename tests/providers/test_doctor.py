@@ -42,9 +42,12 @@ def _fake_second_dist(site: Path, name: str, *, init_hash_real: bool) -> None:
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {ort.__version__}\n")
     pybind = next(p for p in record if "onnxruntime_pybind11_state" in p)
-    rows = [f"onnxruntime/__init__.py,{record['onnxruntime/__init__.py'] if init_hash_real else 'sha256=AAAA'},1",
-            f"{pybind},sha256=not-the-file-on-disk,1",
-            f"{info.name}/METADATA,,", f"{info.name}/RECORD,,"]
+    rows = [
+        f"onnxruntime/__init__.py,{record['onnxruntime/__init__.py'] if init_hash_real else 'sha256=AAAA'},1",
+        f"{pybind},sha256=not-the-file-on-disk,1",
+        f"{info.name}/METADATA,,",
+        f"{info.name}/RECORD,,",
+    ]
     (info / "RECORD").write_text("\n".join(rows) + "\n")
 
 
@@ -104,8 +107,13 @@ def test_identical_shared_file_is_not_a_mix(tmp_path, monkeypatch):
 def test_cli_reports_conflict_as_json_and_exits_1(tmp_path):
     _fake_second_dist(tmp_path / "site", "onnxruntime-gpu", init_hash_real=False)
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
-    proc = subprocess.run([sys.executable, "-m", "ortpilot.cli.main", "doctor", "--json", "--no-probe"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ortpilot.cli.main", "doctor", "--json", "--no-probe"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["distributions"]["conflict"] is True and doc["distributions"]["winner"] == "onnxruntime"
@@ -132,9 +140,13 @@ def test_this_cpu_has_the_flags_the_machine_advertises():
 
 
 def test_gpu_library_major_mismatch_is_found():
-    env = GpuEnvironment(libraries=[LibraryHit("cuda_runtime", 11, "/x/libcudart.so.11", "ldconfig"),
-                                    LibraryHit("cudnn", 9, "/x/libcudnn.so.9", "ldconfig")],
-                         expected={"cuda_version": "12.8", "cudnn_version": "9.8"})
+    env = GpuEnvironment(
+        libraries=[
+            LibraryHit("cuda_runtime", 11, "/x/libcudart.so.11", "ldconfig"),
+            LibraryHit("cudnn", 9, "/x/libcudnn.so.9", "ldconfig"),
+        ],
+        expected={"cuda_version": "12.8", "cudnn_version": "9.8"},
+    )
     problems = library_mismatches(env)
     assert [fam for fam, _ in problems] == ["cuda_runtime"]
     assert "12.8" in problems[0][1] and "11" in problems[0][1]
@@ -145,8 +157,21 @@ def test_gpu_library_major_mismatch_is_found():
 WHEELS = Path(os.environ.get("ORTPILOT_WHEEL_CACHE", Path.home() / ".cache" / "ortpilot-wheels"))
 OPENVINO_ORT = "1.24.1"
 # What ortpilot needs at import time, linked from this environment into the test venv.
-_SHIM = ["numpy", "numpy.libs", "onnx", "google", "rich", "click", "pygments", "markdown_it", "mdurl",
-         "ml_dtypes", "typing_extensions.py", "packaging", "flatbuffers"]
+_SHIM = [
+    "numpy",
+    "numpy.libs",
+    "onnx",
+    "google",
+    "rich",
+    "click",
+    "pygments",
+    "markdown_it",
+    "mdurl",
+    "ml_dtypes",
+    "typing_extensions.py",
+    "packaging",
+    "flatbuffers",
+]
 
 
 def _wheel(name: str, version: str) -> Path:
@@ -154,8 +179,11 @@ def _wheel(name: str, version: str) -> Path:
     found = sorted(WHEELS.glob(pattern))
     if not found:
         WHEELS.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(WHEELS),
-                               f"{name}=={version}"], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(WHEELS), f"{name}=={version}"],
+            capture_output=True,
+            text=True,
+        )
         found = sorted(WHEELS.glob(pattern))
         if not found:
             pytest.skip(f"cannot download {name}=={version}: {proc.stderr[-300:]}")
@@ -169,8 +197,11 @@ def test_real_onnxruntime_and_openvino_wheels_in_one_venv(tmp_path):
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
     for wheel in (cpu, openvino):  # the second install overwrites the first one's files, as pip does
-        subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
-                        str(wheel)], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+            check=True,
+            capture_output=True,
+        )
     purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(subprocess.check_output([str(python), "-c", purelib], text=True).strip())
     shim = tmp_path / "shim"
@@ -181,8 +212,12 @@ def test_real_onnxruntime_and_openvino_wheels_in_one_venv(tmp_path):
             (shim / name).symlink_to(here / name)
     (shim / "ortpilot").symlink_to(Path(__file__).resolve().parents[2] / "src" / "ortpilot")
     (site / "zz_ortpilot_shim.pth").write_text(str(shim) + "\n")  # after site-packages: ORT comes from the venv
-    proc = subprocess.run([str(python), "-m", "ortpilot.cli.main", "doctor", "--json", "--no-probe"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(python), "-m", "ortpilot.cli.main", "doctor", "--json", "--no-probe"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     dists = doc["distributions"]

@@ -19,8 +19,14 @@ def _machine(rule: str, *, cpus: int = 8, cpu: str = "Some CPU") -> dict:
     exact = rule != "x86-no-vnni"
     if rule == "vnni":
         flags.update(avx512f=True, avx512bw=True, avx512_vnni=True)
-    return {"cpu": cpu, "arch": "x86_64", "isa_flags": flags, "int8": {"rule": rule, "u8s8_exact": exact},
-            "cores": cpus, "cpu_budget": {"cpus": cpus, "source": "affinity"}}
+    return {
+        "cpu": cpu,
+        "arch": "x86_64",
+        "isa_flags": flags,
+        "int8": {"rule": rule, "u8s8_exact": exact},
+        "cores": cpus,
+        "cpu_budget": {"cpus": cpus, "source": "affinity"},
+    }
 
 
 def test_this_machine_is_recorded_with_its_measured_int8_kernel_and_budget():
@@ -51,18 +57,31 @@ def test_more_threads_than_the_budget_is_decisive_and_fewer_cores_alone_is_not()
 
 
 def test_profiles_written_before_the_int8_fields_are_judged_by_their_flags():
-    old = {"cpu": "AMD EPYC", "arch": "x86_64", "isa": "avx512", "cores": 2,
-           "flags": ["avx", "avx2", "avx512_vnni", "avx512bw", "avx512f", "fma"]}
+    old = {
+        "cpu": "AMD EPYC",
+        "arch": "x86_64",
+        "isa": "avx512",
+        "cores": 2,
+        "flags": ["avx", "avx2", "avx512_vnni", "avx512bw", "avx512f", "fma"],
+    }
     check = compare_machines(old, _machine("x86-no-vnni"), int8=True, threads=1)
     assert [d.field for d in check.decisive] == ["int8"]
     assert "AVX-512 VNNI" in describe_machine(old) and "u8s8 exact" in describe_machine(old)
 
 
-@pytest.mark.parametrize("field,value,named", [
-    ("cores", "eight", "machine.cores"), ("cores", 0, "machine.cores"), ("isa_flags", ["avx2"], "machine.isa_flags"),
-    ("int8", {"rule": "fast"}, "machine.int8.rule"), ("int8", {"u8s8_exact": "yes"}, "machine.int8.u8s8_exact"),
-    ("cpu_budget", {"cpus": -1}, "machine.cpu_budget.cpus"), ("cpu", 7, "machine.cpu"), ("flags", "avx2", "machine.flags"),
-])
+@pytest.mark.parametrize(
+    "field,value,named",
+    [
+        ("cores", "eight", "machine.cores"),
+        ("cores", 0, "machine.cores"),
+        ("isa_flags", ["avx2"], "machine.isa_flags"),
+        ("int8", {"rule": "fast"}, "machine.int8.rule"),
+        ("int8", {"u8s8_exact": "yes"}, "machine.int8.u8s8_exact"),
+        ("cpu_budget", {"cpus": -1}, "machine.cpu_budget.cpus"),
+        ("cpu", 7, "machine.cpu"),
+        ("flags", "avx2", "machine.flags"),
+    ],
+)
 def test_a_malformed_machine_section_is_a_usage_error_naming_the_field(field, value, named):
     section = _machine("vnni")
     section[field] = value

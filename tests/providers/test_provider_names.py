@@ -11,12 +11,21 @@ from ortpilot.session import SessionSettings
 from ortpilot.session.verified import effective_settings
 
 
-@pytest.mark.parametrize("text,full", [
-    ("cpu", "CPUExecutionProvider"), ("CUDA", "CUDAExecutionProvider"), ("TensorRT", "TensorrtExecutionProvider"),
-    ("openvino", "OpenVINOExecutionProvider"), ("coreml", "CoreMLExecutionProvider"), ("DML", "DmlExecutionProvider"),
-    ("webgpu", "WebGpuExecutionProvider"), ("qnn", "QNNExecutionProvider"),
-    ("CUDAExecutionProvider", "CUDAExecutionProvider"), ("cudaexecutionprovider", "CUDAExecutionProvider"),
-])
+@pytest.mark.parametrize(
+    "text,full",
+    [
+        ("cpu", "CPUExecutionProvider"),
+        ("CUDA", "CUDAExecutionProvider"),
+        ("TensorRT", "TensorrtExecutionProvider"),
+        ("openvino", "OpenVINOExecutionProvider"),
+        ("coreml", "CoreMLExecutionProvider"),
+        ("DML", "DmlExecutionProvider"),
+        ("webgpu", "WebGpuExecutionProvider"),
+        ("qnn", "QNNExecutionProvider"),
+        ("CUDAExecutionProvider", "CUDAExecutionProvider"),
+        ("cudaexecutionprovider", "CUDAExecutionProvider"),
+    ],
+)
 def test_short_and_full_names(text, full):
     assert parse_provider_arg(text).name == full
 

@@ -45,8 +45,7 @@ class Workspace:
         return ws
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = dict(os.environ, ORTPILOT_CACHE_DIR=str(self.cache), TMPDIR=str(self.tmp), COLUMNS="200",
-                   NO_COLOR="1")
+        env = dict(os.environ, ORTPILOT_CACHE_DIR=str(self.cache), TMPDIR=str(self.tmp), COLUMNS="200", NO_COLOR="1")
         env.update(extra or {})
         return env
 
@@ -66,25 +65,48 @@ class Case:
     timeout_s: float = 120.0
 
 
-def run_cli(ws: Workspace, command: str, args: Sequence[str], env: dict[str, str] | None = None,
-            timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    ws: Workspace, command: str, args: Sequence[str], env: dict[str, str] | None = None, timeout_s: float = 120.0
+) -> subprocess.CompletedProcess[str]:
     """``python -m ortpilot.cli.main COMMAND ARGS`` with the case's cache and cwd."""
-    return subprocess.run([*CLI, command, *args], cwd=ws.cwd, env=ws.env(env), capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    return subprocess.run(
+        [*CLI, command, *args],
+        cwd=ws.cwd,
+        env=ws.env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 # --- model builders --------------------------------------------------------------------------------------------
 
-def tiny_model(*, input_name: str = "x", output_name: str = "y", node_prefix: str = "", dims=("batch", 4),
-               opset: int = OPSET, ir_version: int = IR) -> onnx.ModelProto:
+
+def tiny_model(
+    *,
+    input_name: str = "x",
+    output_name: str = "y",
+    node_prefix: str = "",
+    dims=("batch", 4),
+    opset: int = OPSET,
+    ir_version: int = IR,
+) -> onnx.ModelProto:
     """x[batch, 4] @ W[4, 3] + b -> y: the smallest model that exercises every command."""
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), f"{node_prefix}W")
     b = numpy_helper.from_array(rng.standard_normal(3).astype(np.float32), f"{node_prefix}b")
-    nodes = [helper.make_node("MatMul", [input_name, w.name], [f"{node_prefix}mm"], name=f"{node_prefix}MatMul"),
-             helper.make_node("Add", [f"{node_prefix}mm", b.name], [output_name], name=f"{node_prefix}Add")]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, list(dims))],
-                              [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [dims[0], 3])], [w, b])
+    nodes = [
+        helper.make_node("MatMul", [input_name, w.name], [f"{node_prefix}mm"], name=f"{node_prefix}MatMul"),
+        helper.make_node("Add", [f"{node_prefix}mm", b.name], [output_name], name=f"{node_prefix}Add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, list(dims))],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [dims[0], 3])],
+        [w, b],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = ir_version
     return model
@@ -168,8 +190,12 @@ def escaping_external(ws: Workspace) -> Path:
 
 def one_node(node: onnx.NodeProto, elem_type: int, dims: list) -> onnx.ModelProto:
     """A model of one node reading input ``x`` (``elem_type``, ``dims``) into output ``y`` of any shape."""
-    graph = helper.make_graph([node], node.op_type.lower(), [helper.make_tensor_value_info("x", elem_type, dims)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [node],
+        node.op_type.lower(),
+        [helper.make_tensor_value_info("x", elem_type, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR
     return model
@@ -181,6 +207,7 @@ def einsum_hang() -> onnx.ModelProto:
 
 
 # --- file builders ---------------------------------------------------------------------------------------------
+
 
 def write_bytes(ws: Workspace, name: str, data: bytes) -> Path:
     path = ws.inputs / name
@@ -210,20 +237,26 @@ def array_file(ws: Workspace, name: str, value: np.ndarray) -> str:
 
 
 def odd_names(ws: Workspace) -> Path:
-    return save(tiny_model(input_name="in put/ü:0", output_name="out·put/ÿ 1", node_prefix="blk 0/über:"),
-                ws.inputs / "odd names ü" / "m odel.onnx")
+    return save(
+        tiny_model(input_name="in put/ü:0", output_name="out·put/ÿ 1", node_prefix="blk 0/über:"),
+        ws.inputs / "odd names ü" / "m odel.onnx",
+    )
 
 
 # --- profile builders (a real tune profile, then damaged) --------------------------------------------------------
+
 
 def tuned_profile(ws: Workspace) -> Path:
     """A profile as ``tune`` writes it (``write_profile``) for the tiny model, before any damage."""
     from ortpilot.artifacts.profile import write_profile
 
     model = tiny_file(ws, "tuned.onnx")
-    return write_profile(ws.inputs / "profile.json", model_file=model,
-                         providers=[{"name": "CPUExecutionProvider", "options": {}}],
-                         settings={"level": "all", "intra_op_threads": 1})
+    return write_profile(
+        ws.inputs / "profile.json",
+        model_file=model,
+        providers=[{"name": "CPUExecutionProvider", "options": {}}],
+        settings={"level": "all", "intra_op_threads": 1},
+    )
 
 
 def profile_other_model(ws: Workspace) -> list[str]:
@@ -272,6 +305,7 @@ def profile_bad_level(ws: Workspace) -> list[str]:
 
 # --- cache builders --------------------------------------------------------------------------------------------
 
+
 def truncated_cache_entry(ws: Workspace) -> list[str]:
     """Optimize once (fills the cache), truncate the cached model, and ask for the same build again."""
     model = tiny_file(ws)
@@ -287,13 +321,16 @@ def truncated_cache_entry(ws: Workspace) -> list[str]:
 
 # --- the corpus ------------------------------------------------------------------------------------------------
 
+
 def _model(builder: Callable[[Workspace], Path], *extra: str, out: str = "") -> Callable[[Workspace], list[str]]:
     """args = MODEL (built) [+ -o OUT/out] + extra."""
+
     def build(ws: Workspace) -> list[str]:
         args = [str(builder(ws))]
         if out:
             args += ["-o", str(ws.out / out)]
         return args + [a.replace("{in}", str(ws.inputs)) for a in extra]
+
     return build
 
 
@@ -304,6 +341,7 @@ def _proto(make: Callable[[], onnx.ModelProto], name: str) -> Callable[[Workspac
 def _feeds(value: Callable[[], np.ndarray], *extra: str) -> Callable[[Workspace], list[str]]:
     def build(ws: Workspace) -> list[str]:
         return [str(tiny_file(ws)), "--input", f"x={array_file(ws, 'x', value())}", *extra]
+
     return build
 
 
@@ -329,8 +367,20 @@ ISOLATE_CRASH_ARGS: list[tuple[str, Callable[[Workspace], list[str]]]] = [
     ("optimize", _model(tiny_file, "--isolate", out="opt.onnx")),
     ("quantize", _model(tiny_file, "--mode", "dynamic", "--isolate", out="q.onnx")),
     ("compare", lambda ws: [str(tiny_file(ws)), str(tiny_file(ws, "b.onnx", node_prefix="b_")), "--isolate"]),
-    ("bench", lambda ws: [str(tiny_file(ws)), "--runs", "3", "--warmup", "1", "--no-roofline", "--report",
-                          str(ws.out / "r.html"), "--isolate"]),
+    (
+        "bench",
+        lambda ws: [
+            str(tiny_file(ws)),
+            "--runs",
+            "3",
+            "--warmup",
+            "1",
+            "--no-roofline",
+            "--report",
+            str(ws.out / "r.html"),
+            "--isolate",
+        ],
+    ),
     ("generate", _model(tiny_file, "--prompt-ids", "1,2", "--isolate")),
 ]
 
@@ -348,108 +398,276 @@ CASES: list[Case] = [
     Case("run-cycle", "run", _model(_proto(cycle, "cycle.onnx")), 2, CANNOT_LOAD),
     Case("run-unknown-domain", "run", _model(_proto(unknown_domain, "domain.onnx")), 2, ("com.example.nowhere",)),
     Case("run-future-opset", "run", _model(_proto(lambda: tiny_model(opset=99), "future.onnx")), 2, ("opset",)),
-    Case("run-future-ir-version", "run", _model(_proto(lambda: tiny_model(ir_version=99), "ir99.onnx")), 2,
-         ("ir version",)),
+    Case(
+        "run-future-ir-version",
+        "run",
+        _model(_proto(lambda: tiny_model(ir_version=99), "ir99.onnx")),
+        2,
+        ("ir version",),
+    ),
     Case("run-missing-external-data", "run", _model(missing_external), 2, ("gone.bin", "missing")),
     Case("run-huge-declared-external", "run", _model(huge_external), 2, HUGE_EXTERNAL),
     Case("run-negative-initializer-dims", "run", _model(_proto(negative_dims, "negdims.onnx")), 2, CANNOT_LOAD),
-    Case("run-strict-policy-bad-model-is-bad-input", "run", _model(_proto(negative_dims, "negdims.onnx"), "--policy",
-                                                                    "strict"), 2, CANNOT_LOAD),
-    Case("run-external-path-escapes-folder", "run", _model(escaping_external), 2,
-         ("outside its own folder", "../secret.bin")),
+    Case(
+        "run-strict-policy-bad-model-is-bad-input",
+        "run",
+        _model(_proto(negative_dims, "negdims.onnx"), "--policy", "strict"),
+        2,
+        CANNOT_LOAD,
+    ),
+    Case(
+        "run-external-path-escapes-folder",
+        "run",
+        _model(escaping_external),
+        2,
+        ("outside its own folder", "../secret.bin"),
+    ),
     Case("run-zero-size-dim", "run", _model(tiny_file, "--shape", "x=0x4"), 0, ("outputs",)),
     Case("run-odd-names", "run", _model(odd_names), 0, ("out·put/ÿ 1",)),
     Case("run-wrong-dtype", "run", _feeds(lambda: np.ones((1, 4), np.int64)), 2, ("x", "float32", "int64")),
     Case("run-wrong-rank", "run", _feeds(lambda: np.ones((4,), np.float32)), 2, ("rank",)),
     Case("run-wrong-shape", "run", _feeds(lambda: np.ones((1, 5), np.float32)), 2, ("dim 1", "4")),
-    Case("run-unknown-input-name", "run", lambda ws: [str(tiny_file(ws)), "--input",
-                                                      f"nope={array_file(ws, 'nope', np.ones((1, 4), np.float32))}"],
-         2, ("unknown input", "nope")),
+    Case(
+        "run-unknown-input-name",
+        "run",
+        lambda ws: [str(tiny_file(ws)), "--input", f"nope={array_file(ws, 'nope', np.ones((1, 4), np.float32))}"],
+        2,
+        ("unknown input", "nope"),
+    ),
     Case("run-nan-input-warns", "run", _feeds(_nan), 0, ("warning", "nan")),
     Case("run-inf-input-warns", "run", _feeds(_inf), 0, ("warning", "inf")),
-    Case("run-bad-npy", "run", lambda ws: [str(tiny_file(ws)), "--input",
-                                           f"x={write_bytes(ws, 'x.npy', b'not numpy')}"], 2, ("npy",)),
-    Case("run-einsum-hang-is-refused", "run", _model(_proto(einsum_hang, "hang.onnx")), 2,
-         ("einsum", "......->"), timeout_s=60),
-    Case("run-einsum-hang-isolated-is-refused", "run", _model(_proto(einsum_hang, "hang.onnx"), "--isolate"), 2,
-         ("einsum", "......->"), timeout_s=60),
-    Case("run-isolate-deliberate-sigsegv-in-child", "run", _model(tiny_file, "--isolate"), 1,
-         ("crashed", "sigsegv"), env={"ORTPILOT_TEST_CRASH_IN_CHILD": "SIGSEGV"}),
+    Case(
+        "run-bad-npy",
+        "run",
+        lambda ws: [str(tiny_file(ws)), "--input", f"x={write_bytes(ws, 'x.npy', b'not numpy')}"],
+        2,
+        ("npy",),
+    ),
+    Case(
+        "run-einsum-hang-is-refused",
+        "run",
+        _model(_proto(einsum_hang, "hang.onnx")),
+        2,
+        ("einsum", "......->"),
+        timeout_s=60,
+    ),
+    Case(
+        "run-einsum-hang-isolated-is-refused",
+        "run",
+        _model(_proto(einsum_hang, "hang.onnx"), "--isolate"),
+        2,
+        ("einsum", "......->"),
+        timeout_s=60,
+    ),
+    Case(
+        "run-isolate-deliberate-sigsegv-in-child",
+        "run",
+        _model(tiny_file, "--isolate"),
+        1,
+        ("crashed", "sigsegv"),
+        env={"ORTPILOT_TEST_CRASH_IN_CHILD": "SIGSEGV"},
+    ),
     # inspect
     Case("inspect-empty-file", "inspect", _model(empty_file), 2, EMPTY),
     Case("inspect-truncated", "inspect", _model(truncated_file), 2, NOT_MODEL),
     Case("inspect-missing-external-data", "inspect", _model(missing_external), 2, ("gone.bin",)),
-    Case("inspect-dangling-edge", "inspect", _model(_proto(dangling_edge, "dangling.onnx")), 2,
-         ("nobody_makes_this", "dangling edge", "'add'")),
-    Case("inspect-dangling-edge-no-check", "inspect", _model(_proto(dangling_edge, "dangling.onnx"), "--no-check"), 2,
-         ("nobody_makes_this",)),
+    Case(
+        "inspect-dangling-edge",
+        "inspect",
+        _model(_proto(dangling_edge, "dangling.onnx")),
+        2,
+        ("nobody_makes_this", "dangling edge", "'add'"),
+    ),
+    Case(
+        "inspect-dangling-edge-no-check",
+        "inspect",
+        _model(_proto(dangling_edge, "dangling.onnx"), "--no-check"),
+        2,
+        ("nobody_makes_this",),
+    ),
     Case("inspect-cycle", "inspect", _model(_proto(cycle, "cycle.onnx")), 2, ("cycle", "'back' (relu)")),
-    Case("inspect-negative-initializer-dims", "inspect", _model(_proto(negative_dims, "negdims.onnx")), 2,
-         ("onnx.checker", "negative dimension")),
-    Case("inspect-einsum-hang-is-refused", "inspect", _model(_proto(einsum_hang, "hang.onnx")), 2,
-         ("einsum", "......->"), timeout_s=60),
-    Case("inspect-einsum-hang-no-check", "inspect", _model(_proto(einsum_hang, "hang.onnx"), "--no-check", "--json"),
-         2, ("einsum", "......->"), timeout_s=60),
+    Case(
+        "inspect-negative-initializer-dims",
+        "inspect",
+        _model(_proto(negative_dims, "negdims.onnx")),
+        2,
+        ("onnx.checker", "negative dimension"),
+    ),
+    Case(
+        "inspect-einsum-hang-is-refused",
+        "inspect",
+        _model(_proto(einsum_hang, "hang.onnx")),
+        2,
+        ("einsum", "......->"),
+        timeout_s=60,
+    ),
+    Case(
+        "inspect-einsum-hang-no-check",
+        "inspect",
+        _model(_proto(einsum_hang, "hang.onnx"), "--no-check", "--json"),
+        2,
+        ("einsum", "......->"),
+        timeout_s=60,
+    ),
     Case("inspect-huge-declared-external", "inspect", _model(huge_external), 2, HUGE_EXTERNAL),
     Case("inspect-odd-names", "inspect", _model(odd_names), 0, ("in put/ü:0",)),
     # optimize
     Case("optimize-truncated", "optimize", _model(truncated_file, out="opt.onnx"), 2, NOT_MODEL),
     Case("optimize-cycle", "optimize", _model(_proto(cycle, "cycle.onnx"), out="opt.onnx"), 2, CANNOT_LOAD),
     Case("optimize-huge-declared-external", "optimize", _model(huge_external, out="opt.onnx"), 2, HUGE_EXTERNAL),
-    Case("optimize-output-is-directory", "optimize", lambda ws: [str(tiny_file(ws)), "-o", str(ws.inputs)], 2,
-         ("directory",)),
-    Case("optimize-output-parent-is-a-file", "optimize", lambda ws: [str(tiny_file(ws)), "-o",
-                                                                     str(tiny_file(ws, "taken.onnx") / "o.onnx")], 2,
-         ("taken.onnx", "not a folder")),
-    Case("optimize-odd-output-path", "optimize", _model(odd_names, out="sub dir/ü opt.onnx"), 0, ("wrote",),
-         outputs=("sub dir/ü opt.onnx",)),
-    Case("optimize-truncated-cache-entry-rebuilt", "optimize", truncated_cache_entry, 0, ("corrupt",),
-         outputs=("opt.onnx",)),
+    Case(
+        "optimize-output-is-directory",
+        "optimize",
+        lambda ws: [str(tiny_file(ws)), "-o", str(ws.inputs)],
+        2,
+        ("directory",),
+    ),
+    Case(
+        "optimize-output-parent-is-a-file",
+        "optimize",
+        lambda ws: [str(tiny_file(ws)), "-o", str(tiny_file(ws, "taken.onnx") / "o.onnx")],
+        2,
+        ("taken.onnx", "not a folder"),
+    ),
+    Case(
+        "optimize-odd-output-path",
+        "optimize",
+        _model(odd_names, out="sub dir/ü opt.onnx"),
+        0,
+        ("wrote",),
+        outputs=("sub dir/ü opt.onnx",),
+    ),
+    Case(
+        "optimize-truncated-cache-entry-rebuilt",
+        "optimize",
+        truncated_cache_entry,
+        0,
+        ("corrupt",),
+        outputs=("opt.onnx",),
+    ),
     # quantize
     Case("quantize-random-bytes", "quantize", _model(random_file, "--mode", "dynamic", out="q.onnx"), 2, NOT_MODEL),
-    Case("quantize-future-opset", "quantize", _model(_proto(lambda: tiny_model(opset=99), "future.onnx"),
-                                                     "--mode", "dynamic", out="q.onnx"), 2, ("opset",)),
-    Case("quantize-missing-calibration", "quantize", _model(tiny_file, "--mode", "static", "--calibration",
-                                                            "{in}/no-such-folder", out="q.onnx"), 2,
-         ("calibration", "no-such-folder")),
-    Case("quantize-output-is-directory", "quantize", lambda ws: [str(tiny_file(ws)), "--mode", "dynamic", "-o",
-                                                                 str(ws.inputs)], 2, ("directory",)),
-    Case("quantize-output-parent-is-a-file", "quantize",
-         lambda ws: [str(tiny_file(ws)), "--mode", "dynamic", "-o", str(tiny_file(ws, "taken.onnx") / "sub" / "q.onnx")],
-         2, ("taken.onnx", "not a folder")),
+    Case(
+        "quantize-future-opset",
+        "quantize",
+        _model(_proto(lambda: tiny_model(opset=99), "future.onnx"), "--mode", "dynamic", out="q.onnx"),
+        2,
+        ("opset",),
+    ),
+    Case(
+        "quantize-missing-calibration",
+        "quantize",
+        _model(tiny_file, "--mode", "static", "--calibration", "{in}/no-such-folder", out="q.onnx"),
+        2,
+        ("calibration", "no-such-folder"),
+    ),
+    Case(
+        "quantize-output-is-directory",
+        "quantize",
+        lambda ws: [str(tiny_file(ws)), "--mode", "dynamic", "-o", str(ws.inputs)],
+        2,
+        ("directory",),
+    ),
+    Case(
+        "quantize-output-parent-is-a-file",
+        "quantize",
+        lambda ws: [str(tiny_file(ws)), "--mode", "dynamic", "-o", str(tiny_file(ws, "taken.onnx") / "sub" / "q.onnx")],
+        2,
+        ("taken.onnx", "not a folder"),
+    ),
     # compare
-    Case("compare-missing-model-b", "compare", lambda ws: [str(tiny_file(ws)), str(ws.inputs / "absent.onnx")], 2,
-         ("does not exist",)),
-    Case("compare-wrong-dtype", "compare", lambda ws: [str(tiny_file(ws)), "-p", "cpu", "-p", "cpu", "--input",
-                                                       f"x={array_file(ws, 'x', np.ones((1, 4), np.float64))}"], 2,
-         ("float32", "float64")),
-    Case("compare-different-inputs", "compare", lambda ws: [str(tiny_file(ws)),
-                                                            str(tiny_file(ws, "other.onnx", input_name="z"))], 2,
-         ("input",)),
+    Case(
+        "compare-missing-model-b",
+        "compare",
+        lambda ws: [str(tiny_file(ws)), str(ws.inputs / "absent.onnx")],
+        2,
+        ("does not exist",),
+    ),
+    Case(
+        "compare-wrong-dtype",
+        "compare",
+        lambda ws: [
+            str(tiny_file(ws)),
+            "-p",
+            "cpu",
+            "-p",
+            "cpu",
+            "--input",
+            f"x={array_file(ws, 'x', np.ones((1, 4), np.float64))}",
+        ],
+        2,
+        ("float32", "float64"),
+    ),
+    Case(
+        "compare-different-inputs",
+        "compare",
+        lambda ws: [str(tiny_file(ws)), str(tiny_file(ws, "other.onnx", input_name="z"))],
+        2,
+        ("input",),
+    ),
     # bench
     Case("bench-empty-file", "bench", _model(empty_file, "--runs", "3"), 2, EMPTY),
     Case("bench-wrong-shape", "bench", _feeds(lambda: np.ones((1, 7), np.float32), "--runs", "3"), 2, ("dim 1",)),
-    Case("bench-zero-size-dim", "bench", _model(tiny_file, "--shape", "x=0x4", "--runs", "3", "--warmup", "1", "--no-roofline"), 0,
-         ("p50",)),
-    Case("bench-report-is-directory", "bench", _model(tiny_file, "--runs", "3", "--warmup", "1", "--no-roofline", "--report", "{in}"),
-         2, ("--report", "directory")),
+    Case(
+        "bench-zero-size-dim",
+        "bench",
+        _model(tiny_file, "--shape", "x=0x4", "--runs", "3", "--warmup", "1", "--no-roofline"),
+        0,
+        ("p50",),
+    ),
+    Case(
+        "bench-report-is-directory",
+        "bench",
+        _model(tiny_file, "--runs", "3", "--warmup", "1", "--no-roofline", "--report", "{in}"),
+        2,
+        ("--report", "directory"),
+    ),
     # tune
     Case("tune-random-bytes", "tune", _model(random_file, "--budget", "30", out="tune"), 2, NOT_MODEL),
     Case("tune-huge-declared-external", "tune", _model(huge_external, "--budget", "30", out="tune"), 2, HUGE_EXTERNAL),
-    Case("tune-bad-shape-arg", "tune", _model(tiny_file, "--shape", "x=banana", "--budget", "30", out="tune"), 2,
-         ("--shape", "banana")),
-    Case("tune-bad-calibration", "tune", _model(tiny_file, "--calibration", "{in}/calib.npz", "--budget", "30",
-                                                out="tune"), 2, ("calibration",)),
-    Case("tune-out-is-a-file", "tune", lambda ws: [str(tiny_file(ws)), "-o", str(tiny_file(ws, "taken.onnx")),
-                                                   "--budget", "30"], 2, ("taken.onnx", "not a folder")),
+    Case(
+        "tune-bad-shape-arg",
+        "tune",
+        _model(tiny_file, "--shape", "x=banana", "--budget", "30", out="tune"),
+        2,
+        ("--shape", "banana"),
+    ),
+    Case(
+        "tune-bad-calibration",
+        "tune",
+        _model(tiny_file, "--calibration", "{in}/calib.npz", "--budget", "30", out="tune"),
+        2,
+        ("calibration",),
+    ),
+    Case(
+        "tune-out-is-a-file",
+        "tune",
+        lambda ws: [str(tiny_file(ws)), "-o", str(tiny_file(ws, "taken.onnx")), "--budget", "30"],
+        2,
+        ("taken.onnx", "not a folder"),
+    ),
     # generate
     Case("generate-not-a-decoder", "generate", _model(tiny_file, "--prompt-ids", "1,2,3"), 2, ("input_ids",)),
-    Case("generate-bad-prompt-ids", "generate", lambda ws: [str(save(tiny_model(), ws.inputs / "m.onnx")),
-                                                            "--prompt-ids", "1,two,3"], 2, ("prompt",)),
+    Case(
+        "generate-bad-prompt-ids",
+        "generate",
+        lambda ws: [str(save(tiny_model(), ws.inputs / "m.onnx")), "--prompt-ids", "1,two,3"],
+        2,
+        ("prompt",),
+    ),
     Case("generate-truncated", "generate", _model(truncated_file, "--prompt-ids", "1,2"), 2, NOT_MODEL),
     # --isolate on every other command that loads models: a deliberate SIGSEGV in the isolated child
-    *[Case(f"{command}-isolate-deliberate-sigsegv-in-child", command, build, 1, ("crashed", "signal 11: sigsegv"),
-           env={"ORTPILOT_TEST_CRASH_IN_CHILD": "SIGSEGV"}) for command, build in ISOLATE_CRASH_ARGS],
+    *[
+        Case(
+            f"{command}-isolate-deliberate-sigsegv-in-child",
+            command,
+            build,
+            1,
+            ("crashed", "signal 11: sigsegv"),
+            env={"ORTPILOT_TEST_CRASH_IN_CHILD": "SIGSEGV"},
+        )
+        for command, build in ISOLATE_CRASH_ARGS
+    ],
     # load_profile (Python API)
     Case("load-profile-other-model-hash", "load_profile", profile_other_model, 1, ("changed since it was tuned",)),
     Case("load-profile-invalid-json", "load_profile", profile_invalid_json, 2, ("not valid json",)),
@@ -457,21 +675,23 @@ CASES: list[Case] = [
     Case("load-profile-unknown-setting", "load_profile", profile_bad_setting, 2, ("turbo_mode",)),
     Case("load-profile-not-an-object", "load_profile", profile_not_dict, 2, ("not an ortpilot profile",)),
     Case("load-profile-bad-level", "load_profile", profile_bad_level, 2, ("ludicrous",)),
-    Case("load-profile-missing", "load_profile", lambda ws: [str(ws.inputs / "profile.json")], 2,
-         ("does not exist",)),
+    Case("load-profile-missing", "load_profile", lambda ws: [str(ws.inputs / "profile.json")], 2, ("does not exist",)),
 ]
 
 
 # --- files read back, resources, the OS: builders ----------------------------------------------------------------
 
+
 def _edited_profile(change: Callable[[dict], None]) -> Callable[[Workspace], list[str]]:
     """A profile as tune writes it, then one field changed by ``change(doc)``."""
+
     def build(ws: Workspace) -> list[str]:
         profile = tuned_profile(ws)
         doc = json.loads(profile.read_text())
         change(doc)
         profile.write_text(json.dumps(doc))
         return [str(profile)]
+
     return build
 
 
@@ -481,6 +701,7 @@ def _profile_text(text: Callable[[Workspace], str | bytes]) -> Callable[[Workspa
         data = text(ws)
         profile.write_bytes(data if isinstance(data, bytes) else data.encode())
         return [str(profile)]
+
     return build
 
 
@@ -491,6 +712,7 @@ def _valid_profile_json(ws: Workspace) -> str:
 def _model_elsewhere(kind: str) -> Callable[[dict], None]:
     def change(doc: dict) -> None:
         doc["model"]["file"] = {"absolute": "/etc/hostname", "dotdot": "../../etc/hostname"}[kind]
+
     return change
 
 
@@ -507,17 +729,20 @@ def profile_model_deleted(ws: Workspace) -> list[str]:
 
 def _set(path: str, value) -> Callable[[dict], None]:
     """``doc[a][b]... = value`` for a dotted path (list indices as digits)."""
+
     def change(doc: dict) -> None:
         keys = path.split(".")
         target = doc
         for key in keys[:-1]:
             target = target[int(key)] if isinstance(target, list) else target[key]
         target[keys[-1]] = value
+
     return change
 
 
 def _journal(*lines: str | dict, link: bool = False) -> Callable[[Workspace], list[str]]:
     """A tune --resume on the tiny model whose OUTDIR journal holds ``lines`` (dicts are dumped as JSON)."""
+
     def build(ws: Workspace) -> list[str]:
         model = tiny_file(ws)
         text = "".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in lines)
@@ -527,11 +752,23 @@ def _journal(*lines: str | dict, link: bool = False) -> Callable[[Workspace], li
         else:
             (ws.out / "journal.jsonl").write_text(text)
         return [str(model), "-o", str(ws.out), "--resume", "--budget", "30"]
+
     return build
 
 
-START = {"kind": "start", "model_sha256": "0" * 64, "shapes": {"x": [1, 4]}, "objective": "p50", "max_error": None,
-         "metric": None, "quantize": True, "providers": [], "ort": "1", "budget_s": 30, "model": "m.onnx"}
+START = {
+    "kind": "start",
+    "model_sha256": "0" * 64,
+    "shapes": {"x": [1, 4]},
+    "objective": "p50",
+    "max_error": None,
+    "metric": None,
+    "quantize": True,
+    "providers": [],
+    "ort": "1",
+    "budget_s": 30,
+    "model": "m.onnx",
+}
 PREPARED = {"kind": "prepared", "id": "abc", "status": "failed", "error": "x"}
 
 
@@ -549,16 +786,19 @@ def _alloc(*extra: str) -> Callable[[Workspace], list[str]]:
     def build(ws: Workspace) -> list[str]:
         model = save(alloc_model(), ws.inputs / "alloc.onnx")
         return [str(model), "--input", f"x={array_file(ws, 'x', np.array([10**6, 10**6], np.int64))}", *extra]
+
     return build
 
 
-def _external(location: str, *, length: int | None = None, where: str = "initializer",
-              link_to: str | None = None) -> Callable[[Workspace], Path]:
+def _external(
+    location: str, *, length: int | None = None, where: str = "initializer", link_to: str | None = None
+) -> Callable[[Workspace], Path]:
     """The tiny model with its bias ``b`` (3 floats, 12 bytes) in external data at ``location``.
 
     ``where``: ``initializer`` (the graph's), ``constant`` (a Constant node's tensor attribute), or
     ``subgraph`` (an initializer inside an If branch). ``link_to`` plants a link at ``location``.
     """
+
     def build(ws: Workspace) -> Path:
         model = tiny_model()
         (ws.inputs / "models").mkdir(parents=True, exist_ok=True)
@@ -578,20 +818,27 @@ def _external(location: str, *, length: int | None = None, where: str = "initial
             model.graph.node.insert(0, helper.make_node("Constant", [], ["b"], value=tensor, name="BiasConst"))
         else:  # an If whose branch reads the external tensor: the bias comes out of a subgraph
             del model.graph.initializer[1]
-            branch = helper.make_graph([helper.make_node("Identity", ["b_inner"], ["b_out"])], "branch", [],
-                                       [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, [3])])
+            branch = helper.make_graph(
+                [helper.make_node("Identity", ["b_inner"], ["b_out"])],
+                "branch",
+                [],
+                [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, [3])],
+            )
             tensor.name = "b_inner"
             branch.initializer.append(tensor)
             cond = numpy_helper.from_array(np.array(True), "cond")
             model.graph.initializer.append(cond)
-            model.graph.node.insert(0, helper.make_node("If", ["cond"], ["b"], then_branch=branch, else_branch=branch,
-                                                        name="PickBias"))
+            model.graph.node.insert(
+                0, helper.make_node("If", ["cond"], ["b"], then_branch=branch, else_branch=branch, name="PickBias")
+            )
         return save(model, ws.inputs / "models" / "ext.onnx")
+
     return build
 
 
-def _calibration_file(value: Callable[[], dict[str, np.ndarray]] | bytes, name: str = "calib.npz"
-                      ) -> Callable[[Workspace], str]:
+def _calibration_file(
+    value: Callable[[], dict[str, np.ndarray]] | bytes, name: str = "calib.npz"
+) -> Callable[[Workspace], str]:
     def make(ws: Workspace) -> str:
         path = ws.inputs / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -600,6 +847,7 @@ def _calibration_file(value: Callable[[], dict[str, np.ndarray]] | bytes, name: 
         else:
             np.savez(path, **value())
         return str(path)
+
     return make
 
 
@@ -611,6 +859,7 @@ CALIB_DTYPE_WORDS = ("calibration data", "sample 0", "'x' must be float32, got f
 
 def _calibrated(command: str, make: Callable[[Workspace], str]) -> Callable[[Workspace], list[str]]:
     """The same calibration file for quantize, tune and compare: one loader, one message."""
+
     def build(ws: Workspace) -> list[str]:
         model = str(tiny_file(ws))
         calib = make(ws)
@@ -619,6 +868,7 @@ def _calibrated(command: str, make: Callable[[Workspace], str]) -> Callable[[Wor
         if command == "tune":
             return [model, "--calibration", calib, "-o", str(ws.out / "tune"), "--budget", "30"]
         return [model, "--calibration", calib]
+
     return build
 
 
@@ -631,6 +881,7 @@ def _npy_bytes(data: bytes, name: str) -> Callable[[Workspace], list[str]]:
     def build(ws: Workspace) -> list[str]:
         path = write_bytes(ws, name, data)
         return [str(tiny_file(ws)), "--input", f"x={path}" if name.endswith(".npy") else str(path)]
+
     return build
 
 
@@ -670,147 +921,395 @@ def _escape(*extra: str, out: str = "") -> Callable[[Workspace], list[str]]:
 
 CASES += [
     # load_profile: a profile is an input; only what tune writes, by type and range
-    Case("load-profile-optimized-model-filepath", "load_profile",
-         _edited_profile(_set("session_settings.optimized_model_filepath", "/tmp/overwrite-me.onnx")), 2,
-         ("session_settings.optimized_model_filepath", "accept_fields")),
-    Case("load-profile-config-entry-that-writes", "load_profile",
-         _edited_profile(_set("session_settings.config_entries", {"ep.context_file_path": "/tmp/x.onnx"})), 2,
-         ("session_settings.config_entries.ep.context_file_path",)),
-    Case("load-profile-ep-library-option", "load_profile",
-         _edited_profile(_set("providers.0.options", {"ep_library": "/tmp/libevil.so"})), 2,
-         ("providers[0].options.ep_library",)),
-    Case("load-profile-model-absolute-elsewhere", "load_profile", _edited_profile(_model_elsewhere("absolute")), 2,
-         ("outside the profile's folder", "accept_model_outside")),
-    Case("load-profile-model-dotdot", "load_profile", _edited_profile(_model_elsewhere("dotdot")), 2,
-         ("outside the profile's folder",)),
+    Case(
+        "load-profile-optimized-model-filepath",
+        "load_profile",
+        _edited_profile(_set("session_settings.optimized_model_filepath", "/tmp/overwrite-me.onnx")),
+        2,
+        ("session_settings.optimized_model_filepath", "accept_fields"),
+    ),
+    Case(
+        "load-profile-config-entry-that-writes",
+        "load_profile",
+        _edited_profile(_set("session_settings.config_entries", {"ep.context_file_path": "/tmp/x.onnx"})),
+        2,
+        ("session_settings.config_entries.ep.context_file_path",),
+    ),
+    Case(
+        "load-profile-ep-library-option",
+        "load_profile",
+        _edited_profile(_set("providers.0.options", {"ep_library": "/tmp/libevil.so"})),
+        2,
+        ("providers[0].options.ep_library",),
+    ),
+    Case(
+        "load-profile-model-absolute-elsewhere",
+        "load_profile",
+        _edited_profile(_model_elsewhere("absolute")),
+        2,
+        ("outside the profile's folder", "accept_model_outside"),
+    ),
+    Case(
+        "load-profile-model-dotdot",
+        "load_profile",
+        _edited_profile(_model_elsewhere("dotdot")),
+        2,
+        ("outside the profile's folder",),
+    ),
     Case("load-profile-model-link-out", "load_profile", profile_model_linked_out, 2, ("outside the profile's folder",)),
     Case("load-profile-model-deleted", "load_profile", profile_model_deleted, 1, ("is missing",)),
-    Case("load-profile-huge-file", "load_profile", _profile_text(lambda ws: b" " * (17 * 2**20)), 2,
-         ("bytes, more than an ortpilot profile",)),
-    Case("load-profile-deep-nesting", "load_profile", _profile_text(lambda ws: "[" * 100_000), 2,
-         ("not valid json", "recursion")),
+    Case(
+        "load-profile-huge-file",
+        "load_profile",
+        _profile_text(lambda ws: b" " * (17 * 2**20)),
+        2,
+        ("bytes, more than an ortpilot profile",),
+    ),
+    Case(
+        "load-profile-deep-nesting",
+        "load_profile",
+        _profile_text(lambda ws: "[" * 100_000),
+        2,
+        ("not valid json", "recursion"),
+    ),
     Case("load-profile-not-utf8", "load_profile", _profile_text(lambda ws: b"\xff\xfe{}"), 2, ("not valid json",)),
-    Case("load-profile-nul-in-string", "load_profile", _edited_profile(_set("model.file", "tuned.onnx\0.txt")), 2,
-         ("'model.file'", "nul")),
-    Case("load-profile-bool-threads", "load_profile", _edited_profile(_set("session_settings.intra_op_threads", True)),
-         2, ("session_settings.intra_op_threads", "integer")),
-    Case("load-profile-negative-threads", "load_profile",
-         _edited_profile(_set("session_settings.intra_op_threads", -4)), 2, ("intra_op_threads", "outside 0..")),
-    Case("load-profile-billion-threads", "load_profile",
-         _edited_profile(_set("session_settings.inter_op_threads", 10**9)), 2, ("inter_op_threads", "outside 0..")),
-    Case("load-profile-nan-threads", "load_profile",
-         _profile_text(lambda ws: _valid_profile_json(ws).replace('"intra_op_threads": 1', '"intra_op_threads": NaN')),
-         2, ("intra_op_threads",)),
-    Case("load-profile-unknown-top-field", "load_profile", _edited_profile(_set("run_this", "rm -rf /")), 2,
-         ("'run_this'", "no such field")),
-    Case("load-profile-bad-sha256", "load_profile", _edited_profile(_set("model.sha256", "abc")), 2,
-         ("'model.sha256'", "sha256")),
-    Case("load-profile-empty-providers", "load_profile", _edited_profile(_set("providers", [])), 2,
-         ("'providers'", "empty")),
-    Case("load-profile-providers-not-a-list", "load_profile", _edited_profile(_set("providers", "cpu")), 2,
-         ("'providers'", "array")),
-    Case("load-profile-provider-without-name", "load_profile", _edited_profile(_set("providers", [{"options": {}}])),
-         2, ("providers[0].name", "missing")),
-    Case("load-profile-option-value-object", "load_profile",
-         _edited_profile(_set("providers.0.options", {"device_id": {"x": 1}})), 2, ("providers[0].options.device_id",)),
-    Case("load-profile-negative-shape", "load_profile", _edited_profile(_set("shapes", {"x": [-1, 4]})), 2,
-         ("shapes.x[0]",)),
-    Case("load-profile-log-severity-9", "load_profile", _edited_profile(_set("session_settings.log_severity", 9)), 2,
-         ("log_severity", "0..4")),
+    Case(
+        "load-profile-nul-in-string",
+        "load_profile",
+        _edited_profile(_set("model.file", "tuned.onnx\0.txt")),
+        2,
+        ("'model.file'", "nul"),
+    ),
+    Case(
+        "load-profile-bool-threads",
+        "load_profile",
+        _edited_profile(_set("session_settings.intra_op_threads", True)),
+        2,
+        ("session_settings.intra_op_threads", "integer"),
+    ),
+    Case(
+        "load-profile-negative-threads",
+        "load_profile",
+        _edited_profile(_set("session_settings.intra_op_threads", -4)),
+        2,
+        ("intra_op_threads", "outside 0.."),
+    ),
+    Case(
+        "load-profile-billion-threads",
+        "load_profile",
+        _edited_profile(_set("session_settings.inter_op_threads", 10**9)),
+        2,
+        ("inter_op_threads", "outside 0.."),
+    ),
+    Case(
+        "load-profile-nan-threads",
+        "load_profile",
+        _profile_text(lambda ws: _valid_profile_json(ws).replace('"intra_op_threads": 1', '"intra_op_threads": NaN')),
+        2,
+        ("intra_op_threads",),
+    ),
+    Case(
+        "load-profile-unknown-top-field",
+        "load_profile",
+        _edited_profile(_set("run_this", "rm -rf /")),
+        2,
+        ("'run_this'", "no such field"),
+    ),
+    Case(
+        "load-profile-bad-sha256",
+        "load_profile",
+        _edited_profile(_set("model.sha256", "abc")),
+        2,
+        ("'model.sha256'", "sha256"),
+    ),
+    Case(
+        "load-profile-empty-providers",
+        "load_profile",
+        _edited_profile(_set("providers", [])),
+        2,
+        ("'providers'", "empty"),
+    ),
+    Case(
+        "load-profile-providers-not-a-list",
+        "load_profile",
+        _edited_profile(_set("providers", "cpu")),
+        2,
+        ("'providers'", "array"),
+    ),
+    Case(
+        "load-profile-provider-without-name",
+        "load_profile",
+        _edited_profile(_set("providers", [{"options": {}}])),
+        2,
+        ("providers[0].name", "missing"),
+    ),
+    Case(
+        "load-profile-option-value-object",
+        "load_profile",
+        _edited_profile(_set("providers.0.options", {"device_id": {"x": 1}})),
+        2,
+        ("providers[0].options.device_id",),
+    ),
+    Case(
+        "load-profile-negative-shape",
+        "load_profile",
+        _edited_profile(_set("shapes", {"x": [-1, 4]})),
+        2,
+        ("shapes.x[0]",),
+    ),
+    Case(
+        "load-profile-log-severity-9",
+        "load_profile",
+        _edited_profile(_set("session_settings.log_severity", 9)),
+        2,
+        ("log_severity", "0..4"),
+    ),
     Case("load-profile-version-string", "load_profile", _edited_profile(_set("version", "two")), 2, ("'version'",)),
     Case("load-profile-newer-version", "load_profile", _edited_profile(_set("version", 99)), 2, ("upgrade ortpilot",)),
-    Case("load-profile-machine-not-object", "load_profile", _edited_profile(_set("machine", "fast")), 2,
-         ("'machine'", "object")),
-    Case("load-profile-settings-a-list", "load_profile", _edited_profile(_set("session_settings", [1, 2])), 2,
-         ("'session_settings'", "object")),
-    Case("load-profile-empty-model-file", "load_profile", _edited_profile(_set("model.file", "")), 2,
-         ("'model.file'", "empty")),
-    Case("load-profile-free-dim-string", "load_profile",
-         _edited_profile(_set("session_settings.free_dimension_overrides", {"batch": "many"})), 2,
-         ("free_dimension_overrides.batch", "integer")),
+    Case(
+        "load-profile-machine-not-object",
+        "load_profile",
+        _edited_profile(_set("machine", "fast")),
+        2,
+        ("'machine'", "object"),
+    ),
+    Case(
+        "load-profile-settings-a-list",
+        "load_profile",
+        _edited_profile(_set("session_settings", [1, 2])),
+        2,
+        ("'session_settings'", "object"),
+    ),
+    Case(
+        "load-profile-empty-model-file",
+        "load_profile",
+        _edited_profile(_set("model.file", "")),
+        2,
+        ("'model.file'", "empty"),
+    ),
+    Case(
+        "load-profile-free-dim-string",
+        "load_profile",
+        _edited_profile(_set("session_settings.free_dimension_overrides", {"batch": "many"})),
+        2,
+        ("free_dimension_overrides.batch", "integer"),
+    ),
     # tune --resume: the journal is parsed strictly, never through a link
-    Case("tune-resume-journal-line-not-json", "tune", _journal(START, "{not json"), 2, ("line 2", "not json"),
-         outputs=JOURNAL_OUT),
-    Case("tune-resume-journal-unknown-kind", "tune", _journal(START, {"kind": "exec", "cmd": "rm -rf /"}), 2,
-         ("line 2", "unknown kind 'exec'"), outputs=JOURNAL_OUT),
-    Case("tune-resume-journal-wrong-type", "tune", _journal({**START, "budget_s": "thirty"}), 2,
-         ("line 1", "'budget_s'"), outputs=JOURNAL_OUT),
-    Case("tune-resume-journal-unknown-field", "tune", _journal(START, {**PREPARED, "shell": "x"}), 2,
-         ("line 2", "'shell'"), outputs=JOURNAL_OUT),
-    Case("tune-resume-journal-kept-points-elsewhere", "tune",
-         _journal(START, {"kind": "kept", "reference": {"file": "/etc/passwd", "sha256": "0"},
-                          "heldout": {"file": ".ortpilot-tune/heldout.npz", "sha256": "0"}}), 2,
-         ("line 2", "/etc/passwd"), outputs=JOURNAL_OUT),
-    Case("tune-resume-journal-negative-timing", "tune",
-         _journal(START, {"kind": "bench", "id": "a", "stage": "screen", "status": "ok", "samples_s": [-1.0]}), 2,
-         ("line 2", "timings"), outputs=JOURNAL_OUT),
-    Case("tune-resume-journal-without-kept", "tune", _journal(START, PREPARED), 2, ("lacks its kept record",),
-         outputs=JOURNAL_OUT),
-    Case("tune-resume-journal-not-an-object", "tune", _journal("[1, 2, 3]"), 2, ("line 1", "not a json object"),
-         outputs=JOURNAL_OUT),
-    Case("tune-resume-journal-is-a-link", "tune", _journal(START, link=True), 2, ("symbolic link",),
-         outputs=JOURNAL_OUT),
+    Case(
+        "tune-resume-journal-line-not-json",
+        "tune",
+        _journal(START, "{not json"),
+        2,
+        ("line 2", "not json"),
+        outputs=JOURNAL_OUT,
+    ),
+    Case(
+        "tune-resume-journal-unknown-kind",
+        "tune",
+        _journal(START, {"kind": "exec", "cmd": "rm -rf /"}),
+        2,
+        ("line 2", "unknown kind 'exec'"),
+        outputs=JOURNAL_OUT,
+    ),
+    Case(
+        "tune-resume-journal-wrong-type",
+        "tune",
+        _journal({**START, "budget_s": "thirty"}),
+        2,
+        ("line 1", "'budget_s'"),
+        outputs=JOURNAL_OUT,
+    ),
+    Case(
+        "tune-resume-journal-unknown-field",
+        "tune",
+        _journal(START, {**PREPARED, "shell": "x"}),
+        2,
+        ("line 2", "'shell'"),
+        outputs=JOURNAL_OUT,
+    ),
+    Case(
+        "tune-resume-journal-kept-points-elsewhere",
+        "tune",
+        _journal(
+            START,
+            {
+                "kind": "kept",
+                "reference": {"file": "/etc/passwd", "sha256": "0"},
+                "heldout": {"file": ".ortpilot-tune/heldout.npz", "sha256": "0"},
+            },
+        ),
+        2,
+        ("line 2", "/etc/passwd"),
+        outputs=JOURNAL_OUT,
+    ),
+    Case(
+        "tune-resume-journal-negative-timing",
+        "tune",
+        _journal(START, {"kind": "bench", "id": "a", "stage": "screen", "status": "ok", "samples_s": [-1.0]}),
+        2,
+        ("line 2", "timings"),
+        outputs=JOURNAL_OUT,
+    ),
+    Case(
+        "tune-resume-journal-without-kept",
+        "tune",
+        _journal(START, PREPARED),
+        2,
+        ("lacks its kept record",),
+        outputs=JOURNAL_OUT,
+    ),
+    Case(
+        "tune-resume-journal-not-an-object",
+        "tune",
+        _journal("[1, 2, 3]"),
+        2,
+        ("line 1", "not a json object"),
+        outputs=JOURNAL_OUT,
+    ),
+    Case(
+        "tune-resume-journal-is-a-link", "tune", _journal(START, link=True), 2, ("symbolic link",), outputs=JOURNAL_OUT
+    ),
     # resource limits
     Case("run-shape-above-the-bound", "run", _model(tiny_file, "--shape", "batch=99999999999"), 2, TOO_BIG),
     Case("run-shape-of-a-billion-needs-4tb", "run", _model(WIDE, "--shape", "batch=1000000000"), 2, NO_MEMORY),
     Case("run-shape-float-dims", "run", _model(tiny_file, "--shape", "x=1.5x4"), 2, ("malformed --shape",)),
     Case("run-ort-out-of-memory", "run", _alloc(), 1, ("out of memory", "failed to allocate", "x[2]")),
     Case("bench-shape-of-a-billion", "bench", _model(WIDE, "--shape", "batch=1000000000", "--runs", "3"), 2, NO_MEMORY),
-    Case("bench-ort-out-of-memory", "bench", _alloc("--runs", "3", "--warmup", "1", "--no-roofline"), 1,
-         ("failed at the first run", "failed to allocate")),
-    Case("tune-shape-of-a-billion", "tune", _model(WIDE, "--shape", "batch=1000000000", "--budget", "30", out="tune"),
-         2, NO_MEMORY),
-    Case("tune-shape-above-the-bound", "tune", _model(tiny_file, "--shape", "batch=3000000000", "--budget", "30",
-                                                      out="tune"), 2, TOO_BIG),
+    Case(
+        "bench-ort-out-of-memory",
+        "bench",
+        _alloc("--runs", "3", "--warmup", "1", "--no-roofline"),
+        1,
+        ("failed at the first run", "failed to allocate"),
+    ),
+    Case(
+        "tune-shape-of-a-billion",
+        "tune",
+        _model(WIDE, "--shape", "batch=1000000000", "--budget", "30", out="tune"),
+        2,
+        NO_MEMORY,
+    ),
+    Case(
+        "tune-shape-above-the-bound",
+        "tune",
+        _model(tiny_file, "--shape", "batch=3000000000", "--budget", "30", out="tune"),
+        2,
+        TOO_BIG,
+    ),
     Case("compare-shape-above-the-bound", "compare", _model(tiny_file, "--shape", "batch=3000000000"), 2, TOO_BIG),
     Case("inspect-shape-above-the-bound", "inspect", _model(tiny_file, "--shape", "batch=3000000000"), 2, TOO_BIG),
-    Case("quantize-shape-of-a-billion", "quantize", _model(WIDE, "--mode", "dynamic", "--shape", "batch=1000000000",
-                                                           out="q.onnx"), 2, NO_MEMORY),
-    Case("generate-prompt-id-beyond-int64", "generate", lambda ws: ["demo:decoder", "--prompt-ids", "9" * 30], 2,
-         ("int64",)),
+    Case(
+        "quantize-shape-of-a-billion",
+        "quantize",
+        _model(WIDE, "--mode", "dynamic", "--shape", "batch=1000000000", out="q.onnx"),
+        2,
+        NO_MEMORY,
+    ),
+    Case(
+        "generate-prompt-id-beyond-int64",
+        "generate",
+        lambda ws: ["demo:decoder", "--prompt-ids", "9" * 30],
+        2,
+        ("int64",),
+    ),
     # operating-system errors
-    Case("optimize-cache-path-is-a-file", "optimize", _blocker_cache, 2, ("is a file", "ortpilot_cache_dir"),
-         env={"ORTPILOT_CACHE_DIR": "../inputs/blocker"}),
+    Case(
+        "optimize-cache-path-is-a-file",
+        "optimize",
+        _blocker_cache,
+        2,
+        ("is a file", "ortpilot_cache_dir"),
+        env={"ORTPILOT_CACHE_DIR": "../inputs/blocker"},
+    ),
     Case("optimize-output-under-a-broken-link", "optimize", _broken_link_parent, 2, ("broken symbolic link",)),
     Case("tune-budget-zero", "tune", _model(tiny_file, "--budget", "0", out="tune"), 2, ("--budget",)),
     # external data that resolves outside the model's folder: refused without touching the target
-    Case("inspect-external-data-dotdot", "inspect", _model(_external("../outside.bin")), 2, (*OUTSIDE, "../outside.bin")),
-    Case("inspect-external-data-absolute", "inspect", _model(_external("/etc/hostname")), 2, (*OUTSIDE, "/etc/hostname")),
+    Case(
+        "inspect-external-data-dotdot", "inspect", _model(_external("../outside.bin")), 2, (*OUTSIDE, "../outside.bin")
+    ),
+    Case(
+        "inspect-external-data-absolute", "inspect", _model(_external("/etc/hostname")), 2, (*OUTSIDE, "/etc/hostname")
+    ),
     Case("inspect-external-data-link-out", "inspect", _model(_external("w.bin", link_to="../outside.bin")), 2, OUTSIDE),
-    Case("inspect-external-data-in-constant", "inspect", _model(_external("../outside.bin", where="constant")), 2,
-         OUTSIDE),
-    Case("inspect-external-data-in-subgraph", "inspect", _model(_external("../outside.bin", where="subgraph")), 2,
-         OUTSIDE),
-    Case("inspect-external-shorter-than-dims", "inspect", _model(_external("w.bin", length=4)), 2,
-         ("declares dims [3] (12 bytes)", "length is 4")),
+    Case(
+        "inspect-external-data-in-constant",
+        "inspect",
+        _model(_external("../outside.bin", where="constant")),
+        2,
+        OUTSIDE,
+    ),
+    Case(
+        "inspect-external-data-in-subgraph",
+        "inspect",
+        _model(_external("../outside.bin", where="subgraph")),
+        2,
+        OUTSIDE,
+    ),
+    Case(
+        "inspect-external-shorter-than-dims",
+        "inspect",
+        _model(_external("w.bin", length=4)),
+        2,
+        ("declares dims [3] (12 bytes)", "length is 4"),
+    ),
     Case("run-external-data-absolute", "run", _model(_external("/etc/hostname")), 2, OUTSIDE),
     Case("run-external-shorter-than-dims", "run", _model(_external("w.bin", length=4)), 2, ("declares dims",)),
     Case("optimize-external-data-dotdot", "optimize", _escape(out="o.onnx"), 2, OUTSIDE),
-    Case("quantize-external-data-dotdot", "quantize", _escape("--mode", "dynamic", out="q.onnx"), 2,
-         OUTSIDE),
+    Case("quantize-external-data-dotdot", "quantize", _escape("--mode", "dynamic", out="q.onnx"), 2, OUTSIDE),
     Case("bench-external-data-dotdot", "bench", _escape("--runs", "3"), 2, OUTSIDE),
     Case("tune-external-data-dotdot", "tune", _escape("--budget", "30", out="tune"), 2, OUTSIDE),
     Case("compare-external-data-dotdot", "compare", _escape("-p", "cpu", "-p", "cpu"), 2, OUTSIDE),
     Case("generate-external-data-dotdot", "generate", _escape("--prompt-ids", "1,2"), 2, OUTSIDE),
     Case("load-external-data-dotdot-isolated", "load", lambda ws: [str(_external("../outside.bin")(ws))], 2, OUTSIDE),
     # one calibration loader: the same file gets the same answer from quantize, tune and compare
-    *[Case(f"{command}-calibration-wrong-dtype", command, _calibrated(command, WRONG_DTYPE), 2, CALIB_DTYPE_WORDS)
-      for command in ("quantize", "tune", "compare")],
-    *[Case(f"{command}-calibration-unknown-name", command, _calibrated(command, UNKNOWN_NAME), 2,
-           ("'nope'", "not model inputs")) for command in ("quantize", "tune", "compare")],
-    *[Case(f"{command}-calibration-corrupt-npz", command, _calibrated(command, CORRUPT_NPZ), 2,
-           ("not a readable .npz", "badzipfile")) for command in ("quantize", "tune", "compare")],
+    *[
+        Case(f"{command}-calibration-wrong-dtype", command, _calibrated(command, WRONG_DTYPE), 2, CALIB_DTYPE_WORDS)
+        for command in ("quantize", "tune", "compare")
+    ],
+    *[
+        Case(
+            f"{command}-calibration-unknown-name",
+            command,
+            _calibrated(command, UNKNOWN_NAME),
+            2,
+            ("'nope'", "not model inputs"),
+        )
+        for command in ("quantize", "tune", "compare")
+    ],
+    *[
+        Case(
+            f"{command}-calibration-corrupt-npz",
+            command,
+            _calibrated(command, CORRUPT_NPZ),
+            2,
+            ("not a readable .npz", "badzipfile"),
+        )
+        for command in ("quantize", "tune", "compare")
+    ],
     # input files
     Case("run-input-npy-empty", "run", _npy_bytes(b"", "x.npy"), 2, ("x.npy", "not a readable")),
     Case("run-input-npz-corrupt", "run", _npy_bytes(b"PK\x03\x04 no zip", "all.npz"), 2, ("not a readable .npz",)),
     Case("run-input-npy-pickled-object", "run", _pickled_npy, 2, ("obj.npy", "allow_pickle")),
     Case("run-input-npz-for-one-input", "run", _npz_for_one_input, 2, ("named arrays",)),
     # messages keep their text: rich markup in names is printed literally
-    Case("run-markup-in-input-name", "run", lambda ws: [str(save(markup_names(), ws.inputs / "markup.onnx")),
-                                                         "--input", f"[bold]x[/bold]={array_file(ws, 'x', np.ones(4, np.float32))}"],
-         2, ("'[bold]x[/bold]'", "[batch, 4]")),
-    Case("inspect-markup-in-dangling-edge", "inspect",
-         _model(_proto(lambda: _dangling_named("[red]boom[/red]"), "markup-dangling.onnx")), 2, ("[red]boom[/red]",)),
+    Case(
+        "run-markup-in-input-name",
+        "run",
+        lambda ws: [
+            str(save(markup_names(), ws.inputs / "markup.onnx")),
+            "--input",
+            f"[bold]x[/bold]={array_file(ws, 'x', np.ones(4, np.float32))}",
+        ],
+        2,
+        ("'[bold]x[/bold]'", "[batch, 4]"),
+    ),
+    Case(
+        "inspect-markup-in-dangling-edge",
+        "inspect",
+        _model(_proto(lambda: _dangling_named("[red]boom[/red]"), "markup-dangling.onnx")),
+        2,
+        ("[red]boom[/red]",),
+    ),
 ]
 
 

@@ -27,8 +27,9 @@ import ortpilot
 
 
 def start(ws: Workspace, command: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([*CLI, command, *args], cwd=ws.cwd, env=ws.env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*CLI, command, *args], cwd=ws.cwd, env=ws.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def finish(procs: list[subprocess.Popen[str]], timeout_s: float = 300) -> list[str]:

@@ -24,16 +24,27 @@ API = {
 
 
 def _params() -> list:
-    return [pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason=c.bug)] if c.bug else [])
-            for c in CASES]
+    return [
+        pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason=c.bug)] if c.bug else []) for c in CASES
+    ]
 
 
 def test_corpus_is_large_and_covers_every_entry_point() -> None:
     assert sum(1 for c in CASES if c.exit_code in (1, 2)) >= 100  # bad input: exit 1 or 2 with a message
     assert len({c.id for c in CASES}) == len(CASES)
     commands = {c.command for c in CASES}
-    assert commands >= {"load", "run", "inspect", "optimize", "quantize", "compare", "bench", "tune", "generate",
-                        "load_profile"}
+    assert commands >= {
+        "load",
+        "run",
+        "inspect",
+        "optimize",
+        "quantize",
+        "compare",
+        "bench",
+        "tune",
+        "generate",
+        "load_profile",
+    }
 
 
 @pytest.mark.parametrize("case", _params())
@@ -77,5 +88,5 @@ def _run_api(case: Case, args: list[str], ws: Workspace, monkeypatch: pytest.Mon
 
 def _assert_one_paragraph(text: str) -> None:
     assert "error:" in text, text
-    message = text[text.rindex("error:"):].strip()
+    message = text[text.rindex("error:") :].strip()
     assert "\n\n" not in message and len(message) < 2000, message

@@ -32,10 +32,19 @@ from ortpilot.session.isolate import TIMEOUT_ENV
 
 SOURCES = ("tiny", "mlp", "cnn", "decoder")
 EDGE = 4096  # bytes at each end where the graph structure lives
-SHORT = settings(max_examples=20, deadline=None, database=None, derandomize=True,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-LONG = settings(max_examples=300, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SHORT = settings(
+    max_examples=20,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+LONG = settings(
+    max_examples=300,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +70,14 @@ def mutations(draw: st.DrawFn) -> tuple[str, list[tuple]]:
         elif kind == "truncate":
             edits.append((kind, where, offset, None))
         else:
-            edits.append((kind, where, offset, (draw(st.sampled_from(SOURCES)), draw(st.integers(0, 2**31)),
-                                                draw(st.integers(1, 512)))))
+            edits.append(
+                (
+                    kind,
+                    where,
+                    offset,
+                    (draw(st.sampled_from(SOURCES)), draw(st.integers(0, 2**31)), draw(st.integers(1, 512))),
+                )
+            )
     return source, edits
 
 
@@ -75,14 +90,14 @@ def apply(originals: dict[str, bytes], source: str, edits: list[tuple]) -> bytes
         if kind == "flip":
             data[pos] ^= 1 << arg
         elif kind == "overwrite":
-            data[pos:pos + len(arg)] = arg
+            data[pos : pos + len(arg)] = arg
         elif kind == "truncate":
             del data[pos:]
         else:
             other_name, other_offset, length = arg
             other = originals[other_name]
             start = other_offset % len(other)
-            data[pos:pos] = other[start:start + length]
+            data[pos:pos] = other[start : start + length]
     return bytes(data)
 
 
@@ -96,8 +111,9 @@ def _position(size: int, where: str, offset: int) -> int:
 
 def check_inspect(path: Path, tmp: Path) -> None:
     env = dict(os.environ, ORTPILOT_CACHE_DIR=str(tmp / "cache"), TMPDIR=str(tmp))
-    proc = subprocess.run([*CLI, "inspect", str(path)], capture_output=True, text=True, timeout=120, env=env,
-                          cwd=tmp, check=False)
+    proc = subprocess.run(
+        [*CLI, "inspect", str(path)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp, check=False
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode in (0, 1, 2), f"inspect exited {proc.returncode} on {path}:\n{out[-2000:]}"
     assert "Traceback" not in out, out[-3000:]
@@ -110,8 +126,9 @@ def check_load_isolated(path: Path, tmp: Path) -> None:
         assert exc.exit_code in (1, 2)
 
 
-def _fuzz(originals: dict[str, bytes], tmp: Path, source: str, edits: list[tuple],
-          check: Callable[[Path, Path], None]) -> None:
+def _fuzz(
+    originals: dict[str, bytes], tmp: Path, source: str, edits: list[tuple], check: Callable[[Path, Path], None]
+) -> None:
     path = tmp / "fuzzed.onnx"
     path.write_bytes(apply(originals, source, edits))
     check(path, tmp)
@@ -130,8 +147,9 @@ def test_fuzz_inspect(originals: dict[str, bytes], tmp_path: Path, case: tuple[s
 
 @given(case=mutations())
 @SHORT
-def test_fuzz_load_isolated(originals: dict[str, bytes], tmp_path: Path, isolate_timeout: None,
-                            case: tuple[str, list[tuple]]) -> None:
+def test_fuzz_load_isolated(
+    originals: dict[str, bytes], tmp_path: Path, isolate_timeout: None, case: tuple[str, list[tuple]]
+) -> None:
     _fuzz(originals, tmp_path, *case, check_load_isolated)
 
 
@@ -145,8 +163,9 @@ def test_fuzz_inspect_long(originals: dict[str, bytes], tmp_path: Path, case: tu
 @pytest.mark.slow
 @given(case=mutations())
 @LONG
-def test_fuzz_load_isolated_long(originals: dict[str, bytes], tmp_path: Path, isolate_timeout: None,
-                                 case: tuple[str, list[tuple]]) -> None:
+def test_fuzz_load_isolated_long(
+    originals: dict[str, bytes], tmp_path: Path, isolate_timeout: None, case: tuple[str, list[tuple]]
+) -> None:
     _fuzz(originals, tmp_path, *case, check_load_isolated)
 
 
@@ -162,11 +181,16 @@ VICTIM = b"no profile or journal may change this file\n"
 
 def json_values(victim_path: str) -> st.SearchStrategy:
     """Any JSON value, with the strings a hostile file would use: paths to a victim, '..', links, markup."""
-    strings = st.one_of(st.text(max_size=20), st.sampled_from([victim_path, "../" * 8 + "etc/passwd", "/dev/zero",
-                                                               "[bold]x[/]", "model.onnx", "", "\0"]))
-    scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**64, 2**64), st.floats(allow_nan=True), strings)
-    return st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                         st.dictionaries(strings, inner, max_size=4)), max_leaves=8)
+    strings = st.one_of(
+        st.text(max_size=20),
+        st.sampled_from([victim_path, "../" * 8 + "etc/passwd", "/dev/zero", "[bold]x[/]", "model.onnx", "", "\0"]),
+    )
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**64), 2**64), st.floats(allow_nan=True), strings)
+    return st.recursive(
+        scalars,
+        lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(strings, inner, max_size=4)),
+        max_leaves=8,
+    )
 
 
 def _paths(doc, prefix=()) -> list[tuple]:
@@ -224,7 +248,7 @@ def profile_texts(draw: st.DrawFn, source: dict, victim_path: str) -> bytes:
         data = bytearray(json.dumps(source).encode())
         for _ in range(draw(st.integers(1, 4))):
             pos = draw(st.integers(0, len(data) - 1))
-            data[pos:pos + 1] = draw(st.binary(min_size=0, max_size=3))
+            data[pos : pos + 1] = draw(st.binary(min_size=0, max_size=3))
         return bytes(data)
     return json.dumps(edit_json(source, draw, victim_path, draw(st.integers(1, 3))), allow_nan=True).encode()
 
@@ -257,8 +281,13 @@ def _profile_fuzz(fuzz_profile_source: dict, tmp_path: Path, data: st.DataObject
 
 
 @given(data=st.data())
-@settings(max_examples=40, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 def test_fuzz_profile(fuzz_profile_source: dict, tmp_path: Path, data: st.DataObject, monkeypatch) -> None:
     _profile_fuzz(fuzz_profile_source, tmp_path, data, monkeypatch)
 
@@ -298,7 +327,7 @@ def journal_texts(draw: st.DrawFn, records: list[dict], victim_path: str) -> byt
         else:
             raw = bytearray(lines[i].encode())
             pos = draw(st.integers(0, len(raw) - 1))
-            raw[pos:pos + 1] = draw(st.binary(max_size=2))
+            raw[pos : pos + 1] = draw(st.binary(max_size=2))
             lines[i] = raw.decode("utf-8", "replace")
     return ("\n".join(lines) + "\n").encode()
 
@@ -309,8 +338,13 @@ def test_journal_strategy_edits_real_records(tuned_journal: tuple[Path, list[dic
 
 
 @given(data=st.data())
-@settings(max_examples=60, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 def test_fuzz_journal_records(tuned_journal: tuple[Path, list[dict]], tmp_path: Path, data: st.DataObject) -> None:
     """Reading a hostile journal: its records, or a UsageError naming a line; never another exception."""
     from ortpilot.errors import UsageError
@@ -337,8 +371,9 @@ def _journal_resume(tuned_journal: tuple[Path, list[dict]], tmp_path: Path, data
     (ws.out / "journal.jsonl").write_bytes(data.draw(journal_texts(records, str(victim))))
     model = tiny_file(ws)
     before = snapshot(ws.inputs, ws.cwd)
-    proc = run_cli(ws, "tune", [str(model), "-o", str(ws.out), "--budget", "10", "--no-quantize", "--resume"],
-                   timeout_s=300)
+    proc = run_cli(
+        ws, "tune", [str(model), "-o", str(ws.out), "--budget", "10", "--no-quantize", "--resume"], timeout_s=300
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode in (0, 1, 2), out[-3000:]
     assert "Traceback" not in out, out[-3000:]
@@ -349,16 +384,24 @@ def _journal_resume(tuned_journal: tuple[Path, list[dict]], tmp_path: Path, data
 
 
 @given(data=st.data())
-@settings(max_examples=6, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=6,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 def test_fuzz_journal_resume(tuned_journal: tuple[Path, list[dict]], tmp_path: Path, data: st.DataObject) -> None:
     _journal_resume(tuned_journal, tmp_path, data)
 
 
 @pytest.mark.slow
 @given(data=st.data())
-@settings(max_examples=60, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-def test_fuzz_journal_resume_long(tuned_journal: tuple[Path, list[dict]], tmp_path: Path,
-                                  data: st.DataObject) -> None:
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+def test_fuzz_journal_resume_long(tuned_journal: tuple[Path, list[dict]], tmp_path: Path, data: st.DataObject) -> None:
     _journal_resume(tuned_journal, tmp_path, data)

@@ -42,11 +42,13 @@ def edit_profile(profile: Path, change) -> Path:
 
 # --------------------------------------------------------------------------- hostile profiles
 
+
 def test_a_profile_cannot_make_ort_overwrite_a_file(tmp_path: Path) -> None:
     ws = Workspace.create(tmp_path)
     target = victim(tmp_path)
-    profile = edit_profile(tuned_profile(ws), lambda d: d["session_settings"].update(
-        optimized_model_filepath=str(target)))
+    profile = edit_profile(
+        tuned_profile(ws), lambda d: d["session_settings"].update(optimized_model_filepath=str(target))
+    )
     with pytest.raises(UsageError, match=r"session_settings\.optimized_model_filepath") as err:
         ortpilot.load_profile(str(profile))
     assert err.value.exit_code == 2 and "accept_fields" in str(err.value)
@@ -61,8 +63,11 @@ def test_a_profile_config_entry_that_writes_files_is_refused(tmp_path: Path) -> 
     target = victim(tmp_path)
     entries = {"ep.context_enable": "1", "ep.context_file_path": str(target)}
     profile = edit_profile(tuned_profile(ws), lambda d: d["session_settings"].update(config_entries=entries))
-    with pytest.raises(UsageError, match=r"config_entries\.ep\.context_enable, session_settings\.config_entries\."
-                                         r"ep\.context_file_path"):
+    with pytest.raises(
+        UsageError,
+        match=r"config_entries\.ep\.context_enable, session_settings\.config_entries\."
+        r"ep\.context_file_path",
+    ):
         ortpilot.load_profile(str(profile))
     assert target.read_bytes() == PRECIOUS
 
@@ -97,8 +102,10 @@ def test_a_profile_model_outside_its_folder_needs_an_opt_in(tmp_path: Path) -> N
 
 # --------------------------------------------------------------------------- planted links, two writers
 
-def test_links_planted_in_outdir_are_replaced_never_written_through(demo_paths: dict[str, Path],
-                                                                   tmp_path: Path) -> None:
+
+def test_links_planted_in_outdir_are_replaced_never_written_through(
+    demo_paths: dict[str, Path], tmp_path: Path
+) -> None:
     ws = Workspace.create(tmp_path)
     targets = tmp_path / "targets"
     targets.mkdir()
@@ -107,8 +114,9 @@ def test_links_planted_in_outdir_are_replaced_never_written_through(demo_paths: 
         (ws.out / name).symlink_to(victim(targets, name + ".victim"))
     (targets / "state").mkdir()
     (ws.out / ".ortpilot-tune").symlink_to(targets / "state")
-    proc = run_cli(ws, "tune", [str(demo_paths["mlp"]), "-o", str(ws.out), "--budget", "10", "--no-quantize"],
-                   timeout_s=300)
+    proc = run_cli(
+        ws, "tune", [str(demo_paths["mlp"]), "-o", str(ws.out), "--budget", "10", "--no-quantize"], timeout_s=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in names:
         assert not (ws.out / name).is_symlink() and (ws.out / name).is_file(), name
@@ -144,8 +152,9 @@ def test_a_link_planted_as_a_cache_entry_is_not_served(tmp_path: Path) -> None:
     assert entry.is_dir() and not entry.is_symlink() and planted.is_dir()
 
 
-def test_two_tunes_on_one_outdir_the_second_is_refused_naming_the_first(demo_paths: dict[str, Path],
-                                                                       tmp_path: Path) -> None:
+def test_two_tunes_on_one_outdir_the_second_is_refused_naming_the_first(
+    demo_paths: dict[str, Path], tmp_path: Path
+) -> None:
     ws = Workspace.create(tmp_path)
     first = start_tune(ws, demo_paths["mlp"])
     try:
@@ -165,8 +174,8 @@ def test_two_tunes_on_one_outdir_the_second_is_refused_naming_the_first(demo_pat
 
 # --------------------------------------------------------------------------- hostile journals
 
-def test_a_journal_cannot_make_tune_copy_another_file_into_outdir(demo_paths: dict[str, Path],
-                                                                  tmp_path: Path) -> None:
+
+def test_a_journal_cannot_make_tune_copy_another_file_into_outdir(demo_paths: dict[str, Path], tmp_path: Path) -> None:
     ws = Workspace.create(tmp_path)
     args = [str(demo_paths["mlp"]), "-o", str(ws.out), "--budget", "10", "--no-quantize"]
     assert run_cli(ws, "tune", args, timeout_s=300).returncode == 0
@@ -200,6 +209,7 @@ def test_a_journal_behind_a_link_is_refused_on_resume_and_replaced_on_a_fresh_tu
 
 # --------------------------------------------------------------------------- the cache's owners
 
+
 def as_user(uid: int, gid: int) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
 
@@ -218,12 +228,14 @@ def _run_as(uid: int, gid: int, root: Path, cache: Path, *args: str) -> subproce
     home.mkdir(exist_ok=True)
     os.chown(home, uid, gid)
     env = dict(os.environ, ORTPILOT_CACHE_DIR=str(cache), HOME=str(home), TMPDIR=str(home), NO_COLOR="1")
-    return subprocess.run([*as_user(uid, gid), *CLI, *args], cwd=home, env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [*as_user(uid, gid), *CLI, *args], cwd=home, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
-needs_root = pytest.mark.skipif(os.getuid() != 0 or not shutil.which("setpriv"),
-                                reason="runs commands as other users: needs root and setpriv")
+needs_root = pytest.mark.skipif(
+    os.getuid() != 0 or not shutil.which("setpriv"), reason="runs commands as other users: needs root and setpriv"
+)
 
 
 @needs_root
@@ -274,12 +286,26 @@ def test_the_default_cache_folder_is_private(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "ORTPILOT_CACHE_DIR"}
     env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
     model = save(tiny_model(), tmp_path / "m.onnx")
-    proc = subprocess.run([*CLI, "optimize", str(model), "-o", str(tmp_path / "o.onnx")], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [*CLI, "optimize", str(model), "-o", str(tmp_path / "o.onnx")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "xdg" / "ortpilot").stat().st_mode & 0o777 == 0o700
     if os.getuid() == 0:
         os.chown(tmp_path / "xdg" / "ortpilot", 12345, 12345)
-        proc = subprocess.run([*CLI, "optimize", str(model), "-o", str(tmp_path / "p.onnx")], env=env,
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+        proc = subprocess.run(
+            [*CLI, "optimize", str(model), "-o", str(tmp_path / "p.onnx")],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert proc.returncode == 2 and "belongs to user id 12345" in proc.stderr, proc.stderr

@@ -35,8 +35,9 @@ def own_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize("fault,number", [("SIGSEGV", 11), ("SIGABRT", 6), ("SIGKILL", 9)])
-def test_deliberate_signal_in_child_raises_crash_error(fault: str, number: int, tmp_path: Path, own_tmp: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deliberate_signal_in_child_raises_crash_error(
+    fault: str, number: int, tmp_path: Path, own_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = save(tiny_model(), tmp_path / "m.onnx")
     monkeypatch.setenv(CRASH_ENV, fault)
     with pytest.raises(OrtCrashError) as err:
@@ -104,8 +105,14 @@ def test_ctrl_c_during_an_isolated_load_stops_the_child(tmp_path: Path) -> None:
     """The child runs in its own session (a terminal's SIGINT misses it): the parent must kill it."""
     ws = Workspace.create(tmp_path)
     model = save(tiny_model(), ws.inputs / "m.onnx")
-    proc = subprocess.Popen([*CLI, "run", str(model), "--isolate"], cwd=ws.cwd, env=ws.env({CRASH_ENV: "hang"}),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "run", str(model), "--isolate"],
+        cwd=ws.cwd,
+        env=ws.env({CRASH_ENV: "hang"}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not _processes_mentioning(str(ws.tmp)) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -64,8 +64,14 @@ def kill_at(ws: Workspace, model: Path, out: Path, seed: int) -> bool:
     """Start a tune and SIGKILL its process group once the journal has k lines; False if it finished first."""
     rnd = random.Random(seed)
     target = rnd.randint(0, 20)  # a 10 s tune of the MLP journals about 23 records
-    proc = subprocess.Popen([*CLI, "tune", str(model), "-o", str(out), *TUNE_ARGS], cwd=ws.cwd, env=ws.env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*CLI, "tune", str(model), "-o", str(out), *TUNE_ARGS],
+        cwd=ws.cwd,
+        env=ws.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     startup_delay = rnd.uniform(0.2, 1.5) if target == 0 else 0.0
     started = time.monotonic()
@@ -84,8 +90,15 @@ def kill_at(ws: Workspace, model: Path, out: Path, seed: int) -> bool:
 
 def tune_json(ws: Workspace, model: Path, out: Path, *extra: str) -> dict:
     """Run a (short) tune to completion and return its JSON result."""
-    proc = subprocess.run([*CLI, "tune", str(model), "-o", str(out), *TUNE_ARGS, *extra, "--json"], cwd=ws.cwd,
-                          env=ws.env(), capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [*CLI, "tune", str(model), "-o", str(out), *TUNE_ARGS, *extra, "--json"],
+        cwd=ws.cwd,
+        env=ws.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     return json.loads(proc.stdout)
@@ -134,15 +147,21 @@ def test_resume_of_a_finished_tune_replays_the_same_winner(demo_paths: dict[str,
     measured = len(journal_records(out))
     again = tune_json(ws, model, out, "--resume")
     assert again["winner"]["id"] == winner
-    assert len([r for r in journal_records(out) if r.get("kind") == "bench"]) == \
-        len([r for r in journal_records(out)[:measured] if r.get("kind") == "bench"]), "resume re-measured"
+    assert len([r for r in journal_records(out) if r.get("kind") == "bench"]) == len(
+        [r for r in journal_records(out)[:measured] if r.get("kind") == "bench"]
+    ), "resume re-measured"
 
 
 def kill_optimize_mid_build(ws: Workspace, model: Path) -> None:
     """SIGKILL ``optimize`` as soon as its cache build folder appears, then optimize again."""
-    proc = subprocess.Popen([*CLI, "optimize", str(model), "-o", str(ws.out / "opt.onnx")], cwd=ws.cwd,
-                            env=ws.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [*CLI, "optimize", str(model), "-o", str(ws.out / "opt.onnx")],
+        cwd=ws.cwd,
+        env=ws.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline and not list(ws.cache.glob("models/.build-*")):
         time.sleep(0.002)
@@ -153,8 +172,15 @@ def kill_optimize_mid_build(ws: Workspace, model: Path) -> None:
     assert not (ws.out / "opt.onnx").exists(), "a killed optimize left an output file"
     for key in cache_entries(ws.cache):  # an entry is either absent or complete
         assert_entry_sound(ws.cache, key)
-    again = subprocess.run([*CLI, "optimize", str(model), "-o", str(ws.out / "opt.onnx")], cwd=ws.cwd, env=ws.env(),
-                           capture_output=True, text=True, timeout=300, check=False)
+    again = subprocess.run(
+        [*CLI, "optimize", str(model), "-o", str(ws.out / "opt.onnx")],
+        cwd=ws.cwd,
+        env=ws.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     ortpilot.load(str(ws.out / "opt.onnx"))
     assert len(cache_entries(ws.cache)) == 1
@@ -176,8 +202,14 @@ def test_resume_sweeps_the_temp_file_of_a_killed_write(demo_paths: dict[str, Pat
     ws = Workspace.create(tmp_path)
     out = ws.out / "tune"
     model = demo_paths["mlp"]
-    proc = subprocess.Popen([*CLI, "tune", str(model), "-o", str(out), *TUNE_ARGS], cwd=ws.cwd, env=ws.env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*CLI, "tune", str(model), "-o", str(out), *TUNE_ARGS],
+        cwd=ws.cwd,
+        env=ws.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline and not temp_files(out):
         time.sleep(0.001)

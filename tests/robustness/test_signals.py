@@ -51,9 +51,14 @@ def wait_for(condition, timeout_s: float = 120.0, what: str = "") -> None:
 
 def start_tune(ws: Workspace, model: Path) -> subprocess.Popen[str]:
     """A tune whose first candidate after the baseline hangs in the worker (a ten-minute candidate)."""
-    return subprocess.Popen([*CLI, "tune", str(model), "-o", str(ws.out), "--budget", "600", "--no-quantize"],
-                            cwd=ws.cwd, env=ws.env({TUNE_HOOK: "hang:"}), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*CLI, "tune", str(model), "-o", str(ws.out), "--budget", "600", "--no-quantize"],
+        cwd=ws.cwd,
+        env=ws.env({TUNE_HOOK: "hang:"}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_hanging_worker(ws: Workspace, proc: subprocess.Popen[str]) -> None:
@@ -73,7 +78,8 @@ def _kinds(out: Path) -> list[str]:
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_signal_to_a_running_tune_keeps_the_journal_and_stops_the_worker(
-        sig: signal.Signals, code: int, demo_paths: dict[str, Path], tmp_path: Path) -> None:
+    sig: signal.Signals, code: int, demo_paths: dict[str, Path], tmp_path: Path
+) -> None:
     ws = Workspace.create(tmp_path)
     proc = start_tune(ws, demo_paths["mlp"])
     try:
@@ -111,8 +117,14 @@ def test_a_tune_killed_outright_takes_its_worker_with_it(demo_paths: dict[str, P
 def test_signal_during_an_isolated_load_stops_the_hung_child(sig: signal.Signals, code: int, tmp_path: Path) -> None:
     ws = Workspace.create(tmp_path)
     model = save(tiny_model(), ws.inputs / "m.onnx")
-    proc = subprocess.Popen([*CLI, "run", str(model), "--isolate"], cwd=ws.cwd, env=ws.env({CRASH_ENV: "hang"}),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "run", str(model), "--isolate"],
+        cwd=ws.cwd,
+        env=ws.env({CRASH_ENV: "hang"}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(lambda: processes_mentioning(str(ws.tmp)), 60, "the isolated child")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
@@ -149,8 +161,10 @@ def test_an_interrupt_while_a_child_starts_is_raised_after_the_child_is_held(tmp
 def test_child_process_block_kills_the_whole_group(tmp_path: Path) -> None:
     """A grandchild the child started is in the child's group and goes with it."""
     marker = str(tmp_path / "grandchild-marker")
-    code = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
-            f"{marker!r}]); time.sleep(60)")
+    code = (
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+        f"{marker!r}]); time.sleep(60)"
+    )
     with child_process([sys.executable, "-c", code, marker]):
         wait_for(lambda: len(processes_mentioning(marker)) == 2, 30, "child and grandchild")
     wait_for(lambda: not processes_mentioning(marker), 10, "the group to die")

@@ -25,8 +25,11 @@ def ray_address() -> Iterator[str]:
         os.environ.setdefault(key, value)
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, connect=False,
-                      head_node_args={"num_cpus": 2, "include_dashboard": False, "node_ip_address": "127.0.0.1"})
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={"num_cpus": 2, "include_dashboard": False, "node_ip_address": "127.0.0.1"},
+    )
     try:
         yield cluster.address
     finally:

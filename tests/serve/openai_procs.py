@@ -29,5 +29,7 @@ class OpenAIServer(Server):
         self.base_url = f"http://{self.url}/v1"
         if not self.ready:
             self.stop()
-            raise RuntimeError(f"ortpilot serve did not become ready (exit {self.proc.returncode}):\n"
-                               f"{self.log.read_text(errors='replace')}")
+            raise RuntimeError(
+                f"ortpilot serve did not become ready (exit {self.proc.returncode}):\n"
+                f"{self.log.read_text(errors='replace')}"
+            )

@@ -14,8 +14,12 @@ from pathlib import Path
 
 # Lean Ray on loopback only: no usage stats, access lines not deduplicated, and Ray's single-machine
 # mode (without it Ray rewrites 127.0.0.1 to this machine's network address when joining).
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-           "PYTHONUNBUFFERED": "1"}
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "PYTHONUNBUFFERED": "1",
+}
 READY = re.compile(r"^[\w.-]+: \d+ replicas? ready on ")
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
 
@@ -35,8 +39,9 @@ class Server:
         self.log = log
         self._err = open(log, "wb")  # noqa: SIM115 - the server's stderr, closed when it is stopped
         env = {**os.environ, **RAY_ENV}
-        self.proc = subprocess.Popen([*CLI, "serve", *args, "--port", str(port)], stdout=subprocess.PIPE,
-                                     stderr=self._err, env=env)
+        self.proc = subprocess.Popen(
+            [*CLI, "serve", *args, "--port", str(port)], stdout=subprocess.PIPE, stderr=self._err, env=env
+        )
         self.ready: list[str] = []
         self._lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -69,5 +74,3 @@ class Server:
                 self.proc.wait(30)
         self._err.close()
         return self.proc.returncode
-
-

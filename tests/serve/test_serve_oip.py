@@ -23,8 +23,18 @@ from ortpilot.graph.feeds import make_feeds
 
 @pytest.fixture(scope="module")
 def server(start_module_server, ray_address, tuned_encoder):
-    srv = start_module_server(str(tuned_encoder / "profile.json"), "demo:mlp", "--name", "m", "--name", "mlp",
-                              "--address", ray_address, "--max-request-mb", "1")
+    srv = start_module_server(
+        str(tuned_encoder / "profile.json"),
+        "demo:mlp",
+        "--name",
+        "m",
+        "--name",
+        "mlp",
+        "--address",
+        ray_address,
+        "--max-request-mb",
+        "1",
+    )
     assert srv.ready, srv.stderr[-3000:]
     return srv
 
@@ -55,8 +65,11 @@ def _post(url, body, headers=None):
 
 def test_ready_lines_name_the_model_replicas_providers_url_and_cold_start(server):
     line = next(ln for ln in server.ready if ln.startswith("m:"))
-    assert re.search(r"m: 1 replica ready on CPUExecutionProvider, http://127\.0\.0\.1:\d+/v2/models/m "
-                     r"\(cold start \d+\.\d s\)", line), line
+    assert re.search(
+        r"m: 1 replica ready on CPUExecutionProvider, http://127\.0\.0\.1:\d+/v2/models/m "
+        r"\(cold start \d+\.\d s\)",
+        line,
+    ), line
     assert any(ln.startswith("mlp:") and "outputs not checked" in ln for ln in server.ready), server.ready
 
 
@@ -123,16 +136,19 @@ def test_bad_requests_get_400_with_the_librarys_message_and_the_replica_stays_up
         assert _library_message(sess, bad) in str(info.value), case
     status, body = _post(f"http://{server.url}/v2/models/m/infer", b"{not json")
     assert status == 400 and b"not valid JSON" in body
-    status, body = _post(f"http://{server.url}/v2/models/m/infer", json.dumps(
-        {"inputs": [{"name": name, "shape": [1, 3], "datatype": "INT64", "data": [1, 2]}]}).encode())
+    status, body = _post(
+        f"http://{server.url}/v2/models/m/infer",
+        json.dumps({"inputs": [{"name": name, "shape": [1, 3], "datatype": "INT64", "data": [1, 2]}]}).encode(),
+    )
     assert status == 400 and b"has 2 values, but shape [1, 3] needs 3" in body
     result = client.infer("m", _inputs(feeds))  # still up, still right
     assert result.as_numpy(sess.get_outputs()[0].name).tobytes() == sess.run(None, feeds)[0].tobytes()
 
 
 def test_a_body_over_max_request_mb_is_413(server):
-    big = json.dumps({"inputs": [{"name": "x", "shape": [300000], "datatype": "FP32",
-                                  "data": [0.5] * 300000}]}).encode()
+    big = json.dumps(
+        {"inputs": [{"name": "x", "shape": [300000], "datatype": "FP32", "data": [0.5] * 300000}]}
+    ).encode()
     assert len(big) > 1024 * 1024
     status, body = _post(f"http://{server.url}/v2/models/m/infer", big)
     assert status == 413 and b"--max-request-mb" in body
@@ -151,7 +167,10 @@ def test_metrics_count_requests_batches_verified_replicas_and_placement(server, 
     bad = 'ortpilot_requests_total{code="400",model="m"}'
     assert after[ok] - before.get(ok, 0) == 3
     assert after[bad] - before.get(bad, 0) == 1
-    assert after['ortpilot_request_seconds_count{model="m"}'] - before.get('ortpilot_request_seconds_count{model="m"}', 0) == 4
+    assert (
+        after['ortpilot_request_seconds_count{model="m"}'] - before.get('ortpilot_request_seconds_count{model="m"}', 0)
+        == 4
+    )
     assert after['ortpilot_batch_size_count{model="m"}'] - before.get('ortpilot_batch_size_count{model="m"}', 0) == 3
     assert after['ortpilot_replica_verified{model="m"}'] == 1
     assert after['ortpilot_replica_verified{model="mlp"}'] == 1

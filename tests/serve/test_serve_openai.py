@@ -21,21 +21,29 @@ from ortpilot.cli.main import cli
 from ortpilot.decode.text import chatml
 from ortpilot.models import demo_tokenizer_path, make_decoder
 
-PROMPTS = ["Hi", "The quick brown fox", "Once upon a time, in a land far away, there lived",
-           "ortpilot serves decoders behind the API every LLM client already speaks: " * 3]
+PROMPTS = [
+    "Hi",
+    "The quick brown fox",
+    "Once upon a time, in a land far away, there lived",
+    "ortpilot serves decoders behind the API every LLM client already speaks: " * 3,
+]
 
 
 def _generate(model: str, prompt: str, new: int, *extra: str) -> dict:
-    result = CliRunner().invoke(cli, ["generate", model, "--prompt", prompt, "--max-new-tokens", str(new),
-                                      "--json", *extra])
+    result = CliRunner().invoke(
+        cli, ["generate", model, "--prompt", prompt, "--max-new-tokens", str(new), "--json", *extra]
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
 def demo_server(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAIServer]:
-    server = OpenAIServer(["demo:decoder", "--max-streams", "4", "--max-queue", "4", "--max-length", "512"],
-                          ray_address, tmp_path_factory.mktemp("serve") / "demo.err")
+    server = OpenAIServer(
+        ["demo:decoder", "--max-streams", "4", "--max-queue", "4", "--max-length", "512"],
+        ray_address,
+        tmp_path_factory.mktemp("serve") / "demo.err",
+    )
     yield server
     assert server.stop() == 0, server.log.read_text(errors="replace")
 
@@ -62,8 +70,12 @@ def test_completion_text_equals_generate(client: openai.OpenAI) -> None:
     assert reply.usage.prompt_tokens == reference["prompt_length"] == len(PROMPTS[2].encode())
     assert reply.usage.completion_tokens == 24 and reply.object == "text_completion"
     # Streamed, the same text arrives in pieces.
-    pieces = [c.choices[0].text for c in client.completions.create(
-        model="decoder", prompt=PROMPTS[2], max_tokens=24, temperature=0, stream=True)]
+    pieces = [
+        c.choices[0].text
+        for c in client.completions.create(
+            model="decoder", prompt=PROMPTS[2], max_tokens=24, temperature=0, stream=True
+        )
+    ]
     assert "".join(pieces) == reference["text"] and len(pieces) > 1
 
 
@@ -78,8 +90,16 @@ def test_streamed_chat_equals_single_stream(client: openai.OpenAI) -> None:
     tok = Tokenizer.from_file(str(demo_tokenizer_path()))
     ids = tok.encode(chatml(messages), add_special_tokens=False).ids
     expected = tok.decode(Generator(fused_decoder).generate(ids, 20).tokens[0])
-    chunks = list(client.chat.completions.create(model="decoder", messages=messages, max_tokens=20, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="decoder",
+            messages=messages,
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == expected
@@ -107,8 +127,9 @@ def test_four_concurrent_streams_each_equal_their_single_stream(client: openai.O
 
     def ask(i: int) -> None:
         barrier.wait()
-        stream = client.completions.create(model="decoder", prompt=PROMPTS[i], max_tokens=new[i], temperature=0,
-                                           stream=True)
+        stream = client.completions.create(
+            model="decoder", prompt=PROMPTS[i], max_tokens=new[i], temperature=0, stream=True
+        )
         results[i] = "".join(c.choices[0].text for c in stream)
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
@@ -124,37 +145,75 @@ def test_stop_strings_and_seeds(client: openai.OpenAI) -> None:
     full = client.completions.create(model="decoder", prompt=PROMPTS[1], max_tokens=30, temperature=0).choices[0].text
     stop = full[10:12]
     cut = client.completions.create(model="decoder", prompt=PROMPTS[1], max_tokens=30, temperature=0, stop=[stop])
-    assert cut.choices[0].text == full[:full.find(stop)] and cut.choices[0].finish_reason == "stop"
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="decoder", prompt=PROMPTS[1], max_tokens=30, temperature=0, stop=stop, stream=True))
+    assert cut.choices[0].text == full[: full.find(stop)] and cut.choices[0].finish_reason == "stop"
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="decoder", prompt=PROMPTS[1], max_tokens=30, temperature=0, stop=stop, stream=True
+        )
+    )
     assert streamed == cut.choices[0].text
 
     def sampled(seed: int) -> str:
-        return client.completions.create(model="decoder", prompt=PROMPTS[1], max_tokens=30, temperature=1.0,
-                                         top_p=0.9, seed=seed).choices[0].text
+        return (
+            client.completions.create(
+                model="decoder", prompt=PROMPTS[1], max_tokens=30, temperature=1.0, top_p=0.9, seed=seed
+            )
+            .choices[0]
+            .text
+        )
 
     assert sampled(5) == sampled(5) != sampled(6)
 
 
-@pytest.mark.parametrize("path, body, status, code, words", [
-    ("/completions", {"model": "nope", "prompt": "x"}, 404, "model_not_found", "does not exist"),
-    ("/completions", {"model": "decoder", "prompt": "x", "max_tokens": 0}, 400, "invalid_value", "at least 1"),
-    ("/completions", {"model": "decoder", "prompt": "x", "max_tokens": 600}, 400, "context_length_exceeded",
-     "prompt has 1 tokens and a stream holds 512, so at most 511"),
-    ("/completions", {"model": "decoder", "prompt": "y" * 600}, 400, "context_length_exceeded",
-     "The prompt has 600 tokens, but a stream of this server holds 512"),
-    ("/chat/completions", {"model": "decoder", "messages": "hello"}, 400, "invalid_value", "non-empty list"),
-    ("/chat/completions", {"model": "decoder", "messages": [{"role": "wizard", "content": "x"}]}, 400,
-     "invalid_value", "is not one of system"),
-    ("/chat/completions", {"model": "decoder", "messages": [{"role": "user"}]}, 400, "invalid_type",
-     "content must be a string"),
-    ("/completions", {"model": "decoder", "prompt": "x", "n": 2}, 400, "unsupported", "one choice"),
-    ("/completions", {"model": "decoder", "prompt": "x", "temperature": 3}, 400, "invalid_value", "from 0 to 2"),
-    ("/completions", {"model": "decoder", "prompt": "x", "stream": True, "max_tokens": -1}, 400, "invalid_value",
-     "at least 1"),
-])
-def test_bad_input_gets_openai_errors(demo_server: OpenAIServer, path: str, body: dict, status: int, code: str,
-                                      words: str) -> None:
+@pytest.mark.parametrize(
+    "path, body, status, code, words",
+    [
+        ("/completions", {"model": "nope", "prompt": "x"}, 404, "model_not_found", "does not exist"),
+        ("/completions", {"model": "decoder", "prompt": "x", "max_tokens": 0}, 400, "invalid_value", "at least 1"),
+        (
+            "/completions",
+            {"model": "decoder", "prompt": "x", "max_tokens": 600},
+            400,
+            "context_length_exceeded",
+            "prompt has 1 tokens and a stream holds 512, so at most 511",
+        ),
+        (
+            "/completions",
+            {"model": "decoder", "prompt": "y" * 600},
+            400,
+            "context_length_exceeded",
+            "The prompt has 600 tokens, but a stream of this server holds 512",
+        ),
+        ("/chat/completions", {"model": "decoder", "messages": "hello"}, 400, "invalid_value", "non-empty list"),
+        (
+            "/chat/completions",
+            {"model": "decoder", "messages": [{"role": "wizard", "content": "x"}]},
+            400,
+            "invalid_value",
+            "is not one of system",
+        ),
+        (
+            "/chat/completions",
+            {"model": "decoder", "messages": [{"role": "user"}]},
+            400,
+            "invalid_type",
+            "content must be a string",
+        ),
+        ("/completions", {"model": "decoder", "prompt": "x", "n": 2}, 400, "unsupported", "one choice"),
+        ("/completions", {"model": "decoder", "prompt": "x", "temperature": 3}, 400, "invalid_value", "from 0 to 2"),
+        (
+            "/completions",
+            {"model": "decoder", "prompt": "x", "stream": True, "max_tokens": -1},
+            400,
+            "invalid_value",
+            "at least 1",
+        ),
+    ],
+)
+def test_bad_input_gets_openai_errors(
+    demo_server: OpenAIServer, path: str, body: dict, status: int, code: str, words: str
+) -> None:
     reply = httpx.post(f"{demo_server.base_url}{path}", json=body, timeout=30)
     assert reply.status_code == status, reply.text
     error = reply.json()["error"]
@@ -170,15 +229,18 @@ def test_bad_json_and_methods(demo_server: OpenAIServer, client: openai.OpenAI) 
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
 
 
-@pytest.mark.parametrize("args, words", [
-    (["/no/such/model.onnx"], "does not exist"),
-    (["demo:decoder", "demo:mlp"], "serve them from two `ortpilot serve` processes"),
-    (["demo:decoder", "--max-batch", "4"], "--max-batch do(es) not apply to decoders"),
-    (["demo:decoder", "--name", "a", "--name", "b"], "--name is given 2 time(s) for 1 model(s)"),
-    (["demo:decoder", "--chat-template", "jinja"], "'jinja' is not one of 'auto', 'chatml'"),
-    (["demo:decoder", "--max-length", "4096"], "above the model's 2048 positions"),
-    (["demo:decoder", "--tokenizer", "/no/tokenizer.json"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["/no/such/model.onnx"], "does not exist"),
+        (["demo:decoder", "demo:mlp"], "serve them from two `ortpilot serve` processes"),
+        (["demo:decoder", "--max-batch", "4"], "--max-batch do(es) not apply to decoders"),
+        (["demo:decoder", "--name", "a", "--name", "b"], "--name is given 2 time(s) for 1 model(s)"),
+        (["demo:decoder", "--chat-template", "jinja"], "'jinja' is not one of 'auto', 'chatml'"),
+        (["demo:decoder", "--max-length", "4096"], "above the model's 2048 positions"),
+        (["demo:decoder", "--tokenizer", "/no/tokenizer.json"], "does not exist"),
+    ],
+)
 def test_bad_usage_exits_2_before_ray_starts(args: list[str], words: str) -> None:
     result = CliRunner().invoke(cli, ["serve", *args])
     assert result.exit_code == 2, result.output

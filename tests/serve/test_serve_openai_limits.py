@@ -26,9 +26,21 @@ def slow_server(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> I
 
     folder = tmp_path_factory.mktemp("slow")
     save_model(make_decoder(layers=6, hidden=384, heads=6, kv_heads=2), folder / "slow.onnx")
-    server = OpenAIServer([str(folder / "slow.onnx"), "--tokenizer", str(demo_tokenizer_path()),
-                           "--max-streams", "2", "--max-queue", "1", "--max-length", "1024"],
-                          ray_address, folder / "slow.err")
+    server = OpenAIServer(
+        [
+            str(folder / "slow.onnx"),
+            "--tokenizer",
+            str(demo_tokenizer_path()),
+            "--max-streams",
+            "2",
+            "--max-queue",
+            "1",
+            "--max-length",
+            "1024",
+        ],
+        ray_address,
+        folder / "slow.err",
+    )
     yield server
     assert server.stop() == 0, server.log.read_text(errors="replace")
 
@@ -49,10 +61,13 @@ def _wait(server: OpenAIServer, check, timeout: float = 60.0) -> dict:
 
 def _hold(server: OpenAIServer, prompt: str, opened: list) -> threading.Thread:
     """A streamed request that reads two chunks, then waits with the connection open until closed."""
+
     def run() -> None:
         body = {"model": "slow", "prompt": prompt, "max_tokens": SLOW_TOKENS, "temperature": 0, "stream": True}
-        with httpx.Client(timeout=120) as http, http.stream("POST", f"{server.base_url}/completions",
-                                                            json=body) as response:
+        with (
+            httpx.Client(timeout=120) as http,
+            http.stream("POST", f"{server.base_url}/completions", json=body) as response,
+        ):
             opened.append(response)
             lines = response.iter_lines()
             next(lines), next(lines)
@@ -80,13 +95,19 @@ def test_full_queue_gets_429_with_retry_after(slow_server: OpenAIServer) -> None
     opened: list = []
     threads = [_hold(slow_server, f"request {i}", opened) for i in range(2)]
     _wait(slow_server, lambda i: i["pending"] == 2)
-    queued = threading.Thread(target=lambda: httpx.post(
-        f"{slow_server.base_url}/completions", json={"model": "slow", "prompt": "queued", "max_tokens": 4,
-                                                     "temperature": 0}, timeout=120), daemon=True)
+    queued = threading.Thread(
+        target=lambda: httpx.post(
+            f"{slow_server.base_url}/completions",
+            json={"model": "slow", "prompt": "queued", "max_tokens": 4, "temperature": 0},
+            timeout=120,
+        ),
+        daemon=True,
+    )
     queued.start()
     _wait(slow_server, lambda i: i["pending"] == 3)  # 2 streams busy, 1 queued: the limit
-    reply = httpx.post(f"{slow_server.base_url}/completions", json={"model": "slow", "prompt": "one too many"},
-                       timeout=30)
+    reply = httpx.post(
+        f"{slow_server.base_url}/completions", json={"model": "slow", "prompt": "one too many"}, timeout=30
+    )
     assert reply.status_code == 429 and int(reply.headers["retry-after"]) >= 1
     assert reply.json()["error"]["code"] == "rate_limit_exceeded" and "retry later" in reply.json()["error"]["message"]
     for response in opened:
@@ -95,5 +116,6 @@ def test_full_queue_gets_429_with_retry_after(slow_server: OpenAIServer) -> None
         thread.join(60)
     _wait(slow_server, lambda i: i["pending"] == 0)
     ok = openai.OpenAI(base_url=slow_server.base_url, api_key="unused", max_retries=0).completions.create(
-        model="slow", prompt="room again", max_tokens=3, temperature=0)
+        model="slow", prompt="room again", max_tokens=3, temperature=0
+    )
     assert ok.usage.completion_tokens == 3

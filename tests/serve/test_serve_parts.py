@@ -19,10 +19,15 @@ from ortpilot.serve.tensors import decode_request, encode_response, tensor_metad
 def test_binary_and_json_tensors_decode_to_the_same_arrays_and_encode_back():
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     ids = np.array([[1, 2]], dtype=np.int64)
-    head = json.dumps({"inputs": [
-        {"name": "x", "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}},
-        {"name": "ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]}],
-        "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}},
+                {"name": "ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]},
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
     req = decode_request(head + x.tobytes(), len(head))
     assert req.feeds["x"].tobytes() == x.tobytes() and req.feeds["ids"].tobytes() == ids.tobytes()
     assert req.outputs == ["y"] and req.binary_outputs == {"y"}
@@ -32,16 +37,22 @@ def test_binary_and_json_tensors_decode_to_the_same_arrays_and_encode_back():
     assert doc["outputs"][0]["parameters"]["binary_data_size"] == x.nbytes and doc["outputs"][1]["data"] == [1, 2]
 
 
-@pytest.mark.parametrize("body, header, message", [
-    (b"\xff\xfe", None, "not valid JSON"),
-    (b'{"inputs": 3}', None, 'no "inputs" list'),
-    (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP99", "data": [1, 2]}]}', None, "FP99"),
-    (b'{"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}', None, "non-negative"),
-    (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "INT64", "data": ["a", "b"]}]}', None, "cannot be read"),
-    (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]}',
-     None, "binary_data_size"),
-    (b'{"inputs": []}', 99, "Inference-Header-Content-Length is 99"),
-])
+@pytest.mark.parametrize(
+    "body, header, message",
+    [
+        (b"\xff\xfe", None, "not valid JSON"),
+        (b'{"inputs": 3}', None, 'no "inputs" list'),
+        (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP99", "data": [1, 2]}]}', None, "FP99"),
+        (b'{"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}', None, "non-negative"),
+        (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "INT64", "data": ["a", "b"]}]}', None, "cannot be read"),
+        (
+            b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]}',
+            None,
+            "binary_data_size",
+        ),
+        (b'{"inputs": []}', 99, "Inference-Header-Content-Length is 99"),
+    ],
+)
 def test_undecodable_requests_are_input_errors_naming_the_problem(body, header, message):
     with pytest.raises(InputError, match=message):
         decode_request(body, header)
@@ -106,7 +117,9 @@ def test_the_builder_and_the_library_give_a_ray_serve_application(demo_paths):
 
 
 def test_only_the_serve_modules_import_ray():
-    code = ("import sys, ortpilot, ortpilot.serve, ortpilot.serve.options, ortpilot.tuning, ortpilot.cli.main; "
-            "print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))")
+    code = (
+        "import sys, ortpilot, ortpilot.serve, ortpilot.serve.options, ortpilot.tuning, ortpilot.cli.main; "
+        "print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr

@@ -65,14 +65,17 @@ def test_a_replica_killed_mid_request_gives_5xx_and_comes_back_verified(start_se
         if after:
             break
         time.sleep(0.5)
-    assert after and after[0]["verified"] and after[0]["verification"] == "bit-exact" and after[0]["pid"] != before["pid"]
+    assert (
+        after and after[0]["verified"] and after[0]["verification"] == "bit-exact" and after[0]["pid"] != before["pid"]
+    )
     feeds = make_feeds(sess.model, seed=2)
     result = th.InferenceServerClient(server.url).infer("m", _inputs(feeds))
     assert result.as_numpy(sess.get_outputs()[0].name).tobytes() == sess.run(None, feeds)[0].tobytes()
 
 
-def test_a_replica_that_fails_verification_never_serves_and_serve_exits_1_saying_why(start_server, ray_address,
-                                                                                    tuned_encoder, tmp_path):
+def test_a_replica_that_fails_verification_never_serves_and_serve_exits_1_saying_why(
+    start_server, ray_address, tuned_encoder, tmp_path
+):
     broken = tmp_path / "broken"
     shutil.copytree(tuned_encoder, broken)
     doc = json.loads((broken / "profile.json").read_text())
@@ -86,8 +89,22 @@ def test_a_replica_that_fails_verification_never_serves_and_serve_exits_1_saying
 
 
 def test_dynamic_batching_stacks_concurrent_requests_and_splits_results(start_server, ray_address, demo_paths):
-    server = start_server(str(demo_paths["encoder"]), "demo:cnn", "--name", "enc", "--name", "cnn", "--address",
-                          ray_address, "--max-batch", "8", "--batch-wait-ms", "50", "--cpus-per-replica", "1")
+    server = start_server(
+        str(demo_paths["encoder"]),
+        "demo:cnn",
+        "--name",
+        "enc",
+        "--name",
+        "cnn",
+        "--address",
+        ray_address,
+        "--max-batch",
+        "8",
+        "--batch-wait-ms",
+        "50",
+        "--cpus-per-replica",
+        "1",
+    )
     assert server.ready, server.stderr[-3000:]
     client = th.InferenceServerClient(server.url, concurrency=16)
     meta = client.get_model_metadata("enc")
@@ -111,8 +128,10 @@ def _batch_counts(server, model):
     with urllib.request.urlopen(f"http://{server.url}/metrics", timeout=30) as resp:
         text = resp.read().decode()
     values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
-    return (float(values[f'ortpilot_batch_size_count{{model="{model}"}}']),
-            float(values[f'ortpilot_batch_size_sum{{model="{model}"}}']))
+    return (
+        float(values[f'ortpilot_batch_size_count{{model="{model}"}}']),
+        float(values[f'ortpilot_batch_size_sum{{model="{model}"}}']),
+    )
 
 
 def _descendants(pid: int) -> set[int]:
@@ -145,8 +164,9 @@ def test_without_address_serve_starts_a_local_ray_and_sigterm_stops_all_of_it(tm
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in started):
         time.sleep(0.5)
-    alive = [p for p in started if Path(f"/proc/{p}").exists()
-             and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
+    alive = [
+        p for p in started if Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"
+    ]
     assert not alive, f"left running: {alive}"
 
 
@@ -161,8 +181,13 @@ def test_a_port_in_use_exits_2_before_ray_starts(tmp_path):
 
         from serve_procs import CLI, RAY_ENV
 
-        proc = subprocess.run([*CLI, "serve", "demo:mlp", "--port", str(port)], capture_output=True, text=True,
-                              timeout=120, env={**os.environ, **RAY_ENV})
+        proc = subprocess.run(
+            [*CLI, "serve", "demo:mlp", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **RAY_ENV},
+        )
     assert proc.returncode == 2 and f"Port {port}" in proc.stderr and "not free" in proc.stderr
     assert "Ray" not in proc.stderr.split("error:")[0]  # nothing started before the message
 
@@ -176,9 +201,19 @@ def test_a_profile_that_cannot_load_exits_naming_it(tmp_path, tuned_encoder):
     shutil.copytree(tuned_encoder, changed)
     with open(changed / "model.onnx", "ab") as fh:
         fh.write(b"\0")
-    proc = subprocess.run([*CLI, "serve", str(changed), "--port", str(free_port())], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **RAY_ENV})
+    proc = subprocess.run(
+        [*CLI, "serve", str(changed), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **RAY_ENV},
+    )
     assert proc.returncode == 1 and "changed since it was tuned" in proc.stderr and str(changed) in proc.stderr
-    proc = subprocess.run([*CLI, "serve", str(tmp_path / "nowhere"), "--port", str(free_port())],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, **RAY_ENV})
+    proc = subprocess.run(
+        [*CLI, "serve", str(tmp_path / "nowhere"), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **RAY_ENV},
+    )
     assert proc.returncode == 2 and "does not exist" in proc.stderr

@@ -25,8 +25,11 @@ def two_nodes():
         os.environ.setdefault(key, value)
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, connect=False,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"})
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"},
+    )
     try:
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
@@ -36,8 +39,21 @@ def two_nodes():
 
 
 def test_two_replicas_land_on_both_nodes_and_answer_like_load_profile(two_nodes, tuned_encoder, tmp_path):
-    server = Server([str(tuned_encoder), "--name", "m", "--address", two_nodes.address, "--replicas", "2",
-                     "--cpus-per-replica", "1"], free_port(), tmp_path / "serve.err")
+    server = Server(
+        [
+            str(tuned_encoder),
+            "--name",
+            "m",
+            "--address",
+            two_nodes.address,
+            "--replicas",
+            "2",
+            "--cpus-per-replica",
+            "1",
+        ],
+        free_port(),
+        tmp_path / "serve.err",
+    )
     try:
         assert server.ready and server.ready[0].startswith("m: 2 replicas ready"), server.stderr[-3000:]
         client = th.InferenceServerClient(server.url)

@@ -34,8 +34,7 @@ def bad_models(tmp_path, demo_paths):
     cases["truncated"].write_bytes(good[: len(good) // 2])
     model = onnx.load(str(demo_paths["mlp"]))
     cases["external"].parent.mkdir()
-    onnx.save_model(model, str(cases["external"]), save_as_external_data=True, location="weights.bin",
-                    size_threshold=0)
+    onnx.save_model(model, str(cases["external"]), save_as_external_data=True, location="weights.bin", size_threshold=0)
     (cases["external"].parent / "weights.bin").unlink()
     return cases
 

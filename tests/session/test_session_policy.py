@@ -17,8 +17,9 @@ import pytest
 import ortpilot
 from ortpilot.errors import ProviderFallbackError
 
-needs_webgpu = pytest.mark.skipif(importlib.util.find_spec("onnxruntime_ep_webgpu") is None,
-                                  reason="onnxruntime-ep-webgpu not installed")
+needs_webgpu = pytest.mark.skipif(
+    importlib.util.find_spec("onnxruntime_ep_webgpu") is None, reason="onnxruntime-ep-webgpu not installed"
+)
 
 
 @pytest.fixture

@@ -42,12 +42,20 @@ def test_tune_without_arguments_writes_outputs_and_profile_reproduces_winner(tmp
 
 def test_tune_json_is_one_document(tmp_path, demo_paths):
     result = CliRunner().invoke(
-        cli, ["tune", str(demo_paths["mlp"]), "-o", str(tmp_path / "o"), "--budget", "12", "--no-quantize", "--json"])
+        cli, ["tune", str(demo_paths["mlp"]), "-o", str(tmp_path / "o"), "--budget", "12", "--no-quantize", "--json"]
+    )
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["baseline"]["label"] == "ORT default"
-    assert {c["status"] for c in doc["candidates"]} <= {"ok", "rejected", "failed", "crashed", "skipped", "budget",
-                                                        "timeout"}
+    assert {c["status"] for c in doc["candidates"]} <= {
+        "ok",
+        "rejected",
+        "failed",
+        "crashed",
+        "skipped",
+        "budget",
+        "timeout",
+    }
     assert np.isfinite(doc["speedup"]["ratio"])
 
 
@@ -68,13 +76,21 @@ def test_reference_inputs_come_from_the_source_model_so_a_fused_winner_reproduce
     tuned_inputs = make_feeds(load_model(source), seed=HELDOUT_SEED)
     outputs = load(str(fused)).run(None, tuned_inputs)
     names = [o.name for o in load(str(fused)).get_outputs()]
-    path = write_profile(tmp_path / "profile.json", model_file=fused,
-                         providers=[{"name": "CPUExecutionProvider", "options": {}}], settings={},
-                         extra={"source_model": {"path": str(source), "sha256": file_sha256(source)},
-                                "shapes": {k: list(v.shape) for k, v in tuned_inputs.items()},
-                                "reference_outputs": {"heldout_seed": HELDOUT_SEED,
-                                                      "inputs_sha256": feeds_digest(tuned_inputs),
-                                                      "sha256": {n: _digest(o) for n, o in zip(names, outputs)}}})
+    path = write_profile(
+        tmp_path / "profile.json",
+        model_file=fused,
+        providers=[{"name": "CPUExecutionProvider", "options": {}}],
+        settings={},
+        extra={
+            "source_model": {"path": str(source), "sha256": file_sha256(source)},
+            "shapes": {k: list(v.shape) for k, v in tuned_inputs.items()},
+            "reference_outputs": {
+                "heldout_seed": HELDOUT_SEED,
+                "inputs_sha256": feeds_digest(tuned_inputs),
+                "sha256": {n: _digest(o) for n, o in zip(names, outputs)},
+            },
+        },
+    )
     profile = json.loads(path.read_text())
     sess = ortpilot.load_profile(path)
     feeds = reference_feeds(profile)

@@ -11,8 +11,9 @@ from ortpilot.tuning import tune
 from ortpilot.tuning.verify import verify_profile
 
 
-def test_tune_keeps_a_stamped_optimized_model_that_verifies_bit_for_bit_with_optimizations_off(tmp_path, demo_paths,
-                                                                                               caplog):
+def test_tune_keeps_a_stamped_optimized_model_that_verifies_bit_for_bit_with_optimizations_off(
+    tmp_path, demo_paths, caplog
+):
     out = tmp_path / "out"
     tune(str(demo_paths["cnn"]), out, budget_s=12, quantize=False)
     doc = json.loads((out / "profile.json").read_text())

@@ -83,11 +83,14 @@ def test_model_variants_run_on_the_cpu_too_when_another_provider_comes_first(dem
     """With an accelerator EP first (OpenVINO, CUDA), INT8 on the CPU must still compete."""
     from ortpilot.providers.names import ProviderSpec
 
-    facts = gather_facts(load_model(demo_paths["cnn"]), [ProviderSpec("OpenVINOExecutionProvider"),
-                                                         ProviderSpec("CPUExecutionProvider")])
+    facts = gather_facts(
+        load_model(demo_paths["cnn"]), [ProviderSpec("OpenVINOExecutionProvider"), ProviderSpec("CPUExecutionProvider")]
+    )
     cands = first_candidates(facts, baseline_candidate())
-    on = {name: [c for c in cands if c.providers[0]["name"] == name]
-          for name in ("OpenVINOExecutionProvider", "CPUExecutionProvider")}
+    on = {
+        name: [c for c in cands if c.providers[0]["name"] == name]
+        for name in ("OpenVINOExecutionProvider", "CPUExecutionProvider")
+    }
     quantized = {name: [c for c in group if c.passes] for name, group in on.items()}
     assert quantized["OpenVINOExecutionProvider"] and quantized["CPUExecutionProvider"]
     assert len({c.id for c in cands}) == len(cands)  # no candidate twice
@@ -117,10 +120,14 @@ def test_int8_variants_follow_the_cpus_int8_rule(demo_paths, rule):
     from ortpilot.providers.cpuisa import Int8Rule
     from ortpilot.tuning.candidate import pass_label
 
-    facts = gather_facts(load_model(demo_paths["encoder"]), None,
-                         int8=Int8Rule(rule, rule == "x86-no-vnni", f"{rule} reason"))
-    steps = [c.passes[-1] for c in first_candidates(facts, baseline_candidate())
-             if c.passes and c.passes[-1]["pass"] == "quantize"]
+    facts = gather_facts(
+        load_model(demo_paths["encoder"]), None, int8=Int8Rule(rule, rule == "x86-no-vnni", f"{rule} reason")
+    )
+    steps = [
+        c.passes[-1]
+        for c in first_candidates(facts, baseline_candidate())
+        if c.passes and c.passes[-1]["pass"] == "quantize"
+    ]
     labels = list(dict.fromkeys(pass_label(s) for s in steps))
     assert set(labels) == set(facts.to_dict()["int8_variants"]) and all(facts.int8_reasons.values())
     if rule == "x86-no-vnni":  # 7-bit weights first, per channel first; U8U8 next; u8s8 as-is last

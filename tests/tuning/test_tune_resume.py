@@ -33,8 +33,15 @@ def test_temp_names_are_exactly_what_atomic_open_makes(tmp_path):
         made = [p.name for p in tmp_path.iterdir()]
         fh.write(b"x")
     assert len(made) == 1 and is_temp_name(made[0]), made
-    for name in ("model.onnx", "notes.tmp", ".model.onnx.tmp", ".model.onnx.abc.tmp", ".model.onnx.ABCDEFGH.tmp",
-                 "model.onnx.abcdefgh.tmp", ".model.onnx.abcdefgh.tmp.bak"):
+    for name in (
+        "model.onnx",
+        "notes.tmp",
+        ".model.onnx.tmp",
+        ".model.onnx.abc.tmp",
+        ".model.onnx.ABCDEFGH.tmp",
+        "model.onnx.abcdefgh.tmp",
+        ".model.onnx.abcdefgh.tmp.bak",
+    ):
         assert not is_temp_name(name), name
 
 
@@ -70,9 +77,11 @@ def test_sweep_leaves_the_temp_file_of_a_live_writer(tmp_path):
 
 
 def test_sweep_removes_the_temp_file_of_a_writer_killed_mid_write(tmp_path):
-    code = ("import sys, time\nfrom ortpilot.artifacts.atomic import atomic_open\n"
-            "with atomic_open(sys.argv[1]) as fh:\n    fh.write(b'half'); fh.flush(); print('writing', flush=True)\n"
-            "    time.sleep(600)\n")
+    code = (
+        "import sys, time\nfrom ortpilot.artifacts.atomic import atomic_open\n"
+        "with atomic_open(sys.argv[1]) as fh:\n    fh.write(b'half'); fh.flush(); print('writing', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "model.onnx")], stdout=subprocess.PIPE)
     try:
         assert proc.stdout.readline() == b"writing\n"
@@ -96,8 +105,11 @@ def test_out_dir_that_is_a_file_is_refused_before_any_work(tmp_path, demo_paths)
 
 
 def _bench_keys(out: Path) -> list[tuple[str, str, str]]:
-    return [(r["kind"], r.get("id", ""), r.get("stage", "")) for r in read_journal(out / "journal.jsonl")
-            if r.get("kind") in ("prepared", "bench", "final", "rank")]
+    return [
+        (r["kind"], r.get("id", ""), r.get("stage", ""))
+        for r in read_journal(out / "journal.jsonl")
+        if r.get("kind") in ("prepared", "bench", "final", "rank")
+    ]
 
 
 def test_finished_tune_resumes_from_what_it_kept_and_refuses_kept_files_gone_or_damaged(tmp_path, demo_paths):
@@ -136,8 +148,18 @@ def test_ctrl_c_then_resume_gates_the_rest_on_the_kept_reference(tmp_path, demo_
     """Ctrl-C deletes the run's scratch folder (the outputs the journal's records name); the
     resumed run gates the candidates it still measures on the copy kept in OUTDIR."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "ortpilot.cli.main", "tune", str(demo_paths["mlp"]), "-o", str(out), "--budget", "30",
-           "--no-quantize"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ortpilot.cli.main",
+        "tune",
+        str(demo_paths["mlp"]),
+        "-o",
+        str(out),
+        "--budget",
+        "30",
+        "--no-quantize",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 60
     while len(read_journal(out / "journal.jsonl")) < 6:
@@ -151,7 +173,7 @@ def test_ctrl_c_then_resume_gates_the_rest_on_the_kept_reference(tmp_path, demo_
 
     result = tune(str(demo_paths["mlp"]), out, budget_s=10, quantize=False, resume=True)
     after = _bench_keys(out)
-    assert after[:len(before)] == before and len(after) > len(before)  # went on measuring
+    assert after[: len(before)] == before and len(after) > len(before)  # went on measuring
     assert not [k for k, n in Counter(after).items() if n > 1]
     gated = [e for e in result.entries if e.accuracy and e.candidate.id not in {k[1] for k in before}]
     assert gated and all(e.accuracy["passed"] for e in gated)  # fp32 knobs match the kept reference exactly

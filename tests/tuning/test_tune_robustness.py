@@ -32,7 +32,9 @@ def test_candidate_that_segfaults_its_process_is_recorded_and_tune_completes(tmp
 
 
 def _keys(records):
-    return [(r.get("kind"), r.get("id", ""), r.get("stage", "")) for r in records if r.get("kind") in ("prepared", "bench")]
+    return [
+        (r.get("kind"), r.get("id", ""), r.get("stage", "")) for r in records if r.get("kind") in ("prepared", "bench")
+    ]
 
 
 def test_killed_tune_resumes_without_remeasuring_finished_candidates(tmp_path, demo_paths, monkeypatch):
@@ -42,8 +44,9 @@ def test_killed_tune_resumes_without_remeasuring_finished_candidates(tmp_path, d
     scratch_root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
     cmd = [sys.executable, "-m", "ortpilot.cli.main", "tune", str(demo_paths["mlp"]), "-o", str(out), "--budget", "40"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "TMPDIR": str(scratch_root)})
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(scratch_root)}
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if sum(1 for r in read_journal(journal) if r.get("kind") == "prepared") >= 5:
@@ -61,7 +64,7 @@ def test_killed_tune_resumes_without_remeasuring_finished_candidates(tmp_path, d
     result = tune(str(demo_paths["mlp"]), out, budget_s=20, resume=True)
     assert not left.exists() and not list(scratch_root.glob("ortpilot-tune-*"))
     after = _keys(read_journal(journal))
-    assert after[:len(before)] == before  # the old records are kept as they were
+    assert after[: len(before)] == before  # the old records are kept as they were
     duplicates = [k for k, n in Counter(after).items() if n > 1]
     assert not duplicates, duplicates  # nothing finished was measured again
     assert result.resumed
@@ -78,8 +81,11 @@ def test_budget_too_small_for_the_baseline_writes_nothing(tmp_path, demo_paths):
 def test_model_without_input_shapes_asks_for_them_by_name(tmp_path):
     x = helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])
-    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["features"], ["y"])], "g", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["features"], ["y"])], "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 18)],
+        ir_version=10,
+    )
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     with pytest.raises(UsageError, match="--shape features="):

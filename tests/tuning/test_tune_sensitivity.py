@@ -28,10 +28,20 @@ def test_attention_dims_reads_heads_from_a_minus_one_reshape():
         helper.make_node("Reshape", ["q", "new_shape"], ["q4"]),
         helper.make_node("Transpose", ["q4"], ["y"], perm=[0, 2, 1, 3]),
     ]
-    inits = [w, b, tail, numpy_helper.from_array(np.array([0], np.int64), "zero"),
-             numpy_helper.from_array(np.array([2], np.int64), "two")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, hidden])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 16])], inits)
+    inits = [
+        w,
+        b,
+        tail,
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([2], np.int64), "two"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 16])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     assert attention_dims(model) == (hidden // head, hidden)
@@ -41,8 +51,14 @@ def test_attention_dims_reads_heads_from_a_minus_one_reshape():
 
 def _first_dynamic_error(result):
     """The gate error of the first dynamic INT8 variant the search measured (the space orders them by CPU)."""
-    return next(e.accuracy["worst_error"] for e in result.entries if e.accuracy and e.candidate.passes
-                and e.candidate.passes[-1].get("mode") == "dynamic" and not e.candidate.passes[-1].get("exclude"))
+    return next(
+        e.accuracy["worst_error"]
+        for e in result.entries
+        if e.accuracy
+        and e.candidate.passes
+        and e.candidate.passes[-1].get("mode") == "dynamic"
+        and not e.candidate.passes[-1].get("exclude")
+    )
 
 
 def test_a_dynamic_variant_just_over_the_gate_is_retried_with_its_worst_layers_in_float(tmp_path, demo_paths):
@@ -56,9 +72,13 @@ def test_a_dynamic_variant_just_over_the_gate_is_retried_with_its_worst_layers_i
 
     def parent(entry):
         step = entry.candidate.passes[-1]
-        return next(e for e in result.entries if e.candidate.passes
-                    and e.candidate.passes[:-1] == entry.candidate.passes[:-1]
-                    and e.candidate.passes[-1] == {k: v for k, v in step.items() if k != "exclude"})
+        return next(
+            e
+            for e in result.entries
+            if e.candidate.passes
+            and e.candidate.passes[:-1] == entry.candidate.passes[:-1]
+            and e.candidate.passes[-1] == {k: v for k, v in step.items() if k != "exclude"}
+        )
 
     for entry in follow:
         assert parent(entry).status == "rejected" and "-x" in entry.candidate.label

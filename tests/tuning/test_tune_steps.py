@@ -22,10 +22,13 @@ FUSION = {"pass": "fusion", "model_type": "bert", "num_heads": 4, "hidden_size":
 def test_candidate_ids_and_labels_are_those_journals_written_before_typed_steps_hold():
     """The ids (hashes of the canonical step JSON) and labels of ortpilot before steps had types:
     a journal written then still finds its finished candidates."""
-    cands = [baseline_candidate(), Candidate((dict(FUSION), dict(DYN_W_PC))),
-             Candidate((dict(QDQ_PC),)).with_settings(intra_op_threads=1),
-             with_exclusions(Candidate((dict(FUSION), dict(DYN_W_PC))), ["b", "a"]),
-             Candidate((dict(GQA), dict(W4))).with_iobinding()]
+    cands = [
+        baseline_candidate(),
+        Candidate((dict(FUSION), dict(DYN_W_PC))),
+        Candidate((dict(QDQ_PC),)).with_settings(intra_op_threads=1),
+        with_exclusions(Candidate((dict(FUSION), dict(DYN_W_PC))), ["b", "a"]),
+        Candidate((dict(GQA), dict(W4))).with_iobinding(),
+    ]
     assert [(c.id, c.label, c.model_key) for c in cands] == [
         ("d7d143d49912", "ORT default", "4f53cda18c2baa0c"),
         ("7812bdc75a7c", "fusion(bert) · int8-dynamic-w-pc", "471ba89af7973eec"),
@@ -37,8 +40,16 @@ def test_candidate_ids_and_labels_are_those_journals_written_before_typed_steps_
 
 
 def test_a_step_builds_its_registered_pass_and_reads_as_its_json():
-    step = Step.of({"pass": "quantize", "mode": "dynamic", "per_channel": True, "weights_only": True,
-                    "reduce_range": True, "exclude": ["n1"]})
+    step = Step.of(
+        {
+            "pass": "quantize",
+            "mode": "dynamic",
+            "per_channel": True,
+            "weights_only": True,
+            "reduce_range": True,
+            "exclude": ["n1"],
+        }
+    )
     quant = step.build()
     assert isinstance(quant, QuantizePass) and quant.mode == "dynamic" and quant.nodes_to_exclude == ["n1"]
     assert quant.label() == step.label() == "int8-dynamic-w-pc-rr-x1"
@@ -56,9 +67,18 @@ def test_a_step_builds_its_registered_pass_and_reads_as_its_json():
 
 def test_a_rank_record_as_the_tune_writes_it_reads_back():
     """Follow-up rankings journal reduce_range and weight_type; a resume must accept them."""
-    record = {"kind": "rank", "id": "0123456789ab", "passes": [], "per_channel": True, "op_types": ["MatMul"],
-              "reduce_range": False, "weight_type": "qint8", "status": "ok", "error": None,
-              "ranking": [{"node": "mm1", "op_type": "MatMul", "tensor": "x", "nsr": 0.1, "sqnr_db": 10.0}]}
+    record = {
+        "kind": "rank",
+        "id": "0123456789ab",
+        "passes": [],
+        "per_channel": True,
+        "op_types": ["MatMul"],
+        "reduce_range": False,
+        "weight_type": "qint8",
+        "status": "ok",
+        "error": None,
+        "ranking": [{"node": "mm1", "op_type": "MatMul", "tensor": "x", "nsr": 0.1, "sqnr_db": 10.0}],
+    }
     assert check_record(json.dumps(record).encode(), None, 1) == record
 
 

@@ -33,10 +33,22 @@ def _other_int8_machine() -> dict:
     flags["avx2"] = True
     if int8_rule().u8s8_saturates:  # here it saturates: the profile comes from a VNNI machine
         flags.update(avx512f=True, avx512bw=True, avx512_vnni=True)
-        return {"cpu": "Tuning CPU with VNNI", "arch": "x86_64", "isa_flags": flags,
-                "int8": {"rule": "vnni", "u8s8_exact": True}, "cores": 2, "cpu_budget": {"cpus": 2}}
-    return {"cpu": "Tuning CPU without VNNI", "arch": "x86_64", "isa_flags": flags,
-            "int8": {"rule": "x86-no-vnni", "u8s8_exact": False}, "cores": 2, "cpu_budget": {"cpus": 2}}
+        return {
+            "cpu": "Tuning CPU with VNNI",
+            "arch": "x86_64",
+            "isa_flags": flags,
+            "int8": {"rule": "vnni", "u8s8_exact": True},
+            "cores": 2,
+            "cpu_budget": {"cpus": 2},
+        }
+    return {
+        "cpu": "Tuning CPU without VNNI",
+        "arch": "x86_64",
+        "isa_flags": flags,
+        "int8": {"rule": "x86-no-vnni", "u8s8_exact": False},
+        "cores": 2,
+        "cpu_budget": {"cpus": 2},
+    }
 
 
 @pytest.fixture
@@ -48,15 +60,24 @@ def int8_profile(tmp_path, demo_paths):
     feeds = make_feeds(load_model(demo_paths["mlp"]), seed=7)
     sess = load(str(model), settings=None)
     outputs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-    np.savez(tmp_path / "reference.npz", **{f"inputs/{k}": v for k, v in feeds.items()},
-             **{f"outputs/{k}": v for k, v in outputs.items()})
-    return write_profile(tmp_path / "profile.json", model_file=model, machine=_other_int8_machine(),
-                         providers=[{"name": "CPUExecutionProvider", "options": {}}],
-                         settings={"intra_op_threads": 1, "inter_op_threads": 1},
-                         passes=[result.record.to_dict()],
-                         accuracy={"max_error": 0.05, "outputs": [{"name": "y", "metric": "rel_l2", "error": 0.01}]},
-                         extra={"candidate": {"passes": [{"pass": "quantize", "mode": "dynamic"}]},
-                                "reference_outputs": {"file": "reference.npz"}})
+    np.savez(
+        tmp_path / "reference.npz",
+        **{f"inputs/{k}": v for k, v in feeds.items()},
+        **{f"outputs/{k}": v for k, v in outputs.items()},
+    )
+    return write_profile(
+        tmp_path / "profile.json",
+        model_file=model,
+        machine=_other_int8_machine(),
+        providers=[{"name": "CPUExecutionProvider", "options": {}}],
+        settings={"intra_op_threads": 1, "inter_op_threads": 1},
+        passes=[result.record.to_dict()],
+        accuracy={"max_error": 0.05, "outputs": [{"name": "y", "metric": "rel_l2", "error": 0.01}]},
+        extra={
+            "candidate": {"passes": [{"pass": "quantize", "mode": "dynamic"}]},
+            "reference_outputs": {"file": "reference.npz"},
+        },
+    )
 
 
 @pytest.mark.isa
@@ -73,8 +94,9 @@ def test_an_int8_profile_from_the_other_int8_kernel_is_refused_naming_both_cpus(
 def test_the_cli_refuses_it_with_exit_1_and_loads_it_with_accept_machine(int8_profile):
     proc = subprocess.run([*CLI, "verify", str(int8_profile)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Tuning CPU" in proc.stderr and "Traceback" not in proc.stderr
-    proc = subprocess.run([*CLI, "verify", str(int8_profile), "--accept-machine", "--json"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [*CLI, "verify", str(int8_profile), "--accept-machine", "--json"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["passed"] and doc["profiles"][0]["reference"]["mode"] == "tolerance"
@@ -113,8 +135,13 @@ def test_a_fresh_tune_verifies_bit_for_bit_here_and_a_changed_output_fails(tmp_p
 def test_a_profile_without_a_reference_sample_says_what_it_did_not_check(tmp_path, demo_paths):
     model = tmp_path / "model.onnx"
     shutil.copy(demo_paths["mlp"], model)
-    path = write_profile(tmp_path / "profile.json", model_file=model, machine=machine_facts(),
-                         providers=[{"name": "CPUExecutionProvider", "options": {}}], settings={"intra_op_threads": 1})
+    path = write_profile(
+        tmp_path / "profile.json",
+        model_file=model,
+        machine=machine_facts(),
+        providers=[{"name": "CPUExecutionProvider", "options": {}}],
+        settings={"intra_op_threads": 1},
+    )
     result = verify_profile(path)
     assert result.mode == "not checked" and result.passed and "reference.npz is missing" in result.why
 
@@ -123,8 +150,13 @@ def test_a_tune_pinned_to_one_cpu_records_one_intra_op_thread(tmp_path):
     """ORT's default pool ignores the affinity mask (it would start 2+ threads on 1 CPU): the profile
     must record the thread count this process may really use."""
     out = tmp_path / "out"
-    proc = subprocess.run([*CLI, "tune", "demo:mlp", "--budget", "20", "-o", str(out)], capture_output=True,
-                          text=True, timeout=300, preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    proc = subprocess.run(
+        [*CLI, "tune", "demo:mlp", "--budget", "20", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "profile.json").read_text())
     assert doc["session_settings"]["intra_op_threads"] == 1
@@ -135,8 +167,13 @@ def test_a_malformed_machine_section_is_exit_2_naming_the_field(tmp_path, demo_p
     model = tmp_path / "model.onnx"
     shutil.copy(demo_paths["mlp"], model)
     machine = {**machine_facts(), "cpu_budget": {"cpus": "two"}}
-    path = write_profile(tmp_path / "profile.json", model_file=model, machine=machine,
-                         providers=[{"name": "CPUExecutionProvider", "options": {}}], settings={"intra_op_threads": 1})
+    path = write_profile(
+        tmp_path / "profile.json",
+        model_file=model,
+        machine=machine,
+        providers=[{"name": "CPUExecutionProvider", "options": {}}],
+        settings={"intra_op_threads": 1},
+    )
     proc = subprocess.run([*CLI, "verify", str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "machine.cpu_budget.cpus" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -169,22 +206,50 @@ def _set(doc, keys, value):
     doc[keys[-1]] = value
 
 
-@pytest.mark.parametrize("case,edit,code,message", [
-    ("model changed", lambda doc, out: (out / "model.onnx").write_bytes((out / "model.onnx").read_bytes() + b"\0"), 1,
-     "changed since it was tuned"),
-    ("provider missing", lambda doc, out: _set(doc, ["providers"], [{"name": "CUDAExecutionProvider", "options": {}}]),
-     1, "CUDAExecutionProvider"),
-    ("placement changed", lambda doc, out: _set(doc, ["placement"], {"CPUExecutionProvider": 999}), 1,
-     "recorded placement"),
-    ("outputs changed", lambda doc, out: _set(doc, ["reference_outputs", "sha256"],
-                                              dict.fromkeys(doc["reference_outputs"]["sha256"], "0" * 64)), 1,
-     "does not reproduce its reference outputs"),
-    ("threads over the budget", lambda doc, out: _set(doc, ["session_settings", "intra_op_threads"], 4096), 1,
-     "this process may use"),
-    ("not a profile", lambda doc, out: (out / "profile.json").write_text("[1, 2]") and None, 2, "not an ortpilot profile"),
-    ("reference damaged", lambda doc, out: (out / "reference.npz").write_bytes(b"not a zip"), 2,
-     "reference file"),
-])
+@pytest.mark.parametrize(
+    "case,edit,code,message",
+    [
+        (
+            "model changed",
+            lambda doc, out: (out / "model.onnx").write_bytes((out / "model.onnx").read_bytes() + b"\0"),
+            1,
+            "changed since it was tuned",
+        ),
+        (
+            "provider missing",
+            lambda doc, out: _set(doc, ["providers"], [{"name": "CUDAExecutionProvider", "options": {}}]),
+            1,
+            "CUDAExecutionProvider",
+        ),
+        (
+            "placement changed",
+            lambda doc, out: _set(doc, ["placement"], {"CPUExecutionProvider": 999}),
+            1,
+            "recorded placement",
+        ),
+        (
+            "outputs changed",
+            lambda doc, out: _set(
+                doc, ["reference_outputs", "sha256"], dict.fromkeys(doc["reference_outputs"]["sha256"], "0" * 64)
+            ),
+            1,
+            "does not reproduce its reference outputs",
+        ),
+        (
+            "threads over the budget",
+            lambda doc, out: _set(doc, ["session_settings", "intra_op_threads"], 4096),
+            1,
+            "this process may use",
+        ),
+        (
+            "not a profile",
+            lambda doc, out: (out / "profile.json").write_text("[1, 2]") and None,
+            2,
+            "not an ortpilot profile",
+        ),
+        ("reference damaged", lambda doc, out: (out / "reference.npz").write_bytes(b"not a zip"), 2, "reference file"),
+    ],
+)
 def test_verify_exit_codes_for_every_failure_kind(tuned, tmp_path, case, edit, code, message):
     out = tmp_path / "out"
     shutil.copytree(tuned, out)

@@ -47,8 +47,9 @@ def check_output_path(path: str | os.PathLike, what: str = "Output", example: st
     """
     dest = Path(path)
     if not dest.name or dest.is_dir():
-        raise UsageError(f"{what} '{dest}' is a directory; give the path of the file to write, "
-                         f"e.g. '{dest / example}'.")
+        raise UsageError(
+            f"{what} '{dest}' is a directory; give the path of the file to write, e.g. '{dest / example}'."
+        )
     _check_writable_parent(dest, what)
     return dest
 
@@ -58,18 +59,27 @@ def _check_writable_parent(dest: Path, what: str) -> None:
     parent = dest.parent
     while not parent.exists() and parent != parent.parent:
         if parent.is_symlink():  # a dangling link: mkdir would fail on it
-            raise UsageError(f"{what} '{dest}': '{parent}' is a broken symbolic link; fix it or choose "
-                             "another folder.")
+            raise UsageError(f"{what} '{dest}': '{parent}' is a broken symbolic link; fix it or choose another folder.")
         parent = parent.parent
     if not parent.is_dir():
-        raise UsageError(f"{what} '{dest}' cannot be written: '{parent}' is a file, not a folder. "
-                         "Choose a path inside an existing or new folder.")
+        raise UsageError(
+            f"{what} '{dest}' cannot be written: '{parent}' is a file, not a folder. "
+            "Choose a path inside an existing or new folder."
+        )
     if _read_only(parent):
-        raise StorageError(f"{what} '{dest}' cannot be written: folder '{parent}' is on a read-only filesystem "
-                           f"(EROFS). {fix_for(dest)}", errno=errno.EROFS, path=str(dest))
+        raise StorageError(
+            f"{what} '{dest}' cannot be written: folder '{parent}' is on a read-only filesystem "
+            f"(EROFS). {fix_for(dest)}",
+            errno=errno.EROFS,
+            path=str(dest),
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise StorageError(f"{what} '{dest}' cannot be written: folder '{parent}' is not writable by this user "
-                           f"(EACCES). {fix_for(dest)}", errno=errno.EACCES, path=str(dest))
+        raise StorageError(
+            f"{what} '{dest}' cannot be written: folder '{parent}' is not writable by this user "
+            f"(EACCES). {fix_for(dest)}",
+            errno=errno.EACCES,
+            path=str(dest),
+        )
     return dest
 
 
@@ -149,8 +159,7 @@ def is_temp_name(name: str) -> bool:
     return bool(_TEMP_NAME.match(name))
 
 
-def sweep_temp_files(folder: str | os.PathLike, min_age_s: float = 1.0,
-                     destination: str | None = None) -> list[Path]:
+def sweep_temp_files(folder: str | os.PathLike, min_age_s: float = 1.0, destination: str | None = None) -> list[Path]:
     """Remove the temp files that killed atomic writes left in ``folder``; return what was removed.
 
     Every atomic write sweeps those of its own destination first (``destination``: that file's
@@ -165,8 +174,11 @@ def sweep_temp_files(folder: str | os.PathLike, min_age_s: float = 1.0,
     if not root.is_dir():
         return []
     removed = []
-    own = (re.compile(r"^\." + re.escape(destination) + r"\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX) + r"$")
-           if destination is not None else _TEMP_NAME)
+    own = (
+        re.compile(r"^\." + re.escape(destination) + r"\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX) + r"$")
+        if destination is not None
+        else _TEMP_NAME
+    )
     candidates = root.glob(f".{glob.escape(destination)}.*{TEMP_SUFFIX}") if destination is not None else root.iterdir()
     for path in sorted(candidates):
         if own.match(path.name) and _is_stale(path, min_age_s):
@@ -238,8 +250,14 @@ def atomic_write_model(model: onnx.ModelProto, path: Path) -> Path:
     try:
         tmp_model = tmp_dir / path.name
         with storage_errors(path):
-            onnx.save_model(model, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=1024)
+            onnx.save_model(
+                model,
+                str(tmp_model),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=data_name,
+                size_threshold=1024,
+            )
             os.replace(tmp_dir / data_name, path.parent / data_name)
             os.replace(tmp_model, path)
         _fsync_dir(path.parent)

@@ -31,8 +31,10 @@ def cache_root() -> Path:
         base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         root = Path(base) / "ortpilot"
     if root.exists() and not root.is_dir():
-        raise StorageError(f"The model cache '{root}' is a file, not a folder. Remove it, or point ORTPILOT_CACHE_DIR "
-                           "at a folder.", path=str(root))
+        raise StorageError(
+            f"The model cache '{root}' is a file, not a folder. Remove it, or point ORTPILOT_CACHE_DIR at a folder.",
+            path=str(root),
+        )
     with storage_errors(root, "create the model cache folder"):
         root.mkdir(parents=True, exist_ok=True, mode=0o777 if env else PRIVATE_MODE)
     if not env:
@@ -76,10 +78,12 @@ def share(path: Path) -> None:
 def _check_private(root: Path) -> None:
     info = root.stat()
     if info.st_uid != os.getuid():
-        raise UsageError(f"The model cache '{root}' belongs to user id {info.st_uid}, not to you (user id "
-                         f"{os.getuid()}); ortpilot runs cached models as if you had built them, so it uses only a "
-                         "cache you own. Remove it, or point ORTPILOT_CACHE_DIR at your own (or a deliberately "
-                         "shared, group-writable) folder.")
+        raise UsageError(
+            f"The model cache '{root}' belongs to user id {info.st_uid}, not to you (user id "
+            f"{os.getuid()}); ortpilot runs cached models as if you had built them, so it uses only a "
+            "cache you own. Remove it, or point ORTPILOT_CACHE_DIR at your own (or a deliberately "
+            "shared, group-writable) folder."
+        )
     if stat.S_IMODE(info.st_mode) & 0o077:
         try:
             os.chmod(root, PRIVATE_MODE)  # made by an older ortpilot with the umask's mode

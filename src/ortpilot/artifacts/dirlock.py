@@ -52,9 +52,11 @@ def _lock(folder: Path, what: str) -> int:
             holder = holder_pid(fd)
             os.close(fd)
             who = f"process {holder}" if holder else "another process"
-            raise UsageError(f"Another {what} ({who}) is writing into '{folder}'; two at once would interleave "
-                             f"its journal and overwrite each other's files. Wait for it to finish (or stop it"
-                             f"{f': kill {holder}' if holder else ''}), or choose another -o folder.") from None
+            raise UsageError(
+                f"Another {what} ({who}) is writing into '{folder}'; two at once would interleave "
+                f"its journal and overwrite each other's files. Wait for it to finish (or stop it"
+                f"{f': kill {holder}' if holder else ''}), or choose another -o folder."
+            ) from None
         try:
             same = os.stat(folder).st_ino == os.fstat(fd).st_ino  # not removed and remade meanwhile
         except FileNotFoundError:
@@ -64,8 +66,10 @@ def _lock(folder: Path, what: str) -> int:
         os.close(fd)
         with storage_errors(folder, "create the output folder"):
             folder.mkdir(parents=True, exist_ok=True)
-    raise UsageError(f"The output folder '{folder}' kept being removed and recreated while ortpilot tried to lock it; "
-                     "choose another -o folder.")
+    raise UsageError(
+        f"The output folder '{folder}' kept being removed and recreated while ortpilot tried to lock it; "
+        "choose another -o folder."
+    )
 
 
 def holder_pid(fd: int) -> int | None:

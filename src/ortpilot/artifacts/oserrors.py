@@ -19,9 +19,26 @@ from pathlib import Path
 from ortpilot.errors import StorageError
 
 # Errors that a machine's state causes, not a bug: these become messages, anything else stays a bug.
-ENVIRONMENTAL = frozenset(getattr(errno, name) for name in (
-    "ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "ENOTDIR", "EISDIR", "EEXIST", "ENAMETOOLONG", "ELOOP",
-    "EMLINK", "EFBIG", "ETXTBSY", "ENOTEMPTY") if hasattr(errno, name))
+ENVIRONMENTAL = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ENOSPC",
+        "EDQUOT",
+        "EROFS",
+        "EACCES",
+        "EPERM",
+        "ENOTDIR",
+        "EISDIR",
+        "EEXIST",
+        "ENAMETOOLONG",
+        "ELOOP",
+        "EMLINK",
+        "EFBIG",
+        "ETXTBSY",
+        "ENOTEMPTY",
+    )
+    if hasattr(errno, name)
+)
 _WHY = {
     "ENOSPC": "the filesystem holding it is full{free}",  # free: counted after the partial file went
     "EDQUOT": "this user's disk quota there is used up{free}",
@@ -47,9 +64,14 @@ def storage_error(exc: OSError, path: str | os.PathLike | None = None, doing: st
     target = str(path if path is not None else (exc.filename or "?"))
     code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
     free = free_bytes(target)
-    why = _WHY.get(code, exc.strerror or str(exc)).format(free=f" ({free} bytes free without the partial file)" if free is not None else "")
-    return StorageError(f"Could not {doing} '{target}': {exc.strerror or exc} ({code}): {why}. {fix_for(target)}",
-                        errno=exc.errno, path=target)
+    why = _WHY.get(code, exc.strerror or str(exc)).format(
+        free=f" ({free} bytes free without the partial file)" if free is not None else ""
+    )
+    return StorageError(
+        f"Could not {doing} '{target}': {exc.strerror or exc} ({code}): {why}. {fix_for(target)}",
+        errno=exc.errno,
+        path=target,
+    )
 
 
 @contextlib.contextmanager
@@ -68,8 +90,10 @@ def fix_for(path: str | os.PathLike) -> str:
     where = _real(path)
     cache = _cache_dir()
     if cache is not None and _under(where, cache):
-        return ("Free space there, or point ORTPILOT_CACHE_DIR at a writable folder with room (commands that build "
-                "models also take --no-cache).")
+        return (
+            "Free space there, or point ORTPILOT_CACHE_DIR at a writable folder with room (commands that build "
+            "models also take --no-cache)."
+        )
     tmp = _real(tempfile.gettempdir())
     if _under(where, tmp) and (where == tmp or where.relative_to(tmp).parts[0].startswith("ortpilot-")):
         return "Free space there, or set TMPDIR to a writable folder with room."  # ortpilot's own scratch

@@ -39,10 +39,19 @@ def ortpilot_version() -> str:
     return __version__
 
 
-def write_profile(path: str | os.PathLike, *, model_file: str | os.PathLike, providers: list[dict[str, Any]],
-                  settings: dict[str, Any], iobinding: bool = False, passes: list[dict[str, Any]] | None = None,
-                  accuracy: dict[str, Any] | None = None, latency: dict[str, Any] | None = None,
-                  machine: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Path:
+def write_profile(
+    path: str | os.PathLike,
+    *,
+    model_file: str | os.PathLike,
+    providers: list[dict[str, Any]],
+    settings: dict[str, Any],
+    iobinding: bool = False,
+    passes: list[dict[str, Any]] | None = None,
+    accuracy: dict[str, Any] | None = None,
+    latency: dict[str, Any] | None = None,
+    machine: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Write ``profile.json`` atomically; ``model_file`` is stored relative to the profile's folder.
 
     ``machine`` is the measuring machine as ``providers.machine.machine_facts`` describes it
@@ -58,8 +67,11 @@ def write_profile(path: str | os.PathLike, *, model_file: str | os.PathLike, pro
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,
         "model": {"file": rel, "sha256": file_sha256(model)},
-        "onnxruntime": {"version": ort.__version__, "distribution": ort_distribution(),
-                        "available_providers": ort.get_available_providers()},
+        "onnxruntime": {
+            "version": ort.__version__,
+            "distribution": ort_distribution(),
+            "available_providers": ort.get_available_providers(),
+        },
         "providers": providers,
         "session_settings": settings,
         "iobinding": iobinding,
@@ -79,19 +91,25 @@ def read_profile(path: str | os.PathLike) -> dict[str, Any]:
     if not p.is_file():
         raise UsageError(f"Profile '{p}' does not exist. Create one with 'ortpilot tune MODEL -o DIR'.")
     if p.stat().st_size > MAX_PROFILE_BYTES:
-        raise UsageError(f"Profile '{p}' is {p.stat().st_size} bytes, more than an ortpilot profile ever is "
-                         f"({MAX_PROFILE_BYTES} at most); it is not one. Regenerate it with 'ortpilot tune'.")
+        raise UsageError(
+            f"Profile '{p}' is {p.stat().st_size} bytes, more than an ortpilot profile ever is "
+            f"({MAX_PROFILE_BYTES} at most); it is not one. Regenerate it with 'ortpilot tune'."
+        )
     try:
         doc = json.loads(p.read_bytes().decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; deep nesting recurses
-        raise UsageError(f"Profile '{p}' is not valid JSON ({type(exc).__name__}: {str(exc)[:200]}). It was edited "
-                         "or truncated; regenerate it with 'ortpilot tune'.") from None
+        raise UsageError(
+            f"Profile '{p}' is not valid JSON ({type(exc).__name__}: {str(exc)[:200]}). It was edited "
+            "or truncated; regenerate it with 'ortpilot tune'."
+        ) from None
     if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
-        raise UsageError(f"'{p}' is not an ortpilot profile (no \"format\": \"{PROFILE_FORMAT}\").")
+        raise UsageError(f'\'{p}\' is not an ortpilot profile (no "format": "{PROFILE_FORMAT}").')
     version = doc.get("version", 0)
     if isinstance(version, int) and not isinstance(version, bool) and version > PROFILE_VERSION:
-        raise UsageError(f"Profile '{p}' has format version {version}, newer than this ortpilot "
-                         f"reads ({PROFILE_VERSION}). Upgrade ortpilot.")
+        raise UsageError(
+            f"Profile '{p}' has format version {version}, newer than this ortpilot "
+            f"reads ({PROFILE_VERSION}). Upgrade ortpilot."
+        )
     check_profile(doc, str(p))  # every field by type and range: a profile is an input, not trusted state
     return doc
 
@@ -109,13 +127,17 @@ def verify_model_file(doc: dict[str, Any], profile_path: str | os.PathLike) -> P
     """
     model = profile_model_path(doc, profile_path)
     if not model.is_file():
-        raise StampMismatchError(f"The model file '{model}' named by profile '{profile_path}' is missing. "
-                                 "Keep the profile next to its model, or re-run 'ortpilot tune'.")
+        raise StampMismatchError(
+            f"The model file '{model}' named by profile '{profile_path}' is missing. "
+            "Keep the profile next to its model, or re-run 'ortpilot tune'."
+        )
     digest = file_sha256(model)
     if digest != doc["model"].get("sha256"):
-        raise StampMismatchError(f"The model file '{model}' changed since it was tuned (sha256 {digest[:12]}…, "
-                                 f"profile says {str(doc['model'].get('sha256'))[:12]}…). Re-run 'ortpilot tune' "
-                                 "on the new model; the old profile's measurements do not apply to it.")
+        raise StampMismatchError(
+            f"The model file '{model}' changed since it was tuned (sha256 {digest[:12]}…, "
+            f"profile says {str(doc['model'].get('sha256'))[:12]}…). Re-run 'ortpilot tune' "
+            "on the new model; the old profile's measurements do not apply to it."
+        )
     return model
 
 
@@ -125,24 +147,32 @@ def verify_environment(doc: dict[str, Any], profile_path: str | os.PathLike) -> 
     recorded = doc["onnxruntime"]
     version = str(recorded.get("version", ""))
     if version.split(".")[:2] != ort.__version__.split(".")[:2]:
-        message = (f"Profile '{profile_path}' was measured with ONNX Runtime {version}; this is {ort.__version__}. "
-                   "It loads, but its latency figures may not hold: re-run 'ortpilot tune' to re-measure.")
+        message = (
+            f"Profile '{profile_path}' was measured with ONNX Runtime {version}; this is {ort.__version__}. "
+            "It loads, but its latency figures may not hold: re-run 'ortpilot tune' to re-measure."
+        )
         log.warning(message)
         warnings.warn(message, OrtVersionWarning, stacklevel=3)
     dist_then = _dist_names(str(recorded.get("distribution", "")))
     dist_now = _dist_names(ort_distribution())
     if dist_then and dist_now and dist_then != dist_now:
-        raise StampMismatchError(f"Profile '{profile_path}' was made with ORT build {', '.join(sorted(dist_then))}; "
-                                 f"this environment has {', '.join(sorted(dist_now))}. Another build has other "
-                                 "execution providers and kernels: re-run 'ortpilot tune' here.")
+        raise StampMismatchError(
+            f"Profile '{profile_path}' was made with ORT build {', '.join(sorted(dist_then))}; "
+            f"this environment has {', '.join(sorted(dist_now))}. Another build has other "
+            "execution providers and kernels: re-run 'ortpilot tune' here."
+        )
     available = ort.get_available_providers()
     for spec in doc["providers"]:
         name = spec.get("name") if isinstance(spec, dict) else str(spec)
         if name not in available:
-            raise ProviderFallbackError(f"Profile '{profile_path}' runs on {name}, which this ORT build "
-                                        f"({ort.__version__}) lacks (available: {', '.join(available)}). "
-                                        "Install the ORT build the profile was made with, or re-tune here.",
-                                        requested=name, loaded=available, layer=1)
+            raise ProviderFallbackError(
+                f"Profile '{profile_path}' runs on {name}, which this ORT build "
+                f"({ort.__version__}) lacks (available: {', '.join(available)}). "
+                "Install the ORT build the profile was made with, or re-tune here.",
+                requested=name,
+                loaded=available,
+                layer=1,
+            )
     return model
 
 

@@ -26,12 +26,21 @@ MAX_DIM = 2**31 - 1
 # Session config entries ortpilot writes or that only steer threads and numerics. Anything else
 # may name a file ORT writes or loads (ep.context_file_path, session.optimized_model_external_
 # initializers_file_name, session.load_model_format, ...) and is refused in a profile.
-SAFE_CONFIG_ENTRIES = frozenset({
-    "session.intra_op.allow_spinning", "session.inter_op.allow_spinning", "session.disable_cpu_ep_fallback",
-    "session.record_ep_graph_assignment_info", "session.set_denormal_as_zero", "session.disable_prepacking",
-    "session.dynamic_block_base", "session.use_env_allocators", "session.disable_quant_qdq",
-    "session.enable_quant_qdq_cleanup", "session.qdq_matmulnbits_accuracy_level",
-})
+SAFE_CONFIG_ENTRIES = frozenset(
+    {
+        "session.intra_op.allow_spinning",
+        "session.inter_op.allow_spinning",
+        "session.disable_cpu_ep_fallback",
+        "session.record_ep_graph_assignment_info",
+        "session.set_denormal_as_zero",
+        "session.disable_prepacking",
+        "session.dynamic_block_base",
+        "session.use_env_allocators",
+        "session.disable_quant_qdq",
+        "session.enable_quant_qdq_cleanup",
+        "session.qdq_matmulnbits_accuracy_level",
+    }
+)
 # Provider options whose value is a path: where an EP writes caches or loads libraries from.
 _PATH_OPTION = re.compile(r"(path|dir|file|folder|librar|cache_location)", re.I)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -45,9 +54,11 @@ def check_profile(doc: Any, where: str) -> None:
     try:
         _TOP_LEVEL(doc, "")
     except _Bad as bad:
-        raise UsageError(f"Profile '{where}' has an invalid field '{bad.field}': {bad.problem}. ortpilot reads only "
-                         "what its own 'tune' writes; regenerate the profile with 'ortpilot tune' instead of editing "
-                         "it.") from None
+        raise UsageError(
+            f"Profile '{where}' has an invalid field '{bad.field}': {bad.problem}. ortpilot reads only "
+            "what its own 'tune' writes; regenerate the profile with 'ortpilot tune' instead of editing "
+            "it."
+        ) from None
 
 
 def file_settings(doc: Mapping[str, Any]) -> list[str]:
@@ -60,8 +71,11 @@ def file_settings(doc: Mapping[str, Any]) -> list[str]:
     settings = doc.get("session_settings") or {}
     if settings.get("optimized_model_filepath"):
         found.append("session_settings.optimized_model_filepath")
-    found += [f"session_settings.config_entries.{key}" for key in (settings.get("config_entries") or {})
-              if key not in SAFE_CONFIG_ENTRIES]
+    found += [
+        f"session_settings.config_entries.{key}"
+        for key in (settings.get("config_entries") or {})
+        if key not in SAFE_CONFIG_ENTRIES
+    ]
     for i, spec in enumerate(doc.get("providers") or []):
         for key, value in (spec.get("options") or {}).items():
             if _PATH_OPTION.search(key) and ("librar" in key.lower() or not _in_own_cache(str(value))):
@@ -88,6 +102,7 @@ def _in_own_cache(value: str) -> bool:
 
 # --------------------------------------------------------------------------- field checks
 
+
 class _Bad(Exception):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(field, problem)
@@ -98,8 +113,9 @@ class _Bad(Exception):
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "object"}.get(type(value), type(value).__name__)
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def _join(name: str, key: str) -> str:
@@ -155,6 +171,7 @@ def _dict_of(check: Check) -> Check:
         for key, item in value.items():
             _string(key, f"{name} key")
             check(item, f"{name}.{key}")
+
     return run
 
 
@@ -168,6 +185,7 @@ def _list_of(check: Check, *, nonempty: bool = False, limit: int = 4096) -> Chec
             raise _Bad(name, f"{len(value)} items, more than {limit}")
         for i, item in enumerate(value):
             check(item, f"{name}[{i}]")
+
     return run
 
 
@@ -183,6 +201,7 @@ def _fields(fields: Mapping[str, Check], required: Sequence[str] = ()) -> Check:
             if check is None:
                 raise _Bad(_join(name, str(key)), "ortpilot writes no such field")
             check(item, _join(name, key))
+
     return run
 
 
@@ -242,19 +261,36 @@ def _machine(value: Any, name: str) -> None:
 
 
 _SETTINGS: dict[str, Check] = {
-    "level": _level, "intra_op_threads": _threads, "inter_op_threads": _threads, "execution_mode": _execution_mode,
-    "enable_cpu_mem_arena": _bool, "enable_mem_pattern": _bool, "free_dimension_overrides": _dict_of(_dim),
-    "config_entries": _dict_of(lambda v, n: _string(v, n)), "optimized_model_filepath": lambda v, n: _string(v, n),
+    "level": _level,
+    "intra_op_threads": _threads,
+    "inter_op_threads": _threads,
+    "execution_mode": _execution_mode,
+    "enable_cpu_mem_arena": _bool,
+    "enable_mem_pattern": _bool,
+    "free_dimension_overrides": _dict_of(_dim),
+    "config_entries": _dict_of(lambda v, n: _string(v, n)),
+    "optimized_model_filepath": lambda v, n: _string(v, n),
     "log_severity": lambda v, n: _int(v, n, 0, 4),
 }
-_PROVIDER = _fields({"name": lambda v, n: _string(v, n, nonempty=True, limit=256), "short": _string,
-                     "options": _dict_of(_option_value)}, required=("name",))
+_PROVIDER = _fields(
+    {
+        "name": lambda v, n: _string(v, n, nonempty=True, limit=256),
+        "short": _string,
+        "options": _dict_of(_option_value),
+    },
+    required=("name",),
+)
 _TOP: dict[str, Check] = {
     "format": lambda v, n: _string(v, n),
     "version": lambda v, n: _int(v, n, 1, 2**31),
     "model": _fields({"file": _model_file, "sha256": _sha256}, required=("file", "sha256")),
-    "onnxruntime": _fields({"version": lambda v, n: _string(v, n, limit=256), "distribution": _string,
-                            "available_providers": _list_of(lambda v, n: _string(v, n, limit=256))}),
+    "onnxruntime": _fields(
+        {
+            "version": lambda v, n: _string(v, n, limit=256),
+            "distribution": _string,
+            "available_providers": _list_of(lambda v, n: _string(v, n, limit=256)),
+        }
+    ),
     "providers": _list_of(_PROVIDER, nonempty=True, limit=64),
     "session_settings": _fields(_SETTINGS),
     "iobinding": _bool,
@@ -264,14 +300,21 @@ _TOP: dict[str, Check] = {
     "machine": _machine,
     "ortpilot_version": lambda v, n: _string(v, n, limit=256),
     "candidate": _json_value,
-    "reference_outputs": _fields({"heldout_seed": lambda v, n: _int(v, n, 0, 2**63 - 1), "inputs_sha256": _string,
-                                  "sha256": _dict_of(lambda v, n: _string(v, n)), "file": _file_name}),
+    "reference_outputs": _fields(
+        {
+            "heldout_seed": lambda v, n: _int(v, n, 0, 2**63 - 1),
+            "inputs_sha256": _string,
+            "sha256": _dict_of(lambda v, n: _string(v, n)),
+            "file": _file_name,
+        }
+    ),
     "source_model": _fields({"path": _string, "sha256": _string}),
     "shapes": _dict_of(_list_of(_dim, limit=64)),
     "placement": _placement,
     "default_best": _bool,
     # The ORT-optimized winner serving replicas load with optimizations off (tune.optimized).
-    "optimized_model": _fields({"file": _file_name, "sha256": _sha256, "level": _level, "placement": _placement},
-                               required=("file", "sha256")),
+    "optimized_model": _fields(
+        {"file": _file_name, "sha256": _sha256, "level": _level, "placement": _placement}, required=("file", "sha256")
+    ),
 }
 _TOP_LEVEL = _fields(_TOP, required=("format", "model", "onnxruntime", "providers", "session_settings"))

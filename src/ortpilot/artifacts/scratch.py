@@ -53,7 +53,7 @@ def sweep_scratch_dirs(prefix: str, min_age_s: float = 1.0, root: str | os.PathL
     removed = []
     with contextlib.suppress(OSError):
         for path in sorted(base.glob(f"{prefix}*")):
-            if _MKDTEMP_TAIL.match(path.name[len(prefix):]) and _orphaned(path, min_age_s):
+            if _MKDTEMP_TAIL.match(path.name[len(prefix) :]) and _orphaned(path, min_age_s):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed
@@ -69,8 +69,7 @@ def _orphaned(path: Path, min_age_s: float) -> bool:
         return False
     try:
         info = os.fstat(fd)
-        if (not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid()
-                or time.time() - info.st_mtime < min_age_s):
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or time.time() - info.st_mtime < min_age_s:
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -25,8 +25,25 @@ STAMP_VERSION = 1
 # Levels whose saved graph can hold EP-specific ops or CPU-specific layouts.
 EP_SPECIFIC_LEVELS = ("extended", "layout", "all")
 # CPU flags that change what ORT's CPU kernels and layout transforms choose.
-_CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
-              "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve", "i8mm", "bf16")
+_CPU_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "sve",
+    "i8mm",
+    "bf16",
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,9 +90,17 @@ def _providers_list(providers: Sequence[Any] | None) -> list[dict[str, Any]]:
     return [p.to_dict() if hasattr(p, "to_dict") else dict(p) for p in providers or ()]
 
 
-def make_stamp(*, source_sha256: str, providers: Sequence[Any] | None = None, level: str | None = None,
-               ep_specific: bool | None = None, source_path: str | None = None, pass_name: str = "",
-               options: dict[str, Any] | None = None, ort_version: str | None = None) -> dict[str, Any]:
+def make_stamp(
+    *,
+    source_sha256: str,
+    providers: Sequence[Any] | None = None,
+    level: str | None = None,
+    ep_specific: bool | None = None,
+    source_path: str | None = None,
+    pass_name: str = "",
+    options: dict[str, Any] | None = None,
+    ort_version: str | None = None,
+) -> dict[str, Any]:
     """Build a stamp. ``ep_specific`` defaults to True for extended/layout/all levels."""
     import onnxruntime as ort
 
@@ -137,10 +162,15 @@ def stamp_problems(stamp: dict[str, Any], providers: Sequence[Any] | None, ort_v
     if built and wanted and built[0] != wanted[0]:
         problems.append(f"it was optimized for {built[0]} and the session asks for {wanted[0]}")
     level = stamp.get("level")
-    if (wanted and wanted[0] == "CPUExecutionProvider" and level in ("layout", "all")
-            and (stamp.get("cpu") or {}).get("isa") not in (None, cpu_features()["isa"])):
-        problems.append(f"its CPU layouts were chosen for {stamp['cpu']['isa']} and this CPU is "
-                        f"{cpu_features()['isa']}")
+    if (
+        wanted
+        and wanted[0] == "CPUExecutionProvider"
+        and level in ("layout", "all")
+        and (stamp.get("cpu") or {}).get("isa") not in (None, cpu_features()["isa"])
+    ):
+        problems.append(
+            f"its CPU layouts were chosen for {stamp['cpu']['isa']} and this CPU is {cpu_features()['isa']}"
+        )
     return problems
 
 
@@ -162,12 +192,24 @@ def check_stamp(model_proto: onnx.ModelProto, providers: Sequence[Any] | None, o
 def mismatch_message(stamp: dict[str, Any], problems: list[str]) -> str:
     source = stamp.get("source_path") or "SOURCE.onnx"
     eps = [p.get("short") or p.get("name") for p in stamp.get("providers") or []]
-    return (f"This model was built for {describe_stamp(stamp)}, but " + "; ".join(problems) + ". Offline-optimized "
-            "models can hold provider-specific fused ops and CPU-specific layouts, so ortpilot will not run it here. "
-            f"Rebuild it from its source for what is in use: 'ortpilot optimize {source} -o OUT "
-            f"--level {stamp.get('level')} -p PROVIDER' (it was built with -p {' -p '.join(eps) or 'cpu'}), "
-            "or load the source model directly.")
+    return (
+        f"This model was built for {describe_stamp(stamp)}, but " + "; ".join(problems) + ". Offline-optimized "
+        "models can hold provider-specific fused ops and CPU-specific layouts, so ortpilot will not run it here. "
+        f"Rebuild it from its source for what is in use: 'ortpilot optimize {source} -o OUT "
+        f"--level {stamp.get('level')} -p PROVIDER' (it was built with -p {' -p '.join(eps) or 'cpu'}), "
+        "or load the source model directly."
+    )
 
 
-__all__ = ["STAMP_KEY", "check_stamp", "cpu_features", "describe_stamp", "make_stamp", "mismatch_message",
-           "ort_distribution", "read_stamp", "stamp_problems", "write_stamp"]
+__all__ = [
+    "STAMP_KEY",
+    "check_stamp",
+    "cpu_features",
+    "describe_stamp",
+    "make_stamp",
+    "mismatch_message",
+    "ort_distribution",
+    "read_stamp",
+    "stamp_problems",
+    "write_stamp",
+]

@@ -42,13 +42,24 @@ KEY_CHARS = 16  # of the key in a build folder's name
 STALE_WITHOUT_LOCK_S = 3600.0  # a build folder with no lock file to test is removed after this long
 
 
-def cache_key(*, model_sha256: str, ort_version: str, providers: Sequence[Mapping[str, Any]] | Sequence[str],
-              level: str, free_dimension_overrides: Mapping[str, int] | None = None,
-              cpu: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None) -> str:
+def cache_key(
+    *,
+    model_sha256: str,
+    ort_version: str,
+    providers: Sequence[Mapping[str, Any]] | Sequence[str],
+    level: str,
+    free_dimension_overrides: Mapping[str, int] | None = None,
+    cpu: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> str:
     """sha256 over a canonical JSON of every input that decides the cached model's bytes."""
     doc = {
-        "model": model_sha256, "ort": ort_version, "providers": list(providers), "level": level,
-        "free_dims": dict(sorted((free_dimension_overrides or {}).items())), "cpu": dict(cpu or {}),
+        "model": model_sha256,
+        "ort": ort_version,
+        "providers": list(providers),
+        "level": level,
+        "free_dims": dict(sorted((free_dimension_overrides or {}).items())),
+        "cpu": dict(cpu or {}),
         "extra": dict(extra or {}),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
@@ -108,10 +119,12 @@ class ModelStore:
 
     def _check_owner(self, folder: Path, info: os.stat_result) -> None:
         if info.st_uid != os.getuid() and not self.shared:
-            raise UsageError(f"Cache entry '{folder}' belongs to user id {info.st_uid}, not to you (user id "
-                             f"{os.getuid()}), and the cache '{self.root.parent}' is not shared (not group-writable): "
-                             "ortpilot serves only models its user built or a group shares. Remove the entry, make "
-                             "the cache folder group-writable to share it, or point ORTPILOT_CACHE_DIR elsewhere.")
+            raise UsageError(
+                f"Cache entry '{folder}' belongs to user id {info.st_uid}, not to you (user id "
+                f"{os.getuid()}), and the cache '{self.root.parent}' is not shared (not group-writable): "
+                "ortpilot serves only models its user built or a group shares. Remove the entry, make "
+                "the cache folder group-writable to share it, or point ORTPILOT_CACHE_DIR elsewhere."
+            )
 
     def discard(self, key: str) -> None:
         folder = self.entry_dir(key)
@@ -171,7 +184,7 @@ class ModelStore:
 
     def _orphaned(self, folder: Path) -> bool:
         """True when no live process is building into ``folder`` (its entry's lock is free)."""
-        prefix = folder.name[len(BUILD_PREFIX):len(BUILD_PREFIX) + KEY_CHARS]
+        prefix = folder.name[len(BUILD_PREFIX) : len(BUILD_PREFIX) + KEY_CHARS]
         locks = sorted((self.root / ".locks").glob(f"{prefix}*.lock")) if len(prefix) == KEY_CHARS else []
         if not locks:
             with contextlib.suppress(OSError):
@@ -190,8 +203,9 @@ class ModelStore:
                 os.close(fd)
         return True
 
-    def get_or_create(self, key: str, build: Callable[[Path], Any], meta: Mapping[str, Any] | None = None
-                      ) -> tuple[Path, bool]:
+    def get_or_create(
+        self, key: str, build: Callable[[Path], Any], meta: Mapping[str, Any] | None = None
+    ) -> tuple[Path, bool]:
         """Return (path, hit). On a miss, ``build(path)`` writes the model to ``path`` (a temp folder).
 
         A mapping that ``build`` returns (what the build found out, e.g. its pass record) joins
@@ -215,8 +229,10 @@ class ModelStore:
                 if not (tmp / MODEL_FILE).is_file():
                     raise RuntimeError(f"cache build for {key} wrote no {MODEL_FILE}")
                 entry_meta = {**(meta or {}), **(found_out if isinstance(found_out, Mapping) else {})}
-                atomic_write_json(tmp / ENTRY_FILE, {"key": key, "sha256": file_sha256(tmp / MODEL_FILE),
-                                                     "created": time.time(), "meta": entry_meta})
+                atomic_write_json(
+                    tmp / ENTRY_FILE,
+                    {"key": key, "sha256": file_sha256(tmp / MODEL_FILE), "created": time.time(), "meta": entry_meta},
+                )
                 if shared:  # every member may read, and repair, what this one built
                     for path in [tmp, *tmp.iterdir()]:
                         share(path)

@@ -43,15 +43,23 @@ def _knobs(base: bool) -> list[Callable]:
         click.option("--level", type=click.Choice(LEVELS), default=d("all"), help="ORT graph optimization level."),
         click.option("--threads", type=int, default=d(0), help="Intra-op threads (0 = ORT's default)."),
         click.option("--inter-threads", type=int, default=d(0), help="Inter-op threads (parallel mode)."),
-        click.option("--mode", type=click.Choice(["sequential", "parallel"]), default=d("sequential"),
-                     help="Execution mode."),
+        click.option(
+            "--mode", type=click.Choice(["sequential", "parallel"]), default=d("sequential"), help="Execution mode."
+        ),
         click.option("--arena/--no-arena", default=d(True), help="CPU memory arena on/off."),
         click.option("--mem-pattern/--no-mem-pattern", default=d(True), help="Memory pattern planning on/off."),
-        click.option("--iobinding/--no-iobinding", default=d(False),
-                     help="Bind inputs once as OrtValues and outputs to CPU; time run_with_iobinding."),
+        click.option(
+            "--iobinding/--no-iobinding",
+            default=d(False),
+            help="Bind inputs once as OrtValues and outputs to CPU; time run_with_iobinding.",
+        ),
         click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP),
-        click.option("--free-dim", "free_dims", multiple=True,
-                     help="DIM=N: an ORT free-dimension override (also sizes generated inputs)."),
+        click.option(
+            "--free-dim",
+            "free_dims",
+            multiple=True,
+            help="DIM=N: an ORT free-dimension override (also sizes generated inputs).",
+        ),
         click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input."),
         click.option("--concurrency", type=int, default=d(1), help="Threads running the one session at once (1-256)."),
     ]
@@ -73,8 +81,20 @@ def _vs_command(**params: Any) -> dict[str, Any]:
 
 _vs_command = _apply(_knobs(base=False), _vs_command)
 
-KNOB_NAMES = ["providers", "level", "threads", "inter_threads", "mode", "arena", "mem_pattern", "iobinding",
-              "shapes", "free_dims", "inputs", "concurrency"]
+KNOB_NAMES = [
+    "providers",
+    "level",
+    "threads",
+    "inter_threads",
+    "mode",
+    "arena",
+    "mem_pattern",
+    "iobinding",
+    "shapes",
+    "free_dims",
+    "inputs",
+    "concurrency",
+]
 
 
 def parse_vs(text: str, base: dict[str, Any], where: str = "--vs") -> dict[str, Any]:
@@ -86,9 +106,11 @@ def parse_vs(text: str, base: dict[str, Any], where: str = "--vs") -> dict[str, 
     try:
         ctx = _vs_command.make_context("--vs", args)
     except click.exceptions.ClickException as exc:
-        raise UsageError(f"{where} '{text}': {exc.format_message()} Allowed inside it: the session flags "
-                         "(-p, --level, --threads, --inter-threads, --mode, --[no-]arena, --[no-]mem-pattern, "
-                         "--[no-]iobinding, --shape, --free-dim, --input, --concurrency) and --model, --name.") from None
+        raise UsageError(
+            f"{where} '{text}': {exc.format_message()} Allowed inside it: the session flags "
+            "(-p, --level, --threads, --inter-threads, --mode, --[no-]arena, --[no-]mem-pattern, "
+            "--[no-]iobinding, --shape, --free-dim, --input, --concurrency) and --model, --name."
+        ) from None
     params = dict(base)
     for key, value in ctx.params.items():
         if value is not None and value != ():
@@ -108,14 +130,25 @@ def build_config(params: dict[str, Any], name: str):
     shapes = parse_shape_args(list(params["shapes"]))
     for dim, value in free.items():
         shapes.setdefault(dim, (value,))
-    settings = SessionSettings(level=params["level"], intra_op_threads=params["threads"],
-                               inter_op_threads=params["inter_threads"], execution_mode=params["mode"],
-                               enable_cpu_mem_arena=params["arena"], enable_mem_pattern=params["mem_pattern"],
-                               free_dimension_overrides=free)
-    return BenchConfig(name=params.get("name") or name, model=resolve_model_arg(params["model"]),
-                       providers=list(params["providers"]) or None, settings=settings, shapes=shapes,
-                       feeds=load_input_files(tuple(params["inputs"])) or None, iobinding=params["iobinding"],
-                       concurrency=params["concurrency"])
+    settings = SessionSettings(
+        level=params["level"],
+        intra_op_threads=params["threads"],
+        inter_op_threads=params["inter_threads"],
+        execution_mode=params["mode"],
+        enable_cpu_mem_arena=params["arena"],
+        enable_mem_pattern=params["mem_pattern"],
+        free_dimension_overrides=free,
+    )
+    return BenchConfig(
+        name=params.get("name") or name,
+        model=resolve_model_arg(params["model"]),
+        providers=list(params["providers"]) or None,
+        settings=settings,
+        shapes=shapes,
+        feeds=load_input_files(tuple(params["inputs"])) or None,
+        iobinding=params["iobinding"],
+        concurrency=params["concurrency"],
+    )
 
 
 def _positive_int(name: str, text: str) -> int:
@@ -147,8 +180,9 @@ def _config_file_entries(path: str) -> list[tuple[str | None, str]]:
         elif isinstance(entry, dict) and isinstance(entry.get("flags", ""), str) and set(entry) <= {"name", "flags"}:
             out.append((entry.get("name"), entry.get("flags", "")))
         else:
-            raise UsageError(f"--configs entry {i} must be a flag string or {{\"name\": ..., \"flags\": \"...\"}}, "
-                             f"got {entry!r}.")
+            raise UsageError(
+                f'--configs entry {i} must be a flag string or {{"name": ..., "flags": "..."}}, got {entry!r}.'
+            )
     return out
 
 
@@ -167,33 +201,76 @@ def _warmup_arg(text: str) -> int | str:
 @click.command("bench")
 @MODEL_FILE_OPTION
 @click.argument("model")
-@click.option("--warmup", default="auto", show_default=True,
-              help="Warm-up runs before timing, or 'auto': until the rolling median settles.")
+@click.option(
+    "--warmup",
+    default="auto",
+    show_default=True,
+    help="Warm-up runs before timing, or 'auto': until the rolling median settles.",
+)
 @click.option("--runs", type=int, default=None, help="Timed runs (per configuration).")
-@click.option("--duration", type=float, default=None, help="Seconds of timed runs (default 5; all configurations together).")
-@click.option("--vs", "vs", multiple=True, help="Flags of another configuration to run interleaved with this one, "
-              "e.g. --vs \"--threads 1\" (repeatable; flags not given keep this command's values).")
-@click.option("--configs", "configs_file", default=None, help="JSON file: more configurations, as flag strings "
-              "or {\"name\": ..., \"flags\": ...}.")
+@click.option(
+    "--duration", type=float, default=None, help="Seconds of timed runs (default 5; all configurations together)."
+)
+@click.option(
+    "--vs",
+    "vs",
+    multiple=True,
+    help="Flags of another configuration to run interleaved with this one, "
+    'e.g. --vs "--threads 1" (repeatable; flags not given keep this command\'s values).',
+)
+@click.option(
+    "--configs",
+    "configs_file",
+    default=None,
+    help='JSON file: more configurations, as flag strings or {"name": ..., "flags": ...}.',
+)
 @click.option("--name", default=None, help="Label of this (the baseline) configuration.")
 @click.option("--block", type=int, default=None, help="Runs per turn when interleaving (default: about 20 ms).")
-@click.option("--policy", type=click.Choice(["strict", "warn", "allow"]), default="warn", show_default=True,
-              help="What a provider fallback does: strict exits 1, warn logs, allow records only.")
-@click.option("--roofline/--no-roofline", default=True, show_default=True,
-              help="Achieved GFLOP/s vs this machine's measured matmul peak (measured once, cached).")
+@click.option(
+    "--policy",
+    type=click.Choice(["strict", "warn", "allow"]),
+    default="warn",
+    show_default=True,
+    help="What a provider fallback does: strict exits 1, warn logs, allow records only.",
+)
+@click.option(
+    "--roofline/--no-roofline",
+    default=True,
+    show_default=True,
+    help="Achieved GFLOP/s vs this machine's measured matmul peak (measured once, cached).",
+)
 @click.option("--samples/--no-samples", default=True, show_default=True, help="Per-run latencies in the JSON.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--report", default=None, help="Write a self-contained HTML report (histogram, time series, comparison).")
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
-@click.option("--baseline", default=None, help="A saved 'bench --json' result of the old build: exit 1 when this "
-              "one is slower by more than --max-slowdown beyond the noise (give the old model with --vs "
-              "\"--model OLD.onnx\" to compare interleaved).")
+@click.option(
+    "--baseline",
+    default=None,
+    help="A saved 'bench --json' result of the old build: exit 1 when this "
+    "one is slower by more than --max-slowdown beyond the noise (give the old model with --vs "
+    '"--model OLD.onnx" to compare interleaved).',
+)
 @click.option("--max-slowdown", default=None, help="Percent slower than --baseline that still passes, e.g. 10.")
 @handle_errors
-def command(model: str, warmup: str, runs: int | None, duration: float | None, vs: tuple[str, ...],
-             configs_file: str | None, name: str | None, block: int | None, policy: str, roofline: bool,
-             samples: bool, as_json: bool, report: str | None, isolate: bool, baseline: str | None,
-             max_slowdown: str | None, **knobs: Any) -> None:
+def command(
+    model: str,
+    warmup: str,
+    runs: int | None,
+    duration: float | None,
+    vs: tuple[str, ...],
+    configs_file: str | None,
+    name: str | None,
+    block: int | None,
+    policy: str,
+    roofline: bool,
+    samples: bool,
+    as_json: bool,
+    report: str | None,
+    isolate: bool,
+    baseline: str | None,
+    max_slowdown: str | None,
+    **knobs: Any,
+) -> None:
     """Benchmark MODEL: latency percentiles with a CI of the median, throughput, memory, roofline.
 
     With --vs or --configs, every configuration runs interleaved in this process and each one's
@@ -229,13 +306,33 @@ def command(model: str, warmup: str, runs: int | None, duration: float | None, v
         with bar:
             if len(configs) == 1:
                 c = configs[0]
-                result: Any = bench(c.model, c.providers, c.settings, c.shapes, c.feeds, runs=runs,
-                                    duration_s=duration, warmup=warm, iobinding=c.iobinding,
-                                    concurrency=c.concurrency, policy=policy, roofline=roofline,
-                                    name=c.name or "A", progress=progress)
+                result: Any = bench(
+                    c.model,
+                    c.providers,
+                    c.settings,
+                    c.shapes,
+                    c.feeds,
+                    runs=runs,
+                    duration_s=duration,
+                    warmup=warm,
+                    iobinding=c.iobinding,
+                    concurrency=c.concurrency,
+                    policy=policy,
+                    roofline=roofline,
+                    name=c.name or "A",
+                    progress=progress,
+                )
             else:
-                result = bench_interleaved(configs, runs=runs, duration_s=duration, warmup=warm, block=block,
-                                           policy=policy, roofline=roofline, progress=progress)
+                result = bench_interleaved(
+                    configs,
+                    runs=runs,
+                    duration_s=duration,
+                    warmup=warm,
+                    block=block,
+                    policy=policy,
+                    roofline=roofline,
+                    progress=progress,
+                )
     except BenchmarkRunError as exc:
         if exc.partial is not None:
             _output(exc.partial, as_json, samples, report)
@@ -264,10 +361,16 @@ def _regression_gate(baseline: str | None, max_slowdown: str | None, configs: li
         raise UsageError("--baseline compares two configurations at most: MODEL, and the old model with one --vs.")
     saved = regression.read_baseline(baseline)
     old_model = configs[-1].model
-    if isinstance(old_model, (str, Path)) and Path(old_model).is_file() and file_sha256(old_model) != saved.get("model_sha256"):
-        raise UsageError(f"--baseline '{baseline}' measured another model (sha256 {str(saved.get('model_sha256'))[:12]}…) "
-                         f"than '{old_model}' ({file_sha256(old_model)[:12]}…). Give the model it measured, or its "
-                         "new build as MODEL and the old one with --vs \"--model OLD.onnx\".")
+    if (
+        isinstance(old_model, (str, Path))
+        and Path(old_model).is_file()
+        and file_sha256(old_model) != saved.get("model_sha256")
+    ):
+        raise UsageError(
+            f"--baseline '{baseline}' measured another model (sha256 {str(saved.get('model_sha256'))[:12]}…) "
+            f"than '{old_model}' ({file_sha256(old_model)[:12]}…). Give the model it measured, or its "
+            'new build as MODEL and the old one with --vs "--model OLD.onnx".'
+        )
 
     def verdict(result: Any):
         doc = result.to_dict(samples=False)
@@ -292,8 +395,14 @@ def _progress():
 
     if not stderr.is_terminal:  # a log file or a pipe gets no bar
         return None, contextlib.nullcontext()
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                   TimeRemainingColumn(), console=stderr, transient=True)
+    bar = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeRemainingColumn(),
+        console=stderr,
+        transient=True,
+    )
     tasks: dict[str, Any] = {}
 
     def update(phase: str, done: float, total: float) -> None:
@@ -314,8 +423,9 @@ def _output(result: Any, as_json: bool, samples: bool, report: str | None, verdi
     else:
         render(result)
     if verdict is not None:
-        (stderr if as_json else stdout).print(("[red]" if verdict.slower else "[green]") + escape(verdict.line())
-                                              + "[/]", highlight=False)
+        (stderr if as_json else stdout).print(
+            ("[red]" if verdict.slower else "[green]") + escape(verdict.line()) + "[/]", highlight=False
+        )
     if report:
         from ortpilot.measure.html_report import write_report
 
@@ -338,23 +448,40 @@ def render(result: Any) -> None:
         table.add_row(label, *[escape(cell(r)) for r in results])
     stdout.print(table)
     first = results[0]
-    stdout.print("[dim]" + escape(f"{first.model} on {', '.join(first.providers)}; inputs {first.inputs}: "
-                 + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in first.shapes.items())
-                 + f"; ORT {first.environment.get('onnxruntime')}") + "[/]", highlight=False)
+    stdout.print(
+        "[dim]"
+        + escape(
+            f"{first.model} on {', '.join(first.providers)}; inputs {first.inputs}: "
+            + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in first.shapes.items())
+            + f"; ORT {first.environment.get('onnxruntime')}"
+        )
+        + "[/]",
+        highlight=False,
+    )
     for res in results:
         if res.stats and res.stats.noisy:
-            stdout.print(f"[yellow]noisy ({escape(res.name)}):[/] " + escape("; ".join(res.stats.noise_reasons))
-                         + ". Close other programs, pin threads, or run longer.", highlight=False)
+            stdout.print(
+                f"[yellow]noisy ({escape(res.name)}):[/] "
+                + escape("; ".join(res.stats.noise_reasons))
+                + ". Close other programs, pin threads, or run longer.",
+                highlight=False,
+            )
         if res.roofline:
             stdout.print(escape(f"roofline ({res.name}): {res.roofline['reading']}"), highlight=False)
     for ratio in getattr(result, "ratios", []):
-        stdout.print(f"[bold]{escape(ratio.config)} / {escape(ratio.baseline)}[/]: ratio {ratio.ratio:.3f} (95% CI {ratio.ci_low:.3f}-"
-                     f"{ratio.ci_high:.3f}): {escape(ratio.verdict)}  [dim](pooled medians {ratio.pooled:.3f}, "
-                     f"CI {ratio.pooled_low:.3f}-{ratio.pooled_high:.3f})[/]", highlight=False)
+        stdout.print(
+            f"[bold]{escape(ratio.config)} / {escape(ratio.baseline)}[/]: ratio {ratio.ratio:.3f} (95% CI {ratio.ci_low:.3f}-"
+            f"{ratio.ci_high:.3f}): {escape(ratio.verdict)}  [dim](pooled medians {ratio.pooled:.3f}, "
+            f"CI {ratio.pooled_low:.3f}-{ratio.pooled_high:.3f})[/]",
+            highlight=False,
+        )
     drift = getattr(result, "drift", None)
     if drift is not None and abs(drift - 1) > 0.05:
-        stdout.print(f"[yellow]the machine drifted:[/] baseline median late/early = {drift:.2f}; interleaving "
-                     "kept the comparison fair.", highlight=False)
+        stdout.print(
+            f"[yellow]the machine drifted:[/] baseline median late/early = {drift:.2f}; interleaving "
+            "kept the comparison fair.",
+            highlight=False,
+        )
     if first.failure:
         stdout.print(f"[red]failed:[/] {escape(str(first.failure))}", highlight=False)
 
@@ -388,14 +515,21 @@ def _roof(r: Any) -> str:
 
 def _config(r: Any) -> str:
     s = r.settings
-    return (f"{s['level']}, t={s['intra_op_threads']}/{s['inter_op_threads']}, {s['execution_mode'][:3]}"
-            + ("" if s["enable_cpu_mem_arena"] else ", no-arena") + ("" if s["enable_mem_pattern"] else ", no-pattern")
-            + (", iobinding" if r.iobinding else "") + (f", C={r.concurrency}" if r.concurrency > 1 else ""))
+    return (
+        f"{s['level']}, t={s['intra_op_threads']}/{s['inter_op_threads']}, {s['execution_mode'][:3]}"
+        + ("" if s["enable_cpu_mem_arena"] else ", no-arena")
+        + ("" if s["enable_mem_pattern"] else ", no-pattern")
+        + (", iobinding" if r.iobinding else "")
+        + (f", C={r.concurrency}" if r.concurrency > 1 else "")
+    )
 
 
 _ROWS: list[tuple[str, Callable[[Any], str]]] = [
     ("config", _config),
-    ("runs (warm-up)", lambda r: f"{len(r.samples_s)} ({r.warmup.runs}{'' if r.warmup.settled is not False else ', unsettled'})"),
+    (
+        "runs (warm-up)",
+        lambda r: f"{len(r.samples_s)} ({r.warmup.runs}{'' if r.warmup.settled is not False else ', unsettled'})",
+    ),
     ("session create", lambda r: _ms(r.session_create_s)),
     ("first run", lambda r: _ms(r.first_run_s)),
     ("min", _stat("min")),

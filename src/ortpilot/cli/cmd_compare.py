@@ -27,27 +27,64 @@ from ortpilot.cli.common import (
 @MODEL_FILE_OPTION
 @click.argument("model")
 @click.argument("model_b", required=False)
-@click.option("-p", "--provider", "providers", multiple=True,
-              help=PROVIDER_HELP + " With one MODEL: exactly two, reference first.")
+@click.option(
+    "-p",
+    "--provider",
+    "providers",
+    multiple=True,
+    help=PROVIDER_HELP + " With one MODEL: exactly two, reference first.",
+)
 @click.option("--atol", "atol", multiple=True, help="Absolute tolerance, or NAME:VALUE for one output (repeatable).")
 @click.option("--rtol", "rtol", multiple=True, help="Relative tolerance, or NAME:VALUE for one output (repeatable).")
 @click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input.")
 @click.option("--calibration", default=None, help="Compare on these samples (folder of .npy/.npz, or one .npz).")
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
-@click.option("--samples", "n_samples", type=click.IntRange(1), default=4, show_default=True,
-              help="Generated input sets when no inputs are given.")
-@click.option("--tokenizer", default=None,
-              help="Decoder pairs: tokenizer.json for real held-out text prompts (else random token prompts).")
-@click.option("--new-tokens", type=click.IntRange(1), default=16, show_default=True,
-              help="Decoder pairs: greedy tokens generated per prompt.")
-@click.option("--min-top1", type=click.FloatRange(0, 1), default=0.9, show_default=True,
-              help="Decoder pairs: least top-1 next-token agreement (exit 1 below it).")
+@click.option(
+    "--samples",
+    "n_samples",
+    type=click.IntRange(1),
+    default=4,
+    show_default=True,
+    help="Generated input sets when no inputs are given.",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="Decoder pairs: tokenizer.json for real held-out text prompts (else random token prompts).",
+)
+@click.option(
+    "--new-tokens",
+    type=click.IntRange(1),
+    default=16,
+    show_default=True,
+    help="Decoder pairs: greedy tokens generated per prompt.",
+)
+@click.option(
+    "--min-top1",
+    type=click.FloatRange(0, 1),
+    default=0.9,
+    show_default=True,
+    help="Decoder pairs: least top-1 next-token agreement (exit 1 below it).",
+)
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
-def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: tuple[str, ...], rtol: tuple[str, ...],
-            inputs: tuple[str, ...], calibration: str | None, shapes: tuple[str, ...], n_samples: int,
-            tokenizer: str | None, new_tokens: int, min_top1: float, isolate: bool, as_json: bool) -> None:
+def command(
+    model: str,
+    model_b: str | None,
+    providers: tuple[str, ...],
+    atol: tuple[str, ...],
+    rtol: tuple[str, ...],
+    inputs: tuple[str, ...],
+    calibration: str | None,
+    shapes: tuple[str, ...],
+    n_samples: int,
+    tokenizer: str | None,
+    new_tokens: int,
+    min_top1: float,
+    isolate: bool,
+    as_json: bool,
+) -> None:
     """Run MODEL and MODEL_B (or MODEL on two providers) on the same inputs and report the error per output.
 
     Exits 1 when tolerances were given (--atol/--rtol) and an output exceeds them.
@@ -65,9 +102,19 @@ def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: t
                 preflight_isolated([model], [provider])
         else:
             preflight_isolated([model, other], list(providers) or None)
-    result = compare(model, other, list(providers) or None, inputs=load_input_files(inputs) if inputs else None,
-                     calibration=calibration, shapes=list(shapes), n_samples=n_samples, tolerances=tolerances,
-                     tokenizer=tokenizer, new_tokens=new_tokens, min_top1=min_top1)
+    result = compare(
+        model,
+        other,
+        list(providers) or None,
+        inputs=load_input_files(inputs) if inputs else None,
+        calibration=calibration,
+        shapes=list(shapes),
+        n_samples=n_samples,
+        tolerances=tolerances,
+        tokenizer=tokenizer,
+        new_tokens=new_tokens,
+        min_top1=min_top1,
+    )
     if as_json:
         emit_json(result.to_dict())
     elif isinstance(result, DecoderComparison):
@@ -81,9 +128,11 @@ def command(model: str, model_b: str | None, providers: tuple[str, ...], atol: t
 
 def render_comparison(comparison: Any) -> None:
     c = comparison.to_dict() if hasattr(comparison, "to_dict") else comparison
-    stdout.print(f"[bold]reference[/] {escape(str(c['reference']))}   [bold]test[/] {escape(str(c['test']))}   "
-                 f"samples {c['samples']}",
-                 highlight=False)
+    stdout.print(
+        f"[bold]reference[/] {escape(str(c['reference']))}   [bold]test[/] {escape(str(c['test']))}   "
+        f"samples {c['samples']}",
+        highlight=False,
+    )
     if c.get("inputs"):
         stdout.print(f"[dim]generated inputs: {escape(str(c['inputs']))}[/]")
     table = Table(title="Per-output error (test vs reference)")
@@ -97,22 +146,28 @@ def render_comparison(comparison: Any) -> None:
         ("rel error median / p99", lambda o: f"{_num(o['median_rel'])} / {_num(o['p99_rel'])}"),
         ("cosine similarity", lambda o: _num(o["cosine"], ".6f")),
         ("SNR dB", lambda o: _num(o["snr_db"], ".1f")),
-        ("top-1 / top-5 agreement", lambda o: "-" if o["top1_agreement"] is None
-         else f"{o['top1_agreement']:.1%} / {o['top5_agreement']:.1%}"),
+        (
+            "top-1 / top-5 agreement",
+            lambda o: "-" if o["top1_agreement"] is None else f"{o['top1_agreement']:.1%} / {o['top5_agreement']:.1%}",
+        ),
         ("NaN/Inf ref, test", lambda o: f"{o['nan_ref']}/{o['inf_ref']}, {o['nan_test']}/{o['inf_test']}"),
         ("min atol (rtol=0)", lambda o: _num(o["min_atol"])),
         ("min rtol (atol=0)", lambda o: _num(o["min_rtol"])),
         ("gate metric", lambda o: f"{o['metric']} {_num(o['error'])}"),
-        ("passes atol/rtol", lambda o: ("[green]yes[/]" if o["passed"] else "[red]no[/]")
-         + f" ({o['atol']:g}/{o['rtol']:g})"),
+        (
+            "passes atol/rtol",
+            lambda o: ("[green]yes[/]" if o["passed"] else "[red]no[/]") + f" ({o['atol']:g}/{o['rtol']:g})",
+        ),
     ]
     for label, cell in rows:
         table.add_row(label, *[cell(o) for o in c["outputs"]])
     stdout.print(table)
     for o in c["outputs"]:
-        stdout.print(f"{escape(o['name'])}: minimum tolerance that passes: atol={_num(o['min_atol'])} (rtol=0) or "
-                     f"rtol={_num(o['min_rtol'])} (atol=0); checked atol={o['atol']:g} rtol={o['rtol']:g}",
-                     highlight=False)
+        stdout.print(
+            f"{escape(o['name'])}: minimum tolerance that passes: atol={_num(o['min_atol'])} (rtol=0) or "
+            f"rtol={_num(o['min_rtol'])} (atol=0); checked atol={o['atol']:g} rtol={o['rtol']:g}",
+            highlight=False,
+        )
     for name in c.get("only_in_reference", []):
         stdout.print(f"[yellow]output '{escape(name)}' only in the reference[/]")
     for name in c.get("only_in_test", []):

@@ -27,16 +27,22 @@ def command(outdir: str, as_json: bool) -> None:
     # The byte-level tokenizer needs the optional 'tokenizers' package; without it the models still come.
     tokenizer = write_demo_tokenizer(outdir) if importlib.util.find_spec("tokenizers") else None
     if as_json:
-        doc = {name: {"path": str(path), "description": DEMO_SPECS[name].description,
-                      "dims": DEMO_SPECS[name].dims} for name, path in paths.items()}
+        doc = {
+            name: {"path": str(path), "description": DEMO_SPECS[name].description, "dims": DEMO_SPECS[name].dims}
+            for name, path in paths.items()
+        }
         doc["decoder"]["tokenizer"] = str(tokenizer) if tokenizer else None
         emit_json(doc)
         return
     for name, path in paths.items():
-        stdout.print(f"[bold]{name:8}[/] {escape(str(path))}  [dim]{escape(DEMO_SPECS[name].description)}[/]",
-                     highlight=False)
+        stdout.print(
+            f"[bold]{name:8}[/] {escape(str(path))}  [dim]{escape(DEMO_SPECS[name].description)}[/]", highlight=False
+        )
     if tokenizer:
-        stdout.print(f"[bold]{'tokenizer':8}[/] {escape(str(tokenizer))}  [dim]the decoder's byte-level tokenizer "
-                     "(token id = byte value; ChatML chat template in tokenizer_config.json)[/]", highlight=False)
+        stdout.print(
+            f"[bold]{'tokenizer':8}[/] {escape(str(tokenizer))}  [dim]the decoder's byte-level tokenizer "
+            "(token id = byte value; ChatML chat template in tokenizer_config.json)[/]",
+            highlight=False,
+        )
     else:
         stdout.print("[dim]no tokenizer.json for the decoder: pip install tokenizers[/]", highlight=False)

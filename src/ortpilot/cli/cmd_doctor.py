@@ -44,8 +44,11 @@ def render(report) -> None:
         env.add_row("onnxruntime", escape(f"{ort_doc['version']} ({ort_doc['package_name'] or '?'}) {ort_doc['path']}"))
     for dist in doc["distributions"]["distributions"]:
         won = "wins" if dist["name"] == doc["distributions"]["winner"] else "overwritten"
-        env.add_row("distribution", escape(f"{dist['name']} {dist['version']} at {dist['location']}")
-                    + (f" [yellow]({won})[/]" if doc["distributions"]["conflict"] else ""))
+        env.add_row(
+            "distribution",
+            escape(f"{dist['name']} {dist['version']} at {dist['location']}")
+            + (f" [yellow]({won})[/]" if doc["distributions"]["conflict"] else ""),
+        )
     cpu = doc["cpu"]
     flags = ", ".join(k for k, v in cpu["flags"].items() if v) or "flags unknown"
     env.add_row("cpu", escape(f"{cpu['model']}: {flags}"))
@@ -54,9 +57,15 @@ def render(report) -> None:
     budget = doc.get("cpu_budget")
     if budget:
         threads = budget.get("ort_default_threads")
-        env.add_row("cpu budget", escape(f"{budget['cpus']} ({budget['source']}; limits "
-                                         + ", ".join(f"{k} {v:g}" for k, v in budget["limits"].items()) + ")"
-                                         + (f"; ORT's default starts {threads} threads" if threads else "")))
+        env.add_row(
+            "cpu budget",
+            escape(
+                f"{budget['cpus']} ({budget['source']}; limits "
+                + ", ".join(f"{k} {v:g}" for k, v in budget["limits"].items())
+                + ")"
+                + (f"; ORT's default starts {threads} threads" if threads else "")
+            ),
+        )
     gpu = doc["gpu"]
     env.add_row("nvidia driver", escape(gpu["driver_version"] or "not found"))
     libs = escape(", ".join(f"{fam} {info['majors']}" for fam, info in gpu["libraries"].items() if info["majors"]))
@@ -72,8 +81,13 @@ def render(report) -> None:
     for probe in doc["probes"]:
         share = f"{probe['placement_share']:.0%}" if probe["placement_share"] is not None else "-"
         style = {"ok": "green", "failed": "red", "skipped": "dim"}[probe["status"]]
-        providers.add_row(escape(probe["provider"]), escape(probe["kind"]), f"[{style}]{probe['status']}[/]", share,
-                          escape(probe["reason"]))
+        providers.add_row(
+            escape(probe["provider"]),
+            escape(probe["kind"]),
+            f"[{style}]{probe['status']}[/]",
+            share,
+            escape(probe["reason"]),
+        )
     if not doc["probes"]:
         for name in ort_doc["available_providers"]:
             providers.add_row(name, "built-in", "[dim]not probed[/]", "-", "")
@@ -91,5 +105,7 @@ def render(report) -> None:
         findings.add_column(col, overflow="fold")
     for item in doc["findings"]:
         sev = item["severity"]
-        findings.add_row(f"[{_STYLE[sev]}]{sev}[/]", escape(item["topic"]), escape(item["message"]), escape(item["fix"]))
+        findings.add_row(
+            f"[{_STYLE[sev]}]{sev}[/]", escape(item["topic"]), escape(item["message"]), escape(item["fix"])
+        )
     stdout.print(findings)

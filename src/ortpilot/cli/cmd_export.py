@@ -17,19 +17,41 @@ def command() -> None:
 @click.argument("profile")
 @click.option("-o", "--output", "repo", required=True, help="The Triton model repository to write NAME/ into.")
 @click.option("--name", default=None, help="The model's name and folder (default: the profile's folder name).")
-@click.option("--max-batch", type=int, default=None,
-              help="max_batch_size (default 4 when the model has a batch dim, else 0; 0 keeps the batch dim in dims).")
+@click.option(
+    "--max-batch",
+    type=int,
+    default=None,
+    help="max_batch_size (default 4 when the model has a batch dim, else 0; 0 keeps the batch dim in dims).",
+)
 @click.option("--instances", type=int, default=1, show_default=True, help="instance_group count.")
-@click.option("--kind", type=click.Choice(["CPU", "GPU"], case_sensitive=False), default=None,
-              help="Instance kind (default: from the profile's first provider).")
+@click.option(
+    "--kind",
+    type=click.Choice(["CPU", "GPU"], case_sensitive=False),
+    default=None,
+    help="Instance kind (default: from the profile's first provider).",
+)
 @click.option("--force", is_flag=True, help="Replace an existing REPO/NAME (built beside it, then swapped in whole).")
-@click.option("--emit-inferenceservice", "inferenceservice", default=None,
-              help="Also write a KServe InferenceService manifest (YAML) for the repository to this file.")
+@click.option(
+    "--emit-inferenceservice",
+    "inferenceservice",
+    default=None,
+    help="Also write a KServe InferenceService manifest (YAML) for the repository to this file.",
+)
 @click.option("--storage-uri", default=None, help="storageUri for the manifest (default: a placeholder to edit).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
-def triton(profile: str, repo: str, name: str | None, max_batch: int | None, instances: int, kind: str | None,
-           force: bool, inferenceservice: str | None, storage_uri: str | None, as_json: bool) -> None:
+def triton(
+    profile: str,
+    repo: str,
+    name: str | None,
+    max_batch: int | None,
+    instances: int,
+    kind: str | None,
+    force: bool,
+    inferenceservice: str | None,
+    storage_uri: str | None,
+    as_json: bool,
+) -> None:
     """Write PROFILE's model as REPO/NAME for Triton's ONNX Runtime backend, saying what is lost.
 
     The config.pbtxt is parsed back with Triton's protobuf classes and its parameters are checked
@@ -38,14 +60,26 @@ def triton(profile: str, repo: str, name: str | None, max_batch: int | None, ins
     """
     from ortpilot.export import export_triton
 
-    result = export_triton(profile, repo, name=name, max_batch=max_batch, instances=instances, kind=kind,
-                           force=force, inferenceservice=inferenceservice, storage_uri=storage_uri)
+    result = export_triton(
+        profile,
+        repo,
+        name=name,
+        max_batch=max_batch,
+        instances=instances,
+        kind=kind,
+        force=force,
+        inferenceservice=inferenceservice,
+        storage_uri=storage_uri,
+    )
     if as_json:
         emit_json(result.to_dict())
         return
     console = stdout
-    console.print(f"Wrote [bold]{result.model_dir}[/] ({result.kind}, {' > '.join(result.providers)}, "
-                  f"max_batch_size {result.max_batch_size}, warmup: {result.warmup['source']})", highlight=False)
+    console.print(
+        f"Wrote [bold]{result.model_dir}[/] ({result.kind}, {' > '.join(result.providers)}, "
+        f"max_batch_size {result.max_batch_size}, warmup: {result.warmup['source']})",
+        highlight=False,
+    )
     if result.losses:
         table = Table(title="What Triton will not check or cannot express (also in ORTPILOT.md)", title_justify="left")
         for column in ("setting", "value", "consequence"):

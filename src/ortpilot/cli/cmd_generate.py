@@ -37,39 +37,83 @@ def _prompt_ids(text: str) -> list[int]:
 @click.argument("model")
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
 @click.option("--prompt", help="Prompt text (needs --tokenizer).")
-@click.option("--tokenizer", type=click.Path(dir_okay=True),
-              help="Hugging Face tokenizer.json (or its folder); demo:decoder brings its own byte-level one.")
+@click.option(
+    "--tokenizer",
+    type=click.Path(dir_okay=True),
+    help="Hugging Face tokenizer.json (or its folder); demo:decoder brings its own byte-level one.",
+)
 @click.option("--chat", is_flag=True, help="Wrap --prompt in the ChatML chat template (SmolLM2, Qwen).")
 @click.option("--system", help="System message for --chat.")
 @click.option("--max-new-tokens", type=int, default=32, show_default=True, help="Tokens to generate at most.")
-@click.option("--max-length", type=int, default=None,
-              help="Cap on prompt + new tokens; also the size of the shared KV buffer.")
-@click.option("--loop", type=click.Choice(["auto", "plain", "bound", "shared"]), default="auto", show_default=True,
-              help="auto picks the fastest the model supports.")
-@click.option("--fuse", is_flag=True, help="Fuse attention into GroupQueryAttention first (onnxscript), "
-              "so the shared-buffer loop applies.")
-@click.option("--max-positions", type=click.IntRange(min=0), default=None,
-              help="With --fuse: positions the constant rotary tables cover, the fused model's length limit "
-              "(default: the export's recorded context length, else 8192; 0 keeps the tables computed per step).")
+@click.option(
+    "--max-length", type=int, default=None, help="Cap on prompt + new tokens; also the size of the shared KV buffer."
+)
+@click.option(
+    "--loop",
+    type=click.Choice(["auto", "plain", "bound", "shared"]),
+    default="auto",
+    show_default=True,
+    help="auto picks the fastest the model supports.",
+)
+@click.option(
+    "--fuse",
+    is_flag=True,
+    help="Fuse attention into GroupQueryAttention first (onnxscript), so the shared-buffer loop applies.",
+)
+@click.option(
+    "--max-positions",
+    type=click.IntRange(min=0),
+    default=None,
+    help="With --fuse: positions the constant rotary tables cover, the fused model's length limit "
+    "(default: the export's recorded context length, else 8192; 0 keeps the tables computed per step).",
+)
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 = no cut.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1.0 = no cut.")
 @click.option("--seed", type=int, default=None, help="Seed for sampling.")
-@click.option("--stop-id", "stop_id", multiple=True, type=int,
-              help="Stop token id (repeatable; with --tokenizer its end-of-turn ids are added).")
-@click.option("--map", "mapping", multiple=True,
-              help="ROLE=NAME (input_ids, attention_mask, position_ids, logits, ...) or PAST_INPUT=PRESENT_OUTPUT.")
+@click.option(
+    "--stop-id",
+    "stop_id",
+    multiple=True,
+    type=int,
+    help="Stop token id (repeatable; with --tokenizer its end-of-turn ids are added).",
+)
+@click.option(
+    "--map",
+    "mapping",
+    multiple=True,
+    help="ROLE=NAME (input_ids, attention_mask, position_ids, logits, ...) or PAST_INPUT=PRESENT_OUTPUT.",
+)
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("--policy", type=click.Choice(["strict", "warn", "allow"]), default="warn", show_default=True)
 @click.option("--threads", type=int, default=0, show_default=True, help="ORT intra-op threads (0 = ORT's default).")
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
-def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: str | None, chat: bool,
-            system: str | None, max_new_tokens: int, max_length: int | None, loop: str, fuse: bool,
-            max_positions: int | None, temperature: float, top_k: int, top_p: float, seed: int | None, stop_id: tuple[int, ...],
-            mapping: tuple[str, ...], providers: tuple[str, ...], policy: str, threads: int, isolate: bool,
-            as_json: bool) -> None:
+def command(
+    model: str,
+    prompt_ids: str | None,
+    prompt: str | None,
+    tokenizer: str | None,
+    chat: bool,
+    system: str | None,
+    max_new_tokens: int,
+    max_length: int | None,
+    loop: str,
+    fuse: bool,
+    max_positions: int | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    stop_id: tuple[int, ...],
+    mapping: tuple[str, ...],
+    providers: tuple[str, ...],
+    policy: str,
+    threads: int,
+    isolate: bool,
+    as_json: bool,
+) -> None:
     """Generate tokens after a prompt, streaming them to stdout (or one JSON document)."""
     from ortpilot.decode import Generator, SamplingConfig
     from ortpilot.decode import text as textmod
@@ -91,8 +135,10 @@ def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: s
     else:
         ids = _prompt_ids(prompt_ids or "")
     if max_positions is not None and not fuse:
-        raise UsageError("--max-positions sets the length of the rotary tables --fuse stores; it does nothing "
-                         "without --fuse (a model fused earlier keeps the limit it was fused with).")
+        raise UsageError(
+            "--max-positions sets the length of the rotary tables --fuse stores; it does nothing "
+            "without --fuse (a model fused earlier keeps the limit it was fused with)."
+        )
     stops = list(stop_id) + (textmod.stop_ids(tok) if tok is not None else [])
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     source: Any = resolve_model_arg(model)
@@ -107,11 +153,13 @@ def command(model: str, prompt_ids: str | None, prompt: str | None, tokenizer: s
         notes.append(summary(fused))
         stderr.print(f"[dim]{escape(summary(fused))}[/]", highlight=False)
         source = fused.model
-    gen = Generator(source, providers=list(providers) or None, policy=policy,
-                    settings=settings, mapping=parse_kv_list(mapping))
+    gen = Generator(
+        source, providers=list(providers) or None, policy=policy, settings=settings, mapping=parse_kv_list(mapping)
+    )
     stream = None if as_json else _streamer(tok)
-    result = gen.generate(ids, max_new_tokens, loop, sampling=sampling, stop_tokens=stops, stream=stream,
-                          max_length=max_length)
+    result = gen.generate(
+        ids, max_new_tokens, loop, sampling=sampling, stop_tokens=stops, stream=stream, max_length=max_length
+    )
     doc = {"model": model, **result.to_dict(), "signature": gen.signature.to_dict()}
     doc["notes"] = notes + doc["notes"]
     if tok is not None:
@@ -136,7 +184,7 @@ def _streamer(tok: Any):
         else:
             text = tok.decode(seen)
             if not text.endswith("\ufffd"):  # wait for a whole UTF-8 character
-                sys.stdout.write(text[len(printed[0]):])
+                sys.stdout.write(text[len(printed[0]) :])
                 printed[0] = text
         sys.stdout.flush()
 
@@ -145,10 +193,16 @@ def _streamer(tok: Any):
 
 def _summary(r: Any) -> None:
     stderr.print(
-        "[dim]" + escape(f"loop {r.loop} ({r.loop_reason}); {len(r.tokens[0])} tokens, stop: {r.stop_reason}; "
-                         f"prefill {r.prompt_length} tokens at {r.prefill_tokens_per_s:.1f} tok/s; decode "
-                         f"{r.decode_tokens_per_s:.1f} tok/s, p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms; "
-                         f"host bytes/token {r.host_bytes_per_token:.0f} (KV cache {r.kv_host_bytes_per_token:.0f}); "
-                         f"peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB") + "[/]", highlight=False)
+        "[dim]"
+        + escape(
+            f"loop {r.loop} ({r.loop_reason}); {len(r.tokens[0])} tokens, stop: {r.stop_reason}; "
+            f"prefill {r.prompt_length} tokens at {r.prefill_tokens_per_s:.1f} tok/s; decode "
+            f"{r.decode_tokens_per_s:.1f} tok/s, p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms; "
+            f"host bytes/token {r.host_bytes_per_token:.0f} (KV cache {r.kv_host_bytes_per_token:.0f}); "
+            f"peak RSS {r.peak_rss_bytes / 2**20:.0f} MiB"
+        )
+        + "[/]",
+        highlight=False,
+    )
     for note in r.notes:
         stderr.print(f"[yellow]note:[/] {escape(note)}", highlight=False)

@@ -23,15 +23,24 @@ from ortpilot.cli.common import (
 @MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
-@click.option("-p", "--provider", "providers", multiple=True,
-              help="Check op support on these providers only (default: every available one). " + PROVIDER_HELP)
-@click.option("--no-check", is_flag=True, help="Skip the provider op-support check (no sessions are built). "
-              "The graph itself is always validated.")
+@click.option(
+    "-p",
+    "--provider",
+    "providers",
+    multiple=True,
+    help="Check op support on these providers only (default: every available one). " + PROVIDER_HELP,
+)
+@click.option(
+    "--no-check",
+    is_flag=True,
+    help="Skip the provider op-support check (no sessions are built). The graph itself is always validated.",
+)
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @handle_errors
-def command(model: str, shapes: tuple[str, ...], providers: tuple[str, ...], no_check: bool, isolate: bool,
-            as_json: bool) -> None:
+def command(
+    model: str, shapes: tuple[str, ...], providers: tuple[str, ...], no_check: bool, isolate: bool, as_json: bool
+) -> None:
     """Describe MODEL: inputs/outputs, opsets, op histogram, parameters, FLOPs, provider gaps.
 
     Exits 2 when the graph is invalid (dangling edge, cycle, malformed Einsum, onnx checker error).
@@ -63,16 +72,24 @@ def render(doc: dict) -> None:
     head.add_row("IR version", str(doc["ir_version"]))
     head.add_row("opsets", escape(", ".join(f"{d} {v}" for d, v in doc["opsets"].items())))
     head.add_row("producer", escape(f"{doc['producer']['name']} {doc['producer']['version']}".strip()) or "-")
-    head.add_row("nodes", f"{doc['node_count']}" + (f" (+{doc['subgraph_node_count']} in subgraphs)"
-                                                     if doc["subgraph_node_count"] else ""))
+    head.add_row(
+        "nodes",
+        f"{doc['node_count']}"
+        + (f" (+{doc['subgraph_node_count']} in subgraphs)" if doc["subgraph_node_count"] else ""),
+    )
     params = doc["parameters"]
-    head.add_row("parameters",
-                 f"{_human(params['count'])} ({params['bytes'] / 2**20:.2f} MiB in {params['tensors']} tensors)")
+    head.add_row(
+        "parameters", f"{_human(params['count'])} ({params['bytes'] / 2**20:.2f} MiB in {params['tensors']} tensors)"
+    )
     flops = doc["flops"]
     if flops["total"] is not None:
         shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in flops["shapes"].items())
-        head.add_row("FLOPs (estimate)", escape(f"{_human(flops['total'])} at {shapes} ({flops['counted_nodes']}/"
-                                                f"{doc['node_count']} nodes counted)"))
+        head.add_row(
+            "FLOPs (estimate)",
+            escape(
+                f"{_human(flops['total'])} at {shapes} ({flops['counted_nodes']}/{doc['node_count']} nodes counted)"
+            ),
+        )
     else:
         head.add_row("FLOPs (estimate)", escape(f"unknown: {flops['error']}"))
     for ext in doc["external_data"]:
@@ -103,5 +120,7 @@ def render(doc: dict) -> None:
         for entry in doc["unsupported_ops"]:
             listed = escape(", ".join(f"{o['op']} ({o['nodes']})" for o in entry["unsupported"]))
             text = listed or ("none" if entry["checked"] else "[dim]not checked[/]")
-            gaps.add_row(escape(entry["provider"]), text, escape("; ".join(filter(None, [entry["source"], entry["note"]]))))
+            gaps.add_row(
+                escape(entry["provider"]), text, escape("; ".join(filter(None, [entry["source"], entry["note"]])))
+            )
         stdout.print(gaps)

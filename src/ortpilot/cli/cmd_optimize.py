@@ -25,12 +25,21 @@ from ortpilot.cli.common import (
 @MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("-o", "--output", required=True, help="Where to write the optimized model (.onnx).")
-@click.option("--level", type=click.Choice(["disable", "basic", "extended", "layout", "all"]), default="all",
-              show_default=True, help="ORT graph optimization level.")
+@click.option(
+    "--level",
+    type=click.Choice(["disable", "basic", "extended", "layout", "all"]),
+    default="all",
+    show_default=True,
+    help="ORT graph optimization level.",
+)
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
-@click.option("--fusion", default="none", show_default=True,
-              help="Transformer fusion: auto (detect the model type), none, or an onnxruntime.transformers model "
-                   "type (bert, gpt2, vit, ...).")
+@click.option(
+    "--fusion",
+    default="none",
+    show_default=True,
+    help="Transformer fusion: auto (detect the model type), none, or an onnxruntime.transformers model "
+    "type (bert, gpt2, vit, ...).",
+)
 @click.option("--num-heads", type=int, default=0, help="Attention heads for fusion (0: detect).")
 @click.option("--hidden-size", type=int, default=0, help="Hidden size for fusion (0: detect).")
 @click.option("--free-dim", "free_dims", multiple=True, help="Fix a symbolic dim while optimizing: NAME=VALUE.")
@@ -38,8 +47,19 @@ from ortpilot.cli.common import (
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
-def command(model: str, output: str, level: str, providers: tuple[str, ...], fusion: str, num_heads: int,
-            hidden_size: int, free_dims: tuple[str, ...], no_cache: bool, isolate: bool, as_json: bool) -> None:
+def command(
+    model: str,
+    output: str,
+    level: str,
+    providers: tuple[str, ...],
+    fusion: str,
+    num_heads: int,
+    hidden_size: int,
+    free_dims: tuple[str, ...],
+    no_cache: bool,
+    isolate: bool,
+    as_json: bool,
+) -> None:
     """Optimize MODEL with ORT at --level for the first --provider, stamp it, write it to OUTPUT.
 
     With --fusion, ORT's transformer fusions run instead of (after a basic-level pass of) the
@@ -90,8 +110,10 @@ def render_record(record: Any) -> None:
     """One pass record: node counts, size, op changes, fusions, notes."""
     r = record.to_dict() if hasattr(record, "to_dict") else record
     stdout.print(f"[bold]{escape(r['name'])}[/] {escape(str(r['options']))}  ({r['seconds']:.2f} s)", highlight=False)
-    stdout.print(f"nodes {r['nodes_before']} -> {r['nodes_after']}   size {r['size_before'] / 1e6:.2f} MB -> "
-                 f"{r['size_after'] / 1e6:.2f} MB   quantized nodes {r['quantized_nodes']}")
+    stdout.print(
+        f"nodes {r['nodes_before']} -> {r['nodes_after']}   size {r['size_before'] / 1e6:.2f} MB -> "
+        f"{r['size_after'] / 1e6:.2f} MB   quantized nodes {r['quantized_nodes']}"
+    )
     if r["fused"]:
         table = Table(title="Fused operators")
         table.add_column("op")
@@ -100,6 +122,8 @@ def render_record(record: Any) -> None:
             table.add_row(escape(op), str(count))
         stdout.print(table)
     if r["op_diff"]:
-        stdout.print("op changes: " + escape(", ".join(f"{op} {d:+d}" for op, d in r["op_diff"].items())), highlight=False)
+        stdout.print(
+            "op changes: " + escape(", ".join(f"{op} {d:+d}" for op, d in r["op_diff"].items())), highlight=False
+        )
     for note in r["notes"]:
         stdout.print(f"[dim]- {escape(note)}[/]", highlight=False)

@@ -27,49 +27,111 @@ from ortpilot.cli.common import (
 @MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("-o", "--output", required=True, help="Where to write the quantized model (.onnx).")
-@click.option("--mode", type=click.Choice(["dynamic", "static", "qdq", "full", "int4", "int8-weights"]), required=True,
-              help="dynamic: INT8 weights, activations at run time; static: QOperator, calibrated; qdq: Q/DQ pairs "
-                   "around weighted ops, calibrated; full: QDQ on every supported op (always gated); int4 / "
-                   "int8-weights: weight-only MatMulNBits for decoders, gated on generation.")
+@click.option(
+    "--mode",
+    type=click.Choice(["dynamic", "static", "qdq", "full", "int4", "int8-weights"]),
+    required=True,
+    help="dynamic: INT8 weights, activations at run time; static: QOperator, calibrated; qdq: Q/DQ pairs "
+    "around weighted ops, calibrated; full: QDQ on every supported op (always gated); int4 / "
+    "int8-weights: weight-only MatMulNBits for decoders, gated on generation.",
+)
 @click.option("--per-channel", is_flag=True, help="One scale per output channel of each weight.")
 @click.option("--reduce-range", is_flag=True, help="7-bit weights (for CPUs without VNNI).")
 @click.option("--weight-type", type=click.Choice(["qint8", "quint8"]), default="qint8", show_default=True)
-@click.option("--activation-type", type=click.Choice(["qint8", "quint8"]), default="quint8", show_default=True,
-              help="Activation type for static/qdq/full.")
-@click.option("--calibration", default=None,
-              help="Folder of .npy/.npz samples, one .npz with stacked samples, or FILE.py:FACTORY returning a "
-                   "CalibrationDataReader. Without it, synthetic inputs (with a warning).")
-@click.option("--method", type=click.Choice(["minmax", "entropy", "percentile"]), default="minmax",
-              show_default=True, help="Calibration method.")
-@click.option("--max-error", type=float, default=None,
-              help="Refuse to write the model if its error on held-out samples exceeds this (cosine distance for "
-                   "embeddings, top-1 disagreement for class scores, relative L2 otherwise).")
+@click.option(
+    "--activation-type",
+    type=click.Choice(["qint8", "quint8"]),
+    default="quint8",
+    show_default=True,
+    help="Activation type for static/qdq/full.",
+)
+@click.option(
+    "--calibration",
+    default=None,
+    help="Folder of .npy/.npz samples, one .npz with stacked samples, or FILE.py:FACTORY returning a "
+    "CalibrationDataReader. Without it, synthetic inputs (with a warning).",
+)
+@click.option(
+    "--method",
+    type=click.Choice(["minmax", "entropy", "percentile"]),
+    default="minmax",
+    show_default=True,
+    help="Calibration method.",
+)
+@click.option(
+    "--max-error",
+    type=float,
+    default=None,
+    help="Refuse to write the model if its error on held-out samples exceeds this (cosine distance for "
+    "embeddings, top-1 disagreement for class scores, relative L2 otherwise).",
+)
 @click.option("--auto-exclude", is_flag=True, help="Leave the worst layers in float until --max-error passes.")
 @click.option("--max-rounds", type=click.IntRange(1), default=6, show_default=True, help="Rounds of --auto-exclude.")
 @click.option("--exclude", "exclude", multiple=True, help="Node name to leave in float (repeatable).")
 @click.option("--op-types", default=None, help="Comma-separated op types to quantize (default: per mode).")
 @click.option("--no-preprocess", is_flag=True, help="Skip quant_pre_process.")
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
-@click.option("--block-size", type=click.IntRange(16), default=32, show_default=True,
-              help="int4/int8-weights: weights per quantization block (a power of 2).")
+@click.option(
+    "--block-size",
+    type=click.IntRange(16),
+    default=32,
+    show_default=True,
+    help="int4/int8-weights: weights per quantization block (a power of 2).",
+)
 @click.option("--asymmetric", is_flag=True, help="int4/int8-weights: zero points per block.")
-@click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
-              help="int4/int8-weights: MatMulNBits compute type on CPU (4 = int8, fast with VNNI).")
+@click.option(
+    "--accuracy-level",
+    type=click.IntRange(0, 4),
+    default=4,
+    show_default=True,
+    help="int4/int8-weights: MatMulNBits compute type on CPU (4 = int8, fast with VNNI).",
+)
 @click.option("--fuse", is_flag=True, help="int4/int8-weights: fuse attention into GroupQueryAttention first.")
-@click.option("--max-positions", type=click.IntRange(min=0), default=None,
-              help="With --fuse: positions the fused model's constant rotary tables cover, its length limit "
-              "(default: the export's recorded context length, else 8192; 0 keeps them computed per step).")
-@click.option("--min-top1", type=click.FloatRange(0, 1), default=0.9, show_default=True,
-              help="int4/int8-weights: least top-1 next-token agreement with the float model.")
+@click.option(
+    "--max-positions",
+    type=click.IntRange(min=0),
+    default=None,
+    help="With --fuse: positions the fused model's constant rotary tables cover, its length limit "
+    "(default: the export's recorded context length, else 8192; 0 keeps them computed per step).",
+)
+@click.option(
+    "--min-top1",
+    type=click.FloatRange(0, 1),
+    default=0.9,
+    show_default=True,
+    help="int4/int8-weights: least top-1 next-token agreement with the float model.",
+)
 @click.option("--tokenizer", default=None, help="int4/int8-weights: tokenizer.json for real held-out text prompts.")
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
-def command(model: str, output: str, mode: str, per_channel: bool, reduce_range: bool, weight_type: str,
-            activation_type: str, calibration: str | None, method: str, max_error: float | None, auto_exclude: bool,
-            max_rounds: int, exclude: tuple[str, ...], op_types: str | None, no_preprocess: bool,
-            shapes: tuple[str, ...], block_size: int, asymmetric: bool, accuracy_level: int, fuse: bool,
-            max_positions: int | None, min_top1: float, tokenizer: str | None, isolate: bool, as_json: bool) -> None:
+def command(
+    model: str,
+    output: str,
+    mode: str,
+    per_channel: bool,
+    reduce_range: bool,
+    weight_type: str,
+    activation_type: str,
+    calibration: str | None,
+    method: str,
+    max_error: float | None,
+    auto_exclude: bool,
+    max_rounds: int,
+    exclude: tuple[str, ...],
+    op_types: str | None,
+    no_preprocess: bool,
+    shapes: tuple[str, ...],
+    block_size: int,
+    asymmetric: bool,
+    accuracy_level: int,
+    fuse: bool,
+    max_positions: int | None,
+    min_top1: float,
+    tokenizer: str | None,
+    isolate: bool,
+    as_json: bool,
+) -> None:
     """Quantize MODEL, measure it against MODEL on held-out samples, and write OUTPUT only if it passes."""
     from ortpilot.api import quantize_gated
     from ortpilot.artifacts.atomic import check_output_path
@@ -77,25 +139,49 @@ def command(model: str, output: str, mode: str, per_channel: bool, reduce_range:
 
     weight_only = mode in ("int4", "int8-weights")
     if max_positions is not None and not (weight_only and fuse):
-        raise click.UsageError("--max-positions sets the rotary tables that --fuse stores; it needs --mode "
-                               "int4|int8-weights with --fuse.")
+        raise click.UsageError(
+            "--max-positions sets the rotary tables that --fuse stores; it needs --mode int4|int8-weights with --fuse."
+        )
     if auto_exclude and max_error is None and mode != "full" and not weight_only:
         raise click.UsageError("--auto-exclude needs --max-error (the gate it works towards).")
     check_output_path(output)  # before calibration and quantization, which take minutes on big models
     model = resolve_model_arg(model)
     if isolate:
         preflight_isolated([model])
-    int8 = {} if weight_only else dict(
-        per_channel=per_channel, reduce_range=reduce_range, weight_type=weight_type, activation_type=activation_type,
-        method=method, op_types=[t.strip() for t in op_types.split(",") if t.strip()] if op_types else None,
-        preprocess=not no_preprocess)
+    int8 = (
+        {}
+        if weight_only
+        else dict(
+            per_channel=per_channel,
+            reduce_range=reduce_range,
+            weight_type=weight_type,
+            activation_type=activation_type,
+            method=method,
+            op_types=[t.strip() for t in op_types.split(",") if t.strip()] if op_types else None,
+            preprocess=not no_preprocess,
+        )
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the synthetic-data warning is already logged loudly
         report = quantize_gated(
-            model, output, mode, calibration=calibration, max_error=max_error, shapes=parse_shape_args(list(shapes)),
-            auto_exclude=auto_exclude, max_rounds=max_rounds, nodes_to_exclude=list(exclude), block_size=block_size,
-            symmetric=not asymmetric, accuracy_level=accuracy_level, fuse=fuse, max_positions=max_positions,
-            min_top1=min_top1, tokenizer=tokenizer, **int8)
+            model,
+            output,
+            mode,
+            calibration=calibration,
+            max_error=max_error,
+            shapes=parse_shape_args(list(shapes)),
+            auto_exclude=auto_exclude,
+            max_rounds=max_rounds,
+            nodes_to_exclude=list(exclude),
+            block_size=block_size,
+            symmetric=not asymmetric,
+            accuracy_level=accuracy_level,
+            fuse=fuse,
+            max_positions=max_positions,
+            min_top1=min_top1,
+            tokenizer=tokenizer,
+            **int8,
+        )
     if as_json:
         emit_json(report)
     elif weight_only:
@@ -115,8 +201,9 @@ def _render_int8(report) -> None:
             table.add_row(str(row["round"]), str(len(row["excluded"])), str(row["error"]), str(row["passed"]))
         stdout.print(table)
     if report.synthetic:
-        stderr.print("[bold yellow]warning:[/] accuracy was measured on synthetic inputs; pass --calibration "
-                     "with real samples.")
+        stderr.print(
+            "[bold yellow]warning:[/] accuracy was measured on synthetic inputs; pass --calibration with real samples."
+        )
     stdout.print(f"[bold green]wrote[/] {escape(f'{report.output}  ({report.gate.describe()})')}", highlight=False)
 
 
@@ -125,7 +212,10 @@ def _render_weight_only(report: dict, output: str) -> None:
     weights, gate = report["weights"], report["gate"]
     for note in report["fusion_notes"]:
         stderr.print(f"[dim]decoder fusion: {escape(note)}[/]", highlight=False)
-    stdout.print(f"[bold green]wrote[/] {escape(output)}: {weights['weight_only_nodes']} weight-only nodes, weights "
-                 f"{weights['weight_bytes_before'] / 1e6:.1f} -> {weights['weight_bytes_after'] / 1e6:.1f} MB "
-                 f"({weights['compression']}x); top-1 agreement {gate['top1_agreement']:.3f}, "
-                 f"KL {gate['kl_mean']:.4f}", highlight=False)
+    stdout.print(
+        f"[bold green]wrote[/] {escape(output)}: {weights['weight_only_nodes']} weight-only nodes, weights "
+        f"{weights['weight_bytes_before'] / 1e6:.1f} -> {weights['weight_bytes_after'] / 1e6:.1f} MB "
+        f"({weights['compression']}x); top-1 agreement {gate['top1_agreement']:.3f}, "
+        f"KL {gate['kl_mean']:.4f}",
+        highlight=False,
+    )

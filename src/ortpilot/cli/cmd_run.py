@@ -25,28 +25,57 @@ from ortpilot.cli.common import (
 @MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
-@click.option("--policy", type=click.Choice(["strict", "warn", "allow"]), default="warn", show_default=True,
-              help="What a provider fallback does: strict exits 1, warn logs, allow records only.")
-@click.option("--min-coverage", type=click.FloatRange(0, 1), default=None,
-              help="Least share of estimated FLOPs (of nodes where FLOPs are unknown) on the first provider "
-                   "(default 0.95).")
-@click.option("--level", type=click.Choice(["disable", "basic", "extended", "layout", "all"]), default="all",
-              show_default=True, help="ORT graph optimization level.")
+@click.option(
+    "--policy",
+    type=click.Choice(["strict", "warn", "allow"]),
+    default="warn",
+    show_default=True,
+    help="What a provider fallback does: strict exits 1, warn logs, allow records only.",
+)
+@click.option(
+    "--min-coverage",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Least share of estimated FLOPs (of nodes where FLOPs are unknown) on the first provider (default 0.95).",
+)
+@click.option(
+    "--level",
+    type=click.Choice(["disable", "basic", "extended", "layout", "all"]),
+    default="all",
+    show_default=True,
+    help="ORT graph optimization level.",
+)
 @click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input.")
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
 @click.option("--isolate", is_flag=True, help="Create the session in a child process first (survives ORT crashes).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
-def command(model: str, providers: tuple[str, ...], policy: str, min_coverage: float | None, level: str,
-            inputs: tuple[str, ...], shapes: tuple[str, ...], isolate: bool, as_json: bool) -> None:
+def command(
+    model: str,
+    providers: tuple[str, ...],
+    policy: str,
+    min_coverage: float | None,
+    level: str,
+    inputs: tuple[str, ...],
+    shapes: tuple[str, ...],
+    isolate: bool,
+    as_json: bool,
+) -> None:
     """Run MODEL once on the requested providers and show where it really ran."""
     from ortpilot.api import run_once
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = run_once(resolve_model_arg(model), list(providers) or None, policy=policy,
-                          min_coverage=min_coverage, level=level, feeds=load_input_files(inputs),
-                          shapes=list(shapes), isolate=isolate)
+        result = run_once(
+            resolve_model_arg(model),
+            list(providers) or None,
+            policy=policy,
+            min_coverage=min_coverage,
+            level=level,
+            feeds=load_input_files(inputs),
+            shapes=list(shapes),
+            isolate=isolate,
+        )
     result["warnings"] = [str(w.message) for w in caught]
     for text in result["warnings"]:
         stderr.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
@@ -62,8 +91,11 @@ def render(result: dict) -> None:
     if result.get("generated_inputs"):
         stdout.print(f"[dim]generated inputs: {escape(result['generated_inputs'])}[/]")
     for fb in session["fallbacks"]:
-        stdout.print(f"[yellow]fallback (layer {fb['layer']}):[/] " + escape(f"{fb['requested']}: {fb['title']}. {fb['reason']}"),
-                     highlight=False)
+        stdout.print(
+            f"[yellow]fallback (layer {fb['layer']}):[/] "
+            + escape(f"{fb['requested']}: {fb['title']}. {fb['reason']}"),
+            highlight=False,
+        )
     placement = session.get("placement")
     if placement:
         table = Table(title=escape(f"Placement ({placement['source']})"))
@@ -77,5 +109,7 @@ def render(result: dict) -> None:
     for col in ("name", "shape", "dtype", "min", "max"):
         table.add_column(col)
     for out in result["outputs"]:
-        table.add_row(escape(out["name"]), escape(str(out["shape"])), out["dtype"], f"{out['min']:.4g}", f"{out['max']:.4g}")
+        table.add_row(
+            escape(out["name"]), escape(str(out["shape"])), out["dtype"], f"{out['min']:.4g}", f"{out['max']:.4g}"
+        )
     stdout.print(table)

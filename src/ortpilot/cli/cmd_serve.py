@@ -16,40 +16,93 @@ _STARTED = time.perf_counter()  # cold start counts from the command's start, im
 
 @click.command("serve")
 @click.argument("profiles", nargs=-1, required=True)
-@click.option("--name", "names", multiple=True, help="The model's name in URLs, one per PROFILE in order "
-              "(default: the profile folder's name or the model file's stem).")
+@click.option(
+    "--name",
+    "names",
+    multiple=True,
+    help="The model's name in URLs, one per PROFILE in order "
+    "(default: the profile folder's name or the model file's stem).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the HTTP proxy listens on.")
-@click.option("--port", type=int, default=8000, show_default=True, help="HTTP port (Open Inference Protocol and /metrics).")
+@click.option(
+    "--port", type=int, default=8000, show_default=True, help="HTTP port (Open Inference Protocol and /metrics)."
+)
 @click.option("--replicas", type=int, default=1, show_default=True, help="Replicas per model.")
-@click.option("--autoscale", default=None, metavar="MIN:MAX",
-              help="Ray Serve autoscaling on ongoing requests between MIN and MAX replicas (instead of --replicas).")
-@click.option("--cpus-per-replica", type=float, default=None,
-              help="Ray CPUs per replica; ORT's intra-op threads are set to it (default: the CPU budget shared "
-                   "by all replicas).")
-@click.option("--max-batch", type=int, default=1, show_default=True,
-              help="Dynamic batching: stack up to B requests of the same shape (models with a batch dim; 1: off).")
-@click.option("--batch-wait-ms", type=float, default=2.0, show_default=True,
-              help="How long a batch waits for more requests.")
+@click.option(
+    "--autoscale",
+    default=None,
+    metavar="MIN:MAX",
+    help="Ray Serve autoscaling on ongoing requests between MIN and MAX replicas (instead of --replicas).",
+)
+@click.option(
+    "--cpus-per-replica",
+    type=float,
+    default=None,
+    help="Ray CPUs per replica; ORT's intra-op threads are set to it (default: the CPU budget shared by all replicas).",
+)
+@click.option(
+    "--max-batch",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Dynamic batching: stack up to B requests of the same shape (models with a batch dim; 1: off).",
+)
+@click.option(
+    "--batch-wait-ms", type=float, default=2.0, show_default=True, help="How long a batch waits for more requests."
+)
 @click.option("--max-request-mb", type=float, default=64.0, show_default=True, help="Larger request bodies get 413.")
 @click.option("--address", default=None, help="Join this Ray cluster (default: start a local Ray instance).")
-@click.option("--ready-timeout", type=float, default=300.0, show_default=True,
-              help="Seconds to wait for a verified replica of each model before exiting 1.")
-@click.option("--accept-machine", is_flag=True,
-              help="Serve profiles tuned on a machine whose differences can change the winner (INT8 kernels, CPUs).")
-@click.option("--no-access-log", "access_log", flag_value=False, default=True,
-              help="No access-log line per request on stderr.")
-@click.option("--emit-rayservice", "rayservice", default=None, metavar="FILE",
-              help="Write a KubeRay RayService manifest for these arguments to FILE and exit (serves nothing).")
+@click.option(
+    "--ready-timeout",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Seconds to wait for a verified replica of each model before exiting 1.",
+)
+@click.option(
+    "--accept-machine",
+    is_flag=True,
+    help="Serve profiles tuned on a machine whose differences can change the winner (INT8 kernels, CPUs).",
+)
+@click.option(
+    "--no-access-log", "access_log", flag_value=False, default=True, help="No access-log line per request on stderr."
+)
+@click.option(
+    "--emit-rayservice",
+    "rayservice",
+    default=None,
+    metavar="FILE",
+    help="Write a KubeRay RayService manifest for these arguments to FILE and exit (serves nothing).",
+)
 @click.option("--image", default=None, help="Container image for --emit-rayservice (default: rayproject/ray).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ready models as one JSON document.")
 @openai_options
 @handle_errors
-def command(profiles: tuple[str, ...], names: tuple[str, ...], host: str, port: int, replicas: int,
-            autoscale: str | None, cpus_per_replica: float | None, max_batch: int, batch_wait_ms: float,
-            max_request_mb: float, address: str | None, ready_timeout: float, accept_machine: bool,
-            access_log: bool, rayservice: str | None, image: str | None, as_json: bool, tokenizer: str | None,
-            chat_template: str, max_streams: int, max_queue: int, max_length: int | None,
-            prefill_chunk: int) -> None:
+def command(
+    profiles: tuple[str, ...],
+    names: tuple[str, ...],
+    host: str,
+    port: int,
+    replicas: int,
+    autoscale: str | None,
+    cpus_per_replica: float | None,
+    max_batch: int,
+    batch_wait_ms: float,
+    max_request_mb: float,
+    address: str | None,
+    ready_timeout: float,
+    accept_machine: bool,
+    access_log: bool,
+    rayservice: str | None,
+    image: str | None,
+    as_json: bool,
+    tokenizer: str | None,
+    chat_template: str,
+    max_streams: int,
+    max_queue: int,
+    max_length: int | None,
+    prefill_chunk: int,
+) -> None:
     """Serve each PROFILE (a tune output folder or profile.json, a model file, or demo:NAME) over the
     Open Inference Protocol (KServe v2 REST) with verified replicas on Ray Serve.
 
@@ -73,32 +126,66 @@ def command(profiles: tuple[str, ...], names: tuple[str, ...], host: str, port: 
 
         if len(decoders) != len(profiles):
             others = [p for p in profiles if p not in decoders]
-            raise UsageError(f"{', '.join(decoders)} {'is a decoder' if len(decoders) == 1 else 'are decoders'} "
-                             "(served behind the OpenAI API under /v1) and "
-                             f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not: serve them from two "
-                             "`ortpilot serve` processes on two ports.")
-        refused = [flag for flag, on in (("--autoscale", autoscale), ("--max-batch", max_batch != 1),
-                                         ("--emit-rayservice", rayservice), ("--accept-machine", accept_machine))
-                   if on]
+            raise UsageError(
+                f"{', '.join(decoders)} {'is a decoder' if len(decoders) == 1 else 'are decoders'} "
+                "(served behind the OpenAI API under /v1) and "
+                f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not: serve them from two "
+                "`ortpilot serve` processes on two ports."
+            )
+        refused = [
+            flag
+            for flag, on in (
+                ("--autoscale", autoscale),
+                ("--max-batch", max_batch != 1),
+                ("--emit-rayservice", rayservice),
+                ("--accept-machine", accept_machine),
+            )
+            if on
+        ]
         if refused:
-            raise UsageError(f"{', '.join(refused)} do(es) not apply to decoders: a decoder replica batches "
-                             "continuously (--max-streams, --max-queue) and serves a model file, not a profile.")
-        serve_decoders(profiles, names, tokenizer=tokenizer, chat_template=chat_template, max_streams=max_streams,
-                       max_queue=max_queue, max_length=max_length, prefill_chunk=prefill_chunk, host=host, port=port,
-                       replicas=replicas, cpus_per_replica=cpus_per_replica, address=address,
-                       ready_timeout=ready_timeout, access_log=access_log, as_json=as_json, started=_STARTED)
+            raise UsageError(
+                f"{', '.join(refused)} do(es) not apply to decoders: a decoder replica batches "
+                "continuously (--max-streams, --max-queue) and serves a model file, not a profile."
+            )
+        serve_decoders(
+            profiles,
+            names,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            max_streams=max_streams,
+            max_queue=max_queue,
+            max_length=max_length,
+            prefill_chunk=prefill_chunk,
+            host=host,
+            port=port,
+            replicas=replicas,
+            cpus_per_replica=cpus_per_replica,
+            address=address,
+            ready_timeout=ready_timeout,
+            access_log=access_log,
+            as_json=as_json,
+            started=_STARTED,
+        )
         return
 
     specs = resolve_models(list(profiles), list(names))
-    options = ServeOptions(replicas=replicas, autoscale=parse_autoscale(autoscale), cpus_per_replica=cpus_per_replica,
-                           max_batch=max_batch, batch_wait_ms=batch_wait_ms, max_request_mb=max_request_mb,
-                           access_log=access_log, accept_machine=accept_machine)
+    options = ServeOptions(
+        replicas=replicas,
+        autoscale=parse_autoscale(autoscale),
+        cpus_per_replica=cpus_per_replica,
+        max_batch=max_batch,
+        batch_wait_ms=batch_wait_ms,
+        max_request_mb=max_request_mb,
+        access_log=access_log,
+        accept_machine=accept_machine,
+    )
     if rayservice:
         from ortpilot.serve.rayservice import write_rayservice
 
         path = write_rayservice(rayservice, specs, options, host="0.0.0.0", port=port, image=image)
-        stderr.print(f"Wrote the RayService manifest {path} (kubectl apply -f {path}, with KubeRay installed)",
-                     highlight=False)
+        stderr.print(
+            f"Wrote the RayService manifest {path} (kubectl apply -f {path}, with KubeRay installed)", highlight=False
+        )
         return
     from ortpilot.serve import run_server
 
@@ -111,6 +198,14 @@ def command(profiles: tuple[str, ...], names: tuple[str, ...], host: str, port: 
         sys.stdout.flush()
         stderr.print("serving; SIGINT or SIGTERM stops", highlight=False)
 
-    run_server(specs, options, host=host, port=port, address=address, ready_timeout=ready_timeout,
-               started=_STARTED, on_ready=ready)
+    run_server(
+        specs,
+        options,
+        host=host,
+        port=port,
+        address=address,
+        ready_timeout=ready_timeout,
+        started=_STARTED,
+        on_ready=ready,
+    )
     stderr.print("stopped", highlight=False)

@@ -21,41 +21,82 @@ DEMO_BUDGET_S = 60.0
 MODEL_BUDGET_S = 300.0
 
 
-@click.command(help="Search providers x levels x fusion x INT8 x threads x IOBinding for the fastest configuration "
-                    "that passes the accuracy gate, and write the winning model, profile.json, report.html and "
-                    "report.md to OUTDIR. Without MODEL, tunes the built-in demo encoder.")
+@click.command(
+    help="Search providers x levels x fusion x INT8 x threads x IOBinding for the fastest configuration "
+    "that passes the accuracy gate, and write the winning model, profile.json, report.html and "
+    "report.md to OUTDIR. Without MODEL, tunes the built-in demo encoder."
+)
 @MODEL_FILE_OPTION
 @click.argument("model", required=False)
 @click.option("-o", "--out", "out_dir", default="ortpilot-out", show_default=True, help="Output folder.")
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
-@click.option("--budget", type=float, default=None,
-              help=f"Seconds for the whole tune (default {MODEL_BUDGET_S:.0f}; {DEMO_BUDGET_S:.0f} for the demo).")
+@click.option(
+    "--budget",
+    type=float,
+    default=None,
+    help=f"Seconds for the whole tune (default {MODEL_BUDGET_S:.0f}; {DEMO_BUDGET_S:.0f} for the demo).",
+)
 @click.option("--objective", type=click.Choice(["p50", "p99", "throughput"]), default="p50", show_default=True)
 @click.option("--max-error", type=float, default=None, help="Largest accepted error per output (default 0.01).")
-@click.option("--metric", type=click.Choice(["cosine", "top1", "rel_l2"]), default=None,
-              help="Force one accuracy metric for every output (default: chosen per output).")
-@click.option("--calibration", type=click.Path(), default=None,
-              help="Calibration inputs for static INT8, read as quantize and compare read them: a folder of .npy/.npz, "
-                   "one .npz (arrays with a leading sample axis), or FILE.py:FACTORY.")
+@click.option(
+    "--metric",
+    type=click.Choice(["cosine", "top1", "rel_l2"]),
+    default=None,
+    help="Force one accuracy metric for every output (default: chosen per output).",
+)
+@click.option(
+    "--calibration",
+    type=click.Path(),
+    default=None,
+    help="Calibration inputs for static INT8, read as quantize and compare read them: a folder of .npy/.npz, "
+    "one .npz (arrays with a leading sample axis), or FILE.py:FACTORY.",
+)
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("--no-quantize", is_flag=True, help="Leave INT8 variants out of the search.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted tune from OUTDIR's journal.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document on stdout.")
 @handle_errors
-def command(model: str | None, out_dir: str, shapes: tuple[str, ...], budget: float | None, objective: str,
-            max_error: float | None, metric: str | None, calibration: str | None, providers: tuple[str, ...],
-            no_quantize: bool, resume: bool, as_json: bool) -> None:
+def command(
+    model: str | None,
+    out_dir: str,
+    shapes: tuple[str, ...],
+    budget: float | None,
+    objective: str,
+    max_error: float | None,
+    metric: str | None,
+    calibration: str | None,
+    providers: tuple[str, ...],
+    no_quantize: bool,
+    resume: bool,
+    as_json: bool,
+) -> None:
     from ortpilot.tuning import tune
 
     budget_s = budget if budget is not None else (DEMO_BUDGET_S if model is None else MODEL_BUDGET_S)
     target = resolve_model_arg(model) if model else None
-    stderr.print(escape(f"Tuning {model or 'the built-in demo encoder (demo:encoder)'} for {budget_s:.0f} s "
-                        f"(objective {objective}) into {out_dir}/"), highlight=False)
+    stderr.print(
+        escape(
+            f"Tuning {model or 'the built-in demo encoder (demo:encoder)'} for {budget_s:.0f} s "
+            f"(objective {objective}) into {out_dir}/"
+        ),
+        highlight=False,
+    )
     with _ProgressView(budget_s) as view:
         try:
-            result = tune(target, out_dir, budget_s, shapes=list(shapes) or None, objective=objective,
-                          max_error=max_error, metric=metric, calibration=calibration, providers=list(providers) or None,
-                          resume=resume, quantize=not no_quantize, progress=view.update)
+            result = tune(
+                target,
+                out_dir,
+                budget_s,
+                shapes=list(shapes) or None,
+                objective=objective,
+                max_error=max_error,
+                metric=metric,
+                calibration=calibration,
+                providers=list(providers) or None,
+                resume=resume,
+                quantize=not no_quantize,
+                progress=view.update,
+            )
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP
             view.stop()
             stderr.print(f"[yellow]interrupted[/] ({interrupt_name(exc)}): {escape(_kept(out_dir))}", highlight=False)
@@ -73,10 +114,14 @@ def _kept(out_dir: str) -> str:
     from ortpilot.tuning.journal import JOURNAL_NAME
 
     if (Path(out_dir) / JOURNAL_NAME).is_file():
-        return (f"the journal in {out_dir}/ keeps every finished candidate; run the same command with --resume "
-                "to continue. No profile was written; the worker and scratch files are gone.")
-    return ("it stopped before the first measurement was journaled, so nothing was kept; the worker and scratch "
-            "files are gone.")
+        return (
+            f"the journal in {out_dir}/ keeps every finished candidate; run the same command with --resume "
+            "to continue. No profile was written; the worker and scratch files are gone."
+        )
+    return (
+        "it stopped before the first measurement was journaled, so nothing was kept; the worker and scratch "
+        "files are gone."
+    )
 
 
 class _ProgressView:
@@ -85,9 +130,15 @@ class _ProgressView:
     def __init__(self, budget_s: float) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[best]}"), TextColumn("[dim]{task.fields[left]}"),
-                                 console=stderr, transient=True)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[best]}"),
+            TextColumn("[dim]{task.fields[left]}"),
+            console=stderr,
+            transient=True,
+        )
         self.task = self.progress.add_task("screening", total=None, best="", left=f"{budget_s:.0f} s left")
 
     def __enter__(self) -> _ProgressView:
@@ -102,8 +153,14 @@ class _ProgressView:
 
     def update(self, p) -> None:
         best = escape(f"best: {p.best} {p.best_ms:.3f} ms") if p.best_ms is not None else ""
-        self.progress.update(self.task, description=escape(p.phase), completed=p.done, total=p.total, best=best,
-                             left=f"{p.time_left_s:.0f} s left")
+        self.progress.update(
+            self.task,
+            description=escape(p.phase),
+            completed=p.done,
+            total=p.total,
+            best=best,
+            left=f"{p.time_left_s:.0f} s left",
+        )
 
 
 def render_summary(doc: dict) -> None:
@@ -111,8 +168,14 @@ def render_summary(doc: dict) -> None:
 
     from ortpilot.tuning.report import headline, ranked_candidates
 
-    stderr.print(escape("Accuracy metric per output: " + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items())
-                        + f" (max error {doc['max_error']:g})"), highlight=False)
+    stderr.print(
+        escape(
+            "Accuracy metric per output: "
+            + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items())
+            + f" (max error {doc['max_error']:g})"
+        ),
+        highlight=False,
+    )
     table = Table(title=f"Top candidates ({doc['objective']}, ORT {doc['onnxruntime']})")
     for col in ("candidate", "p50 ms", "p99 ms", "p50 95% CI", "error", "vs default"):
         table.add_column(col)
@@ -124,8 +187,14 @@ def render_summary(doc: dict) -> None:
         acc = (c.get("accuracy") or {}).get("worst_error")
         ratio = f"{base / lat['p50_ms']:.2f}x" if base and lat.get("p50_ms") else "-"
         mark = " [green]<- profile[/]" if c["id"] == doc["winner"]["id"] else ""
-        table.add_row(escape(c["label"]) + mark, f"{lat.get('p50_ms', 0):.3f}", f"{lat.get('p99_ms', 0):.3f}",
-                      f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-", "-" if acc is None else f"{acc:.1e}", ratio)
+        table.add_row(
+            escape(c["label"]) + mark,
+            f"{lat.get('p50_ms', 0):.3f}",
+            f"{lat.get('p99_ms', 0):.3f}",
+            f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
+            "-" if acc is None else f"{acc:.1e}",
+            ratio,
+        )
     stderr.print(table)
     counts: dict[str, int] = {}
     for c in doc["candidates"]:
@@ -134,11 +203,16 @@ def render_summary(doc: dict) -> None:
     rule = doc["facts"].get("int8_rule")
     if rule:
         stderr.print(f"INT8 rule for this CPU: {rule['name']} ({rule['reason']}).", highlight=False, markup=False)
-    stderr.print(("[bold]" if not doc["default_best"] else "[bold yellow]") + escape(headline(doc)) + "[/]",
-                 highlight=False)
+    stderr.print(
+        ("[bold]" if not doc["default_best"] else "[bold yellow]") + escape(headline(doc)) + "[/]", highlight=False
+    )
     if doc.get("load_note"):
         stderr.print(f"[yellow]Note: {escape(doc['load_note'])}.[/]", highlight=False)
     files = doc["files"]
-    stderr.print(escape(f"Wrote {files['model']}, {files['profile']}, {files['report_html']}, {files['report_md']} "
-                        f"in {doc['wall_s']:.0f} s. Load it with ortpilot.load_profile(\"{files['profile']}\")."),
-                 highlight=False)
+    stderr.print(
+        escape(
+            f"Wrote {files['model']}, {files['profile']}, {files['report_html']}, {files['report_md']} "
+            f'in {doc["wall_s"]:.0f} s. Load it with ortpilot.load_profile("{files["profile"]}").'
+        ),
+        highlight=False,
+    )

@@ -11,17 +11,29 @@ from ortpilot.cli.common import emit_json, handle_errors, stdout
 
 @click.command("verify")
 @click.argument("profiles", nargs=-1, required=True, type=click.Path(dir_okay=True))
-@click.option("--accept-machine", is_flag=True,
-              help="Load profiles tuned on a machine whose differences can change the winner (INT8 kernels, CPUs).")
-@click.option("--max-slowdown", default=None,
-              help="Also time the profile against ORT's default session, interleaved: exit 1 when its speedup is "
-              "below the recorded one by more than PCT percent beyond the noise.")
-@click.option("--duration", type=float, default=8.0, show_default=True,
-              help="Seconds of interleaved timing per profile (with --max-slowdown).")
+@click.option(
+    "--accept-machine",
+    is_flag=True,
+    help="Load profiles tuned on a machine whose differences can change the winner (INT8 kernels, CPUs).",
+)
+@click.option(
+    "--max-slowdown",
+    default=None,
+    help="Also time the profile against ORT's default session, interleaved: exit 1 when its speedup is "
+    "below the recorded one by more than PCT percent beyond the noise.",
+)
+@click.option(
+    "--duration",
+    type=float,
+    default=8.0,
+    show_default=True,
+    help="Seconds of interleaved timing per profile (with --max-slowdown).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @handle_errors
-def command(profiles: tuple[str, ...], accept_machine: bool, max_slowdown: str | None, duration: float,
-            as_json: bool) -> None:
+def command(
+    profiles: tuple[str, ...], accept_machine: bool, max_slowdown: str | None, duration: float, as_json: bool
+) -> None:
     """Check each PROFILE (profile.json or its folder) here: model hash, ORT build, providers and
     placement (strict), the machine it was tuned on, and its reference outputs (bit for bit on the
     same kernels, within the tune's gate elsewhere). Exit 0 all hold, 1 a verification failed, 2 bad input."""
@@ -29,8 +41,10 @@ def command(profiles: tuple[str, ...], accept_machine: bool, max_slowdown: str |
     from ortpilot.tuning.verify import verify_profile
 
     pct = check_max_slowdown(max_slowdown) if max_slowdown is not None else None
-    results = [verify_profile(path, accept_machine=accept_machine, max_slowdown_pct=pct, duration_s=duration)
-               for path in profiles]
+    results = [
+        verify_profile(path, accept_machine=accept_machine, max_slowdown_pct=pct, duration_s=duration)
+        for path in profiles
+    ]
     if as_json:
         emit_json({"profiles": [r.to_dict() for r in results], "passed": all(r.passed for r in results)})
     else:
@@ -46,19 +60,31 @@ def render(result) -> None:
     table = Table(title=f"verify {escape(doc['profile'])}", title_justify="left")
     for col in ("check", "result", "detail"):
         table.add_column(col)
-    table.add_row("environment", "[green]ok[/]", escape(f"model hash, ORT build, providers {', '.join(doc['providers'])}"))
+    table.add_row(
+        "environment", "[green]ok[/]", escape(f"model hash, ORT build, providers {', '.join(doc['providers'])}")
+    )
     machine = doc["machine"] or {}
     notes = "; ".join(f"{d['field']}: {d['why']}" for d in machine.get("differences", []))
-    table.add_row("machine", "[green]same kernels[/]" if machine.get("same_kernels") else "[yellow]differs[/]",
-                  escape(f"tuned on {machine.get('recorded')}; here {machine.get('here')}" + (f"; {notes}" if notes else "")))
+    table.add_row(
+        "machine",
+        "[green]same kernels[/]" if machine.get("same_kernels") else "[yellow]differs[/]",
+        escape(f"tuned on {machine.get('recorded')}; here {machine.get('here')}" + (f"; {notes}" if notes else "")),
+    )
     ref = doc["reference"]
     outputs_ok = all(o["passed"] for o in ref["outputs"])
-    table.add_row("reference outputs", "[green]ok[/]" if outputs_ok and ref["mode"] != "not checked" else
-                  "[yellow]not checked[/]" if ref["mode"] == "not checked" else "[red]failed[/]",
-                  escape(f"{ref['mode']}: {ref['why']}"))
+    table.add_row(
+        "reference outputs",
+        "[green]ok[/]"
+        if outputs_ok and ref["mode"] != "not checked"
+        else "[yellow]not checked[/]"
+        if ref["mode"] == "not checked"
+        else "[red]failed[/]",
+        escape(f"{ref['mode']}: {ref['why']}"),
+    )
     for out in ref["outputs"]:
-        table.add_row(f"  {escape(out['name'])}", "[green]ok[/]" if out["passed"] else "[red]failed[/]",
-                      escape(out["detail"]))
+        table.add_row(
+            f"  {escape(out['name'])}", "[green]ok[/]" if out["passed"] else "[red]failed[/]", escape(out["detail"])
+        )
     latency = doc.get("latency")
     if latency:
         table.add_row("latency", "[green]ok[/]" if latency["passed"] else "[red]slower[/]", escape(latency["detail"]))

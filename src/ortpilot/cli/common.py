@@ -74,8 +74,11 @@ def handle_errors(func: F) -> F:
             stderr.print(f"[bold red]error:[/] {escape(str(storage_error(exc)))}", highlight=False, soft_wrap=True)
             ctx.exit(2)
         except KeyboardInterrupt as exc:
-            stderr.print(f"[yellow]interrupted[/] ({interrupt_name(exc)}); every file ortpilot writes is renamed "
-                         "into place only when complete, so nothing half-written was left.", highlight=False)
+            stderr.print(
+                f"[yellow]interrupted[/] ({interrupt_name(exc)}); every file ortpilot writes is renamed "
+                "into place only when complete, so nothing half-written was left.",
+                highlight=False,
+            )
             ctx.exit(interrupt_exit_code(exc))
 
     return wrapper  # type: ignore[return-value]
@@ -137,17 +140,24 @@ def _remember_model_file(ctx: click.Context, param: click.Parameter, value: str 
 
 
 # MODEL may be a folder: this picks the model file when it holds several (docs/concepts/model-folders.md).
-MODEL_FILE_OPTION = click.option("--model-file", default=None, expose_value=False, callback=_remember_model_file,
-                                 is_eager=True, help="With MODEL a folder holding several .onnx files: the one to "
-                                 "use (a name in the folder or its onnx/ subfolder).")
+MODEL_FILE_OPTION = click.option(
+    "--model-file",
+    default=None,
+    expose_value=False,
+    callback=_remember_model_file,
+    is_eager=True,
+    help="With MODEL a folder holding several .onnx files: the one to "
+    "use (a name in the folder or its onnx/ subfolder).",
+)
 
 
-ISOLATE_HELP = ("Create each model's session in a child process first: if ORT crashes or hangs on the model, "
-                "only the child dies and the command exits 1 saying so.")
+ISOLATE_HELP = (
+    "Create each model's session in a child process first: if ORT crashes or hangs on the model, "
+    "only the child dies and the command exits 1 saying so."
+)
 
 
-def preflight_isolated(models: Sequence[str], providers: Sequence[str] | None = None,
-                       settings: Any = None) -> None:
+def preflight_isolated(models: Sequence[str], providers: Sequence[str] | None = None, settings: Any = None) -> None:
     """``--isolate``: ``ortpilot.api.preflight_isolated`` (a session per model in a child process first)."""
     from ortpilot.api import preflight_isolated as preflight
 

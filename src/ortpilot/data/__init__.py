@@ -61,10 +61,12 @@ class TextData:
     def source(self) -> DataSource:
         return DataSource("text", str(self.path), digest_files([self.path]))
 
-    def samples(self, inputs: Sequence[InputInfo], shapes: Mapping[str, tuple[int, ...]] | None = None
-                ) -> tuple[list[dict[str, np.ndarray]], list[str]]:
-        return text_samples(self.path, load_tokenizer(self.tokenizer), inputs, shapes=shapes,
-                            max_positions=self.max_positions)
+    def samples(
+        self, inputs: Sequence[InputInfo], shapes: Mapping[str, tuple[int, ...]] | None = None
+    ) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+        return text_samples(
+            self.path, load_tokenizer(self.tokenizer), inputs, shapes=shapes, max_positions=self.max_positions
+        )
 
 
 @dataclass(frozen=True)
@@ -78,15 +80,23 @@ class ImageData:
     def source(self) -> DataSource:
         return DataSource("images", str(self.folder), digest_files(image_files(self.folder)))
 
-    def samples(self, inputs: Sequence[InputInfo], shapes: Mapping[str, tuple[int, ...]] | None = None
-                ) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+    def samples(
+        self, inputs: Sequence[InputInfo], shapes: Mapping[str, tuple[int, ...]] | None = None
+    ) -> tuple[list[dict[str, np.ndarray]], list[str]]:
         return image_samples(self.folder, self.preprocess, inputs)
 
 
-def real_data(*, text: str | os.PathLike | None = None, images: str | os.PathLike | None = None,
-              folder: ModelFolder | None = None, tokenizer: str | os.PathLike | None = None,
-              image_size: str | None = None, mean: str | None = None, std: str | None = None,
-              layout: str = "NCHW") -> TextData | ImageData | None:
+def real_data(
+    *,
+    text: str | os.PathLike | None = None,
+    images: str | os.PathLike | None = None,
+    folder: ModelFolder | None = None,
+    tokenizer: str | os.PathLike | None = None,
+    image_size: str | None = None,
+    mean: str | None = None,
+    std: str | None = None,
+    layout: str = "NCHW",
+) -> TextData | ImageData | None:
     """The data spec a command's ``--calibration-text`` / ``--calibration-images`` flags describe, with the
     tokenizer or preprocessing taken from the flags first, the model's folder second."""
     from ortpilot.errors import UsageError
@@ -99,8 +109,10 @@ def real_data(*, text: str | os.PathLike | None = None, images: str | os.PathLik
             raise UsageError(f"--calibration-text '{file}' is not a file (one sample per line, UTF-8).")
         tok = Path(tokenizer) if tokenizer else (folder.tokenizer_file if folder else None)
         if tok is None:
-            raise UsageError("--calibration-text needs a tokenizer: give the model as its folder (with tokenizer.json) "
-                             "or pass --tokenizer PATH/tokenizer.json.")
+            raise UsageError(
+                "--calibration-text needs a tokenizer: give the model as its folder (with tokenizer.json) "
+                "or pass --tokenizer PATH/tokenizer.json."
+            )
         limit = folder.get("max_positions") if folder else None
         return TextData(file, tok, limit)
     if images is not None:
@@ -109,12 +121,16 @@ def real_data(*, text: str | os.PathLike | None = None, images: str | os.PathLik
         elif folder is not None and folder.preprocessor is not None:
             prep = ImagePreprocess.from_config(folder.preprocessor, str(folder.preprocessor_file))
         else:
-            raise UsageError("--calibration-images needs to know how to preprocess: give the model as its folder (with "
-                             "preprocessor_config.json) or pass --image-size HxW (and --mean, --std, --layout).")
+            raise UsageError(
+                "--calibration-images needs to know how to preprocess: give the model as its folder (with "
+                "preprocessor_config.json) or pass --image-size HxW (and --mean, --std, --layout)."
+            )
         return ImageData(Path(images), prep)
     if any(v is not None for v in (tokenizer, image_size, mean, std)):
-        raise UsageError("--tokenizer, --image-size, --mean and --std shape --calibration-text / --calibration-images "
-                         "data; give one of those too.")
+        raise UsageError(
+            "--tokenizer, --image-size, --mean and --std shape --calibration-text / --calibration-images "
+            "data; give one of those too."
+        )
     return None
 
 

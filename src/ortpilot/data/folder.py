@@ -29,11 +29,23 @@ from typing import Any
 from ortpilot.errors import UsageError
 
 # config.json keys read, and the name each is known by here.
-CONFIG_KEYS = {"model_type": "model_type", "num_attention_heads": "num_heads", "hidden_size": "hidden_size",
-               "num_key_value_heads": "num_kv_heads", "max_position_embeddings": "max_positions",
-               "architectures": "architectures", "id2label": "labels"}
-POOLING_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
-                 "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
+CONFIG_KEYS = {
+    "model_type": "model_type",
+    "num_attention_heads": "num_heads",
+    "hidden_size": "hidden_size",
+    "num_key_value_heads": "num_kv_heads",
+    "max_position_embeddings": "max_positions",
+    "architectures": "architectures",
+    "id2label": "labels",
+}
+POOLING_MODES = (
+    "pooling_mode_cls_token",
+    "pooling_mode_mean_tokens",
+    "pooling_mode_max_tokens",
+    "pooling_mode_mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens",
+    "pooling_mode_lasttoken",
+)
 MAX_JSON_BYTES = 8 * 2**20  # configs are a few KB; a tokenizer.json can be a few MB and is read by tokenizers
 
 
@@ -71,8 +83,9 @@ class ModelFolder:
         if "pooling" in self.values:
             return "sentence-embedding"
         archs = " ".join(self.get("architectures") or [])
-        if self.get("labels") or any(s in archs for s in ("ForSequenceClassification", "ForImageClassification",
-                                                         "ForAudioClassification")):
+        if self.get("labels") or any(
+            s in archs for s in ("ForSequenceClassification", "ForImageClassification", "ForAudioClassification")
+        ):
             return "classifier"
         if "genai" in self.values or any(s in archs for s in ("ForCausalLM", "LMHeadModel")):
             return "decoder"
@@ -81,11 +94,16 @@ class ModelFolder:
         return ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"root": str(self.root), "layout": self.layout, "model_file": str(self.model_file),
-                "candidates": list(self.candidates), "task": self.task,
-                "tokenizer": str(self.tokenizer_file) if self.tokenizer_file else None,
-                "preprocessor": str(self.preprocessor_file) if self.preprocessor_file else None,
-                "values": {k: v.to_dict() for k, v in self.values.items()}}
+        return {
+            "root": str(self.root),
+            "layout": self.layout,
+            "model_file": str(self.model_file),
+            "candidates": list(self.candidates),
+            "task": self.task,
+            "tokenizer": str(self.tokenizer_file) if self.tokenizer_file else None,
+            "preprocessor": str(self.preprocessor_file) if self.preprocessor_file else None,
+            "values": {k: v.to_dict() for k, v in self.values.items()},
+        }
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
@@ -116,16 +134,21 @@ def _choose(folder: Path, names: list[str], model_file: str | None, layout: str,
         if not chosen.is_file() and (root / path).is_file():
             chosen = root / path
         if not chosen.is_file():
-            raise UsageError(f"--model-file '{model_file}' is not in '{folder}'. The folder's models: "
-                             f"{', '.join(names) or 'none'}.")
+            raise UsageError(
+                f"--model-file '{model_file}' is not in '{folder}'. The folder's models: {', '.join(names) or 'none'}."
+            )
         return chosen
     if not names:
-        raise UsageError(f"'{root}' is a folder with no .onnx model in it (looked in {folder}). Give the model "
-                         "file, or a folder exported by optimum-cli, a Hugging Face repository with an onnx/ "
-                         "subfolder, or an onnxruntime-genai folder.")
+        raise UsageError(
+            f"'{root}' is a folder with no .onnx model in it (looked in {folder}). Give the model "
+            "file, or a folder exported by optimum-cli, a Hugging Face repository with an onnx/ "
+            "subfolder, or an onnxruntime-genai folder."
+        )
     if len(names) > 1:
-        raise UsageError(f"'{root}' ({layout} layout) holds several models: {', '.join(names)}. Choose one with "
-                         f"--model-file NAME (Python: model_file=NAME), e.g. --model-file {names[0]}.")
+        raise UsageError(
+            f"'{root}' ({layout} layout) holds several models: {', '.join(names)}. Choose one with "
+            f"--model-file NAME (Python: model_file=NAME), e.g. --model-file {names[0]}."
+        )
     return folder / names[0]
 
 
@@ -138,11 +161,14 @@ def resolve_model_folder(path: str | os.PathLike, model_file: str | None = None)
     genai = root / "genai_config.json"
     if genai.is_file():
         doc = read_json(genai, "genai_config.json")
-        decoder = ((doc.get("model") or {}).get("decoder") or {})
+        decoder = (doc.get("model") or {}).get("decoder") or {}
         filename = decoder.get("filename")
         values["genai"] = Value(True, "genai_config.json")
-        for key, name in (("num_attention_heads", "num_heads"), ("hidden_size", "hidden_size"),
-                          ("num_key_value_heads", "num_kv_heads")):
+        for key, name in (
+            ("num_attention_heads", "num_heads"),
+            ("hidden_size", "hidden_size"),
+            ("num_key_value_heads", "num_kv_heads"),
+        ):
             if key in decoder:
                 values[name] = Value(decoder[key], "genai_config.json")
         if "context_length" in (doc.get("model") or {}):
@@ -170,11 +196,13 @@ def resolve_model_folder(path: str | os.PathLike, model_file: str | None = None)
     if pooling.is_file():
         doc = read_json(pooling, "1_Pooling/config.json")
         modes = [m for m in POOLING_MODES if doc.get(m)]
-        values["pooling"] = Value(modes[0].removeprefix("pooling_mode_") if modes else "mean_tokens",
-                                  "1_Pooling/config.json")
+        values["pooling"] = Value(
+            modes[0].removeprefix("pooling_mode_") if modes else "mean_tokens", "1_Pooling/config.json"
+        )
     tokenizer = next((p for p in (root / "tokenizer.json", folder / "tokenizer.json") if p.is_file()), None)
-    pre_file = next((p for p in (root / "preprocessor_config.json", folder / "preprocessor_config.json")
-                     if p.is_file()), None)
+    pre_file = next(
+        (p for p in (root / "preprocessor_config.json", folder / "preprocessor_config.json") if p.is_file()), None
+    )
     pre = read_json(pre_file, "preprocessor_config.json") if pre_file else None
     result = ModelFolder(root, chosen, layout, names, values, tokenizer, pre, pre_file)
     _check_consistent(result)
@@ -187,15 +215,20 @@ def _check_consistent(folder: ModelFolder) -> None:
     for name in ("num_heads", "hidden_size", "num_kv_heads", "max_positions"):
         value = folder.get(name)
         if value is not None and (type(value) is not int or value <= 0):
-            raise UsageError(f"{folder.values[name].source} in '{folder.root}' gives {name} = {value!r}; it must be a "
-                             "positive integer. Fix the file.")
+            raise UsageError(
+                f"{folder.values[name].source} in '{folder.root}' gives {name} = {value!r}; it must be a "
+                "positive integer. Fix the file."
+            )
     if heads and hidden and hidden % heads:
-        raise UsageError(f"{folder.values['num_heads'].source} in '{folder.root}' says num_attention_heads={heads} "
-                         f"and hidden_size={hidden}, but {heads} does not divide {hidden}: the files contradict each "
-                         "other (a fusion built from them would compute the wrong attention). Fix config.json.")
+        raise UsageError(
+            f"{folder.values['num_heads'].source} in '{folder.root}' says num_attention_heads={heads} "
+            f"and hidden_size={hidden}, but {heads} does not divide {hidden}: the files contradict each "
+            "other (a fusion built from them would compute the wrong attention). Fix config.json."
+        )
     if heads and kv and heads % kv:
-        raise UsageError(f"'{folder.root}': num_key_value_heads={kv} does not divide num_attention_heads={heads}; "
-                         "fix config.json.")
+        raise UsageError(
+            f"'{folder.root}': num_key_value_heads={kv} does not divide num_attention_heads={heads}; fix config.json."
+        )
 
 
 def model_path_of(path: str | os.PathLike, model_file: str | None = None) -> Path:
@@ -208,5 +241,12 @@ def model_path_of(path: str | os.PathLike, model_file: str | None = None) -> Pat
     return p
 
 
-__all__ = ["CONFIG_KEYS", "ModelFolder", "Value", "is_model_folder", "model_path_of", "read_json",
-           "resolve_model_folder"]
+__all__ = [
+    "CONFIG_KEYS",
+    "ModelFolder",
+    "Value",
+    "is_model_folder",
+    "model_path_of",
+    "read_json",
+    "resolve_model_folder",
+]

@@ -44,13 +44,22 @@ class ImagePreprocess:
     source: str = "arguments"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"size": [self.height, self.width], "shortest_edge": self.shortest_edge, "center_crop": self.crop,
-                "rescale": self.rescale, "mean": list(self.mean), "std": list(self.std), "layout": self.layout,
-                "resample": RESAMPLE_NAMES.get(self.resample, self.resample), "source": self.source}
+        return {
+            "size": [self.height, self.width],
+            "shortest_edge": self.shortest_edge,
+            "center_crop": self.crop,
+            "rescale": self.rescale,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "layout": self.layout,
+            "resample": RESAMPLE_NAMES.get(self.resample, self.resample),
+            "source": self.source,
+        }
 
     @classmethod
     def from_config(cls, doc: Mapping[str, Any], source: str = "preprocessor_config.json") -> ImagePreprocess:
         """From a Hugging Face ``preprocessor_config.json``."""
+
         def hw(value: Any, what: str) -> tuple[int, int] | None:
             if value is None:
                 return None
@@ -62,8 +71,10 @@ class ImagePreprocess:
                 return None
             if isinstance(value, (list, tuple)) and len(value) == 2:
                 return int(value[0]), int(value[1])
-            raise UsageError(f"{source}: {what} {value!r} is not a size this reader knows (an int, "
-                             "{'height', 'width'} or {'shortest_edge'}).")
+            raise UsageError(
+                f"{source}: {what} {value!r} is not a size this reader knows (an int, "
+                "{'height', 'width'} or {'shortest_edge'})."
+            )
 
         size = doc.get("size")
         shortest = int(size["shortest_edge"]) if isinstance(size, Mapping) and "shortest_edge" in size else None
@@ -76,12 +87,23 @@ class ImagePreprocess:
         mean = tuple(float(v) for v in doc.get("image_mean") or ()) if normalize else ()
         std = tuple(float(v) for v in doc.get("image_std") or ()) if normalize else ()
         rescale = float(doc.get("rescale_factor", 1 / 255)) if doc.get("do_rescale", True) else 1.0
-        return cls(final[0], final[1], shortest if not resized else None, crop is not None, rescale, mean, std,
-                   "NCHW", int(doc.get("resample", 2)), source)
+        return cls(
+            final[0],
+            final[1],
+            shortest if not resized else None,
+            crop is not None,
+            rescale,
+            mean,
+            std,
+            "NCHW",
+            int(doc.get("resample", 2)),
+            source,
+        )
 
     @classmethod
-    def from_args(cls, size: str, mean: str | None = None, std: str | None = None, layout: str = "NCHW",
-                  rescale: float = 1 / 255) -> ImagePreprocess:
+    def from_args(
+        cls, size: str, mean: str | None = None, std: str | None = None, layout: str = "NCHW", rescale: float = 1 / 255
+    ) -> ImagePreprocess:
         """From ``--image-size HxW|N``, ``--mean a,b,c``, ``--std a,b,c``, ``--layout``."""
         try:
             parts = [int(p) for p in str(size).lower().split("x")]
@@ -93,8 +115,18 @@ class ImagePreprocess:
             raise UsageError(f"--image-size must be HxW or N with sides in 1..16384, got {size!r}.")
         if layout.upper() not in ("NCHW", "NHWC"):
             raise UsageError(f"--layout must be NCHW or NHWC, got {layout!r}.")
-        return cls(parts[0], parts[1], None, False, rescale, _floats(mean, "--mean"), _floats(std, "--std"),
-                   layout.upper(), 2, "arguments")
+        return cls(
+            parts[0],
+            parts[1],
+            None,
+            False,
+            rescale,
+            _floats(mean, "--mean"),
+            _floats(std, "--std"),
+            layout.upper(),
+            2,
+            "arguments",
+        )
 
     def __post_init__(self) -> None:
         for name, values in (("mean", self.mean), ("std", self.std)):
@@ -131,8 +163,10 @@ def image_input(inputs: Sequence[InputInfo]) -> InputInfo:
     images = [i for i in inputs if len(i.dims) == 4 and np.issubdtype(np.dtype(i.dtype), np.floating)]
     others = [i.name for i in inputs if i not in images]
     if len(images) != 1 or others:
-        raise UsageError(f"Image samples fill one float input of rank 4 (N,C,H,W or N,H,W,C); this model takes "
-                         f"{', '.join(f'{i.name}{list(i.dims)}' for i in inputs)}. Give --calibration with arrays instead.")
+        raise UsageError(
+            f"Image samples fill one float input of rank 4 (N,C,H,W or N,H,W,C); this model takes "
+            f"{', '.join(f'{i.name}{list(i.dims)}' for i in inputs)}. Give --calibration with arrays instead."
+        )
     return images[0]
 
 
@@ -164,20 +198,25 @@ def load_image(path: Path, prep: ImagePreprocess) -> np.ndarray:
     return array
 
 
-def image_samples(folder: str | os.PathLike, prep: ImagePreprocess, inputs: Sequence[InputInfo]
-                  ) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+def image_samples(
+    folder: str | os.PathLike, prep: ImagePreprocess, inputs: Sequence[InputInfo]
+) -> tuple[list[dict[str, np.ndarray]], list[str]]:
     """(samples, notes): each image of ``folder`` as one batch-1 feed of the model's image input."""
     info = image_input(inputs)
     layout = prep.layout
     spatial = info.dims[2:4] if layout == "NCHW" else info.dims[1:3]
     channels = info.dims[1] if layout == "NCHW" else info.dims[3]
     if isinstance(channels, int) and channels not in (-1, 0, 3):
-        raise UsageError(f"Input '{info.name}' {list(info.dims)} has {channels} channels in {layout} layout; images "
-                         "give 3 (RGB). Pass --layout NHWC if the channels come last.")
+        raise UsageError(
+            f"Input '{info.name}' {list(info.dims)} has {channels} channels in {layout} layout; images "
+            "give 3 (RGB). Pass --layout NHWC if the channels come last."
+        )
     wanted = (prep.height, prep.width)
     if all(isinstance(d, int) and d > 0 for d in spatial) and tuple(spatial) != wanted:
-        raise UsageError(f"Input '{info.name}' takes {spatial[0]}x{spatial[1]} images, but the preprocessing "
-                         f"({prep.source}) makes {wanted[0]}x{wanted[1]}: fix --image-size or the config.")
+        raise UsageError(
+            f"Input '{info.name}' takes {spatial[0]}x{spatial[1]} images, but the preprocessing "
+            f"({prep.source}) makes {wanted[0]}x{wanted[1]}: fix --image-size or the config."
+        )
     dtype = np.dtype(info.dtype)
     samples = []
     for path in image_files(folder):

@@ -53,8 +53,10 @@ def read_lines(path: str | os.PathLike) -> list[str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise UsageError(f"Text file '{p}' is not UTF-8 (line {line}, byte {exc.start}: {exc.reason}). Save it as "
-                         "UTF-8, one sample per line.") from None
+        raise UsageError(
+            f"Text file '{p}' is not UTF-8 (line {line}, byte {exc.start}: {exc.reason}). Save it as "
+            "UTF-8, one sample per line."
+        ) from None
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise UsageError(f"Text file '{p}' holds no text: give one sample (a sentence, a paragraph) per line.")
@@ -68,14 +70,22 @@ def text_inputs(inputs: Sequence[InputInfo]) -> dict[str, InputInfo]:
     by_name = {i.name: i for i in inputs}
     unknown = [name for name in by_name if name not in TEXT_INPUTS]
     if unknown or "input_ids" not in by_name:
-        raise UsageError(f"Text samples fill the inputs {', '.join(TEXT_INPUTS)}, but the model takes "
-                         f"{', '.join(by_name)}: {', '.join(unknown) or 'no input_ids'} cannot come from text. Give "
-                         "--calibration with arrays for this model instead.")
+        raise UsageError(
+            f"Text samples fill the inputs {', '.join(TEXT_INPUTS)}, but the model takes "
+            f"{', '.join(by_name)}: {', '.join(unknown) or 'no input_ids'} cannot come from text. Give "
+            "--calibration with arrays for this model instead."
+        )
     return by_name
 
 
-def encode_lines(lines: Sequence[str], tokenizer: Any, inputs: Sequence[InputInfo], *,
-                 sequence: int | None = None, max_positions: int | None = None) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+def encode_lines(
+    lines: Sequence[str],
+    tokenizer: Any,
+    inputs: Sequence[InputInfo],
+    *,
+    sequence: int | None = None,
+    max_positions: int | None = None,
+) -> tuple[list[dict[str, np.ndarray]], list[str]]:
     """(samples, notes): each line as one feed dict of batch 1 at one common sequence length."""
     by_name = text_inputs(inputs)
     encodings = tokenizer.encode_batch(list(lines))
@@ -87,13 +97,17 @@ def encode_lines(lines: Sequence[str], tokenizer: Any, inputs: Sequence[InputInf
     longest = max(len(e.ids) for e in encodings)
     length = sequence or (min(longest, limit) if limit else longest)
     if limit and length > limit:
-        raise UsageError(f"--shape asks for {length} tokens, but the model's position limit is {limit} "
-                         "(max_position_embeddings or the input's length): give a shorter sequence.")
+        raise UsageError(
+            f"--shape asks for {length} tokens, but the model's position limit is {limit} "
+            "(max_position_embeddings or the input's length): give a shorter sequence."
+        )
     notes = []
     truncated = sum(1 for e in encodings if len(e.ids) > length)
     if truncated:
-        notes.append(f"{truncated} of {len(lines)} text samples were longer than {length} tokens and were truncated "
-                     f"(longest: {longest})")
+        notes.append(
+            f"{truncated} of {len(lines)} text samples were longer than {length} tokens and were truncated "
+            f"(longest: {longest})"
+        )
     pad_id = _pad_id(tokenizer)
     samples = []
     for enc in encodings:
@@ -118,9 +132,14 @@ def _pad_id(tokenizer: Any) -> int:
     return 0
 
 
-def text_samples(path: str | os.PathLike, tokenizer: Any, inputs: Sequence[InputInfo], *,
-                 shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 max_positions: int | None = None) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+def text_samples(
+    path: str | os.PathLike,
+    tokenizer: Any,
+    inputs: Sequence[InputInfo],
+    *,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    max_positions: int | None = None,
+) -> tuple[list[dict[str, np.ndarray]], list[str]]:
     """Samples from a text file; ``shapes`` (parsed ``--shape``) may fix the sequence length."""
     sequence = None
     ids = next((i for i in inputs if i.name == "input_ids"), None)

@@ -12,6 +12,20 @@ from ortpilot.decode.sampling import Sampler, SamplingConfig
 from ortpilot.decode.scheduler import Scheduler, Stream, StreamMetrics
 from ortpilot.decode.signature import CacheEntry, DecoderSignature, detect_signature
 
-__all__ = ["LOOPS", "LOOP_CHOICES", "BatchedLoop", "CacheEntry", "DecoderSignature", "GenerationResult", "Generator",
-           "Sampler", "SamplingConfig", "Scheduler", "Stream", "StreamMetrics", "Traffic", "detect_signature",
-           "generate"]
+__all__ = [
+    "LOOPS",
+    "LOOP_CHOICES",
+    "BatchedLoop",
+    "CacheEntry",
+    "DecoderSignature",
+    "GenerationResult",
+    "Generator",
+    "Sampler",
+    "SamplingConfig",
+    "Scheduler",
+    "Stream",
+    "StreamMetrics",
+    "Traffic",
+    "detect_signature",
+    "generate",
+]

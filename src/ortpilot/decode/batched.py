@@ -58,17 +58,28 @@ def chunk_length(remaining: int, budget: int) -> int:
 def check_batchable(sig: DecoderSignature) -> None:
     """Refuse a decoder whose rows cannot decode in one run, saying why (a UsageError, exit 2)."""
     if not sig.supports_shared_buffer:
-        why = ("it has no KV cache" if not sig.has_cache else "it has no GroupQueryAttention"
-               if not sig.gqa_nodes else "its GroupQueryAttention nodes do not read every past input")
-        raise UsageError(f"Batched decoding needs GroupQueryAttention on every past/present pair (one shared "
-                         f"buffer per pair, a length per row), and {why}. Fuse the model first "
-                         "(ortpilot.passes.decoder_fusion, or --fuse).")
+        why = (
+            "it has no KV cache"
+            if not sig.has_cache
+            else "it has no GroupQueryAttention"
+            if not sig.gqa_nodes
+            else "its GroupQueryAttention nodes do not read every past input"
+        )
+        raise UsageError(
+            f"Batched decoding needs GroupQueryAttention on every past/present pair (one shared "
+            f"buffer per pair, a length per row), and {why}. Fuse the model first "
+            "(ortpilot.passes.decoder_fusion, or --fuse)."
+        )
     if any(c.batch_axis != 0 for c in sig.cache):
-        raise UsageError("Batched decoding needs the batch axis first in every past input "
-                         "([batch, kv_heads, past, head_dim]), so that a slot is one block of the buffer.")
+        raise UsageError(
+            "Batched decoding needs the batch axis first in every past input "
+            "([batch, kv_heads, past, head_dim]), so that a slot is one block of the buffer."
+        )
     if sig.cache_position and sig.cache_position not in sig.unread_inputs:
-        raise UsageError(f"The model reads '{sig.cache_position}', one cache position for the whole batch, so "
-                         "rows of different lengths cannot share a run; serve it one stream at a time.")
+        raise UsageError(
+            f"The model reads '{sig.cache_position}', one cache position for the whole batch, so "
+            "rows of different lengths cannot share a run; serve it one stream at a time."
+        )
 
 
 class _StepBinding:
@@ -86,8 +97,9 @@ class _StepBinding:
         self.logits: np.ndarray | None = None
         if vocab:
             self.logits = np.empty((rows, 1, vocab), dtype=loop.logits_dtype)
-            self.io.bind_output(loop.sig.logits, "cpu", 0, self.logits.dtype, list(self.logits.shape),
-                                self.logits.ctypes.data)
+            self.io.bind_output(
+                loop.sig.logits, "cpu", 0, self.logits.dtype, list(self.logits.shape), self.logits.ctypes.data
+            )
         else:
             self.io.bind_output(loop.sig.logits, "cpu")
         loop.bind_cache(self.io, 0, rows)  # after the logits, which stay output 0
@@ -123,13 +135,14 @@ class BatchedLoop:
 
     name = "batched"
 
-    def __init__(self, session: ort.InferenceSession, signature: DecoderSignature, slots: int,
-                 max_length: int) -> None:
+    def __init__(self, session: ort.InferenceSession, signature: DecoderSignature, slots: int, max_length: int) -> None:
         sig = signature
         check_batchable(sig)
         if slots < 1 or max_length < 2:
-            raise UsageError(f"Batched decoding needs at least one slot and a max_length of at least 2; got "
-                             f"{slots} slot(s) and max_length {max_length}.")
+            raise UsageError(
+                f"Batched decoding needs at least one slot and a max_length of at least 2; got "
+                f"{slots} slot(s) and max_length {max_length}."
+            )
         self.session = session
         self.sig = sig
         self.slots = slots
@@ -157,8 +170,9 @@ class BatchedLoop:
         """Run ``ids`` into ``slot`` after its first ``start`` tokens; last-position logits [vocab]."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         if not 0 <= slot < self.slots or start != self.lengths[slot]:
-            raise ValueError(f"slot {slot} holds {self.lengths[slot] if 0 <= slot < self.slots else '?'} tokens, "
-                             f"not {start}")
+            raise ValueError(
+                f"slot {slot} holds {self.lengths[slot] if 0 <= slot < self.slots else '?'} tokens, not {start}"
+            )
         if start + ids.shape[1] > self.max_length:
             raise ValueError(f"{start} + {ids.shape[1]} tokens do not fit the {self.max_length}-token slot")
         io = self._prefills.get(slot)

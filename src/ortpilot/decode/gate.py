@@ -46,7 +46,7 @@ HELD_OUT_TEXTS = (
     "The history of the Roman Empire begins with",
     "To bake a simple loaf of bread, you need flour, water,",
     "Photosynthesis is the process by which plants",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "The three primary colors are",
     "In machine learning, overfitting happens when",
     "Water boils at 100 degrees Celsius at sea level because",
@@ -82,8 +82,9 @@ class _Decoder:
         from ortpilot.decode.loops import make_loop
 
         ids = np.asarray(prompt, dtype=np.int64)[None, :]
-        runner = make_loop(self.loop, self.generator.vsession.session, self.generator.signature,
-                           ids.shape[1] + new_tokens)
+        runner = make_loop(
+            self.loop, self.generator.vsession.session, self.generator.signature, ids.shape[1] + new_tokens
+        )
         # Copies: the bound loops may hand back a view of an output buffer that the next step reuses.
         logits = [np.array(runner.prefill(ids, np.ones_like(ids))[0])]
         for i in range(new_tokens - 1):
@@ -101,8 +102,15 @@ def _check_prompts(prompts: Sequence[Sequence[int]], new_tokens: int) -> list[li
     return out
 
 
-def reference_run(model: Any, prompts: Sequence[Sequence[int]], new_tokens: int = DEFAULT_NEW_TOKENS, *,
-                  settings: SessionSettings | None = None, providers: Any = None, loop: str = "auto") -> ReferenceRun:
+def reference_run(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    new_tokens: int = DEFAULT_NEW_TOKENS,
+    *,
+    settings: SessionSettings | None = None,
+    providers: Any = None,
+    loop: str = "auto",
+) -> ReferenceRun:
     """Greedy-generate ``new_tokens`` per prompt with the reference model, keeping its log-probs."""
     prompts = _check_prompts(prompts, new_tokens)
     decoder = _Decoder(model, settings, providers, loop)
@@ -114,8 +122,14 @@ def reference_run(model: Any, prompts: Sequence[Sequence[int]], new_tokens: int 
     return ReferenceRun(prompts, tokens, logprobs)
 
 
-def candidate_logits(model: Any, reference: ReferenceRun, *, settings: SessionSettings | None = None,
-                     providers: Any = None, loop: str = "auto") -> list[np.ndarray]:
+def candidate_logits(
+    model: Any,
+    reference: ReferenceRun,
+    *,
+    settings: SessionSettings | None = None,
+    providers: Any = None,
+    loop: str = "auto",
+) -> list[np.ndarray]:
     """The candidate's next-token logits with the reference's tokens fed in (teacher forcing)."""
     decoder = _Decoder(model, settings, providers, loop)
     return [decoder.teacher_forced(p, t, len(t)) for p, t in zip(reference.prompts, reference.tokens)]
@@ -144,15 +158,24 @@ class TeacherForcedProbe:
 
     def run(self, model: Any, reference: ReferenceRun | None = None) -> ReferenceRun | list[np.ndarray]:
         if reference is None:
-            return reference_run(model, self.prompts, self.new_tokens, settings=self.settings,
-                                 providers=self.providers, loop=self.loop)
+            return reference_run(
+                model, self.prompts, self.new_tokens, settings=self.settings, providers=self.providers, loop=self.loop
+            )
         return candidate_logits(model, reference, settings=self.settings, providers=self.providers, loop=self.loop)
 
 
-def compare_decoders(model_a: Any, model_b: Any, prompts: Sequence[Sequence[int]] | None = None, *,
-                     new_tokens: int = DEFAULT_NEW_TOKENS, gate: GenerationGate | None = None,
-                     settings: SessionSettings | None = None, providers: Any = None, loop: str = "auto",
-                     reference: ReferenceRun | None = None) -> DecoderComparison:
+def compare_decoders(
+    model_a: Any,
+    model_b: Any,
+    prompts: Sequence[Sequence[int]] | None = None,
+    *,
+    new_tokens: int = DEFAULT_NEW_TOKENS,
+    gate: GenerationGate | None = None,
+    settings: SessionSettings | None = None,
+    providers: Any = None,
+    loop: str = "auto",
+    reference: ReferenceRun | None = None,
+) -> DecoderComparison:
     """Generation accuracy of decoder ``model_b`` against the reference ``model_a``.
 
     ``prompts``: token-id lists (default: 8 random prompts of 12 tokens from the vocabulary).
@@ -170,6 +193,7 @@ def compare_decoders(model_a: Any, model_b: Any, prompts: Sequence[Sequence[int]
 
 
 # --------------------------------------------------------------------------- weight-only, gated
+
 
 @dataclass
 class WeightOnlyStep:
@@ -201,10 +225,15 @@ class WeightOnlyStep:
 
     def build(self) -> Outcome:
         wide = list(self.excluded)
-        qpass = WeightOnlyPass(self.mode, block_size=self.block_size, symmetric=self.symmetric,
-                               accuracy_level=self.accuracy_level, embedding=self.embedding,
-                               nodes_to_exclude=list(self.skip) + (wide if self.fallback == "float" else []),
-                               nodes_in_int8=wide if self.fallback == "int8" else [])
+        qpass = WeightOnlyPass(
+            self.mode,
+            block_size=self.block_size,
+            symmetric=self.symmetric,
+            accuracy_level=self.accuracy_level,
+            embedding=self.embedding,
+            nodes_to_exclude=list(self.skip) + (wide if self.fallback == "float" else []),
+            nodes_in_int8=wide if self.fallback == "int8" else [],
+        )
         # transform, not run: the search needs the model, not a stamped record per attempt (on a
         # 500 MB decoder the record's serialisations cost more than the quantization itself).
         return qpass.transform(SourceModel(self.source, None, ""))
@@ -227,17 +256,34 @@ class AutoExcludeResult:
         return self.comparison.passed
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "fallback": self.fallback, "excluded_groups": self.excluded_groups,
-                "excluded_nodes": len(self.excluded_nodes), "sensitivity": self.sensitivity,
-                "attempts": self.attempts, "comparison": self.comparison.to_dict()}
+        return {
+            "passed": self.passed,
+            "fallback": self.fallback,
+            "excluded_groups": self.excluded_groups,
+            "excluded_nodes": len(self.excluded_nodes),
+            "sensitivity": self.sensitivity,
+            "attempts": self.attempts,
+            "comparison": self.comparison.to_dict(),
+        }
 
 
-def auto_exclude(model: str | os.PathLike | onnx.ModelProto, prompts: Sequence[Sequence[int]] | None = None, *,
-                 mode: str = "int4", block_size: int = DEFAULT_BLOCK_SIZE, symmetric: bool = True,
-                 accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL, embedding: bool = True,
-                 gate: GenerationGate | None = None, new_tokens: int = DEFAULT_NEW_TOKENS,
-                 fallback: str = "int8", max_excluded: int | None = None, settings: SessionSettings | None = None,
-                 providers: Any = None, raise_on_failure: bool = True) -> AutoExcludeResult:
+def auto_exclude(
+    model: str | os.PathLike | onnx.ModelProto,
+    prompts: Sequence[Sequence[int]] | None = None,
+    *,
+    mode: str = "int4",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    symmetric: bool = True,
+    accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL,
+    embedding: bool = True,
+    gate: GenerationGate | None = None,
+    new_tokens: int = DEFAULT_NEW_TOKENS,
+    fallback: str = "int8",
+    max_excluded: int | None = None,
+    settings: SessionSettings | None = None,
+    providers: Any = None,
+    raise_on_failure: bool = True,
+) -> AutoExcludeResult:
     """Weight-only quantize ``model`` so that it passes the generation gate, keeping the most sensitive
     layers in higher precision if needed.
 
@@ -257,8 +303,7 @@ def auto_exclude(model: str | os.PathLike | onnx.ModelProto, prompts: Sequence[S
     source = model if isinstance(model, onnx.ModelProto) else load_model(model)
     if prompts is None:
         prompts = make_prompts(_vocab_size(source))
-    judge = ModelGate.of(gate or GenerationGate(), TeacherForcedProbe(prompts, new_tokens, settings, providers),
-                         source)
+    judge = ModelGate.of(gate or GenerationGate(), TeacherForcedProbe(prompts, new_tokens, settings, providers), source)
     step = WeightOnlyStep(source, mode, block_size, symmetric, accuracy_level, embedding, fallback)
     groups = step.groups()
     every = [n for names in groups.values() for n in names]
@@ -270,27 +315,52 @@ def auto_exclude(model: str | os.PathLike | onnx.ModelProto, prompts: Sequence[S
         raise AccuracyGateError(
             f"Weight-only {mode} fails the generation gate even with {len(chosen)} layer group(s) in {fallback} "
             f"({', '.join(chosen) or 'none'}): {'; '.join(outcome.comparison.failures)}. Try --mode int8-weights, "
-            "a smaller --block-size, --asymmetric, or a looser gate.")
+            "a smaller --block-size, --asymmetric, or a looser gate."
+        )
     return outcome
 
 
 def _auto_exclude_result(found: ExcludeResult, ranking: GroupSensitivity, fallback: str) -> AutoExcludeResult:
-    attempts = [{"excluded_groups": [layer.name for layer in t.layers], "passed": t.passed,
-                 "top1_agreement": t.result.comparison.top1_agreement, "kl_mean": t.result.comparison.kl_mean,
-                 "min_identical_tokens": t.result.comparison.min_identical} for t in found.tries]
+    attempts = [
+        {
+            "excluded_groups": [layer.name for layer in t.layers],
+            "passed": t.passed,
+            "top1_agreement": t.result.comparison.top1_agreement,
+            "kl_mean": t.result.comparison.kl_mean,
+            "min_identical_tokens": t.result.comparison.min_identical,
+        }
+        for t in found.tries
+    ]
     best = found.best
-    return AutoExcludeResult(best.built.model, best.result.comparison, [layer.name for layer in best.layers],
-                             nodes_of(best.layers), ranking.sensitivity, attempts, fallback)
+    return AutoExcludeResult(
+        best.built.model,
+        best.result.comparison,
+        [layer.name for layer in best.layers],
+        nodes_of(best.layers),
+        ranking.sensitivity,
+        attempts,
+        fallback,
+    )
 
 
-def quantize_weight_only_gated(model: str | os.PathLike | onnx.ModelProto, out: str | os.PathLike, mode: str = "int4",
-                               *, block_size: int = DEFAULT_BLOCK_SIZE, symmetric: bool = True,
-                               accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL, embedding: bool = True,
-                               fuse: bool = False, prompts: Sequence[Sequence[int]] | None = None,
-                               gate: GenerationGate | None = None, auto: bool = False,
-                               nodes_to_exclude: Sequence[str] = (),
-                               new_tokens: int = DEFAULT_NEW_TOKENS, settings: SessionSettings | None = None,
-                               max_positions: int | None = None) -> dict[str, Any]:
+def quantize_weight_only_gated(
+    model: str | os.PathLike | onnx.ModelProto,
+    out: str | os.PathLike,
+    mode: str = "int4",
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    symmetric: bool = True,
+    accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL,
+    embedding: bool = True,
+    fuse: bool = False,
+    prompts: Sequence[Sequence[int]] | None = None,
+    gate: GenerationGate | None = None,
+    auto: bool = False,
+    nodes_to_exclude: Sequence[str] = (),
+    new_tokens: int = DEFAULT_NEW_TOKENS,
+    settings: SessionSettings | None = None,
+    max_positions: int | None = None,
+) -> dict[str, Any]:
     """What ``ortpilot quantize --mode int4|int8-weights`` does: (fuse,) quantize, gate, write if it passes.
 
     ``max_positions``: with ``fuse``, the rows of the fused model's constant rotary tables (see
@@ -319,27 +389,49 @@ def quantize_weight_only_gated(model: str | os.PathLike | onnx.ModelProto, out: 
         prompts = make_prompts(_vocab_size(source))
     report: dict[str, Any] = {"mode": mode, "fused": fuse, "output": str(out), "fusion_notes": fusion_notes}
     if auto:
-        found = auto_exclude(source, prompts, mode=mode, block_size=block_size, symmetric=symmetric,
-                             accuracy_level=accuracy_level, embedding=embedding, gate=gate, new_tokens=new_tokens,
-                             settings=settings)
+        found = auto_exclude(
+            source,
+            prompts,
+            mode=mode,
+            block_size=block_size,
+            symmetric=symmetric,
+            accuracy_level=accuracy_level,
+            embedding=embedding,
+            gate=gate,
+            new_tokens=new_tokens,
+            settings=settings,
+        )
         quantized, comparison = found.model, found.comparison
         report["auto_exclude"] = {k: v for k, v in found.to_dict().items() if k != "comparison"}
         excluded = found.excluded_nodes
     else:
-        quantized = quantize_weight_only(source, None, mode, block_size=block_size, symmetric=symmetric,
-                                         accuracy_level=accuracy_level, embedding=embedding,
-                                         nodes_to_exclude=nodes_to_exclude).model
-        comparison = compare_decoders(source, quantized, prompts, new_tokens=new_tokens, gate=gate,
-                                      settings=settings)
+        quantized = quantize_weight_only(
+            source,
+            None,
+            mode,
+            block_size=block_size,
+            symmetric=symmetric,
+            accuracy_level=accuracy_level,
+            embedding=embedding,
+            nodes_to_exclude=nodes_to_exclude,
+        ).model
+        comparison = compare_decoders(source, quantized, prompts, new_tokens=new_tokens, gate=gate, settings=settings)
         excluded = list(nodes_to_exclude)
     before, after = weight_bytes(source), weight_bytes(quantized)
-    summary = {"weight_bytes_before": before, "weight_bytes_after": after, "compression": round(before / after, 3),
-               "weight_only_nodes": weight_only_nodes(quantized), "excluded_nodes": list(excluded)}
+    summary = {
+        "weight_bytes_before": before,
+        "weight_bytes_after": after,
+        "compression": round(before / after, 3),
+        "weight_only_nodes": weight_only_nodes(quantized),
+        "excluded_nodes": list(excluded),
+    }
     report.update(weights=summary, gate=comparison.to_dict())
     if not comparison.passed:
-        raise AccuracyGateError(f"Weight-only {mode} fails the generation gate: {'; '.join(comparison.failures)}. "
-                                "Nothing was written. Try --auto-exclude, --mode int8-weights, a smaller "
-                                "--block-size or --asymmetric.")
+        raise AccuracyGateError(
+            f"Weight-only {mode} fails the generation gate: {'; '.join(comparison.failures)}. "
+            "Nothing was written. Try --auto-exclude, --mode int8-weights, a smaller "
+            "--block-size or --asymmetric."
+        )
     save_model(quantized, out)
     return report
 

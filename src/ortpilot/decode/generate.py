@@ -61,11 +61,20 @@ class GenerationResult:
 class Generator:
     """A decoder session plus its signature, reused across ``generate`` calls (benchmarks)."""
 
-    def __init__(self, model: str | os.PathLike | onnx.ModelProto | VerifiedSession, *,
-                 providers: Any = None, policy: str = "warn", settings: SessionSettings | None = None,
-                 mapping: Mapping[str, str] | None = None) -> None:
-        self.vsession = model if isinstance(model, VerifiedSession) else load(
-            model, providers, policy, settings=settings or SessionSettings(), placement=False)
+    def __init__(
+        self,
+        model: str | os.PathLike | onnx.ModelProto | VerifiedSession,
+        *,
+        providers: Any = None,
+        policy: str = "warn",
+        settings: SessionSettings | None = None,
+        mapping: Mapping[str, str] | None = None,
+    ) -> None:
+        self.vsession = (
+            model
+            if isinstance(model, VerifiedSession)
+            else load(model, providers, policy, settings=settings or SessionSettings(), placement=False)
+        )
         self.signature: DecoderSignature = detect_signature(self.vsession.model, mapping)
 
     def choose_loop(self, loop: str = "auto", *, padded: bool = False) -> tuple[str, str]:
@@ -77,16 +86,23 @@ class Generator:
             raise UsageError(
                 "The prompt batch is left-padded, but this model's GroupQueryAttention takes sequence "
                 "lengths from position_ids and ignores attention_mask, so padded rows would attend to "
-                "padding. Run the rows one at a time (batch 1), or use the unfused model.")
+                "padding. Run the rows one at a time (batch 1), or use the unfused model."
+            )
         if not sig.has_cache:
-            return "recompute", ("the model has no KV cache (no past/present pair), so every step "
-                                 "recomputes the full sequence")
+            return "recompute", (
+                "the model has no KV cache (no past/present pair), so every step recomputes the full sequence"
+            )
         if loop == "shared" and not sig.supports_shared_buffer:
-            why = ("it has no GroupQueryAttention" if not sig.gqa_nodes else
-                   "its GroupQueryAttention nodes do not read every past input")
-            raise UsageError(f"The shared-buffer loop needs GroupQueryAttention on every past/present "
-                             f"pair, and {why}. Fuse it first (ortpilot.passes.decoder_fusion, or "
-                             "`ortpilot generate --fuse`), or use --loop bound.")
+            why = (
+                "it has no GroupQueryAttention"
+                if not sig.gqa_nodes
+                else "its GroupQueryAttention nodes do not read every past input"
+            )
+            raise UsageError(
+                f"The shared-buffer loop needs GroupQueryAttention on every past/present "
+                f"pair, and {why}. Fuse it first (ortpilot.passes.decoder_fusion, or "
+                "`ortpilot generate --fuse`), or use --loop bound."
+            )
         if loop == "auto":
             if sig.supports_shared_buffer:
                 return "shared", "GroupQueryAttention reads every cache pair: one buffer per pair"
@@ -94,46 +110,67 @@ class Generator:
                 # Measured: on a CPU session IOBinding saves no copy worth its per-step binding calls
                 # (1.00x on SmolLM2, 0.6x on the tiny demo decoder); on a GPU EP it removes the
                 # host round trip of the cache (1.27x on WebGPU, BENCHMARKS.md, GPU check).
-                return "plain", ("no GroupQueryAttention and a CPU session: IOBinding would add binding calls "
-                                 "without saving a device copy (--fuse enables the faster shared-buffer loop)")
-            return "bound", ("no GroupQueryAttention: IOBinding keeps the cache on the device (fusing the model "
-                            "into GroupQueryAttention, --fuse, enables the faster shared-buffer loop)")
+                return "plain", (
+                    "no GroupQueryAttention and a CPU session: IOBinding would add binding calls "
+                    "without saving a device copy (--fuse enables the faster shared-buffer loop)"
+                )
+            return "bound", (
+                "no GroupQueryAttention: IOBinding keeps the cache on the device (fusing the model "
+                "into GroupQueryAttention, --fuse, enables the faster shared-buffer loop)"
+            )
         return loop, "requested"
 
-    def generate(self, prompt_ids: Sequence[int] | np.ndarray, max_new_tokens: int = 32, loop: str = "auto", *,
-                 sampling: SamplingConfig | None = None, stop_tokens: Sequence[int] = (),
-                 stream: StreamCallback | None = None, attention_mask: np.ndarray | None = None,
-                 max_length: int | None = None) -> GenerationResult:
+    def generate(
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        max_new_tokens: int = 32,
+        loop: str = "auto",
+        *,
+        sampling: SamplingConfig | None = None,
+        stop_tokens: Sequence[int] = (),
+        stream: StreamCallback | None = None,
+        attention_mask: np.ndarray | None = None,
+        max_length: int | None = None,
+    ) -> GenerationResult:
         ids, mask = self._prompt(prompt_ids, attention_mask)
         if max_new_tokens < 1:
             raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
         max_length = self._max_length(ids.shape[1], max_new_tokens, max_length)
         name, reason = self.choose_loop(loop, padded=bool((mask == 0).any()))
-        notes = [] if name != "recompute" else [f"The model has no KV cache: the loop recomputes the "
-                                                 f"full sequence every step ({reason})."]
+        notes = (
+            []
+            if name != "recompute"
+            else [f"The model has no KV cache: the loop recomputes the full sequence every step ({reason})."]
+        )
         for note in notes:
             log.warning(note)
         runner = make_loop(name, self.vsession.session, self.signature, max_length)
-        return _run(runner, ids, mask, max_new_tokens, max_length, Sampler(sampling), set(stop_tokens),
-                    stream, reason, notes)
+        return _run(
+            runner, ids, mask, max_new_tokens, max_length, Sampler(sampling), set(stop_tokens), stream, reason, notes
+        )
 
-    def _prompt(self, prompt_ids: Sequence[int] | np.ndarray,
-                attention_mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def _prompt(
+        self, prompt_ids: Sequence[int] | np.ndarray, attention_mask: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         try:
             ids = np.asarray(prompt_ids, dtype=np.int64)
         except OverflowError:  # ids beyond int64: no vocabulary is that large
-            raise UsageError("Token ids must fit in int64 and lie inside the vocabulary; the prompt holds a larger "
-                             "number.") from None
+            raise UsageError(
+                "Token ids must fit in int64 and lie inside the vocabulary; the prompt holds a larger number."
+            ) from None
         if ids.ndim == 1:
             ids = ids[None, :]
         if ids.ndim != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
-            raise UsageError(f"The prompt must be a non-empty list of token ids (or [batch, length]); "
-                             f"got shape {list(ids.shape)}.")
+            raise UsageError(
+                f"The prompt must be a non-empty list of token ids (or [batch, length]); got shape {list(ids.shape)}."
+            )
         vocab = self.signature.vocab_size
         bad = ids[(ids < 0) | (ids >= vocab)] if vocab else ids[ids < 0]
         if bad.size:
-            raise UsageError(f"Token id(s) {sorted(set(bad.tolist()))[:10]} are outside the vocabulary "
-                             f"(0 .. {vocab - 1 if vocab else 'n'}).")
+            raise UsageError(
+                f"Token id(s) {sorted(set(bad.tolist()))[:10]} are outside the vocabulary "
+                f"(0 .. {vocab - 1 if vocab else 'n'})."
+            )
         mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
         if mask.shape != ids.shape:
             raise UsageError(f"attention_mask shape {list(mask.shape)} differs from the prompt's {list(ids.shape)}.")
@@ -144,24 +181,38 @@ class Generator:
     def _max_length(self, prompt_length: int, max_new_tokens: int, max_length: int | None) -> int:
         limit = self.signature.max_positions
         if limit is not None and prompt_length >= limit:
-            raise UsageError(f"The prompt has {prompt_length} tokens, but the model handles at most "
-                             f"{limit} positions (its max_positions metadata or rotary tables); shorten the "
-                             "prompt, or, for a model fused by ortpilot, fuse again with a larger "
-                             "--max-positions.")
+            raise UsageError(
+                f"The prompt has {prompt_length} tokens, but the model handles at most "
+                f"{limit} positions (its max_positions metadata or rotary tables); shorten the "
+                "prompt, or, for a model fused by ortpilot, fuse again with a larger "
+                "--max-positions."
+            )
         if max_length is not None and prompt_length >= max_length:
-            raise UsageError(f"The prompt has {prompt_length} tokens, but the KV buffer holds "
-                             f"{max_length} (max_length); raise max_length or shorten the prompt.")
+            raise UsageError(
+                f"The prompt has {prompt_length} tokens, but the KV buffer holds "
+                f"{max_length} (max_length); raise max_length or shorten the prompt."
+            )
         wanted = prompt_length + max_new_tokens
         caps = [c for c in (limit, max_length) if c is not None]
         return min([wanted, *caps])
 
 
-def generate(model: str | os.PathLike | onnx.ModelProto | VerifiedSession, prompt_ids: Sequence[int] | np.ndarray,
-             max_new_tokens: int = 32, loop: str = "auto", *, sampling: SamplingConfig | None = None,
-             stop_tokens: Sequence[int] = (), stream: StreamCallback | None = None,
-             attention_mask: np.ndarray | None = None, max_length: int | None = None,
-             providers: Any = None, policy: str = "warn", settings: SessionSettings | None = None,
-             mapping: Mapping[str, str] | None = None) -> GenerationResult:
+def generate(
+    model: str | os.PathLike | onnx.ModelProto | VerifiedSession,
+    prompt_ids: Sequence[int] | np.ndarray,
+    max_new_tokens: int = 32,
+    loop: str = "auto",
+    *,
+    sampling: SamplingConfig | None = None,
+    stop_tokens: Sequence[int] = (),
+    stream: StreamCallback | None = None,
+    attention_mask: np.ndarray | None = None,
+    max_length: int | None = None,
+    providers: Any = None,
+    policy: str = "warn",
+    settings: SessionSettings | None = None,
+    mapping: Mapping[str, str] | None = None,
+) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see :class:`GenerationResult`).
 
     ``loop``: auto (the fastest the model supports), plain, bound or shared. ``stream`` gets the
@@ -169,13 +220,29 @@ def generate(model: str | os.PathLike | onnx.ModelProto | VerifiedSession, promp
     (and sizes the shared buffer).
     """
     return Generator(model, providers=providers, policy=policy, settings=settings, mapping=mapping).generate(
-        prompt_ids, max_new_tokens, loop, sampling=sampling, stop_tokens=stop_tokens, stream=stream,
-        attention_mask=attention_mask, max_length=max_length)
+        prompt_ids,
+        max_new_tokens,
+        loop,
+        sampling=sampling,
+        stop_tokens=stop_tokens,
+        stream=stream,
+        attention_mask=attention_mask,
+        max_length=max_length,
+    )
 
 
-def _run(runner: DecodeLoop, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, max_length: int,
-         sampler: Sampler, stop: set[int], stream: StreamCallback | None, reason: str,
-         notes: list[str]) -> GenerationResult:
+def _run(
+    runner: DecodeLoop,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    max_new_tokens: int,
+    max_length: int,
+    sampler: Sampler,
+    stop: set[int],
+    stream: StreamCallback | None,
+    reason: str,
+    notes: list[str],
+) -> GenerationResult:
     batch, prompt_length = ids.shape
     start = time.perf_counter()
     logits = runner.prefill(ids, mask)
@@ -210,16 +277,25 @@ def _run(runner: DecodeLoop, ids: np.ndarray, mask: np.ndarray, max_new_tokens: 
     n = max(len(steps), 1)
     ms = [s * 1e3 for s in steps]
     return GenerationResult(
-        tokens=out, prompt_length=prompt_length, loop=runner.name, loop_reason=reason,
-        stop_reason=stop_reason, prefill_s=prefill_s,
+        tokens=out,
+        prompt_length=prompt_length,
+        loop=runner.name,
+        loop_reason=reason,
+        stop_reason=stop_reason,
+        prefill_s=prefill_s,
         prefill_tokens_per_s=batch * prompt_length / prefill_s if prefill_s else 0.0,
         decode_tokens_per_s=batch * len(steps) / sum(steps) if steps else 0.0,
-        step_ms=ms, p50_ms=float(np.percentile(ms, 50)) if ms else 0.0,
+        step_ms=ms,
+        p50_ms=float(np.percentile(ms, 50)) if ms else 0.0,
         p99_ms=float(np.percentile(ms, 99)) if ms else 0.0,
-        host_bytes_per_token=decode.host_bytes / n, kv_host_bytes_per_token=decode.kv_host_bytes / n,
+        host_bytes_per_token=decode.host_bytes / n,
+        kv_host_bytes_per_token=decode.kv_host_bytes / n,
         prefill_host_bytes=prefill_traffic.host_bytes,
         kv_cache_bytes=_kv_bytes(runner.sig, batch, runner.length if runner.name != "shared" else max_length),
-        peak_rss_bytes=_peak_rss(), sampling=sampler.config.to_dict(), notes=notes)
+        peak_rss_bytes=_peak_rss(),
+        sampling=sampler.config.to_dict(),
+        notes=notes,
+    )
 
 
 def _kv_bytes(sig: DecoderSignature, batch: int, length: int) -> int:

@@ -214,8 +214,10 @@ class BoundLoop(_BindingLoop):
     def _run(self, ids: np.ndarray, positions: np.ndarray, past_length: int) -> np.ndarray:
         io, batch, seq = self.io, ids.shape[0], ids.shape[1]
         if not past_length or not self._buffers:
-            self._buffers = [tuple(np.empty(int(np.prod(c.shape(batch, self.max_length))), dtype=c.dtype)
-                                   for _ in range(2)) for c in self.sig.cache]  # type: ignore[misc]
+            self._buffers = [
+                tuple(np.empty(int(np.prod(c.shape(batch, self.max_length))), dtype=c.dtype) for _ in range(2))
+                for c in self.sig.cache
+            ]  # type: ignore[misc]
             self._turn = 0
         io.clear_binding_inputs()
         io.clear_binding_outputs()
@@ -224,8 +226,9 @@ class BoundLoop(_BindingLoop):
         for entry, pair in zip(self.sig.cache, self._buffers):
             past, present = pair[self._turn], pair[1 - self._turn]
             io.bind_input(entry.past, "cpu", 0, entry.dtype, list(entry.shape(batch, past_length)), past.ctypes.data)
-            io.bind_output(entry.present, "cpu", 0, entry.dtype, list(entry.shape(batch, past_length + seq)),
-                           present.ctypes.data)
+            io.bind_output(
+                entry.present, "cpu", 0, entry.dtype, list(entry.shape(batch, past_length + seq)), present.ctypes.data
+            )
         self.session.run_with_iobinding(io)
         self._turn = 1 - self._turn
         self.length = past_length + seq
@@ -301,6 +304,10 @@ class SharedBufferLoop(_BindingLoop):
 
 
 def make_loop(name: str, session: ort.InferenceSession, signature: DecoderSignature, max_length: int) -> DecodeLoop:
-    classes: dict[str, type[DecodeLoop]] = {"plain": PlainLoop, "bound": BoundLoop,
-                                            "shared": SharedBufferLoop, "recompute": RecomputeLoop}
+    classes: dict[str, type[DecodeLoop]] = {
+        "plain": PlainLoop,
+        "bound": BoundLoop,
+        "shared": SharedBufferLoop,
+        "recompute": RecomputeLoop,
+    }
     return classes[name](session, signature, max_length)

@@ -56,7 +56,7 @@ class Sampler:
         scores = row.astype(np.float64) / cfg.temperature
         order = np.argsort(-scores, kind="stable")
         if cfg.top_k:
-            order = order[:cfg.top_k]
+            order = order[: cfg.top_k]
         kept = scores[order]
         probs = np.exp(kept - kept.max())
         probs /= probs.sum()

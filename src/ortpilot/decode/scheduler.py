@@ -49,8 +49,10 @@ def resolve_max_length(sig: DecoderSignature, max_length: int | None) -> int:
     if max_length is None:
         return min(limit or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH)
     if limit is not None and max_length > limit:
-        raise UsageError(f"max_length {max_length} is above the model's {limit} positions (its max_positions "
-                         "metadata or rotary tables); give at most that.")
+        raise UsageError(
+            f"max_length {max_length} is above the model's {limit} positions (its max_positions "
+            "metadata or rotary tables); give at most that."
+        )
     return max_length
 
 
@@ -60,12 +62,12 @@ class StreamMetrics:
 
     prompt_tokens: int
     completion_tokens: int
-    queue_s: float       # submitted -> its prefill started
-    ttft_s: float        # submitted -> first token
-    decode_s: float      # first token -> last token
+    queue_s: float  # submitted -> its prefill started
+    ttft_s: float  # submitted -> first token
+    decode_s: float  # first token -> last token
     ms_per_token: float  # decode_s per token after the first (0 for a single token)
     total_s: float
-    stop_reason: str     # stop_token, max_new_tokens, max_length, cancelled, error
+    stop_reason: str  # stop_token, max_new_tokens, max_length, cancelled, error
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,8 +76,16 @@ class StreamMetrics:
 class Stream:
     """One request: its settings, the tokens as they come, its metrics when it is done."""
 
-    def __init__(self, scheduler: Scheduler, ident: int, prompt: list[int], max_new_tokens: int,
-                 sampling: SamplingConfig, stop_tokens: frozenset[int], on_token: TokenCallback | None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        ident: int,
+        prompt: list[int],
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        stop_tokens: frozenset[int],
+        on_token: TokenCallback | None,
+    ) -> None:
         self.id = ident
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
@@ -141,11 +151,15 @@ class Stream:
         first = times[0] if times else end
         decode = times[-1] - first if len(times) > 1 else 0.0
         return StreamMetrics(
-            prompt_tokens=len(self.prompt), completion_tokens=len(self.tokens),
+            prompt_tokens=len(self.prompt),
+            completion_tokens=len(self.tokens),
             queue_s=(self.admitted_at or end) - self.submitted_at,
-            ttft_s=first - self.submitted_at if times else 0.0, decode_s=decode,
+            ttft_s=first - self.submitted_at if times else 0.0,
+            decode_s=decode,
             ms_per_token=decode * 1e3 / (len(times) - 1) if len(times) > 1 else 0.0,
-            total_s=end - self.submitted_at, stop_reason=self.stop_reason or "running")
+            total_s=end - self.submitted_at,
+            stop_reason=self.stop_reason or "running",
+        )
 
     # The engine thread's side.
     def _sample(self, logits: np.ndarray) -> int:
@@ -171,18 +185,30 @@ class Stream:
 class Scheduler:
     """FIFO admission into the slots of one batched loop; one decode step for all of them at a time."""
 
-    def __init__(self, model: str | os.PathLike | onnx.ModelProto | VerifiedSession | Generator, *,
-                 max_streams: int = 8, max_queue: int = 64, max_length: int | None = None,
-                 prefill_chunk: int = 0, providers: Any = None, policy: str = "warn",
-                 settings: SessionSettings | None = None, mapping: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: str | os.PathLike | onnx.ModelProto | VerifiedSession | Generator,
+        *,
+        max_streams: int = 8,
+        max_queue: int = 64,
+        max_length: int | None = None,
+        prefill_chunk: int = 0,
+        providers: Any = None,
+        policy: str = "warn",
+        settings: SessionSettings | None = None,
+        mapping: Mapping[str, str] | None = None,
+    ) -> None:
         if max_streams < 1:
             raise UsageError(f"max_streams must be at least 1, got {max_streams}.")
         if max_queue < 0:
             raise UsageError(f"max_queue must be 0 or more, got {max_queue}.")
         if prefill_chunk < 0:
             raise UsageError(f"prefill_chunk must be 0 (whole prompts) or more, got {prefill_chunk}.")
-        self.generator = model if isinstance(model, Generator) else Generator(
-            model, providers=providers, policy=policy, settings=settings, mapping=mapping)
+        self.generator = (
+            model
+            if isinstance(model, Generator)
+            else Generator(model, providers=providers, policy=policy, settings=settings, mapping=mapping)
+        )
         sig = self.generator.signature
         max_length = resolve_max_length(sig, max_length)
         self.loop = BatchedLoop(self.generator.vsession.session, sig, max_streams, max_length)
@@ -202,9 +228,15 @@ class Scheduler:
         self._closed = False
 
     # Requests.
-    def submit(self, prompt_ids: Sequence[int] | np.ndarray, max_new_tokens: int = 32, *,
-               sampling: SamplingConfig | None = None, stop_tokens: Sequence[int] = (),
-               on_token: TokenCallback | None = None) -> Stream:
+    def submit(
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        max_new_tokens: int = 32,
+        *,
+        sampling: SamplingConfig | None = None,
+        stop_tokens: Sequence[int] = (),
+        on_token: TokenCallback | None = None,
+    ) -> Stream:
         """Queue a request; raises UsageError for one that cannot fit, QueueFullError when full."""
         ids, _ = self.generator._prompt(prompt_ids, None)
         if ids.shape[0] != 1:
@@ -218,10 +250,19 @@ class Scheduler:
             if len(self._waiting) >= self.max_queue + max(free, 0):
                 raise QueueFullError(
                     f"All {self.max_streams} streams are busy and {len(self._waiting)} request(s) are queued "
-                    f"(the limit is {self.max_queue}); retry later.", retry_after_s=self.retry_after_s())
+                    f"(the limit is {self.max_queue}); retry later.",
+                    retry_after_s=self.retry_after_s(),
+                )
             self._ids += 1
-            stream = Stream(self, self._ids, prompt, max_new_tokens, sampling or SamplingConfig(),
-                            frozenset(int(t) for t in stop_tokens), on_token)
+            stream = Stream(
+                self,
+                self._ids,
+                prompt,
+                max_new_tokens,
+                sampling or SamplingConfig(),
+                frozenset(int(t) for t in stop_tokens),
+                on_token,
+            )
             self._waiting.append(stream)
             self._cond.notify_all()
         return stream
@@ -231,12 +272,16 @@ class Scheduler:
         limit = self.generator.signature.max_positions
         if prompt_tokens >= self.max_length:
             model = f" (the model handles {limit} positions)" if limit is not None else ""
-            raise UsageError(f"The prompt has {prompt_tokens} tokens, but a stream holds {self.max_length} "
-                             f"(max_length){model}; shorten the prompt or raise max_length.")
+            raise UsageError(
+                f"The prompt has {prompt_tokens} tokens, but a stream holds {self.max_length} "
+                f"(max_length){model}; shorten the prompt or raise max_length."
+            )
         room = self.max_length - prompt_tokens
         if not 1 <= max_new_tokens <= room:
-            raise UsageError(f"max_new_tokens must be between 1 and {room} (a stream holds {self.max_length} "
-                             f"tokens and the prompt has {prompt_tokens}); got {max_new_tokens}.")
+            raise UsageError(
+                f"max_new_tokens must be between 1 and {room} (a stream holds {self.max_length} "
+                f"tokens and the prompt has {prompt_tokens}); got {max_new_tokens}."
+            )
 
     def retry_after_s(self) -> int:
         """Seconds until a queued request is likely to get a slot: the queue in rounds of recent requests."""
@@ -287,7 +332,7 @@ class Scheduler:
             remaining = len(stream.prompt) - stream.prefilled
             take = chunk_length(remaining, 0 if math.isinf(budget) else int(budget))
             start = stream.prefilled
-            logits = self.loop.prefill(stream.slot, stream.prompt[start:start + take], start)  # type: ignore[arg-type]
+            logits = self.loop.prefill(stream.slot, stream.prompt[start : start + take], start)  # type: ignore[arg-type]
             stream.prefilled += take
             budget -= take
             if stream.prefilled < len(stream.prompt):
@@ -385,7 +430,14 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         """Engine counters: decode steps, rows they decoded, the KV buffer."""
-        return {"max_streams": self.max_streams, "max_queue": self.max_queue, "max_length": self.max_length,
-                "prefill_chunk": self.prefill_chunk, "decode_steps": self.steps, "rows_decoded": self.rows_decoded,
-                "mean_rows_per_step": self.rows_decoded / self.steps if self.steps else 0.0,
-                "kv_cache_bytes": self.loop.kv_cache_bytes, "pending": self.pending}
+        return {
+            "max_streams": self.max_streams,
+            "max_queue": self.max_queue,
+            "max_length": self.max_length,
+            "prefill_chunk": self.prefill_chunk,
+            "decode_steps": self.steps,
+            "rows_decoded": self.rows_decoded,
+            "mean_rows_per_step": self.rows_decoded / self.steps if self.steps else 0.0,
+            "kv_cache_bytes": self.loop.kv_cache_bytes,
+            "pending": self.pending,
+        }

@@ -26,8 +26,15 @@ from ortpilot.graph.prune import cone, read_names
 from ortpilot.graph.shapes import InputInfo, graph_inputs, model_max_positions
 from ortpilot.passes.rotary import constant_tables
 
-ROLES = ("input_ids", "attention_mask", "position_ids", "cache_position", "seqlens_k",
-         "total_sequence_length", "logits")
+ROLES = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "cache_position",
+    "seqlens_k",
+    "total_sequence_length",
+    "logits",
+)
 _ROLE_NAMES: dict[str, tuple[str, ...]] = {
     "input_ids": ("input_ids", "input", "tokens", "ids", "token_ids"),
     "attention_mask": ("attention_mask", "mask", "attn_mask"),
@@ -62,8 +69,7 @@ class CacheEntry:
     def shape(self, batch: int, length: int) -> tuple[int, ...]:
         out = []
         for axis, dim in enumerate(self.dims):
-            out.append(batch if axis == self.batch_axis else length if axis == self.seq_axis
-                       else int(dim))  # type: ignore[arg-type]
+            out.append(batch if axis == self.batch_axis else length if axis == self.seq_axis else int(dim))  # type: ignore[arg-type]
         return tuple(out)
 
 
@@ -103,16 +109,30 @@ class DecoderSignature:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "input_ids": self.input_ids, "attention_mask": self.attention_mask,
-            "position_ids": self.position_ids, "cache_position": self.cache_position,
-            "seqlens_k": self.seqlens_k, "total_sequence_length": self.total_sequence_length,
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+            "cache_position": self.cache_position,
+            "seqlens_k": self.seqlens_k,
+            "total_sequence_length": self.total_sequence_length,
             "logits": self.logits,
-            "cache": [{"past": c.past, "present": c.present, "dims": list(c.dims),
-                       "seq_axis": c.seq_axis, "dtype": str(c.dtype)} for c in self.cache],
+            "cache": [
+                {
+                    "past": c.past,
+                    "present": c.present,
+                    "dims": list(c.dims),
+                    "seq_axis": c.seq_axis,
+                    "dtype": str(c.dtype),
+                }
+                for c in self.cache
+            ],
             "kv_dtype": str(self.kv_dtype) if self.cache else None,
-            "vocab_size": self.vocab_size, "max_positions": self.max_positions,
-            "gqa_nodes": self.gqa_nodes, "supports_shared_buffer": self.supports_shared_buffer,
-            "gqa_reads_attention_mask": self.gqa_reads_mask, "unread_inputs": list(self.unread_inputs),
+            "vocab_size": self.vocab_size,
+            "max_positions": self.max_positions,
+            "gqa_nodes": self.gqa_nodes,
+            "supports_shared_buffer": self.supports_shared_buffer,
+            "gqa_reads_attention_mask": self.gqa_reads_mask,
+            "unread_inputs": list(self.unread_inputs),
         }
 
 
@@ -130,19 +150,26 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
     mapping = {k: v for k, v in mapping.items() if k not in dim_values}
     unknown = [k for k in mapping if k not in ROLES and k not in inputs]
     if unknown:
-        raise UsageError(f"Mapping key(s) {unknown} are neither roles ({', '.join(ROLES)}), inputs of the model "
-                         f"({', '.join(inputs)}) nor symbolic dims given a number ({', '.join(sorted(dim_names))}).")
+        raise UsageError(
+            f"Mapping key(s) {unknown} are neither roles ({', '.join(ROLES)}), inputs of the model "
+            f"({', '.join(inputs)}) nor symbolic dims given a number ({', '.join(sorted(dim_names))})."
+        )
     for key, name in mapping.items():
         pool = outputs if key == "logits" or key in inputs else list(inputs)
         if name not in pool:
-            raise UsageError(f"Mapping {key}={name}: the model has no such "
-                             f"{'output' if pool is outputs else 'input'} (it has {', '.join(pool)}).")
+            raise UsageError(
+                f"Mapping {key}={name}: the model has no such "
+                f"{'output' if pool is outputs else 'input'} (it has {', '.join(pool)})."
+            )
 
     pairs = _cache_pairs(inputs, outputs, {k: v for k, v in mapping.items() if k in inputs})
     taken_in = {p for p, _ in pairs}
     taken_out = {q for _, q in pairs}
-    roles = {role: mapping.get(role) or _find_role(role, [n for n in inputs if n not in taken_in])
-             for role in ROLES if role != "logits"}
+    roles = {
+        role: mapping.get(role) or _find_role(role, [n for n in inputs if n not in taken_in])
+        for role in ROLES
+        if role != "logits"
+    }
     roles["logits"] = mapping.get("logits") or _find_logits([o for o in outputs if o not in taken_out])
 
     missing = [r for r in ("input_ids", "logits") if not roles[r]]
@@ -154,7 +181,8 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
             f"Inputs: {', '.join(inputs) or 'none'}; outputs: {', '.join(outputs) or 'none'}. "
             "Expected input_ids -> logits, with past_key_values.N.key/value -> present.N.key/value "
             "(or past_N -> present_N). Name the roles explicitly with --map ROLE=NAME "
-            f"(roles: {', '.join(ROLES)}) or --map PAST_INPUT=PRESENT_OUTPUT.")
+            f"(roles: {', '.join(ROLES)}) or --map PAST_INPUT=PRESENT_OUTPUT."
+        )
     used = {v for v in roles.values() if v} | taken_in
     extra = tuple(n for n in inputs if n not in used)
     if extra:
@@ -162,7 +190,8 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
             f"Decoder inputs {', '.join(extra)} have no known role, so the loops cannot feed them. "
             f"Found: {', '.join(f'{r}={v}' for r, v in roles.items() if v)}, "
             f"{len(pairs)} past/present pair(s). Map them with --map ROLE=NAME (roles: "
-            f"{', '.join(ROLES)}) or --map PAST_INPUT=PRESENT_OUTPUT.")
+            f"{', '.join(ROLES)}) or --map PAST_INPUT=PRESENT_OUTPUT."
+        )
 
     gqa = [n for n in model.graph.node if n.op_type in GQA_OPS]
     cache = tuple(_cache_entry(inputs[p], q, {**_gqa_head_dims(gqa, inputs[p]), **dim_values}) for p, q in pairs)
@@ -174,14 +203,20 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
     bounds = embedding_bounds(model)
     read = read_names(model)
     return DecoderSignature(
-        input_ids=roles["input_ids"], logits=roles["logits"],  # type: ignore[arg-type]
-        attention_mask=roles["attention_mask"], position_ids=roles["position_ids"],
-        cache_position=roles["cache_position"], seqlens_k=roles["seqlens_k"],
-        total_sequence_length=roles["total_sequence_length"], cache=cache,
+        input_ids=roles["input_ids"],
+        logits=roles["logits"],  # type: ignore[arg-type]
+        attention_mask=roles["attention_mask"],
+        position_ids=roles["position_ids"],
+        cache_position=roles["cache_position"],
+        seqlens_k=roles["seqlens_k"],
+        total_sequence_length=roles["total_sequence_length"],
+        cache=cache,
         vocab_size=bounds.get(roles["input_ids"]) or _logits_vocab(model, roles["logits"]),  # type: ignore[arg-type]
-        max_positions=_max_positions(model), gqa_nodes=len(gqa),
+        max_positions=_max_positions(model),
+        gqa_nodes=len(gqa),
         gqa_on_every_cache=bool(cache) and all(c.past in gqa_pasts for c in cache),
-        gqa_reads_mask=reads_mask, unread_inputs=tuple(n for n in inputs if n not in read),
+        gqa_reads_mask=reads_mask,
+        unread_inputs=tuple(n for n in inputs if n not in read),
         inputs=dict(inputs),
     )
 
@@ -202,25 +237,30 @@ def _find_logits(names: list[str]) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
-def _cache_pairs(inputs: Mapping[str, InputInfo], outputs: list[str],
-                 explicit: Mapping[str, str]) -> list[tuple[str, str]]:
+def _cache_pairs(
+    inputs: Mapping[str, InputInfo], outputs: list[str], explicit: Mapping[str, str]
+) -> list[tuple[str, str]]:
     """Past input -> present output, by the usual renamings, in layer order."""
     pairs = dict(explicit)
     out_set = set(outputs)
     for name in inputs:
         if name in pairs or not _PAST.search(name):
             continue
-        for present in (name.replace("past_key_values", "present"),
-                        name.replace("past_key_values", "present_key_values"),
-                        re.sub("past", "present", name, flags=re.I),
-                        re.sub("past", "present", name, flags=re.I).replace("present_key_values", "present")):
+        for present in (
+            name.replace("past_key_values", "present"),
+            name.replace("past_key_values", "present_key_values"),
+            re.sub("past", "present", name, flags=re.I),
+            re.sub("past", "present", name, flags=re.I).replace("present_key_values", "present"),
+        ):
             if present in out_set and present != name:
                 pairs[name] = present
                 break
     dangling = [n for n in inputs if _PAST.search(n) and n not in pairs]
     if dangling:
-        raise UsageError(f"Past input(s) {', '.join(dangling)} have no matching present output "
-                         f"(outputs: {', '.join(outputs)}). Pair them with --map PAST_INPUT=PRESENT_OUTPUT.")
+        raise UsageError(
+            f"Past input(s) {', '.join(dangling)} have no matching present output "
+            f"(outputs: {', '.join(outputs)}). Pair them with --map PAST_INPUT=PRESENT_OUTPUT."
+        )
 
     def order(item: tuple[str, str]) -> tuple[int, int, str]:
         idx = _INDEX.search(item[0])
@@ -239,7 +279,7 @@ def _gqa_head_dims(gqa: list[onnx.NodeProto], info: InputInfo) -> dict[str, int]
         if info.name in node.input[3:5]:
             scale = next((a.f for a in node.attribute if a.name == "scale"), 0.0)
             if scale > 0:
-                return {last: round(1.0 / scale ** 2)}
+                return {last: round(1.0 / scale**2)}
     return {}
 
 
@@ -253,9 +293,11 @@ def _cache_entry(info: InputInfo, present: str, dim_values: Mapping[str, int]) -
     batch_axis = named_batch[0] if named_batch else (1 if rank == 5 else 0)
     others = [a for a in symbolic if a not in (seq_axis, batch_axis)]
     if rank < 3 or seq_axis < 0 or others:
-        raise UsageError(f"Past input {info.name} has dims {list(dims)}: expected [batch, heads, past, "
-                         "head_dim] (or stacked [2, batch, heads, past, head_dim]) with fixed heads and "
-                         "head_dim. Give a symbolic dim its number with --map DIM=VALUE (e.g. head_dim=64).")
+        raise UsageError(
+            f"Past input {info.name} has dims {list(dims)}: expected [batch, heads, past, "
+            "head_dim] (or stacked [2, batch, heads, past, head_dim]) with fixed heads and "
+            "head_dim. Give a symbolic dim its number with --map DIM=VALUE (e.g. head_dim=64)."
+        )
     return CacheEntry(info.name, present, dims, seq_axis, batch_axis, np.dtype(info.dtype))
 
 

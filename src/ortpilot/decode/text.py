@@ -38,8 +38,10 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
 def chat_prompt(tokenizer: Any, text: str, system: str | None = None) -> str:
     """``text`` as one ChatML user turn, ready for the assistant's answer."""
     if tokenizer.token_to_id("<|im_start|>") is None:
-        raise UsageError("--chat applies the ChatML template, but this tokenizer has no <|im_start|> token; "
-                         "write the template into --prompt yourself.")
+        raise UsageError(
+            "--chat applies the ChatML template, but this tokenizer has no <|im_start|> token; "
+            "write the template into --prompt yourself."
+        )
     head = CHATML_SYSTEM.format(text=system) if system else ""
     return head + CHATML_USER.format(text=text)
 
@@ -75,8 +77,9 @@ def chat_template(tokenizer_path: str | os.PathLike) -> str | None:
     except (OSError, ValueError, AttributeError) as exc:
         raise UsageError(f"'{config}' is not a readable tokenizer config ({exc}).") from None
     if isinstance(template, list):  # several named templates: the default one
-        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
-                        None)
+        template = next(
+            (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
+        )
     return template if isinstance(template, str) and template.strip() else None
 
 
@@ -86,8 +89,10 @@ def render_chat(template: str, messages: list[dict[str, str]], tokenizer: Any = 
         from jinja2 import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
-        raise UsageError("The tokenizer's chat template is Jinja: pip install jinja2 (Ray Serve brings it), "
-                         "or use the built-in ChatML template.") from None
+        raise UsageError(
+            "The tokenizer's chat template is Jinja: pip install jinja2 (Ray Serve brings it), "
+            "or use the built-in ChatML template."
+        ) from None
 
     def raise_exception(message: str) -> None:
         raise UsageError(f"The chat template refused the messages: {message}")
@@ -99,8 +104,9 @@ def render_chat(template: str, messages: list[dict[str, str]], tokenizer: Any = 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
-                                                **{"bos_token": "", "eos_token": "", **special})
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=True, **{"bos_token": "", "eos_token": "", **special}
+        )
     except TemplateError as exc:
         raise UsageError(f"The chat template failed on these messages: {exc}") from None
 
@@ -141,7 +147,7 @@ class TextStream:
                 return self._hand_out(text[:at])
         ready = text.rstrip("\ufffd")
         hold = max((n for s in self.stop for n in range(1, len(s)) if ready.endswith(s[:n])), default=0)
-        return self._hand_out(ready[:len(ready) - hold])
+        return self._hand_out(ready[: len(ready) - hold])
 
     def finish(self) -> str:
         return "" if self.stopped else self._hand_out(self.text())
@@ -149,6 +155,6 @@ class TextStream:
     def _hand_out(self, text: str) -> str:
         if not text.startswith(self.sent) or len(text) <= len(self.sent):
             return ""
-        delta = text[len(self.sent):]
+        delta = text[len(self.sent) :]
         self.sent = text
         return delta

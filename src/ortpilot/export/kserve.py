@@ -39,16 +39,20 @@ def inference_service(model_name: str, repo_name: str, *, gpu: bool, storage_uri
     }
     if gpu:
         model["resources"] = {"limits": {"nvidia.com/gpu": 1}}
-    return {"apiVersion": API_VERSION, "kind": KIND,
-            "metadata": {"name": service_name(model_name),
-                         "annotations": {"ortpilot.dev/triton-model": model_name}},
-            "spec": {"predictor": {"model": model}}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": service_name(model_name), "annotations": {"ortpilot.dev/triton-model": model_name}},
+        "spec": {"predictor": {"model": model}},
+    }
 
 
 def manifest_yaml(manifest: dict[str, Any]) -> str:
     yaml = require_yaml()
-    header = ("# Written by ortpilot export triton. Upload the model repository folder and set storageUri to it;\n"
-              "# KServe's Triton runtime copies it to /mnt/models and serves it over the Open Inference Protocol.\n")
+    header = (
+        "# Written by ortpilot export triton. Upload the model repository folder and set storageUri to it;\n"
+        "# KServe's Triton runtime copies it to /mnt/models and serves it over the Open Inference Protocol.\n"
+    )
     return header + yaml.safe_dump(manifest, sort_keys=False)
 
 
@@ -75,8 +79,10 @@ def check_manifest(text: str, path: str | Path = "InferenceService") -> dict[str
     if not isinstance(model.get("storageUri"), str) or not _URI.match(model["storageUri"]):
         problems.append("spec.predictor.model.storageUri is not a URI (scheme://path)")
     if problems:
-        raise VerificationError(f"'{path}' is not a valid InferenceService: {'; '.join(problems)}. ortpilot wrote "
-                                "it, so this is a bug in ortpilot.")
+        raise VerificationError(
+            f"'{path}' is not a valid InferenceService: {'; '.join(problems)}. ortpilot wrote "
+            "it, so this is a bug in ortpilot."
+        )
     return doc
 
 
@@ -85,6 +91,8 @@ def require_yaml() -> Any:
     try:
         import yaml
     except ImportError:
-        raise UsageError("--emit-inferenceservice needs PyYAML to write and check the manifest: "
-                         "pip install 'ortpilot[export]' (or: pip install pyyaml).") from None
+        raise UsageError(
+            "--emit-inferenceservice needs PyYAML to write and check the manifest: "
+            "pip install 'ortpilot[export]' (or: pip install pyyaml)."
+        ) from None
     return yaml

@@ -69,15 +69,32 @@ class ExportResult:
     config_text: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"profile": str(self.profile), "model_dir": str(self.model_dir), "name": self.name,
-                "max_batch_size": self.max_batch_size, "kind": self.kind, "providers": self.providers,
-                "warmup": self.warmup, "decoder": self.decoder, "losses": [loss.to_dict() for loss in self.losses],
-                "files": self.files}
+        return {
+            "profile": str(self.profile),
+            "model_dir": str(self.model_dir),
+            "name": self.name,
+            "max_batch_size": self.max_batch_size,
+            "kind": self.kind,
+            "providers": self.providers,
+            "warmup": self.warmup,
+            "decoder": self.decoder,
+            "losses": [loss.to_dict() for loss in self.losses],
+            "files": self.files,
+        }
 
 
-def export_triton(profile: str | Path, repo: str | Path, *, name: str | None = None, max_batch: int | None = None,
-                  instances: int = 1, kind: str | None = None, force: bool = False,
-                  inferenceservice: str | Path | None = None, storage_uri: str | None = None) -> ExportResult:
+def export_triton(
+    profile: str | Path,
+    repo: str | Path,
+    *,
+    name: str | None = None,
+    max_batch: int | None = None,
+    instances: int = 1,
+    kind: str | None = None,
+    force: bool = False,
+    inferenceservice: str | Path | None = None,
+    storage_uri: str | None = None,
+) -> ExportResult:
     """Write ``REPO/NAME`` for Triton's ONNX Runtime backend from a tune profile; see the module doc.
 
     ``max_batch``: Triton's ``max_batch_size`` (default 4, the backend's own default, when the
@@ -91,8 +108,10 @@ def export_triton(profile: str | Path, repo: str | Path, *, name: str | None = N
     name = _model_name(name, profile)
     dest = Path(repo) / name
     if dest.is_dir() and any(dest.iterdir()) and not force:
-        raise UsageError(f"'{dest}' exists and is not empty. Pass --force to replace it (the new folder is built "
-                         "beside it and swapped in whole), or choose another -o REPO or --name.")
+        raise UsageError(
+            f"'{dest}' exists and is not empty. Pass --force to replace it (the new folder is built "
+            "beside it and swapped in whole), or choose another -o REPO or --name."
+        )
     if inferenceservice is not None:
         check_output_path(inferenceservice, "InferenceService manifest", "inferenceservice.yaml")
         kserve.require_yaml()
@@ -115,28 +134,46 @@ def export_triton(profile: str | Path, repo: str | Path, *, name: str | None = N
         warmup["note"] += "; Triton's warmup repeats one batch element, so it holds the first of the batch"
     manifest = None
     if inferenceservice is not None:
-        manifest = kserve.manifest_yaml(kserve.inference_service(name, Path(repo).resolve().name,
-                                                                 gpu=backend.kind == KIND_GPU, storage_uri=storage_uri))
+        manifest = kserve.manifest_yaml(
+            kserve.inference_service(
+                name, Path(repo).resolve().name, gpu=backend.kind == KIND_GPU, storage_uri=storage_uri
+            )
+        )
         kserve.check_manifest(manifest, inferenceservice)
 
     with atomic_dir(dest, replace=force) as tmp:
         _copy_model(model_path, proto, tmp / VERSION_DIR)
         written = _write_warmup(tmp, feeds, inputs, batch) if feeds is not None else []
-        text = render(build_config(name, inputs, outputs, max_batch=batch, instances=instances, backend=backend,
-                                   warmup=written))
+        text = render(
+            build_config(name, inputs, outputs, max_batch=batch, instances=instances, backend=backend, warmup=written)
+        )
         (tmp / CONFIG_FILE).write_text(text, encoding="utf-8")
         problems = check_config(parse_config((tmp / CONFIG_FILE).read_text(encoding="utf-8"), dest / CONFIG_FILE), tmp)
         if problems:
-            raise VerificationError(f"The config.pbtxt written for '{dest}' would not load as intended: "
-                                    f"{'; '.join(problems)}. ortpilot wrote it, so this is a bug in ortpilot; "
-                                    "nothing was left in the repository.")
-        result = ExportResult(profile=profile, model_dir=dest, name=name, max_batch_size=batch, kind=backend.kind,
-                              providers=[short_name(p) for p in backend.provider_order], warmup=warmup,
-                              decoder=decoder, losses=losses, config_text=text)
+            raise VerificationError(
+                f"The config.pbtxt written for '{dest}' would not load as intended: "
+                f"{'; '.join(problems)}. ortpilot wrote it, so this is a bug in ortpilot; "
+                "nothing was left in the repository."
+            )
+        result = ExportResult(
+            profile=profile,
+            model_dir=dest,
+            name=name,
+            max_batch_size=batch,
+            kind=backend.kind,
+            providers=[short_name(p) for p in backend.provider_order],
+            warmup=warmup,
+            decoder=decoder,
+            losses=losses,
+            config_text=text,
+        )
         (tmp / NOTES_FILE).write_text(_notes(result, doc, settings), encoding="utf-8")
-    result.files = {"config": str(dest / CONFIG_FILE), "model": str(dest / VERSION_DIR / MODEL_FILE),
-                    "notes": str(dest / NOTES_FILE),
-                    **{f"warmup:{w.name}": str(dest / WARMUP_DIR / w.file) for w in written}}
+    result.files = {
+        "config": str(dest / CONFIG_FILE),
+        "model": str(dest / VERSION_DIR / MODEL_FILE),
+        "notes": str(dest / NOTES_FILE),
+        **{f"warmup:{w.name}": str(dest / WARMUP_DIR / w.file) for w in written},
+    }
     if manifest is not None:
         atomic_write_text(inferenceservice, manifest)
         result.files["inferenceservice"] = str(inferenceservice)
@@ -148,8 +185,10 @@ def _model_name(name: str | None, profile: Path) -> str:
         folder = profile.resolve().parent.name
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", folder).lstrip("._-") or "model"
     if not _NAME.match(name):
-        raise UsageError(f"--name '{name}' cannot be a Triton model folder: use letters, digits, '_', '.' and '-', "
-                         "starting with a letter or digit.")
+        raise UsageError(
+            f"--name '{name}' cannot be a Triton model folder: use letters, digits, '_', '.' and '-', "
+            "starting with a letter or digit."
+        )
     return name
 
 
@@ -169,48 +208,78 @@ def _max_batch(requested: int | None, batchable: bool, inputs: list[TensorSpec])
         raise UsageError(f"--max-batch must be 0 (no batching) or more, got {requested}.")
     if requested > 0 and not batchable:
         firsts = ", ".join(f"{t.name}: {t.dims[0] if t.dims else 'scalar'}" for t in inputs)
-        raise UsageError(f"--max-batch {requested}: the model has no batch dim Triton can take (every input's first "
-                         f"dim must be dynamic and named like batch, every output's dynamic; first dims: {firsts}). "
-                         "Use --max-batch 0, or re-export the model with a batch dim.")
+        raise UsageError(
+            f"--max-batch {requested}: the model has no batch dim Triton can take (every input's first "
+            f"dim must be dynamic and named like batch, every output's dynamic; first dims: {firsts}). "
+            "Use --max-batch 0, or re-export the model with a batch dim."
+        )
     return requested
 
 
-def _deployment_losses(doc: dict[str, Any], decoder: bool, batch: int, instances: int,
-                       backend: BackendSettings) -> list[Loss]:
+def _deployment_losses(
+    doc: dict[str, Any], decoder: bool, batch: int, instances: int, backend: BackendSettings
+) -> list[Loss]:
     """What serving behind Triton drops whatever the settings: the checks a verified session makes."""
     ort_info = doc.get("onnxruntime") or {}
     machine = doc.get("machine") or {}
     out = [
-        Loss("placement", json.dumps(doc.get("placement") or {}, sort_keys=True),
-             "Triton does not verify placement: nodes an EP cannot run go to the CPU without notice "
-             "(no session.disable_cpu_ep_fallback), and nothing compares the placement with the profile's"),
-        Loss("onnxruntime", f"{ort_info.get('version', '?')} ({ort_info.get('distribution', '?')})",
-             "the Triton release brings its own ORT build; its kernels, fusions and defaults may differ, and nothing "
-             "checks them against the build the profile was measured with"),
-        Loss("machine", describe_machine(machine),
-             "the latency figures hold for this machine; Triton does not compare the server's CPU (its INT8 kernel, "
-             "its CPU budget) or GPU with it, as load_profile and 'ortpilot verify' do"),
+        Loss(
+            "placement",
+            json.dumps(doc.get("placement") or {}, sort_keys=True),
+            "Triton does not verify placement: nodes an EP cannot run go to the CPU without notice "
+            "(no session.disable_cpu_ep_fallback), and nothing compares the placement with the profile's",
+        ),
+        Loss(
+            "onnxruntime",
+            f"{ort_info.get('version', '?')} ({ort_info.get('distribution', '?')})",
+            "the Triton release brings its own ORT build; its kernels, fusions and defaults may differ, and nothing "
+            "checks them against the build the profile was measured with",
+        ),
+        Loss(
+            "machine",
+            describe_machine(machine),
+            "the latency figures hold for this machine; Triton does not compare the server's CPU (its INT8 kernel, "
+            "its CPU budget) or GPU with it, as load_profile and 'ortpilot verify' do",
+        ),
     ]
     if decoder:
-        out.append(Loss("decode loop", "KV cache (past_* / present*)",
-                        "Triton's ORT backend has no KV-cache loop: each request is one forward step, the client "
-                        "sends the past and receives the present cache every token (the whole cache crosses the "
-                        "network twice per token), and ortpilot generate's bound/shared loops (IOBinding, one "
-                        "preallocated KV buffer) have no equivalent there"))
+        out.append(
+            Loss(
+                "decode loop",
+                "KV cache (past_* / present*)",
+                "Triton's ORT backend has no KV-cache loop: each request is one forward step, the client "
+                "sends the past and receives the present cache every token (the whole cache crosses the "
+                "network twice per token), and ortpilot generate's bound/shared loops (IOBinding, one "
+                "preallocated KV buffer) have no equivalent there",
+            )
+        )
     if batch > 1:
         shapes = doc.get("shapes") or {}
-        out.append(Loss("max_batch_size", str(batch), f"the profile measured shapes {json.dumps(shapes)}; Triton's "
-                        f"dynamic batcher runs batches of up to {batch}, whose latency was never measured"))
+        out.append(
+            Loss(
+                "max_batch_size",
+                str(batch),
+                f"the profile measured shapes {json.dumps(shapes)}; Triton's "
+                f"dynamic batcher runs batches of up to {batch}, whose latency was never measured",
+            )
+        )
     if instances > 1 and backend.kind == KIND_CPU:
         threads = backend.parameters.get("intra_op_thread_count", "0")
-        out.append(Loss("instance_group.count", str(instances), f"{instances} instances each run their own session "
-                        f"with intra_op_thread_count={threads} (0: one thread per core): together they share the "
-                        "cores the profile measured one session on"))
+        out.append(
+            Loss(
+                "instance_group.count",
+                str(instances),
+                f"{instances} instances each run their own session "
+                f"with intra_op_thread_count={threads} (0: one thread per core): together they share the "
+                "cores the profile measured one session on",
+            )
+        )
     return out
 
 
-def _warmup_feeds(doc: dict[str, Any], proto: onnx.ModelProto,
-                  inputs: list[TensorSpec]) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
+def _warmup_feeds(
+    doc: dict[str, Any], proto: onnx.ModelProto, inputs: list[TensorSpec]
+) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
     """The profile's reference inputs (regenerated, hash-checked); else inputs generated from the model."""
     if any(t.data_type == "TYPE_STRING" for t in inputs):
         return None, {"source": "none", "note": "string inputs: ortpilot writes no warmup for them"}
@@ -219,8 +288,11 @@ def _warmup_feeds(doc: dict[str, Any], proto: onnx.ModelProto,
         from ortpilot.tuning.reference import reference_feeds
 
         try:
-            return reference_feeds(doc), {"source": "reference", "note": "the tune's held-out reference inputs",
-                                          "outputs_sha256": doc["reference_outputs"].get("sha256") or {}}
+            return reference_feeds(doc), {
+                "source": "reference",
+                "note": "the tune's held-out reference inputs",
+                "outputs_sha256": doc["reference_outputs"].get("sha256") or {},
+            }
         except UsageError as exc:
             note = f"the reference inputs could not be regenerated ({exc}); "
     from ortpilot.graph.feeds import make_feeds, plan_feeds
@@ -230,11 +302,15 @@ def _warmup_feeds(doc: dict[str, Any], proto: onnx.ModelProto,
         feeds = make_feeds(proto, plan=plan_feeds(proto, shapes))
     except UsageError as exc:
         return None, {"source": "none", "note": note + f"no warmup: inputs could not be generated ({exc})"}
-    return feeds, {"source": "generated", "note": note + "inputs generated from the model (not the profile's "
-                   "reference inputs)"}
+    return feeds, {
+        "source": "generated",
+        "note": note + "inputs generated from the model (not the profile's reference inputs)",
+    }
 
 
-def _write_warmup(folder: Path, feeds: dict[str, np.ndarray], inputs: list[TensorSpec], batch: int) -> list[WarmupInput]:
+def _write_warmup(
+    folder: Path, feeds: dict[str, np.ndarray], inputs: list[TensorSpec], batch: int
+) -> list[WarmupInput]:
     """One raw file per input (row-major, the input's dtype); with batching, one batch element."""
     (folder / WARMUP_DIR).mkdir()
     taken: set[str] = set()
@@ -264,36 +340,46 @@ def _notes(result: ExportResult, doc: dict[str, Any], settings: SessionSettings)
     gate = "passed" if accuracy.get("passed") else "not recorded"
     if "worst_error" in accuracy:
         gate += f" (worst error {accuracy['worst_error']:.3g} <= {accuracy.get('max_error')})"
-    carried = (f"level {settings.level}, intra_op_threads {settings.intra_op_threads}, inter_op_threads "
-               f"{settings.inter_op_threads}, execution_mode {settings.execution_mode}, cpu arena "
-               f"{'on' if settings.enable_cpu_mem_arena else 'off'}, memory pattern "
-               f"{'on' if settings.enable_mem_pattern else 'off'}")
-    return "\n".join([
-        f"# {result.name}: exported by ortpilot from a verified profile",
-        "",
-        (f"- Profile: `{result.profile}` (winner `{(doc.get('candidate') or {}).get('label', '?')}`, "
-         f"model sha256 `{str(doc['model'].get('sha256', '?'))[:16]}…`)"),
-        (f"- Measured: p50 {f'{p50:.3f} ms' if p50 is not None else 'not recorded'} with ONNX Runtime "
-         f"{(doc.get('onnxruntime') or {}).get('version', '?')}; accuracy gate {gate}"),
-        f"- Target: Triton's ONNX Runtime backend, read from {BACKEND_SOURCE}",
-        (f"- Instances: {result.kind}; providers the backend appends: {' > '.join(result.providers)}; "
-         f"max_batch_size {result.max_batch_size}"),
-        f"- Session settings carried: {carried}",
-        f"- Warmup: {result.warmup['source']} ({result.warmup.get('note', '')})",
-        "",
-        "## What is lost",
-        "",
-        "What the verified profile promised that Triton will not check or cannot express:",
-        "",
-        losses_markdown(result.losses).rstrip(),
-        "",
-        "## Checking this export without a Triton server",
-        "",
-        "```python",
-        "from ortpilot.export.triton_session import backend_session, warmup_samples",
-        f"MODEL_DIR = {str(result.model_dir)!r}",
-        "session, run_options = backend_session(MODEL_DIR)  # the session the backend would build",
-        "outputs = session.run(None, warmup_samples(MODEL_DIR)[0], run_options)",
-        "```",
-        "",
-    ])
+    carried = (
+        f"level {settings.level}, intra_op_threads {settings.intra_op_threads}, inter_op_threads "
+        f"{settings.inter_op_threads}, execution_mode {settings.execution_mode}, cpu arena "
+        f"{'on' if settings.enable_cpu_mem_arena else 'off'}, memory pattern "
+        f"{'on' if settings.enable_mem_pattern else 'off'}"
+    )
+    return "\n".join(
+        [
+            f"# {result.name}: exported by ortpilot from a verified profile",
+            "",
+            (
+                f"- Profile: `{result.profile}` (winner `{(doc.get('candidate') or {}).get('label', '?')}`, "
+                f"model sha256 `{str(doc['model'].get('sha256', '?'))[:16]}…`)"
+            ),
+            (
+                f"- Measured: p50 {f'{p50:.3f} ms' if p50 is not None else 'not recorded'} with ONNX Runtime "
+                f"{(doc.get('onnxruntime') or {}).get('version', '?')}; accuracy gate {gate}"
+            ),
+            f"- Target: Triton's ONNX Runtime backend, read from {BACKEND_SOURCE}",
+            (
+                f"- Instances: {result.kind}; providers the backend appends: {' > '.join(result.providers)}; "
+                f"max_batch_size {result.max_batch_size}"
+            ),
+            f"- Session settings carried: {carried}",
+            f"- Warmup: {result.warmup['source']} ({result.warmup.get('note', '')})",
+            "",
+            "## What is lost",
+            "",
+            "What the verified profile promised that Triton will not check or cannot express:",
+            "",
+            losses_markdown(result.losses).rstrip(),
+            "",
+            "## Checking this export without a Triton server",
+            "",
+            "```python",
+            "from ortpilot.export.triton_session import backend_session, warmup_samples",
+            f"MODEL_DIR = {str(result.model_dir)!r}",
+            "session, run_options = backend_session(MODEL_DIR)  # the session the backend would build",
+            "outputs = session.run(None, warmup_samples(MODEL_DIR)[0], run_options)",
+            "```",
+            "",
+        ]
+    )

@@ -34,11 +34,17 @@ MODEL_PARAMETERS: dict[str, str] = {
     "do_copy_in_default_stream": "bool",
 }
 # What the backend sets for the deprecated CUDA keys when the model does not (ORT option values).
-CUDA_MODEL_DEFAULTS = {"cudnn_conv_algo_search": "EXHAUSTIVE", "gpu_mem_limit": str(2**64 - 1),
-                       "arena_extend_strategy": "kNextPowerOfTwo", "do_copy_in_default_stream": "1"}
+CUDA_MODEL_DEFAULTS = {
+    "cudnn_conv_algo_search": "EXHAUSTIVE",
+    "gpu_mem_limit": str(2**64 - 1),
+    "arena_extend_strategy": "kNextPowerOfTwo",
+    "do_copy_in_default_stream": "1",
+}
 # ORT's CUDA option values <-> the integer codes the deprecated keys take.
-CUDA_CODES = {"cudnn_conv_algo_search": ("EXHAUSTIVE", "HEURISTIC", "DEFAULT"),
-              "arena_extend_strategy": ("kNextPowerOfTwo", "kSameAsRequested")}
+CUDA_CODES = {
+    "cudnn_conv_algo_search": ("EXHAUSTIVE", "HEURISTIC", "DEFAULT"),
+    "arena_extend_strategy": ("kNextPowerOfTwo", "kSameAsRequested"),
+}
 
 # ``optimization.graph.level`` is not ORT's numbering: -1 basic, 1 extended, 2 disabled, any
 # other value (or no ``graph``) all. ortpilot level -> Triton level (None: leave ``graph`` out).
@@ -54,27 +60,55 @@ TENSORRT_PARAMETERS: dict[str, tuple[str, str]] = {
     "max_workspace_size_bytes": ("trt_max_workspace_size", "uint"),
     "int8_calibration_table_name": ("trt_int8_calibration_table_name", "string"),
     "int8_use_native_calibration_table": ("trt_int8_use_native_calibration_table", "bool"),
-    **{key: (key, kind) for key, kind in {
-        "trt_max_partition_iterations": "int", "trt_min_subgraph_size": "int", "trt_dla_enable": "bool",
-        "trt_dla_core": "int", "trt_engine_cache_enable": "bool", "trt_engine_cache_path": "string",
-        "trt_engine_cache_prefix": "string", "trt_dump_subgraphs": "bool",
-        "trt_force_sequential_engine_build": "bool", "trt_context_memory_sharing_enable": "bool",
-        "trt_layer_norm_fp32_fallback": "bool", "trt_timing_cache_enable": "bool",
-        "trt_timing_cache_path": "string", "trt_force_timing_cache": "bool", "trt_detailed_build_log": "bool",
-        "trt_build_heuristics_enable": "bool", "trt_sparsity_enable": "bool",
-        "trt_builder_optimization_level": "int", "trt_auxiliary_streams": "int", "trt_tactic_sources": "string",
-        "trt_extra_plugin_lib_paths": "string", "trt_profile_min_shapes": "string",
-        "trt_profile_max_shapes": "string", "trt_profile_opt_shapes": "string", "trt_cuda_graph_enable": "bool",
-        "trt_dump_ep_context_model": "bool", "trt_ep_context_file_path": "string",
-        "trt_ep_context_embed_mode": "int"}.items()},
+    **{
+        key: (key, kind)
+        for key, kind in {
+            "trt_max_partition_iterations": "int",
+            "trt_min_subgraph_size": "int",
+            "trt_dla_enable": "bool",
+            "trt_dla_core": "int",
+            "trt_engine_cache_enable": "bool",
+            "trt_engine_cache_path": "string",
+            "trt_engine_cache_prefix": "string",
+            "trt_dump_subgraphs": "bool",
+            "trt_force_sequential_engine_build": "bool",
+            "trt_context_memory_sharing_enable": "bool",
+            "trt_layer_norm_fp32_fallback": "bool",
+            "trt_timing_cache_enable": "bool",
+            "trt_timing_cache_path": "string",
+            "trt_force_timing_cache": "bool",
+            "trt_detailed_build_log": "bool",
+            "trt_build_heuristics_enable": "bool",
+            "trt_sparsity_enable": "bool",
+            "trt_builder_optimization_level": "int",
+            "trt_auxiliary_streams": "int",
+            "trt_tactic_sources": "string",
+            "trt_extra_plugin_lib_paths": "string",
+            "trt_profile_min_shapes": "string",
+            "trt_profile_max_shapes": "string",
+            "trt_profile_opt_shapes": "string",
+            "trt_cuda_graph_enable": "bool",
+            "trt_dump_ep_context_model": "bool",
+            "trt_ep_context_file_path": "string",
+            "trt_ep_context_embed_mode": "int",
+        }.items()
+    },
 }
 # ``precision_mode`` value -> the ORT TensorRT option it turns on (FP32: none).
-PRECISION_MODES: dict[str, str | None] = {"FP32": None, "FP16": "trt_fp16_enable", "BF16": "trt_bf16_enable",
-                                          "INT8": "trt_int8_enable"}
+PRECISION_MODES: dict[str, str | None] = {
+    "FP32": None,
+    "FP16": "trt_fp16_enable",
+    "BF16": "trt_bf16_enable",
+    "INT8": "trt_int8_enable",
+}
 
 # ORT provider -> where the backend can put it. Others (CoreML, WebGPU, QNN, DirectML ...) it cannot run.
-CPU, CUDA, TENSORRT, OPENVINO = ("CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider",
-                                 "OpenVINOExecutionProvider")
+CPU, CUDA, TENSORRT, OPENVINO = (
+    "CPUExecutionProvider",
+    "CUDAExecutionProvider",
+    "TensorrtExecutionProvider",
+    "OpenVINOExecutionProvider",
+)
 SUPPORTED_PROVIDERS = (CPU, CUDA, TENSORRT, OPENVINO)
 GPU_PROVIDERS = (TENSORRT, CUDA)
 

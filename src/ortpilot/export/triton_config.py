@@ -43,8 +43,10 @@ def protobuf() -> tuple[Any, Any]:
         from google.protobuf import text_format
         from tritonclient.grpc import model_config_pb2
     except ImportError:
-        raise UsageError(f"Exporting to Triton needs tritonclient, whose protobuf classes parse and check the "
-                         f"written config.pbtxt: {INSTALL_HINT}.") from None
+        raise UsageError(
+            f"Exporting to Triton needs tritonclient, whose protobuf classes parse and check the "
+            f"written config.pbtxt: {INSTALL_HINT}."
+        ) from None
     return model_config_pb2, text_format
 
 
@@ -58,8 +60,16 @@ class WarmupInput:
     file: str
 
 
-def build_config(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], *, max_batch: int,
-                 instances: int, backend: BackendSettings, warmup: Sequence[WarmupInput] = ()) -> Any:
+def build_config(
+    name: str,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    *,
+    max_batch: int,
+    instances: int,
+    backend: BackendSettings,
+    warmup: Sequence[WarmupInput] = (),
+) -> Any:
     """The ``ModelConfig`` message for the backend; with ``max_batch`` > 0 the batch dim leaves ``dims``."""
     pb, _ = protobuf()
     config = pb.ModelConfig(name=name, backend=BACKEND, max_batch_size=max_batch)
@@ -75,8 +85,10 @@ def build_config(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[Tens
     if backend.level is not None:
         config.optimization.graph.level = backend.level
     accelerators = config.optimization.execution_accelerators
-    for target, entries in ((accelerators.gpu_execution_accelerator, backend.gpu_accelerators),
-                            (accelerators.cpu_execution_accelerator, backend.cpu_accelerators)):
+    for target, entries in (
+        (accelerators.gpu_execution_accelerator, backend.gpu_accelerators),
+        (accelerators.cpu_execution_accelerator, backend.cpu_accelerators),
+    ):
         for accel_name, params in entries:
             target.add(name=accel_name, parameters=params)
     for key, value in backend.parameters.items():
@@ -102,8 +114,10 @@ def parse_config(text: str, path: str | Path = "config.pbtxt") -> Any:
     try:
         return text_format.Parse(text, pb.ModelConfig())
     except text_format.ParseError as exc:
-        raise VerificationError(f"'{path}' does not parse as Triton's ModelConfig ({exc}). ortpilot wrote it, so this "
-                                "is a bug in ortpilot; please report it with the profile.") from None
+        raise VerificationError(
+            f"'{path}' does not parse as Triton's ModelConfig ({exc}). ortpilot wrote it, so this "
+            "is a bug in ortpilot; please report it with the profile."
+        ) from None
 
 
 def check_config(config: Any, model_dir: Path) -> list[str]:
@@ -119,11 +133,15 @@ def check_config(config: Any, model_dir: Path) -> list[str]:
     if config.optimization.HasField("graph") and config.optimization.graph.level not in (-1, 1, 2):
         problems.append(f"optimization.graph.level {config.optimization.graph.level} is not -1, 1 or 2")
     accelerators = config.optimization.execution_accelerators
-    for kind, names, entries in (("gpu", GPU_ACCELERATORS, accelerators.gpu_execution_accelerator),
-                                 ("cpu", CPU_ACCELERATORS, accelerators.cpu_execution_accelerator)):
+    for kind, names, entries in (
+        ("gpu", GPU_ACCELERATORS, accelerators.gpu_execution_accelerator),
+        ("cpu", CPU_ACCELERATORS, accelerators.cpu_execution_accelerator),
+    ):
         for accel in entries:
             if accel.name not in names:
-                problems.append(f"{kind}_execution_accelerator '{accel.name}' is not one the backend knows ({', '.join(names)})")
+                problems.append(
+                    f"{kind}_execution_accelerator '{accel.name}' is not one the backend knows ({', '.join(names)})"
+                )
             if accel.name == "tensorrt":
                 problems.extend(_check_tensorrt(dict(accel.parameters)))
             if accel.name == "openvino" and accel.parameters:
@@ -135,12 +153,14 @@ def check_config(config: Any, model_dir: Path) -> list[str]:
     declared = {i.name: list(i.dims) for i in config.input}
     for sample in config.model_warmup:
         if set(sample.inputs) != set(declared):
-            problems.append(f"warmup sample '{sample.name}' feeds {sorted(sample.inputs)}, the model takes "
-                            f"{sorted(declared)}")
+            problems.append(
+                f"warmup sample '{sample.name}' feeds {sorted(sample.inputs)}, the model takes {sorted(declared)}"
+            )
         for name, item in sample.inputs.items():
             dims = declared.get(name)
-            if dims is not None and (len(dims) != len(item.dims)
-                                     or any(d not in (-1, w) for d, w in zip(dims, item.dims))):
+            if dims is not None and (
+                len(dims) != len(item.dims) or any(d not in (-1, w) for d, w in zip(dims, item.dims))
+            ):
                 problems.append(f"warmup input '{name}' has dims {list(item.dims)}, the config declares {dims}")
             problems.extend(_check_warmup_file(model_dir, name, item))
     return problems
@@ -169,8 +189,12 @@ def _check_warmup_file(model_dir: Path, name: str, item: Any) -> list[str]:
         return [f"warmup file {WARMUP_DIR}/{item.input_data_file} of input '{name}' is missing"]
     expected = int(np.prod(item.dims)) * onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
     if path.stat().st_size != expected:
-        return [(f"warmup file {WARMUP_DIR}/{item.input_data_file} holds {path.stat().st_size} bytes, "
-                 f"not {expected} ({list(item.dims)} of {type_name})")]
+        return [
+            (
+                f"warmup file {WARMUP_DIR}/{item.input_data_file} holds {path.stat().st_size} bytes, "
+                f"not {expected} ({list(item.dims)} of {type_name})"
+            )
+        ]
     return []
 
 

@@ -59,7 +59,8 @@ def backend_settings(config: Any) -> SessionSettings:
         execution_mode="parallel" if params.get("execution_mode", "0") == "1" else "sequential",
         enable_cpu_mem_arena=parse_bool(params.get("enable_mem_arena", "1")),
         enable_mem_pattern=parse_bool(params.get("enable_mem_pattern", "1")),
-        config_entries=entries)
+        config_entries=entries,
+    )
 
 
 def backend_providers(config: Any) -> list[tuple[str, dict[str, str]]]:
@@ -110,14 +111,17 @@ def backend_session(model_dir: str | Path, config: Any = None) -> tuple[ort.Infe
     available = ort.get_available_providers()
     missing = [name for name, _ in providers if name not in available]
     if missing:
-        raise ProviderError(f"'{model_dir}/config.pbtxt' runs on {', '.join(missing)}, which this ORT build lacks "
-                            f"(it has {', '.join(available)}); check it where that provider is installed.")
+        raise ProviderError(
+            f"'{model_dir}/config.pbtxt' runs on {', '.join(missing)}, which this ORT build lacks "
+            f"(it has {', '.join(available)}); check it where that provider is installed."
+        )
     run_options = ort.RunOptions()
     shrink = config.parameters.get("memory.enable_memory_arena_shrinkage")
     if shrink is not None:
         run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrink.string_value)
-    session = ort.InferenceSession(str(model_dir / VERSION_DIR / MODEL_FILE), backend_settings(config).build(),
-                                   providers=providers)
+    session = ort.InferenceSession(
+        str(model_dir / VERSION_DIR / MODEL_FILE), backend_settings(config).build(), providers=providers
+    )
     return session, run_options
 
 

@@ -170,15 +170,17 @@ class NoiseShare:
         result = last.result
         reduction = result.error / max(result.limit or 0.0, 1e-12) * self.margin
         by_name = {layer.name: layer for layer in ranked}
-        nodes = nodes_to_exclude([{"node": layer.name, "nsr": layer.score} for layer in ranked], reduction,
-                                 already=last.excluded)
+        nodes = nodes_to_exclude(
+            [{"node": layer.name, "nsr": layer.score} for layer in ranked], reduction, already=last.excluded
+        )
         if not nodes:
             return None
         return [*last.layers, *(by_name[n] for n in nodes)]
 
 
-def propose(ranking: Ranking, tries: Sequence[Try], schedule: Schedule, max_tries: int | None = None
-            ) -> list[Layer] | None:
+def propose(
+    ranking: Ranking, tries: Sequence[Try], schedule: Schedule, max_tries: int | None = None
+) -> list[Layer] | None:
     """One try of the loop: the layers the next variant keeps in higher precision, or None to stop.
 
     The ranking is asked only when the schedule goes on (it may cost a probe session or a worker).
@@ -208,8 +210,11 @@ class ExcludeResult:
     def worst_layers(self, n: int) -> list[Any]:
         """The ``n`` ranked layers the best try still quantizes (their records), for a failure message."""
         excluded = set(self.best.excluded)
-        return [layer.detail if layer.detail is not None else layer
-                for layer in self.ranking.rank(self.best) if not layer.covered(excluded)][:n]
+        return [
+            layer.detail if layer.detail is not None else layer
+            for layer in self.ranking.rank(self.best)
+            if not layer.covered(excluded)
+        ][:n]
 
 
 def attempt(step: ExcludeStep, layers: list[Layer], gate: ModelGate) -> Try | None:
@@ -221,8 +226,14 @@ def attempt(step: ExcludeStep, layers: list[Layer], gate: ModelGate) -> Try | No
     return Try(layers, list(variant.excluded), gate.measure(built.model), variant, built)
 
 
-def auto_exclude(step: ExcludeStep, gate: ModelGate, ranking: Ranking, schedule: Schedule | None = None, *,
-                 max_tries: int | None = None) -> ExcludeResult:
+def auto_exclude(
+    step: ExcludeStep,
+    gate: ModelGate,
+    ranking: Ranking,
+    schedule: Schedule | None = None,
+    *,
+    max_tries: int | None = None,
+) -> ExcludeResult:
     """Measure ``step``; while the schedule goes on, try the next variant ``propose`` gives.
 
     ``max_tries`` counts the first try (``step`` as it is): 1 measures it and ranks nothing.
@@ -237,8 +248,12 @@ def auto_exclude(step: ExcludeStep, gate: ModelGate, ranking: Ranking, schedule:
         if trial is None:
             break  # everything quantizable is already in higher precision
         tries.append(trial)
-        log.info("auto-exclude try %d: %d node(s) in higher precision, %s", len(tries) - 1, len(trial.excluded),
-                 trial.result.describe())
+        log.info(
+            "auto-exclude try %d: %d node(s) in higher precision, %s",
+            len(tries) - 1,
+            len(trial.excluded),
+            trial.result.describe(),
+        )
     return ExcludeResult(tries, ranking)
 
 

@@ -97,8 +97,9 @@ class GenerationGate:
     def check(self, reference: ReferenceRun, candidate: Sequence[np.ndarray]) -> GateResult:
         """``candidate``: its teacher-forced logits, [new_tokens, vocab] per prompt (see ``score``)."""
         comparison = score(reference, candidate, self)
-        return GateResult(comparison.checks(), samples=len(comparison.prompts), summary=comparison.summary(),
-                          comparison=comparison)
+        return GateResult(
+            comparison.checks(), samples=len(comparison.prompts), summary=comparison.summary(), comparison=comparison
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,43 +128,83 @@ class DecoderComparison:
     def checks(self) -> list[Check]:
         """The three statistics against the gate's limits (top-1 and identical tokens are lower limits)."""
         g = self.gate
-        return [Check("top1_agreement", "top-1 next-token agreement", self.top1_agreement, g.min_top1,
-                      g.min_top1 is None or self.top1_agreement >= g.min_top1),
-                Check("kl_mean", "mean KL divergence (nats)", self.kl_mean, g.max_kl,
-                      g.max_kl is None or self.kl_mean <= g.max_kl),
-                Check("min_identical_tokens", "greedy tokens identical from the start", float(self.min_identical),
-                      g.min_identical, g.min_identical is None or self.min_identical >= g.min_identical)]
+        return [
+            Check(
+                "top1_agreement",
+                "top-1 next-token agreement",
+                self.top1_agreement,
+                g.min_top1,
+                g.min_top1 is None or self.top1_agreement >= g.min_top1,
+            ),
+            Check(
+                "kl_mean",
+                "mean KL divergence (nats)",
+                self.kl_mean,
+                g.max_kl,
+                g.max_kl is None or self.kl_mean <= g.max_kl,
+            ),
+            Check(
+                "min_identical_tokens",
+                "greedy tokens identical from the start",
+                float(self.min_identical),
+                g.min_identical,
+                g.min_identical is None or self.min_identical >= g.min_identical,
+            ),
+        ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "failures": self.failures, "top1_agreement": self.top1_agreement,
-                "kl_mean": self.kl_mean, "kl_max": self.kl_max, "min_identical_tokens": self.min_identical,
-                "mean_identical_tokens": self.mean_identical, "new_tokens": self.new_tokens,
-                "gate": self.gate.to_dict(), "seconds": round(self.seconds, 3), "notes": self.notes,
-                "prompts": [p.to_dict() for p in self.prompts]}
+        return {
+            "passed": self.passed,
+            "failures": self.failures,
+            "top1_agreement": self.top1_agreement,
+            "kl_mean": self.kl_mean,
+            "kl_max": self.kl_max,
+            "min_identical_tokens": self.min_identical,
+            "mean_identical_tokens": self.mean_identical,
+            "new_tokens": self.new_tokens,
+            "gate": self.gate.to_dict(),
+            "seconds": round(self.seconds, 3),
+            "notes": self.notes,
+            "prompts": [p.to_dict() for p in self.prompts],
+        }
 
     def summary(self) -> str:
         verdict = "passed" if self.passed else "FAILED: " + "; ".join(self.failures)
-        return (f"top-1 agreement {self.top1_agreement:.3f}, KL mean {self.kl_mean:.4f} max {self.kl_max:.4f}, "
-                f"greedy tokens identical for {self.min_identical}..{self.new_tokens} "
-                f"(mean {self.mean_identical:.1f}) over {len(self.prompts)} prompt(s): {verdict}")
+        return (
+            f"top-1 agreement {self.top1_agreement:.3f}, KL mean {self.kl_mean:.4f} max {self.kl_max:.4f}, "
+            f"greedy tokens identical for {self.min_identical}..{self.new_tokens} "
+            f"(mean {self.mean_identical:.1f}) over {len(self.prompts)} prompt(s): {verdict}"
+        )
 
 
-def score(reference: ReferenceRun, candidate_logits: Sequence[np.ndarray],
-          gate: GenerationGate | None = None) -> DecoderComparison:
+def score(
+    reference: ReferenceRun, candidate_logits: Sequence[np.ndarray], gate: GenerationGate | None = None
+) -> DecoderComparison:
     """Compare the candidate's teacher-forced logits ([new_tokens, vocab] per prompt) with the reference."""
     gate = gate or GenerationGate()
     rows: list[PromptComparison] = []
     all_kl: list[np.ndarray] = []
     agree = total = 0
-    for prompt, tokens, ref_lp, logits in zip(reference.prompts, reference.tokens, reference.logprobs,
-                                              candidate_logits):
+    for prompt, tokens, ref_lp, logits in zip(
+        reference.prompts, reference.tokens, reference.logprobs, candidate_logits
+    ):
         cand_lp = log_softmax(logits)
         kl = kl_divergence(ref_lp, cand_lp)
         top1 = cand_lp.argmax(axis=-1).astype(int).tolist()
         hits = sum(a == b for a, b in zip(tokens, top1))
         first = divergence_position(tokens, top1)
-        rows.append(PromptComparison(len(prompt), list(tokens), top1, hits / len(tokens), float(kl.mean()),
-                                     float(kl.max()), first, len(tokens) if first is None else first))
+        rows.append(
+            PromptComparison(
+                len(prompt),
+                list(tokens),
+                top1,
+                hits / len(tokens),
+                float(kl.mean()),
+                float(kl.max()),
+                first,
+                len(tokens) if first is None else first,
+            )
+        )
         all_kl.append(kl)
         agree += hits
         total += len(tokens)
@@ -171,10 +212,27 @@ def score(reference: ReferenceRun, candidate_logits: Sequence[np.ndarray],
     top1 = agree / max(total, 1)
     identical = [r.identical_tokens for r in rows] or [0]
     new_tokens = len(reference.tokens[0]) if reference.tokens else 0
-    return DecoderComparison(rows, new_tokens, top1, float(kl_all.mean()), float(kl_all.max()), min(identical),
-                             float(np.mean(identical)), gate, gate.failures(top1, float(kl_all.mean()),
-                                                                            min(identical)))
+    return DecoderComparison(
+        rows,
+        new_tokens,
+        top1,
+        float(kl_all.mean()),
+        float(kl_all.max()),
+        min(identical),
+        float(np.mean(identical)),
+        gate,
+        gate.failures(top1, float(kl_all.mean()), min(identical)),
+    )
 
 
-__all__ = ["DEFAULT_MIN_TOP1", "DecoderComparison", "GenerationGate", "PromptComparison", "ReferenceRun",
-           "divergence_position", "kl_divergence", "log_softmax", "score"]
+__all__ = [
+    "DEFAULT_MIN_TOP1",
+    "DecoderComparison",
+    "GenerationGate",
+    "PromptComparison",
+    "ReferenceRun",
+    "divergence_position",
+    "kl_divergence",
+    "log_softmax",
+    "score",
+]

@@ -57,8 +57,13 @@ class OutputGate:
         checks = []
         for name, metric in self.metrics_for(reference).items():
             ref, got = reference[name], candidate.get(name)
-            note = ("output missing" if got is None
-                    else "shape changed" if [a.shape for a in ref] != [b.shape for b in got] else "")
+            note = (
+                "output missing"
+                if got is None
+                else "shape changed"
+                if [a.shape for a in ref] != [b.shape for b in got]
+                else ""
+            )
             error = math.inf if note else metric_error(metric, ref, got)
             error = float(error) if math.isfinite(error) else math.inf
             passed = self.max_error is None or error <= self.max_error
@@ -66,8 +71,7 @@ class OutputGate:
         samples = len(next(iter(reference.values()), ()))
         comparison = None
         if self.compare:
-            comparison = compare_runs(by_sample(reference), by_sample(candidate), reference="float",
-                                      test="transformed")
+            comparison = compare_runs(by_sample(reference), by_sample(candidate), reference="float", test="transformed")
         result = GateResult(checks, self.max_error, samples, comparison=comparison)
         result.summary = _summary(result)
         return result
@@ -76,8 +80,10 @@ class OutputGate:
 def _summary(result: GateResult) -> str:
     what = METRIC_DESCRIPTIONS.get(result.metric or "", result.metric or "error")
     limit = "no limit" if result.limit is None else f"limit {result.limit:g}"
-    return (f"error {result.error:.4g} on output '{result.worst_output}' ({what}) over {result.samples} held-out "
-            f"sample(s), {limit}")
+    return (
+        f"error {result.error:.4g} on output '{result.worst_output}' ({what}) over {result.samples} held-out "
+        f"sample(s), {limit}"
+    )
 
 
 def by_name(runs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, list[np.ndarray]]:
@@ -134,5 +140,14 @@ def describe(metric: str) -> str:
     return METRIC_DESCRIPTIONS.get(metric, metric)
 
 
-__all__ = ["DEFAULT_MAX_ERROR", "OutputGate", "Outputs", "SampleProbe", "SavedOutputs", "by_name", "by_sample",
-           "describe", "read_outputs"]
+__all__ = [
+    "DEFAULT_MAX_ERROR",
+    "OutputGate",
+    "Outputs",
+    "SampleProbe",
+    "SavedOutputs",
+    "by_name",
+    "by_sample",
+    "describe",
+    "read_outputs",
+]

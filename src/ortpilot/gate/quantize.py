@@ -44,17 +44,28 @@ class QuantizeReport:
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"output": str(self.output) if self.output else None, "record": self.record.to_dict(),
-                "gate": _gate_doc(self.gate), "calibration": self.calibration,
-                "synthetic_calibration": self.synthetic, "auto_exclude": self.history}
+        return {
+            "output": str(self.output) if self.output else None,
+            "record": self.record.to_dict(),
+            "gate": _gate_doc(self.gate),
+            "calibration": self.calibration,
+            "synthetic_calibration": self.synthetic,
+            "auto_exclude": self.history,
+        }
 
 
 def _gate_doc(result: GateResult) -> dict[str, Any]:
     """``quantize --json``'s ``gate``: the worst output, the full comparison, the worst layers."""
-    return {"passed": result.passed, "max_error": result.limit, "error": finite(result.error),
-            "worst_output": result.worst_output, "metric": result.metric, "samples": result.samples,
-            "comparison": result.comparison.to_dict() if result.comparison is not None else None,
-            "worst_layers": [w.to_dict() if hasattr(w, "to_dict") else w for w in result.worst_layers]}
+    return {
+        "passed": result.passed,
+        "max_error": result.limit,
+        "error": finite(result.error),
+        "worst_output": result.worst_output,
+        "metric": result.metric,
+        "samples": result.samples,
+        "comparison": result.comparison.to_dict() if result.comparison is not None else None,
+        "worst_layers": [w.to_dict() if hasattr(w, "to_dict") else w for w in result.worst_layers],
+    }
 
 
 @dataclass
@@ -82,22 +93,39 @@ class QuantizeStep:
             return None  # everything quantizable is already in float
 
 
-def _samples(source: SourceModel, mode: str, calibration: Any, shapes: Mapping[str, tuple[int, ...]] | None,
-             max_error: float | None) -> CalibrationSet:
+def _samples(
+    source: SourceModel,
+    mode: str,
+    calibration: Any,
+    shapes: Mapping[str, tuple[int, ...]] | None,
+    max_error: float | None,
+) -> CalibrationSet:
     if calibration is not None or mode != "dynamic" or max_error is not None:
         return load_calibration(calibration, source.proto, shapes=shapes)
     # Dynamic quantization does not calibrate; accuracy is still reported, on generated inputs.
     plan = plan_feeds(source.proto, shapes)
     log.info("Measuring accuracy on 4 generated inputs (%s); pass --calibration for real ones.", plan.describe())
-    return CalibrationSet([make_feeds(source.proto, plan=plan, seed=i) for i in range(4)], "generated inputs",
-                          synthetic=True)
+    return CalibrationSet(
+        [make_feeds(source.proto, plan=plan, seed=i) for i in range(4)], "generated inputs", synthetic=True
+    )
 
 
-def quantize_int8_gated(model: ModelLike, output: str | os.PathLike | None, mode: str = "dynamic", *,
-                        calibration: Any = None, max_error: float | None = None,
-                        shapes: Mapping[str, tuple[int, ...]] | None = None, auto_exclude: bool = False,
-                        max_rounds: int = 6, per_round: int = 2, worst_n: int = 5, holdout_fraction: float = 0.25,
-                        providers: Sequence[str] | None = None, **pass_options: Any) -> QuantizeReport:
+def quantize_int8_gated(
+    model: ModelLike,
+    output: str | os.PathLike | None,
+    mode: str = "dynamic",
+    *,
+    calibration: Any = None,
+    max_error: float | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    auto_exclude: bool = False,
+    max_rounds: int = 6,
+    per_round: int = 2,
+    worst_n: int = 5,
+    holdout_fraction: float = 0.25,
+    providers: Sequence[str] | None = None,
+    **pass_options: Any,
+) -> QuantizeReport:
     """Quantize ``model`` in an INT8 ``mode``, gate it on held-out samples, write it to ``output`` if it passes."""
     source = SourceModel.of(model)
     if mode == "full" and max_error is None:
@@ -109,18 +137,41 @@ def quantize_int8_gated(model: ModelLike, output: str | os.PathLike | None, mode
     step = QuantizePass(mode, calibration=calib if mode != "dynamic" else None, **pass_options)
     gate = ModelGate.of(gate_spec, SampleProbe(heldout, providers), str(source.path) if source.path else source.proto)
     rescue = auto_exclude and max_error is not None
-    outcome = run_auto_exclude(QuantizeStep(step, source), gate, int8_ranking(step, source, calib),
-                               Rounds(per_round), max_tries=max_rounds + 1 if rescue else 1)
+    outcome = run_auto_exclude(
+        QuantizeStep(step, source),
+        gate,
+        int8_ranking(step, source, calib),
+        Rounds(per_round),
+        max_tries=max_rounds + 1 if rescue else 1,
+    )
     best = outcome.best
     result, measured = best.built, best.result
-    history = [{"round": i, "excluded": t.excluded, "error": finite(t.result.error), "passed": t.passed,
-                "quantized_nodes": t.built.record.quantized_nodes} for i, t in enumerate(outcome.tries)] if rescue else []
+    history = (
+        [
+            {
+                "round": i,
+                "excluded": t.excluded,
+                "error": finite(t.result.error),
+                "passed": t.passed,
+                "quantized_nodes": t.built.record.quantized_nodes,
+            }
+            for i, t in enumerate(outcome.tries)
+        ]
+        if rescue
+        else []
+    )
     if not measured.passed:
         measured.worst_layers = outcome.worst_layers(worst_n)
-        raise gate_failure(measured, hint=(
-            f"--auto-exclude left {len(best.excluded)} layer(s) in float over {len(history)} round(s) "
-            f"({', '.join(best.excluded) or 'none'}) and the gate still fails; raise --max-error, use "
-            "real --calibration data, or a milder --mode.") if rescue else "")
+        raise gate_failure(
+            measured,
+            hint=(
+                f"--auto-exclude left {len(best.excluded)} layer(s) in float over {len(history)} round(s) "
+                f"({', '.join(best.excluded) or 'none'}) and the gate still fails; raise --max-error, use "
+                "real --calibration data, or a milder --mode."
+            )
+            if rescue
+            else "",
+        )
     result.record.notes.append(f"accuracy: {measured.describe()}")
     if data.synthetic:
         result.record.notes.append("calibration/accuracy on synthetic inputs: not representative of real data")

@@ -31,8 +31,9 @@ log = logging.getLogger("ortpilot")
 
 
 def _layers(errors: Sequence[LayerError]) -> list[Layer]:
-    return [Layer(e.node, tuple(e.exclude), e.noise_share if e.noise_share is not None else e.drop_db, e)
-            for e in errors]
+    return [
+        Layer(e.node, tuple(e.exclude), e.noise_share if e.noise_share is not None else e.drop_db, e) for e in errors
+    ]
 
 
 class DynamicNoise:
@@ -59,13 +60,15 @@ class QdqErrors:
     def rank(self, attempt: Try) -> list[Layer]:
         key = tuple(attempt.excluded)
         if key not in self._by_try:
-            self._by_try[key] = _layers(layer_errors(attempt.step.pass_, self.source, attempt.built.model,
-                                                     self.samples))
+            self._by_try[key] = _layers(
+                layer_errors(attempt.step.pass_, self.source, attempt.built.model, self.samples)
+            )
         return self._by_try[key]
 
 
-def int8_ranking(step: QuantizePass, source: SourceModel, samples: Sequence[Mapping[str, np.ndarray]]
-                 ) -> DynamicNoise | QdqErrors:
+def int8_ranking(
+    step: QuantizePass, source: SourceModel, samples: Sequence[Mapping[str, np.ndarray]]
+) -> DynamicNoise | QdqErrors:
     """The ranking that fits ``step``'s mode (rank on calibration samples, not the gate's held-out ones)."""
     return DynamicNoise(step, source, samples) if step.mode == "dynamic" else QdqErrors(source, samples)
 
@@ -74,8 +77,13 @@ class GroupSensitivity:
     """Layer groups by the gate's ``metric`` with only that group quantized (a decoder's layers, LM head,
     embedding: per-group is the granularity that decides accuracy in practice and keeps the search short)."""
 
-    def __init__(self, groups: Mapping[str, Sequence[str]], quantize_only: Callable[[Sequence[str]], Any],
-                 gate: ModelGate, metric: str = "kl_mean") -> None:
+    def __init__(
+        self,
+        groups: Mapping[str, Sequence[str]],
+        quantize_only: Callable[[Sequence[str]], Any],
+        gate: ModelGate,
+        metric: str = "kl_mean",
+    ) -> None:
         """``quantize_only(nodes)``: the model with just ``nodes`` quantized."""
         self.groups = {name: list(nodes) for name, nodes in groups.items()}
         self.quantize_only, self.gate, self.metric = quantize_only, gate, metric
@@ -83,8 +91,11 @@ class GroupSensitivity:
 
     def rank(self, attempt: Try) -> list[Layer]:
         if self._ranked is None:
-            log.warning("The quantized model fails the gate (%s); ranking %d layer groups by sensitivity.",
-                        attempt.result.describe() if attempt.result else "not measured", len(self.groups))
+            log.warning(
+                "The quantized model fails the gate (%s); ranking %d layer groups by sensitivity.",
+                attempt.result.describe() if attempt.result else "not measured",
+                len(self.groups),
+            )
             scores = {}
             for group, nodes in self.groups.items():
                 check = self.gate.measure(self.quantize_only(nodes)).check(self.metric)

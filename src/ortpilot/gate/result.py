@@ -83,16 +83,28 @@ class GateResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The compact record: verdict, limit, worst value and each check (what a tune journals per candidate)."""
-        return {"passed": self.passed, "max_error": self.limit, "worst_error": self.error,
-                "outputs": [c.to_dict() for c in self.checks]}
+        return {
+            "passed": self.passed,
+            "max_error": self.limit,
+            "worst_error": self.error,
+            "outputs": [c.to_dict() for c in self.checks],
+        }
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> GateResult:
         """A compact record (``to_dict``, a tune journal's ``accuracy``) read back."""
         limit = doc.get("max_error")
-        checks = [Check(str(o.get("name")), str(o.get("metric")), float(o.get("error", math.inf)), limit,
-                        _within(float(o.get("error", math.inf)), limit), str(o.get("note", "")))
-                  for o in doc.get("outputs") or []]
+        checks = [
+            Check(
+                str(o.get("name")),
+                str(o.get("metric")),
+                float(o.get("error", math.inf)),
+                limit,
+                _within(float(o.get("error", math.inf)), limit),
+                str(o.get("note", "")),
+            )
+            for o in doc.get("outputs") or []
+        ]
         return cls(checks, limit)
 
 
@@ -104,12 +116,19 @@ def gate_failure(result: GateResult, hint: str = "") -> AccuracyGateError:
     """The error to raise for a failed gate, naming the worst layers when they are known."""
     layers = ""
     if result.worst_layers:
-        layers = " Worst layers: " + "; ".join(w.describe() if hasattr(w, "describe") else str(w)
-                                                for w in result.worst_layers) + "."
+        layers = (
+            " Worst layers: "
+            + "; ".join(w.describe() if hasattr(w, "describe") else str(w) for w in result.worst_layers)
+            + "."
+        )
     return AccuracyGateError(
         f"Accuracy gate failed: {result.describe()}. Nothing was written.{layers} "
-        + (hint or "Try --auto-exclude to leave the worst layers in float, per-channel weights (--per-channel), "
-           "another calibration --method, or a milder --mode."))
+        + (
+            hint
+            or "Try --auto-exclude to leave the worst layers in float, per-channel weights (--per-channel), "
+            "another calibration --method, or a milder --mode."
+        )
+    )
 
 
 __all__ = ["Check", "GateResult", "gate_failure"]

@@ -50,8 +50,11 @@ def einsum_problem(equation: str, n_inputs: int) -> str | None:
         return f"it names {len(terms)} operand(s) and the node has {n_inputs} input(s)"
     for term in terms + ([right] if arrow else []):
         if not _TERM.fullmatch(term):
-            return (f"term '{term}' is not letters with at most one '...'" if term.count("...") <= 1
-                    else f"term '{term}' has more than one '...'")
+            return (
+                f"term '{term}' is not letters with at most one '...'"
+                if term.count("...") <= 1
+                else f"term '{term}' has more than one '...'"
+            )
     if arrow:
         letters = set("".join(terms))
         out = right.replace("...", "")
@@ -83,10 +86,12 @@ def refuse_malformed_einsums(model: onnx.ModelProto) -> None:
     """
     bad = malformed_einsums(model)
     if bad:
-        raise ModelLoadError(f"The model has a malformed Einsum equation: {'; '.join(bad[:_MAX_LISTED])}. "
-                             "ONNX Einsum equations are comma-separated terms of letters, each with at most one "
-                             "'...', then optionally '->' and the output term; shape inference (and ORT) can loop "
-                             "forever on anything else. Fix the equation in the exporter or re-export the model.")
+        raise ModelLoadError(
+            f"The model has a malformed Einsum equation: {'; '.join(bad[:_MAX_LISTED])}. "
+            "ONNX Einsum equations are comma-separated terms of letters, each with at most one "
+            "'...', then optionally '->' and the output term; shape inference (and ORT) can loop "
+            "forever on anything else. Fix the equation in the exporter or re-export the model."
+        )
 
 
 def check_graph(model: onnx.ModelProto, *, checker: bool = True) -> GraphCheck:
@@ -114,9 +119,11 @@ def _check_edges(graph: onnx.GraphProto, outer: set[str], where: str) -> tuple[l
             if not name:
                 continue
             if name in producer:  # other clashes (an output named like an input) are the checker's
-                raise ModelLoadError(f"Value '{name}' in {where} is produced by node {_describe(node)} and also by "
-                                     f"node {_describe(graph.node[producer[name]])}; an ONNX graph assigns each "
-                                     "value once. The model is corrupt: re-export it.")
+                raise ModelLoadError(
+                    f"Value '{name}' in {where} is produced by node {_describe(node)} and also by "
+                    f"node {_describe(graph.node[producer[name]])}; an ONNX graph assigns each "
+                    "value once. The model is corrupt: re-export it."
+                )
             producer[name] = index
     visible = outer | local | set(producer)
     taken: set[str] = set()
@@ -138,7 +145,8 @@ def _check_edges(graph: onnx.GraphProto, outer: set[str], where: str) -> tuple[l
                 raise ModelLoadError(
                     f"Node {_describe(node)} in {where} reads '{name}', which no node produces and which is neither "
                     "a graph input nor an initializer (a dangling edge). The model is corrupt or was cut badly: "
-                    "re-export it, or fix the edge with onnx.helper / onnx-graphsurgeon.")
+                    "re-export it, or fix the edge with onnx.helper / onnx-graphsurgeon."
+                )
         deps.append(mine)
     return _topological_order(graph, deps, where), taken
 
@@ -164,9 +172,11 @@ def _topological_order(graph: onnx.GraphProto, deps: list[set[int]], where: str)
         stuck = [i for i in range(len(deps)) if waiting[i] > 0]
         listed = ", ".join(_describe(graph.node[i]) for i in stuck[:_MAX_LISTED])
         more = f" and {len(stuck) - _MAX_LISTED} more" if len(stuck) > _MAX_LISTED else ""
-        raise ModelLoadError(f"There is a cycle in {where}: nodes {listed}{more} depend on each other's outputs, "
-                             "so no order can run them. ONNX graphs must be acyclic (loops belong in a Loop or Scan "
-                             "node); re-export the model.")
+        raise ModelLoadError(
+            f"There is a cycle in {where}: nodes {listed}{more} depend on each other's outputs, "
+            "so no order can run them. ONNX graphs must be acyclic (loops belong in a Loop or Scan "
+            "node); re-export the model."
+        )
     return order
 
 
@@ -197,8 +207,9 @@ def _checkable(model: onnx.ModelProto, order: list[int]) -> onnx.ModelProto:
         copy.graph.initializer.extend(kept)
         for tensor in external:
             if tensor.name not in inputs:
-                copy.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type,
-                                                                           list(tensor.dims)))
+                copy.graph.input.append(
+                    onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
+                )
     return copy
 
 
@@ -214,8 +225,10 @@ def _run_checker(model: onnx.ModelProto, result: GraphCheck) -> None:
         if any(marker in text for marker in _HARMLESS):
             result.warnings.append(f"onnx.checker: {text[:500]} (ORT loads such models; other tools may not).")
             return
-        raise ModelLoadError(f"The model is not a valid ONNX graph: onnx.checker.check_model says: {text[:600]}. "
-                             "Re-export the model, or fix what it names with onnx.helper.") from None
+        raise ModelLoadError(
+            f"The model is not a valid ONNX graph: onnx.checker.check_model says: {text[:600]}. "
+            "Re-export the model, or fix what it names with onnx.helper."
+        ) from None
 
 
 def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:

@@ -84,8 +84,13 @@ def plan_feeds(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | N
     return FeedPlan(concrete, dims, embedding_bounds(model))
 
 
-def make_feeds(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None,
-               *, seed: int = 0, plan: FeedPlan | None = None) -> dict[str, np.ndarray]:
+def make_feeds(
+    model: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    *,
+    seed: int = 0,
+    plan: FeedPlan | None = None,
+) -> dict[str, np.ndarray]:
     """Generate one set of inputs for the model (deterministic for a seed)."""
     plan = plan or plan_feeds(model, shapes)
     infos = {i.name: i for i in graph_inputs(model)}
@@ -103,17 +108,22 @@ def check_memory(plan: FeedPlan, infos: Mapping[str, InputInfo]) -> None:
     ORT needs at least as much again for outputs and intermediates, so inputs above half of what
     is available (MemAvailable, or the cgroup's ``memory.max`` less its usage) cannot run.
     """
-    sizes = {name: math.prod(shape) * np.dtype(infos[name].dtype).itemsize for name, shape in plan.shapes.items()
-             if name in infos and infos[name].elem_type in _SIZED}
+    sizes = {
+        name: math.prod(shape) * np.dtype(infos[name].dtype).itemsize
+        for name, shape in plan.shapes.items()
+        if name in infos and infos[name].elem_type in _SIZED
+    }
     total = sum(sizes.values())
     available = available_memory()
     if available is None or total <= available // 2:
         return
     name = max(sizes, key=sizes.get)
-    raise InputError(f"The generated inputs would need {total:,} bytes ({total / 2**30:.1f} GiB), the largest "
-                     f"'{name}' with shape {list(plan.shapes[name])} alone {sizes[name]:,} bytes; with ORT's outputs "
-                     f"and intermediates that is more than the {available:,} bytes ({available / 2**30:.1f} GiB) "
-                     "of memory available. Choose smaller dims with --shape NAME=DIMS.")
+    raise InputError(
+        f"The generated inputs would need {total:,} bytes ({total / 2**30:.1f} GiB), the largest "
+        f"'{name}' with shape {list(plan.shapes[name])} alone {sizes[name]:,} bytes; with ORT's outputs "
+        f"and intermediates that is more than the {available:,} bytes ({available / 2**30:.1f} GiB) "
+        "of memory available. Choose smaller dims with --shape NAME=DIMS."
+    )
 
 
 def available_memory() -> int | None:
@@ -126,9 +136,10 @@ def available_memory() -> int | None:
                     found.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
         try:
             limit = Path(limit_file).read_text().strip()
             if limit.isdigit() and int(limit) < 2**60:
@@ -149,8 +160,10 @@ def _value_for(info: InputInfo, shape: tuple[int, ...], plan: FeedPlan, rng: np.
             return np.ones(shape, dtype=dtype)
         return rng.standard_normal(shape).astype(dtype)
     if not np.issubdtype(dtype, np.integer):
-        raise InputError(f"Input '{name}' has element type {dtype}, which ortpilot cannot generate; "
-                         "pass it with --input NAME=FILE.npy.")
+        raise InputError(
+            f"Input '{name}' has element type {dtype}, which ortpilot cannot generate; "
+            "pass it with --input NAME=FILE.npy."
+        )
     if _MASK.search(name):
         return np.ones(shape, dtype=dtype)
     if name in plan.index_bounds:
@@ -176,12 +189,18 @@ def validate_feeds(inputs: Sequence[InputInfo], feeds: Mapping[str, object]) -> 
     by_name = {i.name: i for i in inputs}
     unknown = [n for n in feeds if n not in by_name]
     if unknown:
-        raise InputError(f"Unknown input name(s) {', '.join(map(repr, unknown))}. The model's inputs are: "
-                         + ", ".join(f"{i.name} {i.dtype}{_dims(i.dims)}" for i in inputs) + ".")
+        raise InputError(
+            f"Unknown input name(s) {', '.join(map(repr, unknown))}. The model's inputs are: "
+            + ", ".join(f"{i.name} {i.dtype}{_dims(i.dims)}" for i in inputs)
+            + "."
+        )
     missing = [n for n in by_name if n not in feeds]
     if missing:
-        raise InputError(f"Missing input(s) {', '.join(map(repr, missing))}. Provide every input: "
-                         + ", ".join(f"{i.name} {i.dtype}{_dims(i.dims)}" for i in inputs) + ".")
+        raise InputError(
+            f"Missing input(s) {', '.join(map(repr, missing))}. Provide every input: "
+            + ", ".join(f"{i.name} {i.dtype}{_dims(i.dims)}" for i in inputs)
+            + "."
+        )
     out: dict[str, np.ndarray] = {}
     for name, value in feeds.items():
         info = by_name[name]
@@ -192,20 +211,27 @@ def validate_feeds(inputs: Sequence[InputInfo], feeds: Mapping[str, object]) -> 
                 value = np.asarray(value)
         want = np.dtype(info.dtype)
         if value.dtype != want:
-            raise InputError(f"Input '{name}' must be {want}, got {value.dtype}. Convert it first, e.g. "
-                             f"arr.astype(np.{want.name}).")
+            raise InputError(
+                f"Input '{name}' must be {want}, got {value.dtype}. Convert it first, e.g. arr.astype(np.{want.name})."
+            )
         if info.dims and value.ndim != len(info.dims):
-            raise InputError(f"Input '{name}' must have rank {len(info.dims)} {_dims(info.dims)}, got rank "
-                             f"{value.ndim} with shape {list(value.shape)}.")
+            raise InputError(
+                f"Input '{name}' must have rank {len(info.dims)} {_dims(info.dims)}, got rank "
+                f"{value.ndim} with shape {list(value.shape)}."
+            )
         for axis, (d, got) in enumerate(zip(info.dims, value.shape)):
             if isinstance(d, int) and d >= 0 and d != got:
-                raise InputError(f"Input '{name}' dim {axis} must be {d} {_dims(info.dims)}, got shape "
-                                 f"{list(value.shape)}.")
+                raise InputError(
+                    f"Input '{name}' dim {axis} must be {d} {_dims(info.dims)}, got shape {list(value.shape)}."
+                )
         if np.issubdtype(value.dtype, np.floating) and value.size and not np.isfinite(value).all():
             nans = int(np.isnan(value).sum())
             infs = int(np.isinf(value).sum())
-            warnings.warn(f"Input '{name}' contains {nans} NaN and {infs} Inf value(s); outputs will likely "
-                          "be NaN too.", NaNInputWarning, stacklevel=3)
+            warnings.warn(
+                f"Input '{name}' contains {nans} NaN and {infs} Inf value(s); outputs will likely be NaN too.",
+                NaNInputWarning,
+                stacklevel=3,
+            )
         out[name] = value
     return out
 
@@ -240,5 +266,3 @@ def batch_size_of(feeds: Mapping[str, np.ndarray]) -> int:
 
 def nbytes(feeds: Mapping[str, np.ndarray]) -> int:
     return int(sum(v.nbytes for v in feeds.values()))
-
-

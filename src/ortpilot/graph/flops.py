@@ -35,37 +35,168 @@ _KEEP_DATA_ELEMENTS = 4096
 # variance, normalize, scale, shift). These constants are conventions, not measurements.
 ELEMENTWISE_COST: dict[str, float] = {
     **dict.fromkeys(
-        ["Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Relu",
-         "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Clip", "Max", "Min",
-         "Mean", "Sum", "Where", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or",
-         "Xor", "Not", "Sign", "Floor", "Ceil", "Round", "Mod", "Elu", "Selu", "Celu", "Softplus",
-         "Softsign", "Sin", "Cos", "Tan", "Atan", "IsNaN", "IsInf", "BitShift", "ThresholdedRelu",
-         "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearAdd", "QLinearMul",
-         "QLinearSigmoid", "QLinearLeakyRelu", "BiasAdd", "Swish", "Mish"], 1.0),
+        [
+            "Add",
+            "Sub",
+            "Mul",
+            "Div",
+            "Pow",
+            "Sqrt",
+            "Reciprocal",
+            "Neg",
+            "Abs",
+            "Exp",
+            "Log",
+            "Relu",
+            "LeakyRelu",
+            "PRelu",
+            "Sigmoid",
+            "HardSigmoid",
+            "HardSwish",
+            "Tanh",
+            "Erf",
+            "Clip",
+            "Max",
+            "Min",
+            "Mean",
+            "Sum",
+            "Where",
+            "Equal",
+            "Less",
+            "LessOrEqual",
+            "Greater",
+            "GreaterOrEqual",
+            "And",
+            "Or",
+            "Xor",
+            "Not",
+            "Sign",
+            "Floor",
+            "Ceil",
+            "Round",
+            "Mod",
+            "Elu",
+            "Selu",
+            "Celu",
+            "Softplus",
+            "Softsign",
+            "Sin",
+            "Cos",
+            "Tan",
+            "Atan",
+            "IsNaN",
+            "IsInf",
+            "BitShift",
+            "ThresholdedRelu",
+            "QuantizeLinear",
+            "DequantizeLinear",
+            "DynamicQuantizeLinear",
+            "QLinearAdd",
+            "QLinearMul",
+            "QLinearSigmoid",
+            "QLinearLeakyRelu",
+            "BiasAdd",
+            "Swish",
+            "Mish",
+        ],
+        1.0,
+    ),
     **dict.fromkeys(["Gelu", "FastGelu", "BiasGelu", "QuickGelu", "Shrink"], 2.0),
     **dict.fromkeys(["BatchNormalization"], 2.0),
     **dict.fromkeys(["RotaryEmbedding"], 3.0),
     **dict.fromkeys(["Softmax", "LogSoftmax", "BiasSoftmax", "QLinearSoftmax"], 5.0),
-    **dict.fromkeys(["LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
-                     "SkipSimplifiedLayerNormalization", "RMSNormalization", "InstanceNormalization",
-                     "GroupNormalization", "GroupNorm", "SkipGroupNorm", "EmbedLayerNormalization",
-                     "LpNormalization", "MeanVarianceNormalization"], 5.0),
+    **dict.fromkeys(
+        [
+            "LayerNormalization",
+            "SimplifiedLayerNormalization",
+            "SkipLayerNormalization",
+            "SkipSimplifiedLayerNormalization",
+            "RMSNormalization",
+            "InstanceNormalization",
+            "GroupNormalization",
+            "GroupNorm",
+            "SkipGroupNorm",
+            "EmbedLayerNormalization",
+            "LpNormalization",
+            "MeanVarianceNormalization",
+        ],
+        5.0,
+    ),
 }
 
 # Ops that move or reshape data, or compute shapes: no arithmetic.
-ZERO_COST = frozenset([
-    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split", "Slice", "Gather",
-    "GatherElements", "GatherND", "Scatter", "ScatterElements", "ScatterND", "Shape", "Size", "Cast",
-    "CastLike", "Identity", "Constant", "ConstantOfShape", "Expand", "Tile", "Pad", "Range", "Dropout",
-    "DepthToSpace", "SpaceToDepth", "NonZero", "OneHot", "Trilu", "EyeLike", "Compress", "ReverseSequence",
-    "Resize", "Upsample", "Optional", "OptionalGetElement", "OptionalHasElement", "SequenceAt",
-    "SequenceConstruct", "SequenceInsert", "SplitToSequence", "ConcatFromSequence", "TopK", "ArgMax",
-    "ArgMin", "MemcpyFromHost", "MemcpyToHost",
-])
+ZERO_COST = frozenset(
+    [
+        "Reshape",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Flatten",
+        "Concat",
+        "Split",
+        "Slice",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Scatter",
+        "ScatterElements",
+        "ScatterND",
+        "Shape",
+        "Size",
+        "Cast",
+        "CastLike",
+        "Identity",
+        "Constant",
+        "ConstantOfShape",
+        "Expand",
+        "Tile",
+        "Pad",
+        "Range",
+        "Dropout",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "NonZero",
+        "OneHot",
+        "Trilu",
+        "EyeLike",
+        "Compress",
+        "ReverseSequence",
+        "Resize",
+        "Upsample",
+        "Optional",
+        "OptionalGetElement",
+        "OptionalHasElement",
+        "SequenceAt",
+        "SequenceConstruct",
+        "SequenceInsert",
+        "SplitToSequence",
+        "ConcatFromSequence",
+        "TopK",
+        "ArgMax",
+        "ArgMin",
+        "MemcpyFromHost",
+        "MemcpyToHost",
+    ]
+)
 
-_REDUCE = frozenset(["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-                     "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "GlobalAveragePool", "GlobalMaxPool",
-                     "GlobalLpPool", "CumSum"])
+_REDUCE = frozenset(
+    [
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceSumSquare",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "GlobalLpPool",
+        "CumSum",
+    ]
+)
 
 
 class _Ctx:
@@ -376,8 +507,12 @@ def _inputs_concrete(model: onnx.ModelProto, concrete: Mapping[str, Shape]) -> b
 
 
 def _count_known(model: onnx.ModelProto, shapes: Mapping[str, tuple[int | None, ...]]) -> int:
-    return sum(1 for node in model.graph.node for name in node.output
-               if name in shapes and all(d is not None for d in shapes[name]))
+    return sum(
+        1
+        for node in model.graph.node
+        for name in node.output
+        if name in shapes and all(d is not None for d in shapes[name])
+    )
 
 
 def _all_known(model: onnx.ModelProto, shapes: Mapping[str, tuple[int | None, ...]]) -> bool:
@@ -479,5 +614,12 @@ def flops_by_op_type(model: onnx.ModelProto, shapes: Shapes | None = None) -> di
     return out
 
 
-__all__ = ["ELEMENTWISE_COST", "ZERO_COST", "flops_by_op_type", "infer_value_shapes", "node_flops", "node_key",
-           "total_flops"]
+__all__ = [
+    "ELEMENTWISE_COST",
+    "ZERO_COST",
+    "flops_by_op_type",
+    "infer_value_shapes",
+    "node_flops",
+    "node_key",
+    "total_flops",
+]

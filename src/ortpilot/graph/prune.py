@@ -76,8 +76,11 @@ def _optional_outputs(domain: str, op_type: str) -> frozenset[int]:
 
     for schema in C.get_all_operator_schema():
         if schema.name == op_type and schema.domain == domain:
-            return frozenset(k for k, out in enumerate(schema.outputs)
-                             if out.option == C.schemadef.OpSchema.FormalParameterOption.Optional)
+            return frozenset(
+                k
+                for k, out in enumerate(schema.outputs)
+                if out.option == C.schemadef.OpSchema.FormalParameterOption.Optional
+            )
     return frozenset()
 
 

@@ -69,7 +69,9 @@ def graph_inputs(model: onnx.ModelProto) -> list[InputInfo]:
     return out
 
 
-def parse_shape_args(items: Sequence[str] | Mapping[str, Sequence[int] | int | str] | None) -> dict[str, tuple[int, ...]]:
+def parse_shape_args(
+    items: Sequence[str] | Mapping[str, Sequence[int] | int | str] | None,
+) -> dict[str, tuple[int, ...]]:
     """Parse ``NAME=1x3x224x224`` strings (or a dict) into name -> dims."""
     if not items:
         return {}
@@ -109,8 +111,10 @@ def _parse_dims(name: str, dims: object) -> tuple[int, ...]:
         raise UsageError(f"--shape for '{name}' has a negative dim: {values}.")
     too_big = [v for v in values if v > MAX_DIM]
     if too_big:
-        raise UsageError(f"--shape for '{name}' has dim {too_big[0]}, above the largest dim ortpilot accepts "
-                         f"({MAX_DIM}, 2^31-1: ORT's kernels index dims with 32-bit integers in places).")
+        raise UsageError(
+            f"--shape for '{name}' has dim {too_big[0]}, above the largest dim ortpilot accepts "
+            f"({MAX_DIM}, 2^31-1: ORT's kernels index dims with 32-bit integers in places)."
+        )
     return tuple(values)
 
 
@@ -121,8 +125,9 @@ def _integer(value: object) -> int:
     return int(value)
 
 
-def resolve_input_shapes(inputs: Sequence[InputInfo], overrides: Mapping[str, tuple[int, ...]] | None = None
-                         ) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+def resolve_input_shapes(
+    inputs: Sequence[InputInfo], overrides: Mapping[str, tuple[int, ...]] | None = None
+) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
     """Concrete shapes for every input, and the value chosen for each symbolic dim name.
 
     Raises InputError for overrides that contradict the model and UsageError for dims that
@@ -135,8 +140,10 @@ def resolve_input_shapes(inputs: Sequence[InputInfo], overrides: Mapping[str, tu
         if key not in names:
             dims = overrides.pop(key)
             if len(dims) != 1:
-                raise UsageError(f"--shape '{key}' matches no input ({', '.join(sorted(names))}); "
-                                 "to set one symbolic dim everywhere give one number, e.g. sequence=64.")
+                raise UsageError(
+                    f"--shape '{key}' matches no input ({', '.join(sorted(names))}); "
+                    "to set one symbolic dim everywhere give one number, e.g. sequence=64."
+                )
             dim_values[key] = dims[0]
     shapes: dict[str, tuple[int, ...]] = {}
     for info in inputs:
@@ -157,19 +164,25 @@ def resolve_input_shapes(inputs: Sequence[InputInfo], overrides: Mapping[str, tu
                     f"Input '{info.name}' has dim {axis} {'named ' + repr(d) if d else 'unnamed'} with no "
                     f"sensible default. Fix it with --shape {info.name}="
                     + "x".join(str(x) if isinstance(x, int) and x >= 0 else "N" for x in info.dims)
-                    + (f" (or --shape {d}=N)" if d else "") + ".")
+                    + (f" (or --shape {d}=N)" if d else "")
+                    + "."
+                )
         shapes[info.name] = tuple(dims)
     return shapes, dim_values
 
 
 def _check_override(info: InputInfo, dims: tuple[int, ...], dim_values: dict[str, int]) -> tuple[int, ...]:
     if info.dims and len(dims) != len(info.dims):
-        raise InputError(f"--shape {info.name}={'x'.join(map(str, dims))} has rank {len(dims)}, but the model "
-                         f"declares rank {len(info.dims)} ({_fmt_dims(info.dims)}).")
+        raise InputError(
+            f"--shape {info.name}={'x'.join(map(str, dims))} has rank {len(dims)}, but the model "
+            f"declares rank {len(info.dims)} ({_fmt_dims(info.dims)})."
+        )
     for axis, (want, got) in enumerate(zip(info.dims, dims)):
         if isinstance(want, int) and want >= 0 and want != got:
-            raise InputError(f"--shape {info.name} sets dim {axis} to {got}, but the model fixes it at {want} "
-                             f"({_fmt_dims(info.dims)}).")
+            raise InputError(
+                f"--shape {info.name} sets dim {axis} to {got}, but the model fixes it at {want} "
+                f"({_fmt_dims(info.dims)})."
+            )
         if isinstance(want, str):
             dim_values.setdefault(want, got)
     return dims
@@ -197,8 +210,10 @@ def _default_dims(inputs: Sequence[InputInfo], dim_values: dict[str, int]) -> No
             dim_values[name] = SEQUENCE_DEFAULT
     for name in totals:
         past = next((v for k, v in dim_values.items() if _PAST.search(k)), 0)
-        seq = next((v for k, v in dim_values.items() if _SEQ.search(k) and not _PAST.search(k)
-                    and not _TOTAL.search(k)), SEQUENCE_DEFAULT)
+        seq = next(
+            (v for k, v in dim_values.items() if _SEQ.search(k) and not _PAST.search(k) and not _TOTAL.search(k)),
+            SEQUENCE_DEFAULT,
+        )
         dim_values[name] = past + seq if past else seq
 
 

@@ -55,12 +55,22 @@ class ModelSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "path": self.path, "file_bytes": self.file_bytes, "ir_version": self.ir_version,
-            "opsets": self.opsets, "producer": self.producer, "graph_name": self.graph_name,
-            "inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs],
-            "node_count": self.node_count, "subgraph_node_count": self.subgraph_node_count,
-            "op_histogram": self.op_histogram, "parameters": self.parameters, "flops": self.flops,
-            "external_data": self.external_data, "functions": self.functions, "metadata": self.metadata,
+            "path": self.path,
+            "file_bytes": self.file_bytes,
+            "ir_version": self.ir_version,
+            "opsets": self.opsets,
+            "producer": self.producer,
+            "graph_name": self.graph_name,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+            "node_count": self.node_count,
+            "subgraph_node_count": self.subgraph_node_count,
+            "op_histogram": self.op_histogram,
+            "parameters": self.parameters,
+            "flops": self.flops,
+            "external_data": self.external_data,
+            "functions": self.functions,
+            "metadata": self.metadata,
         }
 
 
@@ -139,8 +149,14 @@ def external_data_files(model: onnx.ModelProto, base_dir: Path | None) -> list[d
     for location, tensors in sorted(uses.items()):
         path = (base_dir / location) if base_dir is not None else None
         present = bool(path and path.is_file())
-        out.append({"location": location, "tensors": tensors, "present": present,
-                    "bytes": path.stat().st_size if present and path else None})
+        out.append(
+            {
+                "location": location,
+                "tensors": tensors,
+                "present": present,
+                "bytes": path.stat().st_size if present and path else None,
+            }
+        )
     return out
 
 
@@ -151,13 +167,18 @@ def flops_summary(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] 
     except Exception as exc:  # UsageError/InputError: the message says which --shape to pass
         return {"total": None, "shapes": None, "by_op_type": {}, "counted_nodes": 0, "error": str(exc)}
     per_node = node_flops(model, concrete)
-    return {"total": sum(per_node.values()), "shapes": {k: list(v) for k, v in concrete.items()},
-            "by_op_type": dict(sorted(flops_by_op_type(model, concrete).items(), key=lambda kv: -kv[1])),
-            "counted_nodes": len(per_node), "error": None}
+    return {
+        "total": sum(per_node.values()),
+        "shapes": {k: list(v) for k, v in concrete.items()},
+        "by_op_type": dict(sorted(flops_by_op_type(model, concrete).items(), key=lambda kv: -kv[1])),
+        "counted_nodes": len(per_node),
+        "error": None,
+    }
 
 
-def summarize(model: onnx.ModelProto, path: str | os.PathLike | None = None,
-              shapes: Mapping[str, tuple[int, ...]] | None = None) -> ModelSummary:
+def summarize(
+    model: onnx.ModelProto, path: str | os.PathLike | None = None, shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> ModelSummary:
     """Everything ``inspect`` reports about ``model`` (loaded without external data)."""
     file_path = Path(path) if path is not None else None
     init_names = {t.name for t in model.graph.initializer}
@@ -182,5 +203,13 @@ def summarize(model: onnx.ModelProto, path: str | os.PathLike | None = None,
     )
 
 
-__all__ = ["ModelSummary", "TensorInfo", "external_data_files", "flops_summary", "iter_subgraph_nodes", "op_key",
-           "parameter_stats", "summarize"]
+__all__ = [
+    "ModelSummary",
+    "TensorInfo",
+    "external_data_files",
+    "flops_summary",
+    "iter_subgraph_nodes",
+    "op_key",
+    "parameter_stats",
+    "summarize",
+]

@@ -57,6 +57,7 @@ class BenchmarkRunError(VerificationError):
 # ---------------------------------------------------------------------------------------------
 # Memory: Linux /proc/self/status, else resource (peak only).
 
+
 def _status_kib(key: str) -> int | None:
     try:
         with open("/proc/self/status") as fh:
@@ -124,15 +125,22 @@ class MemoryInfo:
         return float(np.polyfit(runs, mem, 1)[0] * 1000)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"before_load_mb": self.before_load_mb, "after_load_mb": self.after_load_mb,
-                "after_warmup_mb": self.after_warmup_mb, "end_mb": self.end_mb, "peak_mb": self.peak_mb,
-                "peak_scope": self.peak_scope, "growth_mb": self.growth_mb,
-                "growth_per_1k_runs_mb": self.growth_per_1k_runs_mb(),
-                "trace": [list(t) for t in self.trace]}
+        return {
+            "before_load_mb": self.before_load_mb,
+            "after_load_mb": self.after_load_mb,
+            "after_warmup_mb": self.after_warmup_mb,
+            "end_mb": self.end_mb,
+            "peak_mb": self.peak_mb,
+            "peak_scope": self.peak_scope,
+            "growth_mb": self.growth_mb,
+            "growth_per_1k_runs_mb": self.growth_per_1k_runs_mb(),
+            "trace": [list(t) for t in self.trace],
+        }
 
 
 # ---------------------------------------------------------------------------------------------
 # Result
+
 
 @dataclass
 class WarmupInfo:
@@ -143,8 +151,13 @@ class WarmupInfo:
     median_s: float | None = None  # median warm-up run: sizes interleaving turns
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "runs": self.runs, "seconds": self.seconds, "settled": self.settled,
-                "median_ms": _ms(self.median_s)}
+        return {
+            "mode": self.mode,
+            "runs": self.runs,
+            "seconds": self.seconds,
+            "settled": self.settled,
+            "median_ms": _ms(self.median_s),
+        }
 
 
 @dataclass
@@ -234,19 +247,28 @@ def environment() -> dict[str, Any]:
         ortpilot_version = version("ortpilot")
     except Exception:
         ortpilot_version = None
-    return {"onnxruntime": ort.__version__, "ortpilot": ortpilot_version, "numpy": np.__version__,
-            "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_name(),
-            "cpus_available": cpus, "loadavg_1m": load1,
-            "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "onnxruntime": ort.__version__,
+        "ortpilot": ortpilot_version,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpus_available": cpus,
+        "loadavg_1m": load1,
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
 # Runner: one verified session, its feeds, and the timed loop
 
+
 def _iobinding_device(providers: Sequence[str]) -> str:
     first = providers[0] if providers else "CPUExecutionProvider"
-    return {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda",
-            "DmlExecutionProvider": "dml"}.get(first, "cpu")
+    return {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda", "DmlExecutionProvider": "dml"}.get(
+        first, "cpu"
+    )
 
 
 class _Failed(Exception):
@@ -263,9 +285,20 @@ class Runner:
     called repeatedly (interleaving) and the samples accumulate.
     """
 
-    def __init__(self, model: Any, *, name: str = "", providers: Any = None, settings: SessionSettings | None = None,
-                 shapes: Mapping[str, Sequence[int]] | None = None, feeds: Mapping[str, np.ndarray] | None = None,
-                 iobinding: bool = False, concurrency: int = 1, policy: str = "warn", seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        name: str = "",
+        providers: Any = None,
+        settings: SessionSettings | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        feeds: Mapping[str, np.ndarray] | None = None,
+        iobinding: bool = False,
+        concurrency: int = 1,
+        policy: str = "warn",
+        seed: int = 0,
+    ) -> None:
         check_concurrency(concurrency)
         self.name = name
         self.iobinding = iobinding
@@ -278,8 +311,9 @@ class Runner:
             self.load_s = None
         else:
             t0 = time.perf_counter()
-            self.vs = load(model, providers, policy, settings=settings,
-                           shapes={k: tuple(v) for k, v in (shapes or {}).items()})
+            self.vs = load(
+                model, providers, policy, settings=settings, shapes={k: tuple(v) for k, v in (shapes or {}).items()}
+            )
             self.load_s: float | None = time.perf_counter() - t0  # with ortpilot's verification
             self.session_create_s = self.vs.create_s  # ORT's creation alone, as perf_test reports it
         self.memory.after_load_mb = rss_mb()
@@ -355,13 +389,25 @@ class Runner:
                     break
                 if now - t_start >= WARMUP_MAX_S and len(times) >= 3:
                     break
-        self.warmup = WarmupInfo("auto" if auto else "count", len(times), time.perf_counter() - t_start, settled,
-                                 float(np.median(times)) if times else None)
+        self.warmup = WarmupInfo(
+            "auto" if auto else "count",
+            len(times),
+            time.perf_counter() - t_start,
+            settled,
+            float(np.median(times)) if times else None,
+        )
         self.memory.after_warmup_mb = rss_mb()
         return self.warmup
 
-    def measure(self, runs: int | None = None, duration_s: float | None = None, *, round_id: int = -1,
-                min_runs: int = 0, progress: Progress | None = None) -> None:
+    def measure(
+        self,
+        runs: int | None = None,
+        duration_s: float | None = None,
+        *,
+        round_id: int = -1,
+        min_runs: int = 0,
+        progress: Progress | None = None,
+    ) -> None:
         """Time ``runs`` runs, or run for ``duration_s`` (and at least ``min_runs``); append samples.
 
         Concurrency C: C threads share the session, each with its own IOBinding; the latency of
@@ -394,8 +440,16 @@ class Runner:
             done = (time.perf_counter_ns() - t_begin) / 1e9 if by_time else done_runs
             progress("runs", min(done, total), total)
 
-    def _measure_serial(self, runs: int | None, deadline: int | None, min_runs: int, round_id: int,
-                        progress: Progress | None, total: float, t_begin: int) -> None:
+    def _measure_serial(
+        self,
+        runs: int | None,
+        deadline: int | None,
+        min_runs: int,
+        round_id: int,
+        progress: Progress | None,
+        total: float,
+        t_begin: int,
+    ) -> None:
         step = self.step_fn()
         samples, starts, rounds = self.samples, self.starts_ns, self.rounds
         clock = time.perf_counter_ns
@@ -419,8 +473,16 @@ class Runner:
                 next_tick = t1 + int(_TICK_S * 1e9)
                 self._tick(progress, i, t_begin, total, deadline is not None)
 
-    def _measure_threads(self, runs: int | None, deadline: int | None, min_runs: int, round_id: int,
-                         progress: Progress | None, total: float, t_begin: int) -> None:
+    def _measure_threads(
+        self,
+        runs: int | None,
+        deadline: int | None,
+        min_runs: int,
+        round_id: int,
+        progress: Progress | None,
+        total: float,
+        t_begin: int,
+    ) -> None:
         counter = itertools.count()
         stop = threading.Event()
         failures: list[_Failed] = []
@@ -474,26 +536,42 @@ class Runner:
         self.memory.peak_mb = peak_rss_mb()
         settings = self.vs.settings.to_dict()
         return BenchResult(
-            name=self.name, model=str(self.vs.model_path) if self.vs.model_path else None,
-            model_sha256=self.vs.model_hash, providers=self.vs.providers, settings=settings,
-            shapes={k: list(v.shape) for k, v in self.feeds.items()}, inputs=self.inputs, batch_size=batch,
-            iobinding=self.iobinding, concurrency=self.concurrency, warmup=self.warmup,
-            session_create_s=self.session_create_s, first_run_s=self.first_run_s, samples_s=samples,
+            name=self.name,
+            model=str(self.vs.model_path) if self.vs.model_path else None,
+            model_sha256=self.vs.model_hash,
+            providers=self.vs.providers,
+            settings=settings,
+            shapes={k: list(v.shape) for k, v in self.feeds.items()},
+            inputs=self.inputs,
+            batch_size=batch,
+            iobinding=self.iobinding,
+            concurrency=self.concurrency,
+            warmup=self.warmup,
+            session_create_s=self.session_create_s,
+            first_run_s=self.first_run_s,
+            samples_s=samples,
             load_s=self.load_s,
-            offsets_s=offsets, wall_s=self.wall_s, stats=stats, memory=self.memory, rounds=rounds,
-            failure=failure, environment=environment())
+            offsets_s=offsets,
+            wall_s=self.wall_s,
+            stats=stats,
+            memory=self.memory,
+            rounds=rounds,
+            failure=failure,
+            environment=environment(),
+        )
 
 
 def _settled(times: list[float]) -> bool:
     if len(times) < 2 * WARMUP_WINDOW:
         return False
     last = float(np.median(times[-WARMUP_WINDOW:]))
-    prev = float(np.median(times[-2 * WARMUP_WINDOW:-WARMUP_WINDOW]))
+    prev = float(np.median(times[-2 * WARMUP_WINDOW : -WARMUP_WINDOW]))
     return prev > 0 and abs(last - prev) / prev <= WARMUP_SETTLE_TOL
 
 
 # ---------------------------------------------------------------------------------------------
 # Argument checks shared by bench, bench_interleaved and the CLI
+
 
 def check_concurrency(concurrency: int) -> None:
     if not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
@@ -517,8 +595,12 @@ def check_budget(runs: int | None, duration_s: float | None, warmup: int | str) 
 
 def failure_of(exc: _Failed, phase: str) -> dict[str, Any]:
     message = str(exc.error).strip().splitlines()
-    return {"phase": phase, "run_index": exc.index, "error": type(exc.error).__name__,
-            "message": message[0] if message else ""}
+    return {
+        "phase": phase,
+        "run_index": exc.index,
+        "error": type(exc.error).__name__,
+        "message": message[0] if message else "",
+    }
 
 
 def raise_failure(runner: Runner, exc: _Failed, phase: str, *, seed: int = 0) -> None:
@@ -528,17 +610,34 @@ def raise_failure(runner: Runner, exc: _Failed, phase: str, *, seed: int = 0) ->
     raise BenchmarkRunError(
         f"{runner.name or 'The model'} failed at {where} ({failure['error']}: {failure['message']}). "
         f"{len(partial.samples_s)} timed run(s) completed before it; their statistics are reported.",
-        phase=phase, run_index=exc.index, partial=partial) from exc.error
+        phase=phase,
+        run_index=exc.index,
+        partial=partial,
+    ) from exc.error
 
 
 # ---------------------------------------------------------------------------------------------
 # Public API
 
-def bench(model: Any, providers: Any = None, settings: SessionSettings | None = None,
-          shapes: Mapping[str, Sequence[int]] | None = None, feeds: Mapping[str, np.ndarray] | None = None,
-          runs: int | None = None, duration_s: float | None = None, warmup: int | str = "auto",
-          iobinding: bool = False, concurrency: int = 1, *, policy: str = "warn", roofline: bool = False,
-          name: str = "A", seed: int = 0, progress: Progress | None = None) -> BenchResult:
+
+def bench(
+    model: Any,
+    providers: Any = None,
+    settings: SessionSettings | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    runs: int | None = None,
+    duration_s: float | None = None,
+    warmup: int | str = "auto",
+    iobinding: bool = False,
+    concurrency: int = 1,
+    *,
+    policy: str = "warn",
+    roofline: bool = False,
+    name: str = "A",
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> BenchResult:
     """Benchmark ``model`` (a path, bytes, ModelProto, or an already loaded ``VerifiedSession``).
 
     Order: session creation (timed), one first run (timed, kept apart), warm-up (``warmup`` runs
@@ -553,8 +652,18 @@ def bench(model: Any, providers: Any = None, settings: SessionSettings | None = 
     runs, duration_s = check_budget(runs, duration_s, warmup)
     check_concurrency(concurrency)
     reset = reset_peak_rss()
-    runner = Runner(model, name=name, providers=providers, settings=settings, shapes=shapes, feeds=feeds,
-                    iobinding=iobinding, concurrency=concurrency, policy=policy, seed=seed)
+    runner = Runner(
+        model,
+        name=name,
+        providers=providers,
+        settings=settings,
+        shapes=shapes,
+        feeds=feeds,
+        iobinding=iobinding,
+        concurrency=concurrency,
+        policy=policy,
+        seed=seed,
+    )
     if reset:
         runner.memory.peak_scope = "benchmark"
     phase = "first_run"
@@ -572,4 +681,3 @@ def bench(model: Any, providers: Any = None, settings: SessionSettings | None = 
 
         result.roofline = roofline_for(runner.vs.model, result)
     return result
-

@@ -31,6 +31,7 @@ Runs = Sequence[Mapping[str, np.ndarray]]
 
 # --------------------------------------------------------------------------- metric choice
 
+
 def looks_like_class_scores(name: str, shape: Sequence[int]) -> bool:
     """Scores over classes: a named logits/scores/probs output, or a small 2-D [batch, classes]."""
     if len(shape) < 2 or shape[-1] < 2:
@@ -94,6 +95,7 @@ def metric_error(metric: str, ref: Sequence[np.ndarray], test: Sequence[np.ndarr
 
 # --------------------------------------------------------------------------- tolerances
 
+
 @dataclass
 class Tolerances:
     """Default atol/rtol plus per-output overrides (``logits:1e-3`` on the command line)."""
@@ -131,6 +133,7 @@ class Tolerances:
 
 
 # --------------------------------------------------------------------------- statistics
+
 
 @dataclass
 class OutputStats:
@@ -199,13 +202,21 @@ def _topk_agreement(ref: Sequence[np.ndarray], test: Sequence[np.ndarray], k: in
     return float((top_test == top_ref[:, None]).any(axis=1).mean())
 
 
-def compare_arrays(name: str, ref: Sequence[np.ndarray], test: Sequence[np.ndarray], *,
-                   atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL) -> OutputStats:
+def compare_arrays(
+    name: str,
+    ref: Sequence[np.ndarray],
+    test: Sequence[np.ndarray],
+    *,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+) -> OutputStats:
     """Statistics of ``test`` against ``ref`` for one output; each list holds one array per sample."""
     for r, t in zip(ref, test):
         if np.shape(r) != np.shape(t):
-            raise InputError(f"Output '{name}' has shape {list(np.shape(r))} in the reference but "
-                             f"{list(np.shape(t))} in the model under test; they cannot be compared.")
+            raise InputError(
+                f"Output '{name}' has shape {list(np.shape(r))} in the reference but "
+                f"{list(np.shape(t))} in the model under test; they cannot be compared."
+            )
     a, b = _flat(ref), _flat(test)
     finite = np.isfinite(a) & np.isfinite(b)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -228,8 +239,11 @@ def compare_arrays(name: str, ref: Sequence[np.ndarray], test: Sequence[np.ndarr
     else:
         snr = 10.0 * math.log10(signal / noise)
     na, nb = float(np.linalg.norm(np.where(finite, a, 0))), float(np.linalg.norm(np.where(finite, b, 0)))
-    cosine = 1.0 if na == 0 and nb == 0 else (float(np.dot(np.where(finite, a, 0), np.where(finite, b, 0)) / (na * nb))
-                                                if na and nb else 0.0)
+    cosine = (
+        1.0
+        if na == 0 and nb == 0
+        else (float(np.dot(np.where(finite, a, 0), np.where(finite, b, 0)) / (na * nb)) if na and nb else 0.0)
+    )
     passed = bool(np.all(diff <= atol + rtol * np.abs(a))) if a.size else True
     shape = list(np.shape(ref[0])) if ref else []
     dtype = str(np.asarray(ref[0]).dtype) if ref else "float32"
@@ -239,17 +253,38 @@ def compare_arrays(name: str, ref: Sequence[np.ndarray], test: Sequence[np.ndarr
         top1 = _topk_agreement(ref, test, 1)
         top5 = _topk_agreement(ref, test, 5)
     return OutputStats(
-        name=name, shape=shape, dtype=dtype, elements=int(a.size),
-        max_abs=max_abs, mean_abs=mean_abs, median_abs=median_abs, p99_abs=p99_abs,
-        max_rel=max_rel, mean_rel=mean_rel, median_rel=median_rel, p99_rel=p99_rel,
-        cosine=cosine, snr_db=snr,
-        nan_ref=int(np.isnan(a).sum()), inf_ref=int(np.isinf(a).sum()),
-        nan_test=int(np.isnan(b).sum()), inf_test=int(np.isinf(b).sum()),
-        min_atol=max_abs, min_rtol=max_rel, atol=atol, rtol=rtol, passed=passed,
-        metric=metric, error=float(metric_error(metric, ref, test)), top1_agreement=top1, top5_agreement=top5)
+        name=name,
+        shape=shape,
+        dtype=dtype,
+        elements=int(a.size),
+        max_abs=max_abs,
+        mean_abs=mean_abs,
+        median_abs=median_abs,
+        p99_abs=p99_abs,
+        max_rel=max_rel,
+        mean_rel=mean_rel,
+        median_rel=median_rel,
+        p99_rel=p99_rel,
+        cosine=cosine,
+        snr_db=snr,
+        nan_ref=int(np.isnan(a).sum()),
+        inf_ref=int(np.isinf(a).sum()),
+        nan_test=int(np.isnan(b).sum()),
+        inf_test=int(np.isinf(b).sum()),
+        min_atol=max_abs,
+        min_rtol=max_rel,
+        atol=atol,
+        rtol=rtol,
+        passed=passed,
+        metric=metric,
+        error=float(metric_error(metric, ref, test)),
+        top1_agreement=top1,
+        top5_agreement=top5,
+    )
 
 
 # --------------------------------------------------------------------------- comparison
+
 
 @dataclass
 class Comparison:
@@ -277,16 +312,28 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "reference": self.reference, "test": self.test, "samples": self.samples, "inputs": self.inputs,
-            "passed": self.passed, "tolerances_explicit": self.tolerances_explicit,
+            "reference": self.reference,
+            "test": self.test,
+            "samples": self.samples,
+            "inputs": self.inputs,
+            "passed": self.passed,
+            "tolerances_explicit": self.tolerances_explicit,
             "worst_error": _jsonable(self.worst_error()),
             "outputs": [o.to_dict() for o in self.outputs],
-            "only_in_reference": self.only_in_reference, "only_in_test": self.only_in_test,
+            "only_in_reference": self.only_in_reference,
+            "only_in_test": self.only_in_test,
         }
 
 
-def compare_runs(ref_runs: Runs, test_runs: Runs, tolerances: Tolerances | None = None, *,
-                 reference: str = "reference", test: str = "test", inputs: str = "") -> Comparison:
+def compare_runs(
+    ref_runs: Runs,
+    test_runs: Runs,
+    tolerances: Tolerances | None = None,
+    *,
+    reference: str = "reference",
+    test: str = "test",
+    inputs: str = "",
+) -> Comparison:
     """Compare outputs sample by sample; outputs are matched by name (by position if no name matches)."""
     tol = tolerances or Tolerances()
     if len(ref_runs) != len(test_runs) or not ref_runs:
@@ -299,11 +346,21 @@ def compare_runs(ref_runs: Runs, test_runs: Runs, tolerances: Tolerances | None 
     stats = []
     for ref_name, test_name in pairs:
         atol, rtol = tol.for_output(ref_name)
-        stats.append(compare_arrays(ref_name, [r[ref_name] for r in ref_runs], [t[test_name] for t in test_runs],
-                                    atol=atol, rtol=rtol))
-    return Comparison(reference, test, len(ref_runs), stats, tol.explicit,
-                      [n for n in ref_names if n not in matched_ref], [n for n in test_names if n not in matched_test],
-                      inputs)
+        stats.append(
+            compare_arrays(
+                ref_name, [r[ref_name] for r in ref_runs], [t[test_name] for t in test_runs], atol=atol, rtol=rtol
+            )
+        )
+    return Comparison(
+        reference,
+        test,
+        len(ref_runs),
+        stats,
+        tol.explicit,
+        [n for n in ref_names if n not in matched_ref],
+        [n for n in test_names if n not in matched_test],
+        inputs,
+    )
 
 
 def run_samples(session: Any, samples: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
@@ -312,10 +369,17 @@ def run_samples(session: Any, samples: Sequence[Mapping[str, np.ndarray]]) -> li
     return [dict(zip(names, session.run(None, dict(feeds)))) for feeds in samples]
 
 
-def compare_models(model_a: Any, model_b: Any = None, providers: Sequence[str] | None = None, *,
-                   samples: Sequence[Mapping[str, np.ndarray]] | None = None,
-                   shapes: Mapping[str, tuple[int, ...]] | None = None, n_samples: int = 1,
-                   tolerances: Tolerances | None = None, policy: str = "strict") -> Comparison:
+def compare_models(
+    model_a: Any,
+    model_b: Any = None,
+    providers: Sequence[str] | None = None,
+    *,
+    samples: Sequence[Mapping[str, np.ndarray]] | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    n_samples: int = 1,
+    tolerances: Tolerances | None = None,
+    policy: str = "strict",
+) -> Comparison:
     """Run two models (or one model on two providers) on the same inputs and compare them.
 
     With ``model_b``: both run on ``providers`` (a chain, default CPU). Without it,
@@ -329,8 +393,10 @@ def compare_models(model_a: Any, model_b: Any = None, providers: Sequence[str] |
     providers = list(providers or [])
     if model_b is None:
         if len(providers) != 2:
-            raise UsageError("Comparing one model needs exactly two providers (-p REFERENCE -p TEST), "
-                             f"got {len(providers) or 'none'}; or pass a second model.")
+            raise UsageError(
+                "Comparing one model needs exactly two providers (-p REFERENCE -p TEST), "
+                f"got {len(providers) or 'none'}; or pass a second model."
+            )
         sess_a = load(model_a, [providers[0]], policy, placement=False)
         sess_b = load(model_a, [providers[1]], policy, placement=False)
         labels = (f"{_label(model_a)} on {providers[0]}", f"{_label(model_a)} on {providers[1]}")
@@ -344,8 +410,14 @@ def compare_models(model_a: Any, model_b: Any = None, providers: Sequence[str] |
         samples = [make_feeds(sess_a.model, plan=plan, seed=i) for i in range(max(1, n_samples))]
         described = plan.describe()
     samples = [sess_a.check_feeds(s) for s in samples]
-    return compare_runs(run_samples(sess_a, samples), run_samples(sess_b, samples), tolerances,
-                        reference=labels[0], test=labels[1], inputs=described)
+    return compare_runs(
+        run_samples(sess_a, samples),
+        run_samples(sess_b, samples),
+        tolerances,
+        reference=labels[0],
+        test=labels[1],
+        inputs=described,
+    )
 
 
 def _label(model: Any) -> str:

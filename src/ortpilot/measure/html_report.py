@@ -91,8 +91,10 @@ def comparison_png(result: Any) -> str:
         rx = axes[0][1]
         labels = [f"{q.config}/{q.baseline}" for q in ratios]
         pos = np.arange(len(ratios))
-        for offset, fmt, label, get in ((-0.1, "o", "ratio (paired A B B A)", lambda q: (q.ratio, q.ci_low, q.ci_high)),
-                                        (0.1, "s", "pooled medians", lambda q: (q.pooled, q.pooled_low, q.pooled_high))):
+        for offset, fmt, label, get in (
+            (-0.1, "o", "ratio (paired A B B A)", lambda q: (q.ratio, q.ci_low, q.ci_high)),
+            (0.1, "s", "pooled medians", lambda q: (q.pooled, q.pooled_low, q.pooled_high)),
+        ):
             v, lo_, hi_ = (np.array(col) for col in zip(*[get(q) for q in ratios]))
             rx.errorbar(v, pos + offset, xerr=[v - lo_, hi_ - v], fmt=fmt, capsize=5, label=label)
         rx.set_yticks(pos, labels)
@@ -110,31 +112,45 @@ def render_html(result: Any) -> str:
 
     matplotlib.use("Agg")
     results = _results(result)
-    charts = {"histogram": histogram_png(results), "timeseries": timeseries_png(results),
-              "comparison": comparison_png(result)}
+    charts = {
+        "histogram": histogram_png(results),
+        "timeseries": timeseries_png(results),
+        "comparison": comparison_png(result),
+    }
     titles = {"histogram": "Latency histogram", "timeseries": "Per-run time series", "comparison": "Comparison"}
     first = results[0]
     env = first.environment
-    head = (f"{html.escape(str(first.model))} on {html.escape(', '.join(first.providers))}; "
-            f"ONNX Runtime {html.escape(str(env.get('onnxruntime')))}; CPU {html.escape(str(env.get('cpu')))} "
-            f"({env.get('cpus_available')} cores); {html.escape(str(env.get('timestamp')))}")
+    head = (
+        f"{html.escape(str(first.model))} on {html.escape(', '.join(first.providers))}; "
+        f"ONNX Runtime {html.escape(str(env.get('onnxruntime')))}; CPU {html.escape(str(env.get('cpu')))} "
+        f"({env.get('cpus_available')} cores); {html.escape(str(env.get('timestamp')))}"
+    )
     rows = _stats_rows(results)
     ratio_rows = "".join(
         f"<tr><td>{html.escape(q.config)} / {html.escape(q.baseline)}</td><td>{q.ratio:.4f}</td>"
         f"<td>{q.ci_low:.4f} – {q.ci_high:.4f}</td><td>{q.pooled:.4f} ({q.pooled_low:.4f} – {q.pooled_high:.4f})</td>"
         f"<td>{html.escape(q.verdict)}</td></tr>"
-        for q in getattr(result, "ratios", []))
-    ratio_table = ("<h2>Ratios of medians</h2><table><tr><th>configs</th><th>ratio</th><th>95% CI</th>"
-                   f"<th>pooled medians (95% CI)</th><th>verdict</th></tr>{ratio_rows}</table>") if ratio_rows else ""
-    figures = "".join(f'<h2>{titles[k]}</h2><img id="{k}" alt="{titles[k]}" src="data:image/png;base64,{v}">'
-                      for k, v in charts.items())
+        for q in getattr(result, "ratios", [])
+    )
+    ratio_table = (
+        (
+            "<h2>Ratios of medians</h2><table><tr><th>configs</th><th>ratio</th><th>95% CI</th>"
+            f"<th>pooled medians (95% CI)</th><th>verdict</th></tr>{ratio_rows}</table>"
+        )
+        if ratio_rows
+        else ""
+    )
+    figures = "".join(
+        f'<h2>{titles[k]}</h2><img id="{k}" alt="{titles[k]}" src="data:image/png;base64,{v}">'
+        for k, v in charts.items()
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>ortpilot bench</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:1em auto;}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}td:first-child{{text-align:left}}
 img{{max-width:100%;display:block;margin-bottom:1em}}</style></head>
 <body><h1>ortpilot bench</h1><p>{head}</p>
-<table><tr><th></th>{''.join(f'<th>{html.escape(r.name)}</th>' for r in results)}</tr>{rows}</table>
+<table><tr><th></th>{"".join(f"<th>{html.escape(r.name)}</th>" for r in results)}</tr>{rows}</table>
 {ratio_table}{figures}</body></html>
 """
 
@@ -143,16 +159,23 @@ def _stats_rows(results: list[Any]) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1e3:.3f}"
 
-    spec = [("runs", lambda r: str(len(r.samples_s))), ("warm-up runs", lambda r: str(r.warmup.runs)),
-            ("session create (ms)", lambda r: ms(r.session_create_s)), ("first run (ms)", lambda r: ms(r.first_run_s))]
+    spec = [
+        ("runs", lambda r: str(len(r.samples_s))),
+        ("warm-up runs", lambda r: str(r.warmup.runs)),
+        ("session create (ms)", lambda r: ms(r.session_create_s)),
+        ("first run (ms)", lambda r: ms(r.first_run_s)),
+    ]
     for key in ("min", "mean", "p50", "p90", "p95", "p99", "p999", "max", "std"):
         spec.append((f"{key} (ms)", lambda r, k=key: ms(getattr(r.stats, k)) if r.stats else "-"))
-    spec += [("inferences/s", lambda r: f"{r.stats.inferences_per_s:.1f}" if r.stats else "-"),
-             ("items/s", lambda r: f"{r.stats.items_per_s:.1f}" if r.stats else "-"),
-             ("peak RSS (MiB)", lambda r: "-" if r.memory.peak_mb is None else f"{r.memory.peak_mb:.0f}"),
-             ("noisy", lambda r: ("yes" if r.stats.noisy else "no") if r.stats else "-")]
-    return "".join(f"<tr><td>{label}</td>{''.join(f'<td>{html.escape(f(r))}</td>' for r in results)}</tr>"
-                   for label, f in spec)
+    spec += [
+        ("inferences/s", lambda r: f"{r.stats.inferences_per_s:.1f}" if r.stats else "-"),
+        ("items/s", lambda r: f"{r.stats.items_per_s:.1f}" if r.stats else "-"),
+        ("peak RSS (MiB)", lambda r: "-" if r.memory.peak_mb is None else f"{r.memory.peak_mb:.0f}"),
+        ("noisy", lambda r: ("yes" if r.stats.noisy else "no") if r.stats else "-"),
+    ]
+    return "".join(
+        f"<tr><td>{label}</td>{''.join(f'<td>{html.escape(f(r))}</td>' for r in results)}</tr>" for label, f in spec
+    )
 
 
 def write_report(path: str | os.PathLike, result: Any) -> Path:

@@ -83,10 +83,16 @@ class Ratio:
         return "same within noise"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "baseline": self.baseline, "ratio": self.ratio,
-                "ci95": [self.ci_low, self.ci_high], "pooled_ratio": self.pooled,
-                "pooled_ci95": [self.pooled_low, self.pooled_high],
-                "speedup": 1.0 / self.ratio if self.ratio else None, "verdict": self.verdict}
+        return {
+            "config": self.config,
+            "baseline": self.baseline,
+            "ratio": self.ratio,
+            "ci95": [self.ci_low, self.ci_high],
+            "pooled_ratio": self.pooled,
+            "pooled_ci95": [self.pooled_low, self.pooled_high],
+            "speedup": 1.0 / self.ratio if self.ratio else None,
+            "verdict": self.verdict,
+        }
 
 
 @dataclass
@@ -106,11 +112,18 @@ class ComparisonResult:
         return self.results[0].name if self.results else ""
 
     def to_dict(self, *, samples: bool = True) -> dict[str, Any]:
-        return {"kind": "comparison", "baseline": self.baseline, "block": self.block, "rounds": self.rounds,
-                "order": "alternating: rounds go A B C, then C B A", "drift": self.drift,
-                "ratios": [r.to_dict() for r in self.ratios],
-                "configs": [r.to_dict(samples=samples) for r in self.results],
-                "failure": self.failure, "environment": self.environment}
+        return {
+            "kind": "comparison",
+            "baseline": self.baseline,
+            "block": self.block,
+            "rounds": self.rounds,
+            "order": "alternating: rounds go A B C, then C B A",
+            "drift": self.drift,
+            "ratios": [r.to_dict() for r in self.ratios],
+            "configs": [r.to_dict(samples=samples) for r in self.results],
+            "failure": self.failure,
+            "environment": self.environment,
+        }
 
 
 def default_names(count: int) -> list[str]:
@@ -118,9 +131,18 @@ def default_names(count: int) -> list[str]:
     return [letters[i] if i < len(letters) else f"C{i}" for i in range(count)]
 
 
-def bench_interleaved(configs: Sequence[BenchConfig], *, runs: int | None = None, duration_s: float | None = None,
-                      warmup: int | str = "auto", block: int | None = None, policy: str = "warn",
-                      roofline: bool = False, seed: int = 0, progress: Progress | None = None) -> ComparisonResult:
+def bench_interleaved(
+    configs: Sequence[BenchConfig],
+    *,
+    runs: int | None = None,
+    duration_s: float | None = None,
+    warmup: int | str = "auto",
+    block: int | None = None,
+    policy: str = "warn",
+    roofline: bool = False,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> ComparisonResult:
     """Benchmark ``configs`` interleaved in turns of ``block`` runs; the first is the baseline.
 
     ``runs`` is per configuration; ``duration_s`` (default 5 s) is for all of them together.
@@ -140,9 +162,20 @@ def bench_interleaved(configs: Sequence[BenchConfig], *, runs: int | None = None
     reset = reset_peak_rss()
     runners: list[Runner] = []
     for config, name in zip(configs, names):
-        runners.append(Runner(config.model, name=name, providers=config.providers, settings=config.settings,
-                              shapes=config.shapes, feeds=config.feeds, iobinding=config.iobinding,
-                              concurrency=config.concurrency, policy=policy, seed=seed))
+        runners.append(
+            Runner(
+                config.model,
+                name=name,
+                providers=config.providers,
+                settings=config.settings,
+                shapes=config.shapes,
+                feeds=config.feeds,
+                iobinding=config.iobinding,
+                concurrency=config.concurrency,
+                policy=policy,
+                seed=seed,
+            )
+        )
         if reset:
             runners[-1].memory.peak_scope = "benchmark"
     current, phase = runners[0], "first_run"
@@ -165,7 +198,10 @@ def bench_interleaved(configs: Sequence[BenchConfig], *, runs: int | None = None
         raise BenchmarkRunError(
             f"Configuration '{current.name}' failed at {where} ({failure['error']}: {failure['message']}). "
             "The statistics of the runs that completed are reported.",
-            phase=phase, run_index=exc.index, partial=partial) from exc.error
+            phase=phase,
+            run_index=exc.index,
+            partial=partial,
+        ) from exc.error
     result = _comparison(runners, turn, rounds, seed, None)
     if roofline:
         from ortpilot.measure.roofline import roofline_for
@@ -184,8 +220,9 @@ def _auto_block(runners: Sequence[Runner]) -> int:
     return int(min(MAX_BLOCK, max(1, math.ceil(TURN_S / per_run))))
 
 
-def _run_rounds(runners: Sequence[Runner], block: int, runs: int | None, duration_s: float | None,
-                progress: Progress | None) -> int:
+def _run_rounds(
+    runners: Sequence[Runner], block: int, runs: int | None, duration_s: float | None, progress: Progress | None
+) -> int:
     """Alternate turns until every runner has ``runs`` samples, or ``duration_s`` has passed."""
     start = time.perf_counter()
     origin = time.perf_counter_ns()
@@ -198,8 +235,7 @@ def _run_rounds(runners: Sequence[Runner], block: int, runs: int | None, duratio
         if runs is not None:
             if all(len(r.samples) >= runs for r in runners):
                 break
-        elif (time.perf_counter() - start >= (duration_s or 0)
-              and all(len(r.samples) >= MIN_RUNS for r in runners)):
+        elif time.perf_counter() - start >= (duration_s or 0) and all(len(r.samples) >= MIN_RUNS for r in runners):
             break
         order = runners if round_id % 2 == 0 else list(reversed(runners))
         for runner in order:
@@ -215,8 +251,9 @@ def _run_rounds(runners: Sequence[Runner], block: int, runs: int | None, duratio
     return round_id
 
 
-def _comparison(runners: Sequence[Runner], block: int, rounds: int, seed: int,
-                failure: dict[str, Any] | None) -> ComparisonResult:
+def _comparison(
+    runners: Sequence[Runner], block: int, rounds: int, seed: int, failure: dict[str, Any] | None
+) -> ComparisonResult:
     results = [r.result(seed=seed, keep_rounds=True) for r in runners]
     ratios: list[Ratio] = []
     base = results[0]
@@ -228,8 +265,15 @@ def _comparison(runners: Sequence[Runner], block: int, rounds: int, seed: int,
         paired = paired_ratio_ci(base.samples_s, res.samples_s, pairs_a, pairs_b, seed=seed)
         pooled = bootstrap_ratio_ci(base.samples_s, res.samples_s, a_blocks=pairs_a, b_blocks=pairs_b, seed=seed)
         ratios.append(Ratio(res.name, base.name, *paired, *pooled))
-    return ComparisonResult(results=results, ratios=ratios, block=block, rounds=rounds,
-                            drift=_drift(base), failure=failure, environment=environment())
+    return ComparisonResult(
+        results=results,
+        ratios=ratios,
+        block=block,
+        rounds=rounds,
+        drift=_drift(base),
+        failure=failure,
+        environment=environment(),
+    )
 
 
 def _drift(result: BenchResult) -> float | None:

@@ -37,8 +37,9 @@ def check_max_slowdown(value: Any, option: str = "--max-slowdown") -> float:
     except (TypeError, ValueError):
         raise UsageError(f"{option} must be a number of percent, e.g. 10, got {value!r}.") from None
     if not pct > 0 or pct == float("inf"):
-        raise UsageError(f"{option} must be a positive percentage (10 means: fail when more than 10% slower), "
-                         f"got {value!r}.")
+        raise UsageError(
+            f"{option} must be a positive percentage (10 means: fail when more than 10% slower), got {value!r}."
+        )
     return pct
 
 
@@ -48,15 +49,25 @@ def read_baseline(path: str | os.PathLike) -> dict[str, Any]:
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UsageError(f"--baseline '{p}' does not exist. Save one with 'ortpilot bench MODEL --json > {p.name}'.") from None
+        raise UsageError(
+            f"--baseline '{p}' does not exist. Save one with 'ortpilot bench MODEL --json > {p.name}'."
+        ) from None
     except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--baseline '{p}' is not a JSON file ({exc}). Save one with "
-                         "'ortpilot bench MODEL --json > FILE'.") from None
-    if isinstance(doc, dict) and doc.get("kind") == "comparison" and isinstance(doc.get("configs"), list) and doc["configs"]:
+        raise UsageError(
+            f"--baseline '{p}' is not a JSON file ({exc}). Save one with 'ortpilot bench MODEL --json > FILE'."
+        ) from None
+    if (
+        isinstance(doc, dict)
+        and doc.get("kind") == "comparison"
+        and isinstance(doc.get("configs"), list)
+        and doc["configs"]
+    ):
         doc = doc["configs"][0]
     if not isinstance(doc, dict) or doc.get("kind") != "bench" or not isinstance(doc.get("latency"), dict):
-        raise UsageError(f"--baseline '{p}' is not an 'ortpilot bench --json' result (no kind \"bench\" with latency "
-                         "figures). Save one with 'ortpilot bench MODEL --json > FILE'.")
+        raise UsageError(
+            f"--baseline '{p}' is not an 'ortpilot bench --json' result (no kind \"bench\" with latency "
+            "figures). Save one with 'ortpilot bench MODEL --json > FILE'."
+        )
     for key in ("p50_ms", "median_ci95_ms"):
         if key not in doc["latency"]:
             raise UsageError(f"--baseline '{p}' has no latency.{key}; it was edited or is from another tool.")
@@ -67,15 +78,20 @@ def check_same_measurement(baseline: dict[str, Any], old: dict[str, Any], path: 
     """Refuse a baseline that measured something else than ``old`` (this run's result for the old model)."""
     differs = []
     if baseline.get("model_sha256") != old.get("model_sha256"):
-        differs.append(f"model sha256 {str(baseline.get('model_sha256'))[:12]}… there, "
-                       f"{str(old.get('model_sha256'))[:12]}… here")
+        differs.append(
+            f"model sha256 {str(baseline.get('model_sha256'))[:12]}… there, {str(old.get('model_sha256'))[:12]}… here"
+        )
     for key in MATCHED:
         if key in baseline and baseline.get(key) != old.get(key):
-            differs.append(f"{key} {json.dumps(baseline.get(key), sort_keys=True)} there, "
-                           f"{json.dumps(old.get(key), sort_keys=True)} here")
+            differs.append(
+                f"{key} {json.dumps(baseline.get(key), sort_keys=True)} there, "
+                f"{json.dumps(old.get(key), sort_keys=True)} here"
+            )
     if differs:
-        raise UsageError(f"--baseline '{path}' measured something else: {'; '.join(differs)}. Compare like with like: "
-                         "the same model (or give the old one with --vs \"--model OLD.onnx\") and the same flags.")
+        raise UsageError(
+            f"--baseline '{path}' measured something else: {'; '.join(differs)}. Compare like with like: "
+            'the same model (or give the old one with --vs "--model OLD.onnx") and the same flags.'
+        )
 
 
 @dataclass(frozen=True)
@@ -95,35 +111,72 @@ class RegressionVerdict:
         return self.ci_low > self.limit
 
     def line(self) -> str:
-        how = ("interleaved with the old model in this process" if self.method == "interleaved"
-               else "this run's median CI against the saved run's")
+        how = (
+            "interleaved with the old model in this process"
+            if self.method == "interleaved"
+            else "this run's median CI against the saved run's"
+        )
         pct = (self.limit - 1) * 100
         if self.slower:
-            return (f"slower: p50 {self.new_ms:.3f} ms vs {self.old_ms:.3f} ms, {self.ratio:.2f}x the baseline "
-                    f"(95% CI {self.ci_low:.2f}-{self.ci_high:.2f}, {how}), more than the {pct:g}% allowed.")
-        return (f"ok: p50 {self.new_ms:.3f} ms vs {self.old_ms:.3f} ms, {self.ratio:.2f}x the baseline "
-                f"(95% CI {self.ci_low:.2f}-{self.ci_high:.2f}, {how}); the limit is {pct:g}% slower.")
+            return (
+                f"slower: p50 {self.new_ms:.3f} ms vs {self.old_ms:.3f} ms, {self.ratio:.2f}x the baseline "
+                f"(95% CI {self.ci_low:.2f}-{self.ci_high:.2f}, {how}), more than the {pct:g}% allowed."
+            )
+        return (
+            f"ok: p50 {self.new_ms:.3f} ms vs {self.old_ms:.3f} ms, {self.ratio:.2f}x the baseline "
+            f"(95% CI {self.ci_low:.2f}-{self.ci_high:.2f}, {how}); the limit is {pct:g}% slower."
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ratio": self.ratio, "ci95": [self.ci_low, self.ci_high], "limit": self.limit, "method": self.method,
-                "new_p50_ms": self.new_ms, "old_p50_ms": self.old_ms, "slower": self.slower, "line": self.line()}
+        return {
+            "ratio": self.ratio,
+            "ci95": [self.ci_low, self.ci_high],
+            "limit": self.limit,
+            "method": self.method,
+            "new_p50_ms": self.new_ms,
+            "old_p50_ms": self.old_ms,
+            "slower": self.slower,
+            "line": self.line(),
+        }
 
 
 def from_saved_ci(new: dict[str, Any], baseline: dict[str, Any], max_slowdown_pct: float) -> RegressionVerdict:
     """new / old from two runs' medians; the CI spans both runs' median CIs (conservative)."""
     lat_new, lat_old = new["latency"], baseline["latency"]
     (new_lo, new_hi), (old_lo, old_hi) = lat_new["median_ci95_ms"], lat_old["median_ci95_ms"]
-    return RegressionVerdict(lat_new["p50_ms"] / lat_old["p50_ms"], new_lo / old_hi, new_hi / old_lo,
-                             1 + max_slowdown_pct / 100, "saved CI", lat_new["p50_ms"], lat_old["p50_ms"])
+    return RegressionVerdict(
+        lat_new["p50_ms"] / lat_old["p50_ms"],
+        new_lo / old_hi,
+        new_hi / old_lo,
+        1 + max_slowdown_pct / 100,
+        "saved CI",
+        lat_new["p50_ms"],
+        lat_old["p50_ms"],
+    )
 
 
-def from_interleaved(new: dict[str, Any], old: dict[str, Any], ratio: dict[str, Any],
-                     max_slowdown_pct: float) -> RegressionVerdict:
+def from_interleaved(
+    new: dict[str, Any], old: dict[str, Any], ratio: dict[str, Any], max_slowdown_pct: float
+) -> RegressionVerdict:
     """new / old from the paired ratio ``old / new`` the interleaved run measured (``Ratio.to_dict``)."""
     low, high = ratio["ci95"]
-    return RegressionVerdict(1 / ratio["ratio"], 1 / high, 1 / low, 1 + max_slowdown_pct / 100, "interleaved",
-                             new["latency"]["p50_ms"], old["latency"]["p50_ms"])
+    return RegressionVerdict(
+        1 / ratio["ratio"],
+        1 / high,
+        1 / low,
+        1 + max_slowdown_pct / 100,
+        "interleaved",
+        new["latency"]["p50_ms"],
+        old["latency"]["p50_ms"],
+    )
 
 
-__all__ = ["MATCHED", "RegressionVerdict", "check_max_slowdown", "check_same_measurement", "from_interleaved",
-           "from_saved_ci", "read_baseline"]
+__all__ = [
+    "MATCHED",
+    "RegressionVerdict",
+    "check_max_slowdown",
+    "check_same_measurement",
+    "from_interleaved",
+    "from_saved_ci",
+    "read_baseline",
+]

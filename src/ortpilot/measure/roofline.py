@@ -129,9 +129,17 @@ def measure_peak(n: int = PEAK_N, repeats: int = PEAK_REPEATS, budget_s: float =
     ort_s = _best_seconds(lambda: sess.run(None, {"a": a, "b": b}), repeats, budget_s)
     np_s = _best_seconds(lambda: a @ b, repeats, budget_s)
     ort_g, np_g = flops / ort_s / 1e9, flops / np_s / 1e9
-    return Peak(gflops=max(ort_g, np_g), ort_gflops=ort_g, numpy_gflops=np_g, n=n,
-                fingerprint=machine_fingerprint(), cpu=cpu_name(), cpus=_cpus(), onnxruntime=ort.__version__,
-                measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return Peak(
+        gflops=max(ort_g, np_g),
+        ort_gflops=ort_g,
+        numpy_gflops=np_g,
+        n=n,
+        fingerprint=machine_fingerprint(),
+        cpu=cpu_name(),
+        cpus=_cpus(),
+        onnxruntime=ort.__version__,
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
 
 
 def peak(refresh: bool = False) -> Peak:
@@ -158,8 +166,9 @@ def peak(refresh: bool = False) -> Peak:
         if path is not None:
             atomic_write_json(path, table)
     except UsageError as exc:  # a full or read-only cache must not discard a finished benchmark
-        log.warning("The machine's peak was measured but could not be cached, so the next benchmark measures it "
-                    "again: %s", exc)
+        log.warning(
+            "The machine's peak was measured but could not be cached, so the next benchmark measures it again: %s", exc
+        )
     return fresh
 
 
@@ -174,16 +183,24 @@ def roofline(flops: float, seconds_per_inference: float, machine: Peak) -> dict[
     """Achieved GFLOP/s and its fraction of the peak, with a one-line reading of it."""
     achieved = flops / seconds_per_inference / 1e9 if seconds_per_inference > 0 else 0.0
     fraction = achieved / machine.gflops if machine.gflops > 0 else 0.0
-    return {"model_gflop": flops / 1e9, "achieved_gflops": achieved, "peak_gflops": machine.gflops,
-            "fraction": fraction, "reading": reading(fraction, flops), "peak": machine.to_dict()}
+    return {
+        "model_gflop": flops / 1e9,
+        "achieved_gflops": achieved,
+        "peak_gflops": machine.gflops,
+        "fraction": fraction,
+        "reading": reading(fraction, flops),
+        "peak": machine.to_dict(),
+    }
 
 
 def reading(fraction: float, flops: float) -> str:
     if flops <= 0:
         return "no FLOPs could be estimated for this model (unknown ops or shapes)"
     if fraction > 1.0:
-        return ("above the measured float32 peak: INT8 kernels, or a peak measured on a busy machine "
-                "(measure it again with refresh)")
+        return (
+            "above the measured float32 peak: INT8 kernels, or a peak measured on a busy machine "
+            "(measure it again with refresh)"
+        )
     if fraction >= 0.5:
         return "near the machine's matmul peak: only less work (quantization, a smaller model) can help much"
     if fraction >= 0.15:

@@ -53,9 +53,15 @@ class Stats:
         ms = 1e3
         return {
             "count": self.count,
-            "min_ms": self.min * ms, "mean_ms": self.mean * ms, "p10_ms": self.p10 * ms,
-            "p50_ms": self.p50 * ms, "p90_ms": self.p90 * ms, "p95_ms": self.p95 * ms,
-            "p99_ms": self.p99 * ms, "p999_ms": self.p999 * ms, "max_ms": self.max * ms,
+            "min_ms": self.min * ms,
+            "mean_ms": self.mean * ms,
+            "p10_ms": self.p10 * ms,
+            "p50_ms": self.p50 * ms,
+            "p90_ms": self.p90 * ms,
+            "p95_ms": self.p95 * ms,
+            "p99_ms": self.p99 * ms,
+            "p999_ms": self.p999 * ms,
+            "max_ms": self.max * ms,
             "std_ms": self.std * ms,
             "median_ci95_ms": [self.median_ci[0] * ms, self.median_ci[1] * ms],
             "inferences_per_s": self.inferences_per_s,
@@ -68,9 +74,16 @@ class Stats:
         }
 
 
-def summarize(samples_s: Sequence[float], *, wall_s: float | None = None, items_per_run: int = 1,
-              seed: int = 0, n_boot: int = N_BOOTSTRAP, spread_threshold: float = SPREAD_THRESHOLD,
-              ci_threshold: float = CI_THRESHOLD) -> Stats:
+def summarize(
+    samples_s: Sequence[float],
+    *,
+    wall_s: float | None = None,
+    items_per_run: int = 1,
+    seed: int = 0,
+    n_boot: int = N_BOOTSTRAP,
+    spread_threshold: float = SPREAD_THRESHOLD,
+    ci_threshold: float = CI_THRESHOLD,
+) -> Stats:
     """Statistics of per-run latencies.
 
     ``wall_s`` is the wall time the runs took together: with concurrency, throughput is
@@ -92,15 +105,31 @@ def summarize(samples_s: Sequence[float], *, wall_s: float | None = None, items_
         reasons.append(f"median CI width {ci_rel:.1%} of the median > {ci_threshold:.0%}")
     if x.size < 10:
         reasons.append(f"only {x.size} runs")
-    return Stats(count=int(x.size), min=float(x.min()), mean=float(x.mean()), p10=float(p10), p50=float(p50),
-                 p90=float(p90), p95=float(p95), p99=float(p99), p999=float(p999), max=float(x.max()),
-                 std=float(x.std(ddof=1)) if x.size > 1 else 0.0, median_ci=(lo, hi), inferences_per_s=ips,
-                 items_per_s=ips * items_per_run, items_per_run=items_per_run, spread=spread,
-                 ci_rel_width=ci_rel, noise_reasons=reasons)
+    return Stats(
+        count=int(x.size),
+        min=float(x.min()),
+        mean=float(x.mean()),
+        p10=float(p10),
+        p50=float(p50),
+        p90=float(p90),
+        p95=float(p95),
+        p99=float(p99),
+        p999=float(p999),
+        max=float(x.max()),
+        std=float(x.std(ddof=1)) if x.size > 1 else 0.0,
+        median_ci=(lo, hi),
+        inferences_per_s=ips,
+        items_per_s=ips * items_per_run,
+        items_per_run=items_per_run,
+        spread=spread,
+        ci_rel_width=ci_rel,
+        noise_reasons=reasons,
+    )
 
 
-def bootstrap_median_ci(samples: Sequence[float], *, seed: int = 0, n_boot: int = N_BOOTSTRAP,
-                        level: float = 0.95) -> tuple[float, float]:
+def bootstrap_median_ci(
+    samples: Sequence[float], *, seed: int = 0, n_boot: int = N_BOOTSTRAP, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of the median (seeded: reproducible)."""
     x = np.asarray(samples, dtype=np.float64)
     if x.size < 2:
@@ -110,9 +139,16 @@ def bootstrap_median_ci(samples: Sequence[float], *, seed: int = 0, n_boot: int 
     return _interval(meds, level)
 
 
-def bootstrap_ratio_ci(a: Sequence[float], b: Sequence[float], *, a_blocks: Sequence[int] | None = None,
-                       b_blocks: Sequence[int] | None = None, seed: int = 0, n_boot: int = N_BOOTSTRAP,
-                       level: float = 0.95) -> tuple[float, float, float]:
+def bootstrap_ratio_ci(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    a_blocks: Sequence[int] | None = None,
+    b_blocks: Sequence[int] | None = None,
+    seed: int = 0,
+    n_boot: int = N_BOOTSTRAP,
+    level: float = 0.95,
+) -> tuple[float, float, float]:
     """Ratio median(b) / median(a) with a bootstrap CI: (ratio, low, high).
 
     With block ids (the interleaving round each sample came from, shared by ``a`` and ``b``),
@@ -146,8 +182,16 @@ def bootstrap_ratio_ci(a: Sequence[float], b: Sequence[float], *, a_blocks: Sequ
     return ratio, lo, hi
 
 
-def paired_ratio_ci(a: Sequence[float], b: Sequence[float], a_blocks: Sequence[int], b_blocks: Sequence[int], *,
-                    seed: int = 0, n_boot: int = N_BOOTSTRAP, level: float = 0.95) -> tuple[float, float, float]:
+def paired_ratio_ci(
+    a: Sequence[float],
+    b: Sequence[float],
+    a_blocks: Sequence[int],
+    b_blocks: Sequence[int],
+    *,
+    seed: int = 0,
+    n_boot: int = N_BOOTSTRAP,
+    level: float = 0.95,
+) -> tuple[float, float, float]:
     """Median over blocks of median(b in block) / median(a in block), with a CI: (ratio, low, high).
 
     Each block's ratio compares the two on the same machine state, so drift between blocks
@@ -176,7 +220,7 @@ def paired_ratio_ci(a: Sequence[float], b: Sequence[float], a_blocks: Sequence[i
     for start in range(0, n_boot, rows):
         stop = min(n_boot, start + rows)
         starts = rng.integers(0, ratios.size - length + 1, size=(stop - start, starts_per_rep))
-        idx = (starts[:, :, None] + offsets).reshape(stop - start, -1)[:, :ratios.size]
+        idx = (starts[:, :, None] + offsets).reshape(stop - start, -1)[:, : ratios.size]
         meds[start:stop] = np.median(ratios[idx], axis=1)
     lo, hi = _interval(meds, level)
     return float(np.median(ratios)), lo, hi
@@ -200,14 +244,14 @@ def _weighted_medians(x: np.ndarray, block_counts: np.ndarray, block_of: np.ndar
     out = np.empty(block_counts.shape[0])
     rows = max(1, _CHUNK_CELLS // max(1, x.size))
     for start in range(0, block_counts.shape[0], rows):
-        w = block_counts[start:start + rows][:, sorted_blocks]
+        w = block_counts[start : start + rows][:, sorted_blocks]
         cum = np.cumsum(w, axis=1)
         total = cum[:, -1]
         lower = np.minimum((cum < ((total + 1) // 2)[:, None]).sum(axis=1), x.size - 1)
         upper = np.minimum((cum < (total // 2 + 1)[:, None]).sum(axis=1), x.size - 1)
         meds = (xs[lower] + xs[upper]) / 2
         meds[total == 0] = np.nan
-        out[start:start + rows] = meds
+        out[start : start + rows] = meds
     return out
 
 

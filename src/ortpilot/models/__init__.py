@@ -71,25 +71,37 @@ class DemoSpec:
 
 
 DEMO_SPECS: dict[str, DemoSpec] = {
-    "mlp": DemoSpec("mlp", "MLP classifier, x[batch,64] -> y[batch,10] (Gemm, MatMul+Add, Relu)",
-                    {"batch": 1}),
-    "cnn": DemoSpec("cnn", "CNN classifier, image[batch,3,32,32] -> logits[batch,10] "
-                    "(Conv+BatchNormalization+Relu blocks, MaxPool, GlobalAveragePool, Gemm)",
-                    {"batch": 1}),
+    "mlp": DemoSpec("mlp", "MLP classifier, x[batch,64] -> y[batch,10] (Gemm, MatMul+Add, Relu)", {"batch": 1}),
+    "cnn": DemoSpec(
+        "cnn",
+        "CNN classifier, image[batch,3,32,32] -> logits[batch,10] "
+        "(Conv+BatchNormalization+Relu blocks, MaxPool, GlobalAveragePool, Gemm)",
+        {"batch": 1},
+    ),
     "encoder": DemoSpec(
-        "encoder", "BERT-style encoder, 2 layers, hidden 128, 4 heads, vocab 1000; fuses into "
+        "encoder",
+        "BERT-style encoder, 2 layers, hidden 128, 4 heads, vocab 1000; fuses into "
         "EmbedLayerNormalization/Attention/SkipLayerNormalization/BiasGelu",
         {"batch": 1, "sequence": 128},
-        {"num_layers": 2, "hidden_size": 128, "num_heads": 4, "head_dim": 32,
-         "vocab_size": 1000, "max_positions": 512},
-        model_type="bert"),
+        {"num_layers": 2, "hidden_size": 128, "num_heads": 4, "head_dim": 32, "vocab_size": 1000, "max_positions": 512},
+        model_type="bert",
+    ),
     "decoder": DemoSpec(
-        "decoder", "Llama-style decoder with KV cache, 2 layers, hidden 64, 4 heads, 2 KV heads, "
+        "decoder",
+        "Llama-style decoder with KV cache, 2 layers, hidden 64, 4 heads, 2 KV heads, "
         "vocab 256; fuses into GroupQueryAttention with onnxscript",
         {"batch": 1, "sequence": 16, "past_sequence": 112, "total_sequence": 128},
-        {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
-         "vocab_size": 256, "max_positions": 2048},
-        model_type="llama"),
+        {
+            "num_layers": 2,
+            "hidden_size": 64,
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 256,
+            "max_positions": 2048,
+        },
+        model_type="llama",
+    ),
 }
 
 
@@ -136,8 +148,7 @@ def builder_hash(name: str) -> str:
     the shared graph helper, the IR/opset constants and ``BUILDER_VERSION``."""
     _spec(name)
     builder = DEMO_MODELS[name]
-    digest = hashlib.sha256(f"{name}|{BUILDER_VERSION}|{SAFE_IR_VERSION}|{DEFAULT_OPSET}|"
-                            f"{onnx.__version__}".encode())
+    digest = hashlib.sha256(f"{name}|{BUILDER_VERSION}|{SAFE_IR_VERSION}|{DEFAULT_OPSET}|{onnx.__version__}".encode())
     for module_name in (builder.__module__, "ortpilot.models._graph"):
         source = getattr(sys.modules.get(module_name), "__file__", None)
         if source and Path(source).is_file():

@@ -103,25 +103,39 @@ class GraphBuilder:
         return self.const(value, np.int64, name)
 
     # -- nodes ---------------------------------------------------------------------------
-    def op(self, op_type: str, inputs: Sequence[str], name: str | None = None, *,
-           out: str | None = None, domain: str = "", **attrs: Any) -> str:
+    def op(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        name: str | None = None,
+        *,
+        out: str | None = None,
+        domain: str = "",
+        **attrs: Any,
+    ) -> str:
         """Add a one-output node and return the output name (``out`` names it exactly)."""
         outs = [out] if out else None
         return self.op_multi(op_type, inputs, name, outputs=outs or 1, domain=domain, **attrs)[0]
 
-    def op_multi(self, op_type: str, inputs: Sequence[str], name: str | None = None, *,
-                 outputs: int | Sequence[str] = 1, domain: str = "", **attrs: Any) -> list[str]:
+    def op_multi(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        name: str | None = None,
+        *,
+        outputs: int | Sequence[str] = 1,
+        domain: str = "",
+        **attrs: Any,
+    ) -> list[str]:
         """Add a node; ``outputs`` is a count (names derived from the node) or exact names."""
         node_name = self.unique(name or op_type)
         if isinstance(outputs, int):
-            outs = [node_name if outputs == 1 else self.unique(f"{node_name}:{i}")
-                    for i in range(outputs)]
+            outs = [node_name if outputs == 1 else self.unique(f"{node_name}:{i}") for i in range(outputs)]
         else:
             outs = [self.unique(o) for o in outputs]
         if domain:
             self._domains.add(domain)
-        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=node_name,
-                                           domain=domain or None, **attrs))
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=node_name, domain=domain or None, **attrs))
         return outs
 
     def annotate(self, value: str, elem_type: int, shape: Sequence[Dim]) -> None:
@@ -130,12 +144,12 @@ class GraphBuilder:
 
     # -- model ---------------------------------------------------------------------------
     def build(self, doc: str = "", metadata: dict[str, str] | None = None) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs,
-                                  initializer=self.initializers, value_info=self.value_infos)
+        graph = helper.make_graph(
+            self.nodes, self.name, self.inputs, self.outputs, initializer=self.initializers, value_info=self.value_infos
+        )
         opsets = [helper.make_opsetid("", DEFAULT_OPSET)]
         opsets += [helper.make_opsetid(d, 1) for d in sorted(self._domains)]
-        model = helper.make_model(graph, opset_imports=opsets, producer_name="ortpilot.models",
-                                  doc_string=doc)
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="ortpilot.models", doc_string=doc)
         model.ir_version = SAFE_IR_VERSION
         for key, value in (metadata or {}).items():
             entry = model.metadata_props.add()

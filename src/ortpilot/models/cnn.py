@@ -21,14 +21,12 @@ IMAGE = (3, 32, 32)
 def _conv_bn_relu(g: GraphBuilder, x: str, cin: int, cout: int, prefix: str) -> str:
     std = math.sqrt(2.0 / (cin * 9))
     w = g.weight(f"{prefix}.conv.weight", [cout, cin, 3, 3], std)
-    y = g.op("Conv", [x, w], f"{prefix}/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1],
-             strides=[1, 1])
+    y = g.op("Conv", [x, w], f"{prefix}/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1])
     scale = g.uniform(f"{prefix}.bn.weight", [cout], 0.5, 1.5)
     bias = g.weight(f"{prefix}.bn.bias", [cout], 0.1)
     mean = g.weight(f"{prefix}.bn.running_mean", [cout], 0.1)
     var = g.uniform(f"{prefix}.bn.running_var", [cout], 0.5, 1.5)
-    y = g.op("BatchNormalization", [y, scale, bias, mean, var], f"{prefix}/BatchNormalization",
-             epsilon=1e-5)
+    y = g.op("BatchNormalization", [y, scale, bias, mean, var], f"{prefix}/BatchNormalization", epsilon=1e-5)
     return g.op("Relu", [y], f"{prefix}/Relu")
 
 

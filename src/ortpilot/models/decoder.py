@@ -34,11 +34,9 @@ INT64_MAX = np.iinfo(np.int64).max
 
 def _rms_norm(g: GraphBuilder, x: str, hidden: int, prefix: str) -> str:
     """LlamaRMSNorm: weight * (x * 1/sqrt(mean(x^2) + eps)) (the RmsNormFusion pattern)."""
-    weight = g.initializer(f"{prefix}.weight",
-                           (1.0 + 0.05 * g.rng.standard_normal(hidden)).astype(np.float32))
+    weight = g.initializer(f"{prefix}.weight", (1.0 + 0.05 * g.rng.standard_normal(hidden)).astype(np.float32))
     sq = g.op("Pow", [x, g.const(2.0)], f"{prefix}/Pow")
-    mean = g.op("ReduceMean", [sq, g.i64([-1])], f"{prefix}/ReduceMean", keepdims=1,
-                noop_with_empty_axes=0)
+    mean = g.op("ReduceMean", [sq, g.i64([-1])], f"{prefix}/ReduceMean", keepdims=1, noop_with_empty_axes=0)
     var = g.op("Add", [mean, g.const(RMS_EPSILON)], f"{prefix}/Add")
     rms = g.op("Sqrt", [var], f"{prefix}/Sqrt")
     inv = g.op("Reciprocal", [rms], f"{prefix}/Reciprocal")
@@ -55,8 +53,7 @@ def _linear(g: GraphBuilder, x: str, fan_in: int, fan_out: int, prefix: str) -> 
 def _rotary_cos_sin(g: GraphBuilder, head_dim: int) -> tuple[str, str]:
     """LlamaRotaryEmbedding: freqs = inv_freq @ position_ids, emb = cat(freqs, freqs)."""
     inv_freq = 1.0 / ROPE_THETA ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
-    inv_freq_t = g.initializer("model.rotary_emb.inv_freq",
-                               inv_freq.astype(np.float32).reshape(1, -1, 1))  # [1, E, 1]
+    inv_freq_t = g.initializer("model.rotary_emb.inv_freq", inv_freq.astype(np.float32).reshape(1, -1, 1))  # [1, E, 1]
     pos = g.op("Unsqueeze", ["position_ids", g.i64([1])], "rotary/Unsqueeze")  # [B, 1, S]
     pos = g.op("Cast", [pos], "rotary/Cast", to=FLOAT)
     freqs = g.op("MatMul", [inv_freq_t, pos], "rotary/MatMul")  # [B, E, S]
@@ -73,8 +70,7 @@ def _apply_rotary(g: GraphBuilder, x: str, cos: str, sin: str, head_dim: int, pr
     """x * cos + rotate_half(x) * sin, with Slice on axis 3 (RotaryEmbeddingFusion)."""
     half = head_dim // 2
     x1 = g.op("Slice", [x, g.i64([0]), g.i64([half]), g.i64([3]), g.i64([1])], f"{prefix}/Slice")
-    x2 = g.op("Slice", [x, g.i64([half]), g.i64([INT64_MAX]), g.i64([3]), g.i64([1])],
-              f"{prefix}/Slice")
+    x2 = g.op("Slice", [x, g.i64([half]), g.i64([INT64_MAX]), g.i64([3]), g.i64([1])], f"{prefix}/Slice")
     rotated = g.op("Concat", [g.op("Neg", [x2], f"{prefix}/Neg"), x1], f"{prefix}/Concat", axis=-1)
     a = g.op("Mul", [x, cos], f"{prefix}/Mul")
     b = g.op("Mul", [rotated, sin], f"{prefix}/Mul")
@@ -120,8 +116,7 @@ def _causal_mask(g: GraphBuilder, min_val: str) -> str:
     return mask
 
 
-def _repeat_kv(g: GraphBuilder, x: str, heads: int, kv_heads: int, head_dim: int,
-               prefix: str) -> str:
+def _repeat_kv(g: GraphBuilder, x: str, heads: int, kv_heads: int, head_dim: int, prefix: str) -> str:
     """[B, Hkv, T, Dh] -> [B, H, T, Dh] via Unsqueeze/Expand/Reshape (HF repeat_kv)."""
     groups = heads // kv_heads
     y = g.op("Unsqueeze", [x, g.i64([2])], f"{prefix}/Unsqueeze")
@@ -133,8 +128,9 @@ def _repeat_kv(g: GraphBuilder, x: str, heads: int, kv_heads: int, head_dim: int
     return y
 
 
-def _attention(g: GraphBuilder, x: str, layer: int, cos: str, sin: str, mask: str,
-               hidden: int, heads: int, kv_heads: int) -> str:
+def _attention(
+    g: GraphBuilder, x: str, layer: int, cos: str, sin: str, mask: str, hidden: int, heads: int, kv_heads: int
+) -> str:
     prefix = f"model.layers.{layer}.self_attn"
     head_dim = hidden // heads
     q = _linear(g, x, hidden, heads * head_dim, f"{prefix}.q_proj")
@@ -151,10 +147,10 @@ def _attention(g: GraphBuilder, x: str, layer: int, cos: str, sin: str, mask: st
     q = _apply_rotary(g, q, cos, sin, head_dim, f"{prefix}/q/rotary")
     k = _apply_rotary(g, k, cos, sin, head_dim, f"{prefix}/k/rotary")
     # The cache: present = Concat(past, new) on the sequence axis (axis -2, as exported).
-    k = g.op("Concat", [f"past_key_values.{layer}.key", k], f"{prefix}/k/Concat",
-             out=f"present.{layer}.key", axis=-2)
-    v = g.op("Concat", [f"past_key_values.{layer}.value", v], f"{prefix}/v/Concat",
-             out=f"present.{layer}.value", axis=-2)
+    k = g.op("Concat", [f"past_key_values.{layer}.key", k], f"{prefix}/k/Concat", out=f"present.{layer}.key", axis=-2)
+    v = g.op(
+        "Concat", [f"past_key_values.{layer}.value", v], f"{prefix}/v/Concat", out=f"present.{layer}.value", axis=-2
+    )
     k = _repeat_kv(g, k, heads, kv_heads, head_dim, f"{prefix}/k/repeat_kv")
     v = _repeat_kv(g, v, heads, kv_heads, head_dim, f"{prefix}/v/repeat_kv")
     kt = g.op("Transpose", [k], f"{prefix}/k/Transpose", perm=[0, 1, 3, 2])
@@ -177,16 +173,22 @@ def _mlp(g: GraphBuilder, x: str, layer: int, hidden: int, intermediate: int) ->
     return _linear(g, y, intermediate, hidden, f"{prefix}.down_proj")
 
 
-def make_decoder(seed: int = 0, layers: int = 2, hidden: int = 64, heads: int = 4,
-                 kv_heads: int = 2, vocab: int = 256, max_positions: int = 2048) -> onnx.ModelProto:
+def make_decoder(
+    seed: int = 0,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab: int = 256,
+    max_positions: int = 2048,
+) -> onnx.ModelProto:
     """Llama-style decoder with KV cache (see the module docstring for inputs/outputs).
 
     ``max_positions`` is recorded in the metadata (rotary embeddings have no table); callers
     should not generate past it.
     """
     if layers < 1 or hidden % heads or heads % kv_heads or (hidden // heads) % 2:
-        raise ValueError("need layers >= 1, hidden % heads == 0, heads % kv_heads == 0 and an "
-                         "even head_dim")
+        raise ValueError("need layers >= 1, hidden % heads == 0, heads % kv_heads == 0 and an even head_dim")
     head_dim = hidden // heads
     intermediate = 4 * hidden
     g = GraphBuilder("demo_decoder", seed)
@@ -195,8 +197,7 @@ def make_decoder(seed: int = 0, layers: int = 2, hidden: int = 64, heads: int = 
     g.input("position_ids", INT64, ["batch", "sequence"])
     for i in range(layers):
         for kind in ("key", "value"):
-            g.input(f"past_key_values.{i}.{kind}", FLOAT,
-                    ["batch", kv_heads, "past_sequence", head_dim])
+            g.input(f"past_key_values.{i}.{kind}", FLOAT, ["batch", kv_heads, "past_sequence", head_dim])
 
     table = g.weight("model.embed_tokens.weight", [vocab, hidden], 1.0)
     x = g.op("Gather", [table, "input_ids"], "model.embed_tokens/Gather")
@@ -219,9 +220,20 @@ def make_decoder(seed: int = 0, layers: int = 2, hidden: int = 64, heads: int = 
     for i in range(layers):
         for kind in ("key", "value"):
             g.output(f"present.{i}.{kind}", FLOAT, ["batch", kv_heads, "total_sequence", head_dim])
-    meta = {"model_type": "llama", "num_layers": str(layers), "hidden_size": str(hidden),
-            "num_heads": str(heads), "num_kv_heads": str(kv_heads), "head_dim": str(head_dim),
-            "vocab_size": str(vocab), "max_positions": str(max_positions),
-            "rope_theta": str(ROPE_THETA), "rms_epsilon": str(RMS_EPSILON)}
-    return g.build(f"ortpilot demo Llama-style decoder ({layers} layers, hidden {hidden}, "
-                   f"{heads} heads, {kv_heads} kv heads) with KV cache.", metadata=meta)
+    meta = {
+        "model_type": "llama",
+        "num_layers": str(layers),
+        "hidden_size": str(hidden),
+        "num_heads": str(heads),
+        "num_kv_heads": str(kv_heads),
+        "head_dim": str(head_dim),
+        "vocab_size": str(vocab),
+        "max_positions": str(max_positions),
+        "rope_theta": str(ROPE_THETA),
+        "rms_epsilon": str(RMS_EPSILON),
+    }
+    return g.build(
+        f"ortpilot demo Llama-style decoder ({layers} layers, hidden {hidden}, "
+        f"{heads} heads, {kv_heads} kv heads) with KV cache.",
+        metadata=meta,
+    )

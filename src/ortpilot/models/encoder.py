@@ -33,11 +33,11 @@ def _layer_norm(g: GraphBuilder, x: str, hidden: int, prefix: str, out: str | No
     # The LayerNormalization op (opset 17+): ORT's SkipLayerNormalization and
     # EmbedLayerNormalization fusions start from it (the decomposed form is first fused into
     # it by FusionLayerNormalization, so both work; this one is smaller).
-    gamma = g.initializer(f"{prefix}.weight",
-                          (1.0 + 0.05 * g.rng.standard_normal(hidden)).astype(np.float32))
+    gamma = g.initializer(f"{prefix}.weight", (1.0 + 0.05 * g.rng.standard_normal(hidden)).astype(np.float32))
     beta = g.weight(f"{prefix}.bias", [hidden], 0.02)
-    return g.op("LayerNormalization", [x, gamma, beta], f"{prefix}/LayerNormalization", out=out,
-                axis=-1, epsilon=LN_EPSILON)
+    return g.op(
+        "LayerNormalization", [x, gamma, beta], f"{prefix}/LayerNormalization", out=out, axis=-1, epsilon=LN_EPSILON
+    )
 
 
 def _embeddings(g: GraphBuilder, hidden: int, vocab: int, max_positions: int) -> str:
@@ -52,13 +52,11 @@ def _embeddings(g: GraphBuilder, hidden: int, vocab: int, max_positions: int) ->
     # position_ids = self.position_ids[:, :seq_len], with the registered buffer as an
     # initializer: Shape -> Gather(1) -> Unsqueeze(0) -> Slice. EmbedLayerNormalization
     # fusion matches exactly this chain (FusionEmbedLayerNoMask.match_position_embedding_bert).
-    pos_buffer = g.initializer("embeddings.position_ids",
-                               np.arange(max_positions, dtype=np.int64)[None, :])
+    pos_buffer = g.initializer("embeddings.position_ids", np.arange(max_positions, dtype=np.int64)[None, :])
     shape = g.op("Shape", [input_ids], "embeddings/Shape")
     seq_len = g.op("Gather", [shape, g.i64(1)], "embeddings/Gather", axis=0)
     seq_len_1d = g.op("Unsqueeze", [seq_len, g.i64([0])], "embeddings/Unsqueeze")
-    position_ids = g.op("Slice", [pos_buffer, g.i64([0]), seq_len_1d, g.i64([1]), g.i64([1])],
-                        "embeddings/Slice")
+    position_ids = g.op("Slice", [pos_buffer, g.i64([0]), seq_len_1d, g.i64([1]), g.i64([1])], "embeddings/Slice")
     positions = g.op("Gather", [pos_table, position_ids], "embeddings/position_embeddings/Gather")
     x = g.op("Add", [x, positions], "embeddings/Add")
     return _layer_norm(g, x, hidden, "embeddings.LayerNorm")
@@ -73,8 +71,7 @@ def _attention_mask(g: GraphBuilder) -> str:
     return g.op("Mul", [m, g.const(MASK_FILL)], "mask/Mul")
 
 
-def _self_attention(g: GraphBuilder, x: str, mask: str, hidden: int, heads: int,
-                    prefix: str) -> str:
+def _self_attention(g: GraphBuilder, x: str, mask: str, hidden: int, heads: int, prefix: str) -> str:
     head_dim = hidden // heads
     split = g.i64([0, 0, heads, head_dim])
 
@@ -107,8 +104,7 @@ def _gelu(g: GraphBuilder, x: str, prefix: str) -> str:
     return g.op("Mul", [y, g.const(0.5)], f"{prefix}/Mul")
 
 
-def _feed_forward(g: GraphBuilder, x: str, hidden: int, intermediate: int, prefix: str,
-                  out: str | None) -> str:
+def _feed_forward(g: GraphBuilder, x: str, hidden: int, intermediate: int, prefix: str, out: str | None) -> str:
     y = _linear(g, x, hidden, intermediate, f"{prefix}.intermediate.dense")
     y = _gelu(g, y, f"{prefix}/intermediate/gelu")
     y = _linear(g, y, intermediate, hidden, f"{prefix}.output.dense")
@@ -116,8 +112,9 @@ def _feed_forward(g: GraphBuilder, x: str, hidden: int, intermediate: int, prefi
     return _layer_norm(g, y, hidden, f"{prefix}.output.LayerNorm", out=out)
 
 
-def make_encoder(seed: int = 0, layers: int = 2, hidden: int = 128, heads: int = 4,
-                 vocab: int = 1000, max_positions: int = 512) -> onnx.ModelProto:
+def make_encoder(
+    seed: int = 0, layers: int = 2, hidden: int = 128, heads: int = 4, vocab: int = 1000, max_positions: int = 512
+) -> onnx.ModelProto:
     """BERT-style encoder: ``input_ids``/``attention_mask``/``token_type_ids`` int64
     [batch, sequence] -> ``last_hidden_state`` float32 [batch, sequence, hidden]."""
     if layers < 1 or hidden % heads:
@@ -130,10 +127,16 @@ def make_encoder(seed: int = 0, layers: int = 2, hidden: int = 128, heads: int =
     for i in range(layers):
         prefix = f"encoder.layer.{i}"
         x = _self_attention(g, x, mask, hidden, heads, f"{prefix}.attention")
-        x = _feed_forward(g, x, hidden, 4 * hidden, prefix,
-                          out="last_hidden_state" if i == layers - 1 else None)
+        x = _feed_forward(g, x, hidden, 4 * hidden, prefix, out="last_hidden_state" if i == layers - 1 else None)
     g.output("last_hidden_state", FLOAT, ["batch", "sequence", hidden])
-    meta = {"model_type": "bert", "num_layers": str(layers), "hidden_size": str(hidden),
-            "num_heads": str(heads), "vocab_size": str(vocab), "max_positions": str(max_positions)}
-    return g.build(f"ortpilot demo BERT-style encoder ({layers} layers, hidden {hidden}, "
-                   f"{heads} heads).", metadata=meta)
+    meta = {
+        "model_type": "bert",
+        "num_layers": str(layers),
+        "hidden_size": str(hidden),
+        "num_heads": str(heads),
+        "vocab_size": str(vocab),
+        "max_positions": str(max_positions),
+    }
+    return g.build(
+        f"ortpilot demo BERT-style encoder ({layers} layers, hidden {hidden}, {heads} heads).", metadata=meta
+    )

@@ -21,7 +21,8 @@ CONFIG_FILE = "tokenizer_config.json"
 # SmolLM2-Instruct's template (ChatML), in the Jinja form Hugging Face tokenizers ship.
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 def byte_to_unicode() -> dict[int, str]:
@@ -42,8 +43,9 @@ def make_byte_tokenizer() -> Any:
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     except ImportError:
-        raise UsageError("The demo tokenizer needs the 'tokenizers' package: pip install tokenizers "
-                         "(or ortpilot[generate]).") from None
+        raise UsageError(
+            "The demo tokenizer needs the 'tokenizers' package: pip install tokenizers (or ortpilot[generate])."
+        ) from None
     vocab = {char: byte for byte, char in byte_to_unicode().items()}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -52,8 +54,13 @@ def make_byte_tokenizer() -> Any:
 
 
 def tokenizer_config() -> dict[str, Any]:
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 2048,
-            "chat_template": CHATML_TEMPLATE, "bos_token": None, "eos_token": None}
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 2048,
+        "chat_template": CHATML_TEMPLATE,
+        "bos_token": None,
+        "eos_token": None,
+    }
 
 
 def write_byte_tokenizer(folder: str | Path) -> Path:

@@ -38,13 +38,33 @@ ModelLike = str | os.PathLike | onnx.ModelProto
 _TWO_GB = 2**31 - 1  # one protobuf file holds less; bigger models are saved with external data
 
 # Ops that only a quantizer writes; a node of one of these is a quantized node.
-QUANT_OPS = frozenset({
-    "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM",
-    "QLinearConv", "QLinearMatMul", "QGemm", "QAttention", "QEmbedLayerNormalization", "QLinearAdd",
-    "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat", "QLinearSoftmax",
-    "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearWhere", "QLinearReduceMean", "QLinearConvTranspose",
-    "MatMulNBits", "GatherBlockQuantized",
-})
+QUANT_OPS = frozenset(
+    {
+        "MatMulInteger",
+        "ConvInteger",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeLSTM",
+        "QLinearConv",
+        "QLinearMatMul",
+        "QGemm",
+        "QAttention",
+        "QEmbedLayerNormalization",
+        "QLinearAdd",
+        "QLinearMul",
+        "QLinearSigmoid",
+        "QLinearLeakyRelu",
+        "QLinearConcat",
+        "QLinearSoftmax",
+        "QLinearGlobalAveragePool",
+        "QLinearAveragePool",
+        "QLinearWhere",
+        "QLinearReduceMean",
+        "QLinearConvTranspose",
+        "MatMulNBits",
+        "GatherBlockQuantized",
+    }
+)
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 
 
@@ -133,19 +153,32 @@ class PassRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "options": self.options, "changed": self.changed,
-            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after, "op_diff": self.op_diff,
-            "fused": self.fused, "quantized_nodes": self.quantized_nodes, "size_before": self.size_before,
-            "size_after": self.size_after, "seconds": round(self.seconds, 4), "stamp": self.stamp,
-            "notes": self.notes, **({"extra": self.extra} if self.extra else {}),
+            "name": self.name,
+            "options": self.options,
+            "changed": self.changed,
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "op_diff": self.op_diff,
+            "fused": self.fused,
+            "quantized_nodes": self.quantized_nodes,
+            "size_before": self.size_before,
+            "size_after": self.size_after,
+            "seconds": round(self.seconds, 4),
+            "stamp": self.stamp,
+            "notes": self.notes,
+            **({"extra": self.extra} if self.extra else {}),
         }
 
 
 def _fingerprint(model: onnx.ModelProto) -> tuple[Any, ...]:
     """What callers edit on a finished model (its stamp, its IR version), and cheap graph counts."""
-    return (model.ir_version, tuple((o.domain, o.version) for o in model.opset_import),
-            tuple((p.key, p.value) for p in model.metadata_props), len(model.graph.node),
-            len(model.graph.initializer))
+    return (
+        model.ir_version,
+        tuple((o.domain, o.version) for o in model.opset_import),
+        tuple((p.key, p.value) for p in model.metadata_props),
+        len(model.graph.node),
+        len(model.graph.initializer),
+    )
 
 
 @dataclass
@@ -213,8 +246,9 @@ class Pass(abc.ABC):
     calibrated: bool = False
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any], *, calibration: Sequence[Mapping[str, Any]] = (),
-                     prepared: bool = False) -> Pass:
+    def from_options(
+        cls, options: Mapping[str, Any], *, calibration: Sequence[Mapping[str, Any]] = (), prepared: bool = False
+    ) -> Pass:
         """The pass a pipeline step's JSON options describe (``passes.registry.Step``).
 
         ``calibration``: samples, for passes that calibrate; ``prepared``: the input already went
@@ -245,21 +279,36 @@ class Pass(abc.ABC):
         before, after = op_histogram(source.proto), op_histogram(outcome.model)
         diff = {op: after[op] - before[op] for op in sorted(set(before) | set(after)) if after[op] != before[op]}
         providers = outcome.providers if outcome.providers is not None else resolve_providers(None)
-        stamp = make_stamp(source_sha256=source.sha256, providers=providers, level=outcome.level,
-                           ep_specific=outcome.ep_specific,
-                           source_path=str(source.path.resolve()) if source.path else None,
-                           pass_name=self.name, options=self.options())
+        stamp = make_stamp(
+            source_sha256=source.sha256,
+            providers=providers,
+            level=outcome.level,
+            ep_specific=outcome.ep_specific,
+            source_path=str(source.path.resolve()) if source.path else None,
+            pass_name=self.name,
+            options=self.options(),
+        )
         # A field-by-field comparison: no serialization, and a different op mix settles it at once.
         changed = outcome.model is not source.proto and (bool(diff) or outcome.model.graph != source.proto.graph)
         model = _copy(source.proto) if outcome.model is source.proto else outcome.model
         write_stamp(model, stamp)
         data = _serialize(model)
         record = PassRecord(
-            name=self.name, options=self.options(), changed=changed,
-            nodes_before=sum(before.values()), nodes_after=sum(after.values()), op_diff=diff,
-            fused={k: v for k, v in outcome.fused.items() if v}, quantized_nodes=quantized_node_count(model),
-            size_before=source.byte_size(), size_after=len(data) if data is not None else _byte_size(model),
-            seconds=seconds, stamp=stamp, notes=list(outcome.notes), extra=dict(outcome.extra))
+            name=self.name,
+            options=self.options(),
+            changed=changed,
+            nodes_before=sum(before.values()),
+            nodes_after=sum(after.values()),
+            op_diff=diff,
+            fused={k: v for k, v in outcome.fused.items() if v},
+            quantized_nodes=quantized_node_count(model),
+            size_before=source.byte_size(),
+            size_after=len(data) if data is not None else _byte_size(model),
+            seconds=seconds,
+            stamp=stamp,
+            notes=list(outcome.notes),
+            extra=dict(outcome.extra),
+        )
         return PassResult(model, record, data)
 
 
@@ -324,13 +373,27 @@ class Pipeline:
         final = current.proto if isinstance(current, SourceModel) else SourceModel.of(current).proto
         if records and isinstance(first, SourceModel) and first.path is not None:
             # The stamp of a pipeline's output names the original source, not an intermediate.
-            records[-1].stamp = dict(records[-1].stamp or {}, source_sha256=first.sha256,
-                                     source_path=str(first.path.resolve()))
+            records[-1].stamp = dict(
+                records[-1].stamp or {}, source_sha256=first.sha256, source_path=str(first.path.resolve())
+            )
             write_stamp(final, records[-1].stamp)
         return PipelineResult(final, records)
 
     __call__ = run
 
 
-__all__ = ["QDQ_OPS", "QUANT_OPS", "ModelLike", "Outcome", "Pass", "PassRecord", "PassResult", "Pipeline",
-           "PipelineResult", "SourceModel", "iter_nodes", "op_histogram", "quantized_node_count"]
+__all__ = [
+    "QDQ_OPS",
+    "QUANT_OPS",
+    "ModelLike",
+    "Outcome",
+    "Pass",
+    "PassRecord",
+    "PassResult",
+    "Pipeline",
+    "PipelineResult",
+    "SourceModel",
+    "iter_nodes",
+    "op_histogram",
+    "quantized_node_count",
+]

@@ -54,7 +54,7 @@ class CalibrationSet:
             return list(self.samples), list(self.samples)
         held = max(min_holdout, round(n * holdout_fraction))
         held = min(held, n - 1)
-        return list(self.samples[: n - held]), list(self.samples[n - held:])
+        return list(self.samples[: n - held]), list(self.samples[n - held :])
 
     def describe(self) -> str:
         shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in (self.samples[0].items() if self.samples else []))
@@ -86,8 +86,13 @@ def reader_for(samples: Sequence[Mapping[str, np.ndarray]]):
     return _ListReader()
 
 
-def load_calibration(source: Any, model: onnx.ModelProto, *, shapes: Mapping[str, tuple[int, ...]] | None = None,
-                     synthetic_samples: int = DEFAULT_SYNTHETIC_SAMPLES) -> CalibrationSet:
+def load_calibration(
+    source: Any,
+    model: onnx.ModelProto,
+    *,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    synthetic_samples: int = DEFAULT_SYNTHETIC_SAMPLES,
+) -> CalibrationSet:
     """Read calibration data from ``source`` (see module docstring) and check it against ``model``."""
     inputs = graph_inputs(model)
     if source is None:
@@ -99,8 +104,10 @@ def load_calibration(source: Any, model: onnx.ModelProto, *, shapes: Mapping[str
         return _checked(_drain(_reader_from_file(text, model)), inputs, text)
     path = Path(text)
     if not path.exists():
-        raise InputError(f"Calibration data '{path}' does not exist. Give a folder of .npy/.npz files, one .npz "
-                         "with stacked samples, or FILE.py:FACTORY returning a CalibrationDataReader.")
+        raise InputError(
+            f"Calibration data '{path}' does not exist. Give a folder of .npy/.npz files, one .npz "
+            "with stacked samples, or FILE.py:FACTORY returning a CalibrationDataReader."
+        )
     if path.is_dir():
         return _checked(_from_folder(path, inputs), inputs, str(path))
     if path.suffix == ".npz":
@@ -110,12 +117,15 @@ def load_calibration(source: Any, model: onnx.ModelProto, *, shapes: Mapping[str
     raise InputError(f"Calibration data '{path}' is not a folder, an .npz, or (for a one-input model) an .npy file.")
 
 
-def synthetic(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None,
-              n: int = DEFAULT_SYNTHETIC_SAMPLES) -> CalibrationSet:
+def synthetic(
+    model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None, n: int = DEFAULT_SYNTHETIC_SAMPLES
+) -> CalibrationSet:
     plan = plan_feeds(model, shapes)
-    message = (f"NO CALIBRATION DATA: calibrating and gating on {n} synthetic inputs ({plan.describe()}). Scales fit "
-               "random data, so the accuracy measured here says little about real inputs. Pass --calibration DIR "
-               "with real samples before trusting this model.")
+    message = (
+        f"NO CALIBRATION DATA: calibrating and gating on {n} synthetic inputs ({plan.describe()}). Scales fit "
+        "random data, so the accuracy measured here says little about real inputs. Pass --calibration DIR "
+        "with real samples before trusting this model."
+    )
     log.warning(message)
     warnings.warn(message, SyntheticCalibrationWarning, stacklevel=2)
     samples = [make_feeds(model, plan=plan, seed=i) for i in range(n)]
@@ -140,8 +150,9 @@ def _reader_from_file(spec: str, model: onnx.ModelProto) -> Any:
     module_spec.loader.exec_module(module)
     factory = getattr(module, attr, None)
     if factory is None:
-        raise InputError(f"'{file}' defines no '{attr}'. It must be a CalibrationDataReader class or a function "
-                         "returning one.")
+        raise InputError(
+            f"'{file}' defines no '{attr}'. It must be a CalibrationDataReader class or a function returning one."
+        )
     reader = factory() if callable(factory) and not hasattr(factory, "get_next") else factory
     if not hasattr(reader, "get_next"):
         raise InputError(f"'{spec}' did not give a CalibrationDataReader (an object with get_next()).")
@@ -176,8 +187,10 @@ def _from_folder(folder: Path, inputs: Sequence[InputInfo]) -> list[Sample]:
         else:
             unknown = sorted(set(by_name) - names)
             if unknown:
-                raise InputError(f"Calibration files {', '.join(f + '.npy' for f in unknown)} in '{folder}' match no "
-                                 f"model input; the inputs are {_describe(inputs)}. Name each file INPUT.npy.")
+                raise InputError(
+                    f"Calibration files {', '.join(f + '.npy' for f in unknown)} in '{folder}' match no "
+                    f"model input; the inputs are {_describe(inputs)}. Name each file INPUT.npy."
+                )
             samples.extend(_unstack({k: _load_npy(v) for k, v in by_name.items()}, inputs, str(folder)))
     return samples
 
@@ -193,8 +206,9 @@ def _unstack(arrays: Mapping[str, np.ndarray], inputs: Sequence[InputInfo], wher
             parts.append(f"names {', '.join(map(repr, unknown))} that are not model inputs")
         if missing:
             parts.append(f"no array for input(s) {', '.join(map(repr, missing))}")
-        raise InputError(f"Calibration data '{where}' has {' and '.join(parts)}; the model's inputs are "
-                         f"{_describe(inputs)}.")
+        raise InputError(
+            f"Calibration data '{where}' has {' and '.join(parts)}; the model's inputs are {_describe(inputs)}."
+        )
     stacked = {k: bool(by_name[k].dims) and v.ndim == len(by_name[k].dims) + 1 for k, v in arrays.items()}
     if all(stacked.values()):
         counts = {k: v.shape[0] for k, v in arrays.items()}
@@ -204,8 +218,10 @@ def _unstack(arrays: Mapping[str, np.ndarray], inputs: Sequence[InputInfo], wher
         return [{k: np.ascontiguousarray(v[i]) for k, v in arrays.items()} for i in range(n)]
     if any(stacked.values()):
         bad = [k for k, s in stacked.items() if s]
-        raise InputError(f"Calibration data '{where}': input(s) {', '.join(bad)} have one dim more than the model "
-                         "expects while others do not; stack all inputs or none.")
+        raise InputError(
+            f"Calibration data '{where}': input(s) {', '.join(bad)} have one dim more than the model "
+            "expects while others do not; stack all inputs or none."
+        )
     return [dict(arrays)]
 
 
@@ -236,5 +252,11 @@ def write_samples(samples: Sequence[Mapping[str, np.ndarray]], folder: str | Pat
     return out
 
 
-__all__ = ["CalibrationSet", "SyntheticCalibrationWarning", "load_calibration", "reader_for", "synthetic",
-           "write_samples"]
+__all__ = [
+    "CalibrationSet",
+    "SyntheticCalibrationWarning",
+    "load_calibration",
+    "reader_for",
+    "synthetic",
+    "write_samples",
+]

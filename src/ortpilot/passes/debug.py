@@ -49,10 +49,13 @@ class LayerError:
     def describe(self) -> str:
         if self.kind == "dynamic":
             share = f", {self.noise_share:.0%} of the added noise" if self.noise_share is not None else ""
-            return (f"{self.node} ({self.op_type}): dynamic INT8 output SQNR {self.sqnr_db:.1f} dB on the calibration "
-                    f"activations{share}")
-        return (f"{self.node} ({self.op_type}): output SQNR {self.sqnr_db:.1f} dB, {self.drop_db:.1f} dB lost at "
-                "this node")
+            return (
+                f"{self.node} ({self.op_type}): dynamic INT8 output SQNR {self.sqnr_db:.1f} dB on the calibration "
+                f"activations{share}"
+            )
+        return (
+            f"{self.node} ({self.op_type}): output SQNR {self.sqnr_db:.1f} dB, {self.drop_db:.1f} dB lost at this node"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(float(v), 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -62,7 +65,7 @@ def _sqnr(ref: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> float:
     a = np.concatenate([np.asarray(x, np.float64).ravel() for x in ref])
     b = np.concatenate([np.asarray(x, np.float64).ravel() for x in test])
     noise = float(np.sum((a - b) ** 2))
-    signal = float(np.sum(a ** 2))
+    signal = float(np.sum(a**2))
     if not math.isfinite(noise):
         return -SQNR_CAP_DB
     if noise == 0:
@@ -72,9 +75,12 @@ def _sqnr(ref: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> float:
     return float(np.clip(10 * math.log10(signal / noise), -SQNR_CAP_DB, SQNR_CAP_DB))
 
 
-def activation_errors(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto,
-                      samples: Sequence[Mapping[str, np.ndarray]], op_types: Sequence[str] | None = None
-                      ) -> list[LayerError]:
+def activation_errors(
+    float_model: onnx.ModelProto,
+    qdq_model: onnx.ModelProto,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    op_types: Sequence[str] | None = None,
+) -> list[LayerError]:
     """Per-node SQNR drop of a QDQ model against its float model, worst first."""
     from onnxruntime.quantization.qdq_loss_debug import (
         collect_activations,
@@ -94,8 +100,9 @@ def activation_errors(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto,
         float_acts = collect_activations(paths["float"], reader_for(samples))
         qdq_acts = collect_activations(paths["qdq"], reader_for(samples))
     matched = create_activation_matching(qdq_acts, float_acts)
-    sqnr = {name: _sqnr(m["float"], m["post_qdq"]) for name, m in matched.items()
-            if m.get("float") and m.get("post_qdq")}
+    sqnr = {
+        name: _sqnr(m["float"], m["post_qdq"]) for name, m in matched.items() if m.get("float") and m.get("post_qdq")
+    }
     # Error a tensor inherits when it is not itself matched: the worst of its producer's inputs.
     inherited: dict[str, float] = dict(sqnr)
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -114,35 +121,73 @@ def activation_errors(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto,
         tensor = min(outs, key=lambda o: sqnr[o])
         # Leaving this error out means leaving the node and the quantized consumers of its output in float.
         exclude = [node.name] + [c.name for c in consumers.get(tensor, []) if not op_types or c.op_type in op_types]
-        errors.append(LayerError(node.name, node.op_type, tensor, sqnr[tensor], max(0.0, in_sqnr - sqnr[tensor]),
-                                 "activation", list(dict.fromkeys(exclude))))
+        errors.append(
+            LayerError(
+                node.name,
+                node.op_type,
+                tensor,
+                sqnr[tensor],
+                max(0.0, in_sqnr - sqnr[tensor]),
+                "activation",
+                list(dict.fromkeys(exclude)),
+            )
+        )
     errors.sort(key=lambda e: (-e.drop_db, e.sqnr_db))
     return errors
 
 
-def dynamic_errors(float_model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]], *,
-                   op_types: Sequence[str] | None = None, per_channel: bool = False, reduce_range: bool = False,
-                   weight_type: str = "qint8") -> list[LayerError]:
+def dynamic_errors(
+    float_model: onnx.ModelProto,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    *,
+    op_types: Sequence[str] | None = None,
+    per_channel: bool = False,
+    reduce_range: bool = False,
+    weight_type: str = "qint8",
+) -> list[LayerError]:
     """``passes.sensitivity.rank_dynamic`` as LayerErrors, worst first (``op_types``: ORT's dynamic defaults)."""
-    ranking = rank_dynamic(float_model, samples, op_types=op_types or dynamic_op_types(), per_channel=per_channel,
-                           reduce_range=reduce_range, weight_type=weight_type)
+    ranking = rank_dynamic(
+        float_model,
+        samples,
+        op_types=op_types or dynamic_op_types(),
+        per_channel=per_channel,
+        reduce_range=reduce_range,
+        weight_type=weight_type,
+    )
     total = sum(r["nsr"] for r in ranking)
     errors = []
     for r in ranking:
         sqnr = float(np.clip(r["sqnr_db"], -SQNR_CAP_DB, SQNR_CAP_DB))
-        errors.append(LayerError(r["node"], r["op_type"], r["tensor"], sqnr, max(0.0, SQNR_CAP_DB - sqnr), "dynamic",
-                                 [r["node"]], r["nsr"] / total if total > 0 else None))
+        errors.append(
+            LayerError(
+                r["node"],
+                r["op_type"],
+                r["tensor"],
+                sqnr,
+                max(0.0, SQNR_CAP_DB - sqnr),
+                "dynamic",
+                [r["node"]],
+                r["nsr"] / total if total > 0 else None,
+            )
+        )
     return errors
 
 
-def layer_errors(step: QuantizePass, source: SourceModel, quantized: onnx.ModelProto,
-                 samples: Sequence[Mapping[str, np.ndarray]]) -> list[LayerError]:
+def layer_errors(
+    step: QuantizePass, source: SourceModel, quantized: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]
+) -> list[LayerError]:
     """Every ranked layer's share of the error in ``quantized`` (made by ``step`` from ``source``), worst
     first, excluded layers included. ``samples`` should be calibration samples, not the gate's held-out ones."""
     prepared, _ = step.prepared(source)
     if step.mode == "dynamic":
-        return dynamic_errors(prepared, samples, op_types=step.op_types, per_channel=step.per_channel,
-                              reduce_range=step.reduce_range, weight_type=step.weight_type)
+        return dynamic_errors(
+            prepared,
+            samples,
+            op_types=step.op_types,
+            per_channel=step.per_channel,
+            reduce_range=step.reduce_range,
+            weight_type=step.weight_type,
+        )
     qdq = quantized
     if step.mode == "static":  # QOperator ops hide their activations: rank through a QDQ twin
         twin = step.with_excluded([])

@@ -31,13 +31,19 @@ from ortpilot.passes.rotary import DEFAULT_MAX_POSITIONS, fold_rotary_tables
 from ortpilot.passes.weight_only import pack_weight_matmuls
 
 log = logging.getLogger("ortpilot")
-FUSED_OPS = ("GroupQueryAttention", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
-             "RotaryEmbedding", "MultiHeadAttention", "Attention")
+FUSED_OPS = (
+    "GroupQueryAttention",
+    "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+    "RotaryEmbedding",
+    "MultiHeadAttention",
+    "Attention",
+)
 _PAST = re.compile(r"past", re.I)
 _BATCH = re.compile(r"batch", re.I)
-CHECK_TOKENS = 8      # prompt length of the empty-past check
-CHECK_PAST = 5        # cached tokens of the second check
-CHECK_NEW = 3         # new tokens of the second check
+CHECK_TOKENS = 8  # prompt length of the empty-past check
+CHECK_PAST = 5  # cached tokens of the second check
+CHECK_NEW = 3  # new tokens of the second check
 MIN_POSITIONS = max(CHECK_TOKENS, CHECK_PAST + CHECK_NEW)  # the checks must fit a folded rotary table
 
 
@@ -57,14 +63,24 @@ def diagnose(counts: dict[str, int], layers: int) -> str:
     sdpa, gqa = counts.get("sdpa", 0), counts.get("gqa", 0)
     rotary = counts.get("rotary_embedding", 0) + counts.get("partial_rotary_embedding", 0)
     if sdpa < layers:
-        return (f"SDPA matched {sdpa} of {layers} layers: attention must be Softmax(Q @ K^T * scale + mask) @ V "
-                "(a TorchScript export's Div(1, Sqrt) scale or a different op order does not match)")
+        return (
+            f"SDPA matched {sdpa} of {layers} layers: attention must be Softmax(Q @ K^T * scale + mask) @ V "
+            "(a TorchScript export's Div(1, Sqrt) scale or a different op order does not match)"
+        )
     if gqa < layers:
-        hint = "" if rotary >= 2 * layers else (f"; RotaryEmbedding fused only {rotary} of {2 * layers} "
-                                                "(Slices need explicit axes, cos/sin must come from position_ids)")
-        return (f"SDPA matched every layer but GQA only {gqa} of {layers}: the cache must be Concat(past, new) "
-                "on the sequence axis, repeat_kv Unsqueeze/Expand/Reshape (not Tile), and the causal mask built "
-                f"from Shape(input_ids) and Shape(past) as a transformers export does{hint}")
+        hint = (
+            ""
+            if rotary >= 2 * layers
+            else (
+                f"; RotaryEmbedding fused only {rotary} of {2 * layers} "
+                "(Slices need explicit axes, cos/sin must come from position_ids)"
+            )
+        )
+        return (
+            f"SDPA matched every layer but GQA only {gqa} of {layers}: the cache must be Concat(past, new) "
+            "on the sequence axis, repeat_kv Unsqueeze/Expand/Reshape (not Tile), and the causal mask built "
+            f"from Shape(input_ids) and Shape(past) as a transformers export does{hint}"
+        )
     return f"every layer fused ({gqa} GroupQueryAttention)"
 
 
@@ -74,21 +90,35 @@ class DecoderFusionPass(Pass):
     name = "decoder-fusion"
     revision = 2  # 2: constant rotary tables, unread optional outputs cleared
 
-    def __init__(self, atol: float = 1e-3, rtol: float = 1e-3, seed: int = 0, pack: bool = True,
-                 use_cache: bool = False, store: ModelStore | None = None,
-                 max_positions: int | None = None) -> None:
+    def __init__(
+        self,
+        atol: float = 1e-3,
+        rtol: float = 1e-3,
+        seed: int = 0,
+        pack: bool = True,
+        use_cache: bool = False,
+        store: ModelStore | None = None,
+        max_positions: int | None = None,
+    ) -> None:
         """``max_positions``: rows of the constant rotary tables (None: the export's recorded
         context length, else 8192; 0 keeps the per-step computation and no length limit)."""
         if max_positions is not None and (max_positions < 0 or 0 < max_positions < MIN_POSITIONS):
-            raise UsageError(f"max_positions must be 0 (keep the rotary tables computed) or at least {MIN_POSITIONS} "
-                             f"(the fusion's output check runs {MIN_POSITIONS} positions), got {max_positions}.")
+            raise UsageError(
+                f"max_positions must be 0 (keep the rotary tables computed) or at least {MIN_POSITIONS} "
+                f"(the fusion's output check runs {MIN_POSITIONS} positions), got {max_positions}."
+            )
         self.atol, self.rtol, self.seed, self.pack = atol, rtol, seed, pack
         self.use_cache, self.store = use_cache, store
         self.max_positions = max_positions
 
     def options(self) -> dict[str, Any]:
-        return {"atol": self.atol, "rtol": self.rtol, "seed": self.seed, "pack": self.pack,
-                "max_positions": self.max_positions}
+        return {
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "seed": self.seed,
+            "pack": self.pack,
+            "max_positions": self.max_positions,
+        }
 
     def label(self) -> str:
         return "gqa"
@@ -96,21 +126,31 @@ class DecoderFusionPass(Pass):
     def transform(self, source: SourceModel) -> Outcome:
         layers = count_layers(source.proto)
         if not layers:
-            raise UsageError("The decoder fusion needs a model with a KV cache (past_* inputs); this one has "
-                             "none, so there is no GroupQueryAttention to build.")
+            raise UsageError(
+                "The decoder fusion needs a model with a KV cache (past_* inputs); this one has "
+                "none, so there is no GroupQueryAttention to build."
+            )
         existing = op_histogram(source.proto).get("GroupQueryAttention", 0)
         if existing:
-            return Outcome(source.proto, fused={"GroupQueryAttention": existing},
-                           notes=[f"already fused: {existing} GroupQueryAttention"], extra={"layers": layers})
+            return Outcome(
+                source.proto,
+                fused={"GroupQueryAttention": existing},
+                notes=[f"already fused: {existing} GroupQueryAttention"],
+                extra={"layers": layers},
+            )
         return self._cached(source) if self.use_cache else self._fuse(source)
 
     def _cached(self, source: SourceModel) -> Outcome:
         """The fused model from the content-addressed cache (a SmolLM2 fusion takes about a minute)."""
         from onnxscript import __version__ as onnxscript_version
 
-        key = cache_key(model_sha256=source.sha256, ort_version=ort.__version__, providers=[], level=self.name,
-                        extra={"options": self.options(), "onnxscript": onnxscript_version,
-                               "revision": self.revision})
+        key = cache_key(
+            model_sha256=source.sha256,
+            ort_version=ort.__version__,
+            providers=[],
+            level=self.name,
+            extra={"options": self.options(), "onnxscript": onnxscript_version, "revision": self.revision},
+        )
 
         def build(dest: Path) -> dict[str, Any]:
             outcome = self._fuse(source)
@@ -121,8 +161,12 @@ class DecoderFusionPass(Pass):
         path, hit = store.get_or_create(key, build, meta={"source_sha256": source.sha256, "options": self.options()})
         meta = store.read_entry(key).get("meta", {})
         notes = [*meta.get("notes", []), f"{'cache hit' if hit else 'built and cached'} ({key[:12]})"]
-        return Outcome(load_model(path), fused=meta.get("fused", {}), notes=notes,
-                       extra={**meta.get("extra", {}), "cache_key": key, "cache_hit": hit, "cache_path": str(path)})
+        return Outcome(
+            load_model(path),
+            fused=meta.get("fused", {}),
+            notes=notes,
+            extra={**meta.get("extra", {}), "cache_key": key, "cache_hit": hit, "cache_path": str(path)},
+        )
 
     def _fuse(self, source: SourceModel) -> Outcome:
         layers = count_layers(source.proto)
@@ -131,13 +175,18 @@ class DecoderFusionPass(Pass):
         gqa = unpacked.get("GroupQueryAttention", 0)
         verdict = diagnose(counts, layers)
         if gqa != layers:
-            raise FusionIncompleteError(f"Decoder fusion incomplete: {gqa} GroupQueryAttention for {layers} layers. "
-                                    f"{verdict}. The model is left unfused.")
+            raise FusionIncompleteError(
+                f"Decoder fusion incomplete: {gqa} GroupQueryAttention for {layers} layers. "
+                f"{verdict}. The model is left unfused."
+            )
         matmuls = unpacked.get("MatMul", 0)
         if self.pack:  # q/k/v and gate/up as one GEMV each: a decode step is a chain of small kernels
             fused = pack_weight_matmuls(fused, untranspose=False)
-        positions = (self.max_positions if self.max_positions is not None
-                     else model_max_positions(source.proto) or DEFAULT_MAX_POSITIONS)
+        positions = (
+            self.max_positions
+            if self.max_positions is not None
+            else model_max_positions(source.proto) or DEFAULT_MAX_POSITIONS
+        )
         rotary = fold_rotary_tables(fused, positions) if positions else None
         cleared = clear_unread_outputs(fused)
         error = _max_error(source.proto, fused, self.seed)
@@ -146,7 +195,8 @@ class DecoderFusionPass(Pass):
             raise AccuracyGateError(
                 f"Decoder fusion changed the outputs: max |fused - source| = {error['max_abs']:.3g} on "
                 f"'{error['worst']}' (allowed {bound:.3g} = atol {self.atol} + rtol {self.rtol} x "
-                f"{error['scale']:.3g}). The model is left unfused.")
+                f"{error['scale']:.3g}). The model is left unfused."
+            )
         ops = op_histogram(fused)
         notes = [verdict]
         if self.pack and ops.get("MatMul", 0) < matmuls:
@@ -154,19 +204,36 @@ class DecoderFusionPass(Pass):
         if cleared:
             notes.append(f"{cleared} optional outputs nobody reads left unnamed, so ORT skips them")
         if rotary is not None:
-            notes.append(f"rotary tables constant for {rotary.max_positions} positions ({rotary.nodes_removed} "
-                         "nodes no longer run per token; longer sequences are refused)" if rotary.folded
-                         else f"rotary tables left computed: {rotary.reason}")
-        return Outcome(fused, fused={op: ops[op] for op in FUSED_OPS if ops.get(op)},
-                       notes=notes, extra={"layers": layers, "onnxscript_counts": counts,
-                                           "max_abs_error": error["max_abs"],
-                                           "matmuls_before_packing": matmuls, "matmuls": ops.get("MatMul", 0),
-                                           "rotary": vars(rotary) if rotary is not None else None,
-                                           "unread_outputs_cleared": cleared})
+            notes.append(
+                f"rotary tables constant for {rotary.max_positions} positions ({rotary.nodes_removed} "
+                "nodes no longer run per token; longer sequences are refused)"
+                if rotary.folded
+                else f"rotary tables left computed: {rotary.reason}"
+            )
+        return Outcome(
+            fused,
+            fused={op: ops[op] for op in FUSED_OPS if ops.get(op)},
+            notes=notes,
+            extra={
+                "layers": layers,
+                "onnxscript_counts": counts,
+                "max_abs_error": error["max_abs"],
+                "matmuls_before_packing": matmuls,
+                "matmuls": ops.get("MatMul", 0),
+                "rotary": vars(rotary) if rotary is not None else None,
+                "unread_outputs_cleared": cleared,
+            },
+        )
 
 
-def fuse_decoder(model: ModelLike | SourceModel, atol: float = 1e-3, rtol: float = 1e-3, *,
-                 use_cache: bool = False, max_positions: int | None = None) -> PassResult:
+def fuse_decoder(
+    model: ModelLike | SourceModel,
+    atol: float = 1e-3,
+    rtol: float = 1e-3,
+    *,
+    use_cache: bool = False,
+    max_positions: int | None = None,
+) -> PassResult:
     """Run :class:`DecoderFusionPass` (raises when the fusion is incomplete or wrong)."""
     return DecoderFusionPass(atol, rtol, use_cache=use_cache, max_positions=max_positions).run(model)
 
@@ -178,8 +245,11 @@ def summary(result: PassResult) -> str:
     cached = {True: ", from the cache", False: ", cached"}.get(rec.extra.get("cache_hit"), "")
     rotary = rec.extra.get("rotary") or {}
     limit = f"; rotary tables for {rotary['max_positions']} positions" if rotary.get("folded") else ""
-    return (f"decoder fusion: {fused} for {rec.extra.get('layers')} layers{limit}"
-            + (f"; max output error {err:.2g}" if err is not None else "") + f" ({rec.seconds:.1f} s{cached})")
+    return (
+        f"decoder fusion: {fused} for {rec.extra.get('layers')} layers{limit}"
+        + (f"; max output error {err:.2g}" if err is not None else "")
+        + f" ({rec.seconds:.1f} s{cached})"
+    )
 
 
 def _optimize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
@@ -215,10 +285,14 @@ def _check_feeds(model: onnx.ModelProto, past: int, new: int, seed: int) -> dict
 
 def _past_shape(info: InputInfo, past: int) -> tuple[int, ...]:
     symbolic = [a for a, d in enumerate(info.dims) if not isinstance(d, int)]
-    batch = next((a for a in symbolic if isinstance(info.dims[a], str) and _BATCH.search(info.dims[a])),
-                 symbolic[0] if symbolic else -1)
-    return tuple(1 if a == batch else past if a in symbolic else int(d)  # type: ignore[arg-type]
-                 for a, d in enumerate(info.dims))
+    batch = next(
+        (a for a in symbolic if isinstance(info.dims[a], str) and _BATCH.search(info.dims[a])),
+        symbolic[0] if symbolic else -1,
+    )
+    return tuple(
+        1 if a == batch else past if a in symbolic else int(d)  # type: ignore[arg-type]
+        for a, d in enumerate(info.dims)
+    )
 
 
 def _max_error(source: onnx.ModelProto, fused: onnx.ModelProto, seed: int) -> dict[str, Any]:

@@ -38,16 +38,21 @@ def detect_model_type(model: onnx.ModelProto) -> tuple[str | None, str]:
     if fused:
         return None, f"already fused ({', '.join(sorted(fused))} present); there is nothing left to fuse"
     if not ops.get("Softmax"):
-        return None, ("no attention pattern (no Softmax) in the graph: this does not look like a transformer; "
-                      "pass --fusion TYPE to force one of " + ", ".join(fusion_model_types()))
+        return None, (
+            "no attention pattern (no Softmax) in the graph: this does not look like a transformer; "
+            "pass --fusion TYPE to force one of " + ", ".join(fusion_model_types())
+        )
     decoder = any(any(k in n for k in _DECODER_IO) for n in names) or ops.get("Trilu")
     layernorm = ops.get("LayerNormalization", 0) or (ops.get("ReduceMean", 0) and ops.get("Sub", 0))
-    rmsnorm = ops.get("SimplifiedLayerNormalization", 0) or (ops.get("Pow", 0) and ops.get("ReduceMean", 0)
-                                                             and not layernorm)
+    rmsnorm = ops.get("SimplifiedLayerNormalization", 0) or (
+        ops.get("Pow", 0) and ops.get("ReduceMean", 0) and not layernorm
+    )
     if decoder:
         if rmsnorm and not layernorm:
-            return None, ("a decoder with RMSNorm (Llama-style): the GPT-2 fusions do not match it; use the "
-                          "decoder fusion, or pass --fusion qwen3/phi if the model is one of those")
+            return None, (
+                "a decoder with RMSNorm (Llama-style): the GPT-2 fusions do not match it; use the "
+                "decoder fusion, or pass --fusion qwen3/phi if the model is one of those"
+            )
         return "gpt2", "decoder: past/present KV inputs or a causal mask with LayerNorm (GPT-2 style)"
     if ops.get("Conv") and layernorm:
         return "vit", "attention with a Conv patch embedding and LayerNorm (ViT style)"
@@ -58,8 +63,9 @@ def detect_model_type(model: onnx.ModelProto) -> tuple[str | None, str]:
 
 def _check_model_type(model_type: str) -> None:
     if model_type not in ("auto", *fusion_model_types()):
-        raise UsageError(f"Unknown fusion type '{model_type}'. Choose auto, none or one of "
-                         f"{', '.join(fusion_model_types())}.")
+        raise UsageError(
+            f"Unknown fusion type '{model_type}'. Choose auto, none or one of {', '.join(fusion_model_types())}."
+        )
 
 
 class FusionPass(Pass):
@@ -67,9 +73,16 @@ class FusionPass(Pass):
 
     name = "fusion"
 
-    def __init__(self, model_type: str = "auto", *, num_heads: int = 0, hidden_size: int = 0,
-                 providers: Sequence[ProviderLike] | ProviderLike | None = None, use_gpu: bool = False,
-                 check: bool = True) -> None:
+    def __init__(
+        self,
+        model_type: str = "auto",
+        *,
+        num_heads: int = 0,
+        hidden_size: int = 0,
+        providers: Sequence[ProviderLike] | ProviderLike | None = None,
+        use_gpu: bool = False,
+        check: bool = True,
+    ) -> None:
         """``check``: refuse an unknown ``model_type`` now (it imports ORT's transformer optimizer,
         0.2 s); without it ``transform`` refuses it, when that import is needed anyway."""
         if check:
@@ -83,12 +96,20 @@ class FusionPass(Pass):
     @classmethod
     def from_options(cls, options: Mapping[str, Any], **_: Any) -> FusionPass:
         """A tune step: ``model_type``, ``num_heads``, ``hidden_size`` (0: let ORT detect them)."""
-        return cls(str(options.get("model_type", "auto")), num_heads=int(options.get("num_heads", 0)),
-                   hidden_size=int(options.get("hidden_size", 0)), check=False)
+        return cls(
+            str(options.get("model_type", "auto")),
+            num_heads=int(options.get("num_heads", 0)),
+            hidden_size=int(options.get("hidden_size", 0)),
+            check=False,
+        )
 
     def options(self) -> dict[str, Any]:
-        return {"model_type": self.model_type, "num_heads": self.num_heads, "hidden_size": self.hidden_size,
-                "providers": [str(p) for p in self.providers]}
+        return {
+            "model_type": self.model_type,
+            "num_heads": self.num_heads,
+            "hidden_size": self.hidden_size,
+            "providers": [str(p) for p in self.providers],
+        }
 
     def label(self) -> str:
         return f"fusion({self.model_type})"
@@ -108,8 +129,14 @@ class FusionPass(Pass):
         level = quiet.level
         quiet.setLevel(logging.ERROR)  # its "model producer not matched" warning is noise here
         try:
-            optimizer = optimize_model(basic, model_type=model_type, num_heads=self.num_heads,
-                                       hidden_size=self.hidden_size, opt_level=0, use_gpu=self.use_gpu)
+            optimizer = optimize_model(
+                basic,
+                model_type=model_type,
+                num_heads=self.num_heads,
+                hidden_size=self.hidden_size,
+                opt_level=0,
+                use_gpu=self.use_gpu,
+            )
         finally:
             quiet.setLevel(level)
         stats = {k: int(v) for k, v in (optimizer.get_fused_operator_statistics() or {}).items()}
@@ -117,8 +144,15 @@ class FusionPass(Pass):
         notes = [f"model type {model_type} ({reason})"]
         if not any(stats.values()):
             notes.append("no fusion matched: the graph differs from the patterns ORT knows for this model type")
-        return Outcome(model, fused=stats, notes=notes, level="basic", providers=self.providers, ep_specific=True,
-                       extra={"model_type": model_type, "fused_operator_statistics": stats})
+        return Outcome(
+            model,
+            fused=stats,
+            notes=notes,
+            level="basic",
+            providers=self.providers,
+            ep_specific=True,
+            extra={"model_type": model_type, "fused_operator_statistics": stats},
+        )
 
 
 __all__ = ["FusionPass", "detect_model_type", "fusion_model_types"]

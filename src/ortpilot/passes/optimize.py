@@ -34,13 +34,22 @@ from ortpilot.session.options import LEVEL_NAMES, SessionSettings
 log = logging.getLogger("ortpilot")
 
 
-def optimize_to_file(source: SourceModel, level: str, providers: Sequence[ProviderSpec], dest: Path,
-                     free_dimension_overrides: Mapping[str, int] | None = None) -> SessionSettings:
+def optimize_to_file(
+    source: SourceModel,
+    level: str,
+    providers: Sequence[ProviderSpec],
+    dest: Path,
+    free_dimension_overrides: Mapping[str, int] | None = None,
+) -> SessionSettings:
     """Let ORT optimize ``source`` at ``level`` for ``providers`` and save the graph to ``dest``."""
     from ortpilot.session import load
 
-    settings = SessionSettings(level=level, free_dimension_overrides=dict(free_dimension_overrides or {}),
-                               optimized_model_filepath=str(dest), log_severity=3)
+    settings = SessionSettings(
+        level=level,
+        free_dimension_overrides=dict(free_dimension_overrides or {}),
+        optimized_model_filepath=str(dest),
+        log_severity=3,
+    )
     model = str(source.path) if source.path is not None else source.proto
     try:
         sess = load(model, list(providers), "strict", settings=settings, placement=False)
@@ -48,13 +57,16 @@ def optimize_to_file(source: SourceModel, level: str, providers: Sequence[Provid
         _raise_if_write_failed(model, providers, settings, dest, exc)
         raise
     if not dest.is_file():
-        raise UsageError(f"ORT did not write the optimized model for providers {[p.name for p in providers]} "
-                         f"at level {level}; this provider may not support saving optimized graphs.")
+        raise UsageError(
+            f"ORT did not write the optimized model for providers {[p.name for p in providers]} "
+            f"at level {level}; this provider may not support saving optimized graphs."
+        )
     return sess.settings
 
 
-def _raise_if_write_failed(model: Any, providers: Sequence[ProviderSpec], settings: SessionSettings, dest: Path,
-                           exc: ModelLoadError) -> None:
+def _raise_if_write_failed(
+    model: Any, providers: Sequence[ProviderSpec], settings: SessionSettings, dest: Path, exc: ModelLoadError
+) -> None:
     """ORT reports a full disk while saving the optimized graph as a load failure ("Protobuf
     serialization failed"): when the same session loads without saving, the write failed, so say so."""
     from ortpilot.session import load
@@ -66,10 +78,13 @@ def _raise_if_write_failed(model: Any, providers: Sequence[ProviderSpec], settin
         return
     free = free_bytes(dest)
     said = str(exc).split("could not load the model: ", 1)[-1].split(". Check that the model is valid", 1)[0]
-    raise StorageError(f"ORT could not save the optimized model to '{dest}' (ORT said: {said[:300]}); "
-                       f"the model itself loads, so the write failed"
-                       + (f": {free} bytes are free on that filesystem" if free is not None else "")
-                       + f". {fix_for(dest)}", path=str(dest)) from None
+    raise StorageError(
+        f"ORT could not save the optimized model to '{dest}' (ORT said: {said[:300]}); "
+        f"the model itself loads, so the write failed"
+        + (f": {free} bytes are free on that filesystem" if free is not None else "")
+        + f". {fix_for(dest)}",
+        path=str(dest),
+    ) from None
 
 
 class OptimizePass(Pass):
@@ -77,9 +92,16 @@ class OptimizePass(Pass):
 
     name = "optimize"
 
-    def __init__(self, level: str = "all", providers: Sequence[ProviderLike] | ProviderLike | None = None, *,
-                 offline: bool = True, free_dimension_overrides: Mapping[str, int] | None = None,
-                 use_cache: bool = True, store: ModelStore | None = None) -> None:
+    def __init__(
+        self,
+        level: str = "all",
+        providers: Sequence[ProviderLike] | ProviderLike | None = None,
+        *,
+        offline: bool = True,
+        free_dimension_overrides: Mapping[str, int] | None = None,
+        use_cache: bool = True,
+        store: ModelStore | None = None,
+    ) -> None:
         if level not in LEVEL_NAMES:
             raise UsageError(f"Unknown optimization level '{level}'. Choose one of {', '.join(LEVEL_NAMES)}.")
         self.level = level
@@ -90,30 +112,53 @@ class OptimizePass(Pass):
         self.store = store
 
     def options(self) -> dict[str, Any]:
-        return {"level": self.level, "providers": [str(p) for p in self.providers], "offline": self.offline,
-                "free_dimension_overrides": self.free_dims}
+        return {
+            "level": self.level,
+            "providers": [str(p) for p in self.providers],
+            "offline": self.offline,
+            "free_dimension_overrides": self.free_dims,
+        }
 
     def key(self, source: SourceModel) -> str:
-        return cache_key(model_sha256=source.sha256, ort_version=ort.__version__,
-                         providers=[p.to_dict() for p in self.providers], level=self.level,
-                         free_dimension_overrides=self.free_dims, cpu=cpu_features())
+        return cache_key(
+            model_sha256=source.sha256,
+            ort_version=ort.__version__,
+            providers=[p.to_dict() for p in self.providers],
+            level=self.level,
+            free_dimension_overrides=self.free_dims,
+            cpu=cpu_features(),
+        )
 
     def transform(self, source: SourceModel) -> Outcome:
         ep_specific = self.level in EP_SPECIFIC_LEVELS
         if not self.offline:
-            return Outcome(source.proto, level=self.level, providers=self.providers, ep_specific=False,
-                           notes=[f"online: ORT applies level '{self.level}' each time the session is created; "
-                                  "the model itself is unchanged"],
-                           extra={"session_settings": {"level": self.level,
-                                                       "free_dimension_overrides": self.free_dims}})
+            return Outcome(
+                source.proto,
+                level=self.level,
+                providers=self.providers,
+                ep_specific=False,
+                notes=[
+                    f"online: ORT applies level '{self.level}' each time the session is created; "
+                    "the model itself is unchanged"
+                ],
+                extra={"session_settings": {"level": self.level, "free_dimension_overrides": self.free_dims}},
+            )
         key = self.key(source)
 
         def build(dest: Path) -> None:
             optimize_to_file(source, self.level, self.providers, dest, self.free_dims)
             built = load_model(dest)
-            write_stamp(built, make_stamp(source_sha256=source.sha256, providers=self.providers, level=self.level,
-                                          source_path=str(source.path.resolve()) if source.path else None,
-                                          pass_name=self.name, options=self.options()))
+            write_stamp(
+                built,
+                make_stamp(
+                    source_sha256=source.sha256,
+                    providers=self.providers,
+                    level=self.level,
+                    source_path=str(source.path.resolve()) if source.path else None,
+                    pass_name=self.name,
+                    options=self.options(),
+                ),
+            )
             save_model(built, dest)
 
         if self.use_cache:
@@ -128,10 +173,13 @@ class OptimizePass(Pass):
                 model = load_model(Path(tmp) / "model.onnx")
             notes, extra = ["offline: built (cache off)"], {"cache_key": key, "cache_hit": False}
         if ep_specific:
-            notes.append(f"level '{self.level}' can save provider- and CPU-specific ops: the model is stamped for "
-                         f"{self.providers[0].name} and ORT {ort.__version__} and refused elsewhere")
-        return Outcome(model, level=self.level, providers=self.providers, ep_specific=ep_specific, notes=notes,
-                       extra=extra)
+            notes.append(
+                f"level '{self.level}' can save provider- and CPU-specific ops: the model is stamped for "
+                f"{self.providers[0].name} and ORT {ort.__version__} and refused elsewhere"
+            )
+        return Outcome(
+            model, level=self.level, providers=self.providers, ep_specific=ep_specific, notes=notes, extra=extra
+        )
 
 
 __all__ = ["OptimizePass", "optimize_to_file"]

@@ -35,8 +35,24 @@ MODES = ("dynamic", "static", "qdq", "full")
 METHODS = ("minmax", "entropy", "percentile")
 QUANT_TYPES = ("qint8", "quint8")
 # QDQ around the ops whose integer kernels pay off, plus ops that carry INT8 through unchanged.
-QDQ_OPS_DEFAULT = ("Conv", "ConvTranspose", "MatMul", "Gemm", "MaxPool", "AveragePool", "GlobalAveragePool",
-                   "Relu", "Clip", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Resize", "Concat")
+QDQ_OPS_DEFAULT = (
+    "Conv",
+    "ConvTranspose",
+    "MatMul",
+    "Gemm",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "Relu",
+    "Clip",
+    "Reshape",
+    "Transpose",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Resize",
+    "Concat",
+)
 # "weights only" (a tune step's ``weights_only``): the op types whose second operand is a weight
 # (MatMul with a constant B, which is ORT's default for dynamic mode, Gemm, Conv, and the fused
 # Attention's packed QKV projection). Embedding Gathers stay float, and so do activation x activation products.
@@ -60,8 +76,11 @@ def _quant_type(name: str):
 def _method(name: str):
     from onnxruntime.quantization import CalibrationMethod
 
-    table = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-             "percentile": CalibrationMethod.Percentile}
+    table = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }
     if name not in table:
         raise UsageError(f"Unknown calibration method '{name}'; use one of {', '.join(METHODS)}.")
     return table[name]
@@ -75,6 +94,7 @@ def full_op_types() -> list[str]:
 
 
 # --------------------------------------------------------------------------- preparation
+
 
 def _constant_array(node: onnx.NodeProto) -> np.ndarray | None:
     if not node.attribute:
@@ -160,8 +180,10 @@ def prepare(model: onnx.ModelProto, *, preprocess: bool = True) -> tuple[onnx.Mo
                     with capture_ort_output(), _working_dir(tmp):
                         quant_pre_process(str(src), str(out), skip_symbolic_shape=skip_symbolic)
                     work = onnx.load(str(out))
-                    notes.append("quant_pre_process: shape inference and basic optimizations"
-                                 + (" (symbolic shape inference skipped: it failed)" if skip_symbolic else ""))
+                    notes.append(
+                        "quant_pre_process: shape inference and basic optimizations"
+                        + (" (symbolic shape inference skipped: it failed)" if skip_symbolic else "")
+                    )
                     break
                 except Exception as exc:  # the pre-processor's failures are its own; quantize without it
                     log.debug("quant_pre_process failed (skip_symbolic_shape=%s): %s", skip_symbolic, exc)
@@ -196,16 +218,27 @@ def _default_opset(model: onnx.ModelProto) -> int:
 
 # --------------------------------------------------------------------------- the pass
 
+
 class QuantizePass(Pass):
     """Quantize with ORT in one of ``MODES``; calibrated modes need ``calibration`` samples."""
 
     name = "quantize"
 
-    def __init__(self, mode: str = "dynamic", *, calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
-                 per_channel: bool = False, reduce_range: bool = False, weight_type: str = "qint8",
-                 activation_type: str = "quint8", method: str = "minmax", op_types: Sequence[str] | None = None,
-                 nodes_to_exclude: Sequence[str] = (), preprocess: bool = True,
-                 extra_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        mode: str = "dynamic",
+        *,
+        calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
+        per_channel: bool = False,
+        reduce_range: bool = False,
+        weight_type: str = "qint8",
+        activation_type: str = "quint8",
+        method: str = "minmax",
+        op_types: Sequence[str] | None = None,
+        nodes_to_exclude: Sequence[str] = (),
+        preprocess: bool = True,
+        extra_options: Mapping[str, Any] | None = None,
+    ) -> None:
         if mode not in MODES:
             raise UsageError(f"Unknown quantization mode '{mode}'. Choose one of {', '.join(MODES)}.")
         _quant_type(weight_type), _quant_type(activation_type), _method(method)
@@ -223,21 +256,26 @@ class QuantizePass(Pass):
         self._prepared: dict[str, tuple[onnx.ModelProto, list[str]]] = {}
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any], *, calibration: Sequence[Mapping[str, np.ndarray]] = (),
-                     prepared: bool = False) -> QuantizePass:
+    def from_options(
+        cls, options: Mapping[str, Any], *, calibration: Sequence[Mapping[str, np.ndarray]] = (), prepared: bool = False
+    ) -> QuantizePass:
         """A tune step: ``mode``, ``per_channel``, ``reduce_range``, ``weight_type``, ``activation_type``,
         ``weights_only`` (only ``WEIGHT_OPS``) and ``exclude`` (nodes left in float)."""
         mode = str(options.get("mode", "dynamic"))
-        return cls(mode, calibration=list(calibration) if mode in CALIBRATED_MODES else None,
-                   per_channel=bool(options.get("per_channel", False)),
-                   reduce_range=bool(options.get("reduce_range", False)),
-                   weight_type=str(options.get("weight_type", "qint8")),
-                   activation_type=str(options.get("activation_type", "quint8")),
-                   op_types=list(WEIGHT_OPS) if options.get("weights_only") else None,
-                   nodes_to_exclude=list(options.get("exclude", ())), preprocess=not prepared,
-                   # fused contrib ops (Attention, SkipLayerNormalization) defeat ONNX shape
-                   # inference; their tensors are float
-                   extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        return cls(
+            mode,
+            calibration=list(calibration) if mode in CALIBRATED_MODES else None,
+            per_channel=bool(options.get("per_channel", False)),
+            reduce_range=bool(options.get("reduce_range", False)),
+            weight_type=str(options.get("weight_type", "qint8")),
+            activation_type=str(options.get("activation_type", "quint8")),
+            op_types=list(WEIGHT_OPS) if options.get("weights_only") else None,
+            nodes_to_exclude=list(options.get("exclude", ())),
+            preprocess=not prepared,
+            # fused contrib ops (Attention, SkipLayerNormalization) defeat ONNX shape
+            # inference; their tensors are float
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
 
     @property
     def calibrated(self) -> bool:
@@ -262,11 +300,18 @@ class QuantizePass(Pass):
         return label
 
     def options(self) -> dict[str, Any]:
-        opts: dict[str, Any] = {"mode": self.mode, "per_channel": self.per_channel, "reduce_range": self.reduce_range,
-                                "weight_type": self.weight_type}
+        opts: dict[str, Any] = {
+            "mode": self.mode,
+            "per_channel": self.per_channel,
+            "reduce_range": self.reduce_range,
+            "weight_type": self.weight_type,
+        }
         if self.mode != "dynamic":
-            opts.update(activation_type=self.activation_type, method=self.method,
-                        calibration_samples=len(self.calibration or []))
+            opts.update(
+                activation_type=self.activation_type,
+                method=self.method,
+                calibration_samples=len(self.calibration or []),
+            )
         if self.op_types:
             opts["op_types"] = self.op_types
         if self.nodes_to_exclude:
@@ -275,11 +320,19 @@ class QuantizePass(Pass):
 
     def with_excluded(self, nodes: Sequence[str]) -> QuantizePass:
         """The same pass, leaving ``nodes`` in float too (shares the prepared-model cache)."""
-        clone = QuantizePass(self.mode, calibration=self.calibration, per_channel=self.per_channel,
-                             reduce_range=self.reduce_range, weight_type=self.weight_type,
-                             activation_type=self.activation_type, method=self.method, op_types=self.op_types,
-                             nodes_to_exclude=[*self.nodes_to_exclude, *[n for n in nodes if n not in self.nodes_to_exclude]],
-                             preprocess=self.preprocess, extra_options=self.extra_options)
+        clone = QuantizePass(
+            self.mode,
+            calibration=self.calibration,
+            per_channel=self.per_channel,
+            reduce_range=self.reduce_range,
+            weight_type=self.weight_type,
+            activation_type=self.activation_type,
+            method=self.method,
+            op_types=self.op_types,
+            nodes_to_exclude=[*self.nodes_to_exclude, *[n for n in nodes if n not in self.nodes_to_exclude]],
+            preprocess=self.preprocess,
+            extra_options=self.extra_options,
+        )
         clone._prepared = self._prepared
         return clone
 
@@ -307,8 +360,10 @@ class QuantizePass(Pass):
                 model = version_converter.convert_version(model, 13)
                 notes = [*notes, f"opset {_default_opset(source.proto)} upgraded to 13 for per-channel QDQ"]
             except Exception as exc:
-                raise UsageError(f"Per-channel QDQ needs opset 13 and this model (opset {_default_opset(model)}) "
-                                 f"could not be upgraded ({exc}); drop --per-channel.") from None
+                raise UsageError(
+                    f"Per-channel QDQ needs opset 13 and this model (opset {_default_opset(model)}) "
+                    f"could not be upgraded ({exc}); drop --per-channel."
+                ) from None
         with scratch_dir("ortpilot-quant-") as tmp:
             src, dst = Path(tmp) / "float.onnx", Path(tmp) / "quant.onnx"
             onnx.save(model, str(src))
@@ -325,12 +380,19 @@ class QuantizePass(Pass):
                 f"Quantization ({self.mode}) changed nothing: no node of the op types it quantizes ({wanted}) has "
                 f"quantizable weights or inputs (the model's ops: {ops}). No model was written. Weights held in "
                 "Constant nodes are converted automatically; weights computed at run time cannot be quantized. "
-                "Try another --mode, or optimize the model instead.")
+                "Try another --mode, or optimize the model instead."
+            )
         notes = [*notes, f"{count} node(s) quantized ({self.mode})"]
         if self.nodes_to_exclude:
             notes.append(f"left in float: {', '.join(self.nodes_to_exclude)}")
-        return Outcome(quantized, notes=notes, level=None, providers=None, ep_specific=False,
-                       extra={"nodes_excluded": list(self.nodes_to_exclude)})
+        return Outcome(
+            quantized,
+            notes=notes,
+            level=None,
+            providers=None,
+            ep_specific=False,
+            extra={"nodes_excluded": list(self.nodes_to_exclude)},
+        )
 
     def _quantize(self, src: Path, dst: Path, has_subgraphs: bool = False) -> None:
         from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
@@ -341,21 +403,35 @@ class QuantizePass(Pass):
         if self.mode in ("dynamic", "static") and has_subgraphs:
             extra.setdefault("EnableSubgraph", True)  # If/Loop bodies (silero-vad keeps its model in one)
         if self.mode == "dynamic":
-            quantize_dynamic(str(src), str(dst), op_types_to_quantize=self.op_types_for_mode(),
-                             per_channel=self.per_channel, reduce_range=self.reduce_range,
-                             weight_type=_quant_type(self.weight_type), nodes_to_exclude=self.nodes_to_exclude,
-                             extra_options=extra)
+            quantize_dynamic(
+                str(src),
+                str(dst),
+                op_types_to_quantize=self.op_types_for_mode(),
+                per_channel=self.per_channel,
+                reduce_range=self.reduce_range,
+                weight_type=_quant_type(self.weight_type),
+                nodes_to_exclude=self.nodes_to_exclude,
+                extra_options=extra,
+            )
             return
         if not self.calibration:
             raise UsageError(f"Quantization mode '{self.mode}' is calibrated: it needs calibration samples.")
         if self.mode == "full":
             extra.setdefault("ForceQuantizeNoInputCheck", True)
-        quantize_static(str(src), str(dst), reader_for(self.calibration),
-                        quant_format=QuantFormat.QOperator if self.mode == "static" else QuantFormat.QDQ,
-                        op_types_to_quantize=self.op_types_for_mode(), per_channel=self.per_channel,
-                        reduce_range=self.reduce_range, activation_type=_quant_type(self.activation_type),
-                        weight_type=_quant_type(self.weight_type), nodes_to_exclude=self.nodes_to_exclude,
-                        calibrate_method=_method(self.method), extra_options=extra)
+        quantize_static(
+            str(src),
+            str(dst),
+            reader_for(self.calibration),
+            quant_format=QuantFormat.QOperator if self.mode == "static" else QuantFormat.QDQ,
+            op_types_to_quantize=self.op_types_for_mode(),
+            per_channel=self.per_channel,
+            reduce_range=self.reduce_range,
+            activation_type=_quant_type(self.activation_type),
+            weight_type=_quant_type(self.weight_type),
+            nodes_to_exclude=self.nodes_to_exclude,
+            calibrate_method=_method(self.method),
+            extra_options=extra,
+        )
 
 
 __all__ = [

@@ -48,21 +48,41 @@ def check_or_rebuild(proto: onnx.ModelProto, providers: Sequence[ProviderSpec]) 
     if file_sha256(source) != stamp.get("source_sha256"):
         raise StampMismatchError(mismatch_message(stamp, problems + [f"its source {source} has changed since"]))
     if kind == "optimize":
-        step: Pass = OptimizePass(stamp.get("level") or "all", list(providers),
-                                  free_dimension_overrides=(stamp.get("options") or {}).get("free_dimension_overrides"))
+        step: Pass = OptimizePass(
+            stamp.get("level") or "all",
+            list(providers),
+            free_dimension_overrides=(stamp.get("options") or {}).get("free_dimension_overrides"),
+        )
     else:
         opts = stamp.get("options") or {}
-        step = FusionPass(opts.get("model_type", "auto"), num_heads=opts.get("num_heads", 0),
-                          hidden_size=opts.get("hidden_size", 0), providers=list(providers))
-    log.warning("Stamped model was built for %s, but %s: rebuilding it from its source %s for %s.",
-                describe_stamp(stamp), "; ".join(problems), source, ", ".join(p.name for p in providers))
+        step = FusionPass(
+            opts.get("model_type", "auto"),
+            num_heads=opts.get("num_heads", 0),
+            hidden_size=opts.get("hidden_size", 0),
+            providers=list(providers),
+        )
+    log.warning(
+        "Stamped model was built for %s, but %s: rebuilding it from its source %s for %s.",
+        describe_stamp(stamp),
+        "; ".join(problems),
+        source,
+        ", ".join(p.name for p in providers),
+    )
     result = step.run(source)
     store = ModelStore()
-    key = "rebuilt-" + cache_key(model_sha256=stamp.get("source_sha256", ""), ort_version=ort.__version__,
-                                 providers=[p.to_dict() for p in providers], level=str(stamp.get("level")),
-                                 cpu=cpu_features(), extra={"pass": kind, "options": stamp.get("options")})
-    path, _ = store.get_or_create(key, lambda dest: save_model(result.model, dest),
-                                 meta={"source_sha256": stamp.get("source_sha256"), "pass": kind})
+    key = "rebuilt-" + cache_key(
+        model_sha256=stamp.get("source_sha256", ""),
+        ort_version=ort.__version__,
+        providers=[p.to_dict() for p in providers],
+        level=str(stamp.get("level")),
+        cpu=cpu_features(),
+        extra={"pass": kind, "options": stamp.get("options")},
+    )
+    path, _ = store.get_or_create(
+        key,
+        lambda dest: save_model(result.model, dest),
+        meta={"source_sha256": stamp.get("source_sha256"), "pass": kind},
+    )
     return path
 
 

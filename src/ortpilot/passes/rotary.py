@@ -44,15 +44,26 @@ def constant_tables(model: onnx.ModelProto) -> list[onnx.TensorProto]:
     """The constant cos/sin tables GroupQueryAttention nodes read (a step reads one row of each per
     position, and positions past their rows fail)."""
     initializers = {i.name: i for i in model.graph.initializer}
-    names = {n.input[k] for n in model.graph.node if n.op_type == "GroupQueryAttention"
-             for k in (_COS_INPUT, _SIN_INPUT) if len(n.input) > k}
+    names = {
+        n.input[k]
+        for n in model.graph.node
+        if n.op_type == "GroupQueryAttention"
+        for k in (_COS_INPUT, _SIN_INPUT)
+        if len(n.input) > k
+    }
     return [initializers[name] for name in sorted(names) if name in initializers]
 
 
 def fold_rotary_tables(model: onnx.ModelProto, max_positions: int) -> RotaryFold:
     """Replace computed GQA cos/sin caches by ``max_positions``-row initializers, in place."""
-    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and len(n.input) > _SIN_INPUT
-           and n.input[_COS_INPUT] and n.input[_SIN_INPUT]]
+    gqa = [
+        n
+        for n in model.graph.node
+        if n.op_type == "GroupQueryAttention"
+        and len(n.input) > _SIN_INPUT
+        and n.input[_COS_INPUT]
+        and n.input[_SIN_INPUT]
+    ]
     if not gqa:
         return RotaryFold(False, "no GroupQueryAttention reads rotary tables")
     pairs = {(n.input[_COS_INPUT], n.input[_SIN_INPUT]) for n in gqa}
@@ -64,8 +75,9 @@ def fold_rotary_tables(model: onnx.ModelProto, max_positions: int) -> RotaryFold
         return RotaryFold(False, "the rotary tables are already constants")
     nodes, inputs = cone(model, [cos, sin])
     if len(inputs) != 1:
-        return RotaryFold(False, f"the rotary tables depend on {sorted(inputs) or 'no input'}, "
-                                 "not on the position ids alone")
+        return RotaryFold(
+            False, f"the rotary tables depend on {sorted(inputs) or 'no input'}, not on the position ids alone"
+        )
     (position_input,) = inputs
     if "position" not in position_input.lower():
         return RotaryFold(False, f"the rotary tables depend on '{position_input}', not on position ids")
@@ -75,13 +87,19 @@ def fold_rotary_tables(model: onnx.ModelProto, max_positions: int) -> RotaryFold
         short = _evaluate(model, nodes, position_input, [cos, sin], probe)
     except Exception as exc:  # ORT refused the subgraph alone: keep it in the model, computed
         return RotaryFold(False, f"the rotary subgraph did not run on its own ({str(exc).splitlines()[0][:200]})")
-    if (any(t.ndim != 2 or t.shape != tables[0].shape or t.shape[0] != max_positions for t in tables)
-            or any(t.ndim != 2 or t.shape != (probe, tables[0].shape[1]) for t in short)
-            or not all(np.allclose(s, t[:probe], atol=1e-6) for s, t in zip(short, tables))):
-        return RotaryFold(False, f"the subgraph does not compute a position-indexed table (shape "
-                                 f"{list(tables[0].shape)} for {max_positions} positions)")
-    model.graph.initializer.extend([numpy_helper.from_array(tables[0], COS_NAME),
-                                    numpy_helper.from_array(tables[1], SIN_NAME)])
+    if (
+        any(t.ndim != 2 or t.shape != tables[0].shape or t.shape[0] != max_positions for t in tables)
+        or any(t.ndim != 2 or t.shape != (probe, tables[0].shape[1]) for t in short)
+        or not all(np.allclose(s, t[:probe], atol=1e-6) for s, t in zip(short, tables))
+    ):
+        return RotaryFold(
+            False,
+            f"the subgraph does not compute a position-indexed table (shape "
+            f"{list(tables[0].shape)} for {max_positions} positions)",
+        )
+    model.graph.initializer.extend(
+        [numpy_helper.from_array(tables[0], COS_NAME), numpy_helper.from_array(tables[1], SIN_NAME)]
+    )
     for node in gqa:
         node.input[_COS_INPUT], node.input[_SIN_INPUT] = COS_NAME, SIN_NAME
     removed = remove_dead_nodes(model)
@@ -89,15 +107,19 @@ def fold_rotary_tables(model: onnx.ModelProto, max_positions: int) -> RotaryFold
     return RotaryFold(True, max_positions=max_positions, rotary_dim=int(tables[0].shape[1]), nodes_removed=removed)
 
 
-def _evaluate(model: onnx.ModelProto, nodes: list[onnx.NodeProto], position_input: str, outputs: list[str],
-              positions: int) -> list[np.ndarray]:
+def _evaluate(
+    model: onnx.ModelProto, nodes: list[onnx.NodeProto], position_input: str, outputs: list[str], positions: int
+) -> list[np.ndarray]:
     """Run the cone alone, on position ids [[positions - 1]] (the tables cover 0..max)."""
     info = next(i for i in model.graph.input if i.name == position_input)
     used = {i for n in nodes for i in n.input}
     graph = helper.make_graph(
-        list(nodes), "rotary", [info],
+        list(nodes),
+        "rotary",
+        [info],
         [onnx.ValueInfoProto(name=o) for o in outputs],
-        [i for i in model.graph.initializer if i.name in used])
+        [i for i in model.graph.initializer if i.name in used],
+    )
     sub = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     options = ort.SessionOptions()
     options.log_severity_level = 3

@@ -54,8 +54,7 @@ def dynamic_op_types() -> list[str]:
     return sorted(IntegerOpsRegistry)
 
 
-def _weighted_nodes(model: onnx.ModelProto, op_types: Sequence[str]
-                    ) -> list[tuple[onnx.NodeProto, str, np.ndarray]]:
+def _weighted_nodes(model: onnx.ModelProto, op_types: Sequence[str]) -> list[tuple[onnx.NodeProto, str, np.ndarray]]:
     """(node, name of its weight initializer, the weight)."""
     inits = {t.name: t for t in model.graph.initializer}
     out = []
@@ -85,8 +84,9 @@ def _as_quantizer_sees_it(model: onnx.ModelProto) -> onnx.ModelProto:
     return work
 
 
-def _quantized_weight(w: np.ndarray, op_type: str, *, per_channel: bool, reduce_range: bool, weight_type: str
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _quantized_weight(
+    w: np.ndarray, op_type: str, *, per_channel: bool, reduce_range: bool, weight_type: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(integer weight, zero point, scale) as ``quantize_dynamic`` stores ``w``, from ORT's own ``quantize_data``.
 
     Symmetric for int8, asymmetric for uint8 (the quantizer's ``is_weight_symmetric``); per
@@ -122,13 +122,23 @@ def _quantized_twin(node: onnx.NodeProto, weight: str, p: str, outputs: Sequence
     """
     if node.op_type == "Gather":
         axis = {a.name: a.i for a in node.attribute}.get("axis", 0)
-        return [helper.make_node("DequantizeLinear", [p + "wq", p + "ws", p + "wz"], [p + "table"]),
-                helper.make_node("Gather", [p + "table", node.input[1]], [outputs[0]], axis=axis)]
+        return [
+            helper.make_node("DequantizeLinear", [p + "wq", p + "ws", p + "wz"], [p + "table"]),
+            helper.make_node("Gather", [p + "table", node.input[1]], [outputs[0]], axis=axis),
+        ]
     quantize = helper.make_node("DynamicQuantizeLinear", [node.input[0]], [p + "q", p + "s", p + "z"])
     if node.op_type == "Attention":
-        inputs = [p + "q", p + "wq", node.input[2], p + "s", p + "ws",
-                  node.input[3] if len(node.input) > 3 else "", p + "z", p + "wz",
-                  node.input[4] if len(node.input) > 4 else ""]
+        inputs = [
+            p + "q",
+            p + "wq",
+            node.input[2],
+            p + "s",
+            p + "ws",
+            node.input[3] if len(node.input) > 3 else "",
+            p + "z",
+            p + "wz",
+            node.input[4] if len(node.input) > 4 else "",
+        ]
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         return [quantize, helper.make_node("QAttention", inputs, list(outputs), domain="com.microsoft", **attrs)]
     if node.op_type == "Conv":
@@ -138,12 +148,18 @@ def _quantized_twin(node: onnx.NodeProto, weight: str, p: str, outputs: Sequence
         product = helper.make_node("MatMulInteger", [p + "q", p + "wq", p + "z", p + "wz"], [p + "int"])
     has_bias = node.op_type == "Conv" and len(node.input) > 2 and bool(node.input[2])
     scaled = p + "got" if has_bias else outputs[0]
-    nodes = [quantize, product, helper.make_node("Cast", [p + "int"], [p + "intf"], to=onnx.TensorProto.FLOAT),
-             helper.make_node("Mul", [p + "s", p + "ws"], [p + "scale"]),
-             helper.make_node("Mul", [p + "intf", p + "scale"], [scaled])]
+    nodes = [
+        quantize,
+        product,
+        helper.make_node("Cast", [p + "int"], [p + "intf"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Mul", [p + "s", p + "ws"], [p + "scale"]),
+        helper.make_node("Mul", [p + "intf", p + "scale"], [scaled]),
+    ]
     if has_bias:  # Conv's bias, [C] broadcast over [N, C, spatial...]
-        nodes += [helper.make_node("Unsqueeze", [node.input[2], p + "axes"], [p + "bias"]),
-                  helper.make_node("Add", [scaled, p + "bias"], [outputs[0]])]
+        nodes += [
+            helper.make_node("Unsqueeze", [node.input[2], p + "axes"], [p + "bias"]),
+            helper.make_node("Add", [scaled, p + "bias"], [outputs[0]]),
+        ]
     return nodes
 
 
@@ -153,9 +169,11 @@ def _switched(node: onnx.NodeProto, weight: str, p: str) -> onnx.NodeProto:
     One probe session then measures every layer's effect on the model's outputs alone: each run
     switches one layer to ORT's integer kernels and leaves the rest in float.
     """
+
     def branch(name: str, nodes: list[onnx.NodeProto], outs: list[str]) -> onnx.GraphProto:
-        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None)
-                                                   for o in outs])
+        return helper.make_graph(
+            nodes, name, [], [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outs]
+        )
 
     real = [o for o in node.output if o]
     then_outs = [f"{p}then{i}" for i in range(len(real))]
@@ -165,14 +183,26 @@ def _switched(node: onnx.NodeProto, weight: str, p: str) -> onnx.NodeProto:
     del original.output[:]
     original.output.extend(else_outs)
     original.name = p + "float"
-    return helper.make_node("If", [p + "on"], real, name=node.name + "_ortpilot_probe",
-                            then_branch=branch(p + "quantized", _quantized_twin(node, weight, p, then_outs), then_outs),
-                            else_branch=branch(p + "original", [original], else_outs))
+    return helper.make_node(
+        "If",
+        [p + "on"],
+        real,
+        name=node.name + "_ortpilot_probe",
+        then_branch=branch(p + "quantized", _quantized_twin(node, weight, p, then_outs), then_outs),
+        else_branch=branch(p + "original", [original], else_outs),
+    )
 
 
-def rank_dynamic(model: onnx.ModelProto | str | Path, calibration: Sequence[Mapping[str, np.ndarray]], *,
-                 op_types: Sequence[str] = RANKED_OPS, per_channel: bool = True, reduce_range: bool = False,
-                 weight_type: str = "qint8", max_samples: int = 4) -> list[dict[str, Any]]:
+def rank_dynamic(
+    model: onnx.ModelProto | str | Path,
+    calibration: Sequence[Mapping[str, np.ndarray]],
+    *,
+    op_types: Sequence[str] = RANKED_OPS,
+    per_channel: bool = True,
+    reduce_range: bool = False,
+    weight_type: str = "qint8",
+    max_samples: int = 4,
+) -> list[dict[str, Any]]:
     """Weighted nodes with the noise-to-signal power dynamic INT8 adds at each, worst first.
 
     Each entry: ``node``, ``op_type``, ``tensor`` (the rounded activation, or a Gather's table),
@@ -205,11 +235,17 @@ def rank_dynamic(model: onnx.ModelProto | str | Path, calibration: Sequence[Mapp
             continue
         _, weight, w = targets[i]
         p = f"_ortpilot_probe{i}_"
-        q, zero, scale = _quantized_weight(w, node.op_type, per_channel=per_channel, reduce_range=reduce_range,
-                                           weight_type=weight_type)
-        graph.initializer.extend([numpy_helper.from_array(q, p + "wq"), numpy_helper.from_array(zero, p + "wz"),
-                                  numpy_helper.from_array(scale, p + "ws"),
-                                  numpy_helper.from_array(np.arange(1, w.ndim - 1, dtype=np.int64), p + "axes")])
+        q, zero, scale = _quantized_weight(
+            w, node.op_type, per_channel=per_channel, reduce_range=reduce_range, weight_type=weight_type
+        )
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(q, p + "wq"),
+                numpy_helper.from_array(zero, p + "wz"),
+                numpy_helper.from_array(scale, p + "ws"),
+                numpy_helper.from_array(np.arange(1, w.ndim - 1, dtype=np.int64), p + "axes"),
+            ]
+        )
         graph.input.append(helper.make_tensor_value_info(p + "on", onnx.TensorProto.BOOL, []))
         rewritten.append(_switched(node, weight, p))
         switches[node.name] = p + "on"
@@ -234,8 +270,15 @@ def rank_dynamic(model: onnx.ModelProto | str | Path, calibration: Sequence[Mapp
     ranked = []
     for node, _, _ in targets:
         nsr = removed[node.name]
-        ranked.append({"node": node.name, "op_type": node.op_type, "tensor": node.input[0], "nsr": nsr,
-                       "sqnr_db": round(10 * math.log10(1 / nsr), 2) if nsr > 0 else math.inf})
+        ranked.append(
+            {
+                "node": node.name,
+                "op_type": node.op_type,
+                "tensor": node.input[0],
+                "nsr": nsr,
+                "sqnr_db": round(10 * math.log10(1 / nsr), 2) if nsr > 0 else math.inf,
+            }
+        )
     ranked.sort(key=lambda r: -r["nsr"])
     return ranked
 
@@ -247,8 +290,9 @@ def _nsr(reference: np.ndarray, got: np.ndarray) -> float:
     return float(np.sum((ref - out) ** 2)) / signal if signal > 0 else 0.0
 
 
-def nodes_to_exclude(ranking: Sequence[Mapping[str, Any]], reduction: float, *, already: Sequence[str] = (),
-                     max_share: float = 0.5) -> list[str]:
+def nodes_to_exclude(
+    ranking: Sequence[Mapping[str, Any]], reduction: float, *, already: Sequence[str] = (), max_share: float = 0.5
+) -> list[str]:
     """The fewest nodes (worst first) whose removal cuts the summed noise by ``reduction``x.
 
     Returns [] when even ``max_share`` of the ranked nodes would not do (the variant is hopeless).

@@ -67,16 +67,21 @@ def find_targets(model: onnx.ModelProto, *, embedding: bool = True) -> list[Weig
         if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
             tensor = inits[node.input[1]]
             dims = tuple(int(d) for d in tensor.dims)
-            if (tensor.data_type in _FLOAT_TYPES and len(dims) >= 2 and all(d == 1 for d in dims[:-2])
-                    and min(dims[-2:]) >= MIN_DIM):
+            if (
+                tensor.data_type in _FLOAT_TYPES
+                and len(dims) >= 2
+                and all(d == 1 for d in dims[:-2])
+                and min(dims[-2:]) >= MIN_DIM
+            ):
                 out.append(WeightTarget(node.name, "MatMul", tensor.name, dims, dims[-2], _group(node, tensor.name)))
         elif node.op_type == "FusedMatMul" and _plain_trans_b(node) and node.input[1] in inits:
             # onnxscript's fusions turn a tied LM head (x @ E^T) into FusedMatMul(x, E, transB=1).
             tensor = inits[node.input[1]]
             dims = tuple(int(d) for d in tensor.dims)
             if tensor.data_type in _FLOAT_TYPES and len(dims) == 2 and min(dims) >= MIN_DIM:
-                out.append(WeightTarget(node.name, "FusedMatMul", tensor.name, dims, dims[1],
-                                        _group(node, tensor.name)))
+                out.append(
+                    WeightTarget(node.name, "FusedMatMul", tensor.name, dims, dims[1], _group(node, tensor.name))
+                )
         elif embedding and node.op_type == "Gather" and node.input and node.input[0] in inits:
             tensor = inits[node.input[0]]
             dims = tuple(int(d) for d in tensor.dims)
@@ -90,8 +95,11 @@ def _plain_trans_b(node: onnx.NodeProto) -> bool:
     """FusedMatMul that is just x @ W^T: transB=1 and every other attribute at its default."""
     attrs = {a.name: (a.f if a.type == onnx.AttributeProto.FLOAT else a.i) for a in node.attribute}
     defaults = {"alpha": 1.0, "transA": 0, "transBatchA": 0, "transBatchB": 0}
-    return (node.domain == "com.microsoft" and attrs.get("transB") == 1
-            and all(attrs.get(k, v) == v for k, v in defaults.items()))
+    return (
+        node.domain == "com.microsoft"
+        and attrs.get("transB") == 1
+        and all(attrs.get(k, v) == v for k, v in defaults.items())
+    )
 
 
 def _untranspose(model: onnx.ModelProto, targets: Sequence[WeightTarget]) -> None:
@@ -115,8 +123,9 @@ def _untranspose(model: onnx.ModelProto, targets: Sequence[WeightTarget]) -> Non
             array = numpy_helper.to_array(inits[target.weight]).T.copy()
             model.graph.initializer.append(numpy_helper.from_array(array, name))
             inits[name] = model.graph.initializer[-1]
-        model.graph.node[i].CopyFrom(onnx.helper.make_node("MatMul", [node.input[0], name], list(node.output),
-                                                           name=node.name))
+        model.graph.node[i].CopyFrom(
+            onnx.helper.make_node("MatMul", [node.input[0], name], list(node.output), name=node.name)
+        )
 
 
 def _pack_siblings(model: onnx.ModelProto, targets: Sequence[WeightTarget]) -> list[WeightTarget]:
@@ -148,16 +157,30 @@ def _pack_siblings(model: onnx.ModelProto, targets: Sequence[WeightTarget]) -> l
         arrays = [numpy_helper.to_array(inits[n.input[1]]) for n in nodes]
         sizes = [int(a.shape[1]) for a in arrays]
         name, weight = f"{members[0].node}/packed", f"{nodes[0].input[1]}.packed"
-        model.graph.initializer.extend([numpy_helper.from_array(np.concatenate(arrays, axis=1), weight),
-                                        numpy_helper.from_array(np.array(sizes, dtype=np.int64), f"{weight}.split")])
-        packed = [onnx.helper.make_node("MatMul", [nodes[0].input[0], weight], [f"{name}/output"], name=name),
-                  onnx.helper.make_node("Split", [f"{name}/output", f"{weight}.split"], [n.output[0] for n in nodes],
-                                        name=f"{name}/Split", axis=-1)]
+        model.graph.initializer.extend(
+            [
+                numpy_helper.from_array(np.concatenate(arrays, axis=1), weight),
+                numpy_helper.from_array(np.array(sizes, dtype=np.int64), f"{weight}.split"),
+            ]
+        )
+        packed = [
+            onnx.helper.make_node("MatMul", [nodes[0].input[0], weight], [f"{name}/output"], name=name),
+            onnx.helper.make_node(
+                "Split",
+                [f"{name}/output", f"{weight}.split"],
+                [n.output[0] for n in nodes],
+                name=f"{name}/Split",
+                axis=-1,
+            ),
+        ]
         for node in packed:  # the export's module path, which names the layer (``layer_groups``)
             node.metadata_props.extend(nodes[0].metadata_props)
         inserts[min(index[m.node] for m in members)] = packed
-        out.append(WeightTarget(name, "MatMul", weight, (members[0].block_dim, sum(sizes)), members[0].block_dim,
-                                members[0].group))
+        out.append(
+            WeightTarget(
+                name, "MatMul", weight, (members[0].block_dim, sum(sizes)), members[0].block_dim, members[0].group
+            )
+        )
     kept = []
     for i, node in enumerate(model.graph.node):
         kept.extend(inserts.get(i, []))
@@ -254,17 +277,28 @@ class WeightOnlyPass(Pass):
 
     name = "weight_only"
 
-    def __init__(self, mode: str = "int4", *, block_size: int = DEFAULT_BLOCK_SIZE, symmetric: bool = True,
-                 accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL, embedding: bool = True,
-                 nodes_to_exclude: Iterable[str] = (), nodes_in_int8: Iterable[str] = (), pack: bool = True) -> None:
+    def __init__(
+        self,
+        mode: str = "int4",
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        symmetric: bool = True,
+        accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL,
+        embedding: bool = True,
+        nodes_to_exclude: Iterable[str] = (),
+        nodes_in_int8: Iterable[str] = (),
+        pack: bool = True,
+    ) -> None:
         if mode not in MODES:
             raise UsageError(f"Unknown weight-only mode '{mode}'; choose one of {', '.join(MODES)}.")
         if block_size < 16 or block_size & (block_size - 1):
-            raise UsageError(f"--block-size must be a power of two and at least 16 (MatMulNBits needs that); "
-                             f"got {block_size}.")
+            raise UsageError(
+                f"--block-size must be a power of two and at least 16 (MatMulNBits needs that); got {block_size}."
+            )
         if accuracy_level is not None and accuracy_level not in (0, 1, 2, 3, 4):
-            raise UsageError(f"--accuracy-level must be 0..4 (4 = int8 compute, 1 = fp32 compute); "
-                             f"got {accuracy_level}.")
+            raise UsageError(
+                f"--accuracy-level must be 0..4 (4 = int8 compute, 1 = fp32 compute); got {accuracy_level}."
+            )
         self.mode = mode
         self.bits = MODES[mode]
         self.block_size = block_size
@@ -278,10 +312,16 @@ class WeightOnlyPass(Pass):
         self.nodes_in_int8 = tuple(sorted(set(nodes_in_int8) - set(self.nodes_to_exclude))) if self.bits == 4 else ()
 
     def options(self) -> dict[str, Any]:
-        return {"mode": self.mode, "block_size": self.block_size, "symmetric": self.symmetric,
-                "accuracy_level": self.accuracy_level, "embedding": self.embedding,
-                "nodes_to_exclude": list(self.nodes_to_exclude), "nodes_in_int8": list(self.nodes_in_int8),
-                "pack": self.pack}
+        return {
+            "mode": self.mode,
+            "block_size": self.block_size,
+            "symmetric": self.symmetric,
+            "accuracy_level": self.accuracy_level,
+            "embedding": self.embedding,
+            "nodes_to_exclude": list(self.nodes_to_exclude),
+            "nodes_in_int8": list(self.nodes_in_int8),
+            "pack": self.pack,
+        }
 
     def label(self) -> str:
         return f"{self.mode.split('-')[0]}-weights"
@@ -290,30 +330,41 @@ class WeightOnlyPass(Pass):
         model = source.proto
         done = weight_only_nodes(model)
         if done:
-            note = (f"already weight-only quantized ({done} MatMulNBits/GatherBlockQuantized node(s)); "
-                    "not quantized again")
+            note = (
+                f"already weight-only quantized ({done} MatMulNBits/GatherBlockQuantized node(s)); not quantized again"
+            )
             log.warning("The model is %s.", note)
-            return Outcome(model, notes=[note], extra={"already_quantized": True,
-                                                       "weight_bytes_before": weight_bytes(model),
-                                                       "weight_bytes_after": weight_bytes(model)})
+            return Outcome(
+                model,
+                notes=[note],
+                extra={
+                    "already_quantized": True,
+                    "weight_bytes_before": weight_bytes(model),
+                    "weight_bytes_after": weight_bytes(model),
+                },
+            )
         targets = find_targets(model, embedding=self.embedding)
         if not any(t.op_type != "Gather" for t in targets):
             raise UsageError(
                 "The model has no MatMul with a constant float weight, so weight-only quantization has "
                 "nothing to do (it quantizes MatMul weights [K, N] stored as initializers). Use "
-                "--mode dynamic/static for models whose weights are computed or in Gemm/Conv nodes.")
+                "--mode dynamic/static for models whose weights are computed or in Gemm/Conv nodes."
+            )
         unknown = sorted((set(self.nodes_to_exclude) | set(self.nodes_in_int8)) - {t.node for t in targets})
         if unknown:
-            raise UsageError(f"nodes_to_exclude names node(s) that are not quantizable weights: "
-                             f"{', '.join(unknown[:8])}.")
+            raise UsageError(
+                f"nodes_to_exclude names node(s) that are not quantizable weights: {', '.join(unknown[:8])}."
+            )
         chosen = [t for t in targets if t.node not in self.nodes_to_exclude]
         self._check_blocks(chosen)
         wide = {t.node for t in chosen if t.node in self.nodes_in_int8 and t.op_type != "Gather"}
         quantized = _named_copy(model)
         _untranspose(quantized, chosen)
         packed = 0
-        for subset, bits in (([t for t in chosen if t.node in wide], 8),
-                             ([t for t in chosen if t.node not in self.nodes_in_int8], self.bits)):
+        for subset, bits in (
+            ([t for t in chosen if t.node in wide], 8),
+            ([t for t in chosen if t.node not in self.nodes_in_int8], self.bits),
+        ):
             if subset:
                 if self.pack:
                     before = len(subset)
@@ -324,12 +375,16 @@ class WeightOnlyPass(Pass):
         before, after = weight_bytes(model), weight_bytes(quantized)
         matmuls = sum(1 for t in chosen if t.op_type != "Gather")
         gathers = sum(1 for t in chosen if t.op_type == "Gather" and t.node not in self.nodes_in_int8)
-        notes = [f"{matmuls} MatMul -> MatMulNBits ({self.bits}-bit, block {self.block_size}, "
-                 f"{'symmetric' if self.symmetric else 'asymmetric'}, accuracy_level {self.accuracy_level})",
-                 f"weights {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB ({before / max(after, 1):.2f}x smaller)"]
+        notes = [
+            f"{matmuls} MatMul -> MatMulNBits ({self.bits}-bit, block {self.block_size}, "
+            f"{'symmetric' if self.symmetric else 'asymmetric'}, accuracy_level {self.accuracy_level})",
+            f"weights {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB ({before / max(after, 1):.2f}x smaller)",
+        ]
         if packed:
-            notes.append(f"MatMuls reading the same input packed: {packed} fewer MatMulNBits calls per token"
-                         + (f"; {packed_qkv} GroupQueryAttention read packed QKV" if packed_qkv else ""))
+            notes.append(
+                f"MatMuls reading the same input packed: {packed} fewer MatMulNBits calls per token"
+                + (f"; {packed_qkv} GroupQueryAttention read packed QKV" if packed_qkv else "")
+            )
         if gathers:
             notes.append(f"{gathers} embedding Gather -> GatherBlockQuantized")
         elif self.bits == 8:
@@ -337,25 +392,43 @@ class WeightOnlyPass(Pass):
         if self.nodes_to_exclude:
             notes.append(f"left in float: {len(self.nodes_to_exclude)} node(s)")
         if self.nodes_in_int8:
-            notes.append(f"kept in 8 bits: {len(wide)} node(s)"
-                         + (" (an embedding among them stays float)" if len(wide) < len(self.nodes_in_int8) else ""))
-        return Outcome(quantized, notes=notes, extra={
-            "weight_bytes_before": before, "weight_bytes_after": after, "matmuls_quantized": matmuls,
-            "gathers_quantized": gathers, "matmuls_packed_away": packed, "gqa_packed_qkv": packed_qkv,
-            "excluded": list(self.nodes_to_exclude), "int8_nodes": sorted(wide),
-            "already_quantized": False})
+            notes.append(
+                f"kept in 8 bits: {len(wide)} node(s)"
+                + (" (an embedding among them stays float)" if len(wide) < len(self.nodes_in_int8) else "")
+            )
+        return Outcome(
+            quantized,
+            notes=notes,
+            extra={
+                "weight_bytes_before": before,
+                "weight_bytes_after": after,
+                "matmuls_quantized": matmuls,
+                "gathers_quantized": gathers,
+                "matmuls_packed_away": packed,
+                "gqa_packed_qkv": packed_qkv,
+                "excluded": list(self.nodes_to_exclude),
+                "int8_nodes": sorted(wide),
+                "already_quantized": False,
+            },
+        )
 
     def _check_blocks(self, targets: Sequence[WeightTarget]) -> None:
         for t in targets:
             if t.block_dim % self.block_size:
-                dim = {"MatMul": "K (rows)", "FusedMatMul": "K (columns, transB)"}.get(t.op_type,
-                                                                                       "hidden size (columns)")
+                dim = {"MatMul": "K (rows)", "FusedMatMul": "K (columns, transB)"}.get(
+                    t.op_type, "hidden size (columns)"
+                )
                 divisors = [b for b in (16, 32, 64, 128, 256) if t.block_dim % b == 0]
-                hint = (f"block sizes that divide it: {', '.join(map(str, divisors))}" if divisors
-                        else f"no power-of-two block >= 16 divides it; exclude node '{t.node}'")
-                raise UsageError(f"Block size {self.block_size} does not divide the {dim} of weight "
-                                 f"'{t.weight}' (shape {list(t.shape)}, used by {t.op_type} '{t.node}'); "
-                                 f"{hint}.")
+                hint = (
+                    f"block sizes that divide it: {', '.join(map(str, divisors))}"
+                    if divisors
+                    else f"no power-of-two block >= 16 divides it; exclude node '{t.node}'"
+                )
+                raise UsageError(
+                    f"Block size {self.block_size} does not divide the {dim} of weight "
+                    f"'{t.weight}' (shape {list(t.shape)}, used by {t.op_type} '{t.node}'); "
+                    f"{hint}."
+                )
 
     def _quantize(self, model: onnx.ModelProto, targets: Sequence[WeightTarget], bits: int) -> onnx.ModelProto:
         """One run of ORT's quantizer over exactly ``targets`` (FusedMatMuls already untransposed)."""
@@ -372,9 +445,15 @@ class WeightOnlyPass(Pass):
         level = quiet.level
         quiet.setLevel(logging.WARNING)  # it logs every node at INFO
         try:
-            quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=self.block_size,
-                                             is_symmetric=self.symmetric, accuracy_level=self.accuracy_level,
-                                             nodes_to_exclude=exclude, op_types_to_quantize=ops)
+            quantizer = MatMulNBitsQuantizer(
+                model,
+                bits=bits,
+                block_size=self.block_size,
+                is_symmetric=self.symmetric,
+                accuracy_level=self.accuracy_level,
+                nodes_to_exclude=exclude,
+                op_types_to_quantize=ops,
+            )
             quantizer.process()
         finally:
             quiet.setLevel(level)
@@ -433,14 +512,30 @@ def weight_only_summary(result: PassResult | PipelineResult) -> dict[str, Any]:
     record = next(r for r in reversed(records) if r.name == WeightOnlyPass.name)
     extra = record.extra
     before, after = extra.get("weight_bytes_before", 0), extra.get("weight_bytes_after", 0)
-    return {"weight_bytes_before": before, "weight_bytes_after": after,
-            "compression": round(before / after, 3) if after else None,
-            "matmuls_quantized": extra.get("matmuls_quantized", 0),
-            "gathers_quantized": extra.get("gathers_quantized", 0),
-            "already_quantized": extra.get("already_quantized", False), "notes": record.notes,
-            "passes": [r.name for r in records]}
+    return {
+        "weight_bytes_before": before,
+        "weight_bytes_after": after,
+        "compression": round(before / after, 3) if after else None,
+        "matmuls_quantized": extra.get("matmuls_quantized", 0),
+        "gathers_quantized": extra.get("gathers_quantized", 0),
+        "already_quantized": extra.get("already_quantized", False),
+        "notes": record.notes,
+        "passes": [r.name for r in records],
+    }
 
 
-__all__ = ["DEFAULT_ACCURACY_LEVEL", "DEFAULT_BLOCK_SIZE", "MODES", "WEIGHT_ONLY_OPS", "WeightOnlyPass",
-           "WeightTarget", "find_targets", "layer_groups", "pack_weight_matmuls",
-           "tensor_bytes", "weight_bytes", "weight_only_nodes", "weight_only_summary"]
+__all__ = [
+    "DEFAULT_ACCURACY_LEVEL",
+    "DEFAULT_BLOCK_SIZE",
+    "MODES",
+    "WEIGHT_ONLY_OPS",
+    "WeightOnlyPass",
+    "WeightTarget",
+    "find_targets",
+    "layer_groups",
+    "pack_weight_matmuls",
+    "tensor_bytes",
+    "weight_bytes",
+    "weight_only_nodes",
+    "weight_only_summary",
+]

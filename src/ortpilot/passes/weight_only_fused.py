@@ -21,23 +21,40 @@ def _fusion_pass() -> Pass:
     try:
         from ortpilot.passes.decoder_fusion import DecoderFusionPass
     except ImportError as exc:  # pragma: no cover - depends on the optional fusion extra
-        raise UsageError(f"The decoder fusion pass is not available ({exc}); install ortpilot[fusion] "
-                         "or quantize without fuse=True.") from exc
+        raise UsageError(
+            f"The decoder fusion pass is not available ({exc}); install ortpilot[fusion] or quantize without fuse=True."
+        ) from exc
     return DecoderFusionPass()
 
 
-def quantize_weight_only(model: ModelLike, out: str | os.PathLike | None = None, mode: str = "int4", *,
-                         block_size: int = DEFAULT_BLOCK_SIZE, symmetric: bool = True,
-                         accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL, embedding: bool = True,
-                         nodes_to_exclude: Iterable[str] = (), fuse: bool = False) -> PipelineResult:
+def quantize_weight_only(
+    model: ModelLike,
+    out: str | os.PathLike | None = None,
+    mode: str = "int4",
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    symmetric: bool = True,
+    accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL,
+    embedding: bool = True,
+    nodes_to_exclude: Iterable[str] = (),
+    fuse: bool = False,
+) -> PipelineResult:
     """Weight-only quantize ``model`` (optionally after the GQA decoder fusion) and save it to ``out``.
 
     The records carry ``extra.weight_bytes_before/after``; ``fuse=True`` runs the decoder fusion
     pass first so the result has both GroupQueryAttention and MatMulNBits.
     """
     passes: list[Pass] = [_fusion_pass()] if fuse else []
-    passes.append(WeightOnlyPass(mode, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
-                                 embedding=embedding, nodes_to_exclude=nodes_to_exclude))
+    passes.append(
+        WeightOnlyPass(
+            mode,
+            block_size=block_size,
+            symmetric=symmetric,
+            accuracy_level=accuracy_level,
+            embedding=embedding,
+            nodes_to_exclude=nodes_to_exclude,
+        )
+    )
     result = Pipeline(passes).run(model)
     if out is not None:
         result.save(Path(out))

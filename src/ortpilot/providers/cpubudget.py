@@ -37,8 +37,13 @@ class CpuBudget:
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cpus": self.cpus, "source": self.source, "affinity": self.affinity, "limits": dict(self.limits),
-                "notes": list(self.notes)}
+        return {
+            "cpus": self.cpus,
+            "source": self.source,
+            "affinity": self.affinity,
+            "limits": dict(self.limits),
+            "notes": list(self.notes),
+        }
 
 
 def _affinity() -> tuple[int, str]:
@@ -130,8 +135,9 @@ def _v1_quota(root: Path, path: str, notes: list[str]) -> float | None:
     return best
 
 
-def cpu_budget(proc_self: str | os.PathLike = "/proc/self", cgroup_root: str | os.PathLike = "/sys/fs/cgroup"
-               ) -> CpuBudget:
+def cpu_budget(
+    proc_self: str | os.PathLike = "/proc/self", cgroup_root: str | os.PathLike = "/sys/fs/cgroup"
+) -> CpuBudget:
     """The CPUs this process may use: affinity ∩ cgroup v2 ``cpu.max`` ∩ cgroup v1 CFS quota."""
     notes: list[str] = []
     affinity, source = _affinity()
@@ -139,7 +145,9 @@ def cpu_budget(proc_self: str | os.PathLike = "/proc/self", cgroup_root: str | o
     root = Path(cgroup_root)
     v2_path, v1_paths = _cgroup_paths(Path(proc_self), notes)
     if v2_path is not None:
-        v2_root = root / "unified" if (root / "unified").is_dir() and not (root / "cgroup.controllers").exists() else root
+        v2_root = (
+            root / "unified" if (root / "unified").is_dir() and not (root / "cgroup.controllers").exists() else root
+        )
         quota = _v2_quota(v2_root, v2_path, notes)
         if quota is not None:
             limits["cgroup v2 cpu.max"] = quota
@@ -172,9 +180,12 @@ def ort_default_threads() -> int:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "threads",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "threads",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
     options = ort.SessionOptions()
     options.log_severity_level = 3

@@ -39,8 +39,18 @@ ISA_MEANING: dict[str, str] = {
     "i8mm": "Arm INT8 matrix multiply (smmla/ummla)",
 }
 # The flags that change which INT8 (and fp32) kernels ORT runs: what a profile records.
-KERNEL_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16",
-                "asimddp", "i8mm")
+KERNEL_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "asimddp",
+    "i8mm",
+)
 # Int8Rule.name values.
 RULES = ("amx", "vnni", "arm-dot", "x86-no-vnni", "unknown")
 
@@ -87,23 +97,32 @@ class CpuIsa:
         if self.amx:
             return "ok", "AMX INT8 present: big INT8 (and BF16) matmul speedups are available."
         if self.vnni:
-            return "ok", ("VNNI present: fast u8s8 dot products, so dynamic and static INT8 usually beat fp32 "
-                          "on MatMul-heavy models (conv nets still need measuring).")
+            return "ok", (
+                "VNNI present: fast u8s8 dot products, so dynamic and static INT8 usually beat fp32 "
+                "on MatMul-heavy models (conv nets still need measuring)."
+            )
         if self.arm_dot:
             return "ok", "Arm dot-product instructions present: INT8 kernels are fast."
         if self.flags.get("avx2"):
-            return "warn", ("AVX2 without VNNI: INT8 uses saturating vpmaddubsw; it can be slower than fp32, "
-                            "especially for conv nets, and u8s8 products can clip (reduce_range or U8U8 "
-                            "weights avoid it). Measure before shipping INT8 ('ortpilot bench').")
+            return "warn", (
+                "AVX2 without VNNI: INT8 uses saturating vpmaddubsw; it can be slower than fp32, "
+                "especially for conv nets, and u8s8 products can clip (reduce_range or U8U8 "
+                "weights avoid it). Measure before shipping INT8 ('ortpilot bench')."
+            )
         if not self.flags:
             return "info", "CPU flags unknown on this platform; measure INT8 against fp32."
         return "warn", "No AVX2/VNNI: INT8 is likely slower than fp32 on this CPU."
 
     def to_dict(self) -> dict[str, Any]:
         level, verdict = self.int8_verdict()
-        return {"model": self.model, "machine": self.machine, "source": self.source, "flags": self.flags,
-                "meaning": {k: ISA_MEANING[k] for k, v in self.flags.items() if v},
-                "int8": {"level": level, "verdict": verdict}}
+        return {
+            "model": self.model,
+            "machine": self.machine,
+            "source": self.source,
+            "flags": self.flags,
+            "meaning": {k: ISA_MEANING[k] for k, v in self.flags.items() if v},
+            "int8": {"level": level, "verdict": verdict},
+        }
 
 
 def read_cpu_isa(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuIsa:
@@ -159,9 +178,12 @@ def _matmul_integer_probe(weight_type: int) -> tuple[int, int]:
     value = 127 if signed else 255
     weight = np.full((k, 4), value, np.int8 if signed else np.uint8)
     graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "b"], ["y"])], "int8_probe",
+        [helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+        "int8_probe",
         [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, k])],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 4])], [numpy_helper.from_array(weight, "b")])
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 4])],
+        [numpy_helper.from_array(weight, "b")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -197,16 +219,23 @@ class Int8Rule:
     measured: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "u8s8_saturates": self.u8s8_saturates, "reason": self.reason,
-                "flags_rule": self.flags_rule, "measured": self.measured}
+        return {
+            "name": self.name,
+            "u8s8_saturates": self.u8s8_saturates,
+            "reason": self.reason,
+            "flags_rule": self.flags_rule,
+            "measured": self.measured,
+        }
 
 
 _RULE_REASONS = {
     "amx": "AMX INT8 (flags): u8s8 products accumulate exactly; 8-bit weights as they are",
     "vnni": "VNNI (flags): u8s8 products accumulate exactly in vpdpbusd; 8-bit weights as they are",
     "arm-dot": "Arm dot product (flags): ORT's INT8 kernels are exact and fast; S8S8 QDQ is ORT's first choice",
-    "x86-no-vnni": ("x86 without VNNI: u8s8 pair sums saturate in vpmaddubsw; ORT's fix is reduce_range "
-                    "(7-bit weights) or U8U8 weights"),
+    "x86-no-vnni": (
+        "x86 without VNNI: u8s8 pair sums saturate in vpmaddubsw; ORT's fix is reduce_range "
+        "(7-bit weights) or U8U8 weights"
+    ),
     "unknown": "no INT8 dot-product flags known for this CPU: INT8 variants are measured like any other",
 }
 
@@ -224,14 +253,28 @@ def int8_rule(isa: CpuIsa | None = None, kernels: Int8Kernels | None = None) -> 
         name = by_flags if by_flags != "unknown" or not saturates else "x86-no-vnni"
         return Int8Rule(name, saturates, _RULE_REASONS[name] + "; confirmed by ORT's kernel", by_flags, True)
     if saturates:
-        return Int8Rule("x86-no-vnni", True, (
-            f"the CPU flags imply '{by_flags}', but ORT's u8s8 kernel saturated in a measured probe (an emulator, "
-            "or a hypervisor that hides VNNI from CPUID): treated as x86 without VNNI, where u8s8 pair sums "
-            "saturate; ORT's fix is reduce_range (7-bit weights) or U8U8 weights"), by_flags, True)
+        return Int8Rule(
+            "x86-no-vnni",
+            True,
+            (
+                f"the CPU flags imply '{by_flags}', but ORT's u8s8 kernel saturated in a measured probe (an emulator, "
+                "or a hypervisor that hides VNNI from CPUID): treated as x86 without VNNI, where u8s8 pair sums "
+                "saturate; ORT's fix is reduce_range (7-bit weights) or U8U8 weights"
+            ),
+            by_flags,
+            True,
+        )
     name = "vnni" if isa.machine.lower() in ("x86_64", "amd64") else "arm-dot"
-    return Int8Rule(name, False, (
-        f"the CPU flags imply '{by_flags}', but ORT's u8s8 kernel accumulated exactly in a measured probe: "
-        "treated as a CPU with exact INT8 dot products"), by_flags, True)
+    return Int8Rule(
+        name,
+        False,
+        (
+            f"the CPU flags imply '{by_flags}', but ORT's u8s8 kernel accumulated exactly in a measured probe: "
+            "treated as a CPU with exact INT8 dot products"
+        ),
+        by_flags,
+        True,
+    )
 
 
 __all__ = [

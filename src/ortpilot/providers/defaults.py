@@ -65,7 +65,7 @@ def apply_provider_defaults(specs: list[ProviderSpec]) -> list[ProviderSpec]:
             # Without a backend QNN cannot create a session; HTP is the NPU most users want.
             opts.setdefault("backend_type", "htp")
         out.append(ProviderSpec(spec.name, opts))
-        if (spec.name == "TensorrtExecutionProvider" and "CUDAExecutionProvider" not in names):
+        if spec.name == "TensorrtExecutionProvider" and "CUDAExecutionProvider" not in names:
             # Subgraphs TensorRT rejects should run on CUDA, not bounce to CPU with copies.
             out.append(apply_provider_defaults([ProviderSpec("CUDAExecutionProvider")])[0])
             names.append("CUDAExecutionProvider")
@@ -77,16 +77,30 @@ def session_overrides(specs: list[ProviderSpec]) -> list[SessionOverride]:
     names = {s.name for s in specs}
     out: list[SessionOverride] = []
     if "DmlExecutionProvider" in names:
-        out.append(SessionOverride("enable_mem_pattern", False,
-                                   "DirectML does not support memory patterns (ORT's DML EP docs)",
-                                   "DmlExecutionProvider"))
-        out.append(SessionOverride("execution_mode", "sequential",
-                                   "DirectML does not support parallel execution (ORT's DML EP docs)",
-                                   "DmlExecutionProvider"))
+        out.append(
+            SessionOverride(
+                "enable_mem_pattern",
+                False,
+                "DirectML does not support memory patterns (ORT's DML EP docs)",
+                "DmlExecutionProvider",
+            )
+        )
+        out.append(
+            SessionOverride(
+                "execution_mode",
+                "sequential",
+                "DirectML does not support parallel execution (ORT's DML EP docs)",
+                "DmlExecutionProvider",
+            )
+        )
     if "TensorrtExecutionProvider" in names:
-        out.append(SessionOverride(
-            "level", "basic",
-            "extended/all-level fusions produce com.microsoft contrib ops that TensorRT cannot take, "
-            "which splits the graph and sends those nodes to CUDA/CPU (ORT's TensorRT EP docs)",
-            "TensorrtExecutionProvider"))
+        out.append(
+            SessionOverride(
+                "level",
+                "basic",
+                "extended/all-level fusions produce com.microsoft contrib ops that TensorRT cannot take, "
+                "which splits the graph and sends those nodes to CUDA/CPU (ORT's TensorRT EP docs)",
+                "TensorrtExecutionProvider",
+            )
+        )
     return out

@@ -55,8 +55,14 @@ class ProbeResult:
     kind: str = "built-in"  # built-in | plugin
 
     def to_dict(self) -> dict[str, Any]:
-        return {"provider": self.provider, "kind": self.kind, "status": self.status, "reason": self.reason,
-                "placement_share": self.share, "seconds": round(self.seconds, 3)}
+        return {
+            "provider": self.provider,
+            "kind": self.kind,
+            "status": self.status,
+            "reason": self.reason,
+            "placement_share": self.share,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 @dataclass
@@ -71,9 +77,14 @@ class OrtInfo:
     import_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "path": self.path, "package_name": self.package_name,
-                "build_info": self.build_info, "available_providers": self.available,
-                "import_error": self.import_error}
+        return {
+            "version": self.version,
+            "path": self.path,
+            "package_name": self.package_name,
+            "build_info": self.build_info,
+            "available_providers": self.available,
+            "import_error": self.import_error,
+        }
 
 
 @dataclass
@@ -101,8 +112,11 @@ class DoctorReport:
 
         return {
             "ortpilot_version": __version__,
-            "python": {"version": platform.python_version(), "executable": sys.executable,
-                       "platform": platform.platform()},
+            "python": {
+                "version": platform.python_version(),
+                "executable": sys.executable,
+                "platform": platform.platform(),
+            },
             "onnxruntime": self.ort.to_dict(),
             "distributions": self.distributions.to_dict(),
             "plugins": self.plugins,
@@ -110,7 +124,8 @@ class DoctorReport:
             "probes": [p.to_dict() for p in self.probes],
             "cpu": {**self.cpu.to_dict(), "int8_rule": self.int8.to_dict() if self.int8 else None},
             "cpu_budget": {**self.cpu_budget.to_dict(), "ort_default_threads": self.ort_default_threads}
-            if self.cpu_budget else None,
+            if self.cpu_budget
+            else None,
             "gpu": self.gpu.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
             "exit_code": self.exit_code,
@@ -148,8 +163,11 @@ def plugin_status() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         entry["registration"] = {}
         for ep in plugin.ep_names:
             error = register_plugin(ep, plugin.library_path or None)
-            entry["registration"][ep] = {"registered": not error, "error": error,
-                                         "devices": len(ep_devices(ep)) if not error else 0}
+            entry["registration"][ep] = {
+                "registered": not error,
+                "error": error,
+                "devices": len(ep_devices(ep)) if not error else 0,
+            }
         plugins.append(entry)
     try:
         devices = [describe_ep_device(d) for d in ep_devices()]
@@ -167,8 +185,12 @@ def examine(probe: Callable[[str, str], ProbeResult] | None = None) -> DoctorRep
     probes = []
     if probe is not None and ort_info.import_error is None:
         probes = [probe(p, "built-in") for p in ort_info.available]
-        probes += [probe(ep, "plugin") for plugin in plugins for ep in plugin.get("ep_names", [])
-                   if ep not in ort_info.available]
+        probes += [
+            probe(ep, "plugin")
+            for plugin in plugins
+            for ep in plugin.get("ep_names", [])
+            if ep not in ort_info.available
+        ]
     cpu = read_cpu_isa()
     gpu = scan_gpu_environment()
     budget = cpu_budget()
@@ -181,33 +203,69 @@ def examine(probe: Callable[[str, str], ProbeResult] | None = None) -> DoctorRep
     return DoctorReport(ort_info, dists, plugins, devices, probes, cpu, gpu, findings, budget, rule, default_threads)
 
 
-def diagnose(ort_info: OrtInfo, dists: DistributionReport, plugins: list[dict[str, Any]],
-             probes: list[ProbeResult], cpu: CpuIsa, gpu: GpuEnvironment, budget: CpuBudget | None = None,
-             rule: Int8Rule | None = None, default_threads: int | None = None) -> list[Finding]:
+def diagnose(
+    ort_info: OrtInfo,
+    dists: DistributionReport,
+    plugins: list[dict[str, Any]],
+    probes: list[ProbeResult],
+    cpu: CpuIsa,
+    gpu: GpuEnvironment,
+    budget: CpuBudget | None = None,
+    rule: Int8Rule | None = None,
+    default_threads: int | None = None,
+) -> list[Finding]:
     """Turn the facts into findings, worst first."""
     plugin_findings = _plugin_findings(plugins)
-    explained = {ep for plugin in plugins for ep, reg in plugin.get("registration", {}).items()
-                 if reg["error"] or not reg["devices"]}
-    findings = (_ort_findings(ort_info, dists) + _distribution_findings(dists, ort_info) + plugin_findings
-                + _probe_findings([p for p in probes if p.provider not in explained]) + [_cpu_finding(cpu, rule)]
-                + _budget_findings(budget, default_threads)
-                + _gpu_findings(gpu, ort_info) + tool_findings())
+    explained = {
+        ep
+        for plugin in plugins
+        for ep, reg in plugin.get("registration", {}).items()
+        if reg["error"] or not reg["devices"]
+    }
+    findings = (
+        _ort_findings(ort_info, dists)
+        + _distribution_findings(dists, ort_info)
+        + plugin_findings
+        + _probe_findings([p for p in probes if p.provider not in explained])
+        + [_cpu_finding(cpu, rule)]
+        + _budget_findings(budget, default_threads)
+        + _gpu_findings(gpu, ort_info)
+        + tool_findings()
+    )
     return sorted(findings, key=lambda f: -SEVERITIES.index(f.severity))
 
 
 def _ort_findings(info: OrtInfo, dists: DistributionReport) -> list[Finding]:
     if info.import_error:
-        return [Finding("error", "onnxruntime", f"onnxruntime cannot be imported: {info.import_error}",
-                        "reinstall exactly one ORT build: pip uninstall -y onnxruntime onnxruntime-gpu "
-                        "onnxruntime-openvino && pip install onnxruntime (or -gpu / -openvino)")]
-    return [Finding("ok", "onnxruntime", f"onnxruntime {info.version} ({info.package_name or 'unknown package'}) "
-                    f"from {info.path}; providers: {', '.join(info.available)}")]
+        return [
+            Finding(
+                "error",
+                "onnxruntime",
+                f"onnxruntime cannot be imported: {info.import_error}",
+                "reinstall exactly one ORT build: pip uninstall -y onnxruntime onnxruntime-gpu "
+                "onnxruntime-openvino && pip install onnxruntime (or -gpu / -openvino)",
+            )
+        ]
+    return [
+        Finding(
+            "ok",
+            "onnxruntime",
+            f"onnxruntime {info.version} ({info.package_name or 'unknown package'}) "
+            f"from {info.path}; providers: {', '.join(info.available)}",
+        )
+    ]
 
 
 def _distribution_findings(dists: DistributionReport, info: OrtInfo) -> list[Finding]:
     if not dists.distributions:
-        return [Finding("error", "distributions", "no installed distribution provides the onnxruntime package",
-                        "pip install onnxruntime (or onnxruntime-gpu / onnxruntime-openvino)")]
+        return [
+            Finding(
+                "error",
+                "distributions",
+                "no installed distribution provides the onnxruntime package",
+                "pip install onnxruntime (or onnxruntime-gpu / onnxruntime-openvino)",
+            )
+        ]
     if not dists.conflict:
         only = dists.distributions[0]
         return [Finding("ok", "distributions", f"one ORT distribution: {only.name} {only.version}")]
@@ -215,35 +273,60 @@ def _distribution_findings(dists: DistributionReport, info: OrtInfo) -> list[Fin
     winner = dists.winner or "unknown"
     won = next((d for d in dists.distributions if d.name == winner), None)
     files = ", ".join(k.rsplit("/", 1)[-1] for k in won.key_files_won) if won and won.key_files_won else "none"
-    message = (f"{len(names)} distributions share the 'onnxruntime' import: {', '.join(names)}. The files on disk "
-               f"are {winner}'s (matching its RECORD: {files})")
+    message = (
+        f"{len(names)} distributions share the 'onnxruntime' import: {', '.join(names)}. The files on disk "
+        f"are {winner}'s (matching its RECORD: {files})"
+    )
     if dists.mixed:
         message += "; some key files come from another distribution, a mix no one released"
     if info.package_name and info.package_name != winner:
         message += f"; the imported build names itself '{info.package_name}'"
     uninstall = " ".join(d.name for d in dists.distributions)
-    return [Finding("error", "distributions", message + ".",
-                    f"pip uninstall -y {uninstall}, then pip install exactly one of them (one virtual "
-                    "environment per ORT build); uninstalling only one deletes files the other needs.")]
+    return [
+        Finding(
+            "error",
+            "distributions",
+            message + ".",
+            f"pip uninstall -y {uninstall}, then pip install exactly one of them (one virtual "
+            "environment per ORT build); uninstalling only one deletes files the other needs.",
+        )
+    ]
 
 
 def _plugin_findings(plugins: list[dict[str, Any]]) -> list[Finding]:
     out = []
     for plugin in plugins:
         if plugin.get("error"):
-            out.append(Finding("warn", "plugins", f"plugin package {plugin['distribution']} is broken: "
-                               f"{plugin['error']}", f"pip install --force-reinstall {plugin['distribution']}"))
+            out.append(
+                Finding(
+                    "warn",
+                    "plugins",
+                    f"plugin package {plugin['distribution']} is broken: {plugin['error']}",
+                    f"pip install --force-reinstall {plugin['distribution']}",
+                )
+            )
             continue
         for ep, reg in plugin["registration"].items():
             if reg["error"]:
-                out.append(Finding("warn", "plugins", f"{ep} ({plugin['distribution']} {plugin['version']}) failed "
-                                   f"to register: {reg['error']}",
-                                   "install a plugin version built for this ORT version"))
+                out.append(
+                    Finding(
+                        "warn",
+                        "plugins",
+                        f"{ep} ({plugin['distribution']} {plugin['version']}) failed to register: {reg['error']}",
+                        "install a plugin version built for this ORT version",
+                    )
+                )
             elif not reg["devices"]:
-                out.append(Finding("warn", "plugins", f"{ep} ({plugin['distribution']} {plugin['version']}) "
-                                   "registered, but get_ep_devices() lists no device for it",
-                                   "install the device driver the plugin needs (e.g. Vulkan/Metal/D3D12 for "
-                                   "WebGPU, the OpenVINO runtime for OpenVINO), or uninstall the plugin"))
+                out.append(
+                    Finding(
+                        "warn",
+                        "plugins",
+                        f"{ep} ({plugin['distribution']} {plugin['version']}) "
+                        "registered, but get_ep_devices() lists no device for it",
+                        "install the device driver the plugin needs (e.g. Vulkan/Metal/D3D12 for "
+                        "WebGPU, the OpenVINO runtime for OpenVINO), or uninstall the plugin",
+                    )
+                )
             else:
                 out.append(Finding("ok", "plugins", f"{ep} registered with {reg['devices']} device(s)"))
     return out
@@ -259,18 +342,29 @@ def _probe_findings(probes: list[ProbeResult]) -> list[Finding]:
             out.append(Finding("info", "probe", f"{p.provider}: not probed ({p.reason})"))
         else:
             severe = "error" if p.provider == "CPUExecutionProvider" else "warn"
-            out.append(Finding(severe, "probe", f"{p.provider}: probe failed: {p.reason}",
-                               "see the GPU/plugin findings; 'ortpilot run MODEL -p <provider> --policy strict' "
-                               "shows the full reason"))
+            out.append(
+                Finding(
+                    severe,
+                    "probe",
+                    f"{p.provider}: probe failed: {p.reason}",
+                    "see the GPU/plugin findings; 'ortpilot run MODEL -p <provider> --policy strict' "
+                    "shows the full reason",
+                )
+            )
     return out
 
 
 # Python packages ortpilot's steps import from ORT's tools or beside them: what breaks without each.
 TOOLS = {
-    "sympy": ("warn", "ORT's transformer fusions and quantization pre-processing (symbolic shape inference) "
-                      "fail with an ImportError (tune records its fusion candidates as failed)"),
-    "onnxscript": ("info", "the decoder fusion (generate --fuse, quantize --fuse, tune's gqa candidates) "
-                           "is unavailable"),
+    "sympy": (
+        "warn",
+        "ORT's transformer fusions and quantization pre-processing (symbolic shape inference) "
+        "fail with an ImportError (tune records its fusion candidates as failed)",
+    ),
+    "onnxscript": (
+        "info",
+        "the decoder fusion (generate --fuse, quantize --fuse, tune's gqa candidates) is unavailable",
+    ),
     "tokenizers": ("info", "generate --prompt TEXT cannot read a tokenizer.json (--prompt-ids still works)"),
 }
 
@@ -293,12 +387,18 @@ def _cpu_finding(cpu: CpuIsa, rule: Int8Rule | None = None) -> Finding:
     if rule is None or not rule.measured:
         return Finding(level, "cpu", f"{cpu.model}: {present}. {verdict}", fix)
     if rule.flags_rule != rule.name and "measured probe" in rule.reason:  # the flags lie to ORT's CPUID check
-        return Finding("warn", "cpu", f"{cpu.model}: {present}. INT8 rule '{rule.name}': {rule.reason}.",
-                       "trust the measurement: 'ortpilot tune' uses it; INT8 profiles from a machine where the "
-                       "flags were true are refused here")
+        return Finding(
+            "warn",
+            "cpu",
+            f"{cpu.model}: {present}. INT8 rule '{rule.name}': {rule.reason}.",
+            "trust the measurement: 'ortpilot tune' uses it; INT8 profiles from a machine where the "
+            "flags were true are refused here",
+        )
     if rule.u8s8_saturates:
-        fix = ("quantize with --reduce-range (7-bit weights) or --weight-type quint8 (U8U8), then measure "
-               "('ortpilot tune' tries both on this CPU)")
+        fix = (
+            "quantize with --reduce-range (7-bit weights) or --weight-type quint8 (U8U8), then measure "
+            "('ortpilot tune' tries both on this CPU)"
+        )
     return Finding(level, "cpu", f"{cpu.model}: {present}. {verdict} INT8 rule '{rule.name}': {rule.reason}.", fix)
 
 
@@ -308,13 +408,25 @@ def _budget_findings(budget: CpuBudget | None, default_threads: int | None) -> l
     out = [Finding("info", "cpu budget", note, "check the container's cgroup mount") for note in budget.notes]
     text = f"this process may use {budget.describe()}"
     if default_threads and default_threads > budget.cpus:
-        out.append(Finding("warn", "cpu budget", f"{text}; ORT's default session starts {default_threads} intra-op "
-                           "threads anyway (it ignores affinity and cgroup quotas), so they compete for the CPUs",
-                           f"set intra_op_num_threads={budget.cpus} (ortpilot.load(..., settings=SessionSettings("
-                           f"intra_op_threads={budget.cpus})) or tune here: profiles record explicit thread counts)"))
+        out.append(
+            Finding(
+                "warn",
+                "cpu budget",
+                f"{text}; ORT's default session starts {default_threads} intra-op "
+                "threads anyway (it ignores affinity and cgroup quotas), so they compete for the CPUs",
+                f"set intra_op_num_threads={budget.cpus} (ortpilot.load(..., settings=SessionSettings("
+                f"intra_op_threads={budget.cpus})) or tune here: profiles record explicit thread counts)",
+            )
+        )
     else:
-        out.append(Finding("ok", "cpu budget", text + (f"; ORT's default session starts {default_threads} intra-op "
-                                                       "threads" if default_threads else "")))
+        out.append(
+            Finding(
+                "ok",
+                "cpu budget",
+                text
+                + (f"; ORT's default session starts {default_threads} intra-op threads" if default_threads else ""),
+            )
+        )
     return out
 
 
@@ -322,24 +434,54 @@ def _gpu_findings(gpu: GpuEnvironment, info: OrtInfo) -> list[Finding]:
     wants_gpu = [p for p in info.available if p in GPU_PROVIDERS]
     out = []
     if wants_gpu and gpu.driver_version is None:
-        out.append(Finding("warn", "gpu", f"this ORT build has {', '.join(wants_gpu)} but no NVIDIA driver was "
-                           "found (nvidia-smi missing): sessions fall back to CPU",
-                           "install the NVIDIA driver, or use the CPU package (pip install onnxruntime)"))
+        out.append(
+            Finding(
+                "warn",
+                "gpu",
+                f"this ORT build has {', '.join(wants_gpu)} but no NVIDIA driver was "
+                "found (nvidia-smi missing): sessions fall back to CPU",
+                "install the NVIDIA driver, or use the CPU package (pip install onnxruntime)",
+            )
+        )
     if wants_gpu:
         for _, problem in library_mismatches(gpu):
-            out.append(Finding("warn", "gpu", problem,
-                               "pip install onnxruntime-gpu[cuda,cudnn] (ships matching CUDA/cuDNN wheels) or "
-                               "install the matching CUDA toolkit/cuDNN and add them to LD_LIBRARY_PATH"))
+            out.append(
+                Finding(
+                    "warn",
+                    "gpu",
+                    problem,
+                    "pip install onnxruntime-gpu[cuda,cudnn] (ships matching CUDA/cuDNN wheels) or "
+                    "install the matching CUDA toolkit/cuDNN and add them to LD_LIBRARY_PATH",
+                )
+            )
         if "TensorrtExecutionProvider" in wants_gpu and not gpu.majors("tensorrt"):
-            out.append(Finding("warn", "gpu", "TensorrtExecutionProvider is in this build but libnvinfer was not "
-                               "found", "pip install tensorrt (the major this ORT release names in its docs)"))
+            out.append(
+                Finding(
+                    "warn",
+                    "gpu",
+                    "TensorrtExecutionProvider is in this build but libnvinfer was not found",
+                    "pip install tensorrt (the major this ORT release names in its docs)",
+                )
+            )
     if gpu.driver_version and not wants_gpu:
-        out.append(Finding("info", "gpu", f"NVIDIA driver {gpu.driver_version} present, but this ORT build has no "
-                           "CUDA/TensorRT provider", "pip install onnxruntime-gpu in its own virtual environment"))
+        out.append(
+            Finding(
+                "info",
+                "gpu",
+                f"NVIDIA driver {gpu.driver_version} present, but this ORT build has no CUDA/TensorRT provider",
+                "pip install onnxruntime-gpu in its own virtual environment",
+            )
+        )
     if not wants_gpu and not gpu.driver_version:
         found = [f"{fam} {gpu.majors(fam)}" for fam in ("cuda_runtime", "cudnn", "tensorrt") if gpu.majors(fam)]
-        out.append(Finding("info", "gpu", "no NVIDIA driver and a CPU-only ORT build"
-                           + (f" (libraries present: {', '.join(found)})" if found else "")))
+        out.append(
+            Finding(
+                "info",
+                "gpu",
+                "no NVIDIA driver and a CPU-only ORT build"
+                + (f" (libraries present: {', '.join(found)})" if found else ""),
+            )
+        )
     return out
 
 

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # library family -> soname stem ("libcudart.so.12" -> major 12).
-LIBRARIES: dict[str, str] = {"cuda_runtime": "cudart", "cublas": "cublas", "cudnn": "cudnn",
-                             "tensorrt": "nvinfer"}
+LIBRARIES: dict[str, str] = {"cuda_runtime": "cudart", "cublas": "cublas", "cudnn": "cudnn", "tensorrt": "nvinfer"}
 # pip wheels that ship those libraries (onnxruntime-gpu can load them from site-packages).
 _PIP_PREFIXES: dict[str, tuple[str, ...]] = {
-    "cuda_runtime": ("nvidia-cuda-runtime",), "cublas": ("nvidia-cublas",), "cudnn": ("nvidia-cudnn",),
+    "cuda_runtime": ("nvidia-cuda-runtime",),
+    "cublas": ("nvidia-cublas",),
+    "cudnn": ("nvidia-cudnn",),
     "tensorrt": ("tensorrt-cu", "tensorrt-libs", "tensorrt"),
 }
 
@@ -54,11 +55,16 @@ class GpuEnvironment:
         return sorted({h.major for h in self.libraries if h.family == family and h.major is not None})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"driver_version": self.driver_version, "gpus": self.gpus, "nvidia_smi": self.nvidia_smi,
-                "libraries": {fam: {"majors": self.majors(fam),
-                                    "found": [h.to_dict() for h in self.libraries if h.family == fam]}
-                              for fam in LIBRARIES},
-                "expected_by_ort": self.expected}
+        return {
+            "driver_version": self.driver_version,
+            "gpus": self.gpus,
+            "nvidia_smi": self.nvidia_smi,
+            "libraries": {
+                fam: {"majors": self.majors(fam), "found": [h.to_dict() for h in self.libraries if h.family == fam]}
+                for fam in LIBRARIES
+            },
+            "expected_by_ort": self.expected,
+        }
 
 
 def expected_by_ort() -> dict[str, str]:
@@ -67,8 +73,11 @@ def expected_by_ort() -> dict[str, str]:
         from onnxruntime.capi import build_and_package_info as info
     except Exception:  # no ORT, or a broken mix: the distribution check reports that
         return {}
-    return {key: str(getattr(info, key)) for key in ("package_name", "cuda_version", "cudnn_version")
-            if getattr(info, key, None)}
+    return {
+        key: str(getattr(info, key))
+        for key in ("package_name", "cuda_version", "cudnn_version")
+        if getattr(info, key, None)
+    }
 
 
 def _major_of(name: str, stem: str) -> int | None:
@@ -103,8 +112,9 @@ def _ld_library_path_hits() -> list[LibraryHit]:
         for name in names:
             for family, stem in LIBRARIES.items():
                 if name.startswith(f"lib{stem}.so."):
-                    hits.append(LibraryHit(family, _major_of(name, stem), os.path.join(folder, name),
-                                           "LD_LIBRARY_PATH"))
+                    hits.append(
+                        LibraryHit(family, _major_of(name, stem), os.path.join(folder, name), "LD_LIBRARY_PATH")
+                    )
     return hits
 
 
@@ -128,8 +138,11 @@ def _pip_hits() -> list[LibraryHit]:
                 major = re.search(r"cu(\d+)", name)
                 version_major = int(dist.version.split(".")[0]) if dist.version[:1].isdigit() else None
                 # cuDNN/TensorRT wheels carry their own major in the version; CUDA ones in the name.
-                value = version_major if family in ("cudnn", "tensorrt") else (int(major.group(1)) if major else
-                                                                               version_major)
+                value = (
+                    version_major
+                    if family in ("cudnn", "tensorrt")
+                    else (int(major.group(1)) if major else version_major)
+                )
                 hits.append(LibraryHit(family, value, f"{name} {dist.version}", "pip"))
     return hits
 
@@ -139,8 +152,12 @@ def _nvidia_smi() -> tuple[str | None, str | None, list[str]]:
     if not exe:
         return None, None, []
     try:
-        out = subprocess.run([exe, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=15)
+        out = subprocess.run(
+            [exe, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return exe, None, [f"nvidia-smi failed: {exc}"]
     rows = [r.strip() for r in out.stdout.splitlines() if r.strip()]
@@ -171,8 +188,13 @@ def library_mismatches(env: GpuEnvironment) -> list[tuple[str, str]]:
         have = env.majors(family)
         if want not in have:
             found = ", ".join(map(str, have)) if have else "none"
-            problems.append((family, f"ORT was built for {family.replace('_', ' ')} {env.expected[key]} "
-                                     f"(major {want}); found major(s): {found}"))
+            problems.append(
+                (
+                    family,
+                    f"ORT was built for {family.replace('_', ' ')} {env.expected[key]} "
+                    f"(major {want}); found major(s): {found}",
+                )
+            )
     return problems
 
 

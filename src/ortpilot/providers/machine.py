@@ -20,8 +20,15 @@ from ortpilot.errors import UsageError
 from ortpilot.providers.cpubudget import ort_default_threads, this_budget
 from ortpilot.providers.cpuisa import KERNEL_FLAGS, RULES, int8_rule, probe_int8_kernels, this_cpu
 
-_FLAG_NAMES = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "AVX-512 VNNI", "avx_vnni": "AVX-VNNI",
-               "amx_int8": "AMX-INT8", "asimddp": "Arm dotprod", "i8mm": "Arm i8mm"}
+_FLAG_NAMES = {
+    "avx2": "AVX2",
+    "avx512f": "AVX-512",
+    "avx512_vnni": "AVX-512 VNNI",
+    "avx_vnni": "AVX-VNNI",
+    "amx_int8": "AMX-INT8",
+    "asimddp": "Arm dotprod",
+    "i8mm": "Arm i8mm",
+}
 
 
 def machine_facts() -> dict[str, Any]:
@@ -31,22 +38,36 @@ def machine_facts() -> dict[str, Any]:
     kernels = probe_int8_kernels()
     budget = this_budget()
     flags = isa.kernel_flags()
-    return {"cpu": isa.model, "arch": platform.machine(), "isa_flags": flags,
-            "int8": {"rule": rule.name, "u8s8_exact": kernels.u8s8_exact, "u8u8_exact": kernels.u8u8_exact,
-                     "source": kernels.source},
-            "cores": os.cpu_count() or 1, "cpu_budget": {"cpus": budget.cpus, "source": budget.source},
-            "ort_default_threads": ort_default_threads(),
-            # Kept for readers of profiles written before the fields above existed.
-            "isa": "avx512" if flags["avx512f"] else "avx2" if flags["avx2"] else "neon" if isa.arm_dot else "baseline",
-            "flags": sorted(k for k, v in flags.items() if v),
-            "os": platform.platform(), "python": platform.python_version(), "hostname": platform.node()}
+    return {
+        "cpu": isa.model,
+        "arch": platform.machine(),
+        "isa_flags": flags,
+        "int8": {
+            "rule": rule.name,
+            "u8s8_exact": kernels.u8s8_exact,
+            "u8u8_exact": kernels.u8u8_exact,
+            "source": kernels.source,
+        },
+        "cores": os.cpu_count() or 1,
+        "cpu_budget": {"cpus": budget.cpus, "source": budget.source},
+        "ort_default_threads": ort_default_threads(),
+        # Kept for readers of profiles written before the fields above existed.
+        "isa": "avx512" if flags["avx512f"] else "avx2" if flags["avx2"] else "neon" if isa.arm_dot else "baseline",
+        "flags": sorted(k for k, v in flags.items() if v),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "hostname": platform.node(),
+    }
 
 
 # ------------------------------------------------------------------ reading a recorded section
 
+
 def _fail(path: str, field_name: str, problem: str) -> UsageError:
-    return UsageError(f"Profile '{path}' has a malformed machine section: machine.{field_name} {problem}. "
-                      "The file was edited or damaged; regenerate it with 'ortpilot tune' (or restore it).")
+    return UsageError(
+        f"Profile '{path}' has a malformed machine section: machine.{field_name} {problem}. "
+        "The file was edited or damaged; regenerate it with 'ortpilot tune' (or restore it)."
+    )
 
 
 def check_machine_section(section: Any, path: str = "profile.json") -> dict[str, Any]:
@@ -123,11 +144,14 @@ def describe_machine(section: Mapping[str, Any]) -> str:
     int8 = "u8s8 exact" if exact else "u8s8 saturates" if exact is False else "u8s8 unknown"
     budget = (section.get("cpu_budget") or {}).get("cpus") or section.get("cores")
     cpus = f"; {budget} CPU{'s' if budget != 1 else ''}" if budget else ""
-    return (f"{section.get('cpu') or 'unknown CPU'} ({section.get('arch') or '?'}; "
-            f"{', '.join(shown) or 'no SIMD flags recorded'}; {int8}{cpus})")
+    return (
+        f"{section.get('cpu') or 'unknown CPU'} ({section.get('arch') or '?'}; "
+        f"{', '.join(shown) or 'no SIMD flags recorded'}; {int8}{cpus})"
+    )
 
 
 # ------------------------------------------------------------------ comparing
+
 
 @dataclass(frozen=True)
 class MachineDifference:
@@ -140,8 +164,13 @@ class MachineDifference:
     why: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"field": self.field, "recorded": self.recorded, "here": self.here, "decisive": self.decisive,
-                "why": self.why}
+        return {
+            "field": self.field,
+            "recorded": self.recorded,
+            "here": self.here,
+            "decisive": self.decisive,
+            "why": self.why,
+        }
 
 
 @dataclass(frozen=True)
@@ -158,50 +187,98 @@ class MachineCheck:
         return [d for d in self.differences if d.decisive]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"recorded": self.recorded, "here": self.here, "same_kernels": self.same_kernels,
-                "differences": [d.to_dict() for d in self.differences]}
+        return {
+            "recorded": self.recorded,
+            "here": self.here,
+            "same_kernels": self.same_kernels,
+            "differences": [d.to_dict() for d in self.differences],
+        }
 
 
-def compare_machines(recorded: Mapping[str, Any], here: Mapping[str, Any] | None = None, *, int8: bool = False,
-                     threads: int = 0) -> MachineCheck:
+def compare_machines(
+    recorded: Mapping[str, Any], here: Mapping[str, Any] | None = None, *, int8: bool = False, threads: int = 0
+) -> MachineCheck:
     """What differs between ``recorded`` and ``here`` (this machine by default) for a profile whose
     winner is INT8 (``int8``) and runs ``threads`` threads."""
     here = here if here is not None else machine_facts()
     diffs: list[MachineDifference] = []
     arch_then, arch_now = recorded.get("arch"), here.get("arch")
     if arch_then and arch_now and arch_then != arch_now:
-        diffs.append(MachineDifference("arch", arch_then, arch_now, True,
-                                       "another CPU architecture runs other kernels for every op"))
+        diffs.append(
+            MachineDifference(
+                "arch", arch_then, arch_now, True, "another CPU architecture runs other kernels for every op"
+            )
+        )
     exact_then, exact_now = _recorded_u8s8_exact(recorded), _recorded_u8s8_exact(here)
     rule_then, rule_now = _recorded_rule(recorded), _recorded_rule(here)
     if rule_then != rule_now or (exact_then is not None and exact_now is not None and exact_then != exact_now):
         what = {True: "exact", False: "saturating", None: "unknown"}
-        why = (f"ORT's u8s8 INT8 kernel is {what[exact_now]} here and was {what[exact_then]} there "
-               f"(INT8 rule '{rule_now}' vs '{rule_then}')")
-        diffs.append(MachineDifference("int8", rule_then, rule_now, int8,
-                                       why + (": the INT8 winner was chosen for kernels this CPU does not have"
-                                              if int8 else "; the profile runs no INT8 model")))
+        why = (
+            f"ORT's u8s8 INT8 kernel is {what[exact_now]} here and was {what[exact_then]} there "
+            f"(INT8 rule '{rule_now}' vs '{rule_then}')"
+        )
+        diffs.append(
+            MachineDifference(
+                "int8",
+                rule_then,
+                rule_now,
+                int8,
+                why
+                + (
+                    ": the INT8 winner was chosen for kernels this CPU does not have"
+                    if int8
+                    else "; the profile runs no INT8 model"
+                ),
+            )
+        )
     flags_then, flags_now = _recorded_flags(recorded), _recorded_flags(here)
     changed = sorted(k for k in KERNEL_FLAGS if flags_then[k] != flags_now[k] and any(flags_then.values()))
     if changed:
-        diffs.append(MachineDifference("isa_flags", {k: flags_then[k] for k in changed},
-                                       {k: flags_now[k] for k in changed}, False,
-                                       "other SIMD flags pick other fp32 kernels: latencies may differ"))
+        diffs.append(
+            MachineDifference(
+                "isa_flags",
+                {k: flags_then[k] for k in changed},
+                {k: flags_now[k] for k in changed},
+                False,
+                "other SIMD flags pick other fp32 kernels: latencies may differ",
+            )
+        )
     budget_now = int((here.get("cpu_budget") or {}).get("cpus") or here.get("cores") or 1)
     budget_then = (recorded.get("cpu_budget") or {}).get("cpus") or recorded.get("cores")
     if threads > budget_now:
-        diffs.append(MachineDifference("cpu_budget", budget_then, budget_now, True,
-                                       f"the profile runs {threads} threads and this process may use {budget_now} "
-                                       "CPUs: its threads would compete for them"))
+        diffs.append(
+            MachineDifference(
+                "cpu_budget",
+                budget_then,
+                budget_now,
+                True,
+                f"the profile runs {threads} threads and this process may use {budget_now} "
+                "CPUs: its threads would compete for them",
+            )
+        )
     elif budget_then and budget_then != budget_now:
-        diffs.append(MachineDifference("cpu_budget", budget_then, budget_now, False,
-                                       "another CPU budget: the thread count tuned there may not be the best here"))
+        diffs.append(
+            MachineDifference(
+                "cpu_budget",
+                budget_then,
+                budget_now,
+                False,
+                "another CPU budget: the thread count tuned there may not be the best here",
+            )
+        )
     if recorded.get("cpu") and here.get("cpu") and recorded["cpu"] != here["cpu"]:
         diffs.append(MachineDifference("cpu", recorded["cpu"], here["cpu"], False, "another CPU model"))
-    same = (arch_then == arch_now or not arch_then) and not changed and exact_then == exact_now \
-        and rule_then == rule_now
+    same = (
+        (arch_then == arch_now or not arch_then) and not changed and exact_then == exact_now and rule_then == rule_now
+    )
     return MachineCheck(describe_machine(recorded), describe_machine(here), diffs, same)
 
 
-__all__ = ["MachineCheck", "MachineDifference", "check_machine_section", "compare_machines", "describe_machine",
-           "machine_facts"]
+__all__ = [
+    "MachineCheck",
+    "MachineDifference",
+    "check_machine_section",
+    "compare_machines",
+    "describe_machine",
+    "machine_facts",
+]

@@ -48,9 +48,11 @@ def canonical_name(name: str) -> str:
 
 
 def _unknown_message(name: str) -> str:
-    return (f"Unknown execution provider '{name}'. Valid short names: {', '.join(SHORT_NAMES)} "
-            f"(case-insensitive), or a full ORT name such as {', '.join(sorted(set(PROVIDER_ALIASES.values()))[:6])}, .... "
-            "Options follow a colon: 'cuda:device_id=1,cudnn_conv_algo_search=HEURISTIC'.")
+    return (
+        f"Unknown execution provider '{name}'. Valid short names: {', '.join(SHORT_NAMES)} "
+        f"(case-insensitive), or a full ORT name such as {', '.join(sorted(set(PROVIDER_ALIASES.values()))[:6])}, .... "
+        "Options follow a colon: 'cuda:device_id=1,cudnn_conv_algo_search=HEURISTIC'."
+    )
 
 
 def parse_provider_arg(text: str) -> ProviderSpec:
@@ -63,7 +65,8 @@ def parse_provider_arg(text: str) -> ProviderSpec:
             if not eq or not key.strip():
                 raise ProviderError(
                     f"Malformed provider options in '{text}': '{item}' is not KEY=VALUE. "
-                    "Write options as 'name:key=value,key2=value2', e.g. 'cuda:device_id=1'.")
+                    "Write options as 'name:key=value,key2=value2', e.g. 'cuda:device_id=1'."
+                )
             options[key.strip()] = value.strip()
     return ProviderSpec(canonical_name(name), options)
 
@@ -79,8 +82,10 @@ def _one(item: ProviderLike) -> ProviderSpec:
     if isinstance(item, Mapping) and "name" in item:
         opts = item.get("options") or {}
         return ProviderSpec(canonical_name(str(item["name"])), {str(k): _opt_str(v) for k, v in opts.items()})
-    raise ProviderError(f"Cannot read provider {item!r}: give a name ('cuda'), 'name:key=value', "
-                        "a (name, options-dict) tuple, or {'name': ..., 'options': {...}}.")
+    raise ProviderError(
+        f"Cannot read provider {item!r}: give a name ('cuda'), 'name:key=value', "
+        "a (name, options-dict) tuple, or {'name': ..., 'options': {...}}."
+    )
 
 
 def _opt_str(value: Any) -> str:
@@ -89,8 +94,9 @@ def _opt_str(value: Any) -> str:
     return str(value)
 
 
-def resolve_providers(items: Iterable[ProviderLike] | ProviderLike | None,
-                      *, apply_defaults: bool = True) -> list[ProviderSpec]:
+def resolve_providers(
+    items: Iterable[ProviderLike] | ProviderLike | None, *, apply_defaults: bool = True
+) -> list[ProviderSpec]:
     """Resolve a provider chain, apply each provider's gotcha defaults, drop duplicates.
 
     ``None`` or an empty chain means CPU only.

@@ -21,8 +21,11 @@ from typing import Any
 IMPORT_NAME = "onnxruntime"
 # Files that decide which build you get: the package entry point, the native extension, and
 # the module that names the package the build came from.
-KEY_FILES = ("onnxruntime/__init__.py", "onnxruntime/capi/onnxruntime_pybind11_state",
-             "onnxruntime/capi/build_and_package_info.py")
+KEY_FILES = (
+    "onnxruntime/__init__.py",
+    "onnxruntime/capi/onnxruntime_pybind11_state",
+    "onnxruntime/capi/build_and_package_info.py",
+)
 # Distributions with onnxruntime in their name that do NOT install the onnxruntime package.
 _OTHER_PACKAGES = ("onnxruntime-ep-", "onnxruntime-genai", "onnxruntime-extensions", "onnxruntime-tools")
 
@@ -51,9 +54,14 @@ class OrtDistribution:
     key_files_won: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "location": self.location,
-                "files_claimed": self.files_claimed, "provides_import": self.provides_import,
-                "key_files_won": self.key_files_won}
+        return {
+            "name": self.name,
+            "version": self.version,
+            "location": self.location,
+            "files_claimed": self.files_claimed,
+            "provides_import": self.provides_import,
+            "key_files_won": self.key_files_won,
+        }
 
 
 @dataclass
@@ -81,9 +89,14 @@ class DistributionReport:
         return bool(matched) and not set.intersection(*matched)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"import_path": self.import_path, "distributions": [d.to_dict() for d in self.distributions],
-                "conflict": self.conflict, "winner": self.winner, "mixed_files": self.mixed,
-                "key_files": [k.to_dict() for k in self.key_files]}
+        return {
+            "import_path": self.import_path,
+            "distributions": [d.to_dict() for d in self.distributions],
+            "conflict": self.conflict,
+            "winner": self.winner,
+            "mixed_files": self.mixed,
+            "key_files": [k.to_dict() for k in self.key_files],
+        }
 
 
 def is_ort_distribution(dist: importlib.metadata.Distribution) -> bool:
@@ -114,14 +127,16 @@ def find_ort_distributions() -> DistributionReport:
         seen.add((name.lower(), location))
         claimed = [f for f in (dist.files or []) if _norm(str(f)).startswith("onnxruntime/")]
         provides = import_dir is not None and any(
-            os.path.realpath(str(dist.locate_file(f))).startswith(import_dir + os.sep) for f in claimed)
+            os.path.realpath(str(dist.locate_file(f))).startswith(import_dir + os.sep) for f in claimed
+        )
         dists.append((dist, OrtDistribution(name, dist.version, location, len(claimed), provides)))
     key_files = _match_key_files(dists, import_dir)
     return DistributionReport(origin, [d for _, d in dists], key_files)
 
 
-def _match_key_files(dists: list[tuple[importlib.metadata.Distribution, OrtDistribution]],
-                     import_dir: str | None) -> list[KeyFile]:
+def _match_key_files(
+    dists: list[tuple[importlib.metadata.Distribution, OrtDistribution]], import_dir: str | None
+) -> list[KeyFile]:
     """For each key file under the imported package: which RECORD claims it and whose hash matches."""
     out: dict[str, KeyFile] = {}
     hashes: dict[str, str] = {}

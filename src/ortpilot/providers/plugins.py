@@ -25,8 +25,14 @@ class PluginEP:
     error: str = ""
 
     def to_dict(self) -> dict:
-        return {"distribution": self.distribution, "version": self.version, "module": self.module,
-                "library_path": self.library_path, "ep_names": list(self.ep_names), "error": self.error}
+        return {
+            "distribution": self.distribution,
+            "version": self.version,
+            "module": self.module,
+            "library_path": self.library_path,
+            "ep_names": list(self.ep_names),
+            "error": self.error,
+        }
 
 
 @dataclass
@@ -118,6 +124,11 @@ def ep_devices(ep_name: str | None = None) -> list:
 
 def describe_ep_device(device) -> dict:
     hw = device.device
-    return {"ep_name": device.ep_name, "ep_vendor": device.ep_vendor,
-            "device_type": str(hw.type).rsplit(".", 1)[-1], "device_vendor": hw.vendor,
-            "device_id": getattr(hw, "device_id", None), "metadata": dict(device.ep_metadata)}
+    return {
+        "ep_name": device.ep_name,
+        "ep_vendor": device.ep_vendor,
+        "device_type": str(hw.type).rsplit(".", 1)[-1],
+        "device_vendor": hw.vendor,
+        "device_id": getattr(hw, "device_id", None),
+        "metadata": dict(device.ep_metadata),
+    }

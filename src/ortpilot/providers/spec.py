@@ -34,6 +34,7 @@ SHORT_NAMES: tuple[str, ...] = ("cpu", "cuda", "tensorrt", "openvino", "coreml",
 # Provider option naming a plugin EP library to register; ortpilot's own, never passed to ORT.
 EP_LIBRARY_OPTION = "ep_library"
 
+
 @dataclass(frozen=True)
 class ProviderSpec:
     """One execution provider with its options, as ortpilot will pass it to ORT."""
@@ -66,7 +67,6 @@ def short_name(full: str) -> str:
         if name == full and short in SHORT_NAMES + ("rocm", "migraphx", "dnnl", "xnnpack", "azure"):
             return short
     return full
-
 
 
 __all__ = ["EP_LIBRARY_OPTION", "PROVIDER_ALIASES", "SHORT_NAMES", "ProviderSpec", "short_name"]

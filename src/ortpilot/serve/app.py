@@ -49,15 +49,30 @@ def model_metadata(spec: ModelSpec, options: ServeOptions, cpus: float) -> dict[
 
     inputs, outputs, batch_dim = tensor_metadata(load_model(model_file(spec), load_external_data=False))
     batching = batch_dim and options.max_batch > 1
-    return {"inputs": inputs, "outputs": outputs, "batch_dim": batch_dim,
-            "facts": {"source": spec.source, "kind": spec.kind, "path": spec.path, "cpus_per_replica": cpus,
-                      "replicas": options.initial_replicas, "autoscale": list(options.autoscale or []) or None,
-                      "batching": ({"max_batch": options.max_batch, "wait_ms": options.batch_wait_ms}
-                                   if batching else None)}}
+    return {
+        "inputs": inputs,
+        "outputs": outputs,
+        "batch_dim": batch_dim,
+        "facts": {
+            "source": spec.source,
+            "kind": spec.kind,
+            "path": spec.path,
+            "cpus_per_replica": cpus,
+            "replicas": options.initial_replicas,
+            "autoscale": list(options.autoscale or []) or None,
+            "batching": ({"max_batch": options.max_batch, "wait_ms": options.batch_wait_ms} if batching else None),
+        },
+    }
 
 
-def deployment(profiles: str | Sequence[str] | Sequence[ModelSpec], names: Sequence[str] = (), *,
-               options: ServeOptions | None = None, cpu_budget: int | None = None, **settings: Any) -> Any:
+def deployment(
+    profiles: str | Sequence[str] | Sequence[ModelSpec],
+    names: Sequence[str] = (),
+    *,
+    options: ServeOptions | None = None,
+    cpu_budget: int | None = None,
+    **settings: Any,
+) -> Any:
     """``ortpilot.serve.deployment``: the Ray Serve application serving ``profiles`` (not yet running).
 
     ``profiles``: profile.json files or tune output folders, model files or ``demo:NAME`` (one or
@@ -84,21 +99,47 @@ def deployment(profiles: str | Sequence[str] | Sequence[ModelSpec], names: Seque
     for spec in specs:
         meta = model_metadata(spec, options, cpus)
         metadata[spec.name] = meta
-        scaling: dict[str, Any] = ({"autoscaling_config": {"min_replicas": options.autoscale[0],
-                                                           "max_replicas": options.autoscale[1],
-                                                           "target_ongoing_requests": max(2, options.max_batch)}}
-                                   if options.autoscale else {"num_replicas": options.replicas})
+        scaling: dict[str, Any] = (
+            {
+                "autoscaling_config": {
+                    "min_replicas": options.autoscale[0],
+                    "max_replicas": options.autoscale[1],
+                    "target_ongoing_requests": max(2, options.max_batch),
+                }
+            }
+            if options.autoscale
+            else {"num_replicas": options.replicas}
+        )
         model = serve.deployment(
-            ModelReplica, name=f"model-{spec.name}", ray_actor_options={"num_cpus": cpus},
-            max_ongoing_requests=max(MODEL_MAX_ONGOING, 2 * options.max_batch), health_check_period_s=HEARTBEAT_S,
-            health_check_timeout_s=30.0, graceful_shutdown_timeout_s=20.0, **scaling)
-        handles[spec.name] = model.bind(spec.to_dict(), {
-            "cpus": cpus, "max_batch": options.max_batch, "batch_wait_ms": options.batch_wait_ms,
-            "batch_dim": meta["batch_dim"], "accept_machine": options.accept_machine, "ingress": INGRESS_NAME})
-    ingress = serve.deployment(Ingress, name=INGRESS_NAME, num_replicas=1, ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=INGRESS_MAX_ONGOING, graceful_shutdown_timeout_s=20.0)
-    return ingress.bind(handles, metadata, {"max_request_mb": options.max_request_mb,
-                                            "access_log": options.access_log})
+            ModelReplica,
+            name=f"model-{spec.name}",
+            ray_actor_options={"num_cpus": cpus},
+            max_ongoing_requests=max(MODEL_MAX_ONGOING, 2 * options.max_batch),
+            health_check_period_s=HEARTBEAT_S,
+            health_check_timeout_s=30.0,
+            graceful_shutdown_timeout_s=20.0,
+            **scaling,
+        )
+        handles[spec.name] = model.bind(
+            spec.to_dict(),
+            {
+                "cpus": cpus,
+                "max_batch": options.max_batch,
+                "batch_wait_ms": options.batch_wait_ms,
+                "batch_dim": meta["batch_dim"],
+                "accept_machine": options.accept_machine,
+                "ingress": INGRESS_NAME,
+            },
+        )
+    ingress = serve.deployment(
+        Ingress,
+        name=INGRESS_NAME,
+        num_replicas=1,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=INGRESS_MAX_ONGOING,
+        graceful_shutdown_timeout_s=20.0,
+    )
+    return ingress.bind(handles, metadata, {"max_request_mb": options.max_request_mb, "access_log": options.access_log})
 
 
 def build(args: dict[str, Any]) -> Any:

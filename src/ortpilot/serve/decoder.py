@@ -58,8 +58,10 @@ def find_model_file(folder: Path) -> Path:
         found = sorted(base.glob("*.onnx")) if base.is_dir() else []
         if len(found) == 1:
             return found[0]
-    raise UsageError(f"'{folder}' has no decoder model (looked for {', '.join(MODEL_NAMES)} or a single .onnx "
-                     "file, also under onnx/).")
+    raise UsageError(
+        f"'{folder}' has no decoder model (looked for {', '.join(MODEL_NAMES)} or a single .onnx "
+        "file, also under onnx/)."
+    )
 
 
 def find_tokenizer(source: str, folders: list[Path], tokenizer: str | None) -> Path:
@@ -77,8 +79,10 @@ def find_tokenizer(source: str, folders: list[Path], tokenizer: str | None) -> P
     for folder in folders:
         if (folder / "tokenizer.json").is_file():
             return (folder / "tokenizer.json").resolve()
-    raise UsageError(f"No tokenizer for '{source}': the OpenAI endpoints speak text, so give --tokenizer "
-                     "PATH/tokenizer.json (or serve a folder that holds one beside the model).")
+    raise UsageError(
+        f"No tokenizer for '{source}': the OpenAI endpoints speak text, so give --tokenizer "
+        "PATH/tokenizer.json (or serve a folder that holds one beside the model)."
+    )
 
 
 def is_decoder_target(source: str, tokenizer: str | None = None) -> bool:
@@ -88,8 +92,7 @@ def is_decoder_target(source: str, tokenizer: str | None = None) -> bool:
         return True
     path = Path(source)
     if path.is_dir():
-        return not (path / "profile.json").is_file() and (
-            tokenizer is not None or (path / "tokenizer.json").is_file())
+        return not (path / "profile.json").is_file() and (tokenizer is not None or (path / "tokenizer.json").is_file())
     if not path.is_file() or path.suffix != ".onnx":
         return False
     from ortpilot.decode.signature import detect_signature
@@ -101,9 +104,17 @@ def is_decoder_target(source: str, tokenizer: str | None = None) -> bool:
         return False
 
 
-def prepare_decoder(source: str, name: str | None = None, *, tokenizer: str | None = None,
-                    chat_template: str = "auto", max_streams: int = 8, max_queue: int = 64,
-                    max_length: int | None = None, prefill_chunk: int = 0) -> DecoderSpec:
+def prepare_decoder(
+    source: str,
+    name: str | None = None,
+    *,
+    tokenizer: str | None = None,
+    chat_template: str = "auto",
+    max_streams: int = 8,
+    max_queue: int = 64,
+    max_length: int | None = None,
+    prefill_chunk: int = 0,
+) -> DecoderSpec:
     """Check ``source`` (a model file, a folder with a model and tokenizer, ``demo:decoder``) in the driver.
 
     A decoder without GroupQueryAttention is fused first (onnxscript, content-addressed cache, so
@@ -133,8 +144,10 @@ def prepare_decoder(source: str, name: str | None = None, *, tokenizer: str | No
             folders = [path.parent, path.parent.parent]
             default = path.stem
         else:
-            raise UsageError(f"'{source}' does not exist. Serve a decoder model file, a folder holding one with its "
-                             "tokenizer.json, or demo:decoder.")
+            raise UsageError(
+                f"'{source}' does not exist. Serve a decoder model file, a folder holding one with its "
+                "tokenizer.json, or demo:decoder."
+            )
     sig = detect_signature(load_model(path, load_external_data=False))  # not a decoder: say that first
     tok = find_tokenizer(source, folders, tokenizer)
     notes: list[str] = []
@@ -147,8 +160,18 @@ def prepare_decoder(source: str, name: str | None = None, *, tokenizer: str | No
         sig = detect_signature(fused.model)
     check_batchable(sig)
     resolve_max_length(sig, max_length)
-    return DecoderSpec(name or default, str(path.resolve()), str(tok), source, chat_template, max_streams,
-                       max_queue, max_length, prefill_chunk, tuple(notes))
+    return DecoderSpec(
+        name or default,
+        str(path.resolve()),
+        str(tok),
+        source,
+        chat_template,
+        max_streams,
+        max_queue,
+        max_length,
+        prefill_chunk,
+        tuple(notes),
+    )
 
 
 class DecoderReplica:
@@ -164,10 +187,16 @@ class DecoderReplica:
         self.tokenizer = textmod.load_tokenizer(self.spec.tokenizer)
         self.stop_ids = frozenset(textmod.stop_ids(self.tokenizer))
         self.template = textmod.chat_template(self.spec.tokenizer) if self.spec.chat_template == "auto" else None
-        self.scheduler = Scheduler(self.spec.model, max_streams=self.spec.max_streams, max_queue=self.spec.max_queue,
-                                   max_length=self.spec.max_length, prefill_chunk=self.spec.prefill_chunk,
-                                   providers=["cpu"], policy="strict",
-                                   settings=SessionSettings(intra_op_threads=threads)).start()
+        self.scheduler = Scheduler(
+            self.spec.model,
+            max_streams=self.spec.max_streams,
+            max_queue=self.spec.max_queue,
+            max_length=self.spec.max_length,
+            prefill_chunk=self.spec.prefill_chunk,
+            providers=["cpu"],
+            policy="strict",
+            settings=SessionSettings(intra_op_threads=threads),
+        ).start()
         self.threads = threads
         self.recent: deque[dict[str, Any]] = deque(maxlen=64)
         self.load_s = time.perf_counter() - started
@@ -183,9 +212,14 @@ class DecoderReplica:
             return textmod.render_chat(self.template, request.messages, self.tokenizer)
         if self.spec.chat_template == "chatml" or self.tokenizer.token_to_id("<|im_start|>") is not None:
             return textmod.chatml(request.messages)
-        raise ApiError(400, f"The model '{self.spec.name}' has no chat template (no chat_template in its "
-                       "tokenizer_config.json, no <|im_start|> token); use /v1/completions, or start the server "
-                       "with --chat-template chatml.", param="messages", code="no_chat_template")
+        raise ApiError(
+            400,
+            f"The model '{self.spec.name}' has no chat template (no chat_template in its "
+            "tokenizer_config.json, no <|im_start|> token); use /v1/completions, or start the server "
+            "with --chat-template chatml.",
+            param="messages",
+            code="no_chat_template",
+        )
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         if isinstance(request.prompt, list):
@@ -215,25 +249,38 @@ class DecoderReplica:
             limit = self.scheduler.generator.signature.max_positions
             if len(ids) >= self.scheduler.max_length:
                 model = f" and the model {limit} positions" if limit else ""
-                raise ApiError(400, f"The prompt has {len(ids)} tokens, but a stream of this server holds "
-                               f"{self.scheduler.max_length} (--max-length){model}; shorten the prompt.",
-                               param="messages" if request.kind == "chat" else "prompt",
-                               code="context_length_exceeded")
+                raise ApiError(
+                    400,
+                    f"The prompt has {len(ids)} tokens, but a stream of this server holds "
+                    f"{self.scheduler.max_length} (--max-length){model}; shorten the prompt.",
+                    param="messages" if request.kind == "chat" else "prompt",
+                    code="context_length_exceeded",
+                )
             max_tokens = self.max_tokens(request, len(ids))
             room = self.scheduler.max_length - len(ids)
             if max_tokens > room:
-                raise ApiError(400, f"max_tokens {max_tokens} is above the limit: the prompt has {len(ids)} tokens "
-                               f"and a stream holds {self.scheduler.max_length}, so at most {room} more.",
-                               param="max_tokens", code="context_length_exceeded")
+                raise ApiError(
+                    400,
+                    f"max_tokens {max_tokens} is above the limit: the prompt has {len(ids)} tokens "
+                    f"and a stream holds {self.scheduler.max_length}, so at most {room} more.",
+                    param="max_tokens",
+                    code="context_length_exceeded",
+                )
             sampling = SamplingConfig(temperature=request.temperature, top_p=request.top_p, seed=request.seed)
-            stream = self.scheduler.submit(ids, max_tokens, sampling=sampling, stop_tokens=sorted(self.stop_ids),
-                                           on_token=lambda _s, t: loop.call_soon_threadsafe(tokens.put_nowait, t))
+            stream = self.scheduler.submit(
+                ids,
+                max_tokens,
+                sampling=sampling,
+                stop_tokens=sorted(self.stop_ids),
+                on_token=lambda _s, t: loop.call_soon_threadsafe(tokens.put_nowait, t),
+            )
         except ApiError as exc:
             yield exc.to_event()
             return
         except QueueFullError as exc:
-            yield ApiError(429, str(exc), kind="rate_limit_error", code="rate_limit_exceeded",
-                           retry_after_s=exc.retry_after_s).to_event()
+            yield ApiError(
+                429, str(exc), kind="rate_limit_error", code="rate_limit_exceeded", retry_after_s=exc.retry_after_s
+            ).to_event()
             return
         except UsageError as exc:
             yield ApiError(400, str(exc), code="invalid_value").to_event()
@@ -264,8 +311,12 @@ class DecoderReplica:
                 yield ApiError(500, f"generation failed: {stream.error}", kind="server_error").to_event()
                 return
             reason = "stop_string" if text.stopped else stream.stop_reason or "max_new_tokens"
-            yield {"type": "end", "finish_reason": reason, "prompt_tokens": len(ids),
-                   "completion_tokens": len(stream.tokens)}
+            yield {
+                "type": "end",
+                "finish_reason": reason,
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(stream.tokens),
+            }
         finally:
             if not stream.done:
                 stream.cancel()  # the caller went away: free the slot before the next step
@@ -277,21 +328,37 @@ class DecoderReplica:
                 if stream.done:
                     break
                 await asyncio.sleep(0.01)
-            self.recent.append({"id": stream.id, **stream.metrics().to_dict(),
-                                "tokens_after_cancel": stream.tokens_after_cancel})
+            self.recent.append(
+                {"id": stream.id, **stream.metrics().to_dict(), "tokens_after_cancel": stream.tokens_after_cancel}
+            )
 
         asyncio.get_running_loop().create_task(later())
 
     def describe(self) -> dict[str, Any]:
         sig = self.scheduler.generator.signature
-        return {"name": self.spec.name, "source": self.spec.source, "pid": self.pid, "intra_op_threads": self.threads,
-                "load_s": round(self.load_s, 3), "max_positions": sig.max_positions,
-                "chat_template": "tokenizer" if self.template is not None else self.spec.chat_template,
-                "notes": list(self.spec.notes), **self.scheduler.stats(), "recent": list(self.recent)}
+        return {
+            "name": self.spec.name,
+            "source": self.spec.source,
+            "pid": self.pid,
+            "intra_op_threads": self.threads,
+            "load_s": round(self.load_s, 3),
+            "max_positions": sig.max_positions,
+            "chat_template": "tokenizer" if self.template is not None else self.spec.chat_template,
+            "notes": list(self.spec.notes),
+            **self.scheduler.stats(),
+            "recent": list(self.recent),
+        }
 
     def close(self) -> None:
         self.scheduler.close()
 
 
-__all__ = ["CHAT_TEMPLATES", "DecoderReplica", "DecoderSpec", "find_model_file", "find_tokenizer", "is_decoder_target",
-           "prepare_decoder"]
+__all__ = [
+    "CHAT_TEMPLATES",
+    "DecoderReplica",
+    "DecoderSpec",
+    "find_model_file",
+    "find_tokenizer",
+    "is_decoder_target",
+    "prepare_decoder",
+]

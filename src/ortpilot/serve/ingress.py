@@ -23,8 +23,9 @@ INGRESS_NAME = "ortpilot-ingress"
 class Ingress:
     """The application's entry deployment: dispatches to routes, counts, logs, takes replica reports."""
 
-    def __init__(self, models: Mapping[str, Any], metadata: Mapping[str, dict[str, Any]],
-                 options: Mapping[str, Any]) -> None:
+    def __init__(
+        self, models: Mapping[str, Any], metadata: Mapping[str, dict[str, Any]], options: Mapping[str, Any]
+    ) -> None:
         from ortpilot.serve import oip
 
         self.handles = dict(models)  # model name -> DeploymentHandle of its replicas
@@ -59,19 +60,24 @@ class Ingress:
                 reply = error_reply(500, f"internal error: {type(exc).__name__}: {exc}")
             break
         if reply is None:
-            reply = (error_reply(405, f"{request.method} is not allowed on {path} (use {', '.join(allowed)})")
-                     if allowed else error_reply(404, f"no route {request.method} {path}"))
+            reply = (
+                error_reply(405, f"{request.method} is not allowed on {path} (use {', '.join(allowed)})")
+                if allowed
+                else error_reply(404, f"no route {request.method} {path}")
+            )
         elapsed = time.perf_counter() - started
         if reply.model is not None:
             self.metrics.observe(reply.model, reply.status, elapsed)
         if self.access_log:
             client = request.client.host if request.client else "-"
-            sys.stderr.write(f"{client} \"{request.method} {path}\" {reply.status} {len(reply.body)} "
-                             f"{elapsed * 1000:.1f}ms\n")
+            sys.stderr.write(
+                f'{client} "{request.method} {path}" {reply.status} {len(reply.body)} {elapsed * 1000:.1f}ms\n'
+            )
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type, headers=reply.headers)
 
-    async def report(self, model: str, replica: str, info: Mapping[str, Any] | None,
-                     batches: Mapping[str, Any]) -> None:
+    async def report(
+        self, model: str, replica: str, info: Mapping[str, Any] | None, batches: Mapping[str, Any]
+    ) -> None:
         """A model replica's heartbeat: who it is, what it verified, its cumulative batch counts."""
         self.metrics.report(model, replica, info, batches)
 
@@ -81,8 +87,9 @@ class Ingress:
         limit = self.max_request_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            return error_reply(413, f"request body of {int(declared)} bytes is over the limit of {limit} bytes "
-                               "(--max-request-mb)")
+            return error_reply(
+                413, f"request body of {int(declared)} bytes is over the limit of {limit} bytes (--max-request-mb)"
+            )
         chunks, size = [], 0
         async for chunk in request.stream():
             chunks.append(chunk)

@@ -66,10 +66,19 @@ class ServeMetrics:
 
         self.models = list(models)
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("ortpilot_requests", "Infer requests by model and HTTP status code.",
-                                ["model", "code"], registry=self.registry)
-        self.seconds = Histogram("ortpilot_request_seconds", "Infer request time at the ingress, seconds.",
-                                 ["model"], buckets=SECONDS_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "ortpilot_requests",
+            "Infer requests by model and HTTP status code.",
+            ["model", "code"],
+            registry=self.registry,
+        )
+        self.seconds = Histogram(
+            "ortpilot_request_seconds",
+            "Infer request time at the ingress, seconds.",
+            ["model"],
+            buckets=SECONDS_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_ReplicaCollector(self))
         self._lock = threading.Lock()
         self._reports: dict[str, ReplicaReport] = {}
@@ -122,12 +131,21 @@ class _ReplicaCollector:
         from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
         reports = self.metrics.all_reports()
-        batch = HistogramMetricFamily("ortpilot_batch_size", "Requests per model run (dynamic batching), "
-                                      "summed over every replica that ran.", labels=["model"])
-        verified = GaugeMetricFamily("ortpilot_replica_verified", "Live replicas that loaded their profile and "
-                                     "reproduced its reference outputs.", labels=["model"])
-        share = GaugeMetricFamily("ortpilot_placement_share", "Share of the model's nodes on each provider, as "
-                                  "the verified replicas report it.", labels=["model", "provider"])
+        batch = HistogramMetricFamily(
+            "ortpilot_batch_size",
+            "Requests per model run (dynamic batching), summed over every replica that ran.",
+            labels=["model"],
+        )
+        verified = GaugeMetricFamily(
+            "ortpilot_replica_verified",
+            "Live replicas that loaded their profile and reproduced its reference outputs.",
+            labels=["model"],
+        )
+        share = GaugeMetricFamily(
+            "ortpilot_placement_share",
+            "Share of the model's nodes on each provider, as the verified replicas report it.",
+            labels=["model", "provider"],
+        )
         for model in self.metrics.models:
             mine = [r for r in reports if r.model == model]
             buckets = [0] * (len(BATCH_BUCKETS) + 1)

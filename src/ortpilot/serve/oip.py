@@ -20,8 +20,9 @@ def routes(ingress: Any) -> list:
     """The protocol's route table, bound to ``ingress`` (its model handles, metadata and metrics)."""
 
     def unknown(name: str) -> Reply:
-        return error_reply(404, f"Unknown model '{name}'. This server serves: {', '.join(sorted(ingress.handles))}.",
-                           model=name)
+        return error_reply(
+            404, f"Unknown model '{name}'. This server serves: {', '.join(sorted(ingress.handles))}.", model=name
+        )
 
     def ready(name: str) -> bool:
         return bool(ingress.metrics.replicas(name))
@@ -43,9 +44,17 @@ def routes(ingress: Any) -> list:
             return unknown(name)
         meta = ingress.metadata[name]
         replicas = [r.info for r in ingress.metrics.replicas(name)]
-        return json_reply(200, {"name": name, "versions": ["1"], "platform": "onnxruntime_onnx",
-                                "inputs": meta["inputs"], "outputs": meta["outputs"],
-                                "ortpilot": {**meta["facts"], "ready": bool(replicas), "replicas": replicas}})
+        return json_reply(
+            200,
+            {
+                "name": name,
+                "versions": ["1"],
+                "platform": "onnxruntime_onnx",
+                "inputs": meta["inputs"],
+                "outputs": meta["outputs"],
+                "ortpilot": {**meta["facts"], "ready": bool(replicas), "replicas": replicas},
+            },
+        )
 
     async def model_ready(request: Any, name: str, version: str = "1") -> Reply:
         if name not in ingress.handles:
@@ -71,9 +80,12 @@ def routes(ingress: Any) -> list:
             result = await ingress.handles[name].infer.remote(decoded.feeds, decoded.outputs)
         except Exception as exc:  # the replica died or Ray could not reach it
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            return error_reply(503, f"The replica serving '{name}' failed during the request ({type(exc).__name__}: "
-                               f"{first}). Ray restarts it; it verifies again before it takes traffic. Retry.",
-                               model=name)
+            return error_reply(
+                503,
+                f"The replica serving '{name}' failed during the request ({type(exc).__name__}: "
+                f"{first}). Ray restarts it; it verifies again before it takes traffic. Retry.",
+                model=name,
+            )
         report = result.get("report") or {}
         if report:
             ingress.metrics.report(name, report["replica"], None, report["batches"])

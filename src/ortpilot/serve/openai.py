@@ -20,16 +20,32 @@ from typing import Any
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's documented default for /v1/completions
-_UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
-                "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []), "functions": (None, []),
-                "logit_bias": (None, {}), "response_format": (None, {"type": "text"})}
+_UNSUPPORTED = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "functions": (None, []),
+    "logit_bias": (None, {}),
+    "response_format": (None, {"type": "text"}),
+}
 
 
 class ApiError(Exception):
     """An error reply: HTTP status and OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, retry_after_s: int | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
         self.retry_after_s = retry_after_s
@@ -41,18 +57,35 @@ class ApiError(Exception):
         return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else {}
 
     def to_event(self) -> dict[str, Any]:
-        return {"type": "error", "status": self.status, "message": self.message, "kind": self.kind,
-                "param": self.param, "code": self.code, "retry_after_s": self.retry_after_s}
+        return {
+            "type": "error",
+            "status": self.status,
+            "message": self.message,
+            "kind": self.kind,
+            "param": self.param,
+            "code": self.code,
+            "retry_after_s": self.retry_after_s,
+        }
 
     @classmethod
     def from_event(cls, event: dict[str, Any]) -> ApiError:
-        return cls(event["status"], event["message"], kind=event.get("kind") or "invalid_request_error",
-                   param=event.get("param"), code=event.get("code"), retry_after_s=event.get("retry_after_s"))
+        return cls(
+            event["status"],
+            event["message"],
+            kind=event.get("kind") or "invalid_request_error",
+            param=event.get("param"),
+            code=event.get("code"),
+            retry_after_s=event.get("retry_after_s"),
+        )
 
 
 def not_found(model: str, known: list[str]) -> ApiError:
-    return ApiError(404, f"The model '{model}' does not exist; this server has {', '.join(known) or 'none'}.",
-                    param="model", code="model_not_found")
+    return ApiError(
+        404,
+        f"The model '{model}' does not exist; this server has {', '.join(known) or 'none'}.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 @dataclass
@@ -84,8 +117,9 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ApiError(400, f"'{name}' must be a number from {low:g} to {high:g}; got {value!r}.", param=name,
-                       code="invalid_value")
+        raise ApiError(
+            400, f"'{name}' must be a number from {low:g} to {high:g}; got {value!r}.", param=name, code="invalid_value"
+        )
     return float(value)
 
 
@@ -106,31 +140,51 @@ def _content(message: dict[str, Any], index: int) -> str:
         parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ApiError(400, f"messages[{index}].content: only text parts ({{\"type\": \"text\", \"text\": "
-                               "...}) are supported by a text decoder.", param=f"messages[{index}].content",
-                               code="invalid_value")
+                raise ApiError(
+                    400,
+                    f'messages[{index}].content: only text parts ({{"type": "text", "text": '
+                    "...}) are supported by a text decoder.",
+                    param=f"messages[{index}].content",
+                    code="invalid_value",
+                )
             parts.append(part["text"])
         return "".join(parts)
     if content is None and message.get("role") == "assistant":
         return ""
-    raise ApiError(400, f"messages[{index}].content must be a string or a list of text parts; got "
-                   f"{type(content).__name__}.", param=f"messages[{index}].content", code="invalid_type")
+    raise ApiError(
+        400,
+        f"messages[{index}].content must be a string or a list of text parts; got {type(content).__name__}.",
+        param=f"messages[{index}].content",
+        code="invalid_type",
+    )
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list of {\"role\", \"content\"} objects.",
-                       param="messages", code="invalid_value")
+        raise ApiError(
+            400,
+            '\'messages\' must be a non-empty list of {"role", "content"} objects.',
+            param="messages",
+            code="invalid_value",
+        )
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise ApiError(400, f"messages[{i}] must be an object with 'role' and 'content'.",
-                           param=f"messages[{i}]", code="invalid_type")
+            raise ApiError(
+                400,
+                f"messages[{i}] must be an object with 'role' and 'content'.",
+                param=f"messages[{i}]",
+                code="invalid_type",
+            )
         role = message.get("role")
         if role not in ROLES:
-            raise ApiError(400, f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}.",
-                           param=f"messages[{i}].role", code="invalid_value")
+            raise ApiError(
+                400,
+                f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}.",
+                param=f"messages[{i}].role",
+                code="invalid_value",
+            )
         out.append({"role": "system" if role == "developer" else role, "content": _content(message, i)})
     return out
 
@@ -144,10 +198,12 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return list(prompt)
     if isinstance(prompt, list) and len(prompt) > 1:
-        raise ApiError(400, "'prompt' holds several prompts; send one request per prompt.", param="prompt",
-                       code="invalid_value")
-    raise ApiError(400, "'prompt' must be a non-empty string (or a list of token ids).", param="prompt",
-                   code="invalid_value")
+        raise ApiError(
+            400, "'prompt' holds several prompts; send one request per prompt.", param="prompt", code="invalid_value"
+        )
+    raise ApiError(
+        400, "'prompt' must be a non-empty string (or a list of token ids).", param="prompt", code="invalid_value"
+    )
 
 
 def _stop(body: dict[str, Any]) -> list[str]:
@@ -156,8 +212,9 @@ def _stop(body: dict[str, Any]) -> list[str]:
         return []
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOP:
-        raise ApiError(400, f"'stop' must be a string or a list of at most {MAX_STOP} strings.", param="stop",
-                       code="invalid_value")
+        raise ApiError(
+            400, f"'stop' must be a string or a list of at most {MAX_STOP} strings.", param="stop", code="invalid_value"
+        )
     return [s for s in stops if s]
 
 
@@ -171,8 +228,9 @@ def parse_request(kind: str, raw: bytes) -> GenerationRequest:
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise ApiError(400, "'model' must name a served model (GET /v1/models lists them).", param="model",
-                       code="invalid_value")
+        raise ApiError(
+            400, "'model' must name a served model (GET /v1/models lists them).", param="model", code="invalid_value"
+        )
     n = _integer(body, "n")
     if n not in (None, 1):
         raise ApiError(400, f"'n' = {n}: this server returns one choice per request.", param="n", code="unsupported")
@@ -192,11 +250,18 @@ def parse_request(kind: str, raw: bytes) -> GenerationRequest:
     if not isinstance(stream, bool) and stream is not None:
         raise ApiError(400, "'stream' must be true or false.", param="stream", code="invalid_type")
     return GenerationRequest(
-        kind=kind, model=model, prompt=_prompt(body) if kind == "completion" else None,
-        messages=_messages(body) if kind == "chat" else [], max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_p=_number(body, "top_p", 1.0, 0.0, 1.0) or 1e-9,
-        stop=_stop(body), seed=_integer(body, "seed"), stream=bool(stream),
-        include_usage=bool((options or {}).get("include_usage")))
+        kind=kind,
+        model=model,
+        prompt=_prompt(body) if kind == "completion" else None,
+        messages=_messages(body) if kind == "chat" else [],
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0) or 1e-9,
+        stop=_stop(body),
+        seed=_integer(body, "seed"),
+        stream=bool(stream),
+        include_usage=bool((options or {}).get("include_usage")),
+    )
 
 
 # Replies.
@@ -212,26 +277,47 @@ def model_object(name: str, created: int, extra: dict[str, Any] | None = None) -
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def completion_body(request: GenerationRequest, ident: str, created: int, text: str, finish_reason: str,
-                    counts: dict[str, int]) -> dict[str, Any]:
+def completion_body(
+    request: GenerationRequest, ident: str, created: int, text: str, finish_reason: str, counts: dict[str, int]
+) -> dict[str, Any]:
     if request.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": finish_reason}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
         kind = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         kind = "text_completion"
-    return {"id": ident, "object": kind, "created": created, "model": request.model, "choices": [choice],
-            "usage": counts}
+    return {
+        "id": ident,
+        "object": kind,
+        "created": created,
+        "model": request.model,
+        "choices": [choice],
+        "usage": counts,
+    }
 
 
-def chunk_body(request: GenerationRequest, ident: str, created: int, text: str | None,
-               finish_reason: str | None = None, *, first: bool = False,
-               counts: dict[str, int] | None = None) -> dict[str, Any]:
+def chunk_body(
+    request: GenerationRequest,
+    ident: str,
+    created: int,
+    text: str | None,
+    finish_reason: str | None = None,
+    *,
+    first: bool = False,
+    counts: dict[str, int] | None = None,
+) -> dict[str, Any]:
     """One streamed chunk; ``counts`` makes it the usage chunk (no choices) of ``include_usage``."""
     if request.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
@@ -242,8 +328,13 @@ def chunk_body(request: GenerationRequest, ident: str, created: int, text: str |
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         kind = "text_completion"
-    doc: dict[str, Any] = {"id": ident, "object": kind, "created": created, "model": request.model,
-                           "choices": [] if counts is not None else [choice]}
+    doc: dict[str, Any] = {
+        "id": ident,
+        "object": kind,
+        "created": created,
+        "model": request.model,
+        "choices": [] if counts is not None else [choice],
+    }
     if counts is not None or request.include_usage:
         doc["usage"] = counts
     return doc

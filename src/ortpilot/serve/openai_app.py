@@ -55,8 +55,12 @@ class DecoderDeployment(DecoderReplica):
 def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Any:
     from starlette.responses import Response
 
-    return Response(json.dumps(doc, separators=(",", ":"), ensure_ascii=False), status_code=status,
-                    media_type="application/json", headers=headers)
+    return Response(
+        json.dumps(doc, separators=(",", ":"), ensure_ascii=False),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 def _error(exc: ApiError) -> Any:
@@ -83,29 +87,37 @@ class OpenAIIngress:
             import sys
 
             client = request.client.host if request.client else "-"
-            sys.stderr.write(f"{client} \"{request.method} {request.url.path}\" {response.status_code} "
-                             f"{(time.perf_counter() - started) * 1e3:.1f}ms\n")
+            sys.stderr.write(
+                f'{client} "{request.method} {request.url.path}" {response.status_code} '
+                f"{(time.perf_counter() - started) * 1e3:.1f}ms\n"
+            )
         return response
 
     async def _route(self, method: str, path: str, request: Any) -> Any:
         kind = {"/completions": "completion", "/chat/completions": "chat"}.get(path)
         if kind is not None:
             if method != "POST":
-                raise ApiError(405, f"{method} is not allowed on {ROUTE_PREFIX}{path} (use POST).",
-                               code="method_not_allowed")
+                raise ApiError(
+                    405, f"{method} is not allowed on {ROUTE_PREFIX}{path} (use POST).", code="method_not_allowed"
+                )
             return await self._generate(parse_request(kind, await request.body()))
         if path == "/models" or path.startswith("/models/"):
             if method != "GET":
-                raise ApiError(405, f"{method} is not allowed on {ROUTE_PREFIX}{path} (use GET).",
-                               code="method_not_allowed")
+                raise ApiError(
+                    405, f"{method} is not allowed on {ROUTE_PREFIX}{path} (use GET).", code="method_not_allowed"
+                )
             if path == "/models":
                 return _json(200, {"object": "list", "data": [model_object(n, self.created) for n in self.handles]})
-            name = path[len("/models/"):]
+            name = path[len("/models/") :]
             if name not in self.handles:
                 raise not_found(name, list(self.handles))
             return _json(200, model_object(name, self.created, await self.handles[name].describe.remote()))
-        raise ApiError(404, f"No route {method} {ROUTE_PREFIX}{path}: this server has GET /v1/models, "
-                       "POST /v1/completions and POST /v1/chat/completions.", code="not_found")
+        raise ApiError(
+            404,
+            f"No route {method} {ROUTE_PREFIX}{path}: this server has GET /v1/models, "
+            "POST /v1/completions and POST /v1/chat/completions.",
+            code="not_found",
+        )
 
     async def _generate(self, req: GenerationRequest) -> Any:
         from starlette.responses import StreamingResponse
@@ -117,18 +129,28 @@ class OpenAIIngress:
             events = handle.options(stream=True).generate.remote(req.to_dict())
             first = await events.__anext__()
         except StopAsyncIteration:
-            raise ApiError(500, "the decoder replica ended the request without an answer", kind="server_error") from None
+            raise ApiError(
+                500, "the decoder replica ended the request without an answer", kind="server_error"
+            ) from None
         except Exception as exc:
             if type(exc).__name__ == "BackPressureError":
-                raise ApiError(429, f"Every replica of '{req.model}' is at its limit; retry later.",
-                               kind="rate_limit_error", code="rate_limit_exceeded", retry_after_s=1) from None
+                raise ApiError(
+                    429,
+                    f"Every replica of '{req.model}' is at its limit; retry later.",
+                    kind="rate_limit_error",
+                    code="rate_limit_exceeded",
+                    retry_after_s=1,
+                ) from None
             raise
         if first["type"] == "error":
             return _error(ApiError.from_event(first))
         ident, created = new_id(req.kind), now()
         if req.stream:
-            return StreamingResponse(self._sse(req, ident, created, first, events), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(
+                self._sse(req, ident, created, first, events),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         parts, end = [], None
         async for event in events:
             if event["type"] == "delta":
@@ -139,11 +161,21 @@ class OpenAIIngress:
                 return _error(ApiError.from_event(event))
         if end is None:
             raise ApiError(500, "the decoder replica ended the request without an answer", kind="server_error")
-        return _json(200, completion_body(req, ident, created, "".join(parts), finish_reason(end["finish_reason"]),
-                                          usage(end["prompt_tokens"], end["completion_tokens"])))
+        return _json(
+            200,
+            completion_body(
+                req,
+                ident,
+                created,
+                "".join(parts),
+                finish_reason(end["finish_reason"]),
+                usage(end["prompt_tokens"], end["completion_tokens"]),
+            ),
+        )
 
-    async def _sse(self, req: GenerationRequest, ident: str, created: int, first: dict[str, Any],
-                   events: Any) -> AsyncIterator[bytes]:
+    async def _sse(
+        self, req: GenerationRequest, ident: str, created: int, first: dict[str, Any], events: Any
+    ) -> AsyncIterator[bytes]:
         try:
             if req.kind == "chat":
                 yield sse(chunk_body(req, ident, created, None, first=True))
@@ -153,8 +185,15 @@ class OpenAIIngress:
                 elif event["type"] == "end":
                     yield sse(chunk_body(req, ident, created, None, finish_reason(event["finish_reason"])))
                     if req.include_usage:
-                        yield sse(chunk_body(req, ident, created, None,
-                                             counts=usage(event["prompt_tokens"], event["completion_tokens"])))
+                        yield sse(
+                            chunk_body(
+                                req,
+                                ident,
+                                created,
+                                None,
+                                counts=usage(event["prompt_tokens"], event["completion_tokens"]),
+                            )
+                        )
                 elif event["type"] == "error":
                     yield sse(ApiError.from_event(event).body())
                     return
@@ -163,8 +202,14 @@ class OpenAIIngress:
             events.cancel()  # a client gone: the replica cancels its stream (a no-op after the end)
 
 
-def openai_deployment(specs: Sequence[DecoderSpec], *, replicas: int = 1, cpus_per_replica: float | None = None,
-                      cpu_budget: int | None = None, access_log: bool = True) -> Any:
+def openai_deployment(
+    specs: Sequence[DecoderSpec],
+    *,
+    replicas: int = 1,
+    cpus_per_replica: float | None = None,
+    cpu_budget: int | None = None,
+    access_log: bool = True,
+) -> Any:
     """The Ray Serve application for ``specs`` (not yet running): mount it at ``ROUTE_PREFIX``."""
     from ortpilot.serve.app import require_ray
 
@@ -179,13 +224,18 @@ def openai_deployment(specs: Sequence[DecoderSpec], *, replicas: int = 1, cpus_p
     handles = {}
     for spec in specs:
         model = serve.deployment(
-            DecoderDeployment, name=f"decoder-{spec.name}", num_replicas=replicas,
+            DecoderDeployment,
+            name=f"decoder-{spec.name}",
+            num_replicas=replicas,
             ray_actor_options={"num_cpus": cpus},
             # Requests beyond the streams and the queue reach the scheduler, which answers 429 itself.
-            max_ongoing_requests=spec.max_streams + spec.max_queue + 8, graceful_shutdown_timeout_s=10.0)
+            max_ongoing_requests=spec.max_streams + spec.max_queue + 8,
+            graceful_shutdown_timeout_s=10.0,
+        )
         handles[spec.name] = model.bind(spec.to_dict(), max(1, int(cpus)))
-    ingress = serve.deployment(OpenAIIngress, name=INGRESS_NAME, num_replicas=1, ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=4096)
+    ingress = serve.deployment(
+        OpenAIIngress, name=INGRESS_NAME, num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096
+    )
     return ingress.bind(handles, access_log)
 
 
@@ -210,11 +260,19 @@ def wait_ready(specs: Sequence[DecoderSpec], base: str, timeout: float, failed: 
     return [ready[s.name] for s in specs]
 
 
-def run_openai_server(specs: Sequence[DecoderSpec], *, host: str = "127.0.0.1", port: int = 8000,
-                      replicas: int = 1, cpus_per_replica: float | None = None, address: str | None = None,
-                      ready_timeout: float = 300.0, access_log: bool = True,
-                      on_ready: Callable[[list[dict]], None] | None = None,
-                      stop: threading.Event | None = None) -> list[dict]:
+def run_openai_server(
+    specs: Sequence[DecoderSpec],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    replicas: int = 1,
+    cpus_per_replica: float | None = None,
+    address: str | None = None,
+    ready_timeout: float = 300.0,
+    access_log: bool = True,
+    on_ready: Callable[[list[dict]], None] | None = None,
+    stop: threading.Event | None = None,
+) -> list[dict]:
     """Start (or join, ``address``) Ray, run the application at ``/v1``, serve until SIGINT/SIGTERM.
 
     The Ray and Serve handling is ``runner``'s (what the Open Inference Protocol application
@@ -245,14 +303,17 @@ def run_openai_server(specs: Sequence[DecoderSpec], *, host: str = "127.0.0.1", 
         if serve_running:
             running = _serve_port()
             if running != port:
-                raise UsageError(f"Ray Serve already runs on this cluster with its HTTP proxy on port {running}; "
-                                 f"one cluster has one proxy port, so serve on --port {running} or use another "
-                                 "cluster.")
+                raise UsageError(
+                    f"Ray Serve already runs on this cluster with its HTTP proxy on port {running}; "
+                    f"one cluster has one proxy port, so serve on --port {running} or use another "
+                    "cluster."
+                )
         else:
             serve.start(http_options={"host": host, "port": port}, logging_config=QUIET_LOGS)
             server.started_serve = True  # the next server on a shared cluster starts Serve on its own port
-        app = openai_deployment(specs, replicas=replicas, cpus_per_replica=cpus_per_replica, cpu_budget=budget,
-                                access_log=access_log)
+        app = openai_deployment(
+            specs, replicas=replicas, cpus_per_replica=cpus_per_replica, cpu_budget=budget, access_log=access_log
+        )
         failed: list[BaseException] = []
 
         def deploy() -> None:

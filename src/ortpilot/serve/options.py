@@ -57,8 +57,10 @@ class ServeOptions:
         if self.autoscale is not None:
             low, high = self.autoscale
             if low < 1 or high < low:
-                raise UsageError(f"--autoscale {low}:{high} needs 1 <= MIN <= MAX (a model is ready once a replica "
-                                 "verified, so it keeps at least one).")
+                raise UsageError(
+                    f"--autoscale {low}:{high} needs 1 <= MIN <= MAX (a model is ready once a replica "
+                    "verified, so it keeps at least one)."
+                )
         if self.cpus_per_replica is not None and self.cpus_per_replica <= 0:
             raise UsageError(f"--cpus-per-replica must be above 0, got {self.cpus_per_replica:g}.")
         if self.max_batch < 1:
@@ -108,21 +110,27 @@ def resolve_models(targets: Sequence[str], names: Sequence[str] = ()) -> list[Mo
     if not targets:
         raise UsageError("Give at least one PROFILE (a tune output folder or profile.json, a model, or demo:NAME).")
     if names and len(names) != len(targets):
-        raise UsageError(f"--name is given {len(names)} time(s) for {len(targets)} PROFILE(s): give one per "
-                         "PROFILE, in order, or none (default names come from the folders or model files).")
+        raise UsageError(
+            f"--name is given {len(names)} time(s) for {len(targets)} PROFILE(s): give one per "
+            "PROFILE, in order, or none (default names come from the folders or model files)."
+        )
     specs = []
     for i, target in enumerate(targets):
         kind, path, default = _resolve(target)
         name = names[i] if names else default
         if not _NAME.match(name):
-            raise UsageError(f"Model name '{name}' (for {target}) is not usable in a URL: use letters, digits, "
-                             "'_', '.', '-' (give one with --name).")
+            raise UsageError(
+                f"Model name '{name}' (for {target}) is not usable in a URL: use letters, digits, "
+                "'_', '.', '-' (give one with --name)."
+            )
         specs.append(ModelSpec(name, kind, str(path), target))
     seen: dict[str, str] = {}
     for spec in specs:
         if spec.name in seen:
-            raise UsageError(f"Two models would be served as '{spec.name}' ({seen[spec.name]} and {spec.source}); "
-                             "give each its own --name.")
+            raise UsageError(
+                f"Two models would be served as '{spec.name}' ({seen[spec.name]} and {spec.source}); "
+                "give each its own --name."
+            )
         seen[spec.name] = spec.source
     return specs
 
@@ -137,11 +145,14 @@ def _resolve(target: str) -> tuple[str, Path, str]:
     if path.is_dir():
         if (path / "profile.json").is_file():
             return "profile", (path / "profile.json").resolve(), path.resolve().name
-        raise UsageError(f"'{target}' is a folder without profile.json. Serve a tune output folder "
-                         "('ortpilot tune MODEL -o DIR'), a profile.json, a model file or demo:NAME.")
+        raise UsageError(
+            f"'{target}' is a folder without profile.json. Serve a tune output folder "
+            "('ortpilot tune MODEL -o DIR'), a profile.json, a model file or demo:NAME."
+        )
     if not path.is_file():
-        raise UsageError(f"'{target}' does not exist. Serve a tune output folder or profile.json, a model file "
-                         "or demo:NAME.")
+        raise UsageError(
+            f"'{target}' does not exist. Serve a tune output folder or profile.json, a model file or demo:NAME."
+        )
     if path.suffix == ".json":
         return "profile", path.resolve(), path.resolve().parent.name
     return "model", path.resolve(), path.stem

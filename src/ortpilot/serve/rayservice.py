@@ -37,8 +37,15 @@ def builder_args(specs: Sequence[ModelSpec], options: ServeOptions) -> dict[str,
     return args
 
 
-def manifest(specs: Sequence[ModelSpec], options: ServeOptions, *, host: str = "0.0.0.0", port: int = 8000,
-             image: str | None = None, ray_version: str | None = None) -> dict[str, Any]:
+def manifest(
+    specs: Sequence[ModelSpec],
+    options: ServeOptions,
+    *,
+    host: str = "0.0.0.0",
+    port: int = 8000,
+    image: str | None = None,
+    ray_version: str | None = None,
+) -> dict[str, Any]:
     """The RayService as a dict: a CPU-less head (it schedules, the proxy runs there) and one worker pod
     per replica with the replica's CPUs, scaling between the autoscale bounds."""
     import ray
@@ -51,15 +58,19 @@ def manifest(specs: Sequence[ModelSpec], options: ServeOptions, *, host: str = "
     serve_config = {
         "proxy_location": "EveryNode",
         "http_options": {"host": host, "port": port},
-        "applications": [{"name": "ortpilot", "route_prefix": "/", "import_path": BUILDER,
-                          "args": builder_args(specs, options)}],
+        "applications": [
+            {"name": "ortpilot", "route_prefix": "/", "import_path": BUILDER, "args": builder_args(specs, options)}
+        ],
     }
     import yaml
 
-    container = {"image": image, "resources": {"limits": {"cpu": pod_cpus, "memory": "4Gi"},
-                                               "requests": {"cpu": pod_cpus, "memory": "4Gi"}}}
+    container = {
+        "image": image,
+        "resources": {"limits": {"cpu": pod_cpus, "memory": "4Gi"}, "requests": {"cpu": pod_cpus, "memory": "4Gi"}},
+    }
     return {
-        "apiVersion": API_VERSION, "kind": KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": _name(specs), "annotations": {"ortpilot.dev/models": ",".join(s.name for s in specs)}},
         "spec": {
             "serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
@@ -67,18 +78,33 @@ def manifest(specs: Sequence[ModelSpec], options: ServeOptions, *, host: str = "
                 "rayVersion": version,
                 "headGroupSpec": {
                     "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
-                    "template": {"spec": {"containers": [{
-                        "name": "ray-head", **container,
-                        "ports": [{"containerPort": 6379, "name": "gcs-server"},
-                                  {"containerPort": 8265, "name": "dashboard"},
-                                  {"containerPort": 10001, "name": "client"},
-                                  {"containerPort": port, "name": "serve"}]}]}}},
-                "workerGroupSpecs": [{
-                    "groupName": "cpu", "replicas": workers,
-                    "minReplicas": len(specs) * (options.autoscale[0] if options.autoscale else options.replicas),
-                    "maxReplicas": len(specs) * options.max_replicas,
-                    "rayStartParams": {"num-cpus": pod_cpus},
-                    "template": {"spec": {"containers": [{"name": "ray-worker", **container}]}}}],
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "ray-head",
+                                    **container,
+                                    "ports": [
+                                        {"containerPort": 6379, "name": "gcs-server"},
+                                        {"containerPort": 8265, "name": "dashboard"},
+                                        {"containerPort": 10001, "name": "client"},
+                                        {"containerPort": port, "name": "serve"},
+                                    ],
+                                }
+                            ]
+                        }
+                    },
+                },
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "cpu",
+                        "replicas": workers,
+                        "minReplicas": len(specs) * (options.autoscale[0] if options.autoscale else options.replicas),
+                        "maxReplicas": len(specs) * options.max_replicas,
+                        "rayStartParams": {"num-cpus": pod_cpus},
+                        "template": {"spec": {"containers": [{"name": "ray-worker", **container}]}},
+                    }
+                ],
             },
         },
     }
@@ -109,8 +135,9 @@ def check_manifest(text: str, path: str | Path = "RayService") -> dict[str, Any]
     if not isinstance(cluster.get("rayVersion"), str):
         problems.append("spec.rayClusterConfig.rayVersion is not a string")
     head = cluster.get("headGroupSpec") or {}
-    groups = [("headGroupSpec", head)] + [(f"workerGroupSpecs[{i}]", g)
-                                          for i, g in enumerate(cluster.get("workerGroupSpecs") or [])]
+    groups = [("headGroupSpec", head)] + [
+        (f"workerGroupSpecs[{i}]", g) for i, g in enumerate(cluster.get("workerGroupSpecs") or [])
+    ]
     if len(groups) < 2:
         problems.append("spec.rayClusterConfig.workerGroupSpecs is empty")
     for where, group in groups:
@@ -122,8 +149,11 @@ def check_manifest(text: str, path: str | Path = "RayService") -> dict[str, Any]
             problems.append(f"{where}.template.spec.containers needs a name and an image")
         if where != "headGroupSpec":
             counts = [group.get(k) for k in ("replicas", "minReplicas", "maxReplicas")]
-            if not group.get("groupName") or not all(isinstance(c, int) for c in counts) \
-                    or not counts[1] <= counts[0] <= counts[2]:
+            if (
+                not group.get("groupName")
+                or not all(isinstance(c, int) for c in counts)
+                or not counts[1] <= counts[0] <= counts[2]
+            ):
                 problems.append(f"{where} needs groupName and minReplicas <= replicas <= maxReplicas")
     serve_text = spec.get("serveConfigV2")
     if not isinstance(serve_text, str):
@@ -136,13 +166,22 @@ def check_manifest(text: str, path: str | Path = "RayService") -> dict[str, Any]
         except Exception as exc:
             problems.append(f"spec.serveConfigV2 is not a valid Serve config ({str(exc).splitlines()[0]})")
     if problems:
-        raise VerificationError(f"'{path}' is not a valid RayService: {'; '.join(problems)}. ortpilot wrote it, so "
-                                "this is a bug in ortpilot.")
+        raise VerificationError(
+            f"'{path}' is not a valid RayService: {'; '.join(problems)}. ortpilot wrote it, so "
+            "this is a bug in ortpilot."
+        )
     return doc
 
 
-def write_rayservice(dest: str | Path, specs: Sequence[ModelSpec], options: ServeOptions, *, host: str = "0.0.0.0",
-                     port: int = 8000, image: str | None = None) -> Path:
+def write_rayservice(
+    dest: str | Path,
+    specs: Sequence[ModelSpec],
+    options: ServeOptions,
+    *,
+    host: str = "0.0.0.0",
+    port: int = 8000,
+    image: str | None = None,
+) -> Path:
     """Write the manifest atomically after checking it; the file says how it is meant to be used."""
     try:
         import yaml
@@ -152,8 +191,10 @@ def write_rayservice(dest: str | Path, specs: Sequence[ModelSpec], options: Serv
 
     path = Path(dest)
     check_output_path(path)
-    header = ("# Written by ortpilot serve --emit-rayservice. kubectl apply -f this file on a cluster with the KubeRay\n"
-              "# operator. The image must have ortpilot[serve] and the profiles at the paths in serveConfigV2's args.\n")
+    header = (
+        "# Written by ortpilot serve --emit-rayservice. kubectl apply -f this file on a cluster with the KubeRay\n"
+        "# operator. The image must have ortpilot[serve] and the profiles at the paths in serveConfigV2's args.\n"
+    )
     text = header + yaml.safe_dump(manifest(specs, options, host=host, port=port, image=image), sort_keys=False)
     check_manifest(text, path)
     atomic_write_text(path, text)

@@ -35,22 +35,32 @@ def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -
         if failure is not None:
             raise failure
         profile_threads = int((result.session.profile.get("session_settings") or {}).get("intra_op_threads") or 0)
-        return result.session, {"mode": result.mode, "why": result.why, "profile_threads": profile_threads,
-                                "optimized_model": result.session.settings.level == "disable"
-                                and bool(result.session.profile.get("optimized_model"))}
+        return result.session, {
+            "mode": result.mode,
+            "why": result.why,
+            "profile_threads": profile_threads,
+            "optimized_model": result.session.settings.level == "disable"
+            and bool(result.session.profile.get("optimized_model")),
+        }
     from ortpilot.session import SessionSettings, load
 
     session = load(spec.path, ["cpu"], "strict", settings=SessionSettings(intra_op_threads=threads))
-    return session, {"mode": "not checked", "profile_threads": 0, "optimized_model": False,
-                     "why": "a plain model has no reference outputs: the strict CPU session was verified"}
+    return session, {
+        "mode": "not checked",
+        "profile_threads": 0,
+        "optimized_model": False,
+        "why": "a plain model has no reference outputs: the strict CPU session was verified",
+    }
 
 
 def thread_note(threads: int, profile_threads: int) -> str:
     """What a replica says when its threads differ from the profile's (its latency may then differ)."""
     if not profile_threads or threads == profile_threads:
         return ""
-    return (f"intra-op threads {threads} (the replica's CPUs), the profile was tuned with {profile_threads}: "
-            "its latency figures may not hold")
+    return (
+        f"intra-op threads {threads} (the replica's CPUs), the profile was tuned with {profile_threads}: "
+        "its latency figures may not hold"
+    )
 
 
 def signature(feeds: Mapping[str, np.ndarray]) -> tuple:
@@ -75,16 +85,25 @@ class ModelReplica:
         self.replica_id = _replica_id()
         placement = self.session.placement
         self.info: dict[str, Any] = {
-            "replica": self.replica_id, "model": self.spec.name, "verified": True,
-            "verification": verification["mode"], "why": verification["why"],
+            "replica": self.replica_id,
+            "model": self.spec.name,
+            "verified": True,
+            "verification": verification["mode"],
+            "why": verification["why"],
             "providers": self.session.providers,
             "placement_share": ({p: round(placement.share(p), 6) for p in placement.counts} if placement else {}),
-            "intra_op_threads": self.threads, "cpus": self.cpus,
+            "intra_op_threads": self.threads,
+            "cpus": self.cpus,
             "profile_intra_op_threads": verification["profile_threads"],
             "threads_note": thread_note(self.threads, verification["profile_threads"]),
-            "batching": ({"max_batch": int(replica["max_batch"]), "wait_ms": float(replica["batch_wait_ms"])}
-                         if self.batching else None),
-            "node": _node_id(), "host": socket.gethostname(), "pid": os.getpid(),
+            "batching": (
+                {"max_batch": int(replica["max_batch"]), "wait_ms": float(replica["batch_wait_ms"])}
+                if self.batching
+                else None
+            ),
+            "node": _node_id(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
             "load_s": round(time.perf_counter() - started, 3),
             "session_create_s": round(getattr(self.session, "create_s", 0.0), 4),
             "optimized_model": verification["optimized_model"],
@@ -94,8 +113,9 @@ class ModelReplica:
         if self.batching:
             from ray import serve
 
-            self._batched = serve.batch(max_batch_size=int(replica["max_batch"]),
-                                        batch_wait_timeout_s=float(replica["batch_wait_ms"]) / 1000.0)(self._run_batch)
+            self._batched = serve.batch(
+                max_batch_size=int(replica["max_batch"]), batch_wait_timeout_s=float(replica["batch_wait_ms"]) / 1000.0
+            )(self._run_batch)
 
     # -- requests -----------------------------------------------------------------------------------
     async def infer(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, Any]:
@@ -129,8 +149,10 @@ class ModelReplica:
             return list(self.output_names)
         unknown = [n for n in outputs if n not in self.output_names]
         if unknown:
-            raise InputError(f"Unknown output name(s) {', '.join(map(repr, unknown))}. The model's outputs are: "
-                             f"{', '.join(self.output_names)}.")
+            raise InputError(
+                f"Unknown output name(s) {', '.join(map(repr, unknown))}. The model's outputs are: "
+                f"{', '.join(self.output_names)}."
+            )
         return list(outputs)
 
     def _run_one(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

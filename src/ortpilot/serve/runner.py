@@ -47,13 +47,22 @@ class ModelReady:
     replica_info: list[dict[str, Any]] = field(default_factory=list)
 
     def line(self) -> str:
-        text = (f"{self.name}: {self.replicas} replica{'s' if self.replicas != 1 else ''} ready on "
-                f"{', '.join(self.providers)}, {self.url} (cold start {self.cold_start_s:.1f} s)")
+        text = (
+            f"{self.name}: {self.replicas} replica{'s' if self.replicas != 1 else ''} ready on "
+            f"{', '.join(self.providers)}, {self.url} (cold start {self.cold_start_s:.1f} s)"
+        )
         return text + "".join(f"; {n}" for n in self.notes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "replicas": self.replicas, "providers": self.providers, "url": self.url,
-                "cold_start_s": round(self.cold_start_s, 3), "notes": self.notes, "replica_info": self.replica_info}
+        return {
+            "name": self.name,
+            "replicas": self.replicas,
+            "providers": self.providers,
+            "url": self.url,
+            "cold_start_s": round(self.cold_start_s, 3),
+            "notes": self.notes,
+            "replica_info": self.replica_info,
+        }
 
 
 def check_port(host: str, port: int) -> None:
@@ -62,8 +71,10 @@ def check_port(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise UsageError(f"Port {port} on {host} is not free ({exc.strerror or exc}). Stop what listens there "
-                             "or pick another with --port.") from None
+            raise UsageError(
+                f"Port {port} on {host} is not free ({exc.strerror or exc}). Stop what listens there "
+                "or pick another with --port."
+            ) from None
 
 
 def failure_reason(message: str) -> str:
@@ -135,8 +146,14 @@ def _start_ray(address: str | None, cpus: int) -> tuple[bool, bool]:
         started = False
     else:
         # "local": a new instance even where RAY_ADDRESS names another one.
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 log_to_driver=True, logging_level=logging.WARNING)
+        ray.init(
+            address="local",
+            num_cpus=cpus,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=True,
+            logging_level=logging.WARNING,
+        )
         started = True
     try:
         from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
@@ -148,10 +165,18 @@ def _start_ray(address: str | None, cpus: int) -> tuple[bool, bool]:
     return started, running
 
 
-def run_server(specs: Sequence[ModelSpec], options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000,
-               address: str | None = None, ready_timeout: float = 300.0, started: float | None = None,
-               on_ready: Callable[[list[ModelReady]], None] | None = None,
-               stop: threading.Event | None = None) -> list[ModelReady]:
+def run_server(
+    specs: Sequence[ModelSpec],
+    options: ServeOptions,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    address: str | None = None,
+    ready_timeout: float = 300.0,
+    started: float | None = None,
+    on_ready: Callable[[list[ModelReady]], None] | None = None,
+    stop: threading.Event | None = None,
+) -> list[ModelReady]:
     """Serve ``specs`` until SIGINT/SIGTERM (or ``stop`` is set); returns the ready models.
 
     Raises UsageError (exit 2) for a taken port or a bad profile before Ray starts, and
@@ -203,8 +228,16 @@ def run_server(specs: Sequence[ModelSpec], options: ServeOptions, *, host: str =
         server.stop()
 
 
-def wait_ready(specs: Sequence[ModelSpec], host: str, port: int, started: float, timeout: float,
-               stop: threading.Event, deploy_error: list[BaseException], expected: int = 1) -> list[ModelReady]:
+def wait_ready(
+    specs: Sequence[ModelSpec],
+    host: str,
+    port: int,
+    started: float,
+    timeout: float,
+    stop: threading.Event,
+    deploy_error: list[BaseException],
+    expected: int = 1,
+) -> list[ModelReady]:
     """Poll each model until ``expected`` replicas verified; at the deadline one is enough (the line says
     how many), none is exit 1 with the reason Ray recorded for the replica."""
     from ray import serve
@@ -231,24 +264,37 @@ def wait_ready(specs: Sequence[ModelSpec], host: str, port: int, started: float,
                 if len(replicas) < expected:
                     notes.insert(0, f"{len(replicas)} of {expected} replicas verified within {timeout:g} s")
                 if any(r.get("verification") == "not checked" for r in replicas):
-                    notes.append("outputs not checked: " + next(r["why"] for r in replicas
-                                                                 if r.get("verification") == "not checked"))
-                ready[spec.name] = ModelReady(spec.name, len(replicas), providers, f"{base}/v2/models/{spec.name}",
-                                              time.perf_counter() - started, notes, replicas)
+                    notes.append(
+                        "outputs not checked: "
+                        + next(r["why"] for r in replicas if r.get("verification") == "not checked")
+                    )
+                ready[spec.name] = ModelReady(
+                    spec.name,
+                    len(replicas),
+                    providers,
+                    f"{base}/v2/models/{spec.name}",
+                    time.perf_counter() - started,
+                    notes,
+                    replicas,
+                )
         if len(ready) == len(specs):
             break
         failed = _failed(serve, specs, ready, reasons)
         if failed or late:
             name = failed or next(s.name for s in specs if s.name not in ready)
             reason = reasons.get(name) or (deploy_error and str(deploy_error[0])) or "its replicas did not start"
-            raise VerificationError(f"No replica of model '{name}' became ready "
-                                    f"{'(its deployment failed)' if failed else f'within {timeout:g} s'}: "
-                                    f"{failure_reason(str(reason))}")
+            raise VerificationError(
+                f"No replica of model '{name}' became ready "
+                f"{'(its deployment failed)' if failed else f'within {timeout:g} s'}: "
+                f"{failure_reason(str(reason))}"
+            )
         time.sleep(0.5)
     return [ready[s.name] for s in specs]
 
 
-def _failed(serve: Any, specs: Sequence[ModelSpec], ready: dict[str, ModelReady], reasons: dict[str, str]) -> str | None:
+def _failed(
+    serve: Any, specs: Sequence[ModelSpec], ready: dict[str, ModelReady], reasons: dict[str, str]
+) -> str | None:
     """The first model whose deployment Ray gave up on; keeps each model's latest status message."""
     try:
         status = serve.status().applications.get(APP_NAME)

@@ -26,7 +26,9 @@ BINARY_TYPE = "application/octet-stream"
 # The protocol's datatype names, from the export table; BF16 has no numpy type and is not decoded.
 NUMPY_OF: dict[str, np.dtype] = {
     ("BYTES" if v == "TYPE_STRING" else v.removeprefix("TYPE_")): np.dtype(onnx.helper.tensor_dtype_to_np_dtype(k))
-    for k, v in DATATYPES.items() if v not in ("TYPE_BF16", "TYPE_STRING")}
+    for k, v in DATATYPES.items()
+    if v not in ("TYPE_BF16", "TYPE_STRING")
+}
 DATATYPE_OF: dict[np.dtype, str] = {dtype: name for name, dtype in NUMPY_OF.items()}
 
 
@@ -45,19 +47,25 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     """Parse an infer request: JSON, or a JSON header of ``header_length`` bytes plus binary tensors."""
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
-            raise InputError(f"Inference-Header-Content-Length is {header_length}, but the body has {len(body)} "
-                             "bytes: the JSON header must be the first that many bytes of it.")
+            raise InputError(
+                f"Inference-Header-Content-Length is {header_length}, but the body has {len(body)} "
+                "bytes: the JSON header must be the first that many bytes of it."
+            )
         head, rest = body[:header_length], memoryview(body)[header_length:]
     else:
         head, rest = body, memoryview(b"")
     try:
         doc = json.loads(head)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"The request body is not valid JSON ({exc}). Send an Open Inference Protocol infer "
-                         'request: {"inputs": [{"name", "shape", "datatype", "data"}]}.') from None
+        raise InputError(
+            f"The request body is not valid JSON ({exc}). Send an Open Inference Protocol infer "
+            'request: {"inputs": [{"name", "shape", "datatype", "data"}]}.'
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
-        raise InputError('The request has no "inputs" list. Send {"inputs": [{"name", "shape", "datatype", '
-                         '"data"}]} (Open Inference Protocol).')
+        raise InputError(
+            'The request has no "inputs" list. Send {"inputs": [{"name", "shape", "datatype", '
+            '"data"}]} (Open Inference Protocol).'
+        )
     feeds: dict[str, np.ndarray] = {}
     offset = 0
     for item in doc["inputs"]:
@@ -67,8 +75,10 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
         feeds[name] = array
         offset += used
     if offset != len(rest):
-        raise InputError(f"The request carries {len(rest)} bytes of binary tensor data, but its inputs' "
-                         f"binary_data_size add up to {offset}.")
+        raise InputError(
+            f"The request carries {len(rest)} bytes of binary tensor data, but its inputs' "
+            f"binary_data_size add up to {offset}."
+        )
     params = doc.get("parameters") or {}
     binary_default = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
     outputs = None
@@ -93,16 +103,20 @@ def _decode_tensor(item: Any, rest: memoryview, offset: int) -> tuple[str, np.nd
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InputError(f"Input '{name}' needs \"shape\" as a list of non-negative integers, got {shape!r}.")
     if datatype not in NUMPY_OF:
-        raise InputError(f"Input '{name}' has datatype {datatype!r}, which this server does not decode; it takes "
-                         f"{', '.join(NUMPY_OF)}.")
+        raise InputError(
+            f"Input '{name}' has datatype {datatype!r}, which this server does not decode; it takes "
+            f"{', '.join(NUMPY_OF)}."
+        )
     dtype = NUMPY_OF[datatype]
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     size = (item.get("parameters") or {}).get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or size != count * dtype.itemsize or offset + size > len(rest):
-            raise InputError(f"Input '{name}' declares binary_data_size {size!r}; shape {shape} of {datatype} needs "
-                             f"{count * dtype.itemsize} bytes and {len(rest) - offset} remain in the body.")
-        return name, np.frombuffer(rest[offset:offset + size], dtype=dtype).reshape(shape).copy(), size
+            raise InputError(
+                f"Input '{name}' declares binary_data_size {size!r}; shape {shape} of {datatype} needs "
+                f"{count * dtype.itemsize} bytes and {len(rest) - offset} remain in the body."
+            )
+        return name, np.frombuffer(rest[offset : offset + size], dtype=dtype).reshape(shape).copy(), size
     if "data" not in item:
         raise InputError(f"Input '{name}' has neither \"data\" nor a binary_data_size parameter.")
     try:
@@ -114,15 +128,22 @@ def _decode_tensor(item: Any, rest: memoryview, offset: int) -> tuple[str, np.nd
     return name, array.reshape(shape), 0
 
 
-def encode_response(model: str, outputs: Mapping[str, np.ndarray], binary: set[str] | bool,
-                    request_id: str | None = None, parameters: Mapping[str, Any] | None = None
-                    ) -> tuple[bytes, int | None]:
+def encode_response(
+    model: str,
+    outputs: Mapping[str, np.ndarray],
+    binary: set[str] | bool,
+    request_id: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[bytes, int | None]:
     """The response body and, when any output goes as binary, the JSON header's length."""
     entries, blobs = [], []
     for name, value in outputs.items():
         value = np.ascontiguousarray(value)
-        entry: dict[str, Any] = {"name": name, "shape": list(value.shape),
-                                 "datatype": DATATYPE_OF.get(value.dtype, str(value.dtype))}
+        entry: dict[str, Any] = {
+            "name": name,
+            "shape": list(value.shape),
+            "datatype": DATATYPE_OF.get(value.dtype, str(value.dtype)),
+        }
         if binary is True or (binary and name in binary):
             data = value.tobytes()
             entry["parameters"] = {"binary_data_size": len(data)}
@@ -150,10 +171,11 @@ def tensor_metadata(model: onnx.ModelProto) -> tuple[list[dict[str, Any]], list[
     """``inputs`` and ``outputs`` of the model metadata (datatype, shape with -1 for dynamic dims), and
     whether the model has a batch dim (every first dim dynamic and named like batch, the export's rule)."""
     inputs, outputs = model_tensors(model)
-    meta = [[{"name": t.name, "datatype": protocol_datatype(t.data_type), "shape": list(t.dims)} for t in group]
-            for group in (inputs, outputs)]
+    meta = [
+        [{"name": t.name, "datatype": protocol_datatype(t.data_type), "shape": list(t.dims)} for t in group]
+        for group in (inputs, outputs)
+    ]
     return meta[0], meta[1], has_batch_dim(inputs, outputs)
 
 
-__all__ = ["HEADER_LENGTH", "InferRequest", "decode_request", "encode_response", "protocol_datatype",
-           "tensor_metadata"]
+__all__ = ["HEADER_LENGTH", "InferRequest", "decode_request", "encode_response", "protocol_datatype", "tensor_metadata"]

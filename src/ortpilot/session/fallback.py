@@ -48,8 +48,10 @@ class Fallback:
 def check_policy(policy: str) -> str:
     key = (policy or "").lower()
     if key not in POLICIES:
-        raise UsageError(f"Unknown policy '{policy}'. Choose strict (raise on any fallback), warn (log and "
-                         "record) or allow (record only).")
+        raise UsageError(
+            f"Unknown policy '{policy}'. Choose strict (raise on any fallback), warn (log and "
+            "record) or allow (record only)."
+        )
     return key
 
 
@@ -57,24 +59,28 @@ def apply_policy(policy: str, event: Fallback) -> None:
     """Raise (strict), log one warning (warn) or do nothing (allow); the caller records it."""
     if policy == "strict":
         raise ProviderFallbackError(
-            f"Strict policy: {event.message()}", requested=event.requested, loaded=event.got,
-            reason=event.reason, layer=event.layer)
+            f"Strict policy: {event.message()}",
+            requested=event.requested,
+            loaded=event.got,
+            reason=event.reason,
+            layer=event.layer,
+        )
     if policy == "warn":
         log.warning("Provider fallback: %s", event.message())
 
 
 FIXES = {
     "CUDAExecutionProvider": "install the GPU build: pip uninstall onnxruntime && pip install onnxruntime-gpu "
-                             "(with CUDA and cuDNN versions matching it); 'ortpilot doctor' checks them.",
+    "(with CUDA and cuDNN versions matching it); 'ortpilot doctor' checks them.",
     "TensorrtExecutionProvider": "install onnxruntime-gpu built with TensorRT and the TensorRT libraries it "
-                                 "expects; 'ortpilot doctor' lists what is missing.",
+    "expects; 'ortpilot doctor' lists what is missing.",
     "OpenVINOExecutionProvider": "install onnxruntime-openvino in its own virtual environment (it replaces the "
-                                 "onnxruntime package), or the onnxruntime-ep-openvino plugin.",
+    "onnxruntime package), or the onnxruntime-ep-openvino plugin.",
     "DmlExecutionProvider": "install onnxruntime-directml (Windows only).",
     "CoreMLExecutionProvider": "CoreML exists only in the macOS builds of onnxruntime.",
     "QNNExecutionProvider": "install onnxruntime-qnn on a Snapdragon device.",
     "WebGpuExecutionProvider": "install onnxruntime-ep-webgpu and make sure a Vulkan/Metal/D3D12 GPU driver "
-                               "(and on Linux the Vulkan loader libvulkan1) is present.",
+    "(and on Linux the Vulkan loader libvulkan1) is present.",
 }
 
 

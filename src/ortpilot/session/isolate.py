@@ -31,8 +31,10 @@ from ortpilot.session.options import SessionSettings
 CRASH_ENV = "ORTPILOT_TEST_CRASH_IN_CHILD"
 TIMEOUT_ENV = "ORTPILOT_ISOLATE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600.0
-_WHAT_TO_DO = ("Run 'ortpilot inspect MODEL' and onnx.checker.check_model on it, re-export or re-download it, "
-               "or try another onnxruntime version; if the model is valid, report it to ONNX Runtime with the model attached.")
+_WHAT_TO_DO = (
+    "Run 'ortpilot inspect MODEL' and onnx.checker.check_model on it, re-export or re-download it, "
+    "or try another onnxruntime version; if the model is valid, report it to ONNX Runtime with the model attached."
+)
 
 
 def default_timeout() -> float:
@@ -43,8 +45,9 @@ def default_timeout() -> float:
         return DEFAULT_TIMEOUT_S
 
 
-def preflight_in_child(source: str | bytes, requested: list[ProviderSpec], settings: SessionSettings,
-                       timeout_s: float | None = None) -> None:
+def preflight_in_child(
+    source: str | bytes, requested: list[ProviderSpec], settings: SessionSettings, timeout_s: float | None = None
+) -> None:
     """Create the session in a child process; raise ``OrtCrashError`` if ORT crashes or hangs there.
 
     Returns normally when the child succeeded or raised an ordinary error (the caller's own load
@@ -65,10 +68,13 @@ def preflight_in_child(source: str | bytes, requested: list[ProviderSpec], setti
             raise OrtCrashError(
                 f"ORT did not finish loading this model within {timeout:g} s (in an isolated child process, "
                 f"now stopped). The model may be huge or malformed in a way that makes ORT loop. "
-                f"Raise the limit with {TIMEOUT_ENV}=SECONDS if it is just large. {_WHAT_TO_DO}")
+                f"Raise the limit with {TIMEOUT_ENV}=SECONDS if it is just large. {_WHAT_TO_DO}"
+            )
         if returncode != 0 and not result_file.is_file():
-            raise OrtCrashError(f"ORT crashed while loading this model ({describe_exit(returncode)}); only the "
-                                f"isolated child process died.{_last_words(tail)} {_WHAT_TO_DO}")
+            raise OrtCrashError(
+                f"ORT crashed while loading this model ({describe_exit(returncode)}); only the "
+                f"isolated child process died.{_last_words(tail)} {_WHAT_TO_DO}"
+            )
 
 
 def describe_exit(returncode: int) -> str:
@@ -85,8 +91,11 @@ def describe_exit(returncode: int) -> str:
 def _spec(model_path: Path, requested: list[ProviderSpec], settings: SessionSettings) -> dict[str, Any]:
     data = settings.to_dict()
     data["optimized_model_filepath"] = ""  # the parent writes that file; the child must not
-    return {"model": str(model_path), "providers": [{"name": s.name, "options": dict(s.options)} for s in requested],
-            "settings": data}
+    return {
+        "model": str(model_path),
+        "providers": [{"name": s.name, "options": dict(s.options)} for s in requested],
+        "settings": data,
+    }
 
 
 def _run_child(spec_file: Path, result_file: Path, folder: Path, timeout: float) -> tuple[int | None, str]:
@@ -102,8 +111,9 @@ def _run_child(spec_file: Path, result_file: Path, folder: Path, timeout: float)
     cmd = [sys.executable, "-m", "ortpilot.session.isolate_child", str(spec_file), str(result_file)]
     # The child is in its own session (a terminal's Ctrl-C misses it); leaving this block in any way,
     # a timeout or an interrupt included, kills its group and reaps it.
-    with child_process(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       env=env) as proc:
+    with child_process(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    ) as proc:
         try:
             _, err = proc.communicate(timeout=timeout)
             return proc.returncode, err.decode("utf-8", "replace")
@@ -115,5 +125,7 @@ def _run_child(spec_file: Path, result_file: Path, folder: Path, timeout: float)
 
 
 def _last_words(stderr_text: str) -> str:
-    lines = [ln.strip() for ln in stderr_text.splitlines() if ln.strip() and not ln.startswith(("Fatal Python", "  File"))]
+    lines = [
+        ln.strip() for ln in stderr_text.splitlines() if ln.strip() and not ln.startswith(("Fatal Python", "  File"))
+    ]
     return f" Its last output: {lines[-1][:300]}." if lines else ""

@@ -28,8 +28,14 @@ def _child_main(spec_file: str, result_file: str) -> int:
     spec = json.loads(Path(spec_file).read_text())
     started = time.perf_counter()
     try:
-        load(spec["model"], spec["providers"], "allow", settings=SessionSettings.from_dict(spec["settings"]),
-             placement=False, isolate=False)
+        load(
+            spec["model"],
+            spec["providers"],
+            "allow",
+            settings=SessionSettings.from_dict(spec["settings"]),
+            placement=False,
+            isolate=False,
+        )
         result: dict[str, Any] = {"ok": True}
     except Exception as exc:
         result = {"ok": False, "error": type(exc).__name__, "message": str(exc)}

@@ -33,8 +33,13 @@ class OpSupport:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"provider": self.provider, "source": self.source, "checked": self.checked,
-                "unsupported": [{"op": k, "nodes": v} for k, v in self.ops.items()], "note": self.note}
+        return {
+            "provider": self.provider,
+            "source": self.source,
+            "checked": self.checked,
+            "unsupported": [{"op": k, "nodes": v} for k, v in self.ops.items()],
+            "note": self.note,
+        }
 
 
 def _since_version(op_type: str, domain: str, opset: int) -> int | None:
@@ -77,12 +82,17 @@ def kernel_gaps(model: onnx.ModelProto) -> OpSupport:
         if _expands_to_function(node.op_type, domain, opset):
             continue
         missing[op_key(node)] += 1
-    return OpSupport(CPU, f"kernel registry of onnxruntime {ort.__version__} (op type and opset version; "
-                     "data types not checked)", True, dict(missing.most_common()))
+    return OpSupport(
+        CPU,
+        f"kernel registry of onnxruntime {ort.__version__} (op type and opset version; data types not checked)",
+        True,
+        dict(missing.most_common()),
+    )
 
 
-def measured_gaps(model: str | bytes | onnx.ModelProto, provider: str,
-                  shapes: Mapping[str, tuple[int, ...]] | None = None) -> OpSupport:
+def measured_gaps(
+    model: str | bytes | onnx.ModelProto, provider: str, shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> OpSupport:
     """Build a real session on ``[provider, CPU]`` and list the op types placed on CPU instead.
 
     Uses the verified session (one layer up, imported here) with policy ``allow`` so that a
@@ -102,14 +112,19 @@ def measured_gaps(model: str | bytes | onnx.ModelProto, provider: str,
     if sess.placement is None:
         return OpSupport(provider, source, False, note="placement unavailable in this ORT build")
     left = Counter(n.op_type for n in sess.placement.nodes if n.provider != sess.requested[0].name)
-    note = ("node names and op types are those of the optimized graph ORT built (fused ops such as "
-            "FusedConv appear under their fused names)")
+    note = (
+        "node names and op types are those of the optimized graph ORT built (fused ops such as "
+        "FusedConv appear under their fused names)"
+    )
     return OpSupport(provider, source, True, dict(left.most_common()), note)
 
 
-def unsupported_ops(model: onnx.ModelProto, source: str | bytes | onnx.ModelProto | None = None,
-                    providers: list[str] | None = None,
-                    shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[OpSupport]:
+def unsupported_ops(
+    model: onnx.ModelProto,
+    source: str | bytes | onnx.ModelProto | None = None,
+    providers: list[str] | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> list[OpSupport]:
     """Per available provider (or the given ones): ops it will not run, and how that was found out.
 
     ``model`` is the proto (without external data is fine) for the kernel check; ``source`` is

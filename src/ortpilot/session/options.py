@@ -75,13 +75,16 @@ class SessionSettings:
         opts = ort.SessionOptions()
         level = LEVELS.get(self.level)
         if level is None:
-            raise UsageError(f"Optimization level '{self.level}' is not supported by ORT {ort.__version__}; "
-                             f"it supports {', '.join(LEVELS)}.")
+            raise UsageError(
+                f"Optimization level '{self.level}' is not supported by ORT {ort.__version__}; "
+                f"it supports {', '.join(LEVELS)}."
+            )
         opts.graph_optimization_level = level
         opts.intra_op_num_threads = self.intra_op_threads
         opts.inter_op_num_threads = self.inter_op_threads
-        opts.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if self.execution_mode == "parallel"
-                               else ort.ExecutionMode.ORT_SEQUENTIAL)
+        opts.execution_mode = (
+            ort.ExecutionMode.ORT_PARALLEL if self.execution_mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+        )
         opts.enable_cpu_mem_arena = self.enable_cpu_mem_arena
         opts.enable_mem_pattern = self.enable_mem_pattern
         opts.log_severity_level = self.log_severity

@@ -115,8 +115,13 @@ def from_profile(profile_path: str, flops_by_name: Mapping[str, float] | None = 
     return Placement(list(seen.values()), "profiler")
 
 
-def profile_placement(model_path_or_bytes: str | bytes, providers: list, sess_options: ort.SessionOptions,
-                      feeds: Mapping[str, Any], flops_by_name: Mapping[str, float] | None = None) -> Placement:
+def profile_placement(
+    model_path_or_bytes: str | bytes,
+    providers: list,
+    sess_options: ort.SessionOptions,
+    feeds: Mapping[str, Any],
+    flops_by_name: Mapping[str, float] | None = None,
+) -> Placement:
     """Build a profiling twin of a session, run it once, and read placement from the profile.
 
     Used on ORT < 1.24 (no assignment API). The twin is separate so that the user's session

@@ -25,11 +25,17 @@ def probe_provider(provider: str, kind: str = "built-in") -> ProbeResult:
         sess = load(make_mlp(), [provider], policy="strict")
         sess.run(None, make_feeds(sess.model))
     except OrtpilotError as exc:
-        return ProbeResult(provider, "failed", getattr(exc, "reason", "") or str(exc),
-                           seconds=time.perf_counter() - start, kind=kind)
+        return ProbeResult(
+            provider, "failed", getattr(exc, "reason", "") or str(exc), seconds=time.perf_counter() - start, kind=kind
+        )
     except Exception as exc:  # ORT's own errors from run()
-        return ProbeResult(provider, "failed", f"{type(exc).__name__}: {exc}".splitlines()[0],
-                           seconds=time.perf_counter() - start, kind=kind)
+        return ProbeResult(
+            provider,
+            "failed",
+            f"{type(exc).__name__}: {exc}".splitlines()[0],
+            seconds=time.perf_counter() - start,
+            kind=kind,
+        )
     share = sess.placement.share(provider) if sess.placement else None
     return ProbeResult(provider, "ok", "", share, time.perf_counter() - start, kind)
 

@@ -38,9 +38,15 @@ def profile_runs_int8(doc: Mapping[str, Any]) -> bool:
     steps = (doc.get("candidate") or {}).get("passes") or []
     if any(isinstance(s, Mapping) and s.get("pass") == "quantize" for s in steps):
         return True
-    return any(isinstance(r, Mapping) and (r.get("pass") == "quantize" or r.get("name") == "quantize"
-                                           or (r.get("options") or {}).get("mode") in INT8_MODES)
-               for r in doc.get("passes") or [])
+    return any(
+        isinstance(r, Mapping)
+        and (
+            r.get("pass") == "quantize"
+            or r.get("name") == "quantize"
+            or (r.get("options") or {}).get("mode") in INT8_MODES
+        )
+        for r in doc.get("passes") or []
+    )
 
 
 def profile_threads(settings: SessionSettings) -> int:
@@ -49,8 +55,14 @@ def profile_threads(settings: SessionSettings) -> int:
     return intra * max(1, settings.inter_op_threads) if settings.execution_mode == "parallel" else intra
 
 
-def check_machine(doc: Mapping[str, Any], path: str | os.PathLike, settings: SessionSettings, *, policy: str,
-                  accept_machine: bool = False) -> MachineCheck:
+def check_machine(
+    doc: Mapping[str, Any],
+    path: str | os.PathLike,
+    settings: SessionSettings,
+    *,
+    policy: str,
+    accept_machine: bool = False,
+) -> MachineCheck:
     """Compare the profile's machine with this one and apply ``policy`` to the decisive differences."""
     recorded = check_machine_section(doc.get("machine") or {}, str(path))
     check = compare_machines(recorded, int8=profile_runs_int8(doc), threads=profile_threads(settings))
@@ -58,9 +70,11 @@ def check_machine(doc: Mapping[str, Any], path: str | os.PathLike, settings: Ses
     if not decisive or accept_machine or policy == "allow":
         return check
     reasons = "; ".join(d.why for d in decisive)
-    message = (f"Profile '{path}' was tuned on {check.recorded}; this machine is {check.here}. What differs can "
-               f"change its winner: {reasons}. Re-run 'ortpilot tune' on this machine, or load it anyway with "
-               "accept_machine=True (--accept-machine on the command line).")
+    message = (
+        f"Profile '{path}' was tuned on {check.recorded}; this machine is {check.here}. What differs can "
+        f"change its winner: {reasons}. Re-run 'ortpilot tune' on this machine, or load it anyway with "
+        "accept_machine=True (--accept-machine on the command line)."
+    )
     if policy == "strict":
         raise VerificationError(message)
     log.warning(message)
@@ -68,9 +82,17 @@ def check_machine(doc: Mapping[str, Any], path: str | os.PathLike, settings: Ses
     return check
 
 
-def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
-                 accept_fields: Sequence[str] = (), accept_model_outside: bool = False,
-                 intra_op_threads: int | None = None, optimized: bool = False, **kwargs: Any) -> VerifiedSession:
+def load_profile(
+    path: str | os.PathLike,
+    policy: str = "strict",
+    *,
+    accept_machine: bool = False,
+    accept_fields: Sequence[str] = (),
+    accept_model_outside: bool = False,
+    intra_op_threads: int | None = None,
+    optimized: bool = False,
+    **kwargs: Any,
+) -> VerifiedSession:
     """Recreate the profiled session exactly and verify it (``ortpilot.load_profile``).
 
     Returns a ``VerifiedSession``; its ``profile`` attribute holds the parsed profile (whether
@@ -99,7 +121,7 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_mach
     providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
     shapes = {k: tuple(v) for k, v in (doc.get("shapes") or {}).items()} or None
     session = _load_optimized(doc, path, providers, policy, settings, shapes, **kwargs) if optimized else None
-    expected = (doc.get("placement") or {})
+    expected = doc.get("placement") or {}
     if session is not None:
         expected = doc["optimized_model"].get("placement") or {}
     else:
@@ -107,15 +129,24 @@ def load_profile(path: str | os.PathLike, policy: str = "strict", *, accept_mach
     if expected and session.placement is not None and policy == "strict":
         got = session.placement.counts
         if got != expected:
-            raise StampMismatchError(f"Profile '{path}' recorded placement {expected}, but this session places "
-                                     f"nodes as {got}. The environment differs from the one tuned; re-tune.")
+            raise StampMismatchError(
+                f"Profile '{path}' recorded placement {expected}, but this session places "
+                f"nodes as {got}. The environment differs from the one tuned; re-tune."
+            )
     session.profile = doc
     session.machine_check = machine
     return session
 
 
-def _load_optimized(doc: Mapping[str, Any], path: str | os.PathLike, providers: list, policy: str,
-                    settings: SessionSettings, shapes: Any, **kwargs: Any) -> VerifiedSession | None:
+def _load_optimized(
+    doc: Mapping[str, Any],
+    path: str | os.PathLike,
+    providers: list,
+    policy: str,
+    settings: SessionSettings,
+    shapes: Any,
+    **kwargs: Any,
+) -> VerifiedSession | None:
     """The session on the profile's ``optimized_model`` (optimizations off), or None to load the plain one."""
     from ortpilot.modelio import file_sha256
 
@@ -135,17 +166,22 @@ def _load_optimized(doc: Mapping[str, Any], path: str | os.PathLike, providers: 
         return None
 
 
-def _refuse_file_settings(doc: dict[str, Any], path: str | os.PathLike, accept_fields: Sequence[str],
-                          accept_model_outside: bool) -> None:
+def _refuse_file_settings(
+    doc: dict[str, Any], path: str | os.PathLike, accept_fields: Sequence[str], accept_model_outside: bool
+) -> None:
     """A profile from elsewhere must not make ORT write or load files its reader did not ask for."""
     refused = [f for f in file_settings(doc) if f not in set(accept_fields)]
     if refused:
-        raise UsageError(f"Profile '{path}' sets {', '.join(refused)}, which make(s) ONNX Runtime write or load files "
-                         "(a saved model, an EP cache or library, a config entry outside the safe list). ortpilot "
-                         "does not take such settings from a profile file; if you trust it, pass "
-                         f"accept_fields={refused!r} to load_profile.")
+        raise UsageError(
+            f"Profile '{path}' sets {', '.join(refused)}, which make(s) ONNX Runtime write or load files "
+            "(a saved model, an EP cache or library, a config entry outside the safe list). ortpilot "
+            "does not take such settings from a profile file; if you trust it, pass "
+            f"accept_fields={refused!r} to load_profile."
+        )
     outside = None if accept_model_outside else model_outside_folder(doc, path)
     if outside is not None:
-        raise UsageError(f"Profile '{path}' names the model '{doc['model']['file']}', which resolves to '{outside}', "
-                         "outside the profile's folder. Keep the model next to its profile, or pass "
-                         "accept_model_outside=True to load_profile if you trust this profile.")
+        raise UsageError(
+            f"Profile '{path}' names the model '{doc['model']['file']}', which resolves to '{outside}', "
+            "outside the profile's folder. Keep the model next to its profile, or pass "
+            "accept_model_outside=True to load_profile if you trust this profile."
+        )

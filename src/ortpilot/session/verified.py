@@ -48,10 +48,22 @@ CPU = "CPUExecutionProvider"
 class VerifiedSession:
     """An ORT session that knows what was asked for, what loaded, and where nodes run."""
 
-    def __init__(self, session: ort.InferenceSession, *, model: onnx.ModelProto, model_path: Path | None,
-                 model_hash: str, requested: list[ProviderSpec], policy: str, settings: SessionSettings,
-                 fallbacks: list[Fallback], placement: Placement | None, min_coverage: float,
-                 captured: list[str], create_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        *,
+        model: onnx.ModelProto,
+        model_path: Path | None,
+        model_hash: str,
+        requested: list[ProviderSpec],
+        policy: str,
+        settings: SessionSettings,
+        fallbacks: list[Fallback],
+        placement: Placement | None,
+        min_coverage: float,
+        captured: list[str],
+        create_s: float = 0.0,
+    ) -> None:
         self.session = session
         self.model = model
         self.model_path = model_path
@@ -82,8 +94,12 @@ class VerifiedSession:
     def get_outputs(self):
         return self.session.get_outputs()
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
-            run_options: ort.RunOptions | None = None) -> list[np.ndarray]:
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        run_options: ort.RunOptions | None = None,
+    ) -> list[np.ndarray]:
         """Same signature as ``InferenceSession.run``; bad feeds raise ``InputError``.
 
         The first call validates feeds (and warns on NaN); later calls go straight to ORT and
@@ -106,11 +122,15 @@ class VerifiedSession:
         shapes = ", ".join(f"{n}{list(np.shape(v))}" for n, v in input_feed.items())
         reason = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
         if _is_allocation_failure(message):
-            raise OrtRunError(f"ORT ran out of memory while running the model ({reason}); inputs: {shapes}. Smaller "
-                              "inputs (--shape) or a machine with more memory may run it.") from None
+            raise OrtRunError(
+                f"ORT ran out of memory while running the model ({reason}); inputs: {shapes}. Smaller "
+                "inputs (--shape) or a machine with more memory may run it."
+            ) from None
         if type(exc).__module__.startswith("onnxruntime"):
-            raise OrtRunError(f"ORT failed while running the model ({reason}); inputs: {shapes}. The model does not "
-                              "run on these inputs under this ORT build.") from None
+            raise OrtRunError(
+                f"ORT failed while running the model ({reason}); inputs: {shapes}. The model does not "
+                "run on these inputs under this ORT build."
+            ) from None
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         return validate_feeds(self._inputs, feeds)
@@ -129,7 +149,9 @@ class VerifiedSession:
         }
 
 
-def _read_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None, str | bytes, str]:
+def _read_model(
+    model: str | os.PathLike | bytes | onnx.ModelProto,
+) -> tuple[onnx.ModelProto, Path | None, str | bytes, str]:
     """Return (proto without external data, path, what to hand ORT, content hash)."""
     if isinstance(model, onnx.ModelProto):
         data = model.SerializeToString()  # once: ORT takes these bytes and the hash is of them
@@ -153,27 +175,54 @@ def _available(spec: ProviderSpec, built_in: list[str]) -> Fallback | None:
         if error:
             return Fallback(2, spec.name, [], f"plugin library {library} failed to load: {error}", fix_for(spec.name))
         if not ep_devices(spec.name):
-            return Fallback(2, spec.name, [], f"plugin library {library} registered, but ORT found no device for "
-                            f"{spec.name} (get_ep_devices() lists none)", fix_for(spec.name))
+            return Fallback(
+                2,
+                spec.name,
+                [],
+                f"plugin library {library} registered, but ORT found no device for "
+                f"{spec.name} (get_ep_devices() lists none)",
+                fix_for(spec.name),
+            )
         return None
     if spec.name in built_in:
         return None
     plugin = plugin_for_ep(spec.name)
     if plugin is None:
-        return Fallback(1, spec.name, [], f"{spec.name} is not in this ORT build "
-                        f"({ort.__version__}, available: {', '.join(built_in)})", fix_for(spec.name))
+        return Fallback(
+            1,
+            spec.name,
+            [],
+            f"{spec.name} is not in this ORT build ({ort.__version__}, available: {', '.join(built_in)})",
+            fix_for(spec.name),
+        )
     error = register_plugin(spec.name, plugin.library_path or None)
     if error:
-        return Fallback(2, spec.name, [], f"plugin library {plugin.library_path or plugin.distribution} failed "
-                        f"to load: {error}", fix_for(spec.name))
+        return Fallback(
+            2,
+            spec.name,
+            [],
+            f"plugin library {plugin.library_path or plugin.distribution} failed to load: {error}",
+            fix_for(spec.name),
+        )
     if not ep_devices(spec.name):
-        return Fallback(2, spec.name, [], f"plugin {plugin.distribution} registered, but ORT found no device "
-                        f"for {spec.name} (get_ep_devices() lists none)", fix_for(spec.name))
+        return Fallback(
+            2,
+            spec.name,
+            [],
+            f"plugin {plugin.distribution} registered, but ORT found no device "
+            f"for {spec.name} (get_ep_devices() lists none)",
+            fix_for(spec.name),
+        )
     return None
 
 
-def _create(source: str | bytes, chain: list[ProviderSpec], built_in: list[str],
-            settings: SessionSettings, extra_config: dict[str, str]) -> ort.InferenceSession:
+def _create(
+    source: str | bytes,
+    chain: list[ProviderSpec],
+    built_in: list[str],
+    settings: SessionSettings,
+    extra_config: dict[str, str],
+) -> ort.InferenceSession:
     opts = settings.build()
     for key, value in extra_config.items():
         opts.add_session_config_entry(key, value)
@@ -196,8 +245,9 @@ def effective_settings(settings: SessionSettings, chain: list[ProviderSpec]) -> 
         if override.setting == "level":
             order = ["disable", "basic", "extended", "layout", "all"]
             if order.index(current) > order.index(str(override.value)):
-                log.info("%s: lowering optimization level to %s: %s", override.provider, override.value,
-                         override.reason)
+                log.info(
+                    "%s: lowering optimization level to %s: %s", override.provider, override.value, override.reason
+                )
                 data[override.setting] = override.value
         elif current != override.value:
             log.info("%s: setting %s=%s: %s", override.provider, override.setting, override.value, override.reason)
@@ -205,10 +255,17 @@ def effective_settings(settings: SessionSettings, chain: list[ProviderSpec]) -> 
     return SessionSettings.from_dict(data)
 
 
-def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence[ProviderLike] | ProviderLike | None = None,
-         policy: str = "warn", *, min_coverage: float | None = None, settings: SessionSettings | None = None,
-         shapes: Mapping[str, tuple[int, ...]] | None = None, placement: bool = True,
-         isolate: bool = False) -> VerifiedSession:
+def load(
+    model: str | os.PathLike | bytes | onnx.ModelProto,
+    providers: Sequence[ProviderLike] | ProviderLike | None = None,
+    policy: str = "warn",
+    *,
+    min_coverage: float | None = None,
+    settings: SessionSettings | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    placement: bool = True,
+    isolate: bool = False,
+) -> VerifiedSession:
     """Create a session on the requested providers and verify that it really runs there.
 
     ``providers``: short or full names, ``"name:key=value"`` strings, (name, options) tuples.
@@ -241,8 +298,9 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
         problem = problems[spec.name]
         if problem is None:
             continue
-        problem = Fallback(problem.layer, problem.requested, [s.name for s in usable_chain], problem.reason,
-                           problem.fix)
+        problem = Fallback(
+            problem.layer, problem.requested, [s.name for s in usable_chain], problem.reason, problem.fix
+        )
         fallbacks.append(problem)
         if spec is primary:
             apply_policy(policy, problem)
@@ -250,8 +308,7 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
     extra: dict[str, str] = {}
     if placement and assignment_api_available():
         extra[RECORD_ASSIGNMENT_KEY] = "1"
-    if (policy == "strict" and coverage >= 1.0 and primary.name != CPU
-            and CPU not in [s.name for s in requested]):
+    if policy == "strict" and coverage >= 1.0 and primary.name != CPU and CPU not in [s.name for s in requested]:
         extra["session.disable_cpu_ep_fallback"] = "1"
         usable_chain = [s for s in usable_chain if s.name != CPU] or usable_chain
 
@@ -273,17 +330,25 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
         failed = chain[0]
         if failed.name == CPU or (_is_model_error(error) and len(chain) == 1):
             # CPU is the last resort and runs every valid model: its failure is the model's fault.
-            raise ModelLoadError(f"ORT could not load the model: {error}. Check that the model is valid "
-                                 "('ortpilot inspect MODEL') and was exported for an opset this ORT supports.")
+            raise ModelLoadError(
+                f"ORT could not load the model: {error}. Check that the model is valid "
+                "('ortpilot inspect MODEL') and was exported for an opset this ORT supports."
+            )
         rest = chain[1:] or ([ProviderSpec(CPU)] if failed.name != CPU else [])
         if "session.disable_cpu_ep_fallback" in extra and "CPU" in error:
             # ORT refused because some nodes would need CPU: a layer-4 placement failure.
-            event = Fallback(4, failed.name, [s.name for s in rest], error,
-                             "allow CPU in the chain (-p cpu) or lower min_coverage.")
+            event = Fallback(
+                4, failed.name, [s.name for s in rest], error, "allow CPU in the chain (-p cpu) or lower min_coverage."
+            )
         else:
-            event = Fallback(3, failed.name, [s.name for s in rest], error,
-                             f"{failed.name} is installed but cannot build this model; keep a fallback in the "
-                             f"chain (-p {failed.name} -p cpu --policy warn), or fix dynamic dims with --shape.")
+            event = Fallback(
+                3,
+                failed.name,
+                [s.name for s in rest],
+                error,
+                f"{failed.name} is installed but cannot build this model; keep a fallback in the "
+                f"chain (-p {failed.name} -p cpu --policy warn), or fix dynamic dims with --shape.",
+            )
         fallbacks.append(event)
         if failed.name == primary.name or policy == "strict":
             apply_policy(policy, event)
@@ -295,9 +360,13 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
     loaded = session.get_providers()
     for spec in usable:  # layer 2 for built-in EPs: available, yet did not load (missing .so)
         if spec.name not in loaded and spec.name in built_in and spec in chain:
-            out_reason = next((m for m in captured if spec.name.replace("ExecutionProvider", "") in m),
-                              captured[0] if captured else "")
-            event = Fallback(2, spec.name, loaded, out_reason or "the provider library did not load", fix_for(spec.name))
+            out_reason = next(
+                (m for m in captured if spec.name.replace("ExecutionProvider", "") in m),
+                captured[0] if captured else "",
+            )
+            event = Fallback(
+                2, spec.name, loaded, out_reason or "the provider library did not load", fix_for(spec.name)
+            )
             fallbacks.append(event)
             if spec is primary:
                 apply_policy(policy, event)
@@ -312,9 +381,20 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, providers: Sequence
             apply_policy(policy, event)
     for message in captured:
         log.debug("ORT: %s", message)
-    return VerifiedSession(session, model=proto, model_path=path, model_hash=digest, requested=requested,
-                           policy=policy, settings=settings, fallbacks=fallbacks, placement=place,
-                           min_coverage=coverage, captured=captured, create_s=create_s)
+    return VerifiedSession(
+        session,
+        model=proto,
+        model_path=path,
+        model_hash=digest,
+        requested=requested,
+        policy=policy,
+        settings=settings,
+        fallbacks=fallbacks,
+        placement=place,
+        min_coverage=coverage,
+        captured=captured,
+        create_s=create_s,
+    )
 
 
 def _coverage_fallback(place: Placement, provider: str, minimum: float) -> Fallback | None:
@@ -330,11 +410,19 @@ def _coverage_fallback(place: Placement, provider: str, minimum: float) -> Fallb
     if share >= minimum:
         return None
     others = {p: c for p, c in place.counts.items() if p != provider}
-    basis = (f"{node_share:.1%} of {place.total} nodes" if flops_share is None
-             else f"{flops_share:.1%} of estimated FLOPs ({node_share:.1%} of {place.total} nodes)")
-    return Fallback(4, provider, sorted(others), f"only {basis} run on {provider} (minimum {minimum:.0%}); "
-                    "elsewhere: " + ", ".join(f"{p} {c} nodes" for p, c in others.items()),
-                    "check which ops the provider lacks ('ortpilot inspect -p PROVIDER'), or lower min_coverage.")
+    basis = (
+        f"{node_share:.1%} of {place.total} nodes"
+        if flops_share is None
+        else f"{flops_share:.1%} of estimated FLOPs ({node_share:.1%} of {place.total} nodes)"
+    )
+    return Fallback(
+        4,
+        provider,
+        sorted(others),
+        f"only {basis} run on {provider} (minimum {minimum:.0%}); "
+        "elsewhere: " + ", ".join(f"{p} {c} nodes" for p, c in others.items()),
+        "check which ops the provider lacks ('ortpilot inspect -p PROVIDER'), or lower min_coverage.",
+    )
 
 
 def _is_allocation_failure(message: str) -> bool:
@@ -351,22 +439,41 @@ def _first_line(text: str) -> str:
 
 
 def _is_model_error(message: str) -> bool:
-    keys = ("INVALID_GRAPH", "INVALID_PROTOBUF", "NO_MODEL", "Load model", "NOT_IMPLEMENTED",
-            "Unsupported model IR version", "opset", "Type Error", "ShapeInferenceError", "Node (")
+    keys = (
+        "INVALID_GRAPH",
+        "INVALID_PROTOBUF",
+        "NO_MODEL",
+        "Load model",
+        "NOT_IMPLEMENTED",
+        "Unsupported model IR version",
+        "opset",
+        "Type Error",
+        "ShapeInferenceError",
+        "Node (",
+    )
     return any(k in message for k in keys)
 
 
-def _placement(session: ort.InferenceSession, proto: onnx.ModelProto, source: str | bytes,
-               chain: list[ProviderSpec], built_in: list[str], settings: SessionSettings,
-               shapes: Mapping[str, tuple[int, ...]] | None) -> Placement | None:
+def _placement(
+    session: ort.InferenceSession,
+    proto: onnx.ModelProto,
+    source: str | bytes,
+    chain: list[ProviderSpec],
+    built_in: list[str],
+    settings: SessionSettings,
+    shapes: Mapping[str, tuple[int, ...]] | None,
+) -> Placement | None:
     flops = _node_flops(proto, shapes)
     if assignment_api_available():
         return from_assignment_info(session, flops)
     try:
         feeds = make_feeds(proto, shapes)
     except Exception as exc:
-        log.info("Placement unavailable: ORT %s has no assignment API and inputs could not be generated (%s).",
-                 ort.__version__, exc)
+        log.info(
+            "Placement unavailable: ORT %s has no assignment API and inputs could not be generated (%s).",
+            ort.__version__,
+            exc,
+        )
         return None
     with capture_ort_output():
         return profile_placement(source, [s.as_ort() for s in chain], settings.build(), feeds, flops)

@@ -50,8 +50,12 @@ class Candidate:
         return [step.to_dict() for step in self.passes]
 
     def _key(self) -> dict[str, Any]:
-        return {"passes": self._steps(), "providers": list(self.providers),
-                "settings": self.settings.to_dict(), "iobinding": self.iobinding}
+        return {
+            "passes": self._steps(),
+            "providers": list(self.providers),
+            "settings": self.settings.to_dict(),
+            "iobinding": self.iobinding,
+        }
 
     @property
     def label(self) -> str:
@@ -77,10 +81,13 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Candidate:
-        return cls(passes=tuple(Step.of(p) for p in data.get("passes", ())),
-                   providers=tuple(dict(p) for p in data.get("providers", ())),
-                   settings=SessionSettings.from_dict(dict(data.get("settings", {}))),
-                   iobinding=bool(data.get("iobinding", False)), baseline=bool(data.get("baseline", False)))
+        return cls(
+            passes=tuple(Step.of(p) for p in data.get("passes", ())),
+            providers=tuple(dict(p) for p in data.get("providers", ())),
+            settings=SessionSettings.from_dict(dict(data.get("settings", {}))),
+            iobinding=bool(data.get("iobinding", False)),
+            baseline=bool(data.get("baseline", False)),
+        )
 
     def with_settings(self, **changes: Any) -> Candidate:
         data = self.settings.to_dict()
@@ -91,8 +98,14 @@ class Candidate:
         return Candidate(self.passes, self.providers, self.settings, on)
 
 
-_SHORT = {"level": "level", "intra_op_threads": "intra", "inter_op_threads": "inter",
-          "execution_mode": "mode", "enable_cpu_mem_arena": "arena", "enable_mem_pattern": "mem_pattern"}
+_SHORT = {
+    "level": "level",
+    "intra_op_threads": "intra",
+    "inter_op_threads": "inter",
+    "execution_mode": "mode",
+    "enable_cpu_mem_arena": "arena",
+    "enable_mem_pattern": "mem_pattern",
+}
 
 
 _ENTRY_LABELS = {("session.intra_op.allow_spinning", "0"): "spin=off"}

@@ -31,24 +31,66 @@ _OPT_NUMBER = (int, float, type(None))
 # kind -> field -> allowed types (bool is never taken for a number). Fields not listed are refused.
 _STEP = {"kind": str, "id": str, "stage": str, "status": _OPT_STR, "error": _OPT_STR, "signal": (int, type(None))}
 _FIELDS: dict[str, dict[str, Any]] = {
-    "start": {"kind": str, "model_sha256": str, "shapes": dict, "objective": str, "max_error": _OPT_NUMBER,
-              "metric": _OPT_STR, "quantize": bool, "providers": list, "ort": str, "budget_s": _NUMBER,
-              "model": str, "journal_version": int},
+    "start": {
+        "kind": str,
+        "model_sha256": str,
+        "shapes": dict,
+        "objective": str,
+        "max_error": _OPT_NUMBER,
+        "metric": _OPT_STR,
+        "quantize": bool,
+        "providers": list,
+        "ort": str,
+        "budget_s": _NUMBER,
+        "model": str,
+        "journal_version": int,
+    },
     "kept": {"kind": str, "reference": dict, "heldout": dict},
-    "prepared": {**_STEP, "candidate": dict, "phase": str, "seconds": _NUMBER, "reason": _OPT_STR,
-                 "model_path": str, "model_sha256": str, "cache_hit": bool, "passes": list, "build_s": _NUMBER,
-                 "session_s": _NUMBER, "providers": list, "placement": (dict, type(None)), "outputs": str,
-                 "output_names": list, "output_sha256": dict, "accuracy": (dict, type(None)),
-                 "verification": bool, "returncode": (int, type(None)), "log_tail": str, "errno": (int, type(None))},
+    "prepared": {
+        **_STEP,
+        "candidate": dict,
+        "phase": str,
+        "seconds": _NUMBER,
+        "reason": _OPT_STR,
+        "model_path": str,
+        "model_sha256": str,
+        "cache_hit": bool,
+        "passes": list,
+        "build_s": _NUMBER,
+        "session_s": _NUMBER,
+        "providers": list,
+        "placement": (dict, type(None)),
+        "outputs": str,
+        "output_names": list,
+        "output_sha256": dict,
+        "accuracy": (dict, type(None)),
+        "verification": bool,
+        "returncode": (int, type(None)),
+        "log_tail": str,
+        "errno": (int, type(None)),
+    },
     "bench": {**_STEP, "runs": int, "samples_s": list},
-    "rank": {**_STEP, "passes": list, "per_channel": bool, "op_types": list, "reduce_range": bool, "weight_type": str,
-             "ranking": list},
+    "rank": {
+        **_STEP,
+        "passes": list,
+        "per_channel": bool,
+        "op_types": list,
+        "reduce_range": bool,
+        "weight_type": str,
+        "ranking": list,
+    },
     "final": {**_STEP, "ids": list, "samples_s": dict, "blocks": dict},
     "done": {"kind": str, "winner": str, "files": dict, "load_avg": list},
 }
-_REQUIRED = {"start": ("model_sha256",), "kept": ("reference", "heldout"), "prepared": ("id", "status"),
-             "bench": ("id", "stage", "status", "samples_s"), "rank": ("id",), "final": ("status",),
-             "done": ("winner",)}
+_REQUIRED = {
+    "start": ("model_sha256",),
+    "kept": ("reference", "heldout"),
+    "prepared": ("id", "status"),
+    "bench": ("id", "stage", "status", "samples_s"),
+    "rank": ("id",),
+    "final": ("status",),
+    "done": ("winner",),
+}
 
 
 def read_journal(path: Path) -> list[dict[str, Any]]:
@@ -59,13 +101,17 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
         return []
     except OSError as exc:
         if path.is_symlink():
-            raise UsageError(f"The tune journal '{path}' is a symbolic link; ortpilot does not follow links in an "
-                             "output folder. Remove it, or choose another -o folder.") from None
+            raise UsageError(
+                f"The tune journal '{path}' is a symbolic link; ortpilot does not follow links in an "
+                "output folder. Remove it, or choose another -o folder."
+            ) from None
         raise UsageError(f"The tune journal '{path}' cannot be read ({exc.strerror}).") from None
     with os.fdopen(fd, "rb") as fh:
         if os.fstat(fh.fileno()).st_size > MAX_JOURNAL_BYTES:
-            raise UsageError(f"The tune journal '{path}' is larger than any tune writes ({MAX_JOURNAL_BYTES} bytes); "
-                             "it is not one. Drop --resume to start over, or choose another -o folder.")
+            raise UsageError(
+                f"The tune journal '{path}' is larger than any tune writes ({MAX_JOURNAL_BYTES} bytes); "
+                "it is not one. Drop --resume to start over, or choose another -o folder."
+            )
         records = []
         for number, raw in enumerate(fh, start=1):
             if not raw.endswith(b"\n"):
@@ -82,9 +128,11 @@ def check_record(raw: bytes, path: Path, number: int) -> dict[str, Any]:
     except (ValueError, RecursionError) as exc:
         problem = f"it is not JSON ({type(exc).__name__})"
     if problem:
-        raise UsageError(f"Cannot resume from the tune journal '{path}': line {number} {problem}. A tune writes only "
-                         "its own records there; this journal was damaged or edited. Drop --resume to start over, "
-                         "or choose another -o folder.")
+        raise UsageError(
+            f"Cannot resume from the tune journal '{path}': line {number} {problem}. A tune writes only "
+            "its own records there; this journal was damaged or edited. Drop --resume to start over, "
+            "or choose another -o folder."
+        )
     return record
 
 
@@ -112,30 +160,48 @@ def check_version(path: Path, header: Mapping[str, Any] | None) -> None:
     """Refuse (exit 2) a journal whose ``start`` record names a format this ortpilot does not read."""
     version = (header or {}).get("journal_version", 1)
     if version != JOURNAL_VERSION:
-        raise UsageError(f"Cannot resume from the tune journal '{path}': it was written in journal format "
-                         f"{version}, and this ortpilot reads format {JOURNAL_VERSION} (journals without a "
-                         "format number are format 1). Resume it with the ortpilot that wrote it, or drop "
-                         "--resume to start the tune over.")
+        raise UsageError(
+            f"Cannot resume from the tune journal '{path}': it was written in journal format "
+            f"{version}, and this ortpilot reads format {JOURNAL_VERSION} (journals without a "
+            "format number are format 1). Resume it with the ortpilot that wrote it, or drop "
+            "--resume to start the tune over."
+        )
 
 
 def _numbers(record: Mapping[str, Any]) -> str | None:
     """Timings must be finite, non-negative numbers; accuracy figures numbers (an error may be inf)."""
-    lists = [record.get("samples_s")] if isinstance(record.get("samples_s"), list) else \
-        list((record.get("samples_s") or {}).values())
+    lists = (
+        [record.get("samples_s")]
+        if isinstance(record.get("samples_s"), list)
+        else list((record.get("samples_s") or {}).values())
+    )
     for samples in lists:
-        if not isinstance(samples, list) or not all(type(x) in _NUMBER and math.isfinite(x) and x >= 0
-                                                    for x in samples):
+        if not isinstance(samples, list) or not all(
+            type(x) in _NUMBER and math.isfinite(x) and x >= 0 for x in samples
+        ):
             return "has timings that are not finite non-negative numbers"
     accuracy = record.get("accuracy")
     if isinstance(accuracy, dict):
         outputs = accuracy.get("outputs")
-        if (type(accuracy.get("passed")) is not bool or not isinstance(outputs, list)
-                or type(accuracy.get("max_error")) not in _NUMBER or type(accuracy.get("worst_error")) not in _NUMBER
-                or not all(isinstance(o, dict) and isinstance(o.get("name"), str) and isinstance(o.get("metric"), str)
-                           and type(o.get("error")) in _NUMBER for o in outputs)):
+        if (
+            type(accuracy.get("passed")) is not bool
+            or not isinstance(outputs, list)
+            or type(accuracy.get("max_error")) not in _NUMBER
+            or type(accuracy.get("worst_error")) not in _NUMBER
+            or not all(
+                isinstance(o, dict)
+                and isinstance(o.get("name"), str)
+                and isinstance(o.get("metric"), str)
+                and type(o.get("error")) in _NUMBER
+                for o in outputs
+            )
+        ):
             return "has an accuracy record that is not the gate's"
-    if (record.get("kind") == "prepared" and record.get("status") == "ok"
-            and not all(isinstance(record.get(k), str) for k in ("model_path", "model_sha256", "outputs"))):
+    if (
+        record.get("kind") == "prepared"
+        and record.get("status") == "ok"
+        and not all(isinstance(record.get(k), str) for k in ("model_path", "model_sha256", "outputs"))
+    ):
         return "(prepared, ok) lacks model_path, model_sha256 or outputs"
     return None
 

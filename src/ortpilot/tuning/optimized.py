@@ -24,8 +24,14 @@ OPTIMIZED_FILE = "model.optimized.onnx"
 CPU = "CPUExecutionProvider"
 
 
-def write_optimized_model(out: Path, model_file: Path, providers: list[dict[str, Any]], settings: SessionSettings,
-                          feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> dict[str, Any] | None:
+def write_optimized_model(
+    out: Path,
+    model_file: Path,
+    providers: list[dict[str, Any]],
+    settings: SessionSettings,
+    feeds: Mapping[str, np.ndarray],
+    expected: Mapping[str, np.ndarray],
+) -> dict[str, Any] | None:
     """Write ``out/model.optimized.onnx`` and return the profile's ``optimized_model`` field, or None
     (logged) when the winner cannot use one or its outputs would differ."""
     if settings.level == "disable" or any(p.get("name") != CPU for p in providers):
@@ -43,9 +49,17 @@ def write_optimized_model(out: Path, model_file: Path, providers: list[dict[str,
     try:
         optimize_to_file(SourceModel.of(model_file), settings.level, chain, dest, settings.free_dimension_overrides)
         built = load_model(dest)
-        write_stamp(built, make_stamp(source_sha256=file_sha256(model_file), providers=chain, level=settings.level,
-                                      source_path=str(model_file.resolve()), pass_name="optimize",
-                                      options={"level": settings.level, "for": "serve cold start"}))
+        write_stamp(
+            built,
+            make_stamp(
+                source_sha256=file_sha256(model_file),
+                providers=chain,
+                level=settings.level,
+                source_path=str(model_file.resolve()),
+                pass_name="optimize",
+                options={"level": settings.level, "for": "serve cold start"},
+            ),
+        )
         save_model(built, dest)
         session = load(str(dest), chain, "strict", settings=loading_settings(settings))
         got = dict(zip([o.name for o in session.get_outputs()], session.run(None, dict(feeds))))
@@ -53,13 +67,19 @@ def write_optimized_model(out: Path, model_file: Path, providers: list[dict[str,
         log.info("No optimized model kept for serving: %s", exc)
         dest.unlink(missing_ok=True)
         return None
-    differs = [n for n, v in expected.items() if n not in got or np.asarray(got[n]).tobytes() != np.asarray(v).tobytes()]
+    differs = [
+        n for n, v in expected.items() if n not in got or np.asarray(got[n]).tobytes() != np.asarray(v).tobytes()
+    ]
     if differs:
         log.info("No optimized model kept for serving: its outputs %s differ from the winner's.", ", ".join(differs))
         dest.unlink(missing_ok=True)
         return None
-    return {"file": dest.name, "sha256": file_sha256(dest), "level": settings.level,
-            "placement": session.placement.counts if session.placement else None}
+    return {
+        "file": dest.name,
+        "sha256": file_sha256(dest),
+        "level": settings.level,
+        "placement": session.placement.counts if session.placement else None,
+    }
 
 
 def loading_settings(settings: SessionSettings) -> SessionSettings:

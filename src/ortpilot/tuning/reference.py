@@ -51,8 +51,10 @@ def reference_feeds(profile: Mapping[str, Any]) -> dict[str, Any]:
     feeds = make_feeds(proto, plan=plan_feeds(proto, shapes), seed=int(profile["reference_outputs"]["heldout_seed"]))
     expected = profile["reference_outputs"].get("inputs_sha256")
     if expected and feeds_digest(feeds) != expected:
-        raise UsageError(f"The reference inputs regenerated from '{source}' differ from those the tune used; "
-                         "the source model or ortpilot's input generator changed since the profile was made.")
+        raise UsageError(
+            f"The reference inputs regenerated from '{source}' differ from those the tune used; "
+            "the source model or ortpilot's input generator changed since the profile was made."
+        )
     return feeds
 
 
@@ -62,8 +64,10 @@ def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndar
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
     except (OSError, ValueError, EOFError) as exc:
-        raise UsageError(f"The reference file '{path}' cannot be read ({exc}). It was damaged or edited; "
-                         "re-run 'ortpilot tune' to write it again.") from None
+        raise UsageError(
+            f"The reference file '{path}' cannot be read ({exc}). It was damaged or edited; "
+            "re-run 'ortpilot tune' to write it again."
+        ) from None
     inputs = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("inputs/")}
     outputs = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("outputs/")}
     if not inputs or not outputs:

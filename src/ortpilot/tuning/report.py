@@ -61,32 +61,48 @@ def headline(doc: dict[str, Any]) -> str:
     sp = doc["speedup"]
     if doc["default_best"]:
         return f"ORT's default session was already best: {doc['default_best_reason']}."
-    return (f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x ORT's default on {doc['objective']} "
-            f"(95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}).")
+    return (
+        f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x ORT's default on {doc['objective']} "
+        f"(95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f})."
+    )
 
 
 def render_md(doc: dict[str, Any]) -> str:
-    lines = [f"# ortpilot tune: {doc['model']}", "", headline(doc), "",
-             *([load_line(doc), ""] if doc.get("load_note") else []),
-             f"ONNX Runtime {doc['onnxruntime']}, shapes "
-             + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in doc["shapes"].items())
-             + f", objective {doc['objective']}, tune wall time {doc['wall_s']:.0f} s.", "",
-             "Accuracy gate (vs ORT's default session, held-out inputs): "
-             + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items()) + f", max error {doc['max_error']:g}.", "",
-             "| candidate | status | p50 ms | p99 ms | p50 95% CI | error | note |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# ortpilot tune: {doc['model']}",
+        "",
+        headline(doc),
+        "",
+        *([load_line(doc), ""] if doc.get("load_note") else []),
+        f"ONNX Runtime {doc['onnxruntime']}, shapes "
+        + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in doc["shapes"].items())
+        + f", objective {doc['objective']}, tune wall time {doc['wall_s']:.0f} s.",
+        "",
+        "Accuracy gate (vs ORT's default session, held-out inputs): "
+        + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items())
+        + f", max error {doc['max_error']:g}.",
+        "",
+        "| candidate | status | p50 ms | p99 ms | p50 95% CI | error | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c in ranked_candidates(doc):
         lat = _lat(c)
         ci = lat.get("median_ci95_ms")
-        lines.append(f"| {c['label']} | {c['status']} | {_ms(lat.get('p50_ms'))} | {_ms(lat.get('p99_ms'))} | "
-                     f"{'-' if not ci else f'{ci[0]:.3f}-{ci[1]:.3f}'} | {_err(c)} | {c['reason'].replace('|', '/')} |")
+        lines.append(
+            f"| {c['label']} | {c['status']} | {_ms(lat.get('p50_ms'))} | {_ms(lat.get('p99_ms'))} | "
+            f"{'-' if not ci else f'{ci[0]:.3f}-{ci[1]:.3f}'} | {_err(c)} | {c['reason'].replace('|', '/')} |"
+        )
     int8 = int8_lines(doc)
     if int8:
         lines += ["", int8[0], "", *int8[1:]]
     excluded = doc["facts"].get("excluded") or []
     if excluded:
         lines += ["", "Not tried:", ""] + [f"- {e['what']}: {e['reason']}" for e in excluded]
-    lines += ["", "Latencies of the winner and ORT's default come from their interleaved final measurement; "
-              "the others from their screening and halving runs."]
+    lines += [
+        "",
+        "Latencies of the winner and ORT's default come from their interleaved final measurement; "
+        "the others from their screening and halving runs.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -139,29 +155,38 @@ def render_html(doc: dict[str, Any]) -> str:
         acc = c.get("accuracy") or {}
         per_out = "; ".join(f"{o['name']}: {o['metric']} {o['error']:.2e}" for o in acc.get("outputs", []))
         cls = "win" if c["id"] == doc["winner"]["id"] else ("" if c["status"] == "ok" else "rej")
-        rows.append(f"<tr class='{cls}'><td>{e(c['label'])}</td><td>{e(c['phase'])}</td><td>{e(c['status'])}</td>"
-                    f"<td>{_ms(lat.get('p50_ms'))}</td><td>{_ms(lat.get('p99_ms'))}</td>"
-                    f"<td>{'-' if not ci else f'{ci[0]:.3f} – {ci[1]:.3f}'}</td><td>{lat.get('count', '-')}</td>"
-                    f"<td>{e(per_out) or '-'}</td><td>{e(c['reason'])}</td><td><code>{c['id']}</code></td></tr>")
+        rows.append(
+            f"<tr class='{cls}'><td>{e(c['label'])}</td><td>{e(c['phase'])}</td><td>{e(c['status'])}</td>"
+            f"<td>{_ms(lat.get('p50_ms'))}</td><td>{_ms(lat.get('p99_ms'))}</td>"
+            f"<td>{'-' if not ci else f'{ci[0]:.3f} – {ci[1]:.3f}'}</td><td>{lat.get('count', '-')}</td>"
+            f"<td>{e(per_out) or '-'}</td><td>{e(c['reason'])}</td><td><code>{c['id']}</code></td></tr>"
+        )
     excluded = "".join(f"<li>{e(x['what'])}: {e(x['reason'])}</li>" for x in doc["facts"].get("excluded") or [])
     int8 = int8_lines(doc)
-    int8_html = (f"<h2>INT8 variants</h2><p>{e(int8[0])}</p><ul>"
-                 + "".join(f"<li>{e(line[2:])}</li>" for line in int8[1:]) + "</ul>") if int8 else ""
+    int8_html = (
+        (
+            f"<h2>INT8 variants</h2><p>{e(int8[0])}</p><ul>"
+            + "".join(f"<li>{e(line[2:])}</li>" for line in int8[1:])
+            + "</ul>"
+        )
+        if int8
+        else ""
+    )
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ortpilot tune report</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background:#dfd}}tr.rej{{color:#888}}</style></head><body>
-<h1>ortpilot tune: {e(doc['model'])}</h1>
+<h1>ortpilot tune: {e(doc["model"])}</h1>
 <p><b>{e(headline(doc))}</b></p>
 {f"<p>{e(load_line(doc))}</p>" if doc.get("load_note") else ""}
-<p>ONNX Runtime {e(doc['onnxruntime'])}; shapes {e(str(doc['shapes']))}; objective {e(doc['objective'])};
-tune wall time {doc['wall_s']:.1f} s; accuracy gate on held-out inputs: {e(str(doc['metrics']))}, max error {doc['max_error']:g}.</p>
+<p>ONNX Runtime {e(doc["onnxruntime"])}; shapes {e(str(doc["shapes"]))}; objective {e(doc["objective"])};
+tune wall time {doc["wall_s"]:.1f} s; accuracy gate on held-out inputs: {e(str(doc["metrics"]))}, max error {doc["max_error"]:g}.</p>
 <img alt="Pareto plot of latency vs error" src="data:image/png;base64,{pareto_png(doc)}">
 <h2>Candidates</h2>
 <table><tr><th>candidate</th><th>phase</th><th>status</th><th>p50 ms</th><th>p99 ms</th><th>p50 95% CI</th><th>runs</th>
 <th>accuracy (per output)</th><th>why rejected / note</th><th>id</th></tr>
-{''.join(rows)}</table>
+{"".join(rows)}</table>
 {int8_html}
-<h2>Not tried</h2><ul>{excluded or '<li>nothing ruled out</li>'}</ul>
+<h2>Not tried</h2><ul>{excluded or "<li>nothing ruled out</li>"}</ul>
 <p>The winner's and ORT's default latencies come from their interleaved final measurement; other rows from screening
 and successive-halving runs.</p></body></html>
 """

@@ -72,9 +72,17 @@ class Entry:
         return self.status == "ok" and bool(self.samples)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.candidate.to_dict(), "phase": self.phase, "status": self.status, "reason": self.reason,
-                "accuracy": self.accuracy, "prepared": self.prepared,
-                "samples_s": self.samples, "final_samples_s": self.final, "final_blocks": self.final_blocks}
+        return {
+            **self.candidate.to_dict(),
+            "phase": self.phase,
+            "status": self.status,
+            "reason": self.reason,
+            "accuracy": self.accuracy,
+            "prepared": self.prepared,
+            "samples_s": self.samples,
+            "final_samples_s": self.final,
+            "final_blocks": self.final_blocks,
+        }
 
 
 @dataclass
@@ -114,8 +122,9 @@ def cost_ci(samples: list[float], objective: str, seed: int = 0, n_boot: int = 1
 class Search:
     """One tune's search policy over a step runner and a budget."""
 
-    def __init__(self, steps: StepRunner, budget: Budget, *, objective: str,
-                 progress: Callable[[Progress], None] | None = None) -> None:
+    def __init__(
+        self, steps: StepRunner, budget: Budget, *, objective: str, progress: Callable[[Progress], None] | None = None
+    ) -> None:
         if objective not in OBJECTIVES:
             raise UsageError(f"Unknown objective '{objective}'; use one of {', '.join(OBJECTIVES)}.")
         self.steps = steps
@@ -157,9 +166,11 @@ class Search:
         if base.status in ("timeout", "budget") or self.budget.spent():
             raise BudgetTooSmall()
         if base.status != "ok":
-            raise UsageError(f"ORT's default session could not be measured ({base.status}: {base.reason}); "
-                             "ortpilot tune needs the model to run with ORT's defaults first. "
-                             "Check it with 'ortpilot run MODEL'.")
+            raise UsageError(
+                f"ORT's default session could not be measured ({base.status}: {base.reason}); "
+                "ortpilot tune needs the model to run with ORT's defaults first. "
+                "Check it with 'ortpilot run MODEL'."
+            )
         self.steps.commit()
         self.screen_runs = int(min(40, max(5, math.ceil(0.25 / max(self.budget.latency, 1e-6)))))
         return base
@@ -168,8 +179,9 @@ class Search:
         """Fusion alone found nothing to fuse: its fused INT8 variants would be the plain ones again."""
         dropped = [c for c in queue if c.passes[:1] == (fusion,)]
         for c in dropped:
-            self.entries[c.id] = Entry(c, "model variants", status="skipped",
-                                       reason="transformer fusion found no pattern to fuse")
+            self.entries[c.id] = Entry(
+                c, "model variants", status="skipped", reason="transformer fusion found no pattern to fuse"
+            )
         return [c for c in queue if c not in dropped]
 
     def evaluate(self, entry: Entry, runs: int | None = None) -> Entry:
@@ -177,8 +189,12 @@ class Search:
         self.entries[entry.candidate.id] = entry
         runs = runs or self.screen_runs
         cand = entry.candidate
-        record, fresh = self.steps.prepare(cand, entry.phase, self.budget.candidate_timeout(cand.baseline),
-                                           affordable=self.budget.affords(self.budget.screen_cost(runs)))
+        record, fresh = self.steps.prepare(
+            cand,
+            entry.phase,
+            self.budget.candidate_timeout(cand.baseline),
+            affordable=self.budget.affords(self.budget.screen_cost(runs)),
+        )
         if record is None:
             entry.status, entry.reason = "budget", "not measured: the budget ran out"
         else:
@@ -196,8 +212,13 @@ class Search:
         entry.accuracy = record.get("accuracy")
         if status == "ok" and entry.accuracy and not entry.accuracy["passed"]:
             worst = max(entry.accuracy["outputs"], key=lambda o: o["error"])
-            entry.status, entry.reason = "rejected", (f"accuracy: {worst['metric']} error {worst['error']:.4g} on "
-                                                      f"'{worst['name']}' > {entry.accuracy['max_error']:g}")
+            entry.status, entry.reason = (
+                "rejected",
+                (
+                    f"accuracy: {worst['metric']} error {worst['error']:.4g} on "
+                    f"'{worst['name']}' > {entry.accuracy['max_error']:g}"
+                ),
+            )
         elif status in ("ok", "skipped", "budget"):
             entry.status, entry.reason = status, record.get("reason") or ""
         elif status in ("crashed", "timeout"):
@@ -210,8 +231,10 @@ class Search:
         if record is None:
             return  # the ended search did not run this step: the budget had run out
         if record["status"] != "ok":
-            entry.status, entry.reason = (record["status"] if record["status"] in ("crashed", "timeout") else "failed",
-                                          record.get("error") or "")
+            entry.status, entry.reason = (
+                record["status"] if record["status"] in ("crashed", "timeout") else "failed",
+                record.get("error") or "",
+            )
             return
         entry.samples.extend(record["samples_s"])
         if entry.candidate.baseline:
@@ -222,11 +245,19 @@ class Search:
         layers (``NoiseShare`` of the worker's ranking) in float."""
         steps = entry.candidate.passes
         quant = steps[-1].spec if steps and steps[-1].name == "quantize" else None
-        if (entry.status != "rejected" or not isinstance(quant, QuantizePass) or quant.mode != "dynamic"
-                or not entry.accuracy):
+        if (
+            entry.status != "rejected"
+            or not isinstance(quant, QuantizePass)
+            or quant.mode != "dynamic"
+            or not entry.accuracy
+        ):
             return None
-        layers = propose(_JournaledNoise(self, steps[:-1], quant), self._tries(entry),
-                         NoiseShare(FOLLOWUP_WITHIN, FOLLOWUP_MARGIN), max_tries=1 + FOLLOWUP_TRIES)
+        layers = propose(
+            _JournaledNoise(self, steps[:-1], quant),
+            self._tries(entry),
+            NoiseShare(FOLLOWUP_WITHIN, FOLLOWUP_MARGIN),
+            max_tries=1 + FOLLOWUP_TRIES,
+        )
         return with_exclusions(entry.candidate, nodes_of(layers)) if layers else None
 
     def _tries(self, entry: Entry) -> list[Try]:
@@ -234,8 +265,13 @@ class Search:
         ``entry`` last."""
         steps = entry.candidate.passes
         base = steps[-1].with_options(exclude=None)
-        same = [e for e in self.entries.values() if e.candidate.passes and e.candidate.passes[:-1] == steps[:-1]
-                and e.candidate.passes[-1].with_options(exclude=None) == base]
+        same = [
+            e
+            for e in self.entries.values()
+            if e.candidate.passes
+            and e.candidate.passes[:-1] == steps[:-1]
+            and e.candidate.passes[-1].with_options(exclude=None) == base
+        ]
         followups = [e for e in same if _excluded(e)]
         first = entry if entry not in followups else next((e for e in same if e not in followups), entry)
         return [_try(e) for e in [first, *followups] if e is not entry] + [_try(entry)]
@@ -243,11 +279,15 @@ class Search:
     def _explore_knobs(self, facts: Facts) -> None:
         for base_entry in self.ranking()[:KNOB_BASES]:
             base = base_entry.candidate
-            trials = [self.evaluate(Entry(c, "session knobs")) for c in knob_variants(base, facts)
-                      if c.id not in self.entries]
+            trials = [
+                self.evaluate(Entry(c, "session knobs")) for c in knob_variants(base, facts) if c.id not in self.entries
+            ]
             base_cost = cost(base_entry.samples, self.objective)
-            winners = [e.candidate for e in trials if e.measured
-                       and cost(e.samples, self.objective) < base_cost * (1 - MIN_GAIN)]
+            winners = [
+                e.candidate
+                for e in trials
+                if e.measured and cost(e.samples, self.objective) < base_cost * (1 - MIN_GAIN)
+            ]
             combo = combine(base, winners)
             combo = within_budget([combo], facts)[0] if combo is not None else None
             if combo is not None and combo.id not in self.entries:
@@ -259,7 +299,7 @@ class Search:
         for round_no in range(1, MAX_ROUNDS + 1):
             if len(pool) < 2:
                 return
-            pool = pool[:max(2, math.ceil(len(pool) / 2))]
+            pool = pool[: max(2, math.ceil(len(pool) / 2))]
             if len(pool) == 2 and self._separated(pool[0], pool[1]):
                 return
             runs *= 2
@@ -301,9 +341,16 @@ class Search:
     def _report(self, phase: str) -> None:
         best = self.ranking()[:1]
         done = sum(1 for e in self.entries.values() if e.status != "pending")
-        self.progress(Progress(done, max(self.planned, done), best[0].candidate.label if best else "-",
-                               cost(best[0].samples, self.objective) * 1e3 if best else None,
-                               max(0.0, self.budget.left()), phase))
+        self.progress(
+            Progress(
+                done,
+                max(self.planned, done),
+                best[0].candidate.label if best else "-",
+                cost(best[0].samples, self.objective) * 1e3 if best else None,
+                max(0.0, self.budget.left()),
+                phase,
+            )
+        )
 
 
 def _excluded(entry: Entry) -> list[str]:
@@ -327,20 +374,27 @@ class _JournaledNoise:
         self.search, self.prefix, self.quant = search, prefix, quant
 
     def rank(self, attempt: Try) -> list[Layer]:
-        data = {"passes": [s.to_dict() for s in self.prefix], "per_channel": bool(self.quant.per_channel),
-                "op_types": RANK_OPS, "reduce_range": bool(self.quant.reduce_range),
-                "weight_type": self.quant.weight_type}
+        data = {
+            "passes": [s.to_dict() for s in self.prefix],
+            "per_channel": bool(self.quant.per_channel),
+            "op_types": RANK_OPS,
+            "reduce_range": bool(self.quant.reduce_range),
+            "weight_type": self.quant.weight_type,
+        }
         key = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
         budget = self.search.budget
-        ranking = self.search.steps.rank(key, data, max(1.0, budget.left() - budget.reserve()),
-                                         affordable=budget.affords(budget.est_prepare() * 2))
+        ranking = self.search.steps.rank(
+            key, data, max(1.0, budget.left() - budget.reserve()), affordable=budget.affords(budget.est_prepare() * 2)
+        )
         return noise_layers(ranking)
 
 
 class BudgetTooSmall(UsageError):
     def __init__(self) -> None:
-        super().__init__("The budget is too small: measuring ORT's default session alone used all of it. "
-                         "Give a larger --budget (at least a few times the model's load time).")
+        super().__init__(
+            "The budget is too small: measuring ORT's default session alone used all of it. "
+            "Give a larger --budget (at least a few times the model's load time)."
+        )
 
 
 def speedup(base: Entry, winner: Entry, objective: str) -> dict[str, float]:

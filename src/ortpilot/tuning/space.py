@@ -96,11 +96,20 @@ class Facts:
         return self.default_threads > self.cores
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cores": self.cores, "default_threads": self.default_threads, "providers": [p.to_dict() for p in self.providers], "model_type": self.model_type,
-                "attention": list(self.attention), "conv_heavy": self.conv_heavy, "decoder": self.decoder,
-                "parallel_branches": self.parallel_branches, "quantize": self.quantize,
-                "int8_rule": self.int8.to_dict() if self.int8 else None, "int8_variants": dict(self.int8_reasons),
-                "excluded": [e.to_dict() for e in self.excluded]}
+        return {
+            "cores": self.cores,
+            "default_threads": self.default_threads,
+            "providers": [p.to_dict() for p in self.providers],
+            "model_type": self.model_type,
+            "attention": list(self.attention),
+            "conv_heavy": self.conv_heavy,
+            "decoder": self.decoder,
+            "parallel_branches": self.parallel_branches,
+            "quantize": self.quantize,
+            "int8_rule": self.int8.to_dict() if self.int8 else None,
+            "int8_variants": dict(self.int8_reasons),
+            "excluded": [e.to_dict() for e in self.excluded],
+        }
 
 
 def physical_cores() -> int:
@@ -123,8 +132,13 @@ def has_parallel_branches(model: onnx.ModelProto) -> bool:
     return False
 
 
-def gather_facts(model: onnx.ModelProto, providers: Sequence[ProviderSpec] | None, *, quantize: bool = True,
-                 int8: Int8Rule | None = None) -> Facts:
+def gather_facts(
+    model: onnx.ModelProto,
+    providers: Sequence[ProviderSpec] | None,
+    *,
+    quantize: bool = True,
+    int8: Int8Rule | None = None,
+) -> Facts:
     """What the space is built from; ``int8`` overrides this CPU's measured INT8 rule (tests, what-ifs)."""
     excluded: list[Excluded] = []
     if providers:
@@ -146,24 +160,46 @@ def gather_facts(model: onnx.ModelProto, providers: Sequence[ProviderSpec] | Non
     if not parallel:
         excluded.append(Excluded("parallel execution mode", "the graph has no parallel branches of heavy ops"))
     elif cores < 2:
-        excluded.append(Excluded("parallel execution mode", "needs inter-op threads > 1, and this machine has one core"))
+        excluded.append(
+            Excluded("parallel execution mode", "needs inter-op threads > 1, and this machine has one core")
+        )
     ops = [n.op_type for n in model.graph.node]
     conv_heavy = ops.count("Conv") + ops.count("ConvTranspose") > ops.count("MatMul") + ops.count("Gemm")
     decoder = count_layers(model) > 0 and "MatMul" in ops
     gqa = decoder and "GroupQueryAttention" not in ops and importlib.util.find_spec("onnxscript") is not None
     if decoder and not gqa:
-        excluded.append(Excluded("decoder fusion (GroupQueryAttention)",
-                                 "already fused" if "GroupQueryAttention" in ops else "needs onnxscript "
-                                 "(pip install onnxscript)"))
+        excluded.append(
+            Excluded(
+                "decoder fusion (GroupQueryAttention)",
+                "already fused" if "GroupQueryAttention" in ops else "needs onnxscript (pip install onnxscript)",
+            )
+        )
     default_threads = ort_default_threads()
     if default_threads > cores:
-        excluded.append(Excluded("ORT's default threads as the winner", (
-            f"ORT's default pool starts {default_threads} intra-op threads and this process may use {cores} CPU"
-            f"{'s' if cores != 1 else ''} ({this_budget().source}): it is measured as the baseline, and "
-            f"'intra={cores}' stands in for it as a deployable choice")))
-    return Facts(cores, chosen, model_type, parallel, quantize, excluded,
-                 attention_dims(model) if model_type else (0, 0), conv_heavy, decoder, gqa,
-                 (int8 or int8_rule()) if quantize else None, default_threads=default_threads)
+        excluded.append(
+            Excluded(
+                "ORT's default threads as the winner",
+                (
+                    f"ORT's default pool starts {default_threads} intra-op threads and this process may use {cores} CPU"
+                    f"{'s' if cores != 1 else ''} ({this_budget().source}): it is measured as the baseline, and "
+                    f"'intra={cores}' stands in for it as a deployable choice"
+                ),
+            )
+        )
+    return Facts(
+        cores,
+        chosen,
+        model_type,
+        parallel,
+        quantize,
+        excluded,
+        attention_dims(model) if model_type else (0, 0),
+        conv_heavy,
+        decoder,
+        gqa,
+        (int8 or int8_rule()) if quantize else None,
+        default_threads=default_threads,
+    )
 
 
 def int8_variants(rule: Int8Rule, conv_heavy: bool) -> list[tuple[Step, str]]:
@@ -177,19 +213,26 @@ def int8_variants(rule: Int8Rule, conv_heavy: bool) -> list[tuple[Step, str]]:
     base = CONV_QUANT_VARIANTS if conv_heavy else QUANT_VARIANTS
     if rule.name == "x86-no-vnni":
         why = "x86 without VNNI: u8s8 pair sums saturate in vpmaddubsw"
-        out = [(s.with_options(reduce_range=True), f"{why}; reduce_range (7-bit weights) keeps them in int16")
-               for s in base]
-        out += [(s.with_options(weight_type="quint8"), f"{why}; U8U8 weights take ORT's exact u8u8 kernel")
-                for s in base if s.spec.mode == "dynamic" and s.spec.per_channel]
+        out = [
+            (s.with_options(reduce_range=True), f"{why}; reduce_range (7-bit weights) keeps them in int16")
+            for s in base
+        ]
+        out += [
+            (s.with_options(weight_type="quint8"), f"{why}; U8U8 weights take ORT's exact u8u8 kernel")
+            for s in base
+            if s.spec.mode == "dynamic" and s.spec.per_channel
+        ]
         out += [(s, f"{why}: tried as they are, last (ORT: saturation is often harmless)") for s in base]
         return out
     if rule.name == "arm-dot":
         s8s8 = QDQ_PC.with_options(activation_type="qint8")
-        return [(s8s8, "Arm: S8S8 QDQ is ORT's first choice there")] + \
-            [(s, "Arm dot product: ORT's INT8 kernels are exact") for s in base]
-    reason = {"vnni": "VNNI: u8s8 products accumulate exactly; 8-bit weights as they are",
-              "amx": "AMX: u8s8 products accumulate exactly; 8-bit weights as they are"}.get(
-        rule.name, "no INT8 rule for this CPU: the default INT8 variants, measured like any other")
+        return [(s8s8, "Arm: S8S8 QDQ is ORT's first choice there")] + [
+            (s, "Arm dot product: ORT's INT8 kernels are exact") for s in base
+        ]
+    reason = {
+        "vnni": "VNNI: u8s8 products accumulate exactly; 8-bit weights as they are",
+        "amx": "AMX: u8s8 products accumulate exactly; 8-bit weights as they are",
+    }.get(rule.name, "no INT8 rule for this CPU: the default INT8 variants, measured like any other")
     return [(s, reason) for s in base]
 
 
@@ -243,16 +286,22 @@ def within_budget(cands: Sequence[Candidate], facts: Facts) -> list[Candidate]:
     would start more threads than that: no candidate but the baseline itself oversubscribes."""
     if not facts.default_oversubscribes:
         return list(cands)
-    return [c.with_settings(intra_op_threads=facts.cores) if c.settings.intra_op_threads == 0 and not c.baseline
-            else c for c in cands]
+    return [
+        c.with_settings(intra_op_threads=facts.cores) if c.settings.intra_op_threads == 0 and not c.baseline else c
+        for c in cands
+    ]
 
 
 def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[Candidate]:
     out = []
     for passes in model_variants(facts):
         if spec.name not in INT8_DYNAMIC_PROVIDERS and any(_dynamic_int8(p) for p in passes):
-            facts.excluded.append(Excluded(f"{'+'.join(map(str, passes))} on {spec.short}",
-                                           "dynamic INT8 ops (MatMulInteger, DynamicQuantizeLinear) run only on CPU"))
+            facts.excluded.append(
+                Excluded(
+                    f"{'+'.join(map(str, passes))} on {spec.short}",
+                    "dynamic INT8 ops (MatMulInteger, DynamicQuantizeLinear) run only on CPU",
+                )
+            )
             continue
         out.append(Candidate(passes, provider_chain(spec), baseline.settings))
     return out
@@ -269,8 +318,9 @@ def knob_variants(base: Candidate, facts: Facts) -> list[Candidate]:
         if n != base.settings.intra_op_threads:
             out.append(base.with_settings(intra_op_threads=n))
     if facts.parallel_branches and facts.cores >= 2:
-        out.append(base.with_settings(execution_mode="parallel", inter_op_threads=2,
-                                      intra_op_threads=max(1, facts.cores // 2)))
+        out.append(
+            base.with_settings(execution_mode="parallel", inter_op_threads=2, intra_op_threads=max(1, facts.cores // 2))
+        )
     out.append(base.with_iobinding(True))
     on_cpu = base.providers[0]["name"] == CPU
     if on_cpu:
@@ -313,9 +363,11 @@ def _dynamic_int8(step: Step) -> bool:
     return isinstance(step.spec, QuantizePass) and step.spec.mode == "dynamic"
 
 
-RULES = ("parallel execution mode needs inter-op threads > 1",
-         "intra-op threads never exceed the cores this process may use",
-         "dynamic INT8 only on the CPU EP (its integer kernels)",
-         "fusion only where a transformer pattern is detected",
-         "a fused variant is dropped once fusion alone finds nothing to fuse",
-         "layers are left in float only for a dynamic INT8 variant that missed the gate by a little")
+RULES = (
+    "parallel execution mode needs inter-op threads > 1",
+    "intra-op threads never exceed the cores this process may use",
+    "dynamic INT8 only on the CPU EP (its integer kernels)",
+    "fusion only where a transformer pattern is detected",
+    "a fused variant is dropped once fusion alone finds nothing to fuse",
+    "layers are left in float only for a dynamic INT8 variant that missed the gate by a little",
+)

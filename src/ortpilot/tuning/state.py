@@ -47,16 +47,22 @@ def kept_file(out: Path, record: Mapping[str, Any], key: str) -> Path:
     path = out / str(entry.get("file") or f"{STATE_DIR}/{FILES[key]}")
     what = "the default session's outputs" if key == "reference" else "the held-out inputs"
     if path.is_symlink() or path.parent.is_symlink():
-        raise UsageError(f"Cannot resume the tune in '{out}': '{path}' ({what}) is reached through a symbolic link; "
-                         "ortpilot does not follow links in an output folder. Drop --resume to start the tune over, "
-                         "or choose another -o folder.")
+        raise UsageError(
+            f"Cannot resume the tune in '{out}': '{path}' ({what}) is reached through a symbolic link; "
+            "ortpilot does not follow links in an output folder. Drop --resume to start the tune over, "
+            "or choose another -o folder."
+        )
     if not path.is_file():
-        raise UsageError(f"Cannot resume the tune in '{out}': '{path}' ({what}, which the tune kept for --resume) "
-                         "is missing. Drop --resume to start the tune over, or choose another -o folder.")
+        raise UsageError(
+            f"Cannot resume the tune in '{out}': '{path}' ({what}, which the tune kept for --resume) "
+            "is missing. Drop --resume to start the tune over, or choose another -o folder."
+        )
     if hashlib.sha256(path.read_bytes()).hexdigest() != entry.get("sha256"):
-        raise UsageError(f"Cannot resume the tune in '{out}': '{path}' ({what}, which the tune kept for --resume) "
-                         "is damaged or was changed since the journal recorded it (its sha256 differs). Drop "
-                         "--resume to start the tune over, or choose another -o folder.")
+        raise UsageError(
+            f"Cannot resume the tune in '{out}': '{path}' ({what}, which the tune kept for --resume) "
+            "is damaged or was changed since the journal recorded it (its sha256 differs). Drop "
+            "--resume to start the tune over, or choose another -o folder."
+        )
     return path
 
 

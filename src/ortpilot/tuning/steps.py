@@ -52,8 +52,15 @@ from ortpilot.tuning.worker import WorkerClient, WorkerCrash
 class StepRunner:
     """Every step of a search: the journal's record if it has one, else the worker's, journaled."""
 
-    def __init__(self, worker: WorkerClient, journal: Journal, gate_factory: Callable[[str], ModelGate], *,
-                 replay_only: bool = False, on_first_record: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        worker: WorkerClient,
+        journal: Journal,
+        gate_factory: Callable[[str], ModelGate],
+        *,
+        replay_only: bool = False,
+        on_first_record: Callable[[], None] | None = None,
+    ) -> None:
         """``gate_factory``: the default session's outputs file -> the gate; ``on_first_record``
         runs just before the journal first reaches the disk (the baseline is measured by then)."""
         self.worker = worker
@@ -71,8 +78,9 @@ class StepRunner:
     def journaled(self, kind: str, cid: str = "", stage: str = "") -> bool:
         return self.journal.get(kind, cid, stage) is not None
 
-    def prepare(self, cand: Candidate, phase: str, timeout: float, *, affordable: bool = True
-                ) -> tuple[dict[str, Any] | None, bool]:
+    def prepare(
+        self, cand: Candidate, phase: str, timeout: float, *, affordable: bool = True
+    ) -> tuple[dict[str, Any] | None, bool]:
         """(record, fresh). None when it may not run: replaying an ended search, or not ``affordable``
         (the baseline always runs). A worker stopped by the budget gives a ``budget`` record, not journaled."""
         record = self.journal.get("prepared", cand.id)
@@ -93,17 +101,32 @@ class StepRunner:
             if exc.timed_out and timeout < CANDIDATE_TIMEOUT_S:
                 # Stopped by the budget, not by a hang: not journaled, so --resume tries it again.
                 return {"status": "budget", "reason": "stopped: the budget ran out while it was being prepared"}
-            result = {"status": "timeout" if exc.timed_out else "crashed", "error": str(exc),
-                      "signal": exc.signal_number, "returncode": exc.returncode, "log_tail": exc.log_tail[-500:]}
+            result = {
+                "status": "timeout" if exc.timed_out else "crashed",
+                "error": str(exc),
+                "signal": exc.signal_number,
+                "returncode": exc.returncode,
+                "log_tail": exc.log_tail[-500:],
+            }
         if result.get("errno") is not None:  # a full disk, a read-only cache: every candidate would fail
-            kept = ("Nothing was measured yet; fix that and run the command again." if cand.baseline
-                    else "The journal keeps every finished candidate; fix that and run the same command with "
-                         "--resume.")
-            raise StorageError(f"The tune stopped at candidate {cand.label}, because the machine "
-                               f"refused a write: {str(result.get('error')).split(': ', 1)[-1]} {kept}",
-                               errno=result["errno"])
-        record = {"kind": "prepared", "id": cand.id, "candidate": cand.to_dict(), "phase": phase,
-                  "seconds": time.monotonic() - start, **result}
+            kept = (
+                "Nothing was measured yet; fix that and run the command again."
+                if cand.baseline
+                else "The journal keeps every finished candidate; fix that and run the same command with --resume."
+            )
+            raise StorageError(
+                f"The tune stopped at candidate {cand.label}, because the machine "
+                f"refused a write: {str(result.get('error')).split(': ', 1)[-1]} {kept}",
+                errno=result["errno"],
+            )
+        record = {
+            "kind": "prepared",
+            "id": cand.id,
+            "candidate": cand.to_dict(),
+            "phase": phase,
+            "seconds": time.monotonic() - start,
+            **result,
+        }
         if result.get("status") == "ok":
             if self.gate is None:
                 self.gate = self.gate_factory(result["outputs"])
@@ -116,15 +139,25 @@ class StepRunner:
         if record is not None or self.replay_only:
             return record
         try:
-            result = self.worker.request("bench", {"candidates": [cand.to_dict()], "runs": runs, "warmup": 2},
-                                         timeout)
+            result = self.worker.request("bench", {"candidates": [cand.to_dict()], "runs": runs, "warmup": 2}, timeout)
         except WorkerCrash as exc:
-            result = {"status": "timeout" if exc.timed_out else "crashed", "error": str(exc),
-                      "signal": exc.signal_number}
-        return self.journal.append({"kind": "bench", "id": cand.id, "stage": stage, "runs": runs,
-                                    "status": result.get("status"), "error": result.get("error"),
-                                    "signal": result.get("signal"),
-                                    "samples_s": (result.get("samples_s") or {}).get(cand.id, [])})
+            result = {
+                "status": "timeout" if exc.timed_out else "crashed",
+                "error": str(exc),
+                "signal": exc.signal_number,
+            }
+        return self.journal.append(
+            {
+                "kind": "bench",
+                "id": cand.id,
+                "stage": stage,
+                "runs": runs,
+                "status": result.get("status"),
+                "error": result.get("error"),
+                "signal": result.get("signal"),
+                "samples_s": (result.get("samples_s") or {}).get(cand.id, []),
+            }
+        )
 
     def rank(self, key: str, data: dict[str, Any], timeout: float, *, affordable: bool = True) -> list[dict[str, Any]]:
         """A model's per-layer dynamic INT8 sensitivity (``passes.sensitivity``); [] when it may not run."""
@@ -136,8 +169,16 @@ class StepRunner:
                 result = self.worker.request("rank", data, timeout)
             except WorkerCrash as exc:
                 result = {"status": "crashed", "error": str(exc)}
-            record = self.journal.append({"kind": "rank", "id": key, **data, "status": result.get("status"),
-                                          "error": result.get("error"), "ranking": result.get("ranking") or []})
+            record = self.journal.append(
+                {
+                    "kind": "rank",
+                    "id": key,
+                    **data,
+                    "status": result.get("status"),
+                    "error": result.get("error"),
+                    "ranking": result.get("ranking") or [],
+                }
+            )
         return list(record.get("ranking") or [])
 
     def final(self, finalists: list[Candidate], plan: Callable[[], tuple[int, int, float]]) -> dict[str, Any] | None:
@@ -148,8 +189,11 @@ class StepRunner:
             return record
         runs, rounds, timeout = plan()
         try:
-            result = self.worker.request("bench", {"candidates": [c.to_dict() for c in finalists], "runs": runs,
-                                                   "rounds": rounds, "warmup": 2}, timeout)
+            result = self.worker.request(
+                "bench",
+                {"candidates": [c.to_dict() for c in finalists], "runs": runs, "rounds": rounds, "warmup": 2},
+                timeout,
+            )
         except WorkerCrash as exc:
             result = {"status": "crashed", "error": str(exc)}
         return self.journal.append({"kind": "final", "stage": "final", "ids": [c.id for c in finalists], **result})

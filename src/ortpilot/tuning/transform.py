@@ -62,12 +62,17 @@ def expand(steps: Sequence[Step | Mapping[str, Any]]) -> list[Step]:
 def pipeline_for(steps: Sequence[Step | Mapping[str, Any]], calibration: Sequence[Feeds]) -> Pipeline:
     """The candidate's passes as one ``Pipeline`` (what :func:`build_model` runs, prefix by prefix)."""
     expanded = expand(steps)
-    return Pipeline([step.build(calibration=calibration, prepared=i > 0 and expanded[i - 1].name == PREPARE.name)
-                     for i, step in enumerate(expanded)])
+    return Pipeline(
+        [
+            step.build(calibration=calibration, prepared=i > 0 and expanded[i - 1].name == PREPARE.name)
+            for i, step in enumerate(expanded)
+        ]
+    )
 
 
-def build_model(source: Path, steps: Sequence[Step | Mapping[str, Any]], calibration: Sequence[Feeds]
-                ) -> tuple[Path, list[dict[str, Any]], bool]:
+def build_model(
+    source: Path, steps: Sequence[Step | Mapping[str, Any]], calibration: Sequence[Feeds]
+) -> tuple[Path, list[dict[str, Any]], bool]:
     """Return (model path, pass records, cache hit). The source itself when there are no steps.
 
     Every prefix of the pipeline is its own cache entry, so candidates that share a prefix
@@ -83,10 +88,18 @@ def build_model(source: Path, steps: Sequence[Step | Mapping[str, Any]], calibra
     for i, (step, step_pass) in enumerate(zip(expanded, passes)):
         prefix = [s.to_dict() for s in expanded[: i + 1]]
         calibrated = any(p.calibrated for p in passes[: i + 1])
-        key = cache_key(model_sha256=source_sha, ort_version=ort.__version__, providers=[], level="tune-pipeline",
-                        extra={"steps": prefix, "tuner": STORE_VERSION,
-                               "revisions": [p.revision for p in passes[: i + 1]],
-                               "calibration": samples_digest(calibration) if calibrated else None})
+        key = cache_key(
+            model_sha256=source_sha,
+            ort_version=ort.__version__,
+            providers=[],
+            level="tune-pipeline",
+            extra={
+                "steps": prefix,
+                "tuner": STORE_VERSION,
+                "revisions": [p.revision for p in passes[: i + 1]],
+                "calibration": samples_digest(calibration) if calibrated else None,
+            },
+        )
         is_last = i == len(expanded) - 1
 
         def build(out: Path, step_pass=step_pass, current=current, last=is_last) -> dict[str, Any]:
@@ -104,8 +117,9 @@ def build_model(source: Path, steps: Sequence[Step | Mapping[str, Any]], calibra
             return {"record": record.to_dict()}  # kept in the entry's meta, for hits
 
         path, hit = store.get_or_create(key, build, meta={"steps": prefix, "source_sha256": source_sha})
-        records.append(store.read_entry(key).get("meta", {}).get("record")
-                       or {"name": step.name, "options": dict(step)})
+        records.append(
+            store.read_entry(key).get("meta", {}).get("record") or {"name": step.name, "options": dict(step)}
+        )
         hit_all = hit_all and hit
         current = path
     return current, records, hit_all
@@ -117,6 +131,7 @@ def detect_transformer(model: onnx.ModelProto) -> str | None:
 
 
 # --------------------------------------------------------------------------- attention shape
+
 
 def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     values = {t.name: t for t in model.graph.initializer}
@@ -170,8 +185,11 @@ def attention_dims(model: onnx.ModelProto) -> tuple[int, int]:
     for node in model.graph.node:
         if node.op_type != "Reshape" or len(node.input) < 2:
             continue
-        perms = [next((list(a.ints) for a in c.attribute if a.name == "perm"), None)
-                 for c in consumers.get(node.output[0], []) if c.op_type == "Transpose"]
+        perms = [
+            next((list(a.ints) for a in c.attribute if a.name == "perm"), None)
+            for c in consumers.get(node.output[0], [])
+            if c.op_type == "Transpose"
+        ]
         if [0, 2, 1, 3] not in perms and [0, 2, 3, 1] not in perms:
             continue
         tail = tail_of(node.input[1])  # a 4-D [batch, seq, heads, head_size] (the transpose says 4-D)

@@ -84,12 +84,23 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model, "out_dir": str(self.out_dir), "objective": self.objective,
-            "winner": self._entry(self.winner), "baseline": self._entry(self.baseline),
-            "speedup": self.speedup, "default_best": self.default_best, "default_best_reason": self.default_best_reason,
-            "metrics": self.metrics, "max_error": self.max_error, "facts": self.facts.to_dict(),
-            "shapes": {k: list(v) for k, v in self.shapes.items()}, "wall_s": self.wall_s, "files": self.files,
-            "resumed": self.resumed, "onnxruntime": ort.__version__, "load_avg": self.load_avg,
+            "model": self.model,
+            "out_dir": str(self.out_dir),
+            "objective": self.objective,
+            "winner": self._entry(self.winner),
+            "baseline": self._entry(self.baseline),
+            "speedup": self.speedup,
+            "default_best": self.default_best,
+            "default_best_reason": self.default_best_reason,
+            "metrics": self.metrics,
+            "max_error": self.max_error,
+            "facts": self.facts.to_dict(),
+            "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "wall_s": self.wall_s,
+            "files": self.files,
+            "resumed": self.resumed,
+            "onnxruntime": ort.__version__,
+            "load_avg": self.load_avg,
             "load_note": load_note(self.load_avg, self.facts.cores),
             "candidates": [self._entry(e) for e in self.entries],
         }
@@ -104,11 +115,22 @@ class TuneResult:
         return d
 
 
-def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "ortpilot-out", budget_s: float = 300,
-         *, shapes: Sequence[str] | Mapping[str, Any] | None = None, objective: str = "p50",
-         max_error: float | None = None, metric: str | None = None, calibration: str | os.PathLike | None = None,
-         providers: Sequence[Any] | None = None, resume: bool = False, quantize: bool = True, samples: int = 4,
-         progress: Callable[[Progress], None] | None = None) -> TuneResult:
+def tune(
+    model: str | os.PathLike | None = None,
+    out_dir: str | os.PathLike = "ortpilot-out",
+    budget_s: float = 300,
+    *,
+    shapes: Sequence[str] | Mapping[str, Any] | None = None,
+    objective: str = "p50",
+    max_error: float | None = None,
+    metric: str | None = None,
+    calibration: str | os.PathLike | None = None,
+    providers: Sequence[Any] | None = None,
+    resume: bool = False,
+    quantize: bool = True,
+    samples: int = 4,
+    progress: Callable[[Progress], None] | None = None,
+) -> TuneResult:
     """Find the fastest configuration that passes the accuracy gate and write it to ``out_dir``.
 
     ``model`` None tunes the built-in demo encoder. ``budget_s`` bounds the search (the final
@@ -122,15 +144,43 @@ def tune(model: str | os.PathLike | None = None, out_dir: str | os.PathLike = "o
         raise UsageError(f"--budget must be a positive number of seconds, got {budget_s}.")
     out = check_out_dir(Path(out_dir))
     with one_writer(out, "ortpilot tune"):  # a second tune on this OUTDIR exits 2 naming this one's PID
-        return _tune(model, out, budget_s, start, load_start, shapes=shapes, objective=objective,
-                     max_error=max_error, metric=metric, calibration=calibration, providers=providers, resume=resume,
-                     quantize=quantize, samples=samples, progress=progress)
+        return _tune(
+            model,
+            out,
+            budget_s,
+            start,
+            load_start,
+            shapes=shapes,
+            objective=objective,
+            max_error=max_error,
+            metric=metric,
+            calibration=calibration,
+            providers=providers,
+            resume=resume,
+            quantize=quantize,
+            samples=samples,
+            progress=progress,
+        )
 
 
-def _tune(model: str | os.PathLike | None, out: Path, budget_s: float, start: float, load_start: float | None, *,
-          shapes: Sequence[str] | Mapping[str, Any] | None, objective: str, max_error: float | None,
-          metric: str | None, calibration: str | os.PathLike | None, providers: Sequence[Any] | None, resume: bool,
-          quantize: bool, samples: int, progress: Callable[[Progress], None] | None) -> TuneResult:
+def _tune(
+    model: str | os.PathLike | None,
+    out: Path,
+    budget_s: float,
+    start: float,
+    load_start: float | None,
+    *,
+    shapes: Sequence[str] | Mapping[str, Any] | None,
+    objective: str,
+    max_error: float | None,
+    metric: str | None,
+    calibration: str | os.PathLike | None,
+    providers: Sequence[Any] | None,
+    resume: bool,
+    quantize: bool,
+    samples: int,
+    progress: Callable[[Progress], None] | None,
+) -> TuneResult:
     """``tune`` once OUTDIR is this process's."""
     label = str(model) if model is not None else "demo:encoder"
     path = _model_path(model)
@@ -141,9 +191,16 @@ def _tune(model: str | os.PathLike | None, out: Path, budget_s: float, start: fl
     specs = resolve_providers(providers) if providers else None
     facts = gather_facts(proto, specs, quantize=quantize)
     calib = _calibration(proto, plan, calibration)
-    config = {"model_sha256": file_sha256(path), "shapes": {k: list(v) for k, v in plan.shapes.items()},
-              "objective": objective, "max_error": max_error, "metric": metric, "quantize": quantize,
-              "providers": [s.to_dict() for s in facts.providers], "ort": ort.__version__}
+    config = {
+        "model_sha256": file_sha256(path),
+        "shapes": {k: list(v) for k, v in plan.shapes.items()},
+        "objective": objective,
+        "max_error": max_error,
+        "metric": metric,
+        "quantize": quantize,
+        "providers": [s.to_dict() for s in facts.providers],
+        "ort": ort.__version__,
+    }
     journal = Journal(out / JOURNAL_NAME, resume=resume)
     _check_resume(journal, config, out)
     kept = journal.get(KEPT)
@@ -154,38 +211,63 @@ def _tune(model: str | os.PathLike | None, out: Path, budget_s: float, start: fl
         heldout = [make_feeds(proto, plan=plan, seed=HELDOUT_SEED + i) for i in range(max(1, samples))]
     sweep(out)
     if journal.get("start") is None:
-        journal.append({"kind": "start", **config, "budget_s": budget_s, "model": label,
-                        "journal_version": JOURNAL_VERSION})
+        journal.append(
+            {"kind": "start", **config, "budget_s": budget_s, "model": label, "journal_version": JOURNAL_VERSION}
+        )
     scratch_owner = contextlib.ExitStack()  # the folder is swept by a later tune if this one is killed
     scratch = scratch_owner.enter_context(scratch_dir("ortpilot-tune-"))
     worker = WorkerClient(scratch)
     try:
         save_samples(scratch / "heldout.npz", heldout)
         save_samples(scratch / "calibration.npz", calib)
-        (scratch / "worker.json").write_text(json.dumps(
-            {"model": str(Path(path).resolve()), "shapes": {k: list(v) for k, v in plan.shapes.items()}}))
+        (scratch / "worker.json").write_text(
+            json.dumps({"model": str(Path(path).resolve()), "shapes": {k: list(v) for k, v in plan.shapes.items()}})
+        )
         references: list[Path] = []
         replay_only = _search_ended(journal)
-        steps = StepRunner(worker, journal, lambda ref: _gate(journal, out, ref, references, max_error, metric),
-                           replay_only=replay_only,
-                           on_first_record=lambda: _keep(journal, out, references, scratch / "heldout.npz"))
-        search = Search(steps, Budget(start + budget_s - OUTPUT_RESERVE_S, binding=not replay_only),
-                        objective=objective, progress=progress)
+        steps = StepRunner(
+            worker,
+            journal,
+            lambda ref: _gate(journal, out, ref, references, max_error, metric),
+            replay_only=replay_only,
+            on_first_record=lambda: _keep(journal, out, references, scratch / "heldout.npz"),
+        )
+        search = Search(
+            steps,
+            Budget(start + budget_s - OUTPUT_RESERVE_S, binding=not replay_only),
+            objective=objective,
+            progress=progress,
+        )
         base = baseline_candidate()
         finalists = search.run(base, facts)
         entries = list(search.entries.values())
         base_entry = search.entries[base.id]
         stand_in = search.entries.get(default_stand_in(facts, base).id) if facts.default_oversubscribes else None
         winner, default_best, reason = _pick(finalists, base_entry, objective, stand_in)
-        result = TuneResult(out, label, objective, winner, base_entry, entries,
-                            speedup(base_entry, winner, objective), default_best, reason,
-                            _metrics(search.gate), search.gate.gate.max_error if search.gate else 0.0,
-                            facts, dict(plan.shapes), time.monotonic() - start, batch=batch_size_of(heldout[0]),
-                            resumed=bool(journal.replayed), heldout_sha256=feeds_digest(heldout[0]),
-                            load_avg=_load_avg(journal, replay_only, load_start))
+        result = TuneResult(
+            out,
+            label,
+            objective,
+            winner,
+            base_entry,
+            entries,
+            speedup(base_entry, winner, objective),
+            default_best,
+            reason,
+            _metrics(search.gate),
+            search.gate.gate.max_error if search.gate else 0.0,
+            facts,
+            dict(plan.shapes),
+            time.monotonic() - start,
+            batch=batch_size_of(heldout[0]),
+            resumed=bool(journal.replayed),
+            heldout_sha256=feeds_digest(heldout[0]),
+            load_avg=_load_avg(journal, replay_only, load_start),
+        )
         _write_outputs(result, path, _winner_model(worker, winner, path), heldout[0])
-        journal.append({"kind": "done", "winner": winner.candidate.id, "files": result.files,
-                        "load_avg": result.load_avg})
+        journal.append(
+            {"kind": "done", "winner": winner.candidate.id, "files": result.files, "load_avg": result.load_avg}
+        )
         sweep(out)  # a temp file too young to judge at the start is old enough now
         return result
     finally:
@@ -197,23 +279,28 @@ def _tune(model: str | os.PathLike | None, out: Path, budget_s: float, start: fl
 def check_out_dir(out: Path) -> Path:
     """Refuse an OUTDIR that is a file or cannot be written, before any work: exit 2, nothing written."""
     if out.exists() and not out.is_dir():
-        raise UsageError(f"Output folder '{out}' is a file, not a folder: tune writes model.onnx, profile.json, "
-                         "the reports and its journal into a folder. Give -o a folder path (it is created if "
-                         "missing).")
+        raise UsageError(
+            f"Output folder '{out}' is a file, not a folder: tune writes model.onnx, profile.json, "
+            "the reports and its journal into a folder. Give -o a folder path (it is created if "
+            "missing)."
+        )
     check_output_path(out / JOURNAL_NAME, "Tune journal", JOURNAL_NAME)
     return out
 
 
-def _gate(journal: Journal, out: Path, ref: str, references: list[Path], max_error: float | None,
-          metric: str | None) -> ModelGate:
+def _gate(
+    journal: Journal, out: Path, ref: str, references: list[Path], max_error: float | None, metric: str | None
+) -> ModelGate:
     """The gate on the default session's outputs: the worker's file in a fresh run, the copy kept in
     OUTDIR on resume (the run that wrote ``ref`` has deleted its scratch folder since)."""
     kept = journal.get(KEPT)
     path = kept_file(out, kept, "reference") if kept is not None else Path(ref)
     if not path.is_file():  # a journal from an ortpilot that kept nothing in OUTDIR
-        raise UsageError(f"Cannot resume the tune in '{out}': its journal points at the default session's outputs "
-                         f"in '{path}', which is gone (the run that wrote them has ended). Drop --resume to start "
-                         "the tune over, or choose another -o folder.")
+        raise UsageError(
+            f"Cannot resume the tune in '{out}': its journal points at the default session's outputs "
+            f"in '{path}', which is gone (the run that wrote them has ended). Drop --resume to start "
+            "the tune over, or choose another -o folder."
+        )
     references.append(path)
     gate = OutputGate(DEFAULT_MAX_ERROR if max_error is None else float(max_error), metric)
     return ModelGate.of(gate, SavedOutputs(), path)
@@ -248,9 +335,11 @@ def _winner_model(worker: WorkerClient, winner: Entry, source: Path) -> Path:
     except WorkerCrash as exc:
         result = {"status": "crashed", "error": str(exc)}
     if result.get("status") != "ok" or result.get("model_sha256") != winner.prepared.get("model_sha256"):
-        raise UsageError(f"The winner's model ({winner.candidate.label}) is gone from the model cache and "
-                         f"rebuilding it gave {'a different model' if result.get('status') == 'ok' else result.get('error')}"
-                         "; its measurements do not hold for the rebuild. Drop --resume to tune again.")
+        raise UsageError(
+            f"The winner's model ({winner.candidate.label}) is gone from the model cache and "
+            f"rebuilding it gave {'a different model' if result.get('status') == 'ok' else result.get('error')}"
+            "; its measurements do not hold for the rebuild. Drop --resume to tune again."
+        )
     return Path(result["model_path"])
 
 
@@ -287,9 +376,11 @@ def load_note(load_avg: Sequence[float], cores: int) -> str:
     """
     if not load_avg or load_avg[0] < cores * 0.75:
         return ""
-    return (f"the machine was busy when the tune started (load average {load_avg[0]:.1f} on {cores} "
-            "cores): latencies, and thread-count choices such as intra=1, reflect that load; re-tune on a quiet "
-            "machine before relying on them")
+    return (
+        f"the machine was busy when the tune started (load average {load_avg[0]:.1f} on {cores} "
+        "cores): latencies, and thread-count choices such as intra=1, reflect that load; re-tune on a quiet "
+        "machine before relying on them"
+    )
 
 
 def _model_path(model: str | os.PathLike | None) -> Path:
@@ -325,19 +416,24 @@ def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
         check_version(journal.path, header)
     if journal.replayed and (header is None or journal.get(KEPT) is None):
         # the gate would read the default session's outputs from a path the journal names
-        raise UsageError(f"The journal in '{out}' lacks its {'start' if header is None else 'kept'} record, which "
-                         "every resumable tune writes first; it was damaged or edited. Drop --resume to start over, "
-                         "or choose another -o folder.")
+        raise UsageError(
+            f"The journal in '{out}' lacks its {'start' if header is None else 'kept'} record, which "
+            "every resumable tune writes first; it was damaged or edited. Drop --resume to start over, "
+            "or choose another -o folder."
+        )
     if header is None:
         return
     differs = [k for k, v in config.items() if header.get(k) != v]
     if differs:
-        raise UsageError(f"The journal in '{out}' belongs to a different tune (it differs in: {', '.join(differs)}). "
-                         "Drop --resume to start over, or choose another -o folder.")
+        raise UsageError(
+            f"The journal in '{out}' belongs to a different tune (it differs in: {', '.join(differs)}). "
+            "Drop --resume to start over, or choose another -o folder."
+        )
 
 
-def _pick(finalists: list[Entry], base: Entry, objective: str, stand_in: Entry | None = None
-          ) -> tuple[Entry, bool, str]:
+def _pick(
+    finalists: list[Entry], base: Entry, objective: str, stand_in: Entry | None = None
+) -> tuple[Entry, bool, str]:
     """The finalist with the best interleaved figure; ORT's default unless the gain is outside noise.
 
     ``stand_in`` (ORT's default with its threads capped at the CPU budget) replaces ORT's default
@@ -346,16 +442,30 @@ def _pick(finalists: list[Entry], base: Entry, objective: str, stand_in: Entry |
     measured = [e for e in finalists if e.final] or [e for e in finalists if e.samples]
     best = min(measured, key=lambda e: cost(e.final or e.samples, objective))
     capped = stand_in is not None and stand_in.measured
-    why_capped = (f"; recorded with {stand_in.candidate.settings.intra_op_threads} intra-op thread(s), the CPUs "
-                  "this process may use (ORT's default starts more)") if capped else ""
+    why_capped = (
+        (
+            f"; recorded with {stand_in.candidate.settings.intra_op_threads} intra-op thread(s), the CPUs "
+            "this process may use (ORT's default starts more)"
+        )
+        if capped
+        else ""
+    )
     if best is base:
-        return (stand_in if capped else base), True, ("ORT's default session measured fastest of all candidates "
-                                                      "that passed the gate" + why_capped)
+        return (
+            (stand_in if capped else base),
+            True,
+            ("ORT's default session measured fastest of all candidates that passed the gate" + why_capped),
+        )
     gain = speedup(base, best, objective)
     if gain["ci_low"] <= 1.0:
-        return (stand_in if capped else base), True, (
-            f"the best alternative ({best.candidate.label}) is within noise of ORT's default "
-            f"({gain['ratio']:.2f}x, 95% CI {gain['ci_low']:.2f}-{gain['ci_high']:.2f})" + why_capped)
+        return (
+            (stand_in if capped else base),
+            True,
+            (
+                f"the best alternative ({best.candidate.label}) is within noise of ORT's default "
+                f"({gain['ratio']:.2f}x, 95% CI {gain['ci_low']:.2f}-{gain['ci_high']:.2f})" + why_capped
+            ),
+        )
     return best, False, ""
 
 
@@ -378,8 +488,12 @@ def _write_reference(out: Path, winner: Entry, feeds: Mapping[str, Any]) -> Path
         from ortpilot.tuning.worker import _outputs
 
         cand = winner.candidate
-        sess = load(str(out / MODEL_FILE), [(p["name"], p.get("options", {})) for p in cand.providers], "strict",
-                    settings=cand.settings)
+        sess = load(
+            str(out / MODEL_FILE),
+            [(p["name"], p.get("options", {})) for p in cand.providers],
+            "strict",
+            settings=cand.settings,
+        )
         outputs = dict(zip([o.name for o in sess.get_outputs()], _outputs(sess, feeds, cand.iobinding)))
     dest = out / REFERENCE_FILE
     with atomic_open(dest, "wb") as fh:
@@ -395,33 +509,58 @@ def _write_outputs(result: TuneResult, source: Path, built: Path, reference_feed
     winner = result.winner
     model_file = out / MODEL_FILE
     atomic_write_bytes(model_file, built.read_bytes())
-    latency = {"objective": result.objective, "winner": result.stats(winner), "baseline": result.stats(result.baseline),
-               "speedup_vs_default": result.speedup, "interleaved": bool(winner.final and result.baseline.final),
-               "load_avg": result.load_avg}
-    result.files = {"model": str(model_file), "profile": str(out / "profile.json"), "reference": str(out / REFERENCE_FILE),
-                    "report_html": str(out / "report.html"), "report_md": str(out / "report.md"),
-                    "journal": str(out / JOURNAL_NAME)}
+    latency = {
+        "objective": result.objective,
+        "winner": result.stats(winner),
+        "baseline": result.stats(result.baseline),
+        "speedup_vs_default": result.speedup,
+        "interleaved": bool(winner.final and result.baseline.final),
+        "load_avg": result.load_avg,
+    }
+    result.files = {
+        "model": str(model_file),
+        "profile": str(out / "profile.json"),
+        "reference": str(out / REFERENCE_FILE),
+        "report_html": str(out / "report.html"),
+        "report_md": str(out / "report.md"),
+        "journal": str(out / JOURNAL_NAME),
+    }
     write_reports(result)
     reference = _write_reference(out, winner, reference_feeds)
     settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
     optimized = _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
-    write_profile(out / "profile.json", model_file=model_file, providers=list(winner.candidate.providers),
-                  settings=settings.to_dict(), iobinding=winner.candidate.iobinding, machine=machine_facts(),
-                  passes=winner.prepared.get("passes") or [], accuracy=winner.accuracy or {}, latency=latency,
-                  extra={"candidate": winner.candidate.to_dict(),
-                         "reference_outputs": {"heldout_seed": HELDOUT_SEED, "inputs_sha256": result.heldout_sha256,
-                                               "sha256": winner.prepared.get("output_sha256") or {},
-                                               "file": reference.name},
-                         "source_model": {"path": str(source), "sha256": file_sha256(source)},
-                         "shapes": {k: list(v) for k, v in result.shapes.items()},
-                         "placement": winner.prepared.get("placement"), "default_best": result.default_best,
-                         **({"optimized_model": optimized} if optimized else {})})
+    write_profile(
+        out / "profile.json",
+        model_file=model_file,
+        providers=list(winner.candidate.providers),
+        settings=settings.to_dict(),
+        iobinding=winner.candidate.iobinding,
+        machine=machine_facts(),
+        passes=winner.prepared.get("passes") or [],
+        accuracy=winner.accuracy or {},
+        latency=latency,
+        extra={
+            "candidate": winner.candidate.to_dict(),
+            "reference_outputs": {
+                "heldout_seed": HELDOUT_SEED,
+                "inputs_sha256": result.heldout_sha256,
+                "sha256": winner.prepared.get("output_sha256") or {},
+                "file": reference.name,
+            },
+            "source_model": {"path": str(source), "sha256": file_sha256(source)},
+            "shapes": {k: list(v) for k, v in result.shapes.items()},
+            "placement": winner.prepared.get("placement"),
+            "default_best": result.default_best,
+            **({"optimized_model": optimized} if optimized else {}),
+        },
+    )
     if optimized:
         result.files["optimized_model"] = str(out / optimized["file"])
 
 
-def _write_optimized(out: Path, model_file: Path, providers: list[dict[str, Any]], settings: Any,
-                     reference: Path) -> dict[str, Any] | None:
+def _write_optimized(
+    out: Path, model_file: Path, providers: list[dict[str, Any]], settings: Any, reference: Path
+) -> dict[str, Any] | None:
     """The ORT-optimized winner for serving replicas (``tune.optimized``), checked on the reference sample."""
     from ortpilot.tuning.optimized import write_optimized_model
 

@@ -54,15 +54,24 @@ class LatencyCheck:
     @property
     def detail(self) -> str:
         floor = self.recorded / (1 + self.max_slowdown_pct / 100)
-        return (f"{self.ratio:.2f}x ORT's default here (95% CI {self.ci_low:.2f}-{self.ci_high:.2f}; p50 "
-                f"{self.profile_p50_ms:.3f} vs {self.default_p50_ms:.3f} ms), {self.recorded:.2f}x recorded; "
-                f"{'passes' if self.passed else 'fails'}: at least {floor:.2f}x allowed ({self.max_slowdown_pct:g}% "
-                "slowdown)")
+        return (
+            f"{self.ratio:.2f}x ORT's default here (95% CI {self.ci_low:.2f}-{self.ci_high:.2f}; p50 "
+            f"{self.profile_p50_ms:.3f} vs {self.default_p50_ms:.3f} ms), {self.recorded:.2f}x recorded; "
+            f"{'passes' if self.passed else 'fails'}: at least {floor:.2f}x allowed ({self.max_slowdown_pct:g}% "
+            "slowdown)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"recorded_speedup": self.recorded, "speedup": self.ratio, "ci95": [self.ci_low, self.ci_high],
-                "max_slowdown_pct": self.max_slowdown_pct, "default_p50_ms": self.default_p50_ms,
-                "profile_p50_ms": self.profile_p50_ms, "passed": self.passed, "detail": self.detail}
+        return {
+            "recorded_speedup": self.recorded,
+            "speedup": self.ratio,
+            "ci95": [self.ci_low, self.ci_high],
+            "max_slowdown_pct": self.max_slowdown_pct,
+            "default_p50_ms": self.default_p50_ms,
+            "profile_p50_ms": self.profile_p50_ms,
+            "passed": self.passed,
+            "detail": self.detail,
+        }
 
 
 @dataclass
@@ -74,8 +83,13 @@ class OutputCheck:
     error: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "passed": self.passed, "detail": self.detail, "metric": self.metric,
-                "error": self.error}
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "detail": self.detail,
+            "metric": self.metric,
+            "error": self.error,
+        }
 
 
 @dataclass
@@ -99,19 +113,27 @@ class ProfileVerification:
             return None
         if not all(o.passed for o in self.outputs):
             failed = "; ".join(f"{o.name}: {o.detail}" for o in self.outputs if not o.passed)
-            return VerificationError(f"Profile '{self.profile}' does not reproduce its reference outputs ({self.mode} "
-                                     f"check: {failed}). The model, ORT build or machine changed what it computes; "
-                                     "re-run 'ortpilot tune' here.")
-        return VerificationError(f"Profile '{self.profile}' is slower than it was tuned: {self.latency.detail}. "
-                                 "The machine, its load or the ORT build changed; re-run 'ortpilot tune' here.")
+            return VerificationError(
+                f"Profile '{self.profile}' does not reproduce its reference outputs ({self.mode} "
+                f"check: {failed}). The model, ORT build or machine changed what it computes; "
+                "re-run 'ortpilot tune' here."
+            )
+        return VerificationError(
+            f"Profile '{self.profile}' is slower than it was tuned: {self.latency.detail}. "
+            "The machine, its load or the ORT build changed; re-run 'ortpilot tune' here."
+        )
 
     def to_dict(self) -> dict[str, Any]:
         check = getattr(self.session, "machine_check", None)
-        return {"profile": self.profile, "passed": self.passed, "providers": self.session.providers,
-                "placement": self.session.placement.to_dict() if self.session.placement else None,
-                "machine": check.to_dict() if check else None,
-                "reference": {"mode": self.mode, "why": self.why, "outputs": [o.to_dict() for o in self.outputs]},
-                "latency": self.latency.to_dict() if self.latency else None}
+        return {
+            "profile": self.profile,
+            "passed": self.passed,
+            "providers": self.session.providers,
+            "placement": self.session.placement.to_dict() if self.session.placement else None,
+            "machine": check.to_dict() if check else None,
+            "reference": {"mode": self.mode, "why": self.why, "outputs": [o.to_dict() for o in self.outputs]},
+            "latency": self.latency.to_dict() if self.latency else None,
+        }
 
 
 def _run(session: VerifiedSession, feeds: dict[str, np.ndarray], iobinding: bool) -> dict[str, np.ndarray]:
@@ -127,9 +149,16 @@ def _run(session: VerifiedSession, feeds: dict[str, np.ndarray], iobinding: bool
     return dict(zip(names, binding.copy_outputs_to_cpu()))
 
 
-def verify_profile(path: str | os.PathLike, policy: str = "strict", *, accept_machine: bool = False,
-                   max_slowdown_pct: float | None = None, duration_s: float = LATENCY_DURATION_S,
-                   intra_op_threads: int | None = None, optimized: bool = False) -> ProfileVerification:
+def verify_profile(
+    path: str | os.PathLike,
+    policy: str = "strict",
+    *,
+    accept_machine: bool = False,
+    max_slowdown_pct: float | None = None,
+    duration_s: float = LATENCY_DURATION_S,
+    intra_op_threads: int | None = None,
+    optimized: bool = False,
+) -> ProfileVerification:
     """Load ``path`` with ``load_profile`` (its errors raise) and reproduce its reference outputs.
 
     The result says which check ran and whether each output held; ``result.failure()`` is the
@@ -150,30 +179,51 @@ def verify_profile(path: str | os.PathLike, policy: str = "strict", *, accept_ma
     return result
 
 
-def _verify_outputs(path: Path, policy: str, accept_machine: bool, intra_op_threads: int | None = None,
-                    optimized: bool = False) -> ProfileVerification:
-    session = load_profile(path, policy, accept_machine=accept_machine, intra_op_threads=intra_op_threads,
-                           optimized=optimized)
+def _verify_outputs(
+    path: Path, policy: str, accept_machine: bool, intra_op_threads: int | None = None, optimized: bool = False
+) -> ProfileVerification:
+    session = load_profile(
+        path, policy, accept_machine=accept_machine, intra_op_threads=intra_op_threads, optimized=optimized
+    )
     doc = session.profile
     reference = doc.get("reference_outputs") or {}
     file = path.parent / str(reference.get("file") or REFERENCE_FILE)
     if not reference or not file.is_file():
-        return ProfileVerification(str(path), session, "not checked", (
-            f"the profile keeps no reference sample ({file.name} is missing): only the environment was verified; "
-            "re-run 'ortpilot tune' to record one"))
+        return ProfileVerification(
+            str(path),
+            session,
+            "not checked",
+            (
+                f"the profile keeps no reference sample ({file.name} is missing): only the environment was verified; "
+                "re-run 'ortpilot tune' to record one"
+            ),
+        )
     inputs, recorded = read_reference(file)
     got = _run(session, session.check_feeds(inputs), bool(doc.get("iobinding")))
     check = session.machine_check
     same_ort = str((doc.get("onnxruntime") or {}).get("version")) == ort.__version__
     if check.same_kernels and same_ort:
         expected = reference.get("sha256") or {name: array_digest(value) for name, value in recorded.items()}
-        outputs = [OutputCheck(name, array_digest(got[name]) == digest if name in got else False,
-                               "identical bytes" if name in got and array_digest(got[name]) == digest
-                               else "differs from the recorded output")
-                   for name, digest in expected.items()]
-        result = ProfileVerification(str(path), session, "bit-exact", (
-            "same ORT version and the same kernels (CPU architecture, ISA flags, INT8 exactness) as the tune: "
-            "outputs must match bit for bit"), outputs)
+        outputs = [
+            OutputCheck(
+                name,
+                array_digest(got[name]) == digest if name in got else False,
+                "identical bytes"
+                if name in got and array_digest(got[name]) == digest
+                else "differs from the recorded output",
+            )
+            for name, digest in expected.items()
+        ]
+        result = ProfileVerification(
+            str(path),
+            session,
+            "bit-exact",
+            (
+                "same ORT version and the same kernels (CPU architecture, ISA flags, INT8 exactness) as the tune: "
+                "outputs must match bit for bit"
+            ),
+            outputs,
+        )
     else:
         accuracy = doc.get("accuracy") or {}
         limit = float(accuracy.get("max_error", 0.01))
@@ -186,18 +236,32 @@ def _verify_outputs(path: Path, policy: str, accept_machine: bool, intra_op_thre
             metric = metrics.get(name) or choose_metric(name, value.shape, value.dtype)
             error = metric_error(metric, [value], [got[name]])
             ok = math.isfinite(error) and error <= limit
-            outputs.append(OutputCheck(name, ok, f"{metric} error {error:.3g} {'<=' if ok else '>'} {limit:g}",
-                                       metric, float(error)))
-        why = ("another ORT version" if not same_ort else "other kernels than the tune's machine "
-               f"({check.recorded} vs {check.here})")
-        result = ProfileVerification(str(path), session, "tolerance", (
-            f"{why}: bit-exact outputs are not expected, so each output is held to the tune's gate "
-            f"(max error {limit:g}) against the recorded one"), outputs)
+            outputs.append(
+                OutputCheck(
+                    name, ok, f"{metric} error {error:.3g} {'<=' if ok else '>'} {limit:g}", metric, float(error)
+                )
+            )
+        why = (
+            "another ORT version"
+            if not same_ort
+            else f"other kernels than the tune's machine ({check.recorded} vs {check.here})"
+        )
+        result = ProfileVerification(
+            str(path),
+            session,
+            "tolerance",
+            (
+                f"{why}: bit-exact outputs are not expected, so each output is held to the tune's gate "
+                f"(max error {limit:g}) against the recorded one"
+            ),
+            outputs,
+        )
     return result
 
 
-def check_latency(session: VerifiedSession, path: Path, max_slowdown_pct: float,
-                  duration_s: float = LATENCY_DURATION_S) -> LatencyCheck:
+def check_latency(
+    session: VerifiedSession, path: Path, max_slowdown_pct: float, duration_s: float = LATENCY_DURATION_S
+) -> LatencyCheck:
     """Time the profile's session and ORT's default session on the source model, interleaved."""
     from ortpilot.measure.interleave import BenchConfig, bench_interleaved
     from ortpilot.modelio import file_sha256
@@ -206,27 +270,40 @@ def check_latency(session: VerifiedSession, path: Path, max_slowdown_pct: float,
     doc = session.profile
     recorded = ((doc.get("latency") or {}).get("speedup_vs_default") or {}).get("ratio")
     if not isinstance(recorded, (int, float)) or not recorded > 0:
-        raise UsageError(f"Profile '{path}' records no speedup over ORT's default (latency.speedup_vs_default), so "
-                         "--max-slowdown has nothing to hold it to; re-run 'ortpilot tune' to record one.")
+        raise UsageError(
+            f"Profile '{path}' records no speedup over ORT's default (latency.speedup_vs_default), so "
+            "--max-slowdown has nothing to hold it to; re-run 'ortpilot tune' to record one."
+        )
     source = Path(str((doc.get("source_model") or {}).get("path") or ""))
     if not source.is_file() or file_sha256(source) != (doc.get("source_model") or {}).get("sha256"):
-        raise UsageError(f"--max-slowdown times the profile against ORT's default session on the model it was tuned "
-                         f"from, and that model ('{source}') is missing here or changed. Copy it to that path, or "
-                         "verify without --max-slowdown.")
+        raise UsageError(
+            f"--max-slowdown times the profile against ORT's default session on the model it was tuned "
+            f"from, and that model ('{source}') is missing here or changed. Copy it to that path, or "
+            "verify without --max-slowdown."
+        )
     file = path.parent / str((doc.get("reference_outputs") or {}).get("file") or REFERENCE_FILE)
     if file.is_file():
         feeds = read_reference(file)[0]
     else:
         feeds = reference_feeds(doc)
     providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
-    configs = [BenchConfig("ORT default", str(source), ["CPUExecutionProvider"], SessionSettings(), feeds=feeds),
-               BenchConfig("profile", str(session.model_path), providers, session.settings, feeds=feeds,
-                           iobinding=bool(doc.get("iobinding")))]
+    configs = [
+        BenchConfig("ORT default", str(source), ["CPUExecutionProvider"], SessionSettings(), feeds=feeds),
+        BenchConfig(
+            "profile",
+            str(session.model_path),
+            providers,
+            session.settings,
+            feeds=feeds,
+            iobinding=bool(doc.get("iobinding")),
+        ),
+    ]
     comparison = bench_interleaved(configs, duration_s=duration_s, policy="strict")
     ratio = comparison.ratios[0]  # profile / default latency
     default, profile = (r.stats.p50 * 1e3 for r in comparison.results)
-    return LatencyCheck(float(recorded), 1 / ratio.ratio, 1 / ratio.ci_high, 1 / ratio.ci_low, max_slowdown_pct,
-                        default, profile)
+    return LatencyCheck(
+        float(recorded), 1 / ratio.ratio, 1 / ratio.ci_high, 1 / ratio.ci_low, max_slowdown_pct, default, profile
+    )
 
 
 __all__ = [

@@ -34,6 +34,7 @@ MAX_LIVE_SESSIONS = 6
 
 # --------------------------------------------------------------------------- child side
 
+
 class _Child:
     def __init__(self, scratch: Path) -> None:
         self.scratch = scratch
@@ -68,8 +69,13 @@ class _Child:
             return {"status": "skipped", "reason": str(exc)}
         build_s = time.perf_counter() - start
         start = time.perf_counter()
-        sess = load(str(path), [(p["name"], p.get("options", {})) for p in cand.providers], "strict",
-                    settings=cand.settings, shapes=self.shapes or None)
+        sess = load(
+            str(path),
+            [(p["name"], p.get("options", {})) for p in cand.providers],
+            "strict",
+            settings=cand.settings,
+            shapes=self.shapes or None,
+        )
         session_s = time.perf_counter() - start
         outputs = [_outputs(sess, feeds, cand.iobinding) for feeds in self.heldout]
         names = [o.name for o in sess.get_outputs()]
@@ -78,10 +84,20 @@ class _Child:
         np.savez(out_path, **arrays)
         # The timing loop is measure.bench's Runner, on this same session: later rounds reuse it.
         self._keep(cand.id, Runner(sess, name=cand.label, feeds=self.heldout[0], iobinding=cand.iobinding))
-        return {"status": "ok", "model_path": str(path), "model_sha256": sess.model_hash, "cache_hit": hit,
-                "passes": records, "build_s": build_s, "session_s": session_s, "providers": sess.providers,
-                "placement": sess.placement.counts if sess.placement else None, "outputs": str(out_path),
-                "output_names": names, "output_sha256": {n: array_digest(outputs[0][j]) for j, n in enumerate(names)}}
+        return {
+            "status": "ok",
+            "model_path": str(path),
+            "model_sha256": sess.model_hash,
+            "cache_hit": hit,
+            "passes": records,
+            "build_s": build_s,
+            "session_s": session_s,
+            "providers": sess.providers,
+            "placement": sess.placement.counts if sess.placement else None,
+            "outputs": str(out_path),
+            "output_names": names,
+            "output_sha256": {n: array_digest(outputs[0][j]) for j, n in enumerate(names)},
+        }
 
     def bench(self, data: Mapping[str, Any]) -> dict[str, Any]:
         cands = list(data["candidates"])
@@ -101,8 +117,11 @@ class _Child:
         for block in range(rounds):  # round-robin: a slow stretch of the machine hits every candidate
             for runner in runners.values():
                 runner.measure(runs=runs, round_id=block)
-        return {"status": "ok", "samples_s": {cid: r.samples[first[cid]:] for cid, r in runners.items()},
-                "blocks": {cid: r.rounds[first[cid]:] for cid, r in runners.items()}}
+        return {
+            "status": "ok",
+            "samples_s": {cid: r.samples[first[cid] :] for cid, r in runners.items()},
+            "blocks": {cid: r.rounds[first[cid] :] for cid, r in runners.items()},
+        }
 
     def rank(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """Dynamic-INT8 sensitivity of each weighted node of the model ``passes`` build."""
@@ -112,10 +131,14 @@ class _Child:
         # The prepared model: the very graph (and node names) the quantize step will see; cached,
         # so the follow-up candidate's build starts from it.
         path, _, _ = build_model(self.source, [*data.get("passes", ()), {"pass": "prepare"}], self.calibration)
-        ranking = rank_dynamic(path, self.calibration, op_types=list(data.get("op_types") or ()) or
-                               ("MatMul", "Attention"), per_channel=bool(data.get("per_channel", True)),
-                               reduce_range=bool(data.get("reduce_range", False)),
-                               weight_type=str(data.get("weight_type", "qint8")))
+        ranking = rank_dynamic(
+            path,
+            self.calibration,
+            op_types=list(data.get("op_types") or ()) or ("MatMul", "Attention"),
+            per_channel=bool(data.get("per_channel", True)),
+            reduce_range=bool(data.get("reduce_range", False)),
+            weight_type=str(data.get("weight_type", "qint8")),
+        )
         return {"status": "ok", "ranking": ranking}
 
     def _keep(self, cid: str, runner: Any) -> None:
@@ -182,8 +205,12 @@ def main(argv: list[str]) -> int:
                 exc = storage_error(exc, getattr(exc, "filename", None) or child.scratch)
 
             kind = type(exc).__name__
-            result = {"status": "failed", "error": f"{kind}: {str(exc).strip().splitlines()[0] if str(exc).strip() else kind}",
-                      "verification": isinstance(exc, OrtpilotError), "errno": _environmental_errno(exc)}
+            result = {
+                "status": "failed",
+                "error": f"{kind}: {str(exc).strip().splitlines()[0] if str(exc).strip() else kind}",
+                "verification": isinstance(exc, OrtpilotError),
+                "errno": _environmental_errno(exc),
+            }
         resp.write(json.dumps(result) + "\n")
     return 0
 
@@ -197,6 +224,7 @@ def _environmental_errno(exc: BaseException) -> int | None:
 
 
 # --------------------------------------------------------------------------- parent side
+
 
 class WorkerCrash(Exception):
     """The child died (signal or exit) or timed out while handling one request."""
@@ -234,9 +262,13 @@ class WorkerClient:
     def _start(self) -> subprocess.Popen:
         with open(self.log_path, "ab") as log:
             # spawn records the child in self.proc before an interrupt that came meanwhile is raised
-            return spawn([sys.executable, "-m", "ortpilot.tuning.worker", str(self.scratch)],
-                         lambda proc: setattr(self, "proc", proc), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=log)
+            return spawn(
+                [sys.executable, "-m", "ortpilot.tuning.worker", str(self.scratch)],
+                lambda proc: setattr(self, "proc", proc),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )
 
     def request(self, op: str, data: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
         self.busy = True
