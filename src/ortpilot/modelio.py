@@ -13,6 +13,7 @@ from pathlib import Path
 import onnx
 
 from ortpilot.errors import ModelLoadError
+from ortpilot.walk import subgraphs
 
 # IR version and default opset that every ORT ortpilot supports can read. onnx 1.23 writes
 # IR 14 by default, which ORT 1.24 (the onnxruntime-openvino build) refuses.
@@ -227,10 +228,8 @@ def _node_tensors(node: onnx.NodeProto):
         if attr.HasField("t"):
             yield attr.t
         yield from attr.tensors
-        if attr.HasField("g"):
-            yield from _graph_tensors(attr.g)
-        for sub in attr.graphs:
-            yield from _graph_tensors(sub)
+    for _, sub in subgraphs(node):
+        yield from _graph_tensors(sub)
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -27,8 +27,9 @@ from ortpilot.cli.common import (
     stdout,
 )
 from ortpilot.errors import UsageError
+from ortpilot.session.options import LEVEL_NAMES
 
-LEVELS = ["disable", "basic", "extended", "layout", "all"]
+LEVELS = list(LEVEL_NAMES)
 
 
 def _knobs(base: bool) -> list[Callable]:

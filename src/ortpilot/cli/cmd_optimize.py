@@ -19,6 +19,7 @@ from ortpilot.cli.common import (
     resolve_model_arg,
     stdout,
 )
+from ortpilot.session.options import LEVEL_NAMES
 
 
 @click.command("optimize")
@@ -27,7 +28,7 @@ from ortpilot.cli.common import (
 @click.option("-o", "--output", required=True, help="Where to write the optimized model (.onnx).")
 @click.option(
     "--level",
-    type=click.Choice(["disable", "basic", "extended", "layout", "all"]),
+    type=click.Choice(LEVEL_NAMES),
     default="all",
     show_default=True,
     help="ORT graph optimization level.",

@@ -19,6 +19,7 @@ from ortpilot.cli.common import (
     stderr,
     stdout,
 )
+from ortpilot.session.options import LEVEL_NAMES
 
 
 @click.command("run")
@@ -40,7 +41,7 @@ from ortpilot.cli.common import (
 )
 @click.option(
     "--level",
-    type=click.Choice(["disable", "basic", "extended", "layout", "all"]),
+    type=click.Choice(LEVEL_NAMES),
     default="all",
     show_default=True,
     help="ORT graph optimization level.",

@@ -24,6 +24,7 @@ import numpy as np
 
 from ortpilot.errors import UsageError
 from ortpilot.gate.result import Check, GateResult
+from ortpilot.graph.feeds import read_samples
 from ortpilot.measure.compare import METRIC_DESCRIPTIONS, choose_metric, compare_runs, metric_error, run_samples
 
 DEFAULT_MAX_ERROR = 0.01
@@ -128,12 +129,8 @@ class SavedOutputs:
 
 def read_outputs(path: str | Path) -> dict[str, list[np.ndarray]]:
     """``{i}/{name}`` arrays from the worker's npz into name -> one array per sample."""
-    per: dict[str, dict[int, np.ndarray]] = {}
-    with np.load(path) as data:
-        for key in data.files:
-            index, _, name = key.partition("/")
-            per.setdefault(name, {})[int(index)] = data[key]
-    return {name: [by_index[i] for i in sorted(by_index)] for name, by_index in per.items()}
+    samples = read_samples(path)
+    return {name: [sample[name] for sample in samples] for name in (samples[0] if samples else {})}
 
 
 def describe(metric: str) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from ortpilot.errors import ModelLoadError
+from ortpilot.walk import subgraphs
 
 # One Einsum term: letters with at most one "..." (ONNX Einsum grammar, spaces removed first).
 _TERM = re.compile(r"[A-Za-z]*(\.\.\.)?[A-Za-z]*")
@@ -130,7 +131,7 @@ def _check_edges(graph: onnx.GraphProto, outer: set[str], where: str) -> tuple[l
     deps: list[set[int]] = []
     for node in graph.node:
         needed = [name for name in node.input if name]
-        for attr_name, sub in _subgraphs(node):
+        for attr_name, sub in subgraphs(node):
             _, free = _check_edges(sub, visible, f"{where} > node {_describe(node)} attribute '{attr_name}'")
             needed.extend(sorted(free))
         mine: set[int] = set()
@@ -231,19 +232,11 @@ def _run_checker(model: onnx.ModelProto, result: GraphCheck) -> None:
         ) from None
 
 
-def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH or attr.HasField("g"):
-            yield attr.name, attr.g
-        for sub in attr.graphs:
-            yield attr.name, sub
-
-
 def _all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
     def walk(nodes) -> Iterator[onnx.NodeProto]:
         for node in nodes:
             yield node
-            for _, sub in _subgraphs(node):
+            for _, sub in subgraphs(node):
                 yield from walk(sub.node)
 
     yield from walk(model.graph.node)

@@ -256,6 +256,22 @@ def read_npz(path: str | Path, what: str = "Input file") -> dict[str, np.ndarray
         raise InputError(f"{what} '{path}' is not a readable .npz ({type(exc).__name__}: {str(exc)[:200]}).") from None
 
 
+def read_samples(path: str | Path) -> list[dict[str, np.ndarray]]:
+    """Samples saved as ``{i}/{name}`` arrays in one npz (:func:`samples_to_arrays`), in order; none if absent."""
+    if not Path(path).is_file():
+        return []
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for key, value in read_npz(path, "Sample file").items():
+        index, _, name = key.partition("/")
+        out.setdefault(int(index), {})[name] = value
+    return [out[i] for i in sorted(out)]
+
+
+def samples_to_arrays(samples: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The ``{i}/{name}`` arrays of one npz holding ``samples`` (what :func:`read_samples` reads back)."""
+    return {f"{i}/{name}": value for i, feeds in enumerate(samples) for name, value in feeds.items()}
+
+
 def batch_size_of(feeds: Mapping[str, np.ndarray]) -> int:
     """Items per inference for throughput: the first dim of the first input with rank >= 2."""
     for value in feeds.values():

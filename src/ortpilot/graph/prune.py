@@ -13,14 +13,15 @@ from functools import cache
 
 import onnx
 
+from ortpilot.walk import subgraphs
+
 
 def reads(node: onnx.NodeProto) -> set[str]:
     """Names a node reads, including those its subgraphs (If/Loop/Scan bodies) take from outside."""
     names = {i for i in node.input if i}
-    for attr in node.attribute:
-        for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
-            for inner in graph.node:
-                names |= reads(inner)
+    for _, graph in subgraphs(node):
+        for inner in graph.node:
+            names |= reads(inner)
     return names
 
 

@@ -18,6 +18,7 @@ import onnx
 
 from ortpilot.graph.flops import flops_by_op_type, node_flops
 from ortpilot.graph.shapes import graph_inputs, resolve_input_shapes
+from ortpilot.walk import graphs
 
 DEFAULT_DOMAIN = "ai.onnx"
 
@@ -102,23 +103,17 @@ def _tensor_infos(values) -> list[TensorInfo]:
 
 def iter_subgraph_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     """Nodes inside If/Loop/Scan bodies, at any depth (not the top-level ones)."""
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from sub.node
-                yield from iter_subgraph_nodes(sub)
+    for body in list(graphs(graph))[1:]:
+        yield from body.node
 
 
 def _all_initializers(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    yield from model.graph.initializer
-    for node in [*model.graph.node, *iter_subgraph_nodes(model.graph)]:
-        if node.op_type == "Constant":
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    yield attr.t
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from attr.g.initializer
+    """Initializers and Constant tensors of the graph and of every body nested in it."""
+    for graph in graphs(model.graph):
+        yield from graph.initializer
+        for node in graph.node:
+            if node.op_type == "Constant":
+                yield from (attr.t for attr in node.attribute if attr.HasField("t"))
 
 
 def parameter_stats(model: onnx.ModelProto) -> dict[str, int]:

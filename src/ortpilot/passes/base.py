@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path, sav
 from ortpilot.artifacts.stamp import make_stamp, write_stamp
 from ortpilot.modelio import file_sha256, load_model, set_ir_for_running_ort
 from ortpilot.providers.names import resolve_providers
+from ortpilot.walk import graphs, nodes
 
 log = logging.getLogger("ortpilot")
 ModelLike = str | os.PathLike | onnx.ModelProto
@@ -92,44 +93,21 @@ class SourceModel:
         return self.size
 
 
-def iter_nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
-    """Every node, subgraphs (If/Loop/Scan bodies) included."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from iter_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from iter_nodes(sub)
-
-
 def op_histogram(model: onnx.ModelProto) -> Counter:
-    return Counter(n.op_type for n in iter_nodes(model.graph))
+    return Counter(n.op_type for n in nodes(model.graph))
 
 
 def quantized_node_count(model: onnx.ModelProto) -> int:
     """Compute nodes that run quantized: QOperator/integer ops, plus float ops fed by a DequantizeLinear
     (QDQ format, where ORT fuses DQ -> op -> Q into the integer kernel)."""
     count = 0
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         producers = {out: n.op_type for n in graph.node for out in n.output}
         for node in graph.node:
             fed_by_dq = node.op_type not in QDQ_OPS and any(producers.get(i) == "DequantizeLinear" for i in node.input)
             if node.op_type in QUANT_OPS or fed_by_dq:
                 count += 1
     return count
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _graphs(sub)
 
 
 @dataclass
@@ -325,7 +303,7 @@ def _byte_size(model: onnx.ModelProto) -> int:
     try:
         return model.ByteSize()
     except EncodeError:
-        return sum(len(t.raw_data) for graph in _graphs(model.graph) for t in graph.initializer)
+        return sum(len(t.raw_data) for graph in graphs(model.graph) for t in graph.initializer)
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -393,7 +371,6 @@ __all__ = [
     "Pipeline",
     "PipelineResult",
     "SourceModel",
-    "iter_nodes",
     "op_histogram",
     "quantized_node_count",
 ]

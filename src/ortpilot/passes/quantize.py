@@ -27,8 +27,9 @@ from onnx import numpy_helper
 
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import UsageError
-from ortpilot.passes.base import Outcome, Pass, SourceModel, _graphs, op_histogram, quantized_node_count
+from ortpilot.passes.base import Outcome, Pass, SourceModel, op_histogram, quantized_node_count
 from ortpilot.session.ortlog import capture_ort_output
+from ortpilot.walk import graphs
 
 log = logging.getLogger("ortpilot")
 MODES = ("dynamic", "static", "qdq", "full")
@@ -116,7 +117,7 @@ def _constant_array(node: onnx.NodeProto) -> np.ndarray | None:
 def constants_to_initializers(model: onnx.ModelProto) -> int:
     """Turn ``Constant`` nodes into initializers of their graph (subgraphs too), in place; return how many."""
     converted = 0
-    for graph in list(_graphs(model.graph)):
+    for graph in list(graphs(model.graph)):
         keep = []
         for node in graph.node:
             value = _constant_array(node) if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
@@ -133,9 +134,9 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
 
 def name_nodes(model: onnx.ModelProto) -> int:
     """Give every unnamed node a unique name (the quantizer excludes nodes by name)."""
-    taken = {n.name for g in _graphs(model.graph) for n in g.node if n.name}
+    taken = {n.name for g in graphs(model.graph) for n in g.node if n.name}
     named = 0
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         for i, node in enumerate(graph.node):
             if not node.name:
                 base = f"{node.op_type}_{i}"
@@ -368,7 +369,7 @@ class QuantizePass(Pass):
             src, dst = Path(tmp) / "float.onnx", Path(tmp) / "quant.onnx"
             onnx.save(model, str(src))
             with capture_ort_output() as captured:
-                self._quantize(src, dst, sum(1 for _ in _graphs(model.graph)) > 1)
+                self._quantize(src, dst, sum(1 for _ in graphs(model.graph)) > 1)
             for line in captured.log_lines + captured.warnings:
                 log.debug("quantizer: %s", line)
             quantized = onnx.load(str(dst))

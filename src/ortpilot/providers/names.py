@@ -12,7 +12,7 @@ from typing import Any, Union
 
 from ortpilot.errors import ProviderError
 from ortpilot.providers.defaults import apply_provider_defaults
-from ortpilot.providers.spec import PROVIDER_ALIASES, SHORT_NAMES, ProviderSpec
+from ortpilot.providers.spec import EP_LIBRARY_OPTION, PROVIDER_ALIASES, SHORT_NAMES, ProviderSpec, short_name
 
 ProviderLike = Union[str, "ProviderSpec", tuple, Mapping[str, Any]]
 
@@ -120,3 +120,18 @@ def resolve_providers(
     if apply_defaults:
         specs = apply_provider_defaults(specs)
     return specs
+
+
+# The provider record and its names table live in ``providers.spec``; they are part of this module's surface.
+__all__ = [
+    "EP_LIBRARY_OPTION",
+    "PROVIDER_ALIASES",
+    "SHORT_NAMES",
+    "ProviderLike",
+    "ProviderSpec",
+    "canonical_name",
+    "known_provider_names",
+    "parse_provider_arg",
+    "resolve_providers",
+    "short_name",
+]

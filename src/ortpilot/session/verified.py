@@ -30,7 +30,7 @@ from ortpilot.providers.names import EP_LIBRARY_OPTION, ProviderLike, ProviderSp
 from ortpilot.providers.plugins import ep_devices, plugin_for_ep, register_plugin
 from ortpilot.session.fallback import Fallback, apply_policy, check_policy, fix_for
 from ortpilot.session.isolate import preflight_in_child
-from ortpilot.session.options import SessionSettings
+from ortpilot.session.options import LEVEL_NAMES, SessionSettings
 from ortpilot.session.ortlog import capture_ort_output
 from ortpilot.session.placement import (
     RECORD_ASSIGNMENT_KEY,
@@ -243,8 +243,7 @@ def effective_settings(settings: SessionSettings, chain: list[ProviderSpec]) -> 
     for override in session_overrides(chain):
         current = data.get(override.setting)
         if override.setting == "level":
-            order = ["disable", "basic", "extended", "layout", "all"]
-            if order.index(current) > order.index(str(override.value)):
+            if LEVEL_NAMES.index(current) > LEVEL_NAMES.index(str(override.value)):
                 log.info(
                     "%s: lowering optimization level to %s: %s", override.provider, override.value, override.reason
                 )

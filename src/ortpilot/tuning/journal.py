@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -274,9 +274,6 @@ class Journal:
     def get(self, kind: str, cid: str = "", stage: str = "") -> dict[str, Any] | None:
         return self._done.get((kind, cid, stage))
 
-    def header(self) -> dict[str, Any] | None:
-        return self.get("start")
-
     def append(self, record: dict[str, Any]) -> dict[str, Any]:
         line = (json.dumps(record, default=str) + "\n").encode()
         if self._fh is None:
@@ -285,9 +282,6 @@ class Journal:
             self._write(line)
         self._done[self.key(record)] = record
         return record
-
-    def records(self) -> Iterator[dict[str, Any]]:
-        return iter(read_journal(self.path))
 
     def close(self) -> None:
         if self._fh is not None:

@@ -361,13 +361,3 @@ def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
 
 def _dynamic_int8(step: Step) -> bool:
     return isinstance(step.spec, QuantizePass) and step.spec.mode == "dynamic"
-
-
-RULES = (
-    "parallel execution mode needs inter-op threads > 1",
-    "intra-op threads never exceed the cores this process may use",
-    "dynamic INT8 only on the CPU EP (its integer kernels)",
-    "fusion only where a transformer pattern is detected",
-    "a fused variant is dropped once fusion alone finds nothing to fuse",
-    "layers are left in float only for a dynamic INT8 variant that missed the gate by a little",
-)

@@ -26,7 +26,7 @@ from ortpilot.artifacts.store import ModelStore, cache_key
 from ortpilot.modelio import file_sha256
 from ortpilot.passes.base import Pipeline
 from ortpilot.passes.decoder_fusion import FusionIncompleteError
-from ortpilot.passes.fusion import FusionPass, detect_model_type
+from ortpilot.passes.fusion import FusionPass
 from ortpilot.passes.quantize import NothingQuantizedError
 from ortpilot.passes.registry import Step
 
@@ -123,11 +123,6 @@ def build_model(
         hit_all = hit_all and hit
         current = path
     return current, records, hit_all
-
-
-def detect_transformer(model: onnx.ModelProto) -> str | None:
-    """The ``onnxruntime.transformers`` model type worth trying (``passes.fusion``'s detection)."""
-    return detect_model_type(model)[0]
 
 
 # --------------------------------------------------------------------------- attention shape

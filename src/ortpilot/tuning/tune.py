@@ -29,7 +29,7 @@ from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
-from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds
+from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds, read_samples
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.measure.stats import summarize
 from ortpilot.modelio import file_sha256, load_model
@@ -481,8 +481,8 @@ def _write_reference(out: Path, winner: Entry, feeds: Mapping[str, Any]) -> Path
     outputs: dict[str, Any] = {}
     saved = Path(str(winner.prepared.get("outputs") or ""))
     if names and saved.is_file():
-        with np.load(saved) as data:
-            outputs = {name: data[f"0/{name}"] for name in names if f"0/{name}" in data.files}
+        first = (read_samples(saved) or [{}])[0]
+        outputs = {name: first[name] for name in names if name in first}
     if not names or len(outputs) != len(names):
         from ortpilot.session import load
         from ortpilot.tuning.worker import _outputs

@@ -49,6 +49,7 @@ class _Child:
     def prepare(self, data: Mapping[str, Any]) -> dict[str, Any]:
         import numpy as np
 
+        from ortpilot.graph.feeds import samples_to_arrays
         from ortpilot.measure.bench import Runner
         from ortpilot.session import load
         from ortpilot.tuning.candidate import Candidate
@@ -79,9 +80,8 @@ class _Child:
         session_s = time.perf_counter() - start
         outputs = [_outputs(sess, feeds, cand.iobinding) for feeds in self.heldout]
         names = [o.name for o in sess.get_outputs()]
-        arrays = {f"{i}/{n}": outputs[i][j] for i in range(len(outputs)) for j, n in enumerate(names)}
         out_path = self.scratch / "outputs" / f"{cand.id}.npz"
-        np.savez(out_path, **arrays)
+        np.savez(out_path, **samples_to_arrays([dict(zip(names, values)) for values in outputs]))
         # The timing loop is measure.bench's Runner, on this same session: later rounds reuse it.
         self._keep(cand.id, Runner(sess, name=cand.label, feeds=self.heldout[0], iobinding=cand.iobinding))
         return {
@@ -162,26 +162,20 @@ def _outputs(sess: Any, feeds: Mapping[str, Any], iobinding: bool) -> list[Any]:
 
 
 def load_samples(path: Path) -> list[dict[str, Any]]:
-    """Samples saved as ``{i}/{input}`` arrays in one npz."""
-    import numpy as np
+    """Samples saved as ``{i}/{input}`` arrays in one npz (``graph.feeds.read_samples``)."""
+    from ortpilot.graph.feeds import read_samples
 
-    if not path.is_file():
-        return []
-    out: dict[int, dict[str, Any]] = {}
-    with np.load(path) as data:
-        for key in data.files:
-            index, _, name = key.partition("/")
-            out.setdefault(int(index), {})[name] = data[key]
-    return [out[i] for i in sorted(out)]
+    return read_samples(path)
 
 
 def save_samples(path: Path, samples: list[Mapping[str, Any]]) -> None:
     import numpy as np
 
     from ortpilot.artifacts.atomic import atomic_open
+    from ortpilot.graph.feeds import samples_to_arrays
 
     with atomic_open(path, "wb") as fh:
-        np.savez(fh, **{f"{i}/{name}": value for i, feeds in enumerate(samples) for name, value in feeds.items()})
+        np.savez(fh, **samples_to_arrays(samples))
 
 
 def main(argv: list[str]) -> int:
