@@ -16,6 +16,7 @@ from ortpilot.cli.main import cli
 from ortpilot.providers.cpuisa import KERNEL_FLAGS
 from ortpilot.providers.machine import machine_facts
 from ortpilot.session import load
+from ortpilot.tuning.report import table_rows
 from ortpilot.tuning.verify import verify_profile
 
 
@@ -74,6 +75,8 @@ def test_every_ratio_says_whether_it_is_interleaved_or_a_search_estimate(tuned):
         assert c["vs_default"]["ratio"] == pytest.approx(expected)
         assert f"~{expected:.2f}x est." in report
     assert "search-phase estimate" in said and "search-phase estimate" in report
+    shown = table_rows(doc)  # the terminal table always holds the two rows the headline compares
+    assert {doc["winner"]["id"], doc["baseline"]["id"]} <= {c["id"] for c in shown} and len(shown) <= 6
 
 
 @pytest.mark.parametrize(

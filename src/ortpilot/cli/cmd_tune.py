@@ -162,13 +162,13 @@ class _ProgressView:
 def render_summary(doc: dict) -> None:
     from rich.table import Table
 
-    from ortpilot.tuning.report import RATIO_NOTE, gate_line, gate_warning_line, headline, ranked_candidates, ratio_cell
+    from ortpilot.tuning.report import RATIO_NOTE, gate_line, gate_warning_line, headline, ratio_cell, table_rows
 
     stderr.print(escape(gate_line(doc)), highlight=False)
     table = Table(title=f"Top candidates ({doc['objective']}, ORT {doc['onnxruntime']})", caption=escape(RATIO_NOTE))
     for col in ("candidate", "p50 ms", "p99 ms", "p50 95% CI", "error", "p50 vs default"):
         table.add_column(col)
-    shown = [c for c in ranked_candidates(doc) if c["status"] == "ok"][:6]
+    shown = table_rows(doc)
     for c in shown:
         lat = c.get("latency") or c.get("screen_latency") or {}
         ci = lat.get("median_ci95_ms")

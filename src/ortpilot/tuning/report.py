@@ -50,6 +50,16 @@ def ranked_candidates(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(ok, key=lambda c: _lat(c).get("p50_ms", math.inf)) + rest
 
 
+def table_rows(doc: dict[str, Any], count: int = 6) -> list[dict[str, Any]]:
+    """The terminal table's rows: the fastest passing candidates, always with the profile's winner and ORT's
+    default among them (the two the headline compares), in ranked order."""
+    ok = [c for c in ranked_candidates(doc) if c["status"] == "ok"]
+    must = {doc["winner"]["id"], doc["baseline"]["id"]}
+    others = [c for c in ok if c["id"] not in must][: max(0, count - len(must))]
+    keep = must | {c["id"] for c in others}
+    return [c for c in ok if c["id"] in keep]
+
+
 def int8_lines(doc: dict[str, Any]) -> list[str]:
     """Which INT8 rule this CPU got, and why each INT8 variant is in the space (empty when quantization was off)."""
     rule = doc["facts"].get("int8_rule")
