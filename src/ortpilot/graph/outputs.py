@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ortpilot.graph.shapes import InputInfo, graph_inputs
+from ortpilot.graph.shapes import InputInfo, graph_inputs, value_dims
 
 # Ops that hand a value on without computing a new one: the producer is looked for behind them.
 PASSTHROUGH_OPS = frozenset(
@@ -91,21 +91,6 @@ def _dtype(elem_type: int) -> np.dtype | None:
         return None
 
 
-def _dims(value: onnx.ValueInfoProto) -> Dims | None:
-    ttype = value.type.tensor_type
-    if not value.type.HasField("tensor_type") or not ttype.HasField("shape"):
-        return None
-    out: list[int | str | None] = []
-    for d in ttype.shape.dim:
-        if d.HasField("dim_value"):
-            out.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param:
-            out.append(d.dim_param)
-        else:
-            out.append(None)
-    return tuple(out)
-
-
 def _opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
 
@@ -116,7 +101,7 @@ def _inferred_dims(model: onnx.ModelProto) -> dict[str, Dims | None]:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # onnx raises several error types for graphs it cannot follow
         return {}
-    return {o.name: _dims(o) for o in inferred.graph.output}
+    return {o.name: value_dims(o) for o in inferred.graph.output}
 
 
 def _normalizes_last_axis(node: onnx.NodeProto, rank: int | None, opset: int, via: Sequence[str]) -> bool | None:
@@ -131,7 +116,7 @@ def _normalizes_last_axis(node: onnx.NodeProto, rank: int | None, opset: int, vi
 def output_facts(model: onnx.ModelProto) -> list[OutputFacts]:
     """Every graph output, in order, with its dtype, dims and producing op (see the module docstring)."""
     producers = {out: node for node in model.graph.node for out in node.output if out}
-    declared = {o.name: _dims(o) for o in model.graph.output}
+    declared = {o.name: value_dims(o) for o in model.graph.output}
     if any(d is None for d in declared.values()):
         declared.update({k: v for k, v in _inferred_dims(model).items() if declared.get(k) is None})
     opset = _opset(model)
