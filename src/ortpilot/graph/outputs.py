@@ -97,6 +97,10 @@ def _opset(model: onnx.ModelProto) -> int:
 
 def _inferred_dims(model: onnx.ModelProto) -> dict[str, Dims | None]:
     """Output dims from onnx's shape inference, for outputs the graph declares without a shape."""
+    from ortpilot.graph.check import malformed_einsums
+
+    if malformed_einsums(model):  # onnx's Einsum inference can loop forever on these (graph.flops)
+        return {}
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # onnx raises several error types for graphs it cannot follow
