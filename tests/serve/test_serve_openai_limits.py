@@ -59,6 +59,14 @@ def _wait(server: OpenAIServer, check, timeout: float = 60.0) -> dict:
     raise AssertionError(f"condition not met; last state {info}")
 
 
+def _wait_opened(opened: list, count: int, timeout: float = 60.0) -> None:
+    """Until ``count`` held requests have their first chunks (the server admits a request before its client reads)."""
+    deadline = time.monotonic() + timeout
+    while len(opened) < count:
+        assert time.monotonic() < deadline, f"{len(opened)} of {count} streams opened"
+        time.sleep(0.02)
+
+
 def _hold(server: OpenAIServer, prompt: str, opened: list) -> threading.Thread:
     """A streamed request that reads two chunks, then waits with the connection open until closed."""
 
@@ -68,9 +76,9 @@ def _hold(server: OpenAIServer, prompt: str, opened: list) -> threading.Thread:
             httpx.Client(timeout=120) as http,
             http.stream("POST", f"{server.base_url}/completions", json=body) as response,
         ):
-            opened.append(response)
             lines = response.iter_lines()
             next(lines), next(lines)
+            opened.append(response)  # streaming now: the server holds a slot for it
             while not getattr(response, "release", False):
                 time.sleep(0.02)
 
@@ -82,6 +90,7 @@ def _hold(server: OpenAIServer, prompt: str, opened: list) -> threading.Thread:
 def test_disconnect_frees_the_slot_within_one_step(slow_server: OpenAIServer) -> None:
     opened: list = []
     thread = _hold(slow_server, "a client that goes away", opened)
+    _wait_opened(opened, 1)
     _wait(slow_server, lambda i: i["pending"] == 1)
     opened[0].release = True  # the client closes the connection mid-stream
     thread.join(30)
@@ -94,6 +103,7 @@ def test_disconnect_frees_the_slot_within_one_step(slow_server: OpenAIServer) ->
 def test_full_queue_gets_429_with_retry_after(slow_server: OpenAIServer) -> None:
     opened: list = []
     threads = [_hold(slow_server, f"request {i}", opened) for i in range(2)]
+    _wait_opened(opened, 2)
     _wait(slow_server, lambda i: i["pending"] == 2)
     queued = threading.Thread(
         target=lambda: httpx.post(
