@@ -122,7 +122,9 @@ def test_quantize_qdq_calibrates_a_cnn_from_images(cnn_folder, tmp_path):
     assert doc["calibration_data"]["source"] == "images" and doc["calibration_data"]["samples"] == 6
     assert doc["gate_data"]["samples"] == 2 and doc["gate"]["samples"] == 2 and doc["gate_data"]["total"] == 8
     human = _invoke("quantize", cnn_folder, "--mode", "qdq", "--calibration-images", pics, "-o", out)
-    assert human.exit_code == 0 and "gated on 2 real samples (images, pics)" in " ".join(human.output.split())
+    flat = " ".join(human.output.split())
+    assert human.exit_code == 0 and "gated on 2 real samples (images, pics)" in flat
+    assert "6 of 8 samples calibrate, 2 held out for the gate" in flat
 
 
 def test_quantize_a_bare_cnn_from_images_by_arguments(demo_paths, tmp_path):

@@ -203,15 +203,15 @@ def command(
 
 
 def _render_int8(report) -> None:
-    from ortpilot.data import gate_phrase
-
     render_record(report.record)
     render_comparison(report.gate.comparison)
     calibrated = report.calibration_data or {}
-    if calibrated.get("samples"):
+    if calibrated.get("samples") and calibrated.get("source") != "synthetic":
         stderr.print(
             escape(
-                f"calibrated on {calibrated['samples']} {calibrated['source']} samples; {gate_phrase(report.gate_data)}"
+                f"{calibrated['source']} from {calibrated['path']}: {calibrated['samples']} of "
+                f"{calibrated.get('total', calibrated['samples'])} samples calibrate, "
+                f"{report.gate_data.get('samples')} held out for the gate (never calibrated on)"
             ),
             highlight=False,
         )
@@ -227,6 +227,8 @@ def _render_int8(report) -> None:
             "[bold yellow]warning:[/] accuracy was measured on synthetic inputs; pass --calibration-text, "
             "--calibration-images or --calibration with real samples."
         )
+    from ortpilot.data import gate_phrase
+
     gated = gate_phrase(report.gate_data)
     stdout.print(
         f"[bold green]wrote[/] {escape(f'{report.output}  ({report.gate.describe()}; {gated})')}", highlight=False

@@ -172,7 +172,7 @@ class _ProgressView:
 def render_summary(doc: dict) -> None:
     from rich.table import Table
 
-    from ortpilot.tuning.report import headline, ranked_candidates
+    from ortpilot.tuning.report import data_line, headline, ranked_candidates
 
     stderr.print(
         escape(
@@ -210,6 +210,8 @@ def render_summary(doc: dict) -> None:
     if rule:
         stderr.print(f"INT8 rule for this CPU: {rule['name']} ({rule['reason']}).", highlight=False, markup=False)
     gate_data = doc.get("gate_data") or {}
+    if gate_data:
+        stderr.print(escape(data_line(doc)), highlight=False)
     if gate_data.get("source") == "synthetic":
         stderr.print(
             f"[bold yellow]warning:[/] the accuracy gate ran on {gate_data.get('samples')} synthetic inputs, "

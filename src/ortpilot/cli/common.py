@@ -139,7 +139,7 @@ def _remember_model_file(ctx: click.Context, param: click.Parameter, value: str 
         ctx.meta["ortpilot.model_file"] = value
 
 
-# MODEL may be a folder: this picks the model file when it holds several (docs/concepts/model-folders.md).
+# MODEL may be a folder: this picks the model file when it holds several (docs/concepts/real-data.md).
 MODEL_FILE_OPTION = click.option(
     "--model-file",
     default=None,

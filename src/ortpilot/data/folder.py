@@ -243,7 +243,7 @@ def folder_of(path: str | os.PathLike) -> ModelFolder | None:
         return None
     roots = [p.parent] + ([p.parent.parent] if p.parent.name == "onnx" else [])
     for root in roots:
-        if any((root / name).is_file() for name in ("config.json", "genai_config.json")):
+        if any((root / name).is_file() for name in ("config.json", "genai_config.json", "1_Pooling/config.json")):
             try:
                 return resolve_model_folder(root, str(p.resolve()))
             except UsageError:
