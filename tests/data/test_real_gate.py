@@ -41,6 +41,11 @@ def _invoke(*args: str):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+def _tune(*args) -> subprocess.CompletedProcess:
+    """A tiny tune without INT8 variants, in its own process (the worker children are real)."""
+    return subprocess.run([*CLI, "tune", *map(str, args), "--no-quantize"], capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 7, 20, 101, 400])
 def test_split_is_disjoint_deterministic_and_spread(n):
     samples = [{"x": np.full((1, 2), i, np.float32)} for i in range(n)]
@@ -74,13 +79,7 @@ def test_text_split_holds_out_the_lines_it_says(st_folder, sentences):
 
 def test_tune_folder_calibration_text_gates_on_held_out_sentences(st_folder, sentences, tmp_path):
     out = tmp_path / "tuned"
-    res = subprocess.run(
-        [*CLI, "tune", str(st_folder), "--calibration-text", str(sentences), "-o", str(out), "--budget", "10"]
-        + ["--no-quantize", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    res = _tune(st_folder, "--calibration-text", sentences, "-o", out, "--budget", "10", "--json")
     assert res.returncode == 0, res.stderr
     assert "Gated on 5 real samples (text, sentences.txt)" in " ".join(res.stderr.split())
     assert "synthetic" not in res.stderr
@@ -95,15 +94,13 @@ def test_tune_folder_calibration_text_gates_on_held_out_sentences(st_folder, sen
     assert "Gate data: 5 of 20 text samples" in (out / "report.html").read_text()
     check = subprocess.run([*CLI, "verify", str(out / "profile.json")], capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stderr
+    sentences.write_text("\n".join(reversed(SENTENCES)) + "\n", encoding="utf-8")  # other data: no resume
+    again = _tune(st_folder, "--calibration-text", sentences, "-o", out, "--budget", "10", "--resume")
+    assert again.returncode == 2 and "data_sha256" in again.stderr
 
 
 def test_tune_without_data_warns_it_gated_on_synthetic_inputs(tmp_path):
-    res = subprocess.run(
-        [*CLI, "tune", "demo:encoder", "-o", str(tmp_path / "t"), "--budget", "8", "--no-quantize", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    res = _tune("demo:encoder", "-o", tmp_path / "t", "--budget", "8", "--json")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["gate_data"] == {"source": "synthetic", "samples": 4, "path": None, "sha256": doc["gate_data"]["sha256"]}

@@ -204,7 +204,7 @@ def synthetic(
     log.warning(message)
     warnings.warn(message, SyntheticCalibrationWarning, stacklevel=2)
     samples = [make_feeds(model, plan=plan, seed=i) for i in range(n)]
-    return CalibrationSet(samples, "synthetic inputs", synthetic=True, notes=[message], data=DataSource("synthetic"))
+    return CalibrationSet(samples, "synthetic inputs", synthetic=True, notes=[message])  # origin: their digest
 
 
 def _files(path: Path, files: Sequence[Path]) -> DataSource:
