@@ -58,13 +58,31 @@ def load_line(doc: dict[str, Any]) -> str:
 
 
 def headline(doc: dict[str, Any]) -> str:
+    from ortpilot.data import gate_phrase
+
     sp = doc["speedup"]
+    gated = gate_phrase(doc.get("gate_data"))
+    gated = f" {gated[0].upper()}{gated[1:]}." if gated else ""
     if doc["default_best"]:
-        return f"ORT's default session was already best: {doc['default_best_reason']}."
+        return f"ORT's default session was already best: {doc['default_best_reason']}.{gated}"
     return (
         f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x ORT's default on {doc['objective']} "
-        f"(95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f})."
+        f"(95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}).{gated}"
     )
+
+
+def data_line(doc: dict[str, Any]) -> str:
+    """Where the gate's held-out samples and the calibration samples came from (``gate_data``, ``calibration_data``)."""
+
+    def one(d: dict[str, Any] | None) -> str:
+        if not d:
+            return "-"
+        total = f" of {d['total']}" if d.get("total") is not None else ""
+        where = f" from {d['path']}" if d.get("path") else ""
+        digest = f" (sha256 {d['sha256'][:12]})" if d.get("sha256") else ""
+        return f"{d['samples']}{total} {d['source']} samples{where}{digest}"
+
+    return f"Gate data: {one(doc.get('gate_data'))}; calibration data: {one(doc.get('calibration_data'))}."
 
 
 def render_md(doc: dict[str, Any]) -> str:
@@ -81,6 +99,8 @@ def render_md(doc: dict[str, Any]) -> str:
         "Accuracy gate (vs ORT's default session, held-out inputs): "
         + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items())
         + f", max error {doc['max_error']:g}.",
+        "",
+        data_line(doc),
         "",
         "| candidate | status | p50 ms | p99 ms | p50 95% CI | error | note |",
         "|---|---|---|---|---|---|---|",
@@ -180,6 +200,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background
 {f"<p>{e(load_line(doc))}</p>" if doc.get("load_note") else ""}
 <p>ONNX Runtime {e(doc["onnxruntime"])}; shapes {e(str(doc["shapes"]))}; objective {e(doc["objective"])};
 tune wall time {doc["wall_s"]:.1f} s; accuracy gate on held-out inputs: {e(str(doc["metrics"]))}, max error {doc["max_error"]:g}.</p>
+<p>{e(data_line(doc))}</p>
 <img alt="Pareto plot of latency vs error" src="data:image/png;base64,{pareto_png(doc)}">
 <h2>Candidates</h2>
 <table><tr><th>candidate</th><th>phase</th><th>status</th><th>p50 ms</th><th>p99 ms</th><th>p50 95% CI</th><th>runs</th>
