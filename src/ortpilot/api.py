@@ -105,8 +105,13 @@ def inspect_model(
     providers: Sequence[str] = (),
     check: bool = True,
     isolate: bool = False,
+    model_file: str | None = None,
 ) -> dict[str, Any]:
     """The ``inspect --json`` document: the static summary plus ``unsupported_ops`` per provider.
+
+    ``model`` may be a model folder: its model file (``model_file`` choosing among several) is
+    described, and the document's ``folder`` section lists that file, the layout, and every value
+    read beside it with the file it came from (``data.ModelFolder.to_dict``).
 
     The graph is validated first (dangling edges, cycles, malformed Einsum, onnx's checker):
     an invalid graph raises ``ModelLoadError`` (exit 2) instead of being described. ``check``
@@ -119,6 +124,12 @@ def inspect_model(
     from ortpilot.modelio import load_model
     from ortpilot.providers import resolve_providers
 
+    folder = None
+    if os.path.isdir(model):
+        from ortpilot.data import resolve_model_folder
+
+        folder = resolve_model_folder(model, model_file)
+        model = folder.model_file
     path = str(model)
     proto = load_model(path, load_external_data=False)
     validity = check_graph(proto)  # before anything runs shape inference or builds a session
@@ -129,6 +140,8 @@ def inspect_model(
         resolve_input_shapes(graph_inputs(proto), shape_map)  # explicit shapes that contradict the model: exit 2
     doc = summarize(proto, path, shape_map).to_dict()
     doc["graph_check"] = validity.to_dict()
+    if folder is not None:
+        doc["folder"] = folder.to_dict()
     doc["unsupported_ops"] = []
     if check:
         from ortpilot.session.opsupport import unsupported_ops
@@ -160,7 +173,8 @@ def compare(
     providers: Sequence[str] | None = None,
     *,
     inputs: Mapping[str, np.ndarray] | None = None,
-    calibration: str | None = None,
+    calibration: Any = None,
+    all_samples: bool = False,
     shapes: Sequence[str] = (),
     n_samples: int = 4,
     tolerances: Any = None,
@@ -176,7 +190,10 @@ def compare(
     ids) and return a ``gate.generation.DecoderComparison``; everything else runs
     ``measure.compare.compare_models`` on ``inputs``, ``calibration`` samples or generated inputs
     and returns its ``Comparison`` (``metric``: ``--metric`` overrides of each output's gate metric).
-    :func:`compare_failure` says whether the result fails.
+    ``calibration`` (what ``passes.calibration.load_calibration`` reads: arrays, or
+    ``ortpilot.data.real_data`` text and images) gives the held-out samples of its split, the ones
+    quantize and tune gate on, or every sample with ``all_samples``; the result's ``gate_data`` says
+    which. :func:`compare_failure` says whether the result fails.
     """
     from ortpilot.decode.signature import is_kv_decoder
     from ortpilot.measure.compare import compare_models
@@ -196,24 +213,36 @@ def compare(
             gate=GenerationGate(min_top1=min_top1),
             providers=chain,
         )
+    from ortpilot.data import DataSource, digest_samples
+
     samples = None
+    shape_map = parse_shape_args(list(shapes))
+    data: dict[str, Any] = {}
     if inputs:
         samples = [dict(inputs)]
-    elif calibration:
+        data = DataSource("files", None, digest_samples(samples)).describe(1)
+    elif calibration is not None:
         from ortpilot.modelio import load_model
         from ortpilot.passes.calibration import load_calibration
 
-        samples = load_calibration(calibration, load_model(model, load_external_data=False)).samples
-    return compare_models(
+        found = load_calibration(calibration, load_model(model, load_external_data=False), shapes=shape_map)
+        if all_samples:
+            samples, data = found.samples, found.origin.describe(len(found), len(found))
+        else:
+            samples = found.split()[1]
+            data = found.gate_data()
+    result = compare_models(
         model,
         other,
         chain,
         samples=samples,
-        shapes=parse_shape_args(list(shapes)),
+        shapes=shape_map,
         n_samples=n_samples,
         tolerances=tolerances,
         metrics=metric,
     )
+    result.gate_data = data or DataSource("synthetic").describe(result.samples)
+    return result
 
 
 def _no_metric(metric: Any, why: str) -> None:

@@ -68,3 +68,22 @@ def test_missing_provider_is_an_error_and_other_minor_version_a_warning(profile)
     with pytest.raises(ProviderFallbackError, match="lacks") as err:
         load_profile(profile)
     assert err.value.exit_code == 1
+
+
+def test_gate_and_calibration_data_are_checked_and_optional(profile):
+    from ortpilot.artifacts.profile_schema import check_profile
+
+    doc = json.loads(profile.read_text())
+    check_profile(doc, "old")  # written without them: still loads
+    load_profile(profile)
+    record = {"source": "text", "samples": 5, "total": 20, "path": "s.txt", "sha256": "ab" * 32}
+    check_profile({**doc, "gate_data": record, "calibration_data": {**record, "samples": 15}}, "new")
+    check_profile({**doc, "gate_data": {"source": "synthetic", "samples": 4, "path": None, "sha256": None}}, "new")
+    for bad, field in (
+        ({**record, "source": "web"}, "gate_data.source"),
+        ({**record, "samples": -1}, "gate_data.samples"),
+        ({**record, "sha256": "nope"}, "gate_data.sha256"),
+        ({**record, "rows": 3}, "gate_data.rows"),
+    ):
+        with pytest.raises(UsageError, match=f"invalid field '{field}'"):
+            check_profile({**doc, "gate_data": bad}, "bad")

@@ -280,6 +280,28 @@ _PROVIDER = _fields(
     },
     required=("name",),
 )
+
+
+def _data_source(value: Any, name: str) -> None:
+    if value not in ("text", "images", "files", "synthetic"):
+        raise _Bad(name, f"{value!r} is not one of text, images, files, synthetic")
+
+
+def _optional(check: Check) -> Check:
+    return lambda v, n: None if v is None else check(v, n)
+
+
+# Where the gate's held-out samples and the calibration samples came from (data.DataSource.describe).
+_DATA = _fields(
+    {
+        "source": _data_source,
+        "samples": lambda v, n: _int(v, n, 0, 2**40),
+        "total": lambda v, n: _int(v, n, 0, 2**40),
+        "path": _optional(_string),
+        "sha256": _optional(_sha256),
+    },
+    required=("source", "samples"),
+)
 _TOP: dict[str, Check] = {
     "format": lambda v, n: _string(v, n),
     "version": lambda v, n: _int(v, n, 1, 2**31),
@@ -312,6 +334,8 @@ _TOP: dict[str, Check] = {
     "shapes": _dict_of(_list_of(_dim, limit=64)),
     "placement": _placement,
     "default_best": _bool,
+    "gate_data": _DATA,
+    "calibration_data": _DATA,
     # The ORT-optimized winner serving replicas load with optimizations off (tune.optimized).
     "optimized_model": _fields(
         {"file": _file_name, "sha256": _sha256, "level": _level, "placement": _placement}, required=("file", "sha256")

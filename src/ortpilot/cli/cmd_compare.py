@@ -14,11 +14,14 @@ from ortpilot.cli.common import (
     METRIC_HELP,
     MODEL_FILE_OPTION,
     PROVIDER_HELP,
+    REAL_DATA_OPTIONS,
     SHAPE_HELP,
+    data_flags,
     emit_json,
     handle_errors,
     load_input_files,
     preflight_isolated,
+    real_data_arg,
     resolve_model_arg,
     stdout,
 )
@@ -39,7 +42,18 @@ from ortpilot.cli.common import (
 @click.option("--rtol", "rtol", multiple=True, help="Relative tolerance, or NAME:VALUE for one output (repeatable).")
 @click.option("--metric", "metric", multiple=True, help=METRIC_HELP)
 @click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input.")
-@click.option("--calibration", default=None, help="Compare on these samples (folder of .npy/.npz, or one .npz).")
+@click.option(
+    "--calibration",
+    default=None,
+    help="Compare on the held-out part of these samples (folder of .npy/.npz, or one .npz).",
+)
+@REAL_DATA_OPTIONS
+@click.option(
+    "--all-samples",
+    is_flag=True,
+    help="With --calibration/--calibration-text/--calibration-images: compare on every sample, not only "
+    "the held-out ones quantize and tune gate on.",
+)
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
 @click.option(
     "--samples",
@@ -48,11 +62,6 @@ from ortpilot.cli.common import (
     default=4,
     show_default=True,
     help="Generated input sets when no inputs are given.",
-)
-@click.option(
-    "--tokenizer",
-    default=None,
-    help="Decoder pairs: tokenizer.json for real held-out text prompts (else random token prompts).",
 )
 @click.option(
     "--new-tokens",
@@ -80,9 +89,9 @@ def command(
     metric: tuple[str, ...],
     inputs: tuple[str, ...],
     calibration: str | None,
+    all_samples: bool,
     shapes: tuple[str, ...],
     n_samples: int,
-    tokenizer: str | None,
     new_tokens: int,
     min_top1: float,
     isolate: bool,
@@ -97,6 +106,9 @@ def command(
     from ortpilot.measure.compare import Tolerances
 
     tolerances = Tolerances.parse(list(atol) or None, list(rtol) or None)
+    data = real_data_arg(model, lone_tokenizer=True)
+    if data is not None and (calibration is not None or inputs):
+        raise click.UsageError("Give one of --input, --calibration or --calibration-text/--calibration-images.")
     model = resolve_model_arg(model)
     other = resolve_model_arg(model_b) if model_b else None
     if isolate:
@@ -110,11 +122,12 @@ def command(
         other,
         list(providers) or None,
         inputs=load_input_files(inputs) if inputs else None,
-        calibration=calibration,
+        calibration=data if data is not None else calibration,
+        all_samples=all_samples,
         shapes=list(shapes),
         n_samples=n_samples,
         tolerances=tolerances,
-        tokenizer=tokenizer,
+        tokenizer=data_flags().get("tokenizer") if data is None else None,
         new_tokens=new_tokens,
         min_top1=min_top1,
         metric=list(metric) or None,
@@ -139,6 +152,13 @@ def render_comparison(comparison: Any) -> None:
     )
     if c.get("inputs"):
         stdout.print(f"[dim]generated inputs: {escape(str(c['inputs']))}[/]")
+    data = c.get("gate_data") or {}
+    if data.get("source") not in (None, "synthetic"):
+        total = f" of {data['total']}" if data.get("total") not in (None, data["samples"]) else ""
+        stdout.print(
+            escape(f"compared on {data['samples']}{total} {data['source']} samples from {data['path']}"),
+            highlight=False,
+        )
     table = Table(title="Per-output error (test vs reference)")
     table.add_column("")
     for o in c["outputs"]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 from rich.markup import escape
 from rich.table import Table
@@ -47,7 +49,9 @@ def command(
     """
     from ortpilot.api import inspect_model
 
-    doc = inspect_model(resolve_model_arg(model), shapes, providers, not no_check, isolate)
+    ctx = click.get_current_context()
+    target = model if os.path.isdir(model) else resolve_model_arg(model)  # a folder: described as one
+    doc = inspect_model(target, shapes, providers, not no_check, isolate, ctx.meta.get("ortpilot.model_file"))
     for text in doc["graph_check"]["warnings"]:
         stderr.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
     if as_json:
@@ -95,6 +99,11 @@ def render(doc: dict) -> None:
     for ext in doc["external_data"]:
         state = "present" if ext["present"] else "[red]MISSING[/]"
         head.add_row("external data", f"{escape(ext['location'])} ({ext['tensors']} tensors, {state})")
+    folder = doc.get("folder")
+    if folder:
+        head.add_row("folder", escape(f"{folder['root']} ({folder['layout']} layout, task {folder['task'] or '-'})"))
+        for key, item in folder["values"].items():
+            head.add_row(f"  {escape(key)}", escape(f"{item['value']}  ({item['source']})"))
     stdout.print(head)
 
     io = Table(title="Inputs and outputs", title_justify="left")

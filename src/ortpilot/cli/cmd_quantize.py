@@ -14,10 +14,13 @@ from ortpilot.cli.common import (
     ISOLATE_HELP,
     METRIC_HELP,
     MODEL_FILE_OPTION,
+    REAL_DATA_OPTIONS,
     SHAPE_HELP,
+    data_flags,
     emit_json,
     handle_errors,
     preflight_isolated,
+    real_data_arg,
     resolve_model_arg,
     stderr,
     stdout,
@@ -50,8 +53,10 @@ from ortpilot.cli.common import (
     "--calibration",
     default=None,
     help="Folder of .npy/.npz samples, one .npz with stacked samples, or FILE.py:FACTORY returning a "
-    "CalibrationDataReader. Without it, synthetic inputs (with a warning).",
+    "CalibrationDataReader. Without it (or --calibration-text/--calibration-images), synthetic inputs "
+    "(with a warning).",
 )
+@REAL_DATA_OPTIONS
 @click.option(
     "--method",
     type=click.Choice(["minmax", "entropy", "percentile"]),
@@ -103,7 +108,6 @@ from ortpilot.cli.common import (
     show_default=True,
     help="int4/int8-weights: least top-1 next-token agreement with the float model.",
 )
-@click.option("--tokenizer", default=None, help="int4/int8-weights: tokenizer.json for real held-out text prompts.")
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @handle_errors
@@ -131,7 +135,6 @@ def command(
     fuse: bool,
     max_positions: int | None,
     min_top1: float,
-    tokenizer: str | None,
     isolate: bool,
     as_json: bool,
 ) -> None:
@@ -148,6 +151,15 @@ def command(
     if auto_exclude and max_error is None and mode != "full" and not weight_only:
         raise click.UsageError("--auto-exclude needs --max-error (the gate it works towards).")
     check_output_path(output)  # before calibration and quantization, which take minutes on big models
+    data = real_data_arg(model, lone_tokenizer=weight_only)
+    if data is not None and weight_only:
+        raise click.UsageError(
+            "--calibration-text/--calibration-images calibrate and gate the INT8 modes; int4/int8-weights "
+            "gate on generation, with prompts from --tokenizer."
+        )
+    if data is not None and calibration is not None:
+        raise click.UsageError("Give --calibration or --calibration-text/--calibration-images, not both.")
+    tokenizer = data_flags().get("tokenizer") if weight_only else None
     model = resolve_model_arg(model)
     if isolate:
         preflight_isolated([model])
@@ -170,7 +182,7 @@ def command(
             model,
             output,
             mode,
-            calibration=calibration,
+            calibration=data if data is not None else calibration,
             max_error=max_error,
             shapes=parse_shape_args(list(shapes)),
             auto_exclude=auto_exclude,
@@ -197,6 +209,16 @@ def command(
 def _render_int8(report) -> None:
     render_record(report.record)
     render_comparison(report.gate.comparison)
+    calibrated = report.calibration_data or {}
+    if calibrated.get("samples") and calibrated.get("source") != "synthetic":
+        stderr.print(
+            escape(
+                f"{calibrated['source']} from {calibrated['path']}: {calibrated['samples']} of "
+                f"{calibrated.get('total', calibrated['samples'])} samples calibrate, "
+                f"{report.gate_data.get('samples')} held out for the gate (never calibrated on)"
+            ),
+            highlight=False,
+        )
     if report.history:
         table = Table(title="auto-exclude")
         for col in ("round", "layers in float", "error", "passed"):
@@ -206,9 +228,15 @@ def _render_int8(report) -> None:
         stdout.print(table)
     if report.synthetic:
         stderr.print(
-            "[bold yellow]warning:[/] accuracy was measured on synthetic inputs; pass --calibration with real samples."
+            "[bold yellow]warning:[/] accuracy was measured on synthetic inputs; pass --calibration-text, "
+            "--calibration-images or --calibration with real samples."
         )
-    stdout.print(f"[bold green]wrote[/] {escape(f'{report.output}  ({report.gate.describe()})')}", highlight=False)
+    from ortpilot.data import gate_phrase
+
+    gated = gate_phrase(report.gate_data)
+    stdout.print(
+        f"[bold green]wrote[/] {escape(f'{report.output}  ({report.gate.describe()}; {gated})')}", highlight=False
+    )
 
 
 def _render_weight_only(report: dict, output: str) -> None:

@@ -9,11 +9,13 @@ from ortpilot.cli.common import (
     METRIC_HELP,
     MODEL_FILE_OPTION,
     PROVIDER_HELP,
+    REAL_DATA_OPTIONS,
     SHAPE_HELP,
     emit_json,
     handle_errors,
     interrupt_exit_code,
     interrupt_name,
+    real_data_arg,
     resolve_model_arg,
     stderr,
 )
@@ -44,9 +46,10 @@ MODEL_BUDGET_S = 300.0
     "--calibration",
     type=click.Path(),
     default=None,
-    help="Calibration inputs for static INT8, read as quantize and compare read them: a folder of .npy/.npz, "
-    "one .npz (arrays with a leading sample axis), or FILE.py:FACTORY.",
+    help="Samples for static INT8's calibration and the accuracy gate (held out), read as quantize and "
+    "compare read them: a folder of .npy/.npz, one .npz (arrays with a leading sample axis), or FILE.py:FACTORY.",
 )
+@REAL_DATA_OPTIONS
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("--no-quantize", is_flag=True, help="Leave INT8 variants out of the search.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted tune from OUTDIR's journal.")
@@ -69,6 +72,9 @@ def command(
     from ortpilot.tuning import tune
 
     budget_s = budget if budget is not None else (DEMO_BUDGET_S if model is None else MODEL_BUDGET_S)
+    data = real_data_arg(model if model else "demo:encoder")
+    if data is not None and calibration is not None:
+        raise click.UsageError("Give --calibration or --calibration-text/--calibration-images, not both.")
     target = resolve_model_arg(model) if model else None
     stderr.print(
         escape(
@@ -87,7 +93,7 @@ def command(
                 objective=objective,
                 max_error=max_error,
                 metric=list(metric) or None,
-                calibration=calibration,
+                calibration=data if data is not None else calibration,
                 providers=list(providers) or None,
                 resume=resume,
                 quantize=not no_quantize,
@@ -162,7 +168,15 @@ class _ProgressView:
 def render_summary(doc: dict) -> None:
     from rich.table import Table
 
-    from ortpilot.tuning.report import RATIO_NOTE, gate_line, gate_warning_line, headline, ratio_cell, table_rows
+    from ortpilot.tuning.report import (
+        RATIO_NOTE,
+        data_line,
+        gate_line,
+        gate_warning_line,
+        headline,
+        ratio_cell,
+        table_rows,
+    )
 
     stderr.print(escape(gate_line(doc)), highlight=False)
     table = Table(title=f"Top candidates ({doc['objective']}, ORT {doc['onnxruntime']})", caption=escape(RATIO_NOTE))
@@ -190,6 +204,16 @@ def render_summary(doc: dict) -> None:
     rule = doc["facts"].get("int8_rule")
     if rule:
         stderr.print(f"INT8 rule for this CPU: {rule['name']} ({rule['reason']}).", highlight=False, markup=False)
+    gate_data = doc.get("gate_data") or {}
+    if gate_data:
+        stderr.print(escape(data_line(doc)), highlight=False)
+    if gate_data.get("source") == "synthetic":
+        stderr.print(
+            f"[bold yellow]warning:[/] the accuracy gate ran on {gate_data.get('samples')} synthetic inputs, "
+            "not real data: pass --calibration-text, --calibration-images or --calibration before trusting "
+            "an INT8 or fused winner.",
+            highlight=False,
+        )
     stderr.print(
         ("[bold]" if not doc["default_best"] else "[bold yellow]") + escape(headline(doc)) + "[/]", highlight=False
     )

@@ -139,7 +139,7 @@ def _remember_model_file(ctx: click.Context, param: click.Parameter, value: str 
         ctx.meta["ortpilot.model_file"] = value
 
 
-# MODEL may be a folder: this picks the model file when it holds several (docs/concepts/model-folders.md).
+# MODEL may be a folder: this picks the model file when it holds several (docs/concepts/real-data.md).
 MODEL_FILE_OPTION = click.option(
     "--model-file",
     default=None,
@@ -149,6 +149,86 @@ MODEL_FILE_OPTION = click.option(
     help="With MODEL a folder holding several .onnx files: the one to "
     "use (a name in the folder or its onnx/ subfolder).",
 )
+
+
+def _remember_data(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None and param.name:
+        ctx.meta.setdefault("ortpilot.data", {})[param.name] = value
+
+
+def _data_option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
+    return click.option(*decls, default=None, expose_value=False, callback=_remember_data, **kwargs)
+
+
+# Text and images as calibration and gate data (docs/concepts/real-data.md): one group of options
+# for quantize, tune and compare, read back by ``real_data_arg``.
+_REAL_DATA = (
+    _data_option(
+        "--calibration-text",
+        metavar="FILE",
+        help="UTF-8 text, one sample per line, tokenized with the model folder's tokenizer.json (or "
+        "--tokenizer); split into calibration and held-out gate samples.",
+    ),
+    _data_option(
+        "--calibration-images",
+        metavar="DIR",
+        help="A folder of .jpg/.png/.webp, preprocessed as the folder's preprocessor_config.json says (or "
+        "--image-size/--mean/--std/--layout); split into calibration and held-out gate samples.",
+    ),
+    _data_option(
+        "--tokenizer",
+        metavar="FILE",
+        help="tokenizer.json for --calibration-text (default: the model folder's); decoder pairs and "
+        "int4/int8-weights: the tokenizer of real held-out text prompts.",
+    ),
+    _data_option("--image-size", metavar="HxW", help="With --calibration-images and no preprocessor_config.json."),
+    _data_option("--mean", metavar="R,G,B", help="Per-channel mean subtracted after scaling pixels to 0..1."),
+    _data_option("--std", metavar="R,G,B", help="Per-channel std divided by after the mean."),
+    _data_option(
+        "--layout",
+        type=click.Choice(["NCHW", "NHWC"], case_sensitive=False),
+        help="Image tensor layout with --image-size (default NCHW).",
+    ),
+)
+
+
+def REAL_DATA_OPTIONS(func: F) -> F:
+    """The ``--calibration-text/--calibration-images/--tokenizer/--image-size/--mean/--std/--layout`` group."""
+    for option in reversed(_REAL_DATA):
+        func = option(func)
+    return func
+
+
+def data_flags() -> dict[str, str]:
+    """The real-data options this command was given (name -> value)."""
+    ctx = click.get_current_context()
+    return dict(ctx.meta.get("ortpilot.data", {}))
+
+
+def real_data_arg(model: str | None, *, lone_tokenizer: bool = False) -> Any:
+    """The ``TextData`` / ``ImageData`` the options describe, with the tokenizer or preprocessing of
+    MODEL's folder when MODEL is one (``data.real_data``); None without data options.
+    ``lone_tokenizer``: a --tokenizer without --calibration-text is for the command's decoder prompts."""
+    flags = data_flags()
+    if lone_tokenizer and set(flags) <= {"tokenizer"}:
+        return None
+    if not flags:
+        return None
+    from ortpilot.data import real_data, resolve_model_folder
+
+    folder = None
+    if model is not None and not model.startswith("demo:") and os.path.isdir(model):
+        folder = resolve_model_folder(model, click.get_current_context().meta.get("ortpilot.model_file"))
+    return real_data(
+        text=flags.get("calibration_text"),
+        images=flags.get("calibration_images"),
+        folder=folder,
+        tokenizer=flags.get("tokenizer"),
+        image_size=flags.get("image_size"),
+        mean=flags.get("mean"),
+        std=flags.get("std"),
+        layout=(flags.get("layout") or "NCHW").upper(),
+    )
 
 
 ISOLATE_HELP = (

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ortpilot.data.folder import ModelFolder, Value, model_path_of, resolve_model_folder
+from ortpilot.data.folder import ModelFolder, Value, folder_of, model_path_of, resolve_model_folder
 from ortpilot.data.images import ImagePreprocess, image_files, image_samples
 from ortpilot.data.text import load_tokenizer, read_lines, text_samples
 from ortpilot.graph.shapes import InputInfo
@@ -36,6 +36,18 @@ def digest_files(paths: Sequence[Path]) -> str:
     return digest.hexdigest()
 
 
+def digest_samples(samples: Sequence[Mapping[str, np.ndarray]]) -> str:
+    """sha256 over samples' names, dtypes, shapes and bytes: data with no file of its own (generated
+    inputs, a reader object) is still named exactly."""
+    digest = hashlib.sha256()
+    for sample in samples:
+        for name in sorted(sample):
+            array = np.ascontiguousarray(sample[name])
+            digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class DataSource:
     """Where samples came from: ``kind`` (text, images, files, synthetic), the path and its sha256."""
@@ -44,9 +56,32 @@ class DataSource:
     path: str | None = None
     sha256: str | None = None
 
-    def describe(self, samples: int) -> dict[str, Any]:
-        """The ``gate_data`` / ``calibration_data`` record of reports and profiles."""
-        return {"source": self.kind, "samples": samples, "path": self.path, "sha256": self.sha256}
+    def __post_init__(self) -> None:
+        if self.kind not in SOURCES:
+            raise ValueError(f"data source kind {self.kind!r} is not one of {', '.join(SOURCES)}")
+
+    @property
+    def real(self) -> bool:
+        return self.kind != "synthetic"
+
+    def describe(self, samples: int, of: int | None = None) -> dict[str, Any]:
+        """The ``gate_data`` / ``calibration_data`` record of reports and profiles: ``samples`` used,
+        ``of`` the ``total`` the source holds (the rest went to the other side of the split)."""
+        doc = {"source": self.kind, "samples": samples, "path": self.path, "sha256": self.sha256}
+        if of is not None:
+            doc["total"] = of
+        return doc
+
+
+def gate_phrase(gate_data: Mapping[str, Any] | None) -> str:
+    """How a headline says what a gate ran on: ``gated on 5 real samples (text, s.txt)``."""
+    if not gate_data:
+        return ""
+    n = gate_data.get("samples", 0)
+    if gate_data.get("source") == "synthetic":
+        return f"gated on {n} synthetic input{'s' * (n != 1)} (not real data)"
+    where = Path(str(gate_data.get("path") or "")).name
+    return f"gated on {n} real sample{'s' * (n != 1)} ({gate_data.get('source')}{', ' + where if where else ''})"
 
 
 @dataclass(frozen=True)
@@ -90,7 +125,7 @@ def real_data(
     *,
     text: str | os.PathLike | None = None,
     images: str | os.PathLike | None = None,
-    folder: ModelFolder | None = None,
+    folder: ModelFolder | str | os.PathLike | None = None,
     tokenizer: str | os.PathLike | None = None,
     image_size: str | None = None,
     mean: str | None = None,
@@ -98,9 +133,12 @@ def real_data(
     layout: str = "NCHW",
 ) -> TextData | ImageData | None:
     """The data spec a command's ``--calibration-text`` / ``--calibration-images`` flags describe, with the
-    tokenizer or preprocessing taken from the flags first, the model's folder second."""
+    tokenizer or preprocessing taken from the flags first, the model's folder second (``folder``: a
+    ``ModelFolder`` or the folder's path; a model file's path is no folder and gives nothing)."""
     from ortpilot.errors import UsageError
 
+    if folder is not None and not isinstance(folder, ModelFolder):
+        folder = resolve_model_folder(folder) if Path(folder).is_dir() else None
     if text is not None and images is not None:
         raise UsageError("Give --calibration-text or --calibration-images, not both: one model reads one kind of data.")
     if text is not None:
@@ -109,9 +147,10 @@ def real_data(
             raise UsageError(f"--calibration-text '{file}' is not a file (one sample per line, UTF-8).")
         tok = Path(tokenizer) if tokenizer else (folder.tokenizer_file if folder else None)
         if tok is None:
+            where = f"the model folder '{folder.root}' has no tokenizer.json" if folder else "the model is a file"
             raise UsageError(
-                "--calibration-text needs a tokenizer: give the model as its folder (with tokenizer.json) "
-                "or pass --tokenizer PATH/tokenizer.json."
+                f"--calibration-text '{file}' needs a tokenizer, and {where}: give the model as its folder "
+                "(with tokenizer.json) or pass --tokenizer PATH/tokenizer.json."
             )
         limit = folder.get("max_positions") if folder else None
         return TextData(file, tok, limit)
@@ -143,6 +182,9 @@ __all__ = [
     "TextData",
     "Value",
     "digest_files",
+    "digest_samples",
+    "folder_of",
+    "gate_phrase",
     "image_samples",
     "load_tokenizer",
     "model_path_of",

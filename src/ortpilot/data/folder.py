@@ -231,6 +231,26 @@ def _check_consistent(folder: ModelFolder) -> None:
         )
 
 
+def folder_of(path: str | os.PathLike) -> ModelFolder | None:
+    """The model folder a model *file* sits in (beside ``config.json`` / ``genai_config.json``, or in
+    the ``onnx/`` subfolder of one), with that file chosen; None for a file on its own. Passes that
+    were handed the file (``FusionPass``, ``tune``) still read what its folder says. A folder whose
+    files cannot be read gives None here: the file was given, not the folder."""
+    p = Path(path)
+    if p.is_dir():
+        return resolve_model_folder(p)
+    if not p.is_file() or p.suffix != ".onnx":
+        return None
+    roots = [p.parent] + ([p.parent.parent] if p.parent.name == "onnx" else [])
+    for root in roots:
+        if any((root / name).is_file() for name in ("config.json", "genai_config.json", "1_Pooling/config.json")):
+            try:
+                return resolve_model_folder(root, str(p.resolve()))
+            except UsageError:
+                return None
+    return None
+
+
 def model_path_of(path: str | os.PathLike, model_file: str | None = None) -> Path:
     """A model argument as a file: the file itself, or the model file of a folder."""
     p = Path(path)
@@ -245,6 +265,7 @@ __all__ = [
     "CONFIG_KEYS",
     "ModelFolder",
     "Value",
+    "folder_of",
     "is_model_folder",
     "model_path_of",
     "read_json",

@@ -43,6 +43,8 @@ class QuantizeReport:
     calibration: str
     synthetic: bool
     history: list[dict[str, Any]] = field(default_factory=list)
+    gate_data: dict[str, Any] = field(default_factory=dict)  # what the gate ran on (CalibrationSet.gate_data)
+    calibration_data: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -51,6 +53,8 @@ class QuantizeReport:
             "gate": _gate_doc(self.gate),
             "calibration": self.calibration,
             "synthetic_calibration": self.synthetic,
+            "gate_data": self.gate_data,
+            "calibration_data": self.calibration_data,
             "auto_exclude": self.history,
         }
 
@@ -110,7 +114,7 @@ def _samples(
     log.info("Measuring accuracy on 4 generated inputs (%s); pass --calibration for real ones.", plan.describe())
     return CalibrationSet(
         [make_feeds(source.proto, plan=plan, seed=i) for i in range(4)], "generated inputs", synthetic=True
-    )
+    )  # its split holds one of the four out for the gate; dynamic mode calibrates on none
 
 
 def quantize_int8_gated(
@@ -189,7 +193,10 @@ def quantize_int8_gated(
     if data.synthetic:
         result.record.notes.append("calibration/accuracy on synthetic inputs: not representative of real data")
     written = result.save(output) if output else None
-    return QuantizeReport(written, result.record, measured, data.describe(), data.synthetic, history)
+    calibrated = data.calibration_data() if mode != "dynamic" else {**data.calibration_data(), "samples": 0}
+    return QuantizeReport(
+        written, result.record, measured, data.describe(), data.synthetic, history, data.gate_data(), calibrated
+    )
 
 
 __all__ = ["DEFAULT_FULL_MAX_ERROR", "QuantizeReport", "QuantizeStep", "quantize_int8_gated"]

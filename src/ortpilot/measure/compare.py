@@ -227,6 +227,7 @@ class Comparison:
     only_in_reference: list[str] = field(default_factory=list)
     only_in_test: list[str] = field(default_factory=list)
     inputs: str = ""
+    gate_data: dict[str, Any] = field(default_factory=dict)  # what the samples were (data.DataSource.describe)
 
     @property
     def passed(self) -> bool:
@@ -251,6 +252,7 @@ class Comparison:
             "outputs": [o.to_dict() for o in self.outputs],
             "only_in_reference": self.only_in_reference,
             "only_in_test": self.only_in_test,
+            "gate_data": self.gate_data,
         }
 
 

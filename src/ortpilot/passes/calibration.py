@@ -3,9 +3,18 @@
 Accepted: a folder of ``.npz`` files (one sample each, keys = input names) or ``.npy`` files
 (``NAME.npy`` per input, or any names for a one-input model; an array with one more dim than
 the input is a stack of samples); one ``.npz`` with stacked samples; a
-``CalibrationDataReader`` object (or ``FILE.py:FACTORY`` on the command line). Without data,
-inputs are generated from the declared shapes, with a loud warning: calibration on random
-inputs gives scales that fit random inputs, and the accuracy gate then measures random inputs.
+``CalibrationDataReader`` object (or ``FILE.py:FACTORY`` on the command line); text and images
+(``ortpilot.data.TextData`` / ``ImageData``, what ``--calibration-text`` / ``--calibration-images``
+become through ``ortpilot.data.real_data``). Without data, inputs are generated from the declared
+shapes, with a loud warning: calibration on random inputs gives scales that fit random inputs,
+and the accuracy gate then measures random inputs.
+
+Every set carries its ``DataSource`` (kind, path, sha256), so each report can say what its gate
+and its calibration ran on (``gate_data``, ``calibration_data``). ``CalibrationSet.split`` divides
+the samples into calibration samples and held-out gate samples that never share a sample: a
+quarter of them, spread evenly over the set, is held out (a file sorted by topic still gates on
+every part of it), at most ``MAX_HELDOUT``; calibration keeps the rest, at most
+``MAX_CALIBRATION`` of them, spread evenly.
 """
 
 from __future__ import annotations
@@ -21,12 +30,15 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ortpilot.errors import InputError
+from ortpilot.data import DataSource, ImageData, TextData, digest_files, digest_samples
+from ortpilot.errors import InputError, UsageError
 from ortpilot.graph.feeds import make_feeds, plan_feeds, read_npz, validate_feeds
 from ortpilot.graph.shapes import InputInfo, graph_inputs
 
 log = logging.getLogger("ortpilot")
 DEFAULT_SYNTHETIC_SAMPLES = 8
+MAX_HELDOUT = 64  # the gate runs every held-out sample through every candidate
+MAX_CALIBRATION = 256  # calibrators keep every activation of every sample in memory
 Sample = dict[str, np.ndarray]
 
 
@@ -42,24 +54,74 @@ class CalibrationSet:
     source: str
     synthetic: bool = False
     notes: list[str] = field(default_factory=list)
+    data: DataSource | None = None  # where the samples came from (None: told by ``origin``)
+    counts: tuple[int, int] | None = None  # (calibration, held-out) samples of the last ``split``
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def split(self, holdout_fraction: float = 0.25, min_holdout: int = 1) -> tuple[list[Sample], list[Sample]]:
-        """(calibration, held-out). With one sample, both are that sample (and a note says so)."""
+    @property
+    def origin(self) -> DataSource:
+        """The samples' ``DataSource``; a set built in code is described by its samples' digest."""
+        if self.data is not None:
+            return self.data
+        return DataSource("synthetic" if self.synthetic else "files", None, digest_samples(self.samples))
+
+    def split(
+        self,
+        holdout_fraction: float = 0.25,
+        min_holdout: int = 1,
+        *,
+        max_heldout: int = MAX_HELDOUT,
+        max_calibration: int = MAX_CALIBRATION,
+    ) -> tuple[list[Sample], list[Sample]]:
+        """(calibration, held-out): disjoint, deterministic, spread over the set (module docstring).
+
+        Text and images need two samples at least (a UsageError naming the file otherwise); one
+        sample of arrays is, as before, both sides (and a note says the gate saw it calibrate).
+        """
         n = len(self.samples)
         if n <= 1:
+            if self.origin.kind in ("text", "images"):
+                raise UsageError(
+                    f"'{self.origin.path}' holds {n} sample; calibration and the accuracy gate need two at "
+                    "least (one to calibrate on, one held out to gate on), and more to mean anything."
+                )
             self.notes.append("only one sample: the accuracy gate runs on the calibration sample itself")
+            self.counts = (n, n)
             return list(self.samples), list(self.samples)
-        held = max(min_holdout, round(n * holdout_fraction))
-        held = min(held, n - 1)
-        return list(self.samples[: n - held]), list(self.samples[n - held :])
+        held = min(max(min_holdout, round(n * holdout_fraction)), n - 1, max_heldout)
+        chosen = set(spread(n, held))
+        heldout = [s for i, s in enumerate(self.samples) if i in chosen]
+        rest = [s for i, s in enumerate(self.samples) if i not in chosen]
+        calib = [rest[i] for i in spread(len(rest), max_calibration)]
+        unused = n - len(heldout) - len(calib)
+        left = f", {unused} unused (at most {max_calibration} calibrate, {max_heldout} gate)" if unused else ""
+        self.notes.append(
+            f"{n} samples from {self.source}: {len(calib)} calibrate, {len(heldout)} held out for the gate{left}"
+        )
+        self.counts = (len(calib), len(heldout))
+        return calib, heldout
+
+    def gate_data(self) -> dict[str, Any]:
+        """The ``gate_data`` record: the held-out side of the last ``split`` (every sample before one)."""
+        return self.origin.describe(self.counts[1] if self.counts else len(self), len(self))
+
+    def calibration_data(self) -> dict[str, Any]:
+        """The ``calibration_data`` record: the calibrating side of the last ``split``."""
+        return self.origin.describe(self.counts[0] if self.counts else len(self), len(self))
 
     def describe(self) -> str:
         shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in (self.samples[0].items() if self.samples else []))
         kind = "synthetic" if self.synthetic else "given"
         return f"{len(self)} {kind} sample(s) from {self.source}: {shapes}"
+
+
+def spread(n: int, k: int) -> list[int]:
+    """``k`` of the indices ``0..n-1``, evenly spaced (the middle of each stretch), ascending; all when k >= n."""
+    if k >= n:
+        return list(range(n))
+    return [int((j + 0.5) * n / k) for j in range(k)]
 
 
 def reader_for(samples: Sequence[Mapping[str, np.ndarray]]):
@@ -97,11 +159,22 @@ def load_calibration(
     inputs = graph_inputs(model)
     if source is None:
         return synthetic(model, shapes, synthetic_samples)
+    if isinstance(source, CalibrationSet):
+        return source
+    if isinstance(source, (TextData, ImageData)):  # --calibration-text / --calibration-images
+        samples, notes = source.samples(inputs, shapes)
+        for note in notes:  # a truncation changes what the model sees: said loudly
+            log.log(logging.WARNING if "truncated" in note else logging.INFO, "%s", note)
+        data = _checked(samples, inputs, source.source.path or "", source.source)
+        data.notes.extend(notes)
+        return data
     if hasattr(source, "get_next"):
         return _checked(_drain(source), inputs, f"{type(source).__name__} reader")
     text = str(source)
     if ".py:" in text:
-        return _checked(_drain(_reader_from_file(text, model)), inputs, text)
+        data = _checked(_drain(_reader_from_file(text, model)), inputs, text)
+        data.data = DataSource("files", text, digest_samples(data.samples))
+        return data
     path = Path(text)
     if not path.exists():
         raise InputError(
@@ -109,11 +182,13 @@ def load_calibration(
             "with stacked samples, or FILE.py:FACTORY returning a CalibrationDataReader."
         )
     if path.is_dir():
-        return _checked(_from_folder(path, inputs), inputs, str(path))
+        files = sorted([*path.glob("*.npz"), *path.glob("*.npy")])
+        return _checked(_from_folder(path, inputs), inputs, str(path), _files(path, files))
     if path.suffix == ".npz":
-        return _checked(_unstack(_load_npz(path), inputs, str(path)), inputs, str(path))
+        return _checked(_unstack(_load_npz(path), inputs, str(path)), inputs, str(path), _files(path, [path]))
     if path.suffix == ".npy" and len(inputs) == 1:
-        return _checked(_unstack({inputs[0].name: _load_npy(path)}, inputs, str(path)), inputs, str(path))
+        one = _unstack({inputs[0].name: _load_npy(path)}, inputs, str(path))
+        return _checked(one, inputs, str(path), _files(path, [path]))
     raise InputError(f"Calibration data '{path}' is not a folder, an .npz, or (for a one-input model) an .npy file.")
 
 
@@ -123,13 +198,17 @@ def synthetic(
     plan = plan_feeds(model, shapes)
     message = (
         f"NO CALIBRATION DATA: calibrating and gating on {n} synthetic inputs ({plan.describe()}). Scales fit "
-        "random data, so the accuracy measured here says little about real inputs. Pass --calibration DIR "
-        "with real samples before trusting this model."
+        "random data, so the accuracy measured here says little about real inputs. Pass --calibration-text "
+        "FILE, --calibration-images DIR or --calibration DIR with real samples before trusting this model."
     )
     log.warning(message)
     warnings.warn(message, SyntheticCalibrationWarning, stacklevel=2)
     samples = [make_feeds(model, plan=plan, seed=i) for i in range(n)]
-    return CalibrationSet(samples, "synthetic inputs", synthetic=True, notes=[message])
+    return CalibrationSet(samples, "synthetic inputs", synthetic=True, notes=[message])  # origin: their digest
+
+
+def _files(path: Path, files: Sequence[Path]) -> DataSource:
+    return DataSource("files", str(path), digest_files(files))
 
 
 def _drain(reader: Any) -> list[Sample]:
@@ -225,7 +304,9 @@ def _unstack(arrays: Mapping[str, np.ndarray], inputs: Sequence[InputInfo], wher
     return [dict(arrays)]
 
 
-def _checked(samples: list[Sample], inputs: Sequence[InputInfo], where: str) -> CalibrationSet:
+def _checked(
+    samples: list[Sample], inputs: Sequence[InputInfo], where: str, data: DataSource | None = None
+) -> CalibrationSet:
     if not samples:
         raise InputError(f"Calibration data '{where}' holds no samples.")
     for i, sample in enumerate(samples):
@@ -233,7 +314,7 @@ def _checked(samples: list[Sample], inputs: Sequence[InputInfo], where: str) -> 
             samples[i] = validate_feeds(inputs, sample)
         except InputError as exc:
             raise InputError(f"Calibration data '{where}', sample {i}: {exc}") from None
-    return CalibrationSet(samples, where)
+    return CalibrationSet(samples, where, data=data)
 
 
 def _describe(inputs: Sequence[InputInfo]) -> str:
@@ -253,10 +334,13 @@ def write_samples(samples: Sequence[Mapping[str, np.ndarray]], folder: str | Pat
 
 
 __all__ = [
+    "MAX_CALIBRATION",
+    "MAX_HELDOUT",
     "CalibrationSet",
     "SyntheticCalibrationWarning",
     "load_calibration",
     "reader_for",
+    "spread",
     "synthetic",
     "write_samples",
 ]

@@ -4,6 +4,13 @@
 that step imports torch. We do that step ourselves (a basic-level offline optimization
 through a verified session, cached like any other) and then call the optimizer with
 ``opt_level=0``, which only runs the pattern fusions (pure onnx/numpy code).
+
+The optimizer reads the head count and hidden size from the graph's Q/K/V reshapes; exporters
+that write ``[batch, seq, -1, head_size]`` leave them unreadable, and the attention is then left
+unfused. A model in a folder (``data.folder_of``) has them in ``config.json``, and they are used
+when none are given. A wrong value there gives wrong results, not an error, so every fused
+model is run against its source on generated inputs before it is returned (``AccuracyGateError``,
+exit 1, when an output moved).
 """
 
 from __future__ import annotations
@@ -15,13 +22,16 @@ from typing import Any
 
 import onnx
 
-from ortpilot.errors import UsageError
+from ortpilot.errors import AccuracyGateError, UsageError
 from ortpilot.passes.base import Outcome, Pass, SourceModel, op_histogram
 from ortpilot.passes.optimize import OptimizePass
 from ortpilot.providers.names import ProviderLike, resolve_providers
 
 log = logging.getLogger("ortpilot")
 _DECODER_IO = ("past", "present", "cache")
+# A fusion rewrites math, it does not approximate it: fp32 outputs move by ~1e-6 of their scale.
+CHECK_ATOL = 1e-3
+CHECK_RTOL = 1e-3
 
 
 def fusion_model_types() -> list[str]:
@@ -82,9 +92,11 @@ class FusionPass(Pass):
         providers: Sequence[ProviderLike] | ProviderLike | None = None,
         use_gpu: bool = False,
         check: bool = True,
+        verify: bool = True,
     ) -> None:
         """``check``: refuse an unknown ``model_type`` now (it imports ORT's transformer optimizer,
-        0.2 s); without it ``transform`` refuses it, when that import is needed anyway."""
+        0.2 s); without it ``transform`` refuses it, when that import is needed anyway. ``verify``:
+        run the fused model against its source (module docstring)."""
         if check:
             _check_model_type(model_type)
         self.model_type = model_type
@@ -92,6 +104,7 @@ class FusionPass(Pass):
         self.hidden_size = hidden_size
         self.providers = resolve_providers(providers)
         self.use_gpu = use_gpu
+        self.verify = verify
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], **_: Any) -> FusionPass:
@@ -123,6 +136,9 @@ class FusionPass(Pass):
             model_type, reason = detect_model_type(source.proto)
             if model_type is None:
                 raise UsageError(f"--fusion auto cannot tell the model type: {reason}.")
+        heads, hidden, sized = self.num_heads, self.hidden_size, "given"
+        if not heads and not hidden:
+            heads, hidden, sized = _folder_dims(source)
         # ORT's own optimization step, done here so that optimize_model never imports torch.
         basic = OptimizePass("basic", self.providers).run(source).model
         quiet = logging.getLogger("onnxruntime.transformers.optimizer")
@@ -132,8 +148,8 @@ class FusionPass(Pass):
             optimizer = optimize_model(
                 basic,
                 model_type=model_type,
-                num_heads=self.num_heads,
-                hidden_size=self.hidden_size,
+                num_heads=heads,
+                hidden_size=hidden,
                 opt_level=0,
                 use_gpu=self.use_gpu,
             )
@@ -142,8 +158,14 @@ class FusionPass(Pass):
         stats = {k: int(v) for k, v in (optimizer.get_fused_operator_statistics() or {}).items()}
         model = optimizer.model
         notes = [f"model type {model_type} ({reason})"]
+        if heads or hidden:
+            notes.append(
+                f"num_heads={heads}, hidden_size={hidden} ({sized}; the graph's own values win where it has them)"
+            )
         if not any(stats.values()):
             notes.append("no fusion matched: the graph differs from the patterns ORT knows for this model type")
+        elif self.verify:
+            notes.append(_check_fused(source.proto, model, heads, hidden, sized))
         return Outcome(
             model,
             fused=stats,
@@ -151,8 +173,59 @@ class FusionPass(Pass):
             level="basic",
             providers=self.providers,
             ep_specific=True,
-            extra={"model_type": model_type, "fused_operator_statistics": stats},
+            extra={
+                "model_type": model_type,
+                "fused_operator_statistics": stats,
+                "num_heads": heads,
+                "hidden_size": hidden,
+                "sizes_from": sized,
+            },
         )
+
+
+def _folder_dims(source: SourceModel) -> tuple[int, int, str]:
+    """(num_heads, hidden_size, where from) of the model folder the source file sits in; (0, 0, "") otherwise."""
+    from ortpilot.data import folder_of
+
+    folder = folder_of(source.path) if source.path is not None else None
+    if folder is None or not (folder.get("num_heads") or folder.get("hidden_size")):
+        return 0, 0, ""
+    where = {folder.values[k].source for k in ("num_heads", "hidden_size") if k in folder.values}
+    return int(folder.get("num_heads") or 0), int(folder.get("hidden_size") or 0), ", ".join(sorted(where))
+
+
+def _check_fused(source: onnx.ModelProto, fused: onnx.ModelProto, heads: int, hidden: int, sized: str) -> str:
+    """Run both models on generated inputs; an output that moved is an AccuracyGateError naming the sizes."""
+    import numpy as np
+
+    from ortpilot.graph.feeds import make_feeds, plan_feeds
+    from ortpilot.session import load
+
+    try:
+        feeds = make_feeds(source, plan=plan_feeds(source), seed=0)
+    except UsageError as exc:  # a dim with no default: nothing to run it on
+        return f"fused model not checked against the source: {exc}"
+    a = load(source, placement=False)
+    b = load(fused, placement=False)
+    names = [o.name for o in a.get_outputs()]
+    worst, where, scale = 0.0, names[0], 0.0
+    for name, x, y in zip(names, a.run(names, feeds), b.run(names, feeds)):
+        if not np.issubdtype(x.dtype, np.floating) or not x.size:
+            continue
+        diff = float(np.max(np.abs(x.astype(np.float64) - y)))
+        scale = max(scale, float(np.max(np.abs(x))))
+        if diff > worst or not np.isfinite(diff):
+            worst, where = diff, name
+    bound = CHECK_ATOL + CHECK_RTOL * scale
+    if not worst <= bound:
+        told = f" (num_heads={heads}, hidden_size={hidden} from {sized})" if heads or hidden else ""
+        raise AccuracyGateError(
+            f"Transformer fusion changed the outputs: max |fused - source| = {worst:.3g} on '{where}' "
+            f"(allowed {bound:.3g}){told}. A wrong head count or hidden size computes a different "
+            "attention without any error; fix config.json or pass --num-heads/--hidden-size. The model "
+            "is left unfused."
+        )
+    return f"fused model checked against the source: max |difference| {worst:.2g} (allowed {bound:.2g})"
 
 
 __all__ = ["FusionPass", "detect_model_type", "fusion_model_types"]

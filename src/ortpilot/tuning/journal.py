@@ -41,6 +41,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "quantize": bool,
         "providers": list,
         "ort": str,
+        "data_sha256": _OPT_STR,  # the calibration / gate data file(s), None for generated inputs
         "budget_s": _NUMBER,
         "model": str,
         "journal_version": int,

@@ -46,6 +46,12 @@ def reference_feeds(profile: Mapping[str, Any]) -> dict[str, Any]:
     Gather that bounds token ids, so generating from it would give other inputs.
     """
     source = Path(profile["source_model"]["path"])
+    if "heldout_seed" not in profile["reference_outputs"]:
+        raise UsageError(
+            f"The profile's reference inputs were real held-out samples ({(profile.get('gate_data') or {}).get('path')}), "
+            f"not generated ones: they are in its {profile['reference_outputs'].get('file') or REFERENCE_FILE}, "
+            "which is missing beside the profile. Copy it there, or re-run 'ortpilot tune'."
+        )
     proto = load_model(source, load_external_data=False)
     shapes = {k: tuple(v) for k, v in (profile.get("shapes") or {}).items()}
     feeds = make_feeds(proto, plan=plan_feeds(proto, shapes), seed=int(profile["reference_outputs"]["heldout_seed"]))

@@ -75,9 +75,13 @@ def load_line(doc: dict[str, Any]) -> str:
 
 
 def headline(doc: dict[str, Any]) -> str:
+    from ortpilot.data import gate_phrase
+
     sp = doc["speedup"]
+    gated = gate_phrase(doc.get("gate_data"))
+    gated = f" {gated[0].upper()}{gated[1:]}." if gated else ""
     if doc["default_best"]:
-        return f"ORT's default session was already best: {doc['default_best_reason']}."
+        return f"ORT's default session was already best: {doc['default_best_reason']}.{gated}"
     timing = (
         "interleaved final measurement"
         if (doc["winner"].get("vs_default") or {}).get("timing", "interleaved") == "interleaved"
@@ -85,7 +89,7 @@ def headline(doc: dict[str, Any]) -> str:
     )
     return (
         f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x ORT's default on {doc['objective']} "
-        f"(95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}; {timing})."
+        f"(95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}; {timing}).{gated}"
     )
 
 
@@ -128,6 +132,20 @@ def gate_warning_line(doc: dict[str, Any]) -> str:
     return f"Warning: the accuracy gate was {doc['gate_warning']}." if doc.get("gate_warning") else ""
 
 
+def data_line(doc: dict[str, Any]) -> str:
+    """Where the gate's held-out samples and the calibration samples came from (``gate_data``, ``calibration_data``)."""
+
+    def one(d: dict[str, Any] | None) -> str:
+        if not d:
+            return "-"
+        total = f" of {d['total']}" if d.get("total") is not None else ""
+        where = f" from {d['path']}" if d.get("path") else ""
+        digest = f" (sha256 {d['sha256'][:12]})" if d.get("sha256") else ""
+        return f"{d['samples']}{total} {d['source']} samples{where}{digest}"
+
+    return f"Gate data: {one(doc.get('gate_data'))}; calibration data: {one(doc.get('calibration_data'))}."
+
+
 def render_md(doc: dict[str, Any]) -> str:
     lines = [
         f"# ortpilot tune: {doc['model']}",
@@ -140,6 +158,8 @@ def render_md(doc: dict[str, Any]) -> str:
         + f", objective {doc['objective']}, tune wall time {doc['wall_s']:.0f} s.",
         "",
         gate_line(doc) + " Outputs compared with ORT's default session's on held-out inputs.",
+        "",
+        data_line(doc),
         "",
         *([gate_warning_line(doc), ""] if doc.get("gate_warning") else []),
         "| candidate | status | p50 ms | p99 ms | p50 95% CI | p50 vs default | error | note |",
@@ -245,6 +265,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background
 <p>ONNX Runtime {e(doc["onnxruntime"])}; shapes {e(str(doc["shapes"]))}; objective {e(doc["objective"])};
 tune wall time {doc["wall_s"]:.1f} s.</p>
 <p>{e(gate_line(doc))}</p>
+<p>{e(data_line(doc))}</p>
 {f"<p><b>{e(gate_warning_line(doc))}</b></p>" if doc.get("gate_warning") else ""}
 <img alt="Pareto plot of latency vs error" src="data:image/png;base64,{pareto_png(doc)}">
 <h2>Candidates</h2>

@@ -138,8 +138,11 @@ def gather_facts(
     *,
     quantize: bool = True,
     int8: Int8Rule | None = None,
+    folder_attention: tuple[int, int] = (0, 0),
 ) -> Facts:
-    """What the space is built from; ``int8`` overrides this CPU's measured INT8 rule (tests, what-ifs)."""
+    """What the space is built from; ``int8`` overrides this CPU's measured INT8 rule (tests, what-ifs);
+    ``folder_attention``: (num_heads, hidden_size) from the model folder's config.json, used when the
+    graph does not say them (a fused model is gated like any candidate, so a wrong config fails there)."""
     excluded: list[Excluded] = []
     if providers:
         chosen = list(providers)
@@ -174,6 +177,9 @@ def gather_facts(
                 "already fused" if "GroupQueryAttention" in ops else "needs onnxscript (pip install onnxscript)",
             )
         )
+    attention = attention_dims(model) if model_type else (0, 0)
+    if model_type and attention == (0, 0):
+        attention = tuple(folder_attention)  # type: ignore[assignment]
     default_threads = ort_default_threads()
     if default_threads > cores:
         excluded.append(
@@ -193,7 +199,7 @@ def gather_facts(
         parallel,
         quantize,
         excluded,
-        attention_dims(model) if model_type else (0, 0),
+        attention,
         conv_heavy,
         decoder,
         gqa,

@@ -26,6 +26,7 @@ from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path
 from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.artifacts.profile import write_profile
 from ortpilot.artifacts.scratch import scratch_dir
+from ortpilot.data import DataSource, digest_samples
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
@@ -79,6 +80,8 @@ class TuneResult:
     load_avg: list[float] = field(default_factory=list)  # 1-min load average at the start and the end
     metric_evidence: dict[str, str] = field(default_factory=dict)  # output -> why its metric (measure.metrics)
     gate_samples: int = 0  # held-out samples the gate decided on
+    gate_data: dict[str, Any] = field(default_factory=dict)  # the held-out samples the gate ran on
+    calibration_data: dict[str, Any] = field(default_factory=dict)  # the samples static INT8 calibrated on
 
     def stats(self, entry: Entry) -> dict[str, Any]:
         samples = entry.final or entry.samples
@@ -116,6 +119,8 @@ class TuneResult:
             "onnxruntime": ort.__version__,
             "load_avg": self.load_avg,
             "load_note": load_note(self.load_avg, self.facts.cores),
+            "gate_data": self.gate_data,
+            "calibration_data": self.calibration_data,
             "candidates": candidates,
         }
 
@@ -139,7 +144,7 @@ def tune(
     objective: str = "p50",
     max_error: float | None = None,
     metric: str | Sequence[str] | None = None,
-    calibration: str | os.PathLike | None = None,
+    calibration: Any = None,
     providers: Sequence[Any] | None = None,
     resume: bool = False,
     quantize: bool = True,
@@ -154,6 +159,11 @@ def tune(
     interleaved measurement is reserved inside it). Raises UsageError for bad input before
     anything is written; Ctrl-C leaves the journal, so ``resume=True`` continues (and on a
     finished tune replays it: the same winner, nothing measured again).
+
+    ``calibration``: what ``passes.calibration.load_calibration`` reads (arrays, a reader, or
+    ``ortpilot.data.real_data`` text and images). Its split gives static INT8 variants their
+    calibration samples and the accuracy gate its held-out samples (``gate_data`` in the result,
+    the reports and profile.json); without it both are generated, and the result says so.
     """
     start = time.monotonic()
     load_start = _load1()
@@ -191,7 +201,7 @@ def _tune(
     objective: str,
     max_error: float | None,
     metric: str | Sequence[str] | None,
-    calibration: str | os.PathLike | None,
+    calibration: Any,
     providers: Sequence[Any] | None,
     resume: bool,
     quantize: bool,
@@ -203,13 +213,18 @@ def _tune(
     path = _model_path(model)
     proto = load_model(path, load_external_data=False)
     parsed = parse_shape_args(shapes) if shapes else {}
-    plan = plan_feeds(proto, parsed)  # a dim with no default raises here, naming the input
     overrides = MetricOverrides.parse(metric)
     limit = DEFAULT_MAX_ERROR if max_error is None else float(max_error)
     gate_spec = OutputGate.for_model(proto, limit, metrics=overrides, folder=folder_near(path))  # bad flags: exit 2 now
+    given = _given_data(proto, parsed, calibration)
+    if given is not None:  # the samples' own shapes (a text's sequence length) are the ones timed and gated
+        calib, real_heldout = given.split()
+        parsed = {**parsed, **{k: tuple(v.shape) for k, v in real_heldout[0].items()}}
+    plan = plan_feeds(proto, parsed)  # a dim with no default raises here, naming the input
     specs = resolve_providers(providers) if providers else None
-    facts = gather_facts(proto, specs, quantize=quantize)
-    calib = _calibration(proto, plan, calibration)
+    facts = gather_facts(proto, specs, quantize=quantize, folder_attention=_folder_attention(path))
+    if given is None:
+        calib = [make_feeds(proto, plan=plan, seed=i) for i in range(CALIBRATION_SAMPLES)]
     config = {
         "model_sha256": file_sha256(path),
         "shapes": {k: list(v) for k, v in plan.shapes.items()},
@@ -219,6 +234,7 @@ def _tune(
         "quantize": quantize,
         "providers": [s.to_dict() for s in facts.providers],
         "ort": ort.__version__,
+        "data_sha256": given.origin.sha256 if given is not None else None,
     }
     journal = Journal(out / JOURNAL_NAME, resume=resume)
     _check_resume(journal, config, out)
@@ -226,8 +242,21 @@ def _tune(
     if kept is not None:  # the inputs the journaled outputs were computed on, not a regeneration
         kept_file(out, kept, "reference")  # checked now, before any work, not when the gate needs it
         heldout = load_samples(kept_file(out, kept, "heldout"))
+    elif given is not None:
+        heldout = real_heldout
     else:
         heldout = [make_feeds(proto, plan=plan, seed=HELDOUT_SEED + i) for i in range(max(1, samples))]
+    if given is not None:
+        gate_data, calibration_data = given.gate_data(), given.calibration_data()
+    else:
+        gate_data = DataSource("synthetic", None, digest_samples(heldout)).describe(len(heldout))
+        calibration_data = DataSource("synthetic", None, digest_samples(calib)).describe(len(calib))
+        log.warning(
+            "NO GATE DATA: the accuracy gate compares candidates on %d synthetic inputs (%s), which say "
+            "little about real inputs; pass --calibration-text, --calibration-images or --calibration.",
+            len(heldout),
+            plan.describe(),
+        )
     sweep(out)
     if journal.get("start") is None:
         journal.append(
@@ -284,6 +313,8 @@ def _tune(
             load_avg=_load_avg(journal, replay_only, load_start),
             metric_evidence={n: c.evidence for n, c in _choices(search.gate).items()},
             gate_samples=len(heldout),
+            gate_data=gate_data,
+            calibration_data=calibration_data,
         )
         _write_outputs(result, path, _winner_model(worker, winner, path), heldout[0])
         journal.append(
@@ -423,14 +454,22 @@ def _model_path(model: str | os.PathLike | None) -> Path:
     return Path(text)
 
 
-def _calibration(proto: Any, plan: Any, calibration: str | os.PathLike | None) -> list[dict[str, Any]]:
+def _given_data(proto: Any, shapes: Mapping[str, tuple[int, ...]], calibration: Any) -> Any:
     """User samples through the one loader quantize and compare use (names, dtypes and ranks checked against
-    the model, so a mismatch is an error now, not a failed candidate later), else synthetic inputs."""
+    the model, so a mismatch is an error now, not a failed candidate later); None without any."""
     if calibration is None:
-        return [make_feeds(proto, plan=plan, seed=i) for i in range(CALIBRATION_SAMPLES)]
+        return None
     from ortpilot.passes.calibration import load_calibration
 
-    return load_calibration(calibration, proto, shapes=plan.shapes).samples
+    return load_calibration(calibration, proto, shapes=shapes)
+
+
+def _folder_attention(path: Path) -> tuple[int, int]:
+    """(num_heads, hidden_size) from the model folder's config.json, for a fusion the graph cannot size."""
+    from ortpilot.data import folder_of
+
+    folder = folder_of(path)
+    return (int(folder.get("num_heads") or 0), int(folder.get("hidden_size") or 0)) if folder else (0, 0)
 
 
 def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
@@ -565,7 +604,7 @@ def _write_outputs(result: TuneResult, source: Path, built: Path, reference_feed
         extra={
             "candidate": winner.candidate.to_dict(),
             "reference_outputs": {
-                "heldout_seed": HELDOUT_SEED,
+                **({"heldout_seed": HELDOUT_SEED} if result.gate_data.get("source") == "synthetic" else {}),
                 "inputs_sha256": result.heldout_sha256,
                 "sha256": winner.prepared.get("output_sha256") or {},
                 "file": reference.name,
@@ -574,6 +613,8 @@ def _write_outputs(result: TuneResult, source: Path, built: Path, reference_feed
             "shapes": {k: list(v) for k, v in result.shapes.items()},
             "placement": winner.prepared.get("placement"),
             "default_best": result.default_best,
+            "gate_data": result.gate_data,
+            "calibration_data": result.calibration_data,
             **({"optimized_model": optimized} if optimized else {}),
         },
     )
