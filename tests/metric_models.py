@@ -100,9 +100,49 @@ def save(model: onnx.ModelProto, path: Path) -> Path:
     return save_model(model, path)
 
 
+WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "on",
+    "mat",
+    "runs",
+    "fast",
+    "slow",
+    "model",
+    "onnx",
+    "graph",
+    "layer",
+    "vector",
+    "sentence",
+    "meaning",
+    "rain",
+    "day",
+]
+SENTENCES = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(2 + i % 9)) for i in range(24)]  # 2-10 words
+
+
+def word_tokenizer(path: Path) -> Path:
+    """A WordLevel tokenizer.json over ``WORDS`` ([CLS] text [SEP]); every id stays below ``VOCAB``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    tok.save(str(path))
+    return path
+
+
 def sentence_folder(root: Path, model: onnx.ModelProto | None = None) -> Path:
-    """A sentence-transformers export: model.onnx, config.json and 1_Pooling/config.json (mean pooling)."""
+    """A sentence-transformers export: model.onnx, config.json, tokenizer.json and 1_Pooling/config.json
+    (mean pooling)."""
     save(model or token_model(), root / "model.onnx")
+    word_tokenizer(root / "tokenizer.json")
     (root / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": HIDDEN}))
     (root / "1_Pooling").mkdir(parents=True, exist_ok=True)
     (root / "1_Pooling" / "config.json").write_text(

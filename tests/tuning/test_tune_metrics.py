@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from metric_models import padded_samples, save, three_outputs, token_model
+from metric_models import SENTENCES, padded_samples, save, sentence_folder, three_outputs, token_model
 
 from ortpilot.artifacts.profile import write_profile
 from ortpilot.cli.main import cli
@@ -125,3 +125,38 @@ def test_verify_holds_outputs_to_the_recorded_metric_under_the_mask(tmp_path, re
     result = verify_profile(profile)
     assert result.mode == "tolerance" and result.outputs[0].metric == metric
     assert result.passed is passes, result.outputs[0].detail
+
+
+@pytest.fixture(scope="module")
+def st_text(tmp_path_factory):
+    """A sentence-transformers folder around ``token_model`` and sentences of 2 to 10 words (padded: masks of 0)."""
+    root = tmp_path_factory.mktemp("st")
+    text = root / "sentences.txt"
+    text.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    return sentence_folder(root / "st"), text, save(token_model("padding", scale=3.0), root / "noisy.onnx")
+
+
+def test_tune_on_real_sentences_gates_the_pooled_embedding_under_their_masks(st_text, tmp_path):
+    """The worker path: the saved outputs are judged with the held-out sentences' masks (without them a
+    pooled metric cannot be computed and the tune would fail)."""
+    folder, text, _ = st_text
+    res = CliRunner().invoke(
+        cli,
+        ["tune", str(folder), "--calibration-text", str(text), "-o", str(tmp_path / "o")]
+        + ["--budget", "15", "--no-quantize", "--json"],
+    )
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["metrics"] == {"last_hidden_state": "pooled_cosine"}
+    assert doc["metric_evidence"]["last_hidden_state"].startswith("1_Pooling/config.json: mean pooling")
+    assert doc["gate_samples"] == doc["gate_data"]["samples"] == 6 and "fewer than 16" in doc["gate_warning"]
+    assert all(c["accuracy"]["passed"] for c in doc["candidates"] if c["status"] == "ok")
+
+
+def test_compare_on_padded_sentences_leaves_padding_out(st_text):
+    folder, text, noisy = st_text
+    args = ["compare", str(folder), str(noisy), "--calibration-text", str(text), "--all-samples", "--json"]
+    pooled = json.loads(CliRunner().invoke(cli, args).stdout)["outputs"][0]
+    plain = json.loads(CliRunner().invoke(cli, [*args, "--metric", "cosine"]).stdout)["outputs"][0]
+    assert pooled["metric"] == "pooled_cosine" and pooled["error"] < 1e-6  # the noise is only at padding
+    assert plain["metric"] == "cosine" and plain["error"] > 0.01  # counted at padding, it would fail a gate
