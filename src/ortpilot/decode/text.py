@@ -10,29 +10,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ortpilot.data.text import load_tokenizer as load_tokenizer  # the one reader; the loops use it from here
 from ortpilot.errors import UsageError
 
 # ChatML, the template of SmolLM2-Instruct (and Qwen): the text a chat model was trained on.
 CHATML_USER = "<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 CHATML_SYSTEM = "<|im_start|>system\n{text}<|im_end|>\n"
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<|end_of_text|>", "<eos>")
-
-
-def load_tokenizer(path: str | os.PathLike) -> Any:
-    """A ``tokenizers.Tokenizer`` from ``tokenizer.json`` (or a folder holding one)."""
-    file = Path(path)
-    if file.is_dir():
-        file = file / "tokenizer.json"
-    if not file.is_file():
-        raise UsageError(f"Tokenizer file '{file}' does not exist; pass the tokenizer.json saved with the model.")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise UsageError("--tokenizer needs the 'tokenizers' package: pip install tokenizers.") from None
-    try:
-        return Tokenizer.from_file(str(file))
-    except Exception as exc:
-        raise UsageError(f"'{file}' is not a Hugging Face tokenizer.json ({exc}).") from None
 
 
 def chat_prompt(tokenizer: Any, text: str, system: str | None = None) -> str:
