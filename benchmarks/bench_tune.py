@@ -31,8 +31,8 @@ from _prep import package_file, tune_bench_parser, write_json
 
 import ortpilot
 from ortpilot.graph.feeds import make_feeds, plan_feeds
-from ortpilot.measure.compare import choose_metric, metric_error
 from ortpilot.measure.interleave import BenchConfig, bench_interleaved
+from ortpilot.measure.metrics import choose_metrics, folder_near, masks_of, metric_error
 from ortpilot.modelio import load_model
 from ortpilot.session import load
 
@@ -120,23 +120,23 @@ def check_samples(
 
 
 def accuracy(reference: Any, test: Any, samples: list[dict[str, np.ndarray]]) -> dict[str, dict[str, Any]]:
-    """Per output: the gate's metric, its error, and for cosine the mean cosine similarity."""
+    """Per output: the gate's metric (chosen on evidence, as tune chooses it), its error, and for cosine the
+    mean cosine similarity."""
     names = [o.name for o in reference.get_outputs()]
+    choices = choose_metrics(reference.model, folder_near(reference.model_path))
     ref = [reference.run(None, s) for s in samples]
     got = [test.run(None, s) for s in samples]
     out = {}
     for j, n in enumerate(names):
         a, b = [r[j] for r in ref], [g[j] for g in got]
-        if not np.issubdtype(a[0].dtype, np.floating):
-            out[n] = {"metric": "exact", "error": float(np.mean([np.mean(x != y) for x, y in zip(a, b)]))}
-            continue
-        metric = choose_metric(n, a[0].shape, a[0].dtype)
-        err = float(metric_error(metric, a, b))
+        choice = choices[n]
+        err = float(metric_error(choice.metric, a, b, masks_of(choice, samples)))
         out[n] = {
-            "metric": metric,
+            "metric": choice.metric,
+            "evidence": choice.evidence,
             "error": err,
-            "rel_l2": float(metric_error("rel_l2", a, b)),
-            **({"cosine": 1.0 - err} if metric == "cosine" else {}),
+            **({"rel_l2": float(metric_error("rel_l2", a, b))} if np.issubdtype(a[0].dtype, np.floating) else {}),
+            **({"cosine": 1.0 - err} if choice.metric.endswith("cosine") else {}),
         }
     return out
 

@@ -181,6 +181,7 @@ def compare(
     tokenizer: str | None = None,
     new_tokens: int = 16,
     min_top1: float = 0.9,
+    metric: Any = None,
 ) -> Any:
     """``ortpilot compare``: ``other`` against ``model`` (or ``model`` on two providers), output by output.
 
@@ -188,10 +189,11 @@ def compare(
     generation gate: top-1 next-token agreement, KL; prompts from ``tokenizer`` or random token
     ids) and return a ``gate.generation.DecoderComparison``; everything else runs
     ``measure.compare.compare_models`` on ``inputs``, ``calibration`` samples or generated inputs
-    and returns its ``Comparison``. ``calibration`` (what ``passes.calibration.load_calibration``
-    reads: arrays, or ``ortpilot.data.real_data`` text and images) gives the held-out samples of its
-    split, the ones quantize and tune gate on, or every sample with ``all_samples``; the result's
-    ``gate_data`` says which. :func:`compare_failure` says whether the result fails.
+    and returns its ``Comparison`` (``metric``: ``--metric`` overrides of each output's gate metric).
+    ``calibration`` (what ``passes.calibration.load_calibration`` reads: arrays, or
+    ``ortpilot.data.real_data`` text and images) gives the held-out samples of its split, the ones
+    quantize and tune gate on, or every sample with ``all_samples``; the result's ``gate_data`` says
+    which. :func:`compare_failure` says whether the result fails.
     """
     from ortpilot.decode.signature import is_kv_decoder
     from ortpilot.measure.compare import compare_models
@@ -200,6 +202,8 @@ def compare(
     if other is not None and not inputs and not calibration and is_kv_decoder(model) and is_kv_decoder(other):
         from ortpilot.decode.gate import compare_decoders, text_prompts
         from ortpilot.gate.generation import GenerationGate
+
+        _no_metric(metric, "two decoders are compared on generation (top-1 next-token agreement, --min-top1)")
 
         return compare_decoders(
             model,
@@ -228,10 +232,24 @@ def compare(
             samples = found.split()[1]
             data = found.gate_data()
     result = compare_models(
-        model, other, chain, samples=samples, shapes=shape_map, n_samples=n_samples, tolerances=tolerances
+        model,
+        other,
+        chain,
+        samples=samples,
+        shapes=shape_map,
+        n_samples=n_samples,
+        tolerances=tolerances,
+        metrics=metric,
     )
     result.gate_data = data or DataSource("synthetic").describe(result.samples)
     return result
+
+
+def _no_metric(metric: Any, why: str) -> None:
+    if metric:
+        from ortpilot.errors import UsageError
+
+        raise UsageError(f"--metric sets how outputs are compared, but {why}; drop --metric.")
 
 
 def compare_failure(result: Any) -> Exception | None:
@@ -273,6 +291,7 @@ def quantize_gated(
     max_positions: int | None = None,
     min_top1: float = 0.9,
     tokenizer: str | None = None,
+    metric: Any = None,
     **int8_options: Any,
 ) -> Any:
     """``ortpilot quantize``: quantize ``model`` in any ``mode``, gate it, write ``output`` only if it passes.
@@ -282,7 +301,8 @@ def quantize_gated(
     ``QuantizePass`` settings) and return its ``QuantizeReport``. Weight-only modes (int4,
     int8-weights) quantize a decoder's weights and are gated on generation
     (``decode.gate.quantize_weight_only_gated``: ``min_top1``, prompts from ``tokenizer``) and
-    return its JSON-ready report. Both rescue a failing model with the one auto-exclude loop
+    return its JSON-ready report. ``metric`` (INT8 modes): ``--metric`` overrides of each output's gate
+    metric (``measure.metrics``). Both rescue a failing model with the one auto-exclude loop
     (``auto_exclude``) and raise ``AccuracyGateError`` (exit 1) without writing when it still fails.
     """
     from ortpilot.decode.gate import WEIGHT_ONLY_MODES
@@ -290,6 +310,8 @@ def quantize_gated(
     if mode in WEIGHT_ONLY_MODES:
         from ortpilot.decode.gate import quantize_weight_only_gated, text_prompts
         from ortpilot.gate.generation import GenerationGate
+
+        _no_metric(metric, f"--mode {mode} is gated on generation (top-1 next-token agreement, --min-top1)")
 
         return quantize_weight_only_gated(
             model,
@@ -317,5 +339,6 @@ def quantize_gated(
         auto_exclude=auto_exclude,
         max_rounds=max_rounds,
         nodes_to_exclude=list(nodes_to_exclude),
+        metrics=metric,
         **int8_options,
     )

@@ -19,6 +19,7 @@ from ortpilot.gate.core import ModelGate
 from ortpilot.gate.exclude import Bisect, Layer, NoiseShare, Rounds, Try, auto_exclude, propose
 from ortpilot.gate.outputs import OutputGate
 from ortpilot.gate.result import Check, GateResult
+from ortpilot.measure.metrics import MetricChoice, MetricOverrides
 
 
 @dataclass
@@ -150,9 +151,9 @@ def test_output_gate_checks_every_output_and_refuses_a_bad_limit():
     broken = OutputGate(0.01).check(ref, {"emb": [np.ones((1, 4, 7), np.float32)]})
     assert not broken.passed and {c.note for c in broken.checks} == {"shape changed", "output missing"}
     assert OutputGate(None).check(ref, {"emb": [-ref["emb"][0]], "logits": ref["logits"]}).passed  # measured only
-    forced = OutputGate(0.01, metrics={"logits": "rel_l2"}).check(ref, ref)
+    forced = OutputGate(0.01, {"logits": MetricChoice("rel_l2", "set by --metric")}).check(ref, ref)
     assert forced.check("logits").metric == "rel_l2"
     with pytest.raises(UsageError, match="max-error must be >= 0"):
         OutputGate(-1.0)
-    with pytest.raises(UsageError, match="Unknown --metric"):
-        OutputGate(0.01, "l1")
+    with pytest.raises(UsageError, match="Unknown --metric 'l1'"):
+        MetricOverrides.parse("l1")

@@ -64,7 +64,8 @@ def test_nan_and_inf_are_counted_and_fail():
     ("name", "shape", "metric"),
     [
         ("logits", (1, 1000), "top1"),
-        ("y", (4, 10), "top1"),
+        ("y", (4, 10), "cosine"),  # a small 2-D float output is not class scores without evidence
+        ("probs", (1, 1), "rel_l2"),  # one score per row: top-1 cannot disagree
         ("last_hidden_state", (1, 128, 384), "cosine"),
         ("sentence_embedding", (1, 384), "cosine"),
         ("boxes", (1, 100, 4), "rel_l2"),
@@ -74,6 +75,7 @@ def test_nan_and_inf_are_counted_and_fail():
 )
 def test_metric_choice(name, shape, metric):
     assert choose_metric(name, shape) == metric
+    assert choose_metric(name, shape, np.int64) == "exact"
 
 
 def test_metric_values():

@@ -11,6 +11,7 @@ from rich.table import Table
 from ortpilot.cli.cmd_optimize import _num
 from ortpilot.cli.common import (
     ISOLATE_HELP,
+    METRIC_HELP,
     MODEL_FILE_OPTION,
     PROVIDER_HELP,
     REAL_DATA_OPTIONS,
@@ -39,6 +40,7 @@ from ortpilot.cli.common import (
 )
 @click.option("--atol", "atol", multiple=True, help="Absolute tolerance, or NAME:VALUE for one output (repeatable).")
 @click.option("--rtol", "rtol", multiple=True, help="Relative tolerance, or NAME:VALUE for one output (repeatable).")
+@click.option("--metric", "metric", multiple=True, help=METRIC_HELP)
 @click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input.")
 @click.option(
     "--calibration",
@@ -84,6 +86,7 @@ def command(
     providers: tuple[str, ...],
     atol: tuple[str, ...],
     rtol: tuple[str, ...],
+    metric: tuple[str, ...],
     inputs: tuple[str, ...],
     calibration: str | None,
     all_samples: bool,
@@ -127,6 +130,7 @@ def command(
         tokenizer=data_flags().get("tokenizer") if data is None else None,
         new_tokens=new_tokens,
         min_top1=min_top1,
+        metric=list(metric) or None,
     )
     if as_json:
         emit_json(result.to_dict())
@@ -182,6 +186,11 @@ def render_comparison(comparison: Any) -> None:
     for label, cell in rows:
         table.add_row(label, *[cell(o) for o in c["outputs"]])
     stdout.print(table)
+    for o in c["outputs"]:
+        if o.get("metric_evidence"):
+            stdout.print(
+                f"{escape(o['name'])}: gate metric {o['metric']} ({escape(o['metric_evidence'])})", highlight=False
+            )
     for o in c["outputs"]:
         stdout.print(
             f"{escape(o['name'])}: minimum tolerance that passes: atol={_num(o['min_atol'])} (rtol=0) or "

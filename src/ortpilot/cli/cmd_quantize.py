@@ -12,6 +12,7 @@ from ortpilot.cli.cmd_compare import render_comparison
 from ortpilot.cli.cmd_optimize import render_record
 from ortpilot.cli.common import (
     ISOLATE_HELP,
+    METRIC_HELP,
     MODEL_FILE_OPTION,
     REAL_DATA_OPTIONS,
     SHAPE_HELP,
@@ -67,9 +68,10 @@ from ortpilot.cli.common import (
     "--max-error",
     type=float,
     default=None,
-    help="Refuse to write the model if its error on held-out samples exceeds this (cosine distance for "
-    "embeddings, top-1 disagreement for class scores, relative L2 otherwise).",
+    help="Refuse to write the model if its error on held-out samples exceeds this (each output by its metric: "
+    "see --metric).",
 )
+@click.option("--metric", "metric", multiple=True, help=METRIC_HELP + " INT8 modes.")
 @click.option("--auto-exclude", is_flag=True, help="Leave the worst layers in float until --max-error passes.")
 @click.option("--max-rounds", type=click.IntRange(1), default=6, show_default=True, help="Rounds of --auto-exclude.")
 @click.option("--exclude", "exclude", multiple=True, help="Node name to leave in float (repeatable).")
@@ -120,6 +122,7 @@ def command(
     calibration: str | None,
     method: str,
     max_error: float | None,
+    metric: tuple[str, ...],
     auto_exclude: bool,
     max_rounds: int,
     exclude: tuple[str, ...],
@@ -192,6 +195,7 @@ def command(
             max_positions=max_positions,
             min_top1=min_top1,
             tokenizer=tokenizer,
+            metric=list(metric) or None,
             **int8,
         )
     if as_json:

@@ -6,6 +6,7 @@ import click
 from rich.markup import escape
 
 from ortpilot.cli.common import (
+    METRIC_HELP,
     MODEL_FILE_OPTION,
     PROVIDER_HELP,
     REAL_DATA_OPTIONS,
@@ -40,12 +41,7 @@ MODEL_BUDGET_S = 300.0
 )
 @click.option("--objective", type=click.Choice(["p50", "p99", "throughput"]), default="p50", show_default=True)
 @click.option("--max-error", type=float, default=None, help="Largest accepted error per output (default 0.01).")
-@click.option(
-    "--metric",
-    type=click.Choice(["cosine", "top1", "rel_l2"]),
-    default=None,
-    help="Force one accuracy metric for every output (default: chosen per output).",
-)
+@click.option("--metric", "metric", multiple=True, help=METRIC_HELP)
 @click.option(
     "--calibration",
     type=click.Path(),
@@ -66,7 +62,7 @@ def command(
     budget: float | None,
     objective: str,
     max_error: float | None,
-    metric: str | None,
+    metric: tuple[str, ...],
     calibration: str | None,
     providers: tuple[str, ...],
     no_quantize: bool,
@@ -96,7 +92,7 @@ def command(
                 shapes=list(shapes) or None,
                 objective=objective,
                 max_error=max_error,
-                metric=metric,
+                metric=list(metric) or None,
                 calibration=data if data is not None else calibration,
                 providers=list(providers) or None,
                 resume=resume,
@@ -172,26 +168,25 @@ class _ProgressView:
 def render_summary(doc: dict) -> None:
     from rich.table import Table
 
-    from ortpilot.tuning.report import data_line, headline, ranked_candidates
-
-    stderr.print(
-        escape(
-            "Accuracy metric per output: "
-            + ", ".join(f"{n}: {m}" for n, m in doc["metrics"].items())
-            + f" (max error {doc['max_error']:g})"
-        ),
-        highlight=False,
+    from ortpilot.tuning.report import (
+        RATIO_NOTE,
+        data_line,
+        gate_line,
+        gate_warning_line,
+        headline,
+        ratio_cell,
+        table_rows,
     )
-    table = Table(title=f"Top candidates ({doc['objective']}, ORT {doc['onnxruntime']})")
-    for col in ("candidate", "p50 ms", "p99 ms", "p50 95% CI", "error", "vs default"):
+
+    stderr.print(escape(gate_line(doc)), highlight=False)
+    table = Table(title=f"Top candidates ({doc['objective']}, ORT {doc['onnxruntime']})", caption=escape(RATIO_NOTE))
+    for col in ("candidate", "p50 ms", "p99 ms", "p50 95% CI", "error", "p50 vs default"):
         table.add_column(col)
-    base = (doc["baseline"].get("latency") or {}).get("p50_ms")
-    shown = [c for c in ranked_candidates(doc) if c["status"] == "ok"][:6]
+    shown = table_rows(doc)
     for c in shown:
         lat = c.get("latency") or c.get("screen_latency") or {}
         ci = lat.get("median_ci95_ms")
         acc = (c.get("accuracy") or {}).get("worst_error")
-        ratio = f"{base / lat['p50_ms']:.2f}x" if base and lat.get("p50_ms") else "-"
         mark = " [green]<- profile[/]" if c["id"] == doc["winner"]["id"] else ""
         table.add_row(
             escape(c["label"]) + mark,
@@ -199,7 +194,7 @@ def render_summary(doc: dict) -> None:
             f"{lat.get('p99_ms', 0):.3f}",
             f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
             "-" if acc is None else f"{acc:.1e}",
-            ratio,
+            escape(ratio_cell(c)),
         )
     stderr.print(table)
     counts: dict[str, int] = {}
@@ -222,6 +217,8 @@ def render_summary(doc: dict) -> None:
     stderr.print(
         ("[bold]" if not doc["default_best"] else "[bold yellow]") + escape(headline(doc)) + "[/]", highlight=False
     )
+    if doc.get("gate_warning"):
+        stderr.print(f"[yellow]{escape(gate_warning_line(doc))}[/]", highlight=False)
     if doc.get("load_note"):
         stderr.print(f"[yellow]Note: {escape(doc['load_note'])}.[/]", highlight=False)
     files = doc["files"]

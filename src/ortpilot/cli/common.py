@@ -273,4 +273,9 @@ def load_input_files(items: tuple[str, ...]) -> dict[str, Any]:
 
 
 PROVIDER_HELP = "Execution provider, in priority order (repeatable): cpu cuda tensorrt openvino coreml dml webgpu qnn, or 'cuda:device_id=1'."
+METRIC_HELP = (
+    "How outputs are compared: METRIC for every output, or OUTPUT=METRIC for one (repeatable). Metrics: "
+    "cosine, top1, rel_l2, exact, pooled_cosine, masked_cosine, masked_top1, masked_rel_l2, masked_exact. "
+    "Default: chosen per output on evidence, printed beside it."
+)
 SHAPE_HELP = "Fix a dynamic shape: NAME=1x3x224x224 for an input, or DIM=64 for a symbolic dim (repeatable)."

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from ortpilot.gate.outputs import OutputGate, SampleProbe
 from ortpilot.gate.rankings import int8_ranking
 from ortpilot.gate.result import GateResult, gate_failure
 from ortpilot.graph.feeds import make_feeds, plan_feeds
+from ortpilot.measure.metrics import folder_near
 from ortpilot.passes.base import ModelLike, PassRecord, PassResult, SourceModel
 from ortpilot.passes.calibration import CalibrationSet, load_calibration
 from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass
@@ -66,7 +67,9 @@ def _gate_doc(result: GateResult) -> dict[str, Any]:
         "error": finite(result.error),
         "worst_output": result.worst_output,
         "metric": result.metric,
+        "metrics": {name: choice.to_dict() for name, choice in result.choices.items()},
         "samples": result.samples,
+        "warning": result.warning or None,
         "comparison": result.comparison.to_dict() if result.comparison is not None else None,
         "worst_layers": [w.to_dict() if hasattr(w, "to_dict") else w for w in result.worst_layers],
     }
@@ -128,18 +131,28 @@ def quantize_int8_gated(
     worst_n: int = 5,
     holdout_fraction: float = 0.25,
     providers: Sequence[str] | None = None,
+    metrics: Any = None,
     **pass_options: Any,
 ) -> QuantizeReport:
-    """Quantize ``model`` in an INT8 ``mode``, gate it on held-out samples, write it to ``output`` if it passes."""
+    """Quantize ``model`` in an INT8 ``mode``, gate it on held-out samples, write it to ``output`` if it passes.
+
+    ``metrics``: ``--metric`` overrides of the metric each output is gated by (``measure.metrics``)."""
     source = SourceModel.of(model)
     if mode == "full" and max_error is None:
         max_error = DEFAULT_FULL_MAX_ERROR
         log.info("--mode full is always gated: using --max-error %g.", max_error)
-    gate_spec = OutputGate(max_error, compare=True)  # a bad --max-error is refused before any work
+    # A bad --max-error or --metric is refused before any work.
+    gate_spec = OutputGate.for_model(
+        source.proto, max_error, metrics=metrics, folder=folder_near(source.path), compare=True
+    )
     data = _samples(source, mode, calibration, shapes, max_error)
     calib, heldout = data.split(holdout_fraction)
     step = QuantizePass(mode, calibration=calib if mode != "dynamic" else None, **pass_options)
-    gate = ModelGate.of(gate_spec, SampleProbe(heldout, providers), str(source.path) if source.path else source.proto)
+    gate = ModelGate.of(
+        replace(gate_spec, inputs=heldout),
+        SampleProbe(heldout, providers),
+        str(source.path) if source.path else source.proto,
+    )
     rescue = auto_exclude and max_error is not None
     outcome = run_auto_exclude(
         QuantizeStep(step, source),

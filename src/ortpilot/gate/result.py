@@ -16,6 +16,20 @@ from typing import Any
 
 from ortpilot.errors import AccuracyGateError
 
+# Below this many held-out samples a verdict says little: 4 samples that agree on top-1 leave a
+# 1-in-2 disagreement rate plausible, and one unlucky sample rejects a good model.
+MIN_GATE_SAMPLES = 16
+
+
+def few_samples_warning(samples: int) -> str:
+    """The warning a gate decided on fewer than ``MIN_GATE_SAMPLES`` held-out samples carries ("" otherwise)."""
+    if samples >= MIN_GATE_SAMPLES:
+        return ""
+    return (
+        f"decided on only {samples} held-out sample(s), fewer than {MIN_GATE_SAMPLES}: the verdict may not hold "
+        "on other inputs; give more samples"
+    )
+
 
 @dataclass(frozen=True)
 class Check:
@@ -46,6 +60,12 @@ class GateResult:
     summary: str = ""  # one line, written by the gate that checked
     comparison: Any = None  # measure.compare.Comparison, generation.DecoderComparison, or None
     worst_layers: list[Any] = field(default_factory=list)  # filled in when the gate failed and layers were ranked
+    choices: Mapping[str, Any] = field(default_factory=dict)  # output gates: name -> measure.metrics.MetricChoice
+
+    @property
+    def warning(self) -> str:
+        """Why the verdict deserves less trust than it reads ("" when nothing says so)."""
+        return few_samples_warning(self.samples) if self.samples else ""
 
     @property
     def passed(self) -> bool:
@@ -131,4 +151,4 @@ def gate_failure(result: GateResult, hint: str = "") -> AccuracyGateError:
     )
 
 
-__all__ = ["Check", "GateResult", "gate_failure"]
+__all__ = ["MIN_GATE_SAMPLES", "Check", "GateResult", "few_samples_warning", "gate_failure"]

@@ -51,22 +51,27 @@ class InputInfo:
 def graph_inputs(model: onnx.ModelProto) -> list[InputInfo]:
     """Real inputs: graph inputs that are not also initializers (old exporters list both)."""
     inits = {i.name for i in model.graph.initializer}
-    out = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        ttype = vi.type.tensor_type
-        dims: list[int | str | None] = []
-        if ttype.HasField("shape"):
-            for d in ttype.shape.dim:
-                if d.HasField("dim_value"):
-                    dims.append(int(d.dim_value))
-                elif d.HasField("dim_param") and d.dim_param:
-                    dims.append(d.dim_param)
-                else:
-                    dims.append(None)
-        out.append(InputInfo(vi.name, ttype.elem_type, tuple(dims)))
-    return out
+    return [
+        InputInfo(vi.name, vi.type.tensor_type.elem_type, value_dims(vi) or ())
+        for vi in model.graph.input
+        if vi.name not in inits
+    ]
+
+
+def value_dims(value: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
+    """A value's declared dims (a number, a symbol, or None when unnamed); None when it has no shape."""
+    ttype = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not ttype.HasField("shape"):
+        return None
+    dims: list[int | str | None] = []
+    for d in ttype.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return tuple(dims)
 
 
 def parse_shape_args(

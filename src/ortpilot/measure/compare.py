@@ -1,17 +1,15 @@
 """Accuracy of one model (or provider) against another, output by output.
 
 Per output: max/mean/median/p99 absolute and relative error, cosine similarity, SNR in dB,
-top-1/top-5 agreement when the output looks like class scores, NaN/Inf counts, and the
-minimum atol / rtol that would have passed (the line of Polygraphy's comparator people
-actually read). ``choose_metric`` picks the one number a gate or the tuner compares against a
-limit: cosine distance for embeddings and hidden states, top-1 disagreement for class scores,
-relative L2 error otherwise.
+top-1/top-5 agreement when the output holds class scores, NaN/Inf counts, and the minimum
+atol / rtol that would have passed (the line of Polygraphy's comparator people actually read).
+Each output is also judged by the one metric a gate or the tuner compares against a limit,
+chosen on evidence by ``measure.metrics`` (the choice and its evidence are in the statistics).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,78 +17,25 @@ from typing import Any
 import numpy as np
 
 from ortpilot.errors import InputError, UsageError
+from ortpilot.measure.metrics import (
+    METRIC_DESCRIPTIONS,
+    MetricChoice,
+    choice_for_array,
+    choose_metric,
+    choose_metrics,
+    flatten,
+    folder_near,
+    masked,
+    masks_of,
+    metric_error,
+    topk_agreement,
+)
 
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-5
-_CLASS_NAME = re.compile(r"(logit|score|prob|class|pred)", re.I)
-_EMBED_NAME = re.compile(r"(hidden|embed|pool|feature|encoder_out|last_hidden|sentence|vector|present)", re.I)
 _TINY = np.finfo(np.float64).tiny
 
 Runs = Sequence[Mapping[str, np.ndarray]]
-
-
-# --------------------------------------------------------------------------- metric choice
-
-
-def looks_like_class_scores(name: str, shape: Sequence[int]) -> bool:
-    """Scores over classes: a named logits/scores/probs output, or a small 2-D [batch, classes]."""
-    if len(shape) < 2 or shape[-1] < 2:
-        return False
-    if _EMBED_NAME.search(name):
-        return False
-    if _CLASS_NAME.search(name):
-        return True
-    return len(shape) == 2 and shape[-1] <= 1000
-
-
-def looks_like_embedding(name: str, shape: Sequence[int]) -> bool:
-    """Vectors whose direction is the meaning: hidden states, sentence/token embeddings."""
-    if len(shape) < 2 or shape[-1] < 8:
-        return False
-    if _EMBED_NAME.search(name):
-        return True
-    return len(shape) == 3 and not _CLASS_NAME.search(name)
-
-
-def choose_metric(name: str, shape: Sequence[int], dtype: Any = np.float32) -> str:
-    """The error measure that matters for this output: ``cosine``, ``top1`` or ``rel_l2``."""
-    if not np.issubdtype(np.dtype(dtype), np.floating):
-        return "rel_l2"
-    if looks_like_class_scores(name, shape):
-        return "top1"
-    if looks_like_embedding(name, shape):
-        return "cosine"
-    return "rel_l2"
-
-
-METRIC_DESCRIPTIONS = {
-    "cosine": "cosine distance (1 - norm-weighted mean cosine similarity of the last-axis vectors)",
-    "top1": "top-1 disagreement (share of rows whose argmax changed)",
-    "rel_l2": "relative L2 error (||test - ref|| / ||ref||)",
-}
-
-
-def metric_error(metric: str, ref: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> float:
-    """One number, 0 = identical, for ``metric`` over all samples of one output."""
-    if metric == "top1":
-        return 1.0 - _topk_agreement(ref, test, 1)
-    if metric == "cosine":
-        # Rows weighted by their norms (sum of dots / sum of norm products): near-zero rows, whose
-        # direction is noise, cannot dominate the way they would in a plain mean of cosines.
-        a, b = np.concatenate(_rows(ref)), np.concatenate(_rows(test))
-        norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-        total = float(norms.sum())
-        if not math.isfinite(total):
-            return math.inf
-        return max(0.0, 1.0 - float((a * b).sum()) / total) if total > 0 else (0.0 if np.array_equal(a, b) else 1.0)
-    if metric == "rel_l2":
-        a, b = _flat(ref), _flat(test)
-        denom = float(np.linalg.norm(a))
-        diff = float(np.linalg.norm(a - b))
-        if not math.isfinite(diff):
-            return math.inf
-        return diff / denom if denom > 0 else (0.0 if diff == 0 else math.inf)
-    raise UsageError(f"Unknown metric '{metric}'; use one of {', '.join(METRIC_DESCRIPTIONS)}.")
 
 
 # --------------------------------------------------------------------------- tolerances
@@ -166,6 +111,7 @@ class OutputStats:
     error: float  # value of ``metric``
     top1_agreement: float | None = None
     top5_agreement: float | None = None
+    metric_evidence: str = ""  # why ``metric`` (measure.metrics)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: _jsonable(v) for k, v in asdict(self).items()}
@@ -177,31 +123,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _flat(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays]) if arrays else np.zeros(0)
-
-
-def _rows(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-    out = []
-    for a in arrays:
-        a = np.asarray(a, dtype=np.float64)
-        if a.ndim == 0:
-            a = a.reshape(1, 1)
-        out.append(a.reshape(-1, a.shape[-1]) if a.shape[-1] else a.reshape(-1, 1))
-    return out
-
-
-def _topk_agreement(ref: Sequence[np.ndarray], test: Sequence[np.ndarray], k: int) -> float:
-    """Share of rows whose reference argmax is in the test's top k."""
-    a, b = np.concatenate(_rows(ref)), np.concatenate(_rows(test))
-    if a.shape[0] == 0:
-        return 1.0
-    k = min(k, a.shape[1])
-    top_ref = np.argmax(a, axis=1)
-    top_test = np.argpartition(-np.nan_to_num(b, nan=-np.inf), k - 1, axis=1)[:, :k]
-    return float((top_test == top_ref[:, None]).any(axis=1).mean())
-
-
 def compare_arrays(
     name: str,
     ref: Sequence[np.ndarray],
@@ -209,15 +130,20 @@ def compare_arrays(
     *,
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
+    choice: MetricChoice | None = None,
+    masks: Sequence[np.ndarray] | None = None,
 ) -> OutputStats:
-    """Statistics of ``test`` against ``ref`` for one output; each list holds one array per sample."""
+    """Statistics of ``test`` against ``ref`` for one output; each list holds one array per sample.
+
+    ``choice``: the gate metric (default: chosen from the arrays alone); ``masks``: each sample's
+    attention mask, for a masked or pooled metric (top-1/top-5 are then counted at real positions)."""
     for r, t in zip(ref, test):
         if np.shape(r) != np.shape(t):
             raise InputError(
                 f"Output '{name}' has shape {list(np.shape(r))} in the reference but "
                 f"{list(np.shape(t))} in the model under test; they cannot be compared."
             )
-    a, b = _flat(ref), _flat(test)
+    a, b = flatten(ref), flatten(test)
     finite = np.isfinite(a) & np.isfinite(b)
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.where(a == b, 0.0, np.where(finite, np.abs(a - b), np.inf))
@@ -247,11 +173,13 @@ def compare_arrays(
     passed = bool(np.all(diff <= atol + rtol * np.abs(a))) if a.size else True
     shape = list(np.shape(ref[0])) if ref else []
     dtype = str(np.asarray(ref[0]).dtype) if ref else "float32"
-    metric = choose_metric(name, shape, dtype)
+    choice = choice or (choice_for_array(name, ref[0]) if ref else MetricChoice("rel_l2", "no samples"))
+    error = float(metric_error(choice.metric, ref, test, masks))
     top1 = top5 = None
-    if looks_like_class_scores(name, shape) and np.issubdtype(np.dtype(dtype), np.floating):
-        top1 = _topk_agreement(ref, test, 1)
-        top5 = _topk_agreement(ref, test, 5)
+    if choice.metric in ("top1", "masked_top1"):
+        rows = (masked(ref, masks), masked(test, masks)) if choice.metric == "masked_top1" else (ref, test)
+        top1 = topk_agreement(*rows, 1)
+        top5 = topk_agreement(*rows, 5)
     return OutputStats(
         name=name,
         shape=shape,
@@ -276,10 +204,11 @@ def compare_arrays(
         atol=atol,
         rtol=rtol,
         passed=passed,
-        metric=metric,
-        error=float(metric_error(metric, ref, test)),
+        metric=choice.metric,
+        error=error,
         top1_agreement=top1,
         top5_agreement=top5,
+        metric_evidence=choice.evidence,
     )
 
 
@@ -335,8 +264,13 @@ def compare_runs(
     reference: str = "reference",
     test: str = "test",
     inputs: str = "",
+    choices: Mapping[str, MetricChoice] | None = None,
+    samples: Sequence[Mapping[str, np.ndarray]] = (),
 ) -> Comparison:
-    """Compare outputs sample by sample; outputs are matched by name (by position if no name matches)."""
+    """Compare outputs sample by sample; outputs are matched by name (by position if no name matches).
+
+    ``choices``: each output's gate metric (``measure.metrics.choose_metrics``; missing ones are chosen
+    from the arrays); ``samples``: the inputs each run was given (masked metrics read their masks)."""
     tol = tolerances or Tolerances()
     if len(ref_runs) != len(test_runs) or not ref_runs:
         raise UsageError(f"Need the same, non-zero number of runs to compare ({len(ref_runs)} vs {len(test_runs)}).")
@@ -348,9 +282,16 @@ def compare_runs(
     stats = []
     for ref_name, test_name in pairs:
         atol, rtol = tol.for_output(ref_name)
+        choice = (choices or {}).get(ref_name)
         stats.append(
             compare_arrays(
-                ref_name, [r[ref_name] for r in ref_runs], [t[test_name] for t in test_runs], atol=atol, rtol=rtol
+                ref_name,
+                [r[ref_name] for r in ref_runs],
+                [t[test_name] for t in test_runs],
+                atol=atol,
+                rtol=rtol,
+                choice=choice,
+                masks=masks_of(choice, samples) if choice is not None else None,
             )
         )
     return Comparison(
@@ -381,13 +322,16 @@ def compare_models(
     n_samples: int = 1,
     tolerances: Tolerances | None = None,
     policy: str = "strict",
+    metrics: Any = None,
 ) -> Comparison:
     """Run two models (or one model on two providers) on the same inputs and compare them.
 
     With ``model_b``: both run on ``providers`` (a chain, default CPU). Without it,
     ``providers`` must name two providers: the first is the reference, the second the test,
     each loaded with ``policy`` (strict by default, so a silent fallback cannot make the
-    comparison compare CPU with CPU).
+    comparison compare CPU with CPU). ``metrics``: ``--metric`` overrides of the gate metric
+    (``measure.metrics.MetricOverrides.parse`` reads them); the rest is chosen on evidence from
+    the reference model and the folder it sits in.
     """
     from ortpilot.graph.feeds import make_feeds, plan_feeds
     from ortpilot.session import load
@@ -412,6 +356,7 @@ def compare_models(
         samples = [make_feeds(sess_a.model, plan=plan, seed=i) for i in range(max(1, n_samples))]
         described = plan.describe()
     samples = [sess_a.check_feeds(s) for s in samples]
+    choices = choose_metrics(sess_a.model, folder_near(sess_a.model_path), metrics)
     return compare_runs(
         run_samples(sess_a, samples),
         run_samples(sess_b, samples),
@@ -419,6 +364,8 @@ def compare_models(
         reference=labels[0],
         test=labels[1],
         inputs=described,
+        choices=choices,
+        samples=samples,
     )
 
 
@@ -429,14 +376,14 @@ def _label(model: Any) -> str:
 __all__ = [
     "METRIC_DESCRIPTIONS",
     "Comparison",
+    "MetricChoice",
     "OutputStats",
     "Tolerances",
     "choose_metric",
+    "choose_metrics",
     "compare_arrays",
     "compare_models",
     "compare_runs",
-    "looks_like_class_scores",
-    "looks_like_embedding",
     "metric_error",
     "run_samples",
 ]

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,10 @@ from ortpilot.data import DataSource, digest_samples
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
+from ortpilot.gate.result import few_samples_warning
 from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds, read_samples
 from ortpilot.graph.shapes import parse_shape_args
+from ortpilot.measure.metrics import MetricOverrides, folder_near
 from ortpilot.measure.stats import summarize
 from ortpilot.modelio import file_sha256, load_model
 from ortpilot.providers.cpubudget import ort_default_threads
@@ -76,6 +78,8 @@ class TuneResult:
     resumed: bool = False
     heldout_sha256: str = ""
     load_avg: list[float] = field(default_factory=list)  # 1-min load average at the start and the end
+    metric_evidence: dict[str, str] = field(default_factory=dict)  # output -> why its metric (measure.metrics)
+    gate_samples: int = 0  # held-out samples the gate decided on
     gate_data: dict[str, Any] = field(default_factory=dict)  # the held-out samples the gate ran on
     calibration_data: dict[str, Any] = field(default_factory=dict)  # the samples static INT8 calibrated on
 
@@ -86,17 +90,27 @@ class TuneResult:
         return summarize(samples, items_per_run=self.batch).to_dict()
 
     def to_dict(self) -> dict[str, Any]:
+        from ortpilot.tuning.report import vs_default
+
+        baseline = self._entry(self.baseline)
+        candidates = [self._entry(e) for e in self.entries]
+        winner = self._entry(self.winner)
+        for c in [winner, *candidates]:
+            c["vs_default"] = vs_default(baseline, c)
         return {
             "model": self.model,
             "out_dir": str(self.out_dir),
             "objective": self.objective,
-            "winner": self._entry(self.winner),
-            "baseline": self._entry(self.baseline),
+            "winner": winner,
+            "baseline": baseline,
             "speedup": self.speedup,
             "default_best": self.default_best,
             "default_best_reason": self.default_best_reason,
             "metrics": self.metrics,
+            "metric_evidence": self.metric_evidence,
             "max_error": self.max_error,
+            "gate_samples": self.gate_samples,
+            "gate_warning": few_samples_warning(self.gate_samples) or None,
             "facts": self.facts.to_dict(),
             "shapes": {k: list(v) for k, v in self.shapes.items()},
             "wall_s": self.wall_s,
@@ -107,7 +121,7 @@ class TuneResult:
             "load_note": load_note(self.load_avg, self.facts.cores),
             "gate_data": self.gate_data,
             "calibration_data": self.calibration_data,
-            "candidates": [self._entry(e) for e in self.entries],
+            "candidates": candidates,
         }
 
     def _entry(self, e: Entry) -> dict[str, Any]:
@@ -117,6 +131,7 @@ class TuneResult:
         d.pop("final_blocks")
         d["latency"] = self.stats(e)
         d["screen_latency"] = summarize(e.samples).to_dict() if e.samples else {}
+        d["timing"] = "interleaved" if e.final else "search"  # where ``latency`` comes from
         return d
 
 
@@ -128,7 +143,7 @@ def tune(
     shapes: Sequence[str] | Mapping[str, Any] | None = None,
     objective: str = "p50",
     max_error: float | None = None,
-    metric: str | None = None,
+    metric: str | Sequence[str] | None = None,
     calibration: Any = None,
     providers: Sequence[Any] | None = None,
     resume: bool = False,
@@ -138,7 +153,9 @@ def tune(
 ) -> TuneResult:
     """Find the fastest configuration that passes the accuracy gate and write it to ``out_dir``.
 
-    ``model`` None tunes the built-in demo encoder. ``budget_s`` bounds the search (the final
+    ``model`` None tunes the built-in demo encoder. ``metric``: ``"METRIC"`` for every output and/or
+    ``"OUTPUT=METRIC"`` items (``measure.metrics``); the rest is chosen per output on evidence.
+    ``budget_s`` bounds the search (the final
     interleaved measurement is reserved inside it). Raises UsageError for bad input before
     anything is written; Ctrl-C leaves the journal, so ``resume=True`` continues (and on a
     finished tune replays it: the same winner, nothing measured again).
@@ -183,7 +200,7 @@ def _tune(
     shapes: Sequence[str] | Mapping[str, Any] | None,
     objective: str,
     max_error: float | None,
-    metric: str | None,
+    metric: str | Sequence[str] | None,
     calibration: Any,
     providers: Sequence[Any] | None,
     resume: bool,
@@ -196,7 +213,9 @@ def _tune(
     path = _model_path(model)
     proto = load_model(path, load_external_data=False)
     parsed = parse_shape_args(shapes) if shapes else {}
-    OutputGate(DEFAULT_MAX_ERROR if max_error is None else float(max_error), metric)  # bad --max-error: exit 2 now
+    overrides = MetricOverrides.parse(metric)
+    limit = DEFAULT_MAX_ERROR if max_error is None else float(max_error)
+    gate_spec = OutputGate.for_model(proto, limit, metrics=overrides, folder=folder_near(path))  # bad flags: exit 2 now
     given = _given_data(proto, parsed, calibration)
     if given is not None:  # the samples' own shapes (a text's sequence length) are the ones timed and gated
         calib, real_heldout = given.split()
@@ -211,7 +230,7 @@ def _tune(
         "shapes": {k: list(v) for k, v in plan.shapes.items()},
         "objective": objective,
         "max_error": max_error,
-        "metric": metric,
+        "metric": overrides.describe(),
         "quantize": quantize,
         "providers": [s.to_dict() for s in facts.providers],
         "ort": ort.__version__,
@@ -257,7 +276,7 @@ def _tune(
         steps = StepRunner(
             worker,
             journal,
-            lambda ref: _gate(journal, out, ref, references, max_error, metric),
+            lambda ref: _gate(journal, out, ref, references, replace(gate_spec, inputs=heldout)),
             replay_only=replay_only,
             on_first_record=lambda: _keep(journal, out, references, scratch / "heldout.npz"),
         )
@@ -292,6 +311,8 @@ def _tune(
             resumed=bool(journal.replayed),
             heldout_sha256=feeds_digest(heldout[0]),
             load_avg=_load_avg(journal, replay_only, load_start),
+            metric_evidence={n: c.evidence for n, c in _choices(search.gate).items()},
+            gate_samples=len(heldout),
             gate_data=gate_data,
             calibration_data=calibration_data,
         )
@@ -319,9 +340,7 @@ def check_out_dir(out: Path) -> Path:
     return out
 
 
-def _gate(
-    journal: Journal, out: Path, ref: str, references: list[Path], max_error: float | None, metric: str | None
-) -> ModelGate:
+def _gate(journal: Journal, out: Path, ref: str, references: list[Path], gate: OutputGate) -> ModelGate:
     """The gate on the default session's outputs: the worker's file in a fresh run, the copy kept in
     OUTDIR on resume (the run that wrote ``ref`` has deleted its scratch folder since)."""
     kept = journal.get(KEPT)
@@ -333,13 +352,17 @@ def _gate(
             "the tune over, or choose another -o folder."
         )
     references.append(path)
-    gate = OutputGate(DEFAULT_MAX_ERROR if max_error is None else float(max_error), metric)
     return ModelGate.of(gate, SavedOutputs(), path)
 
 
 def _metrics(gate: ModelGate | None) -> dict[str, str]:
     """Output name -> the metric the gate held it to (printed, and in the reports)."""
-    return gate.gate.metrics_for(gate.reference) if gate is not None else {}
+    return {n: c.metric for n, c in _choices(gate).items()}
+
+
+def _choices(gate: ModelGate | None) -> dict[str, Any]:
+    """Output name -> the gate's ``MetricChoice`` (metric and evidence)."""
+    return gate.gate.choices_for(gate.reference) if gate is not None else {}
 
 
 def _keep(journal: Journal, out: Path, references: list[Path], heldout: Path) -> None:

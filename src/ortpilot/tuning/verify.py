@@ -27,7 +27,16 @@ import numpy as np
 import onnxruntime as ort
 
 from ortpilot.errors import UsageError, VerificationError
-from ortpilot.measure.compare import choose_metric, metric_error
+from ortpilot.graph.outputs import mask_input
+from ortpilot.measure.metrics import (
+    METRIC_DESCRIPTIONS,
+    MetricChoice,
+    choice_for_array,
+    choose_metrics,
+    masks_of,
+    metric_error,
+    needs_mask,
+)
 from ortpilot.session.profile import load_profile
 from ortpilot.session.verified import VerifiedSession
 from ortpilot.tuning.reference import REFERENCE_FILE, array_digest, read_reference, reference_feeds
@@ -227,14 +236,15 @@ def _verify_outputs(
     else:
         accuracy = doc.get("accuracy") or {}
         limit = float(accuracy.get("max_error", 0.01))
-        metrics = {o.get("name"): o.get("metric") for o in accuracy.get("outputs") or [] if isinstance(o, dict)}
+        choices = _recorded_choices(session, accuracy)
         outputs = []
         for name, value in recorded.items():
             if name not in got or got[name].shape != value.shape:
                 outputs.append(OutputCheck(name, False, "missing or of another shape"))
                 continue
-            metric = metrics.get(name) or choose_metric(name, value.shape, value.dtype)
-            error = metric_error(metric, [value], [got[name]])
+            choice = choices.get(name) or choice_for_array(name, value)
+            metric = choice.metric
+            error = metric_error(metric, [value], [got[name]], masks_of(choice, [inputs]))
             ok = math.isfinite(error) and error <= limit
             outputs.append(
                 OutputCheck(
@@ -257,6 +267,20 @@ def _verify_outputs(
             outputs,
         )
     return result
+
+
+def _recorded_choices(session: VerifiedSession, accuracy: dict[str, Any]) -> dict[str, MetricChoice]:
+    """The metric the tune's gate held each output to, as its profile recorded it; the mask input a masked
+    metric reads is the model's own. Outputs the profile records no metric for get today's choice."""
+    choices = choose_metrics(session.model)
+    mask = mask_input(session.model)
+    for o in accuracy.get("outputs") or []:
+        if isinstance(o, dict) and o.get("name") in choices and o.get("metric") in METRIC_DESCRIPTIONS:
+            metric = o["metric"]
+            choices[o["name"]] = MetricChoice(
+                metric, "recorded by the tune", mask.name if mask and needs_mask(metric) else None
+            )
+    return choices
 
 
 def check_latency(

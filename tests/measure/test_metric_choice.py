@@ -1,0 +1,144 @@
+"""``measure.metrics``: each output's metric chosen on evidence, the user's overrides, and the masked measures
+(on real sessions of models built in code), and what ``ortpilot compare`` prints of it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from metric_models import (
+    classifier,
+    classifier_folder,
+    padded_samples,
+    save,
+    sentence_folder,
+    three_outputs,
+    token_model,
+)
+
+from ortpilot.cli.main import cli
+from ortpilot.data.folder import resolve_model_folder
+from ortpilot.errors import UsageError
+from ortpilot.measure.compare import compare_runs, run_samples
+from ortpilot.measure.metrics import MetricChoice, choose_metrics, folder_near, metric_error
+from ortpilot.models import make_encoder
+from ortpilot.session import load
+
+
+def test_a_pooled_embedding_is_cosine_a_softmax_is_top1_an_int_passthrough_exact():
+    choices = choose_metrics(three_outputs())
+    assert choices["embedding"] == MetricChoice("cosine", "float vector [batch, 384], no class evidence")
+    assert choices["p"] == MetricChoice("top1", "produced by Softmax through Identity")
+    assert choices["ids_out"] == MetricChoice("exact", "int64 output: compared exactly")
+
+
+def test_token_outputs_of_a_model_with_a_mask_are_compared_under_it():
+    (choice,) = choose_metrics(make_encoder()).values()
+    assert choice.metric == "masked_cosine" and choice.mask == "attention_mask"
+    assert "under attention_mask" in choice.evidence
+
+
+def test_the_folder_says_sentence_embedding_or_classifier(tmp_path):
+    folder = resolve_model_folder(sentence_folder(tmp_path / "st"))
+    (choice,) = choose_metrics(token_model(), folder).values()
+    assert choice.metric == "pooled_cosine" and choice.evidence.startswith("1_Pooling/config.json: mean pooling")
+    assert folder_near(tmp_path / "st" / "model.onnx").task == "sentence-embedding"  # a model file finds its folder
+
+    classes = resolve_model_folder(classifier_folder(tmp_path / "cls"))
+    assert choose_metrics(classifier(), classes)["y"] == MetricChoice(
+        "top1", "config.json: BertForSequenceClassification"
+    )
+    assert choose_metrics(classifier())["y"].metric == "rel_l2"  # the same model without its folder: no evidence
+    other = resolve_model_folder(classifier_folder(tmp_path / "five", labels=5, classes=3))
+    assert choose_metrics(classifier(), other)["y"].metric != "top1"  # 5 labels, 3 scores: not this output
+
+
+def test_overrides_set_one_output_or_all_and_bad_ones_name_the_valid_choices():
+    model = three_outputs()
+    choices = choose_metrics(model, overrides=["rel_l2", "p=cosine"])
+    assert choices["p"] == MetricChoice("cosine", "set by --metric")
+    assert choices["embedding"].metric == choices["ids_out"].metric == "rel_l2"
+    with pytest.raises(UsageError, match=r"does not have\. Its outputs: embedding, p, ids_out"):
+        choose_metrics(model, overrides=["logits=top1"])
+    with pytest.raises(UsageError, match=r"Unknown --metric 'l1'\. Valid metrics: cosine, top1, rel_l2, exact"):
+        choose_metrics(model, overrides=["p=l1"])
+    with pytest.raises(UsageError, match="no mask input"):
+        choose_metrics(model, overrides=["embedding=masked_cosine"])
+
+
+def _runs(model, samples):
+    return run_samples(load(model, policy="strict", placement=False), samples)
+
+
+@pytest.mark.parametrize(("metric", "base"), [("masked_cosine", "cosine"), ("pooled_cosine", "cosine")])
+def test_masked_metrics_leave_padding_out_and_still_see_real_positions(metric, base):
+    samples = padded_samples()
+    ref = [r["last_hidden_state"] for r in _runs(token_model(), samples)]
+    at_padding = [r["last_hidden_state"] for r in _runs(token_model("padding", scale=3.0), samples)]
+    at_real = [r["last_hidden_state"] for r in _runs(token_model("real", scale=0.5), samples)]
+    masks = [s["attention_mask"] for s in samples]
+    assert metric_error(base, ref, at_padding) > 0.05  # unmasked, the padding noise fails any 0.01 gate
+    assert metric_error(metric, ref, at_padding, masks) < 1e-6  # under the mask it is not there
+    assert metric_error(metric, ref, at_real, masks) > 0.01  # a change at real tokens still fails
+    with pytest.raises(UsageError, match="needs each sample's attention mask"):
+        metric_error(metric, ref, at_padding)
+
+
+def test_exact_counts_changed_elements():
+    a = np.arange(8).reshape(2, 4)
+    b = a.copy()
+    b[1, 3] = 0
+    assert metric_error("exact", [a], [a.copy()]) == 0 and metric_error("exact", [a], [b]) == pytest.approx(1 / 8)
+
+
+def test_compare_runs_carries_choice_and_masks():
+    samples = padded_samples()
+    ref, got = _runs(token_model(), samples), _runs(token_model("padding", scale=3.0), samples)
+    plain = compare_runs(ref, got).outputs[0]
+    choice = choose_metrics(token_model())["last_hidden_state"]
+    masked = compare_runs(ref, got, choices={"last_hidden_state": choice}, samples=samples).outputs[0]
+    assert plain.metric == "cosine" and plain.error > 0.05  # chosen from the arrays alone: no mask known
+    assert masked.metric == "masked_cosine" and masked.error < 1e-6 and masked.metric_evidence == choice.evidence
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    return save(three_outputs(), tmp_path_factory.mktemp("three") / "three.onnx")
+
+
+def test_compare_prints_each_metric_with_its_evidence(three):
+    res = CliRunner().invoke(cli, ["compare", str(three), str(three), "--json"])
+    assert res.exit_code == 0, res.output
+    outputs = {o["name"]: o for o in json.loads(res.stdout)["outputs"]}
+    assert outputs["embedding"]["metric"] == "cosine"
+    assert outputs["embedding"]["metric_evidence"] == "float vector [batch, 384], no class evidence"
+    assert (outputs["p"]["metric"], outputs["p"]["metric_evidence"]) == ("top1", "produced by Softmax through Identity")
+    assert (outputs["ids_out"]["metric"], outputs["ids_out"]["error"]) == ("exact", 0)
+    res = CliRunner().invoke(cli, ["compare", str(three), str(three), "--metric", "p=rel_l2"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 0 and "p: gate metric rel_l2 (set by --metric)" in said
+    assert "ids_out: gate metric exact (int64 output: compared exactly)" in said
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [("nope=cosine", "Its outputs: embedding, p, ids_out"), ("p=l1", "Valid metrics: cosine, top1, rel_l2")],
+)
+def test_compare_refuses_a_bad_metric_with_exit_2(three, flag, message):
+    res = CliRunner().invoke(cli, ["compare", str(three), str(three), "--metric", flag])
+    assert res.exit_code == 2 and message in " ".join(res.output.split()) and "Traceback" not in res.output
+
+
+def test_a_folder_given_to_compare_gives_its_evidence(tmp_path):
+    st = sentence_folder(tmp_path / "st")
+    res = CliRunner().invoke(cli, ["compare", str(st), str(st / "model.onnx"), "--json"])
+    assert res.exit_code == 0, res.output
+    (out,) = json.loads(res.stdout)["outputs"]
+    assert out["metric"] == "pooled_cosine" and out["error"] == 0
+    assert out["metric_evidence"] == "1_Pooling/config.json: mean pooling of [batch, sequence, 16] under attention_mask"
+    cls = classifier_folder(tmp_path / "cls")
+    res = CliRunner().invoke(cli, ["compare", str(cls), str(cls), "--json"])
+    (out,) = json.loads(res.stdout)["outputs"]
+    assert (out["metric"], out["metric_evidence"]) == ("top1", "config.json: BertForSequenceClassification")

@@ -1,0 +1,171 @@
+"""Small models built in code whose outputs a gate must judge differently (tests of metric choice and masks).
+
+- ``three_outputs``: a float vector ``embedding [batch, 384]`` (no evidence of class scores), a
+  Softmax output ``p [batch, 384]`` of the same shape, and an int64 passthrough ``ids_out``;
+- ``token_model``: ``input_ids``/``attention_mask`` -> ``last_hidden_state [batch, sequence, hidden]``,
+  optionally with noise added only at padding positions (mask 0) or only at real ones (mask 1);
+- ``sentence_folder`` / ``classifier_folder``: those models in folders whose configs say what they are.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ortpilot.artifacts.atomic import save_model
+from ortpilot.modelio import DEFAULT_OPSET, SAFE_IR_VERSION
+
+VOCAB = 50
+HIDDEN = 16
+
+
+def _model(nodes, inputs, outputs, inits, name: str) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, inputs, outputs, [numpy_helper.from_array(a, n) for n, a in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
+    model.ir_version = SAFE_IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def three_outputs(seed: int = 0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    inits = {
+        "W1": rng.standard_normal((64, 384)).astype(np.float32) * 0.1,
+        "W2": rng.standard_normal((64, 384)).astype(np.float32) * 0.1,
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["embedding"]),
+        helper.make_node("MatMul", ["x", "W2"], ["scores_raw"]),
+        helper.make_node("Softmax", ["scores_raw"], ["soft"], axis=-1),
+        helper.make_node("Identity", ["soft"], ["p"]),
+        helper.make_node("Identity", ["ids"], ["ids_out"]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64]),
+        helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 8]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", 384]),
+        helper.make_tensor_value_info("p", TensorProto.FLOAT, ["batch", 384]),
+        helper.make_tensor_value_info("ids_out", TensorProto.INT64, ["batch", 8]),
+    ]
+    return _model(nodes, inputs, outputs, inits, "three_outputs")
+
+
+def token_model(noise_at: str | None = None, scale: float = 1.0, seed: int = 0) -> onnx.ModelProto:
+    """Token vectors = embedding rows, plus ``scale`` x noise where the mask is 0 (``"padding"``) or 1 (``"real"``)."""
+    rng = np.random.default_rng(seed)
+    embeddings = rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32)
+    noise = rng.standard_normal(HIDDEN).astype(np.float32) * (scale if noise_at else 0.0)
+    inits = {
+        "E": embeddings,
+        "N": noise,
+        "one": np.array(1.0, np.float32),
+        "last": np.array([-1], np.int64),
+    }
+    where = "keep" if noise_at == "real" else "pad"
+    nodes = [
+        helper.make_node("Gather", ["E", "input_ids"], ["emb"]),
+        helper.make_node("Cast", ["attention_mask"], ["keep"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", ["one", "keep"], ["pad"]),
+        helper.make_node("Unsqueeze", [where, "last"], ["where3"]),
+        helper.make_node("Mul", ["where3", "N"], ["delta"]),
+        helper.make_node("Add", ["emb", "delta"], ["last_hidden_state"]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
+    ]
+    outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])]
+    return _model(nodes, inputs, outputs, inits, "token_model")
+
+
+def padded_samples(count: int = 4, seq: int = 12, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Token samples whose last positions are padding (mask 0), a different number per sample."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i in range(count):
+        mask = np.ones((1, seq), np.int64)
+        mask[0, seq - 2 - i % 4 :] = 0
+        samples.append({"input_ids": rng.integers(0, VOCAB, (1, seq)).astype(np.int64), "attention_mask": mask})
+    return samples
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_model(model, path)
+
+
+WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "on",
+    "mat",
+    "runs",
+    "fast",
+    "slow",
+    "model",
+    "onnx",
+    "graph",
+    "layer",
+    "vector",
+    "sentence",
+    "meaning",
+    "rain",
+    "day",
+]
+SENTENCES = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(2 + i % 9)) for i in range(24)]  # 2-10 words
+
+
+def word_tokenizer(path: Path) -> Path:
+    """A WordLevel tokenizer.json over ``WORDS`` ([CLS] text [SEP]); every id stays below ``VOCAB``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    tok.save(str(path))
+    return path
+
+
+def sentence_folder(root: Path, model: onnx.ModelProto | None = None) -> Path:
+    """A sentence-transformers export: model.onnx, config.json, tokenizer.json and 1_Pooling/config.json
+    (mean pooling)."""
+    save(model or token_model(), root / "model.onnx")
+    word_tokenizer(root / "tokenizer.json")
+    (root / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": HIDDEN}))
+    (root / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    (root / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": HIDDEN, "pooling_mode_mean_tokens": True})
+    )
+    return root
+
+
+def classifier(classes: int = 3, seed: int = 0) -> onnx.ModelProto:
+    """x [batch, 64] -> y [batch, classes] (plain MatMul: nothing in the graph says class scores)."""
+    w = np.random.default_rng(seed).standard_normal((64, classes)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", classes])]
+    return _model(nodes, inputs, outputs, {"W": w}, "classifier")
+
+
+def classifier_folder(root: Path, labels: int = 3, classes: int = 3) -> Path:
+    save(classifier(classes), root / "model.onnx")
+    config = {
+        "model_type": "bert",
+        "architectures": ["BertForSequenceClassification"],
+        "id2label": {str(i): f"label{i}" for i in range(labels)},
+    }
+    (root / "config.json").write_text(json.dumps(config))
+    return root
