@@ -22,7 +22,6 @@ evidence as a short string; the commands print it beside the metric.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import re
@@ -36,8 +35,6 @@ import onnx
 
 from ortpilot.errors import UsageError
 from ortpilot.graph.outputs import CLASS_SCORE_OPS, OutputFacts, mask_input, output_facts, same_leading_dims
-
-log = logging.getLogger("ortpilot")
 
 BASE_METRICS = {
     "cosine": "cosine distance (1 - norm-weighted mean cosine similarity of the last-axis vectors)",
@@ -243,23 +240,13 @@ def choose_metric(name: str, shape: Sequence[int], dtype: Any = np.float32) -> s
 
 
 def folder_near(model_path: str | os.PathLike | None) -> Any:
-    """The model folder a model file sits in (its own folder, or the one above an ``onnx/`` subfolder), when
-    that folder says something (config.json, 1_Pooling/config.json); None otherwise."""
-    if model_path is None:
+    """The model folder a model *file* sits in (``data.folder_of``), for its metric evidence; None for a
+    file on its own, a folder path, or no path."""
+    if model_path is None or not Path(model_path).is_file():
         return None
-    path = Path(model_path)
-    if not path.is_file():
-        return None
-    from ortpilot.data.folder import resolve_model_folder
+    from ortpilot.data.folder import folder_of
 
-    for root in (path.parent, path.parent.parent) if path.parent.name == "onnx" else (path.parent,):
-        if (root / "config.json").is_file() or (root / "1_Pooling" / "config.json").is_file():
-            try:
-                return resolve_model_folder(root, str(path.relative_to(root)))
-            except UsageError as exc:  # a damaged config beside a model given as a file: no folder evidence
-                log.info("Not reading %s for metric evidence: %s", root, exc)
-                return None
-    return None
+    return folder_of(model_path)
 
 
 def describe_choices(choices: Mapping[str, MetricChoice]) -> str:
