@@ -27,7 +27,8 @@ def few_samples_warning(samples: int) -> str:
         return ""
     return (
         f"decided on only {samples} held-out sample(s), fewer than {MIN_GATE_SAMPLES}: the verdict may not hold "
-        "on other inputs; give more samples"
+        "on other inputs; give 64 or more real samples (--calibration-text, --calibration-images or --calibration: "
+        "a quarter of them is held out)"
     )
 
 
