@@ -17,7 +17,6 @@ divided by 1 + PCT/100 (the profile is slower than promised by more than PCT, be
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,14 +26,12 @@ import numpy as np
 import onnxruntime as ort
 
 from ortpilot.errors import UsageError, VerificationError
+from ortpilot.gate.outputs import OutputGate
 from ortpilot.graph.outputs import mask_input
 from ortpilot.measure.metrics import (
     METRIC_DESCRIPTIONS,
     MetricChoice,
-    choice_for_array,
     choose_metrics,
-    masks_of,
-    metric_error,
     needs_mask,
 )
 from ortpilot.session.profile import load_profile
@@ -236,21 +233,20 @@ def _verify_outputs(
     else:
         accuracy = doc.get("accuracy") or {}
         limit = float(accuracy.get("max_error", 0.01))
-        choices = _recorded_choices(session, accuracy)
-        outputs = []
-        for name, value in recorded.items():
-            if name not in got or got[name].shape != value.shape:
-                outputs.append(OutputCheck(name, False, "missing or of another shape"))
-                continue
-            choice = choices.get(name) or choice_for_array(name, value)
-            metric = choice.metric
-            error = metric_error(metric, [value], [got[name]], masks_of(choice, [inputs]))
-            ok = math.isfinite(error) and error <= limit
-            outputs.append(
-                OutputCheck(
-                    name, ok, f"{metric} error {error:.3g} {'<=' if ok else '>'} {limit:g}", metric, float(error)
-                )
+        gate = OutputGate(limit, _recorded_choices(session, accuracy), [inputs])
+        checked = gate.check({n: [v] for n, v in recorded.items()}, {n: [v] for n, v in got.items()})
+        outputs = [
+            OutputCheck(c.name, False, "missing or of another shape")
+            if c.note
+            else OutputCheck(
+                c.name,
+                c.passed,
+                f"{c.metric} error {c.value:.3g} {'<=' if c.passed else '>'} {limit:g}",
+                c.metric,
+                c.value,
             )
+            for c in checked.checks
+        ]
         why = (
             "another ORT version"
             if not same_ort
