@@ -15,6 +15,7 @@ from rich.table import Table
 from ortpilot.cli.common import (
     ISOLATE_HELP,
     MODEL_FILE_OPTION,
+    POLICY_OPTION,
     PROVIDER_HELP,
     SHAPE_HELP,
     emit_json,
@@ -227,13 +228,7 @@ def _warmup_arg(text: str) -> int | str:
 )
 @click.option("--name", default=None, help="Label of this (the baseline) configuration.")
 @click.option("--block", type=int, default=None, help="Runs per turn when interleaving (default: about 20 ms).")
-@click.option(
-    "--policy",
-    type=click.Choice(["strict", "warn", "allow"]),
-    default="warn",
-    show_default=True,
-    help="What a provider fallback does: strict exits 1, warn logs, allow records only.",
-)
+@POLICY_OPTION
 @click.option(
     "--roofline/--no-roofline",
     default=True,

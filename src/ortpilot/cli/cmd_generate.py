@@ -11,6 +11,7 @@ from rich.markup import escape
 from ortpilot.cli.common import (
     ISOLATE_HELP,
     MODEL_FILE_OPTION,
+    POLICY_OPTION,
     PROVIDER_HELP,
     emit_json,
     handle_errors,
@@ -85,7 +86,7 @@ def _prompt_ids(text: str) -> list[int]:
     help="ROLE=NAME (input_ids, attention_mask, position_ids, logits, ...) or PAST_INPUT=PRESENT_OUTPUT.",
 )
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
-@click.option("--policy", type=click.Choice(["strict", "warn", "allow"]), default="warn", show_default=True)
+@POLICY_OPTION
 @click.option("--threads", type=int, default=0, show_default=True, help="ORT intra-op threads (0 = ORT's default).")
 @click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")

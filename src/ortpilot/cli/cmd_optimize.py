@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ortpilot.cli.common import (
     ISOLATE_HELP,
+    LEVEL_OPTION,
     MODEL_FILE_OPTION,
     PROVIDER_HELP,
     emit_json,
@@ -19,20 +20,13 @@ from ortpilot.cli.common import (
     resolve_model_arg,
     stdout,
 )
-from ortpilot.session.options import LEVEL_NAMES
 
 
 @click.command("optimize")
 @MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("-o", "--output", required=True, help="Where to write the optimized model (.onnx).")
-@click.option(
-    "--level",
-    type=click.Choice(LEVEL_NAMES),
-    default="all",
-    show_default=True,
-    help="ORT graph optimization level.",
-)
+@LEVEL_OPTION
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option(
     "--fusion",

@@ -9,7 +9,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    LEVEL_OPTION,
     MODEL_FILE_OPTION,
+    POLICY_OPTION,
     PROVIDER_HELP,
     SHAPE_HELP,
     emit_json,
@@ -19,33 +21,20 @@ from ortpilot.cli.common import (
     stderr,
     stdout,
 )
-from ortpilot.session.options import LEVEL_NAMES
 
 
 @click.command("run")
 @MODEL_FILE_OPTION
 @click.argument("model")
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
-@click.option(
-    "--policy",
-    type=click.Choice(["strict", "warn", "allow"]),
-    default="warn",
-    show_default=True,
-    help="What a provider fallback does: strict exits 1, warn logs, allow records only.",
-)
+@POLICY_OPTION
 @click.option(
     "--min-coverage",
     type=click.FloatRange(0, 1),
     default=None,
     help="Least share of estimated FLOPs (of nodes where FLOPs are unknown) on the first provider (default 0.95).",
 )
-@click.option(
-    "--level",
-    type=click.Choice(LEVEL_NAMES),
-    default="all",
-    show_default=True,
-    help="ORT graph optimization level.",
-)
+@LEVEL_OPTION
 @click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input.")
 @click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
 @click.option("--isolate", is_flag=True, help="Create the session in a child process first (survives ORT crashes).")

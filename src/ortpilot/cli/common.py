@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ortpilot.errors import Interrupted, OrtpilotError
+from ortpilot.session import LEVEL_NAMES, POLICIES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -272,6 +273,20 @@ def load_input_files(items: tuple[str, ...]) -> dict[str, Any]:
     return feeds
 
 
+POLICY_OPTION = click.option(
+    "--policy",
+    type=click.Choice(POLICIES),
+    default="warn",
+    show_default=True,
+    help="What a provider fallback does: strict exits 1, warn logs, allow records only.",
+)
+LEVEL_OPTION = click.option(
+    "--level",
+    type=click.Choice(LEVEL_NAMES),
+    default="all",
+    show_default=True,
+    help="ORT graph optimization level.",
+)
 PROVIDER_HELP = "Execution provider, in priority order (repeatable): cpu cuda tensorrt openvino coreml dml webgpu qnn, or 'cuda:device_id=1'."
 METRIC_HELP = (
     "How outputs are compared: METRIC for every output, or OUTPUT=METRIC for one (repeatable). Metrics: "
