@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -278,62 +277,33 @@ def run_openai_server(
     The Ray and Serve handling is ``runner``'s (what the Open Inference Protocol application
     uses): exactly what this call started is stopped again.
     """
-    from ortpilot.serve.app import require_ray
-    from ortpilot.serve.runner import (
-        QUIET_LOGS,
-        Server,
-        _start_ray,
-        check_port,
-        ray_environment,
-    )
+    from ortpilot.serve.runner import check_port, serve_until_stopped
 
     check_port(host, port)
-    ray_environment(address)
-    serve = require_ray()
-    from ortpilot.providers.cpubudget import this_budget
 
-    budget = this_budget().cpus
-    stop = stop or threading.Event()
-    server = Server(APP_NAME)
-    previous: dict[int, Any] = {}
-    try:
-        server.started_ray, serve_running = _start_ray(address, budget)
-        if threading.current_thread() is threading.main_thread():
-            previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-        if serve_running:
-            running = _serve_port()
-            if running != port:
-                raise UsageError(
-                    f"Ray Serve already runs on this cluster with its HTTP proxy on port {running}; "
-                    f"one cluster has one proxy port, so serve on --port {running} or use another "
-                    "cluster."
-                )
-        else:
-            serve.start(http_options={"host": host, "port": port}, logging_config=QUIET_LOGS)
-            server.started_serve = True  # the next server on a shared cluster starts Serve on its own port
-        app = openai_deployment(
+    def same_proxy_port() -> None:
+        running = _serve_port()
+        if running != port:
+            raise UsageError(
+                f"Ray Serve already runs on this cluster with its HTTP proxy on port {running}; "
+                f"one cluster has one proxy port, so serve on --port {running} or use another "
+                "cluster."
+            )
+
+    return serve_until_stopped(
+        APP_NAME,
+        ROUTE_PREFIX,
+        lambda budget: openai_deployment(
             specs, replicas=replicas, cpus_per_replica=cpus_per_replica, cpu_budget=budget, access_log=access_log
-        )
-        failed: list[BaseException] = []
-
-        def deploy() -> None:
-            try:
-                serve.run(app, name=APP_NAME, route_prefix=ROUTE_PREFIX, logging_config=QUIET_LOGS)
-            except BaseException as exc:  # wait_ready reports it
-                failed.append(exc)
-
-        server.deployed = True
-        threading.Thread(target=deploy, name="ortpilot-deploy", daemon=True).start()
-        ready = wait_ready(specs, f"http://{host}:{port}", ready_timeout, failed)
-        if on_ready:
-            on_ready(ready)
-        while not stop.wait(0.5):
-            pass
-        return ready
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        server.stop()
+        ),
+        lambda failed, _stop: wait_ready(specs, f"http://{host}:{port}", ready_timeout, failed),
+        host=host,
+        port=port,
+        address=address,
+        on_ready=on_ready,
+        stop=stop,
+        joined=same_proxy_port,
+    )
 
 
 def _serve_port() -> int | None:

@@ -21,12 +21,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.serve.options import ModelSpec, ServeOptions
 
 log = logging.getLogger("ortpilot")
+R = TypeVar("R")  # what an application's readiness wait returns
 APP_NAME = "ortpilot"
 # Keep a local Ray lean and quiet: no usage stats, every access-log line forwarded as it is.
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
@@ -184,16 +185,51 @@ def run_server(
     """
     started = time.perf_counter() if started is None else started
     check_port(host, port)
-    from ortpilot.serve.app import deployment, model_file, require_ray  # imports no Ray yet
+    from ortpilot.serve.app import deployment, model_file  # imports no Ray yet
 
     for spec in specs:
         model_file(spec)  # a profile that cannot load fails here, naming itself, before Ray starts
+    return serve_until_stopped(
+        APP_NAME,
+        "/",
+        lambda budget: deployment(list(specs), options=options, cpu_budget=budget),
+        lambda deploy_error, stop: wait_ready(
+            specs, host, port, started, ready_timeout, stop, deploy_error, options.initial_replicas
+        ),
+        host=host,
+        port=port,
+        address=address,
+        on_ready=on_ready,
+        stop=stop,
+    )
+
+
+def serve_until_stopped(
+    app_name: str,
+    route_prefix: str,
+    build: Callable[[int], Any],
+    wait: Callable[[list[BaseException], threading.Event], R],
+    *,
+    host: str,
+    port: int,
+    address: str | None = None,
+    on_ready: Callable[[R], None] | None = None,
+    stop: threading.Event | None = None,
+    joined: Callable[[], None] | None = None,
+) -> R:
+    """One served application's life, for every application ``serve`` runs: start (or join, ``address``)
+    Ray and Serve, deploy ``build(cpu_budget)`` as ``app_name`` at ``route_prefix`` in the background,
+    ``wait(deploy_errors, stop)`` for its ready replicas, hand them to ``on_ready``, then serve until
+    SIGINT/SIGTERM or ``stop``; exactly what this call started is stopped again. ``joined`` runs when
+    Serve already runs on the cluster (the caller's check that it can share that Serve)."""
     ray_environment(address)
+    from ortpilot.serve.app import require_ray
+
     serve = require_ray()
     from ortpilot.providers.cpubudget import this_budget
 
     budget = this_budget().cpus
-    server = Server()
+    server = Server(app_name)
     stop = stop or threading.Event()
     previous: dict[int, Any] = {}
     try:
@@ -202,21 +238,24 @@ def run_server(
             # After ray.init, which installs its own handlers (they print a stack dump and exit at once).
             previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-        if not serve_running:
+        if serve_running:
+            if joined is not None:
+                joined()
+        else:
             serve.start(http_options={"host": host, "port": port}, logging_config=QUIET_LOGS)
-            server.started_serve = True
-        app = deployment(list(specs), options=options, cpu_budget=budget)
+            server.started_serve = True  # the next server on a shared cluster starts Serve on its own port
+        app = build(budget)
         deploy_error: list[BaseException] = []
 
         def deploy() -> None:
             try:
-                serve.run(app, name=APP_NAME, route_prefix="/", logging_config=QUIET_LOGS)
-            except BaseException as exc:  # the status poll below reports it with the replica's reason
+                serve.run(app, name=app_name, route_prefix=route_prefix, logging_config=QUIET_LOGS)
+            except BaseException as exc:  # ``wait`` reports it, with the replica's reason where there is one
                 deploy_error.append(exc)
 
         server.deployed = True
         threading.Thread(target=deploy, name="ortpilot-deploy", daemon=True).start()
-        ready = wait_ready(specs, host, port, started, ready_timeout, stop, deploy_error, options.initial_replicas)
+        ready = wait(deploy_error, stop)
         if on_ready:
             on_ready(ready)
         while not stop.wait(0.5):
@@ -313,4 +352,4 @@ def _failed(
     return None
 
 
-__all__ = ["APP_NAME", "ModelReady", "check_port", "failure_reason", "run_server", "wait_ready"]
+__all__ = ["APP_NAME", "ModelReady", "check_port", "failure_reason", "run_server", "serve_until_stopped", "wait_ready"]
