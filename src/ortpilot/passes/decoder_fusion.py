@@ -27,6 +27,7 @@ from ortpilot.graph.prune import clear_unread_outputs
 from ortpilot.graph.shapes import InputInfo, graph_inputs, model_max_positions
 from ortpilot.modelio import load_model
 from ortpilot.passes.base import ModelLike, Outcome, Pass, PassResult, SourceModel, op_histogram
+from ortpilot.passes.difference import OutputDifference, output_difference
 from ortpilot.passes.rotary import DEFAULT_MAX_POSITIONS, fold_rotary_tables
 from ortpilot.passes.weight_only import pack_weight_matmuls
 
@@ -190,12 +191,12 @@ class DecoderFusionPass(Pass):
         rotary = fold_rotary_tables(fused, positions) if positions else None
         cleared = clear_unread_outputs(fused)
         error = _max_error(source.proto, fused, self.seed)
-        bound = self.atol + self.rtol * error["scale"]
-        if error["max_abs"] > bound:
+        bound = error.bound(self.atol, self.rtol)
+        if not error.within(self.atol, self.rtol):
             raise AccuracyGateError(
-                f"Decoder fusion changed the outputs: max |fused - source| = {error['max_abs']:.3g} on "
-                f"'{error['worst']}' (allowed {bound:.3g} = atol {self.atol} + rtol {self.rtol} x "
-                f"{error['scale']:.3g}). The model is left unfused."
+                f"Decoder fusion changed the outputs: max |fused - source| = {error.max_abs:.3g} on "
+                f"'{error.worst}' (allowed {bound:.3g} = atol {self.atol} + rtol {self.rtol} x "
+                f"{error.scale:.3g}). The model is left unfused."
             )
         ops = op_histogram(fused)
         notes = [verdict]
@@ -217,7 +218,7 @@ class DecoderFusionPass(Pass):
             extra={
                 "layers": layers,
                 "onnxscript_counts": counts,
-                "max_abs_error": error["max_abs"],
+                "max_abs_error": error.max_abs,
                 "matmuls_before_packing": matmuls,
                 "matmuls": ops.get("MatMul", 0),
                 "rotary": vars(rotary) if rotary is not None else None,
@@ -295,19 +296,10 @@ def _past_shape(info: InputInfo, past: int) -> tuple[int, ...]:
     )
 
 
-def _max_error(source: onnx.ModelProto, fused: onnx.ModelProto, seed: int) -> dict[str, Any]:
+def _max_error(source: onnx.ModelProto, fused: onnx.ModelProto, seed: int) -> OutputDifference:
     """Largest output difference over an empty-past prefill and a step with a filled past."""
-    from ortpilot.session import load
-
-    a = load(source, placement=False).session
-    b = load(fused, placement=False).session
-    names = [o.name for o in a.get_outputs()]
-    worst = {"max_abs": 0.0, "worst": names[0], "scale": 0.0}
-    for past, new in ((0, CHECK_TOKENS), (CHECK_PAST, CHECK_NEW)):
-        feeds = _check_feeds(source, past, new, seed)
-        for name, x, y in zip(names, a.run(names, feeds), b.run(names, feeds)):
-            diff = float(np.max(np.abs(x.astype(np.float64) - y))) if x.size else 0.0
-            worst["scale"] = max(worst["scale"], float(np.max(np.abs(x))) if x.size else 0.0)
-            if diff > worst["max_abs"]:
-                worst.update(max_abs=diff, worst=name)
-    return worst
+    return output_difference(
+        source,
+        fused,
+        [_check_feeds(source, past, new, seed) for past, new in ((0, CHECK_TOKENS), (CHECK_PAST, CHECK_NEW))],
+    )

@@ -196,28 +196,16 @@ def _folder_dims(source: SourceModel) -> tuple[int, int, str]:
 
 def _check_fused(source: onnx.ModelProto, fused: onnx.ModelProto, heads: int, hidden: int, sized: str) -> str:
     """Run both models on generated inputs; an output that moved is an AccuracyGateError naming the sizes."""
-    import numpy as np
-
     from ortpilot.graph.feeds import make_feeds, plan_feeds
-    from ortpilot.session import load
+    from ortpilot.passes.difference import output_difference
 
     try:
         feeds = make_feeds(source, plan=plan_feeds(source), seed=0)
     except UsageError as exc:  # a dim with no default: nothing to run it on
         return f"fused model not checked against the source: {exc}"
-    a = load(source, placement=False)
-    b = load(fused, placement=False)
-    names = [o.name for o in a.get_outputs()]
-    worst, where, scale = 0.0, names[0], 0.0
-    for name, x, y in zip(names, a.run(names, feeds), b.run(names, feeds)):
-        if not np.issubdtype(x.dtype, np.floating) or not x.size:
-            continue
-        diff = float(np.max(np.abs(x.astype(np.float64) - y)))
-        scale = max(scale, float(np.max(np.abs(x))))
-        if diff > worst or not np.isfinite(diff):
-            worst, where = diff, name
-    bound = CHECK_ATOL + CHECK_RTOL * scale
-    if not worst <= bound:
+    difference = output_difference(source, fused, [feeds])
+    worst, where, bound = difference.max_abs, difference.worst, difference.bound(CHECK_ATOL, CHECK_RTOL)
+    if not difference.within(CHECK_ATOL, CHECK_RTOL):
         told = f" (num_heads={heads}, hidden_size={hidden} from {sized})" if heads or hidden else ""
         raise AccuracyGateError(
             f"Transformer fusion changed the outputs: max |fused - source| = {worst:.3g} on '{where}' "
