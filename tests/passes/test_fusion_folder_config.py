@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
 from ortpilot.cli.main import cli
+from ortpilot.data import folder_of
 from ortpilot.errors import AccuracyGateError
 from ortpilot.passes.fusion import FusionPass
 from ortpilot.tuning.space import gather_facts
@@ -83,6 +84,9 @@ def test_tune_takes_attention_sizes_from_the_folder_when_the_graph_has_none(unsi
     proto = onnx.load(unsized)
     assert attention_dims(proto) == (0, 0)
     root = folder_with(tmp_path, unsized, 4)
-    assert _folder_attention(root / "model.onnx") == (4, 128) and _folder_attention(unsized) == (0, 0)
+    assert _folder_attention(folder_of(root / "model.onnx")) == (4, 128) and _folder_attention(folder_of(unsized)) == (
+        0,
+        0,
+    )
     facts = gather_facts(proto, None, quantize=False, folder_attention=(4, 128))
     assert facts.attention == (4, 128) and dict(facts.fusion_step)["num_heads"] == 4

@@ -26,14 +26,14 @@ from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path
 from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.artifacts.profile import write_profile
 from ortpilot.artifacts.scratch import scratch_dir
-from ortpilot.data import DataSource, digest_samples
+from ortpilot.data import DataSource, ModelFolder, digest_samples, folder_of
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
 from ortpilot.gate.result import few_samples_warning
 from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds, read_samples
 from ortpilot.graph.shapes import parse_shape_args
-from ortpilot.measure.metrics import MetricOverrides, folder_near
+from ortpilot.measure.metrics import MetricOverrides
 from ortpilot.measure.stats import summarize
 from ortpilot.modelio import file_sha256, load_model
 from ortpilot.providers.cpubudget import ort_default_threads
@@ -215,14 +215,15 @@ def _tune(
     parsed = parse_shape_args(shapes) if shapes else {}
     overrides = MetricOverrides.parse(metric)
     limit = DEFAULT_MAX_ERROR if max_error is None else float(max_error)
-    gate_spec = OutputGate.for_model(proto, limit, metrics=overrides, folder=folder_near(path))  # bad flags: exit 2 now
+    folder = folder_of(path)  # config.json and pooling: metric evidence, and sizes for a fusion the graph cannot size
+    gate_spec = OutputGate.for_model(proto, limit, metrics=overrides, folder=folder)  # bad flags: exit 2 now
     given = _given_data(proto, parsed, calibration)
     if given is not None:  # the samples' own shapes (a text's sequence length) are the ones timed and gated
         calib, real_heldout = given.split()
         parsed = {**parsed, **{k: tuple(v.shape) for k, v in real_heldout[0].items()}}
     plan = plan_feeds(proto, parsed)  # a dim with no default raises here, naming the input
     specs = resolve_providers(providers) if providers else None
-    facts = gather_facts(proto, specs, quantize=quantize, folder_attention=_folder_attention(path))
+    facts = gather_facts(proto, specs, quantize=quantize, folder_attention=_folder_attention(folder))
     if given is None:
         calib = [make_feeds(proto, plan=plan, seed=i) for i in range(CALIBRATION_SAMPLES)]
     config = {
@@ -464,11 +465,8 @@ def _given_data(proto: Any, shapes: Mapping[str, tuple[int, ...]], calibration: 
     return load_calibration(calibration, proto, shapes=shapes)
 
 
-def _folder_attention(path: Path) -> tuple[int, int]:
+def _folder_attention(folder: ModelFolder | None) -> tuple[int, int]:
     """(num_heads, hidden_size) from the model folder's config.json, for a fusion the graph cannot size."""
-    from ortpilot.data import folder_of
-
-    folder = folder_of(path)
     return (int(folder.get("num_heads") or 0), int(folder.get("hidden_size") or 0)) if folder else (0, 0)
 
 
