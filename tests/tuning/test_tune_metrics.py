@@ -91,10 +91,14 @@ def test_tune_refuses_a_bad_metric_with_exit_2_before_any_work(tmp_path, flag, m
 
 
 def _other_kernels() -> dict:
-    """This machine with one fp32 kernel flag flipped: outputs are then checked by tolerance, not bit for bit."""
+    """This machine with one more fp32 kernel flag: outputs are then checked by tolerance, not bit for bit.
+
+    A flag this CPU lacks is turned on (on an AVX2-only CPU, AVX-512F): turning AVX2 off there would
+    leave a record with no flag at all, which reads as an old profile that recorded none."""
     machine = json.loads(json.dumps(machine_facts()))
-    flag = KERNEL_FLAGS[0]
-    machine["isa_flags"][flag] = not machine["isa_flags"].get(flag, False)
+    flags = machine["isa_flags"]
+    flag = next((k for k in KERNEL_FLAGS if not flags.get(k)), KERNEL_FLAGS[0])
+    flags[flag] = not flags.get(flag, False)
     return machine
 
 
