@@ -11,12 +11,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
-    ISOLATE_HELP,
+    ISOLATE_OPTION,
+    JSON_OPTION,
     LEVEL_NAMES,
     MODEL_FILE_OPTION,
     POLICY_OPTION,
     PROVIDER_HELP,
-    SHAPE_HELP,
+    SHAPE_OPTION,
     emit_json,
     handle_errors,
     load_input_files,
@@ -52,7 +53,7 @@ def _knobs(base: bool) -> list[Callable]:
             default=d(False),
             help="Bind inputs once as OrtValues and outputs to CPU; time run_with_iobinding.",
         ),
-        click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP),
+        SHAPE_OPTION,
         click.option(
             "--free-dim",
             "free_dims",
@@ -201,9 +202,9 @@ def _warmup_arg(text: str) -> int | str:
     help="Achieved GFLOP/s vs this machine's measured matmul peak (measured once, cached).",
 )
 @click.option("--samples/--no-samples", default=True, show_default=True, help="Per-run latencies in the JSON.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@JSON_OPTION
 @click.option("--report", default=None, help="Write a self-contained HTML report (histogram, time series, comparison).")
-@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
+@ISOLATE_OPTION
 @click.option(
     "--baseline",
     default=None,
