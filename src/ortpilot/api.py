@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -14,6 +15,14 @@ from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.session import SessionSettings, VerifiedSession
 from ortpilot.session import load as load_verified
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ortpilot.measure.bench import BenchResult, Progress
+    from ortpilot.measure.config_file import ConfigEntry
+    from ortpilot.measure.interleave import BenchConfig, ComparisonResult
+    from ortpilot.measure.regression import Baseline, RegressionVerdict
 
 
 def load(
@@ -342,3 +351,183 @@ def quantize_gated(
         metrics=metric,
         **int8_options,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# ortpilot bench: what the command needs from measure, graph, session and artifacts
+
+
+def check_report_path(path: str) -> None:
+    """``bench --report``: a path the HTML report can be written to, checked before minutes of measuring."""
+    from ortpilot.artifacts.atomic import check_output_path
+
+    check_output_path(path, "--report", "report.html")
+
+
+def check_bench_budget(
+    runs: int | None, duration_s: float | None, warmup: int | str, concurrency: int
+) -> tuple[int | None, float | None]:
+    """The run count or duration (the default duration when neither is given), the warm-up and the
+    baseline configuration's concurrency, checked before any other configuration is read."""
+    from ortpilot.measure.bench import check_budget, check_concurrency
+
+    budget = check_budget(runs, duration_s, warmup)
+    check_concurrency(concurrency)
+    return budget
+
+
+def read_bench_configs(path: str) -> list[ConfigEntry]:
+    """``bench --configs FILE.json``: its entries, each a label and the flags of one configuration."""
+    from ortpilot.measure.config_file import read_config_file
+
+    return read_config_file(path)
+
+
+def bench_config(
+    model: Any,
+    *,
+    name: str = "",
+    providers: Sequence[str] = (),
+    level: str = "all",
+    threads: int = 0,
+    inter_threads: int = 0,
+    mode: str = "sequential",
+    arena: bool = True,
+    mem_pattern: bool = True,
+    iobinding: bool = False,
+    shapes: Sequence[str] = (),
+    free_dims: Mapping[str, str] | None = None,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    concurrency: int = 1,
+) -> BenchConfig:
+    """One ``bench`` configuration from its flags (``measure.interleave.BenchConfig``).
+
+    ``shapes``: ``--shape`` texts; ``free_dims``: ``--free-dim`` DIM -> N text, an ORT free-dimension
+    override that also sizes generated inputs where no ``--shape`` sets that dim.
+    """
+    from ortpilot.measure.bench import check_concurrency
+    from ortpilot.measure.interleave import BenchConfig
+
+    check_concurrency(concurrency)
+    free = {dim: _free_dim(dim, text) for dim, text in (free_dims or {}).items()}
+    shape_map = parse_shape_args(list(shapes))
+    for dim, value in free.items():
+        shape_map.setdefault(dim, (value,))
+    settings = SessionSettings(
+        level=level,
+        intra_op_threads=threads,
+        inter_op_threads=inter_threads,
+        execution_mode=mode,
+        enable_cpu_mem_arena=arena,
+        enable_mem_pattern=mem_pattern,
+        free_dimension_overrides=free,
+    )
+    return BenchConfig(
+        name=name,
+        model=model,
+        providers=list(providers) or None,
+        settings=settings,
+        shapes=shape_map,
+        feeds=feeds or None,
+        iobinding=iobinding,
+        concurrency=concurrency,
+    )
+
+
+def _free_dim(name: str, text: str) -> int:
+    from ortpilot.errors import UsageError
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--free-dim {name}={text}: the value must be an integer.") from None
+    if value <= 0:
+        raise UsageError(f"--free-dim {name}={text}: the value must be positive.")
+    return value
+
+
+def prepare_baseline(path: str | None, max_slowdown: Any, configs: Sequence[BenchConfig]) -> Baseline | None:
+    """``bench --baseline/--max-slowdown``: the saved run, checked against ``configs`` before measuring
+    (``measure.regression.prepare_baseline``); None without a baseline."""
+    from ortpilot.measure.regression import prepare_baseline as prepare
+
+    return prepare(path, max_slowdown, [c.model for c in configs])
+
+
+def preflight_bench(configs: Sequence[BenchConfig]) -> None:
+    """``bench --isolate``: a session in a child process once per distinct model, providers and
+    settings, since a crash can depend on any of them."""
+    distinct = {json.dumps([c.model, c.providers, c.settings.to_dict()], default=str): c for c in configs}
+    for c in distinct.values():
+        preflight_isolated([c.model], c.providers, c.settings)
+
+
+def bench(
+    configs: Sequence[BenchConfig],
+    *,
+    runs: int | None = None,
+    duration_s: float | None = None,
+    warmup: int | str = "auto",
+    block: int | None = None,
+    policy: str = "warn",
+    roofline: bool = False,
+    progress: Progress | None = None,
+) -> BenchResult | ComparisonResult:
+    """``ortpilot bench``: one configuration measured alone (``measure.bench.bench``), or several
+    interleaved in this process, the first the baseline (``measure.interleave.bench_interleaved``).
+
+    A failing run raises ``BenchmarkRunError`` (exit 1); :func:`bench_partial` gives what it measured.
+    """
+    if len(configs) == 1:
+        from ortpilot.measure.bench import bench as bench_one
+
+        c = configs[0]
+        return bench_one(
+            c.model,
+            c.providers,
+            c.settings,
+            c.shapes,
+            c.feeds,
+            runs=runs,
+            duration_s=duration_s,
+            warmup=warmup,
+            iobinding=c.iobinding,
+            concurrency=c.concurrency,
+            policy=policy,
+            roofline=roofline,
+            name=c.name or "A",
+            progress=progress,
+        )
+    from ortpilot.measure.interleave import bench_interleaved
+
+    return bench_interleaved(
+        configs,
+        runs=runs,
+        duration_s=duration_s,
+        warmup=warmup,
+        block=block,
+        policy=policy,
+        roofline=roofline,
+        progress=progress,
+    )
+
+
+def bench_partial(exc: BaseException) -> BenchResult | None:
+    """The statistics of the runs before a failing one (``BenchmarkRunError``); None for any other error."""
+    from ortpilot.measure.bench import BenchmarkRunError
+
+    return exc.partial if isinstance(exc, BenchmarkRunError) else None
+
+
+def judge_regression(baseline: Baseline, result: BenchResult | ComparisonResult) -> RegressionVerdict:
+    """This run against the saved one (``measure.regression.judge``): is it slower beyond the noise?"""
+    from ortpilot.measure.regression import judge
+
+    return judge(baseline, result)
+
+
+def write_bench_report(path: str, result: BenchResult | ComparisonResult) -> Path:
+    """``bench --report``: the self-contained HTML report (histogram, time series, comparison); its path."""
+    from ortpilot.measure.html_report import write_report
+
+    return write_report(path, result)

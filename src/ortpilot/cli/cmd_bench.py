@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
@@ -13,22 +11,22 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
-    ISOLATE_HELP,
+    ISOLATE_OPTION,
+    JSON_OPTION,
+    LEVEL_NAMES,
     MODEL_FILE_OPTION,
     POLICY_OPTION,
     PROVIDER_HELP,
-    SHAPE_HELP,
+    SHAPE_OPTION,
     emit_json,
     handle_errors,
     load_input_files,
     parse_kv_list,
-    preflight_isolated,
     resolve_model_arg,
     stderr,
     stdout,
 )
-from ortpilot.errors import UsageError
-from ortpilot.session.options import LEVEL_NAMES
+from ortpilot.errors import UsageError, VerificationError
 
 LEVELS = list(LEVEL_NAMES)
 
@@ -55,7 +53,7 @@ def _knobs(base: bool) -> list[Callable]:
             default=d(False),
             help="Bind inputs once as OrtValues and outputs to CPU; time run_with_iobinding.",
         ),
-        click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP),
+        SHAPE_OPTION,
         click.option(
             "--free-dim",
             "free_dims",
@@ -120,72 +118,40 @@ def parse_vs(text: str, base: dict[str, Any], where: str = "--vs") -> dict[str, 
     return params
 
 
-def build_config(params: dict[str, Any], name: str):
-    """A BenchConfig from parsed flags (model path resolved, shapes and inputs parsed)."""
-    from ortpilot.graph.shapes import parse_shape_args
-    from ortpilot.measure.bench import check_concurrency
-    from ortpilot.measure.interleave import BenchConfig
-    from ortpilot.session import SessionSettings
+def build_config(params: dict[str, Any], name: str) -> Any:
+    """A ``BenchConfig`` from one configuration's parsed flags (``api.bench_config``)."""
+    from ortpilot import api
 
-    check_concurrency(params["concurrency"])
-    free = {k: _positive_int(k, v) for k, v in parse_kv_list(tuple(params["free_dims"])).items()}
-    shapes = parse_shape_args(list(params["shapes"]))
-    for dim, value in free.items():
-        shapes.setdefault(dim, (value,))
-    settings = SessionSettings(
-        level=params["level"],
-        intra_op_threads=params["threads"],
-        inter_op_threads=params["inter_threads"],
-        execution_mode=params["mode"],
-        enable_cpu_mem_arena=params["arena"],
-        enable_mem_pattern=params["mem_pattern"],
-        free_dimension_overrides=free,
-    )
-    return BenchConfig(
+    free_dims = parse_kv_list(tuple(params["free_dims"]))
+    return api.bench_config(
+        resolve_model_arg(params["model"]),
         name=params.get("name") or name,
-        model=resolve_model_arg(params["model"]),
-        providers=list(params["providers"]) or None,
-        settings=settings,
-        shapes=shapes,
-        feeds=load_input_files(tuple(params["inputs"])) or None,
+        providers=params["providers"],
+        level=params["level"],
+        threads=params["threads"],
+        inter_threads=params["inter_threads"],
+        mode=params["mode"],
+        arena=params["arena"],
+        mem_pattern=params["mem_pattern"],
         iobinding=params["iobinding"],
+        shapes=params["shapes"],
+        free_dims=free_dims,
+        feeds=load_input_files(tuple(params["inputs"])),
         concurrency=params["concurrency"],
     )
 
 
-def _positive_int(name: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"--free-dim {name}={text}: the value must be an integer.") from None
-    if value <= 0:
-        raise UsageError(f"--free-dim {name}={text}: the value must be positive.")
-    return value
+def _configs(base: dict[str, Any], vs: tuple[str, ...], configs_file: str | None) -> list[Any]:
+    """This command's configuration (the baseline), then each ``--vs``, then each ``--configs`` entry."""
+    from ortpilot import api
 
-
-def _config_file_entries(path: str) -> list[tuple[str | None, str]]:
-    """``--configs FILE.json``: a list (or {"configs": [...]}) of flag strings or {"name", "flags"}."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"--configs file '{path}' does not exist.") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--configs file '{path}' is not valid JSON ({exc}).") from None
-    if isinstance(data, dict):
-        data = data.get("configs")
-    if not isinstance(data, list):
-        raise UsageError(f"--configs file '{path}' must hold a list of configurations (or {{\"configs\": [...]}}).")
-    out: list[tuple[str | None, str]] = []
-    for i, entry in enumerate(data):
-        if isinstance(entry, str):
-            out.append((None, entry))
-        elif isinstance(entry, dict) and isinstance(entry.get("flags", ""), str) and set(entry) <= {"name", "flags"}:
-            out.append((entry.get("name"), entry.get("flags", "")))
-        else:
-            raise UsageError(
-                f'--configs entry {i} must be a flag string or {{"name": ..., "flags": "..."}}, got {entry!r}.'
-            )
-    return out
+    entries: list[tuple[str | None, str, str]] = [(None, text, "--vs") for text in vs]
+    if configs_file:
+        entries += [
+            (e.name, e.flags, f"--configs entry '{e.name or e.flags}'") for e in api.read_bench_configs(configs_file)
+        ]
+    params = [base] + [parse_vs(text, {**base, "name": n}, where) for n, text, where in entries]
+    return [build_config(p, "") for p in params]
 
 
 def _warmup_arg(text: str) -> int | str:
@@ -236,9 +202,9 @@ def _warmup_arg(text: str) -> int | str:
     help="Achieved GFLOP/s vs this machine's measured matmul peak (measured once, cached).",
 )
 @click.option("--samples/--no-samples", default=True, show_default=True, help="Per-run latencies in the JSON.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@JSON_OPTION
 @click.option("--report", default=None, help="Write a self-contained HTML report (histogram, time series, comparison).")
-@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
+@ISOLATE_OPTION
 @click.option(
     "--baseline",
     default=None,
@@ -272,112 +238,42 @@ def command(
     With --vs or --configs, every configuration runs interleaved in this process and each one's
     median is compared with this command's configuration (the baseline).
     """
-    from ortpilot.artifacts.atomic import check_output_path
-    from ortpilot.measure.bench import (
-        BenchmarkRunError,
-        bench,
-        check_budget,
-        check_concurrency,
-    )
-    from ortpilot.measure.interleave import bench_interleaved
+    from ortpilot import api
 
     if report:
-        check_output_path(report, "--report", "report.html")  # before minutes of measuring, not after
+        api.check_report_path(report)  # before minutes of measuring, not after
     warm = _warmup_arg(warmup)
-    runs, duration = check_budget(runs, duration, warm)
-    check_concurrency(knobs["concurrency"])
-    base = {**knobs, "model": model, "name": name}
-    entries: list[tuple[str | None, str, str]] = [(None, text, "--vs") for text in vs]
-    if configs_file:
-        entries += [(n, text, f"--configs entry '{n or text}'") for n, text in _config_file_entries(configs_file)]
-    params = [base] + [parse_vs(text, {**base, "name": n}, where) for n, text, where in entries]
-    configs = [build_config(p, "") for p in params]
-    gate = _regression_gate(baseline, max_slowdown, configs)
-    if isolate:  # once per distinct model/providers/settings: a crash can depend on any of them
-        distinct = {json.dumps([c.model, c.providers, c.settings.to_dict()], default=str): c for c in configs}
-        for c in distinct.values():
-            preflight_isolated([c.model], c.providers, c.settings)
-    progress, bar = _progress()
-    try:
-        with bar:
-            if len(configs) == 1:
-                c = configs[0]
-                result: Any = bench(
-                    c.model,
-                    c.providers,
-                    c.settings,
-                    c.shapes,
-                    c.feeds,
-                    runs=runs,
-                    duration_s=duration,
-                    warmup=warm,
-                    iobinding=c.iobinding,
-                    concurrency=c.concurrency,
-                    policy=policy,
-                    roofline=roofline,
-                    name=c.name or "A",
-                    progress=progress,
-                )
-            else:
-                result = bench_interleaved(
-                    configs,
-                    runs=runs,
-                    duration_s=duration,
-                    warmup=warm,
-                    block=block,
-                    policy=policy,
-                    roofline=roofline,
-                    progress=progress,
-                )
-    except BenchmarkRunError as exc:
-        if exc.partial is not None:
-            _output(exc.partial, as_json, samples, report)
-        raise
-    verdict = gate(result) if gate else None
-    _output(result, as_json, samples, report, verdict)
-    if verdict is not None and verdict.slower:
-        from ortpilot.errors import VerificationError
+    runs, duration = api.check_bench_budget(runs, duration, warm, knobs["concurrency"])
+    configs = _configs({**knobs, "model": model, "name": name}, vs, configs_file)
+    saved = api.prepare_baseline(baseline, max_slowdown, configs)
+    if isolate:
+        api.preflight_bench(configs)
 
+    def output(result: Any, verdict: Any = None) -> None:
+        _output(result, as_json, samples, report, verdict)
+
+    result = _measure(
+        configs, output, runs=runs, duration_s=duration, warmup=warm, block=block, policy=policy, roofline=roofline
+    )
+    verdict = api.judge_regression(saved, result) if saved is not None else None
+    output(result, verdict)
+    if verdict is not None and verdict.slower:
         raise VerificationError(f"Performance regression against --baseline: {verdict.line()}")
 
 
-def _regression_gate(baseline: str | None, max_slowdown: str | None, configs: list[Any]):
-    """Checks before measuring (exit 2 at once), and the verdict to compute after; None without --baseline."""
-    from ortpilot.measure import regression
-    from ortpilot.modelio import file_sha256
+def _measure(configs: list[Any], output: Callable[[Any], None], **budget: Any) -> Any:
+    """``api.bench`` behind a progress bar; a failing run still shows the statistics of the runs before it."""
+    from ortpilot import api
 
-    if baseline is None:
-        if max_slowdown is not None:
-            raise UsageError("--max-slowdown needs --baseline: the saved 'bench --json' result to compare with.")
-        return None
-    if max_slowdown is None:
-        raise UsageError("--baseline needs --max-slowdown PCT: how much slower than the saved run still passes.")
-    pct = regression.check_max_slowdown(max_slowdown)
-    if len(configs) > 2:
-        raise UsageError("--baseline compares two configurations at most: MODEL, and the old model with one --vs.")
-    saved = regression.read_baseline(baseline)
-    old_model = configs[-1].model
-    if (
-        isinstance(old_model, (str, Path))
-        and Path(old_model).is_file()
-        and file_sha256(old_model) != saved.get("model_sha256")
-    ):
-        raise UsageError(
-            f"--baseline '{baseline}' measured another model (sha256 {str(saved.get('model_sha256'))[:12]}…) "
-            f"than '{old_model}' ({file_sha256(old_model)[:12]}…). Give the model it measured, or its "
-            'new build as MODEL and the old one with --vs "--model OLD.onnx".'
-        )
-
-    def verdict(result: Any):
-        doc = result.to_dict(samples=False)
-        if doc.get("kind") == "comparison":
-            new, old = doc["configs"][0], doc["configs"][1]
-            regression.check_same_measurement(saved, old, baseline)
-            return regression.from_interleaved(new, old, doc["ratios"][0], pct)
-        regression.check_same_measurement(saved, doc, baseline)
-        return regression.from_saved_ci(doc, saved, pct)
-
-    return verdict
+    progress, bar = _progress()
+    try:
+        with bar:
+            return api.bench(configs, progress=progress, **budget)
+    except VerificationError as exc:
+        partial = api.bench_partial(exc)
+        if partial is not None:
+            output(partial)
+        raise
 
 
 command = _apply(_knobs(base=True), command)
@@ -423,9 +319,9 @@ def _output(result: Any, as_json: bool, samples: bool, report: str | None, verdi
             ("[red]" if verdict.slower else "[green]") + escape(verdict.line()) + "[/]", highlight=False
         )
     if report:
-        from ortpilot.measure.html_report import write_report
+        from ortpilot import api
 
-        path = write_report(report, result)
+        path = api.write_bench_report(report, result)
         stderr.print(escape(f"report written to {path}"), highlight=False)
 
 

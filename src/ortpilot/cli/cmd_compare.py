@@ -10,12 +10,13 @@ from rich.table import Table
 
 from ortpilot.cli.cmd_optimize import _num
 from ortpilot.cli.common import (
-    ISOLATE_HELP,
+    ISOLATE_OPTION,
+    JSON_OPTION,
     METRIC_HELP,
     MODEL_FILE_OPTION,
     PROVIDER_HELP,
     REAL_DATA_OPTIONS,
-    SHAPE_HELP,
+    SHAPE_OPTION,
     data_flags,
     emit_json,
     handle_errors,
@@ -54,7 +55,7 @@ from ortpilot.cli.common import (
     help="With --calibration/--calibration-text/--calibration-images: compare on every sample, not only "
     "the held-out ones quantize and tune gate on.",
 )
-@click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
+@SHAPE_OPTION
 @click.option(
     "--samples",
     "n_samples",
@@ -77,8 +78,8 @@ from ortpilot.cli.common import (
     show_default=True,
     help="Decoder pairs: least top-1 next-token agreement (exit 1 below it).",
 )
-@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@ISOLATE_OPTION
+@JSON_OPTION
 @handle_errors
 def command(
     model: str,

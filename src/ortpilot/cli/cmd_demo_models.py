@@ -7,12 +7,12 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from ortpilot.cli.common import emit_json, handle_errors, stdout
+from ortpilot.cli.common import JSON_OPTION, emit_json, handle_errors, stdout
 
 
 @click.command("demo-models")
 @click.argument("outdir", type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@JSON_OPTION
 @handle_errors
 def command(outdir: str, as_json: bool) -> None:
     """Write the demo MLP, CNN, encoder and decoder models (and the decoder's tokenizer) into OUTDIR."""

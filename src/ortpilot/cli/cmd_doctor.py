@@ -6,13 +6,13 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ortpilot.cli.common import emit_json, handle_errors, stdout
+from ortpilot.cli.common import emit_json, handle_errors, json_option, stdout
 
 _STYLE = {"ok": "green", "info": "cyan", "warn": "yellow", "error": "bold red"}
 
 
 @click.command("doctor")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (fields: docs/commands/doctor.md).")
+@json_option(help="Print one JSON document (fields: docs/commands/doctor.md).")
 @click.option("--no-probe", is_flag=True, help="Skip building a test session per provider (faster, less proof).")
 @handle_errors
 def command(as_json: bool, no_probe: bool) -> None:

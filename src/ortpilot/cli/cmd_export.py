@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from ortpilot.cli.common import emit_json, handle_errors, stderr, stdout
+from ortpilot.cli.common import JSON_OPTION, emit_json, handle_errors, stderr, stdout
 
 
 @click.group("export")
@@ -38,7 +38,7 @@ def command() -> None:
     help="Also write a KServe InferenceService manifest (YAML) for the repository to this file.",
 )
 @click.option("--storage-uri", default=None, help="storageUri for the manifest (default: a placeholder to edit).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@JSON_OPTION
 @handle_errors
 def triton(
     profile: str,

@@ -9,12 +9,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
-    ISOLATE_HELP,
+    ISOLATE_OPTION,
     MODEL_FILE_OPTION,
     PROVIDER_HELP,
-    SHAPE_HELP,
+    SHAPE_OPTION,
     emit_json,
     handle_errors,
+    json_option,
     resolve_model_arg,
     stderr,
     stdout,
@@ -24,7 +25,7 @@ from ortpilot.cli.common import (
 @click.command("inspect")
 @MODEL_FILE_OPTION
 @click.argument("model")
-@click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
+@SHAPE_OPTION
 @click.option(
     "-p",
     "--provider",
@@ -37,8 +38,8 @@ from ortpilot.cli.common import (
     is_flag=True,
     help="Skip the provider op-support check (no sessions are built). The graph itself is always validated.",
 )
-@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@ISOLATE_OPTION
+@json_option(help="Print one JSON document.")
 @handle_errors
 def command(
     model: str, shapes: tuple[str, ...], providers: tuple[str, ...], no_check: bool, isolate: bool, as_json: bool

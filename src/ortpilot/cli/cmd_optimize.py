@@ -10,7 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
-    ISOLATE_HELP,
+    ISOLATE_OPTION,
+    JSON_OPTION,
     LEVEL_OPTION,
     MODEL_FILE_OPTION,
     PROVIDER_HELP,
@@ -39,8 +40,8 @@ from ortpilot.cli.common import (
 @click.option("--hidden-size", type=int, default=0, help="Hidden size for fusion (0: detect).")
 @click.option("--free-dim", "free_dims", multiple=True, help="Fix a symbolic dim while optimizing: NAME=VALUE.")
 @click.option("--no-cache", is_flag=True, help="Build without the content-addressed cache.")
-@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@ISOLATE_OPTION
+@JSON_OPTION
 @handle_errors
 def command(
     model: str,

@@ -11,11 +11,12 @@ from rich.table import Table
 from ortpilot.cli.cmd_compare import render_comparison
 from ortpilot.cli.cmd_optimize import render_record
 from ortpilot.cli.common import (
-    ISOLATE_HELP,
+    ISOLATE_OPTION,
+    JSON_OPTION,
     METRIC_HELP,
     MODEL_FILE_OPTION,
     REAL_DATA_OPTIONS,
-    SHAPE_HELP,
+    SHAPE_OPTION,
     data_flags,
     emit_json,
     handle_errors,
@@ -77,7 +78,7 @@ from ortpilot.cli.common import (
 @click.option("--exclude", "exclude", multiple=True, help="Node name to leave in float (repeatable).")
 @click.option("--op-types", default=None, help="Comma-separated op types to quantize (default: per mode).")
 @click.option("--no-preprocess", is_flag=True, help="Skip quant_pre_process.")
-@click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
+@SHAPE_OPTION
 @click.option(
     "--block-size",
     type=click.IntRange(16),
@@ -108,8 +109,8 @@ from ortpilot.cli.common import (
     show_default=True,
     help="int4/int8-weights: least top-1 next-token agreement with the float model.",
 )
-@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@ISOLATE_OPTION
+@JSON_OPTION
 @handle_errors
 def command(
     model: str,

@@ -9,13 +9,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    JSON_OPTION,
     LEVEL_OPTION,
     MODEL_FILE_OPTION,
     POLICY_OPTION,
     PROVIDER_HELP,
-    SHAPE_HELP,
+    SHAPE_OPTION,
     emit_json,
     handle_errors,
+    isolate_option,
     load_input_files,
     resolve_model_arg,
     stderr,
@@ -36,9 +38,9 @@ from ortpilot.cli.common import (
 )
 @LEVEL_OPTION
 @click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input.")
-@click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
-@click.option("--isolate", is_flag=True, help="Create the session in a child process first (survives ORT crashes).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@SHAPE_OPTION
+@isolate_option(help="Create the session in a child process first (survives ORT crashes).")
+@JSON_OPTION
 @handle_errors
 def command(
     model: str,

@@ -10,11 +10,12 @@ from ortpilot.cli.common import (
     MODEL_FILE_OPTION,
     PROVIDER_HELP,
     REAL_DATA_OPTIONS,
-    SHAPE_HELP,
+    SHAPE_OPTION,
     emit_json,
     handle_errors,
     interrupt_exit_code,
     interrupt_name,
+    json_option,
     real_data_arg,
     resolve_model_arg,
     stderr,
@@ -32,7 +33,7 @@ MODEL_BUDGET_S = 300.0
 @MODEL_FILE_OPTION
 @click.argument("model", required=False)
 @click.option("-o", "--out", "out_dir", default="ortpilot-out", show_default=True, help="Output folder.")
-@click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)
+@SHAPE_OPTION
 @click.option(
     "--budget",
     type=float,
@@ -53,7 +54,7 @@ MODEL_BUDGET_S = 300.0
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("--no-quantize", is_flag=True, help="Leave INT8 variants out of the search.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted tune from OUTDIR's journal.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document on stdout.")
+@json_option(help="Print the result as one JSON document on stdout.")
 @handle_errors
 def command(
     model: str | None,

@@ -6,7 +6,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ortpilot.cli.common import emit_json, handle_errors, stdout
+from ortpilot.cli.common import emit_json, handle_errors, json_option, stdout
 
 
 @click.command("verify")
@@ -29,7 +29,7 @@ from ortpilot.cli.common import emit_json, handle_errors, stdout
     show_default=True,
     help="Seconds of interleaved timing per profile (with --max-slowdown).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@json_option(help="Print one JSON document.")
 @handle_errors
 def command(
     profiles: tuple[str, ...], accept_machine: bool, max_slowdown: str | None, duration: float, as_json: bool

@@ -294,3 +294,18 @@ METRIC_HELP = (
     "Default: chosen per output on evidence, printed beside it."
 )
 SHAPE_HELP = "Fix a dynamic shape: NAME=1x3x224x224 for an input, or DIM=64 for a symbolic dim (repeatable)."
+
+
+def json_option(help: str = "Print one JSON document on stdout.") -> Callable[[F], F]:
+    """``--json``: stdout holds exactly one JSON document; ``help`` where a command says what it holds."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def isolate_option(help: str = ISOLATE_HELP) -> Callable[[F], F]:
+    """``--isolate``: sessions built in a child process first (``preflight_isolated``)."""
+    return click.option("--isolate", is_flag=True, help=help)
+
+
+JSON_OPTION = json_option()
+ISOLATE_OPTION = isolate_option()
+SHAPE_OPTION = click.option("--shape", "shapes", multiple=True, help=SHAPE_HELP)

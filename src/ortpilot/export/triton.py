@@ -107,6 +107,41 @@ def export_triton(
     model_path = verify_model_file(doc, profile)
     name = _model_name(name, profile)
     dest = Path(repo) / name
+    _check_request(dest, force=force, instances=instances, inferenceservice=inferenceservice)
+    plan = _plan(profile, doc, model_path, name, max_batch=max_batch, instances=instances, kind=kind)
+    manifest = None if inferenceservice is None else _manifest(plan, repo, inferenceservice, storage_uri)
+    result, written = _write_repository(plan, dest, force=force)
+    result.files = _files(dest, written)
+    if manifest is not None:
+        atomic_write_text(inferenceservice, manifest)
+        result.files["inferenceservice"] = str(inferenceservice)
+    return result
+
+
+@dataclass
+class _Plan:
+    """What an export decided before writing a file: the model and its tensors, the backend, the warmup."""
+
+    profile: Path
+    doc: dict[str, Any]
+    model_path: Path
+    proto: onnx.ModelProto
+    name: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    batch: int
+    instances: int
+    settings: SessionSettings
+    backend: BackendSettings
+    decoder: bool
+    losses: list[Loss]
+    feeds: dict[str, np.ndarray] | None
+    warmup: dict[str, Any]
+
+
+def _check_request(dest: Path, *, force: bool, instances: int, inferenceservice: str | Path | None) -> None:
+    """What is refused before any work: a destination in use, the manifest's path, the instance count,
+    and a missing tritonclient."""
     if dest.is_dir() and any(dest.iterdir()) and not force:
         raise UsageError(
             f"'{dest}' exists and is not empty. Pass --force to replace it (the new folder is built "
@@ -118,6 +153,20 @@ def export_triton(
     if instances < 1:
         raise UsageError(f"--instances must be at least 1, got {instances}.")
     protobuf()  # a missing tritonclient is reported before any work
+
+
+def _plan(
+    profile: Path,
+    doc: dict[str, Any],
+    model_path: Path,
+    name: str,
+    *,
+    max_batch: int | None,
+    instances: int,
+    kind: str | None,
+) -> _Plan:
+    """The backend settings the profile maps to, the model's tensors and batch size, what serving
+    there loses, and the warmup inputs."""
     chain = resolve_providers(list(doc["providers"]))  # the chain load_profile runs, provider defaults included
     try:
         settings = effective_settings(SessionSettings.from_dict(dict(doc["session_settings"])), chain)
@@ -132,52 +181,91 @@ def export_triton(
     feeds, warmup = _warmup_feeds(doc, proto, inputs)
     if feeds is not None and batch > 0 and max(len(a) for a in feeds.values()) > 1:
         warmup["note"] += "; Triton's warmup repeats one batch element, so it holds the first of the batch"
-    manifest = None
-    if inferenceservice is not None:
-        manifest = kserve.manifest_yaml(
-            kserve.inference_service(
-                name, Path(repo).resolve().name, gpu=backend.kind == KIND_GPU, storage_uri=storage_uri
-            )
-        )
-        kserve.check_manifest(manifest, inferenceservice)
+    return _Plan(
+        profile=profile,
+        doc=doc,
+        model_path=model_path,
+        proto=proto,
+        name=name,
+        inputs=inputs,
+        outputs=outputs,
+        batch=batch,
+        instances=instances,
+        settings=settings,
+        backend=backend,
+        decoder=decoder,
+        losses=losses,
+        feeds=feeds,
+        warmup=warmup,
+    )
 
-    with atomic_dir(dest, replace=force) as tmp:
-        _copy_model(model_path, proto, tmp / VERSION_DIR)
-        written = _write_warmup(tmp, feeds, inputs, batch) if feeds is not None else []
-        text = render(
-            build_config(name, inputs, outputs, max_batch=batch, instances=instances, backend=backend, warmup=written)
+
+def _manifest(plan: _Plan, repo: str | Path, inferenceservice: str | Path, storage_uri: str | None) -> str:
+    """The KServe InferenceService for the repository, checked before the repository is written."""
+    manifest = kserve.manifest_yaml(
+        kserve.inference_service(
+            plan.name, Path(repo).resolve().name, gpu=plan.backend.kind == KIND_GPU, storage_uri=storage_uri
         )
-        (tmp / CONFIG_FILE).write_text(text, encoding="utf-8")
-        problems = check_config(parse_config((tmp / CONFIG_FILE).read_text(encoding="utf-8"), dest / CONFIG_FILE), tmp)
-        if problems:
-            raise VerificationError(
-                f"The config.pbtxt written for '{dest}' would not load as intended: "
-                f"{'; '.join(problems)}. ortpilot wrote it, so this is a bug in ortpilot; "
-                "nothing was left in the repository."
-            )
+    )
+    kserve.check_manifest(manifest, inferenceservice)
+    return manifest
+
+
+def _write_repository(plan: _Plan, dest: Path, *, force: bool) -> tuple[ExportResult, list[WarmupInput]]:
+    """``REPO/NAME`` built beside its destination and renamed into place: the model, the warmup
+    inputs, config.pbtxt (checked), ORTPILOT.md."""
+    with atomic_dir(dest, replace=force) as tmp:
+        _copy_model(plan.model_path, plan.proto, tmp / VERSION_DIR)
+        written = _write_warmup(tmp, plan.feeds, plan.inputs, plan.batch) if plan.feeds is not None else []
+        text = _write_config(tmp, dest, plan, written)
         result = ExportResult(
-            profile=profile,
+            profile=plan.profile,
             model_dir=dest,
-            name=name,
-            max_batch_size=batch,
-            kind=backend.kind,
-            providers=[short_name(p) for p in backend.provider_order],
-            warmup=warmup,
-            decoder=decoder,
-            losses=losses,
+            name=plan.name,
+            max_batch_size=plan.batch,
+            kind=plan.backend.kind,
+            providers=[short_name(p) for p in plan.backend.provider_order],
+            warmup=plan.warmup,
+            decoder=plan.decoder,
+            losses=plan.losses,
             config_text=text,
         )
-        (tmp / NOTES_FILE).write_text(_notes(result, doc, settings), encoding="utf-8")
-    result.files = {
+        (tmp / NOTES_FILE).write_text(_notes(result, plan.doc, plan.settings), encoding="utf-8")
+    return result, written
+
+
+def _write_config(tmp: Path, dest: Path, plan: _Plan, written: list[WarmupInput]) -> str:
+    """config.pbtxt, parsed back with Triton's protobuf classes and checked against the backend's rules."""
+    text = render(
+        build_config(
+            plan.name,
+            plan.inputs,
+            plan.outputs,
+            max_batch=plan.batch,
+            instances=plan.instances,
+            backend=plan.backend,
+            warmup=written,
+        )
+    )
+    (tmp / CONFIG_FILE).write_text(text, encoding="utf-8")
+    problems = check_config(parse_config((tmp / CONFIG_FILE).read_text(encoding="utf-8"), dest / CONFIG_FILE), tmp)
+    if problems:
+        raise VerificationError(
+            f"The config.pbtxt written for '{dest}' would not load as intended: "
+            f"{'; '.join(problems)}. ortpilot wrote it, so this is a bug in ortpilot; "
+            "nothing was left in the repository."
+        )
+    return text
+
+
+def _files(dest: Path, written: list[WarmupInput]) -> dict[str, str]:
+    """Where each file of the repository lies, as ``export --json`` lists them."""
+    return {
         "config": str(dest / CONFIG_FILE),
         "model": str(dest / VERSION_DIR / MODEL_FILE),
         "notes": str(dest / NOTES_FILE),
         **{f"warmup:{w.name}": str(dest / WARMUP_DIR / w.file) for w in written},
     }
-    if manifest is not None:
-        atomic_write_text(inferenceservice, manifest)
-        result.files["inferenceservice"] = str(inferenceservice)
-    return result
 
 
 def _model_name(name: str | None, profile: Path) -> str:

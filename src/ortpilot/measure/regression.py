@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ortpilot.errors import UsageError
+from ortpilot.modelio import file_sha256
 
 # Fields of a bench result that decide its latency (besides the model): a baseline must match them.
 MATCHED = ("shapes", "providers", "settings", "iobinding", "concurrency", "batch_size")
@@ -171,12 +173,73 @@ def from_interleaved(
     )
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """A saved run to compare with, read and checked before measuring, and the slowdown it allows."""
+
+    path: str
+    saved: dict[str, Any]
+    max_slowdown_pct: float
+
+
+def prepare_baseline(path: str | None, max_slowdown: Any, models: Sequence[Any]) -> Baseline | None:
+    """``--baseline``/``--max-slowdown`` checked before measuring, so a wrong one exits 2 at once.
+
+    ``models``: each configuration's model, the one that plays "old" last (MODEL alone, or MODEL
+    and the old model given with one ``--vs``). A saved run of another model file is refused
+    here, before minutes of measuring. None without a baseline.
+    """
+    if path is None:
+        if max_slowdown is not None:
+            raise UsageError("--max-slowdown needs --baseline: the saved 'bench --json' result to compare with.")
+        return None
+    if max_slowdown is None:
+        raise UsageError("--baseline needs --max-slowdown PCT: how much slower than the saved run still passes.")
+    pct = check_max_slowdown(max_slowdown)
+    if len(models) > 2:
+        raise UsageError("--baseline compares two configurations at most: MODEL, and the old model with one --vs.")
+    saved = read_baseline(path)
+    old_model = models[-1]
+    if (
+        isinstance(old_model, (str, Path))
+        and Path(old_model).is_file()
+        and file_sha256(old_model) != saved.get("model_sha256")
+    ):
+        raise UsageError(
+            f"--baseline '{path}' measured another model (sha256 {str(saved.get('model_sha256'))[:12]}…) "
+            f"than '{old_model}' ({file_sha256(old_model)[:12]}…). Give the model it measured, or its "
+            'new build as MODEL and the old one with --vs "--model OLD.onnx".'
+        )
+    return Baseline(path, saved, pct)
+
+
+class Measured(Protocol):
+    """A bench result (``BenchResult``, or ``ComparisonResult`` of an interleaved run)."""
+
+    def to_dict(self, *, samples: bool = True) -> dict[str, Any]: ...
+
+
+def judge(baseline: Baseline, result: Measured) -> RegressionVerdict:
+    """This run against the saved one: interleaved with the old model when it ran here, else CI against CI."""
+    doc = result.to_dict(samples=False)
+    if doc.get("kind") == "comparison":
+        new, old = doc["configs"][0], doc["configs"][1]
+        check_same_measurement(baseline.saved, old, baseline.path)
+        return from_interleaved(new, old, doc["ratios"][0], baseline.max_slowdown_pct)
+    check_same_measurement(baseline.saved, doc, baseline.path)
+    return from_saved_ci(doc, baseline.saved, baseline.max_slowdown_pct)
+
+
 __all__ = [
     "MATCHED",
+    "Baseline",
+    "Measured",
     "RegressionVerdict",
     "check_max_slowdown",
     "check_same_measurement",
     "from_interleaved",
     "from_saved_ci",
+    "judge",
+    "prepare_baseline",
     "read_baseline",
 ]
