@@ -58,6 +58,7 @@ def _prompt_ids(text: str) -> list[int]:
 )
 @click.option(
     "--fuse",
+    "fuse_attention",
     is_flag=True,
     help="Fuse attention into GroupQueryAttention first (onnxscript), so the shared-buffer loop applies.",
 )
@@ -101,7 +102,7 @@ def command(
     max_new_tokens: int,
     max_length: int | None,
     loop: str,
-    fuse: bool,
+    fuse_attention: bool,
     max_positions: int | None,
     temperature: float,
     top_k: int,
@@ -118,42 +119,37 @@ def command(
     """Generate tokens after a prompt, streaming them to stdout (or one JSON document)."""
     from ortpilot.decode import Generator, SamplingConfig
     from ortpilot.decode import text as textmod
+    from ortpilot.decode.prepare import find_tokenizer, fuse, stop_ids
     from ortpilot.session import SessionSettings
 
     if max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
     if (prompt_ids is None) == (prompt is None):
         raise UsageError("Give exactly one of --prompt-ids 1,2,3 or --prompt TEXT (with --tokenizer).")
-    if tokenizer is None and prompt is not None and model == "demo:decoder":
-        from ortpilot.models import demo_tokenizer_path
-
-        tokenizer = str(demo_tokenizer_path())  # the demo decoder's byte-level tokenizer, built offline
-    tok = textmod.load_tokenizer(tokenizer) if tokenizer else None
+    tokenizer_path = find_tokenizer(model, tokenizer, demo_own=prompt is not None)
+    tok = textmod.load_tokenizer(tokenizer_path) if tokenizer_path else None
     if prompt is not None:
         if tok is None:
             raise UsageError("--prompt needs --tokenizer PATH/tokenizer.json (or use --prompt-ids).")
         ids = textmod.encode(tok, textmod.chat_prompt(tok, prompt, system) if chat else prompt)
     else:
         ids = _prompt_ids(prompt_ids or "")
-    if max_positions is not None and not fuse:
+    if max_positions is not None and not fuse_attention:
         raise UsageError(
             "--max-positions sets the length of the rotary tables --fuse stores; it does nothing "
             "without --fuse (a model fused earlier keeps the limit it was fused with)."
         )
-    stops = list(stop_id) + (textmod.stop_ids(tok) if tok is not None else [])
+    stops = stop_ids(tok, list(stop_id))
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     source: Any = resolve_model_arg(model)
     settings = SessionSettings(intra_op_threads=threads)
     if isolate:
         preflight_isolated([source], list(providers) or None, settings)
     notes = []
-    if fuse:
-        from ortpilot.passes.decoder_fusion import fuse_decoder, summary
-
-        fused = fuse_decoder(source, use_cache=True, max_positions=max_positions)
-        notes.append(summary(fused))
-        stderr.print(f"[dim]{escape(summary(fused))}[/]", highlight=False)
-        source = fused.model
+    if fuse_attention:
+        source, note, _ = fuse(source, max_positions)
+        notes.append(note)
+        stderr.print(f"[dim]{escape(note)}[/]", highlight=False)
     gen = Generator(
         source, providers=list(providers) or None, policy=policy, settings=settings, mapping=parse_kv_list(mapping)
     )

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import click
+from rich.markup import escape
 
 from ortpilot.cli.common import emit_json, handle_errors, stderr, stdout
-from ortpilot.cli.serve_openai import openai_options, serve_decoders
+from ortpilot.cli.serve_openai import decoder_options, openai_options
 
 _STARTED = time.perf_counter()  # cold start counts from the command's start, imports included
 
@@ -96,12 +98,7 @@ def command(
     rayservice: str | None,
     image: str | None,
     as_json: bool,
-    tokenizer: str | None,
-    chat_template: str,
-    max_streams: int,
-    max_queue: int,
-    max_length: int | None,
-    prefill_chunk: int,
+    **decoder: Any,
 ) -> None:
     """Serve each PROFILE (a tune output folder or profile.json, a model file, or demo:NAME) over the
     Open Inference Protocol (KServe v2 REST) with verified replicas on Ray Serve.
@@ -117,58 +114,9 @@ def command(
     /v1/completions and /v1/chat/completions, streamed or not): each replica decodes up to
     --max-streams requests together on one shared KV buffer (continuous batching).
     """
-    from ortpilot.serve.decoder import is_decoder_target
-    from ortpilot.serve.options import ServeOptions, parse_autoscale, resolve_models
+    from ortpilot.serve import plan as serving
+    from ortpilot.serve.options import ServeOptions, ServerOptions, parse_autoscale
 
-    decoders = [p for p in profiles if is_decoder_target(p, tokenizer)]
-    if decoders:
-        from ortpilot.errors import UsageError
-
-        if len(decoders) != len(profiles):
-            others = [p for p in profiles if p not in decoders]
-            raise UsageError(
-                f"{', '.join(decoders)} {'is a decoder' if len(decoders) == 1 else 'are decoders'} "
-                "(served behind the OpenAI API under /v1) and "
-                f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not: serve them from two "
-                "`ortpilot serve` processes on two ports."
-            )
-        refused = [
-            flag
-            for flag, on in (
-                ("--autoscale", autoscale),
-                ("--max-batch", max_batch != 1),
-                ("--emit-rayservice", rayservice),
-                ("--accept-machine", accept_machine),
-            )
-            if on
-        ]
-        if refused:
-            raise UsageError(
-                f"{', '.join(refused)} do(es) not apply to decoders: a decoder replica batches "
-                "continuously (--max-streams, --max-queue) and serves a model file, not a profile."
-            )
-        serve_decoders(
-            profiles,
-            names,
-            tokenizer=tokenizer,
-            chat_template=chat_template,
-            max_streams=max_streams,
-            max_queue=max_queue,
-            max_length=max_length,
-            prefill_chunk=prefill_chunk,
-            host=host,
-            port=port,
-            replicas=replicas,
-            cpus_per_replica=cpus_per_replica,
-            address=address,
-            ready_timeout=ready_timeout,
-            access_log=access_log,
-            as_json=as_json,
-            started=_STARTED,
-        )
-        return
-
-    specs = resolve_models(list(profiles), list(names))
     options = ServeOptions(
         replicas=replicas,
         autoscale=parse_autoscale(autoscale),
@@ -179,33 +127,27 @@ def command(
         access_log=access_log,
         accept_machine=accept_machine,
     )
+    served = serving.plan(list(profiles), list(names), options, decoder_options(decoder), manifest=bool(rayservice))
+    for spec in served.models:
+        for note in getattr(spec, "notes", ()):
+            stderr.print(f"[dim]{escape(spec.name)}: {escape(note)}[/]", highlight=False)
     if rayservice:
         from ortpilot.serve.rayservice import write_rayservice
 
-        path = write_rayservice(rayservice, specs, options, host="0.0.0.0", port=port, image=image)
+        path = write_rayservice(rayservice, list(served.models), options, host="0.0.0.0", port=port, image=image)
         stderr.print(
             f"Wrote the RayService manifest {path} (kubectl apply -f {path}, with KubeRay installed)", highlight=False
         )
         return
-    from ortpilot.serve import run_server
 
-    def ready(models) -> None:
+    def ready(models: Any) -> None:
         if as_json:
-            emit_json({"models": [m.to_dict() for m in models]})
+            emit_json(models.to_dict())
         else:
-            for model in models:
-                stdout.print(model.line(), highlight=False, soft_wrap=True)
+            for line in models.lines():
+                stdout.print(line, highlight=False, soft_wrap=True)
         sys.stdout.flush()
         stderr.print("serving; SIGINT or SIGTERM stops", highlight=False)
 
-    run_server(
-        specs,
-        options,
-        host=host,
-        port=port,
-        address=address,
-        ready_timeout=ready_timeout,
-        started=_STARTED,
-        on_ready=ready,
-    )
+    serving.run(served, ServerOptions(host, port, address, ready_timeout), started=_STARTED, on_ready=ready)
     stderr.print("stopped", highlight=False)

@@ -18,15 +18,15 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import QueueFullError, UsageError
 from ortpilot.serve.openai import DEFAULT_COMPLETION_TOKENS, ApiError, GenerationRequest
+from ortpilot.serve.options import DecoderOptions
 
 log = logging.getLogger("ortpilot")
-CHAT_TEMPLATES = ("auto", "chatml")
 MODEL_NAMES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx", "decoder.onnx")
 
 
@@ -38,15 +38,18 @@ class DecoderSpec:
     model: str  # the .onnx a replica loads (fused into GroupQueryAttention)
     tokenizer: str  # tokenizer.json
     source: str = ""
-    chat_template: str = "auto"  # auto: the tokenizer's own (tokenizer_config.json), else ChatML if it has <|im_start|>
-    max_streams: int = 8
-    max_queue: int = 64
-    max_length: int | None = None
-    prefill_chunk: int = 0
+    options: DecoderOptions = field(default_factory=DecoderOptions)
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> DecoderSpec:
+        """The spec a replica receives (``to_dict`` crossed Ray as plain data)."""
+        return cls(
+            **{**doc, "options": DecoderOptions(**doc.get("options") or {}), "notes": tuple(doc.get("notes", ()))}
+        )
 
 
 def find_model_file(folder: Path) -> Path:
@@ -61,27 +64,6 @@ def find_model_file(folder: Path) -> Path:
     raise UsageError(
         f"'{folder}' has no decoder model (looked for {', '.join(MODEL_NAMES)} or a single .onnx "
         "file, also under onnx/)."
-    )
-
-
-def find_tokenizer(source: str, folders: list[Path], tokenizer: str | None) -> Path:
-    """``--tokenizer``, else the demo decoder's own, else ``tokenizer.json`` in one of ``folders``."""
-    if tokenizer:
-        path = Path(tokenizer)
-        path = path / "tokenizer.json" if path.is_dir() else path
-        if not path.is_file():
-            raise UsageError(f"Tokenizer '{tokenizer}' does not exist; pass the tokenizer.json saved with the model.")
-        return path.resolve()
-    if source == "demo:decoder":
-        from ortpilot.models import demo_tokenizer_path
-
-        return demo_tokenizer_path()
-    for folder in folders:
-        if (folder / "tokenizer.json").is_file():
-            return (folder / "tokenizer.json").resolve()
-    raise UsageError(
-        f"No tokenizer for '{source}': the OpenAI endpoints speak text, so give --tokenizer "
-        "PATH/tokenizer.json (or serve a folder that holds one beside the model)."
     )
 
 
@@ -104,17 +86,24 @@ def is_decoder_target(source: str, tokenizer: str | None = None) -> bool:
         return False
 
 
-def prepare_decoder(
-    source: str,
-    name: str | None = None,
-    *,
-    tokenizer: str | None = None,
-    chat_template: str = "auto",
-    max_streams: int = 8,
-    max_queue: int = 64,
-    max_length: int | None = None,
-    prefill_chunk: int = 0,
-) -> DecoderSpec:
+def _locate(source: str) -> tuple[Path, str, list[Path]]:
+    """(the model file, its default URL name, the folders its tokenizer may sit in) for ``source``."""
+    if source.startswith("demo:"):
+        from ortpilot.models import demo_model_path
+
+        return Path(demo_model_path(source.split(":", 1)[1])), source.split(":", 1)[1], []
+    path = Path(source)
+    if path.is_dir():
+        return find_model_file(path), path.resolve().name, [path, path.parent]
+    if path.is_file():
+        return path, path.stem, [path.parent, path.parent.parent]
+    raise UsageError(
+        f"'{source}' does not exist. Serve a decoder model file, a folder holding one with its "
+        "tokenizer.json, or demo:decoder."
+    )
+
+
+def prepare_decoder(source: str, name: str | None = None, options: DecoderOptions | None = None) -> DecoderSpec:
     """Check ``source`` (a model file, a folder with a model and tokenizer, ``demo:decoder``) in the driver.
 
     A decoder without GroupQueryAttention is fused first (onnxscript, content-addressed cache, so
@@ -122,56 +111,28 @@ def prepare_decoder(
     any replica starts.
     """
     from ortpilot.decode.batched import check_batchable
+    from ortpilot.decode.prepare import prepare
     from ortpilot.decode.scheduler import resolve_max_length
     from ortpilot.decode.signature import detect_signature
     from ortpilot.modelio import load_model
 
-    if chat_template not in CHAT_TEMPLATES:
-        raise UsageError(f"--chat-template must be one of {', '.join(CHAT_TEMPLATES)}; got '{chat_template}'.")
-    if source.startswith("demo:"):
-        from ortpilot.models import demo_model_path
-
-        path = Path(demo_model_path(source.split(":", 1)[1]))
-        default = source.split(":", 1)[1]
-        folders: list[Path] = []
-    else:
-        path = Path(source)
-        if path.is_dir():
-            folders = [path, path.parent]
-            path = find_model_file(path)
-            default = Path(source).resolve().name
-        elif path.is_file():
-            folders = [path.parent, path.parent.parent]
-            default = path.stem
-        else:
-            raise UsageError(
-                f"'{source}' does not exist. Serve a decoder model file, a folder holding one with its "
-                "tokenizer.json, or demo:decoder."
-            )
+    options = options or DecoderOptions()
+    path, default, folders = _locate(source)
     sig = detect_signature(load_model(path, load_external_data=False))  # not a decoder: say that first
-    tok = find_tokenizer(source, folders, tokenizer)
-    notes: list[str] = []
-    if sig.has_cache and not sig.supports_shared_buffer:
-        from ortpilot.passes.decoder_fusion import fuse_decoder, summary
-
-        fused = fuse_decoder(str(path), use_cache=True)
-        notes.append(summary(fused))
-        path = Path(fused.record.extra["cache_path"])
-        sig = detect_signature(fused.model)
-    check_batchable(sig)
-    resolve_max_length(sig, max_length)
-    return DecoderSpec(
-        name or default,
-        str(path.resolve()),
-        str(tok),
+    ready = prepare(
         source,
-        chat_template,
-        max_streams,
-        max_queue,
-        max_length,
-        prefill_chunk,
-        tuple(notes),
+        path,
+        tokenizer=options.tokenizer,
+        folders=folders,
+        fuse_attention=sig.has_cache and not sig.supports_shared_buffer,
+        require_tokenizer=True,
     )
+    if ready.cache_path is not None:
+        path = ready.cache_path
+        sig = detect_signature(ready.model)
+    check_batchable(sig)
+    resolve_max_length(sig, options.max_length)
+    return DecoderSpec(name or default, str(path.resolve()), str(ready.tokenizer), source, options, ready.notes)
 
 
 class DecoderReplica:
@@ -183,16 +144,17 @@ class DecoderReplica:
         from ortpilot.session import SessionSettings
 
         started = time.perf_counter()
-        self.spec = DecoderSpec(**{**spec, "notes": tuple(spec.get("notes", ()))})
+        self.spec = DecoderSpec.from_dict(spec)
+        options = self.spec.options
         self.tokenizer = textmod.load_tokenizer(self.spec.tokenizer)
         self.stop_ids = frozenset(textmod.stop_ids(self.tokenizer))
-        self.template = textmod.chat_template(self.spec.tokenizer) if self.spec.chat_template == "auto" else None
+        self.template = textmod.chat_template(self.spec.tokenizer) if options.chat_template == "auto" else None
         self.scheduler = Scheduler(
             self.spec.model,
-            max_streams=self.spec.max_streams,
-            max_queue=self.spec.max_queue,
-            max_length=self.spec.max_length,
-            prefill_chunk=self.spec.prefill_chunk,
+            max_streams=options.max_streams,
+            max_queue=options.max_queue,
+            max_length=options.max_length,
+            prefill_chunk=options.prefill_chunk,
             providers=["cpu"],
             policy="strict",
             settings=SessionSettings(intra_op_threads=threads),
@@ -210,7 +172,7 @@ class DecoderReplica:
             return request.prompt  # type: ignore[return-value]
         if self.template is not None:
             return textmod.render_chat(self.template, request.messages, self.tokenizer)
-        if self.spec.chat_template == "chatml" or self.tokenizer.token_to_id("<|im_start|>") is not None:
+        if self.spec.options.chat_template == "chatml" or self.tokenizer.token_to_id("<|im_start|>") is not None:
             return textmod.chatml(request.messages)
         raise ApiError(
             400,
@@ -236,91 +198,107 @@ class DecoderReplica:
         return min(room, DEFAULT_COMPLETION_TOKENS) if request.kind == "completion" else room
 
     # Requests.
-    async def generate(self, doc: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Events for one request: ``start``, ``delta`` (text), ``end``; or a single ``error``."""
-        from ortpilot.decode import SamplingConfig
-        from ortpilot.decode.text import TextStream
-
-        request = GenerationRequest.from_dict(doc)
-        loop = asyncio.get_running_loop()
-        tokens: asyncio.Queue[int | None] = asyncio.Queue()
-        try:
-            ids = self.prompt_ids(request)
+    def check_room(self, request: GenerationRequest, ids: list[int]) -> int:
+        """The request's max_tokens once its prompt and answer fit a stream; a 400 naming the limit otherwise."""
+        length = self.scheduler.max_length
+        if len(ids) >= length:
             limit = self.scheduler.generator.signature.max_positions
-            if len(ids) >= self.scheduler.max_length:
-                model = f" and the model {limit} positions" if limit else ""
-                raise ApiError(
-                    400,
-                    f"The prompt has {len(ids)} tokens, but a stream of this server holds "
-                    f"{self.scheduler.max_length} (--max-length){model}; shorten the prompt.",
-                    param="messages" if request.kind == "chat" else "prompt",
-                    code="context_length_exceeded",
-                )
-            max_tokens = self.max_tokens(request, len(ids))
-            room = self.scheduler.max_length - len(ids)
-            if max_tokens > room:
-                raise ApiError(
-                    400,
-                    f"max_tokens {max_tokens} is above the limit: the prompt has {len(ids)} tokens "
-                    f"and a stream holds {self.scheduler.max_length}, so at most {room} more.",
-                    param="max_tokens",
-                    code="context_length_exceeded",
-                )
-            sampling = SamplingConfig(temperature=request.temperature, top_p=request.top_p, seed=request.seed)
-            stream = self.scheduler.submit(
+            model = f" and the model {limit} positions" if limit else ""
+            raise ApiError(
+                400,
+                f"The prompt has {len(ids)} tokens, but a stream of this server holds "
+                f"{length} (--max-length){model}; shorten the prompt.",
+                param="messages" if request.kind == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        max_tokens, room = self.max_tokens(request, len(ids)), length - len(ids)
+        if max_tokens > room:
+            raise ApiError(
+                400,
+                f"max_tokens {max_tokens} is above the limit: the prompt has {len(ids)} tokens "
+                f"and a stream holds {length}, so at most {room} more.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return max_tokens
+
+    def submit(self, request: GenerationRequest, tokens: asyncio.Queue) -> tuple[list[int], Any]:
+        """(prompt ids, the scheduler's stream) for a checked request; each token the engine makes lands
+        in ``tokens`` (None at the end). Raises ApiError for what the client must change."""
+        from ortpilot.decode import SamplingConfig
+
+        loop = asyncio.get_running_loop()
+        ids = self.prompt_ids(request)
+        max_tokens = self.check_room(request, ids)
+        sampling = SamplingConfig(temperature=request.temperature, top_p=request.top_p, seed=request.seed)
+        try:
+            return ids, self.scheduler.submit(
                 ids,
                 max_tokens,
                 sampling=sampling,
                 stop_tokens=sorted(self.stop_ids),
                 on_token=lambda _s, t: loop.call_soon_threadsafe(tokens.put_nowait, t),
             )
+        except QueueFullError as exc:
+            raise ApiError(
+                429, str(exc), kind="rate_limit_error", code="rate_limit_exceeded", retry_after_s=exc.retry_after_s
+            ) from None
+        except UsageError as exc:
+            raise ApiError(400, str(exc), code="invalid_value") from None
+
+    async def generate(self, doc: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Events for one request: ``start``, ``delta`` (text), ``end``; or a single ``error``."""
+        request = GenerationRequest.from_dict(doc)
+        tokens: asyncio.Queue[int | None] = asyncio.Queue()
+        try:
+            ids, stream = self.submit(request, tokens)
         except ApiError as exc:
             yield exc.to_event()
             return
-        except QueueFullError as exc:
-            yield ApiError(
-                429, str(exc), kind="rate_limit_error", code="rate_limit_exceeded", retry_after_s=exc.retry_after_s
-            ).to_event()
-            return
-        except UsageError as exc:
-            yield ApiError(400, str(exc), code="invalid_value").to_event()
-            return
+        from ortpilot.decode.text import TextStream
+
         text = TextStream(self.tokenizer, request.stop, self.stop_ids)
         try:
             yield {"type": "start", "prompt_tokens": len(ids)}
-            ended = False
-            while not ended:
-                batch = [await tokens.get()]
-                while not tokens.empty():  # a slow reader gets what piled up in one delta
-                    batch.append(tokens.get_nowait())
-                delta = ""
-                for token in batch:
-                    if token is None:
-                        ended = True
-                        break
-                    delta += text.push(token)
-                    if text.stopped:
-                        stream.cancel()
-                        ended = True
-                        break
-                if ended and not text.stopped:
-                    delta += text.finish()
-                if delta:
-                    yield {"type": "delta", "text": delta}
-            if stream.error is not None and not text.stopped:
-                yield ApiError(500, f"generation failed: {stream.error}", kind="server_error").to_event()
-                return
-            reason = "stop_string" if text.stopped else stream.stop_reason or "max_new_tokens"
+            async for event in self._deltas(text, stream, tokens):
+                yield event
             yield {
                 "type": "end",
-                "finish_reason": reason,
+                "finish_reason": "stop_string" if text.stopped else stream.stop_reason or "max_new_tokens",
                 "prompt_tokens": len(ids),
                 "completion_tokens": len(stream.tokens),
             }
+        except ApiError as exc:
+            yield exc.to_event()
         finally:
             if not stream.done:
                 stream.cancel()  # the caller went away: free the slot before the next step
             self._record(stream)
+
+    async def _deltas(self, text: Any, stream: Any, tokens: asyncio.Queue) -> AsyncIterator[dict[str, Any]]:
+        """``delta`` events of the stream's ``text`` as its tokens arrive, up to the end or a stop string
+        (which cancels the stream). A failed engine step is an ApiError (500)."""
+        ended = False
+        while not ended:
+            batch = [await tokens.get()]
+            while not tokens.empty():  # a slow reader gets what piled up in one delta
+                batch.append(tokens.get_nowait())
+            delta = ""
+            for token in batch:
+                if token is None:
+                    ended = True
+                    break
+                delta += text.push(token)
+                if text.stopped:
+                    stream.cancel()
+                    ended = True
+                    break
+            if ended and not text.stopped:
+                delta += text.finish()
+            if delta:
+                yield {"type": "delta", "text": delta}
+        if stream.error is not None and not text.stopped:
+            raise ApiError(500, f"generation failed: {stream.error}", kind="server_error")
 
     def _record(self, stream: Any) -> None:
         async def later() -> None:  # the engine retires a cancelled stream at its next step
@@ -343,7 +321,7 @@ class DecoderReplica:
             "intra_op_threads": self.threads,
             "load_s": round(self.load_s, 3),
             "max_positions": sig.max_positions,
-            "chat_template": "tokenizer" if self.template is not None else self.spec.chat_template,
+            "chat_template": "tokenizer" if self.template is not None else self.spec.options.chat_template,
             "notes": list(self.spec.notes),
             **self.scheduler.stats(),
             "recent": list(self.recent),
@@ -354,11 +332,9 @@ class DecoderReplica:
 
 
 __all__ = [
-    "CHAT_TEMPLATES",
     "DecoderReplica",
     "DecoderSpec",
     "find_model_file",
-    "find_tokenizer",
     "is_decoder_target",
     "prepare_decoder",
 ]

@@ -36,6 +36,8 @@ from ortpilot.serve.openai import (
     sse,
     usage,
 )
+from ortpilot.serve.options import ServeOptions, ServerOptions
+from ortpilot.serve.ready import DecoderReady, Served
 
 log = logging.getLogger("ortpilot")
 APP_NAME = "ortpilot-openai"
@@ -228,7 +230,7 @@ def openai_deployment(
             num_replicas=replicas,
             ray_actor_options={"num_cpus": cpus},
             # Requests beyond the streams and the queue reach the scheduler, which answers 429 itself.
-            max_ongoing_requests=spec.max_streams + spec.max_queue + 8,
+            max_ongoing_requests=spec.options.max_streams + spec.options.max_queue + 8,
             graceful_shutdown_timeout_s=10.0,
         )
         handles[spec.name] = model.bind(spec.to_dict(), max(1, int(cpus)))
@@ -238,52 +240,56 @@ def openai_deployment(
     return ingress.bind(handles, access_log)
 
 
-def wait_ready(specs: Sequence[DecoderSpec], base: str, timeout: float, failed: list[BaseException]) -> list[dict]:
+def wait_ready(
+    specs: Sequence[DecoderSpec], server: ServerOptions, replicas: int, started: float, failed: list[BaseException]
+) -> Served:
     """Each model's ``GET /v1/models/NAME`` once a replica answers it (it loaded and started its engine)."""
     from ortpilot.serve.runner import _get
 
-    deadline = time.monotonic() + timeout
-    ready: dict[str, dict] = {}
+    url = server.base_url + ROUTE_PREFIX
+    deadline = time.monotonic() + server.ready_timeout
+    ready: dict[str, DecoderReady] = {}
     while len(ready) < len(specs):
         for spec in specs:
             if spec.name not in ready:
-                code, doc = _get(f"{base}{ROUTE_PREFIX}/models/{spec.name}", timeout=5.0)
+                code, doc = _get(f"{url}/models/{spec.name}", timeout=5.0)
                 if code == 200 and doc:
-                    ready[spec.name] = doc
+                    ready[spec.name] = DecoderReady(doc, replicas, url, time.perf_counter() - started)
         if failed:
             raise VerificationError(f"The OpenAI application did not deploy: {failed[0]}")
         if len(ready) < len(specs) and time.monotonic() > deadline:
             missing = next(s.name for s in specs if s.name not in ready)
-            raise VerificationError(f"No replica of decoder '{missing}' became ready within {timeout:g} s.")
+            raise VerificationError(
+                f"No replica of decoder '{missing}' became ready within {server.ready_timeout:g} s."
+            )
         time.sleep(0.2)
-    return [ready[s.name] for s in specs]
+    return Served([ready[s.name] for s in specs], url)
 
 
 def run_openai_server(
     specs: Sequence[DecoderSpec],
+    options: ServeOptions,
+    server: ServerOptions | None = None,
     *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    replicas: int = 1,
-    cpus_per_replica: float | None = None,
-    address: str | None = None,
-    ready_timeout: float = 300.0,
-    access_log: bool = True,
-    on_ready: Callable[[list[dict]], None] | None = None,
+    started: float | None = None,
+    on_ready: Callable[[Served], None] | None = None,
     stop: threading.Event | None = None,
-) -> list[dict]:
-    """Start (or join, ``address``) Ray, run the application at ``/v1``, serve until SIGINT/SIGTERM.
+) -> Served:
+    """Start (or join, the options' ``address``) Ray, run ``specs`` at ``/v1`` with the replicas ``options``
+    say, serve until SIGINT/SIGTERM.
 
     The Ray and Serve handling is ``runner``'s (what the Open Inference Protocol application
     uses): exactly what this call started is stopped again.
     """
     from ortpilot.serve.runner import check_port, serve_until_stopped
 
-    check_port(host, port)
+    server = server or ServerOptions()
+    started = time.perf_counter() if started is None else started
+    check_port(server.host, server.port)
 
     def same_proxy_port() -> None:
         running = _serve_port()
-        if running != port:
+        if running != server.port:
             raise UsageError(
                 f"Ray Serve already runs on this cluster with its HTTP proxy on port {running}; "
                 f"one cluster has one proxy port, so serve on --port {running} or use another "
@@ -294,12 +300,14 @@ def run_openai_server(
         APP_NAME,
         ROUTE_PREFIX,
         lambda budget: openai_deployment(
-            specs, replicas=replicas, cpus_per_replica=cpus_per_replica, cpu_budget=budget, access_log=access_log
+            specs,
+            replicas=options.replicas,
+            cpus_per_replica=options.cpus_per_replica,
+            cpu_budget=budget,
+            access_log=options.access_log,
         ),
-        lambda failed, _stop: wait_ready(specs, f"http://{host}:{port}", ready_timeout, failed),
-        host=host,
-        port=port,
-        address=address,
+        lambda failed, _stop: wait_ready(specs, server, options.replicas, started, failed),
+        server,
         on_ready=on_ready,
         stop=stop,
         joined=same_proxy_port,

@@ -88,6 +88,51 @@ class ServeOptions:
         return asdict(self)
 
 
+CHAT_TEMPLATES = ("auto", "chatml")
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """How a decoder is served behind the OpenAI API: its tokenizer and chat template, and the limits of
+    each replica's continuous-batching engine (the ``ServeOptions`` of the decoder side)."""
+
+    tokenizer: str | None = None  # tokenizer.json (default: the model folder's; demo:decoder has its own)
+    chat_template: str = "auto"  # auto: the tokenizer's own (tokenizer_config.json), else ChatML if it has <|im_start|>
+    max_streams: int = 8  # sequences one replica decodes together (slots of its KV buffer)
+    max_queue: int = 64  # requests a replica queues beyond its streams (more get 429)
+    max_length: int | None = None  # tokens per stream, prompt included (None: the model's positions, at most 1024)
+    prefill_chunk: int = 0  # prefill long prompts this many tokens at a time (0: whole prompts)
+
+    def __post_init__(self) -> None:
+        if self.chat_template not in CHAT_TEMPLATES:
+            raise UsageError(f"--chat-template must be one of {', '.join(CHAT_TEMPLATES)}; got '{self.chat_template}'.")
+        for flag, value, low in (
+            ("--max-streams", self.max_streams, 1),
+            ("--max-queue", self.max_queue, 0),
+            ("--prefill-chunk", self.prefill_chunk, 0),
+            ("--max-length", 2 if self.max_length is None else self.max_length, 2),
+        ):
+            if value < low:
+                raise UsageError(f"{flag} must be at least {low}, got {value}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Where a server listens and on which Ray it runs: shared by the OIP and the OpenAI applications."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    address: str | None = None  # join this Ray cluster (None: start a local Ray instance)
+    ready_timeout: float = DEFAULT_READY_TIMEOUT_S
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{'[' + self.host + ']' if ':' in self.host else self.host}:{self.port}"
+
+
 def ort_threads(cpus: float) -> int:
     """ORT intra-op threads for a replica given ``cpus`` Ray CPUs: whole CPUs, at least one."""
     return max(1, math.floor(cpus + 1e-9))
@@ -158,4 +203,14 @@ def _resolve(target: str) -> tuple[str, Path, str]:
     return "model", path.resolve(), path.stem
 
 
-__all__ = ["DEFAULT_PORT", "ModelSpec", "ServeOptions", "ort_threads", "parse_autoscale", "resolve_models"]
+__all__ = [
+    "CHAT_TEMPLATES",
+    "DEFAULT_PORT",
+    "DecoderOptions",
+    "ModelSpec",
+    "ServeOptions",
+    "ServerOptions",
+    "ort_threads",
+    "parse_autoscale",
+    "resolve_models",
+]

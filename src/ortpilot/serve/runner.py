@@ -20,11 +20,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ortpilot.errors import UsageError, VerificationError
-from ortpilot.serve.options import ModelSpec, ServeOptions
+from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
+from ortpilot.serve.ready import ModelReady, Served
 
 log = logging.getLogger("ortpilot")
 R = TypeVar("R")  # what an application's readiness wait returns
@@ -33,37 +33,6 @@ APP_NAME = "ortpilot"
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 QUIET_LOGS = {"log_level": "WARNING", "enable_access_log": False}  # ortpilot writes its own access log
 _ERROR_LINE = re.compile(r"(?:ortpilot\.errors\.)?(\w+Error): (.+)")
-
-
-@dataclass
-class ModelReady:
-    """One model's ready line: name, live verified replicas, their providers, URL, time from start."""
-
-    name: str
-    replicas: int
-    providers: list[str]
-    url: str
-    cold_start_s: float
-    notes: list[str] = field(default_factory=list)
-    replica_info: list[dict[str, Any]] = field(default_factory=list)
-
-    def line(self) -> str:
-        text = (
-            f"{self.name}: {self.replicas} replica{'s' if self.replicas != 1 else ''} ready on "
-            f"{', '.join(self.providers)}, {self.url} (cold start {self.cold_start_s:.1f} s)"
-        )
-        return text + "".join(f"; {n}" for n in self.notes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "replicas": self.replicas,
-            "providers": self.providers,
-            "url": self.url,
-            "cold_start_s": round(self.cold_start_s, 3),
-            "notes": self.notes,
-            "replica_info": self.replica_info,
-        }
 
 
 def check_port(host: str, port: int) -> None:
@@ -169,22 +138,20 @@ def _start_ray(address: str | None, cpus: int) -> tuple[bool, bool]:
 def run_server(
     specs: Sequence[ModelSpec],
     options: ServeOptions,
+    server: ServerOptions | None = None,
     *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    address: str | None = None,
-    ready_timeout: float = 300.0,
     started: float | None = None,
-    on_ready: Callable[[list[ModelReady]], None] | None = None,
+    on_ready: Callable[[Served], None] | None = None,
     stop: threading.Event | None = None,
-) -> list[ModelReady]:
+) -> Served:
     """Serve ``specs`` until SIGINT/SIGTERM (or ``stop`` is set); returns the ready models.
 
     Raises UsageError (exit 2) for a taken port or a bad profile before Ray starts, and
-    VerificationError (exit 1) naming the model when no replica verified within ``ready_timeout``.
+    VerificationError (exit 1) naming the model when no replica verified within the ready timeout.
     """
+    server = server or ServerOptions()
     started = time.perf_counter() if started is None else started
-    check_port(host, port)
+    check_port(server.host, server.port)
     from ortpilot.serve.app import deployment, model_file  # imports no Ray yet
 
     for spec in specs:
@@ -193,12 +160,10 @@ def run_server(
         APP_NAME,
         "/",
         lambda budget: deployment(list(specs), options=options, cpu_budget=budget),
-        lambda deploy_error, stop: wait_ready(
-            specs, host, port, started, ready_timeout, stop, deploy_error, options.initial_replicas
+        lambda deploy_error, stop: Served(
+            wait_ready(specs, server, started, stop, deploy_error, options.initial_replicas)
         ),
-        host=host,
-        port=port,
-        address=address,
+        server,
         on_ready=on_ready,
         stop=stop,
     )
@@ -209,20 +174,18 @@ def serve_until_stopped(
     route_prefix: str,
     build: Callable[[int], Any],
     wait: Callable[[list[BaseException], threading.Event], R],
+    server_options: ServerOptions,
     *,
-    host: str,
-    port: int,
-    address: str | None = None,
     on_ready: Callable[[R], None] | None = None,
     stop: threading.Event | None = None,
     joined: Callable[[], None] | None = None,
 ) -> R:
-    """One served application's life, for every application ``serve`` runs: start (or join, ``address``)
-    Ray and Serve, deploy ``build(cpu_budget)`` as ``app_name`` at ``route_prefix`` in the background,
+    """One served application's life, for every application ``serve`` runs: start (or join, the options'
+    ``address``) Ray and Serve, deploy ``build(cpu_budget)`` as ``app_name`` at ``route_prefix`` in the background,
     ``wait(deploy_errors, stop)`` for its ready replicas, hand them to ``on_ready``, then serve until
     SIGINT/SIGTERM or ``stop``; exactly what this call started is stopped again. ``joined`` runs when
     Serve already runs on the cluster (the caller's check that it can share that Serve)."""
-    ray_environment(address)
+    ray_environment(server_options.address)
     from ortpilot.serve.app import require_ray
 
     serve = require_ray()
@@ -233,7 +196,7 @@ def serve_until_stopped(
     stop = stop or threading.Event()
     previous: dict[int, Any] = {}
     try:
-        server.started_ray, serve_running = _start_ray(address, budget)
+        server.started_ray, serve_running = _start_ray(server_options.address, budget)
         if threading.current_thread() is threading.main_thread():
             # After ray.init, which installs its own handlers (they print a stack dump and exit at once).
             previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -242,7 +205,9 @@ def serve_until_stopped(
             if joined is not None:
                 joined()
         else:
-            serve.start(http_options={"host": host, "port": port}, logging_config=QUIET_LOGS)
+            serve.start(
+                http_options={"host": server_options.host, "port": server_options.port}, logging_config=QUIET_LOGS
+            )
             server.started_serve = True  # the next server on a shared cluster starts Serve on its own port
         app = build(budget)
         deploy_error: list[BaseException] = []
@@ -269,10 +234,8 @@ def serve_until_stopped(
 
 def wait_ready(
     specs: Sequence[ModelSpec],
-    host: str,
-    port: int,
+    server: ServerOptions,
     started: float,
-    timeout: float,
     stop: threading.Event,
     deploy_error: list[BaseException],
     expected: int = 1,
@@ -281,7 +244,8 @@ def wait_ready(
     how many), none is exit 1 with the reason Ray recorded for the replica."""
     from ray import serve
 
-    base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    timeout = server.ready_timeout
+    base = server.base_url
     ready: dict[str, ModelReady] = {}
     deadline = time.monotonic() + timeout
     reasons: dict[str, str] = {}
@@ -352,4 +316,4 @@ def _failed(
     return None
 
 
-__all__ = ["APP_NAME", "ModelReady", "check_port", "failure_reason", "run_server", "serve_until_stopped", "wait_ready"]
+__all__ = ["APP_NAME", "check_port", "failure_reason", "run_server", "serve_until_stopped", "wait_ready"]
