@@ -9,7 +9,8 @@ import click
 from rich.markup import escape
 
 from ortpilot.cli.common import (
-    ISOLATE_HELP,
+    ISOLATE_OPTION,
+    JSON_OPTION,
     MODEL_FILE_OPTION,
     POLICY_OPTION,
     PROVIDER_HELP,
@@ -89,8 +90,8 @@ def _prompt_ids(text: str) -> list[int]:
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @POLICY_OPTION
 @click.option("--threads", type=int, default=0, show_default=True, help="ORT intra-op threads (0 = ORT's default).")
-@click.option("--isolate", is_flag=True, help=ISOLATE_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@ISOLATE_OPTION
+@JSON_OPTION
 @handle_errors
 def command(
     model: str,

@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from ortpilot.cli.common import emit_json, handle_errors, stderr, stdout
+from ortpilot.cli.common import emit_json, handle_errors, json_option, stderr, stdout
 from ortpilot.cli.serve_openai import decoder_options, openai_options
 
 _STARTED = time.perf_counter()  # cold start counts from the command's start, imports included
@@ -77,7 +77,7 @@ _STARTED = time.perf_counter()  # cold start counts from the command's start, im
     help="Write a KubeRay RayService manifest for these arguments to FILE and exit (serves nothing).",
 )
 @click.option("--image", default=None, help="Container image for --emit-rayservice (default: rayproject/ray).")
-@click.option("--json", "as_json", is_flag=True, help="Print the ready models as one JSON document.")
+@json_option("Print the ready models as one JSON document.")
 @openai_options
 @handle_errors
 def command(
