@@ -53,18 +53,7 @@ def unavailable(spec: ProviderSpec, built_in: list[str]) -> Fallback | None:
     library = spec.options.get(EP_LIBRARY_OPTION)
     if library:  # an explicit plugin library: register it under its own path
         error = register_plugin(spec.name, library, registration_name=f"ortpilot:{library}")
-        if error:
-            return Fallback(2, spec.name, [], f"plugin library {library} failed to load: {error}", fix_for(spec.name))
-        if not ep_devices(spec.name):
-            return Fallback(
-                2,
-                spec.name,
-                [],
-                f"plugin library {library} registered, but ORT found no device for "
-                f"{spec.name} (get_ep_devices() lists none)",
-                fix_for(spec.name),
-            )
-        return None
+        return _plugin_problem(spec, error, f"plugin library {library}", f"plugin library {library}")
     if spec.name in built_in:
         return None
     plugin = plugin_for_ep(spec.name)
@@ -77,21 +66,21 @@ def unavailable(spec: ProviderSpec, built_in: list[str]) -> Fallback | None:
             fix_for(spec.name),
         )
     error = register_plugin(spec.name, plugin.library_path or None)
+    return _plugin_problem(
+        spec, error, f"plugin library {plugin.library_path or plugin.distribution}", f"plugin {plugin.distribution}"
+    )
+
+
+def _plugin_problem(spec: ProviderSpec, error: str, library: str, plugin: str) -> Fallback | None:
+    """Layer 2 for a plugin EP: ``library`` failed to load, or ``plugin`` registered without a device."""
     if error:
-        return Fallback(
-            2,
-            spec.name,
-            [],
-            f"plugin library {plugin.library_path or plugin.distribution} failed to load: {error}",
-            fix_for(spec.name),
-        )
+        return Fallback(2, spec.name, [], f"{library} failed to load: {error}", fix_for(spec.name))
     if not ep_devices(spec.name):
         return Fallback(
             2,
             spec.name,
             [],
-            f"plugin {plugin.distribution} registered, but ORT found no device "
-            f"for {spec.name} (get_ep_devices() lists none)",
+            f"{plugin} registered, but ORT found no device for {spec.name} (get_ep_devices() lists none)",
             fix_for(spec.name),
         )
     return None
