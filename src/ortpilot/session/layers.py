@@ -44,7 +44,7 @@ def check_available(requested: list[ProviderSpec], built_in: list[str], found: F
 
 
 def with_cpu(chain: list[ProviderSpec]) -> list[ProviderSpec]:
-    """``chain`` ending in CPU, as ORT would run it."""
+    """``chain`` with CPU as the last resort: appended unless the chain already holds it."""
     return chain if CPU in [s.name for s in chain] else chain + [ProviderSpec(CPU)]
 
 
