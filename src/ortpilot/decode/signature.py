@@ -142,9 +142,40 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
     ``mapping``: role -> name for any of :data:`ROLES`, and past input name -> present output
     name for cache pairs the usual patterns miss.
     """
-    mapping = dict(mapping or {})
     inputs = {i.name: i for i in graph_inputs(model)}
     outputs = [o.name for o in model.graph.output]
+    mapping, dim_values = _read_mapping(dict(mapping or {}), inputs, outputs)
+    pairs = _cache_pairs(inputs, outputs, {k: v for k, v in mapping.items() if k in inputs})
+    roles = _assign_roles(inputs, outputs, mapping, pairs)
+    _check_roles(roles, pairs, inputs, outputs)
+    gqa = [n for n in model.graph.node if n.op_type in GQA_OPS]
+    cache = tuple(_cache_entry(inputs[p], q, {**_gqa_head_dims(gqa, inputs[p]), **dim_values}) for p, q in pairs)
+    reads_mask = _gqa_reads_mask(model, gqa, roles["attention_mask"])
+    bounds = embedding_bounds(model)
+    read = read_names(model)
+    return DecoderSignature(
+        input_ids=roles["input_ids"],
+        logits=roles["logits"],  # type: ignore[arg-type]
+        attention_mask=roles["attention_mask"],
+        position_ids=roles["position_ids"],
+        cache_position=roles["cache_position"],
+        seqlens_k=roles["seqlens_k"],
+        total_sequence_length=roles["total_sequence_length"],
+        cache=cache,
+        vocab_size=bounds.get(roles["input_ids"]) or _logits_vocab(model, roles["logits"]),  # type: ignore[arg-type]
+        max_positions=_max_positions(model),
+        gqa_nodes=len(gqa),
+        gqa_on_every_cache=_gqa_on_every_cache(gqa, cache),
+        gqa_reads_mask=reads_mask,
+        unread_inputs=tuple(n for n in inputs if n not in read),
+        inputs=dict(inputs),
+    )
+
+
+def _read_mapping(
+    mapping: dict[str, str], inputs: Mapping[str, InputInfo], outputs: list[str]
+) -> tuple[dict[str, str], dict[str, int]]:
+    """Split ``--map`` into role/pair names and numbers for symbolic dims; refuse names the model lacks."""
     dim_names = {d for i in inputs.values() for d in i.dims if isinstance(d, str)}
     dim_values = {k: int(v) for k, v in mapping.items() if k in dim_names and str(v).isdigit()}
     mapping = {k: v for k, v in mapping.items() if k not in dim_values}
@@ -161,8 +192,13 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
                 f"Mapping {key}={name}: the model has no such "
                 f"{'output' if pool is outputs else 'input'} (it has {', '.join(pool)})."
             )
+    return mapping, dim_values
 
-    pairs = _cache_pairs(inputs, outputs, {k: v for k, v in mapping.items() if k in inputs})
+
+def _assign_roles(
+    inputs: Mapping[str, InputInfo], outputs: list[str], mapping: Mapping[str, str], pairs: list[tuple[str, str]]
+) -> dict[str, str | None]:
+    """Role -> name for every role: the mapping's, else the usual names among what the cache left."""
     taken_in = {p for p, _ in pairs}
     taken_out = {q for _, q in pairs}
     roles = {
@@ -171,7 +207,13 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
         if role != "logits"
     }
     roles["logits"] = mapping.get("logits") or _find_logits([o for o in outputs if o not in taken_out])
+    return roles
 
+
+def _check_roles(
+    roles: Mapping[str, str | None], pairs: list[tuple[str, str]], inputs: Mapping[str, InputInfo], outputs: list[str]
+) -> None:
+    """Refuse a model without input_ids and logits, or with inputs the loops would not know how to feed."""
     missing = [r for r in ("input_ids", "logits") if not roles[r]]
     if missing:
         raise UsageError(
@@ -183,7 +225,7 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
             "(or past_N -> present_N). Name the roles explicitly with --map ROLE=NAME "
             f"(roles: {', '.join(ROLES)}) or --map PAST_INPUT=PRESENT_OUTPUT."
         )
-    used = {v for v in roles.values() if v} | taken_in
+    used = {v for v in roles.values() if v} | {p for p, _ in pairs}
     extra = tuple(n for n in inputs if n not in used)
     if extra:
         raise UsageError(
@@ -193,32 +235,19 @@ def detect_signature(model: onnx.ModelProto, mapping: Mapping[str, str] | None =
             f"{', '.join(ROLES)}) or --map PAST_INPUT=PRESENT_OUTPUT."
         )
 
-    gqa = [n for n in model.graph.node if n.op_type in GQA_OPS]
-    cache = tuple(_cache_entry(inputs[p], q, {**_gqa_head_dims(gqa, inputs[p]), **dim_values}) for p, q in pairs)
-    gqa_pasts = {n.input[3] for n in gqa if len(n.input) > 4} | {n.input[4] for n in gqa if len(n.input) > 4}
-    reads_mask = False
-    if gqa and roles["attention_mask"]:
-        _, sources = cone(model, [n.input[5] for n in gqa if len(n.input) > 5])
-        reads_mask = roles["attention_mask"] in sources
-    bounds = embedding_bounds(model)
-    read = read_names(model)
-    return DecoderSignature(
-        input_ids=roles["input_ids"],
-        logits=roles["logits"],  # type: ignore[arg-type]
-        attention_mask=roles["attention_mask"],
-        position_ids=roles["position_ids"],
-        cache_position=roles["cache_position"],
-        seqlens_k=roles["seqlens_k"],
-        total_sequence_length=roles["total_sequence_length"],
-        cache=cache,
-        vocab_size=bounds.get(roles["input_ids"]) or _logits_vocab(model, roles["logits"]),  # type: ignore[arg-type]
-        max_positions=_max_positions(model),
-        gqa_nodes=len(gqa),
-        gqa_on_every_cache=bool(cache) and all(c.past in gqa_pasts for c in cache),
-        gqa_reads_mask=reads_mask,
-        unread_inputs=tuple(n for n in inputs if n not in read),
-        inputs=dict(inputs),
-    )
+
+def _gqa_on_every_cache(gqa: list[onnx.NodeProto], cache: tuple[CacheEntry, ...]) -> bool:
+    """Every past input is a GroupQueryAttention's past key or value (so one buffer can serve past and present)."""
+    pasts = {n.input[3] for n in gqa if len(n.input) > 4} | {n.input[4] for n in gqa if len(n.input) > 4}
+    return bool(cache) and all(c.past in pasts for c in cache)
+
+
+def _gqa_reads_mask(model: onnx.ModelProto, gqa: list[onnx.NodeProto], attention_mask: str | None) -> bool:
+    """Whether the GQA nodes' seqlens_k is computed from the attention mask."""
+    if not gqa or not attention_mask:
+        return False
+    _, sources = cone(model, [n.input[5] for n in gqa if len(n.input) > 5])
+    return attention_mask in sources
 
 
 def _find_role(role: str, names: Iterable[str]) -> str | None:

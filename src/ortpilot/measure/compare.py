@@ -137,53 +137,22 @@ def compare_arrays(
 
     ``choice``: the gate metric (default: chosen from the arrays alone); ``masks``: each sample's
     attention mask, for a masked or pooled metric (top-1/top-5 are then counted at real positions)."""
-    for r, t in zip(ref, test):
-        if np.shape(r) != np.shape(t):
-            raise InputError(
-                f"Output '{name}' has shape {list(np.shape(r))} in the reference but "
-                f"{list(np.shape(t))} in the model under test; they cannot be compared."
-            )
+    _check_shapes(name, ref, test)
     a, b = flatten(ref), flatten(test)
     finite = np.isfinite(a) & np.isfinite(b)
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.where(a == b, 0.0, np.where(finite, np.abs(a - b), np.inf))
-        rel = np.where(diff == 0, 0.0, diff / np.maximum(np.abs(a), _TINY))
-
-    def stats(x: np.ndarray) -> tuple[float, float, float, float]:
-        if x.size == 0:
-            return 0.0, 0.0, 0.0, 0.0
-        return float(x.max()), float(x.mean()), float(np.median(x)), float(np.percentile(x, 99))
-
-    max_abs, mean_abs, median_abs, p99_abs = stats(diff)
-    max_rel, mean_rel, median_rel, p99_rel = stats(rel)
-    noise = float(np.sum(np.where(finite, a - b, 0.0) ** 2))
-    signal = float(np.sum(np.where(finite, a, 0.0) ** 2))
-    if noise == 0:
-        snr = math.inf
-    elif signal == 0:
-        snr = -math.inf
-    else:
-        snr = 10.0 * math.log10(signal / noise)
-    na, nb = float(np.linalg.norm(np.where(finite, a, 0))), float(np.linalg.norm(np.where(finite, b, 0)))
-    cosine = (
-        1.0
-        if na == 0 and nb == 0
-        else (float(np.dot(np.where(finite, a, 0), np.where(finite, b, 0)) / (na * nb)) if na and nb else 0.0)
-    )
-    passed = bool(np.all(diff <= atol + rtol * np.abs(a))) if a.size else True
-    shape = list(np.shape(ref[0])) if ref else []
-    dtype = str(np.asarray(ref[0]).dtype) if ref else "float32"
+    diff, rel = _abs_rel_errors(a, b, finite)
+    max_abs, mean_abs, median_abs, p99_abs = _summary(diff)
+    max_rel, mean_rel, median_rel, p99_rel = _summary(rel)
+    snr = _snr_db(a, b, finite)
+    cosine = _cosine(a, b, finite)
+    passed = _within(diff, a, atol, rtol)
     choice = choice or (choice_for_array(name, ref[0]) if ref else MetricChoice("rel_l2", "no samples"))
     error = float(metric_error(choice.metric, ref, test, masks))
-    top1 = top5 = None
-    if choice.metric in ("top1", "masked_top1"):
-        rows = (masked(ref, masks), masked(test, masks)) if choice.metric == "masked_top1" else (ref, test)
-        top1 = topk_agreement(*rows, 1)
-        top5 = topk_agreement(*rows, 5)
+    top1, top5 = _topk_agreements(choice, ref, test, masks)
     return OutputStats(
         name=name,
-        shape=shape,
-        dtype=dtype,
+        shape=list(np.shape(ref[0])) if ref else [],
+        dtype=str(np.asarray(ref[0]).dtype) if ref else "float32",
         elements=int(a.size),
         max_abs=max_abs,
         mean_abs=mean_abs,
@@ -210,6 +179,65 @@ def compare_arrays(
         top5_agreement=top5,
         metric_evidence=choice.evidence,
     )
+
+
+def _check_shapes(name: str, ref: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> None:
+    for r, t in zip(ref, test):
+        if np.shape(r) != np.shape(t):
+            raise InputError(
+                f"Output '{name}' has shape {list(np.shape(r))} in the reference but "
+                f"{list(np.shape(t))} in the model under test; they cannot be compared."
+            )
+
+
+def _abs_rel_errors(a: np.ndarray, b: np.ndarray, finite: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Element-wise |a - b| and |a - b| / |a|; equal values (inf == inf too) count 0, other non-finite pairs inf."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(a == b, 0.0, np.where(finite, np.abs(a - b), np.inf))
+        rel = np.where(diff == 0, 0.0, diff / np.maximum(np.abs(a), _TINY))
+    return diff, rel
+
+
+def _summary(x: np.ndarray) -> tuple[float, float, float, float]:
+    """Max, mean, median and 99th percentile (all 0 when there is nothing to compare)."""
+    if x.size == 0:
+        return 0.0, 0.0, 0.0, 0.0
+    return float(x.max()), float(x.mean()), float(np.median(x)), float(np.percentile(x, 99))
+
+
+def _snr_db(a: np.ndarray, b: np.ndarray, finite: np.ndarray) -> float:
+    """Signal-to-noise ratio of ``b`` against ``a`` over the finite pairs (inf when they agree)."""
+    noise = float(np.sum(np.where(finite, a - b, 0.0) ** 2))
+    signal = float(np.sum(np.where(finite, a, 0.0) ** 2))
+    if noise == 0:
+        return math.inf
+    if signal == 0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray, finite: np.ndarray) -> float:
+    """Cosine similarity over the finite pairs: 1 when both are zero, 0 when only one is."""
+    fa, fb = np.where(finite, a, 0), np.where(finite, b, 0)
+    na, nb = float(np.linalg.norm(fa)), float(np.linalg.norm(fb))
+    if na == 0 and nb == 0:
+        return 1.0
+    return float(np.dot(fa, fb) / (na * nb)) if na and nb else 0.0
+
+
+def _within(diff: np.ndarray, a: np.ndarray, atol: float, rtol: float) -> bool:
+    """The verdict: every element within ``atol + rtol * |reference|``."""
+    return bool(np.all(diff <= atol + rtol * np.abs(a))) if a.size else True
+
+
+def _topk_agreements(
+    choice: MetricChoice, ref: Sequence[np.ndarray], test: Sequence[np.ndarray], masks: Sequence[np.ndarray] | None
+) -> tuple[float | None, float | None]:
+    """Top-1 and top-5 agreement when the gate metric reads class scores (at real positions when masked)."""
+    if choice.metric not in ("top1", "masked_top1"):
+        return None, None
+    rows = (masked(ref, masks), masked(test, masks)) if choice.metric == "masked_top1" else (ref, test)
+    return topk_agreement(*rows, 1), topk_agreement(*rows, 5)
 
 
 # --------------------------------------------------------------------------- comparison

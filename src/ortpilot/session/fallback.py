@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ortpilot.errors import ProviderFallbackError, UsageError
@@ -67,6 +67,20 @@ def apply_policy(policy: str, event: Fallback) -> None:
         )
     if policy == "warn":
         log.warning("Provider fallback: %s", event.message())
+
+
+@dataclass
+class FallbackRecorder:
+    """The fallbacks one load finds, in the order found, under one policy."""
+
+    policy: str
+    events: list[Fallback] = field(default_factory=list)
+
+    def record(self, event: Fallback, *, enforce: bool = True) -> None:
+        """Keep ``event``; with ``enforce`` the policy also acts on it (strict raises, warn logs)."""
+        self.events.append(event)
+        if enforce:
+            apply_policy(self.policy, event)
 
 
 FIXES = {

@@ -1,8 +1,9 @@
 """The verified session: ORT's InferenceSession plus proof of where it runs.
 
-``load`` walks the four fallback layers of DESIGN.md in order (1: provider not in the build,
-2: library or device failed to load, 3: provider raised at creation, 4: nodes placed elsewhere)
-and applies one policy to each: strict raises, warn logs and records, allow records.
+``load`` walks the four fallback layers of docs/concepts/fallback-layers.md in order (1: provider
+not in the build, 2: library or device failed to load, 3: provider raised at creation, 4: nodes
+placed elsewhere; one check each in ``session.layers``) and applies one policy to each: strict
+raises, warn logs and records, allow records.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,10 +26,19 @@ from ortpilot.graph.feeds import make_feeds, validate_feeds
 from ortpilot.graph.shapes import InputInfo, graph_inputs
 from ortpilot.modelio import file_sha256, load_model, model_sha256
 from ortpilot.providers.defaults import session_overrides
-from ortpilot.providers.names import EP_LIBRARY_OPTION, ProviderLike, ProviderSpec, resolve_providers
-from ortpilot.providers.plugins import ep_devices, plugin_for_ep, register_plugin
-from ortpilot.session.fallback import Fallback, apply_policy, check_policy, fix_for
+from ortpilot.providers.names import ProviderLike, ProviderSpec, resolve_providers
+from ortpilot.session.fallback import Fallback, FallbackRecorder, check_policy
 from ortpilot.session.isolate import preflight_in_child
+from ortpilot.session.layers import (
+    CPU,
+    DISABLE_CPU_FALLBACK,
+    check_available,
+    check_coverage,
+    check_loaded,
+    create_on_chain,
+    forbids_cpu,
+    with_cpu,
+)
 from ortpilot.session.options import LEVEL_NAMES, SessionSettings
 from ortpilot.session.ortlog import capture_ort_output
 from ortpilot.session.placement import (
@@ -42,7 +51,6 @@ from ortpilot.session.placement import (
 
 log = logging.getLogger("ortpilot")
 DEFAULT_MIN_COVERAGE = 0.95
-CPU = "CPUExecutionProvider"
 
 
 class VerifiedSession:
@@ -167,75 +175,6 @@ def _read_model(
     return proto, path, str(path), file_sha256(path)
 
 
-def _available(spec: ProviderSpec, built_in: list[str]) -> Fallback | None:
-    """Layers 1 and 2 before creation: is the provider in this build, or a plugin with a device?"""
-    library = spec.options.get(EP_LIBRARY_OPTION)
-    if library:  # an explicit plugin library: register it under its own path
-        error = register_plugin(spec.name, library, registration_name=f"ortpilot:{library}")
-        if error:
-            return Fallback(2, spec.name, [], f"plugin library {library} failed to load: {error}", fix_for(spec.name))
-        if not ep_devices(spec.name):
-            return Fallback(
-                2,
-                spec.name,
-                [],
-                f"plugin library {library} registered, but ORT found no device for "
-                f"{spec.name} (get_ep_devices() lists none)",
-                fix_for(spec.name),
-            )
-        return None
-    if spec.name in built_in:
-        return None
-    plugin = plugin_for_ep(spec.name)
-    if plugin is None:
-        return Fallback(
-            1,
-            spec.name,
-            [],
-            f"{spec.name} is not in this ORT build ({ort.__version__}, available: {', '.join(built_in)})",
-            fix_for(spec.name),
-        )
-    error = register_plugin(spec.name, plugin.library_path or None)
-    if error:
-        return Fallback(
-            2,
-            spec.name,
-            [],
-            f"plugin library {plugin.library_path or plugin.distribution} failed to load: {error}",
-            fix_for(spec.name),
-        )
-    if not ep_devices(spec.name):
-        return Fallback(
-            2,
-            spec.name,
-            [],
-            f"plugin {plugin.distribution} registered, but ORT found no device "
-            f"for {spec.name} (get_ep_devices() lists none)",
-            fix_for(spec.name),
-        )
-    return None
-
-
-def _create(
-    source: str | bytes,
-    chain: list[ProviderSpec],
-    built_in: list[str],
-    settings: SessionSettings,
-    extra_config: dict[str, str],
-) -> ort.InferenceSession:
-    opts = settings.build()
-    for key, value in extra_config.items():
-        opts.add_session_config_entry(key, value)
-    if any(spec.name not in built_in or EP_LIBRARY_OPTION in spec.options for spec in chain):
-        # Plugin EPs are selected by device; when one is in the chain, all of it goes that way.
-        for spec in chain:
-            devices = ep_devices(spec.name)
-            if devices:
-                opts.add_provider_for_devices(devices, spec.ort_options())
-        return ort.InferenceSession(source, opts, enable_fallback=0)
-    return ort.InferenceSession(source, opts, providers=[s.as_ort() for s in chain], enable_fallback=0)
-
-
 def effective_settings(settings: SessionSettings, chain: list[ProviderSpec]) -> SessionSettings:
     """The settings a session on ``chain`` really gets: ``settings`` with the providers' needs applied
     (``providers.defaults.session_overrides``: TensorRT lowers the level to basic, DirectML ...)."""
@@ -276,9 +215,7 @@ def load(
     ORT kills only the child.
     """
     policy = check_policy(policy)
-    if min_coverage is not None and not 0.0 <= min_coverage <= 1.0:
-        raise UsageError(f"min_coverage must be between 0 and 1, got {min_coverage}.")
-    coverage = DEFAULT_MIN_COVERAGE if min_coverage is None else min_coverage
+    coverage = _min_coverage(min_coverage)
     proto, path, source, digest = _read_model(model)
     refuse_malformed_einsums(proto)  # ORT's session creation would hang on them, isolated or not
     requested = resolve_providers(providers)
@@ -287,170 +224,56 @@ def load(
     if isolate:
         preflight_in_child(source, requested, settings)
     built_in = ort.get_available_providers()
-    fallbacks: list[Fallback] = []
     primary = requested[0]
+    found = FallbackRecorder(policy)
 
-    problems = {spec.name: _available(spec, built_in) for spec in requested}
-    usable = [spec for spec in requested if problems[spec.name] is None]
-    usable_chain = usable if CPU in [s.name for s in usable] else usable + [ProviderSpec(CPU)]
-    for spec in requested:
-        problem = problems[spec.name]
-        if problem is None:
-            continue
-        problem = Fallback(
-            problem.layer, problem.requested, [s.name for s in usable_chain], problem.reason, problem.fix
-        )
-        fallbacks.append(problem)
-        if spec is primary:
-            apply_policy(policy, problem)
+    usable = check_available(requested, built_in, found)  # layers 1 and 2, before creation
+    chain, extra = _creation_plan(requested, usable, policy, coverage, placement)
+    created = create_on_chain(source, chain, built_in, settings, extra, primary, found)  # layer 3
+    check_loaded(usable, created, built_in, primary, found)  # layer 2, after creation
+    place = _placement(created.session, proto, source, created.chain, settings, shapes) if placement else None
+    check_coverage(place, primary, created, coverage, found)  # layer 4
 
-    extra: dict[str, str] = {}
-    if placement and assignment_api_available():
-        extra[RECORD_ASSIGNMENT_KEY] = "1"
-    if policy == "strict" and coverage >= 1.0 and primary.name != CPU and CPU not in [s.name for s in requested]:
-        extra["session.disable_cpu_ep_fallback"] = "1"
-        usable_chain = [s for s in usable_chain if s.name != CPU] or usable_chain
-
-    session: ort.InferenceSession | None = None
-    create_s = 0.0
-    captured: list[str] = []
-    chain = usable_chain
-    while session is None:
-        with capture_ort_output() as out:
-            try:
-                started = time.perf_counter()
-                session = _create(source, chain, built_in, settings, extra)
-                create_s = time.perf_counter() - started
-            except Exception as exc:  # layer 3: the EP raised while building the session
-                error = _first_line(str(exc))
-        captured.extend(out.messages("W"))
-        if session is not None:
-            break
-        failed = chain[0]
-        if failed.name == CPU or (_is_model_error(error) and len(chain) == 1):
-            # CPU is the last resort and runs every valid model: its failure is the model's fault.
-            raise ModelLoadError(
-                f"ORT could not load the model: {error}. Check that the model is valid "
-                "('ortpilot inspect MODEL') and was exported for an opset this ORT supports."
-            )
-        rest = chain[1:] or ([ProviderSpec(CPU)] if failed.name != CPU else [])
-        if "session.disable_cpu_ep_fallback" in extra and "CPU" in error:
-            # ORT refused because some nodes would need CPU: a layer-4 placement failure.
-            event = Fallback(
-                4, failed.name, [s.name for s in rest], error, "allow CPU in the chain (-p cpu) or lower min_coverage."
-            )
-        else:
-            event = Fallback(
-                3,
-                failed.name,
-                [s.name for s in rest],
-                error,
-                f"{failed.name} is installed but cannot build this model; keep a fallback in the "
-                f"chain (-p {failed.name} -p cpu --policy warn), or fix dynamic dims with --shape.",
-            )
-        fallbacks.append(event)
-        if failed.name == primary.name or policy == "strict":
-            apply_policy(policy, event)
-        if not rest:
-            raise ModelLoadError(f"No provider could create a session for this model: {error}.")
-        chain = rest
-        extra.pop("session.disable_cpu_ep_fallback", None)
-
-    loaded = session.get_providers()
-    for spec in usable:  # layer 2 for built-in EPs: available, yet did not load (missing .so)
-        if spec.name not in loaded and spec.name in built_in and spec in chain:
-            out_reason = next(
-                (m for m in captured if spec.name.replace("ExecutionProvider", "") in m),
-                captured[0] if captured else "",
-            )
-            event = Fallback(
-                2, spec.name, loaded, out_reason or "the provider library did not load", fix_for(spec.name)
-            )
-            fallbacks.append(event)
-            if spec is primary:
-                apply_policy(policy, event)
-
-    place: Placement | None = None
-    if placement:
-        place = _placement(session, proto, source, chain, built_in, settings, shapes)
-    if place is not None and primary.name in loaded:
-        event = _coverage_fallback(place, primary.name, coverage)
-        if event is not None:
-            fallbacks.append(event)
-            apply_policy(policy, event)
-    for message in captured:
+    for message in created.captured:
         log.debug("ORT: %s", message)
     return VerifiedSession(
-        session,
+        created.session,
         model=proto,
         model_path=path,
         model_hash=digest,
         requested=requested,
         policy=policy,
         settings=settings,
-        fallbacks=fallbacks,
+        fallbacks=found.events,
         placement=place,
         min_coverage=coverage,
-        captured=captured,
-        create_s=create_s,
+        captured=created.captured,
+        create_s=created.create_s,
     )
 
 
-def _coverage_fallback(place: Placement, provider: str, minimum: float) -> Fallback | None:
-    """Layer 4: too little of the graph on the requested provider.
+def _min_coverage(min_coverage: float | None) -> float:
+    if min_coverage is not None and not 0.0 <= min_coverage <= 1.0:
+        raise UsageError(f"min_coverage must be between 0 and 1, got {min_coverage}.")
+    return DEFAULT_MIN_COVERAGE if min_coverage is None else min_coverage
 
-    Coverage is the share of estimated FLOPs where FLOPs are known, else the share of nodes.
-    GPU EPs leave shape arithmetic (Shape, Gather, Unsqueeze on int64) on CPU by design; those
-    nodes carry no FLOPs, so counting FLOPs does not punish a correct placement.
-    """
-    node_share = place.share(provider)
-    flops_share = place.flops_share(provider)
-    share = node_share if flops_share is None else flops_share
-    if share >= minimum:
-        return None
-    others = {p: c for p, c in place.counts.items() if p != provider}
-    basis = (
-        f"{node_share:.1%} of {place.total} nodes"
-        if flops_share is None
-        else f"{flops_share:.1%} of estimated FLOPs ({node_share:.1%} of {place.total} nodes)"
-    )
-    return Fallback(
-        4,
-        provider,
-        sorted(others),
-        f"only {basis} run on {provider} (minimum {minimum:.0%}); "
-        "elsewhere: " + ", ".join(f"{p} {c} nodes" for p, c in others.items()),
-        "check which ops the provider lacks ('ortpilot inspect -p PROVIDER'), or lower min_coverage.",
-    )
+
+def _creation_plan(
+    requested: list[ProviderSpec], usable: list[ProviderSpec], policy: str, coverage: float, placement: bool
+) -> tuple[list[ProviderSpec], dict[str, str]]:
+    """The chain to create on and the session config it needs (placement record, no-CPU under strict)."""
+    chain = with_cpu(usable)
+    extra: dict[str, str] = {}
+    if placement and assignment_api_available():
+        extra[RECORD_ASSIGNMENT_KEY] = "1"
+    if forbids_cpu(requested, policy, coverage):
+        extra[DISABLE_CPU_FALLBACK] = "1"
+        chain = [s for s in chain if s.name != CPU] or chain
+    return chain, extra
 
 
 def _is_allocation_failure(message: str) -> bool:
     return any(k in message for k in ("Failed to allocate memory", "bad_alloc", "out of memory", "OutOfMemory"))
-
-
-def _first_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    if len(lines) > 1:
-        # Nested EP exceptions (OpenVINO) open with a C++ call chain and end with the cause
-        # ("... doesn't support Parameter operation with dynamic rank"): keep both ends.
-        return f"{lines[0][:160]} ... {lines[-1]}"
-    return lines[0] if lines else text.strip()
-
-
-def _is_model_error(message: str) -> bool:
-    keys = (
-        "INVALID_GRAPH",
-        "INVALID_PROTOBUF",
-        "NO_MODEL",
-        "Load model",
-        "NOT_IMPLEMENTED",
-        "Unsupported model IR version",
-        "opset",
-        "Type Error",
-        "ShapeInferenceError",
-        "Node (",
-    )
-    return any(k in message for k in keys)
 
 
 def _placement(
@@ -458,7 +281,6 @@ def _placement(
     proto: onnx.ModelProto,
     source: str | bytes,
     chain: list[ProviderSpec],
-    built_in: list[str],
     settings: SessionSettings,
     shapes: Mapping[str, tuple[int, ...]] | None,
 ) -> Placement | None:
