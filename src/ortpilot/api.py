@@ -213,14 +213,14 @@ def compare(
             gate=GenerationGate(min_top1=min_top1),
             providers=chain,
         )
-    from ortpilot.data import DataSource, digest_samples
+    from ortpilot.data import DataSource
 
     samples = None
     shape_map = parse_shape_args(list(shapes))
     data: dict[str, Any] = {}
     if inputs:
         samples = [dict(inputs)]
-        data = DataSource("files", None, digest_samples(samples)).describe(1)
+        data = DataSource.of_samples(samples, "files").describe(1)
     elif calibration is not None:
         from ortpilot.modelio import load_model
         from ortpilot.passes.calibration import load_calibration
