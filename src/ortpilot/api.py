@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -14,6 +14,9 @@ from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.session import SessionSettings, VerifiedSession
 from ortpilot.session import load as load_verified
+
+if TYPE_CHECKING:
+    from ortpilot.gate.flow import QuantizeReport
 
 
 def load(
@@ -293,16 +296,17 @@ def quantize_gated(
     tokenizer: str | None = None,
     metric: Any = None,
     **int8_options: Any,
-) -> Any:
+) -> QuantizeReport:
     """``ortpilot quantize``: quantize ``model`` in any ``mode``, gate it, write ``output`` only if it passes.
 
-    INT8 modes (dynamic, static, qdq, full) are gated on every output against the float model on
-    held-out calibration samples (``gate.quantize.quantize_int8_gated``; ``int8_options``: the
-    ``QuantizePass`` settings) and return its ``QuantizeReport``. Weight-only modes (int4,
-    int8-weights) quantize a decoder's weights and are gated on generation
-    (``decode.gate.quantize_weight_only_gated``: ``min_top1``, prompts from ``tokenizer``) and
-    return its JSON-ready report. ``metric`` (INT8 modes): ``--metric`` overrides of each output's gate
-    metric (``measure.metrics``). Both rescue a failing model with the one auto-exclude loop
+    Every mode is the one gated-quantization flow (``gate.flow``) and returns its ``QuantizeReport``
+    (``to_dict()``: the ``--json`` document). INT8 modes (dynamic, static, qdq, full) are gated on
+    every output against the float model on held-out calibration samples
+    (``gate.quantize.quantize_int8_gated``; ``int8_options``: the ``QuantizePass`` settings).
+    Weight-only modes (int4, int8-weights) quantize a decoder's weights and are gated on generation
+    (``decode.gate.quantize_weight_only_gated``: ``min_top1``, prompts from ``tokenizer``).
+    ``metric`` (INT8 modes): ``--metric`` overrides of each output's gate metric
+    (``measure.metrics``). Both rescue a failing model with the one auto-exclude loop
     (``auto_exclude``) and raise ``AccuracyGateError`` (exit 1) without writing when it still fails.
     """
     from ortpilot.decode.gate import WEIGHT_ONLY_MODES
