@@ -19,6 +19,7 @@ from ortpilot.session import load as load_verified
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from ortpilot.gate.flow import QuantizeReport
     from ortpilot.measure.bench import BenchResult, Progress
     from ortpilot.measure.config_file import ConfigEntry
     from ortpilot.measure.interleave import BenchConfig, ComparisonResult
@@ -222,14 +223,14 @@ def compare(
             gate=GenerationGate(min_top1=min_top1),
             providers=chain,
         )
-    from ortpilot.data import DataSource, digest_samples
+    from ortpilot.data import DataSource
 
     samples = None
     shape_map = parse_shape_args(list(shapes))
     data: dict[str, Any] = {}
     if inputs:
         samples = [dict(inputs)]
-        data = DataSource("files", None, digest_samples(samples)).describe(1)
+        data = DataSource.of_samples(samples, "files").describe(1)
     elif calibration is not None:
         from ortpilot.modelio import load_model
         from ortpilot.passes.calibration import load_calibration
@@ -302,16 +303,17 @@ def quantize_gated(
     tokenizer: str | None = None,
     metric: Any = None,
     **int8_options: Any,
-) -> Any:
+) -> QuantizeReport:
     """``ortpilot quantize``: quantize ``model`` in any ``mode``, gate it, write ``output`` only if it passes.
 
-    INT8 modes (dynamic, static, qdq, full) are gated on every output against the float model on
-    held-out calibration samples (``gate.quantize.quantize_int8_gated``; ``int8_options``: the
-    ``QuantizePass`` settings) and return its ``QuantizeReport``. Weight-only modes (int4,
-    int8-weights) quantize a decoder's weights and are gated on generation
-    (``decode.gate.quantize_weight_only_gated``: ``min_top1``, prompts from ``tokenizer``) and
-    return its JSON-ready report. ``metric`` (INT8 modes): ``--metric`` overrides of each output's gate
-    metric (``measure.metrics``). Both rescue a failing model with the one auto-exclude loop
+    Every mode is the one gated-quantization flow (``gate.flow``) and returns its ``QuantizeReport``
+    (``to_dict()``: the ``--json`` document). INT8 modes (dynamic, static, qdq, full) are gated on
+    every output against the float model on held-out calibration samples
+    (``gate.quantize.quantize_int8_gated``; ``int8_options``: the ``QuantizePass`` settings).
+    Weight-only modes (int4, int8-weights) quantize a decoder's weights and are gated on generation
+    (``decode.gate.quantize_weight_only_gated``: ``min_top1``, prompts from ``tokenizer``).
+    ``metric`` (INT8 modes): ``--metric`` overrides of each output's gate metric
+    (``measure.metrics``). Both rescue a failing model with the one auto-exclude loop
     (``auto_exclude``) and raise ``AccuracyGateError`` (exit 1) without writing when it still fails.
     """
     from ortpilot.decode.gate import WEIGHT_ONLY_MODES

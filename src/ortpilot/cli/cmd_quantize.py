@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import click
 from rich.markup import escape
@@ -27,6 +28,9 @@ from ortpilot.cli.common import (
     stdout,
 )
 
+# The weight-only modes (passes.weight_only.MODES), spelled here: --help loads no pass code.
+WEIGHT_ONLY_MODES = ("int4", "int8-weights")
+
 
 @click.command("quantize")
 @MODEL_FILE_OPTION
@@ -34,7 +38,7 @@ from ortpilot.cli.common import (
 @click.option("-o", "--output", required=True, help="Where to write the quantized model (.onnx).")
 @click.option(
     "--mode",
-    type=click.Choice(["dynamic", "static", "qdq", "full", "int4", "int8-weights"]),
+    type=click.Choice(["dynamic", "static", "qdq", "full", *WEIGHT_ONLY_MODES]),
     required=True,
     help="dynamic: INT8 weights, activations at run time; static: QOperator, calibrated; qdq: Q/DQ pairs "
     "around weighted ops, calibrated; full: QDQ on every supported op (always gated); int4 / "
@@ -141,41 +145,17 @@ def command(
 ) -> None:
     """Quantize MODEL, measure it against MODEL on held-out samples, and write OUTPUT only if it passes."""
     from ortpilot.api import quantize_gated
-    from ortpilot.artifacts.atomic import check_output_path
     from ortpilot.graph.shapes import parse_shape_args
 
-    weight_only = mode in ("int4", "int8-weights")
-    if max_positions is not None and not (weight_only and fuse):
-        raise click.UsageError(
-            "--max-positions sets the rotary tables that --fuse stores; it needs --mode int4|int8-weights with --fuse."
-        )
-    if auto_exclude and max_error is None and mode != "full" and not weight_only:
-        raise click.UsageError("--auto-exclude needs --max-error (the gate it works towards).")
-    check_output_path(output)  # before calibration and quantization, which take minutes on big models
-    data = real_data_arg(model, lone_tokenizer=weight_only)
-    if data is not None and weight_only:
-        raise click.UsageError(
-            "--calibration-text/--calibration-images calibrate and gate the INT8 modes; int4/int8-weights "
-            "gate on generation, with prompts from --tokenizer."
-        )
-    if data is not None and calibration is not None:
-        raise click.UsageError("Give --calibration or --calibration-text/--calibration-images, not both.")
-    tokenizer = data_flags().get("tokenizer") if weight_only else None
+    weight_only = mode in WEIGHT_ONLY_MODES
+    data, tokenizer = _parse(model, output, mode, calibration, max_error, auto_exclude, fuse, max_positions)
     model = resolve_model_arg(model)
     if isolate:
         preflight_isolated([model])
     int8 = (
         {}
         if weight_only
-        else dict(
-            per_channel=per_channel,
-            reduce_range=reduce_range,
-            weight_type=weight_type,
-            activation_type=activation_type,
-            method=method,
-            op_types=[t.strip() for t in op_types.split(",") if t.strip()] if op_types else None,
-            preprocess=not no_preprocess,
-        )
+        else _int8_options(per_channel, reduce_range, weight_type, activation_type, method, op_types, no_preprocess)
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the synthetic-data warning is already logged loudly
@@ -199,10 +179,68 @@ def command(
             metric=list(metric) or None,
             **int8,
         )
+    _render(report, output, weight_only, as_json)
+
+
+def _parse(
+    model: str,
+    output: str,
+    mode: str,
+    calibration: str | None,
+    max_error: float | None,
+    auto_exclude: bool,
+    fuse: bool,
+    max_positions: int | None,
+) -> tuple[Any, str | None]:
+    """The flags checked against each other and the output path, before any work (calibration and
+    quantization take minutes on big models): the real data they give, and the prompts' tokenizer."""
+    from ortpilot.artifacts.atomic import check_output_path
+
+    weight_only = mode in WEIGHT_ONLY_MODES
+    if max_positions is not None and not (weight_only and fuse):
+        raise click.UsageError(
+            "--max-positions sets the rotary tables that --fuse stores; it needs --mode int4|int8-weights with --fuse."
+        )
+    if auto_exclude and max_error is None and mode != "full" and not weight_only:
+        raise click.UsageError("--auto-exclude needs --max-error (the gate it works towards).")
+    check_output_path(output)
+    data = real_data_arg(model, lone_tokenizer=weight_only)
+    if data is not None and weight_only:
+        raise click.UsageError(
+            "--calibration-text/--calibration-images calibrate and gate the INT8 modes; int4/int8-weights "
+            "gate on generation, with prompts from --tokenizer."
+        )
+    if data is not None and calibration is not None:
+        raise click.UsageError("Give --calibration or --calibration-text/--calibration-images, not both.")
+    return data, data_flags().get("tokenizer") if weight_only else None
+
+
+def _int8_options(
+    per_channel: bool,
+    reduce_range: bool,
+    weight_type: str,
+    activation_type: str,
+    method: str,
+    op_types: str | None,
+    no_preprocess: bool,
+) -> dict[str, Any]:
+    """The ``QuantizePass`` settings of the INT8 modes."""
+    return dict(
+        per_channel=per_channel,
+        reduce_range=reduce_range,
+        weight_type=weight_type,
+        activation_type=activation_type,
+        method=method,
+        op_types=[t.strip() for t in op_types.split(",") if t.strip()] if op_types else None,
+        preprocess=not no_preprocess,
+    )
+
+
+def _render(report: Any, output: str, weight_only: bool, as_json: bool) -> None:
     if as_json:
-        emit_json(report)
+        emit_json(report.to_dict())
     elif weight_only:
-        _render_weight_only(report, output)
+        _render_weight_only(report.to_dict(), output)
     else:
         _render_int8(report)
 
@@ -240,7 +278,7 @@ def _render_int8(report) -> None:
     )
 
 
-def _render_weight_only(report: dict, output: str) -> None:
+def _render_weight_only(report: dict[str, Any], output: str) -> None:
     """Weight-only MatMulNBits quantization of a decoder, gated on next-token agreement."""
     weights, gate = report["weights"], report["gate"]
     for note in report["fusion_notes"]:

@@ -60,6 +60,14 @@ class DataSource:
         if self.kind not in SOURCES:
             raise ValueError(f"data source kind {self.kind!r} is not one of {', '.join(SOURCES)}")
 
+    @classmethod
+    def of_samples(
+        cls, samples: Sequence[Mapping[str, np.ndarray]], kind: str = "synthetic", path: str | None = None
+    ) -> DataSource:
+        """Samples with no file of their own (generated inputs, a reader, feeds given in code), named
+        by their digest: ``graph.feeds.generate_samples`` makes the synthetic ones."""
+        return cls(kind, path, digest_samples(samples))
+
     @property
     def real(self) -> bool:
         return self.kind != "synthetic"

@@ -3,11 +3,12 @@
 The gate itself (top-1 agreement, KL, divergence position; numpy only) is
 ``gate.generation.GenerationGate``. What lives here is what needs the decode loops: the
 reference decoder generating greedily, the candidate teacher-forced on the reference's tokens
-(:class:`TeacherForcedProbe`, the gate's probe for decoders), and the weight-only flow of
-``ortpilot quantize --mode int4|int8-weights``: quantize, gate, and with a failing gate keep the
-most sensitive layer groups in higher precision (8-bit or float) through the one auto-exclude
-loop (``gate.exclude``: groups ranked by ``gate.rankings.GroupSensitivity``, the fewest found by
-``Bisect``).
+(:class:`TeacherForcedProbe`, the gate's probe for decoders), and the weight-only modes of
+``ortpilot quantize --mode int4|int8-weights`` in the one gated-quantization flow
+(``gate.flow``): :class:`WeightOnlyFlow` quantizes, gates on generation, and with a failing gate
+keeps the most sensitive layer groups in higher precision (8-bit or float) through the one
+auto-exclude loop (``gate.exclude``: groups ranked by ``gate.rankings.GroupSensitivity``, the
+fewest found by ``Bisect``).
 """
 
 from __future__ import annotations
@@ -17,19 +18,28 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
 from ortpilot.errors import AccuracyGateError, UsageError
-from ortpilot.gate.core import ModelGate
+from ortpilot.gate.core import Gate, ModelGate, Probe
 from ortpilot.gate.exclude import Bisect, ExcludeResult, nodes_of
-from ortpilot.gate.exclude import auto_exclude as run_auto_exclude
+from ortpilot.gate.flow import QuantizeReport, quantize_and_gate, search
 from ortpilot.gate.generation import DecoderComparison, GenerationGate, ReferenceRun, log_softmax
 from ortpilot.gate.rankings import GroupSensitivity
-from ortpilot.passes.base import Outcome, SourceModel
-from ortpilot.passes.weight_only import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, WeightOnlyPass, layer_groups
+from ortpilot.gate.result import GateResult
+from ortpilot.passes.base import Outcome, PassResult, SourceModel
+from ortpilot.passes.weight_only import (
+    DEFAULT_ACCURACY_LEVEL,
+    DEFAULT_BLOCK_SIZE,
+    WeightOnlyPass,
+    layer_groups,
+    weight_bytes,
+    weight_only_nodes,
+)
 
 if TYPE_CHECKING:
     from ortpilot.session import SessionSettings
@@ -137,10 +147,8 @@ def candidate_logits(
 
 def _vocab_size(model: Any) -> int:
     from ortpilot.decode.signature import detect_signature
-    from ortpilot.modelio import load_model
 
-    proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
-    vocab = detect_signature(proto).vocab_size
+    vocab = detect_signature(_load(model)).vocab_size
     if not vocab:
         raise UsageError("Cannot tell the decoder's vocabulary size to make prompts; pass prompts explicitly.")
     return vocab
@@ -181,15 +189,34 @@ def compare_decoders(
     ``prompts``: token-id lists (default: 8 random prompts of 12 tokens from the vocabulary).
     ``reference``: a previous :func:`reference_run` of ``model_a`` to reuse.
     """
-    start = time.perf_counter()
-    if reference is None:
-        if prompts is None:
-            prompts = make_prompts(_vocab_size(model_a))
-        reference = reference_run(model_a, prompts, new_tokens, settings=settings, providers=providers, loop=loop)
-    probe = TeacherForcedProbe(reference.prompts, new_tokens, settings, providers, loop)
-    result = ModelGate(gate or GenerationGate(), probe, reference).measure(model_b).comparison
-    result.seconds = time.perf_counter() - start
-    return result
+    gate = gate or GenerationGate()
+    if reference is not None:
+        probe = TeacherForcedProbe(reference.prompts, new_tokens, settings, providers, loop)
+        return _ClockedGate(gate, probe, reference).measure(model_b).comparison
+    if prompts is None:
+        prompts = make_prompts(_vocab_size(model_a))
+    probe = TeacherForcedProbe(prompts, new_tokens, settings, providers, loop)
+    return _ClockedGate.of(gate, probe, model_a).measure(model_b).comparison
+
+
+class _ClockedGate(ModelGate):
+    """A ``ModelGate`` of the generation gate whose results say how long they took, the reference
+    run included (``DecoderComparison.seconds``, the ``gate.seconds`` of reports)."""
+
+    reference_seconds = 0.0
+
+    @classmethod
+    def of(cls, gate: Gate, probe: Probe, reference_model: Any) -> _ClockedGate:
+        start = time.perf_counter()
+        clocked = cls(gate, probe, probe.run(reference_model))
+        clocked.reference_seconds = time.perf_counter() - start
+        return clocked
+
+    def measure(self, model: Any) -> GateResult:
+        start = time.perf_counter()
+        result = super().measure(model)
+        result.comparison.seconds = self.reference_seconds + time.perf_counter() - start
+        return result
 
 
 # --------------------------------------------------------------------------- weight-only, gated
@@ -209,6 +236,7 @@ class WeightOnlyStep:
     fallback: str = "int8"
     excluded: list[str] = field(default_factory=list)
     skip: tuple[str, ...] = ()  # left float and out of the search (quantize one group alone)
+    stamped: bool = False  # build with Pass.run: the model stamped and its record (one build, no search)
 
     def excluding(self, nodes: Sequence[str]) -> WeightOnlyStep:
         return replace(self, excluded=[*self.excluded, *(n for n in nodes if n not in self.excluded)])
@@ -216,14 +244,14 @@ class WeightOnlyStep:
     def only(self, nodes: Sequence[str], every: Sequence[str]) -> onnx.ModelProto:
         """The model with just ``nodes`` of ``every`` quantizable node quantized (a group's sensitivity)."""
         keep = set(nodes)
-        return replace(self, excluded=[], skip=tuple(n for n in every if n not in keep)).build().model
+        return replace(self, excluded=[], skip=tuple(n for n in every if n not in keep), stamped=False).build().model
 
     def groups(self) -> dict[str, list[str]]:
         # The int8 path never quantizes the embedding, so its groups must not name it.
         effective = WeightOnlyPass(self.mode, block_size=self.block_size, embedding=self.embedding).embedding
         return layer_groups(self.source, embedding=effective)
 
-    def build(self) -> Outcome:
+    def build(self) -> Outcome | PassResult:
         wide = list(self.excluded)
         qpass = WeightOnlyPass(
             self.mode,
@@ -234,6 +262,8 @@ class WeightOnlyStep:
             nodes_to_exclude=list(self.skip) + (wide if self.fallback == "float" else []),
             nodes_in_int8=wide if self.fallback == "int8" else [],
         )
+        if self.stamped:
+            return qpass.run(SourceModel.of(self.source))
         # transform, not run: the search needs the model, not a stamped record per attempt (on a
         # 500 MB decoder the record's serialisations cost more than the quantization itself).
         return qpass.transform(SourceModel(self.source, None, ""))
@@ -267,6 +297,117 @@ class AutoExcludeResult:
         }
 
 
+@dataclass
+class WeightOnlyFlow:
+    """The weight-only modes in the one gated-quantization flow (``gate.flow.QuantizeFlow``):
+    ``WeightOnlyStep`` as the step, the generation gate on a teacher-forced decoder, layer groups
+    ranked by sensitivity (``GroupSensitivity``) and the fewest found by ``Bisect``."""
+
+    step: WeightOnlyStep
+    gate: ModelGate
+    ranking: GroupSensitivity
+    schedule: Bisect
+    auto: bool = True  # rescue: move layer groups to the fallback precision until the gate passes
+    fused: bool = False
+    fusion_notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls,
+        step: WeightOnlyStep,
+        probe: TeacherForcedProbe,
+        gate: GenerationGate,
+        *,
+        auto: bool = True,
+        max_excluded: int | None = None,
+        fused: bool = False,
+        fusion_notes: Sequence[str] = (),
+    ) -> WeightOnlyFlow:
+        groups = step.groups()  # the pass's settings are checked here, before the reference run
+        every = [n for names in groups.values() for n in names]
+        judge = _ClockedGate.of(gate, probe, step.source)
+        ranking = GroupSensitivity(groups, lambda nodes: step.only(nodes, every), judge)
+        schedule = Bisect(max_excluded, keep=1 if step.fallback == "float" else 0)
+        return cls(step, judge, ranking, schedule, auto, fused, list(fusion_notes))
+
+    @property
+    def max_tries(self) -> int | None:
+        return None if self.auto else 1
+
+    def history(self, outcome: ExcludeResult) -> list[dict[str, Any]]:
+        return _attempts(outcome) if self.auto else []
+
+    def result(self, outcome: ExcludeResult) -> AutoExcludeResult:
+        best = outcome.best
+        return AutoExcludeResult(
+            best.built.model,
+            best.result.comparison,
+            [layer.name for layer in best.layers],
+            nodes_of(best.layers),
+            self.ranking.sensitivity,
+            _attempts(outcome),
+            self.step.fallback,
+        )
+
+    def failure(self, outcome: ExcludeResult, history: Sequence[dict[str, Any]]) -> Exception:
+        failures = "; ".join(outcome.best.result.comparison.failures)
+        mode = self.step.mode
+        if not self.auto:
+            return AccuracyGateError(
+                f"Weight-only {mode} fails the generation gate: {failures}. Nothing was written. Try "
+                "--auto-exclude, --mode int8-weights, a smaller --block-size or --asymmetric."
+            )
+        chosen = [layer.name for layer in outcome.best.layers]
+        return AccuracyGateError(
+            f"Weight-only {mode} fails the generation gate even with {len(chosen)} layer group(s) in "
+            f"{self.step.fallback} ({', '.join(chosen) or 'none'}): {failures}. Try --mode int8-weights, "
+            "a smaller --block-size, --asymmetric, or a looser gate."
+        )
+
+    def finish(
+        self, outcome: ExcludeResult, history: list[dict[str, Any]], output: Any, written: Path | None
+    ) -> dict[str, Any]:
+        best = outcome.best
+        quantized = best.built.model
+        doc: dict[str, Any] = {
+            "mode": self.step.mode,
+            "fused": self.fused,
+            "output": str(output),
+            "fusion_notes": self.fusion_notes,
+        }
+        if self.auto:
+            doc["auto_exclude"] = {k: v for k, v in self.result(outcome).to_dict().items() if k != "comparison"}
+        before, after = weight_bytes(self.step.source), weight_bytes(quantized)
+        doc["weights"] = {
+            "weight_bytes_before": before,
+            "weight_bytes_after": after,
+            "compression": round(before / after, 3),
+            "weight_only_nodes": weight_only_nodes(quantized),
+            "excluded_nodes": [*self.step.skip, *nodes_of(best.layers)],
+        }
+        doc["gate"] = best.result.comparison.to_dict()
+        return doc
+
+
+def _attempts(outcome: ExcludeResult) -> list[dict[str, Any]]:
+    return [
+        {
+            "excluded_groups": [layer.name for layer in t.layers],
+            "passed": t.passed,
+            "top1_agreement": t.result.comparison.top1_agreement,
+            "kl_mean": t.result.comparison.kl_mean,
+            "min_identical_tokens": t.result.comparison.min_identical,
+        }
+        for t in outcome.tries
+    ]
+
+
+def _fallback(mode: str, fallback: str) -> str:
+    if fallback not in ("int8", "float"):
+        raise UsageError(f"fallback must be int8 or float, got {fallback!r}.")
+    return fallback if mode == "int4" else "float"  # nothing sits between 8-bit weights and float
+
+
 def auto_exclude(
     model: str | os.PathLike | onnx.ModelProto,
     prompts: Sequence[Sequence[int]] | None = None,
@@ -294,53 +435,17 @@ def auto_exclude(
     a bisection down to the smallest passing k (about 2·log2(groups) tries, not one per group).
     Past ``max_excluded`` groups it stops: ``AccuracyGateError`` unless ``raise_on_failure`` is False.
     """
-    from ortpilot.modelio import load_model
-
-    if fallback not in ("int8", "float"):
-        raise UsageError(f"fallback must be int8 or float, got {fallback!r}.")
-    if mode != "int4":
-        fallback = "float"  # nothing sits between 8-bit weights and float
-    source = model if isinstance(model, onnx.ModelProto) else load_model(model)
+    fallback = _fallback(mode, fallback)
+    source = _load(model)
     if prompts is None:
         prompts = make_prompts(_vocab_size(source))
-    judge = ModelGate.of(gate or GenerationGate(), TeacherForcedProbe(prompts, new_tokens, settings, providers), source)
     step = WeightOnlyStep(source, mode, block_size, symmetric, accuracy_level, embedding, fallback)
-    groups = step.groups()
-    every = [n for names in groups.values() for n in names]
-    ranking = GroupSensitivity(groups, lambda nodes: step.only(nodes, every), judge)
-    found = run_auto_exclude(step, judge, ranking, Bisect(max_excluded, keep=1 if fallback == "float" else 0))
-    outcome = _auto_exclude_result(found, ranking, fallback)
-    if not outcome.passed and raise_on_failure:
-        chosen = outcome.excluded_groups
-        raise AccuracyGateError(
-            f"Weight-only {mode} fails the generation gate even with {len(chosen)} layer group(s) in {fallback} "
-            f"({', '.join(chosen) or 'none'}): {'; '.join(outcome.comparison.failures)}. Try --mode int8-weights, "
-            "a smaller --block-size, --asymmetric, or a looser gate."
-        )
-    return outcome
-
-
-def _auto_exclude_result(found: ExcludeResult, ranking: GroupSensitivity, fallback: str) -> AutoExcludeResult:
-    attempts = [
-        {
-            "excluded_groups": [layer.name for layer in t.layers],
-            "passed": t.passed,
-            "top1_agreement": t.result.comparison.top1_agreement,
-            "kl_mean": t.result.comparison.kl_mean,
-            "min_identical_tokens": t.result.comparison.min_identical,
-        }
-        for t in found.tries
-    ]
-    best = found.best
-    return AutoExcludeResult(
-        best.built.model,
-        best.result.comparison,
-        [layer.name for layer in best.layers],
-        nodes_of(best.layers),
-        ranking.sensitivity,
-        attempts,
-        fallback,
-    )
+    probe = TeacherForcedProbe(prompts, new_tokens, settings, providers)
+    flow = WeightOnlyFlow.of(step, probe, gate or GenerationGate(), max_excluded=max_excluded)
+    found = search(flow)
+    if not found.passed and raise_on_failure:
+        raise flow.failure(found, flow.history(found))
+    return flow.result(found)
 
 
 def quantize_weight_only_gated(
@@ -360,23 +465,18 @@ def quantize_weight_only_gated(
     new_tokens: int = DEFAULT_NEW_TOKENS,
     settings: SessionSettings | None = None,
     max_positions: int | None = None,
-) -> dict[str, Any]:
+) -> QuantizeReport:
     """What ``ortpilot quantize --mode int4|int8-weights`` does: (fuse,) quantize, gate, write if it passes.
 
     ``max_positions``: with ``fuse``, the rows of the fused model's constant rotary tables (see
     :class:`~ortpilot.passes.decoder_fusion.DecoderFusionPass`).
 
-    ``auto``: leave the most sensitive layers in float until the gate passes (``auto_exclude``).
-    Returns a JSON-ready report; raises ``AccuracyGateError`` (exit 1) without writing when the
-    gate fails.
+    ``auto``: leave the most sensitive layers in higher precision until the gate passes (``auto_exclude``;
+    ``nodes_to_exclude`` is for a run without it). Returns the ``QuantizeReport`` of the one flow
+    (``gate.flow``; ``report["gate"]`` and ``to_dict()`` read its JSON document); raises
+    ``AccuracyGateError`` (exit 1) without writing when the gate fails.
     """
-    from ortpilot.artifacts.atomic import save_model
-    from ortpilot.modelio import load_model
-    from ortpilot.passes.weight_only import weight_bytes, weight_only_nodes
-    from ortpilot.passes.weight_only_fused import quantize_weight_only
-
-    source = model if isinstance(model, onnx.ModelProto) else load_model(model)
-    gate = gate or GenerationGate()
+    source = _load(model)
     if max_positions is not None and not fuse:
         raise UsageError("max_positions sets the rotary tables the decoder fusion stores; it needs fuse=True.")
     fusion_notes: list[str] = []
@@ -387,53 +487,20 @@ def quantize_weight_only_gated(
         source, fusion_notes = fused.model, list(fused.record.notes)
     if prompts is None:
         prompts = make_prompts(_vocab_size(source))
-    report: dict[str, Any] = {"mode": mode, "fused": fuse, "output": str(out), "fusion_notes": fusion_notes}
-    if auto:
-        found = auto_exclude(
-            source,
-            prompts,
-            mode=mode,
-            block_size=block_size,
-            symmetric=symmetric,
-            accuracy_level=accuracy_level,
-            embedding=embedding,
-            gate=gate,
-            new_tokens=new_tokens,
-            settings=settings,
-        )
-        quantized, comparison = found.model, found.comparison
-        report["auto_exclude"] = {k: v for k, v in found.to_dict().items() if k != "comparison"}
-        excluded = found.excluded_nodes
-    else:
-        quantized = quantize_weight_only(
-            source,
-            None,
-            mode,
-            block_size=block_size,
-            symmetric=symmetric,
-            accuracy_level=accuracy_level,
-            embedding=embedding,
-            nodes_to_exclude=nodes_to_exclude,
-        ).model
-        comparison = compare_decoders(source, quantized, prompts, new_tokens=new_tokens, gate=gate, settings=settings)
-        excluded = list(nodes_to_exclude)
-    before, after = weight_bytes(source), weight_bytes(quantized)
-    summary = {
-        "weight_bytes_before": before,
-        "weight_bytes_after": after,
-        "compression": round(before / after, 3),
-        "weight_only_nodes": weight_only_nodes(quantized),
-        "excluded_nodes": list(excluded),
-    }
-    report.update(weights=summary, gate=comparison.to_dict())
-    if not comparison.passed:
-        raise AccuracyGateError(
-            f"Weight-only {mode} fails the generation gate: {'; '.join(comparison.failures)}. "
-            "Nothing was written. Try --auto-exclude, --mode int8-weights, a smaller "
-            "--block-size or --asymmetric."
-        )
-    save_model(quantized, out)
-    return report
+    # Without the search the step is built once, with its stamp (as a plain pass run writes it).
+    fallback, skip = _fallback(mode, "int8"), () if auto else tuple(nodes_to_exclude)
+    step = WeightOnlyStep(
+        source, mode, block_size, symmetric, accuracy_level, embedding, fallback, skip=skip, stamped=not auto
+    )
+    probe = TeacherForcedProbe(prompts, new_tokens, settings)
+    flow = WeightOnlyFlow.of(step, probe, gate or GenerationGate(), auto=auto, fused=fuse, fusion_notes=fusion_notes)
+    return quantize_and_gate(flow, out)
+
+
+def _load(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    from ortpilot.modelio import load_model
+
+    return model if isinstance(model, onnx.ModelProto) else load_model(model)
 
 
 __all__ = [
@@ -441,6 +508,7 @@ __all__ = [
     "WEIGHT_ONLY_MODES",
     "AutoExcludeResult",
     "TeacherForcedProbe",
+    "WeightOnlyFlow",
     "WeightOnlyStep",
     "auto_exclude",
     "candidate_logits",

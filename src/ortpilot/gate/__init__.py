@@ -7,7 +7,9 @@
 - ``generation``: ``GenerationGate``, next-token agreement and KL for decoders (its probe, which
   runs decode loops, is ``decode.gate.TeacherForcedProbe``);
 - ``exclude``: the one auto-exclude loop (rankings in ``rankings``, schedules beside it);
-- ``quantize``: the INT8 modes of ``ortpilot quantize``, gated.
+- ``flow``: the one gated quantization of every ``ortpilot quantize`` mode (quantize, gate, rescue,
+  write what passes) and its ``QuantizeReport``; ``quantize``: its INT8 modes (the weight-only
+  modes, which run decode loops, are ``decode.gate.WeightOnlyFlow``).
 """
 
 from ortpilot.gate.core import Gate, ModelGate, Probe

@@ -1,4 +1,4 @@
-"""INT8 quantize, measure, explain, and only then write (the INT8 modes of ``ortpilot quantize``).
+"""The INT8 modes of ``ortpilot quantize`` in the one gated-quantization flow (``gate.flow``).
 
 Calibration data is split into calibration and held-out samples; the quantized model is
 compared with its source on the held-out ones (``OutputGate``); a model that fails ``max_error``
@@ -14,49 +14,25 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ortpilot.gate.core import ModelGate
-from ortpilot.gate.exclude import Rounds, finite
-from ortpilot.gate.exclude import auto_exclude as run_auto_exclude
+from ortpilot.gate.exclude import ExcludeResult, Ranking, Rounds, finite
+from ortpilot.gate.flow import QuantizeReport, quantize_and_gate
 from ortpilot.gate.outputs import OutputGate, SampleProbe
 from ortpilot.gate.rankings import int8_ranking
 from ortpilot.gate.result import GateResult, gate_failure
-from ortpilot.graph.feeds import make_feeds, plan_feeds
+from ortpilot.graph.feeds import generate_samples, plan_feeds
 from ortpilot.measure.metrics import folder_near
-from ortpilot.passes.base import ModelLike, PassRecord, PassResult, SourceModel
+from ortpilot.passes.base import ModelLike, PassResult, SourceModel
 from ortpilot.passes.calibration import CalibrationSet, load_calibration
 from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass
 
 log = logging.getLogger("ortpilot")
 # ``full`` leaves no float islands: it is always gated, by this much unless told otherwise.
 DEFAULT_FULL_MAX_ERROR = 0.05
-
-
-@dataclass
-class QuantizeReport:
-    output: Path | None
-    record: PassRecord
-    gate: GateResult
-    calibration: str
-    synthetic: bool
-    history: list[dict[str, Any]] = field(default_factory=list)
-    gate_data: dict[str, Any] = field(default_factory=dict)  # what the gate ran on (CalibrationSet.gate_data)
-    calibration_data: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "output": str(self.output) if self.output else None,
-            "record": self.record.to_dict(),
-            "gate": _gate_doc(self.gate),
-            "calibration": self.calibration,
-            "synthetic_calibration": self.synthetic,
-            "gate_data": self.gate_data,
-            "calibration_data": self.calibration_data,
-            "auto_exclude": self.history,
-        }
 
 
 def _gate_doc(result: GateResult) -> dict[str, Any]:
@@ -113,8 +89,70 @@ def _samples(
     plan = plan_feeds(source.proto, shapes)
     log.info("Measuring accuracy on 4 generated inputs (%s); pass --calibration for real ones.", plan.describe())
     return CalibrationSet(
-        [make_feeds(source.proto, plan=plan, seed=i) for i in range(4)], "generated inputs", synthetic=True
+        generate_samples(source.proto, 4, plan=plan), "generated inputs", synthetic=True
     )  # its split holds one of the four out for the gate; dynamic mode calibrates on none
+
+
+@dataclass
+class Int8Flow:
+    """The INT8 modes in the one flow (``gate.flow.QuantizeFlow``): ``QuantizePass`` as the step, the
+    output gate on held-out samples, the layers ranked on the calibration samples, ``Rounds``."""
+
+    step: QuantizeStep
+    gate: ModelGate
+    ranking: Ranking
+    schedule: Rounds
+    max_tries: int
+    data: CalibrationSet
+    rescue: bool  # --auto-exclude with a limit to work towards
+    worst_n: int = 5
+
+    def history(self, outcome: ExcludeResult) -> list[dict[str, Any]]:
+        if not self.rescue:
+            return []
+        return [
+            {
+                "round": i,
+                "excluded": t.excluded,
+                "error": finite(t.result.error),
+                "passed": t.passed,
+                "quantized_nodes": t.built.record.quantized_nodes,
+            }
+            for i, t in enumerate(outcome.tries)
+        ]
+
+    def failure(self, outcome: ExcludeResult, history: Sequence[dict[str, Any]]) -> Exception:
+        best, measured = outcome.best, outcome.best.result
+        measured.worst_layers = outcome.worst_layers(self.worst_n)
+        hint = (
+            f"--auto-exclude left {len(best.excluded)} layer(s) in float over {len(history)} round(s) "
+            f"({', '.join(best.excluded) or 'none'}) and the gate still fails; raise --max-error, use "
+            "real --calibration data, or a milder --mode."
+        )
+        return gate_failure(measured, hint=hint if self.rescue else "")
+
+    def finish(
+        self, outcome: ExcludeResult, history: list[dict[str, Any]], output: Any, written: Path | None
+    ) -> dict[str, Any]:
+        result: PassResult = outcome.best.built
+        measured: GateResult = outcome.best.result
+        data = self.data
+        result.record.notes.append(f"accuracy: {measured.describe()}")
+        if data.synthetic:
+            result.record.notes.append("calibration/accuracy on synthetic inputs: not representative of real data")
+        calibrated = data.calibration_data()
+        if self.step.pass_.mode == "dynamic":
+            calibrated = {**calibrated, "samples": 0}
+        return {
+            "output": str(written) if written else None,
+            "record": result.record.to_dict(),
+            "gate": _gate_doc(measured),
+            "calibration": data.describe(),
+            "synthetic_calibration": data.synthetic,
+            "gate_data": data.gate_data(),
+            "calibration_data": calibrated,
+            "auto_exclude": history,
+        }
 
 
 def quantize_int8_gated(
@@ -154,49 +192,17 @@ def quantize_int8_gated(
         str(source.path) if source.path else source.proto,
     )
     rescue = auto_exclude and max_error is not None
-    outcome = run_auto_exclude(
+    flow = Int8Flow(
         QuantizeStep(step, source),
         gate,
         int8_ranking(step, source, calib),
         Rounds(per_round),
-        max_tries=max_rounds + 1 if rescue else 1,
+        max_rounds + 1 if rescue else 1,
+        data,
+        rescue,
+        worst_n,
     )
-    best = outcome.best
-    result, measured = best.built, best.result
-    history = (
-        [
-            {
-                "round": i,
-                "excluded": t.excluded,
-                "error": finite(t.result.error),
-                "passed": t.passed,
-                "quantized_nodes": t.built.record.quantized_nodes,
-            }
-            for i, t in enumerate(outcome.tries)
-        ]
-        if rescue
-        else []
-    )
-    if not measured.passed:
-        measured.worst_layers = outcome.worst_layers(worst_n)
-        raise gate_failure(
-            measured,
-            hint=(
-                f"--auto-exclude left {len(best.excluded)} layer(s) in float over {len(history)} round(s) "
-                f"({', '.join(best.excluded) or 'none'}) and the gate still fails; raise --max-error, use "
-                "real --calibration data, or a milder --mode."
-            )
-            if rescue
-            else "",
-        )
-    result.record.notes.append(f"accuracy: {measured.describe()}")
-    if data.synthetic:
-        result.record.notes.append("calibration/accuracy on synthetic inputs: not representative of real data")
-    written = result.save(output) if output else None
-    calibrated = data.calibration_data() if mode != "dynamic" else {**data.calibration_data(), "samples": 0}
-    return QuantizeReport(
-        written, result.record, measured, data.describe(), data.synthetic, history, data.gate_data(), calibrated
-    )
+    return quantize_and_gate(flow, output or None)
 
 
-__all__ = ["DEFAULT_FULL_MAX_ERROR", "QuantizeReport", "QuantizeStep", "quantize_int8_gated"]
+__all__ = ["DEFAULT_FULL_MAX_ERROR", "Int8Flow", "QuantizeReport", "QuantizeStep", "quantize_int8_gated"]

@@ -12,7 +12,7 @@ import math
 import re
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,18 +38,24 @@ class NaNInputWarning(UserWarning):
 
 @dataclass(frozen=True)
 class FeedPlan:
-    """The shapes chosen for generated inputs, and the dims they came from (for printing)."""
+    """The shapes chosen for generated inputs, and the dims they came from (for printing).
+
+    ``inputs``: the model's ``graph_inputs`` the plan was made from, so that the feeds made with it
+    do not walk the graph again (empty: a plan built by hand; ``make_feeds`` looks them up)."""
 
     shapes: dict[str, tuple[int, ...]]
     dim_values: dict[str, int]
     index_bounds: dict[str, int]
+    inputs: tuple[InputInfo, ...] = field(default=(), compare=False, repr=False)
 
     def describe(self) -> str:
         return ", ".join(f"{n}={'x'.join(map(str, s)) or 'scalar'}" for n, s in self.shapes.items())
 
 
-def embedding_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    """Input name -> row count of the initializer table it indexes through Gather."""
+def embedding_bounds(model: onnx.ModelProto, inputs: Sequence[InputInfo] | None = None) -> dict[str, int]:
+    """Input name -> row count of the initializer table it indexes through Gather.
+
+    ``inputs``: the model's ``graph_inputs`` when the caller has them already."""
     inits = {t.name: t for t in model.graph.initializer}
     consts = {}
     for node in model.graph.node:
@@ -60,7 +66,7 @@ def embedding_bounds(model: onnx.ModelProto) -> dict[str, int]:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     bounds: dict[str, int] = {}
-    for info in graph_inputs(model):
+    for info in graph_inputs(model) if inputs is None else inputs:
         frontier, seen = [info.name], set()
         while frontier:
             tensor = frontier.pop()
@@ -79,9 +85,16 @@ def embedding_bounds(model: onnx.ModelProto) -> dict[str, int]:
     return bounds
 
 
-def plan_feeds(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None) -> FeedPlan:
-    concrete, dims = resolve_input_shapes(graph_inputs(model), shapes)
-    return FeedPlan(concrete, dims, embedding_bounds(model))
+def plan_feeds(
+    model: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    *,
+    inputs: Sequence[InputInfo] | None = None,
+) -> FeedPlan:
+    """The shapes and index bounds of generated inputs; ``inputs``: the model's ``graph_inputs``, if known."""
+    found = tuple(graph_inputs(model) if inputs is None else inputs)
+    concrete, dims = resolve_input_shapes(found, shapes)
+    return FeedPlan(concrete, dims, embedding_bounds(model, found), found)
 
 
 def make_feeds(
@@ -93,13 +106,27 @@ def make_feeds(
 ) -> dict[str, np.ndarray]:
     """Generate one set of inputs for the model (deterministic for a seed)."""
     plan = plan or plan_feeds(model, shapes)
-    infos = {i.name: i for i in graph_inputs(model)}
+    infos = {i.name: i for i in plan.inputs or graph_inputs(model)}
     check_memory(plan, infos)  # before anything is allocated
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for name, shape in plan.shapes.items():
         feeds[name] = _value_for(infos[name], shape, plan, rng)
     return feeds
+
+
+def generate_samples(
+    model: onnx.ModelProto,
+    count: int,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    *,
+    plan: FeedPlan | None = None,
+    first_seed: int = 0,
+) -> list[dict[str, np.ndarray]]:
+    """``count`` generated input sets, seeds ``first_seed``, ``first_seed + 1``, ... (synthetic samples:
+    calibration and gate data when none is given; ``data.DataSource.of_samples`` names them)."""
+    plan = plan or plan_feeds(model, shapes)
+    return [make_feeds(model, plan=plan, seed=first_seed + i) for i in range(count)]
 
 
 def check_memory(plan: FeedPlan, infos: Mapping[str, InputInfo]) -> None:

@@ -361,7 +361,7 @@ def compare_models(
     (``measure.metrics.MetricOverrides.parse`` reads them); the rest is chosen on evidence from
     the reference model and the folder it sits in.
     """
-    from ortpilot.graph.feeds import make_feeds, plan_feeds
+    from ortpilot.graph.feeds import generate_samples, plan_feeds
     from ortpilot.session import load
 
     providers = list(providers or [])
@@ -381,7 +381,7 @@ def compare_models(
     described = ""
     if samples is None:
         plan = plan_feeds(sess_a.model, shapes)
-        samples = [make_feeds(sess_a.model, plan=plan, seed=i) for i in range(max(1, n_samples))]
+        samples = generate_samples(sess_a.model, max(1, n_samples), plan=plan)
         described = plan.describe()
     samples = [sess_a.check_feeds(s) for s in samples]
     choices = choose_metrics(sess_a.model, folder_near(sess_a.model_path), metrics)

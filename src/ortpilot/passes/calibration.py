@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ortpilot.data import DataSource, ImageData, TextData, digest_files, digest_samples
+from ortpilot.data import DataSource, ImageData, TextData, digest_files
 from ortpilot.errors import InputError, UsageError
-from ortpilot.graph.feeds import make_feeds, plan_feeds, read_npz, validate_feeds
+from ortpilot.graph.feeds import generate_samples, plan_feeds, read_npz, validate_feeds
 from ortpilot.graph.shapes import InputInfo, graph_inputs
 
 log = logging.getLogger("ortpilot")
@@ -65,7 +65,7 @@ class CalibrationSet:
         """The samples' ``DataSource``; a set built in code is described by its samples' digest."""
         if self.data is not None:
             return self.data
-        return DataSource("synthetic" if self.synthetic else "files", None, digest_samples(self.samples))
+        return DataSource.of_samples(self.samples, "synthetic" if self.synthetic else "files")
 
     def split(
         self,
@@ -156,9 +156,9 @@ def load_calibration(
     synthetic_samples: int = DEFAULT_SYNTHETIC_SAMPLES,
 ) -> CalibrationSet:
     """Read calibration data from ``source`` (see module docstring) and check it against ``model``."""
-    inputs = graph_inputs(model)
+    inputs = graph_inputs(model)  # once: the synthetic plan and every check below read them
     if source is None:
-        return synthetic(model, shapes, synthetic_samples)
+        return synthetic(model, shapes, synthetic_samples, inputs=inputs)
     if isinstance(source, CalibrationSet):
         return source
     if isinstance(source, (TextData, ImageData)):  # --calibration-text / --calibration-images
@@ -173,7 +173,7 @@ def load_calibration(
     text = str(source)
     if ".py:" in text:
         data = _checked(_drain(_reader_from_file(text, model)), inputs, text)
-        data.data = DataSource("files", text, digest_samples(data.samples))
+        data.data = DataSource.of_samples(data.samples, "files", text)
         return data
     path = Path(text)
     if not path.exists():
@@ -193,9 +193,14 @@ def load_calibration(
 
 
 def synthetic(
-    model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None, n: int = DEFAULT_SYNTHETIC_SAMPLES
+    model: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    n: int = DEFAULT_SYNTHETIC_SAMPLES,
+    *,
+    inputs: Sequence[InputInfo] | None = None,
 ) -> CalibrationSet:
-    plan = plan_feeds(model, shapes)
+    """``n`` generated samples, said loudly; ``inputs``: the model's ``graph_inputs``, if known."""
+    plan = plan_feeds(model, shapes, inputs=inputs)
     message = (
         f"NO CALIBRATION DATA: calibrating and gating on {n} synthetic inputs ({plan.describe()}). Scales fit "
         "random data, so the accuracy measured here says little about real inputs. Pass --calibration-text "
@@ -203,7 +208,7 @@ def synthetic(
     )
     log.warning(message)
     warnings.warn(message, SyntheticCalibrationWarning, stacklevel=2)
-    samples = [make_feeds(model, plan=plan, seed=i) for i in range(n)]
+    samples = generate_samples(model, n, plan=plan)
     return CalibrationSet(samples, "synthetic inputs", synthetic=True, notes=[message])  # origin: their digest
 
 

@@ -330,19 +330,31 @@ class WeightOnlyPass(Pass):
         model = source.proto
         done = weight_only_nodes(model)
         if done:
-            note = (
-                f"already weight-only quantized ({done} MatMulNBits/GatherBlockQuantized node(s)); not quantized again"
-            )
-            log.warning("The model is %s.", note)
-            return Outcome(
-                model,
-                notes=[note],
-                extra={
-                    "already_quantized": True,
-                    "weight_bytes_before": weight_bytes(model),
-                    "weight_bytes_after": weight_bytes(model),
-                },
-            )
+            return _already_quantized(model, done)
+        chosen = self._chosen(model)
+        wide = {t.node for t in chosen if t.node in self.nodes_in_int8 and t.op_type != "Gather"}
+        quantized, packed, packed_qkv = self._rewrite(model, chosen, wide)
+        before, after = weight_bytes(model), weight_bytes(quantized)
+        matmuls = sum(1 for t in chosen if t.op_type != "Gather")
+        gathers = sum(1 for t in chosen if t.op_type == "Gather" and t.node not in self.nodes_in_int8)
+        return Outcome(
+            quantized,
+            notes=self._notes(before, after, matmuls, gathers, packed, packed_qkv, wide),
+            extra={
+                "weight_bytes_before": before,
+                "weight_bytes_after": after,
+                "matmuls_quantized": matmuls,
+                "gathers_quantized": gathers,
+                "matmuls_packed_away": packed,
+                "gqa_packed_qkv": packed_qkv,
+                "excluded": list(self.nodes_to_exclude),
+                "int8_nodes": sorted(wide),
+                "already_quantized": False,
+            },
+        )
+
+    def _chosen(self, model: onnx.ModelProto) -> list[WeightTarget]:
+        """The weights this pass quantizes; refuses a model with none, unknown node names, bad blocks."""
         targets = find_targets(model, embedding=self.embedding)
         if not any(t.op_type != "Gather" for t in targets):
             raise UsageError(
@@ -357,7 +369,13 @@ class WeightOnlyPass(Pass):
             )
         chosen = [t for t in targets if t.node not in self.nodes_to_exclude]
         self._check_blocks(chosen)
-        wide = {t.node for t in chosen if t.node in self.nodes_in_int8 and t.op_type != "Gather"}
+        return chosen
+
+    def _rewrite(
+        self, model: onnx.ModelProto, chosen: Sequence[WeightTarget], wide: set[str]
+    ) -> tuple[onnx.ModelProto, int, int]:
+        """A quantized copy: the ``wide`` nodes in 8 bits, the rest in ``bits``, siblings packed first.
+        Returns it with the MatMuls packed away and the GroupQueryAttentions given packed QKV."""
         quantized = _named_copy(model)
         _untranspose(quantized, chosen)
         packed = 0
@@ -372,9 +390,11 @@ class WeightOnlyPass(Pass):
                     packed += before - len(subset)
                 quantized = self._quantize(quantized, subset, bits)
         packed_qkv = _feed_packed_qkv(quantized) if self.pack else 0
-        before, after = weight_bytes(model), weight_bytes(quantized)
-        matmuls = sum(1 for t in chosen if t.op_type != "Gather")
-        gathers = sum(1 for t in chosen if t.op_type == "Gather" and t.node not in self.nodes_in_int8)
+        return quantized, packed, packed_qkv
+
+    def _notes(
+        self, before: int, after: int, matmuls: int, gathers: int, packed: int, packed_qkv: int, wide: set[str]
+    ) -> list[str]:
         notes = [
             f"{matmuls} MatMul -> MatMulNBits ({self.bits}-bit, block {self.block_size}, "
             f"{'symmetric' if self.symmetric else 'asymmetric'}, accuracy_level {self.accuracy_level})",
@@ -396,21 +416,7 @@ class WeightOnlyPass(Pass):
                 f"kept in 8 bits: {len(wide)} node(s)"
                 + (" (an embedding among them stays float)" if len(wide) < len(self.nodes_in_int8) else "")
             )
-        return Outcome(
-            quantized,
-            notes=notes,
-            extra={
-                "weight_bytes_before": before,
-                "weight_bytes_after": after,
-                "matmuls_quantized": matmuls,
-                "gathers_quantized": gathers,
-                "matmuls_packed_away": packed,
-                "gqa_packed_qkv": packed_qkv,
-                "excluded": list(self.nodes_to_exclude),
-                "int8_nodes": sorted(wide),
-                "already_quantized": False,
-            },
-        )
+        return notes
 
     def _check_blocks(self, targets: Sequence[WeightTarget]) -> None:
         for t in targets:
@@ -458,6 +464,18 @@ class WeightOnlyPass(Pass):
         finally:
             quiet.setLevel(level)
         return quantizer.model.model
+
+
+def _already_quantized(model: onnx.ModelProto, done: int) -> Outcome:
+    """The model unchanged, with a note: ``done`` MatMulNBits/GatherBlockQuantized nodes are already there."""
+    note = f"already weight-only quantized ({done} MatMulNBits/GatherBlockQuantized node(s)); not quantized again"
+    log.warning("The model is %s.", note)
+    size = weight_bytes(model)
+    return Outcome(
+        model,
+        notes=[note],
+        extra={"already_quantized": True, "weight_bytes_before": size, "weight_bytes_after": size},
+    )
 
 
 def _raise_opset(model: onnx.ModelProto, version: int) -> None:

@@ -26,12 +26,12 @@ from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path
 from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.artifacts.profile import write_profile
 from ortpilot.artifacts.scratch import scratch_dir
-from ortpilot.data import DataSource, ModelFolder, digest_samples, folder_of
+from ortpilot.data import DataSource, ModelFolder, folder_of
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
 from ortpilot.gate.result import few_samples_warning
-from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds, read_samples
+from ortpilot.graph.feeds import batch_size_of, generate_samples, plan_feeds, read_samples
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.measure.metrics import MetricOverrides
 from ortpilot.measure.stats import summarize
@@ -225,7 +225,7 @@ def _tune(
     specs = resolve_providers(providers) if providers else None
     facts = gather_facts(proto, specs, quantize=quantize, folder_attention=_folder_attention(folder))
     if given is None:
-        calib = [make_feeds(proto, plan=plan, seed=i) for i in range(CALIBRATION_SAMPLES)]
+        calib = generate_samples(proto, CALIBRATION_SAMPLES, plan=plan)
     config = {
         "model_sha256": file_sha256(path),
         "shapes": {k: list(v) for k, v in plan.shapes.items()},
@@ -246,12 +246,12 @@ def _tune(
     elif given is not None:
         heldout = real_heldout
     else:
-        heldout = [make_feeds(proto, plan=plan, seed=HELDOUT_SEED + i) for i in range(max(1, samples))]
+        heldout = generate_samples(proto, max(1, samples), plan=plan, first_seed=HELDOUT_SEED)
     if given is not None:
         gate_data, calibration_data = given.gate_data(), given.calibration_data()
     else:
-        gate_data = DataSource("synthetic", None, digest_samples(heldout)).describe(len(heldout))
-        calibration_data = DataSource("synthetic", None, digest_samples(calib)).describe(len(calib))
+        gate_data = DataSource.of_samples(heldout).describe(len(heldout))
+        calibration_data = DataSource.of_samples(calib).describe(len(calib))
         log.warning(
             "NO GATE DATA: the accuracy gate compares candidates on %d synthetic inputs (%s), which say "
             "little about real inputs; pass --calibration-text, --calibration-images or --calibration.",
