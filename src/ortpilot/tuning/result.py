@@ -18,7 +18,6 @@ from typing import Any
 
 import onnxruntime as ort
 
-from ortpilot.gate.result import few_samples_warning
 from ortpilot.measure.stats import summarize
 from ortpilot.tuning.search import Entry
 from ortpilot.tuning.space import Facts
@@ -46,6 +45,7 @@ class GateRecord:
     gate_data: dict[str, Any]  # where the held-out samples came from (data.DataSource.describe)
     calibration_data: dict[str, Any]  # where the samples static INT8 calibrated on came from
     heldout_sha256: str  # the first held-out sample's digest: the reference sample's inputs
+    warning: str = ""  # gate.result.gate_data_warning: generated inputs, fewer than 16 samples, both, or ""
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class TuneResult:
             "metric_evidence": self.metric_evidence,
             "max_error": self.max_error,
             "gate_samples": self.gate_samples,
-            "gate_warning": few_samples_warning(self.gate_samples) or None,
+            "gate_warning": self.gate.warning or None,
             "facts": self.facts.to_dict(),
             "shapes": {k: list(v) for k, v in self.shapes.items()},
             "wall_s": self.wall_s,

@@ -33,6 +33,7 @@ from ortpilot.data import DataSource, ModelFolder, digest_samples, folder_of
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
+from ortpilot.gate.result import gate_data_warning
 from ortpilot.graph.feeds import FeedPlan, batch_size_of, make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.measure.metrics import MetricOverrides
@@ -232,6 +233,7 @@ class _Data:
     calibration: list[Sample]  # static INT8 variants calibrate on these
     gate_data: dict[str, Any]  # data.DataSource.describe of each side
     calibration_data: dict[str, Any]
+    warning: str  # gate.result.gate_data_warning: generated inputs, too few, or "" for neither
 
 
 def _choose_data(setup: _Setup, journal: Journal, out: Path, samples: int) -> _Data:
@@ -254,13 +256,12 @@ def _choose_data(setup: _Setup, journal: Journal, out: Path, samples: int) -> _D
     else:
         gate_data = DataSource("synthetic", None, digest_samples(heldout)).describe(len(heldout))
         calibration_data = DataSource("synthetic", None, digest_samples(calib)).describe(len(calib))
+    warning = gate_data_warning(len(heldout), plan.describe() if given is None else None)
+    if warning:  # said once, as the tune starts (the reports keep it as gate_warning)
         log.warning(
-            "NO GATE DATA: the accuracy gate compares candidates on %d synthetic inputs (%s), which say "
-            "little about real inputs; pass --calibration-text, --calibration-images or --calibration.",
-            len(heldout),
-            plan.describe(),
+            "%s%s.", "NO GATE DATA: the accuracy gate is " if given is None else "The accuracy gate is ", warning
         )
-    return _Data(heldout, calib, gate_data, calibration_data)
+    return _Data(heldout, calib, gate_data, calibration_data, warning)
 
 
 def _record_start(journal: Journal, out: Path, setup: _Setup, budget_s: float) -> None:
@@ -332,6 +333,7 @@ def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, r
         gate_data=data.gate_data,
         calibration_data=data.calibration_data,
         heldout_sha256=feeds_digest(data.heldout[0]),
+        warning=data.warning,
     )
     return TuneResult(
         out,
