@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,46 +92,8 @@ def tune(
     if not budget_s or budget_s <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {budget_s}.")
     out = check_out_dir(Path(out_dir))
-    with one_writer(out, "ortpilot tune"):  # a second tune on this OUTDIR exits 2 naming this one's PID
-        return _tune(
-            model,
-            out,
-            budget_s,
-            start,
-            load_start,
-            shapes=shapes,
-            objective=objective,
-            max_error=max_error,
-            metric=metric,
-            calibration=calibration,
-            providers=providers,
-            resume=resume,
-            quantize=quantize,
-            samples=samples,
-            progress=progress,
-        )
-
-
-def _tune(
-    model: str | os.PathLike | None,
-    out: Path,
-    budget_s: float,
-    start: float,
-    load_start: float | None,
-    *,
-    shapes: Sequence[str] | Mapping[str, Any] | None,
-    objective: str,
-    max_error: float | None,
-    metric: str | Sequence[str] | None,
-    calibration: Any,
-    providers: Sequence[Any] | None,
-    resume: bool,
-    quantize: bool,
-    samples: int,
-    progress: Callable[[Progress], None] | None,
-) -> TuneResult:
-    """``tune`` once OUTDIR is this process's: the steps in order (module docstring)."""
-    setup = _set_up(
+    set_up = partial(
+        _set_up,
         model,
         shapes=shapes,
         objective=objective,
@@ -140,6 +103,24 @@ def _tune(
         providers=providers,
         quantize=quantize,
     )
+    with one_writer(out, "ortpilot tune"):  # a second tune on this OUTDIR exits 2 naming this one's PID
+        return _tune(set_up, out, budget_s, start, load_start, resume=resume, samples=samples, progress=progress)
+
+
+def _tune(
+    set_up: Callable[[], _Setup],
+    out: Path,
+    budget_s: float,
+    start: float,
+    load_start: float | None,
+    *,
+    resume: bool,
+    samples: int,
+    progress: Callable[[Progress], None] | None,
+) -> TuneResult:
+    """``tune`` once OUTDIR is this process's: the steps in order (module docstring); ``set_up`` is
+    ``_set_up`` with the caller's arguments, run under the OUTDIR lock like every other step."""
+    setup = set_up()
     with contextlib.ExitStack() as stack:  # closes the worker, the scratch folder and the journal
         journal = _open_journal(out, setup.config, resume)
         stack.callback(journal.close)
