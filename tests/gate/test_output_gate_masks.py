@@ -15,7 +15,7 @@ from ortpilot.cli.main import cli
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import OutputGate, SampleProbe, SavedOutputs
-from ortpilot.gate.result import MIN_GATE_SAMPLES, GateResult
+from ortpilot.gate.result import MIN_GATE_SAMPLES, GateResult, few_samples_warning, gate_data_warning
 from ortpilot.tuning.worker import save_samples
 
 
@@ -64,6 +64,14 @@ def test_a_gate_on_fewer_than_16_samples_says_so():
     enough = OutputGate(0.01).check({"y": ref["y"] * 2}, {"y": ref["y"] * 2})
     assert enough.warning == "" and "fewer than" not in enough.summary
     assert GateResult([], samples=0).warning == ""
+
+
+def test_the_gate_data_warning_says_synthetic_and_few_in_one_message():
+    both = gate_data_warning(4, "x=1x64")
+    assert "4 synthetic inputs (x=1x64)" in both and "fewer than 16" in both and "--calibration-text" in both
+    synthetic = gate_data_warning(MIN_GATE_SAMPLES, "x=1x64")
+    assert "synthetic inputs" in synthetic and "fewer than" not in synthetic
+    assert gate_data_warning(4) == few_samples_warning(4) and gate_data_warning(MIN_GATE_SAMPLES) == ""
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,9 @@ def test_tune_prints_each_metric_with_its_evidence(tuned):
 def test_a_tune_gated_on_4_samples_says_so(tuned):
     doc, said, out = tuned
     assert doc["gate_samples"] == 4 and "fewer than 16" in doc["gate_warning"]
-    assert "Warning: the accuracy gate was decided on only 4 held-out sample(s), fewer than 16" in said
+    # one message says it all once, as the tune starts: generated inputs, too few, and what to pass
+    assert "NO GATE DATA: the accuracy gate is decided on 4 synthetic inputs" in said
+    assert said.count("synthetic input") == said.count("fewer than 16") == said.count("--calibration-text") == 1
     assert "fewer than 16" in (out / "report.md").read_text()
 
 
@@ -154,6 +156,8 @@ def test_tune_on_real_sentences_gates_the_pooled_embedding_under_their_masks(st_
     assert doc["metrics"] == {"last_hidden_state": "pooled_cosine"}
     assert doc["metric_evidence"]["last_hidden_state"].startswith("1_Pooling/config.json: mean pooling")
     assert doc["gate_samples"] == doc["gate_data"]["samples"] == 6 and "fewer than 16" in doc["gate_warning"]
+    said = " ".join(res.stderr.split())
+    assert said.count("fewer than 16") == 1 and "synthetic" not in said and "Gated on 6 real samples" in said
     assert all(c["accuracy"]["passed"] for c in doc["candidates"] if c["status"] == "ok")
 
 

@@ -79,7 +79,7 @@ def command(
     target = resolve_model_arg(model) if model else None
     stderr.print(
         escape(
-            f"Tuning {model or 'the built-in demo encoder (demo:encoder)'} for {budget_s:.0f} s "
+            f"Tuning {model or 'the built-in demo encoder (demo:encoder)'} for up to {budget_s:.0f} s "
             f"(objective {objective}) into {out_dir}/"
         ),
         highlight=False,
@@ -173,7 +173,6 @@ def render_summary(doc: dict) -> None:
         RATIO_NOTE,
         data_line,
         gate_line,
-        gate_warning_line,
         headline,
         ratio_cell,
         table_rows,
@@ -205,21 +204,11 @@ def render_summary(doc: dict) -> None:
     rule = doc["facts"].get("int8_rule")
     if rule:
         stderr.print(f"INT8 rule for this CPU: {rule['name']} ({rule['reason']}).", highlight=False, markup=False)
-    gate_data = doc.get("gate_data") or {}
-    if gate_data:
+    if doc.get("gate_data"):
         stderr.print(escape(data_line(doc)), highlight=False)
-    if gate_data.get("source") == "synthetic":
-        stderr.print(
-            f"[bold yellow]warning:[/] the accuracy gate ran on {gate_data.get('samples')} synthetic inputs, "
-            "not real data: pass --calibration-text, --calibration-images or --calibration before trusting "
-            "an INT8 or fused winner.",
-            highlight=False,
-        )
     stderr.print(
         ("[bold]" if not doc["default_best"] else "[bold yellow]") + escape(headline(doc)) + "[/]", highlight=False
     )
-    if doc.get("gate_warning"):
-        stderr.print(f"[yellow]{escape(gate_warning_line(doc))}[/]", highlight=False)
     if doc.get("load_note"):
         stderr.print(f"[yellow]Note: {escape(doc['load_note'])}.[/]", highlight=False)
     files = doc["files"]

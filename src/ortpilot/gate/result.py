@@ -32,6 +32,20 @@ def few_samples_warning(samples: int) -> str:
     )
 
 
+def gate_data_warning(samples: int, synthetic_inputs: str | None = None) -> str:
+    """The one warning about what a gate decides on ("" for enough real samples): generated inputs
+    (``synthetic_inputs``: their shapes, ``x=1x64``), fewer than ``MIN_GATE_SAMPLES`` samples, or both,
+    said once. A clause that follows "the accuracy gate is" / "was"."""
+    if synthetic_inputs is None:
+        return few_samples_warning(samples)
+    few = f", and fewer than {MIN_GATE_SAMPLES}" if samples < MIN_GATE_SAMPLES else ""
+    return (
+        f"decided on {samples} synthetic input{'s' * (samples != 1)} ({synthetic_inputs}): not real data{few}, so "
+        "the verdict says little about real inputs; give 64 or more real samples (--calibration-text, "
+        "--calibration-images or --calibration: a quarter of them is held out) before trusting an INT8 or fused winner"
+    )
+
+
 @dataclass(frozen=True)
 class Check:
     """One output (or one statistic) against its limit. ``limit`` None: measured, not gated."""
@@ -152,4 +166,4 @@ def gate_failure(result: GateResult, hint: str = "") -> AccuracyGateError:
     )
 
 
-__all__ = ["MIN_GATE_SAMPLES", "Check", "GateResult", "few_samples_warning", "gate_failure"]
+__all__ = ["MIN_GATE_SAMPLES", "Check", "GateResult", "few_samples_warning", "gate_data_warning", "gate_failure"]

@@ -214,8 +214,6 @@ def rank_dynamic(
     first; a graph with unnamed weighted nodes goes through the pass's own preparation, which
     names them).
     """
-    import onnxruntime as ort
-
     proto = model if isinstance(model, onnx.ModelProto) else SourceModel.of(model).proto
     proto = _as_quantizer_sees_it(proto)
     quantized_ops = set(dynamic_op_types())
@@ -223,9 +221,24 @@ def rank_dynamic(
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     if not targets or not calibration or opset < 11:
         return []
-    probe = proto  # a private copy already: the probe nodes go straight into it
+    # proto is a private copy already (_as_quantizer_sees_it): the probe nodes go straight into it
+    switches = _add_probes(proto, targets, per_channel=per_channel, reduce_range=reduce_range, weight_type=weight_type)
+    removed = _noise_removed(proto, switches, list(calibration)[:max_samples])
+    return _ranking(targets, removed)
+
+
+def _add_probes(
+    probe: onnx.ModelProto,
+    targets: Sequence[tuple[onnx.NodeProto, str, np.ndarray]],
+    *,
+    per_channel: bool,
+    reduce_range: bool,
+    weight_type: str,
+) -> dict[str, str]:
+    """Turn ``probe`` into the probe graph: each target node ``_switched`` on its own
+    boolean input, its quantized weight added as initializers. Returns node name -> its switch input."""
     graph = probe.graph
-    switches: dict[str, str] = {}  # node name -> its switch input
+    switches: dict[str, str] = {}
     by_node = {id(node): i for i, (node, _, _) in enumerate(targets)}
     rewritten = []
     for node in graph.node:
@@ -253,20 +266,37 @@ def rank_dynamic(
     graph.node.extend(rewritten)
     if not any(o.domain == "com.microsoft" for o in probe.opset_import):
         probe.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    float_outputs = [o.name for o in graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT]
+    return switches
+
+
+def _noise_removed(
+    probe: onnx.ModelProto, switches: Mapping[str, str], samples: Sequence[Mapping[str, np.ndarray]]
+) -> dict[str, float]:
+    """Node name -> the noise power switching it back to float removes from the all-quantized outputs,
+    summed over ``samples``: one probe session, every layer quantized, then each one in float in turn."""
+    import onnxruntime as ort
+
+    float_outputs = [o.name for o in probe.graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT]
     options = ort.SessionOptions()
     options.log_severity_level = 3
     sess = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     on = {switch: np.array(True) for switch in switches.values()}
     off = {switch: np.array(False) for switch in switches.values()}
     removed = dict.fromkeys(switches, 0.0)
-    for feeds in list(calibration)[:max_samples]:
+    for feeds in samples:
         reference = sess.run(float_outputs, {**feeds, **off})
         quantized = sess.run(float_outputs, {**feeds, **on})
         everything = sum(_nsr(r, q) for r, q in zip(reference, quantized))
         for name, switch in switches.items():
             got = sess.run(float_outputs, {**feeds, **on, switch: np.array(False)})
             removed[name] += max(0.0, everything - sum(_nsr(r, g) for r, g in zip(reference, got)))
+    return removed
+
+
+def _ranking(
+    targets: Sequence[tuple[onnx.NodeProto, str, np.ndarray]], removed: Mapping[str, float]
+) -> list[dict[str, Any]]:
+    """``rank_dynamic``'s entries, worst (most noise) first."""
     ranked = []
     for node, _, _ in targets:
         nsr = removed[node.name]

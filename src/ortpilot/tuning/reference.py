@@ -21,6 +21,7 @@ from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.modelio import load_model
 
 REFERENCE_FILE = "reference.npz"
+HELDOUT_SEED = 10_000  # generated held-out inputs never share a seed with calibration inputs (0..)
 
 
 def array_digest(array: Any) -> str:
@@ -81,4 +82,4 @@ def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndar
     return inputs, outputs
 
 
-__all__ = ["REFERENCE_FILE", "array_digest", "feeds_digest", "read_reference", "reference_feeds"]
+__all__ = ["HELDOUT_SEED", "REFERENCE_FILE", "array_digest", "feeds_digest", "read_reference", "reference_feeds"]

@@ -2,8 +2,9 @@
 
 Both are rendered from ``TuneResult.to_dict()``, so they show exactly what the JSON says, and
 so does the terminal summary (``cli.cmd_tune``), from the same helpers here: the headline, the
-gate line (each output's metric and its evidence, the few-samples warning) and each candidate's
-ratio to ORT's default. That ratio is only as good as its timings: the finalists and ORT's
+gate line (each output's metric and its evidence) and each candidate's ratio to ORT's default.
+The reports also keep the gate-data warning (synthetic inputs, fewer than 16 samples), which the
+terminal shows once, when the tune starts. That ratio is only as good as its timings: the finalists and ORT's
 default were timed round-robin in one process at the end (``interleaved``, the headline's
 figure); every other candidate was timed once, during the search, minutes apart from the
 default's own search timings (``search``, an estimate that can differ from a final figure).
@@ -78,7 +79,8 @@ def headline(doc: dict[str, Any]) -> str:
     from ortpilot.data import gate_phrase
 
     sp = doc["speedup"]
-    gated = gate_phrase(doc.get("gate_data"))
+    data = doc.get("gate_data") or {}
+    gated = gate_phrase(data) if data.get("source") != "synthetic" else ""  # synthetic: gate_warning says so
     gated = f" {gated[0].upper()}{gated[1:]}." if gated else ""
     if doc["default_best"]:
         return f"ORT's default session was already best: {doc['default_best_reason']}.{gated}"

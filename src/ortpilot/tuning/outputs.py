@@ -1,0 +1,164 @@
+"""OUTDIR's files from a finished search: model.onnx, the reports, reference.npz, the optimized model, profile.json.
+
+The winner's built model comes from the model cache (rebuilt through it, and refused if the
+rebuild differs, when a resumed tune finds the entry gone: ``winner_model``); the profile is
+written last, atomically, so an OUTDIR with a profile.json holds everything it names.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ortpilot.artifacts.atomic import atomic_write_bytes
+from ortpilot.artifacts.profile import write_profile
+from ortpilot.errors import UsageError
+from ortpilot.graph.feeds import read_samples
+from ortpilot.modelio import file_sha256
+from ortpilot.providers.cpubudget import ort_default_threads
+from ortpilot.providers.machine import machine_facts
+from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S
+from ortpilot.tuning.journal import JOURNAL_NAME
+from ortpilot.tuning.reference import HELDOUT_SEED, REFERENCE_FILE, read_reference
+from ortpilot.tuning.result import TuneResult
+from ortpilot.tuning.search import Entry
+from ortpilot.tuning.worker import WorkerClient, WorkerCrash
+
+MODEL_FILE = "model.onnx"
+
+
+def winner_model(worker: WorkerClient, winner: Entry, source: Path) -> Path:
+    """The winner's built model; rebuilt through the model store when a resumed tune finds its cache
+    entry gone (the cache was cleared in between), and refused if the rebuild differs."""
+    built = winner.prepared.get("model_path")
+    if not built:
+        return source
+    if _trusted_model(Path(built), source, winner.prepared.get("model_sha256")):
+        return Path(built)
+    try:
+        result = worker.request("prepare", winner.candidate.to_dict(), CANDIDATE_TIMEOUT_S)
+    except WorkerCrash as exc:
+        result = {"status": "crashed", "error": str(exc)}
+    if result.get("status") != "ok" or result.get("model_sha256") != winner.prepared.get("model_sha256"):
+        raise UsageError(
+            f"The winner's model ({winner.candidate.label}) is gone from the model cache and "
+            f"rebuilding it gave {'a different model' if result.get('status') == 'ok' else result.get('error')}"
+            "; its measurements do not hold for the rebuild. Drop --resume to tune again."
+        )
+    return Path(result["model_path"])
+
+
+def _trusted_model(path: Path, source: Path, sha256: Any) -> bool:
+    """A journaled model path is used only if it is the source or a model-cache entry, with the journaled hash:
+    a journal must not make tune copy an arbitrary file into OUTDIR."""
+    from ortpilot.artifacts.store import ModelStore
+
+    real = Path(os.path.realpath(path))
+    inside = real == Path(os.path.realpath(source)) or Path(os.path.realpath(ModelStore().root)) in real.parents
+    return inside and real.is_file() and not path.is_symlink() and file_sha256(real) == sha256
+
+
+def _write_reference(out: Path, winner: Entry, feeds: Mapping[str, Any]) -> Path:
+    """OUTDIR/reference.npz: the first held-out sample and the winner's outputs on it, for ``verify``
+    on other machines (hashes alone only prove a bit-exact rerun). The outputs are the worker's (the
+    bytes ``output_sha256`` hashes); when a resumed tune's worker files are gone, the winner is rerun."""
+    import numpy as np
+
+    from ortpilot.artifacts.atomic import atomic_open
+
+    names = list(winner.prepared.get("output_names") or [])
+    outputs: dict[str, Any] = {}
+    saved = Path(str(winner.prepared.get("outputs") or ""))
+    if names and saved.is_file():
+        first = (read_samples(saved) or [{}])[0]
+        outputs = {name: first[name] for name in names if name in first}
+    if not names or len(outputs) != len(names):
+        from ortpilot.session import load
+        from ortpilot.tuning.worker import _outputs
+
+        cand = winner.candidate
+        sess = load(
+            str(out / MODEL_FILE),
+            [(p["name"], p.get("options", {})) for p in cand.providers],
+            "strict",
+            settings=cand.settings,
+        )
+        outputs = dict(zip([o.name for o in sess.get_outputs()], _outputs(sess, feeds, cand.iobinding)))
+    dest = out / REFERENCE_FILE
+    with atomic_open(dest, "wb") as fh:
+        np.savez(fh, **{f"inputs/{k}": v for k, v in feeds.items()}, **{f"outputs/{k}": v for k, v in outputs.items()})
+    return dest
+
+
+def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds: Mapping[str, Any]) -> None:
+    from ortpilot.tuning.report import write_reports
+
+    out = result.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    winner = result.winner
+    model_file = out / MODEL_FILE
+    atomic_write_bytes(model_file, built.read_bytes())
+    latency = {
+        "objective": result.objective,
+        "winner": result.stats(winner),
+        "baseline": result.stats(result.baseline),
+        "speedup_vs_default": result.speedup,
+        "interleaved": bool(winner.final and result.baseline.final),
+        "load_avg": result.load_avg,
+    }
+    result.files = {
+        "model": str(model_file),
+        "profile": str(out / "profile.json"),
+        "reference": str(out / REFERENCE_FILE),
+        "report_html": str(out / "report.html"),
+        "report_md": str(out / "report.md"),
+        "journal": str(out / JOURNAL_NAME),
+    }
+    write_reports(result)
+    reference = _write_reference(out, winner, reference_feeds)
+    settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
+    optimized = _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
+    write_profile(
+        out / "profile.json",
+        model_file=model_file,
+        providers=list(winner.candidate.providers),
+        settings=settings.to_dict(),
+        iobinding=winner.candidate.iobinding,
+        machine=machine_facts(),
+        passes=winner.prepared.get("passes") or [],
+        accuracy=winner.accuracy or {},
+        latency=latency,
+        extra={
+            "candidate": winner.candidate.to_dict(),
+            "reference_outputs": {
+                **({"heldout_seed": HELDOUT_SEED} if result.gate_data.get("source") == "synthetic" else {}),
+                "inputs_sha256": result.heldout_sha256,
+                "sha256": winner.prepared.get("output_sha256") or {},
+                "file": reference.name,
+            },
+            "source_model": {"path": str(source), "sha256": file_sha256(source)},
+            "shapes": {k: list(v) for k, v in result.shapes.items()},
+            "placement": winner.prepared.get("placement"),
+            "default_best": result.default_best,
+            "gate_data": result.gate_data,
+            "calibration_data": result.calibration_data,
+            **({"optimized_model": optimized} if optimized else {}),
+        },
+    )
+    if optimized:
+        result.files["optimized_model"] = str(out / optimized["file"])
+
+
+def _write_optimized(
+    out: Path, model_file: Path, providers: list[dict[str, Any]], settings: Any, reference: Path
+) -> dict[str, Any] | None:
+    """The ORT-optimized winner for serving replicas (``tune.optimized``), checked on the reference sample."""
+    from ortpilot.tuning.optimized import write_optimized_model
+
+    inputs, outputs = read_reference(reference)
+    return write_optimized_model(out, model_file, providers, settings, inputs, outputs)
+
+
+__all__ = ["MODEL_FILE", "winner_model", "write_outputs"]

@@ -1,0 +1,164 @@
+"""What ``ortpilot.tune()`` returns: ``TuneResult``, and the records it is made of.
+
+Three small frozen records say what belongs together: ``Pick`` (the winner, ORT's default it was
+measured against, the speedup and whether the default stayed best), ``GateRecord`` (what the
+accuracy gate held each output to and the samples it decided on) and ``RunRecord`` (how long the
+run took, whether it resumed, the machine's load). ``TuneResult`` holds them beside the search's
+entries and facts, and keeps the flat attribute names (``result.winner``, ``result.gate_data``,
+``result.wall_s``, ...) as read-only views, so callers read it as before. ``to_dict`` is the one
+document the JSON, the reports and the terminal summary are rendered from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from ortpilot.measure.stats import summarize
+from ortpilot.tuning.search import Entry
+from ortpilot.tuning.space import Facts
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The profile's choice: the winner, ORT's default it was measured against, and the verdict."""
+
+    winner: Entry
+    baseline: Entry
+    speedup: dict[str, float]
+    default_best: bool  # ORT's default (or its CPU-budget stand-in) stayed the choice
+    default_best_reason: str
+
+
+@dataclass(frozen=True)
+class GateRecord:
+    """What the accuracy gate held each output to, and the samples it (and static INT8) ran on."""
+
+    metrics: dict[str, str]  # output -> metric
+    metric_evidence: dict[str, str]  # output -> why its metric (measure.metrics)
+    max_error: float
+    samples: int  # held-out samples the gate decided on
+    gate_data: dict[str, Any]  # where the held-out samples came from (data.DataSource.describe)
+    calibration_data: dict[str, Any]  # where the samples static INT8 calibrated on came from
+    heldout_sha256: str  # the first held-out sample's digest: the reference sample's inputs
+    warning: str = ""  # gate.result.gate_data_warning: generated inputs, fewer than 16 samples, both, or ""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """How this run went."""
+
+    wall_s: float
+    resumed: bool  # it continued (or replayed) a journal
+    load_avg: list[float] = field(default_factory=list)  # 1-min load average at the start and the end
+
+
+def _view(record: str, name: str) -> Any:
+    """A read-only attribute ``self.<record>.<name>``: TuneResult's flat names over its records."""
+    return property(lambda self: getattr(getattr(self, record), name), doc=f"``{record}.{name}``")
+
+
+@dataclass
+class TuneResult:
+    """What a tune found, and where it wrote it (``files``: filled in as the files are written)."""
+
+    out_dir: Path
+    model: str
+    objective: str
+    pick: Pick
+    gate: GateRecord
+    run: RunRecord
+    entries: list[Entry]
+    facts: Facts
+    shapes: dict[str, tuple[int, ...]]
+    batch: int = 1
+    files: dict[str, str] = field(default_factory=dict)
+
+    winner = _view("pick", "winner")
+    baseline = _view("pick", "baseline")
+    speedup = _view("pick", "speedup")
+    default_best = _view("pick", "default_best")
+    default_best_reason = _view("pick", "default_best_reason")
+    metrics = _view("gate", "metrics")
+    metric_evidence = _view("gate", "metric_evidence")
+    max_error = _view("gate", "max_error")
+    gate_samples = _view("gate", "samples")
+    gate_data = _view("gate", "gate_data")
+    calibration_data = _view("gate", "calibration_data")
+    heldout_sha256 = _view("gate", "heldout_sha256")
+    wall_s = _view("run", "wall_s")
+    resumed = _view("run", "resumed")
+    load_avg = _view("run", "load_avg")
+
+    def stats(self, entry: Entry) -> dict[str, Any]:
+        samples = entry.final or entry.samples
+        if not samples:
+            return {}
+        return summarize(samples, items_per_run=self.batch).to_dict()
+
+    def to_dict(self) -> dict[str, Any]:
+        from ortpilot.tuning.report import vs_default
+
+        baseline = self._entry(self.baseline)
+        candidates = [self._entry(e) for e in self.entries]
+        winner = self._entry(self.winner)
+        for c in [winner, *candidates]:
+            c["vs_default"] = vs_default(baseline, c)
+        return {
+            "model": self.model,
+            "out_dir": str(self.out_dir),
+            "objective": self.objective,
+            "winner": winner,
+            "baseline": baseline,
+            "speedup": self.speedup,
+            "default_best": self.default_best,
+            "default_best_reason": self.default_best_reason,
+            "metrics": self.metrics,
+            "metric_evidence": self.metric_evidence,
+            "max_error": self.max_error,
+            "gate_samples": self.gate_samples,
+            "gate_warning": self.gate.warning or None,
+            "facts": self.facts.to_dict(),
+            "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "wall_s": self.wall_s,
+            "files": self.files,
+            "resumed": self.resumed,
+            "onnxruntime": ort.__version__,
+            "load_avg": self.load_avg,
+            "load_note": load_note(self.load_avg, self.facts.cores),
+            "gate_data": self.gate_data,
+            "calibration_data": self.calibration_data,
+            "candidates": candidates,
+        }
+
+    def _entry(self, e: Entry) -> dict[str, Any]:
+        d = e.to_dict()
+        d.pop("samples_s")
+        d.pop("final_samples_s")
+        d.pop("final_blocks")
+        d["latency"] = self.stats(e)
+        d["screen_latency"] = summarize(e.samples).to_dict() if e.samples else {}
+        d["timing"] = "interleaved" if e.final else "search"  # where ``latency`` comes from
+        return d
+
+
+def load_note(load_avg: Sequence[float], cores: int) -> str:
+    """A warning when other work competed for the cores: thread-count choices then reflect that load.
+
+    Judged on the load average at the start only: once the tune runs, its own worker keeps the
+    cores busy and the figure says nothing about other work.
+    """
+    if not load_avg or load_avg[0] < cores * 0.75:
+        return ""
+    return (
+        f"the machine was busy when the tune started (load average {load_avg[0]:.1f} on {cores} "
+        "cores): latencies, and thread-count choices such as intra=1, reflect that load; re-tune on a quiet "
+        "machine before relying on them"
+    )
+
+
+__all__ = ["GateRecord", "Pick", "RunRecord", "TuneResult", "load_note"]
