@@ -7,6 +7,7 @@ replica's providers, placement share, threads and how it was verified.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ortpilot.errors import InputError
@@ -14,6 +15,7 @@ from ortpilot.serve.http import Reply, error_reply, json_reply, route
 from ortpilot.serve.tensors import BINARY_TYPE, HEADER_LENGTH, decode_request, encode_response
 
 EXTENSIONS = ["binary_tensor_data"]
+_BYTE_COUNT = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() takes "²", which int() refuses
 
 
 def routes(ingress: Any) -> list:
@@ -71,8 +73,8 @@ def routes(ingress: Any) -> list:
             return body
         header = request.headers.get(HEADER_LENGTH)
         try:
-            if header is not None and not header.strip().isdigit():
-                raise InputError(f"Inference-Header-Content-Length '{header}' is not a byte count.")
+            if header is not None and not _BYTE_COUNT.fullmatch(header.strip()):
+                raise InputError(f"Inference-Header-Content-Length {header[:40]!r} is not a byte count.")
             decoded = decode_request(body, int(header) if header is not None else None)
         except InputError as exc:
             return error_reply(400, str(exc), model=name)
