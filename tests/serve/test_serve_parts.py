@@ -106,14 +106,26 @@ def test_rayservice_manifest_round_trips_and_checks_kuberays_fields(tmp_path, de
         check_manifest(yaml.safe_dump(doc))
 
 
-def test_the_builder_and_the_library_give_a_ray_serve_application(demo_paths):
-    from ray.serve import Application
+def test_the_builders_and_the_library_give_ray_serve_applications(demo_paths):
+    from ray.serve import Application, RunTarget
 
     import ortpilot.serve
-    from ortpilot.serve.app import build
+    from ortpilot.serve.app import build, build_server
 
     assert isinstance(ortpilot.serve.deployment("demo:mlp", replicas=2), Application)
-    assert isinstance(build({"profiles": [str(demo_paths["mlp"])], "names": ["m"], "autoscale": "1:2"}), Application)
+    with pytest.raises(UsageError, match="one model's application"):
+        ortpilot.serve.deployment(["demo:mlp", "demo:cnn"])
+    targets = ortpilot.serve.applications(["demo:mlp", "demo:cnn"])
+    assert all(isinstance(t, RunTarget) for t in targets)
+    assert [(t.name, t.route_prefix) for t in targets] == [
+        ("mlp", "/v2/models/mlp"),
+        ("cnn", "/v2/models/cnn"),
+        ("ortpilot", "/"),
+    ]
+    assert isinstance(build({"profile": str(demo_paths["mlp"]), "name": "m", "autoscale": "1:2"}), Application)
+    assert isinstance(build_server({"profiles": [str(demo_paths["mlp"])], "names": ["m"]}), Application)
+    with pytest.raises(UsageError, match="server-wide application"):
+        ortpilot.serve.applications(["demo:mlp"], ["ortpilot"])
 
 
 def test_only_the_serve_modules_import_ray():

@@ -167,13 +167,12 @@ def _decode_tensor(item: Any, rest: memoryview, offset: int, json_bytes: int) ->
         raise InputError(f"Input '{name}' has neither \"data\" nor a binary_data_size parameter.")
     if count > json_bytes:  # every JSON value takes at least one byte: such a shape cannot be in this body
         raise InputError(
-            f"Input '{name}' has shape {shape} ({count} values), more than a JSON body of {json_bytes} bytes "
-            "can hold."
+            f"Input '{name}' has shape {shape} ({count} values), more than a JSON body of {json_bytes} bytes can hold."
         )
-    return name, _json_array(name, item["data"], datatype, dtype, count).reshape(shape), 0
+    return name, _json_array(name, item["data"], datatype, dtype, shape).reshape(shape), 0
 
 
-def _json_array(name: str, data: Any, datatype: str, dtype: np.dtype, count: int) -> np.ndarray:
+def _json_array(name: str, data: Any, datatype: str, dtype: np.dtype, shape: list[int]) -> np.ndarray:
     """``data`` as ``dtype``, refusing what would change a value: text for numbers, fractions for integers."""
     try:
         array = np.asarray(data)
@@ -186,8 +185,8 @@ def _json_array(name: str, data: Any, datatype: str, dtype: np.dtype, count: int
         converted = array.astype(dtype) if dtype.kind not in "iu" else np.asarray(data, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"Input '{name}' data cannot be read as {datatype} ({exc}).") from None
-    if converted.size != count:
-        raise InputError(f"Input '{name}' has {converted.size} values, but its shape needs {count}.")
+    if converted.size != math.prod(shape):
+        raise InputError(f"Input '{name}' has {converted.size} values, but shape {shape} needs {math.prod(shape)}.")
     return converted
 
 
