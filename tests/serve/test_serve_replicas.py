@@ -17,7 +17,6 @@ import pytest
 
 th = pytest.importorskip("tritonclient.http")
 from serve_procs import Server, free_port
-from tritonclient.utils import InferenceServerException
 
 import ortpilot
 from ortpilot.graph.feeds import make_feeds
