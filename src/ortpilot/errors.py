@@ -71,6 +71,10 @@ class OrtRunError(VerificationError):
     """ORT raised while running valid-looking inputs: out of memory, or a kernel that refuses them."""
 
 
+class SamplingError(VerificationError):
+    """No token can be drawn for one sequence (its logits hold NaN or infinity): that sequence ends, not its batch."""
+
+
 class OrtCrashError(VerificationError):
     """ORT killed the (child) process while loading or running a model."""
 

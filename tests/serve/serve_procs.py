@@ -21,6 +21,7 @@ RAY_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 READY = re.compile(r"^[\w.-]+: \d+ replicas? ready on ")
+INGRESS = re.compile(r"^ingress: ")  # the last line serve prints once ready: the path requests take
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
 
 
@@ -43,11 +44,12 @@ class Server:
             [*CLI, "serve", *args, "--port", str(port)], stdout=subprocess.PIPE, stderr=self._err, env=env
         )
         self.ready: list[str] = []
+        self.ingress = ""
         self._lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
-            if self._lines:
+            if self.ingress:
                 break
             time.sleep(0.2)
         self.ready = list(self._lines)
@@ -58,6 +60,8 @@ class Server:
             line = raw.decode(errors="replace").rstrip("\n")
             if READY.match(line):
                 self._lines.append(line)
+            elif INGRESS.match(line):
+                self.ingress = line
 
     @property
     def stderr(self) -> str:

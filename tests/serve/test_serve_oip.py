@@ -157,24 +157,32 @@ def test_a_body_over_max_request_mb_is_413(server):
 def test_metrics_count_requests_batches_verified_replicas_and_placement(server, reference):
     _sess, feeds = reference
     client = th.InferenceServerClient(server.url)
-    before = _metrics(server)
+    ok = 'ortpilot_requests_total{code="200",model="m"}'
+    bad = 'ortpilot_requests_total{code="400",model="m"}'
+    seconds = 'ortpilot_request_seconds_count{model="m"}'
+    batches = 'ortpilot_batch_size_count{model="m"}'
+    before = _settled_metrics(server)
     for _ in range(3):
         client.infer("m", _inputs(feeds))
     with pytest.raises(InferenceServerException):
         client.infer("m", _inputs(dict(list(feeds.items())[1:])))
-    after = _metrics(server)
-    ok = 'ortpilot_requests_total{code="200",model="m"}'
-    bad = 'ortpilot_requests_total{code="400",model="m"}'
+    after = _settled_metrics(server, lambda m: m.get(seconds, 0) - before.get(seconds, 0) >= 4)
     assert after[ok] - before.get(ok, 0) == 3
     assert after[bad] - before.get(bad, 0) == 1
-    assert (
-        after['ortpilot_request_seconds_count{model="m"}'] - before.get('ortpilot_request_seconds_count{model="m"}', 0)
-        == 4
-    )
-    assert after['ortpilot_batch_size_count{model="m"}'] - before.get('ortpilot_batch_size_count{model="m"}', 0) == 3
+    assert after[seconds] - before.get(seconds, 0) == 4
+    assert after[batches] - before.get(batches, 0) == 3
     assert after['ortpilot_replica_verified{model="m"}'] == 1
     assert after['ortpilot_replica_verified{model="mlp"}'] == 1
     assert after['ortpilot_placement_share{model="m",provider="CPUExecutionProvider"}'] == 1.0
+
+
+def test_metrics_count_what_the_server_answers_itself(server):
+    key = 'ortpilot_requests_total{code="404",model="(unknown)"}'
+    before = _settled_metrics(server)
+    status, _ = _post(f"http://{server.url}/v2/models/nope/infer", b'{"inputs": []}')
+    assert status == 404
+    after = _settled_metrics(server, lambda m: m.get(key, 0) > before.get(key, 0))
+    assert after[key] - before.get(key, 0) == 1
 
 
 def test_access_log_has_one_line_per_request_without_payloads(server, reference):
@@ -185,6 +193,26 @@ def test_access_log_has_one_line_per_request_without_payloads(server, reference)
     lines = [ln for ln in server.stderr.splitlines() if '"POST /v2/models/m/infer"' in ln]
     assert lines and all(re.search(r'"POST /v2/models/m/infer" \d{3} \d+ \d+\.\dms$', ln) for ln in lines)
     assert not any("7, 7" in ln or "data" in ln for ln in lines)
+
+
+def _settled_metrics(server, until=None, timeout: float = 20.0) -> dict[str, float]:
+    """/metrics once ``until`` holds (replicas report their counts every heartbeat), else after the timeout;
+    without ``until``, once two scrapes a heartbeat apart agree."""
+    import time
+
+    from ortpilot.serve.metrics import HEARTBEAT_S
+
+    deadline = time.monotonic() + timeout
+    last = _metrics(server)
+    while time.monotonic() < deadline:
+        if until is not None and until(last):
+            return last
+        time.sleep(HEARTBEAT_S / 2)
+        now = _metrics(server)
+        if until is None and now == last:
+            return now
+        last = now
+    return last
 
 
 def _metrics(server) -> dict[str, float]:

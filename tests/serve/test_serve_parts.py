@@ -92,9 +92,17 @@ def test_rayservice_manifest_round_trips_and_checks_kuberays_fields(tmp_path, de
     doc = yaml.safe_load(path.read_text())
     assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayService"
     serve_config = yaml.safe_load(doc["spec"]["serveConfigV2"])
-    app = serve_config["applications"][0]
-    assert app["import_path"] == BUILDER and app["route_prefix"] == "/"
-    assert app["args"]["names"] == ["enc", "mlp"] and app["args"]["autoscale"] == "1:3"
+    apps = {a["name"]: a for a in serve_config["applications"]}
+    assert set(apps) == {"enc", "mlp", "ortpilot"}
+    assert apps["enc"]["import_path"] == BUILDER and apps["enc"]["route_prefix"] == "/v2/models/enc"
+    assert apps["enc"]["args"]["name"] == "enc" and apps["enc"]["args"]["autoscale"] == "1:3"
+    assert apps["ortpilot"]["route_prefix"] == "/" and apps["ortpilot"]["args"]["names"] == ["enc", "mlp"]
+    head = doc["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "1"} in head["env"]
+    from ortpilot.serve.app import build, build_server
+
+    for app in apps.values():  # each application builds from its own args, as Serve would build it
+        (build_server if app["name"] == "ortpilot" else build)(app["args"])
     workers = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
     assert (workers["minReplicas"], workers["replicas"], workers["maxReplicas"]) == (2, 2, 6)
     assert workers["rayStartParams"] == {"num-cpus": "1"}
@@ -106,14 +114,26 @@ def test_rayservice_manifest_round_trips_and_checks_kuberays_fields(tmp_path, de
         check_manifest(yaml.safe_dump(doc))
 
 
-def test_the_builder_and_the_library_give_a_ray_serve_application(demo_paths):
-    from ray.serve import Application
+def test_the_builders_and_the_library_give_ray_serve_applications(demo_paths):
+    from ray.serve import Application, RunTarget
 
     import ortpilot.serve
-    from ortpilot.serve.app import build
+    from ortpilot.serve.app import build, build_server
 
     assert isinstance(ortpilot.serve.deployment("demo:mlp", replicas=2), Application)
-    assert isinstance(build({"profiles": [str(demo_paths["mlp"])], "names": ["m"], "autoscale": "1:2"}), Application)
+    with pytest.raises(UsageError, match="one model's application"):
+        ortpilot.serve.deployment(["demo:mlp", "demo:cnn"])
+    targets = ortpilot.serve.applications(["demo:mlp", "demo:cnn"])
+    assert all(isinstance(t, RunTarget) for t in targets)
+    assert [(t.name, t.route_prefix) for t in targets] == [
+        ("mlp", "/v2/models/mlp"),
+        ("cnn", "/v2/models/cnn"),
+        ("ortpilot", "/"),
+    ]
+    assert isinstance(build({"profile": str(demo_paths["mlp"]), "name": "m", "autoscale": "1:2"}), Application)
+    assert isinstance(build_server({"profiles": [str(demo_paths["mlp"])], "names": ["m"]}), Application)
+    with pytest.raises(UsageError, match="server-wide application"):
+        ortpilot.serve.applications(["demo:mlp"], ["ortpilot"])
 
 
 def test_only_the_serve_modules_import_ray():

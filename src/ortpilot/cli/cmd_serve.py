@@ -53,6 +53,51 @@ _STARTED = time.perf_counter()  # cold start counts from the command's start, im
     "--batch-wait-ms", type=float, default=2.0, show_default=True, help="How long a batch waits for more requests."
 )
 @click.option("--max-request-mb", type=float, default=64.0, show_default=True, help="Larger request bodies get 413.")
+@click.option(
+    "--grpc-port",
+    type=int,
+    default=None,
+    help="Also serve KServe v2 over gRPC (inference.GRPCInferenceService, tritonclient.grpc) on this port.",
+)
+@click.option(
+    "--ingress",
+    type=click.Choice(["auto", "haproxy", "proxy"]),
+    default="auto",
+    show_default=True,
+    help="auto: HAProxy hands requests straight to replicas where it can run (Ray Serve's fast path); "
+    "proxy: Ray Serve's classic proxy (one more hop).",
+)
+@click.option(
+    "--no-throughput-optimized",
+    "throughput_optimized",
+    flag_value=False,
+    default=True,
+    help="Leave RAY_SERVE_THROUGHPUT_OPTIMIZED off (user code in its own thread, pickled handles).",
+)
+@click.option(
+    "--header-timeout",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Seconds a client has to send its request line and headers.",
+)
+@click.option(
+    "--request-timeout",
+    type=click.IntRange(min=1),
+    default=300,
+    show_default=True,
+    help="Seconds a request may take, body included (a slow client gets 408).",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.IntRange(min=1),
+    default=60,
+    show_default=True,
+    help="Seconds a kept-alive connection may sit idle.",
+)
+@click.option(
+    "--debug-info", is_flag=True, help="Model metadata shows each replica's PID, host, node id and profile path."
+)
 @click.option("--address", default=None, help="Join this Ray cluster (default: start a local Ray instance).")
 @click.option(
     "--ready-timeout",
@@ -91,6 +136,13 @@ def command(
     max_batch: int,
     batch_wait_ms: float,
     max_request_mb: float,
+    grpc_port: int | None,
+    ingress: str,
+    throughput_optimized: bool,
+    header_timeout: int,
+    request_timeout: int,
+    idle_timeout: int,
+    debug_info: bool,
     address: str | None,
     ready_timeout: float,
     accept_machine: bool,
@@ -101,7 +153,9 @@ def command(
     **decoder: Any,
 ) -> None:
     """Serve each PROFILE (a tune output folder or profile.json, a model file, or demo:NAME) over the
-    Open Inference Protocol (KServe v2 REST) with verified replicas on Ray Serve.
+    Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port) with verified replicas on
+    Ray Serve. Each model's replicas answer its requests themselves: HAProxy hands each request
+    straight to one (Ray Serve's fast path; the last ready line says which path was taken).
 
     Every replica loads its profile strictly, with ORT's intra-op threads set to its CPUs, and
     reproduces the profile's reference outputs before it takes traffic. One line per model says
@@ -115,6 +169,7 @@ def command(
     --max-streams requests together on one shared KV buffer (continuous batching).
     """
     from ortpilot.serve import plan as serving
+    from ortpilot.serve.fastpath import Timeouts
     from ortpilot.serve.options import ServeOptions, ServerOptions, parse_autoscale
 
     options = ServeOptions(
@@ -126,6 +181,17 @@ def command(
         max_request_mb=max_request_mb,
         access_log=access_log,
         accept_machine=accept_machine,
+    )
+    server = ServerOptions(
+        host,
+        port,
+        address,
+        ready_timeout,
+        grpc_port=grpc_port,
+        ingress=ingress,
+        throughput_optimized=throughput_optimized,
+        timeouts=Timeouts(header_timeout, request_timeout, idle_timeout),
+        debug_info=debug_info,
     )
     served = serving.plan(list(profiles), list(names), options, decoder_options(decoder), manifest=bool(rayservice))
     for spec in served.models:
@@ -149,5 +215,5 @@ def command(
         sys.stdout.flush()
         stderr.print("serving; SIGINT or SIGTERM stops", highlight=False)
 
-    serving.run(served, ServerOptions(host, port, address, ready_timeout), started=_STARTED, on_ready=ready)
+    serving.run(served, server, started=_STARTED, on_ready=ready)
     stderr.print("stopped", highlight=False)

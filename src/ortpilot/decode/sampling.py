@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ortpilot.errors import UsageError
+from ortpilot.errors import SamplingError, UsageError
+
+MAX_SEED = 2**64
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class SamplingConfig:
             raise UsageError(f"top_k must be >= 0 (0 = no cut), got {self.top_k}.")
         if not 0.0 < self.top_p <= 1.0:
             raise UsageError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.seed is not None and (isinstance(self.seed, bool) or not 0 <= self.seed < MAX_SEED):
+            raise UsageError(f"seed must be an integer from 0 to 2**64 - 1, got {self.seed!r}.")
 
     @property
     def greedy(self) -> bool:
@@ -53,7 +57,13 @@ class Sampler:
 
     def _sample(self, row: np.ndarray) -> int:
         cfg = self.config
-        scores = row.astype(np.float64) / cfg.temperature
+        # Shift before dividing: a tiny temperature then sends the others to -inf, never the top to inf
+        # (inf - inf is the NaN that would end the draw).
+        scores = row.astype(np.float64)
+        top = scores.max()
+        if not np.isfinite(top):
+            raise SamplingError(f"the model's logits hold {top} (NaN or infinity): no token can be drawn from them.")
+        scores = (scores - top) / cfg.temperature
         order = np.argsort(-scores, kind="stable")
         if cfg.top_k:
             order = order[: cfg.top_k]

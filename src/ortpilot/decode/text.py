@@ -101,6 +101,28 @@ def chatml(messages: list[dict[str, str]]) -> str:
     return turns + "<|im_start|>assistant\n"
 
 
+def stop_prefix_at_end(text: str, stop: str) -> int:
+    """The length of the longest proper prefix of ``stop`` that ``text`` ends with: the tail that may still
+    become ``stop``. Linear in ``len(stop)`` (KMP: ``stop``'s border table, then a match over the last
+    ``len(stop) - 1`` characters), so a long stop string costs each token its length, not its square."""
+    pattern = stop[:-1]
+    if not pattern:
+        return 0
+    border = [0] * len(pattern)
+    for i in range(1, len(pattern)):
+        k = border[i - 1]
+        while k and pattern[i] != pattern[k]:
+            k = border[k - 1]
+        border[i] = k + (pattern[i] == pattern[k])
+    matched = 0
+    for char in text[-len(pattern) :]:
+        while matched and (matched == len(pattern) or char != pattern[matched]):
+            matched = border[matched - 1]
+        if char == pattern[matched]:
+            matched += 1
+    return matched
+
+
 class TextStream:
     """Token ids in, text deltas out: never a half UTF-8 character, never a stop string.
 
@@ -130,7 +152,7 @@ class TextStream:
                 self.stopped = True
                 return self._hand_out(text[:at])
         ready = text.rstrip("\ufffd")
-        hold = max((n for s in self.stop for n in range(1, len(s)) if ready.endswith(s[:n])), default=0)
+        hold = max((stop_prefix_at_end(ready, s) for s in self.stop), default=0)
         return self._hand_out(ready[: len(ready) - hold])
 
     def finish(self) -> str:

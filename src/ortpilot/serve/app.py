@@ -1,7 +1,11 @@
-"""The Ray Serve application: one deployment of verified replicas per model, behind one ingress.
+"""The Ray Serve applications of a server: one per model, whose verified replicas answer its routes
+themselves, and one server-wide application at ``/``.
 
-This is the only module (with ``runner``) that imports Ray at the top: the rest of ortpilot, and
-the rest of this package's plain-data modules, work without the ``serve`` extra.
+A model's application mounts at ``/v2/models/NAME``: HAProxy (or Ray's proxy) hands each request
+for the model straight to one of its replicas, so an infer request is one hop. The server-wide
+application (``server.ServerApp``) answers health, server metadata, ``/metrics`` and every path
+no model claims. This module (with ``runner``) imports Ray at call time only: the rest of
+ortpilot, and this package's plain-data modules, work without the ``serve`` extra.
 """
 
 from __future__ import annotations
@@ -11,17 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import UsageError
-from ortpilot.serve.ingress import INGRESS_NAME
 from ortpilot.serve.metrics import HEARTBEAT_S
-from ortpilot.serve.options import ModelSpec, ServeOptions, resolve_models
+from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions, resolve_models
+from ortpilot.serve.server import SERVER_APP, SERVER_DEPLOYMENT
 from ortpilot.serve.tensors import tensor_metadata
 
-INSTALL_HINT = "pip install 'ortpilot[serve]' (Ray Serve and prometheus_client)"
-INGRESS_MAX_ONGOING = 4096
+INSTALL_HINT = "pip install 'ortpilot[serve]' (Ray Serve, prometheus_client, tritonclient's gRPC messages)"
 # Requests a model replica holds at once. Queueing inside the replica is cheap and FIFO (one run
 # thread); beyond this Ray's router holds requests back and polls with growing back-off, which at
 # 32 closed-loop clients on one replica cost 3x the throughput and seconds of p99 (bench_serve.py).
 MODEL_MAX_ONGOING = 64
+SERVER_MAX_ONGOING = 4096
 
 
 def require_ray() -> Any:
@@ -43,26 +47,131 @@ def model_file(spec: ModelSpec) -> Path:
     return verify_environment(read_profile(spec.path), spec.path)
 
 
-def model_metadata(spec: ModelSpec, options: ServeOptions, cpus: float) -> dict[str, Any]:
-    """What the ingress knows about a model before any replica is up: tensors, batching, the settings."""
+def model_metadata(spec: ModelSpec, options: ServeOptions, cpus: float, debug_info: bool = False) -> dict[str, Any]:
+    """What a model's metadata says before any replica is up: tensors, batching, the settings."""
     from ortpilot.modelio import load_model
 
     inputs, outputs, batch_dim = tensor_metadata(load_model(model_file(spec), load_external_data=False))
     batching = batch_dim and options.max_batch > 1
-    return {
-        "inputs": inputs,
-        "outputs": outputs,
-        "batch_dim": batch_dim,
-        "facts": {
-            "source": spec.source,
-            "kind": spec.kind,
-            "path": spec.path,
-            "cpus_per_replica": cpus,
-            "replicas": options.initial_replicas,
-            "autoscale": list(options.autoscale or []) or None,
-            "batching": ({"max_batch": options.max_batch, "wait_ms": options.batch_wait_ms} if batching else None),
-        },
+    facts = {
+        "kind": spec.kind,
+        "cpus_per_replica": cpus,
+        "replicas": options.initial_replicas,
+        "autoscale": list(options.autoscale or []) or None,
+        "batching": ({"max_batch": options.max_batch, "wait_ms": options.batch_wait_ms} if batching else None),
     }
+    if debug_info:
+        facts.update({"source": spec.source, "path": spec.path})
+    return {"tensors": {"inputs": inputs, "outputs": outputs}, "batch_dim": batch_dim, "facts": facts}
+
+
+def _specs(profiles: Any, names: Sequence[str]) -> list[ModelSpec]:
+    if isinstance(profiles, str):
+        profiles = [profiles]
+    if all(isinstance(p, ModelSpec) for p in profiles):
+        specs = list(profiles)
+    else:
+        specs = resolve_models([str(p) for p in profiles], list(names))
+    taken = [s.name for s in specs if s.name == SERVER_APP]
+    if taken:
+        raise UsageError(f"'{SERVER_APP}' names the server-wide application; serve the model under another --name.")
+    return specs
+
+
+def model_application(
+    spec: ModelSpec,
+    options: ServeOptions,
+    server: ServerOptions,
+    cpus: float,
+    server_app: str | None = SERVER_APP,
+) -> Any:
+    """One model's application (not yet running): its verified replicas, which answer its routes."""
+    from ortpilot.serve.replica import ModelReplica
+
+    serve = require_ray()
+    meta = model_metadata(spec, options, cpus, server.debug_info)
+    scaling: dict[str, Any] = (
+        {
+            "autoscaling_config": {
+                "min_replicas": options.autoscale[0],
+                "max_replicas": options.autoscale[1],
+                "target_ongoing_requests": max(2, options.max_batch),
+            }
+        }
+        if options.autoscale
+        else {"num_replicas": options.replicas}
+    )
+    model = serve.deployment(
+        ModelReplica,
+        name=f"model-{spec.name}",
+        ray_actor_options={"num_cpus": cpus},
+        max_ongoing_requests=max(MODEL_MAX_ONGOING, 2 * options.max_batch),
+        health_check_period_s=HEARTBEAT_S,
+        health_check_timeout_s=30.0,
+        graceful_shutdown_timeout_s=20.0,
+        **scaling,
+    )
+    return model.bind(
+        spec.to_dict(),
+        {
+            "cpus": cpus,
+            "max_batch": options.max_batch,
+            "batch_wait_ms": options.batch_wait_ms,
+            "batch_dim": meta["batch_dim"],
+            "accept_machine": options.accept_machine,
+            "server_app": server_app,
+            "tensors": meta["tensors"],
+            "facts": meta["facts"],
+            "max_request_mb": options.max_request_mb,
+            "request_timeout_s": server.timeouts.request_s,
+            "access_log": options.access_log,
+            "debug_info": server.debug_info,
+        },
+    )
+
+
+def server_application(specs: Sequence[ModelSpec], options: ServeOptions) -> Any:
+    """The server-wide application (not yet running): health, metadata, /metrics, unclaimed paths."""
+    from ortpilot.serve.server import ServerApp
+
+    serve = require_ray()
+    app = serve.deployment(
+        ServerApp,
+        name=SERVER_DEPLOYMENT,
+        num_replicas=1,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=SERVER_MAX_ONGOING,
+        graceful_shutdown_timeout_s=20.0,
+    )
+    return app.bind({s.name: s.name for s in specs}, {"access_log": options.access_log})
+
+
+def applications(
+    profiles: str | Sequence[str] | Sequence[ModelSpec],
+    names: Sequence[str] = (),
+    *,
+    options: ServeOptions | None = None,
+    server: ServerOptions | None = None,
+    cpu_budget: int | None = None,
+) -> list[Any]:
+    """``ortpilot.serve.applications``: every application of a server for ``profiles``, as Ray Serve
+    ``RunTarget`` records (run them with ``serve.run_many``): one per model at ``/v2/models/NAME``,
+    named like the model, and the server-wide one at ``/``."""
+    serve = require_ray()
+    options, server = options or ServeOptions(), server or ServerOptions()
+    specs = _specs(profiles, names)
+    if cpu_budget is None:
+        from ortpilot.providers.cpubudget import this_budget
+
+        cpu_budget = this_budget().cpus
+    cpus = options.replica_cpus(len(specs), cpu_budget)
+    targets = [
+        serve.RunTarget(
+            model_application(spec, options, server, cpus), name=spec.name, route_prefix=f"/v2/models/{spec.name}"
+        )
+        for spec in specs
+    ]
+    return [*targets, serve.RunTarget(server_application(specs, options), name=SERVER_APP, route_prefix="/")]
 
 
 def deployment(
@@ -73,86 +182,59 @@ def deployment(
     cpu_budget: int | None = None,
     **settings: Any,
 ) -> Any:
-    """``ortpilot.serve.deployment``: the Ray Serve application serving ``profiles`` (not yet running).
+    """``ortpilot.serve.deployment``: ONE model's application of verified replicas (not yet running).
 
-    ``profiles``: profile.json files or tune output folders, model files or ``demo:NAME`` (one or
-    more); ``names`` their URL names. ``options`` (or its fields as keywords: ``replicas=2``,
-    ``max_batch=8`` ...) set replicas, CPUs and batching. Run it with ``serve.run(app, name=...,
-    route_prefix="/")`` or compose it into your own application.
+    ``profiles``: a profile.json or tune output folder, a model file or ``demo:NAME`` (one);
+    ``names`` its URL name. ``options`` (or its fields as keywords: ``replicas=2``, ``max_batch=8``
+    ...) set replicas, CPUs and batching. Its replicas answer ``/v2/models/NAME/...`` themselves:
+    run it with ``serve.run(app, name=NAME, route_prefix=f"/v2/models/{NAME}")``, or compose it.
+    For a whole server (several models, health, /metrics) use ``applications``.
     """
-    serve = require_ray()
     options = options or ServeOptions(**settings)
-    if isinstance(profiles, str):
-        profiles = [profiles]
-    specs = [p if isinstance(p, ModelSpec) else None for p in profiles]
-    if any(s is None for s in specs):
-        specs = resolve_models([str(p) for p in profiles], list(names))
+    specs = _specs(profiles, names)
+    if len(specs) != 1:
+        raise UsageError(
+            f"deployment() builds one model's application and got {len(specs)}; use "
+            "ortpilot.serve.applications(...) for several (one application per model and a server-wide one)."
+        )
     if cpu_budget is None:
         from ortpilot.providers.cpubudget import this_budget
 
         cpu_budget = this_budget().cpus
-    cpus = options.replica_cpus(len(specs), cpu_budget)
-    from ortpilot.serve.ingress import Ingress
-    from ortpilot.serve.replica import ModelReplica
-
-    handles, metadata = {}, {}
-    for spec in specs:
-        meta = model_metadata(spec, options, cpus)
-        metadata[spec.name] = meta
-        scaling: dict[str, Any] = (
-            {
-                "autoscaling_config": {
-                    "min_replicas": options.autoscale[0],
-                    "max_replicas": options.autoscale[1],
-                    "target_ongoing_requests": max(2, options.max_batch),
-                }
-            }
-            if options.autoscale
-            else {"num_replicas": options.replicas}
-        )
-        model = serve.deployment(
-            ModelReplica,
-            name=f"model-{spec.name}",
-            ray_actor_options={"num_cpus": cpus},
-            max_ongoing_requests=max(MODEL_MAX_ONGOING, 2 * options.max_batch),
-            health_check_period_s=HEARTBEAT_S,
-            health_check_timeout_s=30.0,
-            graceful_shutdown_timeout_s=20.0,
-            **scaling,
-        )
-        handles[spec.name] = model.bind(
-            spec.to_dict(),
-            {
-                "cpus": cpus,
-                "max_batch": options.max_batch,
-                "batch_wait_ms": options.batch_wait_ms,
-                "batch_dim": meta["batch_dim"],
-                "accept_machine": options.accept_machine,
-                "ingress": INGRESS_NAME,
-            },
-        )
-    ingress = serve.deployment(
-        Ingress,
-        name=INGRESS_NAME,
-        num_replicas=1,
-        ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=INGRESS_MAX_ONGOING,
-        graceful_shutdown_timeout_s=20.0,
-    )
-    return ingress.bind(handles, metadata, {"max_request_mb": options.max_request_mb, "access_log": options.access_log})
+    return model_application(specs[0], options, ServerOptions(), options.replica_cpus(1, cpu_budget), None)
 
 
 def build(args: dict[str, Any]) -> Any:
-    """Ray Serve's application builder (``import_path: ortpilot.serve.app:build`` in a Serve config, as the
-    RayService manifest writes it): ``args`` holds ``profiles``, ``names`` and ServeOptions fields."""
+    """Ray Serve's application builder for one model (``import_path: ortpilot.serve.app:build`` in a Serve
+    config, as the RayService manifest writes it): ``args`` holds ``profile``, ``name``, ``server_app``
+    and ServeOptions fields."""
     from ortpilot.serve.options import parse_autoscale
 
     args = dict(args)
-    profiles = args.pop("profiles")
-    names = args.pop("names", ())
+    spec = _specs([args.pop("profile")], [args.pop("name")])[0]
+    server_app = args.pop("server_app", SERVER_APP)
+    cpus = args.pop("cpus", None)
     if isinstance(args.get("autoscale"), str):
         args["autoscale"] = parse_autoscale(args["autoscale"])
-    return deployment(profiles, names, options=ServeOptions(**args))
+    options = ServeOptions(**args)
+    return model_application(spec, options, ServerOptions(), float(cpus or options.cpus_per_replica or 1), server_app)
 
 
-__all__ = ["build", "deployment", "model_file", "model_metadata", "require_ray"]
+def build_server(args: dict[str, Any]) -> Any:
+    """The builder of the server-wide application (``ortpilot.serve.app:build_server``): ``args`` holds
+    ``profiles`` and ``names`` of every served model."""
+    specs = _specs(list(args["profiles"]), list(args.get("names", ())))
+    return server_application(specs, ServeOptions(access_log=bool(args.get("access_log", True))))
+
+
+__all__ = [
+    "applications",
+    "build",
+    "build_server",
+    "deployment",
+    "model_application",
+    "model_file",
+    "model_metadata",
+    "require_ray",
+    "server_application",
+]

@@ -1,13 +1,18 @@
-"""The HTTP pieces every protocol module of the ingress shares: a reply, a route, the error shape.
+"""The HTTP pieces every deployment that answers requests shares: a reply, a route table and its
+dispatch, the error shape, the access-log line.
 
-Protocol modules (``oip``, the OpenAI API) build their route tables from these; the ingress
-(``ingress``) dispatches to them. Neither needs the other's module to do so.
+Protocol modules (``oip``, the OpenAI API) build their route tables from these; the deployments
+that answer requests (a model's replicas, the server-wide application) dispatch to them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+import sys
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,8 +50,80 @@ class Route:
 
 def route(method: str, path: str, handler: Handler) -> Route:
     """``/v2/models/{name}/infer`` -> a route whose handler gets ``name=`` from the path."""
-    regex = "^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path) + "$"
-    return Route(method, re.compile(regex), handler)
+    parts = re.split(r"\{(\w+)\}", path)  # literal, name, literal, name, ...
+    regex = "".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>[^/]+)" for i, part in enumerate(parts))
+    return Route(method, re.compile(f"^{regex}$"), handler)
 
 
-__all__ = ["Handler", "Reply", "Route", "error_reply", "json_reply", "route"]
+log = logging.getLogger("ortpilot.serve")
+
+
+async def dispatch(routes: list[Route], request: Any, path: str | None = None) -> Reply:
+    """The reply of the route matching ``request`` (405 naming the methods a path takes, 404 for no
+    route). A handler that raises is a 500 with a request id, logged once with its traceback: the
+    client sees the id, never the exception."""
+    path = path if path is not None else (request.url.path.rstrip("/") or "/")
+    allowed = []
+    for r in routes:
+        match = r.pattern.match(path)
+        if match is None:
+            continue
+        if r.method != request.method:
+            allowed.append(r.method)
+            continue
+        try:
+            return await r.handler(request, **match.groupdict())
+        except Exception:
+            ident = uuid.uuid4().hex[:12]
+            log.exception("request %s %s failed (request id %s)", printable(request.method), printable(path), ident)
+            return error_reply(500, f"internal error (request id {ident}); the server log has its details")
+    if allowed:
+        method = printable(request.method, 20)
+        return error_reply(405, f"{method} is not allowed on {printable(path)} (use {', '.join(allowed)})")
+    return error_reply(404, f"no route {printable(request.method, 20)} {printable(path)}")
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` safe for a terminal and a log line: control characters and non-ASCII escaped, cut to ``limit``."""
+    escaped = text.encode("unicode_escape", "backslashreplace").decode("ascii").replace('"', "%22")
+    return escaped if len(escaped) <= limit else escaped[: limit - 3] + "..."
+
+
+def access_line(request: Any, reply: Reply, started: float) -> None:
+    """One access-log line on stderr: client, request line, status, response bytes, time; never a payload."""
+    log_request(request, reply.status, len(reply.body), started)
+
+
+def log_request(request: Any, status: int, size: int | str, started: float) -> None:
+    """The access-log line of ``request`` (``size``: response bytes, or "-" for a stream), escaped."""
+    client = request.client.host if request.client else "-"
+    # The process's own stderr, which Ray forwards to the driver: a throughput-optimized replica points
+    # sys.stderr at Serve's buffered file logger instead.
+    stream = sys.__stderr__ or sys.stderr
+    stream.write(
+        f'{printable(client)} "{printable(request.method, 20)} {printable(request.url.path)}" {status} {size} '
+        f"{(time.perf_counter() - started) * 1000:.1f}ms\n"
+    )
+    stream.flush()
+
+
+def response(reply: Reply) -> Any:
+    """The Starlette response of ``reply``."""
+    from starlette.responses import Response
+
+    return Response(reply.body, status_code=reply.status, media_type=reply.content_type, headers=reply.headers)
+
+
+__all__ = [
+    "Handler",
+    "Reply",
+    "Route",
+    "access_line",
+    "dispatch",
+    "error_reply",
+    "json_reply",
+    "log_request",
+    "printable",
+    "response",
+    "route",
+]

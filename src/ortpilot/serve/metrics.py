@@ -1,13 +1,14 @@
 """Prometheus metrics for a served application, correct across replicas on one ``/metrics``.
 
-Replicas are separate processes, so one registry cannot see them all. Two rules make the totals
-right anyway. Every request passes the ingress (one replica per application), so request counts
-and latencies are counted there, with plain ``prometheus_client`` metrics. What only a model
-replica knows (the batches it ran, whether it verified, its placement) it reports as *cumulative*
-state: in each response and in a heartbeat every ``HEARTBEAT_S``. The ingress keeps the newest
-report per replica and a custom collector adds them up at scrape time; a replica that died keeps
-its last batch counts in the sum (counters never go down), but leaves the verified gauge once its
-heartbeat is older than ``REPLICA_TTL_S``.
+Replicas are separate processes and answer their requests themselves (one hop), so one registry
+cannot see them all. Each replica keeps its counts as *cumulative* state (requests by status,
+their latencies, the batches it ran) and reports it with what it verified in a heartbeat every
+``HEARTBEAT_S`` and after requests (at most every ``REPORT_S``). The server-wide application keeps
+the newest report per replica and a custom collector adds them up at scrape time, so a scrape
+lags the replicas by at most a heartbeat. A replica that died keeps its last counts in the sums
+(counters never go down) but leaves the verified gauge once its heartbeat is older than
+``REPLICA_TTL_S``. Requests the server-wide application answers itself (unknown models, models
+with no ready replica) it counts with plain ``prometheus_client`` metrics.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HEARTBEAT_S = 2.0
+REPORT_S = 0.5  # a replica reports after a request at most this often (the heartbeat covers quiet times)
 REPLICA_TTL_S = 3 * HEARTBEAT_S + 1.0
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -43,6 +45,26 @@ class BatchCounts:
         return {"buckets": list(self.buckets), "sum": self.sum, "count": self.count}
 
 
+class RequestCounts:
+    """A replica's cumulative requests by status code and their latency histogram (seconds)."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int] = {}
+        self.buckets = [0] * (len(SECONDS_BUCKETS) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, code: int, seconds: float) -> None:
+        key = str(code)
+        self.codes[key] = self.codes.get(key, 0) + 1
+        self.buckets[bisect.bisect_left(SECONDS_BUCKETS, seconds)] += 1
+        self.sum += seconds
+        self.count += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"codes": dict(self.codes), "buckets": list(self.buckets), "sum": self.sum, "count": self.count}
+
+
 @dataclass
 class ReplicaReport:
     """The newest state a model replica reported: who it is, what it verified, what it ran."""
@@ -51,6 +73,7 @@ class ReplicaReport:
     replica: str
     info: dict[str, Any]
     batches: dict[str, Any]
+    requests: dict[str, Any] = field(default_factory=dict)
     seen: float = field(default_factory=time.monotonic)
 
     @property
@@ -62,45 +85,48 @@ class ServeMetrics:
     """The ingress's registry: request metrics it counts itself, and the replicas' reports summed."""
 
     def __init__(self, models: list[str]) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry
 
         self.models = list(models)
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "ortpilot_requests",
-            "Infer requests by model and HTTP status code.",
-            ["model", "code"],
-            registry=self.registry,
-        )
-        self.seconds = Histogram(
-            "ortpilot_request_seconds",
-            "Infer request time at the ingress, seconds.",
-            ["model"],
-            buckets=SECONDS_BUCKETS,
-            registry=self.registry,
-        )
         self.registry.register(_ReplicaCollector(self))
         self._lock = threading.Lock()
         self._reports: dict[str, ReplicaReport] = {}
+        self._local: dict[str, RequestCounts] = {}  # requests this application answered itself
 
     def observe(self, model: str, code: int, seconds: float) -> None:
+        """A request the server-wide application answered itself (no replica saw it)."""
         label = model if model in self.models else UNKNOWN_MODEL
-        self.requests.labels(label, str(code)).inc()
-        self.seconds.labels(label).observe(seconds)
+        with self._lock:
+            self._local.setdefault(label, RequestCounts()).observe(code, seconds)
 
-    def report(self, model: str, replica: str, info: Mapping[str, Any] | None, batches: Mapping[str, Any]) -> None:
-        """Take a replica's report (heartbeat or response); older batch counts never replace newer ones."""
+    def local_requests(self, label: str) -> dict[str, Any]:
+        with self._lock:
+            counts = self._local.get(label)
+            return counts.snapshot() if counts else {}
+
+    def report(
+        self,
+        model: str,
+        replica: str,
+        info: Mapping[str, Any] | None,
+        batches: Mapping[str, Any],
+        requests: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Take a replica's report; older counts never replace newer ones (reports may cross)."""
         with self._lock:
             old = self._reports.get(replica)
             if old is None:
-                if info is None:  # a response from a replica whose registration is still on its way
-                    info = {}
-                self._reports[replica] = ReplicaReport(model, replica, dict(info), dict(batches))
+                self._reports[replica] = ReplicaReport(
+                    model, replica, dict(info or {}), dict(batches), dict(requests or {})
+                )
                 return
             if info:
                 old.info = dict(info)
             if int(batches.get("count", 0)) >= int(old.batches.get("count", 0)):
                 old.batches = dict(batches)
+            if requests and int(requests.get("count", 0)) >= int(old.requests.get("count", 0)):
+                old.requests = dict(requests)
             old.seen = time.monotonic()
 
     def replicas(self, model: str) -> list[ReplicaReport]:
@@ -118,6 +144,32 @@ class ServeMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
+def _cumulative(histograms: list[Mapping[str, Any]], bounds: tuple) -> list[tuple[str, int]]:
+    """Prometheus' cumulative buckets of the summed ``histograms`` (each a ``buckets`` list)."""
+    buckets = [0] * (len(bounds) + 1)
+    for h in histograms:
+        for i, n in enumerate(h.get("buckets") or []):
+            if i < len(buckets):
+                buckets[i] += int(n)
+    out, running = [], 0
+    for bound, n in zip([str(b) for b in bounds] + ["+Inf"], buckets):
+        running += n
+        out.append((bound, running))
+    return out
+
+
+def _add_requests(requests: Any, seconds: Any, model: str, counted: list[Mapping[str, Any]]) -> None:
+    codes: dict[str, int] = {}
+    for c in counted:
+        for code, n in (c.get("codes") or {}).items():
+            codes[code] = codes.get(code, 0) + int(n)
+    for code, n in sorted(codes.items()):
+        requests.add_metric([model, code], n)
+    seconds.add_metric(
+        [model], _cumulative(counted, SECONDS_BUCKETS), sum_value=sum(float(c.get("sum", 0.0)) for c in counted)
+    )
+
+
 class _ReplicaCollector:
     """Builds the replica-side families at scrape time from the newest report of each replica."""
 
@@ -128,7 +180,7 @@ class _ReplicaCollector:
         return []
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         reports = self.metrics.all_reports()
         batch = HistogramMetricFamily(
@@ -146,20 +198,26 @@ class _ReplicaCollector:
             "Share of the model's nodes on each provider, as the verified replicas report it.",
             labels=["model", "provider"],
         )
-        for model in self.metrics.models:
+        requests = CounterMetricFamily(
+            "ortpilot_requests",
+            "Requests by model and HTTP status code, summed over every replica.",
+            labels=["model", "code"],
+        )
+        seconds = HistogramMetricFamily(
+            "ortpilot_request_seconds", "Request time where it was answered (a replica), seconds.", labels=["model"]
+        )
+        for model in [*self.metrics.models, UNKNOWN_MODEL]:
+            local = self.metrics.local_requests(model)
             mine = [r for r in reports if r.model == model]
-            buckets = [0] * (len(BATCH_BUCKETS) + 1)
-            total = 0
-            for r in mine:
-                for i, n in enumerate(r.batches.get("buckets") or []):
-                    if i < len(buckets):
-                        buckets[i] += int(n)
-                total += int(r.batches.get("sum", 0))
-            cumulative, running = [], 0
-            for bound, n in zip([str(b) for b in BATCH_BUCKETS] + ["+Inf"], buckets):
-                running += n
-                cumulative.append((bound, running))
-            batch.add_metric([model], cumulative, sum_value=total)
+            counted = [r.requests for r in mine] + ([local] if local else [])
+            if model == UNKNOWN_MODEL:
+                if local:
+                    _add_requests(requests, seconds, model, counted)
+                continue
+            batches = [r.batches for r in mine]
+            batch.add_metric(
+                [model], _cumulative(batches, BATCH_BUCKETS), sum_value=sum(int(b.get("sum", 0)) for b in batches)
+            )
             live = [r for r in mine if r.alive and r.info.get("verified")]
             verified.add_metric([model], len(live))
             shares: dict[str, list[float]] = {}
@@ -168,9 +226,21 @@ class _ReplicaCollector:
                     shares.setdefault(provider, []).append(float(value))
             for provider, values in sorted(shares.items()):
                 share.add_metric([model, provider], sum(values) / len(values))
+            _add_requests(requests, seconds, model, counted)
         yield batch
         yield verified
         yield share
+        yield requests
+        yield seconds
 
 
-__all__ = ["BATCH_BUCKETS", "HEARTBEAT_S", "REPLICA_TTL_S", "BatchCounts", "ReplicaReport", "ServeMetrics"]
+__all__ = [
+    "BATCH_BUCKETS",
+    "HEARTBEAT_S",
+    "REPLICA_TTL_S",
+    "REPORT_S",
+    "BatchCounts",
+    "ReplicaReport",
+    "RequestCounts",
+    "ServeMetrics",
+]

@@ -1,94 +1,67 @@
 """The Open Inference Protocol (KServe v2 REST) routes, so Triton and KServe clients work unchanged.
 
-Health, server and model metadata, model readiness, infer (JSON tensors and the binary-tensor
-extension), and ``/metrics``. Model metadata adds what a Triton server cannot say: each live
-replica's providers, placement share, threads and how it was verified.
+Two tables. ``model_routes`` is what one model's replica answers itself (the model's metadata
+and readiness, infer with JSON tensors or the binary-tensor extension): requests for a model go
+straight to its replicas, one hop. ``server_routes`` is the server-wide application's: health,
+server metadata, the repository index, ``/metrics`` summed over every replica, and an answer
+for every path no model claims (404 for an unknown model, 503 with Retry-After for a known one
+that has no ready replica: starting, restarting or draining). Model metadata adds what a Triton
+server cannot say: each live replica's providers, placement share, threads and how it was
+verified.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 from typing import Any
 
 from ortpilot.errors import InputError
-from ortpilot.serve.http import Reply, error_reply, json_reply, route
+from ortpilot.serve.http import Reply, Route, error_reply, json_reply, printable, route
 from ortpilot.serve.tensors import BINARY_TYPE, HEADER_LENGTH, decode_request, encode_response
 
 EXTENSIONS = ["binary_tensor_data"]
+VERSIONS = ["1"]
+RETRY_AFTER_S = 1
+_BYTE_COUNT = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() takes "²", which int() refuses
+_MODEL_PATH = re.compile(r"^/v2/models/([^/]+)(/.*)?$")
 
 
-def routes(ingress: Any) -> list:
-    """The protocol's route table, bound to ``ingress`` (its model handles, metadata and metrics)."""
+def unknown_version(name: str, version: str) -> Reply:
+    return error_reply(
+        404, f"Model '{name}' has no version {printable(version, 40)!r}; it serves version 1.", model=name
+    )
 
-    def unknown(name: str) -> Reply:
-        return error_reply(
-            404, f"Unknown model '{name}'. This server serves: {', '.join(sorted(ingress.handles))}.", model=name
-        )
 
-    def ready(name: str) -> bool:
-        return bool(ingress.metrics.replicas(name))
+def model_routes(model: Any) -> list[Route]:
+    """The routes one model's replica answers: ``model`` is the replica (its name, metadata and infer)."""
+    name = model.name
 
-    async def live(request: Any) -> Reply:
-        return json_reply(200, {"live": True})
+    async def metadata(request: Any, version: str = "1") -> Reply:
+        if version not in VERSIONS:
+            return unknown_version(name, version)
+        return json_reply(200, await model.metadata(), model=name)
 
-    async def server_ready(request: Any) -> Reply:
-        states = {name: ready(name) for name in ingress.handles}
-        return json_reply(200 if all(states.values()) else 503, {"ready": all(states.values()), "models": states})
+    async def ready(request: Any, version: str = "1") -> Reply:
+        if version not in VERSIONS:
+            return unknown_version(name, version)
+        return json_reply(200, {"name": name, "ready": True}, model=name)
 
-    async def server_metadata(request: Any) -> Reply:
-        from ortpilot.version import __version__
-
-        return json_reply(200, {"name": "ortpilot", "version": __version__, "extensions": EXTENSIONS})
-
-    async def model_metadata(request: Any, name: str, version: str = "1") -> Reply:
-        if name not in ingress.handles:
-            return unknown(name)
-        meta = ingress.metadata[name]
-        replicas = [r.info for r in ingress.metrics.replicas(name)]
-        return json_reply(
-            200,
-            {
-                "name": name,
-                "versions": ["1"],
-                "platform": "onnxruntime_onnx",
-                "inputs": meta["inputs"],
-                "outputs": meta["outputs"],
-                "ortpilot": {**meta["facts"], "ready": bool(replicas), "replicas": replicas},
-            },
-        )
-
-    async def model_ready(request: Any, name: str, version: str = "1") -> Reply:
-        if name not in ingress.handles:
-            return unknown(name)
-        count = len(ingress.metrics.replicas(name))
-        return json_reply(200 if count else 503, {"name": name, "ready": bool(count), "verified_replicas": count})
-
-    async def infer(request: Any, name: str, version: str = "1") -> Reply:
-        if name not in ingress.handles:
-            return unknown(name)
-        body = await ingress.read_body(request)
+    async def infer(request: Any, version: str = "1") -> Reply:
+        if version not in VERSIONS:
+            return unknown_version(name, version)
+        body = await model.read_body(request)
         if isinstance(body, Reply):
             body.model = name
             return body
         header = request.headers.get(HEADER_LENGTH)
         try:
-            if header is not None and not header.strip().isdigit():
-                raise InputError(f"Inference-Header-Content-Length '{header}' is not a byte count.")
+            if header is not None and not _BYTE_COUNT.fullmatch(header.strip()):
+                raise InputError(f"Inference-Header-Content-Length {printable(header, 40)!r} is not a byte count.")
             decoded = decode_request(body, int(header) if header is not None else None)
         except InputError as exc:
             return error_reply(400, str(exc), model=name)
-        try:
-            result = await ingress.handles[name].infer.remote(decoded.feeds, decoded.outputs)
-        except Exception as exc:  # the replica died or Ray could not reach it
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            return error_reply(
-                503,
-                f"The replica serving '{name}' failed during the request ({type(exc).__name__}: "
-                f"{first}). Ray restarts it; it verifies again before it takes traffic. Retry.",
-                model=name,
-            )
-        report = result.get("report") or {}
-        if report:
-            ingress.metrics.report(name, report["replica"], None, report["batches"])
+        result = await model.infer(decoded.feeds, decoded.outputs)
         if "error" in result:
             return error_reply(int(result.get("code", 500)), result["error"], model=name)
         binary = decoded.binary_outputs if decoded.outputs is not None else decoded.binary_default
@@ -97,22 +70,80 @@ def routes(ingress: Any) -> list:
             return Reply(200, payload, model=name)
         return Reply(200, payload, BINARY_TYPE, {"Inference-Header-Content-Length": str(head)}, model=name)
 
+    base = f"/v2/models/{name}"
+    return [
+        route("GET", base, metadata),
+        route("GET", base + "/versions/{version}", metadata),
+        route("GET", base + "/ready", ready),
+        route("GET", base + "/versions/{version}/ready", ready),
+        route("POST", base + "/infer", infer),
+        route("POST", base + "/versions/{version}/infer", infer),
+    ]
+
+
+def server_routes(server: Any) -> list[Route]:
+    """The server-wide application's routes; ``server`` holds the served names, metadata and metrics."""
+
+    async def live(request: Any) -> Reply:
+        return json_reply(200, {"live": True})
+
+    async def server_ready(request: Any) -> Reply:
+        states = {name: server.ready(name) for name in server.names}
+        ok = all(states.values()) and not server.draining
+        return json_reply(200 if ok else 503, {"ready": ok, "models": states})
+
+    async def server_metadata(request: Any) -> Reply:
+        from ortpilot.version import __version__
+
+        return json_reply(200, {"name": "ortpilot", "version": __version__, "extensions": EXTENSIONS})
+
+    async def repository_index(request: Any) -> Reply:
+        return json_reply(
+            200,
+            [
+                {"name": name, "version": "1", "state": "READY" if server.ready(name) else "UNAVAILABLE"}
+                for name in server.names
+            ],
+        )
+
     async def metrics(request: Any) -> Reply:
-        body, content_type = ingress.metrics.render()
+        body, content_type = server.metrics.render()
         return Reply(200, body, content_type)
 
     return [
         route("GET", "/v2/health/live", live),
         route("GET", "/v2/health/ready", server_ready),
         route("GET", "/v2", server_metadata),
-        route("GET", "/v2/models/{name}", model_metadata),
-        route("GET", "/v2/models/{name}/versions/{version}", model_metadata),
-        route("GET", "/v2/models/{name}/ready", model_ready),
-        route("GET", "/v2/models/{name}/versions/{version}/ready", model_ready),
-        route("POST", "/v2/models/{name}/infer", infer),
-        route("POST", "/v2/models/{name}/versions/{version}/infer", infer),
+        route("POST", "/v2/repository/index", repository_index),
         route("GET", "/metrics", metrics),
     ]
 
 
-__all__ = ["EXTENSIONS", "routes"]
+def unclaimed(server: Any, path: str) -> Reply | None:
+    """The answer to a model path no model application claimed: an unknown model (404), or a known one
+    with no ready replica (503 + Retry-After); None when the path is not a model's."""
+    match = _MODEL_PATH.match(path)
+    if match is None:
+        return None
+    name = match.group(1)
+    if name not in server.names:
+        return error_reply(
+            404,
+            f"Unknown model '{printable(name, 80)}'. This server serves: {', '.join(sorted(server.names))}.",
+            model=name,
+        )
+    why = "the server is draining" if server.draining else "it is starting or restarting"
+    reply = error_reply(503, f"Model '{name}' has no ready replica ({why}); retry.", model=name)
+    reply.headers = {"Retry-After": str(RETRY_AFTER_S)}
+    return reply
+
+
+async def wait_for(coroutine: Any, seconds: float, what: str) -> Any:
+    """``coroutine``'s result, or a 408 Reply when it takes longer than ``seconds`` (a slow client)."""
+    try:
+        return await asyncio.wait_for(coroutine, seconds)
+    except asyncio.TimeoutError:
+        return error_reply(408, f"{what} took longer than {seconds:g} s (the request timeout); send it faster.")
+
+
+__all__ = ["EXTENSIONS", "RETRY_AFTER_S", "VERSIONS", "model_routes", "server_routes", "unclaimed", "wait_for"]

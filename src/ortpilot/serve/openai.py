@@ -19,6 +19,8 @@ from typing import Any
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_STOP_CHARS = 1000  # per stop sequence: each token's stop check costs its length
+MAX_SEED = 2**64  # numpy's seeded generator takes 0 .. 2**64 - 1 here
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's documented default for /v1/completions
 _UNSUPPORTED = {
     "logprobs": (None, False, 0),
@@ -215,13 +217,30 @@ def _stop(body: dict[str, Any]) -> list[str]:
         raise ApiError(
             400, f"'stop' must be a string or a list of at most {MAX_STOP} strings.", param="stop", code="invalid_value"
         )
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        longest = max(len(s) for s in stops)
+        raise ApiError(
+            400,
+            f"A stop sequence has {longest} characters; this server takes at most {MAX_STOP_CHARS} per sequence.",
+            param="stop",
+            code="invalid_value",
+        )
     return [s for s in stops if s]
+
+
+def _seed(body: dict[str, Any]) -> int | None:
+    seed = _integer(body, "seed")
+    if seed is not None and not 0 <= seed < MAX_SEED:
+        raise ApiError(400, f"'seed' must be from 0 to 2**64 - 1; got {seed}.", param="seed", code="invalid_value")
+    return seed
 
 
 def parse_request(kind: str, raw: bytes) -> GenerationRequest:
     """The JSON body of ``/v1/completions`` (kind ``completion``) or ``/v1/chat/completions`` (``chat``)."""
     try:
         body = json.loads(raw or b"null")
+    except RecursionError:
+        raise ApiError(400, "The request body nests JSON too deeply.", code="invalid_json") from None
     except ValueError as exc:
         raise ApiError(400, f"The request body is not valid JSON ({exc}).", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -258,7 +277,7 @@ def parse_request(kind: str, raw: bytes) -> GenerationRequest:
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0) or 1e-9,
         stop=_stop(body),
-        seed=_integer(body, "seed"),
+        seed=_seed(body),
         stream=bool(stream),
         include_usage=bool((options or {}).get("include_usage")),
     )

@@ -85,13 +85,9 @@ class OpenAIIngress:
         except ApiError as exc:
             response = _error(exc)
         if self.access_log:
-            import sys
+            from ortpilot.serve.http import log_request
 
-            client = request.client.host if request.client else "-"
-            sys.stderr.write(
-                f'{client} "{request.method} {request.url.path}" {response.status_code} '
-                f"{(time.perf_counter() - started) * 1e3:.1f}ms\n"
-            )
+            log_request(request, response.status_code, response.headers.get("content-length", "-"), started)
         return response
 
     async def _route(self, method: str, path: str, request: Any) -> Any:
@@ -281,11 +277,11 @@ def run_openai_server(
     The Ray and Serve handling is ``runner``'s (what the Open Inference Protocol application
     uses): exactly what this call started is stopped again.
     """
-    from ortpilot.serve.runner import check_port, serve_until_stopped
+    from ortpilot.serve.runner import check_ports, serve_until_stopped
 
     server = server or ServerOptions()
     started = time.perf_counter() if started is None else started
-    check_port(server.host, server.port)
+    check_ports(server)
 
     def same_proxy_port() -> None:
         running = _serve_port()
@@ -296,16 +292,20 @@ def run_openai_server(
                 "cluster."
             )
 
-    return serve_until_stopped(
-        APP_NAME,
-        ROUTE_PREFIX,
-        lambda budget: openai_deployment(
+    def build(budget: int) -> list[Any]:
+        from ray import serve
+
+        app = openai_deployment(
             specs,
             replicas=options.replicas,
             cpus_per_replica=options.cpus_per_replica,
             cpu_budget=budget,
             access_log=options.access_log,
-        ),
+        )
+        return [serve.RunTarget(app, name=APP_NAME, route_prefix=ROUTE_PREFIX)]
+
+    return serve_until_stopped(
+        build,
         lambda failed, _stop: wait_ready(specs, server, options.replicas, started, failed),
         server,
         on_ready=on_ready,

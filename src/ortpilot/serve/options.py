@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import UsageError
+from ortpilot.serve.fastpath import Timeouts
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_REQUEST_MB = 64.0
@@ -121,16 +122,37 @@ class DecoderOptions:
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """Where a server listens and on which Ray it runs: shared by the OIP and the OpenAI applications."""
+    """Where a server listens, on which Ray it runs, the path requests take and what clients may see:
+    shared by the OIP and the OpenAI applications."""
 
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     address: str | None = None  # join this Ray cluster (None: start a local Ray instance)
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S
+    grpc_port: int | None = None  # KServe v2 over gRPC on this port (None: no gRPC)
+    ingress: str = "auto"  # auto: HAProxy -> replicas where it can run; haproxy; proxy: Ray's classic proxy
+    throughput_optimized: bool = True  # RAY_SERVE_THROUGHPUT_OPTIMIZED: user code on the replica's loop
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    debug_info: bool = False  # metadata shows replicas' PIDs, hosts, nodes and paths
+
+    def __post_init__(self) -> None:
+        from ortpilot.serve.fastpath import INGRESS_CHOICES
+
+        if self.ingress not in INGRESS_CHOICES:
+            raise UsageError(f"--ingress must be one of {', '.join(INGRESS_CHOICES)}; got '{self.ingress}'.")
+        for flag, port in (("--port", self.port), ("--grpc-port", self.grpc_port)):
+            if port is not None and not 1 <= port <= 65535:
+                raise UsageError(f"{flag} must be a port number from 1 to 65535, got {port}.")
+        if self.grpc_port is not None and self.grpc_port == self.port:
+            raise UsageError(f"--grpc-port {self.grpc_port} is the HTTP port too; give gRPC a port of its own.")
 
     @property
     def base_url(self) -> str:
         return f"http://{'[' + self.host + ']' if ':' in self.host else self.host}:{self.port}"
+
+    @property
+    def loopback(self) -> bool:
+        return self.host in ("127.0.0.1", "localhost", "::1")
 
 
 def ort_threads(cpus: float) -> int:

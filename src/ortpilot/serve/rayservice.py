@@ -1,8 +1,11 @@
 """``--emit-rayservice FILE``: the same ``serve`` arguments as a KubeRay ``RayService`` manifest.
 
 A RayService (``apiVersion: ray.io/v1``) holds a ``rayClusterConfig`` (a head group and worker
-groups of pods) and a ``serveConfigV2``: a Ray Serve config document (as a YAML string) whose
-application is built by ``ortpilot.serve.app:build`` from the same arguments ``serve`` parses.
+groups of pods) and a ``serveConfigV2``: a Ray Serve config document (as a YAML string) with the
+applications ``serve`` runs, one per model (``ortpilot.serve.app:build`` at ``/v2/models/NAME``)
+and the server-wide one (``ortpilot.serve.app:build_server`` at ``/``), built from the same
+arguments ``serve`` parses. The head's environment turns on the same fast path (HAProxy, direct
+ingress, throughput-optimized; ``serve``'s ready line names the path it took).
 The manifest is written as YAML, read back, and checked: the RayService fields KubeRay's API
 reference names, and the Serve config through Ray Serve's own schema (``ServeDeploySchema``).
 The profiles must be at the same paths inside the image (or a mounted volume); nothing here can
@@ -23,18 +26,52 @@ from ortpilot.serve.options import ModelSpec, ServeOptions
 API_VERSION = "ray.io/v1"
 KIND = "RayService"
 BUILDER = "ortpilot.serve.app:build"
+SERVER_BUILDER = "ortpilot.serve.app:build_server"
+# What the head's Serve controller reads to take the fast path (ortpilot serve sets the same).
+FAST_PATH_ENV = {
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response response-timeout",
+}
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-def builder_args(specs: Sequence[ModelSpec], options: ServeOptions) -> dict[str, Any]:
-    """The ``args`` of the Serve application: what ``app.build`` turns back into the same application."""
-    args: dict[str, Any] = {"profiles": [s.path for s in specs], "names": [s.name for s in specs]}
+def builder_args(spec: ModelSpec, options: ServeOptions) -> dict[str, Any]:
+    """The ``args`` of one model's application: what ``app.build`` turns back into the same application."""
+    args: dict[str, Any] = {"profile": spec.path, "name": spec.name}
     for key, value in options.to_dict().items():
         if key == "autoscale":
             value = f"{value[0]}:{value[1]}" if value else None
         if value is not None:
             args[key] = value
     return args
+
+
+def applications(specs: Sequence[ModelSpec], options: ServeOptions) -> list[dict[str, Any]]:
+    """The Serve config's applications: one per model, and the server-wide one."""
+    from ortpilot.serve.server import SERVER_APP
+
+    models = [
+        {
+            "name": s.name,
+            "route_prefix": f"/v2/models/{s.name}",
+            "import_path": BUILDER,
+            "args": builder_args(s, options),
+        }
+        for s in specs
+    ]
+    server = {
+        "name": SERVER_APP,
+        "route_prefix": "/",
+        "import_path": SERVER_BUILDER,
+        "args": {
+            "profiles": [s.path for s in specs],
+            "names": [s.name for s in specs],
+            "access_log": options.access_log,
+        },
+    }
+    return [*models, server]
 
 
 def manifest(
@@ -58,14 +95,13 @@ def manifest(
     serve_config = {
         "proxy_location": "EveryNode",
         "http_options": {"host": host, "port": port},
-        "applications": [
-            {"name": "ortpilot", "route_prefix": "/", "import_path": BUILDER, "args": builder_args(specs, options)}
-        ],
+        "applications": applications(specs, options),
     }
     import yaml
 
     container = {
         "image": image,
+        "env": [{"name": k, "value": v} for k, v in FAST_PATH_ENV.items()],
         "resources": {"limits": {"cpu": pod_cpus, "memory": "4Gi"}, "requests": {"cpu": pod_cpus, "memory": "4Gi"}},
     }
     return {
@@ -201,4 +237,15 @@ def write_rayservice(
     return path
 
 
-__all__ = ["API_VERSION", "BUILDER", "KIND", "builder_args", "check_manifest", "manifest", "write_rayservice"]
+__all__ = [
+    "API_VERSION",
+    "BUILDER",
+    "FAST_PATH_ENV",
+    "KIND",
+    "SERVER_BUILDER",
+    "applications",
+    "builder_args",
+    "check_manifest",
+    "manifest",
+    "write_rayservice",
+]

@@ -66,16 +66,33 @@ class DecoderReady:
 @dataclass
 class Served:
     """What a running server reports once every model is ready: one record per model, each with
-    ``line()`` (the ready line) and ``to_dict()``; ``url`` is the API's base for decoders."""
+    ``line()`` (the ready line) and ``to_dict()``; ``url`` is the API's base for decoders; ``path``
+    the ingress path requests take (``fastpath.IngressPath``) and ``grpc`` the gRPC address, if any."""
 
     models: list[Any]
     url: str | None = None
+    path: Any = None
+    grpc: str | None = None
 
     def lines(self) -> list[str]:
-        return [m.line() for m in self.models]
+        return [m.line() for m in self.models] + ([self.path_line()] if self.path is not None else [])
+
+    def path_line(self) -> str:
+        """``ingress: HAProxy -> replica (...); gRPC ...; ports ...`` and why any switch is off."""
+        parts = [f"ingress: {self.path.describe()}"]
+        if self.grpc:
+            parts.append(f"KServe v2 gRPC on {self.grpc}")
+        ports = {k: v for k, v in (self.path.ports or {}).items() if k != "run_dir"}
+        if ports:
+            where = "127.0.0.1" if self.path.loopback else "this host"
+            parts.append(f"other ports on {where}: " + ", ".join(f"{k} {v}" for k, v in ports.items()))
+        return "; ".join(parts + list(self.path.notes))
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"url": self.url} if self.url else {}
+        if self.path is not None:
+            doc["ingress"] = {**self.path.to_dict(), "grpc": self.grpc}
+            doc["ingress"]["ports"] = {k: v for k, v in doc["ingress"]["ports"].items() if k != "run_dir"}
         return {**doc, "models": [m.to_dict() for m in self.models]}
 
 

@@ -1,11 +1,16 @@
-"""One model replica: a verified session that reports ready only after it reproduced its profile.
+"""One model replica: a verified session that answers its model's requests itself, REST and gRPC.
 
 The constructor is the gate: it loads the profile strictly with intra-op threads set to the
 replica's CPUs (Ray sets ``OMP_NUM_THREADS``, which ORT ignores), reproduces the reference
 outputs (``tune.verify.verify_profile``) and raises when they differ, so Ray never routes a
-request to a replica that did not verify; a restarted replica goes through the same gate. Runs
-go to one worker thread (the event loop stays free to collect the next batch); models with a
-batch dim stack requests of the same non-batch shapes with ``serve.batch``.
+request to a replica that did not verify; a restarted replica goes through the same gate.
+
+A replica is its model's own Serve application (route prefix ``/v2/models/NAME``): HAProxy, or
+Ray's proxy, hands it the request directly (``__call__`` for REST, the KServe v2 method for
+gRPC), one hop. Runs go to one worker thread (the event loop stays free to read the next
+request and collect the next batch); models with a batch dim stack requests of the same
+non-batch shapes with ``serve.batch``. What only a replica knows (its counts, what it verified)
+it reports to the server-wide application, which sums every replica for ``/metrics``.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from ortpilot.errors import InputError, OrtpilotError
-from ortpilot.serve.metrics import BatchCounts
+from ortpilot.errors import InputError, OrtpilotError, OrtRunError
+from ortpilot.serve.http import Reply, access_line, dispatch, error_reply, response
+from ortpilot.serve.metrics import REPORT_S, BatchCounts, RequestCounts
 from ortpilot.serve.options import ModelSpec, ort_threads
 
 
@@ -68,21 +74,52 @@ def signature(feeds: Mapping[str, np.ndarray]) -> tuple:
     return tuple((name, value.shape[1:], value.dtype.str) for name, value in sorted(feeds.items()))
 
 
+# What a client may see of a replica without --debug-info: no paths, PIDs, hosts or node ids.
+PUBLIC_INFO = (
+    "replica",
+    "model",
+    "verified",
+    "verification",
+    "why",
+    "providers",
+    "placement_share",
+    "intra_op_threads",
+    "cpus",
+    "profile_intra_op_threads",
+    "threads_note",
+    "batching",
+    "load_s",
+    "session_create_s",
+    "optimized_model",
+)
+
+
 class ModelReplica:
     """The model deployment's class (Ray Serve wraps it; nothing here needs Ray but the batcher)."""
 
     def __init__(self, spec: Mapping[str, Any], replica: Mapping[str, Any]) -> None:
         started = time.perf_counter()
+        from ortpilot.serve import grpc_service  # noqa: F401  (the gRPC fixes, in this process)
+        from ortpilot.serve.oip import model_routes
+
         self.spec = ModelSpec(**spec)
+        self.name = self.spec.name
         self.cpus = float(replica["cpus"])
         self.threads = ort_threads(self.cpus)
         self.session, verification = load_verified(self.spec, self.threads, bool(replica.get("accept_machine")))
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.batching = bool(replica.get("batch_dim")) and int(replica.get("max_batch", 1)) > 1
         self.counts = BatchCounts()
+        self.requests = RequestCounts()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpilot-run")
         self.iobinding = bool((getattr(self.session, "profile", None) or {}).get("iobinding"))
         self.replica_id = _replica_id()
+        self.tensors = dict(replica.get("tensors") or {})  # inputs, outputs (protocol metadata)
+        self.facts = dict(replica.get("facts") or {})
+        self.max_request_bytes = int(float(replica.get("max_request_mb", 64)) * 1024 * 1024)
+        self.request_timeout_s = float(replica.get("request_timeout_s", 300))
+        self.access_log = bool(replica.get("access_log", True))
+        self.debug_info = bool(replica.get("debug_info"))
         placement = self.session.placement
         self.info: dict[str, Any] = {
             "replica": self.replica_id,
@@ -108,8 +145,10 @@ class ModelReplica:
             "session_create_s": round(getattr(self.session, "create_s", 0.0), 4),
             "optimized_model": verification["optimized_model"],
         }
-        self._ingress = None
-        self._ingress_name = replica.get("ingress")
+        self._server = None
+        self._server_app = replica.get("server_app")
+        self._reported = 0.0
+        self.routes = model_routes(self)
         if self.batching:
             from ray import serve
 
@@ -117,9 +156,122 @@ class ModelReplica:
                 max_batch_size=int(replica["max_batch"]), batch_wait_timeout_s=float(replica["batch_wait_ms"]) / 1000.0
             )(self._run_batch)
 
+    # -- REST ---------------------------------------------------------------------------------------
+    async def __call__(self, request: Any) -> Any:
+        """One HTTP request for this model (the full path: ``/v2/models/NAME/...``)."""
+        started = time.perf_counter()
+        reply = await dispatch(self.routes, request)
+        self.requests.observe(reply.status, time.perf_counter() - started)
+        if self.access_log:
+            access_line(request, reply, started)
+        self._maybe_report()
+        return response(reply)
+
+    async def read_body(self, request: Any) -> bytes | Reply:
+        """The request body, or a 413 reply when it is over ``--max-request-mb`` (checked before reading
+        when the client sends Content-Length), or a 408 when it does not arrive within the request timeout."""
+        from ortpilot.serve.oip import wait_for
+
+        limit = self.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
+            return error_reply(
+                413, f"request body of {int(declared)} bytes is over the limit of {limit} bytes (--max-request-mb)"
+            )
+
+        async def read() -> bytes | Reply:
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    return error_reply(413, f"request body is over the limit of {limit} bytes (--max-request-mb)")
+            return b"".join(chunks)
+
+        return await wait_for(read(), self.request_timeout_s, "The request body")
+
+    async def metadata(self) -> dict[str, Any]:
+        """The model's metadata: tensors, and what each live replica verified (details with --debug-info)."""
+        replicas = await self.replica_infos()
+        return {
+            "name": self.name,
+            "versions": ["1"],
+            "platform": "onnxruntime_onnx",
+            "inputs": self.tensors.get("inputs", []),
+            "outputs": self.tensors.get("outputs", []),
+            "ortpilot": {**self.facts, "ready": True, "replicas": replicas},
+        }
+
+    async def replica_infos(self) -> list[dict[str, Any]]:
+        """Every live replica's info as the server-wide application holds it (this one's when it cannot)."""
+        infos = None
+        server = self._server_handle()
+        if server is not None:
+            try:
+                infos = await server.replica_infos.remote(self.name)
+            except Exception:
+                infos = None
+        infos = infos or [self.info]
+        return [i if self.debug_info else {k: i[k] for k in PUBLIC_INFO if k in i} for i in infos]
+
+    # -- gRPC (KServe v2) ---------------------------------------------------------------------------
+    async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:  # RPC methods carry KServe v2 names
+        from ortpilot.serve.grpc_service import messages
+
+        return messages().ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
+        from ortpilot.serve.grpc_service import messages
+
+        return messages().ServerReadyResponse(ready=True)
+
+    async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
+        from ortpilot.serve.grpc_service import messages
+
+        return messages().ModelReadyResponse(ready=request.name == self.name and request.version in ("", "1"))
+
+    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
+        from ortpilot.serve.grpc_service import messages, model_metadata, set_status
+
+        if request.name != self.name or request.version not in ("", "1"):
+            set_status(grpc_context, 404, f"Unknown model '{request.name}' version '{request.version}' here.")
+            return messages().ModelMetadataResponse()
+        return model_metadata(self.name, self.tensors.get("inputs", []), self.tensors.get("outputs", []))
+
+    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
+        """KServe v2 ModelInfer: the same checks and outputs as REST infer; errors as gRPC status codes."""
+        from ortpilot.serve.grpc_service import set_status
+
+        status, message, answer = await self.infer_message(request)
+        set_status(grpc_context, status, message)
+        return answer
+
+    async def infer_message(self, request: Any) -> tuple[int, str, Any]:
+        """(HTTP-like status, error message, ModelInferResponse) of a ModelInferRequest: what ModelInfer
+        answers here, and what the server-wide application relays for clients that name no application."""
+        from ortpilot.serve.grpc_service import decode_infer, encode_infer, messages
+
+        started = time.perf_counter()
+        status, message, answer = 200, "", None
+        if request.model_name != self.name or request.model_version not in ("", "1"):
+            status, message = 404, f"Unknown model '{request.model_name}' version '{request.model_version}' here."
+        else:
+            try:
+                feeds, outputs = decode_infer(request, self.max_request_bytes)
+                result = await self.infer(feeds, outputs)
+            except InputError as exc:
+                result = {"error": str(exc), "code": 400}
+            if "error" in result:
+                status, message = int(result.get("code", 500)), result["error"]
+            else:
+                answer = encode_infer(self.name, result["outputs"], request.id)
+        self.requests.observe(status, time.perf_counter() - started)
+        self._maybe_report()
+        return status, message, answer if answer is not None else messages().ModelInferResponse()
+
     # -- requests -----------------------------------------------------------------------------------
     async def infer(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, Any]:
-        """Check the feeds as the library does (400 on failure), run them, return outputs and the report."""
+        """Check the feeds as the library does (400 on failure), run them, return the outputs or an error."""
         try:
             checked = self.session.check_feeds(feeds)
             wanted = self._wanted(outputs)
@@ -130,18 +282,20 @@ class ModelReplica:
             else:
                 values = await asyncio.get_running_loop().run_in_executor(self.executor, self._run_one, checked)
         except InputError as exc:
-            return {"error": str(exc), "code": 400, "report": self._report()}
+            return {"error": str(exc), "code": 400}
+        except OrtRunError as exc:  # valid dtypes and ranks that the model cannot run: the input's fault
+            return {"error": str(exc), "code": 400}
         except OrtpilotError as exc:
-            return {"error": str(exc), "code": 500, "report": self._report()}
-        return {"outputs": {n: values[n] for n in wanted}, "report": self._report()}
+            return {"error": str(exc), "code": 500}
+        return {"outputs": {n: values[n] for n in wanted}}
 
     def describe(self) -> dict[str, Any]:
         return dict(self.info)
 
     def check_health(self) -> None:
-        """Ray's health check, every few seconds: also the heartbeat that tells the ingress this replica
-        is alive and verified (it only exists once the constructor's verification passed)."""
-        self._heartbeat()
+        """Ray's health check, every few seconds: also the heartbeat that tells the server-wide application
+        this replica is alive and verified (it only exists once the constructor's verification passed)."""
+        self._report()
 
     # -- running ------------------------------------------------------------------------------------
     def _wanted(self, outputs: Sequence[str] | None) -> list[str]:
@@ -201,26 +355,40 @@ class ModelReplica:
         for feeds in group:
             try:
                 out.append(self._run_one(feeds))
-            except InputError as exc:
+            except OrtpilotError as exc:  # this request's failure is this request's alone
                 out.append(exc)
         return out
 
     # -- reporting ----------------------------------------------------------------------------------
-    def _report(self) -> dict[str, Any]:
-        return {"replica": self.replica_id, "batches": self.counts.snapshot()}
-
-    def _heartbeat(self) -> None:
-        if not self._ingress_name:
-            return
-        try:
-            if self._ingress is None:
+    def _server_handle(self) -> Any:
+        if not self._server_app:
+            return None
+        if self._server is None:
+            try:
                 from ray import serve
 
-                context = serve.get_replica_context()
-                self._ingress = serve.get_deployment_handle(self._ingress_name, app_name=context.app_name)
-            self._ingress.report.remote(self.spec.name, self.replica_id, self.info, self.counts.snapshot())
-        except Exception:  # the ingress may not be up yet; the next heartbeat tries again
-            self._ingress = None
+                from ortpilot.serve.server import SERVER_DEPLOYMENT
+
+                self._server = serve.get_deployment_handle(SERVER_DEPLOYMENT, app_name=self._server_app)
+            except Exception:  # the server-wide application may not be up yet; the next report tries again
+                return None
+        return self._server
+
+    def _report(self) -> None:
+        server = self._server_handle()
+        if server is None:
+            return
+        self._reported = time.monotonic()
+        try:
+            server.report.remote(
+                self.name, self.replica_id, self.info, self.counts.snapshot(), self.requests.snapshot()
+            )
+        except Exception:
+            self._server = None
+
+    def _maybe_report(self) -> None:
+        if time.monotonic() - self._reported >= REPORT_S:
+            self._report()
 
 
 def _replica_id() -> str:

@@ -1,10 +1,13 @@
-"""Run a served application until a signal: start or join Ray, deploy, wait for verified replicas.
+"""Run a server until a signal: start or join Ray, choose the ingress path, deploy, wait for verified
+replicas, drain.
 
-Readiness is read from the application's own protocol (``/v2/models/NAME/ready`` answers 200 once
-a replica verified and reported), so what ``serve`` prints is what a client sees. A replica that
-fails verification raises in its constructor; Ray retries it and then marks the deployment
-failed, and the error it raised is the reason ``serve`` exits 1 with. Everything this process
-started (the application, Serve, a local Ray instance) is shut down on SIGINT/SIGTERM.
+Readiness is read from the server's own protocol (``/v2/models/NAME/ready`` answers 200 once a
+replica verified), so what ``serve`` prints is what a client sees. A replica that fails
+verification raises in its constructor; Ray retries it and then marks the deployment failed,
+and the error it raised is the reason ``serve`` exits 1 with. On SIGINT/SIGTERM the server
+drains: the server-wide application answers 503 with Retry-After for every model, each model's
+application is deleted (its replicas finish what they hold), then everything this process
+started (the applications, Serve, a local Ray instance, the run folder) is stopped.
 """
 
 from __future__ import annotations
@@ -13,29 +16,32 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ortpilot.errors import UsageError, VerificationError
+from ortpilot.serve import fastpath
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
 from ortpilot.serve.ready import ModelReady, Served
 
 log = logging.getLogger("ortpilot")
 R = TypeVar("R")  # what an application's readiness wait returns
-APP_NAME = "ortpilot"
 # Keep a local Ray lean and quiet: no usage stats, every access-log line forwarded as it is.
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 QUIET_LOGS = {"log_level": "WARNING", "enable_access_log": False}  # ortpilot writes its own access log
 _ERROR_LINE = re.compile(r"(?:ortpilot\.errors\.)?(\w+Error): (.+)")
 
 
-def check_port(host: str, port: int) -> None:
+def check_port(host: str, port: int, flag: str = "--port") -> None:
     """Exit 2 before anything starts when ``host:port`` is taken."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
@@ -43,7 +49,7 @@ def check_port(host: str, port: int) -> None:
         except OSError as exc:
             raise UsageError(
                 f"Port {port} on {host} is not free ({exc.strerror or exc}). Stop what listens there "
-                "or pick another with --port."
+                f"or pick another with {flag}."
             ) from None
 
 
@@ -67,22 +73,30 @@ def _get(url: str, timeout: float = 2.0) -> tuple[int, Any]:
 
 
 class Server:
-    """What ``run_server`` started, so that ``stop`` shuts down exactly that."""
+    """What ``serve_until_stopped`` started, so that ``stop`` drains and shuts down exactly that."""
 
-    def __init__(self, app_name: str = APP_NAME) -> None:
-        self.app_name = app_name
+    def __init__(self) -> None:
         self.started_ray = False
         self.started_serve = False
-        self.deployed = False
+        self.apps: list[str] = []  # the applications this server deployed, the server-wide one last
+        self.drain: Callable[[], None] | None = None
+        self.run_dir: Path | None = None
 
     def stop(self) -> None:
         from ray import serve
 
-        if self.deployed:
+        if self.apps and self.drain is not None:
             try:
-                serve.delete(self.app_name)  # graceful: replicas finish the requests they hold
+                self.drain()  # new requests for every model: 503 + Retry-After from now on
             except Exception as exc:
-                log.warning("Deleting the application failed: %s", exc)
+                log.warning("Telling the server to drain failed: %s", exc)
+        # Models first (their replicas finish what they hold); the server-wide application goes last, or
+        # with Serve itself when this server started it, so that it answers 503 until the port closes.
+        for name in self.apps[:-1] if self.started_serve else self.apps:
+            try:
+                serve.delete(name)
+            except Exception as exc:
+                log.warning("Deleting the application %s failed: %s", name, exc)
         if self.started_serve:
             try:
                 serve.shutdown()
@@ -92,19 +106,27 @@ class Server:
             import ray
 
             ray.shutdown()
+        if self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def ray_environment(address: str | None) -> None:
-    """Environment for Ray, set before it is imported: lean, and on loopback for a loopback address.
+    """Environment for Ray, set before it is imported: lean, and on loopback where it can be.
 
-    Ray rewrites a 127.0.0.1 bootstrap address to this machine's network address unless its
-    single-machine mode is on; a cluster started on loopback (tests, one machine) needs it.
+    Ray rewrites a 127.0.0.1 address to this machine's network address, and binds its own ports
+    (GCS, raylet, workers, agents, metrics exporters) on all interfaces, unless its single-machine
+    mode is on: a local instance always runs in it (one machine, every Ray port on loopback), and so
+    does a client of a cluster started on loopback (tests, one machine). The two metrics exporters
+    Ray puts on fixed ports get free ones, so two local servers do not collide.
     """
     for key, value in RAY_ENV.items():
         os.environ.setdefault(key, value)
     host = (address or "").rpartition(":")[0].strip("[]")
-    if host in ("127.0.0.1", "localhost", "::1"):
+    if not address or host in ("127.0.0.1", "localhost", "::1"):
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if not address:
+        os.environ.setdefault("DASHBOARD_METRIC_PORT", str(fastpath.free_port()))
+        os.environ.setdefault("AUTOSCALER_METRIC_PORT", str(fastpath.free_port()))
 
 
 def _start_ray(address: str | None, cpus: int) -> tuple[bool, bool]:
@@ -120,6 +142,7 @@ def _start_ray(address: str | None, cpus: int) -> tuple[bool, bool]:
             address="local",
             num_cpus=cpus,
             include_dashboard=False,
+            dashboard_host="127.0.0.1",
             _node_ip_address="127.0.0.1",
             log_to_driver=True,
             logging_level=logging.WARNING,
@@ -151,39 +174,103 @@ def run_server(
     """
     server = server or ServerOptions()
     started = time.perf_counter() if started is None else started
-    check_port(server.host, server.port)
-    from ortpilot.serve.app import deployment, model_file  # imports no Ray yet
+    check_ports(server)
+    from ortpilot.serve.app import applications, model_file  # imports no Ray yet
+    from ortpilot.serve.server import SERVER_APP
 
     for spec in specs:
         model_file(spec)  # a profile that cannot load fails here, naming itself, before Ray starts
     return serve_until_stopped(
-        APP_NAME,
-        "/",
-        lambda budget: deployment(list(specs), options=options, cpu_budget=budget),
+        lambda budget: applications(list(specs), options=options, server=server, cpu_budget=budget),
         lambda deploy_error, stop: Served(
             wait_ready(specs, server, started, stop, deploy_error, options.initial_replicas)
         ),
         server,
+        grpc_app=specs[0].name if len(specs) == 1 else SERVER_APP,
+        drain=_drain_server,
+        max_request_mb=options.max_request_mb,
         on_ready=on_ready,
         stop=stop,
     )
 
 
+def _drain_server() -> None:
+    from ray import serve
+
+    from ortpilot.serve.server import SERVER_APP
+
+    serve.get_app_handle(SERVER_APP).drain.remote().result(timeout_s=10)
+
+
+def check_ports(server: ServerOptions) -> None:
+    """Exit 2 before anything starts when the HTTP or gRPC port is taken."""
+    check_port(server.host, server.port)
+    if server.grpc_port is not None:
+        check_port(server.host, server.grpc_port, "--grpc-port")
+
+
+def start_serve(serve: Any, server: ServerOptions, grpc_app: str, max_request_mb: float) -> fastpath.IngressPath:
+    """``serve.start`` on the path ``server`` asks for; returns the path taken, its ports filled in."""
+    from ortpilot.serve import grpc_service
+
+    remote = _remote_hosts()
+    path = fastpath.choose(server.ingress, server.throughput_optimized, remote)
+    # Short: Ray adds a 56-character node id below it, and HAProxy takes socket paths of 97 characters.
+    run_dir = Path(tempfile.mkdtemp(prefix="op-", dir="/tmp" if Path("/tmp").is_dir() else None))
+    env, path = fastpath.environment(
+        path,
+        run_dir,
+        server.timeouts,
+        host=server.host,
+        grpc_app=grpc_app if server.grpc_port is not None else "",
+        proxy_callback=grpc_service.PROXY_CALLBACK if server.grpc_port is not None else "",
+    )
+    env["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"] = str(int(max_request_mb * 1024 * 1024))
+    if server.loopback and not remote:
+        env[grpc_service.LOOPBACK_ENV] = "1"
+    http = {"host": server.host, "port": server.port, "keep_alive_timeout_s": server.timeouts.idle_s}
+    grpc = (
+        {"port": server.grpc_port, "grpc_servicer_functions": [grpc_service.SERVICER]}
+        if server.grpc_port is not None
+        else None
+    )
+    serve.start(
+        http_options=http,
+        grpc_options=grpc,
+        logging_config=QUIET_LOGS,
+        controller_options={"runtime_env": {"env_vars": env}},
+    )
+    return fastpath.IngressPath(**{**path.__dict__, "ports": {**path.ports, "run_dir": str(run_dir)}})
+
+
+def _remote_hosts() -> bool:
+    """Whether the cluster has alive nodes on other hosts than this driver's."""
+    import ray
+
+    try:
+        here = ray.util.get_node_ip_address()
+        return any(n["Alive"] and n["NodeManagerAddress"] != here for n in ray.nodes())
+    except Exception:
+        return False
+
+
 def serve_until_stopped(
-    app_name: str,
-    route_prefix: str,
-    build: Callable[[int], Any],
+    build: Callable[[int], list[Any]],
     wait: Callable[[list[BaseException], threading.Event], R],
     server_options: ServerOptions,
     *,
+    grpc_app: str = "",
+    drain: Callable[[], None] | None = None,
+    max_request_mb: float = 64.0,
     on_ready: Callable[[R], None] | None = None,
     stop: threading.Event | None = None,
     joined: Callable[[], None] | None = None,
 ) -> R:
-    """One served application's life, for every application ``serve`` runs: start (or join, the options'
-    ``address``) Ray and Serve, deploy ``build(cpu_budget)`` as ``app_name`` at ``route_prefix`` in the background,
-    ``wait(deploy_errors, stop)`` for its ready replicas, hand them to ``on_ready``, then serve until
-    SIGINT/SIGTERM or ``stop``; exactly what this call started is stopped again. ``joined`` runs when
+    """One server's life, for every server ``serve`` runs: start (or join, the options' ``address``) Ray
+    and Serve on the ingress path the options ask for, deploy ``build(cpu_budget)`` (Ray Serve
+    ``RunTarget`` records) in the background, ``wait(deploy_errors, stop)`` for its ready replicas,
+    hand them to ``on_ready`` with the path taken, then serve until SIGINT/SIGTERM or ``stop``;
+    exactly what this call started is drained (``drain``) and stopped again. ``joined`` runs when
     Serve already runs on the cluster (the caller's check that it can share that Serve)."""
     ray_environment(server_options.address)
     from ortpilot.serve.app import require_ray
@@ -192,7 +279,7 @@ def serve_until_stopped(
     from ortpilot.providers.cpubudget import this_budget
 
     budget = this_budget().cpus
-    server = Server(app_name)
+    server = Server()
     stop = stop or threading.Event()
     previous: dict[int, Any] = {}
     try:
@@ -204,23 +291,35 @@ def serve_until_stopped(
         if serve_running:
             if joined is not None:
                 joined()
-        else:
-            serve.start(
-                http_options={"host": server_options.host, "port": server_options.port}, logging_config=QUIET_LOGS
+            path = fastpath.IngressPath(
+                False,
+                False,
+                False,
+                True,
+                ("Serve already ran on this cluster: requests take the path it was started on",),
             )
+        else:
+            path = start_serve(serve, server_options, grpc_app, max_request_mb)
             server.started_serve = True  # the next server on a shared cluster starts Serve on its own port
-        app = build(budget)
+            server.run_dir = Path(path.ports["run_dir"])
+        targets = build(budget)
         deploy_error: list[BaseException] = []
 
         def deploy() -> None:
             try:
-                serve.run(app, name=app_name, route_prefix=route_prefix, logging_config=QUIET_LOGS)
+                serve.run_many(targets, wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
             except BaseException as exc:  # ``wait`` reports it, with the replica's reason where there is one
                 deploy_error.append(exc)
 
-        server.deployed = True
+        server.apps = [t.name for t in targets]
+        server.drain = drain
         threading.Thread(target=deploy, name="ortpilot-deploy", daemon=True).start()
         ready = wait(deploy_error, stop)
+        if hasattr(ready, "path"):
+            ready.path = path
+            ready.grpc = (
+                f"{server_options.host}:{server_options.grpc_port}" if server_options.grpc_port is not None else None
+            )
         if on_ready:
             on_ready(ready)
         while not stop.wait(0.5):
@@ -258,8 +357,7 @@ def wait_ready(
                 continue
             code, _ = _get(f"{base}/v2/models/{spec.name}/ready")
             if code == 200:
-                _, meta = _get(f"{base}/v2/models/{spec.name}")
-                replicas = ((meta or {}).get("ortpilot") or {}).get("replicas") or []
+                replicas = _replica_infos(serve, spec.name)
                 if len(replicas) < expected and not late:
                     continue
                 providers = list(dict.fromkeys(p for r in replicas for p in r.get("providers", [])[:1]))
@@ -295,18 +393,27 @@ def wait_ready(
     return [ready[s.name] for s in specs]
 
 
+def _replica_infos(serve: Any, name: str) -> list[dict[str, Any]]:
+    """The verified replicas of model ``name`` as the server-wide application knows them (they report there)."""
+    from ortpilot.serve.server import SERVER_APP
+
+    try:
+        return list(serve.get_app_handle(SERVER_APP).replica_infos.remote(name).result(timeout_s=10))
+    except Exception:
+        return []
+
+
 def _failed(
     serve: Any, specs: Sequence[ModelSpec], ready: dict[str, ModelReady], reasons: dict[str, str]
 ) -> str | None:
     """The first model whose deployment Ray gave up on; keeps each model's latest status message."""
     try:
-        status = serve.status().applications.get(APP_NAME)
+        applications = serve.status().applications
     except Exception:
         return None
-    if status is None:
-        return None
     for spec in specs:
-        dep = status.deployments.get(f"model-{spec.name}")
+        status = applications.get(spec.name)
+        dep = status.deployments.get(f"model-{spec.name}") if status is not None else None
         if dep is None or spec.name in ready:
             continue
         if dep.message:
@@ -316,4 +423,12 @@ def _failed(
     return None
 
 
-__all__ = ["APP_NAME", "check_port", "failure_reason", "run_server", "serve_until_stopped", "wait_ready"]
+__all__ = [
+    "check_port",
+    "check_ports",
+    "failure_reason",
+    "run_server",
+    "serve_until_stopped",
+    "start_serve",
+    "wait_ready",
+]

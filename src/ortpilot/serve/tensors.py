@@ -10,6 +10,7 @@ and message as ``ortpilot run`` and the library.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,8 @@ from ortpilot.graph.tensors import DATATYPES, has_batch_dim, model_tensors
 
 HEADER_LENGTH = "inference-header-content-length"
 BINARY_TYPE = "application/octet-stream"
+MAX_RANK = 16
+MAX_DIM = 2**62  # larger dims are refused before any element count is made from them
 
 # The protocol's datatype names, from the export table; BF16 has no numpy type and is not decoded.
 NUMPY_OF: dict[str, np.dtype] = {
@@ -44,7 +47,12 @@ class InferRequest:
 
 
 def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
-    """Parse an infer request: JSON, or a JSON header of ``header_length`` bytes plus binary tensors."""
+    """Parse an infer request: JSON, or a JSON header of ``header_length`` bytes plus binary tensors.
+
+    Every way a body can be wrong is an InputError naming the field (HTTP 400): the tensors are
+    checked against the body that carries them before any array is made, so no shape can ask
+    for more memory than the request brought.
+    """
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
             raise InputError(
@@ -54,8 +62,34 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
         head, rest = body[:header_length], memoryview(body)[header_length:]
     else:
         head, rest = body, memoryview(b"")
+    doc = _json_object(head)
+    params = _parameters(doc, "The request")
+    feeds: dict[str, np.ndarray] = {}
+    offset = 0
+    for item in doc["inputs"]:
+        name, array, used = _decode_tensor(item, rest, offset, len(head))
+        if name in feeds:
+            raise InputError(f"Input '{name}' is given twice in the request.")
+        feeds[name] = array
+        offset += used
+    if offset != len(rest):
+        raise InputError(
+            f"The request carries {len(rest)} bytes of binary tensor data, but its inputs' "
+            f"binary_data_size add up to {offset}."
+        )
+    binary_default = bool(params.get("binary_data_output", False))
+    outputs, binary = _requested_outputs(doc.get("outputs"), binary_default)
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InputError(f'The request\'s "id" must be a string, got {type(request_id).__name__}.')
+    return InferRequest(feeds, outputs, binary, binary_default, request_id)
+
+
+def _json_object(head: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(head)
+    except RecursionError:
+        raise InputError("The request body nests JSON too deeply to be an infer request.") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(
             f"The request body is not valid JSON ({exc}). Send an Open Inference Protocol infer "
@@ -66,66 +100,100 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
             'The request has no "inputs" list. Send {"inputs": [{"name", "shape", "datatype", '
             '"data"}]} (Open Inference Protocol).'
         )
-    feeds: dict[str, np.ndarray] = {}
-    offset = 0
-    for item in doc["inputs"]:
-        name, array, used = _decode_tensor(item, rest, offset)
-        if name in feeds:
-            raise InputError(f"Input '{name}' is given twice in the request.")
-        feeds[name] = array
-        offset += used
-    if offset != len(rest):
+    return doc
+
+
+def _parameters(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``parameters`` field: absent, or an object (the protocol's map of parameter name -> value)."""
+    params = doc.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise InputError(f'{where} has "parameters" of type {type(params).__name__}; it must be an object.')
+    return params
+
+
+def _requested_outputs(entries: Any, binary_default: bool) -> tuple[list[str] | None, set[str]]:
+    if entries is None:
+        return None, set()
+    if not isinstance(entries, list):
+        raise InputError('"outputs" must be a list of objects with a "name".')
+    outputs, binary = [], set()
+    for out in entries:
+        if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+            raise InputError('Each entry of "outputs" must be an object with a "name".')
+        outputs.append(out["name"])
+        if _parameters(out, f"Output '{out['name']}'").get("binary_data", binary_default):
+            binary.add(out["name"])
+    return outputs, binary
+
+
+def _checked_shape(name: str, shape: Any) -> tuple[list[int], int]:
+    """(shape, element count) of a tensor's ``shape`` field; the count as an exact integer."""
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_RANK
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape)
+    ):
         raise InputError(
-            f"The request carries {len(rest)} bytes of binary tensor data, but its inputs' "
-            f"binary_data_size add up to {offset}."
+            f"Input '{name}' needs \"shape\" as a list of at most {MAX_RANK} non-negative integers "
+            f"(each at most {MAX_DIM}), got {_short(shape)}."
         )
-    params = doc.get("parameters") or {}
-    binary_default = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
-    outputs = None
-    binary: set[str] = set()
-    if isinstance(doc.get("outputs"), list):
-        outputs = []
-        for out in doc["outputs"]:
-            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
-                raise InputError('Each entry of "outputs" must be an object with a "name".')
-            outputs.append(out["name"])
-            if (out.get("parameters") or {}).get("binary_data", binary_default):
-                binary.add(out["name"])
-    return InferRequest(feeds, outputs, binary, binary_default, doc.get("id"))
+    return shape, math.prod(shape)
 
 
-def _decode_tensor(item: Any, rest: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
+def _decode_tensor(item: Any, rest: memoryview, offset: int, json_bytes: int) -> tuple[str, np.ndarray, int]:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise InputError('Each entry of "inputs" must be an object with "name", "shape", "datatype" and "data".')
     name = item["name"]
     datatype = item.get("datatype")
-    shape = item.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise InputError(f"Input '{name}' needs \"shape\" as a list of non-negative integers, got {shape!r}.")
+    shape, count = _checked_shape(name, item.get("shape"))
     if datatype not in NUMPY_OF:
         raise InputError(
-            f"Input '{name}' has datatype {datatype!r}, which this server does not decode; it takes "
+            f"Input '{name}' has datatype {_short(datatype)}, which this server does not decode; it takes "
             f"{', '.join(NUMPY_OF)}."
         )
     dtype = NUMPY_OF[datatype]
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    size = (item.get("parameters") or {}).get("binary_data_size")
+    size = _parameters(item, f"Input '{name}'").get("binary_data_size")
     if size is not None:
-        if not isinstance(size, int) or size != count * dtype.itemsize or offset + size > len(rest):
+        needed = count * dtype.itemsize
+        if not isinstance(size, int) or isinstance(size, bool) or size != needed or offset + size > len(rest):
             raise InputError(
-                f"Input '{name}' declares binary_data_size {size!r}; shape {shape} of {datatype} needs "
-                f"{count * dtype.itemsize} bytes and {len(rest) - offset} remain in the body."
+                f"Input '{name}' declares binary_data_size {_short(size)}; shape {shape} of {datatype} needs "
+                f"{needed} bytes and {len(rest) - offset} remain in the body."
             )
-        return name, np.frombuffer(rest[offset : offset + size], dtype=dtype).reshape(shape).copy(), size
+        return name, np.frombuffer(rest[offset : offset + size], dtype=dtype).reshape(shape), size
     if "data" not in item:
         raise InputError(f"Input '{name}' has neither \"data\" nor a binary_data_size parameter.")
+    if count > json_bytes:  # every JSON value takes at least one byte: such a shape cannot be in this body
+        raise InputError(
+            f"Input '{name}' has shape {shape} ({count} values), more than a JSON body of {json_bytes} bytes can hold."
+        )
+    return name, _json_array(name, item["data"], datatype, dtype, shape).reshape(shape), 0
+
+
+def _json_array(name: str, data: Any, datatype: str, dtype: np.dtype, shape: list[int]) -> np.ndarray:
+    """``data`` as ``dtype``, refusing what would change a value: text for numbers, fractions for integers."""
     try:
-        array = np.asarray(item["data"], dtype=dtype)
+        array = np.asarray(data)
+        if array.dtype.kind in "USO" and dtype.kind != "O":
+            raise TypeError("it holds text or mixed values")
+        if dtype.kind in "iub" and array.dtype.kind == "f":
+            fractional = array[array != np.floor(array)] if array.size else array
+            if fractional.size:
+                raise TypeError(f"{datatype} takes integers, and it holds {fractional.reshape(-1)[0].item()!r}")
+        converted = array.astype(dtype) if dtype.kind not in "iu" else np.asarray(data, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"Input '{name}' data cannot be read as {datatype} ({exc}).") from None
-    if array.size != count:
-        raise InputError(f"Input '{name}' has {array.size} values, but shape {shape} needs {count}.")
-    return name, array.reshape(shape), 0
+    if converted.size != math.prod(shape):
+        raise InputError(f"Input '{name}' has {converted.size} values, but shape {shape} needs {math.prod(shape)}.")
+    return converted
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: messages quote what the client sent, not all of it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def encode_response(

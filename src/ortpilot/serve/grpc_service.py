@@ -1,0 +1,210 @@
+"""KServe v2 over gRPC (``inference.GRPCInferenceService``): the servicer Ray Serve registers, and
+protobuf messages <-> numpy with the same checks as the REST codec.
+
+The messages are tritonclient's generated ones, so ``tritonclient.grpc`` works unchanged.
+Ray Serve's gRPC support calls the deployment's method named like the RPC with the request
+message and sends back the message it returns; ``grpc_context`` sets the status code.
+Tensor data comes as ``raw_input_contents`` (one little-endian buffer per input, decoded with
+``np.frombuffer``, no copy) or as the typed ``contents`` lists; outputs go back raw.
+
+Importing this module (Ray does, in the proxy through ``proxy_callback``, and every replica and
+the server-wide application do) applies two process-local fixes: tritonclient's messages name
+their module ``grpc_service_pb2``, which Ray's classic proxy must resolve to pickle them, and Ray
+binds every Serve gRPC server on all interfaces (``[::]:PORT``: the KServe servers and the one
+between deployments), which a loopback server moves onto 127.0.0.1 (``ORTPILOT_GRPC_LOOPBACK=1``
+in the controller's environment). These patch two private Ray functions, by name; the serve tests
+check every port a server opens.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ortpilot.errors import InputError
+from ortpilot.serve.tensors import DATATYPE_OF, MAX_DIM, MAX_RANK, NUMPY_OF
+
+SERVICER = "ortpilot.serve.grpc_service.add_servicer"
+PROXY_CALLBACK = "ortpilot.serve.grpc_service:proxy_callback"
+LOOPBACK_ENV = "ORTPILOT_GRPC_LOOPBACK"
+# The typed field of InferTensorContents each datatype travels in (FP16/BF16 only travel raw).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+def messages() -> Any:
+    """tritonclient's generated KServe v2 messages (``service_pb2``)."""
+    from tritonclient.grpc import service_pb2
+
+    return service_pb2
+
+
+def _install() -> None:
+    pb = messages()
+    sys.modules.setdefault("grpc_service_pb2", pb)
+    if os.environ.get(LOOPBACK_ENV) != "1":
+        return
+    try:
+        import ray.serve._private.default_impl as impl
+        import ray.serve._private.replica as replica
+    except ImportError:
+        return
+    impl.add_grpc_address = _on_loopback(impl.add_grpc_address)  # the proxies' and replicas' KServe servers
+    replica.add_port_to_grpc_server = _on_loopback(replica.add_port_to_grpc_server)  # between deployments
+
+
+def _on_loopback(bind: Any) -> Any:
+    """``bind(server, address)`` with Ray's all-interface ``[::]:PORT`` turned into ``127.0.0.1:PORT``."""
+    if getattr(bind, "_ortpilot_loopback", False):
+        return bind
+
+    def on_loopback(server: Any, address: str) -> Any:
+        if address.startswith("[::]:"):
+            address = "127.0.0.1:" + address[len("[::]:") :]
+        return bind(server, address)
+
+    on_loopback._ortpilot_loopback = True  # type: ignore[attr-defined]
+    return on_loopback
+
+
+def add_servicer(servicer: Any, server: Any) -> None:
+    """What ``grpc_options.grpc_servicer_functions`` names: registers the KServe v2 service."""
+    from tritonclient.grpc import service_pb2_grpc
+
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+
+
+def proxy_callback() -> list:
+    """``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``: imported in the proxy before its gRPC server binds
+    (so the fixes above apply there); adds no HTTP middleware."""
+    return []
+
+
+def decode_infer(request: Any, max_bytes: int) -> tuple[dict[str, np.ndarray], list[str] | None]:
+    """(feeds, the outputs asked for) of a ModelInferRequest; an InputError names what is wrong."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InputError(
+            f"The request has {len(request.inputs)} inputs but {len(raw)} raw_input_contents: send one "
+            "buffer per input, in order, or the typed contents."
+        )
+    feeds: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(request.inputs):
+        name = tensor.name
+        if name in feeds:
+            raise InputError(f"Input '{name}' is given twice in the request.")
+        shape = list(tensor.shape)
+        if len(shape) > MAX_RANK or not all(0 <= d <= MAX_DIM for d in shape):
+            raise InputError(f"Input '{name}' needs a shape of at most {MAX_RANK} non-negative dims, got {shape}.")
+        if tensor.datatype not in NUMPY_OF:
+            raise InputError(
+                f"Input '{name}' has datatype {tensor.datatype!r}, which this server does not decode; it takes "
+                f"{', '.join(NUMPY_OF)}."
+            )
+        dtype = NUMPY_OF[tensor.datatype]
+        needed = math.prod(shape) * dtype.itemsize
+        if needed > max_bytes:
+            raise InputError(f"Input '{name}' has shape {shape}: {needed} bytes, over the limit of {max_bytes}.")
+        feeds[name] = _tensor(name, tensor, raw[i] if raw else None, dtype, shape, needed)
+    outputs = [o.name for o in request.outputs] or None
+    return feeds, outputs
+
+
+def _tensor(name: str, tensor: Any, raw: bytes | None, dtype: np.dtype, shape: list[int], needed: int) -> np.ndarray:
+    if raw is not None:
+        if len(raw) != needed:
+            raise InputError(
+                f"Input '{name}' carries {len(raw)} raw bytes; shape {shape} of {tensor.datatype} needs {needed}."
+            )
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    field_name = CONTENTS_FIELD.get(tensor.datatype)
+    if field_name is None:
+        raise InputError(f"Input '{name}' is {tensor.datatype}: send it as raw_input_contents.")
+    values = getattr(tensor.contents, field_name)
+    if len(values) != math.prod(shape):
+        raise InputError(f"Input '{name}' has {len(values)} values, but shape {shape} needs {math.prod(shape)}.")
+    try:
+        return np.asarray(values, dtype=dtype).reshape(shape)
+    except (OverflowError, ValueError) as exc:
+        raise InputError(f"Input '{name}' data cannot be read as {tensor.datatype} ({exc}).") from None
+
+
+def encode_infer(model: str, outputs: Mapping[str, np.ndarray], request_id: str = "") -> Any:
+    """The ModelInferResponse: every output raw (as tritonclient reads them), in the model's order."""
+    pb = messages()
+    response = pb.ModelInferResponse(model_name=model, model_version="1", id=request_id)
+    for name, value in outputs.items():
+        value = np.ascontiguousarray(value)
+        response.outputs.add(name=name, datatype=DATATYPE_OF.get(value.dtype, str(value.dtype)), shape=value.shape)
+        response.raw_output_contents.append(value.tobytes())
+    return response
+
+
+def model_metadata(name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> Any:
+    pb = messages()
+    tensor = pb.ModelMetadataResponse.TensorMetadata
+    return pb.ModelMetadataResponse(
+        name=name,
+        versions=["1"],
+        platform="onnxruntime_onnx",
+        inputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in inputs],
+        outputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in outputs],
+    )
+
+
+# The gRPC status of each HTTP status a handler chose (KServe's mapping, as Triton answers).
+STATUS_OF_HTTP = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    413: "RESOURCE_EXHAUSTED",
+    429: "RESOURCE_EXHAUSTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def set_status(context: Any, http_status: int, message: str) -> None:
+    """Set ``context``'s gRPC status from the HTTP status a handler chose (INTERNAL for other 5xx)."""
+    import grpc
+
+    if context is None or http_status == 200:
+        return
+    code = STATUS_OF_HTTP.get(http_status, "INTERNAL" if http_status >= 500 else "UNKNOWN")
+    context.set_code(getattr(grpc.StatusCode, code))
+    context.set_details(message.splitlines()[0][:1000] if message else code)
+
+
+_install()
+
+__all__ = [
+    "CONTENTS_FIELD",
+    "LOOPBACK_ENV",
+    "PROXY_CALLBACK",
+    "SERVICER",
+    "add_servicer",
+    "decode_infer",
+    "encode_infer",
+    "messages",
+    "model_metadata",
+    "proxy_callback",
+    "set_status",
+]

@@ -1,0 +1,141 @@
+"""The server-wide application (route prefix ``/``): what no single model answers.
+
+Health (``/v2/health/*``), server metadata (``/v2``), the repository index, ``/metrics`` summed
+over every replica of every model (they report here), and an answer for every path no model
+application claims: 404 for an unknown model, 503 with Retry-After for a known model that has
+no ready replica (starting, restarting, or the server draining after SIGTERM). Over gRPC it
+answers the server-wide calls, and relays a model's calls by the model's name for clients that
+send no ``application`` header while several models are served (one more hop; a client that
+sends ``application: NAME`` goes to the model directly). One replica, no CPUs of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ortpilot.serve.http import access_line, dispatch, response
+from ortpilot.serve.metrics import ServeMetrics
+from ortpilot.serve.oip import server_routes, unclaimed
+
+SERVER_APP = "ortpilot"
+SERVER_DEPLOYMENT = "ortpilot-server"
+
+
+class ServerApp:
+    """The server-wide deployment's class (Ray Serve wraps it)."""
+
+    def __init__(self, models: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        from ortpilot.serve import grpc_service  # noqa: F401  (the gRPC fixes, in this process)
+
+        self.names = list(models)  # served model name -> its application's name
+        self.apps = dict(models)
+        self.options = dict(options)
+        self.access_log = bool(self.options.get("access_log", True))
+        self.metrics = ServeMetrics(self.names)
+        self.routes = server_routes(self)
+        self.draining = False
+        self._handles: dict[str, Any] = {}
+
+    async def __call__(self, request: Any) -> Any:
+        started = time.perf_counter()
+        path = request.url.path.rstrip("/") or "/"
+        reply = unclaimed(self, path) or await dispatch(self.routes, request, path)
+        if reply.model is not None:
+            self.metrics.observe(reply.model, reply.status, time.perf_counter() - started)
+        if self.access_log:
+            access_line(request, reply, started)
+        return response(reply)
+
+    # -- what the replicas tell it ------------------------------------------------------------------
+    def ready(self, name: str) -> bool:
+        return bool(self.metrics.replicas(name)) and not self.draining
+
+    async def report(
+        self,
+        model: str,
+        replica: str,
+        info: Mapping[str, Any] | None,
+        batches: Mapping[str, Any],
+        requests: Mapping[str, Any] | None = None,
+    ) -> None:
+        """A model replica's heartbeat: who it is, what it verified, its cumulative counts."""
+        self.metrics.report(model, replica, info, batches, requests)
+
+    async def replica_infos(self, name: str) -> list[dict[str, Any]]:
+        return [dict(r.info) for r in self.metrics.replicas(name)]
+
+    async def drain(self) -> None:
+        """SIGTERM: from now on every model path no replica claims is a 503 with Retry-After."""
+        self.draining = True
+
+    # -- gRPC (KServe v2) ---------------------------------------------------------------------------
+    async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:  # RPC methods carry KServe v2 names
+        from ortpilot.serve.grpc_service import messages
+
+        return messages().ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
+        from ortpilot.serve.grpc_service import messages
+
+        return messages().ServerReadyResponse(ready=all(self.ready(n) for n in self.names))
+
+    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
+        from ortpilot.serve.grpc_service import messages
+        from ortpilot.serve.oip import EXTENSIONS
+        from ortpilot.version import __version__
+
+        return messages().ServerMetadataResponse(name="ortpilot", version=__version__, extensions=EXTENSIONS)
+
+    async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
+        from ortpilot.serve.grpc_service import messages
+
+        return messages().ModelReadyResponse(ready=request.name in self.apps and self.ready(request.name))
+
+    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
+        from ortpilot.serve.grpc_service import messages, set_status
+
+        handle = self._model(request.name, grpc_context)
+        if handle is None:
+            return messages().ModelMetadataResponse()
+        try:
+            return await handle.ModelMetadata.remote(request)
+        except Exception:
+            set_status(grpc_context, 503, f"Model '{request.name}' has no ready replica; retry.")
+            return messages().ModelMetadataResponse()
+
+    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
+        from ortpilot.serve.grpc_service import messages, set_status
+
+        handle = self._model(request.model_name, grpc_context)
+        if handle is None:
+            return messages().ModelInferResponse()
+        try:
+            status, message, answer = await handle.infer_message.remote(request)
+        except Exception:  # the replica died or is not up: never hand Ray's error text to the client
+            set_status(grpc_context, 503, f"Model '{request.model_name}' has no ready replica; retry.")
+            return messages().ModelInferResponse()
+        set_status(grpc_context, status, message)
+        return answer
+
+    def _model(self, name: str, grpc_context: Any) -> Any:
+        """The handle of model ``name``'s application, or None with NOT_FOUND / UNAVAILABLE set."""
+        from ortpilot.serve.grpc_service import set_status
+
+        if name not in self.apps:
+            set_status(
+                grpc_context, 404, f"Unknown model '{name}'. This server serves: {', '.join(sorted(self.names))}."
+            )
+            return None
+        if self.draining:
+            set_status(grpc_context, 503, f"Model '{name}' has no ready replica (the server is draining); retry.")
+            return None
+        if name not in self._handles:
+            from ray import serve
+
+            self._handles[name] = serve.get_app_handle(self.apps[name])
+        return self._handles[name]
+
+
+__all__ = ["SERVER_APP", "SERVER_DEPLOYMENT", "ServerApp"]
