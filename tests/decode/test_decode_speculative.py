@@ -60,7 +60,7 @@ def test_generate_with_speculation_equals_plain_decoding(gen: Generator, grounde
         accepted += spec.speculation["accepted"]
         assert spec.speculation["emitted"] <= 29
     assert accepted > 10  # the verify path really ran and kept drafted tokens
-    assert gen._tie_margin is not None and 0 <= gen._tie_margin < 1e-3
+    assert 0 <= spec.speculation["tie_margin"] < 1e-3 and spec.speculation["withheld"] is None
 
 
 def test_calibrated_distance_is_small_on_fp32_and_stays_off_the_request_slots(gen: Generator) -> None:
@@ -115,6 +115,19 @@ def test_auto_pauses_a_stream_whose_drafts_do_not_pay() -> None:
     for produced in range(PROBE_RUNS):  # three tokens per run at 1.5 steps' cost: it pays
         spec.record_verify(good, 5, 4, [3, 1, 2], [3, 1, 9, 9], 0.015, produced, 1)
     assert good.paused_until == 0 and spec.cost_ratio(5) == pytest.approx(1.5, rel=0.5)
+
+
+def test_auto_withholds_speculation_where_verify_runs_round_like_another_format() -> None:
+    auto, on = Speculator("auto", 4), Speculator("on", 4)
+    for spec in (auto, on):
+        spec.measured(0.5)  # SmolLM2 int4 on AVX2 measured about 1
+        spec.record_step(1, 0.01)
+    assert not auto.enabled and "would change later tokens" in auto.withheld
+    assert auto.draft(StreamSpeculation(), [1, 2, 3, 1, 2], 1, 4, 1) == []
+    assert on.enabled and on.margin == pytest.approx(2.0) and on.draft(StreamSpeculation(), [1, 2, 3, 1, 2], 1, 4, 1)
+    fine = Speculator("auto", 4)
+    fine.measured(4e-5)  # SmolLM2 fp32
+    assert fine.enabled and fine.to_dict()["distance"] == 4e-5
 
 
 def test_speculation_lengths_that_cannot_run_are_refused(gen: Generator) -> None:

@@ -30,7 +30,7 @@ from ortpilot.decode.loops import DecodeLoop, make_loop
 from ortpilot.decode.options import DEFAULT_DRAFT_TOKENS, EngineOptions
 from ortpilot.decode.sampling import Sampler, SamplingConfig
 from ortpilot.decode.signature import DecoderSignature, detect_signature
-from ortpilot.decode.speculative import TIE_FACTOR, Speculator, calibrate, run_single
+from ortpilot.decode.speculative import Speculator, calibrate, run_single
 from ortpilot.errors import UsageError
 from ortpilot.session import SessionSettings, VerifiedSession, load
 
@@ -85,7 +85,7 @@ class Generator:
             else load(model, providers, policy, settings=settings or SessionSettings(), placement=False)
         )
         self.signature: DecoderSignature = detect_signature(self.vsession.model, mapping)
-        self._tie_margin: float | None = None  # speculation's near-tie margin, measured once per session
+        self._verify_distance: float | None = None  # speculation's verify/step distance, measured once per session
 
     def choose_loop(self, loop: str = "auto", *, padded: bool = False) -> tuple[str, str]:
         """(loop name, why) for a request; refuses what the model cannot do."""
@@ -207,9 +207,10 @@ class Generator:
         """Greedy batch-1 decoding on a one-slot batched loop, verifying prompt-lookup drafts."""
         session = self.vsession.session
         loop = BatchedLoop(session, self.signature, 1, max_length)
-        if self._tie_margin is None:
-            self._tie_margin = TIE_FACTOR * calibrate(session, self.signature, draft_tokens)
-        speculator = Speculator(mode, draft_tokens, self._tie_margin)
+        if self._verify_distance is None:
+            self._verify_distance = calibrate(session, self.signature, draft_tokens)
+        speculator = Speculator(mode, draft_tokens)
+        speculator.measured(self._verify_distance)
         on_token = None if stream is None else (lambda t: stream(np.array([t], dtype=np.int64)))
         run = run_single(loop, prompt, max_new_tokens, stop, speculator, on_token)
         ms = [t * 1e3 for t in run.token_s]
@@ -218,7 +219,8 @@ class Generator:
             tokens=[run.tokens],
             prompt_length=len(prompt),
             loop="shared",
-            loop_reason=f"{reason}; prompt-lookup speculation {mode} (up to {draft_tokens} drafted tokens per run)",
+            loop_reason=f"{reason}; prompt-lookup speculation {mode} (up to {draft_tokens} drafted tokens per run"
+            + (f"; withheld: {speculator.withheld})" if speculator.withheld else ")"),
             stop_reason=run.stop_reason,
             prefill_s=run.prefill_s,
             prefill_tokens_per_s=len(prompt) / run.prefill_s if run.prefill_s else 0.0,
@@ -233,7 +235,7 @@ class Generator:
             peak_rss_bytes=_peak_rss(),
             sampling=sampler.config.to_dict(),
             notes=notes,
-            speculation={**run.speculation, "tie_margin": self._tie_margin},
+            speculation=run.speculation,
         )
 
     def _prompt(

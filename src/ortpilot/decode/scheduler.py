@@ -43,7 +43,7 @@ from ortpilot.decode.options import EngineOptions
 from ortpilot.decode.prefix_cache import PrefixCache, PrefixMatch
 from ortpilot.decode.sampling import Sampler, SamplingConfig
 from ortpilot.decode.signature import DecoderSignature
-from ortpilot.decode.speculative import TIE_FACTOR, Speculator, StreamSpeculation, accept, calibrate
+from ortpilot.decode.speculative import Speculator, StreamSpeculation, accept, calibrate
 from ortpilot.decode.stats import EngineStats
 from ortpilot.errors import OrtpilotError, QueueFullError, UsageError
 from ortpilot.session import SessionSettings, VerifiedSession
@@ -251,7 +251,7 @@ class Scheduler:
         self.speculator = Speculator(options.speculation, options.draft_tokens)
         if self.speculator.enabled:  # how far a verify run rounds from one-token steps, per format (the worst)
             distance = max(calibrate(lp.session, lp.sig, options.draft_tokens) for lp in self.formats.loops.values())
-            self.speculator.margin = TIE_FACTOR * distance
+            self.speculator.measured(distance)
         self.engine = EngineStats()
         self.max_streams = max_streams
         self.max_queue = max_queue
@@ -541,12 +541,7 @@ class Scheduler:
             "rows_decoded": self.rows_decoded,
             "formats": {"plan": self.formats.plan.to_dict(), "per_format": self.formats.counters()},
             "prefix_cache": self.cache.stats() if self.cache is not None else None,
-            "speculation": {
-                "mode": self.speculator.mode,
-                "draft_tokens": self.speculator.draft_tokens,
-                "tie_margin": self.speculator.margin,
-                **self.speculator.counters.to_dict(),
-            },
+            "speculation": self.speculator.to_dict(),
         }
 
     def stats(self) -> dict[str, Any]:

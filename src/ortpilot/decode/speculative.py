@@ -24,7 +24,9 @@ tests and the benchmark count such answers (docs/concepts/decode-engine.md).
 On by default only where it pays (``auto``): each stream's emitted tokens per verify run are
 compared with the measured cost of a verify run against a one-token step; a stream whose drafts
 do not pay stops speculating for a while (doubling) and tries again. Only greedy streams
-speculate.
+speculate. Where the measured distance is above ``MAX_DISTANCE`` (SmolLM2-135M int4 on an AVX2
+CPU: 1.1), the rows a verify run writes change later tokens (measured: 6 of 8 answers), so
+``auto`` does not speculate at all there; ``on`` still does, at that price.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from ortpilot.decode.signature import DecoderSignature
 MAX_NGRAM = 3  # the longest suffix looked up
 MIN_NGRAM = 2  # a lone repeated token is too weak a clue (it drafts noise on open-ended text)
 TIE_FACTOR = 4.0  # accept a verified token only if its margin is this many times the measured verify/step distance
+# Above this verify/step distance a verify run rounds like another weight format, not like a one-row kernel
+# (fp32: 2e-6 to 4e-5, measured; AVX2 int4: ~1), and the rows it writes move later tokens: auto stays off.
+MAX_DISTANCE = 1e-2
 PROBE_RUNS = 3  # verify runs before auto judges a stream's drafts
 BACKOFF_TOKENS = 16  # tokens a stream decodes plainly after its drafts did not pay (doubling, up to MAX_BACKOFF)
 MAX_BACKOFF = 256
@@ -146,14 +151,37 @@ class Speculator:
 
     mode: str = "auto"
     draft_tokens: int = 4
-    margin: float | None = None  # from :func:`calibrate`; None until measured
+    margin: float | None = None  # TIE_FACTOR x the distance :func:`calibrate` measured; None until measured
+    distance: float | None = None
+    withheld: str | None = None  # why auto does not speculate on this session at all
     counters: SpeculationCounters = field(default_factory=SpeculationCounters)
     _step_s: dict[int, float] = field(default_factory=dict)  # EWMA of a plain decode step, by rows
     _verify_s: dict[int, float] = field(default_factory=dict)  # EWMA of a verify run, by tokens
 
     @property
     def enabled(self) -> bool:
-        return self.mode != "off"
+        return self.mode != "off" and self.withheld is None
+
+    def measured(self, distance: float) -> None:
+        """Take the verify/step distance :func:`calibrate` measured: the near-tie margin, and in
+        ``auto`` no speculation at all where verify runs round like another weight format."""
+        self.distance = distance
+        self.margin = TIE_FACTOR * distance
+        if self.mode == "auto" and distance > MAX_DISTANCE:
+            self.withheld = (
+                f"a verify run's logits are {distance:.3g} from one-token steps (more than {MAX_DISTANCE}): "
+                "the rows it writes would change later tokens"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "draft_tokens": self.draft_tokens,
+            "distance": self.distance,
+            "tie_margin": self.margin,
+            "withheld": self.withheld,
+            **self.counters.to_dict(),
+        }
 
     def draft(
         self, state: StreamSpeculation, sequence: Sequence[int], produced: int, limit: int, rows: int
@@ -233,6 +261,9 @@ class SingleRun:
     speculation: dict[str, Any]
 
 
+KEPT = ("mode", "draft_tokens", "distance", "tie_margin", "withheld")
+
+
 def run_single(
     loop: BatchedLoop,
     prompt: Sequence[int],
@@ -241,7 +272,8 @@ def run_single(
     speculator: Speculator,
     on_token: Callable[[int], None] | None = None,
 ) -> SingleRun:
-    """Greedy decoding of one prompt on slot 0 of ``loop``, verifying prompt-lookup drafts where they pay."""
+    """Greedy decoding of one prompt on slot 0 of ``loop``, verifying prompt-lookup drafts where they pay
+    (``speculator`` has :meth:`Speculator.measured` the session's distance)."""
     state = StreamSpeculation()
     start = time.perf_counter()
     logits = loop.prefill(0, prompt)
@@ -273,11 +305,8 @@ def run_single(
         draft = speculator.draft(state, [*prompt, *out], len(out), limit, 1)
         t0 = time.perf_counter()
         if draft:
-            if speculator.margin is None:
-                speculator.margin = TIE_FACTOR * calibrate(loop.session, loop.sig, speculator.draft_tokens)
-                t0 = time.perf_counter()
             verified = np.asarray(loop.run(0, [out[-1], *draft], held))
-            pending = accept(verified, draft, speculator.margin)
+            pending = accept(verified, draft, speculator.margin or 0.0)
             loop.truncate(0, held + len(pending))
             seconds = time.perf_counter() - t0
             speculator.record_verify(state, len(draft) + 1, len(draft), pending, draft, seconds, len(out), 1)
@@ -290,7 +319,7 @@ def run_single(
         speculator.record_step(1, seconds)
         token_s.append(seconds)
     loop.release(0)
-    doc = {"mode": speculator.mode, "draft_tokens": speculator.draft_tokens, **asdict(state)}
+    doc = {**{k: v for k, v in speculator.to_dict().items() if k in KEPT}, **asdict(state)}
     return SingleRun(out, prefill_s, prefill_bytes, token_s, reason, doc)
 
 
