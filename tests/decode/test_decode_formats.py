@@ -52,6 +52,8 @@ def test_two_formats_are_measured_gated_and_counted(gen: Generator) -> None:
         assert all(ms > 0 for per in plan.timings_ms[kind].values() for ms in per.values())
     assert scheduler.formats.gate[INT8]["passed"] and scheduler.formats.gate[INT8]["top1_agreement"] >= 0.9
     assert int(scheduler.loop.lengths.sum()) == 0  # the measurement leaves the slots empty
+    assert scheduler.formats.generators["base"] is gen  # the base session itself, not a second copy
+    assert scheduler.formats.generators[INT8].vsession.settings == gen.vsession.settings
     streams = [scheduler.submit(p, NEW) for p in PROMPTS]
     scheduler.run_until_idle()
     assert all(len(s.tokens) == NEW for s in streams)

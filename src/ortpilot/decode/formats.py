@@ -12,6 +12,15 @@ tokens. The plan comes from a measurement (:func:`measure_formats`, at load, for
 for a few rounds), never from a constant, and it is plain data: ``to_dict`` / ``from_dict`` keep
 it for the next start.
 
+Every format's session has the base session's settings, spinning threads included. Measured on
+2 cores (SmolLM2-135M, 8-row int4 step): 19.2 ms with ORT's spinning idle threads, 23.6 ms
+without; but 37.7 ms right after another session's run while its threads still spin (19.8 ms
+without spinning). A plan usually keeps every decode step on one format and switches at a
+prefill, so the switch costs about a step per prefill, and spinning stays as configured
+(``session.intra_op.allow_spinning`` 0 in the settings turns it off for all of them). The
+measurement runs one untimed step of a format before timing it, so that the switch is not
+charged to its first row count.
+
 Every format but ``base`` passes the generation gate against ``base`` first (the decode probe of
 decode/gate.py), and formats that disagree on the vocabulary or the cache layout are refused:
 they could not share a buffer. Greedy identity with several formats: each token is the argmax
@@ -161,6 +170,7 @@ def measure_formats(
         for rnd in range(rounds):
             order = names[rnd % len(names) :] + names[: rnd % len(names)]
             for name in order:
+                step(loops[name], rows[0])  # untimed: the previous format's threads may still spin
                 for r in rows:
                     decode_ms[name][r].append(step(loops[name], r) * 1e3)
                 for t in prefill:
