@@ -38,6 +38,19 @@ def test_fuse_uses_the_shared_loop_with_the_same_tokens() -> None:
     assert "GroupQueryAttention" in doc["notes"][0]
 
 
+def test_speculation_flags_keep_the_tokens_and_report_the_runs() -> None:
+    if importlib.util.find_spec("onnxscript") is None:
+        pytest.skip("onnxscript is not installed")
+    args = ["--prompt-ids", "5,6,7,5,6", "--max-new-tokens", "12", "--json", "--fuse"]
+    off = json.loads(_run(*args, "--speculation", "off").stdout)
+    on = _run(*args, "--speculation", "on", "--draft-tokens", "3")
+    assert on.exit_code == 0, on.output
+    doc = json.loads(on.stdout)
+    assert doc["tokens"] == off["tokens"] and off["speculation"] == {}
+    assert doc["speculation"]["mode"] == "on" and doc["speculation"]["draft_tokens"] == 3
+    assert "prompt-lookup speculation on" in doc["loop_reason"]
+
+
 def test_fuse_with_max_positions_limits_the_fused_model() -> None:
     if importlib.util.find_spec("onnxscript") is None:
         pytest.skip("onnxscript is not installed")
@@ -70,6 +83,8 @@ def test_fuse_with_max_positions_limits_the_fused_model() -> None:
         (["--prompt-ids", ",".join(["1"] * 2048)], "at most 2048 positions"),
         (["--prompt-ids", "1", "--loop", "shared"], "needs GroupQueryAttention"),
         (["--prompt-ids", "1", "--top-p", "0"], "top_p must be in"),
+        (["--prompt-ids", "1", "--draft-tokens", "0"], "draft_tokens (the speculation length) must be at least 1"),
+        (["--prompt-ids", "1", "--draft-tokens", "2047"], "does not fit the model's positions of 2048"),
     ],
 )
 def test_bad_input_exits_2(args: list[str], message: str) -> None:

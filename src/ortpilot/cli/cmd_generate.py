@@ -70,6 +70,20 @@ def _prompt_ids(text: str) -> list[int]:
     help="With --fuse: positions the constant rotary tables cover, the fused model's length limit "
     "(default: the export's recorded context length, else 8192; 0 keeps the tables computed per step).",
 )
+@click.option(
+    "--speculation",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="Prompt-lookup speculative decoding for a greedy request on the shared loop: auto (where its drafts pay), on, off.",
+)
+@click.option(
+    "--draft-tokens",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Tokens a speculative draft proposes per verify run (at least 1).",
+)
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 = no cut.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1.0 = no cut.")
@@ -105,6 +119,8 @@ def command(
     loop: str,
     fuse_attention: bool,
     max_positions: int | None,
+    speculation: str,
+    draft_tokens: int,
     temperature: float,
     top_k: int,
     top_p: float,
@@ -156,7 +172,15 @@ def command(
     )
     stream = None if as_json else _streamer(tok)
     result = gen.generate(
-        ids, max_new_tokens, loop, sampling=sampling, stop_tokens=stops, stream=stream, max_length=max_length
+        ids,
+        max_new_tokens,
+        loop,
+        sampling=sampling,
+        stop_tokens=stops,
+        stream=stream,
+        max_length=max_length,
+        speculation=speculation,
+        draft_tokens=draft_tokens,
     )
     doc = {"model": model, **result.to_dict(), "signature": gen.signature.to_dict()}
     doc["notes"] = notes + doc["notes"]
@@ -202,5 +226,12 @@ def _summary(r: Any) -> None:
         + "[/]",
         highlight=False,
     )
+    spec = r.speculation
+    if spec.get("runs"):
+        stderr.print(
+            f"[dim]speculation: {spec['runs']} verify runs, {spec['accepted']} of {spec['drafted']} drafted tokens "
+            f"accepted, {spec['emitted']} tokens from them[/]",
+            highlight=False,
+        )
     for note in r.notes:
         stderr.print(f"[yellow]note:[/] {escape(note)}", highlight=False)

@@ -2,12 +2,15 @@
 
 ``generate(model, prompt_ids, ...)`` picks the fastest loop the model supports; ``Generator``
 keeps one session for repeated calls; ``Scheduler`` serves many requests at once on one
-batched shared buffer (continuous batching); ``detect_signature`` says which input is what.
+batched shared buffer (continuous batching), with the ``EngineOptions`` of its weight formats per
+step, prefix cache and prompt-lookup speculation; ``detect_signature`` says which input is what.
 """
 
 from ortpilot.decode.batched import BatchedLoop
+from ortpilot.decode.formats import FormatPlan
 from ortpilot.decode.generate import LOOP_CHOICES, GenerationResult, Generator, generate
 from ortpilot.decode.loops import LOOPS, Traffic
+from ortpilot.decode.options import EngineOptions
 from ortpilot.decode.sampling import Sampler, SamplingConfig
 from ortpilot.decode.scheduler import Scheduler, Stream, StreamMetrics
 from ortpilot.decode.signature import CacheEntry, DecoderSignature, detect_signature
@@ -18,6 +21,8 @@ __all__ = [
     "BatchedLoop",
     "CacheEntry",
     "DecoderSignature",
+    "EngineOptions",
+    "FormatPlan",
     "GenerationResult",
     "Generator",
     "Sampler",

@@ -36,7 +36,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ortpilot.decode.loops import Traffic, cast_feed, logits_dtype
-from ortpilot.decode.signature import DecoderSignature
+from ortpilot.decode.signature import CacheEntry, DecoderSignature
 from ortpilot.errors import UsageError
 
 
@@ -80,6 +80,18 @@ def check_batchable(sig: DecoderSignature) -> None:
             f"The model reads '{sig.cache_position}', one cache position for the whole batch, so "
             "rows of different lengths cannot share a run; serve it one stream at a time."
         )
+
+
+def kv_layout(sig: DecoderSignature) -> tuple[tuple[object, ...], ...]:
+    """What must agree for two sessions to share one KV buffer: every pair's dims, axes and dtype."""
+    return tuple((c.dims, c.seq_axis, c.batch_axis, str(c.dtype)) for c in sig.cache)
+
+
+def _rows(array: np.ndarray, entry: CacheEntry, slot: int, start: int, stop: int) -> np.ndarray:
+    """A view of ``slot``'s rows ``start .. stop`` along the pair's sequence axis (batch axis first)."""
+    index: list[object] = [slice(None)] * (array.ndim - 1)
+    index[entry.seq_axis - 1] = slice(start, stop)
+    return array[slot][tuple(index)]
 
 
 class _StepBinding:
@@ -135,7 +147,15 @@ class BatchedLoop:
 
     name = "batched"
 
-    def __init__(self, session: ort.InferenceSession, signature: DecoderSignature, slots: int, max_length: int) -> None:
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        signature: DecoderSignature,
+        slots: int,
+        max_length: int,
+        *,
+        share: BatchedLoop | None = None,
+    ) -> None:
         sig = signature
         check_batchable(sig)
         if slots < 1 or max_length < 2:
@@ -149,8 +169,15 @@ class BatchedLoop:
         self.max_length = max_length
         self.logits_dtype = logits_dtype(session, sig)
         self.traffic = Traffic()
-        self.lengths = np.zeros(slots, dtype=np.int64)
-        self._arrays = [np.zeros(c.shape(slots, max_length), dtype=c.dtype) for c in sig.cache]
+        if share is not None:
+            # Another weight format of the same decoder: its runs read and write the very same cache
+            # rows and lengths (decode/formats.py checks that the layouts agree before it gets here).
+            if kv_layout(share.sig) != kv_layout(sig) or (share.slots, share.max_length) != (slots, max_length):
+                raise ValueError("a loop can share the KV buffer only of a loop with the same cache layout")
+            self.lengths, self._arrays = share.lengths, share._arrays
+        else:
+            self.lengths = np.zeros(slots, dtype=np.int64)
+            self._arrays = [np.zeros(c.shape(slots, max_length), dtype=c.dtype) for c in sig.cache]
         self._steps: dict[int, _StepBinding] = {}
         self._prefills: dict[int, ort.IOBinding] = {}
 
@@ -168,6 +195,13 @@ class BatchedLoop:
 
     def prefill(self, slot: int, ids: Sequence[int] | np.ndarray, start: int = 0) -> np.ndarray:
         """Run ``ids`` into ``slot`` after its first ``start`` tokens; last-position logits [vocab]."""
+        return self.run(slot, ids, start)[-1]
+
+    def run(self, slot: int, ids: Sequence[int] | np.ndarray, start: int = 0) -> np.ndarray:
+        """Run ``ids`` into ``slot`` after its first ``start`` tokens; logits of every position [seq, vocab].
+
+        A prefill reads the last row; a speculative verify run reads them all (decode/speculative.py).
+        """
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         if not 0 <= slot < self.slots or start != self.lengths[slot]:
             raise ValueError(
@@ -188,7 +222,7 @@ class BatchedLoop:
         logits = io.get_outputs()[0].numpy()
         self.traffic.add(logits.nbytes)
         self.lengths[slot] = start + ids.shape[1]
-        return logits[0, -1, :]
+        return logits[0]
 
     def step(self, tokens: Mapping[int, int]) -> np.ndarray:
         """One token for each slot in ``tokens``; logits [rows, vocab], row = slot.
@@ -215,6 +249,27 @@ class BatchedLoop:
     def release(self, slot: int) -> None:
         """The slot is free again; its stale cache is never read (GQA reads a row's own length)."""
         self.lengths[slot] = 0
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Keep the first ``length`` tokens of ``slot``: rows past them are stale and never read again."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"slot {slot} holds {self.lengths[slot]} tokens; cannot keep {length}")
+        self.lengths[slot] = length
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of cache one token of one slot takes, over every past/present pair."""
+        return int(sum(a[0].nbytes // self.max_length for a in self._arrays))
+
+    def copy_rows(self, slot: int, start: int, stop: int) -> list[np.ndarray]:
+        """Copies of ``slot``'s cache rows ``start .. stop`` (one array per pair, the sequence axis cut)."""
+        return [np.array(_rows(array, entry, slot, start, stop)) for entry, array in zip(self.sig.cache, self._arrays)]
+
+    def write_rows(self, slot: int, start: int, rows: Sequence[np.ndarray]) -> None:
+        """Put ``rows`` (from :meth:`copy_rows`) into ``slot`` at ``start``; the caller sets the length."""
+        for entry, array, block in zip(self.sig.cache, self._arrays, rows):
+            stop = start + block.shape[entry.seq_axis - 1]
+            _rows(array, entry, slot, start, stop)[...] = block
 
     def _feeds(self, ids: np.ndarray, past: np.ndarray) -> dict[str, np.ndarray]:
         """ids [rows, seq] after ``past[row]`` cached tokens: positions, a right-padded mask, GQA lengths."""

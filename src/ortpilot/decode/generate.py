@@ -5,6 +5,11 @@ every cache pair, else IOBinding, else full recompute for a model without a cach
 caller forces one. The result carries what a performance engineer asks first: prefill and
 decode tokens/s, per-token p50/p99, bytes crossing between numpy and ORT per token (the KV part
 separately), and the process's peak memory.
+
+A greedy batch-1 request on the shared-buffer loop also verifies prompt-lookup drafts where they
+pay (``speculation="auto"``, decode/speculative.py): it runs on a one-slot batched loop, the
+same buffer layout and arithmetic as the shared loop, so with speculation off or idle its tokens
+are the shared loop's.
 """
 
 from __future__ import annotations
@@ -20,9 +25,12 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ortpilot.decode.batched import BatchedLoop, check_batchable
 from ortpilot.decode.loops import DecodeLoop, make_loop
+from ortpilot.decode.options import DEFAULT_DRAFT_TOKENS, EngineOptions
 from ortpilot.decode.sampling import Sampler, SamplingConfig
 from ortpilot.decode.signature import DecoderSignature, detect_signature
+from ortpilot.decode.speculative import Speculator, calibrate, run_single
 from ortpilot.errors import UsageError
 from ortpilot.session import SessionSettings, VerifiedSession, load
 
@@ -53,6 +61,7 @@ class GenerationResult:
     peak_rss_bytes: int
     sampling: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    speculation: dict[str, Any] = field(default_factory=dict)  # prompt lookup: runs, drafted, accepted (empty: none)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +85,7 @@ class Generator:
             else load(model, providers, policy, settings=settings or SessionSettings(), placement=False)
         )
         self.signature: DecoderSignature = detect_signature(self.vsession.model, mapping)
+        self._verify_distance: float | None = None  # speculation's verify/step distance, measured once per session
 
     def choose_loop(self, loop: str = "auto", *, padded: bool = False) -> tuple[str, str]:
         """(loop name, why) for a request; refuses what the model cannot do."""
@@ -131,7 +141,14 @@ class Generator:
         stream: StreamCallback | None = None,
         attention_mask: np.ndarray | None = None,
         max_length: int | None = None,
+        speculation: str = "auto",
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
     ) -> GenerationResult:
+        """``speculation``: prompt-lookup drafts of ``draft_tokens`` for a greedy batch-1 request on the
+        shared-buffer loop: ``auto`` (where they pay), ``on`` or ``off``."""
+        EngineOptions(speculation=speculation, draft_tokens=draft_tokens).check_context(
+            self.signature.max_positions or 2**31, "the model's positions"
+        )
         ids, mask = self._prompt(prompt_ids, attention_mask)
         if max_new_tokens < 1:
             raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
@@ -144,9 +161,81 @@ class Generator:
         )
         for note in notes:
             log.warning(note)
+        sampler = Sampler(sampling)
+        if (
+            name == "shared"
+            and ids.shape[0] == 1
+            and speculation != "off"
+            and sampler.config.greedy
+            and self._batchable()
+        ):
+            return self._speculative(
+                ids[0].tolist(),
+                max_new_tokens,
+                max_length,
+                sampler,
+                set(stop_tokens),
+                stream,
+                reason,
+                notes,
+                speculation,
+                draft_tokens,
+            )
         runner = make_loop(name, self.vsession.session, self.signature, max_length)
-        return _run(
-            runner, ids, mask, max_new_tokens, max_length, Sampler(sampling), set(stop_tokens), stream, reason, notes
+        return _run(runner, ids, mask, max_new_tokens, max_length, sampler, set(stop_tokens), stream, reason, notes)
+
+    def _batchable(self) -> bool:
+        try:
+            check_batchable(self.signature)
+        except UsageError:
+            return False
+        return True
+
+    def _speculative(
+        self,
+        prompt: list[int],
+        max_new_tokens: int,
+        max_length: int,
+        sampler: Sampler,
+        stop: set[int],
+        stream: StreamCallback | None,
+        reason: str,
+        notes: list[str],
+        mode: str,
+        draft_tokens: int,
+    ) -> GenerationResult:
+        """Greedy batch-1 decoding on a one-slot batched loop, verifying prompt-lookup drafts."""
+        session = self.vsession.session
+        loop = BatchedLoop(session, self.signature, 1, max_length)
+        if self._verify_distance is None:
+            self._verify_distance = calibrate(session, self.signature, draft_tokens)
+        speculator = Speculator(mode, draft_tokens)
+        speculator.measured(self._verify_distance)
+        on_token = None if stream is None else (lambda t: stream(np.array([t], dtype=np.int64)))
+        run = run_single(loop, prompt, max_new_tokens, stop, speculator, on_token)
+        ms = [t * 1e3 for t in run.token_s]
+        decode_bytes = loop.traffic.host_bytes - run.prefill_host_bytes
+        return GenerationResult(
+            tokens=[run.tokens],
+            prompt_length=len(prompt),
+            loop="shared",
+            loop_reason=f"{reason}; prompt-lookup speculation {mode} (up to {draft_tokens} drafted tokens per run"
+            + (f"; withheld: {speculator.withheld})" if speculator.withheld else ")"),
+            stop_reason=run.stop_reason,
+            prefill_s=run.prefill_s,
+            prefill_tokens_per_s=len(prompt) / run.prefill_s if run.prefill_s else 0.0,
+            decode_tokens_per_s=len(ms) / sum(run.token_s) if ms else 0.0,
+            step_ms=ms,
+            p50_ms=float(np.percentile(ms, 50)) if ms else 0.0,
+            p99_ms=float(np.percentile(ms, 99)) if ms else 0.0,
+            host_bytes_per_token=decode_bytes / max(len(ms), 1),
+            kv_host_bytes_per_token=0.0,
+            prefill_host_bytes=run.prefill_host_bytes,
+            kv_cache_bytes=loop.kv_cache_bytes,
+            peak_rss_bytes=_peak_rss(),
+            sampling=sampler.config.to_dict(),
+            notes=notes,
+            speculation=run.speculation,
         )
 
     def _prompt(
@@ -212,12 +301,15 @@ def generate(
     policy: str = "warn",
     settings: SessionSettings | None = None,
     mapping: Mapping[str, str] | None = None,
+    speculation: str = "auto",
+    draft_tokens: int = DEFAULT_DRAFT_TOKENS,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see :class:`GenerationResult`).
 
     ``loop``: auto (the fastest the model supports), plain, bound or shared. ``stream`` gets the
     new token ids ([batch]) as each step produces them. ``max_length`` caps prompt + new tokens
-    (and sizes the shared buffer).
+    (and sizes the shared buffer). ``speculation``: prompt-lookup drafts for a greedy batch-1
+    request on the shared loop (``auto``: where they pay; ``on``; ``off``).
     """
     return Generator(model, providers=providers, policy=policy, settings=settings, mapping=mapping).generate(
         prompt_ids,
@@ -228,6 +320,8 @@ def generate(
         stream=stream,
         attention_mask=attention_mask,
         max_length=max_length,
+        speculation=speculation,
+        draft_tokens=draft_tokens,
     )
 
 

@@ -8,6 +8,12 @@ request that meets a stop id, its ``max_new_tokens``, the slot's length or a ``c
 client gone) frees its slot before the next step. Each request samples with its own settings
 and its own seeded generator.
 
+What the engine adds on top (``EngineOptions``, docs/concepts/decode-engine.md): each step on the
+weight format measured fastest for its row count (decode/formats.py), prompts that start with a
+cached prefix load its KV rows instead of prefilling them (decode/prefix_cache.py), and a stream
+decoding alone verifies prompt-lookup drafts in one run (decode/speculative.py). ``counters()``
+returns cumulative plain data for a server's ``/metrics`` (decode/stats.py).
+
 The scheduler is driven by one thread: ``step()`` by hand (tests, benchmarks that need exact
 interleavings) or ``start()``'s engine thread (a server). ``submit`` and ``Stream.cancel`` are
 safe from any thread; a stream hands its tokens to an iterator, or to ``on_token`` on the
@@ -30,10 +36,15 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ortpilot.decode.batched import BatchedLoop, chunk_length
+from ortpilot.decode.batched import chunk_length
+from ortpilot.decode.formats import FormatPlan, FormatSet
 from ortpilot.decode.generate import Generator
+from ortpilot.decode.options import EngineOptions
+from ortpilot.decode.prefix_cache import PrefixCache, PrefixMatch
 from ortpilot.decode.sampling import Sampler, SamplingConfig
 from ortpilot.decode.signature import DecoderSignature
+from ortpilot.decode.speculative import Speculator, StreamSpeculation, accept, calibrate
+from ortpilot.decode.stats import EngineStats
 from ortpilot.errors import OrtpilotError, QueueFullError, UsageError
 from ortpilot.session import SessionSettings, VerifiedSession
 
@@ -107,6 +118,8 @@ class Stream:
         self._done = threading.Event()
         self._cancelled = False
         self.cancelled_at_token: int | None = None  # tokens it had when cancel() was called
+        self.match: PrefixMatch | None = None  # the cached prefix it loads (pinned until its prefill is done)
+        self.speculation = StreamSpeculation()
 
     @property
     def done(self) -> bool:
@@ -197,7 +210,13 @@ class Scheduler:
         policy: str = "warn",
         settings: SessionSettings | None = None,
         mapping: Mapping[str, str] | None = None,
+        options: EngineOptions | None = None,
+        format_plan: FormatPlan | None = None,
+        gate_prompts: Sequence[Sequence[int]] | None = None,
     ) -> None:
+        """``options``: weight formats, prefix cache and speculation (:class:`EngineOptions`);
+        ``format_plan``: a plan measured before (``FormatPlan.from_dict``) instead of measuring at
+        load; ``gate_prompts``: token ids the formats' generation gate runs on (default: random)."""
         if max_streams < 1:
             raise UsageError(f"max_streams must be at least 1, got {max_streams}.")
         if max_queue < 0:
@@ -211,7 +230,29 @@ class Scheduler:
         )
         sig = self.generator.signature
         max_length = resolve_max_length(sig, max_length)
-        self.loop = BatchedLoop(self.generator.vsession.session, sig, max_streams, max_length)
+        self.options = options = options or EngineOptions()
+        options.check_context(max_length)
+        self.formats = FormatSet(
+            self.generator,
+            options.formats,
+            max_streams,
+            max_length,
+            min_top1=options.format_min_top1,
+            rounds=options.measure_rounds,
+            plan=format_plan,
+            gate_prompts=gate_prompts,
+        )
+        self.loop = self.formats.primary  # every format's loop shares its buffer and lengths
+        self.cache = (
+            PrefixCache(options.prefix_cache_bytes, options.prefix_block, self.loop.token_bytes)
+            if options.prefix_cache_bytes
+            else None
+        )
+        self.speculator = Speculator(options.speculation, options.draft_tokens)
+        if self.speculator.enabled:  # how far a verify run rounds from one-token steps, per format (the worst)
+            distance = max(calibrate(lp.session, lp.sig, options.draft_tokens) for lp in self.formats.loops.values())
+            self.speculator.measured(distance)
+        self.engine = EngineStats()
         self.max_streams = max_streams
         self.max_queue = max_queue
         self.max_length = max_length
@@ -248,6 +289,7 @@ class Scheduler:
                 raise UsageError("The scheduler is closed.")
             free = self.max_streams - len(self._active) - len(self._prefilling)
             if len(self._waiting) >= self.max_queue + max(free, 0):
+                self.engine.rejected += 1
                 raise QueueFullError(
                     f"All {self.max_streams} streams are busy and {len(self._waiting)} request(s) are queued "
                     f"(the limit is {self.max_queue}); retry later.",
@@ -264,6 +306,8 @@ class Scheduler:
                 on_token,
             )
             self._waiting.append(stream)
+            self.engine.requests += 1
+            self.engine.prompt_tokens += len(prompt)
             self._cond.notify_all()
         return stream
 
@@ -322,6 +366,8 @@ class Scheduler:
             stream = self._waiting.popleft()
             stream.slot = free.pop(0)
             stream.admitted_at = time.perf_counter()
+            if self.cache is not None:
+                stream.match = self.cache.lookup(stream.prompt)
             self._prefilling.append(stream)
 
     def _prefill(self, streams: list[Stream]) -> None:
@@ -329,14 +375,23 @@ class Scheduler:
         for stream in streams:
             if budget <= 0:
                 break
+            if stream.prefilled == 0 and stream.match is not None and stream.match.tokens:
+                self.cache.load(self.loop, stream.slot, stream.match)  # type: ignore[union-attr, arg-type]
+                stream.prefilled = stream.match.tokens
             remaining = len(stream.prompt) - stream.prefilled
             take = chunk_length(remaining, 0 if math.isinf(budget) else int(budget))
             start = stream.prefilled
-            logits = self.loop.prefill(stream.slot, stream.prompt[start : start + take], start)  # type: ignore[arg-type]
+            loop = self.formats.for_prefill(take)
+            logits = loop.prefill(stream.slot, stream.prompt[start : start + take], start)  # type: ignore[arg-type]
             stream.prefilled += take
+            self.engine.prefill_tokens += take
             budget -= take
             if stream.prefilled < len(stream.prompt):
                 continue
+            if self.cache is not None:
+                self.cache.store(self.loop, stream.slot, stream.prompt)  # type: ignore[arg-type]
+                with self._cond:
+                    self._unpin(stream)
             token = stream._sample(logits)
             with self._cond:
                 self._prefilling.remove(stream)
@@ -344,15 +399,49 @@ class Scheduler:
             self._deliver(stream, token)
 
     def _decode(self, active: dict[int, Stream]) -> None:
-        logits = self.loop.step({slot: s.tokens[-1] for slot, s in active.items()})
+        if len(active) == 1 and self._speculate(*next(iter(active.items()))):
+            return
+        rows = max(active) + 1
+        start = time.perf_counter()
+        logits = self.formats.for_step(rows).step({slot: s.tokens[-1] for slot, s in active.items()})
+        if len(active) == 1:
+            self.speculator.record_step(rows, time.perf_counter() - start)
         self.steps += 1
         self.rows_decoded += len(active)
+        self.engine.step(rows)
         for slot, stream in active.items():
             self._deliver(stream, stream._sample(logits[slot]))
 
+    def _speculate(self, slot: int, stream: Stream) -> bool:
+        """A stream decoding alone: verify its prompt-lookup draft in one run; False if it takes a plain step."""
+        if not self.speculator.enabled or not stream.sampling.greedy:
+            return False
+        held = len(stream.prompt) + len(stream.tokens) - 1  # its last token is not in the cache yet
+        limit = min(stream.max_new_tokens - len(stream.tokens) - 1, self.max_length - held - 2)
+        sequence = [*stream.prompt, *stream.tokens]
+        draft = self.speculator.draft(stream.speculation, sequence, len(stream.tokens), limit, slot + 1)
+        if not draft:
+            return False
+        start = time.perf_counter()
+        logits = self.formats.for_verify(len(draft) + 1).run(slot, [stream.tokens[-1], *draft], held)
+        emitted = accept(logits, draft, self.speculator.margin or 0.0)
+        self.loop.truncate(slot, held + len(emitted))  # the rows after the accepted ones are stale
+        seconds = time.perf_counter() - start
+        self.speculator.record_verify(
+            stream.speculation, len(draft) + 1, len(draft), emitted, draft, seconds, len(stream.tokens), slot + 1
+        )
+        for token in emitted:
+            if stream.done or stream.cancel_requested:
+                break
+            self._deliver(stream, token)
+        return bool(emitted)
+
     def _deliver(self, stream: Stream, token: int) -> None:
         """Hand a token over, then free the slot if the request is done (the rules of generate)."""
-        stream._emit(token, time.perf_counter())
+        now = time.perf_counter()
+        first = not stream.tokens
+        self.engine.token(first, now - (stream.submitted_at if first else stream.token_times[-1]))
+        stream._emit(token, now)
         reason = None
         if token in stream.stop_tokens:
             reason = "stop_token"
@@ -373,9 +462,16 @@ class Scheduler:
             self.loop.release(stream.slot)  # type: ignore[arg-type]
         elif stream in self._waiting:
             self._waiting.remove(stream)
+        self._unpin(stream)
+        self.engine.finished[reason] += 1
         if reason != "cancelled":
             self._recent_s.append(time.perf_counter() - stream.submitted_at)
         stream._finish(reason, error)
+
+    def _unpin(self, stream: Stream) -> None:
+        if stream.match is not None and self.cache is not None:
+            self.cache.release(stream.match)
+        stream.match = None
 
     def _drop_cancelled(self) -> None:
         for stream in [*self._waiting, *self._prefilling, *self._active.values()]:
@@ -428,6 +524,26 @@ class Scheduler:
                     for stream in [*self._prefilling, *self._active.values()]:
                         self._retire(stream, "error", error)
 
+    def counters(self) -> dict[str, Any]:
+        """Cumulative plain data for a server's ``/metrics``: requests, tokens, latency histograms,
+        gauges, rows per step, steps per weight format, the prefix cache and speculation
+        (docs/concepts/decode-engine.md lists every field)."""
+        with self._cond:
+            gauges = {
+                "queue_depth": len(self._waiting),
+                "prefilling": len(self._prefilling),
+                "active": len(self._active),
+            }
+        return {
+            **self.engine.to_dict(),
+            **gauges,
+            "decode_steps": self.steps,
+            "rows_decoded": self.rows_decoded,
+            "formats": {"plan": self.formats.plan.to_dict(), "per_format": self.formats.counters()},
+            "prefix_cache": self.cache.stats() if self.cache is not None else None,
+            "speculation": self.speculator.to_dict(),
+        }
+
     def stats(self) -> dict[str, Any]:
         """Engine counters: decode steps, rows they decoded, the KV buffer."""
         return {
@@ -440,4 +556,7 @@ class Scheduler:
             "mean_rows_per_step": self.rows_decoded / self.steps if self.steps else 0.0,
             "kv_cache_bytes": self.loop.kv_cache_bytes,
             "pending": self.pending,
+            "formats": self.formats.names,
+            "prefix_cache_bytes": self.cache.bytes_held if self.cache is not None else 0,
+            "speculation": self.speculator.mode,
         }

@@ -1,0 +1,43 @@
+"""EngineOptions: the defaults, and every bad value refused with a message that names its setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from ortpilot.decode.options import BASE, EngineOptions, format_name
+from ortpilot.errors import UsageError
+
+
+def test_defaults_are_one_format_a_cache_and_auto_speculation() -> None:
+    options = EngineOptions()
+    assert options.formats == (BASE,) and options.names == (BASE,)
+    assert options.prefix_cache_bytes > 0 and options.speculation == "auto" and options.draft_tokens >= 1
+    assert EngineOptions(formats=["int4", "x=/m.onnx"]).names == ("int4", "x")  # a list becomes a tuple
+    assert format_name("fast=/tmp/m.onnx") == "fast" and format_name("int4") == "int4"
+    assert options.to_dict()["formats"] == (BASE,)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"formats": ()}, "formats is empty"),
+        ({"formats": ("int4", "int4=/a.onnx")}, "formats names a weight format twice"),
+        ({"format_min_top1": 1.5}, "format_min_top1 must be between 0 and 1"),
+        ({"measure_rounds": 0}, "measure_rounds must be at least 1"),
+        ({"prefix_cache_bytes": -1}, "prefix_cache_bytes must be 0 (off) or more"),
+        ({"prefix_block": 1}, "prefix_block must be at least 2"),
+        ({"speculation": "sometimes"}, "speculation must be one of auto, on, off"),
+        ({"draft_tokens": 0}, "draft_tokens (the speculation length) must be at least 1"),
+    ],
+)
+def test_bad_values_name_their_setting(kwargs: dict, message: str) -> None:
+    with pytest.raises(UsageError) as err:
+        EngineOptions(**kwargs)
+    assert message in str(err.value)
+
+
+def test_a_draft_longer_than_the_context_is_refused_unless_speculation_is_off() -> None:
+    EngineOptions(draft_tokens=6).check_context(8)  # 1 prompt token + 6 drafted + 1 = 8
+    with pytest.raises(UsageError, match=r"draft_tokens 7 \(the speculation length\) does not fit .* of 8 tokens"):
+        EngineOptions(draft_tokens=7).check_context(8)
+    EngineOptions(draft_tokens=7, speculation="off").check_context(8)
