@@ -34,6 +34,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -194,6 +195,68 @@ def closed_loop(
         "p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
         "p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
         "errors": errors[0],
+    }
+
+
+WRK = shutil.which("wrk")
+WRK_SCRIPT = """
+wrk.method = "POST"
+local f = io.open(os.getenv("BENCH_BODY"), "rb")
+wrk.body = f:read("*all")
+f:close()
+for k, v in string.gmatch(os.getenv("BENCH_HEADERS"), "([^\\n:]+): ([^\\n]*)") do wrk.headers[k] = v end
+function done(summary, latency, requests)
+  io.write(string.format("RESULT %d %d %d %f %f %f\\n", summary.requests, summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000, summary.duration / 1e6))
+end
+"""
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+
+
+def wrk_closed_loop(
+    port: int, path: str, body: bytes, headers: dict[str, str], concurrency: int, seconds: float
+) -> dict[str, float]:
+    """The same closed loop driven by wrk (C, one thread, event-driven): on 2 cores a Python client
+    with 32 threads takes CPU the servers need; wrk takes a fraction of it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        body_file, script = Path(tmp) / "body", Path(tmp) / "post.lua"
+        body_file.write_bytes(body)
+        script.write_text(WRK_SCRIPT)
+        env = {
+            **os.environ,
+            "BENCH_BODY": str(body_file),
+            "BENCH_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items()),
+        }
+        out = subprocess.run(
+            [
+                WRK,
+                "-t1",
+                f"-c{concurrency}",
+                f"-d{max(1, round(seconds))}s",
+                "--timeout",
+                "60s",
+                "-s",
+                str(script),
+                f"http://127.0.0.1:{port}{path}",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=seconds + 120,
+        )
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk gave no result: {out.stdout}{out.stderr}")
+    requests, bad_status, socket_errors, p50, p99, duration = line.split()[1:]
+    ok = int(requests) - int(bad_status)
+    return {
+        "rps": ok / float(duration),
+        "p50": float(p50),
+        "p99": float(p99),
+        "errors": int(bad_status) + int(socket_errors),
     }
 
 
@@ -380,6 +443,12 @@ def main() -> None:
     parser.add_argument("--concurrency", nargs="*", type=int, default=list(CONCURRENCY))
     parser.add_argument("--grpc", action="store_true", help="also gRPC at concurrency 1 on the fast server")
     parser.add_argument("--codec", action="store_true", help="also time the OIP codec in-process")
+    parser.add_argument(
+        "--client",
+        choices=["wrk", "python"],
+        default="wrk" if WRK else "python",
+        help="HTTP load generator: wrk (apt-get install wrk; the default where installed) or Python threads",
+    )
     parser.add_argument("--json", dest="json_out", default=str(OUT / "bench_serve.json"))
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -472,7 +541,8 @@ def main() -> None:
                             cell = grpc_closed_loop(servers["fast"].grpc_port, grpc_req, conc, args.seconds)
                         else:
                             label, path, body, headers = requests[key]
-                            cell = closed_loop(servers[label].port, path, body, headers, conc, args.seconds)
+                            loop = wrk_closed_loop if args.client == "wrk" else closed_loop
+                            cell = loop(servers[label].port, path, body, headers, conc, args.seconds)
                         cells.setdefault((key, conc), []).append(cell)
                         print(
                             f"[bench_serve] {name} round {r + 1} {key} c={conc}: {cell['rps']:.1f} req/s "
@@ -493,7 +563,7 @@ def main() -> None:
             },
         }
     Path(args.json_out).write_text(json.dumps(results, indent=2))
-    print(f"load average after: {os.getloadavg()}")
+    print(f"load average after: {os.getloadavg()}; HTTP client: {args.client}")
     for name, res in results.items():
         if name == "codec":
             print(

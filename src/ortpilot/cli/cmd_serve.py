@@ -50,7 +50,11 @@ _STARTED = time.perf_counter()  # cold start counts from the command's start, im
     help="Dynamic batching: stack up to B requests of the same shape (models with a batch dim; 1: off).",
 )
 @click.option(
-    "--batch-wait-ms", type=float, default=2.0, show_default=True, help="How long a batch waits for more requests."
+    "--batch-wait-ms",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Hold a short batch this long for more requests (0: a batch is what waited while the last run was busy).",
 )
 @click.option("--max-request-mb", type=float, default=64.0, show_default=True, help="Larger request bodies get 413.")
 @click.option(

@@ -47,7 +47,7 @@ class ServeOptions:
     autoscale: tuple[int, int] | None = None  # (min, max) replicas, Ray Serve autoscaling on ongoing requests
     cpus_per_replica: float | None = None  # None: the CPU budget shared evenly by all replicas
     max_batch: int = 1  # 1: no dynamic batching
-    batch_wait_ms: float = 2.0
+    batch_wait_ms: float = 0.0  # 0: no timer, a batch is what waited while the last run was busy
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB
     access_log: bool = True
     accept_machine: bool = False

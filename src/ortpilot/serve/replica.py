@@ -9,7 +9,7 @@ A replica is its model's own Serve application (route prefix ``/v2/models/NAME``
 Ray's proxy, hands it the request directly (``__call__`` for REST, the KServe v2 method for
 gRPC), one hop. Runs go to one worker thread (the event loop stays free to read the next
 request and collect the next batch); models with a batch dim stack requests of the same
-non-batch shapes with ``serve.batch``. What only a replica knows (its counts, what it verified)
+non-batch shapes (``batcher``: the requests that wait while a run is busy share the next one). What only a replica knows (its counts, what it verified)
 it reports to the server-wide application, which sums every replica for ``/metrics``.
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ortpilot.errors import InputError, OrtpilotError, OrtRunError
+from ortpilot.serve.batcher import Batcher
 from ortpilot.serve.http import Reply, access_line, dispatch, error_reply, response
 from ortpilot.serve.metrics import REPORT_S, BatchCounts, RequestCounts
 from ortpilot.serve.options import ModelSpec, ort_threads
@@ -67,11 +68,6 @@ def thread_note(threads: int, profile_threads: int) -> str:
         f"intra-op threads {threads} (the replica's CPUs), the profile was tuned with {profile_threads}: "
         "its latency figures may not hold"
     )
-
-
-def signature(feeds: Mapping[str, np.ndarray]) -> tuple:
-    """Requests that may share a batch: the same inputs with the same non-batch dims and dtypes."""
-    return tuple((name, value.shape[1:], value.dtype.str) for name, value in sorted(feeds.items()))
 
 
 # What a client may see of a replica without --debug-info: no paths, PIDs, hosts or node ids.
@@ -150,11 +146,9 @@ class ModelReplica:
         self._reported = 0.0
         self.routes = model_routes(self)
         if self.batching:
-            from ray import serve
-
-            self._batched = serve.batch(
-                max_batch_size=int(replica["max_batch"]), batch_wait_timeout_s=float(replica["batch_wait_ms"]) / 1000.0
-            )(self._run_batch)
+            self.batcher = Batcher(
+                self._run_group, self.executor, int(replica["max_batch"]), float(replica["batch_wait_ms"]) / 1000.0
+            )
 
     # -- REST ---------------------------------------------------------------------------------------
     async def __call__(self, request: Any) -> Any:
@@ -276,9 +270,7 @@ class ModelReplica:
             checked = self.session.check_feeds(feeds)
             wanted = self._wanted(outputs)
             if self.batching:
-                values = await self._batched(checked)
-                if isinstance(values, Exception):
-                    raise values
+                values = await self.batcher.submit(checked)
             else:
                 values = await asyncio.get_running_loop().run_in_executor(self.executor, self._run_one, checked)
         except InputError as exc:
@@ -323,19 +315,6 @@ class ModelReplica:
             binding.bind_output(name)
         self.session.session.run_with_iobinding(binding)
         return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
-
-    async def _run_batch(self, requests: list[dict[str, np.ndarray]]) -> list[Any]:
-        """``serve.batch``'s handler: stack requests of one signature, run once, split rows back."""
-        loop = asyncio.get_running_loop()
-        results: list[Any] = [None] * len(requests)
-        groups: dict[tuple, list[int]] = {}
-        for i, feeds in enumerate(requests):
-            groups.setdefault(signature(feeds), []).append(i)
-        for members in groups.values():
-            outcome = await loop.run_in_executor(self.executor, self._run_group, [requests[i] for i in members])
-            for i, value in zip(members, outcome):
-                results[i] = value
-        return results
 
     def _run_group(self, group: list[dict[str, np.ndarray]]) -> list[Any]:
         if len(group) > 1:
@@ -409,4 +388,4 @@ def _node_id() -> str:
         return ""
 
 
-__all__ = ["ModelReplica", "load_verified", "signature", "thread_note"]
+__all__ = ["ModelReplica", "load_verified", "thread_note"]
