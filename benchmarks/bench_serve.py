@@ -150,10 +150,9 @@ def bento_request(feeds: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
     return json.dumps({"tokens": tokens.tolist()}).encode(), {"Content-Type": "application/json"}
 
 
-def closed_loop(
-    port: int, path: str, body: bytes, headers: dict[str, str], concurrency: int, seconds: float
-) -> dict[str, float]:
-    """``concurrency`` clients, each with one keep-alive connection, for ``seconds`` after a short warmup."""
+def run_clients(make_client, concurrency: int, seconds: float) -> dict[str, float]:
+    """``concurrency`` closed-loop clients for ``seconds`` after a short warmup; ``make_client()`` gives each
+    thread its own ``request() -> ok`` (its own keep-alive connection or channel)."""
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
@@ -161,20 +160,13 @@ def closed_loop(
     warm, end = start + 0.5, start + 0.5 + seconds
 
     def client() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        request = make_client()
         mine = []
         while True:
             t0 = time.perf_counter()
             if t0 >= end:
                 break
-            try:
-                conn.request("POST", path, body, headers)
-                resp = conn.getresponse()
-                resp.read()
-                ok = resp.status == 200
-            except (OSError, http.client.HTTPException):
-                ok = False
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            ok = request()
             t1 = time.perf_counter()
             if not ok:
                 with lock:
@@ -196,6 +188,29 @@ def closed_loop(
         "p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
         "errors": errors[0],
     }
+
+
+def closed_loop(
+    port: int, path: str, body: bytes, headers: dict[str, str], concurrency: int, seconds: float
+) -> dict[str, float]:
+    """HTTP clients, each with one keep-alive connection (``http.client``)."""
+
+    def make_client():
+        conn = [http.client.HTTPConnection("127.0.0.1", port, timeout=60)]
+
+        def request() -> bool:
+            try:
+                conn[0].request("POST", path, body, headers)
+                resp = conn[0].getresponse()
+                resp.read()
+                return resp.status == 200
+            except (OSError, http.client.HTTPException):
+                conn[0] = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                return False
+
+        return request
+
+    return run_clients(make_client, concurrency, seconds)
 
 
 WRK = shutil.which("wrk")
@@ -261,49 +276,23 @@ def wrk_closed_loop(
 
 
 def grpc_closed_loop(port: int, request: object, concurrency: int, seconds: float) -> dict[str, float]:
-    """The same closed loop over gRPC: one channel per client, KServe v2 ModelInfer with raw contents."""
+    """gRPC clients, one channel each: KServe v2 ModelInfer with raw contents."""
     import grpc
     from tritonclient.grpc import service_pb2_grpc
 
-    latencies: list[float] = []
-    errors = [0]
-    lock = threading.Lock()
-    start = time.perf_counter()
-    warm, end = start + 0.5, start + 0.5 + seconds
-
-    def client() -> None:
+    def make_client():
         stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-        mine = []
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= end:
-                break
+
+        def call() -> bool:
             try:
                 stub.ModelInfer(request, timeout=60)
-                ok = True
+                return True
             except grpc.RpcError:
-                ok = False
-            t1 = time.perf_counter()
-            if not ok:
-                with lock:
-                    errors[0] += 1
-            elif t0 >= warm and t1 <= end:
-                mine.append(t1 - t0)
-        with lock:
-            latencies.extend(mine)
+                return False
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    lat = np.array(latencies) * 1000
-    return {
-        "rps": len(lat) / seconds,
-        "p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
-        "p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
-        "errors": errors[0],
-    }
+        return call
+
+    return run_clients(make_client, concurrency, seconds)
 
 
 def grpc_request(feeds: dict[str, np.ndarray], output: str) -> object:
