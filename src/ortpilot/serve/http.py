@@ -118,6 +118,18 @@ async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
         ) from None
 
 
+def replica_gone(exc: BaseException) -> bool:
+    """Whether a Serve handle call failed because its replica died or went away (not because of the request):
+    such a call may run again on another replica."""
+    if type(exc).__name__ in ("ReplicaUnavailableError", "DeploymentUnavailableError"):
+        return True
+    try:
+        from ray.exceptions import RayActorError
+    except ImportError:
+        return False
+    return isinstance(exc, RayActorError)
+
+
 def replica_logging() -> None:
     """ortpilot's warnings and errors in a replica go to the process's own stderr, which Ray forwards to the
     driver (a throughput-optimized replica points sys.stderr at Serve's buffered file logger instead)."""
@@ -189,6 +201,7 @@ __all__ = [
     "log_request",
     "printable",
     "read_body",
+    "replica_gone",
     "replica_logging",
     "response",
     "route",

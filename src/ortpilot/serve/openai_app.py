@@ -23,6 +23,7 @@ from typing import Any
 
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.serve.decoder import DecoderReplica, DecoderSpec
+from ortpilot.serve.http import replica_gone
 from ortpilot.serve.openai import (
     ApiError,
     GenerationRequest,
@@ -77,17 +78,6 @@ def _error(exc: ApiError) -> Any:
 
 RETRIES = 2  # a request whose replica died before its first token goes to another replica, this many times
 PUBLIC_INFO = ("pid", "source", "recent")  # what GET /v1/models/NAME shows only with --debug-info
-
-
-def _replica_gone(exc: BaseException) -> bool:
-    """Whether a handle call failed because its replica died or went away (not because of the request)."""
-    if type(exc).__name__ in ("ReplicaUnavailableError", "DeploymentUnavailableError"):
-        return True
-    try:
-        from ray.exceptions import RayActorError
-    except ImportError:
-        return False
-    return isinstance(exc, RayActorError)
 
 
 class OpenAIIngress:
@@ -229,7 +219,7 @@ class OpenAIIngress:
                         code="rate_limit_exceeded",
                         retry_after_s=1,
                     ) from None
-                if not _replica_gone(exc) or attempt == RETRIES:
+                if not replica_gone(exc) or attempt == RETRIES:
                     raise
                 log.warning("A replica of '%s' went away before answering; retrying on another.", req.model)
                 await asyncio.sleep(0.2 * (attempt + 1))
@@ -248,7 +238,7 @@ class OpenAIIngress:
                         yield event
                     return
                 except Exception as exc:
-                    if not _replica_gone(exc) or retries >= RETRIES or (sent and not restart):
+                    if not replica_gone(exc) or retries >= RETRIES or (sent and not restart):
                         raise
                     retries += 1
                     log.warning("A replica of '%s' died during a request; running it again on another.", req.model)
@@ -328,7 +318,7 @@ class OpenAIIngress:
         except Exception as exc:  # the replica died after tokens were sent: the stream ends with an error event
             from ortpilot.serve.http import internal_error
 
-            gone = _replica_gone(exc)
+            gone = replica_gone(exc)
             message = (
                 "The replica generating this stream went away after it had sent tokens; send the request again."
                 if gone

@@ -11,18 +11,28 @@ sends ``application: NAME`` goes to the model directly). One replica, no CPUs of
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from ortpilot.serve.grpc_service import UnservedRpcs
 from ortpilot.serve.guard import Guard
-from ortpilot.serve.http import access_line, dispatch, printable, replica_logging, response, with_headers
+from ortpilot.serve.http import (
+    access_line,
+    dispatch,
+    printable,
+    replica_gone,
+    replica_logging,
+    response,
+    with_headers,
+)
 from ortpilot.serve.metrics import UNKNOWN_MODEL, ServeMetrics
 from ortpilot.serve.oip import HEALTH, refusal, server_routes, unclaimed
 
 SERVER_APP = "ortpilot"
 SERVER_DEPLOYMENT = "ortpilot-server"
+RELAY_RETRIES = 2  # a relayed gRPC infer whose replica died runs again on another, this many times
 
 
 class ServerApp(UnservedRpcs):
@@ -133,12 +143,17 @@ class ServerApp(UnservedRpcs):
         handle = self._model(request.model_name, grpc_context)
         if handle is None:
             return messages().ModelInferResponse()
-        try:
-            status, message, answer = await handle.infer_message.remote(request)
-        except Exception:  # the replica died or is not up: never hand Ray's error text to the client
-            set_status(grpc_context, 503, f"Model '{request.model_name}' has no ready replica; retry.")
-            self.metrics.observe(request.model_name, 503, time.perf_counter() - started)
-            return messages().ModelInferResponse()
+        for attempt in range(RELAY_RETRIES + 1):
+            try:
+                status, message, answer = await handle.infer_message.remote(request)
+                break
+            except Exception as exc:  # never hand Ray's error text to the client
+                if replica_gone(exc) and attempt < RELAY_RETRIES:  # inference is idempotent: run it elsewhere
+                    await asyncio.sleep(0.2 * (attempt + 1))
+                    continue
+                set_status(grpc_context, 503, f"Model '{request.model_name}' has no ready replica; retry.")
+                self.metrics.observe(request.model_name, 503, time.perf_counter() - started)
+                return messages().ModelInferResponse()
         set_status(grpc_context, status, message)
         return answer
 
