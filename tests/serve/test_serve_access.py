@@ -165,3 +165,26 @@ def test_the_graph_tells_the_positions_and_table_rows(demo_paths) -> None:
         cleaned = clean_ort_message(str(info.value))
         assert "onnxruntime_src" not in cleaned and "Name:'" not in cleaned and ".cc:" not in cleaned, cleaned
         assert "\n" not in cleaned and " node: " in cleaned, cleaned
+
+
+def test_the_cli_warns_about_a_public_address_without_a_key_and_keeps_keys_out_of_manifests(tmp_path) -> None:
+    import socket
+
+    from click.testing import CliRunner
+
+    from ortpilot.cli.main import cli
+
+    with socket.socket() as sock:  # a taken port: the command stops (exit 2) right after its warnings
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = str(sock.getsockname()[1])
+        warned = CliRunner().invoke(cli, ["serve", "demo:mlp", "--host", "0.0.0.0", "--port", port])
+        keyed = CliRunner().invoke(cli, ["serve", "demo:mlp", "--host", "0.0.0.0", "--port", port, "--api-key", "k"])
+    assert warned.exit_code == 2 and "accepts connections from other machines" in " ".join(warned.output.split())
+    assert keyed.exit_code == 2 and "other machines" not in keyed.output
+    manifest = CliRunner().invoke(
+        cli, ["serve", "demo:mlp", "--api-key", "k", "--emit-rayservice", str(tmp_path / "m.yaml")]
+    )
+    assert manifest.exit_code == 2 and "does not carry" in manifest.output and not (tmp_path / "m.yaml").exists()
+    bad = CliRunner().invoke(cli, ["serve", "demo:mlp", "--api-key-file", str(tmp_path / "none")])
+    assert bad.exit_code == 2 and "Cannot read the API key file" in bad.output
