@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 WAIT_S = 30.0  # longer than any timeout the tests configure: a server that never answers is caught
 
@@ -27,27 +30,45 @@ class Outcome:
         return json.loads(self.body)
 
 
+def side_by_side(jobs: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Each job's result, the jobs run at once (each waits for a timeout of the server's)."""
+    results: dict[str, Any] = {}
+    threads = [threading.Thread(target=lambda n=n, j=j: results.__setitem__(n, j())) for n, j in jobs.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S + 30)
+    return results
+
+
 def _connect(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
     sock.settimeout(WAIT_S)
     return sock
 
 
-def _until_closed(sock: socket.socket, started: float) -> Outcome:
+def _receive(sock: socket.socket, enough: Callable[[bytes], bool] = lambda _data: False) -> tuple[bytes, bool]:
+    """(what the server sent until it closed the connection or ``enough`` of it came, whether it did either
+    within the wait); the socket is closed after."""
     data = b""
     try:
-        while True:
+        while not enough(data):
             chunk = sock.recv(65536)
             if not chunk:
                 break
             data += chunk
     except TimeoutError:
-        return Outcome(None, _status(data), _body(data))
+        return data, False
     except OSError:
         pass
     finally:
         sock.close()
-    return Outcome(time.monotonic() - started, _status(data), _body(data))
+    return data, True
+
+
+def _until_closed(sock: socket.socket, started: float) -> Outcome:
+    data, ended = _receive(sock)
+    return Outcome(time.monotonic() - started if ended else None, _status(data), _body(data))
 
 
 def _status(data: bytes) -> int | None:
@@ -161,20 +182,10 @@ def grpc_truncated(port: int, method: str = "/inference.GRPCInferenceService/Mod
     message = b"\x00" + struct.pack(">I", 1000) + b"x" * 10
     started = time.monotonic()
     sock.sendall(PREFACE + frame(SETTINGS, 0, 0, b"") + frame(HEADERS, 0x4, 1, headers) + frame(DATA, 0, 1, message))
-    data = b""
-    try:
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-            frames = _frames(data)
-            if any(s == 1 and k in (HEADERS, RST_STREAM) for k, s in frames) or any(k == GOAWAY for k, _ in frames):
-                break
-    except TimeoutError:
-        sock.close()
-        return None, _frames(data)
-    except OSError:
-        pass
-    sock.close()
-    return time.monotonic() - started, _frames(data)
+
+    def answered(data: bytes) -> bool:
+        frames = _frames(data)
+        return any(s == 1 and k in (HEADERS, RST_STREAM) for k, s in frames) or any(k == GOAWAY for k, _ in frames)
+
+    data, ended = _receive(sock, answered)
+    return (time.monotonic() - started if ended else None), _frames(data)

@@ -14,7 +14,6 @@ import http.client
 import json
 import os
 import re
-import threading
 import time
 
 import numpy as np
@@ -320,22 +319,18 @@ def test_refusals_are_counted_and_the_access_log_is_escaped(server):
 def test_slow_and_malformed_clients_are_cut_off(server):
     """Real slow clients on raw sockets, side by side (each waits for a timeout)."""
     grpc_port = int(server.grpc.rpartition(":")[2])
-    outcomes: dict[str, object] = {}
-    jobs = {
-        "short body": lambda: slow.short_body(server.port, "/v2/models/mlp/infer", AUTH),
-        "dribble": lambda: slow.dribble(server.port),
-        "idle keep-alive": lambda: slow.idle_after_request(server.port, "/v2/health/live", {}),
-        "idle connection": lambda: slow.idle_connection(server.port),
-        "headers over the limit": lambda: slow.big_headers(server.port, "/v2/health/live", 20 * 1024),
-        "headers over the buffer": lambda: slow.big_headers(server.port, "/v2/health/live", 300 * 1024),
-        "grpc idle": lambda: slow.grpc_idle(grpc_port),
-        "grpc truncated message": lambda: slow.grpc_truncated(grpc_port),
-    }
-    threads = [threading.Thread(target=lambda n=n, j=j: outcomes.__setitem__(n, j())) for n, j in jobs.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(slow.WAIT_S + 30)
+    outcomes = slow.side_by_side(
+        {
+            "short body": lambda: slow.short_body(server.port, "/v2/models/mlp/infer", AUTH),
+            "dribble": lambda: slow.dribble(server.port),
+            "idle keep-alive": lambda: slow.idle_after_request(server.port, "/v2/health/live", {}),
+            "idle connection": lambda: slow.idle_connection(server.port),
+            "headers over the limit": lambda: slow.big_headers(server.port, "/v2/health/live", 20 * 1024),
+            "headers over the buffer": lambda: slow.big_headers(server.port, "/v2/health/live", 300 * 1024),
+            "grpc idle": lambda: slow.grpc_idle(grpc_port),
+            "grpc truncated message": lambda: slow.grpc_truncated(grpc_port),
+        }
+    )
     body = outcomes["short body"]
     assert body.status == 408 and "--header-timeout" in _error(body.body), body  # HAProxy, in the protocol's shape
     assert body.seconds is not None and body.seconds < REQUEST_S + HEADER_S + 5

@@ -188,18 +188,14 @@ def test_a_request_whose_logits_turn_nan_fails_alone(server: OpenAIServer, clien
 
 
 def test_slow_and_malformed_clients_are_cut_off(server: OpenAIServer) -> None:
-    outcomes: dict[str, object] = {}
-    jobs = {
-        "short body": lambda: slow.short_body(server.port, "/v1/completions", AUTH),
-        "dribble": lambda: slow.dribble(server.port, "/v1/models"),
-        "idle keep-alive": lambda: slow.idle_after_request(server.port, "/v1/models", AUTH),
-        "headers over the limit": lambda: slow.big_headers(server.port, "/v1/models", 20 * 1024),
-    }
-    threads = [threading.Thread(target=lambda n=n, j=j: outcomes.__setitem__(n, j())) for n, j in jobs.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(slow.WAIT_S + 30)
+    outcomes = slow.side_by_side(
+        {
+            "short body": lambda: slow.short_body(server.port, "/v1/completions", AUTH),
+            "dribble": lambda: slow.dribble(server.port, "/v1/models"),
+            "idle keep-alive": lambda: slow.idle_after_request(server.port, "/v1/models", AUTH),
+            "headers over the limit": lambda: slow.big_headers(server.port, "/v1/models", 20 * 1024),
+        }
+    )
     body = outcomes["short body"]
     assert body.status == 408 and body.json()["error"]["code"] == "request_timeout", body
     assert outcomes["dribble"].status == 408 and outcomes["dribble"].seconds is not None
