@@ -53,7 +53,13 @@ _STARTED = time.perf_counter()  # cold start counts from the command's start, im
 @click.option(
     "--batch-wait-ms", type=float, default=2.0, show_default=True, help="How long a batch waits for more requests."
 )
-@click.option("--max-request-mb", type=float, default=64.0, show_default=True, help="Larger request bodies get 413.")
+@click.option(
+    "--max-request-mb",
+    type=float,
+    default=64.0,
+    show_default=True,
+    help="Larger request bodies get 413 (Open Inference Protocol, gRPC and /v1).",
+)
 @click.option(
     "--grpc-port",
     type=int,

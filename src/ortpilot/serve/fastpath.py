@@ -12,7 +12,8 @@ controller starts (HAProxy, replicas), so they travel as the controller's ``runt
 Every port Ray would open on a fixed default (HAProxy's stats and Prometheus listeners, the
 fallback proxy, the replicas' ports) gets a free one on this server's host, so two servers on
 one machine do not collide, and an HAProxy wrapper written into the server's run folder moves
-the listeners Ray binds on all interfaces onto loopback and adds the timeouts Ray leaves out.
+the listeners Ray binds on all interfaces onto loopback, adds the timeouts and the header limit Ray
+leaves out, and makes HAProxy's own answers (408, 431, 503, 404) speak the protocol's JSON shape.
 No Ray import here: the environment must exist before Ray reads it.
 """
 
