@@ -96,6 +96,8 @@ def _json_object(head: bytes) -> dict[str, Any]:
     except RecursionError:
         raise InputError("The request body nests JSON too deeply to be an infer request.") from None
     except (ValueError, UnicodeDecodeError) as exc:
+        if "depth limit" in str(exc):  # orjson's word for JSON nested past 1024 levels
+            raise InputError("The request body nests JSON too deeply to be an infer request.") from None
         raise InputError(
             f"The request body is not valid JSON ({exc}). Send an Open Inference Protocol infer "
             'request: {"inputs": [{"name", "shape", "datatype", "data"}]}.'
