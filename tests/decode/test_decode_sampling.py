@@ -41,3 +41,15 @@ def test_top_k_keeps_only_the_k_best() -> None:
 def test_invalid_settings(kwargs: dict) -> None:
     with pytest.raises(UsageError):
         SamplingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1e-30])
+def test_broken_logits_raise_instead_of_choosing_a_token(temperature):
+    from ortpilot.decode.sampling import Sampler, SamplingConfig
+    from ortpilot.errors import SamplingError
+
+    ok = np.array([[0.1, 3.0, -1.0]], dtype=np.float32)
+    sampler = Sampler(SamplingConfig(temperature=temperature, seed=1))
+    assert sampler(ok)[0] in (0, 1, 2)
+    with pytest.raises(SamplingError, match="NaN or infinity"):
+        sampler(np.array([[0.1, np.nan, -1.0]], dtype=np.float32))

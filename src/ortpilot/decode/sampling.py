@@ -52,7 +52,11 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> np.ndarray:
         if self.config.greedy:
-            return np.argmax(logits, axis=-1).astype(np.int64)
+            tokens = np.argmax(logits, axis=-1)
+            picked = np.take_along_axis(logits, tokens[..., None], axis=-1)
+            if not np.isfinite(picked).all():  # argmax returns the first NaN: a broken row, not a token
+                raise SamplingError("the model's logits hold NaN or infinity: no token can be chosen from them.")
+            return tokens.astype(np.int64)
         return np.array([self._sample(row) for row in logits], dtype=np.int64)
 
     def _sample(self, row: np.ndarray) -> int:
