@@ -226,3 +226,15 @@ def _metrics(server) -> dict[str, float]:
             key, _, value = line.rpartition(" ")
             out[key] = float(value)
     return out
+
+
+def test_an_idle_replica_stays_ready_on_its_heartbeat_alone(server):
+    """No request for longer than a report lives: only the health-check heartbeat keeps the replica counted."""
+    import time
+
+    from ortpilot.serve.metrics import HEARTBEAT_S, REPLICA_TTL_S
+
+    time.sleep(REPLICA_TTL_S + 2 * HEARTBEAT_S)
+    with urllib.request.urlopen(f"http://{server.url}/v2/health/ready", timeout=30) as resp:
+        assert resp.status == 200
+    assert _metrics(server)['ortpilot_replica_verified{model="mlp"}'] == 1

@@ -255,3 +255,32 @@ def test_taken_port_exits_2() -> None:
         sock.listen()
         result = CliRunner().invoke(cli, ["serve", "demo:decoder", "--port", str(sock.getsockname()[1])])
     assert result.exit_code == 2 and "is not free" in " ".join(result.output.split()), result.output
+
+
+def _decoder_metrics(server: OpenAIServer) -> dict[str, float]:
+    text = httpx.get(f"http://{server.url}/metrics", timeout=30).text
+    return {k: float(v) for k, _, v in (ln.rpartition(" ") for ln in text.splitlines() if ln and ln[0] != "#")}
+
+
+def test_metrics_sum_the_engines_counters_and_count_requests(demo_server: OpenAIServer, client: openai.OpenAI) -> None:
+    import time
+
+    from ortpilot.serve.metrics import HEARTBEAT_S
+
+    key = 'ortpilot_decode_completion_tokens_total{model="decoder"}'
+    before = _decoder_metrics(demo_server)
+    done = client.completions.create(model="decoder", prompt="Hello there", max_tokens=6, temperature=0)
+    assert done.usage.completion_tokens == 6
+    deadline = time.monotonic() + 10 * HEARTBEAT_S
+    after = _decoder_metrics(demo_server)
+    while after.get(key, 0) - before.get(key, 0) < 6 and time.monotonic() < deadline:
+        time.sleep(HEARTBEAT_S / 2)
+        after = _decoder_metrics(demo_server)
+    assert after[key] - before.get(key, 0) == 6
+    ok = 'ortpilot_requests_total{code="200",model="decoder"}'
+    assert after[ok] - before.get(ok, 0) == 1
+    ttft = 'ortpilot_decode_ttft_seconds_count{model="decoder"}'
+    assert after[ttft] - before.get(ttft, 0) == 1
+    assert after['ortpilot_decode_replicas{model="decoder"}'] == 1
+    assert 'ortpilot_decode_prefix_cache_hits_total{model="decoder"}' in after
+    assert httpx.get(f"http://{demo_server.url}/v2/health/ready", timeout=30).status_code == 200

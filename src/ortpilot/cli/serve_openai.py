@@ -47,6 +47,41 @@ DECODER_OPTIONS = (
         help="Tokens per stream, prompt included (default: the model's positions, at most 1024).",
     ),
     click.option(
+        "--formats",
+        default="base",
+        show_default=True,
+        help="Weight formats each replica holds on its one KV buffer, comma-separated (base, int4, int8-weights, "
+        "NAME=PATH); each step runs on the one measured fastest for its row count, every format gated against base.",
+    ),
+    click.option(
+        "--format-min-top1",
+        type=click.FloatRange(0.0, 1.0),
+        default=0.9,
+        show_default=True,
+        help="Top-1 agreement with base every other format must reach in the generation gate.",
+    ),
+    click.option(
+        "--prefix-cache-mb",
+        type=click.FloatRange(min=0.0),
+        default=256.0,
+        show_default=True,
+        help="Memory for KV rows of prompt prefixes requests share (system prompts, chat history); 0: off.",
+    ),
+    click.option(
+        "--speculation",
+        type=click.Choice(["auto", "on", "off"]),
+        default="auto",
+        show_default=True,
+        help="Prompt-lookup speculative decoding: auto (per stream, off while its drafts do not pay), on, off.",
+    ),
+    click.option(
+        "--draft-tokens",
+        type=click.IntRange(min=1),
+        default=4,
+        show_default=True,
+        help="Tokens per prompt-lookup draft.",
+    ),
+    click.option(
         "--prefill-chunk",
         type=click.IntRange(min=0),
         default=0,
@@ -66,7 +101,21 @@ def decoder_options(values: dict[str, Any]) -> Any:
     """The DecoderOptions record of a command's parsed values (the keys ``openai_options`` adds)."""
     from ortpilot.serve.options import DecoderOptions
 
-    return DecoderOptions(**{name: values[name] for name in DECODER_FIELDS})
+    fields = {name: values[name] for name in DECODER_FIELDS}
+    fields["formats"] = tuple(f.strip() for f in str(fields["formats"]).split(",") if f.strip())
+    return DecoderOptions(**fields)
 
 
-DECODER_FIELDS = ("tokenizer", "chat_template", "max_streams", "max_queue", "max_length", "prefill_chunk")
+DECODER_FIELDS = (
+    "tokenizer",
+    "chat_template",
+    "max_streams",
+    "max_queue",
+    "max_length",
+    "prefill_chunk",
+    "formats",
+    "format_min_top1",
+    "prefix_cache_mb",
+    "speculation",
+    "draft_tokens",
+)

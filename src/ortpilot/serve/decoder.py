@@ -158,11 +158,21 @@ class DecoderReplica:
             providers=["cpu"],
             policy="strict",
             settings=SessionSettings(intra_op_threads=threads),
+            options=options.engine(),
+            gate_prompts=self._gate_prompts(options),
         ).start()
         self.threads = threads
         self.recent: deque[dict[str, Any]] = deque(maxlen=64)
         self.load_s = time.perf_counter() - started
         self.pid = os.getpid()
+
+    def _gate_prompts(self, options: DecoderOptions) -> list[list[int]] | None:
+        """Real text for the weight formats' generation gate (only built when there is more than one)."""
+        if len(options.formats) < 2:
+            return None
+        from ortpilot.decode.gate import text_prompts
+
+        return text_prompts(self.spec.tokenizer)
 
     # Prompts.
     def prompt_text(self, request: GenerationRequest) -> str:

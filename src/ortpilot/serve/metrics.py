@@ -144,7 +144,7 @@ class ServeMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-def _cumulative(histograms: list[Mapping[str, Any]], bounds: tuple) -> list[tuple[str, int]]:
+def cumulative(histograms: list[Mapping[str, Any]], bounds: tuple) -> list[tuple[str, int]]:
     """Prometheus' cumulative buckets of the summed ``histograms`` (each a ``buckets`` list)."""
     buckets = [0] * (len(bounds) + 1)
     for h in histograms:
@@ -166,7 +166,7 @@ def _add_requests(requests: Any, seconds: Any, model: str, counted: list[Mapping
     for code, n in sorted(codes.items()):
         requests.add_metric([model, code], n)
     seconds.add_metric(
-        [model], _cumulative(counted, SECONDS_BUCKETS), sum_value=sum(float(c.get("sum", 0.0)) for c in counted)
+        [model], cumulative(counted, SECONDS_BUCKETS), sum_value=sum(float(c.get("sum", 0.0)) for c in counted)
     )
 
 
@@ -216,7 +216,7 @@ class _ReplicaCollector:
                 continue
             batches = [r.batches for r in mine]
             batch.add_metric(
-                [model], _cumulative(batches, BATCH_BUCKETS), sum_value=sum(int(b.get("sum", 0)) for b in batches)
+                [model], cumulative(batches, BATCH_BUCKETS), sum_value=sum(int(b.get("sum", 0)) for b in batches)
             )
             live = [r for r in mine if r.alive and r.info.get("verified")]
             verified.add_metric([model], len(live))
@@ -243,4 +243,5 @@ __all__ = [
     "ReplicaReport",
     "RequestCounts",
     "ServeMetrics",
+    "cumulative",
 ]

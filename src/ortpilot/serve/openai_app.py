@@ -7,7 +7,9 @@ JSON body or server-sent events ending in ``data: [DONE]``. When a client goes a
 cancels the ingress's request and its handle call; the replica's generator cancels the stream,
 and the scheduler frees the slot before its next step.
 
-The application mounts at ``/v1`` (``ROUTE_PREFIX``), so it runs beside other Serve
+The API lives under ``/v1`` (``ROUTE_PREFIX``); the application mounts at ``/``, where its ingress
+also answers ``/metrics`` (the engines of every decoder replica summed, ``decoder_metrics``) and the
+health probes ``/v2/health/live`` and ``/v2/health/ready``. It used to run beside other Serve
 applications on the same proxy and port. Ray is imported only inside the functions here.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -24,6 +27,7 @@ from typing import Any
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.serve.decoder import DecoderReplica, DecoderSpec
 from ortpilot.serve.http import replica_gone
+from ortpilot.serve.metrics import HEARTBEAT_S
 from ortpilot.serve.openai import (
     ApiError,
     GenerationRequest,
@@ -55,10 +59,23 @@ class DecoderDeployment(DecoderReplica):
 
         replica_logging()
         super().__init__(spec, threads)
+        self._ingress = None
+        self._replica = f"{os.getpid()}-{id(self)}"
 
-    def check_health(self) -> None:
+    async def check_health(self) -> None:
+        """Ray's health check, every few seconds: the engine must run; also the heartbeat that hands the
+        ingress this replica's engine counters for ``/metrics`` (async: a throughput-optimized replica's
+        handles work only on its event loop)."""
         if self.scheduler._thread is None or not self.scheduler._thread.is_alive():
             raise RuntimeError("the decode engine thread is not running")
+        try:
+            if self._ingress is None:
+                from ray import serve
+
+                self._ingress = serve.get_deployment_handle(INGRESS_NAME, app_name=APP_NAME)
+            self._ingress.report.remote(self.spec.name, self._replica, self.scheduler.counters())
+        except Exception:  # the ingress may not be up yet; the next heartbeat tries again
+            self._ingress = None
 
 
 def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Any:
@@ -76,6 +93,8 @@ def _error(exc: ApiError) -> Any:
     return _json(exc.status, exc.body(), exc.headers())
 
 
+HEALTH_PATHS = ("/v2/health/live", "/v2/health/ready")
+SERVER_PATHS = ("/metrics", *HEALTH_PATHS)
 RETRIES = 2  # a request whose replica died before its first token goes to another replica, this many times
 PUBLIC_INFO = ("pid", "source", "recent")  # what GET /v1/models/NAME shows only with --debug-info
 
@@ -105,15 +124,22 @@ class OpenAIIngress:
         self.debug_info = bool(settings.get("debug_info"))
         self.draining = False
         self.in_flight = 0  # requests being answered, streams included (drain waits for none)
+        from ortpilot.serve.decoder_metrics import DecoderMetrics
+
+        self.metrics = DecoderMetrics(list(self.handles))
+
+    async def report(self, model: str, replica: str, counters: dict[str, Any]) -> None:
+        """A decoder replica's heartbeat: its engine's cumulative counters."""
+        self.metrics.report(model, replica, counters)
 
     async def __call__(self, request: Any) -> Any:
         started = time.perf_counter()
-        path = request.url.path.rstrip("/")
-        path = path.removeprefix(ROUTE_PREFIX)
+        full = request.url.path.rstrip("/") or "/"
+        path = full.removeprefix(ROUTE_PREFIX) if full.startswith(ROUTE_PREFIX + "/") else full
         self.in_flight += 1
         streaming = False
         try:
-            verdict = self.guard.http(request.method, request.headers)
+            verdict = self.guard.http(request.method, request.headers, health=full in HEALTH_PATHS)
             if verdict is not None:
                 response = _verdict(verdict)
             elif self.draining:
@@ -124,6 +150,8 @@ class OpenAIIngress:
                     code="unavailable",
                     retry_after_s=1,
                 )
+            elif full in SERVER_PATHS and full == path:
+                response = self._server_route(request.method, full)
             else:
                 response = await self._route(request.method, path, request)
                 streaming = type(response).__name__ == "StreamingResponse"
@@ -142,11 +170,30 @@ class OpenAIIngress:
                 self.in_flight -= 1
         for key, value in self.guard.cors_headers(request.headers).items():
             response.headers[key] = value
+        model = getattr(request.state, "model", None)
+        if model is not None:
+            self.metrics.observe(model, response.status_code, time.perf_counter() - started)
         if self.access_log:
             from ortpilot.serve.http import log_request
 
             log_request(request, response.status_code, response.headers.get("content-length", "-"), started)
         return response
+
+    def _server_route(self, method: str, path: str) -> Any:
+        """``/metrics`` and the health probes: what this server says of itself."""
+        from starlette.responses import Response
+
+        if method != "GET":
+            raise ApiError(405, f"{method} is not allowed on {path} (use GET).", code="method_not_allowed")
+        if path == "/metrics":
+            body, content_type = self.metrics.render()
+            return Response(body, media_type=content_type)
+        if path == "/v2/health/live":
+            return _json(200, {"live": True})
+        _, reports = self.metrics.snapshot()
+        states = {name: any(m == name and alive for m, _, alive in reports) for name in self.handles}
+        ok = all(states.values()) and not self.draining
+        return _json(200 if ok else 503, {"ready": ok, "models": states})
 
     async def drain(self) -> None:
         """SIGTERM: new requests get 503 + Retry-After; those in flight finish."""
@@ -171,7 +218,9 @@ class OpenAIIngress:
                 raise ApiError(
                     405, f"{method} is not allowed on {ROUTE_PREFIX}{path} (use POST).", code="method_not_allowed"
                 )
-            return await self._generate(parse_request(kind, await self._body(request)))
+            req = parse_request(kind, await self._body(request))
+            request.state.model = req.model  # counted in /metrics under its model (or "(unknown)")
+            return await self._generate(req)
         if path == "/models" or path.startswith("/models/"):
             if method != "GET":
                 raise ApiError(
@@ -372,6 +421,7 @@ def openai_deployment(
             # Requests beyond the streams and the queue reach the scheduler, which answers 429 itself.
             max_ongoing_requests=spec.options.max_streams + spec.options.max_queue + 8,
             graceful_shutdown_timeout_s=10.0,
+            health_check_period_s=HEARTBEAT_S,
         )
         handles[spec.name] = model.bind(spec.to_dict(), max(1, int(cpus)))
     ingress = serve.deployment(
@@ -453,7 +503,8 @@ def run_openai_server(
                 "debug_info": server.debug_info,
             },
         )
-        return [serve.RunTarget(app, name=APP_NAME, route_prefix=ROUTE_PREFIX)]
+        # At /: the ingress answers /v1/... and /metrics and the health probes.
+        return [serve.RunTarget(app, name=APP_NAME, route_prefix="/")]
 
     return serve_until_stopped(
         build,

@@ -105,8 +105,18 @@ class DecoderOptions:
     max_queue: int = 64  # requests a replica queues beyond its streams (more get 429)
     max_length: int | None = None  # tokens per stream, prompt included (None: the model's positions, at most 1024)
     prefill_chunk: int = 0  # prefill long prompts this many tokens at a time (0: whole prompts)
+    # The engine (decode.options.EngineOptions): weight formats per step, prefix cache, speculation.
+    formats: tuple[str, ...] = ("base",)
+    format_min_top1: float = 0.9
+    prefix_cache_mb: float = 256.0  # 0: off
+    speculation: str = "auto"  # auto: prompt lookup where its drafts pay, per stream; on; off
+    draft_tokens: int = 4
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "formats", tuple(self.formats))
+        if self.prefix_cache_mb < 0:
+            raise UsageError(f"--prefix-cache-mb must be 0 (off) or more, got {self.prefix_cache_mb:g}.")
+        self.engine()  # the engine's own checks name the setting
         if self.chat_template not in CHAT_TEMPLATES:
             raise UsageError(f"--chat-template must be one of {', '.join(CHAT_TEMPLATES)}; got '{self.chat_template}'.")
         for flag, value, low in (
@@ -117,6 +127,18 @@ class DecoderOptions:
         ):
             if value < low:
                 raise UsageError(f"{flag} must be at least {low}, got {value}.")
+
+    def engine(self) -> Any:
+        """The ``decode.EngineOptions`` of these settings."""
+        from ortpilot.decode.options import EngineOptions
+
+        return EngineOptions(
+            formats=self.formats,
+            format_min_top1=self.format_min_top1,
+            prefix_cache_bytes=int(self.prefix_cache_mb * 2**20),
+            speculation=self.speculation,
+            draft_tokens=self.draft_tokens,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -299,9 +299,10 @@ class ModelReplica(UnservedRpcs):
     def describe(self) -> dict[str, Any]:
         return dict(self.info)
 
-    def check_health(self) -> None:
+    async def check_health(self) -> None:
         """Ray's health check, every few seconds: also the heartbeat that tells the server-wide application
-        this replica is alive and verified (it only exists once the constructor's verification passed)."""
+        this replica is alive and verified (it only exists once the constructor's verification passed).
+        Async: a throughput-optimized replica's handles work only on its event loop."""
         self._report()
 
     # -- running ------------------------------------------------------------------------------------
