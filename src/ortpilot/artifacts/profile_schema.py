@@ -218,6 +218,11 @@ _TOP: dict[str, Check] = {
     "accuracy": _json_value,
     "latency": _json_value,
     "machine": _machine,
+    # The class a fleet tune files the machine under (providers.machineclass checks its key and id).
+    "machine_class": _fields(
+        {"name": lambda v, n: _string(v, n, nonempty=True, limit=256), "id": _string, "key": _json_value},
+        required=("name", "id", "key"),
+    ),
     "ortpilot_version": lambda v, n: _string(v, n, limit=256),
     "candidate": _json_value,
     "reference_outputs": _fields(
