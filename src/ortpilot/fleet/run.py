@@ -38,6 +38,7 @@ log = logging.getLogger("ortpilot")
 FLEET_DIR = ".fleet"  # OUTDIR/.fleet/MODEL/CLASS/: each search's journal, for a resume elsewhere
 MAX_ATTEMPTS = 3
 START_TIMEOUT_S = 300.0  # a search whose node does not free its CPUs by then is given up there
+WAIT_NOTE_S = 20.0  # a search not started by then says what it waits for
 POLL_S = 1.0
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -195,6 +196,7 @@ class _Running:
     node: FleetNode
     since: float
     started: bool = False
+    waited: bool = False  # the wait for the node's CPUs was said
 
 
 class _Driver:
@@ -289,7 +291,7 @@ class _Driver:
             running[gen] = _Running(search, node, time.monotonic())
             verb = "resuming" if search.journal else "searching"
             self.say(
-                f"{search.title}: {verb} on node {node.node.short} (host {node.host}), budget {self.budget_s:.0f} s"
+                f"{search.title}: {verb} on node {node.node.id[:8]} (host {node.host}), budget {self.budget_s:.0f} s"
             )
 
     def _receive(self, gen: Any, running: dict[Any, _Running], pending: list[_Search]) -> None:
@@ -327,6 +329,12 @@ class _Driver:
 
         now = time.monotonic()
         for gen, run in list(running.items()):
+            if not run.started and not run.waited and now - run.since > WAIT_NOTE_S:
+                run.waited = True
+                self.say(
+                    f"{run.search.title}: waiting for node {run.node.node.id[:8]}'s {run.node.node.cpus} CPU(s); other "
+                    f"Ray work (a Serve application?) holds them. Given up after {START_TIMEOUT_S:.0f} s."
+                )
             late = not run.started and now - run.since > START_TIMEOUT_S
             over = run.started and now - run.since > 2 * self.budget_s + START_TIMEOUT_S
             if late or over:
