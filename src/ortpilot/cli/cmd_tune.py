@@ -125,6 +125,9 @@ def command(
 
 def _tune_fleet(models: list[str], address: str, out_dir: str, budget_s: float, options: dict, as_json: bool) -> None:
     """``--ray``: every machine class of the cluster, one bundle per model; progress lines on stderr."""
+    import contextlib
+    import sys
+
     from ortpilot.errors import FleetError
     from ortpilot.fleet.run import tune_fleet
 
@@ -140,8 +143,9 @@ def _tune_fleet(models: list[str], address: str, out_dir: str, budget_s: float, 
     def say(line: str) -> None:
         stderr.print(escape(line), highlight=False)
 
-    try:
-        result = tune_fleet(targets, address, out_dir, budget_s, **options, progress=say)
+    try:  # Ray prints what its raylets report (a worker that died) on stdout: --json keeps stdout for its document
+        with contextlib.redirect_stdout(sys.stderr):
+            result = tune_fleet(targets, address, out_dir, budget_s, **options, progress=say)
     except FleetError as exc:
         if as_json and exc.result is not None:
             emit_json(exc.result.to_dict())
