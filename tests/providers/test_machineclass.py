@@ -59,7 +59,9 @@ def test_a_ray_nodes_cpus_stand_in_for_the_budget_only_where_fewer():
 def test_a_process_pinned_to_one_cpu_is_of_the_one_cpu_class():
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs to pin to one")
-    code = "import json; from ortpilot.providers.machineclass import this_class; print(json.dumps(this_class().to_dict()))"
+    code = (
+        "import json; from ortpilot.providers.machineclass import this_class; print(json.dumps(this_class().to_dict()))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

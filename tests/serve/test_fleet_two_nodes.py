@@ -117,7 +117,18 @@ def test_two_classes_two_profiles_one_bundle_served_on_both_nodes(two_nodes, tmp
     print(f"\nfleet tune of demo:mlp on 2 classes: {wall:.1f} s wall ({doc['wall_s']:.1f} s inside)")
 
     server = Server(
-        [str(bundle), "--name", "m", "--address", address, "--replicas", "2", "--cpus-per-replica", "1", "--debug-info"],
+        [
+            str(bundle),
+            "--name",
+            "m",
+            "--address",
+            address,
+            "--replicas",
+            "2",
+            "--cpus-per-replica",
+            "1",
+            "--debug-info",
+        ],
         free_port(),
         tmp_path / "serve.err",
     )
@@ -127,7 +138,9 @@ def test_two_classes_two_profiles_one_bundle_served_on_both_nodes(two_nodes, tmp
         replicas = client.get_model_metadata("m")["ortpilot"]["replicas"]
         assert {r["node"] for r in replicas} == set(node_class)
         for replica in replicas:  # each replica verified the profile of its own node's class
-            assert replica["verified"] and f"class {node_class[replica['node']]} (this machine's class)" in replica["why"]
+            assert (
+                replica["verified"] and f"class {node_class[replica['node']]} (this machine's class)" in replica["why"]
+            )
         sess = ortpilot.load_profile(bundle, machine_class=this_class(1).name, intra_op_threads=1)
         other = ortpilot.load_profile(bundle, intra_op_threads=1)
         for seed in range(4):

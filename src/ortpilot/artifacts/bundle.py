@@ -17,7 +17,6 @@ layer's choice (``session.bundle``); the class key itself is ``providers.machine
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -168,22 +167,15 @@ def read_bundle(path: str | os.PathLike) -> Bundle:
         raise UsageError(
             f"'{path}' is not a bundle: it holds no {BUNDLE_FILE}. Write one with 'ortpilot tune MODEL --ray ADDRESS -o DIR'."
         )
-    if p.stat().st_size > MAX_BUNDLE_BYTES:
-        raise UsageError(f"'{p}' is {p.stat().st_size} bytes, more than a bundle.json ever is; it is not one.")
-    try:
-        doc = json.loads(p.read_bytes().decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise UsageError(
-            f"Bundle '{p}' is not valid JSON ({type(exc).__name__}: {str(exc)[:200]}). It was edited or "
-            "truncated; write it again with 'ortpilot tune ... --ray'."
-        ) from None
-    if not isinstance(doc, dict) or doc.get("format") != BUNDLE_FORMAT:
-        raise UsageError(f'\'{p}\' is not an ortpilot bundle (no "format": "{BUNDLE_FORMAT}").')
-    version = doc.get("version", 0)
-    if isinstance(version, int) and not isinstance(version, bool) and version > BUNDLE_VERSION:
-        raise UsageError(
-            f"Bundle '{p}' has format version {version}, newer than this ortpilot reads ({BUNDLE_VERSION}). Upgrade ortpilot."
-        )
+    doc = f.read_document(
+        p,
+        what="Bundle",
+        noun="an ortpilot bundle",
+        fmt=BUNDLE_FORMAT,
+        version=BUNDLE_VERSION,
+        limit=MAX_BUNDLE_BYTES,
+        fix="write it again with 'ortpilot tune ... --ray'",
+    )
     try:
         _TOP(doc, "")
     except f.Bad as bad:

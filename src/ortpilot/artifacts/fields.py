@@ -7,10 +7,15 @@ The callers turn a ``Bad`` into their own one-paragraph ``UsageError``.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+from ortpilot.errors import UsageError
 
 Check = Callable[[Any, str], None]
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -132,6 +137,36 @@ def optional(check: Check) -> Check:
     return lambda v, n: None if v is None else check(v, n)
 
 
+def read_document(
+    path: str | os.PathLike, *, what: str, noun: str, fmt: str, version: int, limit: int, fix: str
+) -> dict[str, Any]:
+    """A JSON document ortpilot wrote (``{"format": fmt, "version": N, ...}``), read as input: too large, not
+    JSON, not of ``fmt`` or of a newer version is a UsageError (exit 2) naming ``what`` and ``fix``.
+    ``noun``: what the file is (``an ortpilot profile``); ``fix``: the sentence that says how to get a good one."""
+    p = Path(path)
+    size = p.stat().st_size
+    if size > limit:
+        raise UsageError(
+            f"{what} '{p}' is {size} bytes, more than {noun} ever is ({limit} at most); it is not one. "
+            f"{fix[0].upper()}{fix[1:]}."
+        )
+    try:
+        doc = json.loads(p.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; deep nesting recurses
+        raise UsageError(
+            f"{what} '{p}' is not valid JSON ({type(exc).__name__}: {str(exc)[:200]}). It was edited "
+            f"or truncated; {fix}."
+        ) from None
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise UsageError(f'\'{p}\' is not {noun} (no "format": "{fmt}").')
+    found = doc.get("version", 0)
+    if isinstance(found, int) and not isinstance(found, bool) and found > version:
+        raise UsageError(
+            f"{what} '{p}' has format version {found}, newer than this ortpilot reads ({version}). Upgrade ortpilot."
+        )
+    return doc
+
+
 __all__ = [
     "SHA256",
     "Bad",
@@ -146,6 +181,7 @@ __all__ = [
     "list_of",
     "number",
     "optional",
+    "read_document",
     "sha256",
     "string",
 ]
