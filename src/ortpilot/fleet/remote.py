@@ -32,7 +32,7 @@ from ortpilot.fleet.payload import folder_files, pack, unpack
 from ortpilot.tuning.journal import JOURNAL_NAME
 from ortpilot.tuning.state import STATE_DIR
 
-POLL_S = 1.0
+POLL_S = 0.2  # how often the child and its journal are looked at (a stat each)
 JOURNAL_EVERY_S = 3.0  # a grown journal is sent at most this often (and once more at the end)
 LOG_TAIL = 3000
 
