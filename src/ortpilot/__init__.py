@@ -54,7 +54,8 @@ def tune(
 
 
 def load_profile(path: str, **kwargs: Any) -> VerifiedSession:
-    """Recreate and re-verify the session a tune profile describes."""
+    """Recreate and re-verify the session a tune profile describes; of a bundle (``ortpilot tune --ray``),
+    the profile of this machine's class (``session.bundle`` says which)."""
     from ortpilot.session.profile import load_profile as _load_profile
 
     return _load_profile(path, **kwargs)
