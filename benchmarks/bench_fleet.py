@@ -1,5 +1,4 @@
-"""Fleet tune targets (docs/concepts/fleets.md): the local two-node cluster against two local tunes, and the
-scheduler on a simulated catalogue.
+"""Fleet tune target (docs/concepts/fleets.md): the local two-node cluster against two local tunes.
 
 ``local``: starts a real Ray cluster on this machine (``ray.cluster_utils.Cluster``: a head with all of
 this machine's CPUs and a worker node with one, two machine classes), then, ``--repeat`` times in
@@ -9,11 +8,10 @@ ADDRESS`` with the same budget (its classes are tuned one after the other: one h
 command, timed from start to exit; the fleet tune's bundle is verified for both classes. Target:
 fleet wall <= 1.2 x the two local tunes' sum.
 
-``schedule``: the scheduler's plan (``ortpilot.fleet.schedule.plan``) for 5 models x 3 classes on 6
-nodes of 3 hosts with measured per-model tune times; target: within 10 % of the lower bound.
+The other fleet target, the scheduler's plan for 5 models x 3 classes on 6 nodes of 3 hosts against
+the lower bound, is a test that prints its plan: ``pytest -q -s tests/fleet/test_schedule.py -k catalogue``.
 
     .venv/bin/python benchmarks/bench_fleet.py local [--model demo:encoder] [--budget 60] [--repeat 2] [--json out.json]
-    .venv/bin/python benchmarks/bench_fleet.py schedule [--json out.json]
 """
 
 from __future__ import annotations
@@ -110,33 +108,6 @@ def local(args: argparse.Namespace) -> dict:
     return {"model": args.model, "budget_s": args.budget, "load_avg": os.getloadavg()[0], "runs": runs}
 
 
-def schedule(args: argparse.Namespace) -> dict:
-    from ortpilot.fleet.schedule import Job, Slot, lower_bound, plan
-
-    models = {"minilm-120": 103.2, "minilm-60": 57.2, "minilm-30": 26.2, "demo": 19.9, "cnn": 9.0}
-    classes = {"x86-vnni-8cpu": 1.0, "x86-avx2-4cpu": 1.15, "x86-avx2-2cpu": 1.3}
-    nodes = [
-        Slot("a1", "host-a", "x86-vnni-8cpu"),
-        Slot("a2", "host-a", "x86-avx2-4cpu"),
-        Slot("b1", "host-b", "x86-vnni-8cpu"),
-        Slot("b2", "host-b", "x86-avx2-2cpu"),
-        Slot("c1", "host-c", "x86-avx2-4cpu"),
-        Slot("c2", "host-c", "x86-avx2-2cpu"),
-    ]
-    jobs = [Job(m, c, s * f) for m, s in models.items() for c, f in classes.items()]
-    result = plan(jobs, nodes)
-    bound = lower_bound(jobs, nodes)
-    serial = sum(j.seconds for j in jobs)
-    print("| host | node | model | class | start s | end s |\n|---|---|---|---|---|---|")
-    for a in sorted(result.assignments, key=lambda a: (a.host, a.start_s)):
-        print(f"| {a.host} | {a.node} | {a.job.model} | {a.job.machine_class} | {a.start_s:.1f} | {a.end_s:.1f} |")
-    print(
-        f"\n{len(jobs)} searches on {len(nodes)} nodes of 3 hosts: wall {result.wall_s:.1f} s, lower bound "
-        f"{bound:.1f} s ({result.wall_s / bound:.3f}x, target <= 1.10x); one after the other {serial:.1f} s"
-    )
-    return {"wall_s": result.wall_s, "bound_s": bound, "ratio": result.wall_s / bound, "plan": result.to_dict()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -145,10 +116,8 @@ def main() -> None:
     run.add_argument("--budget", type=float, default=60.0)
     run.add_argument("--repeat", type=int, default=2)
     run.add_argument("--json", default=None)
-    sim = sub.add_parser("schedule", help="the scheduler on a simulated catalogue")
-    sim.add_argument("--json", default=None)
     args = parser.parse_args()
-    doc = local(args) if args.mode == "local" else schedule(args)
+    doc = local(args)
     write_json(args.json, {"script": "bench_fleet.py", "mode": args.mode, **doc, "when": time.strftime("%F %T")})
 
 
