@@ -164,6 +164,27 @@ def test_two_classes_two_profiles_one_bundle_served_on_both_nodes(two_nodes, tmp
         assert chosen == (this_class(1).name if one_cpu else this_class().name)
 
 
+def test_a_catalogue_tunes_into_one_bundle_per_model_one_search_at_a_time_on_one_host(two_nodes, tmp_path):
+    proc = subprocess.Popen(
+        [*CLI, "tune", "demo:mlp", "demo:cnn", "--ray", two_nodes["cluster"].address, "-o", str(tmp_path / "cat")]
+        + ["--budget", "10", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    code, doc, err = _finish(proc)
+    assert code == 0, err[-3000:]
+    assert sorted(m["name"] for m in doc["models"]) == ["cnn", "mlp"] and doc["complete"]
+    spans = sorted((c["start_s"], c["end_s"]) for m in doc["models"] for c in m["classes"])
+    assert len(spans) == 4 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # one host: one at a time
+    assert len(doc["plan"]["assignments"]) == 4 and not doc["plan"]["concurrent"]
+    for name in ("mlp", "cnn"):
+        written = json.loads((tmp_path / "cat" / name / "bundle.json").read_text())
+        assert written["complete"] and written["model"]["source"] == f"demo:{name}" and len(written["classes"]) == 2
+        assert ortpilot.load_profile(tmp_path / "cat" / name).bundle.chosen == this_class()
+
+
 def _child_on_one_cpu(deadline: float) -> int | None:
     """The Ray worker running the 1-CPU class's search: the parent of its ``ortpilot.fleet.child``."""
     while time.monotonic() < deadline:

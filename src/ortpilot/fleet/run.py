@@ -154,10 +154,17 @@ def _models(listed: Sequence[Any], out: Path, options: Mapping[str, Any], calibr
 
 
 def _model_name(label: str, path: Path) -> str:
+    """The bundle folder's name: the demo's name, a model folder's name (``onnx/model.onnx`` is its folder's), or
+    the file's stem."""
+    path = Path(path).resolve()
     if label.startswith("demo:"):
         base = label.split(":", 1)[1]
     elif Path(label).is_dir():
         base = Path(label).resolve().name
+    elif path.parent.name == "onnx":
+        base = path.parent.parent.name
+    elif path.stem == "model":
+        base = path.parent.name
     else:
         base = path.stem
     return _NAME.sub("_", base).strip("._-") or "model"
@@ -265,6 +272,10 @@ class _Driver:
         from ortpilot.fleet.remote import search as remote_search
 
         busy_hosts = {r.node.host for r in running.values()}
+        for search in pending:  # a node to avoid is only avoided while another of the class is alive
+            alive = {n.node.id for n in self.fleet.of_class(search.cls.id)} - self.dead
+            if alive and alive <= search.avoid:
+                search.avoid.clear()
         for host in sorted({s.host for s in self.slots} - busy_hosts):
             by_job = {s.job: s for s in pending}
             avoid = {s.job: s.avoid for s in pending if s.avoid}
