@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated cache dir, demo model paths, real models from PyPI packages."""
+"""Shared fixtures: an isolated cache dir, demo model paths, the demo encoder's profile, real models from PyPI
+packages."""
 
 from __future__ import annotations
 
@@ -55,3 +56,11 @@ def demo_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from ortpilot.models import write_demo_models
 
     return write_demo_models(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="session")
+def encoder_profile(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str, Path]) -> Path:
+    """The demo encoder's CPU profile, written once per session (tests/export, tests/cli/test_cmd_export.py)."""
+    from export_profiles import write_cpu_profile
+
+    return write_cpu_profile(tmp_path_factory.mktemp("encoder-profile"), demo_paths["encoder"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 class OrtpilotError(Exception):
-    """Base class. ``exit_code`` follows DESIGN.md: 1 verification failed, 2 bad input."""
+    """Base class. ``exit_code`` follows docs/concepts/failure-modes.md: 1 verification failed, 2 bad input."""
 
     exit_code: int = 2
 

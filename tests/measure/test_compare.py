@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from ortpilot.errors import UsageError
 from ortpilot.measure.compare import (
@@ -106,23 +105,3 @@ def test_compare_two_models_and_one_model_on_two_providers(demo_paths):
     assert two_eps.passed and "on cpu" in two_eps.test
     with pytest.raises(UsageError, match="exactly two providers"):
         compare_models(str(demo_paths["mlp"]), None, ["cpu"])
-
-
-def test_compare_cli_json_and_tolerance_exit_code(demo_paths):
-    from ortpilot.cli.main import cli
-
-    runner = CliRunner()
-    res = runner.invoke(cli, ["compare", str(demo_paths["mlp"]), str(demo_paths["mlp"]), "--json"])
-    assert res.exit_code == 0, res.output
-    doc = json.loads(res.stdout)
-    assert doc["passed"] and {"max_abs", "p99_rel", "cosine", "snr_db", "min_atol", "min_rtol"} <= set(
-        doc["outputs"][0]
-    )
-    # Different models (different seeds) exceed an explicit tolerance: exit 1 naming the output.
-    from ortpilot.artifacts.atomic import save_model
-    from ortpilot.models import make_mlp
-
-    other = save_model(make_mlp(seed=1), demo_paths["mlp"].parent / "mlp_seed1.onnx")
-    res = runner.invoke(cli, ["compare", str(demo_paths["mlp"]), str(other), "--atol", "1e-6"])
-    assert res.exit_code == 1
-    assert "exceed the given tolerances" in res.output and "minimum tolerance" in res.output

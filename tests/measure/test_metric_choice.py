@@ -1,24 +1,20 @@
 """``measure.metrics``: each output's metric chosen on evidence, the user's overrides, and the masked measures
-(on real sessions of models built in code), and what ``ortpilot compare`` prints of it."""
+(on real sessions of models built in code); what ``ortpilot compare`` prints of it is in
+tests/cli/test_cmd_compare.py."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from metric_models import (
     classifier,
     classifier_folder,
     padded_samples,
-    save,
     sentence_folder,
     three_outputs,
     token_model,
 )
 
-from ortpilot.cli.main import cli
 from ortpilot.data.folder import resolve_model_folder
 from ortpilot.errors import UsageError
 from ortpilot.measure.compare import compare_runs, run_samples
@@ -101,44 +97,3 @@ def test_compare_runs_carries_choice_and_masks():
     masked = compare_runs(ref, got, choices={"last_hidden_state": choice}, samples=samples).outputs[0]
     assert plain.metric == "cosine" and plain.error > 0.05  # chosen from the arrays alone: no mask known
     assert masked.metric == "masked_cosine" and masked.error < 1e-6 and masked.metric_evidence == choice.evidence
-
-
-@pytest.fixture(scope="module")
-def three(tmp_path_factory):
-    return save(three_outputs(), tmp_path_factory.mktemp("three") / "three.onnx")
-
-
-def test_compare_prints_each_metric_with_its_evidence(three):
-    res = CliRunner().invoke(cli, ["compare", str(three), str(three), "--json"])
-    assert res.exit_code == 0, res.output
-    outputs = {o["name"]: o for o in json.loads(res.stdout)["outputs"]}
-    assert outputs["embedding"]["metric"] == "cosine"
-    assert outputs["embedding"]["metric_evidence"] == "float vector [batch, 384], no class evidence"
-    assert (outputs["p"]["metric"], outputs["p"]["metric_evidence"]) == ("top1", "produced by Softmax through Identity")
-    assert (outputs["ids_out"]["metric"], outputs["ids_out"]["error"]) == ("exact", 0)
-    res = CliRunner().invoke(cli, ["compare", str(three), str(three), "--metric", "p=rel_l2"])
-    said = " ".join(res.output.split())
-    assert res.exit_code == 0 and "p: gate metric rel_l2 (set by --metric)" in said
-    assert "ids_out: gate metric exact (int64 output: compared exactly)" in said
-
-
-@pytest.mark.parametrize(
-    ("flag", "message"),
-    [("nope=cosine", "Its outputs: embedding, p, ids_out"), ("p=l1", "Valid metrics: cosine, top1, rel_l2")],
-)
-def test_compare_refuses_a_bad_metric_with_exit_2(three, flag, message):
-    res = CliRunner().invoke(cli, ["compare", str(three), str(three), "--metric", flag])
-    assert res.exit_code == 2 and message in " ".join(res.output.split()) and "Traceback" not in res.output
-
-
-def test_a_folder_given_to_compare_gives_its_evidence(tmp_path):
-    st = sentence_folder(tmp_path / "st")
-    res = CliRunner().invoke(cli, ["compare", str(st), str(st / "model.onnx"), "--json"])
-    assert res.exit_code == 0, res.output
-    (out,) = json.loads(res.stdout)["outputs"]
-    assert out["metric"] == "pooled_cosine" and out["error"] == 0
-    assert out["metric_evidence"] == "1_Pooling/config.json: mean pooling of [batch, sequence, 16] under attention_mask"
-    cls = classifier_folder(tmp_path / "cls")
-    res = CliRunner().invoke(cli, ["compare", str(cls), str(cls), "--json"])
-    (out,) = json.loads(res.stdout)["outputs"]
-    assert (out["metric"], out["metric_evidence"]) == ("top1", "config.json: BertForSequenceClassification")

@@ -9,7 +9,6 @@ import textwrap
 
 import onnx
 import pytest
-from click.testing import CliRunner
 
 from ortpilot.artifacts.stamp import read_stamp
 from ortpilot.artifacts.store import ModelStore
@@ -112,20 +111,3 @@ def test_fusion_runs_without_importing_torch(demo_paths, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("ok")
-
-
-def test_optimize_cli_fusion_json(demo_paths, tmp_path):
-    from ortpilot.cli.main import cli
-
-    out = tmp_path / "fused.onnx"
-    res = CliRunner().invoke(
-        cli, ["optimize", str(demo_paths["encoder"]), "-o", str(out), "--fusion", "auto", "--json"]
-    )
-    assert res.exit_code == 0, res.output
-    doc = json.loads(res.stdout)
-    assert doc["record"]["fused"]["Attention"] == 2 and out.is_file()
-    res = CliRunner().invoke(
-        cli, ["optimize", str(demo_paths["mlp"]), "-o", str(tmp_path / "m.onnx"), "--level", "extended"]
-    )
-    assert res.exit_code == 0, res.output
-    assert "nodes" in res.output

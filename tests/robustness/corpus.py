@@ -2,7 +2,7 @@
 
 Every case builds its inputs in a fresh folder (no committed binaries), names the command it
 runs (a CLI command, or ``load_profile`` / ``load`` for the Python API) and says what a user
-must see: the exit code DESIGN.md prescribes (2 bad input, 1 verification failed, 0 for NaN
+must see: the exit code docs/concepts/failure-modes.md prescribes (2 bad input, 1 verification failed, 0 for NaN
 feeds, which only warn) and the key words of the one-paragraph message. ``test_corpus.py``
 runs them and also checks that nothing is left behind in the output folder, the cwd or the cache.
 """

@@ -1,6 +1,6 @@
 """Run every corpus case through the CLI (or the Python API) and check what the user gets and what is left.
 
-A case passes when the exit code is the one DESIGN.md prescribes, the message holds its key
+A case passes when the exit code is the one docs/concepts/failure-modes.md prescribes, the message holds its key
 words in one paragraph without a traceback, and the output folder, the cwd, $TMPDIR and the
 cache hold nothing but what a successful command wrote (no partial, temp or orphaned files).
 """

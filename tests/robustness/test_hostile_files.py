@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -223,7 +224,32 @@ def open_tmp() -> Path:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+_IMPORTS: dict[tuple[int, int], str] = {}
+
+
+def _skip_unless_importable_as(uid: int, gid: int) -> None:
+    """Skip (with the reason) when user ``uid`` cannot run this checkout's ortpilot: a clone in a folder of
+    mode 700, or a virtual environment only its owner can read, is not readable by another user."""
+    if (uid, gid) not in _IMPORTS:
+        probe = subprocess.run(
+            [*as_user(uid, gid), sys.executable, "-c", "import ortpilot.cli.main"],
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        lines = (probe.stderr.strip().splitlines() or ["no output"]) if probe.returncode else []
+        _IMPORTS[uid, gid] = lines[-1] if lines else ""
+    if _IMPORTS[uid, gid]:
+        pytest.skip(
+            f"user {uid} cannot import ortpilot from this checkout or its Python ({_IMPORTS[uid, gid]}); "
+            "put the checkout and its virtual environment where other users can read them to run this test"
+        )
+
+
 def _run_as(uid: int, gid: int, root: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    _skip_unless_importable_as(uid, gid)
     home = root / f"home{uid}"
     home.mkdir(exist_ok=True)
     os.chown(home, uid, gid)

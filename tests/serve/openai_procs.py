@@ -24,8 +24,11 @@ def client_modules() -> tuple[Any, Any]:
 class OpenAIServer(Server):
     """``ortpilot serve MODEL ... --address RAY`` on a free port; ``base_url`` is its OpenAI API."""
 
-    def __init__(self, args: list[str], ray_address: str, log: Path, timeout: float = 240.0) -> None:
-        super().__init__([*args, "--address", ray_address, "--no-access-log"], free_port(), log, timeout)
+    def __init__(
+        self, args: list[str], ray_address: str, log: Path, timeout: float = 240.0, access_log: bool = False
+    ) -> None:
+        extra = [] if access_log else ["--no-access-log"]
+        super().__init__([*args, "--address", ray_address, *extra], free_port(), log, timeout)
         self.base_url = f"http://{self.url}/v1"
         if not self.ready:
             self.stop()

@@ -207,7 +207,9 @@ def _settled_metrics(server, until=None, timeout: float = 20.0) -> dict[str, flo
     while time.monotonic() < deadline:
         if until is not None and until(last):
             return last
-        time.sleep(HEARTBEAT_S / 2)
+        # Settled means a heartbeat came in between (a replica reports at most every REPORT_S after requests,
+        # so its last counts may wait for the next heartbeat): scrapes further apart than one.
+        time.sleep(HEARTBEAT_S / 2 if until is not None else HEARTBEAT_S + 0.5)
         now = _metrics(server)
         if until is None and now == last:
             return now

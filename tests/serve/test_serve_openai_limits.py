@@ -37,6 +37,7 @@ def slow_server(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> I
             "1",
             "--max-length",
             "1024",
+            "--debug-info",  # GET /v1/models/NAME lists the replica's recent requests only then
         ],
         ray_address,
         folder / "slow.err",

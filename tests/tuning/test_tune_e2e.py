@@ -1,67 +1,14 @@
-"""End to end: ``ortpilot tune`` writes its four outputs and the profile reproduces the winner exactly."""
+"""A tune end to end through the library: the reference inputs come from the source model (so a fused winner
+reproduces), and a decoder is searched with GQA and weight-only candidates. The command's own end-to-end run
+(no arguments, four outputs, the profile reproducing the winner) is in tests/cli/test_cmd_tune.py."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
-from click.testing import CliRunner
-
 import ortpilot
-from ortpilot.cli.main import cli
 from ortpilot.tuning.reference import array_digest as _digest
 from ortpilot.tuning.reference import reference_feeds
-
-
-def test_tune_without_arguments_writes_outputs_and_profile_reproduces_winner(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(cli, ["tune", "--budget", "25"])
-    assert result.exit_code == 0, result.output
-    out = tmp_path / "ortpilot-out"
-    for name in ("model.onnx", "profile.json", "report.html", "report.md"):
-        assert (out / name).is_file(), name
-    said = " ".join(result.output.split())  # rich wraps long lines: a winner's label can push "default" down
-    profile = json.loads((out / "profile.json").read_text())
-    if profile["default_best"]:  # the headline says what the profile holds, and nothing else
-        assert "ORT's default session was already best:" in said and "Winner:" not in said
-    else:
-        ratio = profile["latency"]["speedup_vs_default"]["ratio"]
-        assert f"Winner: {profile['candidate']['label']} — {ratio:.2f}x ORT's default on p50" in said
-        assert "already best" not in said
-    assert profile["model"]["file"] == "model.onnx"
-    assert profile["accuracy"]["passed"] is True
-    assert "data:image/png;base64," in (out / "report.html").read_text()
-
-    sess = ortpilot.load_profile(str(out / "profile.json"))
-    # The tune's own held-out sample, regenerated from the source model (checked by its hash): a
-    # fused winner hides the embedding Gather, so inputs generated from it would differ.
-    feeds = reference_feeds(profile)
-    outputs = sess.run(None, feeds)
-    names = [o.name for o in sess.get_outputs()]
-    expected = profile["reference_outputs"]["sha256"]
-    # Bit-exact: ORT's CPU kernels are deterministic for a fixed thread count, and the profile
-    # recreates the winner's settings (threads included).
-    assert expected and {n: _digest(o) for n, o in zip(names, outputs)} == expected
-    assert sess.profile["candidate"]["id"] == profile["candidate"]["id"]
-
-
-def test_tune_json_is_one_document(tmp_path, demo_paths):
-    result = CliRunner().invoke(
-        cli, ["tune", str(demo_paths["mlp"]), "-o", str(tmp_path / "o"), "--budget", "12", "--no-quantize", "--json"]
-    )
-    assert result.exit_code == 0, result.stderr
-    doc = json.loads(result.stdout)
-    assert doc["baseline"]["label"] == "ORT default"
-    assert {c["status"] for c in doc["candidates"]} <= {
-        "ok",
-        "rejected",
-        "failed",
-        "crashed",
-        "skipped",
-        "budget",
-        "timeout",
-    }
-    assert np.isfinite(doc["speedup"]["ratio"])
 
 
 def test_reference_inputs_come_from_the_source_model_so_a_fused_winner_reproduces(tmp_path, demo_paths):

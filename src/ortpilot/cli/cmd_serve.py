@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from ortpilot.cli.common import emit_json, handle_errors, json_option, stderr, stdout
 from ortpilot.cli.serve_openai import decoder_options, openai_options
+from ortpilot.errors import UsageError
 
 _STARTED = time.perf_counter()  # cold start counts from the command's start, imports included
 
@@ -50,9 +51,19 @@ _STARTED = time.perf_counter()  # cold start counts from the command's start, im
     help="Dynamic batching: stack up to B requests of the same shape (models with a batch dim; 1: off).",
 )
 @click.option(
-    "--batch-wait-ms", type=float, default=2.0, show_default=True, help="How long a batch waits for more requests."
+    "--batch-wait-ms",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Hold a short batch this long for more requests (0: a batch is what waited while the last run was busy).",
 )
-@click.option("--max-request-mb", type=float, default=64.0, show_default=True, help="Larger request bodies get 413.")
+@click.option(
+    "--max-request-mb",
+    type=float,
+    default=64.0,
+    show_default=True,
+    help="Larger request bodies get 413 (Open Inference Protocol, gRPC and /v1).",
+)
 @click.option(
     "--grpc-port",
     type=int,
@@ -96,7 +107,47 @@ _STARTED = time.perf_counter()  # cold start counts from the command's start, im
     help="Seconds a kept-alive connection may sit idle.",
 )
 @click.option(
-    "--debug-info", is_flag=True, help="Model metadata shows each replica's PID, host, node id and profile path."
+    "--max-header-kb",
+    type=click.IntRange(min=1, max=128),
+    default=32,
+    show_default=True,
+    help="Request line and headers together, in KiB (HAProxy answers 431 beyond).",
+)
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    envvar="ORTPILOT_API_KEY",
+    metavar="KEY",
+    help="Require 'Authorization: Bearer KEY' on every route but /v2/health/* (repeatable; or ORTPILOT_API_KEY, "
+    "keys separated by spaces, which keeps them out of ps).",
+)
+@click.option(
+    "--api-key-file",
+    default=None,
+    metavar="FILE",
+    help="Keys one per line ('#' comments); every replica reads the file again when it changes (rotation).",
+)
+@click.option("--auth-health", is_flag=True, help="Health probes (/v2/health/*, gRPC ServerLive/Ready) need a key too.")
+@click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="A browser origin (scheme://host[:port], or '*') whose pages may call the server (repeatable); "
+    "requests from other origins get 403.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A Host name the server answers to besides 127.0.0.1/localhost/::1 (repeatable; against DNS rebinding).",
+)
+@click.option(
+    "--debug-info",
+    is_flag=True,
+    help="Metadata shows each replica's PID, host, node id and profile path, and a decoder's recent requests.",
 )
 @click.option("--address", default=None, help="Join this Ray cluster (default: start a local Ray instance).")
 @click.option(
@@ -142,6 +193,12 @@ def command(
     header_timeout: int,
     request_timeout: int,
     idle_timeout: int,
+    max_header_kb: int,
+    api_keys: tuple[str, ...],
+    api_key_file: str | None,
+    auth_health: bool,
+    cors_origins: tuple[str, ...],
+    allowed_hosts: tuple[str, ...],
     debug_info: bool,
     address: str | None,
     ready_timeout: float,
@@ -169,6 +226,7 @@ def command(
     --max-streams requests together on one shared KV buffer (continuous batching).
     """
     from ortpilot.serve import plan as serving
+    from ortpilot.serve.access import access_options
     from ortpilot.serve.fastpath import Timeouts
     from ortpilot.serve.options import ServeOptions, ServerOptions, parse_autoscale
 
@@ -192,6 +250,14 @@ def command(
         throughput_optimized=throughput_optimized,
         timeouts=Timeouts(header_timeout, request_timeout, idle_timeout),
         debug_info=debug_info,
+        access=access_options(
+            api_keys,
+            api_key_file,
+            auth_health=auth_health,
+            cors_origins=cors_origins,
+            allowed_hosts=allowed_hosts,
+        ),
+        max_header_kb=max_header_kb,
     )
     served = serving.plan(list(profiles), list(names), options, decoder_options(decoder), manifest=bool(rayservice))
     for spec in served.models:
@@ -200,11 +266,20 @@ def command(
     if rayservice:
         from ortpilot.serve.rayservice import write_rayservice
 
+        if server.access != access_options():
+            raise UsageError(
+                "--emit-rayservice does not carry --api-key, --api-key-file, --cors-origin or --allowed-host into "
+                "the manifest; put authentication in front of the RayService (an Ingress or a gateway)."
+            )
+
         path = write_rayservice(rayservice, list(served.models), options, host="0.0.0.0", port=port, image=image)
         stderr.print(
             f"Wrote the RayService manifest {path} (kubectl apply -f {path}, with KubeRay installed)", highlight=False
         )
         return
+
+    for warning in server.access.warnings(host):
+        stderr.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
 
     def ready(models: Any) -> None:
         if as_json:

@@ -375,32 +375,53 @@ class Scheduler:
         for stream in streams:
             if budget <= 0:
                 break
-            if stream.prefilled == 0 and stream.match is not None and stream.match.tokens:
-                self.cache.load(self.loop, stream.slot, stream.match)  # type: ignore[union-attr, arg-type]
-                stream.prefilled = stream.match.tokens
-            remaining = len(stream.prompt) - stream.prefilled
-            take = chunk_length(remaining, 0 if math.isinf(budget) else int(budget))
-            start = stream.prefilled
-            loop = self.formats.for_prefill(take)
-            logits = loop.prefill(stream.slot, stream.prompt[start : start + take], start)  # type: ignore[arg-type]
-            stream.prefilled += take
-            self.engine.prefill_tokens += take
-            budget -= take
-            if stream.prefilled < len(stream.prompt):
-                continue
-            if self.cache is not None:
-                self.cache.store(self.loop, stream.slot, stream.prompt)  # type: ignore[arg-type]
-                with self._cond:
-                    self._unpin(stream)
-            token = stream._sample(logits)
+            budget -= self._isolated(stream, self._prefill_one, stream, budget)
+
+    def _prefill_one(self, stream: Stream, budget: float) -> int:
+        """One prefill chunk of ``stream`` (the last one samples its first token); returns the tokens taken."""
+        if stream.prefilled == 0 and stream.match is not None and stream.match.tokens:
+            self.cache.load(self.loop, stream.slot, stream.match)  # type: ignore[union-attr, arg-type]
+            stream.prefilled = stream.match.tokens
+        remaining = len(stream.prompt) - stream.prefilled
+        take = chunk_length(remaining, 0 if math.isinf(budget) else int(budget))
+        start = stream.prefilled
+        loop = self.formats.for_prefill(take)
+        logits = loop.prefill(stream.slot, stream.prompt[start : start + take], start)  # type: ignore[arg-type]
+        stream.prefilled += take
+        self.engine.prefill_tokens += take
+        if stream.prefilled < len(stream.prompt):
+            return take
+        if self.cache is not None:
+            self.cache.store(self.loop, stream.slot, stream.prompt)  # type: ignore[arg-type]
             with self._cond:
-                self._prefilling.remove(stream)
-                self._active[stream.slot] = stream  # type: ignore[index]
-            self._deliver(stream, token)
+                self._unpin(stream)
+        token = stream._sample(logits)
+        with self._cond:
+            self._prefilling.remove(stream)
+            self._active[stream.slot] = stream  # type: ignore[index]
+        self._deliver(stream, token)
+        return take
+
+    def _isolated(self, stream: Stream, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args)`` for one stream: if it raises (its sampling, its stop handling, its token callback,
+        its own prefill), that stream ends with the error and the others go on. Returns 0 then."""
+        try:
+            return work(*args)
+        except Exception as exc:
+            log.debug("request %s failed and ends alone: %s", stream.id, exc)  # its caller reports stream.error
+            error = exc if isinstance(exc, OrtpilotError) else RuntimeError(f"the request failed: {exc}")
+            with self._cond:
+                if not stream.done:
+                    self._retire(stream, "error", error)
+            return 0
 
     def _decode(self, active: dict[int, Stream]) -> None:
-        if len(active) == 1 and self._speculate(*next(iter(active.items()))):
-            return
+        if len(active) == 1:
+            slot, stream = next(iter(active.items()))
+            if self._isolated(stream, self._speculate, slot, stream):
+                return
+            if stream.done:
+                return
         rows = max(active) + 1
         start = time.perf_counter()
         logits = self.formats.for_step(rows).step({slot: s.tokens[-1] for slot, s in active.items()})
@@ -410,7 +431,10 @@ class Scheduler:
         self.rows_decoded += len(active)
         self.engine.step(rows)
         for slot, stream in active.items():
-            self._deliver(stream, stream._sample(logits[slot]))
+            self._isolated(stream, self._sample_and_deliver, stream, logits[slot])
+
+    def _sample_and_deliver(self, stream: Stream, logits: np.ndarray) -> None:
+        self._deliver(stream, stream._sample(logits))
 
     def _speculate(self, slot: int, stream: Stream) -> bool:
         """A stream decoding alone: verify its prompt-lookup draft in one run; False if it takes a plain step."""

@@ -50,8 +50,10 @@ def model_file(spec: ModelSpec) -> Path:
 def model_metadata(spec: ModelSpec, options: ServeOptions, cpus: float, debug_info: bool = False) -> dict[str, Any]:
     """What a model's metadata says before any replica is up: tensors, batching, the settings."""
     from ortpilot.modelio import load_model
+    from ortpilot.serve.limits import input_limits
 
-    inputs, outputs, batch_dim = tensor_metadata(load_model(model_file(spec), load_external_data=False))
+    model = load_model(model_file(spec), load_external_data=False)
+    inputs, outputs, batch_dim = tensor_metadata(model)
     batching = batch_dim and options.max_batch > 1
     facts = {
         "kind": spec.kind,
@@ -62,7 +64,12 @@ def model_metadata(spec: ModelSpec, options: ServeOptions, cpus: float, debug_in
     }
     if debug_info:
         facts.update({"source": spec.source, "path": spec.path})
-    return {"tensors": {"inputs": inputs, "outputs": outputs}, "batch_dim": batch_dim, "facts": facts}
+    return {
+        "tensors": {"inputs": inputs, "outputs": outputs},
+        "batch_dim": batch_dim,
+        "facts": facts,
+        "limits": input_limits(model).to_dict(),
+    }
 
 
 def _specs(profiles: Any, names: Sequence[str]) -> list[ModelSpec]:
@@ -122,6 +129,8 @@ def model_application(
             "server_app": server_app,
             "tensors": meta["tensors"],
             "facts": meta["facts"],
+            "limits": meta["limits"],
+            "access": server.access.policy(server.host),
             "max_request_mb": options.max_request_mb,
             "request_timeout_s": server.timeouts.request_s,
             "access_log": options.access_log,
@@ -130,7 +139,7 @@ def model_application(
     )
 
 
-def server_application(specs: Sequence[ModelSpec], options: ServeOptions) -> Any:
+def server_application(specs: Sequence[ModelSpec], options: ServeOptions, server: ServerOptions | None = None) -> Any:
     """The server-wide application (not yet running): health, metadata, /metrics, unclaimed paths."""
     from ortpilot.serve.server import ServerApp
 
@@ -143,7 +152,11 @@ def server_application(specs: Sequence[ModelSpec], options: ServeOptions) -> Any
         max_ongoing_requests=SERVER_MAX_ONGOING,
         graceful_shutdown_timeout_s=20.0,
     )
-    return app.bind({s.name: s.name for s in specs}, {"access_log": options.access_log})
+    server = server or ServerOptions()
+    return app.bind(
+        {s.name: s.name for s in specs},
+        {"access_log": options.access_log, "access": server.access.policy(server.host)},
+    )
 
 
 def applications(
@@ -171,7 +184,7 @@ def applications(
         )
         for spec in specs
     ]
-    return [*targets, serve.RunTarget(server_application(specs, options), name=SERVER_APP, route_prefix="/")]
+    return [*targets, serve.RunTarget(server_application(specs, options, server), name=SERVER_APP, route_prefix="/")]
 
 
 def deployment(

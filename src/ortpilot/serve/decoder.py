@@ -297,8 +297,14 @@ class DecoderReplica:
                 delta += text.finish()
             if delta:
                 yield {"type": "delta", "text": delta}
-        if stream.error is not None and not text.stopped:
-            raise ApiError(500, f"generation failed: {stream.error}", kind="server_error")
+        if stream.error is not None and not text.stopped:  # this stream's alone: the others decode on
+            from ortpilot.serve.http import internal_error
+            from ortpilot.serve.limits import clean_ort_message
+
+            ident = internal_error(f"stream {stream.id} of '{self.spec.name}'", stream.error)
+            raise ApiError(
+                500, f"generation failed: {clean_ort_message(str(stream.error))}; {ident}", kind="server_error"
+            )
 
     def _record(self, stream: Any) -> None:
         async def later() -> None:  # the engine retires a cancelled stream at its next step

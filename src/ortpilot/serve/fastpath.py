@@ -12,7 +12,8 @@ controller starts (HAProxy, replicas), so they travel as the controller's ``runt
 Every port Ray would open on a fixed default (HAProxy's stats and Prometheus listeners, the
 fallback proxy, the replicas' ports) gets a free one on this server's host, so two servers on
 one machine do not collide, and an HAProxy wrapper written into the server's run folder moves
-the listeners Ray binds on all interfaces onto loopback and adds the timeouts Ray leaves out.
+the listeners Ray binds on all interfaces onto loopback, adds the timeouts and the header limit Ray
+leaves out, and makes HAProxy's own answers (408, 431, 503, 404) speak the protocol's JSON shape.
 No Ray import here: the environment must exist before Ray reads it.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import socket
 import stat
@@ -169,33 +171,133 @@ def _free(host: str, port: int) -> bool:
 
 WRAPPER = """#!/bin/sh
 # ortpilot's HAProxy wrapper (RAY_SERVE_HAPROXY_BINARY_PATH): Ray writes the config, then runs
-# `haproxy -f CFG ...` on every reload. Before the real binary starts: the listeners Ray binds on all
-# interfaces (stats, Prometheus) move to loopback, the defaults get the request timeouts Ray leaves
-# out and buffer a request's body before it goes to a replica (so a request whose replica died can be
-# replayed on another), and gRPC calls without an `application` header go to the app that can answer them.
+# `haproxy -f CFG ...` on every reload. Before the real binary starts, rewrite.sed (beside this
+# script) edits the config: the listeners Ray binds on all interfaces move to loopback, the defaults
+# get the request timeouts Ray leaves out and buffer a request's body before it goes to a replica
+# (so a request whose replica died can be replayed on another), the error pages answer in the
+# protocol's JSON shape, headers over the limit get 431, and gRPC calls without an `application`
+# header go to the app that can answer them.
 cfg=""; prev=""
 for a in "$@"; do [ "$prev" = "-f" ] && cfg="$a"; prev="$a"; done
-if [ -n "$cfg" ] && [ -f "$cfg" ]; then
-  sed -i -E 's/^([[:space:]]*bind )(\\*)?:([0-9]+)/\\1127.0.0.1:\\3/' "$cfg"
-  if ! grep -q "ortpilot timeouts" "$cfg"; then
-    sed -i -E '0,/^defaults/s//defaults\\n    # ortpilot timeouts\\n    timeout http-request {header_s}s\\n    timeout http-keep-alive {idle_s}s\\n    option http-buffer-request/' "$cfg"
-  fi
+if [ -n "$cfg" ] && [ -f "$cfg" ] && ! grep -q "ortpilot timeouts" "$cfg"; then
+  sed -i -E -f "{folder}/rewrite.sed" "$cfg"
   if [ -n "{grpc_app}" ] && grep -q "^backend grpc-{grpc_app}$" "$cfg"; then
     sed -i -E 's/^([[:space:]]*default_backend )default_grpc_backend$/\\1grpc-{grpc_app}/' "$cfg"
   fi
 fi
 exec "{binary}" "$@"
 """
+REASONS = {400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 500: "Internal Server Error"}
+REASONS |= {503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
-def write_wrapper(folder: Path, binary: str, timeouts: Timeouts, grpc_app: str = "") -> Path:
-    """The HAProxy wrapper script in ``folder`` (the server's run folder), executable."""
+def error_json(protocol: str, message: str, code: str, server_side: bool = False) -> bytes:
+    """An error body in the protocol's shape: OIP ``{"error": "..."}``, OpenAI ``{"error": {...}}``."""
+    if protocol == "openai":
+        kind = "server_error" if server_side else "invalid_request_error"
+        doc: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    else:
+        doc = {"error": message}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _error_pages(timeouts: Timeouts, max_header_kb: int) -> dict[int, tuple[str, str, bool]]:
+    """HAProxy's own answers (status -> message, code, the server's fault): it answers these itself,
+    before any replica sees the request."""
+    return {
+        400: ("The request is not valid HTTP, or one header line is too long.", "bad_request", False),
+        404: ("No route for this path.", "not_found", False),
+        408: (
+            f"The request (its headers, and a body of up to {HAPROXY_BUFSIZE // 1024} KiB) did not arrive within "
+            f"{timeouts.header_s} s (--header-timeout); send it faster.",
+            "request_timeout",
+            False,
+        ),
+        431: (
+            f"The request's headers are over the limit of {max_header_kb} KiB (--max-header-kb).",
+            "headers_too_large",
+            False,
+        ),
+        500: ("The server's proxy failed to handle the request; retry.", "server_error", True),
+        503: ("No replica could take the request now (starting, restarting or draining); retry.", "unavailable", True),
+        504: ("No replica answered in time; retry.", "timeout", True),
+    }
+
+
+def _write_pages(folder: Path, protocol: str, timeouts: Timeouts, max_header_kb: int) -> dict[int, Path]:
+    """The error files HAProxy answers with (``errorfile``: whole responses; 404/431: bodies for ``return``)."""
+    paths = {}
+    for status, (message, code, server_side) in _error_pages(timeouts, max_header_kb).items():
+        body = error_json(protocol, message, code, server_side)
+        if status in (404, 431):
+            path = folder / f"e{status}.json"
+            path.write_bytes(body)
+        else:
+            head = [f"HTTP/1.1 {status} {REASONS[status]}", "Content-Type: application/json", "Cache-Control: no-cache"]
+            head += ["Retry-After: 1"] if status == 503 else []
+            head += ["Connection: close", f"Content-Length: {len(body)}", "", ""]
+            path = folder / f"e{status}.http"
+            path.write_bytes("\r\n".join(head).encode() + body)
+        paths[status] = path
+    return paths
+
+
+def rewrite_script(pages: dict[int, Path], timeouts: Timeouts, max_header_kb: int, hide_routes: bool = False) -> str:
+    """The sed program (GNU sed -E) the wrapper runs on Ray's haproxy.cfg before every (re)load."""
+    limit = max_header_kb * 1024
+    defaults = [
+        "# ortpilot timeouts",
+        f"timeout http-request {timeouts.header_s}s",
+        f"timeout http-keep-alive {timeouts.idle_s}s",
+        "option http-buffer-request",
+        *(f"errorfile {code} {pages[code]}" for code in (400, 408, 500)),
+    ]
+    lines = [
+        # Listeners Ray binds on all interfaces (stats, Prometheus) -> loopback.
+        r"s/^([[:space:]]*bind )(\*)?:([0-9]+)/\1127.0.0.1:\3/",
+        # The syslog target nobody reads: its UDP socket binds all interfaces (ortpilot logs each request).
+        r"s/^([[:space:]]*)log 127\.0\.0\.1:514 .*$/\1# ortpilot: no syslog target/",
+        # Timeouts, body buffering and the protocol's own error pages, first in the defaults.
+        "0,/^defaults$/s|^defaults$|defaults" + "".join(rf"\n    {line}" for line in defaults) + "|",
+        # Ray sends 502/503/504 as a plain-text 500; the protocol's 503 (with Retry-After) / 504 instead.
+        *(rf"s|^([[:space:]]*errorfile {code} ).*$|\1{pages[503]}|" for code in (502, 503)),
+        rf"s|^([[:space:]]*errorfile 504 ).*$|\1{pages[504]}|",
+        # The default backend echoes the path in plain text; a JSON 404 instead.
+        r"s|^([[:space:]]*http-request return status 404 content-type )text/plain lf-string .*$|"
+        rf"\1application/json file {pages[404]}|",
+        # Headers over the limit: 431 (HTTP) / RESOURCE_EXHAUSTED (gRPC), before any routing.
+        "/^frontend http_frontend$/a\\",
+        f"    http-request return status 431 content-type application/json file {pages[431]} "
+        f"if {{ req.hdrs,length gt {limit} }}",
+        "/^frontend grpc_frontend$/a\\",
+        "    http-request return status 200 content-type application/grpc hdr grpc-status 8 hdr grpc-message "
+        f'"request headers are over the limit of {max_header_kb} KiB" if {{ req.hdrs,length gt {limit} }}',
+    ]
+    if hide_routes:  # Ray's route list names every application: with keys on, only key holders learn them
+        lines.append(
+            r"s|^([[:space:]]*http-request return status )200( content-type application/json )string .* if routes$|"
+            rf"\1404\2file {pages[404]} if routes|"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_wrapper(
+    folder: Path,
+    binary: str,
+    timeouts: Timeouts,
+    grpc_app: str = "",
+    *,
+    protocol: str = "oip",
+    max_header_kb: int = 32,
+    hide_routes: bool = False,
+) -> Path:
+    """The HAProxy wrapper script in ``folder`` (the server's run folder), executable, with its sed program
+    and error pages beside it."""
+    pages = _write_pages(folder, protocol, timeouts, max_header_kb)
+    (folder / "rewrite.sed").write_text(rewrite_script(pages, timeouts, max_header_kb, hide_routes))
     path = folder / "haproxy"
     path.write_text(
-        WRAPPER.replace("{header_s}", str(timeouts.header_s))
-        .replace("{idle_s}", str(timeouts.idle_s))
-        .replace("{grpc_app}", grpc_app)
-        .replace("{binary}", binary)
+        WRAPPER.replace("{folder}", str(folder)).replace("{grpc_app}", grpc_app).replace("{binary}", binary)
     )
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return path
@@ -209,9 +311,13 @@ def environment(
     host: str,
     grpc_app: str = "",
     proxy_callback: str = "",
+    protocol: str = "oip",
+    max_header_kb: int = 32,
+    hide_routes: bool = False,
 ) -> tuple[dict[str, str], IngressPath]:
     """The controller's environment for ``path``, with every port it opens chosen free on ``host``;
-    returns it and the path with its ports filled in."""
+    returns it and the path with its ports filled in. ``protocol`` (``oip`` or ``openai``) shapes the
+    error pages HAProxy answers itself; ``hide_routes`` answers Ray's ``/-/routes`` with a 404."""
     bind = "127.0.0.1" if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
     env = {
         "RAY_SERVE_ENABLE_HA_PROXY": "1" if path.haproxy else "0",
@@ -244,7 +350,17 @@ def environment(
         stats, metrics, fallback_http, fallback_grpc = (free_port() for _ in range(4))
         env.update(
             {
-                "RAY_SERVE_HAPROXY_BINARY_PATH": str(write_wrapper(folder, binary, timeouts, grpc_app)),
+                "RAY_SERVE_HAPROXY_BINARY_PATH": str(
+                    write_wrapper(
+                        folder,
+                        binary,
+                        timeouts,
+                        grpc_app,
+                        protocol=protocol,
+                        max_header_kb=max_header_kb,
+                        hide_routes=hide_routes,
+                    )
+                ),
                 "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
                 "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
                 "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback_http),
@@ -280,8 +396,10 @@ __all__ = [
     "Timeouts",
     "choose",
     "environment",
+    "error_json",
     "free_port",
     "haproxy_binary",
     "ray_version",
+    "rewrite_script",
     "write_wrapper",
 ]

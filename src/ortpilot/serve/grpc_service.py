@@ -175,6 +175,7 @@ STATUS_OF_HTTP = {
     403: "PERMISSION_DENIED",
     404: "NOT_FOUND",
     408: "DEADLINE_EXCEEDED",
+    501: "UNIMPLEMENTED",
     413: "RESOURCE_EXHAUSTED",
     429: "RESOURCE_EXHAUSTED",
     503: "UNAVAILABLE",
@@ -193,18 +194,65 @@ def set_status(context: Any, http_status: int, message: str) -> None:
     context.set_details(message.splitlines()[0][:1000] if message else code)
 
 
+SERVED_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")
+# The unary RPCs of inference.GRPCInferenceService a server does not serve (ModelStreamInfer streams: left out).
+UNSERVED_RPCS = (
+    "ModelConfig",
+    "ModelStatistics",
+    "RepositoryIndex",
+    "RepositoryModelLoad",
+    "RepositoryModelUnload",
+    "SystemSharedMemoryStatus",
+    "SystemSharedMemoryRegister",
+    "SystemSharedMemoryUnregister",
+    "CudaSharedMemoryStatus",
+    "CudaSharedMemoryRegister",
+    "CudaSharedMemoryUnregister",
+    "TraceSetting",
+    "LogSettings",
+)
+
+
+def _unserved(name: str) -> Any:
+    async def rpc(self: Any, request: Any, grpc_context: Any = None) -> Any:
+        if not refused(self.guard, grpc_context):
+            set_status(grpc_context, 501, f"{name} is not served here; this server answers {', '.join(SERVED_RPCS)}.")
+        return getattr(messages(), f"{name}Response")()
+
+    rpc.__name__ = rpc.__qualname__ = name
+    return rpc
+
+
+# A base for the deployments that answer KServe v2 calls: every RPC they do not serve is UNIMPLEMENTED
+# (after the key check), not Ray's "method does not exist" as UNKNOWN.
+UnservedRpcs = type("UnservedRpcs", (), {name: _unserved(name) for name in UNSERVED_RPCS})
+
+
+def refused(guard: Any, context: Any, health: bool = False) -> bool:
+    """Whether ``guard`` (``guard.Guard``) stops this call; if so the status (UNAUTHENTICATED) is set."""
+    verdict = guard.grpc(context, health)
+    if verdict is None:
+        return False
+    set_status(context, verdict.status, verdict.message)
+    return True
+
+
 _install()
 
 __all__ = [
     "CONTENTS_FIELD",
     "LOOPBACK_ENV",
     "PROXY_CALLBACK",
+    "SERVED_RPCS",
     "SERVICER",
+    "UNSERVED_RPCS",
+    "UnservedRpcs",
     "add_servicer",
     "decode_infer",
     "encode_infer",
     "messages",
     "model_metadata",
     "proxy_callback",
+    "refused",
     "set_status",
 ]

@@ -73,14 +73,88 @@ async def dispatch(routes: list[Route], request: Any, path: str | None = None) -
             continue
         try:
             return await r.handler(request, **match.groupdict())
-        except Exception:
-            ident = uuid.uuid4().hex[:12]
-            log.exception("request %s %s failed (request id %s)", printable(request.method), printable(path), ident)
-            return error_reply(500, f"internal error (request id {ident}); the server log has its details")
+        except Exception as exc:
+            return error_reply(500, internal_error(f"{request.method} {path}", exc))
     if allowed:
         method = printable(request.method, 20)
         return error_reply(405, f"{method} is not allowed on {printable(path)} (use {', '.join(allowed)})")
     return error_reply(404, f"no route {printable(request.method, 20)} {printable(path)}")
+
+
+class BodyError(Exception):
+    """A request body the server does not take: over the size limit (413) or too slow to arrive (408)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
+    """The body of ``request``, read with a size limit (checked before reading when the client sends
+    Content-Length, and while reading) and a deadline: BodyError 413 / 408 otherwise."""
+    import asyncio
+
+    declared = request.headers.get("content-length")
+    if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise BodyError(
+            413, f"request body of {int(declared)} bytes is over the limit of {limit} bytes (--max-request-mb)"
+        )
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise BodyError(413, f"request body is over the limit of {limit} bytes (--max-request-mb)")
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise BodyError(
+            408, f"The request body took longer than {timeout_s:g} s (the request timeout); send it faster."
+        ) from None
+
+
+def replica_gone(exc: BaseException) -> bool:
+    """Whether a Serve handle call failed because its replica died or went away (not because of the request):
+    such a call may run again on another replica."""
+    if type(exc).__name__ in ("ReplicaUnavailableError", "DeploymentUnavailableError"):
+        return True
+    try:
+        from ray.exceptions import RayActorError
+    except ImportError:
+        return False
+    return isinstance(exc, RayActorError)
+
+
+def replica_logging() -> None:
+    """ortpilot's warnings and errors in a replica go to the process's own stderr, which Ray forwards to the
+    driver (a throughput-optimized replica points sys.stderr at Serve's buffered file logger instead)."""
+    root = logging.getLogger("ortpilot")
+    if not any(getattr(h, "_ortpilot_replica", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.__stderr__ or sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.setLevel(logging.WARNING)
+        handler._ortpilot_replica = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+
+
+def internal_error(what: str, exc: BaseException | None = None) -> str:
+    """Log a server-side failure once, with its traceback and a new request id; returns the one line the
+    client gets instead (the id, never the exception)."""
+    ident = uuid.uuid4().hex[:12]
+    log.error("request %s failed (request id %s)", printable(what), ident, exc_info=exc)
+    return f"internal error (request id {ident}); the server log has its details"
+
+
+def with_headers(reply: Reply, headers: dict[str, str]) -> Reply:
+    """``reply`` with ``headers`` added (CORS headers on every answer to an allowed origin)."""
+    if headers:
+        reply.headers = {**(reply.headers or {}), **headers}
+    return reply
 
 
 def printable(text: str, limit: int = 200) -> str:
@@ -115,15 +189,21 @@ def response(reply: Reply) -> Any:
 
 
 __all__ = [
+    "BodyError",
     "Handler",
     "Reply",
     "Route",
     "access_line",
     "dispatch",
     "error_reply",
+    "internal_error",
     "json_reply",
     "log_request",
     "printable",
+    "read_body",
+    "replica_gone",
+    "replica_logging",
     "response",
     "route",
+    "with_headers",
 ]

@@ -12,7 +12,6 @@ verified.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
@@ -138,12 +137,26 @@ def unclaimed(server: Any, path: str) -> Reply | None:
     return reply
 
 
-async def wait_for(coroutine: Any, seconds: float, what: str) -> Any:
-    """``coroutine``'s result, or a 408 Reply when it takes longer than ``seconds`` (a slow client)."""
-    try:
-        return await asyncio.wait_for(coroutine, seconds)
-    except asyncio.TimeoutError:
-        return error_reply(408, f"{what} took longer than {seconds:g} s (the request timeout); send it faster.")
+HEALTH = frozenset({"/v2/health/live", "/v2/health/ready"})  # open without a key unless --auth-health
 
 
-__all__ = ["EXTENSIONS", "RETRY_AFTER_S", "VERSIONS", "model_routes", "server_routes", "unclaimed", "wait_for"]
+def refusal(verdict: Any, model: str | None = None) -> Reply:
+    """The protocol's answer to a request the guard stopped (``guard.Verdict``): its error shape, or an
+    empty 204 for a CORS preflight."""
+    if verdict.status == 204:
+        return Reply(204, b"", "text/plain", dict(verdict.headers), model=model)
+    reply = error_reply(verdict.status, verdict.message, model)
+    reply.headers = dict(verdict.headers)
+    return reply
+
+
+__all__ = [
+    "EXTENSIONS",
+    "HEALTH",
+    "RETRY_AFTER_S",
+    "VERSIONS",
+    "model_routes",
+    "refusal",
+    "server_routes",
+    "unclaimed",
+]

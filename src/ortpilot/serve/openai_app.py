@@ -18,10 +18,12 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from typing import Any
 
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.serve.decoder import DecoderReplica, DecoderSpec
+from ortpilot.serve.http import replica_gone
 from ortpilot.serve.openai import (
     ApiError,
     GenerationRequest,
@@ -48,6 +50,12 @@ INGRESS_NAME = "openai-ingress"
 class DecoderDeployment(DecoderReplica):
     """The decoder deployment's class: a DecoderReplica with Ray's health check."""
 
+    def __init__(self, spec: dict[str, Any], threads: int = 0) -> None:
+        from ortpilot.serve.http import replica_logging
+
+        replica_logging()
+        super().__init__(spec, threads)
+
     def check_health(self) -> None:
         if self.scheduler._thread is None or not self.scheduler._thread.is_alive():
             raise RuntimeError("the decode engine thread is not running")
@@ -68,27 +76,93 @@ def _error(exc: ApiError) -> Any:
     return _json(exc.status, exc.body(), exc.headers())
 
 
-class OpenAIIngress:
-    """``GET /v1/models``, ``GET /v1/models/{name}``, ``POST /v1/completions``, ``POST /v1/chat/completions``."""
+RETRIES = 2  # a request whose replica died before its first token goes to another replica, this many times
+PUBLIC_INFO = ("pid", "source", "recent")  # what GET /v1/models/NAME shows only with --debug-info
 
-    def __init__(self, handles: dict[str, Any], access_log: bool = True) -> None:
+
+class OpenAIIngress:
+    """``GET /v1/models``, ``GET /v1/models/{name}``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
+
+    Every request passes the guard (Host, Origin, API key) first; bodies are read with the size limit and
+    the request timeout; an unexpected failure is a 500 in OpenAI's shape with a request id (logged once);
+    a replica that dies before a request's first token is replaced by another replica's run (a stream that
+    already sent tokens ends with an error event). After ``drain`` new requests get 503 with Retry-After."""
+
+    def __init__(
+        self, handles: dict[str, Any], access_log: bool = True, settings: dict[str, Any] | None = None
+    ) -> None:
+        from ortpilot.serve.guard import Guard
+        from ortpilot.serve.http import replica_logging
+
+        replica_logging()
+        settings = dict(settings or {})
         self.handles = dict(handles)
         self.created = now()
         self.access_log = access_log
+        self.guard = Guard(settings.get("access"))
+        self.max_request_bytes = int(float(settings.get("max_request_mb", 64)) * 1024 * 1024)
+        self.request_timeout_s = float(settings.get("request_timeout_s", 300))
+        self.debug_info = bool(settings.get("debug_info"))
+        self.draining = False
+        self.in_flight = 0  # requests being answered, streams included (drain waits for none)
 
     async def __call__(self, request: Any) -> Any:
         started = time.perf_counter()
         path = request.url.path.rstrip("/")
         path = path.removeprefix(ROUTE_PREFIX)
+        self.in_flight += 1
+        streaming = False
         try:
-            response = await self._route(request.method, path, request)
+            verdict = self.guard.http(request.method, request.headers)
+            if verdict is not None:
+                response = _verdict(verdict)
+            elif self.draining:
+                raise ApiError(
+                    503,
+                    "The server is shutting down; retry (another server, or this one once it is back).",
+                    kind="server_error",
+                    code="unavailable",
+                    retry_after_s=1,
+                )
+            else:
+                response = await self._route(request.method, path, request)
+                streaming = type(response).__name__ == "StreamingResponse"
         except ApiError as exc:
             response = _error(exc)
+        except Exception as exc:  # a Ray-level failure: OpenAI's shape, a request id, one log line
+            from ortpilot.serve.http import internal_error
+
+            response = _error(
+                ApiError(
+                    500, internal_error(f"{request.method} {ROUTE_PREFIX}{path}", exc), kind="server_error", code=None
+                )
+            )
+        finally:
+            if not streaming:
+                self.in_flight -= 1
+        for key, value in self.guard.cors_headers(request.headers).items():
+            response.headers[key] = value
         if self.access_log:
             from ortpilot.serve.http import log_request
 
             log_request(request, response.status_code, response.headers.get("content-length", "-"), started)
         return response
+
+    async def drain(self) -> None:
+        """SIGTERM: new requests get 503 + Retry-After; those in flight finish."""
+        self.draining = True
+
+    async def pending(self) -> int:
+        return self.in_flight
+
+    async def _body(self, request: Any) -> bytes:
+        from ortpilot.serve.http import BodyError, read_body
+
+        try:
+            return await read_body(request, self.max_request_bytes, self.request_timeout_s)
+        except BodyError as exc:
+            code = "request_too_large" if exc.status == 413 else "request_timeout"
+            raise ApiError(exc.status, exc.message, code=code) from None
 
     async def _route(self, method: str, path: str, request: Any) -> Any:
         kind = {"/completions": "completion", "/chat/completions": "chat"}.get(path)
@@ -97,7 +171,7 @@ class OpenAIIngress:
                 raise ApiError(
                     405, f"{method} is not allowed on {ROUTE_PREFIX}{path} (use POST).", code="method_not_allowed"
                 )
-            return await self._generate(parse_request(kind, await request.body()))
+            return await self._generate(parse_request(kind, await self._body(request)))
         if path == "/models" or path.startswith("/models/"):
             if method != "GET":
                 raise ApiError(
@@ -108,37 +182,79 @@ class OpenAIIngress:
             name = path[len("/models/") :]
             if name not in self.handles:
                 raise not_found(name, list(self.handles))
-            return _json(200, model_object(name, self.created, await self.handles[name].describe.remote()))
+            info = await self.handles[name].describe.remote()
+            if not self.debug_info:  # other clients' requests, PIDs and paths stay in the server
+                info = {k: v for k, v in info.items() if k not in PUBLIC_INFO}
+            return _json(200, model_object(name, self.created, info))
+        from ortpilot.serve.http import printable
+
         raise ApiError(
             404,
-            f"No route {method} {ROUTE_PREFIX}{path}: this server has GET /v1/models, "
+            f"No route {printable(method, 20)} {ROUTE_PREFIX}{printable(path)}: this server has GET /v1/models, "
             "POST /v1/completions and POST /v1/chat/completions.",
             code="not_found",
         )
 
-    async def _generate(self, req: GenerationRequest) -> Any:
-        from starlette.responses import StreamingResponse
+    async def _open(self, req: GenerationRequest) -> tuple[dict[str, Any], Any]:
+        """(the replica's first event, its event stream), on another replica when the first one died first."""
+        import asyncio
 
         handle = self.handles.get(req.model)
         if handle is None:
             raise not_found(req.model, list(self.handles))
-        try:
+        for attempt in range(RETRIES + 1):
             events = handle.options(stream=True).generate.remote(req.to_dict())
-            first = await events.__anext__()
-        except StopAsyncIteration:
-            raise ApiError(
-                500, "the decoder replica ended the request without an answer", kind="server_error"
-            ) from None
-        except Exception as exc:
-            if type(exc).__name__ == "BackPressureError":
+            try:
+                return await events.__anext__(), events
+            except StopAsyncIteration:
                 raise ApiError(
-                    429,
-                    f"Every replica of '{req.model}' is at its limit; retry later.",
-                    kind="rate_limit_error",
-                    code="rate_limit_exceeded",
-                    retry_after_s=1,
+                    500, "the decoder replica ended the request without an answer", kind="server_error"
                 ) from None
-            raise
+            except Exception as exc:
+                if type(exc).__name__ == "BackPressureError":
+                    raise ApiError(
+                        429,
+                        f"Every replica of '{req.model}' is at its limit; retry later.",
+                        kind="rate_limit_error",
+                        code="rate_limit_exceeded",
+                        retry_after_s=1,
+                    ) from None
+                if not replica_gone(exc) or attempt == RETRIES:
+                    raise
+                log.warning("A replica of '%s' went away before answering; retrying on another.", req.model)
+                await asyncio.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    async def _events(self, req: GenerationRequest, events: Any, restart: bool) -> AsyncIterator[dict[str, Any]]:
+        """The events after the first. A replica that dies before the first ``delta`` (or, with ``restart``,
+        at any point: a request nothing was sent for yet) is replaced by a new run on another replica; then a
+        ``restart`` event tells the caller to forget what it collected."""
+        retries, sent = 0, False
+        try:
+            while True:
+                try:
+                    async for event in events:
+                        sent = sent or event["type"] == "delta"
+                        yield event
+                    return
+                except Exception as exc:
+                    if not replica_gone(exc) or retries >= RETRIES or (sent and not restart):
+                        raise
+                    retries += 1
+                    log.warning("A replica of '%s' died during a request; running it again on another.", req.model)
+                    first, events = await self._open(req)
+                    if first["type"] == "error":
+                        yield first
+                        return
+                    sent = False
+                    yield {"type": "restart"}
+        finally:
+            events.cancel()  # a client gone: the replica cancels its stream (a no-op after the end)
+
+    async def _generate(self, req: GenerationRequest) -> Any:
+        from starlette.responses import StreamingResponse
+
+        first, events = await self._open(req)
         if first["type"] == "error":
             return _error(ApiError.from_event(first))
         ident, created = new_id(req.kind), now()
@@ -149,13 +265,16 @@ class OpenAIIngress:
                 headers={"Cache-Control": "no-cache"},
             )
         parts, end = [], None
-        async for event in events:
-            if event["type"] == "delta":
-                parts.append(event["text"])
-            elif event["type"] == "end":
-                end = event
-            elif event["type"] == "error":
-                return _error(ApiError.from_event(event))
+        async with aclosing(self._events(req, events, restart=True)) as stream:
+            async for event in stream:
+                if event["type"] == "restart":
+                    parts, end = [], None
+                elif event["type"] == "delta":
+                    parts.append(event["text"])
+                elif event["type"] == "end":
+                    end = event
+                elif event["type"] == "error":
+                    return _error(ApiError.from_event(event))
         if end is None:
             raise ApiError(500, "the decoder replica ended the request without an answer", kind="server_error")
         return _json(
@@ -173,10 +292,11 @@ class OpenAIIngress:
     async def _sse(
         self, req: GenerationRequest, ident: str, created: int, first: dict[str, Any], events: Any
     ) -> AsyncIterator[bytes]:
+        stream = self._events(req, events, restart=False)
         try:
             if req.kind == "chat":
                 yield sse(chunk_body(req, ident, created, None, first=True))
-            async for event in events:
+            async for event in stream:
                 if event["type"] == "delta":
                     yield sse(chunk_body(req, ident, created, event["text"]))
                 elif event["type"] == "end":
@@ -195,8 +315,29 @@ class OpenAIIngress:
                     yield sse(ApiError.from_event(event).body())
                     return
             yield sse("[DONE]")
+        except Exception as exc:  # the replica died after tokens were sent: the stream ends with an error event
+            from ortpilot.serve.http import internal_error
+
+            gone = replica_gone(exc)
+            message = (
+                "The replica generating this stream went away after it had sent tokens; send the request again."
+                if gone
+                else internal_error(f"stream {ROUTE_PREFIX} {req.kind}", exc)
+            )
+            yield sse(ApiError(503 if gone else 500, message, kind="server_error").body())
         finally:
-            events.cancel()  # a client gone: the replica cancels its stream (a no-op after the end)
+            await stream.aclose()  # cancels the replica's stream (a no-op after the end)
+            self.in_flight -= 1
+
+
+def _verdict(verdict: Any) -> Any:
+    """The guard's answer (``guard.Verdict``) in OpenAI's shape, or the empty 204 of a CORS preflight."""
+    if verdict.status == 204:
+        from starlette.responses import Response
+
+        return Response(b"", status_code=204, headers=verdict.headers)
+    error = ApiError(verdict.status, verdict.message, code=verdict.code)
+    return _json(verdict.status, error.body(), verdict.headers)
 
 
 def openai_deployment(
@@ -206,8 +347,11 @@ def openai_deployment(
     cpus_per_replica: float | None = None,
     cpu_budget: int | None = None,
     access_log: bool = True,
+    settings: dict[str, Any] | None = None,
 ) -> Any:
-    """The Ray Serve application for ``specs`` (not yet running): mount it at ``ROUTE_PREFIX``."""
+    """The Ray Serve application for ``specs`` (not yet running): mount it at ``ROUTE_PREFIX``. ``settings``:
+    the ingress's ``access`` policy (``access.AccessOptions.policy``), ``max_request_mb``,
+    ``request_timeout_s`` and ``debug_info``."""
     from ortpilot.serve.app import require_ray
 
     serve = require_ray()
@@ -233,7 +377,7 @@ def openai_deployment(
     ingress = serve.deployment(
         OpenAIIngress, name=INGRESS_NAME, num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096
     )
-    return ingress.bind(handles, access_log)
+    return ingress.bind(handles, access_log, dict(settings or {}))
 
 
 def wait_ready(
@@ -243,12 +387,13 @@ def wait_ready(
     from ortpilot.serve.runner import _get
 
     url = server.base_url + ROUTE_PREFIX
+    headers = server.access.client_headers()
     deadline = time.monotonic() + server.ready_timeout
     ready: dict[str, DecoderReady] = {}
     while len(ready) < len(specs):
         for spec in specs:
             if spec.name not in ready:
-                code, doc = _get(f"{url}/models/{spec.name}", timeout=5.0)
+                code, doc = _get(f"{url}/models/{spec.name}", timeout=5.0, headers=headers)
                 if code == 200 and doc:
                     ready[spec.name] = DecoderReady(doc, replicas, url, time.perf_counter() - started)
         if failed:
@@ -301,6 +446,12 @@ def run_openai_server(
             cpus_per_replica=options.cpus_per_replica,
             cpu_budget=budget,
             access_log=options.access_log,
+            settings={
+                "access": server.access.policy(server.host),
+                "max_request_mb": options.max_request_mb,
+                "request_timeout_s": server.timeouts.request_s,
+                "debug_info": server.debug_info,
+            },
         )
         return [serve.RunTarget(app, name=APP_NAME, route_prefix=ROUTE_PREFIX)]
 
@@ -308,10 +459,27 @@ def run_openai_server(
         build,
         lambda failed, _stop: wait_ready(specs, server, options.replicas, started, failed),
         server,
+        protocol="openai",
+        drain=_drain,
+        max_request_mb=options.max_request_mb,
         on_ready=on_ready,
         stop=stop,
         joined=same_proxy_port,
     )
+
+
+DRAIN_WAIT_S = 30.0  # at most this long for the streams in flight to finish after SIGTERM
+
+
+def _drain() -> None:
+    """SIGTERM: the ingress answers 503 + Retry-After from now on; wait for what is in flight to finish."""
+    from ray import serve
+
+    ingress = serve.get_app_handle(APP_NAME)
+    ingress.drain.remote().result(timeout_s=10)
+    deadline = time.monotonic() + DRAIN_WAIT_S
+    while time.monotonic() < deadline and ingress.pending.remote().result(timeout_s=10) > 0:
+        time.sleep(0.2)
 
 
 def _serve_port() -> int | None:

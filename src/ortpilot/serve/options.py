@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import UsageError
+from ortpilot.serve.access import AccessOptions
 from ortpilot.serve.fastpath import Timeouts
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_REQUEST_MB = 64.0
 DEFAULT_READY_TIMEOUT_S = 300.0
+DEFAULT_MAX_HEADER_KB = 32
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -50,7 +52,7 @@ class ServeOptions:
     autoscale: tuple[int, int] | None = None  # (min, max) replicas, Ray Serve autoscaling on ongoing requests
     cpus_per_replica: float | None = None  # None: the CPU budget shared evenly by all replicas
     max_batch: int = 1  # 1: no dynamic batching
-    batch_wait_ms: float = 2.0
+    batch_wait_ms: float = 0.0  # 0: no timer, a batch is what waited while the last run was busy
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB
     access_log: bool = True
     accept_machine: bool = False
@@ -137,9 +139,17 @@ class ServerOptions:
     throughput_optimized: bool = True  # RAY_SERVE_THROUGHPUT_OPTIMIZED: user code on the replica's loop
     timeouts: Timeouts = field(default_factory=Timeouts)
     debug_info: bool = False  # metadata shows replicas' PIDs, hosts, nodes and paths
+    access: AccessOptions = field(default_factory=AccessOptions)  # API keys, CORS origins, Host names
+    max_header_kb: int = DEFAULT_MAX_HEADER_KB  # request line and headers together (HAProxy: 431 beyond)
 
     def __post_init__(self) -> None:
-        from ortpilot.serve.fastpath import INGRESS_CHOICES
+        from ortpilot.serve.fastpath import HAPROXY_BUFSIZE, INGRESS_CHOICES
+
+        if not 1 <= self.max_header_kb <= HAPROXY_BUFSIZE // 2048:
+            raise UsageError(
+                f"--max-header-kb must be from 1 to {HAPROXY_BUFSIZE // 2048} (half of HAProxy's buffer), "
+                f"got {self.max_header_kb}."
+            )
 
         if self.ingress not in INGRESS_CHOICES:
             raise UsageError(f"--ingress must be one of {', '.join(INGRESS_CHOICES)}; got '{self.ingress}'.")

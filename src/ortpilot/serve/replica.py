@@ -9,7 +9,7 @@ A replica is its model's own Serve application (route prefix ``/v2/models/NAME``
 Ray's proxy, hands it the request directly (``__call__`` for REST, the KServe v2 method for
 gRPC), one hop. Runs go to one worker thread (the event loop stays free to read the next
 request and collect the next batch); models with a batch dim stack requests of the same
-non-batch shapes with ``serve.batch``. What only a replica knows (its counts, what it verified)
+non-batch shapes (``batcher``: the requests that wait while a run is busy share the next one). What only a replica knows (its counts, what it verified)
 it reports to the server-wide application, which sums every replica for ``/metrics``.
 """
 
@@ -26,8 +26,25 @@ from typing import Any
 import numpy as np
 
 from ortpilot.errors import InputError, OrtpilotError, OrtRunError
-from ortpilot.serve.http import Reply, access_line, dispatch, error_reply, response
+from ortpilot.serve.batcher import Batcher
+from ortpilot.serve.grpc_service import UnservedRpcs
+from ortpilot.serve.guard import Guard
+from ortpilot.serve.http import (
+    BodyError,
+    Reply,
+    access_line,
+    dispatch,
+    error_reply,
+    internal_error,
+    printable,
+    read_body,
+    replica_logging,
+    response,
+    with_headers,
+)
+from ortpilot.serve.limits import InputLimits, clean_ort_message
 from ortpilot.serve.metrics import REPORT_S, BatchCounts, RequestCounts
+from ortpilot.serve.oip import refusal
 from ortpilot.serve.options import ModelSpec, ort_threads
 
 
@@ -85,11 +102,6 @@ def thread_note(threads: int, profile_threads: int) -> str:
     )
 
 
-def signature(feeds: Mapping[str, np.ndarray]) -> tuple:
-    """Requests that may share a batch: the same inputs with the same non-batch dims and dtypes."""
-    return tuple((name, value.shape[1:], value.dtype.str) for name, value in sorted(feeds.items()))
-
-
 # What a client may see of a replica without --debug-info: no paths, PIDs, hosts or node ids.
 PUBLIC_INFO = (
     "replica",
@@ -110,13 +122,15 @@ PUBLIC_INFO = (
 )
 
 
-class ModelReplica:
+class ModelReplica(UnservedRpcs):
     """The model deployment's class (Ray Serve wraps it; nothing here needs Ray but the batcher)."""
 
     def __init__(self, spec: Mapping[str, Any], replica: Mapping[str, Any]) -> None:
         started = time.perf_counter()
         from ortpilot.serve import grpc_service  # noqa: F401  (the gRPC fixes, in this process)
         from ortpilot.serve.oip import model_routes
+
+        replica_logging()
 
         self.spec = ModelSpec(**spec)
         self.name = self.spec.name
@@ -136,6 +150,8 @@ class ModelReplica:
         self.request_timeout_s = float(replica.get("request_timeout_s", 300))
         self.access_log = bool(replica.get("access_log", True))
         self.debug_info = bool(replica.get("debug_info"))
+        self.guard = Guard(replica.get("access"))
+        self.limits = InputLimits.from_dict(replica.get("limits"))
         placement = self.session.placement
         self.info: dict[str, Any] = {
             "replica": self.replica_id,
@@ -166,17 +182,17 @@ class ModelReplica:
         self._reported = 0.0
         self.routes = model_routes(self)
         if self.batching:
-            from ray import serve
-
-            self._batched = serve.batch(
-                max_batch_size=int(replica["max_batch"]), batch_wait_timeout_s=float(replica["batch_wait_ms"]) / 1000.0
-            )(self._run_batch)
+            self.batcher = Batcher(
+                self._run_group, self.executor, int(replica["max_batch"]), float(replica["batch_wait_ms"]) / 1000.0
+            )
 
     # -- REST ---------------------------------------------------------------------------------------
     async def __call__(self, request: Any) -> Any:
         """One HTTP request for this model (the full path: ``/v2/models/NAME/...``)."""
         started = time.perf_counter()
-        reply = await dispatch(self.routes, request)
+        verdict = self.guard.http(request.method, request.headers)
+        reply = refusal(verdict, self.name) if verdict else await dispatch(self.routes, request)
+        with_headers(reply, self.guard.cors_headers(request.headers))
         self.requests.observe(reply.status, time.perf_counter() - started)
         if self.access_log:
             access_line(request, reply, started)
@@ -184,27 +200,12 @@ class ModelReplica:
         return response(reply)
 
     async def read_body(self, request: Any) -> bytes | Reply:
-        """The request body, or a 413 reply when it is over ``--max-request-mb`` (checked before reading
-        when the client sends Content-Length), or a 408 when it does not arrive within the request timeout."""
-        from ortpilot.serve.oip import wait_for
-
-        limit = self.max_request_bytes
-        declared = request.headers.get("content-length")
-        if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
-            return error_reply(
-                413, f"request body of {int(declared)} bytes is over the limit of {limit} bytes (--max-request-mb)"
-            )
-
-        async def read() -> bytes | Reply:
-            chunks, size = [], 0
-            async for chunk in request.stream():
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > limit:
-                    return error_reply(413, f"request body is over the limit of {limit} bytes (--max-request-mb)")
-            return b"".join(chunks)
-
-        return await wait_for(read(), self.request_timeout_s, "The request body")
+        """The request body, or a 413 reply when it is over ``--max-request-mb``, or a 408 when it does not
+        arrive within the request timeout."""
+        try:
+            return await read_body(request, self.max_request_bytes, self.request_timeout_s)
+        except BodyError as exc:
+            return error_reply(exc.status, exc.message)
 
     async def metadata(self) -> dict[str, Any]:
         """The model's metadata: tensors, and what each live replica verified (details with --debug-info)."""
@@ -232,32 +233,39 @@ class ModelReplica:
 
     # -- gRPC (KServe v2) ---------------------------------------------------------------------------
     async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:  # RPC methods carry KServe v2 names
-        from ortpilot.serve.grpc_service import messages
+        from ortpilot.serve.grpc_service import messages, refused
 
-        return messages().ServerLiveResponse(live=True)
+        return messages().ServerLiveResponse(live=not refused(self.guard, grpc_context, health=True))
 
     async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages
+        from ortpilot.serve.grpc_service import messages, refused
 
-        return messages().ServerReadyResponse(ready=True)
+        return messages().ServerReadyResponse(ready=not refused(self.guard, grpc_context, health=True))
 
     async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages
+        from ortpilot.serve.grpc_service import messages, refused
 
+        if refused(self.guard, grpc_context):
+            return messages().ModelReadyResponse()
         return messages().ModelReadyResponse(ready=request.name == self.name and request.version in ("", "1"))
 
     async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages, model_metadata, set_status
+        from ortpilot.serve.grpc_service import messages, model_metadata, refused, set_status
 
+        if refused(self.guard, grpc_context):
+            return messages().ModelMetadataResponse()
         if request.name != self.name or request.version not in ("", "1"):
-            set_status(grpc_context, 404, f"Unknown model '{request.name}' version '{request.version}' here.")
+            set_status(grpc_context, 404, _unknown(request.name, request.version))
             return messages().ModelMetadataResponse()
         return model_metadata(self.name, self.tensors.get("inputs", []), self.tensors.get("outputs", []))
 
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
         """KServe v2 ModelInfer: the same checks and outputs as REST infer; errors as gRPC status codes."""
-        from ortpilot.serve.grpc_service import set_status
+        from ortpilot.serve.grpc_service import messages, refused, set_status
 
+        if refused(self.guard, grpc_context):
+            self.requests.observe(401, 0.0)
+            return messages().ModelInferResponse()
         status, message, answer = await self.infer_message(request)
         set_status(grpc_context, status, message)
         return answer
@@ -270,13 +278,15 @@ class ModelReplica:
         started = time.perf_counter()
         status, message, answer = 200, "", None
         if request.model_name != self.name or request.model_version not in ("", "1"):
-            status, message = 404, f"Unknown model '{request.model_name}' version '{request.model_version}' here."
+            status, message = 404, _unknown(request.model_name, request.model_version)
         else:
             try:
                 feeds, outputs = decode_infer(request, self.max_request_bytes)
                 result = await self.infer(feeds, outputs)
             except InputError as exc:
                 result = {"error": str(exc), "code": 400}
+            except Exception as exc:  # the client gets a request id, the log the traceback
+                result = {"error": internal_error(f"gRPC ModelInfer {self.name}", exc), "code": 500}
             if "error" in result:
                 status, message = int(result.get("code", 500)), result["error"]
             else:
@@ -290,19 +300,16 @@ class ModelReplica:
         """Check the feeds as the library does (400 on failure), run them, return the outputs or an error."""
         try:
             checked = self.session.check_feeds(feeds)
+            self.limits.check(checked)  # positions and table rows the graph tells: 400 before ORT runs
             wanted = self._wanted(outputs)
             if self.batching:
-                values = await self._batched(checked)
-                if isinstance(values, Exception):
-                    raise values
+                values = await self.batcher.submit(checked)
             else:
                 values = await asyncio.get_running_loop().run_in_executor(self.executor, self._run_one, checked)
-        except InputError as exc:
-            return {"error": str(exc), "code": 400}
-        except OrtRunError as exc:  # valid dtypes and ranks that the model cannot run: the input's fault
-            return {"error": str(exc), "code": 400}
+        except (InputError, OrtRunError) as exc:  # OrtRunError: valid dtypes and ranks the model cannot run
+            return {"error": clean_ort_message(str(exc)), "code": 400}
         except OrtpilotError as exc:
-            return {"error": str(exc), "code": 500}
+            return {"error": internal_error(f"infer {self.name}", exc), "code": 500}
         return {"outputs": {n: values[n] for n in wanted}}
 
     def describe(self) -> dict[str, Any]:
@@ -339,19 +346,6 @@ class ModelReplica:
             binding.bind_output(name)
         self.session.session.run_with_iobinding(binding)
         return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
-
-    async def _run_batch(self, requests: list[dict[str, np.ndarray]]) -> list[Any]:
-        """``serve.batch``'s handler: stack requests of one signature, run once, split rows back."""
-        loop = asyncio.get_running_loop()
-        results: list[Any] = [None] * len(requests)
-        groups: dict[tuple, list[int]] = {}
-        for i, feeds in enumerate(requests):
-            groups.setdefault(signature(feeds), []).append(i)
-        for members in groups.values():
-            outcome = await loop.run_in_executor(self.executor, self._run_group, [requests[i] for i in members])
-            for i, value in zip(members, outcome):
-                results[i] = value
-        return results
 
     def _run_group(self, group: list[dict[str, np.ndarray]]) -> list[Any]:
         if len(group) > 1:
@@ -407,6 +401,10 @@ class ModelReplica:
             self._report()
 
 
+def _unknown(name: str, version: str) -> str:
+    return f"Unknown model {printable(name, 80)!r} version {printable(version, 40)!r} here."
+
+
 def _replica_id() -> str:
     try:
         from ray import serve
@@ -425,4 +423,4 @@ def _node_id() -> str:
         return ""
 
 
-__all__ = ["ModelReplica", "load_verified", "signature", "thread_note"]
+__all__ = ["ModelReplica", "load_verified", "thread_note"]

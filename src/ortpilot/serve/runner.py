@@ -62,9 +62,10 @@ def failure_reason(message: str) -> str:
     return lines[-1] if lines else "no replica became ready (Ray gave no reason)"
 
 
-def _get(url: str, timeout: float = 2.0) -> tuple[int, Any]:
+def _get(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """(status, JSON body) of a GET the driver makes itself (readiness), with its key when it has one."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
         return exc.code, None
@@ -187,6 +188,7 @@ def run_server(
         ),
         server,
         grpc_app=specs[0].name if len(specs) == 1 else SERVER_APP,
+        protocol="oip",
         drain=_drain_server,
         max_request_mb=options.max_request_mb,
         on_ready=on_ready,
@@ -209,8 +211,11 @@ def check_ports(server: ServerOptions) -> None:
         check_port(server.host, server.grpc_port, "--grpc-port")
 
 
-def start_serve(serve: Any, server: ServerOptions, grpc_app: str, max_request_mb: float) -> fastpath.IngressPath:
-    """``serve.start`` on the path ``server`` asks for; returns the path taken, its ports filled in."""
+def start_serve(
+    serve: Any, server: ServerOptions, grpc_app: str, max_request_mb: float, protocol: str = "oip"
+) -> fastpath.IngressPath:
+    """``serve.start`` on the path ``server`` asks for; returns the path taken, its ports filled in.
+    ``protocol`` (``oip``, ``openai``) shapes the errors HAProxy answers itself."""
     from ortpilot.serve import grpc_service
 
     remote = _remote_hosts()
@@ -224,6 +229,9 @@ def start_serve(serve: Any, server: ServerOptions, grpc_app: str, max_request_mb
         host=server.host,
         grpc_app=grpc_app if server.grpc_port is not None else "",
         proxy_callback=grpc_service.PROXY_CALLBACK if server.grpc_port is not None else "",
+        protocol=protocol,
+        max_header_kb=server.max_header_kb,
+        hide_routes=server.access.auth,
     )
     env["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"] = str(int(max_request_mb * 1024 * 1024))
     if server.loopback and not remote:
@@ -260,6 +268,7 @@ def serve_until_stopped(
     server_options: ServerOptions,
     *,
     grpc_app: str = "",
+    protocol: str = "oip",
     drain: Callable[[], None] | None = None,
     max_request_mb: float = 64.0,
     on_ready: Callable[[R], None] | None = None,
@@ -299,7 +308,7 @@ def serve_until_stopped(
                 ("Serve already ran on this cluster: requests take the path it was started on",),
             )
         else:
-            path = start_serve(serve, server_options, grpc_app, max_request_mb)
+            path = start_serve(serve, server_options, grpc_app, max_request_mb, protocol)
             server.started_serve = True  # the next server on a shared cluster starts Serve on its own port
             server.run_dir = Path(path.ports["run_dir"])
         targets = build(budget)
@@ -345,6 +354,7 @@ def wait_ready(
 
     timeout = server.ready_timeout
     base = server.base_url
+    headers = server.access.client_headers()
     ready: dict[str, ModelReady] = {}
     deadline = time.monotonic() + timeout
     reasons: dict[str, str] = {}
@@ -355,7 +365,7 @@ def wait_ready(
         for spec in specs:
             if spec.name in ready:
                 continue
-            code, _ = _get(f"{base}/v2/models/{spec.name}/ready")
+            code, _ = _get(f"{base}/v2/models/{spec.name}/ready", headers=headers)
             if code == 200:
                 replicas = _replica_infos(serve, spec.name)
                 if len(replicas) < expected and not late:

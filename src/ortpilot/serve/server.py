@@ -11,23 +11,37 @@ sends ``application: NAME`` goes to the model directly). One replica, no CPUs of
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from ortpilot.serve.http import access_line, dispatch, response
-from ortpilot.serve.metrics import ServeMetrics
-from ortpilot.serve.oip import server_routes, unclaimed
+from ortpilot.serve.grpc_service import UnservedRpcs
+from ortpilot.serve.guard import Guard
+from ortpilot.serve.http import (
+    access_line,
+    dispatch,
+    printable,
+    replica_gone,
+    replica_logging,
+    response,
+    with_headers,
+)
+from ortpilot.serve.metrics import UNKNOWN_MODEL, ServeMetrics
+from ortpilot.serve.oip import HEALTH, refusal, server_routes, unclaimed
 
 SERVER_APP = "ortpilot"
 SERVER_DEPLOYMENT = "ortpilot-server"
+RELAY_RETRIES = 2  # a relayed gRPC infer whose replica died runs again on another, this many times
 
 
-class ServerApp:
+class ServerApp(UnservedRpcs):
     """The server-wide deployment's class (Ray Serve wraps it)."""
 
     def __init__(self, models: Mapping[str, Any], options: Mapping[str, Any]) -> None:
         from ortpilot.serve import grpc_service  # noqa: F401  (the gRPC fixes, in this process)
+
+        replica_logging()
 
         self.names = list(models)  # served model name -> its application's name
         self.apps = dict(models)
@@ -36,14 +50,20 @@ class ServerApp:
         self.metrics = ServeMetrics(self.names)
         self.routes = server_routes(self)
         self.draining = False
+        self.guard = Guard(self.options.get("access"))
         self._handles: dict[str, Any] = {}
 
     async def __call__(self, request: Any) -> Any:
         started = time.perf_counter()
         path = request.url.path.rstrip("/") or "/"
-        reply = unclaimed(self, path) or await dispatch(self.routes, request, path)
-        if reply.model is not None:
-            self.metrics.observe(reply.model, reply.status, time.perf_counter() - started)
+        verdict = self.guard.http(request.method, request.headers, health=path in HEALTH)
+        if verdict is not None:
+            reply = refusal(verdict, UNKNOWN_MODEL if verdict.status != 204 else None)
+        else:
+            reply = unclaimed(self, path) or await dispatch(self.routes, request, path)
+        with_headers(reply, self.guard.cors_headers(request.headers))
+        if reply.model is not None or reply.status >= 500:  # every 5xx counts, whatever it concerned
+            self.metrics.observe(reply.model or UNKNOWN_MODEL, reply.status, time.perf_counter() - started)
         if self.access_log:
             access_line(request, reply, started)
         return response(reply)
@@ -72,30 +92,38 @@ class ServerApp:
 
     # -- gRPC (KServe v2) ---------------------------------------------------------------------------
     async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:  # RPC methods carry KServe v2 names
-        from ortpilot.serve.grpc_service import messages
+        from ortpilot.serve.grpc_service import messages, refused
 
-        return messages().ServerLiveResponse(live=True)
+        return messages().ServerLiveResponse(live=not refused(self.guard, grpc_context, health=True))
 
     async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages
+        from ortpilot.serve.grpc_service import messages, refused
 
-        return messages().ServerReadyResponse(ready=all(self.ready(n) for n in self.names))
+        if refused(self.guard, grpc_context, health=True):
+            return messages().ServerReadyResponse()
+        return messages().ServerReadyResponse(ready=all(self.ready(n) for n in self.names) and not self.draining)
 
     async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages
+        from ortpilot.serve.grpc_service import messages, refused
         from ortpilot.serve.oip import EXTENSIONS
         from ortpilot.version import __version__
 
+        if refused(self.guard, grpc_context):
+            return messages().ServerMetadataResponse()
         return messages().ServerMetadataResponse(name="ortpilot", version=__version__, extensions=EXTENSIONS)
 
     async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages
+        from ortpilot.serve.grpc_service import messages, refused
 
+        if refused(self.guard, grpc_context):
+            return messages().ModelReadyResponse()
         return messages().ModelReadyResponse(ready=request.name in self.apps and self.ready(request.name))
 
     async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages, set_status
+        from ortpilot.serve.grpc_service import messages, refused, set_status
 
+        if refused(self.guard, grpc_context):
+            return messages().ModelMetadataResponse()
         handle = self._model(request.name, grpc_context)
         if handle is None:
             return messages().ModelMetadataResponse()
@@ -106,16 +134,26 @@ class ServerApp:
             return messages().ModelMetadataResponse()
 
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages, set_status
+        from ortpilot.serve.grpc_service import messages, refused, set_status
 
+        started = time.perf_counter()
+        if refused(self.guard, grpc_context):
+            self.metrics.observe(UNKNOWN_MODEL, 401, time.perf_counter() - started)
+            return messages().ModelInferResponse()
         handle = self._model(request.model_name, grpc_context)
         if handle is None:
             return messages().ModelInferResponse()
-        try:
-            status, message, answer = await handle.infer_message.remote(request)
-        except Exception:  # the replica died or is not up: never hand Ray's error text to the client
-            set_status(grpc_context, 503, f"Model '{request.model_name}' has no ready replica; retry.")
-            return messages().ModelInferResponse()
+        for attempt in range(RELAY_RETRIES + 1):
+            try:
+                status, message, answer = await handle.infer_message.remote(request)
+                break
+            except Exception as exc:  # never hand Ray's error text to the client
+                if replica_gone(exc) and attempt < RELAY_RETRIES:  # inference is idempotent: run it elsewhere
+                    await asyncio.sleep(0.2 * (attempt + 1))
+                    continue
+                set_status(grpc_context, 503, f"Model '{request.model_name}' has no ready replica; retry.")
+                self.metrics.observe(request.model_name, 503, time.perf_counter() - started)
+                return messages().ModelInferResponse()
         set_status(grpc_context, status, message)
         return answer
 
@@ -125,7 +163,9 @@ class ServerApp:
 
         if name not in self.apps:
             set_status(
-                grpc_context, 404, f"Unknown model '{name}'. This server serves: {', '.join(sorted(self.names))}."
+                grpc_context,
+                404,
+                f"Unknown model '{printable(name, 80)}'. This server serves: {', '.join(sorted(self.names))}.",
             )
             return None
         if self.draining:

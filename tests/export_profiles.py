@@ -1,6 +1,6 @@
-"""Profiles to export, shared by tests/export: a plain CPU profile written with ``write_profile``,
-with reference outputs the way ``ortpilot tune`` records them (held-out inputs regenerated from
-the source model by seed), and copies of it with other providers."""
+"""Profiles to export, shared by tests/export and tests/cli/test_cmd_export.py: a plain CPU profile written
+with ``write_profile``, with reference outputs the way ``ortpilot tune`` records them (held-out inputs
+regenerated from the source model by seed), and copies of it with other providers."""
 
 from __future__ import annotations
 

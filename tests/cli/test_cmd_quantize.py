@@ -1,13 +1,16 @@
-"""`quantize --mode int4|int8-weights` and `compare` on decoder pairs, through the CLI."""
+"""``ortpilot quantize``: ``--mode int4|int8-weights`` and ``compare`` on decoder pairs, and the output gate's
+metrics it prints with their evidence, the few-samples warning, and exit 2 for a bad ``--metric``."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from metric_models import save, three_outputs
 
 from ortpilot.cli.main import cli
 from ortpilot.decode.signature import detect_signature
@@ -92,3 +95,62 @@ def test_fuse_with_max_positions_writes_the_limit_into_the_model(tmp_path):
     )
     assert unfused.exit_code == 2 and "needs --mode int4|int8-weights with --fuse" in " ".join(unfused.output.split())
     assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("three")
+    rng = np.random.default_rng(0)
+    calibration = folder / "calibration.npz"
+    np.savez(  # 64 stacked samples: a quarter (16) are held out for the gate
+        calibration,
+        x=rng.standard_normal((64, 1, 64)).astype(np.float32),
+        ids=rng.integers(0, 100, (64, 1, 8)).astype(np.int64),
+    )
+    return save(three_outputs(), folder / "three.onnx"), calibration
+
+
+def test_quantize_prints_each_metric_with_its_evidence_and_the_sample_warning(three, tmp_path):
+    model, _ = three
+    res = CliRunner().invoke(
+        cli, ["quantize", str(model), "-o", str(tmp_path / "q.onnx"), "--mode", "dynamic", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    gate = json.loads(res.stdout)["gate"]
+    assert gate["metrics"] == {
+        "embedding": {"metric": "cosine", "evidence": "float vector [batch, 384], no class evidence"},
+        "p": {"metric": "top1", "evidence": "produced by Softmax through Identity"},
+        "ids_out": {"metric": "exact", "evidence": "int64 output: compared exactly"},
+    }
+    assert gate["samples"] == 1 and "fewer than 16" in gate["warning"]
+    by_name = {o["name"]: o for o in gate["comparison"]["outputs"]}
+    assert by_name["ids_out"]["error"] == 0  # the passthrough is untouched by INT8
+    res = CliRunner().invoke(
+        cli, ["quantize", str(model), "-o", str(tmp_path / "q2.onnx"), "--mode", "dynamic", "--metric", "p=cosine"]
+    )
+    said = " ".join(res.output.split())
+    assert res.exit_code == 0, res.output
+    assert "p: gate metric cosine (set by --metric)" in said and "embedding: gate metric cosine (float vector" in said
+
+
+def test_quantize_on_16_held_out_samples_has_no_warning(three, tmp_path):
+    model, calibration = three
+    res = CliRunner().invoke(
+        cli,
+        ["quantize", str(model), "-o", str(tmp_path / "q.onnx"), "--mode", "dynamic"]
+        + ["--calibration", str(calibration), "--json"],
+    )
+    assert res.exit_code == 0, res.output
+    gate = json.loads(res.stdout)["gate"]
+    assert gate["samples"] == 16 and gate["warning"] is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [("logits=top1", "Its outputs: embedding, p, ids_out"), ("cosin", "Valid metrics: cosine, top1, rel_l2, exact")],
+)
+def test_quantize_refuses_a_bad_metric_with_exit_2_before_writing(three, tmp_path, flag, message):
+    model, _ = three
+    out = tmp_path / "q.onnx"
+    res = CliRunner().invoke(cli, ["quantize", str(model), "-o", str(out), "--mode", "dynamic", "--metric", flag])
+    assert res.exit_code == 2 and message in " ".join(res.output.split()) and not out.exists()

@@ -1,4 +1,4 @@
-"""Models made for benchmark tests (imported by the test_bench_* modules)."""
+"""Models made for benchmark tests (imported by tests/measure/test_bench_* and tests/cli/test_cmd_bench.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``ortpilot inspect`` and ``ortpilot doctor`` through click: exit codes and JSON."""
+"""``ortpilot inspect`` through click: exit codes and JSON."""
 
 from __future__ import annotations
 
@@ -46,26 +46,3 @@ def test_inspect_bad_files_exit_2_without_traceback(tmp_path, demo_paths, conten
 def test_inspect_contradicting_shape_exits_2(demo_paths):
     result = _invoke("inspect", str(demo_paths["cnn"]), "--shape", "image=1x3x64")
     assert result.exit_code == 2 and "rank" in result.stderr
-
-
-def test_doctor_json_is_valid_and_exit_0():
-    result = _invoke("doctor", "--json")
-    assert result.exit_code == 0, result.stderr
-    doc = json.loads(result.stdout)
-    assert set(doc) >= {
-        "onnxruntime",
-        "distributions",
-        "plugins",
-        "ep_devices",
-        "probes",
-        "cpu",
-        "gpu",
-        "findings",
-        "exit_code",
-    }
-
-
-def test_doctor_human_output_has_tables():
-    result = _invoke("doctor", "--no-probe")
-    assert result.exit_code == 0
-    assert "Findings" in result.stdout and "Providers" in result.stdout

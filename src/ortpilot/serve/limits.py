@@ -1,0 +1,145 @@
+"""What a model's inputs may hold, as its graph tells, checked before ORT runs; ORT's refusals said
+without its internals.
+
+ORT reports a sequence longer than a model's positions, or a token id past its embedding table,
+as a kernel failure deep in the graph, with a C++ source path and a node name. A server answers
+that as the client's mistake (400) naming the input and the limit: ``input_limits`` reads the
+limits once from the model (position tables and ``max_positions``-style metadata for dims named
+like a sequence; the rows of every table an input indexes straight through ``Gather``) and
+``InputLimits.check`` refuses feeds past them. ``clean_ort_message`` turns what ORT says about
+anything else into one line without paths, source locations or node names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ortpilot.errors import InputError
+from ortpilot.graph.shapes import model_max_positions
+
+_SEQUENCE = re.compile(r"(seq|sequence|length|len|tokens)", re.I)
+_NOT_POSITIONS = re.compile(r"(past|total|all|kv|key_?len|batch)", re.I)
+_POSITION_TABLE = re.compile(r"position", re.I)
+_PASS_THROUGH = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten"}  # values kept as they are
+MAX_MESSAGE = 400
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """Per input: the axes whose size counts positions, and the rows of the table its values index."""
+
+    positions: int | None = None  # the model's positions (None: the graph does not say)
+    position_axes: dict[str, list[int]] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+
+    def check(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Raise InputError naming the first input past a limit (400 for a server)."""
+        if self.positions is not None:
+            for name, axes in self.position_axes.items():
+                value = feeds.get(name)
+                for axis in axes:
+                    if value is not None and axis < value.ndim and value.shape[axis] > self.positions:
+                        raise InputError(
+                            f"Input '{name}' has {value.shape[axis]} positions (dim {axis}), but the model "
+                            f"handles at most {self.positions}; send a shorter sequence."
+                        )
+        for name, rows in self.rows.items():
+            value = feeds.get(name)
+            if value is None or not value.size or value.dtype.kind not in "iu":
+                continue
+            low, high = int(value.min()), int(value.max())
+            if high >= rows or low < -rows:
+                bad = high if high >= rows else low
+                raise InputError(
+                    f"Input '{name}' holds {bad}, but the model looks its values up in a table of {rows} rows: "
+                    f"each must be from 0 to {rows - 1}."
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any] | None) -> InputLimits:
+        doc = dict(doc or {})
+        return cls(doc.get("positions"), dict(doc.get("position_axes") or {}), dict(doc.get("rows") or {}))
+
+
+def input_limits(model: onnx.ModelProto) -> InputLimits:
+    """The limits ``model``'s main graph tells (reads dims only: no external data is needed)."""
+    graph = model.graph
+    tables = {t.name: list(t.dims) for t in graph.initializer}
+    for node in graph.node:  # Constant tables count too
+        if node.op_type == "Constant" and node.output:
+            for attr in node.attribute:
+                if attr.name == "value":
+                    tables[node.output[0]] = list(attr.t.dims)
+    inputs = {i.name for i in graph.input} - set(tables)
+    source = {}  # value -> the graph input it carries unchanged
+    for name in inputs:
+        source[name] = name
+    for node in graph.node:
+        if node.op_type in _PASS_THROUGH and node.input and node.input[0] in source and node.output:
+            source[node.output[0]] = source[node.input[0]]
+    rows: dict[str, int] = {}
+    position_rows: list[int] = []
+    for node in graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in tables:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        dims = tables[node.input[0]]
+        if axis != 0 or not dims or dims[0] <= 0:
+            continue
+        if node.input[1] in source:
+            name = source[node.input[1]]
+            rows[name] = min(rows.get(name, dims[0]), dims[0])
+        elif _POSITION_TABLE.search(node.input[0]) and len(dims) == 2:
+            position_rows.append(dims[0])
+    positions = model_max_positions(model) or (min(position_rows) if position_rows else None)
+    axes: dict[str, list[int]] = {}
+    if positions is not None:
+        for tensor in graph.input:
+            if tensor.name not in inputs:
+                continue
+            dims = tensor.type.tensor_type.shape.dim
+            found = [
+                i
+                for i, d in enumerate(dims)
+                if d.dim_param and _SEQUENCE.search(d.dim_param) and not _NOT_POSITIONS.search(d.dim_param)
+            ]
+            if found:
+                axes[tensor.name] = found
+    return InputLimits(positions if axes else None, axes, rows)
+
+
+_ORT_PREFIX = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : ")
+_NODE = re.compile(r"Non-zero status code returned while running (\w+) node\. Name:'[^']*' Status Message: ")
+_NAME = re.compile(r"\s*Name:'[^']*'")
+_SOURCE = re.compile(r"(?:[A-Za-z]:\\|/)[^\s:]+\.(?:h|hpp|cc|cpp|c|cu|py|pyx):\d+")
+_SIGNATURE = re.compile(r"\s*(?:[\w:<>,*&]+ )?[\w:<>~]+::~?\w+\([^()]*\)(?: const)?")
+_ENFORCE = re.compile(r"\s*[^.;:]*? was false\.")
+_PATH = re.compile(r"(?:[A-Za-z]:\\|/)(?:[\w.+-]+[/\\])+[\w.+-]*")
+
+
+def clean_ort_message(message: str) -> str:
+    """``message`` (ORT's or one quoting it) as one line without source paths, C++ signatures, assertion
+    text or node names: ``... Gather node: indices element out of data bounds, idx=5000 ...``."""
+    text = " ".join(message.split())
+    text = _ORT_PREFIX.sub("", text)
+    text = _NODE.sub(r"\1 node: ", text)
+    text = _NAME.sub("", text)
+    if _SOURCE.search(text):
+        text = _SOURCE.sub("", text)
+        text = _SIGNATURE.sub("", text, count=1)
+        text = _ENFORCE.sub("", text, count=1)
+    text = _PATH.sub("<path>", text)
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+
+
+__all__ = ["InputLimits", "clean_ort_message", "input_limits"]

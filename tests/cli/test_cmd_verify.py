@@ -1,0 +1,142 @@
+"""``ortpilot verify``: an exit code and a message for every failure kind, a malformed machine section, and
+``--max-slowdown`` holding a profile to its recorded speedup."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ortpilot.artifacts.profile import write_profile
+from ortpilot.providers.machine import machine_facts
+from ortpilot.tuning import tune
+
+CLI = [sys.executable, "-m", "ortpilot.cli.main"]
+
+
+def test_a_malformed_machine_section_is_exit_2_naming_the_field(tmp_path, demo_paths):
+    model = tmp_path / "model.onnx"
+    shutil.copy(demo_paths["mlp"], model)
+    machine = {**machine_facts(), "cpu_budget": {"cpus": "two"}}
+    path = write_profile(
+        tmp_path / "profile.json",
+        model_file=model,
+        machine=machine,
+        providers=[{"name": "CPUExecutionProvider", "options": {}}],
+        settings={"intra_op_threads": 1},
+    )
+    proc = subprocess.run([*CLI, "verify", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "machine.cpu_budget.cpus" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, demo_paths):
+    """A real tune of the demo MLP, copied fresh for each test that edits it."""
+    out = tmp_path_factory.mktemp("tuned") / "out"
+    tune(str(demo_paths["mlp"]), out, budget_s=10)
+    return out
+
+
+def _edited(tuned, tmp_path, edit=None):
+    out = tmp_path / "out"
+    shutil.copytree(tuned, out)
+    if edit:
+        doc = json.loads((out / "profile.json").read_text())
+        edit(doc, out)
+        (out / "profile.json").write_text(json.dumps(doc))
+    return out
+
+
+def _verify(*args):
+    return subprocess.run([*CLI, "verify", *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def _set(doc, keys, value):
+    for key in keys[:-1]:
+        doc = doc[key]
+    doc[keys[-1]] = value
+
+
+@pytest.mark.parametrize(
+    "case,edit,code,message",
+    [
+        (
+            "model changed",
+            lambda doc, out: (out / "model.onnx").write_bytes((out / "model.onnx").read_bytes() + b"\0"),
+            1,
+            "changed since it was tuned",
+        ),
+        (
+            "provider missing",
+            lambda doc, out: _set(doc, ["providers"], [{"name": "CUDAExecutionProvider", "options": {}}]),
+            1,
+            "CUDAExecutionProvider",
+        ),
+        (
+            "placement changed",
+            lambda doc, out: _set(doc, ["placement"], {"CPUExecutionProvider": 999}),
+            1,
+            "recorded placement",
+        ),
+        (
+            "outputs changed",
+            lambda doc, out: _set(
+                doc, ["reference_outputs", "sha256"], dict.fromkeys(doc["reference_outputs"]["sha256"], "0" * 64)
+            ),
+            1,
+            "does not reproduce its reference outputs",
+        ),
+        (
+            "threads over the budget",
+            lambda doc, out: _set(doc, ["session_settings", "intra_op_threads"], 4096),
+            1,
+            "this process may use",
+        ),
+        (
+            "not a profile",
+            lambda doc, out: (out / "profile.json").write_text("[1, 2]") and None,
+            2,
+            "not an ortpilot profile",
+        ),
+        ("reference damaged", lambda doc, out: (out / "reference.npz").write_bytes(b"not a zip"), 2, "reference file"),
+    ],
+)
+def test_verify_exit_codes_for_every_failure_kind(tuned, tmp_path, case, edit, code, message):
+    out = tmp_path / "out"
+    shutil.copytree(tuned, out)
+    doc = json.loads((out / "profile.json").read_text())
+    edit(doc, out)
+    if case != "not a profile":
+        (out / "profile.json").write_text(json.dumps(doc))
+    proc = _verify(out)
+    assert proc.returncode == code, (case, proc.stderr)
+    assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_verify_max_slowdown_holds_the_profile_to_its_recorded_speedup(tuned, tmp_path):
+    out = _edited(tuned, tmp_path)
+    proc = _verify(out, "--max-slowdown", "50", "--duration", "2", "--json")
+    doc = json.loads(proc.stdout)
+    latency = doc["profiles"][0]["latency"]
+    recorded = json.loads((out / "profile.json").read_text())["latency"]["speedup_vs_default"]["ratio"]
+    assert latency["recorded_speedup"] == pytest.approx(recorded) and latency["ci95"][0] <= latency["speedup"]
+    assert proc.returncode == (0 if latency["passed"] else 1), proc.stderr
+    # a promise no session can keep: 100x ORT's default
+    slow = _edited(tuned, tmp_path / "slow", lambda d, o: _set(d, ["latency", "speedup_vs_default", "ratio"], 100.0))
+    proc = _verify(slow, "--max-slowdown", "10", "--duration", "2")
+    assert proc.returncode == 1 and "slower than it was tuned" in proc.stderr and "100.00x recorded" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "ten", "inf"])
+def test_verify_max_slowdown_must_be_a_positive_number(tuned, value):
+    proc = _verify(tuned, "--max-slowdown", value)
+    assert proc.returncode == 2 and "--max-slowdown must be" in proc.stderr
+
+
+def test_verify_max_slowdown_needs_the_source_model(tuned, tmp_path):
+    out = _edited(tuned, tmp_path, lambda d, o: _set(d, ["source_model", "path"], str(tmp_path / "gone.onnx")))
+    proc = _verify(out, "--max-slowdown", "10")
+    assert proc.returncode == 2 and "missing here or changed" in proc.stderr
