@@ -246,11 +246,14 @@ def save_rows(path: str, head: str, rows: list[dict[str, Any]]) -> None:
 
 
 def header(args: argparse.Namespace) -> str:
+    from ortpilot.providers.machineclass import this_class
+
     load1 = os.getloadavg()[0]
     turn = f"turns of ~{args.turn:g} s" if args.turn > 0 else "auto turns (~20 ms)"
     return (
         f"ONNX Runtime {ort.__version__}, {datetime.datetime.now().astimezone().isoformat(timespec='minutes')}, "
-        f"{os.cpu_count()} cores, load average at start {load1:.1f}; tune budget {args.budget:.0f} s; "
+        f"{os.cpu_count()} cores, machine class {this_class().name}, load average at start {load1:.1f}; "
+        f"tune budget {args.budget:.0f} s; "
         f"interleaved {args.duration:.0f} s per model, {turn}"
     )
 

@@ -30,15 +30,32 @@ def doctor(**kwargs: Any):
     return run_doctor(**kwargs)
 
 
-def tune(model: str | None = None, out_dir: str = "ortpilot-out", budget_s: float = 300, **kwargs: Any):
-    """Search for the fastest configuration that passes the accuracy gate; write a profile."""
+def tune(
+    model: Any = None,
+    out_dir: str = "ortpilot-out",
+    budget_s: float = 300,
+    *,
+    ray_address: str | None = None,
+    **kwargs: Any,
+):
+    """Search for the fastest configuration that passes the accuracy gate; write a profile.
+
+    With ``ray_address`` (a Ray cluster's address), tune every machine class of that cluster and write
+    a bundle (one profile per class) instead: ``model`` may then be a list of models (one bundle each,
+    in ``out_dir/NAME``); returns a ``fleet.result.FleetResult``. See ``ortpilot.fleet.run.tune_fleet``.
+    """
+    if ray_address is not None:
+        from ortpilot.fleet.run import tune_fleet
+
+        return tune_fleet(model, ray_address, out_dir=out_dir, budget_s=budget_s, **kwargs)
     from ortpilot.tuning import tune as _tune
 
     return _tune(model, out_dir=out_dir, budget_s=budget_s, **kwargs)
 
 
 def load_profile(path: str, **kwargs: Any) -> VerifiedSession:
-    """Recreate and re-verify the session a tune profile describes."""
+    """Recreate and re-verify the session a tune profile describes; of a bundle (``ortpilot tune --ray``),
+    the profile of this machine's class (``session.bundle`` says which)."""
     from ortpilot.session.profile import load_profile as _load_profile
 
     return _load_profile(path, **kwargs)

@@ -79,6 +79,16 @@ class OrtCrashError(VerificationError):
     """ORT killed the (child) process while loading or running a model."""
 
 
+class FleetError(OrtpilotError):
+    """A fleet tune could not tune every machine class (a node died, a search failed): the bundle is
+    written incomplete (``complete: false``), and ``result`` holds what was tuned."""
+
+    def __init__(self, message: str, *, exit_code: int = 1, result: object = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.result = result
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGTERM or SIGHUP, raised where the signal arrived so that cleanup runs as for Ctrl-C."""
 

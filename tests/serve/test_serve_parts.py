@@ -138,7 +138,8 @@ def test_the_builders_and_the_library_give_ray_serve_applications(demo_paths):
 
 def test_only_the_serve_modules_import_ray():
     code = (
-        "import sys, ortpilot, ortpilot.serve, ortpilot.serve.options, ortpilot.tuning, ortpilot.cli.main; "
+        "import sys, ortpilot, ortpilot.serve, ortpilot.serve.options, ortpilot.tuning, ortpilot.cli.main, "
+        "ortpilot.fleet, ortpilot.fleet.run, ortpilot.fleet.cluster, ortpilot.fleet.nodes, ortpilot.fleet.remote; "
         "print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

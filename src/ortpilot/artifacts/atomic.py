@@ -134,6 +134,7 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
     with scratch_dir(f".{dest.name}.", root=dest.parent) as tmp:
         yield tmp
         os.unlink(tmp / LOCK_NAME)  # the folder is ours until renamed; its lock must not move with it
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a built folder follows the umask, as mkdir does
         if dest.is_dir() and any(dest.iterdir()):
             old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
             os.replace(dest, old)
@@ -208,11 +209,16 @@ def _is_stale(path: Path, min_age_s: float) -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def _default_mode() -> int:
-    """0666 minus the umask, read once (os.umask can only be read by setting it)."""
+def _umask() -> int:
+    """The process's umask, read once (os.umask can only be read by setting it)."""
     umask = os.umask(0o022)
     os.umask(umask)
-    return 0o666 & ~umask
+    return umask
+
+
+def _default_mode() -> int:
+    """0666 minus the umask: what a new file gets."""
+    return 0o666 & ~_umask()
 
 
 def _fsync_dir(folder: Path) -> None:

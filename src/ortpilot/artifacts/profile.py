@@ -9,7 +9,6 @@ silently run something else: a changed model file, a missing provider or another
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import warnings
@@ -19,6 +18,7 @@ from typing import Any
 import onnxruntime as ort
 
 from ortpilot.artifacts.atomic import atomic_write_json
+from ortpilot.artifacts.fields import read_document
 from ortpilot.artifacts.profile_schema import MAX_PROFILE_BYTES, check_profile
 from ortpilot.artifacts.stamp import ort_distribution
 from ortpilot.errors import ProviderFallbackError, StampMismatchError, UsageError
@@ -90,26 +90,15 @@ def read_profile(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"Profile '{p}' does not exist. Create one with 'ortpilot tune MODEL -o DIR'.")
-    if p.stat().st_size > MAX_PROFILE_BYTES:
-        raise UsageError(
-            f"Profile '{p}' is {p.stat().st_size} bytes, more than an ortpilot profile ever is "
-            f"({MAX_PROFILE_BYTES} at most); it is not one. Regenerate it with 'ortpilot tune'."
-        )
-    try:
-        doc = json.loads(p.read_bytes().decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; deep nesting recurses
-        raise UsageError(
-            f"Profile '{p}' is not valid JSON ({type(exc).__name__}: {str(exc)[:200]}). It was edited "
-            "or truncated; regenerate it with 'ortpilot tune'."
-        ) from None
-    if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
-        raise UsageError(f'\'{p}\' is not an ortpilot profile (no "format": "{PROFILE_FORMAT}").')
-    version = doc.get("version", 0)
-    if isinstance(version, int) and not isinstance(version, bool) and version > PROFILE_VERSION:
-        raise UsageError(
-            f"Profile '{p}' has format version {version}, newer than this ortpilot "
-            f"reads ({PROFILE_VERSION}). Upgrade ortpilot."
-        )
+    doc = read_document(
+        p,
+        what="Profile",
+        noun="an ortpilot profile",
+        fmt=PROFILE_FORMAT,
+        version=PROFILE_VERSION,
+        limit=MAX_PROFILE_BYTES,
+        fix="regenerate it with 'ortpilot tune'",
+    )
     check_profile(doc, str(p))  # every field by type and range: a profile is an input, not trusted state
     return doc
 

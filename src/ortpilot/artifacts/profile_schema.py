@@ -11,13 +11,25 @@ them by name. The ``machine`` section is checked where the machine is compared.
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ortpilot.artifacts.fields import Bad as _Bad
+from ortpilot.artifacts.fields import Check
+from ortpilot.artifacts.fields import boolean as _bool
+from ortpilot.artifacts.fields import dict_of as _dict_of
+from ortpilot.artifacts.fields import fields as _fields
+from ortpilot.artifacts.fields import integer as _int
+from ortpilot.artifacts.fields import json_value as _json_value
+from ortpilot.artifacts.fields import kind as _kind
+from ortpilot.artifacts.fields import list_of as _list_of
+from ortpilot.artifacts.fields import number as _number
+from ortpilot.artifacts.fields import optional as _optional
+from ortpilot.artifacts.fields import sha256 as _sha256
+from ortpilot.artifacts.fields import string as _string
 from ortpilot.errors import UsageError
 
 MAX_PROFILE_BYTES = 16 * 2**20  # an ortpilot profile is a few KB; a bigger file is not one
@@ -43,8 +55,6 @@ SAFE_CONFIG_ENTRIES = frozenset(
 )
 # Provider options whose value is a path: where an EP writes caches or loads libraries from.
 _PATH_OPTION = re.compile(r"(path|dir|file|folder|librar|cache_location)", re.I)
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-Check = Callable[[Any, str], None]
 
 
 def check_profile(doc: Any, where: str) -> None:
@@ -101,114 +111,6 @@ def _in_own_cache(value: str) -> bool:
 
 
 # --------------------------------------------------------------------------- field checks
-
-
-class _Bad(Exception):
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(field, problem)
-        self.field = field or "(top level)"
-        self.problem = problem
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
-        type(value), type(value).__name__
-    )
-
-
-def _join(name: str, key: str) -> str:
-    return f"{name}.{key}" if name else key
-
-
-def _string(value: Any, name: str, *, nonempty: bool = False, limit: int = 4096) -> None:
-    if not isinstance(value, str):
-        raise _Bad(name, f"expected a string, got a {_kind(value)}")
-    if nonempty and not value:
-        raise _Bad(name, "it is empty")
-    if len(value) > limit or "\0" in value:
-        raise _Bad(name, f"a string of {len(value)} characters{' with a NUL' if chr(0) in value else ''}")
-
-
-def _int(value: Any, name: str, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _Bad(name, f"expected an integer, got a {_kind(value)}")
-    if not low <= value <= high:
-        raise _Bad(name, f"{value} is outside {low}..{high}")
-
-
-def _number(value: Any, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _Bad(name, f"expected a finite number, got {value!r}")
-
-
-def _bool(value: Any, name: str) -> None:
-    if not isinstance(value, bool):
-        raise _Bad(name, f"expected true or false, got a {_kind(value)}")
-
-
-def _json_value(value: Any, name: str, depth: int = 0) -> None:
-    """Plain JSON (informational sections): finite numbers, bounded depth."""
-    if depth > 32:
-        raise _Bad(name, "nested more than 32 levels deep")
-    if isinstance(value, float):
-        _number(value, name)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _json_value(item, f"{name}.{key}", depth + 1)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _json_value(item, f"{name}[{i}]", depth + 1)
-    elif value is not None and not isinstance(value, (str, int, bool)):
-        raise _Bad(name, f"unexpected {_kind(value)}")
-
-
-def _dict_of(check: Check) -> Check:
-    def run(value: Any, name: str) -> None:
-        if not isinstance(value, dict):
-            raise _Bad(name, f"expected an object, got a {_kind(value)}")
-        for key, item in value.items():
-            _string(key, f"{name} key")
-            check(item, f"{name}.{key}")
-
-    return run
-
-
-def _list_of(check: Check, *, nonempty: bool = False, limit: int = 4096) -> Check:
-    def run(value: Any, name: str) -> None:
-        if not isinstance(value, list):
-            raise _Bad(name, f"expected an array, got a {_kind(value)}")
-        if nonempty and not value:
-            raise _Bad(name, "it is empty")
-        if len(value) > limit:
-            raise _Bad(name, f"{len(value)} items, more than {limit}")
-        for i, item in enumerate(value):
-            check(item, f"{name}[{i}]")
-
-    return run
-
-
-def _fields(fields: Mapping[str, Check], required: Sequence[str] = ()) -> Check:
-    def run(value: Any, name: str) -> None:
-        if not isinstance(value, dict):
-            raise _Bad(name, f"expected an object, got a {_kind(value)}")
-        for key in required:
-            if key not in value:
-                raise _Bad(_join(name, key), "it is missing")
-        for key, item in value.items():
-            check = fields.get(key)
-            if check is None:
-                raise _Bad(_join(name, str(key)), "ortpilot writes no such field")
-            check(item, _join(name, key))
-
-    return run
-
-
-def _sha256(value: Any, name: str) -> None:
-    _string(value, name)
-    if not _SHA256.match(value):
-        raise _Bad(name, "not a sha256 hex digest")
 
 
 def _model_file(value: Any, name: str) -> None:
@@ -287,10 +189,6 @@ def _data_source(value: Any, name: str) -> None:
         raise _Bad(name, f"{value!r} is not one of text, images, files, synthetic")
 
 
-def _optional(check: Check) -> Check:
-    return lambda v, n: None if v is None else check(v, n)
-
-
 # Where the gate's held-out samples and the calibration samples came from (data.DataSource.describe).
 _DATA = _fields(
     {
@@ -320,6 +218,11 @@ _TOP: dict[str, Check] = {
     "accuracy": _json_value,
     "latency": _json_value,
     "machine": _machine,
+    # The class a fleet tune files the machine under (providers.machineclass checks its key and id).
+    "machine_class": _fields(
+        {"name": lambda v, n: _string(v, n, nonempty=True, limit=256), "id": _string, "key": _json_value},
+        required=("name", "id", "key"),
+    ),
     "ortpilot_version": lambda v, n: _string(v, n, limit=256),
     "candidate": _json_value,
     "reference_outputs": _fields(

@@ -66,6 +66,12 @@ def render(report) -> None:
                 + (f"; ORT's default starts {threads} threads" if threads else "")
             ),
         )
+    machine_class = doc.get("machine_class")
+    if machine_class:
+        env.add_row(
+            "machine class",
+            escape(f"{machine_class['name']} (id {machine_class['id']}): what a fleet tune files this machine under"),
+        )
     gpu = doc["gpu"]
     env.add_row("nvidia driver", escape(gpu["driver_version"] or "not found"))
     libs = escape(", ".join(f"{fam} {info['majors']}" for fam, info in gpu["libraries"].items() if info["majors"]))

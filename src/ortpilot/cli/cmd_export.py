@@ -38,6 +38,13 @@ def command() -> None:
     help="Also write a KServe InferenceService manifest (YAML) for the repository to this file.",
 )
 @click.option("--storage-uri", default=None, help="storageUri for the manifest (default: a placeholder to edit).")
+@click.option(
+    "--class",
+    "machine_class",
+    default=None,
+    help="PROFILE is a bundle: export this machine class's profile (name or id) as REPO/NAME. Without it, "
+    "every class becomes its own model, REPO/NAME-CLASS.",
+)
 @JSON_OPTION
 @handle_errors
 def triton(
@@ -50,6 +57,7 @@ def triton(
     force: bool,
     inferenceservice: str | None,
     storage_uri: str | None,
+    machine_class: str | None,
     as_json: bool,
 ) -> None:
     """Write PROFILE's model as REPO/NAME for Triton's ONNX Runtime backend, saying what is lost.
@@ -58,22 +66,34 @@ def triton(
     against the backend's; REPO/NAME/ORTPILOT.md lists what the profile verified that Triton
     will not check.
     """
-    from ortpilot.export import export_triton
+    from ortpilot.artifacts.bundle import bundle_path
+    from ortpilot.export import export_triton, export_triton_bundle
 
-    result = export_triton(
-        profile,
-        repo,
-        name=name,
-        max_batch=max_batch,
-        instances=instances,
-        kind=kind,
-        force=force,
-        inferenceservice=inferenceservice,
-        storage_uri=storage_uri,
-    )
+    options = {
+        "max_batch": max_batch,
+        "instances": instances,
+        "kind": kind,
+        "force": force,
+        "inferenceservice": inferenceservice,
+        "storage_uri": storage_uri,
+    }
+    if bundle_path(profile) is not None and machine_class is None:
+        results = export_triton_bundle(profile, repo, name=name, **options)
+        if as_json:
+            emit_json({"models": [r.to_dict() for r in results]})
+            return
+        for result in results:
+            render(result)
+        return
+    result = export_triton(profile, repo, name=name, machine_class=machine_class, **options)
     if as_json:
         emit_json(result.to_dict())
         return
+    render(result)
+
+
+def render(result) -> None:
+    """What one export wrote, and what Triton will not check."""
     console = stdout
     console.print(
         f"Wrote [bold]{result.model_dir}[/] ({result.kind}, {' > '.join(result.providers)}, "

@@ -28,10 +28,11 @@ MODEL_BUDGET_S = 300.0
 @click.command(
     help="Search providers x levels x fusion x INT8 x threads x IOBinding for the fastest configuration "
     "that passes the accuracy gate, and write the winning model, profile.json, report.html and "
-    "report.md to OUTDIR. Without MODEL, tunes the built-in demo encoder."
+    "report.md to OUTDIR. Without MODEL, tunes the built-in demo encoder. With --ray ADDRESS, tunes "
+    "every machine class of that Ray cluster and writes a bundle (one profile per class) per MODEL."
 )
 @MODEL_FILE_OPTION
-@click.argument("model", required=False)
+@click.argument("models", nargs=-1)
 @click.option("-o", "--out", "out_dir", default="ortpilot-out", show_default=True, help="Output folder.")
 @SHAPE_OPTION
 @click.option(
@@ -54,10 +55,18 @@ MODEL_BUDGET_S = 300.0
 @click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
 @click.option("--no-quantize", is_flag=True, help="Leave INT8 variants out of the search.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted tune from OUTDIR's journal.")
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="Tune on this Ray cluster (HOST:PORT, or auto): one search per machine class of its nodes, one "
+    "bundle per MODEL (docs: Tuning a fleet). Several MODELs need it.",
+)
 @json_option(help="Print the result as one JSON document on stdout.")
 @handle_errors
 def command(
-    model: str | None,
+    models: tuple[str, ...],
     out_dir: str,
     shapes: tuple[str, ...],
     budget: float | None,
@@ -68,14 +77,31 @@ def command(
     providers: tuple[str, ...],
     no_quantize: bool,
     resume: bool,
+    ray_address: str | None,
     as_json: bool,
 ) -> None:
     from ortpilot.tuning import tune
 
+    if len(models) > 1 and ray_address is None:
+        raise click.UsageError("Several MODELs are tuned on a Ray cluster: add --ray ADDRESS (or tune one MODEL).")
+    model = models[0] if models else None
     budget_s = budget if budget is not None else (DEMO_BUDGET_S if model is None else MODEL_BUDGET_S)
     data = real_data_arg(model if model else "demo:encoder")
     if data is not None and calibration is not None:
         raise click.UsageError("Give --calibration or --calibration-text/--calibration-images, not both.")
+    options = {
+        "shapes": list(shapes) or None,
+        "objective": objective,
+        "max_error": max_error,
+        "metric": list(metric) or None,
+        "calibration": data if data is not None else calibration,
+        "providers": list(providers) or None,
+        "resume": resume,
+        "quantize": not no_quantize,
+    }
+    if ray_address is not None:
+        _tune_fleet(list(models) or ["demo:encoder"], ray_address, out_dir, budget_s, options, as_json)
+        return
     target = resolve_model_arg(model) if model else None
     stderr.print(
         escape(
@@ -86,20 +112,7 @@ def command(
     )
     with _ProgressView(budget_s) as view:
         try:
-            result = tune(
-                target,
-                out_dir,
-                budget_s,
-                shapes=list(shapes) or None,
-                objective=objective,
-                max_error=max_error,
-                metric=list(metric) or None,
-                calibration=data if data is not None else calibration,
-                providers=list(providers) or None,
-                resume=resume,
-                quantize=not no_quantize,
-                progress=view.update,
-            )
+            result = tune(target, out_dir, budget_s, **options, progress=view.update)
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP
             view.stop()
             stderr.print(f"[yellow]interrupted[/] ({interrupt_name(exc)}): {escape(_kept(out_dir))}", highlight=False)
@@ -108,6 +121,44 @@ def command(
     if as_json:
         emit_json(doc)
     render_summary(doc)
+
+
+def _tune_fleet(models: list[str], address: str, out_dir: str, budget_s: float, options: dict, as_json: bool) -> None:
+    """``--ray``: every machine class of the cluster, one bundle per model; progress lines on stderr."""
+    import contextlib
+    import sys
+
+    from ortpilot.errors import FleetError
+    from ortpilot.fleet.run import tune_fleet
+
+    targets = [m if m.startswith("demo:") else resolve_model_arg(m) for m in models]
+    stderr.print(
+        escape(
+            f"Tuning {', '.join(models)} on every machine class of the Ray cluster {address}, up to "
+            f"{budget_s:.0f} s per class, into {out_dir}/"
+        ),
+        highlight=False,
+    )
+
+    def say(line: str) -> None:
+        stderr.print(escape(line), highlight=False)
+
+    try:  # Ray prints what its raylets report (a worker that died) on stdout: --json keeps stdout for its document
+        with contextlib.redirect_stdout(sys.stderr):
+            result = tune_fleet(targets, address, out_dir, budget_s, **options, progress=say)
+    except FleetError as exc:
+        if as_json and exc.result is not None:
+            emit_json(exc.result.to_dict())
+        raise
+    if as_json:
+        emit_json(result.to_dict())
+    bundles = [str(m.bundle) for m in result.models]
+    stderr.print(
+        escape(
+            f"Serve with 'ortpilot serve {' '.join(bundles)} --address {address}'; each replica loads its node's class."
+        ),
+        highlight=False,
+    )
 
 
 def _kept(out_dir: str) -> str:

@@ -17,6 +17,12 @@ from ortpilot.cli.common import emit_json, handle_errors, json_option, stdout
     help="Load profiles tuned on a machine whose differences can change the winner (INT8 kernels, CPUs).",
 )
 @click.option(
+    "--class",
+    "machine_class",
+    default=None,
+    help="For a bundle: verify this class's profile (its name or id) instead of this machine's class.",
+)
+@click.option(
     "--max-slowdown",
     default=None,
     help="Also time the profile against ORT's default session, interleaved: exit 1 when its speedup is "
@@ -32,17 +38,31 @@ from ortpilot.cli.common import emit_json, handle_errors, json_option, stdout
 @json_option(help="Print one JSON document.")
 @handle_errors
 def command(
-    profiles: tuple[str, ...], accept_machine: bool, max_slowdown: str | None, duration: float, as_json: bool
+    profiles: tuple[str, ...],
+    accept_machine: bool,
+    machine_class: str | None,
+    max_slowdown: str | None,
+    duration: float,
+    as_json: bool,
 ) -> None:
-    """Check each PROFILE (profile.json or its folder) here: model hash, ORT build, providers and
-    placement (strict), the machine it was tuned on, and its reference outputs (bit for bit on the
-    same kernels, within the tune's gate elsewhere). Exit 0 all hold, 1 a verification failed, 2 bad input."""
+    """Check each PROFILE (profile.json or its folder, or a bundle) here: model hash, ORT build, providers
+    and placement (strict), the machine it was tuned on, and its reference outputs (bit for bit on the
+    same kernels, within the tune's gate elsewhere). A bundle gives the profile of this machine's class
+    (every class's files are checked against bundle.json). Exit 0 all hold, 1 a verification failed, 2 bad
+    input."""
     from ortpilot.measure.regression import check_max_slowdown
     from ortpilot.tuning.verify import verify_profile
 
     pct = check_max_slowdown(max_slowdown) if max_slowdown is not None else None
     results = [
-        verify_profile(path, accept_machine=accept_machine, max_slowdown_pct=pct, duration_s=duration)
+        verify_profile(
+            path,
+            accept_machine=accept_machine,
+            max_slowdown_pct=pct,
+            duration_s=duration,
+            machine_class=machine_class,
+            check_all=True,
+        )
         for path in profiles
     ]
     if as_json:
@@ -60,6 +80,17 @@ def render(result) -> None:
     table = Table(title=f"verify {escape(doc['profile'])}", title_justify="left")
     for col in ("check", "result", "detail"):
         table.add_column(col)
+    bundle = doc.get("bundle")
+    if bundle:
+        table.add_row(
+            "bundle",
+            "[green]" + escape(bundle["how"]) + "[/]" if bundle["how"] != "nearest" else "[yellow]nearest class[/]",
+            escape(
+                f"class {bundle['class']['name']} of {', '.join(bundle['classes'])}; every file matches bundle.json"
+                + (f"; {bundle['note']}" if bundle["note"] else "")
+                + ("" if bundle["complete"] else "; the bundle is incomplete")
+            ),
+        )
     table.add_row(
         "environment", "[green]ok[/]", escape(f"model hash, ORT build, providers {', '.join(doc['providers'])}")
     )

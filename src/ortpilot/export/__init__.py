@@ -6,6 +6,6 @@ the ``export`` extra and are imported only when an export runs.
 """
 
 from ortpilot.export.losses import Loss
-from ortpilot.export.triton import ExportResult, export_triton
+from ortpilot.export.triton import ExportResult, export_triton, export_triton_bundle
 
-__all__ = ["ExportResult", "Loss", "export_triton"]
+__all__ = ["ExportResult", "Loss", "export_triton", "export_triton_bundle"]

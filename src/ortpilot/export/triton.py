@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from ortpilot.artifacts.atomic import atomic_dir, atomic_write_text, check_output_path
+from ortpilot.artifacts.bundle import bundle_path, read_bundle
 from ortpilot.artifacts.profile import read_profile, verify_model_file
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.export import kserve
@@ -44,6 +45,7 @@ from ortpilot.modelio import external_data_files, load_model
 from ortpilot.passes.decoder_fusion import count_layers
 from ortpilot.providers.machine import describe_machine
 from ortpilot.providers.names import resolve_providers, short_name
+from ortpilot.session.bundle import choose_profile
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.verified import effective_settings
 
@@ -94,8 +96,12 @@ def export_triton(
     force: bool = False,
     inferenceservice: str | Path | None = None,
     storage_uri: str | None = None,
+    machine_class: str | None = None,
 ) -> ExportResult:
     """Write ``REPO/NAME`` for Triton's ONNX Runtime backend from a tune profile; see the module doc.
+
+    ``profile`` may be a bundle with ``machine_class`` naming one of its classes (its profile is
+    exported; :func:`export_triton_bundle` exports every class).
 
     ``max_batch``: Triton's ``max_batch_size`` (default 4, the backend's own default, when the
     model has a batch dim; 0 keeps the batch dim in ``dims``). ``kind``: ``CPU`` or ``GPU``
@@ -103,6 +109,16 @@ def export_triton(
     ``REPO/NAME`` whole. ``inferenceservice``: also write a KServe manifest for the repository.
     """
     profile = Path(profile)
+    if bundle_path(profile) is not None:
+        if machine_class is None:
+            raise UsageError(
+                f"'{profile}' is a bundle (one profile per machine class): name the class to export with --class "
+                "NAME, or export every class (export_triton_bundle; the command line does it without --class)."
+            )
+        name = name or _model_name(None, bundle_path(profile))
+        profile = choose_profile(profile, machine_class=machine_class).profile
+    elif machine_class is not None:
+        raise UsageError(f"--class chooses a profile of a bundle, and '{profile}' is not a bundle (no bundle.json).")
     doc = read_profile(profile)
     model_path = verify_model_file(doc, profile)
     name = _model_name(name, profile)
@@ -116,6 +132,31 @@ def export_triton(
         atomic_write_text(inferenceservice, manifest)
         result.files["inferenceservice"] = str(inferenceservice)
     return result
+
+
+def export_triton_bundle(
+    bundle: str | Path, repo: str | Path, *, name: str | None = None, **options: Any
+) -> list[ExportResult]:
+    """Every class of ``bundle`` as its own Triton model, ``REPO/NAME-CLASS`` (NAME: the bundle's folder).
+
+    One model per class, not one version per class: a Triton model's config.pbtxt (thread counts,
+    graph optimization level, execution mode) holds for all its versions, and those are what the
+    classes' profiles differ in; a server of a class loads its class's model. ``options`` are
+    :func:`export_triton`'s (an InferenceService manifest needs one class: ``machine_class``).
+    """
+    if options.get("inferenceservice") is not None:
+        raise UsageError(
+            "--emit-inferenceservice describes one Triton model: export one class of the bundle with --class NAME."
+        )
+    found = bundle_path(bundle)
+    if found is None:
+        raise UsageError(f"'{bundle}' is not a bundle (no bundle.json); export a profile with export_triton.")
+    base = _model_name(name, found)
+    read = read_bundle(found)
+    return [
+        export_triton(found, repo, name=f"{base}-{entry.name}", machine_class=entry.id, **options)
+        for entry in read.entries
+    ]
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any
 from ortpilot.providers.cpubudget import CpuBudget, cpu_budget, ort_default_threads
 from ortpilot.providers.cpuisa import CpuIsa, Int8Rule, int8_rule, read_cpu_isa
 from ortpilot.providers.gpulibs import GpuEnvironment, library_mismatches, scan_gpu_environment
+from ortpilot.providers.machineclass import MachineClass, this_class
 from ortpilot.providers.ortdists import DistributionReport, find_ort_distributions
 
 SEVERITIES = ("ok", "info", "warn", "error")
@@ -102,6 +103,7 @@ class DoctorReport:
     cpu_budget: CpuBudget | None = None
     int8: Int8Rule | None = None
     ort_default_threads: int | None = None
+    machine_class: MachineClass | None = None  # the class a fleet tune would file this machine under
 
     @property
     def exit_code(self) -> int:
@@ -126,6 +128,7 @@ class DoctorReport:
             "cpu_budget": {**self.cpu_budget.to_dict(), "ort_default_threads": self.ort_default_threads}
             if self.cpu_budget
             else None,
+            "machine_class": self.machine_class.to_dict() if self.machine_class else None,
             "gpu": self.gpu.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
             "exit_code": self.exit_code,
@@ -200,7 +203,10 @@ def examine(probe: Callable[[str, str], ProbeResult] | None = None) -> DoctorRep
     except Exception:  # a broken build: already an error finding of its own
         default_threads = None
     findings = diagnose(ort_info, dists, plugins, probes, cpu, gpu, budget, rule, default_threads)
-    return DoctorReport(ort_info, dists, plugins, devices, probes, cpu, gpu, findings, budget, rule, default_threads)
+    machine_class = this_class() if ort_info.import_error is None else None
+    return DoctorReport(
+        ort_info, dists, plugins, devices, probes, cpu, gpu, findings, budget, rule, default_threads, machine_class
+    )
 
 
 def diagnose(

@@ -69,4 +69,8 @@ def short_name(full: str) -> str:
     return full
 
 
-__all__ = ["EP_LIBRARY_OPTION", "PROVIDER_ALIASES", "SHORT_NAMES", "ProviderSpec", "short_name"]
+# Providers that ORT lists but that run nothing locally: no search tries them, no machine class counts them.
+NOT_COMPUTE = {"AzureExecutionProvider": "a remote-endpoint provider; it runs no local compute"}
+
+
+__all__ = ["EP_LIBRARY_OPTION", "NOT_COMPUTE", "PROVIDER_ALIASES", "SHORT_NAMES", "ProviderSpec", "short_name"]

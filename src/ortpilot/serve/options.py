@@ -29,13 +29,16 @@ class ModelSpec:
     """One served model: its name in the URL and what a replica loads.
 
     ``kind`` is ``profile`` (a tune output, verified against its reference outputs) or ``model``
-    (an ONNX file served with a default strict CPU session: environment-verified only).
+    (an ONNX file served with a default strict CPU session: environment-verified only). A bundle is a
+    ``profile`` whose ``bundle`` names its bundle.json: each replica loads its own node's class from it,
+    and ``path`` is the class this machine would load (what the checks before Ray starts read).
     """
 
     name: str
     kind: str  # "profile" | "model"
     path: str  # profile.json or the .onnx file, absolute (replicas may run in another working directory)
     source: str = ""  # what the user wrote (demo:encoder, OUT/, ...)
+    bundle: str = ""  # a bundle's bundle.json, absolute ("" for a profile or a model)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -215,14 +218,14 @@ def resolve_models(targets: Sequence[str], names: Sequence[str] = ()) -> list[Mo
         )
     specs = []
     for i, target in enumerate(targets):
-        kind, path, default = _resolve(target)
+        kind, path, default, bundle = _resolve(target)
         name = names[i] if names else default
         if not _NAME.match(name):
             raise UsageError(
                 f"Model name '{name}' (for {target}) is not usable in a URL: use letters, digits, "
                 "'_', '.', '-' (give one with --name)."
             )
-        specs.append(ModelSpec(name, kind, str(path), target))
+        specs.append(ModelSpec(name, kind, str(path), target, bundle))
     seen: dict[str, str] = {}
     for spec in specs:
         if spec.name in seen:
@@ -234,27 +237,37 @@ def resolve_models(targets: Sequence[str], names: Sequence[str] = ()) -> list[Mo
     return specs
 
 
-def _resolve(target: str) -> tuple[str, Path, str]:
+def _resolve(target: str) -> tuple[str, Path, str, str]:
+    """(kind, path, default name, bundle.json or "") of one PROFILE argument."""
+    from ortpilot.artifacts.bundle import bundle_path
+
     if target.startswith("demo:"):
         from ortpilot.models import demo_model_path
 
         path = Path(demo_model_path(target.split(":", 1)[1])).resolve()
-        return "model", path, target.split(":", 1)[1]
+        return "model", path, target.split(":", 1)[1], ""
     path = Path(target)
+    bundle = bundle_path(path)
+    if bundle is not None:  # checked now (hashes, one profile per class); each replica picks its node's class
+        from ortpilot.session.bundle import choose_profile
+
+        here = choose_profile(bundle, policy="allow", accept_machine=True)
+        return "profile", here.profile.resolve(), bundle.resolve().parent.name, str(bundle.resolve())
     if path.is_dir():
         if (path / "profile.json").is_file():
-            return "profile", (path / "profile.json").resolve(), path.resolve().name
+            return "profile", (path / "profile.json").resolve(), path.resolve().name, ""
         raise UsageError(
-            f"'{target}' is a folder without profile.json. Serve a tune output folder "
-            "('ortpilot tune MODEL -o DIR'), a profile.json, a model file or demo:NAME."
+            f"'{target}' is a folder without profile.json or bundle.json. Serve a tune output folder "
+            "('ortpilot tune MODEL -o DIR'), a bundle ('ortpilot tune MODEL --ray ADDRESS -o DIR'), a "
+            "profile.json, a model file or demo:NAME."
         )
     if not path.is_file():
         raise UsageError(
             f"'{target}' does not exist. Serve a tune output folder or profile.json, a model file or demo:NAME."
         )
     if path.suffix == ".json":
-        return "profile", path.resolve(), path.resolve().parent.name
-    return "model", path.resolve(), path.stem
+        return "profile", path.resolve(), path.resolve().parent.name, ""
+    return "model", path.resolve(), path.stem, ""
 
 
 __all__ = [

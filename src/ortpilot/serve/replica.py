@@ -49,18 +49,34 @@ from ortpilot.serve.options import ModelSpec, ort_threads
 
 
 def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -> tuple[Any, dict[str, Any]]:
-    """(session, verification facts) for ``spec``; raises the verification's own error when it fails."""
+    """(session, verification facts) for ``spec``; raises the verification's own error when it fails.
+
+    A bundle's replica verifies the profile of its own node's class (the node's Ray CPUs in the class:
+    ``fleet.nodes``), refused without one unless ``accept_machine``; ``why`` names the class it took."""
     if spec.kind == "profile":
         from ortpilot.tuning.verify import verify_profile
 
-        result = verify_profile(spec.path, accept_machine=accept_machine, intra_op_threads=threads, optimized=True)
+        target, node_cpus = spec.path, None
+        if spec.bundle:
+            from ortpilot.fleet.nodes import this_node_cpus
+
+            target, node_cpus = spec.bundle, this_node_cpus()
+        result = verify_profile(
+            target, accept_machine=accept_machine, intra_op_threads=threads, optimized=True, node_cpus=node_cpus
+        )
         failure = result.failure()
         if failure is not None:
             raise failure
         profile_threads = int((result.session.profile.get("session_settings") or {}).get("intra_op_threads") or 0)
+        choice = result.bundle
+        chosen = (
+            f"class {choice.chosen.name} ({choice.note or choice.how}) of bundle {choice.bundle.parent.name}: "
+            if choice
+            else ""
+        )
         return result.session, {
             "mode": result.mode,
-            "why": result.why,
+            "why": chosen + result.why,
             "profile_threads": profile_threads,
             "optimized_model": result.session.settings.level == "disable"
             and bool(result.session.profile.get("optimized_model")),

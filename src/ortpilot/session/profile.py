@@ -17,11 +17,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ortpilot.artifacts.bundle import bundle_path
 from ortpilot.artifacts.profile import read_profile, verify_environment
 from ortpilot.artifacts.profile_schema import file_settings, model_outside_folder
 from ortpilot.errors import StampMismatchError, UsageError, VerificationError
 from ortpilot.providers.cpubudget import ort_default_threads
 from ortpilot.providers.machine import MachineCheck, check_machine_section, compare_machines
+from ortpilot.session.bundle import choose_profile
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.verified import VerifiedSession, load
 
@@ -91,9 +93,16 @@ def load_profile(
     accept_model_outside: bool = False,
     intra_op_threads: int | None = None,
     optimized: bool = False,
+    machine_class: str | None = None,
+    node_cpus: int | None = None,
     **kwargs: Any,
 ) -> VerifiedSession:
     """Recreate the profiled session exactly and verify it (``ortpilot.load_profile``).
+
+    ``path`` may be a bundle (a folder with ``bundle.json``, or the file): the profile of this
+    machine's class loads (``session.bundle``; ``machine_class`` names another, ``node_cpus``
+    replaces this process's CPU budget in the class, as a Ray node's CPUs do), and without one
+    ``strict`` refuses unless ``accept_machine``, which takes the nearest class.
 
     Returns a ``VerifiedSession``; its ``profile`` attribute holds the parsed profile (whether
     to use IOBinding, the measured latency) and ``machine_check`` how this machine compares with
@@ -108,6 +117,12 @@ def load_profile(
     in ``accept_fields`` (as the error names them), and a model outside the profile's folder
     unless ``accept_model_outside``.
     """
+    choice = None
+    if bundle_path(path) is not None:
+        choice = choose_profile(
+            path, policy=policy, machine_class=machine_class, node_cpus=node_cpus, accept_machine=accept_machine
+        )
+        path = choice.profile
     doc = read_profile(path)
     _refuse_file_settings(doc, path, accept_fields, accept_model_outside)
     model = verify_environment(doc, path)
@@ -135,6 +150,7 @@ def load_profile(
             )
     session.profile = doc
     session.machine_check = machine
+    session.bundle = choice  # the bundle's choice of profile (None for a profile.json)
     return session
 
 

@@ -19,6 +19,7 @@ from ortpilot.graph.feeds import read_samples
 from ortpilot.modelio import file_sha256
 from ortpilot.providers.cpubudget import ort_default_threads
 from ortpilot.providers.machine import machine_facts
+from ortpilot.providers.machineclass import this_class
 from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S
 from ortpilot.tuning.journal import JOURNAL_NAME
 from ortpilot.tuning.reference import HELDOUT_SEED, REFERENCE_FILE, read_reference
@@ -131,6 +132,7 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
         accuracy=winner.accuracy or {},
         latency=latency,
         extra={
+            "machine_class": this_class().to_dict(),
             "candidate": winner.candidate.to_dict(),
             "reference_outputs": {
                 **({"heldout_seed": HELDOUT_SEED} if result.gate_data.get("source") == "synthetic" else {}),

@@ -24,13 +24,12 @@ from ortpilot.passes.registry import Step
 from ortpilot.providers.cpubudget import ort_default_threads, this_budget
 from ortpilot.providers.cpuisa import Int8Rule, int8_rule
 from ortpilot.providers.names import ProviderSpec
+from ortpilot.providers.spec import NOT_COMPUTE
 from ortpilot.session.options import LEVELS
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.transform import attention_dims
 
 CPU = "CPUExecutionProvider"
-# Providers that ORT lists but that run nothing locally.
-NOT_COMPUTE = {"AzureExecutionProvider": "a remote-endpoint provider; it runs no local compute"}
 HEAVY_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "LSTM", "GRU", "RNN", "Einsum"}
 # Quantization variants, by what usually pays off first. Dynamic (weights INT8, activations at
 # run time) suits MatMul-heavy graphs; "w" leaves embeddings and activation x activation

@@ -198,6 +198,16 @@ def _set_up(
     return _Setup(label, path, proto, objective, plan, facts, gate_spec, given, given_split, config)
 
 
+def check_request(model: str | os.PathLike | None, **options: Any) -> tuple[str, Path, Any]:
+    """What ``tune`` checks before any work (``_set_up``: bad input is exit 2 here), writing nothing:
+    (the model as named, its file, the user's samples as a ``CalibrationSet`` or None). A fleet tune
+    checks its request once here before sending it to the nodes. ``options``: ``tune``'s own
+    (``shapes``, ``objective``, ``max_error``, ``metric``, ``calibration``, ``providers``, ``quantize``)."""
+    defaults = {"shapes": None, "objective": "p50", "max_error": None, "metric": None, "calibration": None}
+    setup = _set_up(model, **{**defaults, "providers": None, "quantize": True, **options})
+    return setup.label, setup.path, setup.given
+
+
 def _open_journal(out: Path, config: dict[str, Any], resume: bool) -> Journal:
     """OUTDIR's journal: a fresh one (nothing is written until the first record), or, with ``resume``,
     the one there, refused (exit 2) if it belongs to another tune or lacks what a resume needs."""
@@ -484,4 +494,4 @@ def _pick(
     return best, False, ""
 
 
-__all__ = ["HELDOUT_SEED", "TuneResult", "check_out_dir", "feeds_digest", "load_note", "tune"]
+__all__ = ["HELDOUT_SEED", "TuneResult", "check_out_dir", "check_request", "feeds_digest", "load_note", "tune"]

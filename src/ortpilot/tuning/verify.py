@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from ortpilot.artifacts.bundle import bundle_path
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.gate.outputs import OutputGate
 from ortpilot.graph.outputs import mask_input
@@ -34,6 +35,7 @@ from ortpilot.measure.metrics import (
     choose_metrics,
     needs_mask,
 )
+from ortpilot.session.bundle import BundleChoice, choose_profile
 from ortpilot.session.profile import load_profile
 from ortpilot.session.verified import VerifiedSession
 from ortpilot.tuning.reference import REFERENCE_FILE, array_digest, read_reference, reference_feeds
@@ -108,6 +110,7 @@ class ProfileVerification:
     why: str
     outputs: list[OutputCheck] = field(default_factory=list)
     latency: LatencyCheck | None = None
+    bundle: BundleChoice | None = None  # which class's profile a bundle gave (None for a profile.json)
 
     @property
     def passed(self) -> bool:
@@ -139,6 +142,7 @@ class ProfileVerification:
             "machine": check.to_dict() if check else None,
             "reference": {"mode": self.mode, "why": self.why, "outputs": [o.to_dict() for o in self.outputs]},
             "latency": self.latency.to_dict() if self.latency else None,
+            "bundle": self.bundle.to_dict() if self.bundle else None,
         }
 
 
@@ -164,14 +168,32 @@ def verify_profile(
     duration_s: float = LATENCY_DURATION_S,
     intra_op_threads: int | None = None,
     optimized: bool = False,
+    machine_class: str | None = None,
+    node_cpus: int | None = None,
+    check_all: bool = False,
 ) -> ProfileVerification:
     """Load ``path`` with ``load_profile`` (its errors raise) and reproduce its reference outputs.
+
+    ``path`` may be a bundle: the profile of this machine's class (``session.bundle.choose_profile``
+    with ``machine_class``, ``node_cpus`` and ``accept_machine``) is verified, and with ``check_all``
+    the files of every class are checked against bundle.json first.
 
     The result says which check ran and whether each output held; ``result.failure()`` is the
     VerificationError to raise when one did not. ``max_slowdown_pct`` adds the latency check.
     ``intra_op_threads`` and ``optimized`` go to ``load_profile`` (a serving replica verifies the
     session it will serve with, on its own CPUs).
     """
+    choice = None
+    if bundle_path(path) is not None:
+        choice = choose_profile(
+            path,
+            policy=policy,
+            machine_class=machine_class,
+            node_cpus=node_cpus,
+            accept_machine=accept_machine,
+            check_all=check_all,
+        )
+        path = choice.profile
     path = Path(path)
     if path.is_dir():
         path = path / "profile.json"
@@ -180,6 +202,7 @@ def verify_profile(
 
         max_slowdown_pct = check_max_slowdown(max_slowdown_pct)
     result = _verify_outputs(path, policy, accept_machine, intra_op_threads, optimized)
+    result.bundle = result.session.bundle = choice
     if max_slowdown_pct is not None:
         result.latency = check_latency(result.session, path, max_slowdown_pct, duration_s)
     return result

@@ -1,0 +1,173 @@
+"""The cluster a fleet tune runs on: connect to it, and find the classes among its alive nodes.
+
+:func:`connect` refuses an address where no Ray cluster answers at once (Ray's own client
+would wait a minute or more for a GCS that is not there) and says how to start one.
+:func:`discover` runs one small task pinned to each alive node (``NodeAffinitySchedulingStrategy``,
+no CPUs asked, so a busy node answers too) that reports the node's machine class
+(``fleet.nodes.node_report``), then groups the nodes by host. A node with no CPUs for Ray
+tasks (a head started with ``--num-cpus 0``), or whose report failed, is left out and said; a
+cluster left with no node is exit 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortpilot.errors import UsageError
+from ortpilot.fleet.nodes import Hosts, RayNode, alive_nodes, group_hosts, node_report
+from ortpilot.providers.machineclass import MachineClass, check_class
+
+INSTALL_HINT = "pip install 'ortpilot[serve]' (Ray) on this machine and on every node"
+PROBE_TIMEOUT_S = 180.0
+
+
+@contextlib.contextmanager
+def connected(address: str) -> Iterator[None]:
+    """Connect this process to the Ray cluster at ``address`` for the block (an existing connection is kept)."""
+    _reachable(address)
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(f"A fleet tune (--ray) runs on a Ray cluster and needs Ray: {INSTALL_HINT}.") from None
+    if ray.is_initialized():
+        yield
+        return
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=True)
+    except Exception as exc:  # ConnectionError, RuntimeError, ValueError: what Ray raises varies by version
+        raise UsageError(
+            f"Could not join the Ray cluster at '{address}' ({type(exc).__name__}: {str(exc)[:300]}). Check the "
+            "address ('ray status' on the head prints it), that this machine's Ray version is the cluster's, "
+            "and, for a cluster started with token auth, RAY_AUTH_MODE=token and RAY_AUTH_TOKEN."
+        ) from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _reachable(address: str) -> None:
+    """A host:port address must accept a TCP connection now (``auto`` and ``local`` are Ray's to find)."""
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(
+            f"--ray '{address}' is not HOST:PORT (the Ray head's GCS address, e.g. 10.0.0.5:6379) or auto."
+        )
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"No Ray cluster answers at '{address}' ({exc.strerror or exc}). Start one ('ray start --head' on the "
+            "head, 'ray start --address HEAD:6379' on each node), or give the address 'ray status' prints."
+        ) from None
+
+
+@dataclass(frozen=True)
+class FleetNode:
+    """A node that can run searches: where it is, its class, its host."""
+
+    node: RayNode
+    machine_class: MachineClass
+    host: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.node.id,
+            "ip": self.node.ip,
+            "hostname": self.node.hostname,
+            "cpus": self.node.cpus,
+            "host": self.host,
+            "class": self.machine_class.name,
+        }
+
+
+@dataclass
+class Fleet:
+    """The cluster's usable nodes by class and host, and the nodes left out (with why)."""
+
+    address: str
+    nodes: list[FleetNode]
+    hosts: Hosts
+    left_out: list[dict[str, str]] = field(default_factory=list)
+
+    def classes(self) -> dict[str, MachineClass]:
+        """Class id -> class, in the order their first node appears."""
+        out: dict[str, MachineClass] = {}
+        for n in self.nodes:
+            out.setdefault(n.machine_class.id, n.machine_class)
+        return out
+
+    def of_class(self, class_id: str) -> list[FleetNode]:
+        return [n for n in self.nodes if n.machine_class.id == class_id]
+
+    def node(self, node_id: str) -> FleetNode:
+        return next(n for n in self.nodes if n.node.id == node_id)
+
+    @property
+    def host_count(self) -> int:
+        return len({n.host for n in self.nodes})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "address": self.address,
+            "nodes": [n.to_dict() for n in self.nodes],
+            "hosts": {
+                h: {"nodes": self.hosts.nodes(h), "shared_by": self.hosts.why.get(h, "")}
+                for h in set(self.hosts.of.values())
+            },
+            "classes": {c.name: c.to_dict() for c in self.classes().values()},
+            "left_out": list(self.left_out),
+        }
+
+
+def discover(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> Fleet:
+    """The alive nodes' classes and hosts (``connected`` must hold); exit 2 when no node can run a search."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = alive_nodes()
+    probe = ray.remote(node_report)
+    pending = {
+        n.id: probe.options(
+            num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n.id, soft=False)
+        ).remote(n.cpus)
+        for n in nodes
+    }
+    reports: dict[str, dict[str, Any]] = {}
+    left_out: list[dict[str, str]] = []
+    deadline = time.monotonic() + timeout_s
+    for n in nodes:
+        try:
+            reports[n.id] = ray.get(pending[n.id], timeout=max(1.0, deadline - time.monotonic()))
+        except Exception as exc:  # the node died, or cannot import ortpilot: it takes no search
+            left_out.append({"node": n.short, "why": f"its report failed ({type(exc).__name__}: {str(exc)[:200]})"})
+    hosts = group_hosts([n for n in nodes if n.id in reports], reports)
+    usable = []
+    for n in nodes:
+        report = reports.get(n.id)
+        if report is None:
+            continue
+        if "class" not in report:
+            left_out.append(
+                {"node": n.short, "why": f"it has {n.cpus} CPUs for Ray tasks (started with --num-cpus 0?)"}
+            )
+            continue
+        usable.append(FleetNode(n, check_class(report["class"], f"node {n.short}'s class"), hosts.of[n.id]))
+    if not usable:
+        seen = "; ".join(f"{x['node']}: {x['why']}" for x in left_out) or "none"
+        raise UsageError(
+            f"The Ray cluster at '{address}' has no alive node that can run a search (nodes: {seen}). Add a node "
+            f"with CPUs ('ray start --address {address} --num-cpus N' on it), with ortpilot installed there."
+        )
+    return Fleet(address, usable, hosts, left_out)
+
+
+__all__ = ["Fleet", "FleetNode", "connected", "discover"]
