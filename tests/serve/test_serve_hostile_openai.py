@@ -40,7 +40,8 @@ NEW = 60
 
 
 @pytest.fixture(scope="module")
-def server(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAIServer]:
+def poisoned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo decoder with token 255's embedding row NaN: a broken model, saved for the server."""
     from ortpilot.artifacts.atomic import save_model
 
     folder = tmp_path_factory.mktemp("poison")
@@ -51,9 +52,36 @@ def server(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             table[POISON] = np.nan
             init.CopyFrom(numpy_helper.from_array(table, init.name))
     save_model(model, folder / "poison.onnx")
+    return folder / "poison.onnx"
+
+
+@pytest.fixture(scope="module")
+def clean_prompts(poisoned: Path) -> list[str]:
+    """The prompts whose 200-token greedy answer never chooses token 255 (one of them does: its answer
+    then fails with NaN logits, rightly, which the kill test must not count as a lost request)."""
+    from tokenizers import Tokenizer
+
+    from ortpilot.decode.generate import generate
+    from ortpilot.errors import SamplingError
+
+    tokenizer = Tokenizer.from_file(str(demo_tokenizer_path()))
+    clean = []
+    for prompt in PROMPTS:
+        try:
+            generate(str(poisoned), tokenizer.encode(prompt).ids, 200, max_length=512, speculation="off")
+            clean.append(prompt)
+        except SamplingError:
+            pass
+    assert 0 < len(clean) < len(PROMPTS), clean  # the poison is reachable, and most prompts avoid it
+    return clean
+
+
+@pytest.fixture(scope="module")
+def server(ray_address: str, poisoned: Path) -> Iterator[OpenAIServer]:
+    folder = poisoned.parent
     srv = OpenAIServer(
         [
-            str(folder / "poison.onnx"),
+            str(poisoned),
             *("--tokenizer", str(demo_tokenizer_path()), "--api-key", KEY),
             *("--replicas", "2", "--cpus-per-replica", "1", "--max-streams", "4", "--max-length", "512"),
             *("--max-request-mb", "1", "--max-header-kb", "16"),
@@ -135,8 +163,11 @@ def test_wrong_methods_paths_and_origins(server: OpenAIServer) -> None:
     assert reply.status_code == 405 and _error(reply)["code"] == "method_not_allowed"
     reply = httpx.get(f"{server.base_url}/nowhere", headers=AUTH, timeout=30)
     assert reply.status_code == 404 and _error(reply)["code"] == "not_found"
-    outside = httpx.get(f"http://{server.url}/elsewhere", headers=AUTH, timeout=30)  # HAProxy answers it
-    assert outside.status_code == 404 and _error(outside)["code"] == "not_found" and "/elsewhere" not in outside.text
+    outside = httpx.get(f"http://{server.url}/elsewhere", headers=AUTH, timeout=30)  # outside /v1: no API route
+    assert outside.status_code == 404 and _error(outside)["code"] == "not_found"
+    assert "GET /elsewhere:" in _error(outside)["message"], outside.text
+    unprefixed = httpx.post(f"http://{server.url}/completions", json={"model": "poison", "prompt": "x"}, headers=AUTH)
+    assert unprefixed.status_code == 404 and _error(unprefixed)["code"] == "not_found"
     reply = httpx.get(f"{server.base_url}/models", headers={**AUTH, "Host": "attacker.example"}, timeout=30)
     assert reply.status_code == 403 and _error(reply)["code"] == "host_not_allowed"
     reply = httpx.get(f"{server.base_url}/models", headers={**AUTH, "Origin": "https://evil.example"}, timeout=30)
@@ -218,7 +249,7 @@ def _replica_pids() -> list[int]:
     return found
 
 
-def test_no_request_is_lost_when_a_replica_is_killed_under_load(server: OpenAIServer) -> None:
+def test_no_request_is_lost_when_a_replica_is_killed_under_load(server: OpenAIServer, clean_prompts: list[str]) -> None:
     deadline = time.monotonic() + 60
     while len(_replica_pids()) < 2:
         assert time.monotonic() < deadline, "two decoder replicas did not start"
@@ -233,7 +264,9 @@ def test_no_request_is_lost_when_a_replica_is_killed_under_load(server: OpenAISe
         while not done.is_set():
             started = time.monotonic()
             try:
-                reply = mine.completions.create(model="poison", prompt=PROMPTS[i % 6], max_tokens=200, temperature=0)
+                reply = mine.completions.create(
+                    model="poison", prompt=clean_prompts[i % len(clean_prompts)], max_tokens=200, temperature=0
+                )
                 outcomes.append((started, time.monotonic(), "ok" if reply.usage.completion_tokens == 200 else "short"))
             except Exception as exc:
                 outcomes.append((started, time.monotonic(), repr(exc)[:300]))

@@ -135,7 +135,7 @@ class OpenAIIngress:
     async def __call__(self, request: Any) -> Any:
         started = time.perf_counter()
         full = request.url.path.rstrip("/") or "/"
-        path = full.removeprefix(ROUTE_PREFIX) if full.startswith(ROUTE_PREFIX + "/") else full
+        path = full.removeprefix(ROUTE_PREFIX) if full.startswith(ROUTE_PREFIX + "/") else ""  # "": not the API's
         self.in_flight += 1
         streaming = False
         try:
@@ -150,7 +150,7 @@ class OpenAIIngress:
                     code="unavailable",
                     retry_after_s=1,
                 )
-            elif full in SERVER_PATHS and full == path:
+            elif full in SERVER_PATHS:
                 response = self._server_route(request.method, full)
             else:
                 response = await self._route(request.method, path, request)
@@ -161,9 +161,7 @@ class OpenAIIngress:
             from ortpilot.serve.http import internal_error
 
             response = _error(
-                ApiError(
-                    500, internal_error(f"{request.method} {ROUTE_PREFIX}{path}", exc), kind="server_error", code=None
-                )
+                ApiError(500, internal_error(f"{request.method} {full}", exc), kind="server_error", code=None)
             )
         finally:
             if not streaming:
@@ -239,7 +237,7 @@ class OpenAIIngress:
 
         raise ApiError(
             404,
-            f"No route {printable(method, 20)} {ROUTE_PREFIX}{printable(path)}: this server has GET /v1/models, "
+            f"No route {printable(method, 20)} {printable(request.url.path)}: this server has GET /v1/models, "
             "POST /v1/completions and POST /v1/chat/completions.",
             code="not_found",
         )
