@@ -7,7 +7,8 @@ Closed-loop clients (each sends its next request when the last one returned) at 
   throughput-optimized); ``fast-batch``: the same with ``--max-batch 8``; ``fast-2x1``: 2 replicas x
   1 CPU; ``proxy``: Ray Serve's classic proxy, throughput-optimized off (the one-hop path without any
   fast-path switch); ``proxy-to``: classic proxy, throughput-optimized on; ``haproxy-noto``: HAProxy,
-  throughput-optimized off. Each switch is measured on its own by comparing neighbours.
+  throughput-optimized off; ``fast-nouvloop``: ``fast`` with Ray's uvloop off (``RAY_USE_UVLOOP=0``). Each
+  switch is measured on its own by comparing neighbours.
 - ``floor``: one process, Starlette on uvicorn with the same verified session and codec, no Ray
   (``benchmarks/floor_server.py``): the cost of Python HTTP alone; ``floor-batch``: with a plain
   stacking batcher (max 8).
@@ -63,7 +64,10 @@ ORTPILOT_CONFIGS = {
     "proxy": ["--replicas", "1", "--ingress", "proxy", "--no-throughput-optimized"],
     "proxy-to": ["--replicas", "1", "--ingress", "proxy"],
     "haproxy-noto": ["--replicas", "1", "--no-throughput-optimized"],
+    "fast-nouvloop": ["--replicas", "1"],
 }
+# ... and the environment a configuration adds (the local Ray instance inherits the server's).
+ORTPILOT_ENV = {"fast-nouvloop": {"RAY_USE_UVLOOP": "0"}}
 FLOOR_CONFIGS = {"floor": 1, "floor-batch": 8}
 BENTO_CONFIG = "bento"
 ALL_CONFIGS = [*ORTPILOT_CONFIGS, *FLOOR_CONFIGS, BENTO_CONFIG]
@@ -416,7 +420,9 @@ def start_ortpilot(label: str, profile: Path, grpc: bool) -> Proc:
     if grpc:
         argv += ["--grpc-port", str(free_port())]
     started = time.perf_counter()
-    proc = Proc(label, argv, port, ENV, lambda p: _status(p, "/v2/health/ready") == 200)
+    proc = Proc(
+        label, argv, port, {**ENV, **ORTPILOT_ENV.get(label, {})}, lambda p: _status(p, "/v2/health/ready") == 200
+    )
     proc.cold_start_s = time.perf_counter() - started
     proc.grpc_port = int(argv[-1]) if grpc else None
     return proc

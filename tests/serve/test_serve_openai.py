@@ -268,7 +268,13 @@ def test_metrics_sum_the_engines_counters_and_count_requests(demo_server: OpenAI
     from ortpilot.serve.metrics import HEARTBEAT_S
 
     key = 'ortpilot_decode_completion_tokens_total{model="decoder"}'
-    before = _decoder_metrics(demo_server)
+    deadline = time.monotonic() + 10 * HEARTBEAT_S
+    before, settled = _decoder_metrics(demo_server), False
+    while not settled and time.monotonic() < deadline:  # the earlier tests' tokens reported, nothing pending
+        time.sleep(HEARTBEAT_S * 1.5)
+        again = _decoder_metrics(demo_server)
+        settled, before = key in before and again.get(key) == before[key], again
+    assert settled, "the decoder replica's counters did not settle"
     done = client.completions.create(model="decoder", prompt="Hello there", max_tokens=6, temperature=0)
     assert done.usage.completion_tokens == 6
     deadline = time.monotonic() + 10 * HEARTBEAT_S
