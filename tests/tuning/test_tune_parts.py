@@ -151,3 +151,25 @@ def test_this_cpus_measured_rule_decides_the_space(demo_paths):
     assert facts.int8 == int8_rule()
     reduced = any(s.get("reduce_range") for c in first_candidates(facts, baseline_candidate()) for s in c.passes)
     assert reduced == int8_rule().u8s8_saturates
+
+
+def test_each_final_turn_settles_for_about_a_tenth_of_a_second_and_the_plan_pays_for_it(demo_paths):
+    """The final's turns start with untimed runs (the session before may still spin its pool), sized
+    from the candidate's own timings, and the final's plan leaves time for them."""
+    import time
+
+    from ortpilot.measure.bench import Runner
+    from ortpilot.tuning.budget import FINAL_ROUNDS, SETTLE_S, Budget
+    from ortpilot.tuning.worker import _settle_runs
+
+    runner = Runner(str(demo_paths["mlp"]), name="mlp")
+    runner.warm_up(3)
+    runner.measure(runs=20)
+    per_run = sorted(runner.samples)[len(runner.samples) // 2]
+    assert _settle_runs(runner, SETTLE_S) == max(1, min(50, round(SETTLE_S / per_run)))
+    assert _settle_runs(runner, 0.0) == 1  # never less than one run
+
+    budget = Budget(time.monotonic() + 10.0)
+    runs_without, _ = budget.final_plan(0.01, screen_runs=1000, finalists=0)
+    runs_with, rounds = budget.final_plan(0.01, screen_runs=1000, finalists=3)
+    assert rounds == FINAL_ROUNDS and runs_with < runs_without

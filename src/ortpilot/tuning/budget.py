@@ -21,6 +21,10 @@ FINAL_ROUNDS = 8
 FINAL_MIN_RUNS = 2  # per candidate per final round
 FINAL_MIN_ROUNDS = 4  # the final shrinks to this when time is short (slow models, small budgets)
 SAFETY = 1.3  # estimates are scaled by this much
+# Untimed runs at the start of each finalist's turn in the final: the session before it may still
+# spin its thread pool for tens of milliseconds (ORT's default), which doubled the first 2-3 runs
+# of every 5-run turn on a 2-core CPU and made ORT's default "win" against 1.3x faster candidates.
+SETTLE_S = 0.1
 
 
 class Budget:
@@ -43,7 +47,9 @@ class Budget:
 
     def reserve(self) -> float:
         """Time kept for the final interleaved measurement of three candidates."""
-        return (FINAL_MIN_ROUNDS * FINAL_MIN_RUNS + 2) * 3 * self.latency * SAFETY + 1.0
+        return (
+            (FINAL_MIN_ROUNDS * FINAL_MIN_RUNS + 2) * 3 * self.latency * SAFETY + FINAL_MIN_ROUNDS * 3 * SETTLE_S + 1.0
+        )
 
     def affords(self, seconds: float) -> bool:
         """Whether a step expected to take ``seconds`` fits before the reserve."""
@@ -59,13 +65,14 @@ class Budget:
         left = max(1.0, self.left()) if baseline else max(1.0, self.left() - self.reserve())
         return min(left, CANDIDATE_TIMEOUT_S)
 
-    def final_plan(self, per_run: float, screen_runs: int) -> tuple[int, int]:
+    def final_plan(self, per_run: float, screen_runs: int, finalists: int = 3) -> tuple[int, int]:
         """(runs per candidate per round, rounds) of the final that fit in what is left;
-        ``per_run``: one run of every finalist."""
+        ``per_run``: one run of every finalist (each turn also settles for ``SETTLE_S``)."""
         per_run *= SAFETY
-        budget_runs = max(0.0, self.left() - 1.0) / max(per_run, 1e-9) - 2  # less the warm-up
+        settle = FINAL_ROUNDS * finalists * SETTLE_S
+        budget_runs = max(0.0, self.left() - 1.0 - settle) / max(per_run, 1e-9) - 2  # less the warm-up
         rounds = FINAL_ROUNDS if budget_runs >= FINAL_ROUNDS * FINAL_MIN_RUNS else FINAL_MIN_ROUNDS
         return max(FINAL_MIN_RUNS, min(screen_runs * 2, int(budget_runs / rounds))), rounds
 
 
-__all__ = ["CANDIDATE_TIMEOUT_S", "FINAL_MIN_ROUNDS", "FINAL_MIN_RUNS", "FINAL_ROUNDS", "Budget"]
+__all__ = ["CANDIDATE_TIMEOUT_S", "FINAL_MIN_ROUNDS", "FINAL_MIN_RUNS", "FINAL_ROUNDS", "SETTLE_S", "Budget"]

@@ -322,7 +322,8 @@ class Search:
 
         def plan() -> tuple[int, int, float]:
             per_run = sum(cost(e.samples, "p50") for e in finalists)  # one run of each finalist
-            return (*self.budget.final_plan(per_run, self.screen_runs), max(5.0, self.budget.left() + 5.0))
+            plan = self.budget.final_plan(per_run, self.screen_runs, len(finalists))
+            return (*plan, max(5.0, self.budget.left() + 5.0))
 
         record = self.steps.final([e.candidate for e in finalists], plan)
         if record and record.get("status") == "ok":

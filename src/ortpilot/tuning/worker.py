@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.childproc import die_with_parent, spawn, stop
+from ortpilot.tuning.budget import SETTLE_S
 
 # Test hook: a worker asked to prepare a candidate whose label contains this text kills itself
 # with SIGSEGV, the way a crashing EP would; ``hang:TEXT`` makes it sleep instead, like a candidate
@@ -114,8 +115,12 @@ class _Child:
         first = {cid: len(r.samples) for cid, r in runners.items()}
         for runner in runners.values():
             runner.warm_up(warmup)
+        settle = {cid: _settle_runs(r, SETTLE_S) for cid, r in runners.items()}
         for block in range(rounds):  # round-robin: a slow stretch of the machine hits every candidate
-            for runner in runners.values():
+            for cid, runner in runners.items():
+                step = runner.step_fn()
+                for _ in range(settle[cid] if rounds > 1 else 0):  # untimed, while the last pool spins down
+                    step()
                 runner.measure(runs=runs, round_id=block)
         return {
             "status": "ok",
@@ -146,6 +151,16 @@ class _Child:
         self.runners.move_to_end(cid)
         while len(self.runners) > MAX_LIVE_SESSIONS:
             self.runners.popitem(last=False)
+
+
+def _settle_runs(runner: Any, settle_s: float) -> int:
+    """Untimed runs that take about ``settle_s`` at the start of a turn (at least one), from the
+    runner's timings so far."""
+    import numpy as np
+
+    times = runner.samples or ([runner.warmup.median_s] if runner.warmup and runner.warmup.median_s else [])
+    per_run = float(np.median(times)) if times else settle_s
+    return max(1, min(50, round(settle_s / max(per_run, 1e-6))))
 
 
 def _outputs(sess: Any, feeds: Mapping[str, Any], iobinding: bool) -> list[Any]:
