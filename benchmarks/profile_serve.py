@@ -1,7 +1,7 @@
 """Where one client's request time goes inside ``ortpilot serve``'s model replica: a ``py-spy`` sample.
 
-Starts ``ortpilot serve`` (its default fast path, 1 replica) on the demo encoder's profile from
-``bench_serve.py`` (``benchmarks/out/serve/demo-encoder/profile.json``; run that first), drives it with
+Starts ``ortpilot serve`` (its default fast path, 1 replica: ``bench_serve.py``'s ``fast``) on the demo
+encoder's profile that ``bench_serve.py`` tunes and keeps (``benchmarks/out/serve/demo-encoder/``), drives it with
 one closed-loop client (KServe v2 JSON body, 1x128), records the replica process with ``py-spy``
 for ``--seconds`` and sorts the samples in three: ORT's ``session.run``, ortpilot's own code (with
 what it calls: numpy, orjson) and the rest (Ray Serve, uvicorn, asyncio, Ray's threads).
@@ -14,10 +14,6 @@ from __future__ import annotations
 import argparse
 import collections
 import http.client
-import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,25 +21,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_serve import OUT, oip_request, profile_for, start_ortpilot
 
-ROOT = Path(__file__).resolve().parent
-PROFILE = ROOT / "out" / "serve" / "demo-encoder" / "profile.json"
 PY_SPY = Path(sys.executable).parent / "py-spy"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _status(port: int, path: str) -> int:
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        conn.request("GET", path)
-        return conn.getresponse().status
-    except OSError:
-        return 0
 
 
 def classify(raw: Path) -> dict[str, int]:
@@ -66,33 +46,23 @@ def classify(raw: Path) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--seconds", type=int, default=20)
-    parser.add_argument("--out", default=str(ROOT / "out" / "serve" / "replica-pyspy.txt"))
+    parser.add_argument("--out", default=str(OUT / "replica-pyspy.txt"))
     args = parser.parse_args()
-    port = _free_port()
-    log = open(ROOT / "out" / "serve" / f"profile-{port}.log", "wb")  # noqa: SIM115 - closed with the server
-    argv = [sys.executable, "-m", "ortpilot.cli.main", "serve", str(PROFILE), "--name", "m", "--port", str(port)]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    server = subprocess.Popen([*argv, "--no-access-log"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    OUT.mkdir(parents=True, exist_ok=True)
+    server = start_ortpilot("fast", profile_for("demo encoder", "demo:encoder"), grpc=False)
+    port = server.port
     try:
-        deadline = time.monotonic() + 180
-        while _status(port, "/v2/health/ready") != 200:
-            if server.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"ortpilot serve did not start (see {log.name})")
-            time.sleep(0.5)
         found = subprocess.run(["pgrep", "-f", "ServeReplica:m"], capture_output=True, text=True).stdout.split()
         pid = int(found[0])
-        tensor = {"shape": [1, 128], "datatype": "INT64", "data": [1] * 128}
         names = ("input_ids", "attention_mask", "token_type_ids")
-        body = json.dumps(
-            {"inputs": [{"name": n, **tensor} for n in names], "outputs": [{"name": "last_hidden_state"}]}
-        ).encode()
+        body, headers = oip_request({n: np.ones((1, 128), np.int64) for n in names}, "last_hidden_state", binary=False)
         stop, latencies = threading.Event(), []
 
         def client() -> None:
             conn = http.client.HTTPConnection("127.0.0.1", port)
             while not stop.is_set():
                 started = time.perf_counter()
-                conn.request("POST", "/v2/models/m/infer", body, {"Content-Type": "application/json"})
+                conn.request("POST", "/v2/models/m/infer", body, headers)
                 reply = conn.getresponse()
                 reply.read()
                 latencies.append(time.perf_counter() - started)
@@ -105,9 +75,7 @@ def main() -> None:
         stop.set()
         thread.join()
     finally:
-        os.kill(server.pid, signal.SIGTERM)
-        server.wait(120)
-        log.close()
+        server.stop()
     parts = classify(Path(args.out))
     total = sum(parts.values())
     print(f"one client: {len(latencies)} requests, p50 {np.median(latencies) * 1e3:.2f} ms (py-spy sampling at 500 Hz)")

@@ -61,14 +61,14 @@ def clean_prompts(poisoned: Path) -> list[str]:
     then fails with NaN logits, rightly, which the kill test must not count as a lost request)."""
     from tokenizers import Tokenizer
 
-    from ortpilot.decode.generate import generate
+    from ortpilot.decode.generate import Generator
     from ortpilot.errors import SamplingError
 
     tokenizer = Tokenizer.from_file(str(demo_tokenizer_path()))
-    clean = []
+    generator, clean = Generator(str(poisoned)), []  # one session for every prompt
     for prompt in PROMPTS:
         try:
-            generate(str(poisoned), tokenizer.encode(prompt).ids, 200, max_length=512, speculation="off")
+            generator.generate(tokenizer.encode(prompt).ids, 200, max_length=512, speculation="off")
             clean.append(prompt)
         except SamplingError:
             pass
