@@ -90,6 +90,25 @@ def add_servicer(servicer: Any, server: Any) -> None:
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
 
 
+def model_ready(address: str, name: str, metadata: Mapping[str, str], timeout: float = 2.0) -> bool:
+    """Whether ``ModelReady(name)`` at ``address`` answers ready with ``metadata`` (the driver's own check:
+    HAProxy learns the gRPC routes on a reload of its own, after the REST ones may already answer)."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            reply = stub.ModelReady(
+                messages().ModelReadyRequest(name=name),
+                timeout=timeout,
+                metadata=[(k.lower(), v) for k, v in metadata.items()],
+            )
+        except grpc.RpcError:
+            return False
+    return bool(reply.ready)
+
+
 def proxy_callback() -> list:
     """``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``: imported in the proxy before its gRPC server binds
     (so the fixes above apply there); adds no HTTP middleware."""

@@ -366,7 +366,7 @@ def wait_ready(
             if spec.name in ready:
                 continue
             code, _ = _get(f"{base}/v2/models/{spec.name}/ready", headers=headers)
-            if code == 200:
+            if code == 200 and _grpc_ready(server, spec.name, headers):
                 replicas = _replica_infos(serve, spec.name)
                 if len(replicas) < expected and not late:
                     continue
@@ -401,6 +401,17 @@ def wait_ready(
             )
         time.sleep(0.5)
     return [ready[s.name] for s in specs]
+
+
+def _grpc_ready(server: ServerOptions, name: str, headers: dict[str, str]) -> bool:
+    """With ``--grpc-port``: model ``name`` answers ready over gRPC both ways a client calls it, with
+    ``application: NAME`` (straight to its replicas) and without (relayed by the server-wide app)."""
+    if server.grpc_port is None:
+        return True
+    from ortpilot.serve.grpc_service import model_ready
+
+    address = f"{'[' + server.host + ']' if ':' in server.host else server.host}:{server.grpc_port}"
+    return all(model_ready(address, name, {**headers, **extra}) for extra in ({"application": name}, {}))
 
 
 def _replica_infos(serve: Any, name: str) -> list[dict[str, Any]]:
