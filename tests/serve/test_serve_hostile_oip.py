@@ -311,7 +311,11 @@ def test_refusals_are_counted_and_the_access_log_is_escaped(server):
     while metrics().get(key, 0) <= before:
         assert time.monotonic() < deadline, "the 401 was not counted"
         time.sleep(0.5)
-    line = next(ln for ln in server.stderr.splitlines() if "/v2/models/m/" in ln and "red" in ln)
+    # The replica's access log reaches serve's stderr through Ray's log monitor, a moment after the count.
+    while not (lines := [ln for ln in server.stderr.splitlines() if "/v2/models/m/" in ln and "red" in ln]):
+        assert time.monotonic() < deadline + 20, "the refused request never reached the access log"
+        time.sleep(0.5)
+    line = lines[0]
     logged = re.search(r'"GET (\S+)" 401 ', line)  # Ray colours its own prefix; the request line is ours
     assert logged and logged.group(1) == "/v2/models/m/\\x1b[31mred", line
 
