@@ -6,7 +6,8 @@ turn, (a) two local tunes of MODEL with ``--budget`` each, one with this process
 process pinned to one CPU (the two classes), one after the other, and (b) ``ortpilot tune MODEL --ray
 ADDRESS`` with the same budget (its classes are tuned one after the other: one host). Each is the real
 command, timed from start to exit; the fleet tune's bundle is verified for both classes. Target:
-fleet wall <= 1.2 x the two local tunes' sum.
+fleet wall <= 1.2 x the two local tunes' sum. Odd repeats run the fleet tune before the two local
+ones; each run also splits the fleet tune's wall into the searches' own and the fixed costs around them.
 
 The other fleet target, the scheduler's plan for 5 models x 3 classes on 6 nodes of 3 hosts against
 the lower bound, is a test that prints its plan: ``pytest -q -s tests/fleet/test_schedule.py -k catalogue``.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,6 +52,22 @@ def _timed(args: list[str], *, one_cpu: bool = False) -> tuple[float, subprocess
     return wall, done
 
 
+def fixed_costs(doc: dict, fleet_s: float) -> dict[str, float]:
+    """Where a fleet tune's time went, from its ``--json`` (times since the driver started): the searches'
+    own wall, before the first search (imports, the model checks, joining Ray, the nodes' reports),
+    around the searches (a search's span on its node beyond its own wall: its process's start, the model
+    and profile through the object store; and the gaps between searches), after the last (bundle, exit)."""
+    classes = [c for m in doc["models"] for c in m["classes"] if c["done"]]
+    searches = sum(c["wall_s"] for c in classes)
+    first, last = min(c["start_s"] for c in classes), max(c["end_s"] for c in classes)
+    return {
+        "searches_s": searches,
+        "before_s": first + (fleet_s - doc["wall_s"]),  # the driver's start is after the CLI's imports
+        "around_s": (last - first) - searches,
+        "after_s": doc["wall_s"] - last,
+    }
+
+
 def local(args: argparse.Namespace) -> dict:
     from ray.cluster_utils import Cluster
 
@@ -71,11 +89,13 @@ def local(args: argparse.Namespace) -> dict:
         budget = str(args.budget)
         for i in range(args.repeat):
             with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+                fleet_args = ["tune", args.model, "--ray", cluster.address, "-o", f"{tmp}/b", "--budget", budget]
+                if i % 2:  # odd repeats run the fleet tune first: neither side always follows the other
+                    fleet, done = _timed([*fleet_args, "--json"])
                 here, _ = _timed(["tune", args.model, "-o", f"{tmp}/here", "--budget", budget])
                 one, _ = _timed(["tune", args.model, "-o", f"{tmp}/one", "--budget", budget], one_cpu=True)
-                fleet, done = _timed(
-                    ["tune", args.model, "--ray", cluster.address, "-o", f"{tmp}/b", "--budget", budget, "--json"]
-                )
+                if not i % 2:
+                    fleet, done = _timed([*fleet_args, "--json"])
                 doc = json.loads(done.stdout)
                 for one_cpu in (False, True):
                     _timed(["verify", f"{tmp}/b"], one_cpu=one_cpu)
@@ -85,13 +105,18 @@ def local(args: argparse.Namespace) -> dict:
                 "local_sum_s": here + one,
                 "fleet_s": fleet,
                 "ratio": fleet / (here + one),
+                "fleet_first": bool(i % 2),
                 "tuned": doc["tuned"],
                 "classes": {c["class"]: c["speedup"] for c in doc["models"][0]["classes"]},
+                "fixed_s": fixed_costs(doc, fleet),
             }
             runs.append(run)
+            cost = run["fixed_s"]
             print(
                 f"run {i + 1}: local {here:.1f} s + {one:.1f} s (1 CPU) = {here + one:.1f} s; fleet tune {fleet:.1f} s "
-                f"({run['ratio']:.2f}x, target <= 1.20x; {doc['tuned']})",
+                f"({run['ratio']:.2f}x, target <= 1.20x; {doc['tuned']}{'; fleet first' if i % 2 else ''}); "
+                f"searches {cost['searches_s']:.1f} s, before the first {cost['before_s']:.1f} s, around each search "
+                f"{cost['around_s']:.1f} s, after the last {cost['after_s']:.1f} s",
                 flush=True,
             )
     finally:
@@ -105,6 +130,7 @@ def local(args: argparse.Namespace) -> dict:
             f"| {i} | {r['local_here_s']:.1f} | {r['local_one_cpu_s']:.1f} | {r['local_sum_s']:.1f} | "
             f"{r['fleet_s']:.1f} | {r['ratio']:.2f}x |"
         )
+    print(f"median fleet / sum {statistics.median([r['ratio'] for r in runs]):.2f}x")
     return {"model": args.model, "budget_s": args.budget, "load_avg": os.getloadavg()[0], "runs": runs}
 
 

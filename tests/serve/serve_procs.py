@@ -25,6 +25,14 @@ INGRESS = re.compile(r"^ingress: ")  # the last line serve prints once ready: th
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
 
 
+def cli_env() -> dict[str, str]:
+    """The environment an ``ortpilot`` command of a test runs in: this one's, lean and quiet, but without the
+    single-machine switch, which the command sets itself for a loopback address (``ortpilot.rayenv``)."""
+    env = {**os.environ, **RAY_ENV}
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -39,7 +47,7 @@ class Server:
         self.url = f"127.0.0.1:{port}"
         self.log = log
         self._err = open(log, "wb")  # noqa: SIM115 - the server's stderr, closed when it is stopped
-        env = {**os.environ, **RAY_ENV}
+        env = cli_env()
         self.proc = subprocess.Popen(
             [*CLI, "serve", *args, "--port", str(port)], stdout=subprocess.PIPE, stderr=self._err, env=env
         )

@@ -24,7 +24,7 @@ import pytest
 
 th = pytest.importorskip("tritonclient.http")
 
-from serve_procs import RAY_ENV, Server, free_port
+from serve_procs import RAY_ENV, Server, cli_env, free_port
 
 import ortpilot
 from ortpilot.graph.feeds import make_feeds
@@ -33,10 +33,6 @@ from ortpilot.providers.machineclass import this_class
 
 pytestmark = pytest.mark.raycluster
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, **RAY_ENV}
 
 
 def _cluster(head_cpus: int, *workers: int):
@@ -73,7 +69,7 @@ def _tune(address: str, out: Path, *extra: str, budget: int = 12, model: str = "
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_env(),
+        env=cli_env(),
     )
 
 
@@ -171,7 +167,7 @@ def test_a_catalogue_tunes_into_one_bundle_per_model_one_search_at_a_time_on_one
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_env(),
+        env=cli_env(),
     )
     code, doc, err = _finish(proc)
     assert code == 0, err[-3000:]

@@ -266,14 +266,14 @@ def test_a_port_in_use_exits_2_before_ray_starts(tmp_path):
         port = sock.getsockname()[1]
         import subprocess
 
-        from serve_procs import CLI, RAY_ENV
+        from serve_procs import CLI, cli_env
 
         proc = subprocess.run(
             [*CLI, "serve", "demo:mlp", "--port", str(port)],
             capture_output=True,
             text=True,
             timeout=120,
-            env={**os.environ, **RAY_ENV},
+            env=cli_env(),
         )
     assert proc.returncode == 2 and f"Port {port}" in proc.stderr and "not free" in proc.stderr
     assert "Ray" not in proc.stderr.split("error:")[0]  # nothing started before the message
@@ -282,7 +282,7 @@ def test_a_port_in_use_exits_2_before_ray_starts(tmp_path):
 def test_a_profile_that_cannot_load_exits_naming_it(tmp_path, tuned_encoder):
     import subprocess
 
-    from serve_procs import CLI, RAY_ENV
+    from serve_procs import CLI, cli_env
 
     changed = tmp_path / "changed"
     shutil.copytree(tuned_encoder, changed)
@@ -293,7 +293,7 @@ def test_a_profile_that_cannot_load_exits_naming_it(tmp_path, tuned_encoder):
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, **RAY_ENV},
+        env=cli_env(),
     )
     assert proc.returncode == 1 and "changed since it was tuned" in proc.stderr and str(changed) in proc.stderr
     proc = subprocess.run(
@@ -301,6 +301,6 @@ def test_a_profile_that_cannot_load_exits_naming_it(tmp_path, tuned_encoder):
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, **RAY_ENV},
+        env=cli_env(),
     )
     assert proc.returncode == 2 and "does not exist" in proc.stderr

@@ -21,6 +21,7 @@ from typing import Any
 from ortpilot.errors import UsageError
 from ortpilot.fleet.nodes import Hosts, RayNode, alive_nodes, group_hosts, node_report
 from ortpilot.providers.machineclass import MachineClass, check_class
+from ortpilot.rayenv import ray_environment
 
 INSTALL_HINT = "pip install 'ortpilot[serve]' (Ray) on this machine and on every node"
 PROBE_TIMEOUT_S = 180.0
@@ -30,6 +31,7 @@ PROBE_TIMEOUT_S = 180.0
 def connected(address: str) -> Iterator[None]:
     """Connect this process to the Ray cluster at ``address`` for the block (an existing connection is kept)."""
     _reachable(address)
+    ray_environment(address)
     try:
         import ray
     except ImportError:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ortpilot import rayenv
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.serve import fastpath
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
@@ -35,8 +36,6 @@ from ortpilot.serve.ready import ModelReady, Served
 
 log = logging.getLogger("ortpilot")
 R = TypeVar("R")  # what an application's readiness wait returns
-# Keep a local Ray lean and quiet: no usage stats, every access-log line forwarded as it is.
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 QUIET_LOGS = {"log_level": "WARNING", "enable_access_log": False}  # ortpilot writes its own access log
 _ERROR_LINE = re.compile(r"(?:ortpilot\.errors\.)?(\w+Error): (.+)")
 
@@ -112,19 +111,9 @@ class Server:
 
 
 def ray_environment(address: str | None) -> None:
-    """Environment for Ray, set before it is imported: lean, and on loopback where it can be.
-
-    Ray rewrites a 127.0.0.1 address to this machine's network address, and binds its own ports
-    (GCS, raylet, workers, agents, metrics exporters) on all interfaces, unless its single-machine
-    mode is on: a local instance always runs in it (one machine, every Ray port on loopback), and so
-    does a client of a cluster started on loopback (tests, one machine). The two metrics exporters
-    Ray puts on fixed ports get free ones, so two local servers do not collide.
-    """
-    for key, value in RAY_ENV.items():
-        os.environ.setdefault(key, value)
-    host = (address or "").rpartition(":")[0].strip("[]")
-    if not address or host in ("127.0.0.1", "localhost", "::1"):
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    """Ray's environment for this server (``rayenv``), and for a local instance free ports for the two
+    metrics exporters Ray puts on fixed ones, so two local servers do not collide."""
+    rayenv.ray_environment(address)
     if not address:
         os.environ.setdefault("DASHBOARD_METRIC_PORT", str(fastpath.free_port()))
         os.environ.setdefault("AUTOSCALER_METRIC_PORT", str(fastpath.free_port()))

@@ -1,0 +1,40 @@
+"""The environment a Ray client of ortpilot's needs, set before Ray is imported.
+
+Ray on Linux rewrites a ``127.0.0.1`` address to this machine's network address and waits for a
+raylet there; a cluster started on loopback (``ray start --head --node-ip-address 127.0.0.1``, a
+test's two-node cluster) has none, so ``ray.init`` waits without a word. Ray's single-machine mode
+(``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) keeps loopback as loopback: every client of a loopback
+address (``serve --address``, ``tune --ray``) and every local instance runs in it. Usage stats stay
+off, and every access-log line is forwarded as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
+SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def is_loopback(address: str | None) -> bool:
+    """Whether ``address`` (HOST:PORT, ``ray://HOST:PORT``, or None for a local instance) stays on this machine."""
+    host = (address or "").removeprefix("ray://").rpartition(":")[0].strip("[]")
+    return not address or host in LOOPBACK_HOSTS
+
+
+def ray_environment(address: str | None) -> None:
+    """Set Ray's environment for a client of ``address`` (None: a local instance); what the user set wins."""
+    for key, value in RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    if not is_loopback(address):
+        return
+    os.environ.setdefault(SINGLE_MACHINE, "0")
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None and os.environ[SINGLE_MACHINE] == "0":
+        # Ray was imported before (the caller's own code): it read the switch then, so set what it read.
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+__all__ = ["LOOPBACK_HOSTS", "RAY_ENV", "is_loopback", "ray_environment"]
