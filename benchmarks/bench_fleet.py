@@ -28,7 +28,7 @@ import time
 
 from _prep import write_json
 
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_DEDUP_LOGS": "0"}
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}  # the CLI turns on single-machine mode itself
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
 
 
