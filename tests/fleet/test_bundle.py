@@ -44,6 +44,21 @@ def test_a_bundle_holds_one_hashed_profile_per_class(two_class_bundle):
         assert profile["machine"]["cpu_budget"]["cpus"] == entry.key["cpus"]
 
 
+def test_a_one_cpu_class_is_measured_against_orts_default_capped_at_its_cpu(two_class_bundle):
+    """ORT's default pool starts a thread per core whatever the affinity and pins it itself: the one-CPU
+    tune quotes its speedup against that session capped at one thread, the full one against the default."""
+    from ortpilot.providers.cpubudget import ort_default_threads
+
+    if ort_default_threads() < 2:
+        pytest.skip("ORT's default starts one thread here: nothing to cap")
+    one = json.loads((two_class_bundle / this_class(1).name / "profile.json").read_text())
+    full = json.loads((two_class_bundle / this_class().name / "profile.json").read_text())
+    assert one["latency"]["measured_against"] == "ORT's default capped at 1 thread(s)"
+    assert full["latency"]["measured_against"] == "ORT's default"
+    report = (two_class_bundle / this_class(1).name / "report.md").read_text()
+    assert ("capped at 1 thread(s)" in report) or ("capped at this process's 1 CPU(s)" in report), report[:2000]
+
+
 def test_load_profile_of_a_bundle_loads_this_machines_class_and_runs_like_it(two_class_bundle):
     sess = ortpilot.load_profile(two_class_bundle)
     assert sess.bundle.chosen == this_class() and sess.bundle.how == "this machine's class" and not sess.bundle.note

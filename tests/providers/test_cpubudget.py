@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ortpilot.providers.cpubudget import cpu_budget, ort_default_threads
+from ortpilot.providers.cpubudget import cpu_budget, ort_default_outside, ort_default_threads
 
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
 
@@ -126,3 +126,29 @@ def test_doctor_reports_a_real_cgroup_quota(cpu_cgroup):
     budget = json.loads(proc.stdout)["cpu_budget"]
     assert budget["cpus"] == 1 and budget["source"] == "cgroup v1 cpu.cfs_quota_us"
     assert budget["limits"]["cgroup v1 cpu.cfs_quota_us"] == 0.5
+
+
+def test_the_cpus_ort_puts_its_default_pool_on_outside_the_affinity_are_read_from_the_kernel():
+    """In a process on one CPU, what ``ort_default_outside`` names is a CPU of this machine other than that one."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: nothing lies outside the affinity")
+    code = (
+        "import os; from ortpilot.providers.cpubudget import ort_default_outside as o; "
+        "print(sorted(os.sched_getaffinity(0)), sorted(o()))"
+    )
+    own, outside = (
+        subprocess.run(
+            CLI[:1] + ["-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+        )
+        .stdout.strip()
+        .split("] [")
+    )
+    pinned = {int(own.strip("[]"))}
+    named = {int(c) for c in outside.strip("[]").split(",") if c.strip()}
+    assert not named & pinned and named <= os.sched_getaffinity(0)
+    if os.sched_getaffinity(0) == set(range(os.cpu_count() or 0)):  # unpinned: no CPU lies outside
+        assert ort_default_outside() == frozenset()

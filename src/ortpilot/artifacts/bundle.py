@@ -69,6 +69,7 @@ _ENTRY = f.fields(
         "files": _files,
         "winner": f.string,
         "speedup": f.dict_of(f.number),
+        "measured_against": f.string,
         "default_best": f.boolean,
         "node": _NODE,
         "attempts": lambda v, n: f.integer(v, n, 1, 1000),

@@ -37,10 +37,13 @@ def pin(cpus: int) -> list[int]:
 
 def summary(doc: dict[str, Any]) -> dict[str, Any]:
     """What the driver keeps of a class's TuneResult: the winner, its speedup, how the run went."""
+    from ortpilot.tuning.report import reference_name
+
     winner = doc.get("winner") or {}
     return {
         "winner": winner.get("label", ""),
         "speedup": {k: v for k, v in (doc.get("speedup") or {}).items() if isinstance(v, (int, float))},
+        "measured_against": reference_name(doc.get("baseline") or {}),
         "default_best": bool(doc.get("default_best")),
         "default_best_reason": doc.get("default_best_reason") or "",
         "wall_s": doc.get("wall_s"),

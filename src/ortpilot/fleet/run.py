@@ -375,8 +375,9 @@ class _Driver:
         outcome.attempts.append({"node": run.node.node.id, "ended": "done"})
         outcome.end_s = time.monotonic() - self.t0
         speed = outcome.summary.get("speedup") or {}
+        against = outcome.summary.get("measured_against") or "ORT's default"
         self.say(
-            f"{search.title}: {outcome.summary.get('winner') or '?'}, {speed.get('ratio', 0):.2f}x ORT's default "
+            f"{search.title}: {outcome.summary.get('winner') or '?'}, {speed.get('ratio', 0):.2f}x {against} "
             f"(95% CI {speed.get('ci_low', 0):.2f}-{speed.get('ci_high', 0):.2f}) on node {run.node.node.short} in "
             f"{outcome.summary.get('wall_s') or 0:.0f} s"
         )
@@ -486,6 +487,7 @@ def _write_bundles(result: FleetResult, fleet: Fleet, models: Sequence[_Model], 
                         "folder": c.name,
                         "winner": str(c.summary.get("winner") or ""),
                         "speedup": {k: float(v) for k, v in speed.items()},
+                        "measured_against": str(c.summary.get("measured_against") or "ORT's default"),
                         "default_best": bool(c.summary.get("default_best")),
                         "node": {k: str(v) for k, v in c.node.items()},
                         "attempts": len(c.attempts),

@@ -170,12 +170,12 @@ def this_budget() -> CpuBudget:
 
 
 @functools.lru_cache(maxsize=1)
-def ort_default_threads() -> int:
-    """The intra-op threads ORT's default session starts here, counted: the pool's new OS threads
-    plus the calling thread, which works too. Falls back to ``os.cpu_count()`` off Linux."""
+def _default_pool() -> tuple[int, frozenset[int]]:
+    """(threads, the CPUs its pool threads may run on) of ORT's default session here, counted: the pool's
+    new OS threads plus the calling thread, which works too; off Linux ``os.cpu_count()`` and no CPUs."""
     tasks = Path("/proc/self/task")
     if not tasks.is_dir():  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        return max(1, os.cpu_count() or 1), frozenset()
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto, helper
@@ -189,12 +189,65 @@ def ort_default_threads() -> int:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    before = len(list(tasks.iterdir()))
+    before = {t.name for t in tasks.iterdir()}
     sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     sess.run(None, {"x": np.zeros(1, np.float32)})
-    started = len(list(tasks.iterdir())) - before
+    started = [t for t in tasks.iterdir() if t.name not in before]
+    cpus: set[int] = set()
+    for task in started:
+        cpus |= _allowed_cpus(task / "status")
     del sess
-    return max(1, started + 1)
+    return max(1, len(started) + 1), frozenset(cpus)
 
 
-__all__ = ["CpuBudget", "cpu_budget", "ort_default_threads", "this_budget"]
+def _allowed_cpus(status: Path) -> set[int]:
+    try:
+        text = status.read_text()
+    except OSError:  # the thread ended
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("Cpus_allowed_list:")), "")
+    return _cpu_list(line.partition(":")[2].strip())
+
+
+def _cpu_list(text: str) -> set[int]:
+    """``0-2,5`` (the kernel's CPU list format) -> {0, 1, 2, 5}; nothing for text it cannot read."""
+    cpus: set[int] = set()
+    for part in filter(None, text.split(",")):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return set()
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def ort_default_threads() -> int:
+    """The intra-op threads ORT's default session starts here (counted, ``_default_pool``)."""
+    return _default_pool()[0]
+
+
+def ort_default_outside() -> frozenset[int]:
+    """The CPUs outside this process's affinity that ORT's default pool threads may run on. ORT sets
+    its pool threads' affinity itself (one logical CPU each), so a process on CPU 0 of two gets a pool
+    thread on CPU 1: ORT's default takes CPUs the process's budget leaves to others."""
+    try:
+        own = os.sched_getaffinity(0)
+    except AttributeError:  # pragma: no cover - not Linux
+        return frozenset()
+    return frozenset(_default_pool()[1] - own)
+
+
+def default_threads_in_budget() -> int:
+    """``intra_op_num_threads`` for "ORT's default" within this process's CPUs: 0 (ORT's own choice) where
+    its pool fits the budget, else the budget (see ``ort_default_outside``)."""
+    cpus = this_budget().cpus
+    return cpus if ort_default_threads() > cpus else 0
+
+
+__all__ = [
+    "CpuBudget",
+    "cpu_budget",
+    "default_threads_in_budget",
+    "ort_default_outside",
+    "ort_default_threads",
+    "this_budget",
+]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ortpilot.providers.cpubudget import CpuBudget, cpu_budget, ort_default_threads
+from ortpilot.providers.cpubudget import CpuBudget, cpu_budget, ort_default_outside, ort_default_threads
 from ortpilot.providers.cpuisa import CpuIsa, Int8Rule, int8_rule, read_cpu_isa
 from ortpilot.providers.gpulibs import GpuEnvironment, library_mismatches, scan_gpu_environment
 from ortpilot.providers.machineclass import MachineClass, this_class
@@ -419,7 +419,12 @@ def _budget_findings(budget: CpuBudget | None, default_threads: int | None) -> l
                 "warn",
                 "cpu budget",
                 f"{text}; ORT's default session starts {default_threads} intra-op "
-                "threads anyway (it ignores affinity and cgroup quotas), so they compete for the CPUs",
+                "threads anyway (it ignores cgroup quotas and sets its pool threads' affinity itself)"
+                + (
+                    f", and runs them on CPU {', '.join(map(str, sorted(outside)))} outside this process's own"
+                    if (outside := ort_default_outside())
+                    else ", so they compete for the CPUs"
+                ),
                 f"set intra_op_num_threads={budget.cpus} (ortpilot.load(..., settings=SessionSettings("
                 f"intra_op_threads={budget.cpus})) or tune here: profiles record explicit thread counts)",
             )

@@ -94,7 +94,7 @@ def _write_reference(out: Path, winner: Entry, feeds: Mapping[str, Any]) -> Path
 
 
 def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds: Mapping[str, Any]) -> None:
-    from ortpilot.tuning.report import write_reports
+    from ortpilot.tuning.report import reference_name, write_reports
 
     out = result.out_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -106,6 +106,7 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
         "winner": result.stats(winner),
         "baseline": result.stats(result.baseline),
         "speedup_vs_default": result.speedup,
+        "measured_against": reference_name(result.baseline.candidate.to_dict()),
         "interleaved": bool(winner.final and result.baseline.final),
         "load_avg": result.load_avg,
     }

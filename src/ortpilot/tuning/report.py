@@ -90,9 +90,17 @@ def headline(doc: dict[str, Any]) -> str:
         else "search-phase estimate, not interleaved"
     )
     return (
-        f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x ORT's default on {doc['objective']} "
+        f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x {reference_name(doc['baseline'])} on {doc['objective']} "
         f"(95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}; {timing}).{gated}"
     )
+
+
+def reference_name(base: dict[str, Any]) -> str:
+    """What a tune's speedups are quoted against, from its baseline candidate's dict: ORT's default, or that
+    session capped at the CPU budget where the default's pool would take CPUs outside it (``Search._reference``)."""
+    if base.get("baseline", True):
+        return "ORT's default"
+    return f"ORT's default capped at {(base.get('settings') or {}).get('intra_op_threads')} thread(s)"
 
 
 def vs_default(baseline: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
@@ -183,8 +191,8 @@ def render_md(doc: dict[str, Any]) -> str:
         lines += ["", "Not tried:", ""] + [f"- {e['what']}: {e['reason']}" for e in excluded]
     lines += [
         "",
-        "Latencies of the finalists and ORT's default come from their interleaved final measurement; "
-        "the others from their screening and halving runs.",
+        f"Latencies of the finalists and {reference_name(doc['baseline'])} come from their interleaved final "
+        "measurement; the others from their screening and halving runs.",
         "",
         RATIO_NOTE,
     ]

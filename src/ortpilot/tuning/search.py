@@ -36,7 +36,15 @@ from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
 from ortpilot.tuning.budget import SAFETY, Budget
 from ortpilot.tuning.candidate import Candidate
-from ortpilot.tuning.space import Facts, combine, first_candidates, knob_variants, with_exclusions, within_budget
+from ortpilot.tuning.space import (
+    Facts,
+    combine,
+    default_stand_in,
+    first_candidates,
+    knob_variants,
+    with_exclusions,
+    within_budget,
+)
 from ortpilot.tuning.steps import StepRunner
 
 OBJECTIVES = ("p50", "p99", "throughput")
@@ -134,6 +142,7 @@ class Search:
         self.entries: dict[str, Entry] = {}
         self.planned = 0
         self.screen_runs = 5
+        self.reference: Entry | None = None  # what the winner is measured against (``_reference``), once run
 
     @property
     def gate(self) -> Any:
@@ -157,7 +166,8 @@ class Search:
                 self.planned += 1
         self._explore_knobs(facts)
         self._halve()
-        return self._final(base)
+        self.reference = self._reference(base, facts)
+        return self._final(self.reference)
 
     # ------------------------------------------------------------------ the policy's parts
 
@@ -315,10 +325,27 @@ class Search:
         b_lo, _ = cost_ci(b.samples, self.objective)
         return a_hi < b_lo
 
-    def _final(self, base: Entry) -> list[Entry]:
-        finalists = self.ranking()[:2]
-        if base not in finalists:
-            finalists.append(base)
+    def _reference(self, base: Entry, facts: Facts) -> Entry:
+        """What the winner is measured against: ORT's default session, or, where its pool starts more threads
+        than this process may use, that session capped at the budget. ORT pins those extra threads to CPUs
+        outside the process's own (a process on CPU 0 of two gets a pool thread on CPU 1), so the uncapped
+        default is faster only by taking CPUs the budget leaves to others; it is not a choice either."""
+        if facts.default_oversubscribes:
+            stand_in = self.entries.get(default_stand_in(facts, base.candidate).id)
+            if stand_in is not None and stand_in.measured:
+                base.reason = base.reason or (
+                    f"its pool starts {facts.default_threads} intra-op threads for {facts.cores} CPU(s) and ORT pins "
+                    "them itself: timed, but neither the choice nor the measure (ratios are to the capped default)"
+                )
+                return stand_in
+        return base
+
+    def _final(self, reference: Entry) -> list[Entry]:
+        """The leader and runner-up (never a session that takes CPUs outside the budget) and ``reference``."""
+        outside = {e.candidate.id for e in self.entries.values() if e.candidate.baseline} - {reference.candidate.id}
+        finalists = [e for e in self.ranking() if e.candidate.id not in outside][:2]
+        if reference not in finalists:
+            finalists.append(reference)
 
         def plan() -> tuple[int, int, float]:
             per_run = sum(cost(e.samples, "p50") for e in finalists)  # one run of each finalist

@@ -47,7 +47,7 @@ from ortpilot.tuning.outputs import winner_model, write_outputs
 from ortpilot.tuning.reference import HELDOUT_SEED, feeds_digest
 from ortpilot.tuning.result import GateRecord, Pick, RunRecord, TuneResult, load_note
 from ortpilot.tuning.search import OUTPUT_RESERVE_S, Entry, Progress, Search, cost, speedup
-from ortpilot.tuning.space import Facts, default_stand_in, gather_facts
+from ortpilot.tuning.space import Facts, gather_facts
 from ortpilot.tuning.state import KEPT, keep_for_resume, kept_file, sweep
 from ortpilot.tuning.steps import StepRunner
 from ortpilot.tuning.worker import WorkerClient, load_samples, save_samples
@@ -308,10 +308,9 @@ def _search(
     base = baseline_candidate()
     finalists = search.run(base, setup.facts)
     base_entry = search.entries[base.id]
-    facts = setup.facts
-    stand_in = search.entries.get(default_stand_in(facts, base).id) if facts.default_oversubscribes else None
-    winner, default_best, reason = _pick(finalists, base_entry, setup.objective, stand_in)
-    return search, Pick(winner, base_entry, speedup(base_entry, winner, setup.objective), default_best, reason)
+    reference = search.reference or base_entry
+    winner, default_best, reason = _pick(finalists, reference, setup.objective, capped=reference is not base_entry)
+    return search, Pick(winner, reference, speedup(reference, winner, setup.objective), default_best, reason)
 
 
 def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, run: RunRecord) -> TuneResult:
@@ -456,39 +455,30 @@ def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
         )
 
 
-def _pick(
-    finalists: list[Entry], base: Entry, objective: str, stand_in: Entry | None = None
-) -> tuple[Entry, bool, str]:
-    """The finalist with the best interleaved figure; ORT's default unless the gain is outside noise.
-
-    ``stand_in`` (ORT's default with its threads capped at the CPU budget) replaces ORT's default
-    as the choice when the default itself starts more threads than this process may use.
-    """
+def _pick(finalists: list[Entry], reference: Entry, objective: str, *, capped: bool = False) -> tuple[Entry, bool, str]:
+    """The finalist with the best interleaved figure; ``reference`` (ORT's default, ``capped`` at the CPU
+    budget where its pool would start more threads: ``Search._reference``) unless the gain is outside noise."""
     measured = [e for e in finalists if e.final] or [e for e in finalists if e.samples]
     best = min(measured, key=lambda e: cost(e.final or e.samples, objective))
-    capped = stand_in is not None and stand_in.measured
+    name = "ORT's default" + (
+        f" capped at this process's {reference.candidate.settings.intra_op_threads} CPU(s)" if capped else ""
+    )
     why_capped = (
-        (
-            f"; recorded with {stand_in.candidate.settings.intra_op_threads} intra-op thread(s), the CPUs "
-            "this process may use (ORT's default starts more)"
-        )
+        "; uncapped, ORT's default starts more intra-op threads and pins them to CPUs outside this process's "
+        "own, so it is neither the choice nor the measure"
         if capped
         else ""
     )
-    if best is base:
-        return (
-            (stand_in if capped else base),
-            True,
-            ("ORT's default session measured fastest of all candidates that passed the gate" + why_capped),
-        )
-    gain = speedup(base, best, objective)
+    if best is reference:
+        return reference, True, f"{name} measured fastest of all candidates that passed the gate{why_capped}"
+    gain = speedup(reference, best, objective)
     if gain["ci_low"] <= 1.0:
         return (
-            (stand_in if capped else base),
+            reference,
             True,
             (
-                f"the best alternative ({best.candidate.label}) is within noise of ORT's default "
-                f"({gain['ratio']:.2f}x, 95% CI {gain['ci_low']:.2f}-{gain['ci_high']:.2f})" + why_capped
+                f"the best alternative ({best.candidate.label}) is within noise of {name} "
+                f"({gain['ratio']:.2f}x, 95% CI {gain['ci_low']:.2f}-{gain['ci_high']:.2f}){why_capped}"
             ),
         )
     return best, False, ""

@@ -308,6 +308,7 @@ def check_latency(
     """Time the profile's session and ORT's default session on the source model, interleaved."""
     from ortpilot.measure.interleave import BenchConfig, bench_interleaved
     from ortpilot.modelio import file_sha256
+    from ortpilot.providers.cpubudget import default_threads_in_budget
     from ortpilot.session import SessionSettings
 
     doc = session.profile
@@ -331,7 +332,13 @@ def check_latency(
         feeds = reference_feeds(doc)
     providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
     configs = [
-        BenchConfig("ORT default", str(source), ["CPUExecutionProvider"], SessionSettings(), feeds=feeds),
+        BenchConfig(  # capped at this process's CPUs where ORT's default pool would take others (as the tune did)
+            "ORT default",
+            str(source),
+            ["CPUExecutionProvider"],
+            SessionSettings(intra_op_threads=default_threads_in_budget()),
+            feeds=feeds,
+        ),
         BenchConfig(
             "profile",
             str(session.model_path),
