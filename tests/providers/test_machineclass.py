@@ -70,7 +70,14 @@ def test_a_process_pinned_to_one_cpu_is_of_the_one_cpu_class():
         preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
         check=True,
     )
-    assert json.loads(out.stdout)["id"] == this_class(1).id
+    child, mine = json.loads(out.stdout), this_class(1).to_dict()
+    # The INT8 rule is measured on the CPU a process runs on: under the ISA lane's emulator this test runs
+    # emulated and its child natively (qemu-user does not follow exec), so only the rest must match there.
+    assert child["key"]["cpus"] == 1
+    assert {k: v for k, v in child["key"].items() if k != "int8"} == {
+        k: v for k, v in mine["key"].items() if k != "int8"
+    }
+    assert child["id"] == mine["id"] or child["key"]["int8"] != mine["key"]["int8"]
 
 
 def test_names_read_the_key_and_ids_tell_classes_apart():
