@@ -12,7 +12,7 @@ ones; each run also splits the fleet tune's wall into the searches' own and the 
 The other fleet target, the scheduler's plan for 5 models x 3 classes on 6 nodes of 3 hosts against
 the lower bound, is a test that prints its plan: ``pytest -q -s tests/fleet/test_schedule.py -k catalogue``.
 
-    .venv/bin/python benchmarks/bench_fleet.py local [--model demo:encoder] [--budget 60] [--repeat 2] [--json out.json]
+    .venv/bin/python benchmarks/bench_fleet.py local [--model demo:encoder] [--shape SPEC] [--budget 60] [--repeat 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -87,13 +87,24 @@ def local(args: argparse.Namespace) -> dict:
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         budget = str(args.budget)
+        shape = ["--shape", args.shape] if args.shape else []
         for i in range(args.repeat):
             with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
-                fleet_args = ["tune", args.model, "--ray", cluster.address, "-o", f"{tmp}/b", "--budget", budget]
+                fleet_args = [
+                    "tune",
+                    args.model,
+                    *shape,
+                    "--ray",
+                    cluster.address,
+                    "-o",
+                    f"{tmp}/b",
+                    "--budget",
+                    budget,
+                ]
                 if i % 2:  # odd repeats run the fleet tune first: neither side always follows the other
                     fleet, done = _timed([*fleet_args, "--json"])
-                here, _ = _timed(["tune", args.model, "-o", f"{tmp}/here", "--budget", budget])
-                one, _ = _timed(["tune", args.model, "-o", f"{tmp}/one", "--budget", budget], one_cpu=True)
+                here, _ = _timed(["tune", args.model, *shape, "-o", f"{tmp}/here", "--budget", budget])
+                one, _ = _timed(["tune", args.model, *shape, "-o", f"{tmp}/one", "--budget", budget], one_cpu=True)
                 if not i % 2:
                     fleet, done = _timed([*fleet_args, "--json"])
                 doc = json.loads(done.stdout)
@@ -139,6 +150,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="mode", required=True)
     run = sub.add_parser("local", help="the two-node cluster on this machine vs two local tunes")
     run.add_argument("--model", default="demo:encoder")
+    run.add_argument("--shape", default=None, help="tune's --shape, for a model with symbolic dims")
     run.add_argument("--budget", type=float, default=60.0)
     run.add_argument("--repeat", type=int, default=2)
     run.add_argument("--json", default=None)
