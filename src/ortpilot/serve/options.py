@@ -181,9 +181,13 @@ class ServerOptions:
         if self.grpc_port is not None and self.grpc_port == self.port:
             raise UsageError(f"--grpc-port {self.grpc_port} is the HTTP port too; give gRPC a port of its own.")
 
+    def netloc(self, port: int) -> str:
+        """``HOST:PORT`` a client dials on this server's host (an IPv6 host in brackets)."""
+        return f"{'[' + self.host + ']' if ':' in self.host else self.host}:{port}"
+
     @property
     def base_url(self) -> str:
-        return f"http://{'[' + self.host + ']' if ':' in self.host else self.host}:{self.port}"
+        return f"http://{self.netloc(self.port)}"
 
     @property
     def loopback(self) -> bool:

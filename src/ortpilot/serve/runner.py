@@ -399,7 +399,7 @@ def _grpc_ready(server: ServerOptions, name: str, headers: dict[str, str]) -> bo
         return True
     from ortpilot.serve.grpc_service import model_ready
 
-    address = f"{'[' + server.host + ']' if ':' in server.host else server.host}:{server.grpc_port}"
+    address = server.netloc(server.grpc_port)
     return all(model_ready(address, name, {**headers, **extra}) for extra in ({"application": name}, {}))
 
 

@@ -45,6 +45,7 @@ from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import JOURNAL_NAME, JOURNAL_VERSION, Journal, check_version
 from ortpilot.tuning.outputs import winner_model, write_outputs
 from ortpilot.tuning.reference import HELDOUT_SEED, feeds_digest
+from ortpilot.tuning.report import reference_name
 from ortpilot.tuning.result import GateRecord, Pick, RunRecord, TuneResult, load_note
 from ortpilot.tuning.search import OUTPUT_RESERVE_S, Entry, Progress, Search, cost, speedup
 from ortpilot.tuning.space import Facts, gather_facts
@@ -309,7 +310,7 @@ def _search(
     finalists = search.run(base, setup.facts)
     base_entry = search.entries[base.id]
     reference = search.reference or base_entry
-    winner, default_best, reason = _pick(finalists, reference, setup.objective, capped=reference is not base_entry)
+    winner, default_best, reason = _pick(finalists, reference, setup.objective)
     return search, Pick(winner, reference, speedup(reference, winner, setup.objective), default_best, reason)
 
 
@@ -455,19 +456,18 @@ def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
         )
 
 
-def _pick(finalists: list[Entry], reference: Entry, objective: str, *, capped: bool = False) -> tuple[Entry, bool, str]:
-    """The finalist with the best interleaved figure; ``reference`` (ORT's default, ``capped`` at the CPU
-    budget where its pool would start more threads: ``Search._reference``) unless the gain is outside noise."""
+def _pick(finalists: list[Entry], reference: Entry, objective: str) -> tuple[Entry, bool, str]:
+    """The finalist with the best interleaved figure; ``reference`` (ORT's default, or that session capped
+    at the CPU budget where its pool would start more threads: ``Search._reference``) unless the gain is
+    outside noise."""
     measured = [e for e in finalists if e.final] or [e for e in finalists if e.samples]
     best = min(measured, key=lambda e: cost(e.final or e.samples, objective))
-    name = "ORT's default" + (
-        f" capped at this process's {reference.candidate.settings.intra_op_threads} CPU(s)" if capped else ""
-    )
+    name = reference_name(reference.candidate.to_dict())
     why_capped = (
-        "; uncapped, ORT's default starts more intra-op threads and pins them to CPUs outside this process's "
-        "own, so it is neither the choice nor the measure"
-        if capped
-        else ""
+        ""
+        if reference.candidate.baseline
+        else "; uncapped, ORT's default starts more intra-op threads and pins them to CPUs outside this "
+        "process's own, so it is neither the choice nor the measure"
     )
     if best is reference:
         return reference, True, f"{name} measured fastest of all candidates that passed the gate{why_capped}"
