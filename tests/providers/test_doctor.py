@@ -134,9 +134,18 @@ def test_cpu_isa_parses_flags_and_judges_int8(tmp_path):
 
 def test_this_cpu_has_the_flags_the_machine_advertises():
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    line = next((ln for ln in flags.splitlines() if ln.startswith(("flags", "Features"))), "")
+    present = set(line.partition(":")[2].split())
     isa = read_cpu_isa()
-    if "avx512_vnni" in flags:
-        assert isa.vnni and "VNNI" in isa.int8_verdict()[1]
+    assert isa.amx == ("amx_int8" in present)
+    assert isa.vnni == bool(present & {"avx512_vnni", "avx512vnni", "avx_vnni"})
+    verdict = isa.int8_verdict()[1]
+    if "amx_int8" in present:  # AMX first: it is what MLAS's INT8 GEMM takes where both are there
+        assert verdict.startswith("AMX INT8 present"), verdict
+    elif isa.vnni:
+        assert verdict.startswith("VNNI present"), verdict
+    elif "avx2" in present:
+        assert verdict.startswith("AVX2 without VNNI"), verdict
 
 
 def test_gpu_library_major_mismatch_is_found():

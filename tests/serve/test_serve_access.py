@@ -167,6 +167,26 @@ def test_the_graph_tells_the_positions_and_table_rows(demo_paths) -> None:
         assert "\n" not in cleaned and " node: " in cleaned, cleaned
 
 
+def test_the_fused_graph_tells_the_same_limits(demo_paths) -> None:
+    """ORT's BERT fusion folds the embedding Gathers into EmbedLayerNormalization (what tune picks
+    on some CPUs): the limits, and so the server's 400s, must not depend on which graph was tuned."""
+    from ortpilot.modelio import load_model
+    from ortpilot.passes.fusion import FusionPass
+
+    fused = FusionPass("bert").run(demo_paths["encoder"]).model
+    assert "EmbedLayerNormalization" in {n.op_type for n in fused.graph.node}
+    assert "Gather" not in {n.op_type for n in fused.graph.node}
+    assert input_limits(fused) == input_limits(load_model(demo_paths["encoder"], load_external_data=False))
+    sess = ortpilot.load(fused.SerializeToString(), ["cpu"], "strict")
+    ones = {i.name: np.ones((1, 8), np.int64) for i in sess.inputs}
+    with pytest.raises(
+        InputError, match="'input_ids' holds 1000, but the model looks its values up in a table of 1000"
+    ):
+        input_limits(fused).check({**ones, "input_ids": np.full((1, 8), 1000, np.int64)})
+    with pytest.raises(ortpilot.OrtpilotError, match="EmbedLayerNormalization"):  # what ORT alone says
+        sess.run(None, {**ones, "input_ids": np.full((1, 8), 1000, np.int64)})
+
+
 def test_the_cli_warns_about_a_public_address_without_a_key_and_keeps_keys_out_of_manifests(tmp_path) -> None:
     import socket
 

@@ -5,7 +5,8 @@ ORT reports a sequence longer than a model's positions, or a token id past its e
 as a kernel failure deep in the graph, with a C++ source path and a node name. A server answers
 that as the client's mistake (400) naming the input and the limit: ``input_limits`` reads the
 limits once from the model (position tables and ``max_positions``-style metadata for dims named
-like a sequence; the rows of every table an input indexes straight through ``Gather``) and
+like a sequence; the rows of every table an input indexes straight through ``Gather`` or the fused
+``EmbedLayerNormalization``) and
 ``InputLimits.check`` refuses feeds past them. ``clean_ort_message`` turns what ORT says about
 anything else into one line without paths, source locations or node names.
 """
@@ -28,6 +29,15 @@ _NOT_POSITIONS = re.compile(r"(past|total|all|kv|key_?len|batch)", re.I)
 _POSITION_TABLE = re.compile(r"position", re.I)
 _PASS_THROUGH = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten"}  # values kept as they are
 MAX_MESSAGE = 400
+# Ops that look their index input up in a table, by (domain, op): (index input, table input, whether
+# the table holds positions). ORT's transformer fusion folds the embedding Gathers of a BERT into
+# ``EmbedLayerNormalization`` (word, segment, position tables), 4-bit weights make them
+# ``GatherBlockQuantized``: the limits must read the fused graph as they read the plain one.
+_LOOKUPS: dict[tuple[str, str], tuple[tuple[int, int, bool], ...]] = {
+    ("ai.onnx", "Gather"): ((1, 0, False),),
+    ("com.microsoft", "GatherBlockQuantized"): ((1, 0, False),),
+    ("com.microsoft", "EmbedLayerNormalization"): ((0, 2, False), (1, 4, False), (8, 3, True)),
+}
 
 
 @dataclass(frozen=True)
@@ -89,17 +99,16 @@ def input_limits(model: onnx.ModelProto) -> InputLimits:
     rows: dict[str, int] = {}
     position_rows: list[int] = []
     for node in graph.node:
-        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in tables:
-            continue
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        dims = tables[node.input[0]]
-        if axis != 0 or not dims or dims[0] <= 0:
-            continue
-        if node.input[1] in source:
-            name = source[node.input[1]]
-            rows[name] = min(rows.get(name, dims[0]), dims[0])
-        elif _POSITION_TABLE.search(node.input[0]) and len(dims) == 2:
-            position_rows.append(dims[0])
+        axis = next((a.i for a in node.attribute if a.name in ("axis", "gather_axis")), 0)
+        for index, table, positional in _LOOKUPS.get((node.domain or "ai.onnx", node.op_type), ()):
+            dims = tables.get(node.input[table], []) if table < len(node.input) else []
+            if axis != 0 or not dims or dims[0] <= 0:
+                continue
+            fed = node.input[index] if index < len(node.input) else ""
+            if fed in source:
+                rows[source[fed]] = min(rows.get(source[fed], dims[0]), dims[0])
+            elif positional or (_POSITION_TABLE.search(node.input[table]) and len(dims) == 2):
+                position_rows.append(dims[0])
     positions = model_max_positions(model) or (min(position_rows) if position_rows else None)
     axes: dict[str, list[int]] = {}
     if positions is not None:
