@@ -18,10 +18,16 @@ SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or address, IPv6 without brackets) is one of this machine's loopback
+    names: the one rule for a Ray client, a server's ``--host`` and the Host names it accepts."""
+    return host in LOOPBACK_HOSTS
+
+
 def is_loopback(address: str | None) -> bool:
     """Whether ``address`` (HOST:PORT, ``ray://HOST:PORT``, or None for a local instance) stays on this machine."""
     host = (address or "").removeprefix("ray://").rpartition(":")[0].strip("[]")
-    return not address or host in LOOPBACK_HOSTS
+    return not address or is_loopback_host(host)
 
 
 def ray_environment(address: str | None) -> None:
@@ -37,4 +43,4 @@ def ray_environment(address: str | None) -> None:
         constants.ENABLE_RAY_CLUSTER = False
 
 
-__all__ = ["LOOPBACK_HOSTS", "RAY_ENV", "is_loopback", "ray_environment"]
+__all__ = ["LOOPBACK_HOSTS", "RAY_ENV", "is_loopback", "is_loopback_host", "ray_environment"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ortpilot.providers.cpubudget import cpu_budget, ort_default_outside, ort_default_threads
+from ortpilot.providers.cpubudget import cpu_budget, default_threads_in_budget, ort_default_outside, ort_default_threads
 
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
 
@@ -95,6 +95,21 @@ def test_ort_default_ignores_affinity_and_is_counted():
         preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
     ).stdout
     assert int(pinned) == ort_default_threads()
+
+
+def test_ort_default_is_capped_at_the_budget_only_where_its_pool_is_larger():
+    """One rule for the tune's reference and verify --max-slowdown: 0 (ORT's own count) where the pool
+    fits, else the budget; in a real process pinned to one CPU it is the budget whenever ORT counts more."""
+    assert [default_threads_in_budget(t, c) for t, c in ((4, 2), (2, 2), (1, 2), (2, 1))] == [2, 0, 0, 1]
+    code = "from ortpilot.providers.cpubudget import default_threads_in_budget as d; print(d())"
+    pinned = subprocess.run(
+        CLI[:1] + ["-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+    ).stdout
+    assert int(pinned) == (1 if ort_default_threads() > 1 else 0)
 
 
 @pytest.fixture

@@ -39,3 +39,25 @@ def test_decoder_options_are_checked_where_they_are_made():
         DecoderOptions(chat_template="jinja")
     with pytest.raises(UsageError, match="--max-streams must be at least 1"):
         DecoderOptions(max_streams=0)
+
+
+@pytest.mark.parametrize(
+    ("host", "base_url", "grpc", "loopback"),
+    [
+        ("127.0.0.1", "http://127.0.0.1:8000", "127.0.0.1:8001", True),
+        ("::1", "http://[::1]:8000", "[::1]:8001", True),
+        ("0.0.0.0", "http://0.0.0.0:8000", "0.0.0.0:8001", False),
+        ("fd00::5", "http://[fd00::5]:8000", "[fd00::5]:8001", False),
+    ],
+)
+def test_a_server_names_its_addresses_as_clients_dial_them(host, base_url, grpc, loopback):
+    """The URL and the gRPC address a server prints: an IPv6 host in brackets (a gRPC client reads
+    ``::1:8001`` as a host with no port); loopback is the one rule Ray clients and access checks use."""
+    from ortpilot.rayenv import is_loopback_host
+    from ortpilot.serve.access import AccessOptions
+    from ortpilot.serve.options import ServerOptions
+
+    server = ServerOptions(host=host, port=8000, grpc_port=8001)
+    assert (server.base_url, server.netloc(8001), server.loopback) == (base_url, grpc, loopback)
+    assert is_loopback_host(host) is loopback
+    assert bool(AccessOptions().warnings(host)) is not loopback

@@ -236,11 +236,13 @@ def ort_default_outside() -> frozenset[int]:
     return frozenset(_default_pool()[1] - own)
 
 
-def default_threads_in_budget() -> int:
+def default_threads_in_budget(default_threads: int | None = None, cpus: int | None = None) -> int:
     """``intra_op_num_threads`` for "ORT's default" within this process's CPUs: 0 (ORT's own choice) where
-    its pool fits the budget, else the budget (see ``ort_default_outside``)."""
-    cpus = this_budget().cpus
-    return cpus if ort_default_threads() > cpus else 0
+    its pool fits the budget, else the budget (see ``ort_default_outside``). The one rule for the tune's
+    reference and ``verify --max-slowdown``; ``default_threads`` and ``cpus`` default to this process's."""
+    cpus = this_budget().cpus if cpus is None else cpus
+    threads = ort_default_threads() if default_threads is None else default_threads
+    return cpus if threads > cpus else 0
 
 
 __all__ = [

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import UsageError
+from ortpilot.rayenv import LOOPBACK_HOSTS, is_loopback_host
 
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 MAX_KEY_FILE_BYTES = 1024 * 1024
 
 
@@ -120,10 +120,10 @@ class AccessOptions:
     def policy(self, host: str) -> dict[str, Any]:
         """What a replica needs to check a request (plain data; digests, never keys): ``host`` is the
         server's ``--host``, which decides the Host names accepted without ``--allowed-host``."""
-        loopback = host in LOOPBACK_NAMES
+        loopback = is_loopback_host(host)
         hosts: list[str] | None
         if loopback or self.allowed_hosts:
-            hosts = list(dict.fromkeys([*LOOPBACK_NAMES, *self.allowed_hosts]))
+            hosts = list(dict.fromkeys([*LOOPBACK_HOSTS, *self.allowed_hosts]))
         else:
             hosts = None  # a server on a public address answers any Host unless told which
         return {
@@ -137,7 +137,7 @@ class AccessOptions:
 
     def warnings(self, host: str) -> list[str]:
         """What the CLI warns about before it starts: a public address without a key."""
-        if host in LOOPBACK_NAMES or self.auth:
+        if is_loopback_host(host) or self.auth:
             return []
         return [
             f"--host {host} accepts connections from other machines and no --api-key/--api-key-file is "
@@ -158,7 +158,6 @@ def access_options(
 
 
 __all__ = [
-    "LOOPBACK_NAMES",
     "AccessOptions",
     "access_options",
     "check_key",

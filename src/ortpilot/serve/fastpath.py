@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortpilot.rayenv import is_loopback_host
+
 INGRESS_CHOICES = ("auto", "haproxy", "proxy")
 MIN_RAY = (2, 60)  # the first Ray whose Serve has HAProxy ingress and direct ingress
 REPLICA_PORTS = 64  # ports per range a server's replicas may take (one per replica and protocol)
@@ -318,7 +320,7 @@ def environment(
     """The controller's environment for ``path``, with every port it opens chosen free on ``host``;
     returns it and the path with its ports filled in. ``protocol`` (``oip`` or ``openai``) shapes the
     error pages HAProxy answers itself; ``hide_routes`` answers Ray's ``/-/routes`` with a 404."""
-    bind = "127.0.0.1" if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
+    bind = "127.0.0.1" if is_loopback_host(host) else "0.0.0.0"
     env = {
         "RAY_SERVE_ENABLE_HA_PROXY": "1" if path.haproxy else "0",
         "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1" if path.direct_ingress else "0",

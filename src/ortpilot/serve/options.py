@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import UsageError
+from ortpilot.rayenv import is_loopback_host
 from ortpilot.serve.access import AccessOptions
 from ortpilot.serve.fastpath import Timeouts
 
@@ -191,7 +192,7 @@ class ServerOptions:
 
     @property
     def loopback(self) -> bool:
-        return self.host in ("127.0.0.1", "localhost", "::1")
+        return is_loopback_host(self.host)
 
 
 def ort_threads(cpus: float) -> int:

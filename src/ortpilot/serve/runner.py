@@ -316,7 +316,7 @@ def serve_until_stopped(
         if hasattr(ready, "path"):
             ready.path = path
             ready.grpc = (
-                f"{server_options.host}:{server_options.grpc_port}" if server_options.grpc_port is not None else None
+                server_options.netloc(server_options.grpc_port) if server_options.grpc_port is not None else None
             )
         if on_ready:
             on_ready(ready)

@@ -21,7 +21,7 @@ import onnxruntime as ort
 from ortpilot.passes.decoder_fusion import count_layers
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
-from ortpilot.providers.cpubudget import ort_default_threads, this_budget
+from ortpilot.providers.cpubudget import default_threads_in_budget, ort_default_threads, this_budget
 from ortpilot.providers.cpuisa import Int8Rule, int8_rule
 from ortpilot.providers.names import ProviderSpec
 from ortpilot.providers.spec import NOT_COMPUTE
@@ -92,7 +92,7 @@ class Facts:
     @property
     def default_oversubscribes(self) -> bool:
         """ORT's default pool starts more threads than this process may use: it cannot be the winner."""
-        return self.default_threads > self.cores
+        return default_threads_in_budget(self.default_threads, self.cores) > 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -180,7 +180,7 @@ def gather_facts(
     if model_type and attention == (0, 0):
         attention = tuple(folder_attention)  # type: ignore[assignment]
     default_threads = ort_default_threads()
-    if default_threads > cores:
+    if default_threads_in_budget(default_threads, cores):
         excluded.append(
             Excluded(
                 "ORT's default threads as the winner",
