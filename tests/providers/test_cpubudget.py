@@ -71,15 +71,20 @@ def test_an_unreadable_or_garbled_cgroup_file_falls_back_to_affinity_and_says_so
     assert cpu_budget(tmp_path / "no-proc", root).notes  # /proc/self/cgroup itself missing: noted, no crash
 
 
-def test_affinity_limits_the_budget_in_a_real_process():
-    code = "from ortpilot.providers.cpubudget import cpu_budget; b = cpu_budget(); print(b.cpus, b.source)"
-    out = subprocess.run(
+def _on_one_cpu(code: str) -> str:
+    """What ``code`` prints in a real Python process pinned to one CPU of this one's."""
+    return subprocess.run(
         CLI[:1] + ["-c", code],
         capture_output=True,
         text=True,
         check=True,
         preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
     ).stdout
+
+
+def test_affinity_limits_the_budget_in_a_real_process():
+    code = "from ortpilot.providers.cpubudget import cpu_budget; b = cpu_budget(); print(b.cpus, b.source)"
+    out = _on_one_cpu(code)
     assert out.split() == ["1", "affinity"]
 
 
@@ -87,13 +92,7 @@ def test_ort_default_ignores_affinity_and_is_counted():
     """ORT's default pool is sized from the machine, not from the affinity mask (the reason for the budget)."""
     assert ort_default_threads() >= 1
     code = "from ortpilot.providers.cpubudget import ort_default_threads as t; print(t())"
-    pinned = subprocess.run(
-        CLI[:1] + ["-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
-    ).stdout
+    pinned = _on_one_cpu(code)
     assert int(pinned) == ort_default_threads()
 
 
@@ -102,13 +101,7 @@ def test_ort_default_is_capped_at_the_budget_only_where_its_pool_is_larger():
     fits, else the budget; in a real process pinned to one CPU it is the budget whenever ORT counts more."""
     assert [default_threads_in_budget(t, c) for t, c in ((4, 2), (2, 2), (1, 2), (2, 1))] == [2, 0, 0, 1]
     code = "from ortpilot.providers.cpubudget import default_threads_in_budget as d; print(d())"
-    pinned = subprocess.run(
-        CLI[:1] + ["-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
-    ).stdout
+    pinned = _on_one_cpu(code)
     assert int(pinned) == (1 if ort_default_threads() > 1 else 0)
 
 
