@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import threading
 import time
 import urllib.error
@@ -96,6 +97,101 @@ def test_no_request_is_lost_when_one_of_two_replicas_is_killed_under_load(start_
     failed = [o for o in outcomes if o[2] is not True]
     assert outcomes and not failed, [(round(s - killed, 3), round(e - killed, 3), o) for s, e, o in failed[:5]]
     assert sum(s < killed < e for s, e, _ in outcomes) >= 2, "too few requests were in flight at the kill"
+
+
+def _haproxy_admin(grpc_port: int) -> str:
+    """The admin socket of the HAProxy that publishes ``grpc_port`` (found from its command line and config,
+    which Ray rewrites on every reload)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                args = cmdline.read_bytes().split(b"\0")
+                config = args[args.index(b"-f") + 1].decode() if args[0].endswith(b"haproxy") else ""
+                text = Path(config).read_text() if config else ""
+            except (OSError, ValueError, IndexError):
+                continue
+            if f":{grpc_port} proto h2" in text and "stats socket " in text:
+                return text.split("stats socket ", 1)[1].split()[0]
+        time.sleep(0.5)
+    raise AssertionError(f"no HAProxy publishes port {grpc_port}")
+
+
+def _haproxy_command(admin: str, command: str) -> str:
+    """One command on HAProxy's runtime API (its admin socket), its whole answer."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(admin)
+        sock.sendall(command.encode() + b"\n")
+        return b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+
+
+def _servers(admin: str, backend: str) -> dict[str, dict[str, str]]:
+    """Server name -> its ``show stat`` row (``bck``: a backup, ``stot``: sessions so far) in one backend."""
+    lines = _haproxy_command(admin, "show stat").splitlines()
+    fields = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(fields, line.split(","), strict=False)) for line in lines[1:] if line]
+    return {r["svname"]: r for r in rows if r["pxname"] == backend and r["svname"] not in ("FRONTEND", "BACKEND")}
+
+
+def test_a_grpc_call_without_application_is_answered_while_haproxy_has_no_replica_up(
+    start_server, ray_address, tuned_encoder
+):
+    """With no replica of the model up in HAProxy's view (killed, busy past its health checks), HAProxy hands
+    gRPC calls to its backup, Ray's fallback proxy, which refused a call that names no application as soon
+    as two applications exist (the model's and the server-wide one): the call must still be answered."""
+    tg = pytest.importorskip("tritonclient.grpc")
+    grpc_port = free_port()
+    server = start_server(str(tuned_encoder), *("--name", "m", "--address", ray_address, "--grpc-port", str(grpc_port)))
+    assert server.ready, server.stderr[-3000:]
+    admin = _haproxy_admin(grpc_port)
+    deadline = time.monotonic() + 60
+    while True:  # HAProxy learns a replica's gRPC port on a reload of its own; until then the backup answers
+        servers = _servers(admin, "grpc-m")
+        replicas = [name for name, row in servers.items() if row["bck"] == "0"]
+        if replicas or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    (backup,) = (name for name, row in servers.items() if row["bck"] == "1")
+    assert replicas, servers
+    for name in replicas:  # as HAProxy sees it: no replica of the model is up
+        assert _haproxy_command(admin, f"set server grpc-m/{name} state maint").strip() == ""
+    sess = ortpilot.load_profile(tuned_encoder / "profile.json")
+    feeds = make_feeds(sess.model, seed=2)
+    expected = sess.run(None, feeds)[0].tobytes()
+    output = sess.get_outputs()[0].name
+    client = tg.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    inputs = [_input(tg, name, value) for name, value in feeds.items()]
+    taken = int(_servers(admin, "grpc-m")[backup]["stot"])
+    for headers in (None, {"application": "m"}):
+        assert client.infer("m", inputs, headers=headers).as_numpy(output).tobytes() == expected, headers
+    assert int(_servers(admin, "grpc-m")[backup]["stot"]) == taken + 2  # both went the backup's way
+
+
+@pytest.mark.parametrize("models", [("m",), ("m", "mlp")])
+def test_on_the_classic_proxy_a_grpc_call_without_application_is_answered(
+    start_server, ray_address, tuned_encoder, demo_paths, models
+):
+    """``--ingress proxy`` (also the path without an HAProxy binary): Ray's proxy routes gRPC by ``application``
+    metadata and, with a model's app and the server-wide one, refused a call without it; serve never became
+    ready. A call naming none goes to the one model, or with several to the server-wide app, which relays it."""
+    tg = pytest.importorskip("tritonclient.grpc")
+    grpc_port = free_port()
+    profiles = [str(tuned_encoder), str(demo_paths["mlp"])][: len(models)]
+    names = [arg for name in models for arg in ("--name", name)]
+    server = start_server(
+        *profiles, *names, *("--address", ray_address, "--ingress", "proxy", "--grpc-port", str(grpc_port))
+    )
+    assert server.ready, server.stderr[-3000:]
+    assert "the classic Serve proxy takes requests" in server.ingress
+    client = tg.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    for name, profile in zip(models, profiles, strict=True):
+        sess = ortpilot.load_profile(tuned_encoder / "profile.json") if name == "m" else ortpilot.load(profile, ["cpu"])
+        feeds = make_feeds(sess.model, seed=4)
+        expected = sess.run(None, feeds)[0].tobytes()
+        inputs = [_input(tg, key, value) for key, value in feeds.items()]
+        for headers in (None, {"application": name}):
+            got = client.infer(name, inputs, headers=headers)
+            assert got.as_numpy(sess.get_outputs()[0].name).tobytes() == expected, (name, headers)
 
 
 def test_a_replica_that_fails_verification_never_serves_and_serve_exits_1_saying_why(

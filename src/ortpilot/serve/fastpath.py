@@ -178,14 +178,11 @@ WRAPPER = """#!/bin/sh
 # get the request timeouts Ray leaves out and buffer a request's body before it goes to a replica
 # (so a request whose replica died can be replayed on another), the error pages answer in the
 # protocol's JSON shape, headers over the limit get 431, and gRPC calls without an `application`
-# header go to the app that can answer them.
+# header get the name of the app that can answer them.
 cfg=""; prev=""
 for a in "$@"; do [ "$prev" = "-f" ] && cfg="$a"; prev="$a"; done
 if [ -n "$cfg" ] && [ -f "$cfg" ] && ! grep -q "ortpilot timeouts" "$cfg"; then
   sed -i -E -f "{folder}/rewrite.sed" "$cfg"
-  if [ -n "{grpc_app}" ] && grep -q "^backend grpc-{grpc_app}$" "$cfg"; then
-    sed -i -E 's/^([[:space:]]*default_backend )default_grpc_backend$/\\1grpc-{grpc_app}/' "$cfg"
-  fi
 fi
 exec "{binary}" "$@"
 """
@@ -244,8 +241,15 @@ def _write_pages(folder: Path, protocol: str, timeouts: Timeouts, max_header_kb:
     return paths
 
 
-def rewrite_script(pages: dict[int, Path], timeouts: Timeouts, max_header_kb: int, hide_routes: bool = False) -> str:
-    """The sed program (GNU sed -E) the wrapper runs on Ray's haproxy.cfg before every (re)load."""
+def rewrite_script(
+    pages: dict[int, Path], timeouts: Timeouts, max_header_kb: int, hide_routes: bool = False, grpc_app: str = ""
+) -> str:
+    """The sed program (GNU sed -E) the wrapper runs on Ray's haproxy.cfg before every (re)load.
+
+    ``grpc_app`` names the application a gRPC call without ``application`` metadata is for. The
+    frontend writes that name into the call rather than picking a backend: each backend's backup
+    server is Ray's fallback proxy, which (taking over while no replica of the app is up, as when
+    one is killed and the other is busy) refuses a call without the name as soon as two apps exist."""
     limit = max_header_kb * 1024
     defaults = [
         "# ortpilot timeouts",
@@ -275,6 +279,11 @@ def rewrite_script(pages: dict[int, Path], timeouts: Timeouts, max_header_kb: in
         "    http-request return status 200 content-type application/grpc hdr grpc-status 8 hdr grpc-message "
         f'"request headers are over the limit of {max_header_kb} KiB" if {{ req.hdrs,length gt {limit} }}',
     ]
+    if grpc_app:
+        lines += [
+            "/^frontend grpc_frontend$/a\\",
+            f"    http-request set-header application {grpc_app} unless {{ req.hdr(application) -m found }}",
+        ]
     if hide_routes:  # Ray's route list names every application: with keys on, only key holders learn them
         lines.append(
             r"s|^([[:space:]]*http-request return status )200( content-type application/json )string .* if routes$|"
@@ -296,11 +305,9 @@ def write_wrapper(
     """The HAProxy wrapper script in ``folder`` (the server's run folder), executable, with its sed program
     and error pages beside it."""
     pages = _write_pages(folder, protocol, timeouts, max_header_kb)
-    (folder / "rewrite.sed").write_text(rewrite_script(pages, timeouts, max_header_kb, hide_routes))
+    (folder / "rewrite.sed").write_text(rewrite_script(pages, timeouts, max_header_kb, hide_routes, grpc_app))
     path = folder / "haproxy"
-    path.write_text(
-        WRAPPER.replace("{folder}", str(folder)).replace("{grpc_app}", grpc_app).replace("{binary}", binary)
-    )
+    path.write_text(WRAPPER.replace("{folder}", str(folder)).replace("{binary}", binary))
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return path
 

@@ -8,12 +8,16 @@ Tensor data comes as ``raw_input_contents`` (one little-endian buffer per input,
 ``np.frombuffer``, no copy) or as the typed ``contents`` lists; outputs go back raw.
 
 Importing this module (Ray does, in the proxy through ``proxy_callback``, and every replica and
-the server-wide application do) applies two process-local fixes: tritonclient's messages name
-their module ``grpc_service_pb2``, which Ray's classic proxy must resolve to pickle them, and Ray
+the server-wide application do) applies three process-local fixes: tritonclient's messages name
+their module ``grpc_service_pb2``, which Ray's classic proxy must resolve to pickle them; Ray
 binds every Serve gRPC server on all interfaces (``[::]:PORT``: the KServe servers and the one
 between deployments), which a loopback server moves onto 127.0.0.1 (``ORTPILOT_GRPC_LOOPBACK=1``
-in the controller's environment). These patch two private Ray functions, by name; the serve tests
-check every port a server opens.
+in the controller's environment); and Ray's proxy refuses a call without ``application``
+metadata once two applications exist (a model's and the server-wide one), so such a call is for
+``ORTPILOT_GRPC_APP`` (the one model, or the server-wide application, which relays by model
+name), the rule HAProxy's frontend applies too (``fastpath``). These patch three private Ray
+functions, by name; the serve tests check every port a server opens and calls without metadata
+on both ingress paths.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from ortpilot.serve.tensors import DATATYPE_OF, MAX_DIM, MAX_RANK, NUMPY_OF
 SERVICER = "ortpilot.serve.grpc_service.add_servicer"
 PROXY_CALLBACK = "ortpilot.serve.grpc_service:proxy_callback"
 LOOPBACK_ENV = "ORTPILOT_GRPC_LOOPBACK"
+APP_ENV = "ORTPILOT_GRPC_APP"
 # The typed field of InferTensorContents each datatype travels in (FP16/BF16 only travel raw).
 CONTENTS_FIELD = {
     "BOOL": "bool_contents",
@@ -58,6 +63,7 @@ def messages() -> Any:
 def _install() -> None:
     pb = messages()
     sys.modules.setdefault("grpc_service_pb2", pb)
+    _name_unnamed_calls(os.environ.get(APP_ENV, ""))
     if os.environ.get(LOOPBACK_ENV) != "1":
         return
     try:
@@ -67,6 +73,27 @@ def _install() -> None:
         return
     impl.add_grpc_address = _on_loopback(impl.add_grpc_address)  # the proxies' and replicas' KServe servers
     replica.add_port_to_grpc_server = _on_loopback(replica.add_port_to_grpc_server)  # between deployments
+
+
+def _name_unnamed_calls(app: str) -> None:
+    """In Ray's proxy: a gRPC call that sends no ``application`` metadata is routed as if it named ``app``."""
+    if not app:
+        return
+    try:
+        from ray.serve._private.proxy_request_response import gRPCProxyRequest
+    except ImportError:
+        return
+    setup = gRPCProxyRequest.setup_variables
+    if getattr(setup, "_ortpilot_app", False):
+        return
+
+    def setup_variables(self: Any) -> None:
+        setup(self)
+        if not self.app_name and not self.is_route_request and not self.is_health_request:
+            self.app_name = app
+
+    setup_variables._ortpilot_app = True  # type: ignore[attr-defined]
+    gRPCProxyRequest.setup_variables = setup_variables
 
 
 def _on_loopback(bind: Any) -> Any:

@@ -225,6 +225,8 @@ def start_serve(
     env["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"] = str(int(max_request_mb * 1024 * 1024))
     if server.loopback and not remote:
         env[grpc_service.LOOPBACK_ENV] = "1"
+    if server.grpc_port is not None:
+        env[grpc_service.APP_ENV] = grpc_app  # Ray's proxies: the app a call naming none is for
     http = {"host": server.host, "port": server.port, "keep_alive_timeout_s": server.timeouts.idle_s}
     grpc = (
         {"port": server.grpc_port, "grpc_servicer_functions": [grpc_service.SERVICER]}
