@@ -25,6 +25,10 @@ SAFETY = 1.3  # estimates are scaled by this much
 # spin its thread pool for tens of milliseconds (ORT's default), which doubled the first 2-3 runs
 # of every 5-run turn on a 2-core CPU and made ORT's default "win" against 1.3x faster candidates.
 SETTLE_S = 0.1
+# A screening or halving bench times its candidate round-robin with ORT's default session (the
+# search's anchor) in this many rounds; each turn settles like the final's, with at most as many
+# untimed runs as it times (a small model's screen would otherwise be mostly settling).
+PAIRED_ROUNDS = 2
 
 
 class Budget:
@@ -56,8 +60,9 @@ class Budget:
         return not self.binding or self.left() - self.reserve() >= seconds
 
     def screen_cost(self, runs: int) -> float:
-        """A new candidate: its preparation and ``runs`` timed runs (models are slower than the default)."""
-        return self.est_prepare() + runs * self.latency * 3
+        """A new candidate: its preparation and ``runs`` timed runs (models are slower than the default),
+        with as many runs of the anchor beside them."""
+        return self.est_prepare() + paired_runs_cost(runs, self.latency * 3, self.latency)
 
     def candidate_timeout(self, baseline: bool) -> float:
         """A candidate may not eat the final measurement's time: its worker is stopped at that point
@@ -75,4 +80,18 @@ class Budget:
         return max(FINAL_MIN_RUNS, min(screen_runs * 2, int(budget_runs / rounds))), rounds
 
 
-__all__ = ["CANDIDATE_TIMEOUT_S", "FINAL_MIN_ROUNDS", "FINAL_MIN_RUNS", "FINAL_ROUNDS", "SETTLE_S", "Budget"]
+def paired_runs_cost(runs: int, latency: float, anchor_latency: float) -> float:
+    """``runs`` timed runs of a candidate and of the anchor beside it, and their settle runs (at most as many)."""
+    return 2 * runs * (latency + anchor_latency)
+
+
+__all__ = [
+    "CANDIDATE_TIMEOUT_S",
+    "FINAL_MIN_ROUNDS",
+    "FINAL_MIN_RUNS",
+    "FINAL_ROUNDS",
+    "PAIRED_ROUNDS",
+    "SETTLE_S",
+    "Budget",
+    "paired_runs_cost",
+]

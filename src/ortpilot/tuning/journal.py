@@ -70,7 +70,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "log_tail": str,
         "errno": (int, type(None)),
     },
-    "bench": {**_STEP, "runs": int, "samples_s": list},
+    "bench": {**_STEP, "runs": int, "samples_s": list, "anchor": str, "anchor_samples_s": list},
     "rank": {
         **_STEP,
         "passes": list,

@@ -6,8 +6,8 @@ gate line (each output's metric and its evidence) and each candidate's ratio to 
 The reports also keep the gate-data warning (synthetic inputs, fewer than 16 samples), which the
 terminal shows once, when the tune starts. That ratio is only as good as its timings: the finalists and ORT's
 default were timed round-robin in one process at the end (``interleaved``, the headline's
-figure); every other candidate was timed once, during the search, minutes apart from the
-default's own search timings (``search``, an estimate that can differ from a final figure).
+figure); every other candidate was timed during the search, a few runs round-robin beside ORT's
+default (``search``: the ratio of those side-by-side costs, an estimate a final figure can revise).
 Each ratio compares like with like and says which it is.
 """
 
@@ -105,8 +105,12 @@ def reference_name(base: dict[str, Any]) -> str:
 
 def vs_default(baseline: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
     """A candidate's p50 ratio to ORT's default, like with like: both from the interleaved final
-    measurement when both took part in it, else both from their search-phase timings."""
+    measurement when both took part in it, else both from their search-phase benches beside the
+    search's anchor (ORT's default; ``paired_cost``), or, without those, their search-phase timings."""
     both_final = c.get("timing") == "interleaved" and baseline.get("timing") == "interleaved"
+    if not both_final and c.get("paired_cost") and baseline.get("paired_cost"):
+        # both timed beside the search's anchor (ORT's default): the ratio of those side-by-side costs
+        return {"ratio": baseline["paired_cost"] / c["paired_cost"], "timing": "search"}
     key = "latency" if both_final else "screen_latency"
     base, mine = (baseline.get(key) or {}).get("p50_ms"), (c.get(key) or {}).get("p50_ms")
     ratio = base / mine if base and mine else None
@@ -123,8 +127,8 @@ def ratio_cell(c: dict[str, Any]) -> str:
 
 RATIO_NOTE = (
     "p50 vs default: 'N.NNx' comes from the final interleaved measurement of the finalists and ORT's default "
-    "(the headline's source); '~N.NNx est.' is a search-phase estimate, from screening and halving timings "
-    "taken minutes apart, which a final measurement can revise."
+    "(the headline's source); '~N.NNx est.' is a search-phase estimate, from screening and halving runs each "
+    "timed round-robin beside ORT's default (few runs, so a final measurement can revise it)."
 )
 
 

@@ -2,7 +2,10 @@
 interleaved measurement of the finalists against ORT's default session.
 
 Cheap pass: each candidate is prepared in the worker (built, loaded strict, checked against
-the gate) and timed with a few runs. Model variants are tried most promising first; a dynamic
+the gate) and timed with a few runs, round-robin with ORT's default session (the *anchor*) in
+the same worker: candidates are ranked by their cost relative to the anchor's in the same
+stretch of time, so a machine that slows down for a few seconds (a shared host) no longer
+ranks the candidate timed then below one timed in a quiet minute. Model variants are tried most promising first; a dynamic
 INT8 variant that misses the gate by a little is followed at once by the same variant with its
 most sensitive layers left in float: one more try of the gate's auto-exclude loop
 (``gate.exclude``, layers ranked by ``passes.sensitivity`` in the worker), so the search
@@ -34,7 +37,7 @@ from ortpilot.gate.result import GateResult
 from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
-from ortpilot.tuning.budget import SAFETY, Budget
+from ortpilot.tuning.budget import SAFETY, Budget, paired_runs_cost
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.space import (
     Facts,
@@ -74,10 +77,23 @@ class Entry:
     samples: list[float] = field(default_factory=list)
     final: list[float] = field(default_factory=list)
     final_blocks: list[int] = field(default_factory=list)
+    # (its cost / the anchor's cost, runs) per bench timed round-robin with the anchor
+    paired: list[tuple[float, int]] = field(default_factory=list)
+    anchor: bool = False  # ORT's default session, which every other bench runs beside
 
     @property
     def measured(self) -> bool:
         return self.status == "ok" and bool(self.samples)
+
+    def paired_cost(self) -> float | None:
+        """Its cost relative to the anchor's, timed side by side (runs-weighted geometric mean over its
+        benches): 1.0 for the anchor itself, None when it never ran beside it."""
+        if self.anchor:
+            return 1.0
+        if not self.paired:
+            return None
+        logs, weights = zip(*((math.log(r), n) for r, n in self.paired))
+        return float(math.exp(np.average(logs, weights=weights)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +106,7 @@ class Entry:
             "samples_s": self.samples,
             "final_samples_s": self.final,
             "final_blocks": self.final_blocks,
+            "paired_cost": self.paired_cost(),
         }
 
 
@@ -143,6 +160,7 @@ class Search:
         self.planned = 0
         self.screen_runs = 5
         self.reference: Entry | None = None  # what the winner is measured against (``_reference``), once run
+        self.anchor: Entry | None = None  # ORT's default session, timed beside every later bench
 
     @property
     def gate(self) -> Any:
@@ -160,6 +178,7 @@ class Search:
             entry = self.evaluate(Entry(cand, "model variants"))
             if facts.fusion_step and cand.passes == (facts.fusion_step,) and entry.status == "skipped":
                 queue = self._drop_fused(queue, facts.fusion_step)
+            queue = self._drop_hopeless_twins(queue, entry)
             follow = self._followup(entry)
             if follow is not None:
                 queue.insert(0, follow)
@@ -183,6 +202,8 @@ class Search:
             )
         self.steps.commit()
         self.screen_runs = int(min(40, max(5, math.ceil(0.25 / max(self.budget.latency, 1e-6)))))
+        base.anchor = True
+        self.anchor = base
         return base
 
     def _drop_fused(self, queue: list[Candidate], fusion: Step) -> list[Candidate]:
@@ -193,6 +214,40 @@ class Search:
                 c, "model variants", status="skipped", reason="transformer fusion found no pattern to fuse"
             )
         return [c for c in queue if c not in dropped]
+
+    def _drop_hopeless_twins(self, queue: list[Candidate], entry: Entry) -> list[Candidate]:
+        """A quantization that misses the gate by far (over ``FOLLOWUP_WITHIN`` times the limit, no follow-up)
+        misses it with or without fusion before it too: the same weights, quantized the same way. Its twins
+        (the same last step after another prefix) are not built; on a large model each costs seconds."""
+        steps = entry.candidate.passes
+        if entry.status != "rejected" or not entry.accuracy or not steps or steps[-1].name != "quantize":
+            return queue
+        if _excluded(entry):
+            return queue
+        result = GateResult.from_dict(entry.accuracy)
+        if result.limit is None or not result.error > FOLLOWUP_WITHIN * result.limit:
+            return queue
+        cand = entry.candidate
+        twins = [
+            c
+            for c in queue
+            if c.passes
+            and c.passes[-1] == steps[-1]
+            and c.passes != steps
+            and c.providers == cand.providers
+            and c.settings == cand.settings
+        ]
+        for c in twins:
+            self.entries[c.id] = Entry(
+                c,
+                "model variants",
+                status="skipped",
+                reason=(
+                    f"its twin {cand.label} missed the gate by {result.error / max(result.limit, 1e-12):.0f}x "
+                    f"(error {result.error:.3g} > {result.limit:g}): the same quantization of the same weights"
+                ),
+            )
+        return [c for c in queue if c not in twins]
 
     def evaluate(self, entry: Entry, runs: int | None = None) -> Entry:
         """Prepare, gate and screen one candidate, unless the budget says no."""
@@ -237,7 +292,8 @@ class Search:
             entry.status, entry.reason = "failed", record.get("error", "")
 
     def _bench(self, entry: Entry, stage: str, runs: int, timeout: float) -> None:
-        record = self.steps.bench(entry.candidate, stage, runs, timeout)
+        anchor = self.anchor.candidate if self.anchor is not None and entry is not self.anchor else None
+        record = self.steps.bench(entry.candidate, stage, runs, timeout, anchor=anchor)
         if record is None:
             return  # the ended search did not run this step: the budget had run out
         if record["status"] != "ok":
@@ -247,6 +303,10 @@ class Search:
             )
             return
         entry.samples.extend(record["samples_s"])
+        beside = record.get("anchor_samples_s") or []
+        if record["samples_s"] and beside:  # journals written before anchors have none: ranked by cost alone
+            ratio = cost(record["samples_s"], self.objective) / cost(beside, self.objective)
+            entry.paired.append((ratio, len(record["samples_s"])))
         if entry.candidate.baseline:
             self.budget.latency = cost(entry.samples, "p50")
 
@@ -292,12 +352,8 @@ class Search:
             trials = [
                 self.evaluate(Entry(c, "session knobs")) for c in knob_variants(base, facts) if c.id not in self.entries
             ]
-            base_cost = cost(base_entry.samples, self.objective)
-            winners = [
-                e.candidate
-                for e in trials
-                if e.measured and cost(e.samples, self.objective) < base_cost * (1 - MIN_GAIN)
-            ]
+            base_cost = self.score(base_entry)
+            winners = [e.candidate for e in trials if e.measured and self.score(e) < base_cost * (1 - MIN_GAIN)]
             combo = combine(base, winners)
             combo = within_budget([combo], facts)[0] if combo is not None else None
             if combo is not None and combo.id not in self.entries:
@@ -313,7 +369,10 @@ class Search:
             if len(pool) == 2 and self._separated(pool[0], pool[1]):
                 return
             runs *= 2
-            if not self.budget.affords(sum(runs * cost(e.samples, "p50") * SAFETY for e in pool)):
+            anchor = cost(self.anchor.samples, "p50") if self.anchor is not None else 0.0
+            if not self.budget.affords(
+                sum(paired_runs_cost(runs, cost(e.samples, "p50"), anchor) for e in pool) * SAFETY
+            ):
                 return
             for entry in pool:
                 self._bench(entry, f"round{round_no}", runs, max(5.0, self.budget.left()))
@@ -364,7 +423,17 @@ class Search:
 
     def ranking(self) -> list[Entry]:
         ok = [e for e in self.entries.values() if e.measured]
-        return sorted(ok, key=lambda e: cost(e.samples, self.objective))
+        return sorted(ok, key=self.score)
+
+    def score(self, entry: Entry) -> float:
+        """What the search ranks by, lower is better: the cost relative to the anchor's timed beside it;
+        for a bench without the anchor (a journal written before anchors), its cost over the anchor's own."""
+        paired = entry.paired_cost()
+        if paired is not None:
+            return paired
+        own = cost(entry.samples, self.objective)
+        anchor = cost(self.anchor.samples, self.objective) if self.anchor is not None else math.nan
+        return own / anchor if math.isfinite(anchor) and anchor > 0 else own
 
     def _report(self, phase: str) -> None:
         best = self.ranking()[:1]

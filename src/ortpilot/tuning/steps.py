@@ -37,13 +37,14 @@ with it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ortpilot.errors import StorageError
 from ortpilot.gate.core import ModelGate
-from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S
+from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S, PAIRED_ROUNDS
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.journal import Journal
 from ortpilot.tuning.worker import WorkerClient, WorkerCrash
@@ -133,13 +134,28 @@ class StepRunner:
             record["accuracy"] = self.gate.measure(result["outputs"]).to_dict()
         return self.journal.append(record)
 
-    def bench(self, cand: Candidate, stage: str, runs: int, timeout: float) -> dict[str, Any] | None:
-        """The ``runs`` timings of ``stage``; None when replaying an ended search that did not run it."""
+    def bench(
+        self, cand: Candidate, stage: str, runs: int, timeout: float, *, anchor: Candidate | None = None
+    ) -> dict[str, Any] | None:
+        """The ``runs`` timings of ``stage``; None when replaying an ended search that did not run it.
+
+        With ``anchor``, the two are timed round-robin (``PAIRED_ROUNDS`` rounds of half the runs, each
+        turn settled by at most as many untimed runs) and the record keeps the anchor's timings too, so the search can rank by the ratio."""
         record = self.journal.get("bench", cand.id, stage)
         if record is not None or self.replay_only:
             return record
+        if anchor is not None and anchor.id != cand.id:
+            request = {
+                "candidates": [anchor.to_dict(), cand.to_dict()],
+                "runs": max(1, math.ceil(runs / PAIRED_ROUNDS)),
+                "rounds": PAIRED_ROUNDS,
+                "warmup": 2,
+                "settle_max": max(1, math.ceil(runs / PAIRED_ROUNDS)),
+            }
+        else:
+            anchor, request = None, {"candidates": [cand.to_dict()], "runs": runs, "warmup": 2}
         try:
-            result = self.worker.request("bench", {"candidates": [cand.to_dict()], "runs": runs, "warmup": 2}, timeout)
+            result = self.worker.request("bench", request, timeout)
         except WorkerCrash as exc:
             result = {
                 "status": "timeout" if exc.timed_out else "crashed",
@@ -156,6 +172,11 @@ class StepRunner:
                 "error": result.get("error"),
                 "signal": result.get("signal"),
                 "samples_s": (result.get("samples_s") or {}).get(cand.id, []),
+                **(
+                    {"anchor": anchor.id, "anchor_samples_s": (result.get("samples_s") or {}).get(anchor.id, [])}
+                    if anchor is not None
+                    else {}
+                ),
             }
         )
 

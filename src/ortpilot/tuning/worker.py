@@ -115,7 +115,8 @@ class _Child:
         first = {cid: len(r.samples) for cid, r in runners.items()}
         for runner in runners.values():
             runner.warm_up(warmup)
-        settle = {cid: _settle_runs(r, SETTLE_S) for cid, r in runners.items()}
+        cap = data.get("settle_max")
+        settle = {cid: min(_settle_runs(r, SETTLE_S), int(cap or 50)) for cid, r in runners.items()}
         for block in range(rounds):  # round-robin: a slow stretch of the machine hits every candidate
             for cid, runner in runners.items():
                 step = runner.step_fn()

@@ -1,0 +1,72 @@
+"""The search ranks candidates by their cost beside ORT's default session (the anchor), timed together."""
+
+from __future__ import annotations
+
+import time
+
+from ortpilot.tuning import tune
+from ortpilot.tuning.budget import Budget
+from ortpilot.tuning.candidate import baseline_candidate
+from ortpilot.tuning.journal import read_journal
+from ortpilot.tuning.search import Entry, Search
+
+
+def _entry(settings: dict, samples_ms: list[float], anchor_ms: float | None) -> Entry:
+    cand = baseline_candidate().with_settings(**settings)
+    samples = [x / 1e3 for x in samples_ms]
+    paired = [(sorted(samples_ms)[len(samples_ms) // 2] / anchor_ms, len(samples))] if anchor_ms else []
+    return Entry(cand, "model variants", status="ok", samples=samples, paired=paired)
+
+
+def test_a_candidate_timed_in_a_slow_stretch_ranks_by_its_ratio_to_the_anchor_beside_it():
+    # The shared host slowed everything 1.6x while `slow` was screened (its anchor runs took 32 ms, not
+    # 20): 24 ms there is 0.75 of the anchor, better than `quiet`'s 18 ms in a quiet stretch (0.90).
+    # Ranked by raw timings minutes apart, `quiet` would lead and `slow` trail even ORT's default.
+    search = Search(None, Budget(time.monotonic() + 60), objective="p50")  # type: ignore[arg-type]
+    anchor = Entry(baseline_candidate(), "baseline", status="ok", samples=[0.020] * 10, anchor=True)
+    search.anchor = anchor
+    slow = _entry({"intra_op_threads": 1}, [24.0] * 10, anchor_ms=32.0)
+    quiet = _entry({"intra_op_threads": 2}, [18.0] * 10, anchor_ms=20.0)
+    for e in (anchor, slow, quiet):
+        search.entries[e.candidate.id] = e
+    assert search.ranking() == [slow, quiet, anchor]
+    assert abs(search.score(slow) - 0.75) < 1e-9 and search.score(anchor) == 1.0
+    # A bench without the anchor (a journal written before anchors) ranks by its cost over the anchor's own.
+    legacy = _entry({"intra_op_threads": 3}, [19.0] * 10, anchor_ms=None)
+    assert abs(search.score(legacy) - 19.0 / 20.0) < 1e-9
+
+
+def test_every_bench_after_the_default_runs_beside_it_and_the_report_quotes_that_ratio(tmp_path, demo_paths):
+    result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=20)
+    records = read_journal(tmp_path / "out" / "journal.jsonl")
+    base_id = next(r["id"] for r in records if r["kind"] == "prepared" and r["candidate"].get("baseline"))
+    benches = [r for r in records if r["kind"] == "bench" and r["status"] == "ok"]
+    others = [r for r in benches if r["id"] != base_id]
+    assert others, [(r["kind"], r.get("id")) for r in records]
+    for r in others:
+        assert r["anchor"] == base_id and len(r["anchor_samples_s"]) == len(r["samples_s"]) > 0
+    assert all("anchor" not in r for r in benches if r["id"] == base_id)
+
+    doc = result.to_dict()
+    search_rows = [c for c in doc["candidates"] if c["status"] == "ok" and c["vs_default"]["timing"] == "search"]
+    assert search_rows, "every measured candidate took part in the final"
+    for c in search_rows:
+        assert abs(c["vs_default"]["ratio"] - doc["baseline"]["paired_cost"] / c["paired_cost"]) < 1e-9
+
+
+def test_a_quantization_far_over_the_gate_is_not_built_again_after_another_prefix(tmp_path, demo_paths):
+    # A limit no INT8 variant of the demo encoder comes near: the first of each fused/plain pair is built
+    # and rejected by far; its twin (the same quantize step without the fusion before it) is skipped.
+    result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=30, max_error=1e-9)
+    by_id = {e.candidate.id: e for e in result.entries}
+    twins = [e for e in result.entries if e.status == "skipped" and "its twin" in e.reason]
+    assert twins, [(e.candidate.label, e.status, e.reason) for e in result.entries]
+    for skipped in twins:
+        step = skipped.candidate.passes[-1]
+        built = [
+            e
+            for e in by_id.values()
+            if e is not skipped and e.candidate.passes and e.candidate.passes[-1] == step and e.accuracy
+        ]
+        assert built and all(e.status == "rejected" and e.accuracy["worst_error"] > 4 * 1e-9 for e in built)
+        assert built[0].candidate.label in skipped.reason
