@@ -9,6 +9,11 @@ on identical inputs. Prints a markdown table: default p50, tuned p50, speedup wi
 CI, chosen configuration, accuracy, tuner wall time.
 
     .venv/bin/python benchmarks/bench_tune.py [--budget 120] [--duration 20] [--only minilm,encoder]
+        [--real-gate]
+
+``--real-gate``: MiniLM is tuned as the tool advises (``--calibration-text``), on the lines of
+``benchmarks/data/sentences.txt`` that are not the 16 accuracy-check sentences (tune splits them into
+calibration and held-out gate samples), instead of on generated token ids.
 
 ``benchmarks/bench_olive.py`` reuses these functions and adds Olive's pick as a third config.
 """
@@ -52,6 +57,7 @@ CORPUS = {  # name -> (model, shapes)
     "ocr-det": (_packaged("rapidocr", "models/PP-OCRv6_det_small.onnx"), ["x=1x3x640x640"]),
     "silero-vad": (_packaged("silero_vad", "data/silero_vad.onnx"), ["input=1x512", "state=2x1x128"]),
 }
+CORPUS_SENTENCES = ROOT / "benchmarks/data/sentences.txt"
 CHECK_SEED = 20_000  # accuracy inputs: neither calibration (0..) nor the tuner's held-out (10000..)
 SENTENCES = [
     "ONNX Runtime runs this model on many execution providers.",
@@ -86,11 +92,16 @@ def available(name: str) -> bool:
     return model.startswith("demo:") or Path(model).is_file()
 
 
-def timing_feeds(profile: dict[str, Any]) -> dict[str, np.ndarray]:
-    """The tuner's own held-out sample (regenerated from the source model): every config runs on it."""
-    from ortpilot.tuning.reference import reference_feeds
+def timing_feeds(profile: dict[str, Any], profile_path: str | None = None) -> dict[str, np.ndarray]:
+    """The tuner's own held-out sample (regenerated from the source model, or, for a tune on real data,
+    read from the ``reference.npz`` beside ``profile_path``): every config runs on it."""
+    from ortpilot.tuning.reference import REFERENCE_FILE, read_reference, reference_feeds
 
-    return reference_feeds(profile)
+    refs = profile["reference_outputs"]
+    if "heldout_seed" in refs or profile_path is None:
+        return reference_feeds(profile)
+    inputs, _ = read_reference(Path(profile_path).parent / (refs.get("file") or REFERENCE_FILE))
+    return inputs
 
 
 def check_samples(
@@ -141,11 +152,23 @@ def accuracy(reference: Any, test: Any, samples: list[dict[str, np.ndarray]]) ->
     return out
 
 
-def tune_model(name: str, budget: float, out_root: Path) -> dict[str, Any]:
+def real_calibration(name: str, out_root: Path) -> Any:
+    """MiniLM's tune data for ``--real-gate``: the corpus sentences the accuracy check does not use."""
+    from ortpilot.data import real_data
+
+    if name != "minilm":
+        return None
+    lines = [x for x in CORPUS_SENTENCES.read_text(encoding="utf-8").splitlines() if x and x not in SENTENCES]
+    path = out_root / "calibration-sentences.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return real_data(text=path, folder=MINILM_DIR)
+
+
+def tune_model(name: str, budget: float, out_root: Path, calibration: Any = None) -> dict[str, Any]:
     model, shapes = CORPUS[name]
     out = out_root / name
     start = time.monotonic()
-    result = ortpilot.tune(model, out_dir=str(out), budget_s=budget, shapes=shapes or None)
+    result = ortpilot.tune(model, out_dir=str(out), budget_s=budget, shapes=shapes or None, calibration=calibration)
     wall = time.monotonic() - start
     profile = json.loads((out / "profile.json").read_text())
     counts: dict[str, int] = {}
@@ -253,13 +276,15 @@ def header(args: argparse.Namespace) -> str:
     return (
         f"ONNX Runtime {ort.__version__}, {datetime.datetime.now().astimezone().isoformat(timespec='minutes')}, "
         f"{os.cpu_count()} cores, machine class {this_class().name}, load average at start {load1:.1f}; "
-        f"tune budget {args.budget:.0f} s; "
+        f"tune budget {args.budget:.0f} s{', MiniLM gated on real sentences' if getattr(args, 'real_gate', False) else ''}; "
         f"interleaved {args.duration:.0f} s per model, {turn}"
     )
 
 
 def main() -> None:
-    args = tune_bench_parser(__doc__.splitlines()[0]).parse_args()
+    ap = tune_bench_parser(__doc__.splitlines()[0])
+    ap.add_argument("--real-gate", action="store_true", help="MiniLM: tune on real sentences (--calibration-text)")
+    args = ap.parse_args()
     names = [n for n in CORPUS if not args.only or n in args.only.split(",")]
     out_root = Path(args.out or tempfile.mkdtemp(prefix="bench-tune-"))
     head = header(args)
@@ -268,8 +293,10 @@ def main() -> None:
         if not available(name):
             print(f"skip {name}: {CORPUS[name][0]} missing", file=sys.stderr)
             continue
-        tuned = tune_model(name, args.budget, out_root)
-        feeds = timing_feeds(tuned["profile"])
+        out_root.mkdir(parents=True, exist_ok=True)
+        calibration = real_calibration(name, out_root) if args.real_gate else None
+        tuned = tune_model(name, args.budget, out_root, calibration)
+        feeds = timing_feeds(tuned["profile"], tuned["profile_path"])
         row = {
             "model": name,
             "config": tuned["config"],
