@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from ortpilot.tuning import tune
-from ortpilot.tuning.budget import Budget
+from ortpilot.tuning.budget import PAIRED_ROUNDS, Budget, paired_anchor_runs
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import read_journal
 from ortpilot.tuning.search import Entry, Search
@@ -43,8 +43,10 @@ def test_every_bench_after_the_default_runs_beside_it_and_the_report_quotes_that
     benches = [r for r in records if r["kind"] == "bench" and r["status"] == "ok"]
     others = [r for r in benches if r["id"] != base_id]
     assert others, [(r["kind"], r.get("id")) for r in records]
-    for r in others:
-        assert r["anchor"] == base_id and len(r["anchor_samples_s"]) == len(r["samples_s"]) > 0
+    for r in others:  # two rounds; the anchor times a quarter of the candidate's runs per turn (at least 3)
+        per_turn = -(-r["runs"] // PAIRED_ROUNDS)
+        assert r["anchor"] == base_id and len(r["samples_s"]) == PAIRED_ROUNDS * per_turn
+        assert len(r["anchor_samples_s"]) == PAIRED_ROUNDS * paired_anchor_runs(per_turn)
     assert all("anchor" not in r for r in benches if r["id"] == base_id)
 
     doc = result.to_dict()

@@ -12,6 +12,7 @@ budget then affords everything, and the step runner cuts what the journal lacks.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -26,9 +27,14 @@ SAFETY = 1.3  # estimates are scaled by this much
 # of every 5-run turn on a 2-core CPU and made ORT's default "win" against 1.3x faster candidates.
 SETTLE_S = 0.1
 # A screening or halving bench times its candidate round-robin with ORT's default session (the
-# search's anchor) in this many rounds; each turn settles like the final's, with at most as many
-# untimed runs as it times (a small model's screen would otherwise be mostly settling).
+# search's anchor) in this many rounds; each turn settles like the final's, with at most this share
+# of the runs it times (a small model's screen would otherwise be mostly settling).
 PAIRED_ROUNDS = 2
+PAIRED_SETTLE_SHARE = 0.25
+# The anchor times a quarter of the candidate's runs per turn (at least this many): ORT's default is
+# often the slowest session of all (2-4x a demo candidate), and its median needs fewer runs than a leader's.
+PAIRED_ANCHOR_SHARE = 0.25
+PAIRED_ANCHOR_MIN_RUNS = 3
 
 
 class Budget:
@@ -81,8 +87,20 @@ class Budget:
 
 
 def paired_runs_cost(runs: int, latency: float, anchor_latency: float) -> float:
-    """``runs`` timed runs of a candidate and of the anchor beside it, and their settle runs (at most as many)."""
-    return 2 * runs * (latency + anchor_latency)
+    """``runs`` timed runs of a candidate, the anchor's runs beside them, and their settle runs."""
+    per_turn = max(1, math.ceil(runs / PAIRED_ROUNDS))
+    anchor = PAIRED_ROUNDS * paired_anchor_runs(per_turn)
+    return (runs * latency + anchor * anchor_latency) * (1 + PAIRED_SETTLE_SHARE)
+
+
+def paired_anchor_runs(runs_per_turn: int) -> int:
+    """The anchor's timed runs in a turn of a bench beside it."""
+    return max(PAIRED_ANCHOR_MIN_RUNS, math.ceil(runs_per_turn * PAIRED_ANCHOR_SHARE))
+
+
+def paired_settle_max(runs_per_turn: int) -> int:
+    """The most untimed runs a turn of a bench beside the anchor starts with."""
+    return max(1, int(runs_per_turn * PAIRED_SETTLE_SHARE))
 
 
 __all__ = [
@@ -90,8 +108,13 @@ __all__ = [
     "FINAL_MIN_ROUNDS",
     "FINAL_MIN_RUNS",
     "FINAL_ROUNDS",
+    "PAIRED_ANCHOR_MIN_RUNS",
+    "PAIRED_ANCHOR_SHARE",
     "PAIRED_ROUNDS",
+    "PAIRED_SETTLE_SHARE",
     "SETTLE_S",
     "Budget",
+    "paired_anchor_runs",
     "paired_runs_cost",
+    "paired_settle_max",
 ]

@@ -254,7 +254,7 @@ class Search:
         self.entries[entry.candidate.id] = entry
         runs = runs or self.screen_runs
         cand = entry.candidate
-        record, fresh = self.steps.prepare(
+        record, _fresh = self.steps.prepare(
             cand,
             entry.phase,
             self.budget.candidate_timeout(cand.baseline),
@@ -263,7 +263,7 @@ class Search:
         if record is None:
             entry.status, entry.reason = "budget", "not measured: the budget ran out"
         else:
-            if fresh and record.get("status") == "ok":
+            if record.get("status") == "ok":  # journaled ones too: a resume estimates from what this tune measured
                 self.budget.prep_times.append(record["seconds"])
             self._record_prepared(entry, record)
             if entry.status == "ok":

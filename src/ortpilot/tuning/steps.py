@@ -44,7 +44,7 @@ from typing import Any
 
 from ortpilot.errors import StorageError
 from ortpilot.gate.core import ModelGate
-from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S, PAIRED_ROUNDS
+from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S, PAIRED_ROUNDS, paired_anchor_runs, paired_settle_max
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.journal import Journal
 from ortpilot.tuning.worker import WorkerClient, WorkerCrash
@@ -139,18 +139,21 @@ class StepRunner:
     ) -> dict[str, Any] | None:
         """The ``runs`` timings of ``stage``; None when replaying an ended search that did not run it.
 
-        With ``anchor``, the two are timed round-robin (``PAIRED_ROUNDS`` rounds of half the runs, each
-        turn settled by at most as many untimed runs) and the record keeps the anchor's timings too, so the search can rank by the ratio."""
+        With ``anchor``, the two are timed round-robin (``PAIRED_ROUNDS`` rounds of half the runs, a
+        quarter as many for the anchor, each turn settled by at most a quarter as many untimed runs) and
+        the record keeps the anchor's timings too, so the search can rank by the ratio."""
         record = self.journal.get("bench", cand.id, stage)
         if record is not None or self.replay_only:
             return record
         if anchor is not None and anchor.id != cand.id:
+            per_turn = max(1, math.ceil(runs / PAIRED_ROUNDS))
             request = {
                 "candidates": [anchor.to_dict(), cand.to_dict()],
-                "runs": max(1, math.ceil(runs / PAIRED_ROUNDS)),
+                "runs": per_turn,
+                "runs_of": {anchor.id: paired_anchor_runs(per_turn)},
                 "rounds": PAIRED_ROUNDS,
                 "warmup": 2,
-                "settle_max": max(1, math.ceil(runs / PAIRED_ROUNDS)),
+                "settle_max": paired_settle_max(per_turn),
             }
         else:
             anchor, request = None, {"candidates": [cand.to_dict()], "runs": runs, "warmup": 2}

@@ -116,13 +116,14 @@ class _Child:
         for runner in runners.values():
             runner.warm_up(warmup)
         cap = data.get("settle_max")
+        runs_of = dict(data.get("runs_of") or {})  # a candidate timed with other runs than ``runs`` per turn
         settle = {cid: min(_settle_runs(r, SETTLE_S), int(cap or 50)) for cid, r in runners.items()}
         for block in range(rounds):  # round-robin: a slow stretch of the machine hits every candidate
             for cid, runner in runners.items():
                 step = runner.step_fn()
                 for _ in range(settle[cid] if rounds > 1 else 0):  # untimed, while the last pool spins down
                     step()
-                runner.measure(runs=runs, round_id=block)
+                runner.measure(runs=int(runs_of.get(cid, runs)), round_id=block)
         return {
             "status": "ok",
             "samples_s": {cid: r.samples[first[cid] :] for cid, r in runners.items()},
