@@ -144,3 +144,31 @@ def test_only_the_serve_modules_import_ray():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_response_cancelled_under_a_live_call_counts_as_its_replica_gone_but_the_calls_own_cancel_does_not():
+    """How a relayed call in flight on a killed replica can end: the awaited response is cancelled while the
+    relaying task is not (retried elsewhere); a task cancelled itself (its client left) must stop."""
+    import asyncio
+
+    from ortpilot.serve.http import replica_gone
+
+    async def awaiting(cancel_the_response: bool) -> bool | str:
+        response = asyncio.get_running_loop().create_future()
+        if cancel_the_response:
+            asyncio.get_running_loop().call_later(0.01, response.cancel)
+        try:
+            await response
+        except asyncio.CancelledError as exc:
+            return replica_gone(exc)
+        return "answered"
+
+    async def main() -> tuple[bool | str, bool | str]:
+        under = await asyncio.create_task(awaiting(True))
+        own = asyncio.create_task(awaiting(False))
+        await asyncio.sleep(0.01)
+        own.cancel()
+        return under, await own
+
+    assert asyncio.run(main()) == (True, False)
+    assert replica_gone(ValueError("a bad request")) is False

@@ -7,6 +7,7 @@ that answer requests (a model's replicas, the server-wide application) dispatch 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -93,8 +94,6 @@ class BodyError(Exception):
 async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
     """The body of ``request``, read with a size limit (checked before reading when the client sends
     Content-Length, and while reading) and a deadline: BodyError 413 / 408 otherwise."""
-    import asyncio
-
     declared = request.headers.get("content-length")
     if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise BodyError(
@@ -120,7 +119,12 @@ async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
 
 def replica_gone(exc: BaseException) -> bool:
     """Whether a Serve handle call failed because its replica died or went away (not because of the request):
-    such a call may run again on another replica."""
+    such a call may run again on another replica. A ``CancelledError`` while this task was not itself
+    cancelled is the handle's response cancelled under it, which is how a call in flight on a killed
+    replica can end (a relayed gRPC call otherwise reached its client as CANCELLED, RST_STREAM)."""
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is not None and not task.cancelling()
     if type(exc).__name__ in ("ReplicaUnavailableError", "DeploymentUnavailableError"):
         return True
     try:

@@ -147,7 +147,9 @@ class ServerApp(UnservedRpcs):
             try:
                 status, message, answer = await handle.infer_message.remote(request)
                 break
-            except Exception as exc:  # never hand Ray's error text to the client
+            except (Exception, asyncio.CancelledError) as exc:  # never hand Ray's error text to the client
+                if isinstance(exc, asyncio.CancelledError) and not replica_gone(exc):
+                    raise  # this call itself was cancelled: its client went away
                 if replica_gone(exc) and attempt < RELAY_RETRIES:  # inference is idempotent: run it elsewhere
                     await asyncio.sleep(0.2 * (attempt + 1))
                     continue
