@@ -90,6 +90,47 @@ def test_kernel_registry_flags_a_custom_op_and_nothing_else():
     assert kernel_gaps(gelu).ops == {}
 
 
+def test_constant_nodes_are_not_listed_ort_folds_them_at_load():
+    """ORT's CPU registry has no Constant kernel, yet a session with every graph optimization off
+    (no constant folding) runs the model: Constant nodes become initializers when the graph loads."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnxruntime.capi import _pybind_state as C
+
+    assert not any(k.op_name == "Constant" and k.provider == "CPUExecutionProvider" for k in C.get_all_opkernel_def())
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [1, 4], [1] * 4)),
+            helper.make_node("Add", ["x", "c"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = SAFE_IR_VERSION
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"x": np.zeros((1, 4), np.float32)})[0].tolist() == [[1.0] * 4]
+    assert kernel_gaps(model).ops == {}
+    # a real op without a kernel beside it is still listed
+    model.graph.node.append(helper.make_node("NoSuchOp", ["y"], ["z"], domain="my.ops"))
+    model.graph.output[0].name = "z"
+    model.opset_import.append(helper.make_opsetid("my.ops", 1))
+    assert kernel_gaps(model).ops == {"my.ops.NoSuchOp": 1}
+
+
+@pytest.mark.realmodels
+def test_constant_nodes_in_subgraphs_of_a_real_model_are_not_listed(silero_vad_path):
+    from ortpilot.graph.summary import iter_subgraph_nodes
+
+    model = onnx.load(str(silero_vad_path))  # 341 Constant nodes, most inside If branches
+    assert sum(n.op_type == "Constant" for n in [*model.graph.node, *iter_subgraph_nodes(model.graph)]) > 300
+    assert kernel_gaps(model).ops == {}
+
+
 def test_unsupported_ops_checks_every_available_provider(demo_paths):
     model = onnx.load(str(demo_paths["cnn"]))
     import onnxruntime as ort

@@ -19,6 +19,9 @@ import onnx
 from ortpilot.graph.summary import iter_subgraph_nodes, op_key
 
 CPU = "CPUExecutionProvider"
+# Ops ORT never runs: its graph turns every Constant node (subgraphs too) into an initializer at
+# load (onnxruntime/core/graph/graph.cc), so no provider has, or needs, a kernel for them.
+FOLDED_AT_LOAD = {("", "Constant")}
 NOT_CHECKED = {"AzureExecutionProvider": "runs remote endpoints; it takes no graph nodes"}
 
 
@@ -72,7 +75,7 @@ def kernel_gaps(model: onnx.ModelProto) -> OpSupport:
     missing: Counter[str] = Counter()
     for node in [*model.graph.node, *iter_subgraph_nodes(model.graph)]:
         domain = node.domain if node.domain != "ai.onnx" else ""
-        if (domain, node.op_type) in local:
+        if (domain, node.op_type) in local or (domain, node.op_type) in FOLDED_AT_LOAD:
             continue
         ranges = kernels.get((domain, node.op_type))
         opset = opsets.get(domain, 1)
