@@ -69,3 +69,57 @@ def with_providers(profile: Path, providers: list[dict[str, Any]], dest_name: st
     dest = profile.parent / dest_name
     dest.write_text(json.dumps(doc, indent=2))
     return dest
+
+
+def with_real_reference(profile: Path, data_path: str = "/data/samples") -> Path:
+    """``profile`` as a tune on real data writes it: no seed to regenerate the held-out sample from,
+    the sample and its outputs in ``reference.npz`` beside it (what ``verify`` reads)."""
+    import numpy as np
+
+    from ortpilot.session import SessionSettings, load
+    from ortpilot.tuning.reference import reference_feeds
+
+    doc = json.loads(profile.read_text())
+    feeds = reference_feeds(doc)
+    sess = load(str(profile.parent / "model.onnx"), ["cpu"], "strict", settings=SessionSettings())
+    outputs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    np.savez(
+        profile.parent / "reference.npz",
+        **{f"inputs/{k}": v for k, v in feeds.items()},
+        **{f"outputs/{k}": v for k, v in outputs.items()},
+    )
+    del doc["reference_outputs"]["heldout_seed"]
+    doc["reference_outputs"]["file"] = "reference.npz"
+    doc["gate_data"] = {"source": "files", "samples": 16, "path": data_path}
+    profile.write_text(json.dumps(doc, indent=2))
+    return profile
+
+
+def rows_model(path: Path, *, reduce: bool = False) -> Path:
+    """A model whose dynamic first dim ``points`` is no batch dim: each row minus the mean over rows
+    (``reduce``: the sum over rows, one row whatever ``n`` is)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from ortpilot.modelio import SAFE_IR_VERSION
+
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [0])
+    nodes = (
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)]
+        if reduce
+        else [
+            helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1),
+            helper.make_node("Sub", ["x", "m"], ["y"]),
+        ]
+    )
+    graph = helper.make_graph(
+        nodes,
+        "rows",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["points", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["points", 3])],
+        [axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = SAFE_IR_VERSION
+    onnx.save(model, str(path))
+    return path

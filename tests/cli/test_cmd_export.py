@@ -8,7 +8,7 @@ import shutil
 import pytest
 import yaml
 from click.testing import CliRunner
-from export_profiles import with_providers, write_cpu_profile
+from export_profiles import rows_model, with_providers, write_cpu_profile
 
 from ortpilot.cli.main import cli
 
@@ -103,11 +103,26 @@ def test_missing_or_changed_model_is_exit_1(encoder_profile, tmp_path):
     assert not (tmp_path / "repo").exists()
 
 
-def test_max_batch_on_a_model_without_a_batch_dim_is_exit_2(ocr_det_path, tmp_path):
-    profile = write_cpu_profile(tmp_path / "det", ocr_det_path, shapes={"x": [1, 3, 64, 64]})
+def test_max_batch_on_a_model_without_a_batch_dim_is_exit_2(tmp_path):
+    """Dim 0 is dynamic but its rows interact (each row minus the mean of all rows): no batch dim."""
+    model = rows_model(tmp_path / "rows.onnx")
+    profile = write_cpu_profile(tmp_path / "rows", model, shapes={"x": [4, 3]})
     result = _run(str(profile), "-o", str(tmp_path / "repo"), "--max-batch", "8")
     assert result.exit_code == 2 and "no batch dim" in _said(result)
-    assert _run(str(profile), "-o", str(tmp_path / "repo"), "--max-batch", "0").exit_code == 0
+    assert "rows are not independent" in _said(result) and "Traceback" not in result.output
+    result = _run(str(profile), "-o", str(tmp_path / "repo"), "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["max_batch_size"] == 0
+    assert _run(str(profile), "-o", str(tmp_path / "repo"), "--max-batch", "0", "--force").exit_code == 0
+
+
+def test_cli_says_why_dim_0_is_batched_and_where_the_warmup_comes_from(encoder_profile, tmp_path):
+    result = _run(str(encoder_profile), "-o", str(tmp_path / "repo"), "--name", "enc")
+    assert result.exit_code == 0, result.output
+    said = _said(result)
+    assert "max_batch_size 4" in said and "named like batch" in said
+    assert "warmup: reference" in said
+    notes = (tmp_path / "repo" / "enc" / "ORTPILOT.md").read_text()
+    assert "- Batching: max_batch_size 4: every input's first dim is dynamic and named like batch" in notes
 
 
 def test_kind_against_the_profile_is_exported_as_a_loss(encoder_profile, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import JSON_OPTION, emit_json, handle_errors, stderr, stdout
@@ -99,6 +100,10 @@ def render(result) -> None:
         f"Wrote [bold]{result.model_dir}[/] ({result.kind}, {' > '.join(result.providers)}, "
         f"max_batch_size {result.max_batch_size}, warmup: {result.warmup['source']})",
         highlight=False,
+    )
+    console.print(f"max_batch_size {result.max_batch_size}: {escape(result.batching)}", highlight=False)
+    console.print(
+        f"warmup: {escape(result.warmup['source'])} ({escape(result.warmup.get('note', ''))})", highlight=False
     )
     if result.losses:
         table = Table(title="What Triton will not check or cannot express (also in ORTPILOT.md)", title_justify="left")

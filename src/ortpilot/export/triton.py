@@ -27,6 +27,7 @@ from ortpilot.errors import UsageError, VerificationError
 from ortpilot.export import kserve
 from ortpilot.export.losses import Loss, losses_markdown
 from ortpilot.export.triton_backend import BACKEND_SOURCE, DEFAULT_MAX_BATCH
+from ortpilot.export.triton_batch import BatchDecision, decide_batching, first_dims
 from ortpilot.export.triton_config import (
     MODEL_FILE,
     VERSION_DIR,
@@ -40,7 +41,7 @@ from ortpilot.export.triton_config import (
     warmup_file_name,
 )
 from ortpilot.export.triton_mapping import KIND_CPU, KIND_GPU, BackendSettings, map_profile
-from ortpilot.graph.tensors import TensorSpec, has_batch_dim, model_tensors
+from ortpilot.graph.tensors import TensorSpec, model_tensors
 from ortpilot.modelio import external_data_files, load_model
 from ortpilot.passes.decoder_fusion import count_layers
 from ortpilot.providers.machine import describe_machine
@@ -62,6 +63,7 @@ class ExportResult:
     model_dir: Path
     name: str
     max_batch_size: int
+    batching: str  # why dim 0 is (or is not) Triton's batch dim
     kind: str
     providers: list[str]  # what the backend will append, in its order
     warmup: dict[str, Any]
@@ -76,6 +78,7 @@ class ExportResult:
             "model_dir": str(self.model_dir),
             "name": self.name,
             "max_batch_size": self.max_batch_size,
+            "batching": self.batching,
             "kind": self.kind,
             "providers": self.providers,
             "warmup": self.warmup,
@@ -171,6 +174,7 @@ class _Plan:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     batch: int
+    batching: BatchDecision
     instances: int
     settings: SessionSettings
     backend: BackendSettings
@@ -216,10 +220,13 @@ def _plan(
     backend = map_profile(chain, settings, name=name, kind=_kind(kind))
     proto = load_model(model_path, load_external_data=False)
     inputs, outputs = model_tensors(proto)
-    batch = _max_batch(max_batch, has_batch_dim(inputs, outputs), inputs)
+    feeds, warmup = _warmup_feeds(profile, doc, proto, inputs)
+    batching = decide_batching(model_path, inputs, outputs, feeds) if max_batch != 0 else None
+    batch = _max_batch(max_batch, batching, inputs)
+    if batching is None:
+        batching = BatchDecision(False, "--max-batch 0: the batch dim, if any, stays in dims")
     decoder = count_layers(proto) > 0
-    losses = backend.losses + _deployment_losses(doc, decoder, batch, instances, backend)
-    feeds, warmup = _warmup_feeds(doc, proto, inputs)
+    losses = backend.losses + _deployment_losses(doc, decoder, batch, instances, backend, batching)
     if feeds is not None and batch > 0 and max(len(a) for a in feeds.values()) > 1:
         warmup["note"] += "; Triton's warmup repeats one batch element, so it holds the first of the batch"
     return _Plan(
@@ -231,6 +238,7 @@ def _plan(
         inputs=inputs,
         outputs=outputs,
         batch=batch,
+        batching=batching,
         instances=instances,
         settings=settings,
         backend=backend,
@@ -264,6 +272,7 @@ def _write_repository(plan: _Plan, dest: Path, *, force: bool) -> tuple[ExportRe
             model_dir=dest,
             name=plan.name,
             max_batch_size=plan.batch,
+            batching=plan.batching.evidence,
             kind=plan.backend.kind,
             providers=[short_name(p) for p in plan.backend.provider_order],
             warmup=plan.warmup,
@@ -286,6 +295,7 @@ def _write_config(tmp: Path, dest: Path, plan: _Plan, written: list[WarmupInput]
             instances=plan.instances,
             backend=plan.backend,
             warmup=written,
+            warmup_name=plan.warmup["source"],
         )
     )
     (tmp / CONFIG_FILE).write_text(text, encoding="utf-8")
@@ -330,23 +340,23 @@ def _kind(kind: str | None) -> str | None:
     return KIND_GPU if key == "GPU" else KIND_CPU
 
 
-def _max_batch(requested: int | None, batchable: bool, inputs: list[TensorSpec]) -> int:
-    if requested is None:
-        return DEFAULT_MAX_BATCH if batchable else 0
-    if requested < 0:
+def _max_batch(requested: int | None, batching: BatchDecision | None, inputs: list[TensorSpec]) -> int:
+    if requested is not None and requested < 0:
         raise UsageError(f"--max-batch must be 0 (no batching) or more, got {requested}.")
-    if requested > 0 and not batchable:
-        firsts = ", ".join(f"{t.name}: {t.dims[0] if t.dims else 'scalar'}" for t in inputs)
+    if requested == 0 or batching is None:
+        return 0
+    if requested is None:
+        return DEFAULT_MAX_BATCH if batching.batchable else 0
+    if not batching.batchable:
         raise UsageError(
-            f"--max-batch {requested}: the model has no batch dim Triton can take (every input's first "
-            f"dim must be dynamic and named like batch, every output's dynamic; first dims: {firsts}). "
-            "Use --max-batch 0, or re-export the model with a batch dim."
+            f"--max-batch {requested}: the model has no batch dim Triton can take: {batching.evidence} "
+            f"(first dims: {first_dims(inputs)}). Use --max-batch 0, or re-export the model with a batch dim."
         )
     return requested
 
 
 def _deployment_losses(
-    doc: dict[str, Any], decoder: bool, batch: int, instances: int, backend: BackendSettings
+    doc: dict[str, Any], decoder: bool, batch: int, instances: int, backend: BackendSettings, batching: BatchDecision
 ) -> list[Loss]:
     """What serving behind Triton drops whatever the settings: the checks a verified session makes."""
     ort_info = doc.get("onnxruntime") or {}
@@ -384,12 +394,19 @@ def _deployment_losses(
         )
     if batch > 1:
         shapes = doc.get("shapes") or {}
+        drift = batching.batch_vs_single
+        numerics = (
+            f"; a row's outputs in a batch of 2 differ from its outputs alone by up to {drift:.2g} of their "
+            "largest magnitude (other kernels for another batch size)"
+            if drift
+            else ""
+        )
         out.append(
             Loss(
                 "max_batch_size",
                 str(batch),
                 f"the profile measured shapes {json.dumps(shapes)}; Triton's "
-                f"dynamic batcher runs batches of up to {batch}, whose latency was never measured",
+                f"dynamic batcher runs batches of up to {batch}, whose latency was never measured{numerics}",
             )
         )
     if instances > 1 and backend.kind == KIND_CPU:
@@ -407,23 +424,24 @@ def _deployment_losses(
 
 
 def _warmup_feeds(
-    doc: dict[str, Any], proto: onnx.ModelProto, inputs: list[TensorSpec]
+    profile: Path, doc: dict[str, Any], proto: onnx.ModelProto, inputs: list[TensorSpec]
 ) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
-    """The profile's reference inputs (regenerated, hash-checked); else inputs generated from the model."""
+    """The profile's reference inputs (its reference.npz, else regenerated by seed and hash-checked);
+    else inputs generated from the model, and said so."""
     if any(t.data_type == "TYPE_STRING" for t in inputs):
         return None, {"source": "none", "note": "string inputs: ortpilot writes no warmup for them"}
     note = ""
-    if doc.get("reference_outputs") and doc.get("source_model"):
-        from ortpilot.tuning.reference import reference_feeds
-
+    reference = doc.get("reference_outputs") or {}
+    if reference:
         try:
-            return reference_feeds(doc), {
+            feeds, how = _reference_inputs(profile, doc, [t.name for t in inputs])
+            return feeds, {
                 "source": "reference",
-                "note": "the tune's held-out reference inputs",
-                "outputs_sha256": doc["reference_outputs"].get("sha256") or {},
+                "note": f"the tune's held-out reference inputs ({how})",
+                "outputs_sha256": reference.get("sha256") or {},
             }
         except UsageError as exc:
-            note = f"the reference inputs could not be regenerated ({exc}); "
+            note = f"the profile's reference inputs could not be used ({exc}); "
     from ortpilot.graph.feeds import make_feeds, plan_feeds
 
     shapes = {k: tuple(v) for k, v in (doc.get("shapes") or {}).items()}
@@ -433,8 +451,37 @@ def _warmup_feeds(
         return None, {"source": "none", "note": note + f"no warmup: inputs could not be generated ({exc})"}
     return feeds, {
         "source": "generated",
-        "note": note + "inputs generated from the model (not the profile's reference inputs)",
+        "note": note + "inputs generated by ortpilot from the model's input types and shapes, not real data "
+        "and not the profile's reference inputs",
     }
+
+
+def _reference_inputs(profile: Path, doc: dict[str, Any], names: list[str]) -> tuple[dict[str, np.ndarray], str]:
+    """The reference sample from the reference file beside the profile (what verify runs), else
+    regenerated from the source model by the recorded seed; ``names``: the model's inputs."""
+    from ortpilot.tuning.reference import REFERENCE_FILE, feeds_digest, read_reference, reference_feeds
+
+    reference = doc["reference_outputs"]
+    data = doc.get("gate_data") or {}
+    if "heldout_seed" in reference or data.get("source") == "synthetic":
+        kind = "generated by the tune, not real data"
+    else:
+        kind = "real data" + (f" from {data['path']}" if data.get("path") else "")
+    file_name = str(reference.get("file") or REFERENCE_FILE)
+    file = profile.parent / file_name
+    if Path(file_name).name == file_name and file.is_file() and not file.is_symlink():
+        feeds, _ = read_reference(file)
+        missing = sorted(set(names) - set(feeds))
+        if missing:
+            raise UsageError(f"'{file}' holds no input {', '.join(missing)} of the model")
+        feeds = {name: feeds[name] for name in names}
+        expected = reference.get("inputs_sha256")
+        if expected and feeds_digest(feeds) != expected:
+            raise UsageError(f"'{file}' does not hold the inputs the profile records (inputs_sha256 differs)")
+        return feeds, f"{file_name}; {kind}"
+    if "heldout_seed" not in reference or not doc.get("source_model"):
+        raise UsageError(f"its {file_name} is missing beside '{profile}'")
+    return reference_feeds(doc), f"regenerated from the source model by seed {reference['heldout_seed']}; {kind}"
 
 
 def _write_warmup(
@@ -494,6 +541,7 @@ def _notes(result: ExportResult, doc: dict[str, Any], settings: SessionSettings)
             ),
             f"- Session settings carried: {carried}",
             f"- Warmup: {result.warmup['source']} ({result.warmup.get('note', '')})",
+            f"- Batching: max_batch_size {result.max_batch_size}: {result.batching}",
             "",
             "## What is lost",
             "",

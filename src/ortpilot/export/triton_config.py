@@ -69,8 +69,10 @@ def build_config(
     instances: int,
     backend: BackendSettings,
     warmup: Sequence[WarmupInput] = (),
+    warmup_name: str = "reference",
 ) -> Any:
-    """The ``ModelConfig`` message for the backend; with ``max_batch`` > 0 the batch dim leaves ``dims``."""
+    """The ``ModelConfig`` message for the backend; with ``max_batch`` > 0 the batch dim leaves ``dims``.
+    ``warmup_name`` names the warmup sample by where its data comes from (``reference``, ``generated``)."""
     pb, _ = protobuf()
     config = pb.ModelConfig(name=name, backend=BACKEND, max_batch_size=max_batch)
     for specs, field in ((inputs, config.input), (outputs, config.output)):
@@ -94,7 +96,7 @@ def build_config(
     for key, value in backend.parameters.items():
         config.parameters[key].string_value = value
     if warmup:
-        sample = config.model_warmup.add(name="reference", batch_size=1)
+        sample = config.model_warmup.add(name=warmup_name, batch_size=1)
         for item in warmup:
             sample.inputs[item.name].data_type = item.data_type
             sample.inputs[item.name].dims.extend(list(item.dims) or [1])
