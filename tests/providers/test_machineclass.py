@@ -85,7 +85,7 @@ def test_names_read_the_key_and_ids_tell_classes_apart():
     assert _class(1, "x86-no-vnni").name == "x86-avx2-1cpu"
     assert _class(4, "arm-dot", arch="aarch64").name == "arm-dot-4cpu"
     gpu = _class(8, "amx", eps=("CUDAExecutionProvider", "CPUExecutionProvider"), build="onnxruntime-gpu==1.32.0")
-    assert gpu.name == "x86-amx-8cpu-cuda"
+    assert gpu.name == "x86-amx-8cpu+cuda"
     # a patch release of ORT is the same class; another minor version or build is not
     assert _class(ort="1.32.1").id == _class().id
     assert _class(ort="1.33.0").id != _class().id and _class(build="onnxruntime-openvino==1.32").id != _class().id

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,9 @@ def verify_model_file(doc: dict[str, Any], profile_path: str | os.PathLike) -> P
     return model
 
 
-def verify_environment(doc: dict[str, Any], profile_path: str | os.PathLike) -> Path:
+def verify_environment(
+    doc: dict[str, Any], profile_path: str | os.PathLike, available: Sequence[str] | None = None
+) -> Path:
     """Check model hash, ORT build and providers against the profile; returns the model path."""
     model = verify_model_file(doc, profile_path)
     recorded = doc["onnxruntime"]
@@ -150,7 +153,8 @@ def verify_environment(doc: dict[str, Any], profile_path: str | os.PathLike) -> 
             f"this environment has {', '.join(sorted(dist_now))}. Another build has other "
             "execution providers and kernels: re-run 'ortpilot tune' here."
         )
-    available = ort.get_available_providers()
+    # ``available``: the providers that can run here (plugin EPs with a device included), from the caller
+    available = list(available) if available is not None else ort.get_available_providers()
     for spec in doc["providers"]:
         name = spec.get("name") if isinstance(spec, dict) else str(spec)
         if name not in available:

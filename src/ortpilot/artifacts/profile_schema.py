@@ -53,8 +53,9 @@ SAFE_CONFIG_ENTRIES = frozenset(
         "session.qdq_matmulnbits_accuracy_level",
     }
 )
-# Provider options whose value is a path: where an EP writes caches or loads libraries from.
-_PATH_OPTION = re.compile(r"(path|dir|file|folder|librar|cache_location)", re.I)
+# Provider options whose value is a path: where an EP writes caches or loads libraries from (OpenVINO's
+# load_config holds its properties, CACHE_DIR among them).
+_PATH_OPTION = re.compile(r"(path|dir|file|folder|librar|cache_location|load_config)", re.I)
 
 
 def check_profile(doc: Any, where: str) -> None:
@@ -242,6 +243,20 @@ _TOP: dict[str, Check] = {
     # The ORT-optimized winner serving replicas load with optimizations off (tune.optimized).
     "optimized_model": _fields(
         {"file": _file_name, "sha256": _sha256, "level": _level, "placement": _placement}, required=("file", "sha256")
+    ),
+    # OpenVINO's compiled winner (EP context), loaded only where plugin, OpenVINO and device match (tune.compiled).
+    "compiled_model": _fields(
+        {
+            "file": _file_name,
+            "sha256": _sha256,
+            "ep": _string,
+            "plugin": _string,
+            "openvino": _string,
+            "device": _string,
+            "compile_s": _number,
+            "placement": _placement,
+        },
+        required=("file", "sha256", "ep"),
     ),
 }
 _TOP_LEVEL = _fields(_TOP, required=("format", "model", "onnxruntime", "providers", "session_settings"))

@@ -23,7 +23,10 @@ from ortpilot.providers.cpubudget import CpuBudget, cpu_budget, ort_default_outs
 from ortpilot.providers.cpuisa import CpuIsa, Int8Rule, int8_rule, read_cpu_isa
 from ortpilot.providers.gpulibs import GpuEnvironment, library_mismatches, scan_gpu_environment
 from ortpilot.providers.machineclass import MachineClass, this_class
+from ortpilot.providers.openvino import OPENVINO, ORT_DISTRIBUTION
 from ortpilot.providers.ortdists import DistributionReport, find_ort_distributions
+from ortpilot.providers.plugins import build_providers
+from ortpilot.providers.spec import short_name
 
 SEVERITIES = ("ok", "info", "warn", "error")
 # Providers that do no local compute, so a probe would prove nothing.
@@ -150,7 +153,7 @@ def read_ort_info() -> OrtInfo:
         pass
     try:
         info.build_info = ort.get_build_info()
-        info.available = list(ort.get_available_providers())
+        info.available = build_providers()  # the build's own; plugin EPs are probed as plugins
     except Exception as exc:
         info.import_error = f"{type(exc).__name__}: {exc}"
     return info
@@ -221,7 +224,7 @@ def diagnose(
     default_threads: int | None = None,
 ) -> list[Finding]:
     """Turn the facts into findings, worst first."""
-    plugin_findings = _plugin_findings(plugins)
+    plugin_findings = _plugin_findings(plugins) + _shadowed_plugin_findings(plugins, ort_info.available)
     explained = {
         ep
         for plugin in plugins
@@ -322,6 +325,18 @@ def _plugin_findings(plugins: list[dict[str, Any]]) -> list[Finding]:
                         "install a plugin version built for this ORT version",
                     )
                 )
+            elif not reg["devices"] and ep == OPENVINO:
+                out.append(
+                    Finding(
+                        "warn",
+                        "plugins",
+                        f"{ep} ({plugin['distribution']} {plugin['version']}) registered, but get_ep_devices() lists "
+                        "no device for it: the OpenVINO plugin lists Intel CPUs (and Intel GPUs and NPUs) only",
+                        f"on this CPU, OpenVINO runs through the {ORT_DISTRIBUTION} distribution instead: "
+                        f"pip install {ORT_DISTRIBUTION} in its own virtual environment (it replaces onnxruntime), "
+                        f"and uninstall {plugin['distribution']}",
+                    )
+                )
             elif not reg["devices"]:
                 out.append(
                     Finding(
@@ -336,6 +351,25 @@ def _plugin_findings(plugins: list[dict[str, Any]]) -> list[Finding]:
             else:
                 out.append(Finding("ok", "plugins", f"{ep} registered with {reg['devices']} device(s)"))
     return out
+
+
+def _shadowed_plugin_findings(plugins: list[dict[str, Any]], built_in: list[str]) -> list[Finding]:
+    """A plugin EP whose name the ORT build already has (onnxruntime-openvino and onnxruntime-ep-openvino
+    together): sessions get the build's EP by name, so the plugin is installed for nothing, or worse, its
+    OpenVINO differs from the build's."""
+    return [
+        Finding(
+            "warn",
+            "plugins",
+            f"two providers of {ep}: the ORT build's own and the plugin {plugin['distribution']} "
+            f"{plugin['version']}; sessions get the build's, the plugin is never used",
+            f"keep one: pip uninstall {plugin['distribution']} (the build's {short_name(ep)} stays), or use stock "
+            "onnxruntime with the plugin in another virtual environment",
+        )
+        for plugin in plugins
+        for ep in plugin.get("ep_names", [])
+        if ep in built_in
+    ]
 
 
 def _probe_findings(probes: list[ProbeResult]) -> list[Finding]:

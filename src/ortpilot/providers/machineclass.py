@@ -16,7 +16,7 @@ everything that can change a tune's winner is the same (docs/concepts/fleets.md)
 The fp32 SIMD flags and the CPU model are recorded in a profile's ``machine`` section but are
 not part of the class: they change latencies, not which candidates are valid. A class has an id
 (the first 12 hex digits of the sha256 of its key) and a readable name built from the key
-(``x86-vnni-2cpu``, ``x86-avx2-1cpu``, ``arm-dot-4cpu-cuda``).
+(``x86-vnni-2cpu``, ``x86-avx2-1cpu``, ``arm-dot-4cpu+cuda``, ``x86-amx-2cpu+openvino``).
 """
 
 from __future__ import annotations
@@ -78,8 +78,10 @@ def class_name(key: Mapping[str, Any]) -> str:
     arch = str(key["arch"]).lower()
     word = _ARCH_WORD.get(arch, re.sub(r"[^a-z0-9]+", "", arch) or "cpu")
     parts = [word, _ISA_WORD.get(str(key["int8"]), "generic"), f"{key['cpus']}cpu"]
-    parts += sorted({short_name(e).lower() for e in key["eps"] if e != "CPUExecutionProvider"})
-    return "-".join(re.sub(r"[^a-z0-9]+", "", p) for p in parts)
+    eps = sorted({short_name(e).lower() for e in key["eps"] if e != "CPUExecutionProvider"})
+    return "-".join(re.sub(r"[^a-z0-9]+", "", p) for p in parts) + "".join(
+        "+" + re.sub(r"[^a-z0-9]+", "", e) for e in eps
+    )
 
 
 def class_key(
@@ -98,7 +100,8 @@ def class_key(
         "arch": arch,
         "int8": int8,
         "cpus": max(1, int(cpus)),
-        "eps": sorted({e for e in eps if e not in NOT_COMPUTE}),
+        # a virtual EP (OpenVINO's plugin lists ``OpenVINOExecutionProvider.AUTO``) is its EP on a meta-device
+        "eps": sorted({e for e in eps if e not in NOT_COMPUTE and "." not in e}),
         "devices": sorted(set(devices)),
         "ort": ".".join(str(ort_version).split(".")[:2]),
         "ort_build": ",".join(sorted({d.split("==")[0] for d in str(ort_build).split(",") if d})) or "unknown",
@@ -110,6 +113,7 @@ def this_class(cpus: int | None = None) -> MachineClass:
     import onnxruntime as ort
 
     from ortpilot.artifacts.stamp import ort_distribution
+    from ortpilot.providers.plugins import compute_providers
 
     budget = this_budget().cpus
     return class_of(
@@ -117,7 +121,7 @@ def this_class(cpus: int | None = None) -> MachineClass:
             arch=platform.machine(),
             int8=int8_rule().name,
             cpus=min(budget, cpus) if cpus else budget,
-            eps=ort.get_available_providers(),
+            eps=compute_providers(),
             devices=_devices(),
             ort_version=ort.__version__,
             ort_build=ort_distribution(),

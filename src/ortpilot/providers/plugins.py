@@ -42,6 +42,38 @@ class _Registry:
 
 
 _REGISTRY = _Registry()
+_BUILD: list[str] = []  # get_available_providers() before ortpilot registered any plugin library
+
+
+def build_providers() -> list[str]:
+    """The providers compiled into this ORT build.
+
+    ORT lists a registered plugin EP in ``get_available_providers()`` too (and OpenVINO's plugin adds a
+    virtual ``OpenVINOExecutionProvider.AUTO``), but such an EP is created only through its devices:
+    passed by name, ORT skips it without a word. So the build's list is read before the first
+    registration and kept: an EP only a plugin provides is never counted as built in.
+    """
+    import onnxruntime as ort
+
+    if not _BUILD:
+        _BUILD.extend(ort.get_available_providers())
+    return list(_BUILD)
+
+
+def is_plugin_ep(ep_name: str) -> bool:
+    """Created through its EP devices (a plugin library), not by name."""
+    return ep_name not in build_providers() and (plugin_for_ep(ep_name) is not None or ep_name in _REGISTRY.registered)
+
+
+def compute_providers() -> list[str]:
+    """Providers that can run a model here: the build's, then each installed plugin EP that lists a device
+    (registered on the way). Virtual EPs (``OpenVINOExecutionProvider.AUTO``) are left out."""
+    out = list(build_providers())
+    for plugin in discover_plugin_eps():
+        for ep in plugin.ep_names:
+            if ep not in out and not register_plugin(ep, plugin.library_path or None) and ep_devices(ep):
+                out.append(ep)
+    return out
 
 
 def _is_plugin_dist(name: str) -> bool:
@@ -85,6 +117,7 @@ def register_plugin(ep_name: str, library_path: str | None = None, *, registrati
     """Register a plugin EP library once per process. Returns '' on success, else ORT's error."""
     import onnxruntime as ort
 
+    build_providers()  # read the build's list before a registration changes it
     key = registration_name or ep_name
     if key in _REGISTRY.registered:
         return ""
@@ -132,3 +165,41 @@ def describe_ep_device(device) -> dict:
         "device_id": getattr(hw, "device_id", None),
         "metadata": dict(device.ep_metadata),
     }
+
+
+def plugin_request(ep_name: str, options: dict[str, str]) -> tuple[list, dict[str, str], str]:
+    """(the EP devices to create ``ep_name`` on, the options to pass, '' or why there is no such device).
+
+    Most plugins take every device ORT lists for them and their options as they are; OpenVINO's picks
+    its device by ``device_type`` and reads its settings from ``load_config`` (``providers.openvino``)."""
+    plugin = plugin_for_ep(ep_name)
+    if plugin is not None:
+        register_plugin(ep_name, plugin.library_path or None)  # once per process; a failure shows as no device
+    devices = ep_devices(ep_name)
+    from ortpilot.providers.openvino import OPENVINO, OpenVINOOptionError, listed_devices, pick_devices, plugin_options
+
+    if ep_name != OPENVINO:
+        return devices, dict(options), "" if devices else "get_ep_devices() lists none"
+    try:
+        device, passed = plugin_options(options)
+    except OpenVINOOptionError as exc:
+        return [], {}, str(exc)
+    chosen = pick_devices(devices, device)
+    if not chosen:
+        listed = ", ".join(listed_devices(devices)) or "none"
+        return [], passed, f"get_ep_devices() lists no OpenVINO {device} device (listed: {listed})"
+    return chosen[:1], passed, ""
+
+
+def plugin_build(ep_name: str) -> dict[str, str]:
+    """What a compiled blob of ``ep_name`` was built by: ``plugin`` (package and version) and, for
+    OpenVINO, ``openvino`` (the runtime inside the package); {} when no plugin package provides it."""
+    from ortpilot.providers.openvino import OPENVINO, plugin_openvino_version
+
+    plugin = plugin_for_ep(ep_name)
+    if plugin is None or plugin.error:
+        return {}
+    build = {"plugin": f"{plugin.distribution} {plugin.version}"}
+    if ep_name == OPENVINO:
+        build["openvino"] = plugin_openvino_version(plugin.library_path)
+    return build

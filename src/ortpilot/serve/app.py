@@ -43,8 +43,9 @@ def model_file(spec: ModelSpec) -> Path:
     if spec.kind != "profile":
         return Path(spec.path)
     from ortpilot.artifacts.profile import read_profile, verify_environment
+    from ortpilot.providers.plugins import compute_providers
 
-    return verify_environment(read_profile(spec.path), spec.path)
+    return verify_environment(read_profile(spec.path), spec.path, compute_providers())
 
 
 def model_metadata(spec: ModelSpec, options: ServeOptions, cpus: float, debug_info: bool = False) -> dict[str, Any]:

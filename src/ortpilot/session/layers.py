@@ -16,7 +16,7 @@ import onnxruntime as ort
 
 from ortpilot.errors import ModelLoadError
 from ortpilot.providers.names import EP_LIBRARY_OPTION, ProviderSpec
-from ortpilot.providers.plugins import ep_devices, plugin_for_ep, register_plugin
+from ortpilot.providers.plugins import plugin_for_ep, plugin_request, register_plugin
 from ortpilot.session.fallback import Fallback, FallbackRecorder, fix_for
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.ortlog import capture_ort_output
@@ -75,12 +75,13 @@ def _plugin_problem(spec: ProviderSpec, error: str, library: str, plugin: str) -
     """Layer 2 for a plugin EP: ``library`` failed to load, or ``plugin`` registered without a device."""
     if error:
         return Fallback(2, spec.name, [], f"{library} failed to load: {error}", fix_for(spec.name))
-    if not ep_devices(spec.name):
+    _, _, missing = plugin_request(spec.name, spec.ort_options())
+    if missing:
         return Fallback(
             2,
             spec.name,
             [],
-            f"{plugin} registered, but ORT found no device for {spec.name} (get_ep_devices() lists none)",
+            f"{plugin} registered, but ORT found no device for {spec.name} ({missing})",
             fix_for(spec.name),
         )
     return None
@@ -186,9 +187,9 @@ def _create(
     if any(spec.name not in built_in or EP_LIBRARY_OPTION in spec.options for spec in chain):
         # Plugin EPs are selected by device; when one is in the chain, all of it goes that way.
         for spec in chain:
-            devices = ep_devices(spec.name)
+            devices, options, _ = plugin_request(spec.name, spec.ort_options())
             if devices:
-                opts.add_provider_for_devices(devices, spec.ort_options())
+                opts.add_provider_for_devices(devices, options)
         return ort.InferenceSession(source, opts, enable_fallback=0)
     return ort.InferenceSession(source, opts, providers=[s.as_ort() for s in chain], enable_fallback=0)
 

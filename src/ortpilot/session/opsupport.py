@@ -133,17 +133,11 @@ def unsupported_ops(
     ``model`` is the proto (without external data is fine) for the kernel check; ``source`` is
     what a session is built from (a path for models with external data; default: the proto).
     """
-    import onnxruntime as ort
 
-    from ortpilot.providers.plugins import discover_plugin_eps, ep_devices, register_plugin
+    from ortpilot.providers.plugins import compute_providers
 
-    available = list(ort.get_available_providers())
     if providers is None:
-        providers = list(available)
-        for plugin in discover_plugin_eps():
-            for ep in plugin.ep_names:
-                if ep not in providers and not register_plugin(ep, plugin.library_path or None) and ep_devices(ep):
-                    providers.append(ep)
+        providers = compute_providers()
     out = []
     for provider in providers:
         if provider in NOT_CHECKED:

@@ -23,7 +23,9 @@ from ortpilot.artifacts.profile_schema import file_settings, model_outside_folde
 from ortpilot.errors import StampMismatchError, UsageError, VerificationError
 from ortpilot.providers.cpubudget import ort_default_threads
 from ortpilot.providers.machine import MachineCheck, check_machine_section, compare_machines
+from ortpilot.providers.plugins import compute_providers
 from ortpilot.session.bundle import choose_profile
+from ortpilot.session.compiled import load_compiled
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.verified import VerifiedSession, load
 
@@ -125,7 +127,7 @@ def load_profile(
         path = choice.profile
     doc = read_profile(path)
     _refuse_file_settings(doc, path, accept_fields, accept_model_outside)
-    model = verify_environment(doc, path)
+    model = verify_environment(doc, path, compute_providers())
     try:
         settings = SessionSettings.from_dict(dict(doc["session_settings"]))
     except (TypeError, ValueError) as exc:
@@ -135,11 +137,15 @@ def load_profile(
     machine = check_machine(doc, path, settings, policy=policy, accept_machine=accept_machine)
     providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
     shapes = {k: tuple(v) for k, v in (doc.get("shapes") or {}).items()} or None
-    session = _load_optimized(doc, path, providers, policy, settings, shapes, **kwargs) if optimized else None
     expected = doc.get("placement") or {}
+    session = load_compiled(doc, path, providers, policy, settings, shapes, **kwargs)  # OpenVINO's blob
     if session is not None:
-        expected = doc["optimized_model"].get("placement") or {}
-    else:
+        expected = doc["compiled_model"].get("placement") or {}
+    elif optimized:
+        session = _load_optimized(doc, path, providers, policy, settings, shapes, **kwargs)
+        if session is not None:
+            expected = doc["optimized_model"].get("placement") or {}
+    if session is None:
         session = load(str(model), providers, policy, settings=settings, shapes=shapes, **kwargs)
     if expected and session.placement is not None and policy == "strict":
         got = session.placement.counts

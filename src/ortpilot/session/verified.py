@@ -27,6 +27,7 @@ from ortpilot.graph.shapes import InputInfo, graph_inputs
 from ortpilot.modelio import file_sha256, load_model, model_sha256
 from ortpilot.providers.defaults import session_overrides
 from ortpilot.providers.names import ProviderLike, ProviderSpec, resolve_providers
+from ortpilot.providers.plugins import build_providers
 from ortpilot.session.fallback import Fallback, FallbackRecorder, check_policy
 from ortpilot.session.isolate import preflight_in_child
 from ortpilot.session.layers import (
@@ -223,7 +224,7 @@ def load(
     settings = effective_settings(settings or SessionSettings(), requested)
     if isolate:
         preflight_in_child(source, requested, settings)
-    built_in = ort.get_available_providers()
+    built_in = build_providers()  # a registered plugin EP is listed too, but is created through its devices
     primary = requested[0]
     found = FallbackRecorder(policy)
 
