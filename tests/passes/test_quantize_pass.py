@@ -229,3 +229,105 @@ def test_quantize_leaves_no_files_in_the_working_directory(demo_paths, encoder_c
     samples = load_calibration(str(encoder_calibration), onnx.load(demo_paths["encoder"])).samples
     QuantizePass("qdq", calibration=samples[:2]).run(demo_paths["encoder"])
     assert list(cwd.iterdir()) == []
+
+
+def _dense_head(bias_rows: int) -> onnx.ModelProto:
+    """x @ W + B, as exporters write a dense layer (Magika's head): ORT's quant_pre_process fuses it
+    into a Gemm whose bias keeps B's 2-D shape [bias_rows, 4]."""
+    rng = np.random.default_rng(0)
+    batch = "batch" if bias_rows == 1 else bias_rows
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+            helper.make_node("Add", ["h", "B"], ["y"], name="add"),
+        ],
+        "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])],
+        [
+            onnx.numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W"),
+            onnx.numpy_helper.from_array(rng.standard_normal((bias_rows, 4)).astype(np.float32), "B"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _head_samples(rows: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [{"x": rng.standard_normal((rows, 8)).astype(np.float32)} for _ in range(8)]
+
+
+def _run(model: onnx.ModelProto, feeds) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def test_flattening_a_gemm_bias_changes_no_result():
+    from ortpilot.passes.quantize import flatten_gemm_biases, prepare
+
+    model, _ = prepare(_dense_head(1))
+    [gemm] = [n for n in model.graph.node if n.op_type == "Gemm"]  # ORT's MatMulAddFusion
+    assert [list(i.dims) for i in model.graph.initializer if i.name == gemm.input[2]] == [[1, 4]]
+    flat = onnx.ModelProto()
+    flat.CopyFrom(model)
+    assert flatten_gemm_biases(flat) == 1
+    assert [list(i.dims) for i in flat.graph.initializer if i.name == gemm.input[2]] == [[4]]
+    feeds = {"x": np.random.default_rng(2).standard_normal((3, 8)).astype(np.float32)}
+    assert np.array_equal(_run(flat, feeds), _run(model, feeds))
+    assert flatten_gemm_biases(flat) == 0
+
+
+@pytest.mark.parametrize("mode", ["qdq", "static", "full"])
+def test_per_channel_int8_of_a_dense_head_with_a_2d_bias_works(mode):
+    """The Magika failure (issue 38): per-channel calibrated INT8 on a Gemm whose bias is [1, N] made
+    ORT's quantizer raise 'The truth value of an array ... is ambiguous'; the bias is now [N]."""
+    samples = _head_samples(1)
+    result = QuantizePass(mode, calibration=samples, per_channel=True).run(_dense_head(1))
+    assert result.record.quantized_nodes > 0
+    assert any("Gemm biases of shape [1, N] reshaped to [N]" in n for n in result.record.notes)
+    float_out, int8_out = _run(_dense_head(1), samples[0]), _run(result.model, samples[0])
+    assert np.abs(int8_out - float_out).max() < 0.05 * np.abs(float_out).max()
+
+
+@pytest.mark.parametrize("mode", ["qdq", "static"])
+def test_a_quantizer_failure_inside_ort_is_named_not_a_bare_value_error(mode, tmp_path):
+    """A bias of [2, N] (a fixed batch of 2) cannot be flattened, and ORT's per-channel quantizers still
+    fail on it: the error names ORT's function, and the command exits 1 without a traceback."""
+    from ortpilot.passes.quantize import QuantizerError
+
+    with pytest.raises(QuantizerError) as caught:
+        QuantizePass(mode, calibration=_head_samples(2), per_channel=True).run(_dense_head(2))
+    said = str(caught.value)
+    assert said.startswith("ORT's quantize_static raised ValueError in ")
+    assert ("qdq_quantizer.py:_adjust_weight_scale_for_int32_bias" if mode == "qdq" else "onnx_quantizer.py:") in said
+    assert "inside ONNX Runtime's quantizer" in said and "\n" not in said
+    assert isinstance(caught.value.__cause__, ValueError)
+
+    model = tmp_path / "head.onnx"
+    save_model(_dense_head(2), model)
+    result = CliRunner().invoke(
+        cli, ["quantize", str(model), "-o", str(tmp_path / "q.onnx"), "--mode", mode, "--per-channel"]
+    )
+    assert result.exit_code == 1 and "ORT's quantize_static raised ValueError" in " ".join(result.output.split())
+    assert "Traceback" not in result.output and not (tmp_path / "q.onnx").exists()
+
+
+@pytest.mark.realmodels
+def test_magika_quantizes_qdq_per_channel():
+    """Google's Magika byte classifier (PyPI magika, its .onnx only): the model issue 38's tune failed on."""
+    import importlib.util
+    from pathlib import Path
+
+    from ortpilot.graph.feeds import make_feeds, plan_feeds
+
+    spec = importlib.util.find_spec("magika")
+    path = Path(next(iter(spec.submodule_search_locations))) / "models/standard_v3_3/model.onnx" if spec else None
+    if path is None or not path.is_file():
+        pytest.skip("magika is not installed (pip install --no-deps magika)")
+    model = onnx.load(str(path))
+    samples = [make_feeds(model, plan=plan_feeds(model, {"bytes": (1, 2048)}), seed=s) for s in range(4)]
+    result = QuantizePass("qdq", calibration=samples, per_channel=True).run(model)
+    assert result.record.quantized_nodes > 0
+    assert any("Gemm biases of shape [1, N] reshaped to [N]" in n for n in result.record.notes)
+    assert _run(result.model, samples[0]).shape == (1, 214)

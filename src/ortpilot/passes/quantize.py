@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from ortpilot.artifacts.scratch import scratch_dir
-from ortpilot.errors import UsageError
+from ortpilot.errors import OrtpilotError, UsageError, VerificationError
 from ortpilot.passes.base import Outcome, Pass, SourceModel, op_histogram, quantized_node_count
 from ortpilot.session.ortlog import capture_ort_output
 from ortpilot.walk import graphs
@@ -63,6 +64,29 @@ CALIBRATED_MODES = ("static", "qdq", "full")
 
 class NothingQuantizedError(UsageError):
     """The quantizer skipped every node: the output would equal the input."""
+
+
+class QuantizerError(VerificationError):
+    """ORT's quantizer (``quantize_static`` / ``quantize_dynamic``) raised: its message names the
+    function inside ``onnxruntime.quantization`` where it failed, so a failure is never a bare
+    ``ValueError`` with no word of whose it is."""
+
+
+def _quantizer_error(entry: str, exc: BaseException) -> QuantizerError:
+    """``exc`` from ORT's ``entry`` as a one-line QuantizerError naming the innermost ORT frame."""
+    import onnxruntime
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    inside = [f for f in frames if f"{os.sep}onnxruntime{os.sep}" in f.filename]
+    where = (inside or frames or [None])[-1]
+    place = f" in {Path(where.filename).name}:{where.name} (line {where.lineno})" if where else ""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    origin = "inside ONNX Runtime's quantizer" if inside else "in the call to ONNX Runtime's quantizer"
+    return QuantizerError(
+        f"ORT's {entry} raised {type(exc).__name__}{place}: {text}. The failure is {origin} "
+        f"(onnxruntime {onnxruntime.__version__}); no model was written. Try without --per-channel or "
+        "another --mode, and report it to ONNX Runtime with the model if it persists."
+    )
 
 
 def _quant_type(name: str):
@@ -211,6 +235,38 @@ class PrepareForQuantization(Pass):
     def transform(self, source: SourceModel) -> Outcome:
         model, notes = prepare(source.proto)
         return Outcome(model, notes=notes)
+
+
+def flatten_gemm_biases(model: onnx.ModelProto) -> int:
+    """Reshape Gemm biases (``C``) of shape ``[1, ..., 1, N]`` to ``[N]``, in place; return how many.
+
+    ORT's own ``quant_pre_process`` fuses MatMul + Add into a Gemm whose bias keeps the Add's
+    ``[1, N]`` shape (Magika's classifier head), and ORT's per-channel quantizers then fail on it
+    (QDQ's ``_adjust_weight_scale_for_int32_bias``, QOperator's ``adjust_single_weight_scale_if_needed``
+    index the bias per output channel: "The truth value of an array with more than one element is
+    ambiguous"; onnxruntime 1.32). Gemm
+    broadcasts ``[N]`` and ``[1, N]`` alike, so the reshape changes no result. Only initializers
+    that nothing but Gemm biases read are touched.
+    """
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for graph in graphs(model.graph):
+        for node in graph.node:
+            for slot, name in enumerate(node.input):
+                readers.setdefault(name, []).append((node.op_type, slot))
+    outputs = {o.name for g in graphs(model.graph) for o in g.output}
+    flattened = 0
+    for graph in graphs(model.graph):
+        for i, init in enumerate(graph.initializer):
+            dims = list(init.dims)
+            uses = readers.get(init.name, [])
+            if len(dims) < 2 or any(d != 1 for d in dims[:-1]) or init.name in outputs:
+                continue
+            if not uses or any(use != ("Gemm", 2) for use in uses):
+                continue
+            array = numpy_helper.to_array(init)
+            graph.initializer[i].CopyFrom(numpy_helper.from_array(array.reshape(dims[-1]), init.name))
+            flattened += 1
+    return flattened
 
 
 def _default_opset(model: onnx.ModelProto) -> int:
@@ -365,6 +421,15 @@ class QuantizePass(Pass):
                     f"Per-channel QDQ needs opset 13 and this model (opset {_default_opset(model)}) "
                     f"could not be upgraded ({exc}); drop --per-channel."
                 ) from None
+        if self.per_channel and self.calibrated:
+            work = onnx.ModelProto()
+            work.CopyFrom(model)
+            if flatten_gemm_biases(work):  # ORT's per-channel quantizers fail on [1, N] Gemm biases
+                model = work
+                notes = [
+                    *notes,
+                    "Gemm biases of shape [1, N] reshaped to [N] (ORT's per-channel quantizers fail on them)",
+                ]
         with scratch_dir("ortpilot-quant-") as tmp:
             src, dst = Path(tmp) / "float.onnx", Path(tmp) / "quant.onnx"
             onnx.save(model, str(src))
@@ -396,13 +461,24 @@ class QuantizePass(Pass):
         )
 
     def _quantize(self, src: Path, dst: Path, has_subgraphs: bool = False) -> None:
+        """ORT's quantizer on ``src``; what it raises comes back as a QuantizerError naming where."""
+        extra = dict(self.extra_options)
+        if self.mode in ("dynamic", "static") and has_subgraphs:
+            extra.setdefault("EnableSubgraph", True)  # If/Loop bodies (silero-vad keeps its model in one)
+        if self.mode != "dynamic" and not self.calibration:
+            raise UsageError(f"Quantization mode '{self.mode}' is calibrated: it needs calibration samples.")
+        try:
+            self._run_ort(src, dst, extra)
+        except (OrtpilotError, MemoryError, OSError):
+            raise  # ours (calibration inputs), or the machine's: they say what they are
+        except Exception as exc:
+            raise _quantizer_error("quantize_dynamic" if self.mode == "dynamic" else "quantize_static", exc) from exc
+
+    def _run_ort(self, src: Path, dst: Path, extra: dict[str, Any]) -> None:
         from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
 
         from ortpilot.passes.calibration import reader_for
 
-        extra = dict(self.extra_options)
-        if self.mode in ("dynamic", "static") and has_subgraphs:
-            extra.setdefault("EnableSubgraph", True)  # If/Loop bodies (silero-vad keeps its model in one)
         if self.mode == "dynamic":
             quantize_dynamic(
                 str(src),
@@ -415,8 +491,6 @@ class QuantizePass(Pass):
                 extra_options=extra,
             )
             return
-        if not self.calibration:
-            raise UsageError(f"Quantization mode '{self.mode}' is calibrated: it needs calibration samples.")
         if self.mode == "full":
             extra.setdefault("ForceQuantizeNoInputCheck", True)
         quantize_static(
@@ -444,7 +518,9 @@ __all__ = [
     "NothingQuantizedError",
     "PrepareForQuantization",
     "QuantizePass",
+    "QuantizerError",
     "constants_to_initializers",
+    "flatten_gemm_biases",
     "full_op_types",
     "name_nodes",
     "prepare",
