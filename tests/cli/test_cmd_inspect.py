@@ -46,3 +46,14 @@ def test_inspect_bad_files_exit_2_without_traceback(tmp_path, demo_paths, conten
 def test_inspect_contradicting_shape_exits_2(demo_paths):
     result = _invoke("inspect", str(demo_paths["cnn"]), "--shape", "image=1x3x64")
     assert result.exit_code == 2 and "rank" in result.stderr
+
+
+@pytest.mark.realmodels
+def test_inspect_does_not_list_constant_nodes_as_ops_the_cpu_will_not_run(silero_vad_path):
+    """silero-vad keeps its weights in Constant nodes (inside If branches): ORT folds them at load."""
+    result = _invoke("inspect", str(silero_vad_path), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    cpu = next(o for o in doc["unsupported_ops"] if o["provider"] == "CPUExecutionProvider")
+    assert cpu["checked"] and cpu["unsupported"] == []
+    assert doc["op_histogram"]["Constant"] >= 1 and doc["subgraph_node_count"] > 300  # the If branches' Constants
