@@ -26,6 +26,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -110,11 +111,80 @@ def _on_loopback(bind: Any) -> Any:
     return on_loopback
 
 
+@dataclass(frozen=True)
+class MalformedRequest:
+    """What a call whose message does not parse carries instead of it (gRPC would answer it UNKNOWN,
+    naming protobuf's DecodeError, before any servicer method runs): the method sees this and answers
+    INVALID_ARGUMENT after its key check (``malformed``)."""
+
+    rpc: str
+    error: str
+
+
+def _lenient(rpc: str, handler: Any) -> Any:
+    """``handler`` whose request deserializer gives a MalformedRequest where protobuf cannot parse the bytes."""
+    parse = handler.request_deserializer
+    if parse is None:
+        return handler
+
+    def deserialize(data: bytes) -> Any:
+        from google.protobuf.message import DecodeError
+
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return MalformedRequest(rpc, str(exc).splitlines()[0][:200] if str(exc) else "DecodeError")
+
+    return handler._replace(request_deserializer=deserialize)
+
+
+class _LenientServer:
+    """The gRPC server as the generated registration sees it: every handler it adds gets ``_lenient``."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        for handler in handlers:  # grpc's generic handler; Ray's server reads the same private dict
+            handler._method_handlers = {
+                path: _lenient(path.rpartition("/")[2], h) for path, h in handler._method_handlers.items()
+            }
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self._server.add_registered_method_handlers(service, {m: _lenient(m, h) for m, h in handlers.items()})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+
 def add_servicer(servicer: Any, server: Any) -> None:
-    """What ``grpc_options.grpc_servicer_functions`` names: registers the KServe v2 service."""
+    """What ``grpc_options.grpc_servicer_functions`` names: registers the KServe v2 service, with request
+    messages that do not parse handed to the servicer as ``MalformedRequest``."""
     from tritonclient.grpc import service_pb2_grpc
 
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, _LenientServer(server))
+
+
+def malformed(request: Any, context: Any) -> bool:
+    """Whether ``request`` is a MalformedRequest; if so the status (INVALID_ARGUMENT) is set."""
+    if not isinstance(request, MalformedRequest):
+        return False
+    set_status(
+        context,
+        400,
+        f"The {request.rpc} call's message is not a valid inference.{request.rpc}Request ({request.error}); "
+        "send the KServe v2 protobuf message (as tritonclient.grpc does).",
+    )
+    return True
+
+
+def server_metadata() -> Any:
+    """The ServerMetadataResponse every deployment answers (the same as REST ``GET /v2``)."""
+    from ortpilot.serve.oip import EXTENSIONS
+    from ortpilot.version import __version__
+
+    return messages().ServerMetadataResponse(name="ortpilot", version=__version__, extensions=EXTENSIONS)
 
 
 def model_ready(address: str, name: str, metadata: Mapping[str, str], timeout: float = 2.0) -> bool:
@@ -292,13 +362,16 @@ __all__ = [
     "SERVED_RPCS",
     "SERVICER",
     "UNSERVED_RPCS",
+    "MalformedRequest",
     "UnservedRpcs",
     "add_servicer",
     "decode_infer",
     "encode_infer",
+    "malformed",
     "messages",
     "model_metadata",
     "proxy_callback",
     "refused",
+    "server_metadata",
     "set_status",
 ]

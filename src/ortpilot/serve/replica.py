@@ -233,26 +233,38 @@ class ModelReplica(UnservedRpcs):
 
     # -- gRPC (KServe v2) ---------------------------------------------------------------------------
     async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:  # RPC methods carry KServe v2 names
-        from ortpilot.serve.grpc_service import messages, refused
+        from ortpilot.serve.grpc_service import malformed, messages, refused
 
-        return messages().ServerLiveResponse(live=not refused(self.guard, grpc_context, health=True))
+        if refused(self.guard, grpc_context, health=True) or malformed(request, grpc_context):
+            return messages().ServerLiveResponse()
+        return messages().ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages, refused
+        from ortpilot.serve.grpc_service import malformed, messages, refused
 
-        return messages().ServerReadyResponse(ready=not refused(self.guard, grpc_context, health=True))
+        if refused(self.guard, grpc_context, health=True) or malformed(request, grpc_context):
+            return messages().ServerReadyResponse()
+        return messages().ServerReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
+        """The server's metadata: a call without ``application`` metadata comes here when one model is served."""
+        from ortpilot.serve.grpc_service import malformed, messages, refused, server_metadata
+
+        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
+            return messages().ServerMetadataResponse()
+        return server_metadata()
 
     async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages, refused
+        from ortpilot.serve.grpc_service import malformed, messages, refused
 
-        if refused(self.guard, grpc_context):
+        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
             return messages().ModelReadyResponse()
         return messages().ModelReadyResponse(ready=request.name == self.name and request.version in ("", "1"))
 
     async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages, model_metadata, refused, set_status
+        from ortpilot.serve.grpc_service import malformed, messages, model_metadata, refused, set_status
 
-        if refused(self.guard, grpc_context):
+        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
             return messages().ModelMetadataResponse()
         if request.name != self.name or request.version not in ("", "1"):
             set_status(grpc_context, 404, _unknown(request.name, request.version))
@@ -261,10 +273,13 @@ class ModelReplica(UnservedRpcs):
 
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
         """KServe v2 ModelInfer: the same checks and outputs as REST infer; errors as gRPC status codes."""
-        from ortpilot.serve.grpc_service import messages, refused, set_status
+        from ortpilot.serve.grpc_service import malformed, messages, refused, set_status
 
         if refused(self.guard, grpc_context):
             self.requests.observe(401, 0.0)
+            return messages().ModelInferResponse()
+        if malformed(request, grpc_context):
+            self.requests.observe(400, 0.0)
             return messages().ModelInferResponse()
         status, message, answer = await self.infer_message(request)
         set_status(grpc_context, status, message)

@@ -92,37 +92,37 @@ class ServerApp(UnservedRpcs):
 
     # -- gRPC (KServe v2) ---------------------------------------------------------------------------
     async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:  # RPC methods carry KServe v2 names
-        from ortpilot.serve.grpc_service import messages, refused
+        from ortpilot.serve.grpc_service import malformed, messages, refused
 
-        return messages().ServerLiveResponse(live=not refused(self.guard, grpc_context, health=True))
+        if refused(self.guard, grpc_context, health=True) or malformed(request, grpc_context):
+            return messages().ServerLiveResponse()
+        return messages().ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages, refused
+        from ortpilot.serve.grpc_service import malformed, messages, refused
 
-        if refused(self.guard, grpc_context, health=True):
+        if refused(self.guard, grpc_context, health=True) or malformed(request, grpc_context):
             return messages().ServerReadyResponse()
         return messages().ServerReadyResponse(ready=all(self.ready(n) for n in self.names) and not self.draining)
 
     async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages, refused
-        from ortpilot.serve.oip import EXTENSIONS
-        from ortpilot.version import __version__
+        from ortpilot.serve.grpc_service import malformed, messages, refused, server_metadata
 
-        if refused(self.guard, grpc_context):
+        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
             return messages().ServerMetadataResponse()
-        return messages().ServerMetadataResponse(name="ortpilot", version=__version__, extensions=EXTENSIONS)
+        return server_metadata()
 
     async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages, refused
+        from ortpilot.serve.grpc_service import malformed, messages, refused
 
-        if refused(self.guard, grpc_context):
+        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
             return messages().ModelReadyResponse()
         return messages().ModelReadyResponse(ready=request.name in self.apps and self.ready(request.name))
 
     async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages, refused, set_status
+        from ortpilot.serve.grpc_service import malformed, messages, refused, set_status
 
-        if refused(self.guard, grpc_context):
+        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
             return messages().ModelMetadataResponse()
         handle = self._model(request.name, grpc_context)
         if handle is None:
@@ -134,11 +134,14 @@ class ServerApp(UnservedRpcs):
             return messages().ModelMetadataResponse()
 
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import messages, refused, set_status
+        from ortpilot.serve.grpc_service import malformed, messages, refused, set_status
 
         started = time.perf_counter()
         if refused(self.guard, grpc_context):
             self.metrics.observe(UNKNOWN_MODEL, 401, time.perf_counter() - started)
+            return messages().ModelInferResponse()
+        if malformed(request, grpc_context):
+            self.metrics.observe(UNKNOWN_MODEL, 400, time.perf_counter() - started)
             return messages().ModelInferResponse()
         handle = self._model(request.model_name, grpc_context)
         if handle is None:
