@@ -13,7 +13,7 @@ Every port Ray would open on a fixed default (HAProxy's stats and Prometheus lis
 fallback proxy, the replicas' ports) gets a free one on this server's host, so two servers on
 one machine do not collide, and an HAProxy wrapper written into the server's run folder moves
 the listeners Ray binds on all interfaces onto loopback, adds the timeouts and the header limit Ray
-leaves out, and makes HAProxy's own answers (408, 431, 503, 404) speak the protocol's JSON shape.
+leaves out, and makes HAProxy's own answers (408, 431, 501, 503, 404) speak the protocol's JSON shape.
 No Ray import here: the environment must exist before Ray reads it.
 """
 
@@ -187,6 +187,9 @@ fi
 exec "{binary}" "$@"
 """
 REASONS = {400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 500: "Internal Server Error"}
+# The methods the replicas route (others get their 405); HAProxy answers any other method itself with a
+# 501 in the protocol's shape (a replica's HTTP parser answers an unknown one with a plain-text 400).
+METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")
 REASONS |= {503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
@@ -206,6 +209,11 @@ def _error_pages(timeouts: Timeouts, max_header_kb: int) -> dict[int, tuple[str,
     return {
         400: ("The request is not valid HTTP, or one header line is too long.", "bad_request", False),
         404: ("No route for this path.", "not_found", False),
+        501: (
+            f"This server does not implement the request's method; it answers {', '.join(METHODS)}.",
+            "method_not_implemented",
+            False,
+        ),
         408: (
             f"The request (its headers, and a body of up to {HAPROXY_BUFSIZE // 1024} KiB) did not arrive within "
             f"{timeouts.header_s} s (--header-timeout); send it faster.",
@@ -228,7 +236,7 @@ def _write_pages(folder: Path, protocol: str, timeouts: Timeouts, max_header_kb:
     paths = {}
     for status, (message, code, server_side) in _error_pages(timeouts, max_header_kb).items():
         body = error_json(protocol, message, code, server_side)
-        if status in (404, 431):
+        if status in (404, 431, 501):
             path = folder / f"e{status}.json"
             path.write_bytes(body)
         else:
@@ -271,10 +279,14 @@ def rewrite_script(
         # The default backend echoes the path in plain text; a JSON 404 instead.
         r"s|^([[:space:]]*http-request return status 404 content-type )text/plain lf-string .*$|"
         rf"\1application/json file {pages[404]}|",
-        # Headers over the limit: 431 (HTTP) / RESOURCE_EXHAUSTED (gRPC), before any routing.
+        # Headers over the limit: 431 (HTTP) / RESOURCE_EXHAUSTED (gRPC), before any routing; a method no
+        # replica knows (``FOO /v2``): 501 in the protocol's shape.
         "/^frontend http_frontend$/a\\",
         f"    http-request return status 431 content-type application/json file {pages[431]} "
         f"if {{ req.hdrs,length gt {limit} }}",
+        "/^frontend http_frontend$/a\\",
+        f"    http-request return status 501 content-type application/json file {pages[501]} "
+        f"unless {{ method {' '.join(METHODS)} }}",
         "/^frontend grpc_frontend$/a\\",
         "    http-request return status 200 content-type application/grpc hdr grpc-status 8 hdr grpc-message "
         f'"request headers are over the limit of {max_header_kb} KiB" if {{ req.hdrs,length gt {limit} }}',
@@ -401,6 +413,7 @@ def environment(
 
 __all__ = [
     "INGRESS_CHOICES",
+    "METHODS",
     "IngressPath",
     "Timeouts",
     "choose",
