@@ -5,8 +5,8 @@ Plain data, no Ray and no HTTP server: the ingress (``openai_app``) reads JSON i
 and the functions here shape what goes back, as OpenAI's reference documents it:
 ``/v1/completions`` (``text_completion``) and ``/v1/chat/completions`` (``chat.completion`` and
 its ``chat.completion.chunk`` stream), errors as ``{"error": {"message", "type", "param", "code"}}``.
-A field the server does not implement (``n`` > 1, ``logprobs``, tools) is refused with a 400
-naming it rather than ignored.
+A field the server does not implement (``n`` > 1, ``logprobs``, tools, a non-zero
+``presence_penalty`` or ``frequency_penalty``) is refused with a 400 naming it rather than ignored.
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ _UNSUPPORTED = {
     "functions": (None, []),
     "logit_bias": (None, {}),
     "response_format": (None, {"type": "text"}),
+    # The sampler applies no penalties: 0 (OpenAI's default) is what every request gets.
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+}
+_HINTS = {
+    "presence_penalty": " (only 0: the sampler applies no penalty)",
+    "frequency_penalty": " (only 0: the sampler applies no penalty)",
 }
 
 
@@ -255,7 +262,9 @@ def parse_request(kind: str, raw: bytes) -> GenerationRequest:
         raise ApiError(400, f"'n' = {n}: this server returns one choice per request.", param="n", code="unsupported")
     for name, allowed in _UNSUPPORTED.items():
         if name in body and body[name] not in allowed:
-            raise ApiError(400, f"'{name}' is not supported by this server.", param=name, code="unsupported")
+            raise ApiError(
+                400, f"'{name}' is not supported by this server{_HINTS.get(name, '')}.", param=name, code="unsupported"
+            )
     name = "max_tokens"
     max_tokens = _integer(body, "max_tokens")
     if kind == "chat" and body.get("max_completion_tokens") is not None:
