@@ -15,6 +15,43 @@ from ortpilot.cli.serve_openai import decoder_options, openai_options
 from ortpilot.errors import UsageError
 
 _STARTED = time.perf_counter()  # cold start counts from the command's start, imports included
+KEY_ENV = "ORTPILOT_API_KEY"
+# What --emit-rayservice writes into the manifest (with the manifest's own flags); every other flag shapes
+# only the server this machine would run, and is refused with it rather than dropped.
+MANIFEST_PARAMS = frozenset(
+    {
+        "profiles",
+        "names",
+        "port",
+        "replicas",
+        "autoscale",
+        "cpus_per_replica",
+        "max_batch",
+        "batch_wait_ms",
+        "max_request_mb",
+        "accept_machine",
+        "access_log",
+        "rayservice",
+        "image",
+        "as_json",
+    }
+)
+
+
+def not_carried(ctx: click.Context, host: str) -> list[str]:
+    """The flags given (on the command line or in the environment) that a RayService manifest cannot carry;
+    ``--host 0.0.0.0`` is what the manifest's Serve listens on anyway."""
+    from click.core import ParameterSource
+
+    flags = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in MANIFEST_PARAMS or param.name is None:
+            continue
+        if param.name == "host" and host == "0.0.0.0":
+            continue
+        if ctx.get_parameter_source(param.name) not in (None, ParameterSource.DEFAULT):
+            flags.append(param.opts[0])
+    return flags
 
 
 @click.command("serve")
@@ -225,6 +262,18 @@ def command(
     /v1/completions and /v1/chat/completions, streamed or not): each replica decodes up to
     --max-streams requests together on one shared KV buffer (continuous batching).
     """
+    import os
+
+    # Click has read the keys: no Ray process this command starts (GCS, raylet, workers, HAProxy inherit its
+    # environment) gets them; replicas get digests (docs/commands/serve.md, Security).
+    os.environ.pop(KEY_ENV, None)
+    if rayservice and (dropped := not_carried(click.get_current_context(), host)):
+        raise UsageError(
+            f"--emit-rayservice does not carry {', '.join(dropped)} into the manifest: it carries the models, "
+            "--name, --port (on 0.0.0.0), --replicas or --autoscale, --cpus-per-replica, --max-batch, --batch-wait-ms, "
+            "--max-request-mb, --accept-machine, --no-access-log and --image. Leave the others out; keys, origins, "
+            "Host names, timeouts and header limits belong in front of the RayService (an Ingress or a gateway)."
+        )
     from ortpilot.serve import plan as serving
     from ortpilot.serve.access import access_options
     from ortpilot.serve.fastpath import Timeouts
@@ -265,12 +314,6 @@ def command(
             stderr.print(f"[dim]{escape(spec.name)}: {escape(note)}[/]", highlight=False)
     if rayservice:
         from ortpilot.serve.rayservice import write_rayservice
-
-        if server.access != access_options():
-            raise UsageError(
-                "--emit-rayservice does not carry --api-key, --api-key-file, --cors-origin or --allowed-host into "
-                "the manifest; put authentication in front of the RayService (an Ingress or a gateway)."
-            )
 
         path = write_rayservice(rayservice, list(served.models), options, host="0.0.0.0", port=port, image=image)
         stderr.print(
