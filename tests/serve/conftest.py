@@ -49,8 +49,8 @@ def tuned_encoder(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str
 def _starter(folder: Path) -> tuple:
     started: list[Server] = []
 
-    def start(*args: str, timeout: float = 240.0) -> Server:
-        server = Server(list(args), free_port(), folder / f"serve-{len(started)}.err", timeout)
+    def start(*args: str, timeout: float = 240.0, env: dict[str, str] | None = None) -> Server:
+        server = Server(list(args), free_port(), folder / f"serve-{len(started)}.err", timeout, env)
         started.append(server)
         return server
 
@@ -59,7 +59,8 @@ def _starter(folder: Path) -> tuple:
 
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator:
-    """``start_server(args...)`` -> a running Server; every one it started is stopped after the test."""
+    """``start_server(args..., env={...})`` -> a running Server (``env``: added to its environment); every one
+    it started is stopped after the test."""
     start, started = _starter(tmp_path)
     yield start
     for server in started:

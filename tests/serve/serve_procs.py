@@ -42,12 +42,14 @@ def free_port() -> int:
 class Server:
     """An ``ortpilot serve`` process: its URL, the ready lines it printed, its stderr so far."""
 
-    def __init__(self, args: list[str], port: int, log: Path, timeout: float = 240.0) -> None:
+    def __init__(
+        self, args: list[str], port: int, log: Path, timeout: float = 240.0, env: dict[str, str] | None = None
+    ) -> None:
         self.port = port
         self.url = f"127.0.0.1:{port}"
         self.log = log
         self._err = open(log, "wb")  # noqa: SIM115 - the server's stderr, closed when it is stopped
-        env = cli_env()
+        env = {**cli_env(), **(env or {})}
         self.proc = subprocess.Popen(
             [*CLI, "serve", *args, "--port", str(port)], stdout=subprocess.PIPE, stderr=self._err, env=env
         )

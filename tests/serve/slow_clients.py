@@ -135,6 +135,15 @@ def big_headers(port: int, path: str, size: int) -> Outcome:
     return _until_closed(sock, started)
 
 
+def one_request(port: int, method: str, path: str, headers: dict[str, str]) -> Outcome:
+    """One request with any method (``FOO``, which HTTP client libraries will not send) on a connection
+    the client asks to close after it."""
+    sock = _connect(port)
+    started = time.monotonic()
+    sock.sendall(request_head(method, path, {"Connection": "close", **headers}))
+    return _until_closed(sock, started)
+
+
 # -- HTTP/2 (gRPC) ------------------------------------------------------------------------------------
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY = 0, 1, 3, 4, 7

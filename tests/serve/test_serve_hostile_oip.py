@@ -283,6 +283,33 @@ def test_grpc_client_mistakes_are_grpc_status_codes(server, reference):
         client.infer("m", _inputs(tg, feeds), model_version="999", headers=key)
 
 
+def test_a_grpc_message_that_does_not_parse_is_invalid_argument(server):
+    """Two models: a call without ``application`` is relayed by the server-wide application, one with it
+    goes to the model's replicas; both answer INVALID_ARGUMENT, after the key check."""
+    import grpc
+
+    key = [("authorization", f"Bearer {KEY}")]
+    with grpc.insecure_channel(server.grpc) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")  # bytes in, bytes out
+        for metadata in (key, [*key, ("application", "m")]):
+            with pytest.raises(grpc.RpcError) as info:
+                infer(b"\x0a\xff\xff", metadata=metadata, timeout=60)  # a length past the end of the message
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (metadata, info.value.details())
+            assert "not a valid inference.ModelInferRequest" in info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            infer(b"\x0a\xff\xff", timeout=60)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.parametrize("path", ["/v2", "/v2/models/m/infer", "/v2/health/live"])
+def test_an_unknown_method_gets_the_protocols_json_error(server, path):
+    outcome = slow.one_request(server.port, "FOO", path, AUTH)
+    assert outcome.status == 501, outcome
+    assert "GET, HEAD, POST" in _error(outcome.body)
+    status, _h, body = _call(server, "PATCH", "/v2", headers=AUTH)  # a method the replicas know: their 405
+    assert status == 405 and "use GET" in _error(body)
+
+
 def test_metadata_shows_no_pids_hosts_or_paths(server, tuned_encoder):
     status, _h, body = _call(server, "GET", "/v2/models/m", headers=AUTH)
     assert status == 200

@@ -142,6 +142,10 @@ CASES = [
     ("temperature 3", {"model": "poison", "prompt": "x", "temperature": 3}, 400, "invalid_value"),
     ("over --max-request-mb", {"model": "poison", "prompt": "x" * (2 * 1024 * 1024)}, 413, "request_too_large"),
     ("unknown model", {"model": "nope", "prompt": "x"}, 404, "model_not_found"),
+    ("presence_penalty 1e308", {"model": "poison", "prompt": "x", "presence_penalty": 1e308}, 400, "unsupported"),
+    ("frequency_penalty 0.5", {"model": "poison", "prompt": "x", "frequency_penalty": 0.5}, 400, "unsupported"),
+    ("logit_bias", {"model": "poison", "prompt": "x", "logit_bias": {"5": 10}}, 400, "unsupported"),
+    ("echo", {"model": "poison", "prompt": "x", "echo": True}, 400, "unsupported"),
 ]
 
 
@@ -172,6 +176,23 @@ def test_wrong_methods_paths_and_origins(server: OpenAIServer) -> None:
     assert reply.status_code == 403 and _error(reply)["code"] == "host_not_allowed"
     reply = httpx.get(f"{server.base_url}/models", headers={**AUTH, "Origin": "https://evil.example"}, timeout=30)
     assert reply.status_code == 403 and _error(reply)["code"] == "origin_not_allowed"
+
+
+def test_penalties_of_zero_are_taken_and_others_refused_by_name(server: OpenAIServer, client) -> None:
+    body = {"model": "poison", "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    reply = client.completions.create(**body, presence_penalty=0, frequency_penalty=0.0)
+    assert reply.usage.completion_tokens == 2
+    for name in ("presence_penalty", "frequency_penalty"):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(**body, **{name: -2})
+        assert info.value.body["param"] == name and "no penalty" in info.value.body["message"]
+
+
+def test_an_unknown_method_gets_openais_json_error(server: OpenAIServer) -> None:
+    outcome = slow.one_request(server.port, "FOO", "/v1/models", AUTH)
+    assert outcome.status == 501, outcome
+    error = outcome.json()["error"]
+    assert error["code"] == "method_not_implemented" and "GET, HEAD, POST" in error["message"], error
 
 
 def test_model_info_shows_no_other_clients_requests(server: OpenAIServer, client) -> None:

@@ -172,3 +172,80 @@ def test_a_response_cancelled_under_a_live_call_counts_as_its_replica_gone_but_t
 
     assert asyncio.run(main()) == (True, False)
     assert replica_gone(ValueError("a bad request")) is False
+
+
+def test_an_unknown_method_is_answered_by_haproxy_in_the_protocols_shape(tmp_path):
+    from ortpilot.serve.fastpath import METHODS, Timeouts, write_wrapper
+
+    for protocol in ("oip", "openai"):
+        folder = tmp_path / protocol
+        folder.mkdir()
+        write_wrapper(folder, "/bin/true", Timeouts(), protocol=protocol)
+        script = (folder / "rewrite.sed").read_text()
+        assert f"http-request return status 501 content-type application/json file {folder / 'e501.json'} " in script
+        assert f"unless {{ method {' '.join(METHODS)} }}" in script
+        body = json.loads((folder / "e501.json").read_bytes())
+        message = body["error"] if protocol == "oip" else body["error"]["message"]
+        assert "GET, HEAD, POST" in message, body
+
+
+def test_a_grpc_message_that_does_not_parse_reaches_the_servicer_as_malformed():
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    from ortpilot.serve.grpc_service import MalformedRequest, _lenient
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        lambda request, context: None, request_deserializer=service_pb2.ModelInferRequest.FromString
+    )
+    lenient = _lenient("ModelInfer", handler)
+    good = service_pb2.ModelInferRequest(model_name="m")
+    assert lenient.request_deserializer(good.SerializeToString()) == good
+    bad = lenient.request_deserializer(b"\x0a\xff\xff")
+    assert isinstance(bad, MalformedRequest) and bad.rpc == "ModelInfer" and "ModelInferRequest" in bad.error
+
+
+@pytest.mark.parametrize("name", ["presence_penalty", "frequency_penalty"])
+def test_penalties_other_than_zero_are_refused_not_ignored(name):
+    from ortpilot.serve.openai import ApiError, parse_request
+
+    for value in (None, 0, 0.0):
+        parse_request("completion", json.dumps({"model": "m", "prompt": "x", name: value}).encode())
+    for value in (1e308, -2, 0.5, "1"):
+        with pytest.raises(ApiError) as info:
+            parse_request("completion", json.dumps({"model": "m", "prompt": "x", name: value}).encode())
+        assert info.value.status == 400 and info.value.param == name and info.value.code == "unsupported"
+
+
+def test_emit_rayservice_carries_its_flags_or_refuses_them(tmp_path):
+    from click.testing import CliRunner
+
+    from ortpilot.cli.main import cli
+
+    out = tmp_path / "m.yaml"
+    runner = CliRunner()
+    for flags, named in (
+        (
+            ["--grpc-port", "9123", "--request-timeout", "77", "--max-header-kb", "9"],
+            ["--grpc-port", "--max-header-kb"],
+        ),
+        (
+            ["--host", "10.0.0.5", "--ingress", "proxy", "--idle-timeout", "5"],
+            ["--host", "--ingress", "--idle-timeout"],
+        ),
+        (["--max-streams", "2", "--address", "127.0.0.1:1", "--debug-info"], ["--max-streams", "--address"]),
+    ):
+        refused = runner.invoke(cli, ["serve", "demo:encoder", "--emit-rayservice", str(out), *flags])
+        assert refused.exit_code == 2 and not out.exists(), refused.output
+        text = " ".join(refused.output.split())
+        assert "does not carry" in text and all(flag in text for flag in named) and "Traceback" not in text, text
+    env = runner.invoke(cli, ["serve", "demo:encoder", "--emit-rayservice", str(out)], env={"ORTPILOT_API_KEY": "k"})
+    assert env.exit_code == 2 and "--api-key" in env.output and not out.exists()
+    carried = ["--replicas", "2", "--max-request-mb", "3", "--no-access-log", "--max-batch", "4", "--host", "0.0.0.0"]
+    written = runner.invoke(cli, ["serve", "demo:encoder", "--name", "enc", "--emit-rayservice", str(out), *carried])
+    assert written.exit_code == 0, written.output
+    apps = {
+        a["name"]: a for a in yaml.safe_load(yaml.safe_load(out.read_text())["spec"]["serveConfigV2"])["applications"]
+    }
+    args = apps["enc"]["args"]
+    assert (args["replicas"], args["max_request_mb"], args["access_log"], args["max_batch"]) == (2, 3.0, False, 4)
