@@ -31,4 +31,4 @@ assert "OpenVINOExecutionProvider" in ort.get_available_providers(), ort.get_ava
 print(f"onnxruntime-openvino {ort.__version__}: {ort.get_available_providers()}")
 PY
 
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider -m openvino tests/openvino "$@"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -m openvino tests/openvino_dist "$@"

@@ -3,7 +3,7 @@
 Layer 1: CUDA is not in the CPU build. Layer 2: the WebGPU plugin EP registers but finds no
 device here, and a plugin library path that does not exist fails to load. Layer 4: the Azure EP
 loads but takes no node of an ordinary model. Layer 3 needs an EP that raises at creation
-(silero-vad on OpenVINO): see tests/openvino.
+(silero-vad on OpenVINO): see tests/openvino_dist.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ _PASSES: dict[str, str | type[Pass]] = {
     "quantize": "ortpilot.passes.quantize:QuantizePass",
     "decoder_fusion": "ortpilot.passes.decoder_fusion:DecoderFusionPass",
     "weight_only": "ortpilot.passes.weight_only:WeightOnlyPass",
+    "openvino_int8": "ortpilot.passes.openvino_int8:OpenVINOInt8Pass",
 }
 
 

@@ -66,6 +66,7 @@ class Candidate:
         names = [p["name"].replace("ExecutionProvider", "").lower() for p in self.providers]
         if names != ["cpu"]:
             parts.append("+".join(names))
+        parts.extend(f"{k}={v}" for p in self.providers for k, v in sorted((p.get("options") or {}).items()))
         default = SessionSettings().to_dict()
         for key, value in self.settings.to_dict().items():
             if key == "config_entries":
@@ -93,6 +94,12 @@ class Candidate:
         data = self.settings.to_dict()
         data.update(changes)
         return Candidate(self.passes, self.providers, SessionSettings.from_dict(data), self.iobinding)
+
+    def with_provider_options(self, **changes: str) -> Candidate:
+        """The first provider with ``changes`` to its options (OpenVINO's precision, threads)."""
+        first = dict(self.providers[0])
+        first["options"] = {**(first.get("options") or {}), **changes}
+        return Candidate(self.passes, (first, *self.providers[1:]), self.settings, self.iobinding)
 
     def with_iobinding(self, on: bool = True) -> Candidate:
         return Candidate(self.passes, self.providers, self.settings, on)

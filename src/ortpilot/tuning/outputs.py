@@ -122,6 +122,7 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
     reference = _write_reference(out, winner, reference_feeds)
     settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
     optimized = _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
+    compiled = _write_compiled(out, model_file, list(winner.candidate.providers), reference)
     write_profile(
         out / "profile.json",
         model_file=model_file,
@@ -148,10 +149,13 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
             "gate_data": result.gate_data,
             "calibration_data": result.calibration_data,
             **({"optimized_model": optimized} if optimized else {}),
+            **({"compiled_model": compiled} if compiled else {}),
         },
     )
     if optimized:
         result.files["optimized_model"] = str(out / optimized["file"])
+    if compiled:
+        result.files["compiled_model"] = str(out / compiled["file"])
 
 
 def _write_optimized(
@@ -162,6 +166,16 @@ def _write_optimized(
 
     inputs, outputs = read_reference(reference)
     return write_optimized_model(out, model_file, providers, settings, inputs, outputs)
+
+
+def _write_compiled(
+    out: Path, model_file: Path, providers: list[dict[str, Any]], reference: Path
+) -> dict[str, Any] | None:
+    """OpenVINO's compiled winner (``tune.compiled``), checked on the reference sample."""
+    from ortpilot.tuning.compiled import write_compiled_model
+
+    inputs, outputs = read_reference(reference)
+    return write_compiled_model(out, model_file, providers, inputs, outputs)
 
 
 __all__ = ["MODEL_FILE", "winner_model", "write_outputs"]

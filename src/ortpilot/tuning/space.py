@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
-import onnxruntime as ort
 
 from ortpilot.passes.decoder_fusion import count_layers
 from ortpilot.passes.quantize import QuantizePass
@@ -24,6 +23,8 @@ from ortpilot.passes.registry import Step
 from ortpilot.providers.cpubudget import default_threads_in_budget, ort_default_threads, this_budget
 from ortpilot.providers.cpuisa import Int8Rule, int8_rule
 from ortpilot.providers.names import ProviderSpec
+from ortpilot.providers.openvino import OPENVINO
+from ortpilot.providers.plugins import compute_providers
 from ortpilot.providers.spec import NOT_COMPUTE
 from ortpilot.session.options import LEVELS
 from ortpilot.tuning.candidate import Candidate
@@ -51,6 +52,14 @@ W8 = Step("weight_only", {"mode": "int8-weights"})
 SPIN_KEY = "session.intra_op.allow_spinning"
 # Only the CPU EP has the integer kernels dynamic quantization emits (MatMulInteger & co.).
 INT8_DYNAMIC_PROVIDERS = {CPU}
+# OpenVINO: the float model and NNCF's QDQ model (``passes.openvino_int8``), its threads at the CPU budget.
+OV_INT8 = Step("openvino_int8")
+OPENVINO_NOT_TRIED = (
+    "transformer fusion and the CPU EP's INT8 variants on OpenVINO",
+    "fused contrib ops (Attention, SkipLayerNormalization) do not run on OpenVINO, and a QDQ model from ORT's "
+    "quantizer over every op it supports loses the answers there (MiniLM: cosine -0.09); NNCF's QDQ placement "
+    "(int8-openvino) is OpenVINO's INT8",
+)
 
 
 @dataclass(frozen=True)
@@ -147,7 +156,7 @@ def gather_facts(
         chosen = list(providers)
     else:
         chosen = []
-        for name in ort.get_available_providers():
+        for name in compute_providers():
             if name in NOT_COMPUTE:
                 excluded.append(Excluded(name, NOT_COMPUTE[name]))
             else:
@@ -271,7 +280,9 @@ def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
     primary = facts.providers[0] if facts.providers else ProviderSpec(CPU)
     out.extend(_variants_on(primary, facts, baseline))
     for spec in facts.providers:
-        if spec.name != CPU or primary.name != CPU:
+        if spec.name == OPENVINO:
+            out.extend(_variants_on(spec, facts, baseline) if primary.name != OPENVINO else [])
+        elif spec.name != CPU or primary.name != CPU:
             cand = Candidate((), provider_chain(spec), baseline.settings)
             if cand.id != baseline.id:
                 out.append(cand)
@@ -297,7 +308,43 @@ def within_budget(cands: Sequence[Candidate], facts: Facts) -> list[Candidate]:
     ]
 
 
+def openvino_spec(spec: ProviderSpec, cores: int) -> ProviderSpec:
+    """OpenVINO with its inference threads at the CPU budget unless the user set them (its own default
+    counts the machine's cores, not this process's affinity or quota)."""
+    return ProviderSpec(spec.name, {"num_of_threads": str(cores), **spec.options})
+
+
+def _openvino_variants(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[Candidate]:
+    """The float model and, where quantization is on and NNCF is installed, NNCF's QDQ model, on OpenVINO."""
+    ov = openvino_spec(spec, facts.cores)
+    # On a CPU with BF16 units OpenVINO runs float layers in bf16 unless told ACCURACY: both are tried
+    # (bf16 is faster, and wrong on some models: Magika's fp32 on OpenVINO missed the gate at cosine 0.49).
+    chains = [provider_chain(ov)]
+    if _has_bf16() and "precision" not in ov.options:
+        chains.append(provider_chain(ProviderSpec(ov.name, {**ov.options, "precision": "ACCURACY"})))
+    out = [Candidate((), chain, baseline.settings) for chain in chains]
+    facts.excluded.append(Excluded(*OPENVINO_NOT_TRIED))
+    if not facts.quantize:
+        return out
+    if importlib.util.find_spec("nncf") is None:
+        facts.excluded.append(
+            Excluded("int8-openvino", "needs NNCF: pip install 'ortpilot[openvino-plugin]' (or pip install nncf)")
+        )
+        return out
+    facts.int8_reasons[OV_INT8.label()] = "OpenVINO: NNCF's QDQ placement (MatMul/Gemm/Conv inputs; norms in float)"
+    return out + [Candidate((OV_INT8,), chain, baseline.settings) for chain in chains]
+
+
+def _has_bf16() -> bool:
+    from ortpilot.providers.cpuisa import read_cpu_isa
+
+    flags = read_cpu_isa().flags
+    return bool(flags.get("amx_bf16") or flags.get("avx512_bf16"))
+
+
 def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[Candidate]:
+    if spec.name == OPENVINO:
+        return _openvino_variants(spec, facts, baseline)
     out = []
     for passes in model_variants(facts):
         if spec.name not in INT8_DYNAMIC_PROVIDERS and any(_dynamic_int8(p) for p in passes):
@@ -314,6 +361,8 @@ def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[
 
 def knob_variants(base: Candidate, facts: Facts) -> list[Candidate]:
     """One knob changed at a time from ``base``; what is ruled out goes to ``facts.excluded``."""
+    if base.providers[0]["name"] == OPENVINO:
+        return openvino_knobs(base, facts)
     out: list[Candidate] = []
     for level in ("basic", "extended"):
         if level in LEVELS and base.settings.level != level:
@@ -337,6 +386,19 @@ def knob_variants(base: Candidate, facts: Facts) -> list[Candidate]:
     return [c for c in within_budget(out, facts) if c.id != base.id]
 
 
+def openvino_knobs(base: Candidate, facts: Facts) -> list[Candidate]:
+    """OpenVINO's own knobs (ORT's session knobs do not reach its kernels): its precision (on a CPU with
+    AMX or AVX-512 BF16 it runs a float model in bf16 unless told ACCURACY) and fewer inference threads."""
+    options = dict(base.providers[0].get("options") or {})
+    out = []
+    if options.get("precision") is None:
+        out.append(base.with_provider_options(precision="ACCURACY"))
+    threads = int(options.get("num_of_threads") or facts.cores)
+    if threads > 1:
+        out.append(base.with_provider_options(num_of_threads=str(max(1, threads // 2))))
+    return [c for c in out if c.id != base.id]
+
+
 def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
     """``base`` with every knob that beat it on its own, applied together."""
     if len(winners) < 2:
@@ -344,7 +406,9 @@ def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
     default = base.settings.to_dict()
     data = dict(default)
     iobinding = base.iobinding
+    options = dict(base.providers[0].get("options") or {})
     for cand in winners:
+        options.update(cand.providers[0].get("options") or {})
         for key, value in cand.settings.to_dict().items():
             if value != default[key]:
                 data[key] = value
@@ -353,7 +417,8 @@ def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
         return None  # parallel mode needs inter-op threads > 1
     from ortpilot.session import SessionSettings
 
-    return Candidate(base.passes, base.providers, SessionSettings.from_dict(data), iobinding)
+    providers = ({**base.providers[0], "options": options}, *base.providers[1:])
+    return Candidate(base.passes, providers, SessionSettings.from_dict(data), iobinding)
 
 
 def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:

@@ -1,0 +1,161 @@
+"""The OpenVINO plugin lane (.ci/openvino-plugin.sh): stock onnxruntime with onnxruntime-ep-openvino and NNCF.
+
+The plugin lists a device on Intel CPUs only; elsewhere every test here skips, naming the reason
+(on such a CPU, OpenVINO runs through the onnxruntime-openvino distribution: tests/openvino_dist).
+doctor, run, tune, verify and load_profile must agree about OpenVINO; the INT8 step for OpenVINO
+(NNCF's QDQ) and the compiled blob (EP context) are checked on real sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ortpilot import ProviderFallbackError, load
+from ortpilot.errors import StampMismatchError
+from ortpilot.graph.feeds import make_feeds
+from ortpilot.providers.plugins import ep_devices, plugin_for_ep, register_plugin
+
+OV = "OpenVINOExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+def _no_device_reason() -> str:
+    plugin = plugin_for_ep(OV)
+    if plugin is None:
+        return "onnxruntime-ep-openvino is not installed (pip install -e '.[cpu,openvino-plugin]')"
+    error = register_plugin(OV, plugin.library_path or None)
+    if error:
+        return f"the OpenVINO plugin did not register: {error}"
+    if not ep_devices(OV):
+        return "the OpenVINO plugin lists no device on this CPU (it lists Intel CPUs only)"
+    return ""
+
+
+REASON = _no_device_reason()
+pytestmark = [pytest.mark.openvino_plugin, pytest.mark.skipif(bool(REASON), reason=REASON or "-")]
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ortpilot.cli.main", *args], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_doctor_and_run_agree_about_openvino(demo_paths):
+    doctor = json.loads(_cli("doctor", "--json").stdout)
+    probe = next(p for p in doctor["probes"] if p["provider"] == OV)
+    assert (probe["kind"], probe["status"]) == ("plugin", "ok"), probe
+    assert not any(p["provider"].endswith(".AUTO") for p in doctor["probes"])
+    assert doctor["machine_class"]["name"].endswith("+openvino"), doctor["machine_class"]["name"]
+    assert OV in doctor["machine_class"]["key"]["eps"]
+    assert not [e for e in doctor["machine_class"]["key"]["eps"] if "." in e]
+
+    ran = _cli("run", str(demo_paths["encoder"]), "-p", "openvino", "-p", "cpu", "--policy", "strict", "--json")
+    assert ran.returncode == 0, ran.stderr
+    report = json.loads(ran.stdout)["session"]
+    assert report["providers"][0] == OV
+    placed = report["placement"]["providers"]
+    assert set(placed) == {OV} and placed[OV]["share"] == 1.0, placed
+
+
+def test_a_second_session_in_one_process_still_gets_openvino(demo_paths):
+    """A registered plugin is listed by get_available_providers(): it must still be created by device."""
+    first = load(str(demo_paths["encoder"]), ["openvino"], policy="strict")
+    second = load(str(demo_paths["encoder"]), ["openvino", "cpu"], policy="strict")
+    assert first.providers[0] == second.providers[0] == OV
+    assert second.placement.share(OV) == 1.0
+
+
+def test_openvino_options_reach_the_plugin_without_warnings(demo_paths):
+    sess = load(str(demo_paths["encoder"]), ["openvino:num_of_threads=1,precision=ACCURACY", "cpu"], policy="strict")
+    assert sess.providers[0] == OV
+    assert not [m for m in sess.ort_messages if "is ignored" in m], sess.ort_messages
+
+
+def test_a_device_the_plugin_does_not_list_is_a_named_fallback(demo_paths, caplog):
+    with pytest.raises(ProviderFallbackError, match="lists no OpenVINO NPU device"):
+        load(str(demo_paths["encoder"]), ["openvino:device_type=NPU", "cpu"], policy="strict")
+    with caplog.at_level(logging.WARNING, logger="ortpilot"):
+        sess = load(str(demo_paths["encoder"]), ["openvino:device_type=NPU", "cpu"], policy="warn")
+    assert sess.providers == [CPU]
+    assert sess.fallbacks and sess.fallbacks[0].layer == 2 and "listed: CPU" in sess.fallbacks[0].reason
+
+
+def test_a_model_openvino_cannot_compile_falls_back_with_the_reason(silero_vad_path):
+    with pytest.raises(ProviderFallbackError):
+        load(str(silero_vad_path), ["openvino"], policy="strict")
+    sess = load(str(silero_vad_path), ["openvino", "cpu"], policy="allow")
+    assert sess.providers == [CPU]
+    assert sess.fallbacks[0].requested == OV and sess.fallbacks[0].reason
+
+
+def test_int8_for_openvino_is_nncfs_qdq_and_keeps_the_answers(demo_paths):
+    import onnx
+
+    from ortpilot.passes.openvino_int8 import OpenVINOInt8Pass
+
+    model = onnx.load(str(demo_paths["encoder"]))
+    calibration = [make_feeds(model, seed=i) for i in range(8)]
+    result = OpenVINOInt8Pass(calibration=calibration).run(model)
+    ops = {n.op_type for n in result.model.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    assert "LayerNormalization" in ops  # norms stay in float: NNCF's transformer placement
+    assert result.record.quantized_nodes > 0 and result.record.stamp
+    feeds = make_feeds(model, seed=99)
+    [fp32] = load(model, ["cpu"]).run(None, feeds)
+    ov = load(result.model, ["openvino"], policy="strict")
+    assert ov.placement.share(OV) == 1.0
+    [int8] = ov.run(None, feeds)
+    assert _cosine(fp32, int8) > 0.99
+
+
+def test_tune_searches_openvino_and_ships_a_compiled_blob_that_verify_and_load_profile_use(demo_paths, tmp_path):
+    from ortpilot import load_profile, tune
+
+    out = tmp_path / "out"
+    # OpenVINO alone against ORT's default (which runs on the CPU EP): the demo encoder is 1.4-1.6x faster
+    # on OpenVINO on the Intel CPUs measured, so it ships, and its blob with it.
+    tune(str(demo_paths["encoder"]), out_dir=str(out), budget_s=40, providers=["openvino"])
+    doc = json.loads((out / "profile.json").read_text())
+    journal = (out / "journal.jsonl").read_text()
+    assert '"pass": "openvino_int8"' in journal or '"pass":"openvino_int8"' in journal  # NNCF's QDQ was tried
+    if doc["providers"][0]["name"] != OV:
+        pytest.skip(f"OpenVINO did not win on this machine ({doc['providers'][0]['name']} did): nothing to compile")
+    blob = doc["compiled_model"]
+    assert (out / blob["file"]).is_file()
+    assert blob["plugin"].startswith("onnxruntime-ep-openvino") and blob["openvino"] and blob["device"] == "CPU"
+    sess = load_profile(out / "profile.json")
+    assert sess.model_path.name == blob["file"] and sess.providers[0] == OV
+    verified = _cli("verify", str(out), "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+    # A truncated blob is never run: strict refuses, warn loads (and compiles) the source model.
+    good = (out / blob["file"]).read_bytes()
+    (out / blob["file"]).write_bytes(good[: len(good) // 2])
+    with pytest.raises(StampMismatchError, match="changed since it was compiled"):
+        load_profile(out / "profile.json")
+    fallback = load_profile(out / "profile.json", policy="warn")
+    assert fallback.model_path.name == "model.onnx" and fallback.providers[0] == OV
+    (out / blob["file"]).write_bytes(good)
+
+    # A blob from another OpenVINO: refused naming both versions.
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    edited = json.loads((other / "profile.json").read_text())
+    edited["compiled_model"]["openvino"] = "2025.4.0"
+    (other / "profile.json").write_text(json.dumps(edited))
+    with pytest.raises(StampMismatchError, match=r"openvino 2025\.4\.0.*this environment has " + blob["openvino"]):
+        load_profile(other / "profile.json")
