@@ -134,6 +134,7 @@ def test_tune_searches_openvino_and_ships_a_compiled_blob_that_verify_and_load_p
     assert '"pass": "openvino_int8"' in journal or '"pass":"openvino_int8"' in journal  # NNCF's QDQ was tried
     if doc["providers"][0]["name"] != OV:
         pytest.skip(f"OpenVINO did not win on this machine ({doc['providers'][0]['name']} did): nothing to compile")
+    assert "OpenVINO won: " in (out / "report.md").read_text()  # which EP won, and by how much
     blob = doc["compiled_model"]
     assert (out / blob["file"]).is_file()
     assert blob["plugin"].startswith("onnxruntime-ep-openvino") and blob["openvino"] and blob["device"] == "CPU"
@@ -142,14 +143,32 @@ def test_tune_searches_openvino_and_ships_a_compiled_blob_that_verify_and_load_p
     verified = _cli("verify", str(out), "--json")
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
+    # The blob is a file of its own beside the model that names it, hashed in the profile.
+    [bin_file] = blob["blobs"]
+    assert (out / bin_file["file"]).stat().st_size > (out / blob["file"]).stat().st_size
     # A truncated blob is never run: strict refuses, warn loads (and compiles) the source model.
-    good = (out / blob["file"]).read_bytes()
-    (out / blob["file"]).write_bytes(good[: len(good) // 2])
+    good = (out / bin_file["file"]).read_bytes()
+    (out / bin_file["file"]).write_bytes(good[: len(good) // 2])
     with pytest.raises(StampMismatchError, match="changed since it was compiled"):
         load_profile(out / "profile.json")
     fallback = load_profile(out / "profile.json", policy="warn")
     assert fallback.model_path.name == "model.onnx" and fallback.providers[0] == OV
-    (out / blob["file"]).write_bytes(good)
+    (out / bin_file["file"]).write_bytes(good)
+    (out / bin_file["file"]).unlink()
+    with pytest.raises(StampMismatchError, match="is missing"):
+        load_profile(out / "profile.json")
+    (out / bin_file["file"]).write_bytes(good)
+
+    # What serve's replicas load (optimized=True, their own thread count): the compiled model too.
+    replica = load_profile(out / "profile.json", optimized=True, intra_op_threads=1)
+    assert replica.model_path.name == blob["file"]
+
+    # export triton: Triton's backend takes OpenVINO as its CPU accelerator and compiles itself.
+    exported = _cli("export", "triton", str(out / "profile.json"), "-o", str(tmp_path / "repo"))
+    assert exported.returncode == 0, exported.stderr
+    [model_dir] = [p for p in (tmp_path / "repo").iterdir() if p.is_dir()]
+    assert 'name: "openvino"' in (model_dir / "config.pbtxt").read_text()
+    assert "**compiled_model**" in (model_dir / "ORTPILOT.md").read_text()
 
     # A blob from another OpenVINO: refused naming both versions.
     other = tmp_path / "other"

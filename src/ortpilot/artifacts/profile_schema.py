@@ -249,6 +249,7 @@ _TOP: dict[str, Check] = {
         {
             "file": _file_name,
             "sha256": _sha256,
+            "blobs": _list_of(_fields({"file": _file_name, "sha256": _sha256}, required=("file", "sha256")), limit=16),
             "ep": _string,
             "plugin": _string,
             "openvino": _string,

@@ -225,6 +225,7 @@ def render_summary(doc: dict) -> None:
         data_line,
         gate_line,
         headline,
+        provider_line,
         ratio_cell,
         table_rows,
     )
@@ -260,6 +261,8 @@ def render_summary(doc: dict) -> None:
     stderr.print(
         ("[bold]" if not doc["default_best"] else "[bold yellow]") + escape(headline(doc)) + "[/]", highlight=False
     )
+    if provider_line(doc):
+        stderr.print(escape(provider_line(doc)), highlight=False)
     if doc.get("load_note"):
         stderr.print(f"[yellow]Note: {escape(doc['load_note'])}.[/]", highlight=False)
     files = doc["files"]

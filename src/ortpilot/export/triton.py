@@ -381,6 +381,17 @@ def _deployment_losses(
             "its CPU budget) or GPU with it, as load_profile and 'ortpilot verify' do",
         ),
     ]
+    compiled = doc.get("compiled_model") or {}
+    if compiled:
+        out.append(
+            Loss(
+                "compiled_model",
+                f"{compiled.get('file')} ({compiled.get('plugin', '?')}, OpenVINO {compiled.get('openvino', '?')}, "
+                f"{compiled.get('device', '?')})",
+                "not exported: the blob is native code for the plugin's OpenVINO; Triton's backend carries its own "
+                "OpenVINO build and compiles model.onnx at every model load (the cold start the blob saved)",
+            )
+        )
     if decoder:
         out.append(
             Loss(

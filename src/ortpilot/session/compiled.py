@@ -26,8 +26,15 @@ log = logging.getLogger("ortpilot")
 COMPILED_FILE = "model.openvino.onnx"
 
 
-def compile_model(source: Path, dest: Path, spec: ProviderSpec) -> Path:
-    """``source`` compiled for ``spec``'s plugin EP into ``dest`` (blob embedded), written atomically."""
+def compile_model(source: Path, dest: Path, spec: ProviderSpec) -> list[Path]:
+    """``source`` compiled for ``spec``'s plugin EP into ``dest`` and the blob file(s) the EP writes beside
+    it (``model.openvino_OpenVINOExecutionProvider.bin``, named in its ``EPContext`` node); returns them,
+    the model first. The blob stays a file of its own: embedded in the model, ORT parses it as a
+    protobuf string at every load (MiniLM: 0.90 s to create the session against 0.31 s compiling the
+    model from scratch; in its own file 0.09 s). Written in a scratch folder beside ``dest`` and moved
+    into place blob first, so ``dest`` never names a blob that is not there."""
+    import shutil
+
     import onnxruntime as ort
 
     # Without OpenVINO's model cache: a model the cache already holds is imported, not compiled, and the
@@ -38,23 +45,34 @@ def compile_model(source: Path, dest: Path, spec: ProviderSpec) -> Path:
         raise RuntimeError(f"{spec.name}: {missing}")
     opts = ort.SessionOptions()
     opts.add_provider_for_devices(devices, options)
-    tmp = dest.with_name(f".{dest.stem}.{os.getpid()}.tmp.onnx")  # the EP reads the format off the suffix
+    scratch = dest.parent / f".{dest.stem}.{os.getpid()}.compiling"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
     try:
-        ort.ModelCompiler(opts, str(source), embed_compiled_data_into_model=True).compile_to_file(str(tmp))
-        os.replace(tmp, dest)
+        ort.ModelCompiler(opts, str(source), embed_compiled_data_into_model=False).compile_to_file(
+            str(scratch / dest.name)
+        )
+        blobs = sorted(p for p in scratch.iterdir() if p.name != dest.name)
+        for blob in blobs:
+            os.replace(blob, dest.parent / blob.name)
+        os.replace(scratch / dest.name, dest)
     finally:
-        tmp.unlink(missing_ok=True)
-    return dest
+        shutil.rmtree(scratch, ignore_errors=True)
+    return [dest, *(dest.parent / b.name for b in blobs)]
 
 
 def compiled_mismatch(entry: Mapping[str, Any], file: Path, chain: list[ProviderSpec]) -> str:
     """Why the compiled model must not load here ('' when it may): its hash, plugin, OpenVINO, device."""
     from ortpilot.modelio import file_sha256
 
-    if not file.is_file():
-        return f"its compiled model '{file.name}' is missing"
-    if file_sha256(file) != entry.get("sha256"):
-        return f"its compiled model '{file.name}' changed since it was compiled (sha256 differs: edited or truncated)"
+    files = [(file, entry.get("sha256"))] + [
+        (file.parent / b["file"], b.get("sha256")) for b in entry.get("blobs") or []
+    ]
+    for path, digest in files:
+        if Path(path.name).name != path.name or not path.is_file():
+            return f"its compiled model's file '{path.name}' is missing"
+        if file_sha256(path) != digest:
+            return f"its compiled model's file '{path.name}' changed since it was compiled (sha256 differs: edited or truncated)"
     here = plugin_build(str(entry.get("ep") or OPENVINO))
     for key in ("plugin", "openvino"):
         if entry.get(key) != here.get(key):

@@ -37,6 +37,7 @@ def write_compiled_model(
     when the winner is not on the OpenVINO plugin or the blob's outputs differ from the winner's."""
     first = providers[0] if providers else {}
     if first.get("name") != OPENVINO or not is_plugin_ep(OPENVINO):
+        _remove(out, out / COMPILED_FILE)  # a blob an earlier tune into this folder left
         return None
     from ortpilot.modelio import file_sha256
     from ortpilot.providers.names import resolve_providers
@@ -46,13 +47,13 @@ def write_compiled_model(
     dest = out / COMPILED_FILE
     try:
         started = time.perf_counter()
-        compile_model(model_file, dest, chain[0])
+        written = compile_model(model_file, dest, chain[0])
         compile_s = time.perf_counter() - started
         session = load(str(dest), chain, "strict")
         got = dict(zip([o.name for o in session.get_outputs()], session.run(None, dict(feeds))))
     except Exception as exc:  # an optional speed-up: the profile stays valid without it
         log.info("No compiled OpenVINO model kept: %s", exc)
-        dest.unlink(missing_ok=True)
+        _remove(out, dest)
         return None
     differs = [
         n
@@ -61,18 +62,25 @@ def write_compiled_model(
     ]
     if differs:
         log.info("No compiled OpenVINO model kept: its outputs %s differ from the winner's.", ", ".join(differs))
-        dest.unlink(missing_ok=True)
+        _remove(out, dest)
         return None
     device, _ = plugin_options(dict(chain[0].ort_options()))
     return {
         "file": dest.name,
         "sha256": file_sha256(dest),
+        "blobs": [{"file": p.name, "sha256": file_sha256(p)} for p in written[1:]],
         "ep": OPENVINO,
         **plugin_build(OPENVINO),
         "device": device,
         "compile_s": round(compile_s, 4),
         "placement": session.placement.counts if session.placement else None,
     }
+
+
+def _remove(out: Path, dest: Path) -> None:
+    """The compiled model and its blobs (``model.openvino*``), when they are not kept."""
+    for path in out.glob(f"{dest.stem}*"):
+        path.unlink(missing_ok=True)
 
 
 __all__ = ["write_compiled_model"]

@@ -95,6 +95,29 @@ def headline(doc: dict[str, Any]) -> str:
     )
 
 
+def provider_line(doc: dict[str, Any]) -> str:
+    """Which EP won and by how much, beside the best passing candidate on each other EP ('' when the
+    search tried one EP): ``OpenVINO won: 4.36x ORT's default; best on CPU: int8-dynamic-w-pc ~1.82x est.``"""
+    best: dict[str, dict[str, Any]] = {}
+    for c in ranked_candidates(doc):
+        first = ((c.get("providers") or [{}])[0]).get("name", "CPUExecutionProvider")
+        if c["status"] == "ok" and (c.get("vs_default") or {}).get("ratio") and first not in best:
+            best[first] = c
+    if len(best) < 2 or doc["default_best"]:
+        return ""
+    won = ((doc["winner"].get("providers") or [{}])[0]).get("name", "CPUExecutionProvider")
+    others = [f"best on {_ep_words(ep)}: {c['label']} {ratio_cell(c)}" for ep, c in best.items() if ep != won]
+    return (
+        f"{_ep_words(won)[0].upper()}{_ep_words(won)[1:]} won: {doc['speedup']['ratio']:.2f}x {reference_name(doc['baseline'])}; "
+        + "; ".join(others)
+        + "."
+    )
+
+
+def _ep_words(name: str) -> str:
+    return "the CPU EP" if name == "CPUExecutionProvider" else name.removesuffix("ExecutionProvider")
+
+
 def reference_name(base: dict[str, Any]) -> str:
     """What a tune's speedups are quoted against, from its baseline candidate's dict: ORT's default, or that
     session capped at the CPU budget where the default's pool would take CPUs outside it (``Search._reference``)."""
@@ -166,6 +189,7 @@ def render_md(doc: dict[str, Any]) -> str:
         "",
         headline(doc),
         "",
+        *([provider_line(doc), ""] if provider_line(doc) else []),
         *([load_line(doc), ""] if doc.get("load_note") else []),
         f"ONNX Runtime {doc['onnxruntime']}, shapes "
         + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in doc["shapes"].items())
@@ -275,6 +299,7 @@ def render_html(doc: dict[str, Any]) -> str:
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background:#dfd}}tr.rej{{color:#888}}</style></head><body>
 <h1>ortpilot tune: {e(doc["model"])}</h1>
 <p><b>{e(headline(doc))}</b></p>
+{f"<p>{e(provider_line(doc))}</p>" if provider_line(doc) else ""}
 {f"<p>{e(load_line(doc))}</p>" if doc.get("load_note") else ""}
 <p>ONNX Runtime {e(doc["onnxruntime"])}; shapes {e(str(doc["shapes"]))}; objective {e(doc["objective"])};
 tune wall time {doc["wall_s"]:.1f} s.</p>
