@@ -250,13 +250,16 @@ def main() -> None:
     built = variants(source, samples, out_root)
     threads = len(os.sched_getaffinity(0))
     ov_opts = {"num_of_threads": str(threads)}
+    from ortpilot.providers.plugins import build_providers
+
+    ep = "OpenVINO EP (onnxruntime-openvino)" if OV in build_providers() else "OpenVINO plugin"
     runs: dict[str, Run] = {
         "ORT default (CPU EP)": ort_runner(str(source), ["cpu"]),
         "ortpilot tune's profile": ort_runner(ortpilot.load_profile(profile), []),
-        "ORT + OpenVINO plugin, fp32": ort_runner(str(source), [("openvino", ov_opts)]),
-        "ORT + OpenVINO plugin, NNCF QDQ": ort_runner(str(built["nncf"]), [("openvino", ov_opts)]),
-        "ORT + OpenVINO plugin, ORT QDQ on MatMul/Gemm": ort_runner(str(built["ort-matmul"]), [("openvino", ov_opts)]),
-        "ORT + OpenVINO plugin, ORT full QDQ": ort_runner(str(built["ort-full"]), [("openvino", ov_opts)]),
+        f"ORT + {ep}, fp32": ort_runner(str(source), [("openvino", ov_opts)]),
+        f"ORT + {ep}, NNCF QDQ": ort_runner(str(built["nncf"]), [("openvino", ov_opts)]),
+        f"ORT + {ep}, ORT QDQ on MatMul/Gemm": ort_runner(str(built["ort-matmul"]), [("openvino", ov_opts)]),
+        f"ORT + {ep}, ORT full QDQ": ort_runner(str(built["ort-full"]), [("openvino", ov_opts)]),
         "ORT CPU EP, NNCF QDQ": ort_runner(str(built["nncf"]), ["cpu"]),
     }
     if importlib.util.find_spec("openvino") is not None:  # the native anchor, where OpenVINO's Python package is

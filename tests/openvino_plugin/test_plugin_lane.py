@@ -94,6 +94,14 @@ def test_a_device_the_plugin_does_not_list_is_a_named_fallback(demo_paths, caplo
     assert sess.fallbacks and sess.fallbacks[0].layer == 2 and "listed: CPU" in sess.fallbacks[0].reason
 
 
+def test_a_plugin_library_that_is_missing_is_a_named_fallback(demo_paths, tmp_path):
+    missing = tmp_path / "libonnxruntime_providers_openvino_plugin.so"
+    with pytest.raises(ProviderFallbackError, match="failed to load"):
+        load(str(demo_paths["encoder"]), [f"openvino:ep_library={missing}", "cpu"], policy="strict")
+    sess = load(str(demo_paths["encoder"]), [f"openvino:ep_library={missing}", "cpu"], policy="allow")
+    assert sess.providers == [CPU] and sess.fallbacks[0].layer == 2
+
+
 def test_a_model_openvino_cannot_compile_falls_back_with_the_reason(silero_vad_path):
     with pytest.raises(ProviderFallbackError):
         load(str(silero_vad_path), ["openvino"], policy="strict")
@@ -178,3 +186,17 @@ def test_tune_searches_openvino_and_ships_a_compiled_blob_that_verify_and_load_p
     (other / "profile.json").write_text(json.dumps(edited))
     with pytest.raises(StampMismatchError, match=r"openvino 2025\.4\.0.*this environment has " + blob["openvino"]):
         load_profile(other / "profile.json")
+
+
+def test_quantize_mode_openvino_writes_nncfs_model_gated_on_openvino(demo_paths, tmp_path):
+    import onnx
+
+    out = tmp_path / "encoder.int8-openvino.onnx"
+    done = _cli(
+        "quantize", str(demo_paths["encoder"]), "-o", str(out), "--mode", "openvino", "--max-error", "0.01", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["gate"]["passed"] and report["record"]["name"] == "openvino-int8"
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "LayerNormalization"} <= ops

@@ -38,10 +38,11 @@ WEIGHT_ONLY_MODES = ("int4", "int8-weights")
 @click.option("-o", "--output", required=True, help="Where to write the quantized model (.onnx).")
 @click.option(
     "--mode",
-    type=click.Choice(["dynamic", "static", "qdq", "full", *WEIGHT_ONLY_MODES]),
+    type=click.Choice(["dynamic", "static", "qdq", "full", "openvino", *WEIGHT_ONLY_MODES]),
     required=True,
     help="dynamic: INT8 weights, activations at run time; static: QOperator, calibrated; qdq: Q/DQ pairs "
-    "around weighted ops, calibrated; full: QDQ on every supported op (always gated); int4 / "
+    "around weighted ops, calibrated; full: QDQ on every supported op (always gated); openvino: NNCF's QDQ "
+    "model for the OpenVINO EP (calibrated; needs the openvino-plugin extra or nncf); int4 / "
     "int8-weights: weight-only MatMulNBits for decoders, gated on generation.",
 )
 @click.option("--per-channel", is_flag=True, help="One scale per output channel of each weight.")

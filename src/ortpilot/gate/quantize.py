@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.exclude import ExcludeResult, Ranking, Rounds, finite
 from ortpilot.gate.flow import QuantizeReport, quantize_and_gate
@@ -33,6 +34,9 @@ from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass
 log = logging.getLogger("ortpilot")
 # ``full`` leaves no float islands: it is always gated, by this much unless told otherwise.
 DEFAULT_FULL_MAX_ERROR = 0.05
+# NNCF's QDQ model for the OpenVINO EP (``passes.openvino_int8``), and the quantize settings it keeps.
+OPENVINO_MODE = "openvino"
+OPENVINO_MODE_OPTIONS = ("nodes_to_exclude", "preprocess", "weight_type", "activation_type", "method")
 
 
 def _gate_doc(result: GateResult) -> dict[str, Any]:
@@ -185,7 +189,10 @@ def quantize_int8_gated(
     )
     data = _samples(source, mode, calibration, shapes, max_error)
     calib, heldout = data.split(holdout_fraction)
-    step = QuantizePass(mode, calibration=calib if mode != "dynamic" else None, **pass_options)
+    if mode == OPENVINO_MODE:
+        step, providers = openvino_step(calib, pass_options, providers)
+    else:
+        step = QuantizePass(mode, calibration=calib if mode != "dynamic" else None, **pass_options)
     gate = ModelGate.of(
         replace(gate_spec, inputs=heldout),
         SampleProbe(heldout, providers),
@@ -203,6 +210,31 @@ def quantize_int8_gated(
         worst_n,
     )
     return quantize_and_gate(flow, output or None)
+
+
+def openvino_step(
+    calib: Sequence[Mapping[str, Any]], pass_options: Mapping[str, Any], providers: Sequence[str] | None
+) -> tuple[Any, Sequence[str] | None]:
+    """``--mode openvino``: NNCF's QDQ model (``passes.openvino_int8``), gated on OpenVINO where it runs here
+    (its kernels are what the model is for; NNCF's QDQ model on the CPU EP runs slower than float), else
+    on the CPU EP, which computes the same quantized values."""
+    from ortpilot.passes.openvino_int8 import OpenVINOInt8Pass
+    from ortpilot.providers.openvino import OPENVINO
+    from ortpilot.providers.plugins import compute_providers
+
+    refused = sorted(k for k, v in pass_options.items() if k not in OPENVINO_MODE_OPTIONS and v not in (None, False))
+    if refused:
+        raise UsageError(
+            f"--mode openvino takes NNCF's own quantization settings; "
+            f"{', '.join('--' + k.replace('_', '-') for k in refused)} do(es) not apply to it "
+            "(use --exclude NODE to leave nodes in float)."
+        )
+    step = OpenVINOInt8Pass(calibration=list(calib), nodes_to_exclude=pass_options.get("nodes_to_exclude") or ())
+    if providers is None and OPENVINO in compute_providers():
+        providers = ["openvino", "cpu"]
+    elif providers is None:
+        log.info("OpenVINO does not run here: the gate runs NNCF's model on the CPU EP (the same quantized values).")
+    return step, providers
 
 
 __all__ = ["DEFAULT_FULL_MAX_ERROR", "Int8Flow", "QuantizeReport", "QuantizeStep", "quantize_int8_gated"]

@@ -11,7 +11,9 @@ every calibrated pass gets, and leaves ``exclude`` nodes in float through NNCF's
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,6 +52,7 @@ class OpenVINOInt8Pass(Pass):
 
     name = "openvino-int8"
     calibrated = True
+    mode = "openvino"  # ``ortpilot quantize --mode openvino``; the gated flow ranks layers by their QDQ error
 
     def __init__(
         self,
@@ -87,6 +90,15 @@ class OpenVINOInt8Pass(Pass):
             opts["nodes_to_exclude"] = list(self.nodes_to_exclude)
         return opts
 
+    def with_excluded(self, nodes: Sequence[str]) -> OpenVINOInt8Pass:
+        """The same pass, leaving ``nodes`` in float too (NNCF's ignored scope): the auto-exclude loop's step."""
+        return OpenVINOInt8Pass(
+            calibration=self.calibration,
+            model_type=self.model_type,
+            nodes_to_exclude=[*self.nodes_to_exclude, *[n for n in nodes if n not in self.nodes_to_exclude]],
+            fast_bias_correction=self.fast_bias_correction,
+        )
+
     def label(self) -> str:
         return "int8-openvino" + (f"-x{len(self.nodes_to_exclude)}" if self.nodes_to_exclude else "")
 
@@ -111,7 +123,9 @@ class OpenVINOInt8Pass(Pass):
         if self.nodes_to_exclude:
             kwargs["ignored_scope"] = nncf.IgnoredScope(names=list(self.nodes_to_exclude), validate=False)
         try:
-            quantized = nncf.quantize(model, nncf.Dataset(list(self.calibration)), **kwargs)
+            # NNCF draws its progress bars on stdout, where --json prints its one document: they go to stderr.
+            with contextlib.redirect_stdout(sys.stderr):
+                quantized = nncf.quantize(model, nncf.Dataset(list(self.calibration)), **kwargs)
         except Exception as exc:
             raise UsageError(
                 f"NNCF could not quantize this model for OpenVINO ({type(exc).__name__} in nncf.quantize: "
