@@ -94,3 +94,83 @@ def test_signature_names_inputs_no_node_reads() -> None:
     assert detect_signature(source).unread_inputs == ()
     fused = DecoderFusionPass(max_positions=64).run(source).model
     assert detect_signature(fused).unread_inputs == ("attention_mask",)
+
+
+# --------------------------------------------------------------------------- --outputs: prune_to_outputs
+
+
+def _encoder_feeds() -> dict[str, np.ndarray]:
+    from output_models import encoder_with_heads
+
+    from ortpilot.graph.feeds import make_feeds, plan_feeds
+
+    model = encoder_with_heads()
+    return make_feeds(model, plan=plan_feeds(model, {}), seed=3)
+
+
+def _outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+@pytest.mark.parametrize("names", [["last_hidden_state"], ["hidden_state_1"], ["pooler_output", "last_hidden_state"]])
+def test_pruned_model_has_only_the_named_outputs_with_the_full_models_values(names: list[str]) -> None:
+    from output_models import encoder_with_heads
+
+    from ortpilot.graph.prune import prune_to_outputs
+
+    full = encoder_with_heads()
+    feeds = _encoder_feeds()
+    pruned = prune_to_outputs(full, names)
+    onnx.checker.check_model(pruned)
+    assert [o.name for o in pruned.graph.output] == names  # in the order asked
+    assert [i.name for i in pruned.graph.input] == [i.name for i in full.graph.input]  # the same requests
+    want, got = _outputs(full, feeds), _outputs(pruned, feeds)
+    assert list(got) == names
+    for name in names:
+        np.testing.assert_array_equal(got[name], want[name])
+    assert len(full.graph.output) == 3  # the input model is left as it was
+
+
+def test_pruning_drops_what_only_the_other_outputs_need() -> None:
+    from output_models import encoder_with_heads
+
+    from ortpilot.graph.prune import prune_to_outputs
+
+    full = encoder_with_heads()
+    ops = {n.output[0] for n in prune_to_outputs(full, ["last_hidden_state"]).graph.node}
+    assert "pooler_output" not in ops and "pooler/mean" not in ops  # the pooler head is gone
+    inits = {i.name for i in prune_to_outputs(full, ["last_hidden_state"]).graph.initializer}
+    assert "pooler.W" not in inits
+    early = prune_to_outputs(full, ["hidden_state_1"])
+    assert not any(n.name.startswith("encoder.layer.1") or "layer.1" in n.output[0] for n in early.graph.node)
+    assert len(early.graph.node) < len(full.graph.node) // 2 + 10
+
+
+def test_bad_output_names_are_usage_errors_naming_the_real_ones() -> None:
+    from output_models import encoder_with_heads
+
+    from ortpilot.errors import UsageError
+    from ortpilot.graph.prune import check_outputs, prune_to_outputs
+
+    full = encoder_with_heads()
+    with pytest.raises(UsageError, match="'nope'.*its outputs are: last_hidden_state, pooler_output, hidden_state_1"):
+        prune_to_outputs(full, ["last_hidden_state", "nope"])
+    with pytest.raises(UsageError, match="'input_ids' is an input"):
+        check_outputs(full, ["input_ids"])
+    with pytest.raises(UsageError, match="at least one"):
+        check_outputs(full, [])
+    assert check_outputs(full, ["pooler_output", "pooler_output"]) == ["pooler_output"]
+
+
+def test_an_output_that_is_also_an_input_is_refused() -> None:
+    from ortpilot.errors import UsageError
+    from ortpilot.graph.prune import check_outputs
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y, x])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(UsageError, match="'x', which is also a graph input.*\\(y\\)"):
+        check_outputs(model, ["y", "x"])
+    assert check_outputs(model, ["y"]) == ["y"]

@@ -99,3 +99,55 @@ def clear_unread_outputs(model: onnx.ModelProto) -> int:
         while node.output and not node.output[-1]:
             node.output.pop()
     return cleared
+
+
+def check_outputs(model: onnx.ModelProto, names: list[str] | tuple[str, ...]) -> list[str]:
+    """``names`` (``--outputs``) checked against the model's outputs, duplicates dropped, order kept.
+
+    A name the graph does not output, or an output that is also a graph input (a pass-through the
+    deployment would read back as sent), is a ``UsageError`` (exit 2) naming the real outputs.
+    """
+    from ortpilot.errors import UsageError
+
+    wanted = list(dict.fromkeys(str(n) for n in names))
+    real = [o.name for o in model.graph.output]
+    if not wanted:
+        raise UsageError(f"--outputs needs at least one output name; the model's outputs are: {', '.join(real)}.")
+    inputs = {i.name for i in model.graph.input}
+    missing = [n for n in wanted if n not in real]
+    if missing:
+        fed = [n for n in missing if n in inputs]
+        raise UsageError(
+            f"--outputs names {', '.join(repr(n) for n in missing)}, which the model does not output"
+            f"{' (' + ', '.join(repr(n) for n in fed) + ' is an input)' if fed else ''}; "
+            f"its outputs are: {', '.join(real)}. Name one or more of those (repeat --outputs NAME)."
+        )
+    echoed = [n for n in wanted if n in inputs]
+    if echoed:
+        raise UsageError(
+            f"--outputs names {', '.join(repr(n) for n in echoed)}, which is also a graph input: the model "
+            "returns it as it was fed, so there is nothing to compute, time or gate for it. Name outputs "
+            f"the model computes ({', '.join(n for n in real if n not in inputs) or 'none'})."
+        )
+    return wanted
+
+
+def prune_to_outputs(model: onnx.ModelProto, names: list[str] | tuple[str, ...]) -> onnx.ModelProto:
+    """A copy of ``model`` that outputs only ``names`` (checked by :func:`check_outputs`), in that order,
+    without the nodes and initializers only the other outputs needed.
+
+    The graph inputs stay as they are, read or not, so the pruned model takes the same requests
+    (ORT requires every declared input to be fed).
+    """
+    wanted = check_outputs(model, names)
+    pruned = onnx.ModelProto()
+    pruned.CopyFrom(model)
+    by_name = {o.name: o for o in model.graph.output}
+    del pruned.graph.output[:]
+    pruned.graph.output.extend(by_name[n] for n in wanted)
+    remove_dead_nodes(pruned)
+    live = {o for n in pruned.graph.node for o in n.output} | read_names(pruned)
+    kept = [v for v in pruned.graph.value_info if v.name in live]
+    del pruned.graph.value_info[:]
+    pruned.graph.value_info.extend(kept)
+    return pruned
