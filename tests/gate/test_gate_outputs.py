@@ -6,13 +6,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import onnx
 import pytest
 from metric_models import padded_samples, save, token_model
+from onnx import TensorProto, helper, numpy_helper
 
-from ortpilot.errors import UsageError
+from ortpilot.errors import AccuracyGateError, UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import OutputGate, SampleProbe, SavedOutputs
-from ortpilot.measure.metrics import MetricChoice, MetricOverrides
+from ortpilot.gate.quantize import quantize_int8_gated
+from ortpilot.gate.result import MIN_SEQUENCE_SAMPLES, GateResult
+from ortpilot.measure.metrics import MetricChoice, MetricOverrides, choose_metrics
+from ortpilot.passes.calibration import CalibrationSet
+from ortpilot.passes.quantize import QuantizePass
 from ortpilot.tuning.worker import save_samples
 
 
@@ -67,3 +73,115 @@ def test_output_gate_checks_every_output_and_refuses_a_bad_limit():
         OutputGate(-1.0)
     with pytest.raises(UsageError, match="Unknown --metric 'l1'"):
         MetricOverrides.parse("l1")
+
+
+# --------------------------------------------------------------------------- a CTC text recognizer
+
+
+def ctc_recognizer(blank_bias: float = 9.0, seed: int = 0) -> onnx.ModelProto:
+    """A small CTC-style text recognizer built in code: a 1x3x8xW image, a Conv that cuts it into W/8
+    columns (steps), a MatMul to 40 classes, a Softmax and a Transpose to time-major ``[steps, 1, 40]``,
+    while the graph declares ``[1, seqlen]`` (nothing in the graph says class scores). Class 0 is the blank (a
+    bias keeps it the top class on most steps); its dynamic INT8 flips close calls between characters."""
+    rng = np.random.default_rng(seed)
+    channels, height, stride, features, classes = 3, 8, 8, 32, 40
+    conv = rng.standard_normal((features, channels, height, stride)) / np.sqrt(channels * height * stride)
+    proj = rng.standard_normal((features, classes)) * 1.5
+    bias = np.zeros(classes)
+    bias[0] = blank_bias
+    inits = [
+        numpy_helper.from_array(conv.astype(np.float32), "conv_w"),
+        numpy_helper.from_array(proj.astype(np.float32), "proj"),
+        numpy_helper.from_array(bias.astype(np.float32), "bias"),
+        numpy_helper.from_array(np.array([features, -1], np.int64), "columns"),
+        numpy_helper.from_array(np.array([0], np.int64), "batch_axis"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "conv_w"], ["feat"], kernel_shape=[height, stride], strides=[height, stride]),
+        helper.make_node("Relu", ["feat"], ["act"]),
+        helper.make_node("Reshape", ["act", "columns"], ["by_feature"]),  # [features, steps]
+        helper.make_node("Transpose", ["by_feature"], ["by_step"], perm=[1, 0]),  # [steps, features]
+        helper.make_node("Unsqueeze", ["by_step", "batch_axis"], ["batch_major"]),  # [1, steps, features]
+        helper.make_node("MatMul", ["batch_major", "proj"], ["scores"]),
+        helper.make_node("Add", ["scores", "bias"], ["logits_"]),
+        helper.make_node("Softmax", ["logits_"], ["probs"], axis=2),
+        helper.make_node("Transpose", ["probs"], ["387"], perm=[1, 0, 2]),  # [steps, 1, classes]
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ctc_recognizer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, height, "width"])],
+        [helper.make_tensor_value_info("387", TensorProto.FLOAT, [1, "seqlen"])],  # wrong, like the issue's
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def text_images(count: int, width: int = 160, seed: int = 1) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.random((1, 3, 8, width), dtype=np.float32)} for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def recognizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ctc") / "rec.onnx"
+    onnx.save(ctc_recognizer(), path)
+    return path
+
+
+def test_the_gate_reads_a_recognizers_real_output_and_decodes_it(recognizer):
+    """Declared ``[1, seqlen]`` (cosine by the graph alone), returned ``[20, 1, 40]``: the gate says so and
+    chooses ctc from the values; the float model against itself passes with every sequence identical."""
+    model = onnx.load(recognizer)
+    assert choose_metrics(model)["387"].metric == "cosine"  # what the declared shape alone says
+    gate = ModelGate.of(OutputGate.for_model(model, 0.01), SampleProbe(text_images(8)), str(recognizer))
+    choice = gate.gate.choices_for(gate.reference)["387"]
+    assert choice.metric == "ctc" and choice.step_axis == 0
+    assert "declared [1, seqlen] but returns [20, 1, 40]" in choice.evidence and "CTC blank" in choice.evidence
+    same = gate.measure(str(recognizer))
+    assert same.passed and same.checks[0].figures["sequence_exact_match"] == 1.0
+    # --metric wins over what the outputs say
+    forced = OutputGate.for_model(model, 0.01, metrics="cosine").choices_for(gate.reference)["387"]
+    assert forced == MetricChoice("cosine", "set by --metric")
+
+
+def test_int8_that_changes_decoded_text_is_rejected_where_cosine_passed_it(recognizer):
+    """The issue's case: dynamic INT8 of the recognizer keeps cosine near 1 and most per-step top classes,
+    and changes decoded strings; the quantize gate refuses it on ctc, and would have passed it on cosine."""
+    data = CalibrationSet(text_images(256), "generated text images")  # a quarter (64) held out
+    with pytest.raises(AccuracyGateError) as failed:
+        quantize_int8_gated(str(recognizer), None, "dynamic", calibration=data, max_error=0.01)
+    said = str(failed.value)
+    assert "on output '387'" in said and "decoded sequences identical" in said and "over 64 held-out" in said
+    on_cosine = quantize_int8_gated(
+        str(recognizer), None, "dynamic", calibration=data, max_error=0.01, metrics="cosine"
+    )
+    assert on_cosine.gate.passed and on_cosine.gate.error < 0.01
+    # the same INT8 model, gated on the decoded sequences: the exact-match rate is what fails it
+    heldout = data.split(0.25)[1]
+    quantized = recognizer.parent / "rec-int8.onnx"
+    onnx.save(QuantizePass("dynamic").run(onnx.load(recognizer)).model, quantized)
+    result = ModelGate.of(OutputGate.for_model(onnx.load(recognizer), 0.01), SampleProbe(heldout), str(recognizer))
+    checked = result.measure(str(quantized))
+    (check,) = checked.checks
+    assert check.metric == "ctc" and not check.passed
+    assert 1.0 - check.figures["sequence_exact_match"] == check.value > 0.01  # the decoded sequences decide
+    assert (
+        check.figures["sequences"] == 64
+        and checked.warning == ""
+        and GateResult.from_dict(checked.to_dict()).checks[0].figures == dict(check.figures)
+    )
+
+
+def test_a_ctc_gate_on_too_few_samples_to_see_one_string_in_20_says_so(recognizer):
+    """59 samples are needed to see a 1-in-20 change of decoded sequences (0.95**59 < 5 %); 16 are
+    enough for the other metrics, so the same 20 samples warn on the recognizer only."""
+    few = ModelGate.of(OutputGate.for_model(onnx.load(recognizer), 0.01), SampleProbe(text_images(20)), str(recognizer))
+    result = few.measure(str(recognizer))
+    assert result.passed and result.min_samples == MIN_SEQUENCE_SAMPLES == 59
+    assert "fewer than 59 to see a model that changes 1 decoded sequence in 20" in result.warning
+    assert result.warning in result.summary
+    plain = OutputGate(0.01).check({"y": [np.ones((1, 8), np.float32)] * 20}, {"y": [np.ones((1, 8), np.float32)] * 20})
+    assert plain.warning == "" and plain.min_samples == 16

@@ -2,8 +2,11 @@
 
 The metric per output is a ``measure.metrics.MetricChoice``, chosen on evidence from the model
 (``OutputGate.for_model``: the op that made the output, its type, its name, the model folder,
-``--metric`` overrides) and carrying that evidence; an output without a choice is judged by the
-rule for a bare array. Every metric is an error (0 = identical), so one limit serves them all.
+``--metric`` overrides) and carrying that evidence, then re-made from what the reference really
+returned on the held-out samples (``measure.metrics.choose_from_outputs``): a declared shape the
+outputs contradict gives way to the actual one, and class scores over steps with a CTC blank are
+gated on ``ctc`` (per-step top-1 and the decoded sequences; such a gate needs 59 held-out samples
+and says so below that). An output without a choice is judged by what its arrays show. Every metric is an error (0 = identical), so one limit serves them all.
 Masked and pooled metrics read each held-out sample's attention mask from ``inputs``, the
 samples the outputs were computed on. An output the candidate lacks, or whose shape changed,
 fails with an infinite error. ``tune`` holds candidates to 0.01 by default, strict enough that
@@ -25,16 +28,20 @@ from typing import Any
 import numpy as np
 
 from ortpilot.errors import UsageError
-from ortpilot.gate.result import Check, GateResult, few_samples_warning
+from ortpilot.gate.result import MIN_GATE_SAMPLES, MIN_SEQUENCE_SAMPLES, SEQUENCE_SAMPLES_WHY, Check, GateResult
 from ortpilot.graph.feeds import read_samples
+from ortpilot.graph.outputs import OutputFacts, output_facts
 from ortpilot.measure.compare import compare_runs, run_samples
 from ortpilot.measure.metrics import (
     METRIC_DESCRIPTIONS,
     MetricChoice,
-    choice_for_array,
+    MetricOverrides,
+    choose_from_outputs,
     choose_metrics,
+    describe_figures,
     masks_of,
     metric_error,
+    sequence_figures,
 )
 
 DEFAULT_MAX_ERROR = 0.01
@@ -49,6 +56,9 @@ class OutputGate:
     choices: Mapping[str, MetricChoice] = field(default_factory=dict)  # per output (measure.metrics)
     inputs: Sequence[Mapping[str, np.ndarray]] = ()  # the held-out samples the outputs come from (masks)
     compare: bool = False  # also keep measure.compare's full statistics per output (quantize's table)
+    # What the graph declares of the outputs whose metric was chosen from it (not set by --metric or
+    # recorded by a tune): those choices are re-made from what the reference really returns.
+    declared: Mapping[str, OutputFacts] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_error is not None and not (self.max_error >= 0):
@@ -67,10 +77,18 @@ class OutputGate:
     ) -> OutputGate:
         """The gate for ``model`` (an ``onnx.ModelProto``): each output's metric chosen on evidence,
         ``metrics`` the user's ``--metric`` overrides (bad ones raise UsageError now, before any work)."""
-        return cls(max_error, choose_metrics(model, folder, metrics), list(inputs), compare)
+        user = MetricOverrides.parse(metrics)
+        choices = choose_metrics(model, folder, user)
+        declared = {f.name: f for f in output_facts(model) if user.get(f.name) is None}
+        return cls(max_error, choices, list(inputs), compare, declared)
 
     def choice_of(self, name: str, arrays: Sequence[np.ndarray]) -> MetricChoice:
-        return self.choices.get(name) or choice_for_array(name, arrays[0])
+        """The metric for one output: the given choice, re-made from ``arrays`` (the reference's) where it
+        came from the graph, or made from them where there is none (``measure.metrics.choose_from_outputs``)."""
+        choice = self.choices.get(name)
+        if choice is not None and name not in self.declared:
+            return choice  # the user's --metric, or what a tune recorded
+        return choose_from_outputs(name, arrays, self.declared.get(name), choice)
 
     def choices_for(self, reference: Outputs) -> dict[str, MetricChoice]:
         """Output name -> the metric and its evidence (printed before a search starts, and in reports)."""
@@ -92,11 +110,19 @@ class OutputGate:
                 if [a.shape for a in ref] != [b.shape for b in got]
                 else ""
             )
-            error = math.inf if note else metric_error(choice.metric, ref, got, masks_of(choice, self.inputs))
+            figures: dict[str, float] = {}
+            if note:
+                error = math.inf
+            elif choice.metric == "ctc":
+                figures = sequence_figures(ref, got, choice.step_axis)
+                error = max(1.0 - figures["step_top1_agreement"], 1.0 - figures["sequence_exact_match"])
+            else:
+                error = metric_error(choice.metric, ref, got, masks_of(choice, self.inputs))
             error = float(error) if math.isfinite(error) else math.inf
             passed = self.max_error is None or error <= self.max_error
-            checks.append(Check(name, choice.metric, error, self.max_error, passed, note))
+            checks.append(Check(name, choice.metric, error, self.max_error, passed, note, figures))
         samples = len(next(iter(reference.values()), ()))
+        sequences = any(c.metric == "ctc" for c in choices.values())
         comparison = None
         if self.compare:
             comparison = compare_runs(
@@ -107,7 +133,15 @@ class OutputGate:
                 choices=choices,
                 samples=self.inputs,
             )
-        result = GateResult(checks, self.max_error, samples, comparison=comparison, choices=choices)
+        result = GateResult(
+            checks,
+            self.max_error,
+            samples,
+            comparison=comparison,
+            choices=choices,
+            min_samples=MIN_SEQUENCE_SAMPLES if sequences else MIN_GATE_SAMPLES,
+            min_samples_why=SEQUENCE_SAMPLES_WHY if sequences else "",
+        )
         result.summary = _summary(result)
         return result
 
@@ -117,11 +151,15 @@ def _summary(result: GateResult) -> str:
     choice = result.choices.get(result.worst_output or "")
     if choice is not None and choice.evidence:
         what += f"; {choice.evidence}"
+    worst = result.worst
+    figures = describe_figures(worst.figures) if worst is not None else ""
     limit = "no limit" if result.limit is None else f"limit {result.limit:g}"
-    warning = few_samples_warning(result.samples)
+    warning = result.warning
     return (
-        f"error {result.error:.4g} on output '{result.worst_output}' ({what}) over {result.samples} held-out "
-        f"sample(s), {limit}" + (f"; {warning}" if warning else "")
+        f"error {result.error:.4g} on output '{result.worst_output}' ({what})"
+        + (f": {figures}" if figures else "")
+        + f" over {result.samples} held-out sample(s), {limit}"
+        + (f"; {warning}" if warning else "")
     )
 
 

@@ -19,29 +19,38 @@ from ortpilot.errors import AccuracyGateError
 # Below this many held-out samples a verdict says little: 4 samples that agree on top-1 leave a
 # 1-in-2 disagreement rate plausible, and one unlucky sample rejects a good model.
 MIN_GATE_SAMPLES = 16
+# A decoded-sequence exact-match rate (``ctc``) counts whole samples, and one changed string in 20 is
+# what a user sees. If a model really changes 1 sequence in 20, n held-out samples show no change with
+# probability 0.95**n, which falls under 5 % only from n = 59 on (the "rule of three" bound 3/n <= 1/20
+# says 60): with fewer, such a model passes more often than 1 time in 20.
+MIN_SEQUENCE_SAMPLES = 59
+SEQUENCE_SAMPLES_WHY = "to see a model that changes 1 decoded sequence in 20 (ctc)"
 
 
-def few_samples_warning(samples: int) -> str:
-    """The warning a gate decided on fewer than ``MIN_GATE_SAMPLES`` held-out samples carries ("" otherwise)."""
-    if samples >= MIN_GATE_SAMPLES:
+def few_samples_warning(samples: int, minimum: int = MIN_GATE_SAMPLES, why: str = "") -> str:
+    """The warning a gate decided on fewer than ``minimum`` held-out samples carries ("" otherwise);
+    ``why``: what that many samples are needed for, when it is more than ``MIN_GATE_SAMPLES``."""
+    if samples >= minimum:
         return ""
     return (
-        f"decided on only {samples} held-out sample(s), fewer than {MIN_GATE_SAMPLES}: the verdict may not hold "
-        "on other inputs; give 64 or more real samples (--calibration-text, --calibration-images or --calibration: "
-        "a quarter of them is held out)"
+        f"decided on only {samples} held-out sample(s), fewer than {minimum}{' ' + why if why else ''}: the verdict "
+        f"may not hold on other inputs; give {4 * max(minimum, 16)} or more real samples (--calibration-text, "
+        "--calibration-images or --calibration: a quarter of them is held out)"
     )
 
 
-def gate_data_warning(samples: int, synthetic_inputs: str | None = None) -> str:
+def gate_data_warning(
+    samples: int, synthetic_inputs: str | None = None, minimum: int = MIN_GATE_SAMPLES, why: str = ""
+) -> str:
     """The one warning about what a gate decides on ("" for enough real samples): generated inputs
-    (``synthetic_inputs``: their shapes, ``x=1x64``), fewer than ``MIN_GATE_SAMPLES`` samples, or both,
-    said once. A clause that follows "the accuracy gate is" / "was"."""
+    (``synthetic_inputs``: their shapes, ``x=1x64``), fewer than ``minimum`` samples (``GateResult.min_samples``:
+    more for a ``ctc`` output), or both, said once. A clause that follows "the accuracy gate is" / "was"."""
     if synthetic_inputs is None:
-        return few_samples_warning(samples)
-    few = f", and fewer than {MIN_GATE_SAMPLES}" if samples < MIN_GATE_SAMPLES else ""
+        return few_samples_warning(samples, minimum, why)
+    few = f", and fewer than {minimum}{' ' + why if why else ''}" if samples < minimum else ""
     return (
         f"decided on {samples} synthetic input{'s' * (samples != 1)} ({synthetic_inputs}): not real data{few}, so "
-        "the verdict says little about real inputs; give 64 or more real samples (--calibration-text, "
+        f"the verdict says little about real inputs; give {4 * max(minimum, 16)} or more real samples (--calibration-text, "
         "--calibration-images or --calibration: a quarter of them is held out) before trusting an INT8 or fused winner"
     )
 
@@ -56,12 +65,15 @@ class Check:
     limit: float | None
     passed: bool
     note: str = ""  # why the value is what it is when it is not a measurement ("output missing")
+    figures: Mapping[str, float] = field(default_factory=dict)  # what the value was made of (ctc: its two rates)
 
     def to_dict(self) -> dict[str, Any]:
         """The per-output record tune journals (``error``: the value; every output metric is an error)."""
         doc: dict[str, Any] = {"name": self.name, "metric": self.metric, "error": self.value}
         if self.note:
             doc["note"] = self.note
+        if self.figures:
+            doc["figures"] = dict(self.figures)
         return doc
 
 
@@ -76,11 +88,13 @@ class GateResult:
     comparison: Any = None  # measure.compare.Comparison, generation.DecoderComparison, or None
     worst_layers: list[Any] = field(default_factory=list)  # filled in when the gate failed and layers were ranked
     choices: Mapping[str, Any] = field(default_factory=dict)  # output gates: name -> measure.metrics.MetricChoice
+    min_samples: int = MIN_GATE_SAMPLES  # held-out samples this verdict needs (more for a ctc output)
+    min_samples_why: str = ""  # what ``min_samples`` above the default is needed for
 
     @property
     def warning(self) -> str:
         """Why the verdict deserves less trust than it reads ("" when nothing says so)."""
-        return few_samples_warning(self.samples) if self.samples else ""
+        return few_samples_warning(self.samples, self.min_samples, self.min_samples_why) if self.samples else ""
 
     @property
     def passed(self) -> bool:
@@ -137,10 +151,18 @@ class GateResult:
                 limit,
                 _within(float(o.get("error", math.inf)), limit),
                 str(o.get("note", "")),
+                _figures(o.get("figures")),
             )
             for o in doc.get("outputs") or []
         ]
         return cls(checks, limit)
+
+
+def _figures(doc: Any) -> dict[str, float]:
+    """A check's recorded figures (numbers only; anything else in a journal is dropped)."""
+    if not isinstance(doc, Mapping):
+        return {}
+    return {str(k): float(v) for k, v in doc.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _within(value: float, limit: float | None) -> bool:
@@ -166,4 +188,13 @@ def gate_failure(result: GateResult, hint: str = "") -> AccuracyGateError:
     )
 
 
-__all__ = ["MIN_GATE_SAMPLES", "Check", "GateResult", "few_samples_warning", "gate_data_warning", "gate_failure"]
+__all__ = [
+    "MIN_GATE_SAMPLES",
+    "MIN_SEQUENCE_SAMPLES",
+    "SEQUENCE_SAMPLES_WHY",
+    "Check",
+    "GateResult",
+    "few_samples_warning",
+    "gate_data_warning",
+    "gate_failure",
+]

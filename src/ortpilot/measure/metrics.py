@@ -13,6 +13,15 @@ top-1 rejects every INT8 variant for nothing):
   ``id2label``), ``1_Pooling/config.json`` says sentence embedding with mean pooling;
 - the user: ``--metric METRIC`` (every output) or ``--metric OUTPUT=METRIC`` (one).
 
+What the model really returns has the last word (``choose_from_outputs``, on the reference outputs
+a gate already has): a declared shape can be wrong (a text recognizer declares ``[1, seqlen]`` and
+returns ``[20, 1, 8210]``), and then the actual one is used and the evidence says so. Class scores
+over steps (rank >= 3, a step axis, ``MIN_CLASSES`` or more classes, rows that are probabilities or
+log-probabilities, or class evidence from the graph) whose class 0 is the top class on at least
+``BLANK_SHARE`` of the steps are a CTC recognizer's: they are gated on ``ctc``, per-step top-1
+agreement and the decoded sequences (greedy: argmax per step, repeats collapsed, blank 0
+dropped), because a cosine or top-1 figure over all steps hides one changed character per string.
+
 Token-level outputs (``[batch, sequence, ...]`` laid out like the model's ``attention_mask``)
 are compared under the mask: padding positions say nothing about the model and are left out
 (``masked_*``). A sentence-transformers folder with mean pooling compares what the user gets,
@@ -26,7 +35,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +53,10 @@ BASE_METRICS = {
 }
 METRIC_DESCRIPTIONS = {
     **BASE_METRICS,
+    "ctc": (
+        "the larger of per-step top-1 disagreement and the share of decoded sequences that changed "
+        "(greedy CTC: argmax per step, repeats collapsed, blank class 0 dropped)"
+    ),
     "pooled_cosine": "cosine distance of the mean-pooled embedding (token vectors averaged under the attention mask)",
     **{
         f"masked_{k}": f"{v.split(' (')[0]} per token, padding positions (attention mask 0) left out"
@@ -53,6 +66,14 @@ METRIC_DESCRIPTIONS = {
 MIN_VECTOR = 8  # a last axis shorter than this holds a few numbers (box coordinates), not a vector
 _CLASS_NAME = re.compile(r"(logit|score|prob|class)", re.I)
 _VECTOR_NAME = re.compile(r"(hidden|embed|pool|feature|encoder_out|sentence|vector|present|past_key)", re.I)
+# Class scores over steps need this many classes (a CTC alphabet: blank and characters); fewer are a
+# few numbers per step (box coordinates, a 2-way flag), for which per-step decoding means nothing.
+MIN_CLASSES = 8
+# CTC puts its blank between and around the characters, so it is the top class on most steps (on
+# PP-OCR's recognizer 60-90 %); a language model's or a tagger's class 0 is top on few of them.
+BLANK_SHARE = 0.3
+_STEP_NAME = re.compile(r"(seq|step|time|len|frame|width|^t$)", re.I)
+_BATCH_NAME = re.compile(r"(batch|^n$|^b$)", re.I)
 _CLASSIFIER_ARCHS = ("ForSequenceClassification", "ForImageClassification", "ForAudioClassification")
 
 
@@ -63,13 +84,19 @@ class MetricChoice:
     metric: str
     evidence: str
     mask: str | None = None
+    step_axis: int | None = None  # ``ctc``: the axis of the steps in each sample's array (classes: the last)
 
     @property
     def needs_mask(self) -> bool:
         return needs_mask(self.metric)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "evidence": self.evidence, **({"mask": self.mask} if self.mask else {})}
+        doc: dict[str, Any] = {"metric": self.metric, "evidence": self.evidence}
+        if self.mask:
+            doc["mask"] = self.mask
+        if self.step_axis is not None:
+            doc["step_axis"] = self.step_axis
+        return doc
 
 
 def needs_mask(metric: str) -> bool:
@@ -239,6 +266,111 @@ def choose_metric(name: str, shape: Sequence[int], dtype: Any = np.float32) -> s
     return choose(OutputFacts(name, np.dtype(dtype), tuple(int(d) for d in shape))).metric
 
 
+def choose_from_outputs(
+    name: str, arrays: Sequence[np.ndarray], declared: OutputFacts | None = None, choice: MetricChoice | None = None
+) -> MetricChoice:
+    """The metric for one output from what the model returned (``arrays``: the reference's, one per
+    sample), beside what its graph declared (``declared``, and ``choice`` made from it). A declared shape
+    the arrays contradict is replaced by the actual one and the evidence says so; class scores over
+    steps get ``ctc`` (or per-step ``top1`` without a CTC blank). A masked or pooled choice stays."""
+    if not arrays or (choice is not None and (choice.needs_mask or choice.metric == "exact")):
+        return choice or (choice_for_array(name, arrays[0]) if arrays else MetricChoice("rel_l2", "no samples"))
+    actual = actual_dims(arrays)
+    if actual is None:  # samples of different ranks: nothing steady to read
+        return choice or choice_for_array(name, arrays[0])
+    facts = declared or OutputFacts.of_array(name, arrays[0])
+    note = ""
+    if declared is not None and not _agrees(declared.dims, actual):
+        shown = "[" + ", ".join("?" if d is None else str(d) for d in actual) + "]"
+        if declared.dims is not None:
+            note = f"declared {declared.describe_dims()} but returns {shown}; "
+        # The graph's claims about the last axis were made for the declared rank: the values decide.
+        facts = replace(declared, dims=actual, last_axis=None)
+        choice = None
+    graph_classes = choice.metric == "top1" if choice is not None else bool(_class_evidence(facts, None))
+    steps = _classes_over_steps(facts, arrays, graph_classes)
+    if steps is not None:
+        return MetricChoice(steps.metric, note + steps.evidence, step_axis=steps.step_axis)
+    chosen = choice or choose(facts)
+    return replace(chosen, evidence=note + chosen.evidence) if note else chosen
+
+
+def actual_dims(arrays: Sequence[np.ndarray]) -> tuple[int | None, ...] | None:
+    """The dims every sample's array has (None where they differ, e.g. steps growing with the image's
+    width); None when the samples differ in rank."""
+    shapes = {np.shape(a) for a in arrays}
+    if len({len(s) for s in shapes}) != 1:
+        return None
+    first = next(iter(shapes))
+    return tuple(first[i] if len({s[i] for s in shapes}) == 1 else None for i in range(len(first)))
+
+
+def _agrees(declared: Sequence[Any] | None, actual: Sequence[int | None]) -> bool:
+    """Whether the declared dims allow the actual ones (a symbolic dim allows any size)."""
+    if declared is None or len(declared) != len(actual):
+        return False
+    return all(not isinstance(d, int) or d <= 0 or a is None or d == a for d, a in zip(declared, actual))
+
+
+def step_axis_of(arrays: Sequence[np.ndarray], declared: Sequence[Any] | None = None) -> int | None:
+    """The axis of the steps in class scores ``[..., classes]``: the one non-class axis longer than 1;
+    of several, the one whose length varies between samples, else the one named like steps in the
+    declared dims. None when there is no such axis or no telling which."""
+    rank = np.ndim(arrays[0])
+    long = [i for i in range(rank - 1) if any(np.shape(a)[i] > 1 for a in arrays)]
+    if len(long) == 1:
+        return long[0]
+    varying = [i for i in long if len({np.shape(a)[i] for a in arrays}) > 1]
+    if len(varying) == 1:
+        return varying[0]
+    if declared is not None and len(declared) == rank:
+        named = [i for i in long if isinstance(declared[i], str) and _STEP_NAME.search(declared[i])]
+        named = [i for i in named if not _BATCH_NAME.search(str(declared[i]))]
+        if len(named) == 1:
+            return named[0]
+    return None
+
+
+def _score_kind(arrays: Sequence[np.ndarray]) -> str:
+    """ "probabilities" when every row is >= 0 and sums to 1, "log-probabilities" when every row's
+    exponentials do, "" otherwise (logits, vectors: the values alone cannot tell those apart)."""
+    rows = np.concatenate(_rows(arrays))
+    if rows.size == 0 or not np.isfinite(rows).all():
+        return ""
+    if rows.min() >= -1e-6 and np.allclose(rows.sum(axis=1), 1.0, atol=1e-3):
+        return "probabilities"
+    if rows.max() <= 1e-6:
+        top = rows.max(axis=1, keepdims=True)
+        if np.allclose(np.log(np.exp(rows - top).sum(axis=1)) + top[:, 0], 0.0, atol=1e-3):
+            return "log-probabilities"
+    return ""
+
+
+def _classes_over_steps(facts: OutputFacts, arrays: Sequence[np.ndarray], graph_classes: bool) -> MetricChoice | None:
+    """``ctc`` (or per-step ``top1``) when the arrays hold class scores over steps, else None."""
+    if not facts.floating or np.ndim(arrays[0]) < 3:
+        return None
+    classes = int(np.shape(arrays[0])[-1])
+    axis = step_axis_of(arrays, facts.dims if facts.dims is not None else None)
+    if classes < MIN_CLASSES or axis is None:
+        return None
+    kind = _score_kind(arrays)
+    if not kind and not graph_classes:
+        return None
+    steps = sorted({int(np.shape(a)[axis]) for a in arrays})
+    at = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
+    why = f"{classes} classes at {at} steps (axis {axis})"
+    why += f", rows are {kind}" if kind else ", class scores by the graph"
+    tops = np.concatenate([np.asarray(a).reshape(-1, classes).argmax(axis=1) for a in arrays])
+    counts = np.bincount(tops, minlength=classes)
+    blank = float(counts[0]) / max(1, tops.size)
+    if blank >= BLANK_SHARE and counts[0] == counts.max():
+        return MetricChoice(
+            "ctc", f"{why}; class 0 is the top class at {blank:.0%} of steps (a CTC blank)", step_axis=axis
+        )
+    return MetricChoice("top1", f"{why}; per-step class scores (class 0 top at {blank:.0%} of steps: no CTC blank)")
+
+
 def folder_near(model_path: str | os.PathLike | None) -> Any:
     """The model folder a model *file* sits in (``data.folder_of``), for its metric evidence; None for a
     file on its own, a folder path, or no path."""
@@ -312,10 +444,15 @@ def mean_pooled(arrays: Sequence[np.ndarray], masks: Sequence[np.ndarray]) -> li
 
 
 def metric_error(
-    metric: str, ref: Sequence[np.ndarray], test: Sequence[np.ndarray], masks: Sequence[np.ndarray] | None = None
+    metric: str,
+    ref: Sequence[np.ndarray],
+    test: Sequence[np.ndarray],
+    masks: Sequence[np.ndarray] | None = None,
+    step_axis: int | None = None,
 ) -> float:
     """One number, 0 = identical, for ``metric`` over all samples of one output. ``masks``: each sample's
-    attention mask, for the masked and pooled metrics."""
+    attention mask, for the masked and pooled metrics; ``step_axis``: the steps' axis, for ``ctc``
+    (None: the longest non-class axis)."""
     if needs_mask(metric):
         if masks is None or len(masks) != len(ref):
             raise UsageError(
@@ -328,6 +465,9 @@ def metric_error(
         return metric_error(base, masked(ref, masks, metric), masked(test, masks, metric))
     if metric == "top1":
         return 1.0 - topk_agreement(ref, test, 1)
+    if metric == "ctc":
+        figures = sequence_figures(ref, test, step_axis)
+        return max(1.0 - figures["step_top1_agreement"], 1.0 - figures["sequence_exact_match"])
     if metric == "cosine":
         # Rows weighted by their norms (sum of dots / sum of norm products): near-zero rows, whose
         # direction is noise, cannot dominate the way they would in a plain mean of cosines.
@@ -354,6 +494,59 @@ def metric_error(
     raise AssertionError(metric)  # pragma: no cover - every known metric is handled above
 
 
+def ctc_decode(array: np.ndarray, step_axis: int | None = None, blank: int = 0) -> list[tuple[int, ...]]:
+    """Greedy CTC decoding of one sample's class scores ``[..., classes]``: the argmax per step, repeats
+    collapsed, ``blank`` dropped; one sequence per position of the other axes (the batch)."""
+    a = np.asarray(array)
+    if a.ndim < 2:
+        a = a.reshape(1, -1)
+    axis = _step_axis_or_longest(a) if step_axis is None else step_axis
+    ids = np.moveaxis(np.argmax(a, axis=-1), axis, -1)
+    out = []
+    for row in ids.reshape(-1, ids.shape[-1]):
+        keep = np.ones(row.shape, bool)
+        keep[1:] = row[1:] != row[:-1]
+        out.append(tuple(int(c) for c in row[keep & (row != blank)]))
+    return out
+
+
+def _step_axis_or_longest(a: np.ndarray) -> int:
+    """Without a recorded step axis (a profile's ``ctc`` read back): the longest non-class axis."""
+    return int(np.argmax(a.shape[:-1])) if a.ndim >= 2 else 0
+
+
+def sequence_figures(
+    ref: Sequence[np.ndarray], test: Sequence[np.ndarray], step_axis: int | None = None
+) -> dict[str, float]:
+    """What ``ctc`` weighs: ``step_top1_agreement`` (share of steps whose top class stayed),
+    ``sequence_exact_match`` (share of decoded sequences that stayed identical), ``sequences`` and
+    ``identical`` (their counts). A non-finite value in ``test`` where ``ref`` has none changes its sample."""
+    steps = 1.0 - metric_error("top1", ref, test)
+    same = total = 0
+    for r, t in zip(ref, test):
+        decoded_r = ctc_decode(r, step_axis)
+        broken = not np.isfinite(t).all() and np.isfinite(r).all()
+        decoded_t = [None] * len(decoded_r) if broken else ctc_decode(t, step_axis)
+        total += len(decoded_r)
+        same += sum(int(x == y) for x, y in zip(decoded_r, decoded_t))
+    return {
+        "step_top1_agreement": steps,
+        "sequence_exact_match": same / total if total else 1.0,
+        "sequences": float(total),
+        "identical": float(same),
+    }
+
+
+def describe_figures(figures: Mapping[str, float]) -> str:
+    """``ctc``'s figures as one clause: per-step top-1 agreement, identical decoded sequences."""
+    if "sequence_exact_match" not in figures:
+        return ""
+    return (
+        f"per-step top-1 agreement {figures['step_top1_agreement']:.2%}, decoded sequences identical "
+        f"{int(figures['identical'])}/{int(figures['sequences'])} ({figures['sequence_exact_match']:.1%})"
+    )
+
+
 def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     differ = a != b
     if np.issubdtype(a.dtype, np.floating) and np.issubdtype(b.dtype, np.floating):
@@ -373,16 +566,22 @@ def masks_of(choice: MetricChoice, samples: Sequence[Mapping[str, np.ndarray]]) 
 
 __all__ = [
     "BASE_METRICS",
+    "BLANK_SHARE",
     "METRIC_DESCRIPTIONS",
+    "MIN_CLASSES",
     "MIN_VECTOR",
     "MetricChoice",
     "MetricOverrides",
+    "actual_dims",
     "check_metric",
     "choice_for_array",
     "choose",
+    "choose_from_outputs",
     "choose_metric",
     "choose_metrics",
+    "ctc_decode",
     "describe_choices",
+    "describe_figures",
     "flatten",
     "folder_near",
     "masked",
@@ -390,5 +589,7 @@ __all__ = [
     "mean_pooled",
     "metric_error",
     "needs_mask",
+    "sequence_figures",
+    "step_axis_of",
     "topk_agreement",
 ]
