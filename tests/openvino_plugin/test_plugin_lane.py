@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -130,13 +132,22 @@ def test_int8_for_openvino_is_nncfs_qdq_and_keeps_the_answers(demo_paths):
     assert _cosine(fp32, int8) > 0.99
 
 
-def test_tune_searches_openvino_and_ships_a_compiled_blob_that_verify_and_load_profile_use(demo_paths, tmp_path):
-    from ortpilot import load_profile, tune
+@pytest.fixture(scope="module")
+def openvino_tune(demo_paths, tmp_path_factory) -> Path:
+    """A tune of the demo encoder on OpenVINO alone against ORT's default (which runs on the CPU EP): the
+    encoder is 1.4-1.6x faster on OpenVINO on the Intel CPUs measured, so it ships, and its blob with it."""
+    from ortpilot import tune
+
+    out = tmp_path_factory.mktemp("ov-tune") / "out"
+    tune(str(demo_paths["encoder"]), out_dir=str(out), budget_s=40, providers=["openvino"])
+    return out
+
+
+def test_tune_searches_openvino_and_ships_a_compiled_blob_that_verify_and_load_profile_use(openvino_tune, tmp_path):
+    from ortpilot import load_profile
 
     out = tmp_path / "out"
-    # OpenVINO alone against ORT's default (which runs on the CPU EP): the demo encoder is 1.4-1.6x faster
-    # on OpenVINO on the Intel CPUs measured, so it ships, and its blob with it.
-    tune(str(demo_paths["encoder"]), out_dir=str(out), budget_s=40, providers=["openvino"])
+    shutil.copytree(openvino_tune, out)
     doc = json.loads((out / "profile.json").read_text())
     journal = (out / "journal.jsonl").read_text()
     assert '"pass": "openvino_int8"' in journal or '"pass":"openvino_int8"' in journal  # NNCF's QDQ was tried
@@ -200,3 +211,67 @@ def test_quantize_mode_openvino_writes_nncfs_model_gated_on_openvino(demo_paths,
     assert report["gate"]["passed"] and report["record"]["name"] == "openvino-int8"
     ops = {n.op_type for n in onnx.load(str(out)).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "LayerNormalization"} <= ops
+
+
+def test_serve_replicas_run_the_profile_on_openvino(openvino_tune, tmp_path):
+    """A real `ortpilot serve` of the OpenVINO profile on 127.0.0.1, one KServe v2 request, stopped by its PID."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    pytest.importorskip("ray.serve", reason="the serve extra is not installed here")
+    from ortpilot.tuning.reference import read_reference
+
+    doc = json.loads((openvino_tune / "profile.json").read_text())
+    if doc["providers"][0]["name"] != OV:
+        pytest.skip("OpenVINO did not win the tune on this machine")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "serve.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ortpilot.cli.main",
+                "serve",
+                str(openvino_tune / "profile.json"),
+                "--port",
+                str(port),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        deadline = time.monotonic() + 180
+        while "\ningress: " not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+        text = log.read_text()
+        assert "replica ready on OpenVINOExecutionProvider" in text, text[-3000:]
+        inputs, outputs = read_reference(openvino_tune / doc["reference_outputs"]["file"])
+        body = {
+            "inputs": [
+                {"name": k, "shape": list(v.shape), "datatype": "INT64", "data": v.ravel().tolist()}
+                for k, v in inputs.items()
+            ]
+        }
+        name = re.search(r"^([\w.-]+): 1 replica ready on OpenVINOExecutionProvider", text, re.M).group(1)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v2/models/{name}/infer",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
+        for out in answer["outputs"]:
+            got = np.asarray(out["data"], np.float32).reshape(out["shape"])
+            assert np.array_equal(got, outputs[out["name"]])  # the tune's reference, bit for bit
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
