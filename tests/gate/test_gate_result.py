@@ -8,7 +8,14 @@ import math
 import numpy as np
 
 from ortpilot.gate.outputs import OutputGate
-from ortpilot.gate.result import MIN_GATE_SAMPLES, GateResult, few_samples_warning, gate_data_warning
+from ortpilot.gate.result import (
+    MIN_GATE_SAMPLES,
+    MIN_SEQUENCE_SAMPLES,
+    SEQUENCE_SAMPLES_WHY,
+    GateResult,
+    few_samples_warning,
+    gate_data_warning,
+)
 
 
 def test_gate_result_reads_back_the_record_a_tune_journals():
@@ -41,3 +48,17 @@ def test_the_gate_data_warning_says_synthetic_and_few_in_one_message():
     synthetic = gate_data_warning(MIN_GATE_SAMPLES, "x=1x64")
     assert "synthetic inputs" in synthetic and "fewer than" not in synthetic
     assert gate_data_warning(4) == few_samples_warning(4) and gate_data_warning(MIN_GATE_SAMPLES) == ""
+
+
+def test_the_few_samples_warning_carries_the_minimum_a_metric_needs():
+    """A ctc gate needs 59 samples (0.95**59 < 5 %: a 1-in-20 change of decoded sequences is seen 19 times in
+    20); the same warning, with that minimum and its reason, and no second one."""
+    assert MIN_SEQUENCE_SAMPLES == 59 and 0.95**MIN_SEQUENCE_SAMPLES < 0.05 <= 0.95 ** (MIN_SEQUENCE_SAMPLES - 1)
+    said = few_samples_warning(40, MIN_SEQUENCE_SAMPLES, SEQUENCE_SAMPLES_WHY)
+    assert "only 40 held-out sample(s), fewer than 59 to see a model that changes 1 decoded sequence in 20" in said
+    assert "give 236 or more" in said and few_samples_warning(59, MIN_SEQUENCE_SAMPLES) == ""
+    both = gate_data_warning(40, "x=1x3x48x160", MIN_SEQUENCE_SAMPLES, SEQUENCE_SAMPLES_WHY)
+    assert both.count("fewer than 59") == 1 and "synthetic" in both
+    result = GateResult([], samples=40, min_samples=MIN_SEQUENCE_SAMPLES, min_samples_why=SEQUENCE_SAMPLES_WHY)
+    assert result.warning == said
+    assert GateResult([], samples=40).warning == ""  # 16 suffice for the other metrics

@@ -5,6 +5,7 @@ tests/cli/test_cmd_compare.py."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from metric_models import (
     classifier,
@@ -18,7 +19,15 @@ from metric_models import (
 from ortpilot.data.folder import resolve_model_folder
 from ortpilot.errors import UsageError
 from ortpilot.measure.compare import compare_runs, run_samples
-from ortpilot.measure.metrics import MetricChoice, choose_metrics, folder_near, metric_error
+from ortpilot.measure.metrics import (
+    MetricChoice,
+    choose_from_outputs,
+    choose_metrics,
+    ctc_decode,
+    folder_near,
+    metric_error,
+    sequence_figures,
+)
 from ortpilot.models import make_encoder
 from ortpilot.session import load
 
@@ -97,3 +106,63 @@ def test_compare_runs_carries_choice_and_masks():
     masked = compare_runs(ref, got, choices={"last_hidden_state": choice}, samples=samples).outputs[0]
     assert plain.metric == "cosine" and plain.error > 0.05  # chosen from the arrays alone: no mask known
     assert masked.metric == "masked_cosine" and masked.error < 1e-6 and masked.metric_evidence == choice.evidence
+
+
+# --------------------------------------------------------------------------- from what the outputs really are
+
+
+def test_pp_ocr_recognizer_is_gated_on_its_decoded_text_from_its_real_outputs():
+    """PP-OCRv6's recognizer (rapidocr): a Softmax over 18,710 classes, returned ``[1, steps, 18710]`` with
+    steps = width / 8; the graph alone says top1, its outputs say CTC (class 0, the blank, tops most steps)."""
+    from conftest import real_model
+
+    from ortpilot.gate.outputs import OutputGate, SampleProbe
+
+    path = real_model("rapidocr", "models/PP-OCRv6_rec_small.onnx")
+    model = onnx.load(path)
+    (name,) = (o.name for o in model.graph.output)
+    assert choose_metrics(model)[name].metric == "top1"
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.random((1, 3, 48, w), dtype=np.float32)} for w in (160, 320, 160)]
+    reference = SampleProbe(samples).run(str(path))
+    assert [a.shape for a in reference[name]] == [(1, 20, 18710), (1, 40, 18710), (1, 20, 18710)]
+    choice = OutputGate.for_model(model, 0.01).choices_for(reference)[name]
+    assert choice.metric == "ctc" and choice.step_axis == 1
+    assert "18710 classes at 20-40 steps (axis 1), rows are probabilities" in choice.evidence
+    assert "CTC blank" in choice.evidence and "declared" not in choice.evidence  # its declared dims allow these
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def test_the_values_decide_between_ctc_per_step_top1_and_vectors():
+    rng = np.random.default_rng(0)
+    blanky = rng.standard_normal((4, 1, 12, 16))
+    blanky[..., 0] += 4.0  # class 0 tops most steps: a CTC blank
+    probs = [_softmax(a) for a in blanky]
+    assert choose_from_outputs("y", probs).metric == "ctc"
+    logp = [np.log(p) for p in probs]
+    ctc = choose_from_outputs("y", logp)
+    assert ctc.metric == "ctc" and ctc.step_axis == 1 and "log-probabilities" in ctc.evidence
+    tagger = [_softmax(a) for a in rng.standard_normal((4, 1, 12, 16))]  # no class tops a third of the steps
+    assert choose_from_outputs("y", tagger).metric == "top1"
+    hidden = list(rng.standard_normal((4, 1, 12, 16)).astype(np.float32))  # hidden states: not scores
+    assert choose_from_outputs("y", hidden).metric == "cosine"
+    rows = [_softmax(a) for a in blanky[:, 0, :, :]]  # [12, 16]: rank 2, a batch of rows, not steps
+    assert choose_from_outputs("y", rows).metric != "ctc"
+    masked = MetricChoice("masked_cosine", "token vectors", "attention_mask")
+    assert choose_from_outputs("y", probs, choice=masked) is masked  # a mask-aware choice stays
+
+
+def test_ctc_decoding_collapses_repeats_and_drops_the_blank():
+    ids = [0, 3, 3, 0, 3, 5, 5, 0, 0]
+    scores = np.eye(6, dtype=np.float32)[ids][:, None, :]  # [steps, 1, classes]
+    assert ctc_decode(scores, 0) == [(3, 3, 5)]
+    assert ctc_decode(scores) == [(3, 3, 5)]  # no axis given: the longest non-class axis
+    changed = scores.copy()
+    changed[4] = np.eye(6, dtype=np.float32)[4]
+    figures = sequence_figures([scores], [changed], 0)
+    assert figures["sequence_exact_match"] == 0.0 and figures["step_top1_agreement"] == pytest.approx(8 / 9)
+    assert metric_error("ctc", [scores], [changed]) == 1.0 and metric_error("ctc", [scores], [scores]) == 0.0
