@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ortpilot.errors import AccuracyGateError, UsageError
 from ortpilot.gate.core import ModelGate
-from ortpilot.gate.outputs import OutputGate, SampleProbe, SavedOutputs
+from ortpilot.gate.outputs import OutputGate, SampleProbe, SavedOutputs, samples_needed
 from ortpilot.gate.quantize import quantize_int8_gated
 from ortpilot.gate.result import MIN_SEQUENCE_SAMPLES, GateResult
 from ortpilot.measure.metrics import MetricChoice, MetricOverrides, choose_metrics
@@ -183,5 +183,6 @@ def test_a_ctc_gate_on_too_few_samples_to_see_one_string_in_20_says_so(recognize
     assert result.passed and result.min_samples == MIN_SEQUENCE_SAMPLES == 59
     assert "fewer than 59 to see a model that changes 1 decoded sequence in 20" in result.warning
     assert result.warning in result.summary
+    assert samples_needed(result.choices) == (59, result.min_samples_why)  # what tune's data warning can take
     plain = OutputGate(0.01).check({"y": [np.ones((1, 8), np.float32)] * 20}, {"y": [np.ones((1, 8), np.float32)] * 20})
     assert plain.warning == "" and plain.min_samples == 16

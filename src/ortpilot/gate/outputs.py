@@ -122,7 +122,7 @@ class OutputGate:
             passed = self.max_error is None or error <= self.max_error
             checks.append(Check(name, choice.metric, error, self.max_error, passed, note, figures))
         samples = len(next(iter(reference.values()), ()))
-        sequences = any(c.metric == "ctc" for c in choices.values())
+        minimum, why = samples_needed(choices)
         comparison = None
         if self.compare:
             comparison = compare_runs(
@@ -139,11 +139,19 @@ class OutputGate:
             samples,
             comparison=comparison,
             choices=choices,
-            min_samples=MIN_SEQUENCE_SAMPLES if sequences else MIN_GATE_SAMPLES,
-            min_samples_why=SEQUENCE_SAMPLES_WHY if sequences else "",
+            min_samples=minimum,
+            min_samples_why=why,
         )
         result.summary = _summary(result)
         return result
+
+
+def samples_needed(choices: Mapping[str, MetricChoice]) -> tuple[int, str]:
+    """The held-out samples a verdict on these metrics needs, and what for (``gate.result``: more for
+    ``ctc``), as ``gate_data_warning(samples, ..., *samples_needed(choices))`` takes them."""
+    if any(c.metric == "ctc" for c in choices.values()):
+        return MIN_SEQUENCE_SAMPLES, SEQUENCE_SAMPLES_WHY
+    return MIN_GATE_SAMPLES, ""
 
 
 def _summary(result: GateResult) -> str:
@@ -223,4 +231,5 @@ __all__ = [
     "by_sample",
     "describe",
     "read_outputs",
+    "samples_needed",
 ]
