@@ -168,6 +168,11 @@ def test_int8_that_changes_decoded_text_is_rejected_where_cosine_passed_it(recog
     (check,) = checked.checks
     assert check.metric == "ctc" and not check.passed
     assert 1.0 - check.figures["sequence_exact_match"] == check.value > 0.01  # the decoded sequences decide
+    # what verify does with the metric a profile recorded: kept as it is, its step axis read off the arrays
+    recorded = OutputGate(0.01, {"387": MetricChoice("ctc", "recorded by the tune")}).check(
+        result.reference, SampleProbe(heldout).run(str(quantized))
+    )
+    assert recorded.choices["387"].evidence == "recorded by the tune" and recorded.checks[0].figures == check.figures
     assert (
         check.figures["sequences"] == 64
         and checked.warning == ""
