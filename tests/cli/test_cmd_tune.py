@@ -140,3 +140,17 @@ def test_tune_refuses_a_bad_metric_with_exit_2_before_any_work(tmp_path, flag, m
     res = CliRunner().invoke(cli, ["tune", str(model), "-o", str(tmp_path / "out"), "--metric", flag])
     assert res.exit_code == 2 and message in " ".join(res.output.split()) and "Traceback" not in res.output
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_tune_refuses_bad_outputs_with_exit_2_before_anything_is_written(tmp_path):
+    from output_models import write_encoder_with_heads
+
+    model = write_encoder_with_heads(tmp_path / "encoder3.onnx")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["tune", str(model), "-o", str(out), "--outputs", "logits"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "'logits', which the model does not output; its outputs are: last_hidden_state, pooler_output, " in said
+    assert "Traceback" not in res.output and not out.exists()
+    res = CliRunner().invoke(cli, ["tune", str(model), "-o", str(out), "--outputs", "token_type_ids"])
+    assert res.exit_code == 2 and "('token_type_ids' is an input)" in " ".join(res.output.split())

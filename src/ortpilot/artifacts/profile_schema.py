@@ -236,6 +236,8 @@ _TOP: dict[str, Check] = {
     ),
     "source_model": _fields({"path": _string, "sha256": _string}),
     "shapes": _dict_of(_list_of(_dim, limit=64)),
+    # --outputs: the outputs the deployment reads; the model is pruned to them (load_profile checks it has them).
+    "outputs": _list_of(lambda v, n: _string(v, n, nonempty=True, limit=4096), nonempty=True, limit=4096),
     "placement": _placement,
     "default_best": _bool,
     "gate_data": _DATA,

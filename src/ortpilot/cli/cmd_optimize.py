@@ -22,6 +22,11 @@ from ortpilot.cli.common import (
     stdout,
 )
 
+OUTPUTS_HELP = (
+    "An output the deployment reads (repeatable): the model is pruned to these before anything else, "
+    "and only they are gated, timed and written. Default: all of the model's outputs."
+)
+
 
 @click.command("optimize")
 @MODEL_FILE_OPTION
@@ -40,6 +45,7 @@ from ortpilot.cli.common import (
 @click.option("--hidden-size", type=int, default=0, help="Hidden size for fusion (0: detect).")
 @click.option("--free-dim", "free_dims", multiple=True, help="Fix a symbolic dim while optimizing: NAME=VALUE.")
 @click.option("--no-cache", is_flag=True, help="Build without the content-addressed cache.")
+@click.option("--outputs", "outputs", multiple=True, metavar="NAME", help=OUTPUTS_HELP)
 @ISOLATE_OPTION
 @JSON_OPTION
 @handle_errors
@@ -53,6 +59,7 @@ def command(
     hidden_size: int,
     free_dims: tuple[str, ...],
     no_cache: bool,
+    outputs: tuple[str, ...],
     isolate: bool,
     as_json: bool,
 ) -> None:
@@ -73,9 +80,15 @@ def command(
     except ValueError:
         raise UsageError(f"--free-dim takes NAME=INTEGER, got {' '.join(free_dims)}.") from None
     chain = list(providers) or None
-    source = resolve_model_arg(model)
+    path = resolve_model_arg(model)
+    source: Any = path
+    if outputs:  # pruned before optimizing, so fusion sees only what the named outputs need
+        from ortpilot.graph.prune import prune_to_outputs
+        from ortpilot.modelio import load_model
+
+        source = prune_to_outputs(load_model(path), list(outputs))  # a name it lacks: exit 2, nothing written
     if isolate:
-        preflight_isolated([source], chain, SessionSettings(level=level, free_dimension_overrides=free))
+        preflight_isolated([path], chain, SessionSettings(level=level, free_dimension_overrides=free))
     if fusion != "none":
         from ortpilot.passes.fusion import FusionPass
 
@@ -84,7 +97,7 @@ def command(
         step = OptimizePass(level, chain, free_dimension_overrides=free, use_cache=not no_cache)
     result = step.run(source)
     result.save(output)
-    doc = {"output": output, "record": result.record.to_dict()}
+    doc = {"output": output, "record": result.record.to_dict(), "outputs": list(outputs) or None}
     if as_json:
         emit_json(doc)
         return

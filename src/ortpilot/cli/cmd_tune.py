@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 from rich.markup import escape
 
+from ortpilot.cli.cmd_optimize import OUTPUTS_HELP
 from ortpilot.cli.common import (
     METRIC_HELP,
     MODEL_FILE_OPTION,
@@ -44,6 +45,7 @@ MODEL_BUDGET_S = 300.0
 @click.option("--objective", type=click.Choice(["p50", "p99", "throughput"]), default="p50", show_default=True)
 @click.option("--max-error", type=float, default=None, help="Largest accepted error per output (default 0.01).")
 @click.option("--metric", "metric", multiple=True, help=METRIC_HELP)
+@click.option("--outputs", "outputs", multiple=True, metavar="NAME", help=OUTPUTS_HELP)
 @click.option(
     "--calibration",
     type=click.Path(),
@@ -73,6 +75,7 @@ def command(
     objective: str,
     max_error: float | None,
     metric: tuple[str, ...],
+    outputs: tuple[str, ...],
     calibration: str | None,
     providers: tuple[str, ...],
     no_quantize: bool,
@@ -98,8 +101,14 @@ def command(
         "providers": list(providers) or None,
         "resume": resume,
         "quantize": not no_quantize,
+        **({"outputs": list(outputs)} if outputs else {}),
     }
     if ray_address is not None:
+        if outputs:
+            raise click.UsageError(
+                "--outputs is not carried to a --ray tune yet; tune with --outputs on each machine class, "
+                "or leave it out."
+            )
         _tune_fleet(list(models) or ["demo:encoder"], ray_address, out_dir, budget_s, options, as_json)
         return
     target = resolve_model_arg(model) if model else None

@@ -147,6 +147,7 @@ def load_profile(
             expected = doc["optimized_model"].get("placement") or {}
     if session is None:
         session = load(str(model), providers, policy, settings=settings, shapes=shapes, **kwargs)
+    check_outputs(doc, path, [o.name for o in session.get_outputs()])
     if expected and session.placement is not None and policy == "strict":
         got = session.placement.counts
         if got != expected:
@@ -158,6 +159,27 @@ def load_profile(
     session.machine_check = machine
     session.bundle = choice  # the bundle's choice of profile (None for a profile.json)
     return session
+
+
+def check_outputs(doc: Mapping[str, Any], path: str | os.PathLike, have: Sequence[str]) -> None:
+    """The outputs the profile records (``--outputs``) are exactly those its model returns, else
+    ``VerificationError`` (exit 1) naming the difference: a deployment reads those names."""
+    recorded = list(doc.get("outputs") or [])
+    if not recorded:
+        return
+    gone = [n for n in recorded if n not in have]
+    extra = [n for n in have if n not in recorded]
+    if gone or extra:
+        said = []
+        if gone:
+            said.append(f"records output(s) {', '.join(repr(n) for n in gone)}, which its model does not return")
+        if extra:
+            said.append(f"its model returns {', '.join(repr(n) for n in extra)}, which the profile does not record")
+        raise VerificationError(
+            f"Profile '{path}' {'; '.join(said)} (the model's outputs: {', '.join(have) or 'none'}). The profile "
+            "or its model was edited since the tune; re-run 'ortpilot tune' with --outputs naming what the "
+            "deployment reads."
+        )
 
 
 def _load_optimized(

@@ -34,6 +34,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
     "start": {
         "kind": str,
         "model_sha256": str,
+        "outputs": (list, type(None)),  # --outputs: the outputs the deployment reads, None for all
         "shapes": dict,
         "objective": str,
         "max_error": _OPT_NUMBER,

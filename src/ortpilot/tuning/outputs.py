@@ -144,6 +144,7 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
             },
             "source_model": {"path": str(source), "sha256": file_sha256(source)},
             "shapes": {k: list(v) for k, v in result.shapes.items()},
+            **({"outputs": list(result.outputs)} if result.outputs else {}),
             "placement": winner.prepared.get("placement"),
             "default_best": result.default_best,
             "gate_data": result.gate_data,

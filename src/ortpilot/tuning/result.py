@@ -76,6 +76,7 @@ class TuneResult:
     facts: Facts
     shapes: dict[str, tuple[int, ...]]
     batch: int = 1
+    outputs: list[str] | None = None  # the outputs the deployment reads (--outputs); None: all of the model's
     files: dict[str, str] = field(default_factory=dict)
 
     winner = _view("pick", "winner")
@@ -124,6 +125,7 @@ class TuneResult:
             "gate_warning": self.gate.warning or None,
             "facts": self.facts.to_dict(),
             "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "outputs": self.outputs,
             "wall_s": self.wall_s,
             "files": self.files,
             "resumed": self.resumed,

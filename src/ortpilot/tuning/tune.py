@@ -36,6 +36,7 @@ from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
 from ortpilot.gate.result import gate_data_warning
 from ortpilot.graph.feeds import FeedPlan, batch_size_of, generate_samples, plan_feeds
+from ortpilot.graph.prune import check_outputs
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.measure.metrics import MetricOverrides
 from ortpilot.modelio import file_sha256, load_model
@@ -44,6 +45,7 @@ from ortpilot.tuning.budget import Budget
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import JOURNAL_NAME, JOURNAL_VERSION, Journal, check_version
 from ortpilot.tuning.outputs import winner_model, write_outputs
+from ortpilot.tuning.pruned import pruned_model
 from ortpilot.tuning.reference import HELDOUT_SEED, feeds_digest
 from ortpilot.tuning.report import reference_name
 from ortpilot.tuning.result import GateRecord, Pick, RunRecord, TuneResult, load_note
@@ -73,6 +75,7 @@ def tune(
     quantize: bool = True,
     samples: int = 4,
     progress: Callable[[Progress], None] | None = None,
+    outputs: Sequence[str] | None = None,
 ) -> TuneResult:
     """Find the fastest configuration that passes the accuracy gate and write it to ``out_dir``.
 
@@ -87,6 +90,10 @@ def tune(
     ``ortpilot.data.real_data`` text and images). Its split gives static INT8 variants their
     calibration samples and the accuracy gate its held-out samples (``gate_data`` in the result,
     the reports and profile.json); without it both are generated, and the result says so.
+
+    ``outputs``: the outputs the deployment reads (``--outputs``). The model is pruned to them
+    (``graph.prune.prune_to_outputs``) before anything else, so every candidate is built from the
+    pruned graph, the gate and the timings see only those, and OUTDIR's model and profile hold just them.
     """
     start = time.monotonic()
     load_start = _load1()
@@ -103,6 +110,7 @@ def tune(
         calibration=calibration,
         providers=providers,
         quantize=quantize,
+        outputs=outputs,
     )
     with one_writer(out, "ortpilot tune"):  # a second tune on this OUTDIR exits 2 naming this one's PID
         return _tune(set_up, out, budget_s, start, load_start, resume=resume, samples=samples, progress=progress)
@@ -133,7 +141,7 @@ def _tune(
         search, pick = _search(setup, data, journal, out, worker, budget, progress)
         run = RunRecord(time.monotonic() - start, bool(journal.replayed), _load_avg(journal, replay_only, load_start))
         result = _result(out, setup, data, search, pick, run)
-        write_outputs(result, setup.path, winner_model(worker, pick.winner, setup.path), data.heldout[0])
+        write_outputs(result, setup.source, winner_model(worker, pick.winner, setup.path), data.heldout[0])
         journal.append(
             {"kind": "done", "winner": pick.winner.candidate.id, "files": result.files, "load_avg": result.load_avg}
         )
@@ -146,8 +154,10 @@ class _Setup:
     """The tune as asked, checked before anything is written (bad input is exit 2 here)."""
 
     label: str  # the model as the user named it
-    path: Path  # the model file
-    proto: Any  # its graph, without external data
+    source: Path  # the model file the user named
+    path: Path  # the model every candidate is built from: ``source``, or it pruned to ``outputs``
+    proto: Any  # the source's graph, without external data (inputs are generated from it)
+    outputs: list[str] | None  # the outputs the deployment reads (--outputs), None for all
     objective: str
     plan: FeedPlan  # the input shapes timed and gated
     facts: Facts  # what the search space is built from
@@ -167,16 +177,20 @@ def _set_up(
     calibration: Any,
     providers: Sequence[Any] | None,
     quantize: bool,
+    outputs: Sequence[str] | None = None,
 ) -> _Setup:
     """Read the model, the flags and the user's samples; gather the facts the space is built from."""
     label = str(model) if model is not None else "demo:encoder"
-    path = _model_path(model)
-    proto = load_model(path, load_external_data=False)
+    source = _model_path(model)
+    proto = load_model(source, load_external_data=False)
+    names = check_outputs(proto, list(outputs)) if outputs else None  # a name it lacks: exit 2, nothing written
+    path = pruned_model(source, names) if names else source
+    graph = load_model(path, load_external_data=False) if names else proto  # what candidates are built from
     parsed = parse_shape_args(shapes) if shapes else {}
     overrides = MetricOverrides.parse(metric)
     limit = DEFAULT_MAX_ERROR if max_error is None else float(max_error)
     folder = folder_of(path)  # config.json and pooling: metric evidence, and sizes for a fusion the graph cannot size
-    gate_spec = OutputGate.for_model(proto, limit, metrics=overrides, folder=folder)  # bad flags: exit 2 now
+    gate_spec = OutputGate.for_model(graph, limit, metrics=overrides, folder=folder)  # bad flags: exit 2 now
     given = _given_data(proto, parsed, calibration)
     given_split: tuple[list[Sample], list[Sample]] = ([], [])
     if given is not None:  # the samples' own shapes (a text's sequence length) are the ones timed and gated
@@ -184,9 +198,10 @@ def _set_up(
         parsed = {**parsed, **{k: tuple(v.shape) for k, v in given_split[1][0].items()}}
     plan = plan_feeds(proto, parsed)  # a dim with no default raises here, naming the input
     specs = resolve_providers(providers) if providers else None
-    facts = gather_facts(proto, specs, quantize=quantize, folder_attention=_folder_attention(folder))
+    facts = gather_facts(graph, specs, quantize=quantize, folder_attention=_folder_attention(folder))
     config = {
-        "model_sha256": file_sha256(path),
+        "model_sha256": file_sha256(source),
+        "outputs": names,
         "shapes": {k: list(v) for k, v in plan.shapes.items()},
         "objective": objective,
         "max_error": max_error,
@@ -196,17 +211,18 @@ def _set_up(
         "ort": ort.__version__,
         "data_sha256": given.origin.sha256 if given is not None else None,
     }
-    return _Setup(label, path, proto, objective, plan, facts, gate_spec, given, given_split, config)
+    return _Setup(label, source, path, proto, names, objective, plan, facts, gate_spec, given, given_split, config)
 
 
 def check_request(model: str | os.PathLike | None, **options: Any) -> tuple[str, Path, Any]:
     """What ``tune`` checks before any work (``_set_up``: bad input is exit 2 here), writing nothing:
     (the model as named, its file, the user's samples as a ``CalibrationSet`` or None). A fleet tune
     checks its request once here before sending it to the nodes. ``options``: ``tune``'s own
-    (``shapes``, ``objective``, ``max_error``, ``metric``, ``calibration``, ``providers``, ``quantize``)."""
+    (``shapes``, ``objective``, ``max_error``, ``metric``, ``calibration``, ``providers``, ``quantize``,
+    ``outputs``)."""
     defaults = {"shapes": None, "objective": "p50", "max_error": None, "metric": None, "calibration": None}
     setup = _set_up(model, **{**defaults, "providers": None, "quantize": True, **options})
-    return setup.label, setup.path, setup.given
+    return setup.label, setup.source, setup.given
 
 
 def _open_journal(out: Path, config: dict[str, Any], resume: bool) -> Journal:
@@ -337,6 +353,7 @@ def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, r
         setup.facts,
         dict(setup.plan.shapes),
         batch=batch_size_of(data.heldout[0]),
+        outputs=setup.outputs,
     )
 
 

@@ -325,6 +325,10 @@ def check_latency(
             f"from, and that model ('{source}') is missing here or changed. Copy it to that path, or "
             "verify without --max-slowdown."
         )
+    if doc.get("outputs"):  # the tune timed ORT's default on the source pruned to its outputs
+        from ortpilot.tuning.pruned import pruned_model
+
+        source = pruned_model(source, list(doc["outputs"]))
     file = path.parent / str((doc.get("reference_outputs") or {}).get("file") or REFERENCE_FILE)
     if file.is_file():
         feeds = read_reference(file)[0]
