@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from ortpilot.errors import StampMismatchError
+from ortpilot.errors import StampMismatchError, UsageError
 from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.session import SessionSettings, VerifiedSession
@@ -302,6 +302,7 @@ def quantize_gated(
     min_top1: float = 0.9,
     tokenizer: str | None = None,
     metric: Any = None,
+    outputs: Sequence[str] | None = None,
     **int8_options: Any,
 ) -> QuantizeReport:
     """``ortpilot quantize``: quantize ``model`` in any ``mode``, gate it, write ``output`` only if it passes.
@@ -313,7 +314,8 @@ def quantize_gated(
     Weight-only modes (int4, int8-weights) quantize a decoder's weights and are gated on generation
     (``decode.gate.quantize_weight_only_gated``: ``min_top1``, prompts from ``tokenizer``).
     ``metric`` (INT8 modes): ``--metric`` overrides of each output's gate metric
-    (``measure.metrics``). Both rescue a failing model with the one auto-exclude loop
+    (``measure.metrics``). ``outputs`` (INT8 modes, ``--outputs``): the outputs the deployment reads; the
+    model is pruned to them before quantizing and gating. Both rescue a failing model with the one auto-exclude loop
     (``auto_exclude``) and raise ``AccuracyGateError`` (exit 1) without writing when it still fails.
     """
     from ortpilot.decode.gate import WEIGHT_ONLY_MODES
@@ -323,6 +325,11 @@ def quantize_gated(
         from ortpilot.gate.generation import GenerationGate
 
         _no_metric(metric, f"--mode {mode} is gated on generation (top-1 next-token agreement, --min-top1)")
+        if outputs:
+            raise UsageError(
+                f"--outputs prunes a model to the outputs a deployment reads; --mode {mode} quantizes a "
+                "decoder, whose generation loop reads its logits and every present cache. Drop --outputs."
+            )
 
         return quantize_weight_only_gated(
             model,
@@ -351,6 +358,7 @@ def quantize_gated(
         max_rounds=max_rounds,
         nodes_to_exclude=list(nodes_to_exclude),
         metrics=metric,
+        outputs=outputs,
         **int8_options,
     )
 

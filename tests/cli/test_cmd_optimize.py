@@ -22,3 +22,23 @@ def test_optimize_cli_fusion_json(demo_paths, tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert "nodes" in res.output
+
+
+def test_optimize_outputs_fuses_the_pruned_graph_and_writes_only_the_named_outputs(tmp_path):
+    import onnx
+    from output_models import write_encoder_with_heads
+
+    from ortpilot.cli.main import cli
+
+    model = write_encoder_with_heads(tmp_path / "encoder3.onnx")
+    out = tmp_path / "fused.onnx"
+    args = ["optimize", str(model), "-o", str(out), "--fusion", "bert", "--outputs", "hidden_state_1", "--json"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["outputs"] == ["hidden_state_1"]
+    assert doc["record"]["fused"]["Attention"] == 1  # layer 1, which only the other outputs need, is gone
+    assert [o.name for o in onnx.load(out).graph.output] == ["hidden_state_1"]
+    bad = CliRunner().invoke(cli, ["optimize", str(model), "-o", str(tmp_path / "x.onnx"), "--outputs", "logits"])
+    assert bad.exit_code == 2 and "its outputs are: last_hidden_state, pooler_output, hidden_state_1" in bad.output
+    assert "Traceback" not in bad.output and not (tmp_path / "x.onnx").exists()

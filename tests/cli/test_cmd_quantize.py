@@ -154,3 +154,54 @@ def test_quantize_refuses_a_bad_metric_with_exit_2_before_writing(three, tmp_pat
     out = tmp_path / "q.onnx"
     res = CliRunner().invoke(cli, ["quantize", str(model), "-o", str(out), "--mode", "dynamic", "--metric", flag])
     assert res.exit_code == 2 and message in " ".join(res.output.split()) and not out.exists()
+
+
+def test_quantize_outputs_prunes_gates_and_writes_only_the_named_ones(three, tmp_path):
+    model, calibration = three
+    out = tmp_path / "q.onnx"
+    res = CliRunner().invoke(
+        cli,
+        ["quantize", str(model), "-o", str(out), "--mode", "dynamic", "--calibration", str(calibration)]
+        + ["--outputs", "embedding", "--json"],
+    )
+    assert res.exit_code == 0, res.output
+    gate = json.loads(res.stdout)["gate"]
+    assert list(gate["metrics"]) == ["embedding"]
+    assert [o["name"] for o in gate["comparison"]["outputs"]] == ["embedding"]
+    written = onnx.load(out)
+    assert [o.name for o in written.graph.output] == ["embedding"]
+    assert not {"Softmax", "Identity"} & {n.op_type for n in written.graph.node}  # p's and ids_out's nodes are gone
+    assert [i.name for i in written.graph.input] == ["x", "ids"]  # the same requests as the full model
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["nope"], "'nope', which the model does not output; its outputs are: embedding, p, ids_out"),
+        (["embedding", "x"], "'x', which the model does not output ('x' is an input)"),
+    ],
+)
+def test_quantize_refuses_bad_outputs_with_exit_2_before_writing(three, tmp_path, names, message):
+    model, _ = three
+    args = ["quantize", str(model), "-o", str(tmp_path / "q.onnx"), "--mode", "dynamic"]
+    res = CliRunner().invoke(cli, [*args, *[a for n in names for a in ("--outputs", n)]])
+    assert res.exit_code == 2, res.output
+    assert message in " ".join(res.output.split())
+    assert "Traceback" not in res.output and not (tmp_path / "q.onnx").exists()
+
+
+def test_weight_only_modes_refuse_outputs(tmp_path):
+    from ortpilot.models import demo_model_path
+
+    res = _run(
+        "quantize",
+        str(demo_model_path("decoder")),
+        "-o",
+        str(tmp_path / "q.onnx"),
+        "--mode",
+        "int4",
+        "--outputs",
+        "logits",
+    )
+    assert res.exit_code == 2, res.output
+    assert "Drop --outputs" in " ".join(res.output.split())

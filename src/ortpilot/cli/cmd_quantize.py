@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.cmd_compare import render_comparison
-from ortpilot.cli.cmd_optimize import render_record
+from ortpilot.cli.cmd_optimize import OUTPUTS_HELP, render_record
 from ortpilot.cli.common import (
     ISOLATE_OPTION,
     JSON_OPTION,
@@ -78,6 +78,7 @@ WEIGHT_ONLY_MODES = ("int4", "int8-weights")
     "see --metric).",
 )
 @click.option("--metric", "metric", multiple=True, help=METRIC_HELP + " INT8 modes.")
+@click.option("--outputs", "outputs", multiple=True, metavar="NAME", help=OUTPUTS_HELP + " INT8 modes.")
 @click.option("--auto-exclude", is_flag=True, help="Leave the worst layers in float until --max-error passes.")
 @click.option("--max-rounds", type=click.IntRange(1), default=6, show_default=True, help="Rounds of --auto-exclude.")
 @click.option("--exclude", "exclude", multiple=True, help="Node name to leave in float (repeatable).")
@@ -129,6 +130,7 @@ def command(
     method: str,
     max_error: float | None,
     metric: tuple[str, ...],
+    outputs: tuple[str, ...],
     auto_exclude: bool,
     max_rounds: int,
     exclude: tuple[str, ...],
@@ -178,6 +180,7 @@ def command(
             min_top1=min_top1,
             tokenizer=tokenizer,
             metric=list(metric) or None,
+            outputs=list(outputs) or None,
             **int8,
         )
     _render(report, output, weight_only, as_json)

@@ -26,6 +26,7 @@ from ortpilot.gate.outputs import OutputGate, SampleProbe
 from ortpilot.gate.rankings import int8_ranking
 from ortpilot.gate.result import GateResult, gate_failure
 from ortpilot.graph.feeds import generate_samples, plan_feeds
+from ortpilot.graph.prune import prune_to_outputs
 from ortpilot.measure.metrics import folder_near
 from ortpilot.passes.base import ModelLike, PassResult, SourceModel
 from ortpilot.passes.calibration import CalibrationSet, load_calibration
@@ -174,19 +175,23 @@ def quantize_int8_gated(
     holdout_fraction: float = 0.25,
     providers: Sequence[str] | None = None,
     metrics: Any = None,
+    outputs: Sequence[str] | None = None,
     **pass_options: Any,
 ) -> QuantizeReport:
     """Quantize ``model`` in an INT8 ``mode``, gate it on held-out samples, write it to ``output`` if it passes.
 
-    ``metrics``: ``--metric`` overrides of the metric each output is gated by (``measure.metrics``)."""
+    ``metrics``: ``--metric`` overrides of the metric each output is gated by (``measure.metrics``).
+    ``outputs`` (``--outputs``): the outputs the deployment reads; the model is pruned to them first
+    (``graph.prune.prune_to_outputs``), so the quantizer, the gate and the written model see only them."""
     source = SourceModel.of(model)
+    folder = folder_near(source.path)
+    if outputs:  # a name the model lacks: UsageError (exit 2) before any work
+        source = SourceModel.of(prune_to_outputs(source.proto, list(outputs)))
     if mode == "full" and max_error is None:
         max_error = DEFAULT_FULL_MAX_ERROR
         log.info("--mode full is always gated: using --max-error %g.", max_error)
     # A bad --max-error or --metric is refused before any work.
-    gate_spec = OutputGate.for_model(
-        source.proto, max_error, metrics=metrics, folder=folder_near(source.path), compare=True
-    )
+    gate_spec = OutputGate.for_model(source.proto, max_error, metrics=metrics, folder=folder, compare=True)
     data = _samples(source, mode, calibration, shapes, max_error)
     calib, heldout = data.split(holdout_fraction)
     if mode == OPENVINO_MODE:
