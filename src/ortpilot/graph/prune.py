@@ -1,5 +1,6 @@
-"""Who reads what in a graph (``reads``, ``cone``), and pruning what nobody reads: dead nodes
-and unread optional outputs.
+"""Who reads what in a graph (``reads``, ``cone``), and pruning what nobody reads: dead nodes,
+unread optional outputs, and the outputs a deployment does not read (``prune_to_outputs``,
+``--outputs``).
 
 Fusions leave both behind. onnxscript's SkipSimplifiedLayerNormalization names its optional
 mean and inverse-std outputs although nothing reads them (onnxruntime-genai's builder leaves them
