@@ -63,6 +63,9 @@ def test_profile_and_journal_record_the_outputs(tuned) -> None:
     assert doc["source_model"]["path"] == str(model)  # the user's model, not the pruned cache entry
     start = next(r for r in read_journal(out / "journal.jsonl") if r["kind"] == "start")
     assert start["outputs"] == WANT
+    report = " ".join((out / "report.md").read_text().split())
+    assert "pooler_output: cosine" in report and "the model was pruned to them" in report
+    assert "last_hidden_state" not in report
 
 
 def test_a_resume_with_other_outputs_is_refused(tuned) -> None:

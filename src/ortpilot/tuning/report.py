@@ -162,6 +162,11 @@ def gate_line(doc: dict[str, Any]) -> str:
         "Accuracy gate per output: "
         + "; ".join(f"{n}: {m}" + (f" ({evidence[n]})" if evidence.get(n) else "") for n, m in doc["metrics"].items())
         + f"; max error {doc['max_error']:g}."
+        + (
+            " Only the outputs the deployment reads (--outputs): the model was pruned to them."
+            if doc.get("outputs")
+            else ""
+        )
     )
 
 
