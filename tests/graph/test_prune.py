@@ -174,3 +174,22 @@ def test_an_output_that_is_also_an_input_is_refused() -> None:
     with pytest.raises(UsageError, match="'x', which is also a graph input.*\\(y\\)"):
         check_outputs(model, ["y", "x"])
     assert check_outputs(model, ["y"]) == ["y"]
+
+
+def test_a_real_model_with_if_subgraphs_prunes_to_its_speech_probability(silero_vad_path) -> None:
+    """silero-vad returns ``output`` and ``stateN`` from one If node: pruning keeps the node (and the
+    subgraphs' reads of outer names), drops ``stateN`` from the graph's outputs, and changes no value."""
+    from ortpilot.graph.prune import prune_to_outputs
+
+    full = onnx.load(str(silero_vad_path))
+    pruned = prune_to_outputs(full, ["output"])
+    assert [o.name for o in pruned.graph.output] == ["output"]
+    rng = np.random.default_rng(0)
+    feeds = {
+        "input": rng.standard_normal((1, 512)).astype(np.float32) * 0.1,
+        "state": np.zeros((2, 1, 128), np.float32),
+        "sr": np.array(16000, np.int64),
+    }
+    want, got = _outputs(full, feeds), _outputs(pruned, feeds)
+    assert list(got) == ["output"]
+    np.testing.assert_array_equal(got["output"], want["output"])
