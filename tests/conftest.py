@@ -50,6 +50,11 @@ def ocr_det_path() -> Path:
     return real_model("rapidocr", "models/PP-OCRv6_det_small.onnx")
 
 
+@pytest.fixture
+def ocr_rec_path() -> Path:
+    return real_model("rapidocr", "models/PP-OCRv6_rec_small.onnx")
+
+
 @pytest.fixture(scope="session")
 def demo_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every built-in demo model written once per test session."""

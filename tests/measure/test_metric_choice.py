@@ -111,14 +111,12 @@ def test_compare_runs_carries_choice_and_masks():
 # --------------------------------------------------------------------------- from what the outputs really are
 
 
-def test_pp_ocr_recognizer_is_gated_on_its_decoded_text_from_its_real_outputs():
+def test_pp_ocr_recognizer_is_gated_on_its_decoded_text_from_its_real_outputs(ocr_rec_path):
     """PP-OCRv6's recognizer (rapidocr): a Softmax over 18,710 classes, returned ``[1, steps, 18710]`` with
     steps = width / 8; the graph alone says top1, its outputs say CTC (class 0, the blank, tops most steps)."""
-    from conftest import real_model
-
     from ortpilot.gate.outputs import OutputGate, SampleProbe
 
-    path = real_model("rapidocr", "models/PP-OCRv6_rec_small.onnx")
+    path = str(ocr_rec_path)
     model = onnx.load(path)
     (name,) = (o.name for o in model.graph.output)
     assert choose_metrics(model)[name].metric == "top1"
