@@ -47,6 +47,14 @@ def tune(
     if ray_address is not None:
         from ortpilot.fleet.run import tune_fleet
 
+        if kwargs.get("outputs"):
+            from ortpilot.errors import UsageError
+
+            raise UsageError(
+                "outputs= (the outputs the deployment reads) is not carried into a fleet tune yet: tune each "
+                "machine class without ray_address, or leave outputs out."
+            )
+
         return tune_fleet(model, ray_address, out_dir=out_dir, budget_s=budget_s, **kwargs)
     from ortpilot.tuning import tune as _tune
 

@@ -191,3 +191,14 @@ def test_a_ctc_gate_on_too_few_samples_to_see_one_string_in_20_says_so(recognize
     assert samples_needed(result.choices) == (59, result.min_samples_why)  # what tune's data warning can take
     plain = OutputGate(0.01).check({"y": [np.ones((1, 8), np.float32)] * 20}, {"y": [np.ones((1, 8), np.float32)] * 20})
     assert plain.warning == "" and plain.min_samples == 16
+
+
+def test_a_tune_of_a_recognizer_records_the_ctc_gates_sample_minimum(recognizer, tmp_path):
+    """Tune chooses each output's metric once the reference has run: its gate warning must then ask for the
+    59 samples a ctc verdict needs, not the 16 it said at the start (generated inputs, 4 held out)."""
+    from ortpilot import tune
+
+    data = CalibrationSet(text_images(64), "generated text images")  # 16 held out
+    result = tune(str(recognizer), out_dir=str(tmp_path / "out"), budget_s=12, calibration=data)
+    assert result.metrics == {"387": "ctc"}
+    assert "fewer than 59" in result.gate.warning, result.gate.warning

@@ -33,7 +33,7 @@ from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.data import DataSource, ModelFolder, folder_of
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
-from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs
+from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs, samples_needed
 from ortpilot.gate.result import gate_data_warning
 from ortpilot.graph.feeds import FeedPlan, batch_size_of, generate_samples, plan_feeds
 from ortpilot.graph.prune import check_outputs
@@ -242,6 +242,7 @@ class _Data:
     gate_data: dict[str, Any]  # data.DataSource.describe of each side
     calibration_data: dict[str, Any]
     warning: str  # gate.result.gate_data_warning: generated inputs, too few, or "" for neither
+    synthetic: str | None = None  # the generated inputs' shapes (plan.describe()), None for the user's data
 
 
 def _choose_data(setup: _Setup, journal: Journal, out: Path, samples: int) -> _Data:
@@ -269,7 +270,7 @@ def _choose_data(setup: _Setup, journal: Journal, out: Path, samples: int) -> _D
         log.warning(
             "%s%s.", "NO GATE DATA: the accuracy gate is " if given is None else "The accuracy gate is ", warning
         )
-    return _Data(heldout, calib, gate_data, calibration_data, warning)
+    return _Data(heldout, calib, gate_data, calibration_data, warning, plan.describe() if given is None else None)
 
 
 def _record_start(journal: Journal, out: Path, setup: _Setup, budget_s: float) -> None:
@@ -332,6 +333,11 @@ def _search(
 
 def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, run: RunRecord) -> TuneResult:
     """The ``TuneResult`` of a finished search (its ``files`` are filled in as OUTDIR is written)."""
+    warning = data.warning
+    if search.gate is not None:  # the metrics chosen from the real outputs may need more samples (ctc: 59)
+        warning = gate_data_warning(len(data.heldout), data.synthetic, *samples_needed(_choices(search.gate)))
+        if warning and warning != data.warning:
+            log.warning("The accuracy gate was %s.", warning)
     gate = GateRecord(
         metrics=_metrics(search.gate),
         metric_evidence={n: c.evidence for n, c in _choices(search.gate).items()},
@@ -340,7 +346,7 @@ def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, r
         gate_data=data.gate_data,
         calibration_data=data.calibration_data,
         heldout_sha256=feeds_digest(data.heldout[0]),
-        warning=data.warning,
+        warning=warning,
     )
     return TuneResult(
         out,
