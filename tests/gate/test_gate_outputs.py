@@ -195,7 +195,7 @@ def test_a_ctc_gate_on_too_few_samples_to_see_one_string_in_20_says_so(recognize
 
 def test_a_tune_of_a_recognizer_records_the_ctc_gates_sample_minimum(recognizer, tmp_path):
     """Tune chooses each output's metric once the reference has run: its gate warning must then ask for the
-    59 samples a ctc verdict needs, not the 16 it said at the start (generated inputs, 4 held out)."""
+    59 samples a ctc verdict needs, not the 16 it said at the start (64 samples given, 16 held out)."""
     from ortpilot import tune
 
     data = CalibrationSet(text_images(64), "generated text images")  # 16 held out
