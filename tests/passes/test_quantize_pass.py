@@ -287,7 +287,12 @@ def test_per_channel_int8_of_a_dense_head_with_a_2d_bias_works(mode):
     assert result.record.quantized_nodes > 0
     assert any("Gemm biases of shape [1, N] reshaped to [N]" in n for n in result.record.notes)
     float_out, int8_out = _run(_dense_head(1), samples[0]), _run(result.model, samples[0])
-    assert np.abs(int8_out - float_out).max() < 0.05 * np.abs(float_out).max()
+    # Without VNNI ORT's u8s8 pair sums saturate in vpmaddubsw (the ISA lane's emulated Haswell: 5.5 %
+    # of the output's range); VNNI and AMX accumulate exactly (under 5 %).
+    from ortpilot.providers.cpuisa import int8_rule
+
+    share = 0.10 if int8_rule().name == "x86-no-vnni" else 0.05
+    assert np.abs(int8_out - float_out).max() < share * np.abs(float_out).max()
 
 
 @pytest.mark.parametrize("mode", ["qdq", "static"])
