@@ -35,7 +35,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import bench_tune
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -314,6 +313,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
-    bench_tune.MINILM_DIR = MINILM_DIR
     main()

@@ -270,8 +270,9 @@ def render_summary(doc: dict) -> None:
     stderr.print(
         ("[bold]" if not doc["default_best"] else "[bold yellow]") + escape(headline(doc)) + "[/]", highlight=False
     )
-    if provider_line(doc):
-        stderr.print(escape(provider_line(doc)), highlight=False)
+    providers = provider_line(doc)
+    if providers:
+        stderr.print(escape(providers), highlight=False)
     if doc.get("load_note"):
         stderr.print(f"[yellow]Note: {escape(doc['load_note'])}.[/]", highlight=False)
     files = doc["files"]

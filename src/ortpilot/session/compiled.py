@@ -18,7 +18,7 @@ from typing import Any
 
 from ortpilot.errors import StampMismatchError
 from ortpilot.providers.names import ProviderSpec
-from ortpilot.providers.openvino import OPENVINO, plugin_options
+from ortpilot.providers.openvino import OPENVINO, OpenVINOOptionError, plugin_options
 from ortpilot.providers.plugins import plugin_build, plugin_request
 from ortpilot.session.options import SessionSettings
 
@@ -69,7 +69,7 @@ def compiled_mismatch(entry: Mapping[str, Any], file: Path, chain: list[Provider
         (file.parent / b["file"], b.get("sha256")) for b in entry.get("blobs") or []
     ]
     for path, digest in files:
-        if Path(path.name).name != path.name or not path.is_file():
+        if not path.is_file():
             return f"its compiled model's file '{path.name}' is missing"
         if file_sha256(path) != digest:
             return f"its compiled model's file '{path.name}' changed since it was compiled (sha256 differs: edited or truncated)"
@@ -80,7 +80,10 @@ def compiled_mismatch(entry: Mapping[str, Any], file: Path, chain: list[Provider
                 f"its compiled model was compiled by {key} {entry.get(key) or 'unknown'}; "
                 f"this environment has {here.get(key) or 'none'}"
             )
-    device, _ = plugin_options(chain[0].ort_options()) if chain else ("", {})
+    try:
+        device, _ = plugin_options(chain[0].ort_options()) if chain else ("", {})
+    except OpenVINOOptionError as exc:  # the session would fall back on it too (plugin_request)
+        return str(exc)
     if entry.get("device") and device and entry["device"] != device:
         return f"its compiled model was compiled for OpenVINO device {entry['device']}; this session asks for {device}"
     return ""

@@ -194,7 +194,7 @@ def render_md(doc: dict[str, Any]) -> str:
         "",
         headline(doc),
         "",
-        *([provider_line(doc), ""] if provider_line(doc) else []),
+        *([providers, ""] if (providers := provider_line(doc)) else []),
         *([load_line(doc), ""] if doc.get("load_note") else []),
         f"ONNX Runtime {doc['onnxruntime']}, shapes "
         + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in doc["shapes"].items())
@@ -304,7 +304,7 @@ def render_html(doc: dict[str, Any]) -> str:
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background:#dfd}}tr.rej{{color:#888}}</style></head><body>
 <h1>ortpilot tune: {e(doc["model"])}</h1>
 <p><b>{e(headline(doc))}</b></p>
-{f"<p>{e(provider_line(doc))}</p>" if provider_line(doc) else ""}
+{f"<p>{e(providers)}</p>" if (providers := provider_line(doc)) else ""}
 {f"<p>{e(load_line(doc))}</p>" if doc.get("load_note") else ""}
 <p>ONNX Runtime {e(doc["onnxruntime"])}; shapes {e(str(doc["shapes"]))}; objective {e(doc["objective"])};
 tune wall time {doc["wall_s"]:.1f} s.</p>

@@ -336,9 +336,9 @@ def _openvino_variants(spec: ProviderSpec, facts: Facts, baseline: Candidate) ->
 
 
 def _has_bf16() -> bool:
-    from ortpilot.providers.cpuisa import read_cpu_isa
+    from ortpilot.providers.cpuisa import this_cpu
 
-    flags = read_cpu_isa().flags
+    flags = this_cpu().flags
     return bool(flags.get("amx_bf16") or flags.get("avx512_bf16"))
 
 
