@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnxruntime as ort
 
 from ortpilot.artifacts.bundle import bundle_path
@@ -35,6 +34,7 @@ from ortpilot.measure.metrics import (
     choose_metrics,
     needs_mask,
 )
+from ortpilot.session.binding import run_session
 from ortpilot.session.bundle import BundleChoice, choose_profile
 from ortpilot.session.profile import load_profile
 from ortpilot.session.verified import VerifiedSession
@@ -146,19 +146,6 @@ class ProfileVerification:
         }
 
 
-def _run(session: VerifiedSession, feeds: dict[str, np.ndarray], iobinding: bool) -> dict[str, np.ndarray]:
-    names = [o.name for o in session.get_outputs()]
-    if not iobinding:
-        return dict(zip(names, session.run(None, feeds)))
-    binding = session.session.io_binding()
-    for name, value in feeds.items():
-        binding.bind_cpu_input(name, value)
-    for name in names:
-        binding.bind_output(name)
-    session.session.run_with_iobinding(binding)
-    return dict(zip(names, binding.copy_outputs_to_cpu()))
-
-
 def verify_profile(
     path: str | os.PathLike,
     policy: str = "strict",
@@ -228,7 +215,7 @@ def _verify_outputs(
             ),
         )
     inputs, recorded = read_reference(file)
-    got = _run(session, session.check_feeds(inputs), bool(doc.get("iobinding")))
+    got = run_session(session, session.check_feeds(inputs), iobinding=bool(doc.get("iobinding")))
     check = session.machine_check
     same_ort = str((doc.get("onnxruntime") or {}).get("version")) == ort.__version__
     if check.same_kernels and same_ort:

@@ -53,6 +53,7 @@ class _Child:
         from ortpilot.graph.feeds import samples_to_arrays
         from ortpilot.measure.bench import Runner
         from ortpilot.session import load
+        from ortpilot.session.binding import run_session
         from ortpilot.tuning.candidate import Candidate
         from ortpilot.tuning.reference import array_digest
         from ortpilot.tuning.transform import NothingToDo, build_model
@@ -79,10 +80,9 @@ class _Child:
             shapes=self.shapes or None,
         )
         session_s = time.perf_counter() - start
-        outputs = [_outputs(sess, feeds, cand.iobinding) for feeds in self.heldout]
-        names = [o.name for o in sess.get_outputs()]
+        outputs = [run_session(sess, feeds, iobinding=cand.iobinding) for feeds in self.heldout]
         out_path = self.scratch / "outputs" / f"{cand.id}.npz"
-        np.savez(out_path, **samples_to_arrays([dict(zip(names, values)) for values in outputs]))
+        np.savez(out_path, **samples_to_arrays(outputs))
         # The timing loop is measure.bench's Runner, on this same session: later rounds reuse it.
         self._keep(cand.id, Runner(sess, name=cand.label, feeds=self.heldout[0], iobinding=cand.iobinding))
         return {
@@ -96,8 +96,8 @@ class _Child:
             "providers": sess.providers,
             "placement": sess.placement.counts if sess.placement else None,
             "outputs": str(out_path),
-            "output_names": names,
-            "output_sha256": {n: array_digest(outputs[0][j]) for j, n in enumerate(names)},
+            "output_names": list(outputs[0]),
+            "output_sha256": {name: array_digest(value) for name, value in outputs[0].items()},
         }
 
     def bench(self, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,16 +166,11 @@ def _settle_runs(runner: Any, settle_s: float) -> int:
 
 
 def _outputs(sess: Any, feeds: Mapping[str, Any], iobinding: bool) -> list[Any]:
-    """The candidate's outputs on one sample, through the same path it is timed with."""
-    if not iobinding:
-        return sess.run(None, dict(feeds))
-    binding = sess.session.io_binding()
-    for name, value in feeds.items():
-        binding.bind_cpu_input(name, value)
-    for out in sess.get_outputs():
-        binding.bind_output(out.name)
-    sess.session.run_with_iobinding(binding)
-    return binding.copy_outputs_to_cpu()
+    """The candidate's outputs on one sample, through the same path it is timed with (as a list,
+    for ``tuning.outputs``; new code calls ``session.binding.run_session``)."""
+    from ortpilot.session.binding import run_session
+
+    return list(run_session(sess, feeds, iobinding=iobinding).values())
 
 
 def load_samples(path: Path) -> list[dict[str, Any]]:
