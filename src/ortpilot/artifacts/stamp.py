@@ -18,6 +18,7 @@ from typing import Any
 
 import onnx
 
+from ortpilot.eps import CPU_EP
 from ortpilot.errors import StampMismatchError
 
 STAMP_KEY = "ortpilot.stamp"
@@ -120,7 +121,7 @@ def make_stamp(
         "pass": pass_name,
         "options": options or {},
         "cpu": cpu_features(),
-        "gpu": any(s["name"] not in ("CPUExecutionProvider",) for s in specs),
+        "gpu": any(s["name"] not in (CPU_EP,) for s in specs),
         # No wall-clock time: the same input and options must give byte-identical files (the
         # cache entry's entry.json records when it was built).
     }
@@ -164,7 +165,7 @@ def stamp_problems(stamp: dict[str, Any], providers: Sequence[Any] | None, ort_v
     level = stamp.get("level")
     if (
         wanted
-        and wanted[0] == "CPUExecutionProvider"
+        and wanted[0] == CPU_EP
         and level in ("layout", "all")
         and (stamp.get("cpu") or {}).get("isa") not in (None, cpu_features()["isa"])
     ):

@@ -31,6 +31,7 @@ from ortpilot.decode.options import DEFAULT_DRAFT_TOKENS, EngineOptions
 from ortpilot.decode.sampling import Sampler, SamplingConfig
 from ortpilot.decode.signature import DecoderSignature, detect_signature
 from ortpilot.decode.speculative import Speculator, calibrate, run_single
+from ortpilot.eps import CPU_EP
 from ortpilot.errors import UsageError
 from ortpilot.session import SessionSettings, VerifiedSession, load
 
@@ -116,7 +117,7 @@ class Generator:
         if loop == "auto":
             if sig.supports_shared_buffer:
                 return "shared", "GroupQueryAttention reads every cache pair: one buffer per pair"
-            if self.vsession.providers[0] == "CPUExecutionProvider":
+            if self.vsession.providers[0] == CPU_EP:
                 # Measured: on a CPU session IOBinding saves no copy worth its per-step binding calls
                 # (1.00x on SmolLM2, 0.6x on the tiny demo decoder); on a GPU EP it removes the
                 # host round trip of the cache (1.27x on WebGPU, BENCHMARKS.md, GPU check).

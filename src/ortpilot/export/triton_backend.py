@@ -13,6 +13,8 @@ would quietly leave ORT's default in place. That is why every key written is che
 
 from __future__ import annotations
 
+from ortpilot.eps import CPU_EP
+
 BACKEND = "onnxruntime"
 BACKEND_SOURCE = "triton-inference-server/onnxruntime_backend src/onnxruntime.cc @ 00fd3e8 (r26.06)"
 
@@ -103,13 +105,12 @@ PRECISION_MODES: dict[str, str | None] = {
 }
 
 # ORT provider -> where the backend can put it. Others (CoreML, WebGPU, QNN, DirectML ...) it cannot run.
-CPU, CUDA, TENSORRT, OPENVINO = (
-    "CPUExecutionProvider",
+CUDA, TENSORRT, OPENVINO = (
     "CUDAExecutionProvider",
     "TensorrtExecutionProvider",
     "OpenVINOExecutionProvider",
 )
-SUPPORTED_PROVIDERS = (CPU, CUDA, TENSORRT, OPENVINO)
+SUPPORTED_PROVIDERS = (CPU_EP, CUDA, TENSORRT, OPENVINO)
 GPU_PROVIDERS = (TENSORRT, CUDA)
 
 # ONNX element type -> Triton data type (the backend's OnnxDataTypeToModelConfigDataType).

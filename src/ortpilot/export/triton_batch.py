@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ortpilot.eps import CPU_EP
 from ortpilot.graph.tensors import TensorSpec, has_batch_dim
 
 
@@ -69,7 +70,7 @@ def _probe(
     b = {name: np.roll(row.reshape(-1), 1).reshape(row.shape) for name, row in a.items()}
     names = [t.name for t in outputs]
     try:
-        session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(model_path), providers=[CPU_EP])
         single = session.run(names, a)
         pairs = {
             key: session.run(names, {n: np.concatenate([x[n], y[n]]) for n in a})

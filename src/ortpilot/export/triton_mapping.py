@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ortpilot.eps import CPU_EP
 from ortpilot.errors import UsageError
 from ortpilot.export.losses import Loss
 from ortpilot.export.triton_backend import (
-    CPU,
     CUDA,
     CUDA_CODES,
     GPU_PROVIDERS,
@@ -57,7 +57,7 @@ class BackendSettings:
         """The ORT providers the backend appends, in its order (GPU ones only on GPU instances)."""
         gpu = [TENSORRT] if any(n == "tensorrt" for n, _ in self.gpu_accelerators) else []
         gpu += [CUDA] if self.kind == KIND_GPU else []
-        return gpu + [OPENVINO] * bool(self.cpu_accelerators) + [CPU]
+        return gpu + [OPENVINO] * bool(self.cpu_accelerators) + [CPU_EP]
 
 
 def check_supported(chain: list[ProviderSpec]) -> None:
@@ -261,7 +261,7 @@ def _kind_losses(chain: list[ProviderSpec], derived: str, out: BackendSettings) 
                 ),
             )
         )
-    wanted = [spec.name for spec in chain if spec.name != CPU] + [CPU]
+    wanted = [spec.name for spec in chain if spec.name != CPU_EP] + [CPU_EP]
     if out.provider_order != wanted and out.kind == derived:
         out.losses.append(
             Loss(

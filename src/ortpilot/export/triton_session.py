@@ -16,9 +16,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from ortpilot.eps import CPU_EP
 from ortpilot.errors import ProviderError
 from ortpilot.export.triton_backend import (
-    CPU,
     CUDA,
     CUDA_CODES,
     CUDA_MODEL_DEFAULTS,
@@ -86,7 +86,7 @@ def backend_providers(config: Any) -> list[tuple[str, dict[str, str]]]:
         providers.append((CUDA, cuda))
     if any(a.name == "openvino" for a in accelerators.cpu_execution_accelerator):
         providers.append((OPENVINO, {"device_type": "CPU"}))
-    return providers + [(CPU, {})]
+    return providers + [(CPU_EP, {})]
 
 
 def _tensorrt_options(params: dict[str, str]) -> dict[str, str]:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from ortpilot.eps import CPU_EP
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds
 from ortpilot.measure.stats import Stats, summarize
@@ -265,7 +266,7 @@ def environment() -> dict[str, Any]:
 
 
 def _iobinding_device(providers: Sequence[str]) -> str:
-    first = providers[0] if providers else "CPUExecutionProvider"
+    first = providers[0] if providers else CPU_EP
     return {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda", "DmlExecutionProvider": "dml"}.get(
         first, "cpu"
     )

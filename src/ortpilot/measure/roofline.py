@@ -26,6 +26,7 @@ import onnxruntime as ort
 
 from ortpilot.artifacts.atomic import atomic_write_json
 from ortpilot.artifacts.cache import cache_root
+from ortpilot.eps import CPU_EP
 from ortpilot.errors import UsageError
 
 log = logging.getLogger("ortpilot")
@@ -125,7 +126,7 @@ def measure_peak(n: int = PEAK_N, repeats: int = PEAK_REPEATS, budget_s: float =
     flops = 2.0 * n**3
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(_matmul_model(n), opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(_matmul_model(n), opts, providers=[CPU_EP])
     ort_s = _best_seconds(lambda: sess.run(None, {"a": a, "b": b}), repeats, budget_s)
     np_s = _best_seconds(lambda: a @ b, repeats, budget_s)
     ort_g, np_g = flops / ort_s / 1e9, flops / np_s / 1e9

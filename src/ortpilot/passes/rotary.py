@@ -21,6 +21,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from ortpilot.eps import CPU_EP
 from ortpilot.graph.prune import cone, remove_dead_nodes
 
 DEFAULT_MAX_POSITIONS = 8192
@@ -123,7 +124,7 @@ def _evaluate(
     sub = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(sub.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(sub.SerializeToString(), options, providers=[CPU_EP])
     dtype = helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
     rank = len(info.type.tensor_type.shape.dim) or 2
     feed = np.full((1,) * rank, positions - 1, dtype=dtype)

@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ortpilot.eps import CPU_EP
 from ortpilot.passes.base import SourceModel
 
 # Ops whose dynamic-INT8 error the probe measures (ORT's dynamic quantizer also knows LSTM,
@@ -279,7 +280,7 @@ def _noise_removed(
     float_outputs = [o.name for o in probe.graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT]
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    sess = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(probe.SerializeToString(), options, providers=[CPU_EP])
     on = {switch: np.array(True) for switch in switches.values()}
     off = {switch: np.array(False) for switch in switches.values()}
     removed = dict.fromkeys(switches, 0.0)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortpilot.eps import CPU_EP
+
 
 @dataclass(frozen=True)
 class CpuBudget:
@@ -190,7 +192,7 @@ def _default_pool() -> tuple[int, frozenset[int]]:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     before = {t.name for t in tasks.iterdir()}
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=[CPU_EP])
     sess.run(None, {"x": np.zeros(1, np.float32)})
     started = [t for t in tasks.iterdir() if t.name not in before]
     cpus: set[int] = set()

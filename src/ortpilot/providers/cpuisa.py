@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortpilot.eps import CPU_EP
+
 # flag in /proc/cpuinfo -> what it means for ORT INT8/low-precision inference.
 ISA_MEANING: dict[str, str] = {
     "avx2": "256-bit SIMD; INT8 via vpmaddubsw (u8s8 pairs saturate at int16, hence reduce_range)",
@@ -190,7 +192,7 @@ def _matmul_integer_probe(weight_type: int) -> tuple[int, int]:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=[CPU_EP])
     got = sess.run(None, {"a": np.full((1, k), 255, np.uint8)})[0]
     return int(got.min()), 255 * value * k
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ortpilot.eps import CPU_EP
 from ortpilot.providers.cpubudget import CpuBudget, cpu_budget, ort_default_outside, ort_default_threads
 from ortpilot.providers.cpuisa import CpuIsa, Int8Rule, int8_rule, read_cpu_isa
 from ortpilot.providers.gpulibs import GpuEnvironment, library_mismatches, scan_gpu_environment
@@ -381,7 +382,7 @@ def _probe_findings(probes: list[ProbeResult]) -> list[Finding]:
         elif p.status == "skipped":
             out.append(Finding("info", "probe", f"{p.provider}: not probed ({p.reason})"))
         else:
-            severe = "error" if p.provider == "CPUExecutionProvider" else "warn"
+            severe = "error" if p.provider == CPU_EP else "warn"
             out.append(
                 Finding(
                     severe,

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ortpilot.eps import CPU_EP
 from ortpilot.providers.cpubudget import this_budget
 from ortpilot.providers.cpuisa import RULES, int8_rule
 from ortpilot.providers.spec import NOT_COMPUTE, short_name
@@ -78,7 +79,7 @@ def class_name(key: Mapping[str, Any]) -> str:
     arch = str(key["arch"]).lower()
     word = _ARCH_WORD.get(arch, re.sub(r"[^a-z0-9]+", "", arch) or "cpu")
     parts = [word, _ISA_WORD.get(str(key["int8"]), "generic"), f"{key['cpus']}cpu"]
-    eps = sorted({short_name(e).lower() for e in key["eps"] if e != "CPUExecutionProvider"})
+    eps = sorted({short_name(e).lower() for e in key["eps"] if e != CPU_EP})
     return "-".join(re.sub(r"[^a-z0-9]+", "", p) for p in parts) + "".join(
         "+" + re.sub(r"[^a-z0-9]+", "", e) for e in eps
     )

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ortpilot.eps import CPU_EP
+
 PROVIDER_ALIASES: dict[str, str] = {
-    "cpu": "CPUExecutionProvider",
+    "cpu": CPU_EP,
     "cuda": "CUDAExecutionProvider",
     "tensorrt": "TensorrtExecutionProvider",
     "trt": "TensorrtExecutionProvider",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import onnxruntime as ort
 
+from ortpilot.eps import CPU_EP
 from ortpilot.errors import ModelLoadError
 from ortpilot.providers.names import EP_LIBRARY_OPTION, ProviderSpec
 from ortpilot.providers.plugins import plugin_for_ep, plugin_request, register_plugin
@@ -22,7 +23,6 @@ from ortpilot.session.options import SessionSettings
 from ortpilot.session.ortlog import capture_ort_output
 from ortpilot.session.placement import Placement
 
-CPU = "CPUExecutionProvider"
 DISABLE_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
 
 
@@ -45,7 +45,7 @@ def check_available(requested: list[ProviderSpec], built_in: list[str], found: F
 
 def with_cpu(chain: list[ProviderSpec]) -> list[ProviderSpec]:
     """``chain`` with CPU as the last resort: appended unless the chain already holds it."""
-    return chain if CPU in [s.name for s in chain] else chain + [ProviderSpec(CPU)]
+    return chain if CPU_EP in [s.name for s in chain] else chain + [ProviderSpec(CPU_EP)]
 
 
 def unavailable(spec: ProviderSpec, built_in: list[str]) -> Fallback | None:
@@ -122,13 +122,13 @@ def create_on_chain(
         if session is not None:
             return CreatedSession(session, chain, create_s, captured, session.get_providers())
         failed = chain[0]
-        if failed.name == CPU or (_is_model_error(error) and len(chain) == 1):
+        if failed.name == CPU_EP or (_is_model_error(error) and len(chain) == 1):
             # CPU is the last resort and runs every valid model: its failure is the model's fault.
             raise ModelLoadError(
                 f"ORT could not load the model: {error}. Check that the model is valid "
                 "('ortpilot inspect MODEL') and was exported for an opset this ORT supports."
             )
-        rest = chain[1:] or [ProviderSpec(CPU)]
+        rest = chain[1:] or [ProviderSpec(CPU_EP)]
         event = creation_failure(failed, rest, error, cpu_refused=DISABLE_CPU_FALLBACK in extra)
         found.record(event, enforce=failed.name == primary.name or found.policy == "strict")
         chain = rest
@@ -250,7 +250,10 @@ def check_loaded(
 def forbids_cpu(requested: list[ProviderSpec], policy: str, coverage: float) -> bool:
     """Strict with full coverage and no CPU asked for: ORT itself is told to place no node on CPU."""
     return (
-        policy == "strict" and coverage >= 1.0 and requested[0].name != CPU and CPU not in [s.name for s in requested]
+        policy == "strict"
+        and coverage >= 1.0
+        and requested[0].name != CPU_EP
+        and CPU_EP not in [s.name for s in requested]
     )
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import onnx
 
+from ortpilot.eps import CPU_EP
 from ortpilot.graph.summary import iter_subgraph_nodes, op_key
 
-CPU = "CPUExecutionProvider"
 # Ops ORT never runs: its graph turns every Constant node (subgraphs too) into an initializer at
 # load (onnxruntime/core/graph/graph.cc), so no provider has, or needs, a kernel for them.
 FOLDED_AT_LOAD = {("", "Constant")}
@@ -68,7 +68,7 @@ def kernel_gaps(model: onnx.ModelProto) -> OpSupport:
 
     kernels: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for kdef in C.get_all_opkernel_def():
-        if kdef.provider == CPU:
+        if kdef.provider == CPU_EP:
             kernels.setdefault((kdef.domain or "", kdef.op_name), []).append(tuple(kdef.version_range))
     opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
     local = {(f.domain, f.name) for f in model.functions}
@@ -86,7 +86,7 @@ def kernel_gaps(model: onnx.ModelProto) -> OpSupport:
             continue
         missing[op_key(node)] += 1
     return OpSupport(
-        CPU,
+        CPU_EP,
         f"kernel registry of onnxruntime {ort.__version__} (op type and opset version; data types not checked)",
         True,
         dict(missing.most_common()),
@@ -142,7 +142,7 @@ def unsupported_ops(
     for provider in providers:
         if provider in NOT_CHECKED:
             out.append(OpSupport(provider, "", False, note=NOT_CHECKED[provider]))
-        elif provider == CPU:
+        elif provider == CPU_EP:
             out.append(kernel_gaps(model))
         else:
             out.append(measured_gaps(source if source is not None else model, provider, shapes))

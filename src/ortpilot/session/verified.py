@@ -20,6 +20,7 @@ import onnx
 import onnxruntime as ort
 
 from ortpilot.artifacts.stamp import check_stamp
+from ortpilot.eps import CPU_EP
 from ortpilot.errors import InputError, ModelLoadError, OrtRunError, ProviderFallbackError, UsageError
 from ortpilot.graph.check import refuse_malformed_einsums
 from ortpilot.graph.feeds import make_feeds, validate_feeds
@@ -31,7 +32,6 @@ from ortpilot.providers.plugins import build_providers
 from ortpilot.session.fallback import Fallback, FallbackRecorder, check_policy
 from ortpilot.session.isolate import preflight_in_child
 from ortpilot.session.layers import (
-    CPU,
     DISABLE_CPU_FALLBACK,
     check_available,
     check_coverage,
@@ -269,7 +269,7 @@ def _creation_plan(
         extra[RECORD_ASSIGNMENT_KEY] = "1"
     if forbids_cpu(requested, policy, coverage):
         extra[DISABLE_CPU_FALLBACK] = "1"
-        chain = [s for s in chain if s.name != CPU] or chain
+        chain = [s for s in chain if s.name != CPU_EP] or chain
     return chain, extra
 
 

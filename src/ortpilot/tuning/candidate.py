@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ortpilot.eps import CPU_EP
 from ortpilot.passes.registry import Step
 from ortpilot.session import SessionSettings
 
@@ -28,7 +29,7 @@ class Candidate:
     """One configuration to build, verify and measure."""
 
     passes: tuple[PassStep, ...] = ()
-    providers: tuple[dict[str, Any], ...] = ({"name": "CPUExecutionProvider", "options": {}},)
+    providers: tuple[dict[str, Any], ...] = ({"name": CPU_EP, "options": {}},)
     settings: SessionSettings = field(default_factory=SessionSettings)
     iobinding: bool = False
     baseline: bool = False

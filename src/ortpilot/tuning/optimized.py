@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from ortpilot.eps import CPU_EP
 from ortpilot.session.options import SessionSettings
 
 log = logging.getLogger("ortpilot")
 OPTIMIZED_FILE = "model.optimized.onnx"
-CPU = "CPUExecutionProvider"
 
 
 def write_optimized_model(
@@ -34,7 +34,7 @@ def write_optimized_model(
 ) -> dict[str, Any] | None:
     """Write ``out/model.optimized.onnx`` and return the profile's ``optimized_model`` field, or None
     (logged) when the winner cannot use one or its outputs would differ."""
-    if settings.level == "disable" or any(p.get("name") != CPU for p in providers):
+    if settings.level == "disable" or any(p.get("name") != CPU_EP for p in providers):
         return None
     from ortpilot.artifacts.atomic import save_model
     from ortpilot.artifacts.stamp import make_stamp, write_stamp

@@ -17,6 +17,7 @@ from typing import Any
 
 import onnx
 
+from ortpilot.eps import CPU_EP
 from ortpilot.passes.decoder_fusion import count_layers
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
@@ -30,7 +31,6 @@ from ortpilot.session.options import LEVELS
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.transform import attention_dims
 
-CPU = "CPUExecutionProvider"
 HEAVY_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "LSTM", "GRU", "RNN", "Einsum"}
 # Quantization variants, by what usually pays off first. Dynamic (weights INT8, activations at
 # run time) suits MatMul-heavy graphs; "w" leaves embeddings and activation x activation
@@ -51,7 +51,7 @@ W4 = Step("weight_only", {"mode": "int4"})
 W8 = Step("weight_only", {"mode": "int8-weights"})
 SPIN_KEY = "session.intra_op.allow_spinning"
 # Only the CPU EP has the integer kernels dynamic quantization emits (MatMulInteger & co.).
-INT8_DYNAMIC_PROVIDERS = {CPU}
+INT8_DYNAMIC_PROVIDERS = {CPU_EP}
 # OpenVINO: the float model and NNCF's QDQ model (``passes.openvino_int8``), its threads at the CPU budget.
 OV_INT8 = Step("openvino_int8")
 OPENVINO_NOT_TRIED = (
@@ -277,17 +277,17 @@ def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
     the first provider is not the CPU, the model variants on the CPU too (an INT8 model on the
     CPU can beat the float one on an accelerator EP: the search must see both)."""
     out: list[Candidate] = [default_stand_in(facts, baseline)] if facts.default_oversubscribes else []
-    primary = facts.providers[0] if facts.providers else ProviderSpec(CPU)
+    primary = facts.providers[0] if facts.providers else ProviderSpec(CPU_EP)
     out.extend(_variants_on(primary, facts, baseline))
     for spec in facts.providers:
         if spec.name == OPENVINO:
             out.extend(_variants_on(spec, facts, baseline) if primary.name != OPENVINO else [])
-        elif spec.name != CPU or primary.name != CPU:
+        elif spec.name != CPU_EP or primary.name != CPU_EP:
             cand = Candidate((), provider_chain(spec), baseline.settings)
             if cand.id != baseline.id:
                 out.append(cand)
-    cpu = next((spec for spec in facts.providers if spec.name == CPU), None)
-    if cpu is not None and primary.name != CPU:
+    cpu = next((spec for spec in facts.providers if spec.name == CPU_EP), None)
+    if cpu is not None and primary.name != CPU_EP:
         out.extend(_variants_on(cpu, facts, baseline))
     return within_budget(out, facts)
 
@@ -376,7 +376,7 @@ def knob_variants(base: Candidate, facts: Facts) -> list[Candidate]:
             base.with_settings(execution_mode="parallel", inter_op_threads=2, intra_op_threads=max(1, facts.cores // 2))
         )
     out.append(base.with_iobinding(True))
-    on_cpu = base.providers[0]["name"] == CPU
+    on_cpu = base.providers[0]["name"] == CPU_EP
     if on_cpu:
         out.append(base.with_settings(enable_cpu_mem_arena=False))
     if facts.cores >= 2:
