@@ -13,6 +13,7 @@ import onnx
 from ortpilot.errors import StampMismatchError, UsageError
 from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
+from ortpilot.quantmodes import WEIGHT_ONLY_MODES
 from ortpilot.session import SessionSettings, VerifiedSession
 from ortpilot.session import load as load_verified
 
@@ -318,8 +319,6 @@ def quantize_gated(
     model is pruned to them before quantizing and gating. Both rescue a failing model with the one auto-exclude loop
     (``auto_exclude``) and raise ``AccuracyGateError`` (exit 1) without writing when it still fails.
     """
-    from ortpilot.decode.gate import WEIGHT_ONLY_MODES
-
     if mode in WEIGHT_ONLY_MODES:
         from ortpilot.decode.gate import quantize_weight_only_gated, text_prompts
         from ortpilot.gate.generation import GenerationGate

@@ -27,9 +27,7 @@ from ortpilot.cli.common import (
     stderr,
     stdout,
 )
-
-# The weight-only modes (passes.weight_only.MODES), spelled here: --help loads no pass code.
-WEIGHT_ONLY_MODES = ("int4", "int8-weights")
+from ortpilot.quantmodes import INT8_MODES, WEIGHT_ONLY_MODES
 
 
 @click.command("quantize")
@@ -38,7 +36,7 @@ WEIGHT_ONLY_MODES = ("int4", "int8-weights")
 @click.option("-o", "--output", required=True, help="Where to write the quantized model (.onnx).")
 @click.option(
     "--mode",
-    type=click.Choice(["dynamic", "static", "qdq", "full", "openvino", *WEIGHT_ONLY_MODES]),
+    type=click.Choice([*INT8_MODES, "openvino", *WEIGHT_ONLY_MODES]),
     required=True,
     help="dynamic: INT8 weights, activations at run time; static: QOperator, calibrated; qdq: Q/DQ pairs "
     "around weighted ops, calibrated; full: QDQ on every supported op (always gated); openvino: NNCF's QDQ "

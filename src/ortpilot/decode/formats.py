@@ -46,9 +46,10 @@ from ortpilot.decode.batched import BatchedLoop, kv_layout
 from ortpilot.decode.generate import Generator
 from ortpilot.decode.options import BASE, format_name
 from ortpilot.errors import AccuracyGateError, UsageError
+from ortpilot.quantmodes import WEIGHT_ONLY_MODES
 
 log = logging.getLogger("ortpilot")
-BUILT_FORMATS = ("int4", "int8-weights")  # WeightOnlyPass modes built from the base model at load
+BUILT_FORMATS = WEIGHT_ONLY_MODES  # WeightOnlyPass modes built from the base model at load
 MAX_PREFILL_MEASURED = 128  # longer prefills take the plan's choice for this many tokens
 _ROW_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ortpilot")
 DEFAULT_NEW_TOKENS = 16
-WEIGHT_ONLY_MODES = ("int4", "int8-weights")
 
 
 # --------------------------------------------------------------------------- running decoders
@@ -505,7 +504,6 @@ def _load(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
 
 __all__ = [
     "HELD_OUT_TEXTS",
-    "WEIGHT_ONLY_MODES",
     "AutoExcludeResult",
     "TeacherForcedProbe",
     "WeightOnlyFlow",

@@ -29,11 +29,11 @@ from onnx import numpy_helper
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import OrtpilotError, UsageError, VerificationError
 from ortpilot.passes.base import Outcome, Pass, SourceModel, op_histogram, quantized_node_count
+from ortpilot.quantmodes import INT8_MODES
 from ortpilot.session.ortlog import capture_ort_output
 from ortpilot.walk import graphs
 
 log = logging.getLogger("ortpilot")
-MODES = ("dynamic", "static", "qdq", "full")
 METHODS = ("minmax", "entropy", "percentile")
 QUANT_TYPES = ("qint8", "quint8")
 # QDQ around the ops whose integer kernels pay off, plus ops that carry INT8 through unchanged.
@@ -277,7 +277,7 @@ def _default_opset(model: onnx.ModelProto) -> int:
 
 
 class QuantizePass(Pass):
-    """Quantize with ORT in one of ``MODES``; calibrated modes need ``calibration`` samples."""
+    """Quantize with ORT in one of ``INT8_MODES``; calibrated modes need ``calibration`` samples."""
 
     name = "quantize"
 
@@ -296,8 +296,8 @@ class QuantizePass(Pass):
         preprocess: bool = True,
         extra_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if mode not in MODES:
-            raise UsageError(f"Unknown quantization mode '{mode}'. Choose one of {', '.join(MODES)}.")
+        if mode not in INT8_MODES:
+            raise UsageError(f"Unknown quantization mode '{mode}'. Choose one of {', '.join(INT8_MODES)}.")
         _quant_type(weight_type), _quant_type(activation_type), _method(method)
         self.mode = mode
         self.calibration = list(calibration) if calibration is not None else None
@@ -512,7 +512,6 @@ class QuantizePass(Pass):
 __all__ = [
     "CALIBRATED_MODES",
     "METHODS",
-    "MODES",
     "QDQ_OPS_DEFAULT",
     "WEIGHT_OPS",
     "NothingQuantizedError",

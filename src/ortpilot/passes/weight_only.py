@@ -27,10 +27,10 @@ import onnx
 from ortpilot.errors import UsageError
 from ortpilot.passes.base import Outcome, Pass, PassResult, PipelineResult, SourceModel
 from ortpilot.passes.rotary import constant_tables
+from ortpilot.quantmodes import WEIGHT_ONLY_BITS, WEIGHT_ONLY_MODES
 
 log = logging.getLogger("ortpilot")
 
-MODES = {"int4": 4, "int8-weights": 8}
 WEIGHT_ONLY_OPS = frozenset({"MatMulNBits", "GatherBlockQuantized"})
 DEFAULT_BLOCK_SIZE = 32
 DEFAULT_ACCURACY_LEVEL = 4
@@ -289,8 +289,8 @@ class WeightOnlyPass(Pass):
         nodes_in_int8: Iterable[str] = (),
         pack: bool = True,
     ) -> None:
-        if mode not in MODES:
-            raise UsageError(f"Unknown weight-only mode '{mode}'; choose one of {', '.join(MODES)}.")
+        if mode not in WEIGHT_ONLY_BITS:
+            raise UsageError(f"Unknown weight-only mode '{mode}'; choose one of {', '.join(WEIGHT_ONLY_MODES)}.")
         if block_size < 16 or block_size & (block_size - 1):
             raise UsageError(
                 f"--block-size must be a power of two and at least 16 (MatMulNBits needs that); got {block_size}."
@@ -300,7 +300,7 @@ class WeightOnlyPass(Pass):
                 f"--accuracy-level must be 0..4 (4 = int8 compute, 1 = fp32 compute); got {accuracy_level}."
             )
         self.mode = mode
-        self.bits = MODES[mode]
+        self.bits = WEIGHT_ONLY_BITS[mode]
         self.block_size = block_size
         self.symmetric = symmetric
         self.accuracy_level = accuracy_level
@@ -545,7 +545,6 @@ def weight_only_summary(result: PassResult | PipelineResult) -> dict[str, Any]:
 __all__ = [
     "DEFAULT_ACCURACY_LEVEL",
     "DEFAULT_BLOCK_SIZE",
-    "MODES",
     "WEIGHT_ONLY_OPS",
     "WeightOnlyPass",
     "WeightTarget",

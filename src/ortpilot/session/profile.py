@@ -24,13 +24,13 @@ from ortpilot.errors import StampMismatchError, UsageError, VerificationError
 from ortpilot.providers.cpubudget import ort_default_threads
 from ortpilot.providers.machine import MachineCheck, check_machine_section, compare_machines
 from ortpilot.providers.plugins import compute_providers
+from ortpilot.quantmodes import INT8_MODES
 from ortpilot.session.bundle import choose_profile
 from ortpilot.session.compiled import load_compiled
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.verified import VerifiedSession, load
 
 log = logging.getLogger("ortpilot")
-INT8_MODES = ("dynamic", "static", "qdq", "full")
 
 
 class MachineMismatchWarning(UserWarning):
