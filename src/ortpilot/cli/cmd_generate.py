@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -22,6 +22,10 @@ from ortpilot.cli.common import (
     stderr,
 )
 from ortpilot.errors import UsageError
+
+if TYPE_CHECKING:
+    from ortpilot.decode import GenerationResult, Generator
+    from ortpilot.session import SessionSettings
 
 
 def _prompt_ids(text: str) -> list[int]:
@@ -135,22 +139,12 @@ def command(
 ) -> None:
     """Generate tokens after a prompt, streaming them to stdout (or one JSON document)."""
     from ortpilot.decode import Generator, SamplingConfig
-    from ortpilot.decode import text as textmod
-    from ortpilot.decode.prepare import find_tokenizer, fuse, stop_ids
+    from ortpilot.decode.prepare import stop_ids
     from ortpilot.session import SessionSettings
 
     if max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
-    if (prompt_ids is None) == (prompt is None):
-        raise UsageError("Give exactly one of --prompt-ids 1,2,3 or --prompt TEXT (with --tokenizer).")
-    tokenizer_path = find_tokenizer(model, tokenizer, demo_own=prompt is not None)
-    tok = textmod.load_tokenizer(tokenizer_path) if tokenizer_path else None
-    if prompt is not None:
-        if tok is None:
-            raise UsageError("--prompt needs --tokenizer PATH/tokenizer.json (or use --prompt-ids).")
-        ids = textmod.encode(tok, textmod.chat_prompt(tok, prompt, system) if chat else prompt)
-    else:
-        ids = _prompt_ids(prompt_ids or "")
+    tok, ids = _read_prompt(model, prompt_ids, prompt, tokenizer, chat, system)
     if max_positions is not None and not fuse_attention:
         raise UsageError(
             "--max-positions sets the length of the rotary tables --fuse stores; it does nothing "
@@ -158,15 +152,8 @@ def command(
         )
     stops = stop_ids(tok, list(stop_id))
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    source: Any = resolve_model_arg(model)
     settings = SessionSettings(intra_op_threads=threads)
-    if isolate:
-        preflight_isolated([source], list(providers) or None, settings)
-    notes = []
-    if fuse_attention:
-        source, note, _ = fuse(source, max_positions)
-        notes.append(note)
-        stderr.print(f"[dim]{escape(note)}[/]", highlight=False)
+    source, notes = _prepare_source(model, providers, settings, isolate, fuse_attention, max_positions)
     gen = Generator(
         source, providers=list(providers) or None, policy=policy, settings=settings, mapping=parse_kv_list(mapping)
     )
@@ -182,16 +169,64 @@ def command(
         speculation=speculation,
         draft_tokens=draft_tokens,
     )
-    doc = {"model": model, **result.to_dict(), "signature": gen.signature.to_dict()}
-    doc["notes"] = notes + doc["notes"]
-    if tok is not None:
-        doc["text"] = tok.decode([t for t in result.tokens[0] if t not in stops])
     if as_json:
-        emit_json(doc)
+        emit_json(_document(model, gen, result, notes, tok, stops))
         return
     sys.stdout.write("\n")
     sys.stdout.flush()
     _summary(result)
+
+
+def _read_prompt(
+    model: str, prompt_ids: str | None, prompt: str | None, tokenizer: str | None, chat: bool, system: str | None
+) -> tuple[Any, list[int]]:
+    """The tokenizer (None without one) and the prompt's token ids, from exactly one of the two prompt flags."""
+    from ortpilot.decode import text as textmod
+    from ortpilot.decode.prepare import find_tokenizer
+
+    if (prompt_ids is None) == (prompt is None):
+        raise UsageError("Give exactly one of --prompt-ids 1,2,3 or --prompt TEXT (with --tokenizer).")
+    tokenizer_path = find_tokenizer(model, tokenizer, demo_own=prompt is not None)
+    tok = textmod.load_tokenizer(tokenizer_path) if tokenizer_path else None
+    if prompt is None:
+        return tok, _prompt_ids(prompt_ids or "")
+    if tok is None:
+        raise UsageError("--prompt needs --tokenizer PATH/tokenizer.json (or use --prompt-ids).")
+    return tok, textmod.encode(tok, textmod.chat_prompt(tok, prompt, system) if chat else prompt)
+
+
+def _prepare_source(
+    model: str,
+    providers: tuple[str, ...],
+    settings: SessionSettings,
+    isolate: bool,
+    fuse_attention: bool,
+    max_positions: int | None,
+) -> tuple[Any, list[str]]:
+    """The model to load (fused first with ``--fuse``, preflighted in a child with ``--isolate``) and the
+    notes that say what was done to it."""
+    from ortpilot.decode.prepare import fuse
+
+    source: Any = resolve_model_arg(model)
+    if isolate:
+        preflight_isolated([source], list(providers) or None, settings)
+    notes = []
+    if fuse_attention:
+        source, note, _ = fuse(source, max_positions)
+        notes.append(note)
+        stderr.print(f"[dim]{escape(note)}[/]", highlight=False)
+    return source, notes
+
+
+def _document(
+    model: str, gen: Generator, result: GenerationResult, notes: list[str], tok: Any, stops: list[int]
+) -> dict[str, Any]:
+    """The ``--json`` document: the result, the decoder's signature, notes, and the text when a tokenizer decodes it."""
+    doc = {"model": model, **result.to_dict(), "signature": gen.signature.to_dict()}
+    doc["notes"] = notes + doc["notes"]
+    if tok is not None:
+        doc["text"] = tok.decode([t for t in result.tokens[0] if t not in stops])
+    return doc
 
 
 def _streamer(tok: Any):
