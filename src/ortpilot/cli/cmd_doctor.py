@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 from rich.markup import escape
 from rich.table import Table
@@ -35,6 +37,15 @@ def command(as_json: bool, no_probe: bool) -> None:
 def render(report) -> None:
     """Rich tables for humans: environment, providers, then findings with fixes."""
     doc = report.to_dict()
+    stdout.print(_environment(doc))
+    stdout.print(_providers(doc))
+    if doc["ep_devices"]:
+        stdout.print(_ep_devices(doc["ep_devices"]))
+    stdout.print(_findings(doc["findings"]))
+
+
+def _environment(doc: dict[str, Any]) -> Table:
+    """Python, ORT and its distributions, the CPU, its budget and class, the GPU driver and libraries."""
     ort_doc = doc["onnxruntime"]
     env = Table(title="Environment", show_header=False, title_justify="left")
     env.add_row("python", escape(f"{doc['python']['version']} ({doc['python']['executable']})"))
@@ -49,6 +60,19 @@ def render(report) -> None:
             escape(f"{dist['name']} {dist['version']} at {dist['location']}")
             + (f" [yellow]({won})[/]" if doc["distributions"]["conflict"] else ""),
         )
+    _cpu_rows(env, doc)
+    gpu = doc["gpu"]
+    env.add_row("nvidia driver", escape(gpu["driver_version"] or "not found"))
+    libs = escape(", ".join(f"{fam} {info['majors']}" for fam, info in gpu["libraries"].items() if info["majors"]))
+    env.add_row("gpu libraries", libs or "none found")
+    expected = {k: v for k, v in gpu["expected_by_ort"].items() if k != "package_name"}
+    if expected:
+        env.add_row("ORT expects", escape(", ".join(f"{k} {v}" for k, v in expected.items())))
+    return env
+
+
+def _cpu_rows(env: Table, doc: dict[str, Any]) -> None:
+    """The CPU's rows: model and flags, INT8 kernel rule, CPU budget, machine class."""
     cpu = doc["cpu"]
     flags = ", ".join(k for k, v in cpu["flags"].items() if v) or "flags unknown"
     env.add_row("cpu", escape(f"{cpu['model']}: {flags}"))
@@ -72,15 +96,10 @@ def render(report) -> None:
             "machine class",
             escape(f"{machine_class['name']} (id {machine_class['id']}): what a fleet tune files this machine under"),
         )
-    gpu = doc["gpu"]
-    env.add_row("nvidia driver", escape(gpu["driver_version"] or "not found"))
-    libs = escape(", ".join(f"{fam} {info['majors']}" for fam, info in gpu["libraries"].items() if info["majors"]))
-    env.add_row("gpu libraries", libs or "none found")
-    expected = {k: v for k, v in gpu["expected_by_ort"].items() if k != "package_name"}
-    if expected:
-        env.add_row("ORT expects", escape(", ".join(f"{k} {v}" for k, v in expected.items())))
-    stdout.print(env)
 
+
+def _providers(doc: dict[str, Any]) -> Table:
+    """One row per probed provider (status, share of nodes placed on it), else the build's providers unprobed."""
     providers = Table(title="Providers", title_justify="left")
     for col in ("provider", "kind", "probe", "nodes on it", "reason"):
         providers.add_column(col)
@@ -95,23 +114,29 @@ def render(report) -> None:
             escape(probe["reason"]),
         )
     if not doc["probes"]:
-        for name in ort_doc["available_providers"]:
+        for name in doc["onnxruntime"]["available_providers"]:
             providers.add_row(name, "built-in", "[dim]not probed[/]", "-", "")
-    stdout.print(providers)
-    if doc["ep_devices"]:
-        devices = Table(title="EP devices (get_ep_devices)", title_justify="left")
-        for col in ("ep", "vendor", "device", "device vendor"):
-            devices.add_column(col)
-        for dev in doc["ep_devices"]:
-            devices.add_row(*(escape(str(dev[k])) for k in ("ep_name", "ep_vendor", "device_type", "device_vendor")))
-        stdout.print(devices)
+    return providers
 
+
+def _ep_devices(ep_devices: list[dict[str, Any]]) -> Table:
+    """ORT's ``get_ep_devices``: which EP runs on which device."""
+    devices = Table(title="EP devices (get_ep_devices)", title_justify="left")
+    for col in ("ep", "vendor", "device", "device vendor"):
+        devices.add_column(col)
+    for dev in ep_devices:
+        devices.add_row(*(escape(str(dev[k])) for k in ("ep_name", "ep_vendor", "device_type", "device_vendor")))
+    return devices
+
+
+def _findings(items: list[dict[str, Any]]) -> Table:
+    """Each finding with its severity and its fix."""
     findings = Table(title="Findings", title_justify="left")
     for col in ("severity", "topic", "finding", "fix"):
         findings.add_column(col, overflow="fold")
-    for item in doc["findings"]:
+    for item in items:
         sev = item["severity"]
         findings.add_row(
             f"[{_STYLE[sev]}]{sev}[/]", escape(item["topic"]), escape(item["message"]), escape(item["fix"])
         )
-    stdout.print(findings)
+    return findings
