@@ -33,7 +33,7 @@ def test_keys_never_travel_only_their_digests(tmp_path) -> None:
     policy = options.policy("127.0.0.1")
     assert "s3cret-literal" not in repr(options) and "s3cret-literal" not in repr(policy)
     assert "from-the-file" not in repr(policy)
-    assert policy["digests"] == [digest("s3cret-literal")] and policy["key_file"] == str(keyfile.resolve())
+    assert policy.digests == (digest("s3cret-literal"),) and policy.key_file == str(keyfile.resolve())
     assert options.client_headers() == {"Authorization": "Bearer s3cret-literal"}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import click
@@ -13,6 +14,17 @@ from rich.markup import escape
 from ortpilot.cli.common import emit_json, handle_errors, json_option, stderr, stdout
 from ortpilot.cli.serve_openai import decoder_options, openai_options
 from ortpilot.errors import UsageError
+from ortpilot.serve.defaults import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_HEADER_KB,
+    DEFAULT_MAX_REQUEST_MB,
+    DEFAULT_PORT,
+    DEFAULT_READY_TIMEOUT_S,
+    DEFAULT_REQUEST_TIMEOUT_S,
+)
+from ortpilot.serve.fastpath import HAPROXY_BUFSIZE, INGRESS_CHOICES
+from ortpilot.serve.options import ServeOptions, ServerOptions
 
 _STARTED = time.perf_counter()  # cold start counts from the command's start, imports included
 KEY_ENV = "ORTPILOT_API_KEY"
@@ -63,11 +75,15 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
     help="The model's name in URLs, one per PROFILE in order "
     "(default: the profile folder's name or the model file's stem).",
 )
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address the HTTP proxy listens on.")
+@click.option("--host", default=ServerOptions.host, show_default=True, help="Address the HTTP proxy listens on.")
 @click.option(
-    "--port", type=int, default=8000, show_default=True, help="HTTP port (Open Inference Protocol and /metrics)."
+    "--port",
+    type=int,
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="HTTP port (Open Inference Protocol and /metrics).",
 )
-@click.option("--replicas", type=int, default=1, show_default=True, help="Replicas per model.")
+@click.option("--replicas", type=int, default=ServeOptions.replicas, show_default=True, help="Replicas per model.")
 @click.option(
     "--autoscale",
     default=None,
@@ -83,21 +99,21 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
 @click.option(
     "--max-batch",
     type=int,
-    default=1,
+    default=ServeOptions.max_batch,
     show_default=True,
     help="Dynamic batching: stack up to B requests of the same shape (models with a batch dim; 1: off).",
 )
 @click.option(
     "--batch-wait-ms",
     type=float,
-    default=0.0,
+    default=ServeOptions.batch_wait_ms,
     show_default=True,
     help="Hold a short batch this long for more requests (0: a batch is what waited while the last run was busy).",
 )
 @click.option(
     "--max-request-mb",
     type=float,
-    default=64.0,
+    default=DEFAULT_MAX_REQUEST_MB,
     show_default=True,
     help="Larger request bodies get 413 (Open Inference Protocol, gRPC and /v1).",
 )
@@ -109,8 +125,8 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
 )
 @click.option(
     "--ingress",
-    type=click.Choice(["auto", "haproxy", "proxy"]),
-    default="auto",
+    type=click.Choice(INGRESS_CHOICES),
+    default=ServerOptions.ingress,
     show_default=True,
     help="auto: HAProxy hands requests straight to replicas where it can run (Ray Serve's fast path); "
     "proxy: Ray Serve's classic proxy (one more hop).",
@@ -125,28 +141,28 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
 @click.option(
     "--header-timeout",
     type=click.IntRange(min=1),
-    default=10,
+    default=DEFAULT_HEADER_TIMEOUT_S,
     show_default=True,
     help="Seconds a client has to send its request line and headers.",
 )
 @click.option(
     "--request-timeout",
     type=click.IntRange(min=1),
-    default=300,
+    default=DEFAULT_REQUEST_TIMEOUT_S,
     show_default=True,
     help="Seconds a request may take, body included (a slow client gets 408).",
 )
 @click.option(
     "--idle-timeout",
     type=click.IntRange(min=1),
-    default=60,
+    default=DEFAULT_IDLE_TIMEOUT_S,
     show_default=True,
     help="Seconds a kept-alive connection may sit idle.",
 )
 @click.option(
     "--max-header-kb",
-    type=click.IntRange(min=1, max=128),
-    default=32,
+    type=click.IntRange(min=1, max=HAPROXY_BUFSIZE // 2048),
+    default=DEFAULT_MAX_HEADER_KB,
     show_default=True,
     help="Request line and headers together, in KiB (HAProxy answers 431 beyond).",
 )
@@ -190,7 +206,7 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
 @click.option(
     "--ready-timeout",
     type=float,
-    default=300.0,
+    default=DEFAULT_READY_TIMEOUT_S,
     show_default=True,
     help="Seconds to wait for a verified replica of each model before exiting 1.",
 )
@@ -275,54 +291,76 @@ def command(
             "Host names, timeouts and header limits belong in front of the RayService (an Ingress or a gateway)."
         )
     from ortpilot.serve import plan as serving
-    from ortpilot.serve.access import access_options
-    from ortpilot.serve.fastpath import Timeouts
-    from ortpilot.serve.options import ServeOptions, ServerOptions, parse_autoscale
 
-    options = ServeOptions(
-        replicas=replicas,
-        autoscale=parse_autoscale(autoscale),
-        cpus_per_replica=cpus_per_replica,
-        max_batch=max_batch,
-        batch_wait_ms=batch_wait_ms,
-        max_request_mb=max_request_mb,
-        access_log=access_log,
-        accept_machine=accept_machine,
-    )
-    server = ServerOptions(
-        host,
-        port,
-        address,
-        ready_timeout,
-        grpc_port=grpc_port,
-        ingress=ingress,
-        throughput_optimized=throughput_optimized,
-        timeouts=Timeouts(header_timeout, request_timeout, idle_timeout),
-        debug_info=debug_info,
-        access=access_options(
-            api_keys,
-            api_key_file,
-            auth_health=auth_health,
-            cors_origins=cors_origins,
-            allowed_hosts=allowed_hosts,
-        ),
-        max_header_kb=max_header_kb,
-    )
+    params = click.get_current_context().params
+    options, server = serve_options(params), server_options(params)
     served = serving.plan(list(profiles), list(names), options, decoder_options(decoder), manifest=bool(rayservice))
     for spec in served.models:
         for note in getattr(spec, "notes", ()):
             stderr.print(f"[dim]{escape(spec.name)}: {escape(note)}[/]", highlight=False)
     if rayservice:
-        from ortpilot.serve.rayservice import write_rayservice
-
-        path = write_rayservice(rayservice, list(served.models), options, host="0.0.0.0", port=port, image=image)
-        stderr.print(
-            f"Wrote the RayService manifest {path} (kubectl apply -f {path}, with KubeRay installed)", highlight=False
-        )
+        emit_manifest(rayservice, list(served.models), options, port, image)
         return
-
     for warning in server.access.warnings(host):
         stderr.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    serving.run(served, server, started=_STARTED, on_ready=ready_printer(as_json))
+    stderr.print("stopped", highlight=False)
+
+
+def serve_options(params: Mapping[str, Any]) -> ServeOptions:
+    """The replica and batching record of the command's parsed flags."""
+    from ortpilot.serve.options import parse_autoscale
+
+    return ServeOptions(
+        replicas=params["replicas"],
+        autoscale=parse_autoscale(params["autoscale"]),
+        cpus_per_replica=params["cpus_per_replica"],
+        max_batch=params["max_batch"],
+        batch_wait_ms=params["batch_wait_ms"],
+        max_request_mb=params["max_request_mb"],
+        access_log=params["access_log"],
+        accept_machine=params["accept_machine"],
+    )
+
+
+def server_options(params: Mapping[str, Any]) -> ServerOptions:
+    """The listening, ingress, timeout and access record of the command's parsed flags."""
+    from ortpilot.serve.access import access_options
+    from ortpilot.serve.records import Timeouts
+
+    return ServerOptions(
+        params["host"],
+        params["port"],
+        params["address"],
+        params["ready_timeout"],
+        grpc_port=params["grpc_port"],
+        ingress=params["ingress"],
+        throughput_optimized=params["throughput_optimized"],
+        timeouts=Timeouts(params["header_timeout"], params["request_timeout"], params["idle_timeout"]),
+        debug_info=params["debug_info"],
+        access=access_options(
+            params["api_keys"],
+            params["api_key_file"],
+            auth_health=params["auth_health"],
+            cors_origins=params["cors_origins"],
+            allowed_hosts=params["allowed_hosts"],
+        ),
+        max_header_kb=params["max_header_kb"],
+    )
+
+
+def emit_manifest(target: str, specs: list[Any], options: ServeOptions, port: int, image: str | None) -> None:
+    """``--emit-rayservice``: write the KubeRay manifest (its Serve listens on 0.0.0.0) and say where."""
+    from ortpilot.serve.rayservice import write_rayservice
+
+    path = write_rayservice(target, specs, options, host="0.0.0.0", port=port, image=image)
+    stderr.print(
+        f"Wrote the RayService manifest {path} (kubectl apply -f {path}, with KubeRay installed)", highlight=False
+    )
+
+
+def ready_printer(as_json: bool) -> Callable[[Any], None]:
+    """What runs once every model is ready: its ready lines (or one JSON document) on stdout."""
 
     def ready(models: Any) -> None:
         if as_json:
@@ -333,5 +371,4 @@ def command(
         sys.stdout.flush()
         stderr.print("serving; SIGINT or SIGTERM stops", highlight=False)
 
-    serving.run(served, server, started=_STARTED, on_ready=ready)
-    stderr.print("stopped", highlight=False)
+    return ready

@@ -16,10 +16,10 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ortpilot.errors import UsageError
 from ortpilot.rayenv import LOOPBACK_HOSTS, is_loopback_host
+from ortpilot.serve.records import AccessPolicy
 
 MAX_KEY_FILE_BYTES = 1024 * 1024
 
@@ -117,23 +117,20 @@ class AccessOptions:
         key = self.client_key()
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def policy(self, host: str) -> dict[str, Any]:
-        """What a replica needs to check a request (plain data; digests, never keys): ``host`` is the
-        server's ``--host``, which decides the Host names accepted without ``--allowed-host``."""
-        loopback = is_loopback_host(host)
-        hosts: list[str] | None
-        if loopback or self.allowed_hosts:
-            hosts = list(dict.fromkeys([*LOOPBACK_HOSTS, *self.allowed_hosts]))
-        else:
-            hosts = None  # a server on a public address answers any Host unless told which
-        return {
-            "digests": sorted({digest(k) for k in self.api_keys}),
-            "key_file": self.api_key_file,
-            "auth": self.auth,
-            "auth_health": self.auth_health,
-            "cors_origins": list(self.cors_origins),
-            "hosts": hosts,
-        }
+    def policy(self, host: str) -> AccessPolicy:
+        """What a replica needs to check a request (digests, never keys): ``host`` is the server's
+        ``--host``, which decides the Host names accepted without ``--allowed-host``."""
+        hosts: tuple[str, ...] | None = None  # a server on a public address answers any Host unless told which
+        if is_loopback_host(host) or self.allowed_hosts:
+            hosts = tuple(dict.fromkeys([*LOOPBACK_HOSTS, *self.allowed_hosts]))
+        return AccessPolicy(
+            auth=self.auth,
+            digests=tuple(sorted({digest(k) for k in self.api_keys})),
+            key_file=self.api_key_file,
+            auth_health=self.auth_health,
+            cors_origins=self.cors_origins,
+            hosts=hosts,
+        )
 
     def warnings(self, host: str) -> list[str]:
         """What the CLI warns about before it starts: a public address without a key."""

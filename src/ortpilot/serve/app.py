@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import UsageError
+from ortpilot.serve.limits import InputLimits
 from ortpilot.serve.metrics import HEARTBEAT_S
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions, resolve_models
+from ortpilot.serve.replica_config import ReplicaConfig
 from ortpilot.serve.server import SERVER_APP, SERVER_DEPLOYMENT
 from ortpilot.serve.tensors import tensor_metadata
 
@@ -97,7 +99,6 @@ def model_application(
     from ortpilot.serve.replica import ModelReplica
 
     serve = require_ray()
-    meta = model_metadata(spec, options, cpus, server.debug_info)
     scaling: dict[str, Any] = (
         {
             "autoscaling_config": {
@@ -119,24 +120,26 @@ def model_application(
         graceful_shutdown_timeout_s=20.0,
         **scaling,
     )
-    return model.bind(
-        spec.to_dict(),
-        {
-            "cpus": cpus,
-            "max_batch": options.max_batch,
-            "batch_wait_ms": options.batch_wait_ms,
-            "batch_dim": meta["batch_dim"],
-            "accept_machine": options.accept_machine,
-            "server_app": server_app,
-            "tensors": meta["tensors"],
-            "facts": meta["facts"],
-            "limits": meta["limits"],
-            "access": server.access.policy(server.host),
-            "max_request_mb": options.max_request_mb,
-            "request_timeout_s": server.timeouts.request_s,
-            "access_log": options.access_log,
-            "debug_info": server.debug_info,
-        },
+    return model.bind(spec, replica_config(spec, options, server, cpus, server_app))
+
+
+def replica_config(
+    spec: ModelSpec, options: ServeOptions, server: ServerOptions, cpus: float, server_app: str | None
+) -> ReplicaConfig:
+    """What each replica of ``spec`` is told: the settings, and what the driver read from the graph."""
+    meta = model_metadata(spec, options, cpus, server.debug_info)
+    return ReplicaConfig(
+        cpus=cpus,
+        requests=server.requests(options),
+        max_batch=options.max_batch,
+        batch_wait_ms=options.batch_wait_ms,
+        batch_dim=meta["batch_dim"],
+        accept_machine=options.accept_machine,
+        server_app=server_app,
+        inputs=meta["tensors"]["inputs"],
+        outputs=meta["tensors"]["outputs"],
+        facts=meta["facts"],
+        limits=InputLimits.from_dict(meta["limits"]),
     )
 
 
@@ -154,10 +157,7 @@ def server_application(specs: Sequence[ModelSpec], options: ServeOptions, server
         graceful_shutdown_timeout_s=20.0,
     )
     server = server or ServerOptions()
-    return app.bind(
-        {s.name: s.name for s in specs},
-        {"access_log": options.access_log, "access": server.access.policy(server.host)},
-    )
+    return app.bind({s.name: s.name for s in specs}, server.requests(options))
 
 
 def applications(
@@ -249,6 +249,7 @@ __all__ = [
     "model_application",
     "model_file",
     "model_metadata",
+    "replica_config",
     "require_ray",
     "server_application",
 ]

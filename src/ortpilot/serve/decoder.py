@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,10 +45,10 @@ class DecoderSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> DecoderSpec:
-        """The spec a replica receives (``to_dict`` crossed Ray as plain data)."""
+    def from_dict(cls, doc: Mapping[str, Any]) -> DecoderSpec:
+        """The spec of its plain-data form (``to_dict``)."""
         return cls(
-            **{**doc, "options": DecoderOptions(**doc.get("options") or {}), "notes": tuple(doc.get("notes", ()))}
+            **{**doc, "options": DecoderOptions.from_dict(doc.get("options")), "notes": tuple(doc.get("notes", ()))}
         )
 
 
@@ -138,13 +138,13 @@ def prepare_decoder(source: str, name: str | None = None, options: DecoderOption
 class DecoderReplica:
     """One batched loop behind the OpenAI endpoints (see the module docstring)."""
 
-    def __init__(self, spec: dict[str, Any], threads: int = 0) -> None:
+    def __init__(self, spec: DecoderSpec | Mapping[str, Any], threads: int = 0) -> None:
         from ortpilot.decode import Scheduler
         from ortpilot.decode import text as textmod
         from ortpilot.session import SessionSettings
 
         started = time.perf_counter()
-        self.spec = DecoderSpec.from_dict(spec)
+        self.spec = spec if isinstance(spec, DecoderSpec) else DecoderSpec.from_dict(spec)
         options = self.spec.options
         self.tokenizer = textmod.load_tokenizer(self.spec.tokenizer)
         self.stop_ids = frozenset(textmod.stop_ids(self.tokenizer))
@@ -256,9 +256,10 @@ class DecoderReplica:
         except UsageError as exc:
             raise ApiError(400, str(exc), code="invalid_value") from None
 
-    async def generate(self, doc: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, request: GenerationRequest | Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Events for one request: ``start``, ``delta`` (text), ``end``; or a single ``error``."""
-        request = GenerationRequest.from_dict(doc)
+        if not isinstance(request, GenerationRequest):
+            request = GenerationRequest.from_dict(request)
         tokens: asyncio.Queue[int | None] = asyncio.Queue()
         try:
             ids, stream = self.submit(request, tokens)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import os
 import socket
 import stat
@@ -30,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.rayenv import is_loopback_host
+from ortpilot.serve.defaults import DEFAULT_MAX_HEADER_KB
+from ortpilot.serve.errorbody import error_json
+from ortpilot.serve.records import Timeouts
 
 INGRESS_CHOICES = ("auto", "haproxy", "proxy")
 MIN_RAY = (2, 60)  # the first Ray whose Serve has HAProxy ingress and direct ingress
@@ -39,20 +41,6 @@ DRAIN_S = 2  # a direct-ingress replica stays reachable this long after it is to
 # bodies of models like MiniLM at 1x128; larger ones are retried only on connection failures.
 HAPROXY_BUFSIZE = 256 * 1024
 RETRY_ON = "conn-failure empty-response response-timeout"  # inference is idempotent: replay it
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """How long a client may take, in seconds: headers, the whole request, an idle keep-alive."""
-
-    header_s: int = 10  # request line and headers (HAProxy ``timeout http-request``)
-    request_s: int = 300  # a request, from its first byte to its answer (replicas enforce it)
-    idle_s: int = 60  # a kept-alive connection with no request
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1 second, got {value}")
 
 
 @dataclass(frozen=True)
@@ -193,16 +181,6 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")
 REASONS |= {503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
-def error_json(protocol: str, message: str, code: str, server_side: bool = False) -> bytes:
-    """An error body in the protocol's shape: OIP ``{"error": "..."}``, OpenAI ``{"error": {...}}``."""
-    if protocol == "openai":
-        kind = "server_error" if server_side else "invalid_request_error"
-        doc: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    else:
-        doc = {"error": message}
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
 def _error_pages(timeouts: Timeouts, max_header_kb: int) -> dict[int, tuple[str, str, bool]]:
     """HAProxy's own answers (status -> message, code, the server's fault): it answers these itself,
     before any replica sees the request."""
@@ -311,7 +289,7 @@ def write_wrapper(
     grpc_app: str = "",
     *,
     protocol: str = "oip",
-    max_header_kb: int = 32,
+    max_header_kb: int = DEFAULT_MAX_HEADER_KB,
     hide_routes: bool = False,
 ) -> Path:
     """The HAProxy wrapper script in ``folder`` (the server's run folder), executable, with its sed program
@@ -333,7 +311,7 @@ def environment(
     grpc_app: str = "",
     proxy_callback: str = "",
     protocol: str = "oip",
-    max_header_kb: int = 32,
+    max_header_kb: int = DEFAULT_MAX_HEADER_KB,
     hide_routes: bool = False,
 ) -> tuple[dict[str, str], IngressPath]:
     """The controller's environment for ``path``, with every port it opens chosen free on ``host``;
@@ -418,7 +396,6 @@ __all__ = [
     "Timeouts",
     "choose",
     "environment",
-    "error_json",
     "free_port",
     "haproxy_binary",
     "ray_version",

@@ -25,13 +25,14 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ortpilot.errors import InputError
+from ortpilot.serve.replica_config import TensorSpec
 from ortpilot.serve.tensors import DATATYPE_OF, MAX_DIM, MAX_RANK, NUMPY_OF
 
 SERVICER = "ortpilot.serve.grpc_service.add_servicer"
@@ -272,15 +273,15 @@ def encode_infer(model: str, outputs: Mapping[str, np.ndarray], request_id: str 
     return response
 
 
-def model_metadata(name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> Any:
+def model_metadata(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> Any:
     pb = messages()
     tensor = pb.ModelMetadataResponse.TensorMetadata
     return pb.ModelMetadataResponse(
         name=name,
         versions=["1"],
         platform="onnxruntime_onnx",
-        inputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in inputs],
-        outputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in outputs],
+        inputs=[tensor(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in inputs],
+        outputs=[tensor(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in outputs],
     )
 
 

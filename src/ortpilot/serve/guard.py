@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortpilot.serve.access import MAX_KEY_FILE_BYTES, parse_key_file
+from ortpilot.serve.records import AccessPolicy
 
 log = logging.getLogger("ortpilot.serve")
 RECHECK_S = 1.0  # how often a replica looks at the key file for a change
@@ -115,14 +116,13 @@ def host_name(value: str | None) -> str:
 class Guard:
     """Host, Origin and API-key checks for one deployment, from the driver's ``policy`` (None: none)."""
 
-    def __init__(self, policy: Mapping[str, Any] | None = None) -> None:
-        policy = dict(policy or {})
-        self.auth = bool(policy.get("auth"))
-        self.keys = KeyRing(policy.get("digests") or (), policy.get("key_file")) if self.auth else None
-        self.auth_health = bool(policy.get("auth_health"))
-        self.origins = frozenset(policy.get("cors_origins") or ())
-        hosts = policy.get("hosts")
-        self.hosts = frozenset(hosts) if hosts is not None else None
+    def __init__(self, policy: AccessPolicy | None = None) -> None:
+        policy = policy or AccessPolicy()
+        self.auth = policy.auth
+        self.keys = KeyRing(policy.digests, policy.key_file) if self.auth else None
+        self.auth_health = policy.auth_health
+        self.origins = frozenset(policy.cors_origins)
+        self.hosts = frozenset(policy.hosts) if policy.hosts is not None else None
 
     # -- HTTP ---------------------------------------------------------------------------------------
     def http(self, method: str, headers: Mapping[str, str], health: bool = False) -> Verdict | None:

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ortpilot.serve.errorbody import oip_error
+
 
 @dataclass
 class Reply:
@@ -36,7 +38,7 @@ def json_reply(status: int, doc: Any, model: str | None = None) -> Reply:
 
 def error_reply(status: int, message: str, model: str | None = None) -> Reply:
     """The protocol's error shape: ``{"error": "..."}``."""
-    return json_reply(status, {"error": message}, model)
+    return json_reply(status, oip_error(message), model)
 
 
 Handler = Callable[..., Awaitable[Reply]]

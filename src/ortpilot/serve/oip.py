@@ -13,9 +13,11 @@ verified.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from ortpilot.errors import InputError
+from ortpilot.serve.defaults import HEALTH_PATHS
 from ortpilot.serve.http import Reply, Route, error_reply, json_reply, printable, route
 from ortpilot.serve.tensors import BINARY_TYPE, HEADER_LENGTH, decode_request, encode_response
 
@@ -24,6 +26,16 @@ VERSIONS = ["1"]
 RETRY_AFTER_S = 1
 _BYTE_COUNT = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() takes "²", which int() refuses
 _MODEL_PATH = re.compile(r"^/v2/models/([^/]+)(/.*)?$")
+
+
+def unknown_model(name: str, served: Iterable[str]) -> str:
+    """The message for a model name this server does not serve (REST 404, gRPC NOT_FOUND)."""
+    return f"Unknown model '{printable(name, 80)}'. This server serves: {', '.join(sorted(served))}."
+
+
+def no_replica(name: str, why: str = "") -> str:
+    """The message for a served model with no ready replica now (REST 503, gRPC UNAVAILABLE)."""
+    return f"Model '{name}' has no ready replica{f' ({why})' if why else ''}; retry."
 
 
 def unknown_version(name: str, version: str) -> Reply:
@@ -126,18 +138,14 @@ def unclaimed(server: Any, path: str) -> Reply | None:
         return None
     name = match.group(1)
     if name not in server.names:
-        return error_reply(
-            404,
-            f"Unknown model '{printable(name, 80)}'. This server serves: {', '.join(sorted(server.names))}.",
-            model=name,
-        )
+        return error_reply(404, unknown_model(name, server.names), model=name)
     why = "the server is draining" if server.draining else "it is starting or restarting"
-    reply = error_reply(503, f"Model '{name}' has no ready replica ({why}); retry.", model=name)
+    reply = error_reply(503, no_replica(name, why), model=name)
     reply.headers = {"Retry-After": str(RETRY_AFTER_S)}
     return reply
 
 
-HEALTH = frozenset({"/v2/health/live", "/v2/health/ready"})  # open without a key unless --auth-health
+HEALTH = frozenset(HEALTH_PATHS)  # open without a key unless --auth-health
 
 
 def refusal(verdict: Any, model: str | None = None) -> Reply:
@@ -156,7 +164,9 @@ __all__ = [
     "RETRY_AFTER_S",
     "VERSIONS",
     "model_routes",
+    "no_replica",
     "refusal",
     "server_routes",
     "unclaimed",
+    "unknown_model",
 ]

@@ -17,6 +17,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ortpilot.serve.errorbody import openai_error
+
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 1000  # per stop sequence: each token's stop check costs its length
@@ -60,7 +62,7 @@ class ApiError(Exception):
         self.retry_after_s = retry_after_s
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        return openai_error(self.message, self.kind, self.param, self.code)
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else {}

@@ -26,6 +26,7 @@ from typing import Any
 
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.serve.decoder import DecoderReplica, DecoderSpec
+from ortpilot.serve.defaults import HEALTH_PATHS, REPLICA_RETRIES, retry_delay_s
 from ortpilot.serve.http import replica_gone
 from ortpilot.serve.metrics import HEARTBEAT_S
 from ortpilot.serve.openai import (
@@ -44,6 +45,7 @@ from ortpilot.serve.openai import (
 )
 from ortpilot.serve.options import ServeOptions, ServerOptions
 from ortpilot.serve.ready import DecoderReady, Served
+from ortpilot.serve.records import RequestSettings
 
 log = logging.getLogger("ortpilot")
 APP_NAME = "ortpilot-openai"
@@ -54,7 +56,7 @@ INGRESS_NAME = "openai-ingress"
 class DecoderDeployment(DecoderReplica):
     """The decoder deployment's class: a DecoderReplica with Ray's health check."""
 
-    def __init__(self, spec: dict[str, Any], threads: int = 0) -> None:
+    def __init__(self, spec: DecoderSpec, threads: int = 0) -> None:
         from ortpilot.serve.http import replica_logging
 
         replica_logging()
@@ -93,9 +95,7 @@ def _error(exc: ApiError) -> Any:
     return _json(exc.status, exc.body(), exc.headers())
 
 
-HEALTH_PATHS = ("/v2/health/live", "/v2/health/ready")
 SERVER_PATHS = ("/metrics", *HEALTH_PATHS)
-RETRIES = 2  # a request whose replica died before its first token goes to another replica, this many times
 PUBLIC_INFO = ("pid", "source", "recent")  # what GET /v1/models/NAME shows only with --debug-info
 
 
@@ -107,21 +107,17 @@ class OpenAIIngress:
     a replica that dies before a request's first token is replaced by another replica's run (a stream that
     already sent tokens ends with an error event). After ``drain`` new requests get 503 with Retry-After."""
 
-    def __init__(
-        self, handles: dict[str, Any], access_log: bool = True, settings: dict[str, Any] | None = None
-    ) -> None:
+    def __init__(self, handles: dict[str, Any], settings: RequestSettings | None = None) -> None:
         from ortpilot.serve.guard import Guard
         from ortpilot.serve.http import replica_logging
 
         replica_logging()
-        settings = dict(settings or {})
+        self.settings = settings or RequestSettings()
         self.handles = dict(handles)
         self.created = now()
-        self.access_log = access_log
-        self.guard = Guard(settings.get("access"))
-        self.max_request_bytes = int(float(settings.get("max_request_mb", 64)) * 1024 * 1024)
-        self.request_timeout_s = float(settings.get("request_timeout_s", 300))
-        self.debug_info = bool(settings.get("debug_info"))
+        self.access_log = self.settings.access_log
+        self.guard = Guard(self.settings.access)
+        self.debug_info = self.settings.debug_info
         self.draining = False
         self.in_flight = 0  # requests being answered, streams included (drain waits for none)
         from ortpilot.serve.decoder_metrics import DecoderMetrics
@@ -204,7 +200,7 @@ class OpenAIIngress:
         from ortpilot.serve.http import BodyError, read_body
 
         try:
-            return await read_body(request, self.max_request_bytes, self.request_timeout_s)
+            return await read_body(request, self.settings.max_request_bytes, self.settings.request_timeout_s)
         except BodyError as exc:
             code = "request_too_large" if exc.status == 413 else "request_timeout"
             raise ApiError(exc.status, exc.message, code=code) from None
@@ -249,8 +245,8 @@ class OpenAIIngress:
         handle = self.handles.get(req.model)
         if handle is None:
             raise not_found(req.model, list(self.handles))
-        for attempt in range(RETRIES + 1):
-            events = handle.options(stream=True).generate.remote(req.to_dict())
+        for attempt in range(REPLICA_RETRIES + 1):
+            events = handle.options(stream=True).generate.remote(req)
             try:
                 return await events.__anext__(), events
             except StopAsyncIteration:
@@ -266,10 +262,10 @@ class OpenAIIngress:
                         code="rate_limit_exceeded",
                         retry_after_s=1,
                     ) from None
-                if not replica_gone(exc) or attempt == RETRIES:
+                if not replica_gone(exc) or attempt == REPLICA_RETRIES:
                     raise
                 log.warning("A replica of '%s' went away before answering; retrying on another.", req.model)
-                await asyncio.sleep(0.2 * (attempt + 1))
+                await asyncio.sleep(retry_delay_s(attempt))
         raise AssertionError("unreachable")
 
     async def _events(self, req: GenerationRequest, events: Any, restart: bool) -> AsyncIterator[dict[str, Any]]:
@@ -285,7 +281,7 @@ class OpenAIIngress:
                         yield event
                     return
                 except Exception as exc:
-                    if not replica_gone(exc) or retries >= RETRIES or (sent and not restart):
+                    if not replica_gone(exc) or retries >= REPLICA_RETRIES or (sent and not restart):
                         raise
                     retries += 1
                     log.warning("A replica of '%s' died during a request; running it again on another.", req.model)
@@ -393,12 +389,10 @@ def openai_deployment(
     replicas: int = 1,
     cpus_per_replica: float | None = None,
     cpu_budget: int | None = None,
-    access_log: bool = True,
-    settings: dict[str, Any] | None = None,
+    settings: RequestSettings | None = None,
 ) -> Any:
     """The Ray Serve application for ``specs`` (not yet running): mount it at ``ROUTE_PREFIX``. ``settings``:
-    the ingress's ``access`` policy (``access.AccessOptions.policy``), ``max_request_mb``,
-    ``request_timeout_s`` and ``debug_info``."""
+    how the ingress takes requests (access policy, body limit, timeout, access log, debug info)."""
     from ortpilot.serve.app import require_ray
 
     serve = require_ray()
@@ -421,11 +415,11 @@ def openai_deployment(
             graceful_shutdown_timeout_s=10.0,
             health_check_period_s=HEARTBEAT_S,
         )
-        handles[spec.name] = model.bind(spec.to_dict(), max(1, int(cpus)))
+        handles[spec.name] = model.bind(spec, max(1, int(cpus)))
     ingress = serve.deployment(
         OpenAIIngress, name=INGRESS_NAME, num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096
     )
-    return ingress.bind(handles, access_log, dict(settings or {}))
+    return ingress.bind(handles, settings or RequestSettings())
 
 
 def wait_ready(
@@ -493,13 +487,7 @@ def run_openai_server(
             replicas=options.replicas,
             cpus_per_replica=options.cpus_per_replica,
             cpu_budget=budget,
-            access_log=options.access_log,
-            settings={
-                "access": server.access.policy(server.host),
-                "max_request_mb": options.max_request_mb,
-                "request_timeout_s": server.timeouts.request_s,
-                "debug_info": server.debug_info,
-            },
+            settings=server.requests(options),
         )
         # At /: the ingress answers /v1/... and /metrics and the health probes.
         return [serve.RunTarget(app, name=APP_NAME, route_prefix="/")]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,12 +16,9 @@ from typing import Any
 from ortpilot.errors import UsageError
 from ortpilot.rayenv import is_loopback_host
 from ortpilot.serve.access import AccessOptions
-from ortpilot.serve.fastpath import Timeouts
+from ortpilot.serve.defaults import DEFAULT_MAX_HEADER_KB, DEFAULT_MAX_REQUEST_MB, DEFAULT_PORT, DEFAULT_READY_TIMEOUT_S
+from ortpilot.serve.records import RequestSettings, Timeouts
 
-DEFAULT_PORT = 8000
-DEFAULT_MAX_REQUEST_MB = 64.0
-DEFAULT_READY_TIMEOUT_S = 300.0
-DEFAULT_MAX_HEADER_KB = 32
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -43,6 +40,10 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ModelSpec:
+        return cls(**dict(doc))
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,13 @@ class ServeOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ServeOptions:
+        doc = dict(doc)
+        if doc.get("autoscale") is not None:
+            doc["autoscale"] = tuple(doc["autoscale"])
+        return cls(**doc)
 
 
 CHAT_TEMPLATES = ("auto", "chatml")
@@ -145,7 +153,11 @@ class DecoderOptions:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "formats": list(self.formats)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any] | None) -> DecoderOptions:
+        return cls(**dict(doc or {}))
 
 
 @dataclass(frozen=True)
@@ -193,6 +205,16 @@ class ServerOptions:
     @property
     def loopback(self) -> bool:
         return is_loopback_host(self.host)
+
+    def requests(self, options: ServeOptions) -> RequestSettings:
+        """The request settings every entry point of this server takes (they cross to each replica)."""
+        return RequestSettings(
+            access=self.access.policy(self.host),
+            max_request_mb=options.max_request_mb,
+            request_timeout_s=self.timeouts.request_s,
+            access_log=options.access_log,
+            debug_info=self.debug_info,
+        )
 
 
 def ort_threads(cpus: float) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import UsageError, VerificationError
+from ortpilot.serve.fastpath import RETRY_ON
 from ortpilot.serve.options import ModelSpec, ServeOptions
 
 API_VERSION = "ray.io/v1"
@@ -32,7 +33,7 @@ FAST_PATH_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-    "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response response-timeout",
+    "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON,
 }
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 

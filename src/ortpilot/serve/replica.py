@@ -42,10 +42,11 @@ from ortpilot.serve.http import (
     response,
     with_headers,
 )
-from ortpilot.serve.limits import InputLimits, clean_ort_message
+from ortpilot.serve.limits import clean_ort_message
 from ortpilot.serve.metrics import REPORT_S, BatchCounts, RequestCounts
 from ortpilot.serve.oip import refusal
 from ortpilot.serve.options import ModelSpec, ort_threads
+from ortpilot.serve.replica_config import ReplicaConfig
 
 
 def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -> tuple[Any, dict[str, Any]]:
@@ -125,35 +126,43 @@ PUBLIC_INFO = (
 class ModelReplica(UnservedRpcs):
     """The model deployment's class (Ray Serve wraps it; nothing here needs Ray but the batcher)."""
 
-    def __init__(self, spec: Mapping[str, Any], replica: Mapping[str, Any]) -> None:
+    def __init__(self, spec: ModelSpec, config: ReplicaConfig) -> None:
         started = time.perf_counter()
         from ortpilot.serve import grpc_service  # noqa: F401  (the gRPC fixes, in this process)
         from ortpilot.serve.oip import model_routes
 
         replica_logging()
 
-        self.spec = ModelSpec(**spec)
-        self.name = self.spec.name
-        self.cpus = float(replica["cpus"])
+        self.spec = spec
+        self.config = config
+        self.name = spec.name
+        self.cpus = float(config.cpus)
         self.threads = ort_threads(self.cpus)
-        self.session, verification = load_verified(self.spec, self.threads, bool(replica.get("accept_machine")))
+        self.session, verification = load_verified(spec, self.threads, config.accept_machine)
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.batching = bool(replica.get("batch_dim")) and int(replica.get("max_batch", 1)) > 1
+        self.batching = config.batching
         self.counts = BatchCounts()
         self.requests = RequestCounts()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpilot-run")
         self.iobinding = bool((getattr(self.session, "profile", None) or {}).get("iobinding"))
         self.replica_id = _replica_id()
-        self.tensors = dict(replica.get("tensors") or {})  # inputs, outputs (protocol metadata)
-        self.facts = dict(replica.get("facts") or {})
-        self.max_request_bytes = int(float(replica.get("max_request_mb", 64)) * 1024 * 1024)
-        self.request_timeout_s = float(replica.get("request_timeout_s", 300))
-        self.access_log = bool(replica.get("access_log", True))
-        self.debug_info = bool(replica.get("debug_info"))
-        self.guard = Guard(replica.get("access"))
-        self.limits = InputLimits.from_dict(replica.get("limits"))
+        self.settings = config.requests
+        self.access_log = config.requests.access_log
+        self.debug_info = config.requests.debug_info
+        self.guard = Guard(config.requests.access)
+        self.limits = config.limits
+        self.info = self._info(verification, started)
+        self._server = None
+        self._server_app = config.server_app
+        self._reported = 0.0
+        self.routes = model_routes(self)
+        if self.batching:
+            self.batcher = Batcher(self._run_group, self.executor, config.max_batch, config.batch_wait_ms / 1000.0)
+
+    def _info(self, verification: Mapping[str, Any], started: float) -> dict[str, Any]:
+        """What this replica verified and runs with (``describe``; clients see ``PUBLIC_INFO`` of it)."""
         placement = self.session.placement
-        self.info: dict[str, Any] = {
+        return {
             "replica": self.replica_id,
             "model": self.spec.name,
             "verified": True,
@@ -166,9 +175,7 @@ class ModelReplica(UnservedRpcs):
             "profile_intra_op_threads": verification["profile_threads"],
             "threads_note": thread_note(self.threads, verification["profile_threads"]),
             "batching": (
-                {"max_batch": int(replica["max_batch"]), "wait_ms": float(replica["batch_wait_ms"])}
-                if self.batching
-                else None
+                {"max_batch": self.config.max_batch, "wait_ms": self.config.batch_wait_ms} if self.batching else None
             ),
             "node": _node_id(),
             "host": socket.gethostname(),
@@ -177,14 +184,6 @@ class ModelReplica(UnservedRpcs):
             "session_create_s": round(getattr(self.session, "create_s", 0.0), 4),
             "optimized_model": verification["optimized_model"],
         }
-        self._server = None
-        self._server_app = replica.get("server_app")
-        self._reported = 0.0
-        self.routes = model_routes(self)
-        if self.batching:
-            self.batcher = Batcher(
-                self._run_group, self.executor, int(replica["max_batch"]), float(replica["batch_wait_ms"]) / 1000.0
-            )
 
     # -- REST ---------------------------------------------------------------------------------------
     async def __call__(self, request: Any) -> Any:
@@ -203,7 +202,7 @@ class ModelReplica(UnservedRpcs):
         """The request body, or a 413 reply when it is over ``--max-request-mb``, or a 408 when it does not
         arrive within the request timeout."""
         try:
-            return await read_body(request, self.max_request_bytes, self.request_timeout_s)
+            return await read_body(request, self.settings.max_request_bytes, self.settings.request_timeout_s)
         except BodyError as exc:
             return error_reply(exc.status, exc.message)
 
@@ -214,9 +213,9 @@ class ModelReplica(UnservedRpcs):
             "name": self.name,
             "versions": ["1"],
             "platform": "onnxruntime_onnx",
-            "inputs": self.tensors.get("inputs", []),
-            "outputs": self.tensors.get("outputs", []),
-            "ortpilot": {**self.facts, "ready": True, "replicas": replicas},
+            "inputs": [t.to_dict() for t in self.config.inputs],
+            "outputs": [t.to_dict() for t in self.config.outputs],
+            "ortpilot": {**self.config.facts, "ready": True, "replicas": replicas},
         }
 
     async def replica_infos(self) -> list[dict[str, Any]]:
@@ -269,7 +268,7 @@ class ModelReplica(UnservedRpcs):
         if request.name != self.name or request.version not in ("", "1"):
             set_status(grpc_context, 404, _unknown(request.name, request.version))
             return messages().ModelMetadataResponse()
-        return model_metadata(self.name, self.tensors.get("inputs", []), self.tensors.get("outputs", []))
+        return model_metadata(self.name, self.config.inputs, self.config.outputs)
 
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
         """KServe v2 ModelInfer: the same checks and outputs as REST infer; errors as gRPC status codes."""
@@ -296,7 +295,7 @@ class ModelReplica(UnservedRpcs):
             status, message = 404, _unknown(request.model_name, request.model_version)
         else:
             try:
-                feeds, outputs = decode_infer(request, self.max_request_bytes)
+                feeds, outputs = decode_infer(request, self.settings.max_request_bytes)
                 result = await self.infer(feeds, outputs)
             except InputError as exc:
                 result = {"error": str(exc), "code": 400}

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from ortpilot import rayenv
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.serve import fastpath
+from ortpilot.serve.defaults import DEFAULT_MAX_REQUEST_MB, megabytes
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
 from ortpilot.serve.ready import ModelReady, Served
 
@@ -222,7 +223,7 @@ def start_serve(
         max_header_kb=server.max_header_kb,
         hide_routes=server.access.auth,
     )
-    env["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"] = str(int(max_request_mb * 1024 * 1024))
+    env["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"] = str(megabytes(max_request_mb))
     if server.loopback and not remote:
         env[grpc_service.LOOPBACK_ENV] = "1"
     if server.grpc_port is not None:
@@ -261,7 +262,7 @@ def serve_until_stopped(
     grpc_app: str = "",
     protocol: str = "oip",
     drain: Callable[[], None] | None = None,
-    max_request_mb: float = 64.0,
+    max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
     on_ready: Callable[[R], None] | None = None,
     stop: threading.Event | None = None,
     joined: Callable[[], None] | None = None,

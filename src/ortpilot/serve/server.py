@@ -16,41 +16,41 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ortpilot.serve.defaults import REPLICA_RETRIES, retry_delay_s
 from ortpilot.serve.grpc_service import UnservedRpcs
 from ortpilot.serve.guard import Guard
 from ortpilot.serve.http import (
     access_line,
     dispatch,
-    printable,
     replica_gone,
     replica_logging,
     response,
     with_headers,
 )
 from ortpilot.serve.metrics import UNKNOWN_MODEL, ServeMetrics
-from ortpilot.serve.oip import HEALTH, refusal, server_routes, unclaimed
+from ortpilot.serve.oip import HEALTH, no_replica, refusal, server_routes, unclaimed, unknown_model
+from ortpilot.serve.records import RequestSettings
 
 SERVER_APP = "ortpilot"
 SERVER_DEPLOYMENT = "ortpilot-server"
-RELAY_RETRIES = 2  # a relayed gRPC infer whose replica died runs again on another, this many times
 
 
 class ServerApp(UnservedRpcs):
     """The server-wide deployment's class (Ray Serve wraps it)."""
 
-    def __init__(self, models: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+    def __init__(self, models: Mapping[str, str], settings: RequestSettings) -> None:
         from ortpilot.serve import grpc_service  # noqa: F401  (the gRPC fixes, in this process)
 
         replica_logging()
 
         self.names = list(models)  # served model name -> its application's name
         self.apps = dict(models)
-        self.options = dict(options)
-        self.access_log = bool(self.options.get("access_log", True))
+        self.settings = settings
+        self.access_log = settings.access_log
         self.metrics = ServeMetrics(self.names)
         self.routes = server_routes(self)
         self.draining = False
-        self.guard = Guard(self.options.get("access"))
+        self.guard = Guard(settings.access)
         self._handles: dict[str, Any] = {}
 
     async def __call__(self, request: Any) -> Any:
@@ -130,7 +130,7 @@ class ServerApp(UnservedRpcs):
         try:
             return await handle.ModelMetadata.remote(request)
         except Exception:
-            set_status(grpc_context, 503, f"Model '{request.name}' has no ready replica; retry.")
+            set_status(grpc_context, 503, no_replica(request.name))
             return messages().ModelMetadataResponse()
 
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
@@ -146,17 +146,17 @@ class ServerApp(UnservedRpcs):
         handle = self._model(request.model_name, grpc_context)
         if handle is None:
             return messages().ModelInferResponse()
-        for attempt in range(RELAY_RETRIES + 1):
+        for attempt in range(REPLICA_RETRIES + 1):
             try:
                 status, message, answer = await handle.infer_message.remote(request)
                 break
             except (Exception, asyncio.CancelledError) as exc:  # never hand Ray's error text to the client
                 if isinstance(exc, asyncio.CancelledError) and not replica_gone(exc):
                     raise  # this call itself was cancelled: its client went away
-                if replica_gone(exc) and attempt < RELAY_RETRIES:  # inference is idempotent: run it elsewhere
-                    await asyncio.sleep(0.2 * (attempt + 1))
+                if replica_gone(exc) and attempt < REPLICA_RETRIES:  # inference is idempotent: run it elsewhere
+                    await asyncio.sleep(retry_delay_s(attempt))
                     continue
-                set_status(grpc_context, 503, f"Model '{request.model_name}' has no ready replica; retry.")
+                set_status(grpc_context, 503, no_replica(request.model_name))
                 self.metrics.observe(request.model_name, 503, time.perf_counter() - started)
                 return messages().ModelInferResponse()
         set_status(grpc_context, status, message)
@@ -167,14 +167,10 @@ class ServerApp(UnservedRpcs):
         from ortpilot.serve.grpc_service import set_status
 
         if name not in self.apps:
-            set_status(
-                grpc_context,
-                404,
-                f"Unknown model '{printable(name, 80)}'. This server serves: {', '.join(sorted(self.names))}.",
-            )
+            set_status(grpc_context, 404, unknown_model(name, self.names))
             return None
         if self.draining:
-            set_status(grpc_context, 503, f"Model '{name}' has no ready replica (the server is draining); retry.")
+            set_status(grpc_context, 503, no_replica(name, "the server is draining"))
             return None
         if name not in self._handles:
             from ray import serve

@@ -1,0 +1,41 @@
+"""Every default a served request is held to, defined once: the CLI's flags, the option records, the
+replicas and HAProxy's config all read them here, so a changed default changes everywhere at once."""
+
+from __future__ import annotations
+
+DEFAULT_PORT = 8000
+DEFAULT_MAX_REQUEST_MB = 64.0  # request bodies (REST, gRPC messages, /v1) over this get 413
+DEFAULT_HEADER_TIMEOUT_S = 10  # request line and headers (HAProxy ``timeout http-request``)
+DEFAULT_REQUEST_TIMEOUT_S = 300  # a request, from its first byte to its answer (replicas enforce it)
+DEFAULT_IDLE_TIMEOUT_S = 60  # a kept-alive connection with no request
+DEFAULT_READY_TIMEOUT_S = 300.0  # the driver waits this long for a verified replica of each model
+DEFAULT_MAX_HEADER_KB = 32  # request line and headers together (HAProxy: 431 beyond)
+HEALTH_PATHS = ("/v2/health/live", "/v2/health/ready")  # open without a key unless --auth-health
+# A call whose replica died (not the request's fault) runs again on another replica this many times,
+# after ``retry_delay_s(attempt)``: inference is idempotent, and a restarted replica takes a moment.
+REPLICA_RETRIES = 2
+
+
+def retry_delay_s(attempt: int) -> float:
+    """The pause before retry number ``attempt + 1`` of a call whose replica died."""
+    return 0.2 * (attempt + 1)
+
+
+def megabytes(mb: float) -> int:
+    """``--max-request-mb`` in bytes (MiB, as the flag's help says)."""
+    return int(mb * 1024 * 1024)
+
+
+__all__ = [
+    "DEFAULT_HEADER_TIMEOUT_S",
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_MAX_HEADER_KB",
+    "DEFAULT_MAX_REQUEST_MB",
+    "DEFAULT_PORT",
+    "DEFAULT_READY_TIMEOUT_S",
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "HEALTH_PATHS",
+    "REPLICA_RETRIES",
+    "megabytes",
+    "retry_delay_s",
+]

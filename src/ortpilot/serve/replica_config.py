@@ -1,0 +1,84 @@
+"""What a model replica is told across the Ray boundary (``ReplicaConfig``): its CPUs and batching, the
+model's protocol metadata and input limits the driver read from the graph, and the request settings
+every entry point shares. Built once by the application builder, read by the replica as typed fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortpilot.serve.limits import InputLimits
+from ortpilot.serve.records import RequestSettings
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output in the model metadata: its name, the protocol's datatype, dims (-1: dynamic)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> TensorSpec:
+        return cls(str(doc["name"]), str(doc["datatype"]), tuple(int(d) for d in doc["shape"]))
+
+
+def tensor_specs(docs: Sequence[Mapping[str, Any] | TensorSpec]) -> tuple[TensorSpec, ...]:
+    return tuple(d if isinstance(d, TensorSpec) else TensorSpec.from_dict(d) for d in docs)
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """One model replica's settings (``ModelReplica``'s second argument)."""
+
+    cpus: float
+    requests: RequestSettings = field(default_factory=RequestSettings)
+    max_batch: int = 1
+    batch_wait_ms: float = 0.0
+    batch_dim: bool = False  # the model stacks requests on its first dim
+    accept_machine: bool = False
+    server_app: str | None = None  # the server-wide application replicas report to (None: standalone)
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)  # what model metadata says of the deployment
+    limits: InputLimits = field(default_factory=InputLimits)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tensor_specs(self.inputs))
+        object.__setattr__(self, "outputs", tensor_specs(self.outputs))
+        if isinstance(self.requests, Mapping):
+            object.__setattr__(self, "requests", RequestSettings.from_dict(self.requests))
+        if isinstance(self.limits, Mapping):
+            object.__setattr__(self, "limits", InputLimits.from_dict(self.limits))
+
+    @property
+    def batching(self) -> bool:
+        return self.batch_dim and self.max_batch > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cpus": self.cpus,
+            "requests": self.requests.to_dict(),
+            "max_batch": self.max_batch,
+            "batch_wait_ms": self.batch_wait_ms,
+            "batch_dim": self.batch_dim,
+            "accept_machine": self.accept_machine,
+            "server_app": self.server_app,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+            "facts": dict(self.facts),
+            "limits": self.limits.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ReplicaConfig:
+        return cls(**dict(doc))
+
+
+__all__ = ["ReplicaConfig", "TensorSpec", "tensor_specs"]
