@@ -25,13 +25,20 @@ TEXT_INPUTS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_ty
 MAX_LINES = 100_000
 
 
-def load_tokenizer(path: str | os.PathLike) -> Any:
-    """A ``tokenizers.Tokenizer`` from ``tokenizer.json`` (or a folder holding one)."""
+def tokenizer_file(path: str | os.PathLike) -> Path:
+    """``path`` if it is a tokenizer file, or the ``tokenizer.json`` in the folder it names; a UsageError
+    when there is none (every ``--tokenizer`` flag reads it through here)."""
     file = Path(path)
     if file.is_dir():
         file = file / "tokenizer.json"
     if not file.is_file():
         raise UsageError(f"Tokenizer file '{file}' does not exist; pass the tokenizer.json saved with the model.")
+    return file
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """A ``tokenizers.Tokenizer`` from ``tokenizer.json`` (or a folder holding one)."""
+    file = tokenizer_file(path)
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -152,4 +159,12 @@ def text_samples(
     return encode_lines(read_lines(path), tokenizer, inputs, sequence=sequence, max_positions=max_positions)
 
 
-__all__ = ["TEXT_INPUTS", "encode_lines", "load_tokenizer", "read_lines", "text_inputs", "text_samples"]
+__all__ = [
+    "TEXT_INPUTS",
+    "encode_lines",
+    "load_tokenizer",
+    "read_lines",
+    "text_inputs",
+    "text_samples",
+    "tokenizer_file",
+]

@@ -38,11 +38,9 @@ def find_tokenizer(
     """``tokenizer`` (a tokenizer.json or its folder), else the demo decoder's own (``demo_own``), else a
     ``tokenizer.json`` in one of ``folders``; ``required`` makes a missing one a UsageError."""
     if tokenizer:
-        path = Path(tokenizer)
-        path = path / "tokenizer.json" if path.is_dir() else path
-        if not path.is_file():
-            raise UsageError(f"Tokenizer file '{path}' does not exist; pass the tokenizer.json saved with the model.")
-        return path.resolve()
+        from ortpilot.data.text import tokenizer_file
+
+        return tokenizer_file(tokenizer).resolve()
     if source == DEMO and demo_own:
         from ortpilot.models import demo_tokenizer_path
 

@@ -29,7 +29,7 @@ from ortpilot.errors import ModelLoadError, StorageError, UsageError
 from ortpilot.modelio import load_model
 from ortpilot.passes.base import Outcome, Pass, SourceModel
 from ortpilot.providers.names import ProviderLike, ProviderSpec, resolve_providers
-from ortpilot.session.options import LEVEL_NAMES, SessionSettings
+from ortpilot.session.options import SessionSettings, check_level
 
 log = logging.getLogger("ortpilot")
 
@@ -102,8 +102,7 @@ class OptimizePass(Pass):
         use_cache: bool = True,
         store: ModelStore | None = None,
     ) -> None:
-        if level not in LEVEL_NAMES:
-            raise UsageError(f"Unknown optimization level '{level}'. Choose one of {', '.join(LEVEL_NAMES)}.")
+        check_level(level)
         self.level = level
         self.providers = resolve_providers(providers)
         self.offline = offline

@@ -25,6 +25,12 @@ if hasattr(ort.GraphOptimizationLevel, "ORT_ENABLE_LAYOUT"):
 LEVEL_NAMES = ("disable", "basic", "extended", "layout", "all")
 
 
+def check_level(level: str) -> None:
+    """Refuse an optimization level ORT does not have (the session settings and the optimize pass both ask)."""
+    if level not in LEVEL_NAMES:
+        raise UsageError(f"Unknown optimization level '{level}'. Choose one of {', '.join(LEVEL_NAMES)}.")
+
+
 @dataclass
 class SessionSettings:
     """Everything about a session except the model and providers."""
@@ -41,8 +47,7 @@ class SessionSettings:
     log_severity: int = 2  # 0 verbose .. 4 fatal; 2 = warnings, enough to see fallbacks
 
     def __post_init__(self) -> None:
-        if self.level not in LEVEL_NAMES:
-            raise UsageError(f"Unknown optimization level '{self.level}'. Choose one of {', '.join(LEVEL_NAMES)}.")
+        check_level(self.level)
         if self.execution_mode not in ("sequential", "parallel"):
             raise UsageError(f"Unknown execution mode '{self.execution_mode}': use sequential or parallel.")
         for name in ("intra_op_threads", "inter_op_threads"):

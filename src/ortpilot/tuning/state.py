@@ -18,10 +18,11 @@ from typing import Any
 
 from ortpilot.artifacts.atomic import atomic_write_bytes, sweep_temp_files
 from ortpilot.errors import UsageError
+from ortpilot.tuning.reference import REFERENCE_FILE
 
 STATE_DIR = ".ortpilot-tune"
 KEPT = "kept"  # the journal record's kind
-FILES = {"reference": "reference.npz", "heldout": "heldout.npz"}
+FILES = {"reference": REFERENCE_FILE, "heldout": "heldout.npz"}
 
 
 def keep_for_resume(out: Path, sources: Mapping[str, Path]) -> dict[str, Any]:
