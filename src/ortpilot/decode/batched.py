@@ -57,14 +57,8 @@ def chunk_length(remaining: int, budget: int) -> int:
 
 def check_batchable(sig: DecoderSignature) -> None:
     """Refuse a decoder whose rows cannot decode in one run, saying why (a UsageError, exit 2)."""
-    if not sig.supports_shared_buffer:
-        why = (
-            "it has no KV cache"
-            if not sig.has_cache
-            else "it has no GroupQueryAttention"
-            if not sig.gqa_nodes
-            else "its GroupQueryAttention nodes do not read every past input"
-        )
+    why = sig.no_shared_buffer_reason
+    if why:
         raise UsageError(
             f"Batched decoding needs GroupQueryAttention on every past/present pair (one shared "
             f"buffer per pair, a length per row), and {why}. Fuse the model first "

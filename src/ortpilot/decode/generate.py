@@ -104,14 +104,9 @@ class Generator:
                 "the model has no KV cache (no past/present pair), so every step recomputes the full sequence"
             )
         if loop == "shared" and not sig.supports_shared_buffer:
-            why = (
-                "it has no GroupQueryAttention"
-                if not sig.gqa_nodes
-                else "its GroupQueryAttention nodes do not read every past input"
-            )
             raise UsageError(
                 f"The shared-buffer loop needs GroupQueryAttention on every past/present "
-                f"pair, and {why}. Fuse it first (ortpilot.passes.decoder_fusion, or "
+                f"pair, and {sig.no_shared_buffer_reason}. Fuse it first (ortpilot.passes.decoder_fusion, or "
                 "`ortpilot generate --fuse`), or use --loop bound."
             )
         if loop == "auto":

@@ -107,6 +107,18 @@ class DecoderSignature:
         """GQA reads every past/present pair, so one max-length buffer can be both."""
         return self.gqa_on_every_cache and self.has_cache
 
+    @property
+    def no_shared_buffer_reason(self) -> str:
+        """Why one shared buffer cannot serve as both past and present ("" when it can): the shared
+        loop and the batched loop refuse a model with this one reason."""
+        if self.supports_shared_buffer:
+            return ""
+        if not self.has_cache:
+            return "it has no KV cache"
+        if not self.gqa_nodes:
+            return "it has no GroupQueryAttention"
+        return "its GroupQueryAttention nodes do not read every past input"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "input_ids": self.input_ids,
