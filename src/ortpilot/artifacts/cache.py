@@ -12,6 +12,7 @@ import os
 import stat
 from pathlib import Path
 
+from ortpilot.artifacts.cachedir import configured_cache_root
 from ortpilot.artifacts.oserrors import storage_errors
 from ortpilot.errors import StorageError, UsageError
 
@@ -24,12 +25,7 @@ def cache_root() -> Path:
     The default folder is created with mode 0700; a cache path that is a file, unwritable, or (the
     default one) owned by another user raises ``UsageError`` naming it and the fix.
     """
-    env = os.environ.get("ORTPILOT_CACHE_DIR")
-    if env:
-        root = Path(env)
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        root = Path(base) / "ortpilot"
+    root, env = configured_cache_root()
     if root.exists() and not root.is_dir():
         raise StorageError(
             f"The model cache '{root}' is a file, not a folder. Remove it, or point ORTPILOT_CACHE_DIR at a folder.",

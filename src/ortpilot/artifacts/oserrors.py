@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from ortpilot.artifacts.cachedir import configured_cache_root
 from ortpilot.errors import StorageError
 
 # Errors that a machine's state causes, not a bug: these become messages, anything else stays a bug.
@@ -114,11 +115,7 @@ def free_bytes(path: str | os.PathLike) -> int | None:
 
 def _cache_dir() -> Path | None:
     """The cache root as configured, without creating it (this runs while reporting an error)."""
-    env = os.environ.get("ORTPILOT_CACHE_DIR")
-    if env:
-        return _real(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return _real(Path(base) / "ortpilot")
+    return _real(configured_cache_root()[0])
 
 
 def _real(path: str | os.PathLike) -> Path:
