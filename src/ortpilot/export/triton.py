@@ -48,6 +48,7 @@ from ortpilot.providers.machine import describe_machine
 from ortpilot.providers.names import resolve_providers, short_name
 from ortpilot.session.bundle import choose_profile
 from ortpilot.session.options import SessionSettings
+from ortpilot.session.profile import profile_settings
 from ortpilot.session.verified import effective_settings
 
 CONFIG_FILE = "config.pbtxt"
@@ -213,10 +214,7 @@ def _plan(
     """The backend settings the profile maps to, the model's tensors and batch size, what serving
     there loses, and the warmup inputs."""
     chain = resolve_providers(list(doc["providers"]))  # the chain load_profile runs, provider defaults included
-    try:
-        settings = effective_settings(SessionSettings.from_dict(dict(doc["session_settings"])), chain)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"Profile '{profile}' has invalid session settings ({exc}); regenerate it.") from None
+    settings = effective_settings(profile_settings(doc, profile), chain)
     backend = map_profile(chain, settings, name=name, kind=_kind(kind))
     proto = load_model(model_path, load_external_data=False)
     inputs, outputs = model_tensors(proto)

@@ -37,6 +37,15 @@ class MachineMismatchWarning(UserWarning):
     """The profile was tuned on a machine whose differences can change its winner (policy ``warn``)."""
 
 
+def profile_settings(doc: Mapping[str, Any], path: str | os.PathLike) -> SessionSettings:
+    """The profile's ``session_settings``; settings this version cannot build are a UsageError naming the
+    file (loading a profile and exporting one refuse them alike)."""
+    try:
+        return SessionSettings.from_dict(dict(doc["session_settings"]))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"Profile '{path}' has invalid session settings ({exc}); regenerate it.") from None
+
+
 def profile_runs_int8(doc: Mapping[str, Any]) -> bool:
     """Whether the profile's model is INT8-quantized (its tune candidate or its pass records say so)."""
     steps = (doc.get("candidate") or {}).get("passes") or []
@@ -128,10 +137,7 @@ def load_profile(
     doc = read_profile(path)
     _refuse_file_settings(doc, path, accept_fields, accept_model_outside)
     model = verify_environment(doc, path, compute_providers())
-    try:
-        settings = SessionSettings.from_dict(dict(doc["session_settings"]))
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"Profile '{path}' has invalid session settings ({exc}); regenerate it.") from None
+    settings = profile_settings(doc, path)
     if intra_op_threads is not None:
         settings = SessionSettings.from_dict({**settings.to_dict(), "intra_op_threads": max(1, int(intra_op_threads))})
     machine = check_machine(doc, path, settings, policy=policy, accept_machine=accept_machine)
