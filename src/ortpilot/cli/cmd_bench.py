@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    INPUT_HELP,
     ISOLATE_OPTION,
     JSON_OPTION,
     LEVEL_NAMES,
@@ -60,7 +61,7 @@ def _knobs(base: bool) -> list[Callable]:
             multiple=True,
             help="DIM=N: an ORT free-dimension override (also sizes generated inputs).",
         ),
-        click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input."),
+        click.option("--input", "inputs", multiple=True, help=INPUT_HELP),
         click.option("--concurrency", type=int, default=d(1), help="Threads running the one session at once (1-256)."),
     ]
 

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ortpilot.cli.cmd_optimize import _num
 from ortpilot.cli.common import (
+    INPUT_HELP,
     ISOLATE_OPTION,
     JSON_OPTION,
     METRIC_HELP,
@@ -42,7 +43,7 @@ from ortpilot.cli.common import (
 @click.option("--atol", "atol", multiple=True, help="Absolute tolerance, or NAME:VALUE for one output (repeatable).")
 @click.option("--rtol", "rtol", multiple=True, help="Relative tolerance, or NAME:VALUE for one output (repeatable).")
 @click.option("--metric", "metric", multiple=True, help=METRIC_HELP)
-@click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input.")
+@click.option("--input", "inputs", multiple=True, help=INPUT_HELP)
 @click.option(
     "--calibration",
     default=None,

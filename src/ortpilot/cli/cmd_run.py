@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
+    INPUT_HELP,
     JSON_OPTION,
     LEVEL_OPTION,
     MODEL_FILE_OPTION,
@@ -37,7 +38,7 @@ from ortpilot.cli.common import (
     help="Least share of estimated FLOPs (of nodes where FLOPs are unknown) on the first provider (default 0.95).",
 )
 @LEVEL_OPTION
-@click.option("--input", "inputs", multiple=True, help="NAME=FILE.npy, or one FILE.npz with every input.")
+@click.option("--input", "inputs", multiple=True, help=INPUT_HELP)
 @SHAPE_OPTION
 @isolate_option(help="Create the session in a child process first (survives ORT crashes).")
 @JSON_OPTION

@@ -293,6 +293,7 @@ METRIC_HELP = (
     "cosine, top1, rel_l2, exact, pooled_cosine, masked_cosine, masked_top1, masked_rel_l2, masked_exact. "
     "Default: chosen per output on evidence, printed beside it."
 )
+INPUT_HELP = "NAME=FILE.npy, or one FILE.npz with every input."
 SHAPE_HELP = "Fix a dynamic shape: NAME=1x3x224x224 for an input, or DIM=64 for a symbolic dim (repeatable)."
 
 
