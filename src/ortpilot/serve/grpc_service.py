@@ -22,10 +22,11 @@ on both ingress paths.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from ortpilot.errors import InputError
 from ortpilot.serve.replica_config import TensorSpec
 from ortpilot.serve.tensors import DATATYPE_OF, MAX_DIM, MAX_RANK, NUMPY_OF
 
+RpcMethod = Callable[..., Awaitable[Any]]
 SERVICER = "ortpilot.serve.grpc_service.add_servicer"
 PROXY_CALLBACK = "ortpilot.serve.grpc_service:proxy_callback"
 LOOPBACK_ENV = "ORTPILOT_GRPC_LOOPBACK"
@@ -330,6 +332,31 @@ UNSERVED_RPCS = (
 )
 
 
+def guarded(*, health: bool = False, count: bool = False) -> Callable[[RpcMethod], RpcMethod]:
+    """A servicer method behind the gRPC form of the request pipeline: the guard's key check
+    (UNAUTHENTICATED) and the message check (INVALID_ARGUMENT, ``malformed``) run first, and a call
+    either stops answers the RPC's empty response message (``NameResponse``). ``health``: open without
+    a key unless ``--auth-health``; ``count``: the servicer's ``count_stopped(status)`` counts it."""
+
+    def wrap(method: RpcMethod) -> RpcMethod:
+        empty = f"{method.__name__}Response"
+
+        @functools.wraps(method)  # Ray reads the signature (its ``grpc_context`` argument) through the wrapper
+        async def rpc(self: Any, request: Any, grpc_context: Any = None) -> Any:
+            status = 401 if refused(self.guard, grpc_context, health) else None
+            if status is None and malformed(request, grpc_context):
+                status = 400
+            if status is None:
+                return await method(self, request, grpc_context)
+            if count:
+                self.count_stopped(status)
+            return getattr(messages(), empty)()
+
+        return rpc
+
+    return wrap
+
+
 def _unserved(name: str) -> Any:
     async def rpc(self: Any, request: Any, grpc_context: Any = None) -> Any:
         if not refused(self.guard, grpc_context):
@@ -368,6 +395,7 @@ __all__ = [
     "add_servicer",
     "decode_infer",
     "encode_infer",
+    "guarded",
     "malformed",
     "messages",
     "model_metadata",

@@ -14,7 +14,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,13 +23,15 @@ from ortpilot.serve.errorbody import oip_error
 
 @dataclass
 class Reply:
-    """What a handler returns: status, body, content type, extra headers, and the model it concerned."""
+    """What a handler returns: status, body, content type, extra headers, and the model it concerned;
+    ``stream`` (instead of ``body``) is a streamed answer's chunks (server-sent events)."""
 
     status: int
     body: bytes
     content_type: str = "application/json"
     headers: dict[str, str] | None = None
     model: str | None = None  # set for requests that count in ortpilot_requests_total
+    stream: AsyncIterator[bytes] | None = None
 
 
 def json_reply(status: int, doc: Any, model: str | None = None) -> Reply:
@@ -188,9 +190,13 @@ def log_request(request: Any, status: int, size: int | str, started: float) -> N
 
 
 def response(reply: Reply) -> Any:
-    """The Starlette response of ``reply``."""
-    from starlette.responses import Response
+    """The Starlette response of ``reply`` (a ``StreamingResponse`` for a streamed one)."""
+    from starlette.responses import Response, StreamingResponse
 
+    if reply.stream is not None:
+        return StreamingResponse(
+            reply.stream, status_code=reply.status, media_type=reply.content_type, headers=reply.headers
+        )
     return Response(reply.body, status_code=reply.status, media_type=reply.content_type, headers=reply.headers)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ortpilot.errors import InputError
 from ortpilot.serve.defaults import HEALTH_PATHS
-from ortpilot.serve.http import Reply, Route, error_reply, json_reply, printable, route
+from ortpilot.serve.http import Reply, Route, error_reply, internal_error, json_reply, printable, route
 from ortpilot.serve.tensors import BINARY_TYPE, HEADER_LENGTH, decode_request, encode_response
 
 EXTENSIONS = ["binary_tensor_data"]
@@ -148,6 +148,16 @@ def unclaimed(server: Any, path: str) -> Reply | None:
 HEALTH = frozenset(HEALTH_PATHS)  # open without a key unless --auth-health
 
 
+class OipErrors:
+    """The Open Inference Protocol's ``pipeline.ErrorShape``: ``{"error": "..."}`` for both."""
+
+    def refusal(self, verdict: Any, model: str | None) -> Reply:
+        return refusal(verdict, model)
+
+    def failure(self, what: str, exc: Exception) -> Reply:
+        return error_reply(500, internal_error(what, exc))
+
+
 def refusal(verdict: Any, model: str | None = None) -> Reply:
     """The protocol's answer to a request the guard stopped (``guard.Verdict``): its error shape, or an
     empty 204 for a CORS preflight."""
@@ -163,6 +173,7 @@ __all__ = [
     "HEALTH",
     "RETRY_AFTER_S",
     "VERSIONS",
+    "OipErrors",
     "model_routes",
     "no_replica",
     "refusal",

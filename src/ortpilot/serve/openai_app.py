@@ -27,7 +27,7 @@ from typing import Any
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.serve.decoder import DecoderReplica, DecoderSpec
 from ortpilot.serve.defaults import HEALTH_PATHS, REPLICA_RETRIES, retry_delay_s
-from ortpilot.serve.http import replica_gone
+from ortpilot.serve.http import Reply, replica_gone
 from ortpilot.serve.metrics import HEARTBEAT_S
 from ortpilot.serve.openai import (
     ApiError,
@@ -44,6 +44,7 @@ from ortpilot.serve.openai import (
     usage,
 )
 from ortpilot.serve.options import ServeOptions, ServerOptions
+from ortpilot.serve.pipeline import Pipeline
 from ortpilot.serve.ready import DecoderReady, Served
 from ortpilot.serve.records import RequestSettings
 
@@ -80,19 +81,31 @@ class DecoderDeployment(DecoderReplica):
             self._ingress = None
 
 
-def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Any:
-    from starlette.responses import Response
-
-    return Response(
-        json.dumps(doc, separators=(",", ":"), ensure_ascii=False),
-        status_code=status,
-        media_type="application/json",
-        headers=headers,
-    )
+def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Reply:
+    return Reply(status, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode(), headers=headers or None)
 
 
-def _error(exc: ApiError) -> Any:
+def _error(exc: ApiError) -> Reply:
     return _json(exc.status, exc.body(), exc.headers())
+
+
+class OpenAIErrors:
+    """OpenAI's ``pipeline.ErrorShape``: ``{"error": {"message", "type", "param", "code"}}``; an ApiError a
+    route raised is its own answer, any other exception a 500 with a request id."""
+
+    def refusal(self, verdict: Any, model: str | None) -> Reply:
+        if verdict.status == 204:  # a CORS preflight
+            return Reply(204, b"", "text/plain", dict(verdict.headers))
+        return _json(
+            verdict.status, ApiError(verdict.status, verdict.message, code=verdict.code).body(), verdict.headers
+        )
+
+    def failure(self, what: str, exc: Exception) -> Reply:
+        if isinstance(exc, ApiError):
+            return _error(exc)
+        from ortpilot.serve.http import internal_error
+
+        return _error(ApiError(500, internal_error(what, exc), kind="server_error", code=None))
 
 
 SERVER_PATHS = ("/metrics", *HEALTH_PATHS)
@@ -108,15 +121,14 @@ class OpenAIIngress:
     already sent tokens ends with an error event). After ``drain`` new requests get 503 with Retry-After."""
 
     def __init__(self, handles: dict[str, Any], settings: RequestSettings | None = None) -> None:
-        from ortpilot.serve.guard import Guard
         from ortpilot.serve.http import replica_logging
 
         replica_logging()
         self.settings = settings or RequestSettings()
         self.handles = dict(handles)
         self.created = now()
-        self.access_log = self.settings.access_log
-        self.guard = Guard(self.settings.access)
+        self.pipeline = Pipeline(self.settings, OpenAIErrors(), self._observe)
+        self.guard = self.pipeline.guard
         self.debug_info = self.settings.debug_info
         self.draining = False
         self.in_flight = 0  # requests being answered, streams included (drain waits for none)
@@ -129,59 +141,46 @@ class OpenAIIngress:
         self.metrics.report(model, replica, counters)
 
     async def __call__(self, request: Any) -> Any:
-        started = time.perf_counter()
         full = request.url.path.rstrip("/") or "/"
-        path = full.removeprefix(ROUTE_PREFIX) if full.startswith(ROUTE_PREFIX + "/") else ""  # "": not the API's
         self.in_flight += 1
-        streaming = False
+        response = None
         try:
-            verdict = self.guard.http(request.method, request.headers, health=full in HEALTH_PATHS)
-            if verdict is not None:
-                response = _verdict(verdict)
-            elif self.draining:
-                raise ApiError(
-                    503,
-                    "The server is shutting down; retry (another server, or this one once it is back).",
-                    kind="server_error",
-                    code="unavailable",
-                    retry_after_s=1,
-                )
-            elif full in SERVER_PATHS:
-                response = self._server_route(request.method, full)
-            else:
-                response = await self._route(request.method, path, request)
-                streaming = type(response).__name__ == "StreamingResponse"
-        except ApiError as exc:
-            response = _error(exc)
-        except Exception as exc:  # a Ray-level failure: OpenAI's shape, a request id, one log line
-            from ortpilot.serve.http import internal_error
-
-            response = _error(
-                ApiError(500, internal_error(f"{request.method} {full}", exc), kind="server_error", code=None)
+            response = await self.pipeline.handle(
+                request, lambda: self._answer(request, full), health=full in HEALTH_PATHS
             )
+            return response
         finally:
-            if not streaming:
+            if type(response).__name__ != "StreamingResponse":  # a stream counts until it ends (``_sse``)
                 self.in_flight -= 1
-        for key, value in self.guard.cors_headers(request.headers).items():
-            response.headers[key] = value
+
+    async def _answer(self, request: Any, full: str) -> Reply:
+        """The route's reply once the guard let the request through (503 while draining)."""
+        if self.draining:
+            raise ApiError(
+                503,
+                "The server is shutting down; retry (another server, or this one once it is back).",
+                kind="server_error",
+                code="unavailable",
+                retry_after_s=1,
+            )
+        if full in SERVER_PATHS:
+            return self._server_route(request.method, full)
+        path = full.removeprefix(ROUTE_PREFIX) if full.startswith(ROUTE_PREFIX + "/") else ""  # "": not the API's
+        return await self._route(request.method, path, request)
+
+    def _observe(self, request: Any, reply: Reply, seconds: float) -> None:
+        """The pipeline's count: requests that named a model, under it (or "(unknown)")."""
         model = getattr(request.state, "model", None)
         if model is not None:
-            self.metrics.observe(model, response.status_code, time.perf_counter() - started)
-        if self.access_log:
-            from ortpilot.serve.http import log_request
+            self.metrics.observe(model, reply.status, seconds)
 
-            log_request(request, response.status_code, response.headers.get("content-length", "-"), started)
-        return response
-
-    def _server_route(self, method: str, path: str) -> Any:
+    def _server_route(self, method: str, path: str) -> Reply:
         """``/metrics`` and the health probes: what this server says of itself."""
-        from starlette.responses import Response
-
         if method != "GET":
             raise ApiError(405, f"{method} is not allowed on {path} (use GET).", code="method_not_allowed")
         if path == "/metrics":
             body, content_type = self.metrics.render()
-            return Response(body, media_type=content_type)
+            return Reply(200, body, content_type)
         if path == "/v2/health/live":
             return _json(200, {"live": True})
         _, reports = self.metrics.snapshot()
@@ -205,7 +204,7 @@ class OpenAIIngress:
             code = "request_too_large" if exc.status == 413 else "request_timeout"
             raise ApiError(exc.status, exc.message, code=code) from None
 
-    async def _route(self, method: str, path: str, request: Any) -> Any:
+    async def _route(self, method: str, path: str, request: Any) -> Reply:
         kind = {"/completions": "completion", "/chat/completions": "chat"}.get(path)
         if kind is not None:
             if method != "POST":
@@ -294,19 +293,14 @@ class OpenAIIngress:
         finally:
             events.cancel()  # a client gone: the replica cancels its stream (a no-op after the end)
 
-    async def _generate(self, req: GenerationRequest) -> Any:
-        from starlette.responses import StreamingResponse
-
+    async def _generate(self, req: GenerationRequest) -> Reply:
         first, events = await self._open(req)
         if first["type"] == "error":
             return _error(ApiError.from_event(first))
         ident, created = new_id(req.kind), now()
         if req.stream:
-            return StreamingResponse(
-                self._sse(req, ident, created, first, events),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
+            stream = self._sse(req, ident, created, first, events)
+            return Reply(200, b"", "text/event-stream", {"Cache-Control": "no-cache"}, stream=stream)
         parts, end = [], None
         async with aclosing(self._events(req, events, restart=True)) as stream:
             async for event in stream:
@@ -371,16 +365,6 @@ class OpenAIIngress:
         finally:
             await stream.aclose()  # cancels the replica's stream (a no-op after the end)
             self.in_flight -= 1
-
-
-def _verdict(verdict: Any) -> Any:
-    """The guard's answer (``guard.Verdict``) in OpenAI's shape, or the empty 204 of a CORS preflight."""
-    if verdict.status == 204:
-        from starlette.responses import Response
-
-        return Response(b"", status_code=204, headers=verdict.headers)
-    error = ApiError(verdict.status, verdict.message, code=verdict.code)
-    return _json(verdict.status, error.body(), verdict.headers)
 
 
 def openai_deployment(

@@ -27,25 +27,31 @@ import numpy as np
 
 from ortpilot.errors import InputError, OrtpilotError, OrtRunError
 from ortpilot.serve.batcher import Batcher
-from ortpilot.serve.grpc_service import UnservedRpcs
-from ortpilot.serve.guard import Guard
+from ortpilot.serve.grpc_service import (
+    UnservedRpcs,
+    decode_infer,
+    encode_infer,
+    guarded,
+    messages,
+    model_metadata,
+    server_metadata,
+    set_status,
+)
 from ortpilot.serve.http import (
     BodyError,
     Reply,
-    access_line,
     dispatch,
     error_reply,
     internal_error,
     printable,
     read_body,
     replica_logging,
-    response,
-    with_headers,
 )
 from ortpilot.serve.limits import clean_ort_message
 from ortpilot.serve.metrics import REPORT_S, BatchCounts, RequestCounts
-from ortpilot.serve.oip import refusal
+from ortpilot.serve.oip import OipErrors
 from ortpilot.serve.options import ModelSpec, ort_threads
+from ortpilot.serve.pipeline import Pipeline
 from ortpilot.serve.replica_config import ReplicaConfig
 
 
@@ -128,7 +134,6 @@ class ModelReplica(UnservedRpcs):
 
     def __init__(self, spec: ModelSpec, config: ReplicaConfig) -> None:
         started = time.perf_counter()
-        from ortpilot.serve import grpc_service  # noqa: F401  (the gRPC fixes, in this process)
         from ortpilot.serve.oip import model_routes
 
         replica_logging()
@@ -147,9 +152,9 @@ class ModelReplica(UnservedRpcs):
         self.iobinding = bool((getattr(self.session, "profile", None) or {}).get("iobinding"))
         self.replica_id = _replica_id()
         self.settings = config.requests
-        self.access_log = config.requests.access_log
         self.debug_info = config.requests.debug_info
-        self.guard = Guard(config.requests.access)
+        self.pipeline = Pipeline(config.requests, OipErrors(), self._observe, refused_model=spec.name)
+        self.guard = self.pipeline.guard
         self.limits = config.limits
         self.info = self._info(verification, started)
         self._server = None
@@ -187,16 +192,13 @@ class ModelReplica(UnservedRpcs):
 
     # -- REST ---------------------------------------------------------------------------------------
     async def __call__(self, request: Any) -> Any:
-        """One HTTP request for this model (the full path: ``/v2/models/NAME/...``)."""
-        started = time.perf_counter()
-        verdict = self.guard.http(request.method, request.headers)
-        reply = refusal(verdict, self.name) if verdict else await dispatch(self.routes, request)
-        with_headers(reply, self.guard.cors_headers(request.headers))
-        self.requests.observe(reply.status, time.perf_counter() - started)
-        if self.access_log:
-            access_line(request, reply, started)
+        """One HTTP request for this model (the full path: ``/v2/models/NAME/...``), through the pipeline."""
+        return await self.pipeline.handle(request, lambda: dispatch(self.routes, request))
+
+    def _observe(self, request: Any, reply: Reply, seconds: float) -> None:
+        """The pipeline's count: every answer in this replica's requests, reported now and then."""
+        self.requests.observe(reply.status, seconds)
         self._maybe_report()
-        return response(reply)
 
     async def read_body(self, request: Any) -> bytes | Reply:
         """The request body, or a 413 reply when it is over ``--max-request-mb``, or a 408 when it does not
@@ -230,65 +232,45 @@ class ModelReplica(UnservedRpcs):
         infos = infos or [self.info]
         return [i if self.debug_info else {k: i[k] for k in PUBLIC_INFO if k in i} for i in infos]
 
-    # -- gRPC (KServe v2) ---------------------------------------------------------------------------
+    # -- gRPC (KServe v2): every RPC behind ``guarded`` (key check, message check) ----------------------
+    @guarded(health=True)
     async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:  # RPC methods carry KServe v2 names
-        from ortpilot.serve.grpc_service import malformed, messages, refused
-
-        if refused(self.guard, grpc_context, health=True) or malformed(request, grpc_context):
-            return messages().ServerLiveResponse()
         return messages().ServerLiveResponse(live=True)
 
+    @guarded(health=True)
     async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import malformed, messages, refused
-
-        if refused(self.guard, grpc_context, health=True) or malformed(request, grpc_context):
-            return messages().ServerReadyResponse()
         return messages().ServerReadyResponse(ready=True)
 
+    @guarded()
     async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
         """The server's metadata: a call without ``application`` metadata comes here when one model is served."""
-        from ortpilot.serve.grpc_service import malformed, messages, refused, server_metadata
-
-        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
-            return messages().ServerMetadataResponse()
         return server_metadata()
 
+    @guarded()
     async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import malformed, messages, refused
-
-        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
-            return messages().ModelReadyResponse()
         return messages().ModelReadyResponse(ready=request.name == self.name and request.version in ("", "1"))
 
+    @guarded()
     async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import malformed, messages, model_metadata, refused, set_status
-
-        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
-            return messages().ModelMetadataResponse()
         if request.name != self.name or request.version not in ("", "1"):
             set_status(grpc_context, 404, _unknown(request.name, request.version))
             return messages().ModelMetadataResponse()
         return model_metadata(self.name, self.config.inputs, self.config.outputs)
 
+    @guarded(count=True)
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
         """KServe v2 ModelInfer: the same checks and outputs as REST infer; errors as gRPC status codes."""
-        from ortpilot.serve.grpc_service import malformed, messages, refused, set_status
-
-        if refused(self.guard, grpc_context):
-            self.requests.observe(401, 0.0)
-            return messages().ModelInferResponse()
-        if malformed(request, grpc_context):
-            self.requests.observe(400, 0.0)
-            return messages().ModelInferResponse()
         status, message, answer = await self.infer_message(request)
         set_status(grpc_context, status, message)
         return answer
 
+    def count_stopped(self, status: int) -> None:
+        """A ModelInfer call ``guarded`` stopped (401, 400) counts in this model's requests."""
+        self.requests.observe(status, 0.0)
+
     async def infer_message(self, request: Any) -> tuple[int, str, Any]:
         """(HTTP-like status, error message, ModelInferResponse) of a ModelInferRequest: what ModelInfer
         answers here, and what the server-wide application relays for clients that name no application."""
-        from ortpilot.serve.grpc_service import decode_infer, encode_infer, messages
-
         started = time.perf_counter()
         status, message, answer = 200, "", None
         if request.model_name != self.name or request.model_version not in ("", "1"):

@@ -17,18 +17,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ortpilot.serve.defaults import REPLICA_RETRIES, retry_delay_s
-from ortpilot.serve.grpc_service import UnservedRpcs
-from ortpilot.serve.guard import Guard
-from ortpilot.serve.http import (
-    access_line,
-    dispatch,
-    replica_gone,
-    replica_logging,
-    response,
-    with_headers,
-)
+from ortpilot.serve.grpc_service import UnservedRpcs, guarded, messages, server_metadata, set_status
+from ortpilot.serve.http import Reply, dispatch, replica_gone, replica_logging
 from ortpilot.serve.metrics import UNKNOWN_MODEL, ServeMetrics
-from ortpilot.serve.oip import HEALTH, no_replica, refusal, server_routes, unclaimed, unknown_model
+from ortpilot.serve.oip import HEALTH, OipErrors, no_replica, server_routes, unclaimed, unknown_model
+from ortpilot.serve.pipeline import Pipeline
 from ortpilot.serve.records import RequestSettings
 
 SERVER_APP = "ortpilot"
@@ -39,34 +32,30 @@ class ServerApp(UnservedRpcs):
     """The server-wide deployment's class (Ray Serve wraps it)."""
 
     def __init__(self, models: Mapping[str, str], settings: RequestSettings) -> None:
-        from ortpilot.serve import grpc_service  # noqa: F401  (the gRPC fixes, in this process)
 
         replica_logging()
 
         self.names = list(models)  # served model name -> its application's name
         self.apps = dict(models)
         self.settings = settings
-        self.access_log = settings.access_log
         self.metrics = ServeMetrics(self.names)
         self.routes = server_routes(self)
         self.draining = False
-        self.guard = Guard(settings.access)
+        self.pipeline = Pipeline(settings, OipErrors(), self._observe, refused_model=UNKNOWN_MODEL)
+        self.guard = self.pipeline.guard
         self._handles: dict[str, Any] = {}
 
     async def __call__(self, request: Any) -> Any:
-        started = time.perf_counter()
         path = request.url.path.rstrip("/") or "/"
-        verdict = self.guard.http(request.method, request.headers, health=path in HEALTH)
-        if verdict is not None:
-            reply = refusal(verdict, UNKNOWN_MODEL if verdict.status != 204 else None)
-        else:
-            reply = unclaimed(self, path) or await dispatch(self.routes, request, path)
-        with_headers(reply, self.guard.cors_headers(request.headers))
-        if reply.model is not None or reply.status >= 500:  # every 5xx counts, whatever it concerned
-            self.metrics.observe(reply.model or UNKNOWN_MODEL, reply.status, time.perf_counter() - started)
-        if self.access_log:
-            access_line(request, reply, started)
-        return response(reply)
+        return await self.pipeline.handle(request, lambda: self._route(request, path), health=path in HEALTH)
+
+    async def _route(self, request: Any, path: str) -> Reply:
+        return unclaimed(self, path) or await dispatch(self.routes, request, path)
+
+    def _observe(self, request: Any, reply: Reply, seconds: float) -> None:
+        """The pipeline's count: answers about a model, and every 5xx whatever it concerned."""
+        if reply.model is not None or reply.status >= 500:
+            self.metrics.observe(reply.model or UNKNOWN_MODEL, reply.status, seconds)
 
     # -- what the replicas tell it ------------------------------------------------------------------
     def ready(self, name: str) -> bool:
@@ -90,40 +79,25 @@ class ServerApp(UnservedRpcs):
         """SIGTERM: from now on every model path no replica claims is a 503 with Retry-After."""
         self.draining = True
 
-    # -- gRPC (KServe v2) ---------------------------------------------------------------------------
+    # -- gRPC (KServe v2): every RPC behind ``guarded`` (key check, message check) ----------------------
+    @guarded(health=True)
     async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:  # RPC methods carry KServe v2 names
-        from ortpilot.serve.grpc_service import malformed, messages, refused
-
-        if refused(self.guard, grpc_context, health=True) or malformed(request, grpc_context):
-            return messages().ServerLiveResponse()
         return messages().ServerLiveResponse(live=True)
 
+    @guarded(health=True)
     async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import malformed, messages, refused
-
-        if refused(self.guard, grpc_context, health=True) or malformed(request, grpc_context):
-            return messages().ServerReadyResponse()
         return messages().ServerReadyResponse(ready=all(self.ready(n) for n in self.names) and not self.draining)
 
+    @guarded()
     async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import malformed, messages, refused, server_metadata
-
-        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
-            return messages().ServerMetadataResponse()
         return server_metadata()
 
+    @guarded()
     async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import malformed, messages, refused
-
-        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
-            return messages().ModelReadyResponse()
         return messages().ModelReadyResponse(ready=request.name in self.apps and self.ready(request.name))
 
+    @guarded()
     async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import malformed, messages, refused, set_status
-
-        if refused(self.guard, grpc_context) or malformed(request, grpc_context):
-            return messages().ModelMetadataResponse()
         handle = self._model(request.name, grpc_context)
         if handle is None:
             return messages().ModelMetadataResponse()
@@ -133,16 +107,10 @@ class ServerApp(UnservedRpcs):
             set_status(grpc_context, 503, no_replica(request.name))
             return messages().ModelMetadataResponse()
 
+    @guarded(count=True)
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
-        from ortpilot.serve.grpc_service import malformed, messages, refused, set_status
-
+        """Relay a call that named no application to its model, again on another replica if its replica died."""
         started = time.perf_counter()
-        if refused(self.guard, grpc_context):
-            self.metrics.observe(UNKNOWN_MODEL, 401, time.perf_counter() - started)
-            return messages().ModelInferResponse()
-        if malformed(request, grpc_context):
-            self.metrics.observe(UNKNOWN_MODEL, 400, time.perf_counter() - started)
-            return messages().ModelInferResponse()
         handle = self._model(request.model_name, grpc_context)
         if handle is None:
             return messages().ModelInferResponse()
@@ -162,10 +130,12 @@ class ServerApp(UnservedRpcs):
         set_status(grpc_context, status, message)
         return answer
 
+    def count_stopped(self, status: int) -> None:
+        """A ModelInfer call ``guarded`` stopped (401, 400) counts under the unknown model."""
+        self.metrics.observe(UNKNOWN_MODEL, status, 0.0)
+
     def _model(self, name: str, grpc_context: Any) -> Any:
         """The handle of model ``name``'s application, or None with NOT_FOUND / UNAVAILABLE set."""
-        from ortpilot.serve.grpc_service import set_status
-
         if name not in self.apps:
             set_status(grpc_context, 404, unknown_model(name, self.names))
             return None
