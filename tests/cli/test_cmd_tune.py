@@ -125,7 +125,10 @@ def test_every_ratio_says_whether_it_is_interleaved_or_a_search_estimate(tuned):
     for c in searched:  # like with like: each timed beside the default in the search, and labelled so
         expected = doc["baseline"]["paired_cost"] / c["paired_cost"]
         assert c["vs_default"]["ratio"] == pytest.approx(expected)
-        assert f"~{expected:.2f}x est." in report
+        assert f"| ~{expected:.2f}x |" in report  # in the search column, never the final one
+    for c in interleaved:  # the final columns hold the final's figures, and the search ones their estimates
+        final = doc["baseline"]["latency"]["p50_ms"] / c["latency"]["p50_ms"]
+        assert f"| {final:.2f}x |" in report
     assert "search-phase estimate" in said and "search-phase estimate" in report
     shown = table_rows(doc)  # the terminal table always holds the two rows the headline compares
     assert {doc["winner"]["id"], doc["baseline"]["id"]} <= {c["id"] for c in shown} and len(shown) <= 6

@@ -130,6 +130,23 @@ def test_verify_max_slowdown_holds_the_profile_to_its_recorded_speedup(tuned, tm
     assert proc.returncode == 1 and "slower than it was tuned" in proc.stderr and "100.00x recorded" in proc.stderr
 
 
+def test_verify_bench_reproduces_the_headline_in_a_fresh_process_as_a_figure_not_a_gate(tuned, tmp_path):
+    """--bench prints the speedup measured here beside the recorded one and its share; even a promise no
+    session keeps (100x) exits 0 without --max-slowdown."""
+    out = _edited(tuned, tmp_path)
+    proc = _verify(out, "--bench", "--duration", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    latency = json.loads(proc.stdout)["profiles"][0]["latency"]
+    assert latency["max_slowdown_pct"] is None and latency["passed"] is True
+    assert latency["share_of_recorded"] == pytest.approx(latency["speedup"] / latency["recorded_speedup"])
+    assert latency["default_p50_ms"] > 0 and latency["profile_p50_ms"] > 0
+    slow = _edited(tuned, tmp_path / "slow", lambda d, o: _set(d, ["latency", "speedup_vs_default", "ratio"], 100.0))
+    proc = _verify(slow, "--bench", "--duration", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    latency = json.loads(proc.stdout)["profiles"][0]["latency"]
+    assert latency["share_of_recorded"] < 0.9 and "100.00x recorded by the tune" in latency["detail"]
+
+
 @pytest.mark.parametrize("value", ["0", "-5", "ten", "inf"])
 def test_verify_max_slowdown_must_be_a_positive_number(tuned, value):
     proc = _verify(tuned, "--max-slowdown", value)

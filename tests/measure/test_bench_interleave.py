@@ -69,3 +69,21 @@ def test_same_config_twice_has_a_ratio_ci_containing_one(demo_paths) -> None:
     result = bench_interleaved([BenchConfig(model=model), BenchConfig(model=model)], runs=1000, warmup="auto")
     ratio = result.ratios[0]
     assert ratio.ci_low <= 1.0 <= ratio.ci_high  # the verdict's paired ratio (the issue's done-when)
+
+
+def test_settled_turns_start_after_untimed_runs_and_keep_the_run_counts(demo_paths) -> None:
+    """settle_s: each turn starts with untimed runs for that long (the tune's final does the same, so verify
+    --bench times as the tune did); the timed runs are as many as asked, and the time axis shows the gaps."""
+    model = str(demo_paths["mlp"])
+    configs = [BenchConfig(model=model), BenchConfig("B", model)]
+    plain = bench_interleaved(configs, runs=20, warmup=2, block=5)
+    settled = bench_interleaved(configs, runs=20, warmup=2, block=5, settle_s=0.05)
+    assert all(len(r.samples_s) == 20 for r in settled.results) and settled.rounds == plain.rounds == 4
+    first_b = [
+        min(o for o, r in zip(settled.results[1].offsets_s, settled.results[1].rounds) if r == k) for k in (0, 2)
+    ]
+    last_a = [max(o for o, r in zip(settled.results[0].offsets_s, settled.results[0].rounds) if r == k) for k in (0, 2)]
+    # in even rounds A's turn comes first: B's first timed run waits out B's settling after A's last run
+    assert all(b - a >= 0.05 for a, b in zip(last_a, first_b)), (last_a, first_b)
+    span = max(settled.results[0].offsets_s + settled.results[1].offsets_s)
+    assert span >= 7 * 0.05  # 8 turns, each settled (the first one's settling precedes the axis' origin or not)

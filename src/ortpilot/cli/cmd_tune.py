@@ -232,32 +232,40 @@ def render_summary(doc: dict) -> None:
     from ortpilot.tuning.report import (
         RATIO_NOTE,
         data_line,
+        final_cells,
         gate_line,
         headline,
         provider_line,
-        ratio_cell,
+        search_cells,
         table_rows,
+        time_line,
+        why_not_lines,
     )
 
     stderr.print(escape(gate_line(doc)), highlight=False)
     table = Table(title=f"Top candidates ({doc['objective']}, ORT {doc['onnxruntime']})", caption=escape(RATIO_NOTE))
-    for col in ("candidate", "p50 ms", "p99 ms", "p50 95% CI", "error", "p50 vs default"):
+    for col in (
+        "candidate",
+        "final p50 ms (95% CI)",
+        "final vs default",
+        "search p50 ms",
+        "search vs default",
+        "error",
+    ):
         table.add_column(col)
     shown = table_rows(doc)
     for c in shown:
-        lat = c.get("latency") or c.get("screen_latency") or {}
-        ci = lat.get("median_ci95_ms")
         acc = (c.get("accuracy") or {}).get("worst_error")
         mark = " [green]<- profile[/]" if c["id"] == doc["winner"]["id"] else ""
         table.add_row(
             escape(c["label"]) + mark,
-            f"{lat.get('p50_ms', 0):.3f}",
-            f"{lat.get('p99_ms', 0):.3f}",
-            f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
+            *map(escape, final_cells(doc, c)),
+            *map(escape, search_cells(doc, c)),
             "-" if acc is None else f"{acc:.1e}",
-            escape(ratio_cell(c)),
         )
     stderr.print(table)
+    for line in why_not_lines(doc):
+        stderr.print(escape(line), highlight=False)
     counts: dict[str, int] = {}
     for c in doc["candidates"]:
         counts[c["status"]] = counts.get(c["status"], 0) + 1
@@ -278,8 +286,8 @@ def render_summary(doc: dict) -> None:
     files = doc["files"]
     stderr.print(
         escape(
-            f"Wrote {files['model']}, {files['profile']}, {files['report_html']}, {files['report_md']} "
-            f'in {doc["wall_s"]:.0f} s. Load it with ortpilot.load_profile("{files["profile"]}").'
+            f"Wrote {files['model']}, {files['profile']}, {files['report_html']}, {files['report_md']}: "
+            f'{time_line(doc)}. Load it with ortpilot.load_profile("{files["profile"]}").'
         ),
         highlight=False,
     )

@@ -29,11 +29,17 @@ from ortpilot.cli.common import emit_json, handle_errors, json_option, stdout
     "below the recorded one by more than PCT percent beyond the noise.",
 )
 @click.option(
+    "--bench",
+    is_flag=True,
+    help="Also time the profile against ORT's default session here, interleaved in this fresh process, and "
+    "print that speedup beside the one the tune recorded (a figure, not a gate: --max-slowdown gates).",
+)
+@click.option(
     "--duration",
     type=float,
     default=8.0,
     show_default=True,
-    help="Seconds of interleaved timing per profile (with --max-slowdown).",
+    help="Seconds of interleaved timing per profile (with --bench or --max-slowdown).",
 )
 @json_option(help="Print one JSON document.")
 @handle_errors
@@ -42,6 +48,7 @@ def command(
     accept_machine: bool,
     machine_class: str | None,
     max_slowdown: str | None,
+    bench: bool,
     duration: float,
     as_json: bool,
 ) -> None:
@@ -59,6 +66,7 @@ def command(
             path,
             accept_machine=accept_machine,
             max_slowdown_pct=pct,
+            bench=bench,
             duration_s=duration,
             machine_class=machine_class,
             check_all=True,
@@ -118,5 +126,8 @@ def render(result) -> None:
         )
     latency = doc.get("latency")
     if latency:
-        table.add_row("latency", "[green]ok[/]" if latency["passed"] else "[red]slower[/]", escape(latency["detail"]))
+        verdict = "[green]ok[/]" if latency["passed"] else "[red]slower[/]"
+        if latency["max_slowdown_pct"] is None:  # --bench alone: a figure, not a verdict
+            verdict = "[green]reproduced[/]" if latency["share_of_recorded"] >= 0.9 else "[yellow]lower here[/]"
+        table.add_row("latency", verdict, escape(latency["detail"]))
     stdout.print(table)

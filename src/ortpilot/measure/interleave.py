@@ -37,6 +37,7 @@ from ortpilot.session import SessionSettings
 
 TURN_S = 0.02  # auto block: runs per turn so that one turn takes about this long
 MAX_BLOCK = 100
+SETTLED_TURNS = 4  # with settling, an auto turn lasts this many settle times: settling stays a fifth of the time
 
 
 @dataclass
@@ -142,8 +143,12 @@ def bench_interleaved(
     roofline: bool = False,
     seed: int = 0,
     progress: Progress | None = None,
+    settle_s: float = 0.0,
 ) -> ComparisonResult:
     """Benchmark ``configs`` interleaved in turns of ``block`` runs; the first is the baseline.
+
+    ``settle_s``: untimed runs for about this long at the start of each turn, while the thread pool of the
+    session that ran before spins down (as tune's final measurement does: ``tuning.budget.SETTLE_S``).
 
     ``runs`` is per configuration; ``duration_s`` (default 5 s) is for all of them together.
     ``block`` defaults to the runs that take about 20 ms (1 to 100), at least the concurrency.
@@ -188,9 +193,9 @@ def bench_interleaved(
             phase = "warmup"
             current.warm_up(warmup)
         phase = "runs"
-        turn = block or _auto_block(runners)
+        turn = block or _auto_block(runners, max(TURN_S, SETTLED_TURNS * settle_s))
         turn = max(turn, max(r.concurrency for r in runners))
-        rounds = _run_rounds(runners, turn, runs, duration_s, progress)
+        rounds = _run_rounds(runners, turn, runs, duration_s, progress, settle_s)
     except _Failed as exc:
         failure = {**failure_of(exc, phase), "config": current.name}
         partial = _comparison(runners, block or 0, rounds, seed, failure)
@@ -211,17 +216,22 @@ def bench_interleaved(
     return result
 
 
-def _auto_block(runners: Sequence[Runner]) -> int:
-    """Runs per turn so that the slowest configuration's turn takes about TURN_S (from the warm-up
+def _auto_block(runners: Sequence[Runner], turn_s: float = TURN_S) -> int:
+    """Runs per turn so that the slowest configuration's turn takes about ``turn_s`` (from the warm-up
     median: a mean would shrink the turns whenever a neighbour's load slows a few runs)."""
     per_run = max((r.warmup.median_s or r.first_run_s or 0.0) for r in runners)
     if per_run <= 0:
         return 1
-    return int(min(MAX_BLOCK, max(1, math.ceil(TURN_S / per_run))))
+    return int(min(MAX_BLOCK, max(1, math.ceil(turn_s / per_run))))
 
 
 def _run_rounds(
-    runners: Sequence[Runner], block: int, runs: int | None, duration_s: float | None, progress: Progress | None
+    runners: Sequence[Runner],
+    block: int,
+    runs: int | None,
+    duration_s: float | None,
+    progress: Progress | None,
+    settle_s: float = 0.0,
 ) -> int:
     """Alternate turns until every runner has ``runs`` samples, or ``duration_s`` has passed."""
     start = time.perf_counter()
@@ -241,6 +251,7 @@ def _run_rounds(
         for runner in order:
             n = block if runs is None else min(block, runs - len(runner.samples))
             if n > 0:
+                _settle(runner, settle_s if len(runners) > 1 else 0.0)
                 runner.measure(n, round_id=round_id)
         round_id += 1
         now = time.perf_counter()
@@ -249,6 +260,15 @@ def _run_rounds(
             done = sum(len(r.samples) for r in runners) if runs is not None else now - start
             progress("runs", min(done, total), total)
     return round_id
+
+
+def _settle(runner: Runner, settle_s: float) -> None:
+    """Untimed runs for about ``settle_s`` (none for 0)."""
+    if settle_s <= 0:
+        return
+    step, end = runner.step_fn(), time.perf_counter() + settle_s
+    while time.perf_counter() < end:
+        step()
 
 
 def _comparison(

@@ -142,7 +142,7 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
                 "sha256": winner.prepared.get("output_sha256") or {},
                 "file": reference.name,
             },
-            "source_model": {"path": str(source), "sha256": file_sha256(source)},
+            "source_model": {"path": str(Path(source).resolve()), "sha256": file_sha256(source)},
             "shapes": {k: list(v) for k, v in result.shapes.items()},
             **({"outputs": list(result.outputs)} if result.outputs else {}),
             "placement": winner.prepared.get("placement"),

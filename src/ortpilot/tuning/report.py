@@ -4,11 +4,11 @@ Both are rendered from ``TuneResult.to_dict()``, so they show exactly what the J
 so does the terminal summary (``cli.cmd_tune``), from the same helpers here: the headline, the
 gate line (each output's metric and its evidence) and each candidate's ratio to ORT's default.
 The reports also keep the gate-data warning (synthetic inputs, fewer than 16 samples), which the
-terminal shows once, when the tune starts. That ratio is only as good as its timings: the finalists and ORT's
-default were timed round-robin in one process at the end (``interleaved``, the headline's
-figure); every other candidate was timed during the search, a few runs round-robin beside ORT's
-default (``search``: the ratio of those side-by-side costs, an estimate a final figure can revise).
-Each ratio compares like with like and says which it is.
+terminal shows once, when the tune starts. Two kinds of figure never share a column: the finalists and ORT's
+default timed round-robin in one process at the end (``final``: they pick the winner and make the
+headline), and every candidate's search-phase timings, a few runs round-robin beside ORT's default
+(``search``: the ratio of those side-by-side costs, an estimate that ranks candidates for the final).
+A candidate whose estimate beats the shipped figure gets a line saying why it is not the winner.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import math
 from typing import Any
 
 from ortpilot.artifacts.atomic import atomic_write_text
+from ortpilot.eps import CPU_EP
 
 
 def write_reports(result: Any) -> None:
@@ -44,11 +45,62 @@ def _lat(c: dict[str, Any]) -> dict[str, Any]:
     return c.get("latency") or c.get("screen_latency") or {}
 
 
+def _final_lat(c: dict[str, Any]) -> dict[str, Any]:
+    """The candidate's latency from the interleaved final measurement ({} when it was not a finalist)."""
+    return (c.get("latency") or {}) if c.get("timing") == "interleaved" else {}
+
+
+def final_ratio(doc: dict[str, Any], c: dict[str, Any]) -> float | None:
+    """``c``'s p50 speedup over the reference in the interleaved final (None when either was not in it)."""
+    base, mine = _final_lat(doc["baseline"]).get("p50_ms"), _final_lat(c).get("p50_ms")
+    return base / mine if base and mine else None
+
+
+def search_ratio(doc: dict[str, Any], c: dict[str, Any]) -> float | None:
+    """``c``'s search-phase estimate: its cost over the reference's, each timed beside ORT's default (the
+    search's anchor), or the ratio of their screening p50s where one never ran beside it."""
+    base = doc["baseline"]
+    if c.get("paired_cost") and base.get("paired_cost"):
+        return base["paired_cost"] / c["paired_cost"]
+    b, m = (base.get("screen_latency") or {}).get("p50_ms"), (c.get("screen_latency") or {}).get("p50_ms")
+    return b / m if b and m else None
+
+
 def ranked_candidates(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """A tune document's candidates, those measured fastest first (p50), then the rest in search order."""
-    ok = [c for c in doc["candidates"] if c["status"] == "ok" and _lat(c)]
-    rest = [c for c in doc["candidates"] if c not in ok]
-    return sorted(ok, key=lambda c: _lat(c).get("p50_ms", math.inf)) + rest
+    """A tune document's candidates: the finalists fastest first by their final measurement (the figures
+    that pick the winner), then the others measured in the search by their estimate, then the rest."""
+    final = sorted((c for c in doc["candidates"] if _final_lat(c)), key=lambda c: _final_lat(c)["p50_ms"])
+    searched = [c for c in doc["candidates"] if c not in final and c["status"] == "ok" and _lat(c)]
+    searched.sort(key=lambda c: -(search_ratio(doc, c) or 0.0))
+    rest = [c for c in doc["candidates"] if c not in final and c not in searched]
+    return final + searched + rest
+
+
+def why_not_lines(doc: dict[str, Any]) -> list[str]:
+    """One line for each candidate whose search estimate beats the figure the profile ships with (the
+    winner's final speedup, 1.0 where ORT's default stays): why it is not the winner."""
+    won = 1.0 if doc["default_best"] else final_ratio(doc, doc["winner"]) or doc["speedup"]["ratio"]
+    order = sorted(
+        (c for c in doc["candidates"] if c["status"] == "ok" and c.get("paired_cost") and not c.get("baseline")),
+        key=lambda c: c["paired_cost"],
+    )
+    lines = []
+    for c in doc["candidates"]:
+        est = search_ratio(doc, c)
+        if c["status"] != "ok" or c["id"] == doc["winner"]["id"] or c.get("baseline") or not est or est <= won:
+            continue
+        final = final_ratio(doc, c)
+        if final is not None:
+            why = f"the final measured it at {final:.2f}x" + ("" if doc["default_best"] else ", and its figures decide")
+        else:
+            rank = next((i for i, o in enumerate(order, 1) if o["id"] == c["id"]), None)
+            why = (
+                f"it ranked #{rank} by its search figure and the final measures the top two"
+                if rank
+                else "it never ran beside ORT's default, so it could not be ranked"
+            )
+        lines.append(f"Not the winner though its estimate is higher: {c['label']} (~{est:.2f}x est.): {why}.")
+    return lines
 
 
 def table_rows(doc: dict[str, Any], count: int = 6) -> list[dict[str, Any]]:
@@ -100,12 +152,12 @@ def provider_line(doc: dict[str, Any]) -> str:
     search tried one EP): ``OpenVINO won: 4.36x ORT's default; best on CPU: int8-dynamic-w-pc ~1.82x est.``"""
     best: dict[str, dict[str, Any]] = {}
     for c in ranked_candidates(doc):
-        first = ((c.get("providers") or [{}])[0]).get("name", "CPUExecutionProvider")
+        first = ((c.get("providers") or [{}])[0]).get("name", CPU_EP)
         if c["status"] == "ok" and (c.get("vs_default") or {}).get("ratio") and first not in best:
             best[first] = c
     if len(best) < 2 or doc["default_best"]:
         return ""
-    won = ((doc["winner"].get("providers") or [{}])[0]).get("name", "CPUExecutionProvider")
+    won = ((doc["winner"].get("providers") or [{}])[0]).get("name", CPU_EP)
     others = [f"best on {_ep_words(ep)}: {c['label']} {ratio_cell(c)}" for ep, c in best.items() if ep != won]
     return (
         f"{_ep_words(won)[0].upper()}{_ep_words(won)[1:]} won: {doc['speedup']['ratio']:.2f}x {reference_name(doc['baseline'])}; "
@@ -115,7 +167,7 @@ def provider_line(doc: dict[str, Any]) -> str:
 
 
 def _ep_words(name: str) -> str:
-    return "the CPU EP" if name == "CPUExecutionProvider" else name.removesuffix("ExecutionProvider")
+    return "the CPU EP" if name == CPU_EP else name.removesuffix("ExecutionProvider")
 
 
 def reference_name(base: dict[str, Any]) -> str:
@@ -148,11 +200,41 @@ def ratio_cell(c: dict[str, Any]) -> str:
     return f"{vs['ratio']:.2f}x" if vs.get("timing") == "interleaved" else f"~{vs['ratio']:.2f}x est."
 
 
+def final_cells(doc: dict[str, Any], c: dict[str, Any]) -> tuple[str, str]:
+    """(p50 ms with its 95% CI, speedup) from the interleaved final; dashes for a candidate not in it."""
+    lat, ratio = _final_lat(c), final_ratio(doc, c)
+    if not lat:
+        return "-", "-"
+    ci = lat.get("median_ci95_ms")
+    p50 = f"{lat['p50_ms']:.3f}" + (f" ({ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
+    return p50, "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def search_cells(doc: dict[str, Any], c: dict[str, Any]) -> tuple[str, str]:
+    """(screening p50 ms, search-phase estimate of the speedup), never mixed with the final's figures."""
+    lat, ratio = c.get("screen_latency") or {}, search_ratio(doc, c)
+    p50 = f"{lat['p50_ms']:.3f}" if lat.get("p50_ms") else "-"
+    return p50, "-" if ratio is None else f"~{ratio:.2f}x"
+
+
 RATIO_NOTE = (
-    "p50 vs default: 'N.NNx' comes from the final interleaved measurement of the finalists and ORT's default "
-    "(the headline's source); '~N.NNx est.' is a search-phase estimate, from screening and halving runs each "
-    "timed round-robin beside ORT's default (few runs, so a final measurement can revise it)."
+    "'final' columns: the interleaved final measurement of the finalists and ORT's default, the figures that "
+    "pick the winner and make the headline; 'search' columns: search-phase estimates from screening and halving "
+    "runs, each timed round-robin beside ORT's default (few runs: they rank candidates for the final)."
 )
+
+
+def time_line(doc: dict[str, Any]) -> str:
+    """Where the budget went, as the wall clock saw it: the search and its final measurement, and, once the
+    outputs are written (the terminal's summary, ``--json``), the whole call."""
+    budget = f" of a {doc['budget_s']:.0f} s budget" if doc.get("budget_s") else ""
+    if doc.get("total_s") is None:
+        return f"search and final measurement {doc['wall_s']:.0f} s{budget}"
+    over = doc["total_s"] - doc["budget_s"] if doc.get("budget_s") else 0.0
+    return (
+        f"{doc['total_s']:.0f} s in all{budget} (search and final measurement {doc['wall_s']:.0f} s, writing the "
+        f"outputs {doc['total_s'] - doc['wall_s']:.0f} s)" + (f"; {over:.0f} s over the budget" if over >= 1 else "")
+    )
 
 
 def gate_line(doc: dict[str, Any]) -> str:
@@ -198,37 +280,34 @@ def render_md(doc: dict[str, Any]) -> str:
         *([load_line(doc), ""] if doc.get("load_note") else []),
         f"ONNX Runtime {doc['onnxruntime']}, shapes "
         + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in doc["shapes"].items())
-        + f", objective {doc['objective']}, tune wall time {doc['wall_s']:.0f} s.",
+        + f", objective {doc['objective']}, {time_line(doc)}.",
         "",
         gate_line(doc) + " Outputs compared with ORT's default session's on held-out inputs.",
         "",
         data_line(doc),
         "",
         *([gate_warning_line(doc), ""] if doc.get("gate_warning") else []),
-        "| candidate | status | p50 ms | p99 ms | p50 95% CI | p50 vs default | error | note |",
-        "|---|---|---|---|---|---|---|---|",
+        "| candidate | status | final p50 ms (95% CI) | final vs default | search p50 ms | search vs default "
+        "| p99 ms | error | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in ranked_candidates(doc):
-        lat = _lat(c)
-        ci = lat.get("median_ci95_ms")
+        final, search = final_cells(doc, c), search_cells(doc, c)
+        mark = " **(profile)**" if c["id"] == doc["winner"]["id"] else ""
         lines.append(
-            f"| {c['label']} | {c['status']} | {_ms(lat.get('p50_ms'))} | {_ms(lat.get('p99_ms'))} | "
-            f"{'-' if not ci else f'{ci[0]:.3f}-{ci[1]:.3f}'} | {ratio_cell(c)} | {_err(c)} | "
-            f"{c['reason'].replace('|', '/')} |"
+            f"| {c['label']}{mark} | {c['status']} | {final[0]} | {final[1]} | {search[0]} | {search[1]} | "
+            f"{_ms(_lat(c).get('p99_ms'))} | {_err(c)} | {c['reason'].replace('|', '/')} |"
         )
+    why_not = why_not_lines(doc)
+    if why_not:
+        lines += ["", *why_not]
     int8 = int8_lines(doc)
     if int8:
         lines += ["", int8[0], "", *int8[1:]]
     excluded = doc["facts"].get("excluded") or []
     if excluded:
         lines += ["", "Not tried:", ""] + [f"- {e['what']}: {e['reason']}" for e in excluded]
-    lines += [
-        "",
-        f"Latencies of the finalists and {reference_name(doc['baseline'])} come from their interleaved final "
-        "measurement; the others from their screening and halving runs.",
-        "",
-        RATIO_NOTE,
-    ]
+    lines += ["", f"Speedups are over {reference_name(doc['baseline'])}. {RATIO_NOTE}"]
     return "\n".join(lines) + "\n"
 
 
@@ -277,15 +356,14 @@ def render_html(doc: dict[str, Any]) -> str:
     rows = []
     for c in ranked_candidates(doc):
         lat = _lat(c)
-        ci = lat.get("median_ci95_ms")
+        final, search = final_cells(doc, c), search_cells(doc, c)
         acc = c.get("accuracy") or {}
         per_out = "; ".join(f"{o['name']}: {o['metric']} {o['error']:.2e}" for o in acc.get("outputs", []))
         cls = "win" if c["id"] == doc["winner"]["id"] else ("" if c["status"] == "ok" else "rej")
         rows.append(
             f"<tr class='{cls}'><td>{e(c['label'])}</td><td>{e(c['phase'])}</td><td>{e(c['status'])}</td>"
-            f"<td>{_ms(lat.get('p50_ms'))}</td><td>{_ms(lat.get('p99_ms'))}</td>"
-            f"<td>{'-' if not ci else f'{ci[0]:.3f} – {ci[1]:.3f}'}</td><td>{lat.get('count', '-')}</td>"
-            f"<td>{e(ratio_cell(c))}</td>"
+            f"<td>{e(final[0])}</td><td>{e(final[1])}</td><td>{e(search[0])}</td><td>{e(search[1])}</td>"
+            f"<td>{_ms(lat.get('p99_ms'))}</td><td>{lat.get('count', '-')}</td>"
             f"<td>{e(per_out) or '-'}</td><td>{e(c['reason'])}</td><td><code>{c['id']}</code></td></tr>"
         )
     excluded = "".join(f"<li>{e(x['what'])}: {e(x['reason'])}</li>" for x in doc["facts"].get("excluded") or [])
@@ -307,18 +385,18 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background
 {f"<p>{e(providers)}</p>" if (providers := provider_line(doc)) else ""}
 {f"<p>{e(load_line(doc))}</p>" if doc.get("load_note") else ""}
 <p>ONNX Runtime {e(doc["onnxruntime"])}; shapes {e(str(doc["shapes"]))}; objective {e(doc["objective"])};
-tune wall time {doc["wall_s"]:.1f} s.</p>
+{e(time_line(doc))}.</p>
 <p>{e(gate_line(doc))}</p>
 <p>{e(data_line(doc))}</p>
 {f"<p><b>{e(gate_warning_line(doc))}</b></p>" if doc.get("gate_warning") else ""}
 <img alt="Pareto plot of latency vs error" src="data:image/png;base64,{pareto_png(doc)}">
 <h2>Candidates</h2>
-<table><tr><th>candidate</th><th>phase</th><th>status</th><th>p50 ms</th><th>p99 ms</th><th>p50 95% CI</th><th>runs</th>
-<th>p50 vs default</th>
+<table><tr><th>candidate</th><th>phase</th><th>status</th><th>final p50 ms (95% CI)</th><th>final vs default</th>
+<th>search p50 ms</th><th>search vs default</th><th>p99 ms</th><th>runs</th>
 <th>accuracy (per output)</th><th>why rejected / note</th><th>id</th></tr>
 {"".join(rows)}</table>
+{"".join(f"<p>{e(line)}</p>" for line in why_not_lines(doc))}
 {int8_html}
 <h2>Not tried</h2><ul>{excluded or "<li>nothing ruled out</li>"}</ul>
-<p>The finalists' and ORT's default latencies come from their interleaved final measurement; other rows from screening
-and successive-halving runs.</p><p>{e(RATIO_NOTE)}</p></body></html>
+<p>Speedups are over {e(reference_name(doc["baseline"]))}. {e(RATIO_NOTE)}</p></body></html>
 """

@@ -52,9 +52,11 @@ class GateRecord:
 class RunRecord:
     """How this run went."""
 
-    wall_s: float
+    wall_s: float  # from the call to the winner picked: the search and its final measurement
     resumed: bool  # it continued (or replayed) a journal
     load_avg: list[float] = field(default_factory=list)  # 1-min load average at the start and the end
+    budget_s: float | None = None  # what the caller gave (--budget)
+    total_s: float | None = None  # from the call to every output written; set once they are
 
 
 def _view(record: str, name: str) -> Any:
@@ -93,6 +95,8 @@ class TuneResult:
     heldout_sha256 = _view("gate", "heldout_sha256")
     wall_s = _view("run", "wall_s")
     resumed = _view("run", "resumed")
+    budget_s = _view("run", "budget_s")
+    total_s = _view("run", "total_s")
     load_avg = _view("run", "load_avg")
 
     def stats(self, entry: Entry) -> dict[str, Any]:
@@ -127,6 +131,8 @@ class TuneResult:
             "shapes": {k: list(v) for k, v in self.shapes.items()},
             "outputs": self.outputs,
             "wall_s": self.wall_s,
+            "budget_s": self.budget_s,
+            "total_s": self.total_s,
             "files": self.files,
             "resumed": self.resumed,
             "onnxruntime": ort.__version__,

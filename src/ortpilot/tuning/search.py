@@ -409,7 +409,9 @@ class Search:
         def plan() -> tuple[int, int, float]:
             per_run = sum(cost(e.samples, "p50") for e in finalists)  # one run of each finalist
             plan = self.budget.final_plan(per_run, self.screen_runs, len(finalists))
-            return (*plan, max(5.0, self.budget.left() + 5.0))
+            # a finalist evicted from the worker (or a restarted worker) is prepared again before it is timed:
+            # the final may run past the budget by that much rather than ship a search estimate
+            return (*plan, max(5.0, self.budget.left() + 5.0) + self.budget.est_prepare() * len(finalists))
 
         record = self.steps.final([e.candidate for e in finalists], plan)
         if record and record.get("status") == "ok":

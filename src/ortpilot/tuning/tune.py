@@ -15,6 +15,7 @@ journal (the default session's outputs, the held-out inputs) is kept in ``OUTDIR
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -139,9 +140,11 @@ def _tune(
         replay_only = _search_ended(journal)
         budget = Budget(start + budget_s - OUTPUT_RESERVE_S, binding=not replay_only)
         search, pick = _search(setup, data, journal, out, worker, budget, progress)
-        run = RunRecord(time.monotonic() - start, bool(journal.replayed), _load_avg(journal, replay_only, load_start))
+        load_avg = _load_avg(journal, replay_only, load_start)
+        run = RunRecord(time.monotonic() - start, bool(journal.replayed), load_avg, budget_s)
         result = _result(out, setup, data, search, pick, run)
         write_outputs(result, setup.source, winner_model(worker, pick.winner, setup.path), data.heldout[0])
+        result.run = dataclasses.replace(run, total_s=time.monotonic() - start)
         journal.append(
             {"kind": "done", "winner": pick.winner.candidate.id, "files": result.files, "load_avg": result.load_avg}
         )
@@ -493,7 +496,11 @@ def _pick(finalists: list[Entry], reference: Entry, objective: str) -> tuple[Ent
         "process's own, so it is neither the choice nor the measure"
     )
     if best is reference:
-        return reference, True, f"{name} measured fastest of all candidates that passed the gate{why_capped}"
+        rivals = [e.candidate.label for e in measured if e is not reference]
+        if not rivals:
+            return reference, True, f"no other candidate passed the gate and was measured{why_capped}"
+        where = "in the final interleaved measurement" if reference.final else "in the search"
+        return reference, True, f"{name} measured fastest {where}, against {' and '.join(rivals)}{why_capped}"
     gain = speedup(reference, best, objective)
     if gain["ci_low"] <= 1.0:
         return (

@@ -25,6 +25,7 @@ from typing import Any
 import onnxruntime as ort
 
 from ortpilot.artifacts.bundle import bundle_path
+from ortpilot.eps import CPU_EP
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.gate.outputs import OutputGate
 from ortpilot.graph.outputs import mask_input
@@ -45,28 +46,39 @@ LATENCY_DURATION_S = 8.0  # the interleaved timing of profile vs default, both t
 
 @dataclass
 class LatencyCheck:
-    """The speedup over ORT's default measured here against the one the tune recorded."""
+    """The speedup over ORT's default measured here against the one the tune recorded; a gate only with
+    ``max_slowdown_pct`` (``verify --max-slowdown``), a reproduction figure without (``verify --bench``)."""
 
     recorded: float
     ratio: float
     ci_low: float
     ci_high: float
-    max_slowdown_pct: float
+    max_slowdown_pct: float | None
     default_p50_ms: float
     profile_p50_ms: float
 
     @property
     def passed(self) -> bool:
-        return self.ci_high >= self.recorded / (1 + self.max_slowdown_pct / 100)
+        return self.max_slowdown_pct is None or self.ci_high >= self.recorded / (1 + self.max_slowdown_pct / 100)
+
+    @property
+    def share(self) -> float:
+        """The speedup measured here as a share of the recorded one (1.0: reproduced exactly)."""
+        return self.ratio / self.recorded
 
     @property
     def detail(self) -> str:
+        here = (
+            f"{self.ratio:.2f}x ORT's default here (95% CI {self.ci_low:.2f}-{self.ci_high:.2f}; p50 "
+            f"{self.profile_p50_ms:.3f} vs {self.default_p50_ms:.3f} ms), {self.recorded:.2f}x recorded by the tune "
+            f"({self.share:.2f} of it)"
+        )
+        if self.max_slowdown_pct is None:
+            return here
         floor = self.recorded / (1 + self.max_slowdown_pct / 100)
         return (
-            f"{self.ratio:.2f}x ORT's default here (95% CI {self.ci_low:.2f}-{self.ci_high:.2f}; p50 "
-            f"{self.profile_p50_ms:.3f} vs {self.default_p50_ms:.3f} ms), {self.recorded:.2f}x recorded; "
-            f"{'passes' if self.passed else 'fails'}: at least {floor:.2f}x allowed ({self.max_slowdown_pct:g}% "
-            "slowdown)"
+            f"{here}; {'passes' if self.passed else 'fails'}: at least {floor:.2f}x allowed "
+            f"({self.max_slowdown_pct:g}% slowdown)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,6 +86,7 @@ class LatencyCheck:
             "recorded_speedup": self.recorded,
             "speedup": self.ratio,
             "ci95": [self.ci_low, self.ci_high],
+            "share_of_recorded": self.share,
             "max_slowdown_pct": self.max_slowdown_pct,
             "default_p50_ms": self.default_p50_ms,
             "profile_p50_ms": self.profile_p50_ms,
@@ -152,6 +165,7 @@ def verify_profile(
     *,
     accept_machine: bool = False,
     max_slowdown_pct: float | None = None,
+    bench: bool = False,
     duration_s: float = LATENCY_DURATION_S,
     intra_op_threads: int | None = None,
     optimized: bool = False,
@@ -166,7 +180,8 @@ def verify_profile(
     the files of every class are checked against bundle.json first.
 
     The result says which check ran and whether each output held; ``result.failure()`` is the
-    VerificationError to raise when one did not. ``max_slowdown_pct`` adds the latency check.
+    VerificationError to raise when one did not. ``max_slowdown_pct`` adds the latency check; ``bench``
+    times it too, as a figure beside the recorded one, not a gate.
     ``intra_op_threads`` and ``optimized`` go to ``load_profile`` (a serving replica verifies the
     session it will serve with, on its own CPUs).
     """
@@ -190,7 +205,7 @@ def verify_profile(
         max_slowdown_pct = check_max_slowdown(max_slowdown_pct)
     result = _verify_outputs(path, policy, accept_machine, intra_op_threads, optimized)
     result.bundle = result.session.bundle = choice
-    if max_slowdown_pct is not None:
+    if max_slowdown_pct is not None or bench:
         result.latency = check_latency(result.session, path, max_slowdown_pct, duration_s)
     return result
 
@@ -290,27 +305,28 @@ def _recorded_choices(session: VerifiedSession, accuracy: dict[str, Any]) -> dic
 
 
 def check_latency(
-    session: VerifiedSession, path: Path, max_slowdown_pct: float, duration_s: float = LATENCY_DURATION_S
+    session: VerifiedSession, path: Path, max_slowdown_pct: float | None, duration_s: float = LATENCY_DURATION_S
 ) -> LatencyCheck:
     """Time the profile's session and ORT's default session on the source model, interleaved."""
     from ortpilot.measure.interleave import BenchConfig, bench_interleaved
     from ortpilot.modelio import file_sha256
     from ortpilot.providers.cpubudget import default_threads_in_budget
     from ortpilot.session import SessionSettings
+    from ortpilot.tuning.budget import SETTLE_S
 
     doc = session.profile
     recorded = ((doc.get("latency") or {}).get("speedup_vs_default") or {}).get("ratio")
     if not isinstance(recorded, (int, float)) or not recorded > 0:
         raise UsageError(
             f"Profile '{path}' records no speedup over ORT's default (latency.speedup_vs_default), so "
-            "--max-slowdown has nothing to hold it to; re-run 'ortpilot tune' to record one."
+            "--max-slowdown and --bench have nothing to hold it to; re-run 'ortpilot tune' to record one."
         )
     source = Path(str((doc.get("source_model") or {}).get("path") or ""))
     if not source.is_file() or file_sha256(source) != (doc.get("source_model") or {}).get("sha256"):
         raise UsageError(
-            f"--max-slowdown times the profile against ORT's default session on the model it was tuned "
-            f"from, and that model ('{source}') is missing here or changed. Copy it to that path, or "
-            "verify without --max-slowdown."
+            f"--max-slowdown and --bench time the profile against ORT's default session on the model it was "
+            f"tuned from, and that model ('{source}') is missing here or changed. Copy it to that path, or "
+            "verify without them."
         )
     if doc.get("outputs"):  # the tune timed ORT's default on the source pruned to its outputs
         from ortpilot.tuning.pruned import pruned_model
@@ -326,7 +342,7 @@ def check_latency(
         BenchConfig(  # capped at this process's CPUs where ORT's default pool would take others (as the tune did)
             "ORT default",
             str(source),
-            ["CPUExecutionProvider"],
+            [CPU_EP],
             SessionSettings(intra_op_threads=default_threads_in_budget()),
             feeds=feeds,
         ),
@@ -339,7 +355,8 @@ def check_latency(
             iobinding=bool(doc.get("iobinding")),
         ),
     ]
-    comparison = bench_interleaved(configs, duration_s=duration_s, policy="strict")
+    # each turn settled as in the tune's final: the idle pool of the session before it spins for tens of ms
+    comparison = bench_interleaved(configs, duration_s=duration_s, policy="strict", settle_s=SETTLE_S)
     ratio = comparison.ratios[0]  # profile / default latency
     default, profile = (r.stats.p50 * 1e3 for r in comparison.results)
     return LatencyCheck(

@@ -1,0 +1,354 @@
+"""Does tune's headline hold in the user's own process? Tune, then check the speedup from outside.
+
+For each model and run: ``ortpilot tune`` as a user runs it (the CLI, a child process, the user's data
+where the corpus has some), then, each in a fresh process:
+
+- ``user``: what a user writes to check it (issue 38's protocol): ``ortpilot.load_profile(profile)``
+  beside a plain ``onnxruntime.InferenceSession(source)``, interleaved, ``--rounds`` rounds of
+  ``--runs`` runs each, order alternating, fresh inputs every round, every output fetched;
+- ``verify``: ``ortpilot verify OUTDIR --bench --json`` (the figure the tool reproduces itself).
+
+``--factors`` adds one fresh process per factor, each a ``user`` check with one thing changed, to find
+why a check from outside comes out lower: ``settled`` (each turn starts with 0.1 s of untimed runs, while
+the other session's pool spins down), ``same-inputs`` (the tune's own held-out sample every round),
+``alone`` (each session timed in a process of its own, alternately: no second thread pool at all), and
+``iobinding`` (the profile's session run through IOBinding, as tune timed it, where the profile says so).
+
+    .venv-test/bin/python benchmarks/bench_outside_check.py [--only minilm,nudenet,ocr-det,ocr-rec,encoder,cnn]
+        [--repeat 2] [--budget 90] [--factors] [--out DIR] [--json OUT.json]
+
+Each row: the tune's headline (and whether it came from its interleaved final measurement), each
+check's speedup (median of per-round ratios for ``user``), and reproduced / headline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+SETTLE_S = 0.1
+
+
+def _packaged(package: str, relative: str) -> str:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _prep import package_file
+
+    return str(package_file(package, relative) or Path(package) / relative)
+
+
+def corpus() -> dict[str, dict[str, Any]]:
+    """name -> the tune's arguments (model, shapes, data) and how the outside check makes fresh inputs."""
+    minilm = ROOT / "benchmarks/models/minilm"
+    return {
+        "minilm": {
+            "args": [str(minilm), "--calibration-text", str(ROOT / "benchmarks/data/sentences.txt")],
+            "fresh": "sentences",
+        },
+        "nudenet": {"args": [_packaged("nudenet", "320n.onnx"), "--shape", "images=1x3x320x320"]},
+        "ocr-det": {"args": [_packaged("rapidocr", "models/PP-OCRv6_det_small.onnx"), "--shape", "x=1x3x480x480"]},
+        "ocr-rec": {
+            "args": [_packaged("rapidocr", "models/PP-OCRv6_rec_small.onnx"), "--shape", "x=1x3x48x160"],
+            "data": "text-lines",
+            "fresh": "text-lines",
+        },
+        "encoder": {"args": ["demo:encoder"]},
+        "cnn": {"args": ["demo:cnn"]},
+    }
+
+
+# ---------------------------------------------------------------------------------------------- the checks
+
+
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+]
+
+
+def text_lines(count: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """``count`` 48x160 text-line crops as PP-OCR's recognizer reads them: black words drawn with Pillow on a
+    light, slightly noisy background, scaled to [-1, 1]."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    font = ImageFont.load_default(size=22)
+    out = []
+    for _ in range(count):
+        img = Image.new("L", (160, 48), int(rng.integers(200, 256)))
+        words = " ".join(rng.choice(WORDS, size=int(rng.integers(1, 4))))
+        ImageDraw.Draw(img).text((int(rng.integers(2, 12)), int(rng.integers(6, 16))), words, fill=0, font=font)
+        x = np.asarray(img, np.float32) + rng.normal(0, 6, (48, 160)).astype(np.float32)
+        x = (np.clip(x, 0, 255) / 255.0 - 0.5) / 0.5
+        out.append({"x": np.repeat(x[None, None], 3, axis=1).astype(np.float32)})
+    return out
+
+
+def write_data(kind: str, folder: Path) -> Path:
+    """The user's own samples for a tune (``--calibration DIR``: one .npz per sample)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "text-lines":
+        for i, feeds in enumerate(text_lines(64, seed=1)):
+            np.savez(folder / f"{i:03d}.npz", **feeds)
+    return folder
+
+
+def _fresh_inputs(profile: dict[str, Any], source: str, kind: str, count: int) -> list[dict[str, np.ndarray]]:
+    """``count`` inputs neither the tune's calibration nor its gate saw, at the tuned shapes."""
+    if kind == "text-lines":
+        return text_lines(count, seed=99)
+    if kind == "sentences":
+        from tokenizers import Tokenizer
+
+        folder = Path(source).parent
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        seq = int(profile["shapes"]["input_ids"][1])
+        tok.enable_padding(length=seq)
+        tok.enable_truncation(max_length=seq)
+        lines = [x for x in (ROOT / "benchmarks/data/sentences.txt").read_text().splitlines() if x.strip()]
+        texts = [f"{lines[i % len(lines)]} {lines[(7 * i + 3) % len(lines)]}" for i in range(count)]
+        return [
+            {
+                "input_ids": np.array([e.ids], np.int64),
+                "attention_mask": np.array([e.attention_mask], np.int64),
+                "token_type_ids": np.array([e.type_ids], np.int64),
+            }
+            for e in tok.encode_batch(texts)
+        ]
+    from ortpilot.graph.feeds import make_feeds, plan_feeds
+    from ortpilot.modelio import load_model
+
+    proto = load_model(source, load_external_data=False)
+    plan = plan_feeds(proto, {k: tuple(v) for k, v in profile["shapes"].items()})
+    return [make_feeds(proto, plan=plan, seed=30_000 + i) for i in range(count)]
+
+
+def _sessions(outdir: Path, iobinding: bool) -> tuple[Any, Any, dict[str, Any]]:
+    """(the profile's run function, ORT's default's run function, the profile) as a user makes them."""
+    import onnxruntime as ort
+
+    import ortpilot
+
+    profile = json.loads((outdir / "profile.json").read_text())
+    mine = ortpilot.load_profile(outdir / "profile.json")
+    plain = ort.InferenceSession(profile["source_model"]["path"], providers=["CPUExecutionProvider"])
+    if iobinding and profile.get("iobinding"):
+        from ortpilot.session.binding import run_session
+
+        def run_mine(feeds: dict[str, Any]) -> Any:
+            return run_session(mine, feeds, iobinding=True)
+    else:
+
+        def run_mine(feeds: dict[str, Any]) -> Any:
+            return mine.run(None, feeds)
+
+    return run_mine, (lambda feeds: plain.run(None, feeds)), profile
+
+
+def _timed(run: Any, feeds: dict[str, Any], runs: int, settle_s: float) -> list[float]:
+    start = time.perf_counter()
+    while time.perf_counter() - start < settle_s:
+        run(feeds)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        run(feeds)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def check_in_process(outdir: Path, fresh: str, rounds: int, runs: int, factor: str) -> dict[str, Any]:
+    """One ``user`` check (or one factor's variant of it) in this process; per-round medians and their ratio."""
+    run_mine, run_plain, profile = _sessions(outdir, iobinding=factor == "iobinding")
+    if factor == "same-inputs":
+        from ortpilot.tuning.reference import REFERENCE_FILE, read_reference, reference_feeds
+
+        ref = outdir / (profile["reference_outputs"].get("file") or REFERENCE_FILE)
+        one = read_reference(ref)[0] if ref.is_file() else reference_feeds(profile)
+        inputs = [one] * rounds
+    else:
+        inputs = _fresh_inputs(profile, profile["source_model"]["path"], fresh, rounds)
+    for feeds in inputs[:1]:  # warm-up: both sessions, a few runs
+        _timed(run_mine, feeds, 5, 0.0)
+        _timed(run_plain, feeds, 5, 0.0)
+    settle = SETTLE_S if factor == "settled" else 0.0
+    mine_t, plain_t, ratios = [], [], []
+    for i, feeds in enumerate(inputs):
+        order = [("mine", run_mine), ("plain", run_plain)]
+        got: dict[str, list[float]] = {}
+        for name, run in order if i % 2 == 0 else order[::-1]:
+            got[name] = _timed(run, feeds, runs, settle)
+        mine_t += got["mine"]
+        plain_t += got["plain"]
+        ratios.append(float(np.median(got["plain"]) / np.median(got["mine"])))
+    return {
+        "speedup": float(np.median(ratios)),
+        "pooled": float(np.median(plain_t) / np.median(mine_t)),
+        "p50_ms": {"profile": float(np.median(mine_t)) * 1e3, "default": float(np.median(plain_t)) * 1e3},
+        "round_ratios": [round(r, 3) for r in ratios],
+    }
+
+
+def alone_in_process(outdir: Path, fresh: str, which: str, rounds: int, runs: int) -> dict[str, Any]:
+    """One session only in this process (``which``: profile or default): its per-round medians."""
+    run_mine, run_plain, profile = _sessions(outdir, iobinding=False)
+    run = run_mine if which == "profile" else run_plain
+    del run_mine, run_plain
+    inputs = _fresh_inputs(profile, profile["source_model"]["path"], fresh, rounds)
+    _timed(run, inputs[0], 5, 0.0)
+    return {"p50_s": [float(np.median(_timed(run, feeds, runs, 0.0))) for feeds in inputs]}
+
+
+def _child(*args: str) -> dict[str, Any]:
+    out = subprocess.run([PY, __file__, *args], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"check {args} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def check_alone(outdir: Path, fresh: str, rounds: int, runs: int) -> dict[str, Any]:
+    """Each session in a process of its own, alternately (4 processes each): no second pool in any."""
+    prof, base = [], []
+    for i in range(4):
+        for which in ("profile", "default") if i % 2 == 0 else ("default", "profile"):
+            got = _child("alone", str(outdir), fresh, which, str(max(2, rounds // 4)), str(runs))["p50_s"]
+            (prof if which == "profile" else base).extend(got)
+    return {
+        "speedup": float(np.median(base) / np.median(prof)),
+        "p50_ms": {"profile": float(np.median(prof)) * 1e3, "default": float(np.median(base)) * 1e3},
+    }
+
+
+def check_verify(outdir: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [PY, "-m", "ortpilot.cli.main", "verify", str(outdir), "--bench", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode not in (0, 1):
+        raise RuntimeError(f"verify --bench failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    doc = json.loads(out.stdout) if out.stdout.strip() else {}
+    bench = ((doc.get("profiles") or [{}])[0].get("latency")) or {}
+    return {"speedup": bench.get("speedup"), "ci": bench.get("ci95"), "rc": out.returncode}
+
+
+# ---------------------------------------------------------------------------------------------- the driver
+
+
+def tune(name: str, spec: dict[str, Any], budget: float, outdir: Path) -> dict[str, Any]:
+    data = ["--calibration", str(write_data(spec["data"], outdir.parent / f"{name}-data"))] if spec.get("data") else []
+    cmd = [PY, "-m", "ortpilot.cli.main", "tune", *spec["args"], *data, "--budget", str(budget), "-o", str(outdir)]
+    cmd.append("--json")
+    start = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - start
+    if out.returncode != 0:
+        raise RuntimeError(f"tune {name} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    doc = json.loads(out.stdout)
+    vs = doc["winner"].get("vs_default") or {}
+    return {
+        "headline": doc["speedup"]["ratio"] if not doc["default_best"] else 1.0,
+        "headline_ci": [doc["speedup"]["ci_low"], doc["speedup"]["ci_high"]],
+        "timing": vs.get("timing", "interleaved"),
+        "winner": doc["winner"]["label"],
+        "default_best": doc["default_best"],
+        "wall_s": wall,
+        "tune_wall_s": doc["wall_s"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="minilm,nudenet,ocr-det,ocr-rec,encoder,cnn")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--budget", type=float, default=90)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--factors", action="store_true")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    import onnxruntime as ort
+
+    from ortpilot.providers.machineclass import this_class
+
+    out_root = Path(args.out or tempfile.mkdtemp(prefix="bench-outside-"))
+    head = (
+        f"ONNX Runtime {ort.__version__}, {datetime.datetime.now().astimezone().isoformat(timespec='minutes')}, "
+        f"machine class {this_class().name}, load average at start {os.getloadavg()[0]:.1f}; tune budget "
+        f"{args.budget:.0f} s; user check {args.rounds} rounds x {args.runs} runs"
+    )
+    print(head, flush=True)
+    rows = []
+    items = corpus()
+    for name in args.only.split(","):
+        spec = items[name]
+        for run in range(1, args.repeat + 1):
+            outdir = out_root / f"{name}-{run}"
+            row: dict[str, Any] = {"model": name, "run": run, **tune(name, spec, args.budget, outdir)}
+            fresh = spec.get("fresh", "generated")
+            row["user"] = _child("check", str(outdir), fresh, str(args.rounds), str(args.runs), "user")
+            row["verify"] = check_verify(outdir)
+            if args.factors:
+                for factor in ("settled", "same-inputs", "iobinding"):
+                    row[factor] = _child("check", str(outdir), fresh, str(args.rounds), str(args.runs), factor)
+                row["alone"] = check_alone(outdir, fresh, args.rounds, args.runs)
+            rows.append(row)
+            checks = {k: v["speedup"] for k, v in row.items() if isinstance(v, dict) and "speedup" in v}
+            print(
+                f"{name} run {run}: headline {row['headline']:.2f}x ({row['timing']}; {row['winner']}), tune wall "
+                f"{row['wall_s']:.0f} s; "
+                + ", ".join(
+                    f"{k} {v:.2f}x ({v / row['headline']:.2f} of it)" if v else f"{k} -" for k, v in checks.items()
+                ),
+                flush=True,
+            )
+            if args.json:
+                Path(args.json).write_text(json.dumps({"header": head, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "check":
+        _, _, outdir, fresh, rounds, runs, factor = sys.argv
+        print(json.dumps(check_in_process(Path(outdir), fresh, int(rounds), int(runs), factor)))
+    elif len(sys.argv) > 1 and sys.argv[1] == "alone":
+        _, _, outdir, fresh, which, rounds, runs = sys.argv
+        print(json.dumps(alone_in_process(Path(outdir), fresh, which, int(rounds), int(runs))))
+    else:
+        main()

@@ -1,0 +1,111 @@
+"""The report cannot mislead: final figures and search estimates in separate columns, the finalists first, and
+a line for every candidate whose estimate beats the shipped figure saying why it is not the winner.
+
+The documents are tune documents as ``TuneResult.to_dict`` writes them, cut to the fields the report reads;
+a real tune's are checked in tests/cli/test_cmd_tune.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ortpilot.tuning.report import final_cells, ranked_candidates, render_md, search_cells, why_not_lines
+
+
+def _cand(cid: str, *, final_ms: float | None, screen_ms: float | None, paired: float | None, **kw: Any) -> dict:
+    return {
+        "id": cid,
+        "label": cid,
+        "status": kw.pop("status", "ok"),
+        "reason": kw.pop("reason", ""),
+        "phase": "model variants",
+        "baseline": kw.pop("baseline", False),
+        "timing": "interleaved" if final_ms else "search",
+        "latency": {"p50_ms": final_ms or screen_ms, "p99_ms": (final_ms or screen_ms or 0) * 1.2}
+        if (final_ms or screen_ms)
+        else {},
+        "screen_latency": {"p50_ms": screen_ms} if screen_ms else {},
+        "paired_cost": paired,
+        "accuracy": {"worst_error": 0.001},
+        **kw,
+    }
+
+
+def _doc(candidates: list[dict], winner: str, *, default_best: bool = False) -> dict:
+    by_id = {c["id"]: c for c in candidates}
+    base = by_id["default"]
+    return {
+        "model": "m.onnx",
+        "objective": "p50",
+        "winner": by_id[winner],
+        "baseline": base,
+        "speedup": {"ratio": base["latency"]["p50_ms"] / by_id[winner]["latency"]["p50_ms"], "ci_low": 1, "ci_high": 2},
+        "default_best": default_best,
+        "default_best_reason": "",
+        "candidates": candidates,
+        "facts": {},
+        "metrics": {"y": "cosine"},
+        "max_error": 0.01,
+        "onnxruntime": "1.32.0",
+        "shapes": {"x": [1, 4]},
+        "wall_s": 10.0,
+    }
+
+
+def _issue_doc() -> dict:
+    """Issue 38's encoder: a row at ~2.22x est. that never reached the final, a finalist at ~2.38x est. that
+    the final measured at 1.66x, and the winner at 1.92x final."""
+    return _doc(
+        [
+            _cand("default", final_ms=53.4, screen_ms=130.0, paired=1.0, baseline=True),
+            _cand("fast-in-search", final_ms=None, screen_ms=30.4, paired=0.45),
+            _cand("lost-in-final", final_ms=32.1, screen_ms=46.9, paired=0.42),
+            _cand("winner", final_ms=27.8, screen_ms=39.9, paired=0.40),
+            _cand("slow", final_ms=None, screen_ms=60.0, paired=0.9),
+            _cand("rejected", final_ms=None, screen_ms=None, paired=None, status="rejected", reason="accuracy"),
+        ],
+        "winner",
+    )
+
+
+def test_the_finalists_come_first_by_their_final_figure_then_the_rest_by_estimate():
+    doc = _issue_doc()
+    assert [c["id"] for c in ranked_candidates(doc)] == [
+        "winner",
+        "lost-in-final",
+        "default",
+        "fast-in-search",
+        "slow",
+        "rejected",
+    ]
+
+
+def test_final_and_search_figures_never_share_a_cell():
+    doc = _issue_doc()
+    rows = {c["id"]: c for c in doc["candidates"]}
+    assert final_cells(doc, rows["winner"])[1] == f"{53.4 / 27.8:.2f}x"
+    assert search_cells(doc, rows["winner"]) == ("39.900", f"~{1.0 / 0.40:.2f}x")
+    assert final_cells(doc, rows["fast-in-search"]) == ("-", "-")  # not in the final: no final figure
+    assert search_cells(doc, rows["fast-in-search"])[1] == f"~{1.0 / 0.45:.2f}x"
+    md = render_md(doc)
+    assert "| final p50 ms (95% CI) | final vs default | search p50 ms | search vs default |" in md
+    assert "| winner **(profile)** | ok | 27.800 | 1.92x | 39.900 | ~2.50x |" in md
+
+
+def test_each_row_whose_estimate_beats_the_shipped_figure_says_why_it_is_not_the_winner():
+    doc = _issue_doc()
+    lines = why_not_lines(doc)
+    assert len(lines) == 2, lines  # "slow" (~1.11x est.) is below the winner's 1.92x: no line
+    fast, lost = sorted(lines, key=lambda x: "fast-in-search" not in x)
+    assert "fast-in-search (~2.22x est.)" in fast and "ranked #3 by its search figure" in fast
+    assert "lost-in-final (~2.38x est.)" in lost and "the final measured it at 1.66x" in lost
+    assert all(line in render_md(doc) for line in lines)
+
+
+def test_when_ortpilot_keeps_the_default_every_faster_estimate_is_explained_against_1x():
+    doc = _issue_doc()
+    doc["default_best"] = True
+    doc["default_best_reason"] = "the best alternative (winner) is within noise of ORT's default"
+    doc["winner"] = doc["baseline"]
+    lines = {line.split(":")[1].split("(")[0].strip(): line for line in why_not_lines(doc)}
+    assert set(lines) == {"winner", "fast-in-search", "lost-in-final", "slow"}
+    assert lines["winner"].endswith("the final measured it at 1.92x.")  # the headline says why the default stays
