@@ -4,7 +4,9 @@
   Softmax output ``p [batch, 384]`` of the same shape, and an int64 passthrough ``ids_out``;
 - ``token_model``: ``input_ids``/``attention_mask`` -> ``last_hidden_state [batch, sequence, hidden]``,
   optionally with noise added only at padding positions (mask 0) or only at real ones (mask 1);
-- ``sentence_folder`` / ``classifier_folder``: those models in folders whose configs say what they are.
+- ``sentence_folder`` / ``classifier_folder``: those models in folders whose configs say what they are;
+- ``ctc_recognizer``: a CTC-style text recognizer that declares ``[1, seqlen]`` and returns ``[steps, 1, 40]``
+  class scores, and ``text_images`` to feed it.
 """
 
 from __future__ import annotations
@@ -169,3 +171,49 @@ def classifier_folder(root: Path, labels: int = 3, classes: int = 3) -> Path:
     }
     (root / "config.json").write_text(json.dumps(config))
     return root
+
+
+def ctc_recognizer(blank_bias: float = 9.0, seed: int = 0) -> onnx.ModelProto:
+    """A small CTC-style text recognizer built in code: a 1x3x8xW image, a Conv that cuts it into W/8
+    columns (steps), a MatMul to 40 classes, a Softmax and a Transpose to time-major ``[steps, 1, 40]``,
+    while the graph declares ``[1, seqlen]`` (nothing in the graph says class scores). Class 0 is the blank (a
+    bias keeps it the top class on most steps); its dynamic INT8 flips close calls between characters."""
+    rng = np.random.default_rng(seed)
+    channels, height, stride, features, classes = 3, 8, 8, 32, 40
+    conv = rng.standard_normal((features, channels, height, stride)) / np.sqrt(channels * height * stride)
+    proj = rng.standard_normal((features, classes)) * 1.5
+    bias = np.zeros(classes)
+    bias[0] = blank_bias
+    inits = [
+        numpy_helper.from_array(conv.astype(np.float32), "conv_w"),
+        numpy_helper.from_array(proj.astype(np.float32), "proj"),
+        numpy_helper.from_array(bias.astype(np.float32), "bias"),
+        numpy_helper.from_array(np.array([features, -1], np.int64), "columns"),
+        numpy_helper.from_array(np.array([0], np.int64), "batch_axis"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "conv_w"], ["feat"], kernel_shape=[height, stride], strides=[height, stride]),
+        helper.make_node("Relu", ["feat"], ["act"]),
+        helper.make_node("Reshape", ["act", "columns"], ["by_feature"]),  # [features, steps]
+        helper.make_node("Transpose", ["by_feature"], ["by_step"], perm=[1, 0]),  # [steps, features]
+        helper.make_node("Unsqueeze", ["by_step", "batch_axis"], ["batch_major"]),  # [1, steps, features]
+        helper.make_node("MatMul", ["batch_major", "proj"], ["scores"]),
+        helper.make_node("Add", ["scores", "bias"], ["logits_"]),
+        helper.make_node("Softmax", ["logits_"], ["probs"], axis=2),
+        helper.make_node("Transpose", ["probs"], ["387"], perm=[1, 0, 2]),  # [steps, 1, classes]
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ctc_recognizer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, height, "width"])],
+        [helper.make_tensor_value_info("387", TensorProto.FLOAT, [1, "seqlen"])],  # wrong, like the issue's
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def text_images(count: int, width: int = 160, seed: int = 1) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.random((1, 3, 8, width), dtype=np.float32)} for _ in range(count)]

@@ -8,8 +8,7 @@ from dataclasses import replace
 import numpy as np
 import onnx
 import pytest
-from metric_models import padded_samples, save, token_model
-from onnx import TensorProto, helper, numpy_helper
+from metric_models import ctc_recognizer, padded_samples, save, text_images, token_model
 
 from ortpilot.errors import AccuracyGateError, UsageError
 from ortpilot.gate.core import ModelGate
@@ -76,52 +75,6 @@ def test_output_gate_checks_every_output_and_refuses_a_bad_limit():
 
 
 # --------------------------------------------------------------------------- a CTC text recognizer
-
-
-def ctc_recognizer(blank_bias: float = 9.0, seed: int = 0) -> onnx.ModelProto:
-    """A small CTC-style text recognizer built in code: a 1x3x8xW image, a Conv that cuts it into W/8
-    columns (steps), a MatMul to 40 classes, a Softmax and a Transpose to time-major ``[steps, 1, 40]``,
-    while the graph declares ``[1, seqlen]`` (nothing in the graph says class scores). Class 0 is the blank (a
-    bias keeps it the top class on most steps); its dynamic INT8 flips close calls between characters."""
-    rng = np.random.default_rng(seed)
-    channels, height, stride, features, classes = 3, 8, 8, 32, 40
-    conv = rng.standard_normal((features, channels, height, stride)) / np.sqrt(channels * height * stride)
-    proj = rng.standard_normal((features, classes)) * 1.5
-    bias = np.zeros(classes)
-    bias[0] = blank_bias
-    inits = [
-        numpy_helper.from_array(conv.astype(np.float32), "conv_w"),
-        numpy_helper.from_array(proj.astype(np.float32), "proj"),
-        numpy_helper.from_array(bias.astype(np.float32), "bias"),
-        numpy_helper.from_array(np.array([features, -1], np.int64), "columns"),
-        numpy_helper.from_array(np.array([0], np.int64), "batch_axis"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "conv_w"], ["feat"], kernel_shape=[height, stride], strides=[height, stride]),
-        helper.make_node("Relu", ["feat"], ["act"]),
-        helper.make_node("Reshape", ["act", "columns"], ["by_feature"]),  # [features, steps]
-        helper.make_node("Transpose", ["by_feature"], ["by_step"], perm=[1, 0]),  # [steps, features]
-        helper.make_node("Unsqueeze", ["by_step", "batch_axis"], ["batch_major"]),  # [1, steps, features]
-        helper.make_node("MatMul", ["batch_major", "proj"], ["scores"]),
-        helper.make_node("Add", ["scores", "bias"], ["logits_"]),
-        helper.make_node("Softmax", ["logits_"], ["probs"], axis=2),
-        helper.make_node("Transpose", ["probs"], ["387"], perm=[1, 0, 2]),  # [steps, 1, classes]
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "ctc_recognizer",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, height, "width"])],
-        [helper.make_tensor_value_info("387", TensorProto.FLOAT, [1, "seqlen"])],  # wrong, like the issue's
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-def text_images(count: int, width: int = 160, seed: int = 1) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [{"x": rng.random((1, 3, 8, width), dtype=np.float32)} for _ in range(count)]
 
 
 @pytest.fixture(scope="module")

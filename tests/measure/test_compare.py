@@ -105,3 +105,25 @@ def test_compare_two_models_and_one_model_on_two_providers(demo_paths):
     assert two_eps.passed and "on cpu" in two_eps.test
     with pytest.raises(UsageError, match="exactly two providers"):
         compare_models(str(demo_paths["mlp"]), None, ["cpu"])
+
+
+def test_compare_chooses_each_metric_from_what_the_model_returns_as_the_gate_does(tmp_path):
+    """Issue 38: the recognizer declares ``[1, seqlen]`` (cosine by the graph alone) and returns ``[20, 1, 40]``
+    class scores over steps: compare reads the real outputs, gates on ctc, and reports the per-step top-1
+    and the decoded sequences beside the error; dynamic INT8 changes some sequences."""
+    import onnx
+    from metric_models import ctc_recognizer, text_images
+
+    from ortpilot.passes.quantize import QuantizePass
+
+    source, int8 = tmp_path / "rec.onnx", tmp_path / "rec-int8.onnx"
+    onnx.save(ctc_recognizer(), source)
+    onnx.save(QuantizePass("dynamic").run(onnx.load(source)).model, int8)
+    result = compare_models(str(source), str(int8), samples=text_images(64))
+    (out,) = result.outputs
+    assert out.metric == "ctc" and "declared [1, seqlen] but returns [20, 1, 40]" in out.metric_evidence
+    assert 0.9 < out.step_top1_agreement < 1.0 and out.sequence_exact_match < 1.0
+    assert out.error == pytest.approx(1.0 - out.sequence_exact_match)  # the decoded sequences decide
+    assert out.to_dict()["sequence_exact_match"] == out.sequence_exact_match
+    forced = compare_models(str(source), str(int8), samples=text_images(8), metrics="cosine").outputs[0]
+    assert forced.metric == "cosine" and forced.sequence_exact_match is None  # --metric stays as given

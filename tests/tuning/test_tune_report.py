@@ -109,3 +109,20 @@ def test_when_ortpilot_keeps_the_default_every_faster_estimate_is_explained_agai
     lines = {line.split(":")[1].split("(")[0].strip(): line for line in why_not_lines(doc)}
     assert set(lines) == {"winner", "fast-in-search", "lost-in-final", "slow"}
     assert lines["winner"].endswith("the final measured it at 1.92x.")  # the headline says why the default stays
+
+
+def test_a_ctc_check_shows_its_steps_and_sequences_beside_its_error():
+    doc = _issue_doc()
+    rows = {c["id"]: c for c in doc["candidates"]}
+    rows["rejected"]["accuracy"] = {
+        "worst_error": 0.0625,
+        "outputs": [
+            {
+                "name": "387",
+                "metric": "ctc",
+                "error": 0.0625,
+                "figures": {"step_top1_agreement": 0.988, "sequence_exact_match": 0.9375, "sequences": 16.0},
+            }
+        ],
+    }
+    assert "| 6.25e-02 (steps 98.8% top-1, 93.8% of 16 sequences identical) |" in render_md(doc)

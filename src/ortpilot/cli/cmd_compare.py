@@ -176,6 +176,14 @@ def render_comparison(comparison: Any) -> None:
             "top-1 / top-5 agreement",
             lambda o: "-" if o["top1_agreement"] is None else f"{o['top1_agreement']:.1%} / {o['top5_agreement']:.1%}",
         ),
+        (
+            "per-step top-1 / sequences identical",
+            lambda o: (
+                "-"
+                if o.get("step_top1_agreement") is None
+                else f"{o['step_top1_agreement']:.1%} / {o['sequence_exact_match']:.1%}"
+            ),
+        ),
         ("NaN/Inf ref, test", lambda o: f"{o['nan_ref']}/{o['inf_ref']}, {o['nan_test']}/{o['inf_test']}"),
         ("min atol (rtol=0)", lambda o: _num(o["min_atol"])),
         ("min rtol (atol=0)", lambda o: _num(o["min_rtol"])),

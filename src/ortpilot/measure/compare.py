@@ -20,7 +20,9 @@ from ortpilot.errors import InputError, UsageError
 from ortpilot.measure.metrics import (
     METRIC_DESCRIPTIONS,
     MetricChoice,
+    MetricOverrides,
     choice_for_array,
+    choose_from_outputs,
     choose_metric,
     choose_metrics,
     flatten,
@@ -28,6 +30,7 @@ from ortpilot.measure.metrics import (
     masked,
     masks_of,
     metric_error,
+    sequence_figures,
     topk_agreement,
 )
 
@@ -112,6 +115,8 @@ class OutputStats:
     top1_agreement: float | None = None
     top5_agreement: float | None = None
     metric_evidence: str = ""  # why ``metric`` (measure.metrics)
+    step_top1_agreement: float | None = None  # ``ctc``: the share of steps whose top class agrees
+    sequence_exact_match: float | None = None  # ``ctc``: the share of samples whose decoded sequence is identical
 
     def to_dict(self) -> dict[str, Any]:
         return {k: _jsonable(v) for k, v in asdict(self).items()}
@@ -147,8 +152,9 @@ def compare_arrays(
     cosine = _cosine(a, b, finite)
     passed = _within(diff, a, atol, rtol)
     choice = choice or (choice_for_array(name, ref[0]) if ref else MetricChoice("rel_l2", "no samples"))
-    error = float(metric_error(choice.metric, ref, test, masks))
+    error = float(metric_error(choice.metric, ref, test, masks, choice.step_axis))
     top1, top5 = _topk_agreements(choice, ref, test, masks)
+    sequences = sequence_figures(ref, test, choice.step_axis) if choice.metric == "ctc" else {}
     return OutputStats(
         name=name,
         shape=list(np.shape(ref[0])) if ref else [],
@@ -178,6 +184,8 @@ def compare_arrays(
         top1_agreement=top1,
         top5_agreement=top5,
         metric_evidence=choice.evidence,
+        step_top1_agreement=sequences.get("step_top1_agreement"),
+        sequence_exact_match=sequences.get("sequence_exact_match"),
     )
 
 
@@ -384,9 +392,12 @@ def compare_models(
         samples = generate_samples(sess_a.model, max(1, n_samples), plan=plan)
         described = plan.describe()
     samples = [sess_a.check_feeds(s) for s in samples]
-    choices = choose_metrics(sess_a.model, folder_near(sess_a.model_path), metrics)
+    user = MetricOverrides.parse(metrics)
+    choices = choose_metrics(sess_a.model, folder_near(sess_a.model_path), user)
+    reference = run_samples(sess_a, samples)
+    choices = observed_choices(sess_a.model, choices, user, reference)
     return compare_runs(
-        run_samples(sess_a, samples),
+        reference,
         run_samples(sess_b, samples),
         tolerances,
         reference=labels[0],
@@ -395,6 +406,22 @@ def compare_models(
         choices=choices,
         samples=samples,
     )
+
+
+def observed_choices(
+    model: Any, choices: Mapping[str, MetricChoice], user: MetricOverrides, reference: Runs
+) -> dict[str, MetricChoice]:
+    """Each output's metric re-made from what the model returned on the samples (``reference``), as the
+    tune's gate makes it: a declared shape the outputs contradict gives way to the actual one, and class
+    scores over steps get ``ctc``. The user's ``--metric`` stays as given."""
+    from ortpilot.graph.outputs import output_facts
+
+    declared = {f.name: f for f in output_facts(model)}
+    out = dict(choices)
+    for name, choice in choices.items():
+        if user.get(name) is None and reference and all(name in r for r in reference):
+            out[name] = choose_from_outputs(name, [r[name] for r in reference], declared.get(name), choice)
+    return out
 
 
 def _label(model: Any) -> str:

@@ -41,6 +41,21 @@ def _err(c: dict[str, Any]) -> str:
     return "inf" if isinstance(worst, float) and math.isinf(worst) else f"{worst:.2e}"
 
 
+def _figures(figures: dict[str, Any] | None) -> str:
+    """A ctc check's figures beside its error: per-step top-1 agreement and the decoded sequences kept."""
+    if not figures or "sequence_exact_match" not in figures:
+        return ""
+    return (
+        f" (steps {figures['step_top1_agreement']:.1%} top-1, {figures['sequence_exact_match']:.1%} of "
+        f"{int(figures.get('sequences') or 0)} sequences identical)"
+    )
+
+
+def _ctc(c: dict[str, Any]) -> str:
+    """The figures of a candidate's ctc checks, for its error cell."""
+    return "".join(_figures(o.get("figures")) for o in (c.get("accuracy") or {}).get("outputs", []))
+
+
 def _lat(c: dict[str, Any]) -> dict[str, Any]:
     return c.get("latency") or c.get("screen_latency") or {}
 
@@ -296,7 +311,7 @@ def render_md(doc: dict[str, Any]) -> str:
         mark = " **(profile)**" if c["id"] == doc["winner"]["id"] else ""
         lines.append(
             f"| {c['label']}{mark} | {c['status']} | {final[0]} | {final[1]} | {search[0]} | {search[1]} | "
-            f"{_ms(_lat(c).get('p99_ms'))} | {_err(c)} | {c['reason'].replace('|', '/')} |"
+            f"{_ms(_lat(c).get('p99_ms'))} | {_err(c)}{_ctc(c)} | {c['reason'].replace('|', '/')} |"
         )
     why_not = why_not_lines(doc)
     if why_not:
@@ -358,7 +373,9 @@ def render_html(doc: dict[str, Any]) -> str:
         lat = _lat(c)
         final, search = final_cells(doc, c), search_cells(doc, c)
         acc = c.get("accuracy") or {}
-        per_out = "; ".join(f"{o['name']}: {o['metric']} {o['error']:.2e}" for o in acc.get("outputs", []))
+        per_out = "; ".join(
+            f"{o['name']}: {o['metric']} {o['error']:.2e}{_figures(o.get('figures'))}" for o in acc.get("outputs", [])
+        )
         cls = "win" if c["id"] == doc["winner"]["id"] else ("" if c["status"] == "ok" else "rej")
         rows.append(
             f"<tr class='{cls}'><td>{e(c['label'])}</td><td>{e(c['phase'])}</td><td>{e(c['status'])}</td>"
