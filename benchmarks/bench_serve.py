@@ -335,7 +335,7 @@ def bare(profile: Path, feeds: dict[str, np.ndarray], runs: int = 200) -> tuple[
 
 def codec_costs(runs: int = 300) -> dict[str, dict[str, float]]:
     """Median µs to decode one infer request and encode its response, per body kind and tensor size."""
-    from ortpilot.serve.tensors import decode_request, encode_response
+    from ortpilot.serve.oip.codec import decode_request, encode_response
 
     rng = np.random.default_rng(0)
     cases = {

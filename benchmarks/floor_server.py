@@ -1,6 +1,6 @@
 """The floor ``bench_serve.py`` holds ``ortpilot serve`` against: one Python process, Starlette on uvicorn
 (uvloop, httptools), the same verified session (``ortpilot.load_profile``) and the same Open
-Inference Protocol codec (``ortpilot.serve.tensors``), no Ray. What it costs over a bare
+Inference Protocol codec (``ortpilot.serve.oip.codec``), no Ray. What it costs over a bare
 ``session.run`` is the cost of Python HTTP alone; what ``ortpilot serve`` costs over it is Ray's.
 
     .venv-test/bin/python benchmarks/floor_server.py PROFILE PORT [--max-batch 8]
@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 import ortpilot
 from ortpilot.errors import InputError
-from ortpilot.serve.tensors import BINARY_TYPE, HEADER_LENGTH, decode_request, encode_response
+from ortpilot.serve.oip.codec import BINARY_TYPE, HEADER_LENGTH, decode_request, encode_response
 
 
 def app_for(profile: str, max_batch: int) -> Starlette:

@@ -14,7 +14,8 @@ from ortpilot.errors import InputError, UsageError
 from ortpilot.serve import guard as guardmod
 from ortpilot.serve.access import access_options, digest
 from ortpilot.serve.guard import Guard, bearer, host_name
-from ortpilot.serve.limits import clean_ort_message, input_limits
+from ortpilot.serve.oip.limits import input_limits
+from ortpilot.serve.ortmessage import clean_ort_message
 
 
 def _guard(**kwargs) -> Guard:

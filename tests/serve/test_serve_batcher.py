@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ortpilot.serve.batcher import Batcher
+from ortpilot.serve.oip.batcher import Batcher
 
 
 def _runner(log: list[int], hold: threading.Event | None = None):

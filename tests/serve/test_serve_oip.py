@@ -200,7 +200,7 @@ def _settled_metrics(server, until=None, timeout: float = 20.0) -> dict[str, flo
     without ``until``, once two scrapes a heartbeat apart agree."""
     import time
 
-    from ortpilot.serve.metrics import HEARTBEAT_S
+    from ortpilot.serve.counts import HEARTBEAT_S
 
     deadline = time.monotonic() + timeout
     last = _metrics(server)
@@ -232,7 +232,7 @@ def test_an_idle_replica_stays_ready_on_its_heartbeat_alone(server):
     """No request for longer than a report lives: only the health-check heartbeat keeps the replica counted."""
     import time
 
-    from ortpilot.serve.metrics import HEARTBEAT_S, REPLICA_TTL_S
+    from ortpilot.serve.counts import HEARTBEAT_S, REPLICA_TTL_S
 
     time.sleep(REPLICA_TTL_S + 2 * HEARTBEAT_S)
     with urllib.request.urlopen(f"http://{server.url}/v2/health/ready", timeout=30) as resp:

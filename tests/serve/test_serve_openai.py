@@ -265,7 +265,7 @@ def _decoder_metrics(server: OpenAIServer) -> dict[str, float]:
 def test_metrics_sum_the_engines_counters_and_count_requests(demo_server: OpenAIServer, client: openai.OpenAI) -> None:
     import time
 
-    from ortpilot.serve.metrics import HEARTBEAT_S
+    from ortpilot.serve.counts import HEARTBEAT_S
 
     key = 'ortpilot_decode_completion_tokens_total{model="decoder"}'
     deadline = time.monotonic() + 10 * HEARTBEAT_S

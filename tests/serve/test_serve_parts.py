@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from ortpilot.errors import InputError, UsageError, VerificationError
+from ortpilot.serve.oip.codec import decode_request, encode_response, tensor_metadata
 from ortpilot.serve.options import ServeOptions, parse_autoscale, resolve_models
-from ortpilot.serve.tensors import decode_request, encode_response, tensor_metadata
 
 
 def test_binary_and_json_tensors_decode_to_the_same_arrays_and_encode_back():
@@ -84,7 +84,7 @@ def test_options_and_model_names(tmp_path, demo_paths):
 
 
 def test_rayservice_manifest_round_trips_and_checks_kuberays_fields(tmp_path, demo_paths):
-    from ortpilot.serve.rayservice import BUILDER, check_manifest, write_rayservice
+    from ortpilot.serve.oip.rayservice import BUILDER, check_manifest, write_rayservice
 
     specs = resolve_models(["demo:encoder", "demo:mlp"], ["enc", "mlp"])
     options = ServeOptions(autoscale=(1, 3), cpus_per_replica=1, max_batch=8)
@@ -99,7 +99,7 @@ def test_rayservice_manifest_round_trips_and_checks_kuberays_fields(tmp_path, de
     assert apps["ortpilot"]["route_prefix"] == "/" and apps["ortpilot"]["args"]["names"] == ["enc", "mlp"]
     head = doc["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert {"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "1"} in head["env"]
-    from ortpilot.serve.app import build, build_server
+    from ortpilot.serve.oip.app import build, build_server
 
     for app in apps.values():  # each application builds from its own args, as Serve would build it
         (build_server if app["name"] == "ortpilot" else build)(app["args"])
@@ -118,7 +118,7 @@ def test_the_builders_and_the_library_give_ray_serve_applications(demo_paths):
     from ray.serve import Application, RunTarget
 
     import ortpilot.serve
-    from ortpilot.serve.app import build, build_server
+    from ortpilot.serve.oip.app import build, build_server
 
     assert isinstance(ortpilot.serve.deployment("demo:mlp", replicas=2), Application)
     with pytest.raises(UsageError, match="one model's application"):
@@ -175,7 +175,8 @@ def test_a_response_cancelled_under_a_live_call_counts_as_its_replica_gone_but_t
 
 
 def test_an_unknown_method_is_answered_by_haproxy_in_the_protocols_shape(tmp_path):
-    from ortpilot.serve.fastpath import METHODS, Timeouts, write_wrapper
+    from ortpilot.serve.haproxy import METHODS, write_wrapper
+    from ortpilot.serve.records import Timeouts
 
     for protocol in ("oip", "openai"):
         folder = tmp_path / protocol
@@ -193,7 +194,7 @@ def test_a_grpc_message_that_does_not_parse_reaches_the_servicer_as_malformed():
     import grpc
     from tritonclient.grpc import service_pb2
 
-    from ortpilot.serve.grpc_service import MalformedRequest, _lenient
+    from ortpilot.serve.oip.grpc_service import MalformedRequest, _lenient
 
     handler = grpc.unary_unary_rpc_method_handler(
         lambda request, context: None, request_deserializer=service_pb2.ModelInferRequest.FromString
@@ -207,7 +208,7 @@ def test_a_grpc_message_that_does_not_parse_reaches_the_servicer_as_malformed():
 
 @pytest.mark.parametrize("name", ["presence_penalty", "frequency_penalty"])
 def test_penalties_other_than_zero_are_refused_not_ignored(name):
-    from ortpilot.serve.openai import ApiError, parse_request
+    from ortpilot.serve.openai.wire import ApiError, parse_request
 
     for value in (None, 0, 0.0):
         parse_request("completion", json.dumps({"model": "m", "prompt": "x", name: value}).encode())

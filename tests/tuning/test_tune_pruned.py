@@ -97,7 +97,7 @@ def test_verify_passes_and_fails_once_the_recorded_outputs_are_edited_away(tuned
 
 
 def test_export_triton_and_serve_metadata_list_only_the_named_output(tuned, tmp_path) -> None:
-    from ortpilot.serve.app import model_metadata
+    from ortpilot.serve.oip.app import model_metadata
     from ortpilot.serve.options import ModelSpec, ServeOptions
 
     _, out, _ = tuned

@@ -23,7 +23,8 @@ from ortpilot.serve.defaults import (
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_REQUEST_TIMEOUT_S,
 )
-from ortpilot.serve.fastpath import HAPROXY_BUFSIZE, INGRESS_CHOICES
+from ortpilot.serve.fastpath import INGRESS_CHOICES
+from ortpilot.serve.haproxy import HAPROXY_BUFSIZE
 from ortpilot.serve.options import ServeOptions, ServerOptions
 
 _STARTED = time.perf_counter()  # cold start counts from the command's start, imports included
@@ -351,7 +352,7 @@ def server_options(params: Mapping[str, Any]) -> ServerOptions:
 
 def emit_manifest(target: str, specs: list[Any], options: ServeOptions, port: int, image: str | None) -> None:
     """``--emit-rayservice``: write the KubeRay manifest (its Serve listens on 0.0.0.0) and say where."""
-    from ortpilot.serve.rayservice import write_rayservice
+    from ortpilot.serve.oip.rayservice import write_rayservice
 
     path = write_rayservice(target, specs, options, host="0.0.0.0", port=port, image=image)
     stderr.print(

@@ -11,9 +11,8 @@ Ray reads these switches from the environment of its controller and of everythin
 controller starts (HAProxy, replicas), so they travel as the controller's ``runtime_env``.
 Every port Ray would open on a fixed default (HAProxy's stats and Prometheus listeners, the
 fallback proxy, the replicas' ports) gets a free one on this server's host, so two servers on
-one machine do not collide, and an HAProxy wrapper written into the server's run folder moves
-the listeners Ray binds on all interfaces onto loopback, adds the timeouts and the header limit Ray
-leaves out, and makes HAProxy's own answers (408, 431, 501, 503, 404) speak the protocol's JSON shape.
+one machine do not collide, and an HAProxy wrapper (``haproxy``) written into the server's run
+folder rewrites the config Ray gives HAProxy.
 No Ray import here: the environment must exist before Ray reads it.
 """
 
@@ -23,24 +22,23 @@ import importlib.metadata
 import importlib.util
 import os
 import socket
-import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ortpilot.rayenv import is_loopback_host
 from ortpilot.serve.defaults import DEFAULT_MAX_HEADER_KB
-from ortpilot.serve.errorbody import error_json
+from ortpilot.serve.haproxy import HAPROXY_BUFSIZE, RETRY_ON, write_wrapper
 from ortpilot.serve.records import Timeouts
 
 INGRESS_CHOICES = ("auto", "haproxy", "proxy")
 MIN_RAY = (2, 60)  # the first Ray whose Serve has HAProxy ingress and direct ingress
 REPLICA_PORTS = 64  # ports per range a server's replicas may take (one per replica and protocol)
 DRAIN_S = 2  # a direct-ingress replica stays reachable this long after it is told to stop (Ray: 30)
-# L7 retries replay a request only when it fits HAProxy's buffer: 256 KiB covers JSON and binary
-# bodies of models like MiniLM at 1x128; larger ones are retried only on connection failures.
-HAPROXY_BUFSIZE = 256 * 1024
-RETRY_ON = "conn-failure empty-response response-timeout"  # inference is idempotent: replay it
+# Read by the OIP stack's gRPC fixes (``oip.grpc_service``) in Ray's processes: bind Ray's gRPC servers on
+# loopback, and the application a gRPC call that names none is for.
+GRPC_LOOPBACK_ENV = "ORTPILOT_GRPC_LOOPBACK"
+GRPC_APP_ENV = "ORTPILOT_GRPC_APP"
 
 
 @dataclass(frozen=True)
@@ -159,149 +157,6 @@ def _free(host: str, port: int) -> bool:
     return True
 
 
-WRAPPER = """#!/bin/sh
-# ortpilot's HAProxy wrapper (RAY_SERVE_HAPROXY_BINARY_PATH): Ray writes the config, then runs
-# `haproxy -f CFG ...` on every reload. Before the real binary starts, rewrite.sed (beside this
-# script) edits the config: the listeners Ray binds on all interfaces move to loopback, the defaults
-# get the request timeouts Ray leaves out and buffer a request's body before it goes to a replica
-# (so a request whose replica died can be replayed on another), the error pages answer in the
-# protocol's JSON shape, headers over the limit get 431, and gRPC calls without an `application`
-# header get the name of the app that can answer them.
-cfg=""; prev=""
-for a in "$@"; do [ "$prev" = "-f" ] && cfg="$a"; prev="$a"; done
-if [ -n "$cfg" ] && [ -f "$cfg" ] && ! grep -q "ortpilot timeouts" "$cfg"; then
-  sed -i -E -f "{folder}/rewrite.sed" "$cfg"
-fi
-exec "{binary}" "$@"
-"""
-REASONS = {400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 500: "Internal Server Error"}
-# The methods the replicas route (others get their 405); HAProxy answers any other method itself with a
-# 501 in the protocol's shape (a replica's HTTP parser answers an unknown one with a plain-text 400).
-METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")
-REASONS |= {503: "Service Unavailable", 504: "Gateway Timeout"}
-
-
-def _error_pages(timeouts: Timeouts, max_header_kb: int) -> dict[int, tuple[str, str, bool]]:
-    """HAProxy's own answers (status -> message, code, the server's fault): it answers these itself,
-    before any replica sees the request."""
-    return {
-        400: ("The request is not valid HTTP, or one header line is too long.", "bad_request", False),
-        404: ("No route for this path.", "not_found", False),
-        501: (
-            f"This server does not implement the request's method; it answers {', '.join(METHODS)}.",
-            "method_not_implemented",
-            False,
-        ),
-        408: (
-            f"The request (its headers, and a body of up to {HAPROXY_BUFSIZE // 1024} KiB) did not arrive within "
-            f"{timeouts.header_s} s (--header-timeout); send it faster.",
-            "request_timeout",
-            False,
-        ),
-        431: (
-            f"The request's headers are over the limit of {max_header_kb} KiB (--max-header-kb).",
-            "headers_too_large",
-            False,
-        ),
-        500: ("The server's proxy failed to handle the request; retry.", "server_error", True),
-        503: ("No replica could take the request now (starting, restarting or draining); retry.", "unavailable", True),
-        504: ("No replica answered in time; retry.", "timeout", True),
-    }
-
-
-def _write_pages(folder: Path, protocol: str, timeouts: Timeouts, max_header_kb: int) -> dict[int, Path]:
-    """The error files HAProxy answers with (``errorfile``: whole responses; 404/431: bodies for ``return``)."""
-    paths = {}
-    for status, (message, code, server_side) in _error_pages(timeouts, max_header_kb).items():
-        body = error_json(protocol, message, code, server_side)
-        if status in (404, 431, 501):
-            path = folder / f"e{status}.json"
-            path.write_bytes(body)
-        else:
-            head = [f"HTTP/1.1 {status} {REASONS[status]}", "Content-Type: application/json", "Cache-Control: no-cache"]
-            head += ["Retry-After: 1"] if status == 503 else []
-            head += ["Connection: close", f"Content-Length: {len(body)}", "", ""]
-            path = folder / f"e{status}.http"
-            path.write_bytes("\r\n".join(head).encode() + body)
-        paths[status] = path
-    return paths
-
-
-def rewrite_script(
-    pages: dict[int, Path], timeouts: Timeouts, max_header_kb: int, hide_routes: bool = False, grpc_app: str = ""
-) -> str:
-    """The sed program (GNU sed -E) the wrapper runs on Ray's haproxy.cfg before every (re)load.
-
-    ``grpc_app`` names the application a gRPC call without ``application`` metadata is for. The
-    frontend writes that name into the call rather than picking a backend: each backend's backup
-    server is Ray's fallback proxy, which (taking over while no replica of the app is up, as when
-    one is killed and the other is busy) refuses a call without the name as soon as two apps exist."""
-    limit = max_header_kb * 1024
-    defaults = [
-        "# ortpilot timeouts",
-        f"timeout http-request {timeouts.header_s}s",
-        f"timeout http-keep-alive {timeouts.idle_s}s",
-        "option http-buffer-request",
-        *(f"errorfile {code} {pages[code]}" for code in (400, 408, 500)),
-    ]
-    lines = [
-        # Listeners Ray binds on all interfaces (stats, Prometheus) -> loopback.
-        r"s/^([[:space:]]*bind )(\*)?:([0-9]+)/\1127.0.0.1:\3/",
-        # The syslog target nobody reads: its UDP socket binds all interfaces (ortpilot logs each request).
-        r"s/^([[:space:]]*)log 127\.0\.0\.1:514 .*$/\1# ortpilot: no syslog target/",
-        # Timeouts, body buffering and the protocol's own error pages, first in the defaults.
-        "0,/^defaults$/s|^defaults$|defaults" + "".join(rf"\n    {line}" for line in defaults) + "|",
-        # Ray sends 502/503/504 as a plain-text 500; the protocol's 503 (with Retry-After) / 504 instead.
-        *(rf"s|^([[:space:]]*errorfile {code} ).*$|\1{pages[503]}|" for code in (502, 503)),
-        rf"s|^([[:space:]]*errorfile 504 ).*$|\1{pages[504]}|",
-        # The default backend echoes the path in plain text; a JSON 404 instead.
-        r"s|^([[:space:]]*http-request return status 404 content-type )text/plain lf-string .*$|"
-        rf"\1application/json file {pages[404]}|",
-        # Headers over the limit: 431 (HTTP) / RESOURCE_EXHAUSTED (gRPC), before any routing; a method no
-        # replica knows (``FOO /v2``): 501 in the protocol's shape.
-        "/^frontend http_frontend$/a\\",
-        f"    http-request return status 431 content-type application/json file {pages[431]} "
-        f"if {{ req.hdrs,length gt {limit} }}",
-        "/^frontend http_frontend$/a\\",
-        f"    http-request return status 501 content-type application/json file {pages[501]} "
-        f"unless {{ method {' '.join(METHODS)} }}",
-        "/^frontend grpc_frontend$/a\\",
-        "    http-request return status 200 content-type application/grpc hdr grpc-status 8 hdr grpc-message "
-        f'"request headers are over the limit of {max_header_kb} KiB" if {{ req.hdrs,length gt {limit} }}',
-    ]
-    if grpc_app:
-        lines += [
-            "/^frontend grpc_frontend$/a\\",
-            f"    http-request set-header application {grpc_app} unless {{ req.hdr(application) -m found }}",
-        ]
-    if hide_routes:  # Ray's route list names every application: with keys on, only key holders learn them
-        lines.append(
-            r"s|^([[:space:]]*http-request return status )200( content-type application/json )string .* if routes$|"
-            rf"\1404\2file {pages[404]} if routes|"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def write_wrapper(
-    folder: Path,
-    binary: str,
-    timeouts: Timeouts,
-    grpc_app: str = "",
-    *,
-    protocol: str = "oip",
-    max_header_kb: int = DEFAULT_MAX_HEADER_KB,
-    hide_routes: bool = False,
-) -> Path:
-    """The HAProxy wrapper script in ``folder`` (the server's run folder), executable, with its sed program
-    and error pages beside it."""
-    pages = _write_pages(folder, protocol, timeouts, max_header_kb)
-    (folder / "rewrite.sed").write_text(rewrite_script(pages, timeouts, max_header_kb, hide_routes, grpc_app))
-    path = folder / "haproxy"
-    path.write_text(WRAPPER.replace("{folder}", str(folder)).replace("{binary}", binary))
-    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return path
-
-
 def environment(
     path: IngressPath,
     run_dir: Path,
@@ -330,75 +185,83 @@ def environment(
         env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] = proxy_callback
     ports: dict[str, Any] = {}
     if path.direct_ingress:
-        http_base = free_range(REPLICA_PORTS, bind)
-        grpc_base = free_range(REPLICA_PORTS, bind, start=http_base + REPLICA_PORTS)
-        env.update(
-            {
-                "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(http_base),
-                "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(http_base + REPLICA_PORTS - 1),
-                "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(grpc_base),
-                "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc_base + REPLICA_PORTS - 1),
-            }
-        )
-        ports["replica_http"] = f"{http_base}-{http_base + REPLICA_PORTS - 1}"
-        ports["replica_grpc"] = f"{grpc_base}-{grpc_base + REPLICA_PORTS - 1}"
+        ports.update(_replica_ports(env, bind))
     if path.haproxy:
         folder = run_dir / "h"
         folder.mkdir(parents=True, exist_ok=True)
-        binary = haproxy_binary() or "haproxy"
-        stats, metrics, fallback_http, fallback_grpc = (free_port() for _ in range(4))
-        env.update(
-            {
-                "RAY_SERVE_HAPROXY_BINARY_PATH": str(
-                    write_wrapper(
-                        folder,
-                        binary,
-                        timeouts,
-                        grpc_app,
-                        protocol=protocol,
-                        max_header_kb=max_header_kb,
-                        hide_routes=hide_routes,
-                    )
-                ),
-                "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
-                "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
-                "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback_http),
-                "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(fallback_grpc),
-                "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
-                "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
-                "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
-                "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
-                "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
-                "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON,
-                # A dead replica takes 3 failures to be marked down (observe layer4); then the retry
-                # goes to another replica, or to the fallback proxy, which waits for a new one.
-                "RAY_SERVE_HAPROXY_RETRIES": "6",
-                "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(HAPROXY_BUFSIZE),
-                "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(timeouts.request_s),
-                "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, (os.cpu_count() or 1) // 4))),
-            }
+        wrapper = write_wrapper(
+            folder,
+            haproxy_binary() or "haproxy",
+            timeouts,
+            grpc_app,
+            protocol=protocol,
+            max_header_kb=max_header_kb,
+            hide_routes=hide_routes,
         )
-        ports.update(
-            {
-                "haproxy_stats": stats,
-                "haproxy_metrics": metrics,
-                "fallback_proxy_http": fallback_http,
-                "fallback_proxy_grpc": fallback_grpc,
-            }
-        )
+        ports.update(_haproxy_env(env, folder, wrapper, timeouts))
     return env, IngressPath(**{**asdict(path), "ports": ports})
 
 
+def _replica_ports(env: dict[str, str], bind: str) -> dict[str, str]:
+    """Direct ingress: the replicas' HTTP and gRPC port ranges, free on ``bind``, set in ``env``."""
+    http_base = free_range(REPLICA_PORTS, bind)
+    grpc_base = free_range(REPLICA_PORTS, bind, start=http_base + REPLICA_PORTS)
+    env.update(
+        {
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(http_base),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(http_base + REPLICA_PORTS - 1),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(grpc_base),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc_base + REPLICA_PORTS - 1),
+        }
+    )
+    return {
+        "replica_http": f"{http_base}-{http_base + REPLICA_PORTS - 1}",
+        "replica_grpc": f"{grpc_base}-{grpc_base + REPLICA_PORTS - 1}",
+    }
+
+
+def _haproxy_env(env: dict[str, str], folder: Path, wrapper: Path, timeouts: Timeouts) -> dict[str, int]:
+    """HAProxy's settings in ``env``: the wrapper, free ports for its listeners and the fallback proxy,
+    its files in ``folder``, retries and timeouts; returns the ports."""
+    stats, metrics, fallback_http, fallback_grpc = (free_port() for _ in range(4))
+    env.update(
+        {
+            "RAY_SERVE_HAPROXY_BINARY_PATH": str(wrapper),
+            "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
+            "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
+            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback_http),
+            "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(fallback_grpc),
+            "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
+            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
+            "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON,
+            # A dead replica takes 3 failures to be marked down (observe layer4); then the retry
+            # goes to another replica, or to the fallback proxy, which waits for a new one.
+            "RAY_SERVE_HAPROXY_RETRIES": "6",
+            "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(HAPROXY_BUFSIZE),
+            "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(timeouts.request_s),
+            "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, (os.cpu_count() or 1) // 4))),
+        }
+    )
+    return {
+        "haproxy_stats": stats,
+        "haproxy_metrics": metrics,
+        "fallback_proxy_http": fallback_http,
+        "fallback_proxy_grpc": fallback_grpc,
+    }
+
+
 __all__ = [
+    "GRPC_APP_ENV",
+    "GRPC_LOOPBACK_ENV",
     "INGRESS_CHOICES",
-    "METHODS",
     "IngressPath",
-    "Timeouts",
     "choose",
     "environment",
     "free_port",
+    "free_range",
     "haproxy_binary",
     "ray_version",
-    "rewrite_script",
-    "write_wrapper",
 ]

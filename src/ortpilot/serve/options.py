@@ -178,7 +178,8 @@ class ServerOptions:
     max_header_kb: int = DEFAULT_MAX_HEADER_KB  # request line and headers together (HAProxy: 431 beyond)
 
     def __post_init__(self) -> None:
-        from ortpilot.serve.fastpath import HAPROXY_BUFSIZE, INGRESS_CHOICES
+        from ortpilot.serve.fastpath import INGRESS_CHOICES
+        from ortpilot.serve.haproxy import HAPROXY_BUFSIZE
 
         if not 1 <= self.max_header_kb <= HAPROXY_BUFSIZE // 2048:
             raise UsageError(

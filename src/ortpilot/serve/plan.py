@@ -56,7 +56,7 @@ def plan(
     """Decide what ``targets`` are served as and check it: every target a decoder (OpenAI API) or none
     (Open Inference Protocol), one name per target, no setting that does not apply (``manifest``: the
     plan is for a KubeRay manifest, which describes Open Inference Protocol models only)."""
-    from ortpilot.serve.decoder import is_decoder_target
+    from ortpilot.serve.openai.decoder import is_decoder_target
 
     options = options or ServeOptions()
     decoder = decoder or DecoderOptions()
@@ -81,7 +81,7 @@ def plan(
 
 
 def _decoder_specs(targets: Sequence[str], names: Sequence[str], decoder: DecoderOptions) -> list[Any]:
-    from ortpilot.serve.decoder import prepare_decoder
+    from ortpilot.serve.openai.decoder import prepare_decoder
 
     if names and len(names) != len(targets):
         raise UsageError(f"--name is given {len(names)} time(s) for {len(targets)} model(s): one per model, or none.")
@@ -104,12 +104,12 @@ def run(
     """Serve ``serve_plan`` until SIGINT/SIGTERM (or ``stop``); ``on_ready`` gets the ready models."""
     server = server or ServerOptions()
     if serve_plan.protocol == OPENAI:
-        from ortpilot.serve.openai_app import run_openai_server
+        from ortpilot.serve.openai.server import run_openai_server
 
         return run_openai_server(
             list(serve_plan.models), serve_plan.options, server, started=started, on_ready=on_ready, stop=stop
         )
-    from ortpilot.serve.runner import run_server
+    from ortpilot.serve.oip.readiness import run_server
 
     return run_server(
         list(serve_plan.models), serve_plan.options, server, started=started, on_ready=on_ready, stop=stop

@@ -1,6 +1,6 @@
 """What a running server reports once its models are ready: one record per model with its ready line.
 
-The Open Inference Protocol server (``runner``) and the OpenAI one (``openai_app``) each make their
+The Open Inference Protocol server (``oip.readiness``) and the OpenAI one (``openai.server``) each make their
 own kind of record; both have ``line()`` and ``to_dict()``, so the CLI renders either with one
 callback (``Served``).
 """

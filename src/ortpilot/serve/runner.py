@@ -21,23 +21,23 @@ import signal
 import socket
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ortpilot import rayenv
-from ortpilot.errors import UsageError, VerificationError
+from ortpilot.errors import UsageError
 from ortpilot.serve import fastpath
 from ortpilot.serve.defaults import DEFAULT_MAX_REQUEST_MB, megabytes
-from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
-from ortpilot.serve.ready import ModelReady, Served
+from ortpilot.serve.options import ServerOptions
 
 log = logging.getLogger("ortpilot")
 R = TypeVar("R")  # what an application's readiness wait returns
 QUIET_LOGS = {"log_level": "WARNING", "enable_access_log": False}  # ortpilot writes its own access log
+INSTALL_HINT = "pip install 'ortpilot[serve]' (Ray Serve, prometheus_client, tritonclient's gRPC messages)"
 _ERROR_LINE = re.compile(r"(?:ortpilot\.errors\.)?(\w+Error): (.+)")
 
 
@@ -62,7 +62,7 @@ def failure_reason(message: str) -> str:
     return lines[-1] if lines else "no replica became ready (Ray gave no reason)"
 
 
-def _get(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+def http_get(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> tuple[int, Any]:
     """(status, JSON body) of a GET the driver makes itself (readiness), with its key when it has one."""
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:
@@ -149,51 +149,6 @@ def _start_ray(address: str | None, cpus: int) -> tuple[bool, bool]:
     return started, running
 
 
-def run_server(
-    specs: Sequence[ModelSpec],
-    options: ServeOptions,
-    server: ServerOptions | None = None,
-    *,
-    started: float | None = None,
-    on_ready: Callable[[Served], None] | None = None,
-    stop: threading.Event | None = None,
-) -> Served:
-    """Serve ``specs`` until SIGINT/SIGTERM (or ``stop`` is set); returns the ready models.
-
-    Raises UsageError (exit 2) for a taken port or a bad profile before Ray starts, and
-    VerificationError (exit 1) naming the model when no replica verified within the ready timeout.
-    """
-    server = server or ServerOptions()
-    started = time.perf_counter() if started is None else started
-    check_ports(server)
-    from ortpilot.serve.app import applications, model_file  # imports no Ray yet
-    from ortpilot.serve.server import SERVER_APP
-
-    for spec in specs:
-        model_file(spec)  # a profile that cannot load fails here, naming itself, before Ray starts
-    return serve_until_stopped(
-        lambda budget: applications(list(specs), options=options, server=server, cpu_budget=budget),
-        lambda deploy_error, stop: Served(
-            wait_ready(specs, server, started, stop, deploy_error, options.initial_replicas)
-        ),
-        server,
-        grpc_app=specs[0].name if len(specs) == 1 else SERVER_APP,
-        protocol="oip",
-        drain=_drain_server,
-        max_request_mb=options.max_request_mb,
-        on_ready=on_ready,
-        stop=stop,
-    )
-
-
-def _drain_server() -> None:
-    from ray import serve
-
-    from ortpilot.serve.server import SERVER_APP
-
-    serve.get_app_handle(SERVER_APP).drain.remote().result(timeout_s=10)
-
-
 def check_ports(server: ServerOptions) -> None:
     """Exit 2 before anything starts when the HTTP or gRPC port is taken."""
     check_port(server.host, server.port)
@@ -201,13 +156,33 @@ def check_ports(server: ServerOptions) -> None:
         check_port(server.host, server.grpc_port, "--grpc-port")
 
 
+@dataclass(frozen=True)
+class GrpcEntry:
+    """What Ray's gRPC proxy is given for ``--grpc-port`` (the stack's servicer; the OIP stack has one):
+    the servicer registration's import path, the proxy callback that applies the stack's fixes there,
+    and the application a call naming none is for."""
+
+    servicer: str
+    proxy_callback: str
+    app: str = ""
+
+
+def require_ray() -> Any:
+    """Ray Serve, or exit 2 naming the extra to install."""
+    try:
+        from ray import serve
+    except ImportError:
+        raise UsageError(f"Serving needs Ray Serve: {INSTALL_HINT}.") from None
+    return serve
+
+
 def start_serve(
-    serve: Any, server: ServerOptions, grpc_app: str, max_request_mb: float, protocol: str = "oip"
+    serve: Any, server: ServerOptions, grpc: GrpcEntry | None, max_request_mb: float, protocol: str = "oip"
 ) -> fastpath.IngressPath:
     """``serve.start`` on the path ``server`` asks for; returns the path taken, its ports filled in.
-    ``protocol`` (``oip``, ``openai``) shapes the errors HAProxy answers itself."""
-    from ortpilot.serve import grpc_service
-
+    ``protocol`` (``oip``, ``openai``) shapes the errors HAProxy answers itself; ``grpc`` is what a
+    ``--grpc-port`` serves (None: the stack serves no gRPC)."""
+    grpc = grpc if server.grpc_port is not None else None
     remote = _remote_hosts()
     path = fastpath.choose(server.ingress, server.throughput_optimized, remote)
     # Short: Ray adds a 56-character node id below it, and HAProxy takes socket paths of 97 characters.
@@ -217,26 +192,21 @@ def start_serve(
         run_dir,
         server.timeouts,
         host=server.host,
-        grpc_app=grpc_app if server.grpc_port is not None else "",
-        proxy_callback=grpc_service.PROXY_CALLBACK if server.grpc_port is not None else "",
+        grpc_app=grpc.app if grpc else "",
+        proxy_callback=grpc.proxy_callback if grpc else "",
         protocol=protocol,
         max_header_kb=server.max_header_kb,
         hide_routes=server.access.auth,
     )
     env["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"] = str(megabytes(max_request_mb))
     if server.loopback and not remote:
-        env[grpc_service.LOOPBACK_ENV] = "1"
-    if server.grpc_port is not None:
-        env[grpc_service.APP_ENV] = grpc_app  # Ray's proxies: the app a call naming none is for
+        env[fastpath.GRPC_LOOPBACK_ENV] = "1"
+    if grpc:
+        env[fastpath.GRPC_APP_ENV] = grpc.app  # Ray's proxies: the app a call naming none is for
     http = {"host": server.host, "port": server.port, "keep_alive_timeout_s": server.timeouts.idle_s}
-    grpc = (
-        {"port": server.grpc_port, "grpc_servicer_functions": [grpc_service.SERVICER]}
-        if server.grpc_port is not None
-        else None
-    )
     serve.start(
         http_options=http,
-        grpc_options=grpc,
+        grpc_options={"port": server.grpc_port, "grpc_servicer_functions": [grpc.servicer]} if grpc else None,
         logging_config=QUIET_LOGS,
         controller_options={"runtime_env": {"env_vars": env}},
     )
@@ -259,7 +229,7 @@ def serve_until_stopped(
     wait: Callable[[list[BaseException], threading.Event], R],
     server_options: ServerOptions,
     *,
-    grpc_app: str = "",
+    grpc: GrpcEntry | None = None,
     protocol: str = "oip",
     drain: Callable[[], None] | None = None,
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
@@ -274,8 +244,6 @@ def serve_until_stopped(
     exactly what this call started is drained (``drain``) and stopped again. ``joined`` runs when
     Serve already runs on the cluster (the caller's check that it can share that Serve)."""
     ray_environment(server_options.address)
-    from ortpilot.serve.app import require_ray
-
     serve = require_ray()
     from ortpilot.providers.cpubudget import this_budget
 
@@ -300,7 +268,7 @@ def serve_until_stopped(
                 ("Serve already ran on this cluster: requests take the path it was started on",),
             )
         else:
-            path = start_serve(serve, server_options, grpc_app, max_request_mb, protocol)
+            path = start_serve(serve, server_options, grpc, max_request_mb, protocol)
             server.started_serve = True  # the next server on a shared cluster starts Serve on its own port
             server.run_dir = Path(path.ports["run_dir"])
         targets = build(budget)
@@ -332,116 +300,15 @@ def serve_until_stopped(
         server.stop()
 
 
-def wait_ready(
-    specs: Sequence[ModelSpec],
-    server: ServerOptions,
-    started: float,
-    stop: threading.Event,
-    deploy_error: list[BaseException],
-    expected: int = 1,
-) -> list[ModelReady]:
-    """Poll each model until ``expected`` replicas verified; at the deadline one is enough (the line says
-    how many), none is exit 1 with the reason Ray recorded for the replica."""
-    from ray import serve
-
-    timeout = server.ready_timeout
-    base = server.base_url
-    headers = server.access.client_headers()
-    ready: dict[str, ModelReady] = {}
-    deadline = time.monotonic() + timeout
-    reasons: dict[str, str] = {}
-    while len(ready) < len(specs):
-        if stop.is_set():
-            raise KeyboardInterrupt
-        late = time.monotonic() > deadline
-        for spec in specs:
-            if spec.name in ready:
-                continue
-            code, _ = _get(f"{base}/v2/models/{spec.name}/ready", headers=headers)
-            if code == 200 and _grpc_ready(server, spec.name, headers):
-                replicas = _replica_infos(serve, spec.name)
-                if len(replicas) < expected and not late:
-                    continue
-                providers = list(dict.fromkeys(p for r in replicas for p in r.get("providers", [])[:1]))
-                notes = sorted({r["threads_note"] for r in replicas if r.get("threads_note")})
-                if len(replicas) < expected:
-                    notes.insert(0, f"{len(replicas)} of {expected} replicas verified within {timeout:g} s")
-                if any(r.get("verification") == "not checked" for r in replicas):
-                    notes.append(
-                        "outputs not checked: "
-                        + next(r["why"] for r in replicas if r.get("verification") == "not checked")
-                    )
-                ready[spec.name] = ModelReady(
-                    spec.name,
-                    len(replicas),
-                    providers,
-                    f"{base}/v2/models/{spec.name}",
-                    time.perf_counter() - started,
-                    notes,
-                    replicas,
-                )
-        if len(ready) == len(specs):
-            break
-        failed = _failed(serve, specs, ready, reasons)
-        if failed or late:
-            name = failed or next(s.name for s in specs if s.name not in ready)
-            reason = reasons.get(name) or (deploy_error and str(deploy_error[0])) or "its replicas did not start"
-            raise VerificationError(
-                f"No replica of model '{name}' became ready "
-                f"{'(its deployment failed)' if failed else f'within {timeout:g} s'}: "
-                f"{failure_reason(str(reason))}"
-            )
-        time.sleep(0.5)
-    return [ready[s.name] for s in specs]
-
-
-def _grpc_ready(server: ServerOptions, name: str, headers: dict[str, str]) -> bool:
-    """With ``--grpc-port``: model ``name`` answers ready over gRPC both ways a client calls it, with
-    ``application: NAME`` (straight to its replicas) and without (relayed by the server-wide app)."""
-    if server.grpc_port is None:
-        return True
-    from ortpilot.serve.grpc_service import model_ready
-
-    address = server.netloc(server.grpc_port)
-    return all(model_ready(address, name, {**headers, **extra}) for extra in ({"application": name}, {}))
-
-
-def _replica_infos(serve: Any, name: str) -> list[dict[str, Any]]:
-    """The verified replicas of model ``name`` as the server-wide application knows them (they report there)."""
-    from ortpilot.serve.server import SERVER_APP
-
-    try:
-        return list(serve.get_app_handle(SERVER_APP).replica_infos.remote(name).result(timeout_s=10))
-    except Exception:
-        return []
-
-
-def _failed(
-    serve: Any, specs: Sequence[ModelSpec], ready: dict[str, ModelReady], reasons: dict[str, str]
-) -> str | None:
-    """The first model whose deployment Ray gave up on; keeps each model's latest status message."""
-    try:
-        applications = serve.status().applications
-    except Exception:
-        return None
-    for spec in specs:
-        status = applications.get(spec.name)
-        dep = status.deployments.get(f"model-{spec.name}") if status is not None else None
-        if dep is None or spec.name in ready:
-            continue
-        if dep.message:
-            reasons[spec.name] = dep.message
-        if str(getattr(dep.status, "value", dep.status)) == "DEPLOY_FAILED":
-            return spec.name
-    return None
-
-
 __all__ = [
+    "INSTALL_HINT",
+    "GrpcEntry",
+    "Server",
     "check_port",
     "check_ports",
     "failure_reason",
-    "run_server",
+    "http_get",
+    "require_ray",
     "serve_until_stopped",
     "start_serve",
-    "wait_ready",
 ]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import QueueFullError, UsageError
-from ortpilot.serve.openai import DEFAULT_COMPLETION_TOKENS, ApiError, GenerationRequest
+from ortpilot.serve.openai.wire import DEFAULT_COMPLETION_TOKENS, ApiError, GenerationRequest
 from ortpilot.serve.options import DecoderOptions
 
 log = logging.getLogger("ortpilot")
@@ -310,7 +310,7 @@ class DecoderReplica:
                 yield {"type": "delta", "text": delta}
         if stream.error is not None and not text.stopped:  # this stream's alone: the others decode on
             from ortpilot.serve.http import internal_error
-            from ortpilot.serve.limits import clean_ort_message
+            from ortpilot.serve.ortmessage import clean_ort_message
 
             ident = internal_error(f"stream {stream.id} of '{self.spec.name}'", stream.error)
             raise ApiError(

@@ -20,11 +20,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-HEARTBEAT_S = 2.0
-REPORT_S = 0.5  # a replica reports after a request at most this often (the heartbeat covers quiet times)
-REPLICA_TTL_S = 3 * HEARTBEAT_S + 1.0
+from ortpilot.serve.counts import REPLICA_TTL_S, SECONDS_BUCKETS, RequestCounts, cumulative
+
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 UNKNOWN_MODEL = "(unknown)"  # the label for requests to names that are not served (kept out of the cardinality)
 
 
@@ -43,26 +41,6 @@ class BatchCounts:
 
     def snapshot(self) -> dict[str, Any]:
         return {"buckets": list(self.buckets), "sum": self.sum, "count": self.count}
-
-
-class RequestCounts:
-    """A replica's cumulative requests by status code and their latency histogram (seconds)."""
-
-    def __init__(self) -> None:
-        self.codes: dict[str, int] = {}
-        self.buckets = [0] * (len(SECONDS_BUCKETS) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, code: int, seconds: float) -> None:
-        key = str(code)
-        self.codes[key] = self.codes.get(key, 0) + 1
-        self.buckets[bisect.bisect_left(SECONDS_BUCKETS, seconds)] += 1
-        self.sum += seconds
-        self.count += 1
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"codes": dict(self.codes), "buckets": list(self.buckets), "sum": self.sum, "count": self.count}
 
 
 @dataclass
@@ -144,20 +122,6 @@ class ServeMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-def cumulative(histograms: list[Mapping[str, Any]], bounds: tuple) -> list[tuple[str, int]]:
-    """Prometheus' cumulative buckets of the summed ``histograms`` (each a ``buckets`` list)."""
-    buckets = [0] * (len(bounds) + 1)
-    for h in histograms:
-        for i, n in enumerate(h.get("buckets") or []):
-            if i < len(buckets):
-                buckets[i] += int(n)
-    out, running = [], 0
-    for bound, n in zip([str(b) for b in bounds] + ["+Inf"], buckets):
-        running += n
-        out.append((bound, running))
-    return out
-
-
 def _add_requests(requests: Any, seconds: Any, model: str, counted: list[Mapping[str, Any]]) -> None:
     codes: dict[str, int] = {}
     for c in counted:
@@ -234,14 +198,4 @@ class _ReplicaCollector:
         yield seconds
 
 
-__all__ = [
-    "BATCH_BUCKETS",
-    "HEARTBEAT_S",
-    "REPLICA_TTL_S",
-    "REPORT_S",
-    "BatchCounts",
-    "ReplicaReport",
-    "RequestCounts",
-    "ServeMetrics",
-    "cumulative",
-]
+__all__ = ["BATCH_BUCKETS", "UNKNOWN_MODEL", "BatchCounts", "ReplicaReport", "ServeMetrics"]

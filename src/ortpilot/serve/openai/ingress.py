@@ -1,35 +1,28 @@
-"""The OpenAI-compatible application on Ray Serve: an ingress for ``/v1`` and one deployment per decoder.
+"""The OpenAI-compatible ingress: ``/v1`` (models, completions, chat completions), ``/metrics`` and the
+health probes, in front of one deployment per decoder.
 
-Each decoder deployment's replicas own one continuous-batching scheduler each; Ray routes
-requests among them. The ingress parses and checks a request (400 for bad input, 404 for an
-unknown model), calls a replica's ``generate`` as a streaming handle call, and answers with one
-JSON body or server-sent events ending in ``data: [DONE]``. When a client goes away, Ray
-cancels the ingress's request and its handle call; the replica's generator cancels the stream,
-and the scheduler frees the slot before its next step.
-
-The API lives under ``/v1`` (``ROUTE_PREFIX``); the application mounts at ``/``, where its ingress
-also answers ``/metrics`` (the engines of every decoder replica summed, ``decoder_metrics``) and the
-health probes ``/v2/health/live`` and ``/v2/health/ready``. It used to run beside other Serve
-applications on the same proxy and port. Ray is imported only inside the functions here.
+The ingress parses and checks a request (400 for bad input, 404 for an unknown model) through the
+request pipeline (``serve.pipeline``: guard, route, errors in OpenAI's shape, CORS, count, access
+log), calls a decoder replica's ``generate`` as a streaming handle call, and answers with one JSON
+body or server-sent events ending in ``data: [DONE]``. When a client goes away, Ray cancels the
+ingress's request and its handle call; the replica's generator cancels the stream, and the
+scheduler frees the slot before its next step. A replica that dies before a request's first token
+is replaced by another replica's run. Ray is imported only inside the functions here.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import threading
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from ortpilot.errors import UsageError, VerificationError
-from ortpilot.serve.decoder import DecoderReplica, DecoderSpec
 from ortpilot.serve.defaults import HEALTH_PATHS, REPLICA_RETRIES, retry_delay_s
 from ortpilot.serve.http import Reply, replica_gone
-from ortpilot.serve.metrics import HEARTBEAT_S
-from ortpilot.serve.openai import (
+from ortpilot.serve.openai.metrics import DecoderMetrics
+from ortpilot.serve.openai.wire import (
+    ROUTE_PREFIX,
     ApiError,
     GenerationRequest,
     chunk_body,
@@ -43,42 +36,10 @@ from ortpilot.serve.openai import (
     sse,
     usage,
 )
-from ortpilot.serve.options import ServeOptions, ServerOptions
 from ortpilot.serve.pipeline import Pipeline
-from ortpilot.serve.ready import DecoderReady, Served
 from ortpilot.serve.records import RequestSettings
 
 log = logging.getLogger("ortpilot")
-APP_NAME = "ortpilot-openai"
-ROUTE_PREFIX = "/v1"
-INGRESS_NAME = "openai-ingress"
-
-
-class DecoderDeployment(DecoderReplica):
-    """The decoder deployment's class: a DecoderReplica with Ray's health check."""
-
-    def __init__(self, spec: DecoderSpec, threads: int = 0) -> None:
-        from ortpilot.serve.http import replica_logging
-
-        replica_logging()
-        super().__init__(spec, threads)
-        self._ingress = None
-        self._replica = f"{os.getpid()}-{id(self)}"
-
-    async def check_health(self) -> None:
-        """Ray's health check, every few seconds: the engine must run; also the heartbeat that hands the
-        ingress this replica's engine counters for ``/metrics`` (async: a throughput-optimized replica's
-        handles work only on its event loop)."""
-        if self.scheduler._thread is None or not self.scheduler._thread.is_alive():
-            raise RuntimeError("the decode engine thread is not running")
-        try:
-            if self._ingress is None:
-                from ray import serve
-
-                self._ingress = serve.get_deployment_handle(INGRESS_NAME, app_name=APP_NAME)
-            self._ingress.report.remote(self.spec.name, self._replica, self.scheduler.counters())
-        except Exception:  # the ingress may not be up yet; the next heartbeat tries again
-            self._ingress = None
 
 
 def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Reply:
@@ -132,8 +93,6 @@ class OpenAIIngress:
         self.debug_info = self.settings.debug_info
         self.draining = False
         self.in_flight = 0  # requests being answered, streams included (drain waits for none)
-        from ortpilot.serve.decoder_metrics import DecoderMetrics
-
         self.metrics = DecoderMetrics(list(self.handles))
 
     async def report(self, model: str, replica: str, counters: dict[str, Any]) -> None:
@@ -367,161 +326,4 @@ class OpenAIIngress:
             self.in_flight -= 1
 
 
-def openai_deployment(
-    specs: Sequence[DecoderSpec],
-    *,
-    replicas: int = 1,
-    cpus_per_replica: float | None = None,
-    cpu_budget: int | None = None,
-    settings: RequestSettings | None = None,
-) -> Any:
-    """The Ray Serve application for ``specs`` (not yet running): mount it at ``ROUTE_PREFIX``. ``settings``:
-    how the ingress takes requests (access policy, body limit, timeout, access log, debug info)."""
-    from ortpilot.serve.app import require_ray
-
-    serve = require_ray()
-    if replicas < 1:
-        raise UsageError(f"--replicas must be at least 1, got {replicas}.")
-    if cpu_budget is None:
-        from ortpilot.providers.cpubudget import this_budget
-
-        cpu_budget = this_budget().cpus
-    cpus = float(cpus_per_replica) if cpus_per_replica else float(max(1, cpu_budget // (len(specs) * replicas)))
-    handles = {}
-    for spec in specs:
-        model = serve.deployment(
-            DecoderDeployment,
-            name=f"decoder-{spec.name}",
-            num_replicas=replicas,
-            ray_actor_options={"num_cpus": cpus},
-            # Requests beyond the streams and the queue reach the scheduler, which answers 429 itself.
-            max_ongoing_requests=spec.options.max_streams + spec.options.max_queue + 8,
-            graceful_shutdown_timeout_s=10.0,
-            health_check_period_s=HEARTBEAT_S,
-        )
-        handles[spec.name] = model.bind(spec, max(1, int(cpus)))
-    ingress = serve.deployment(
-        OpenAIIngress, name=INGRESS_NAME, num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096
-    )
-    return ingress.bind(handles, settings or RequestSettings())
-
-
-def wait_ready(
-    specs: Sequence[DecoderSpec], server: ServerOptions, replicas: int, started: float, failed: list[BaseException]
-) -> Served:
-    """Each model's ``GET /v1/models/NAME`` once a replica answers it (it loaded and started its engine)."""
-    from ortpilot.serve.runner import _get
-
-    url = server.base_url + ROUTE_PREFIX
-    headers = server.access.client_headers()
-    deadline = time.monotonic() + server.ready_timeout
-    ready: dict[str, DecoderReady] = {}
-    while len(ready) < len(specs):
-        for spec in specs:
-            if spec.name not in ready:
-                code, doc = _get(f"{url}/models/{spec.name}", timeout=5.0, headers=headers)
-                if code == 200 and doc:
-                    ready[spec.name] = DecoderReady(doc, replicas, url, time.perf_counter() - started)
-        if failed:
-            raise VerificationError(f"The OpenAI application did not deploy: {failed[0]}")
-        if len(ready) < len(specs) and time.monotonic() > deadline:
-            missing = next(s.name for s in specs if s.name not in ready)
-            raise VerificationError(
-                f"No replica of decoder '{missing}' became ready within {server.ready_timeout:g} s."
-            )
-        time.sleep(0.2)
-    return Served([ready[s.name] for s in specs], url)
-
-
-def run_openai_server(
-    specs: Sequence[DecoderSpec],
-    options: ServeOptions,
-    server: ServerOptions | None = None,
-    *,
-    started: float | None = None,
-    on_ready: Callable[[Served], None] | None = None,
-    stop: threading.Event | None = None,
-) -> Served:
-    """Start (or join, the options' ``address``) Ray, run ``specs`` at ``/v1`` with the replicas ``options``
-    say, serve until SIGINT/SIGTERM.
-
-    The Ray and Serve handling is ``runner``'s (what the Open Inference Protocol application
-    uses): exactly what this call started is stopped again.
-    """
-    from ortpilot.serve.runner import check_ports, serve_until_stopped
-
-    server = server or ServerOptions()
-    started = time.perf_counter() if started is None else started
-    check_ports(server)
-
-    def same_proxy_port() -> None:
-        running = _serve_port()
-        if running != server.port:
-            raise UsageError(
-                f"Ray Serve already runs on this cluster with its HTTP proxy on port {running}; "
-                f"one cluster has one proxy port, so serve on --port {running} or use another "
-                "cluster."
-            )
-
-    def build(budget: int) -> list[Any]:
-        from ray import serve
-
-        app = openai_deployment(
-            specs,
-            replicas=options.replicas,
-            cpus_per_replica=options.cpus_per_replica,
-            cpu_budget=budget,
-            settings=server.requests(options),
-        )
-        # At /: the ingress answers /v1/... and /metrics and the health probes.
-        return [serve.RunTarget(app, name=APP_NAME, route_prefix="/")]
-
-    return serve_until_stopped(
-        build,
-        lambda failed, _stop: wait_ready(specs, server, options.replicas, started, failed),
-        server,
-        protocol="openai",
-        drain=_drain,
-        max_request_mb=options.max_request_mb,
-        on_ready=on_ready,
-        stop=stop,
-        joined=same_proxy_port,
-    )
-
-
-DRAIN_WAIT_S = 30.0  # at most this long for the streams in flight to finish after SIGTERM
-
-
-def _drain() -> None:
-    """SIGTERM: the ingress answers 503 + Retry-After from now on; wait for what is in flight to finish."""
-    from ray import serve
-
-    ingress = serve.get_app_handle(APP_NAME)
-    ingress.drain.remote().result(timeout_s=10)
-    deadline = time.monotonic() + DRAIN_WAIT_S
-    while time.monotonic() < deadline and ingress.pending.remote().result(timeout_s=10) > 0:
-        time.sleep(0.2)
-
-
-def _serve_port() -> int | None:
-    """The HTTP port of the Serve instance running on the cluster (-1 when it cannot be read)."""
-    import ray
-
-    try:
-        from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
-
-        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-        return int(ray.get(controller.get_http_config.remote(), timeout=30).port)
-    except Exception:
-        return -1
-
-
-__all__ = [
-    "APP_NAME",
-    "ROUTE_PREFIX",
-    "DecoderDeployment",
-    "OpenAIIngress",
-    "openai_deployment",
-    "run_openai_server",
-    "wait_ready",
-]
+__all__ = ["OpenAIErrors", "OpenAIIngress"]

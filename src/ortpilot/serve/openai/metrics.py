@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ortpilot.serve.metrics import REPLICA_TTL_S, SECONDS_BUCKETS, RequestCounts, cumulative
+from ortpilot.serve.counts import REPLICA_TTL_S, SECONDS_BUCKETS, RequestCounts, cumulative
 
 # Counters a report holds at its top level or one level down: (family suffix, path, help).
 COUNTERS = (

@@ -26,17 +26,7 @@ from typing import Any
 import numpy as np
 
 from ortpilot.errors import InputError, OrtpilotError, OrtRunError
-from ortpilot.serve.batcher import Batcher
-from ortpilot.serve.grpc_service import (
-    UnservedRpcs,
-    decode_infer,
-    encode_infer,
-    guarded,
-    messages,
-    model_metadata,
-    server_metadata,
-    set_status,
-)
+from ortpilot.serve.counts import REPORT_S, RequestCounts
 from ortpilot.serve.http import (
     BodyError,
     Reply,
@@ -47,12 +37,23 @@ from ortpilot.serve.http import (
     read_body,
     replica_logging,
 )
-from ortpilot.serve.limits import clean_ort_message
-from ortpilot.serve.metrics import REPORT_S, BatchCounts, RequestCounts
-from ortpilot.serve.oip import OipErrors
+from ortpilot.serve.oip.batcher import Batcher
+from ortpilot.serve.oip.config import ReplicaConfig
+from ortpilot.serve.oip.grpc_service import (
+    UnservedRpcs,
+    decode_infer,
+    encode_infer,
+    guarded,
+    messages,
+    model_metadata,
+    server_metadata,
+    set_status,
+)
+from ortpilot.serve.oip.metrics import BatchCounts
+from ortpilot.serve.oip.routes import OipErrors
 from ortpilot.serve.options import ModelSpec, ort_threads
+from ortpilot.serve.ortmessage import clean_ort_message
 from ortpilot.serve.pipeline import Pipeline
-from ortpilot.serve.replica_config import ReplicaConfig
 
 
 def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -> tuple[Any, dict[str, Any]]:
@@ -134,7 +135,7 @@ class ModelReplica(UnservedRpcs):
 
     def __init__(self, spec: ModelSpec, config: ReplicaConfig) -> None:
         started = time.perf_counter()
-        from ortpilot.serve.oip import model_routes
+        from ortpilot.serve.oip.routes import model_routes
 
         replica_logging()
 
@@ -374,7 +375,7 @@ class ModelReplica(UnservedRpcs):
             try:
                 from ray import serve
 
-                from ortpilot.serve.server import SERVER_DEPLOYMENT
+                from ortpilot.serve.oip.server import SERVER_DEPLOYMENT
 
                 self._server = serve.get_deployment_handle(SERVER_DEPLOYMENT, app_name=self._server_app)
             except Exception:  # the server-wide application may not be up yet; the next report tries again

@@ -19,7 +19,7 @@ from typing import Any
 from ortpilot.errors import InputError
 from ortpilot.serve.defaults import HEALTH_PATHS
 from ortpilot.serve.http import Reply, Route, error_reply, internal_error, json_reply, printable, route
-from ortpilot.serve.tensors import BINARY_TYPE, HEADER_LENGTH, decode_request, encode_response
+from ortpilot.serve.oip.codec import BINARY_TYPE, HEADER_LENGTH, decode_request, encode_response
 
 EXTENSIONS = ["binary_tensor_data"]
 VERSIONS = ["1"]

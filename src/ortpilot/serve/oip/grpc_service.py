@@ -33,14 +33,13 @@ from typing import Any
 import numpy as np
 
 from ortpilot.errors import InputError
-from ortpilot.serve.replica_config import TensorSpec
-from ortpilot.serve.tensors import DATATYPE_OF, MAX_DIM, MAX_RANK, NUMPY_OF
+from ortpilot.serve.fastpath import GRPC_APP_ENV, GRPC_LOOPBACK_ENV
+from ortpilot.serve.oip.codec import DATATYPE_OF, MAX_DIM, MAX_RANK, NUMPY_OF
+from ortpilot.serve.oip.config import TensorSpec
 
 RpcMethod = Callable[..., Awaitable[Any]]
-SERVICER = "ortpilot.serve.grpc_service.add_servicer"
-PROXY_CALLBACK = "ortpilot.serve.grpc_service:proxy_callback"
-LOOPBACK_ENV = "ORTPILOT_GRPC_LOOPBACK"
-APP_ENV = "ORTPILOT_GRPC_APP"
+SERVICER = "ortpilot.serve.oip.grpc_service.add_servicer"
+PROXY_CALLBACK = "ortpilot.serve.oip.grpc_service:proxy_callback"
 # The typed field of InferTensorContents each datatype travels in (FP16/BF16 only travel raw).
 CONTENTS_FIELD = {
     "BOOL": "bool_contents",
@@ -67,8 +66,8 @@ def messages() -> Any:
 def _install() -> None:
     pb = messages()
     sys.modules.setdefault("grpc_service_pb2", pb)
-    _name_unnamed_calls(os.environ.get(APP_ENV, ""))
-    if os.environ.get(LOOPBACK_ENV) != "1":
+    _name_unnamed_calls(os.environ.get(GRPC_APP_ENV, ""))
+    if os.environ.get(GRPC_LOOPBACK_ENV) != "1":
         return
     try:
         import ray.serve._private.default_impl as impl
@@ -184,7 +183,7 @@ def malformed(request: Any, context: Any) -> bool:
 
 def server_metadata() -> Any:
     """The ServerMetadataResponse every deployment answers (the same as REST ``GET /v2``)."""
-    from ortpilot.serve.oip import EXTENSIONS
+    from ortpilot.serve.oip.routes import EXTENSIONS
     from ortpilot.version import __version__
 
     return messages().ServerMetadataResponse(name="ortpilot", version=__version__, extensions=EXTENSIONS)
@@ -385,7 +384,6 @@ _install()
 
 __all__ = [
     "CONTENTS_FIELD",
-    "LOOPBACK_ENV",
     "PROXY_CALLBACK",
     "SERVED_RPCS",
     "SERVICER",

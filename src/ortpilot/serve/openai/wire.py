@@ -1,6 +1,6 @@
 """The OpenAI API's wire format for decoders: requests checked into records, replies, SSE chunks, errors.
 
-Plain data, no Ray and no HTTP server: the ingress (``openai_app``) reads JSON into a
+Plain data, no Ray and no HTTP server: the ingress (``ingress``) reads JSON into a
 :class:`GenerationRequest` with :func:`parse_request`, a decoder replica turns it into tokens,
 and the functions here shape what goes back, as OpenAI's reference documents it:
 ``/v1/completions`` (``text_completion``) and ``/v1/chat/completions`` (``chat.completion`` and
@@ -23,6 +23,7 @@ ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 1000  # per stop sequence: each token's stop check costs its length
 MAX_SEED = 2**64  # numpy's seeded generator takes 0 .. 2**64 - 1 here
+ROUTE_PREFIX = "/v1"  # where the API lives (the application mounts at /)
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's documented default for /v1/completions
 _UNSUPPORTED = {
     "logprobs": (None, False, 0),
@@ -388,6 +389,7 @@ def now() -> int:
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",
     "ROLES",
+    "ROUTE_PREFIX",
     "ApiError",
     "GenerationRequest",
     "chunk_body",

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ortpilot.serve.limits import InputLimits
+from ortpilot.serve.oip.limits import InputLimits
 from ortpilot.serve.records import RequestSettings
 
 

@@ -15,27 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import UsageError
-from ortpilot.serve.limits import InputLimits
-from ortpilot.serve.metrics import HEARTBEAT_S
+from ortpilot.serve.counts import HEARTBEAT_S
+from ortpilot.serve.oip.codec import tensor_metadata
+from ortpilot.serve.oip.config import ReplicaConfig
+from ortpilot.serve.oip.limits import InputLimits
+from ortpilot.serve.oip.server import SERVER_APP, SERVER_DEPLOYMENT
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions, resolve_models
-from ortpilot.serve.replica_config import ReplicaConfig
-from ortpilot.serve.server import SERVER_APP, SERVER_DEPLOYMENT
-from ortpilot.serve.tensors import tensor_metadata
+from ortpilot.serve.runner import require_ray
 
-INSTALL_HINT = "pip install 'ortpilot[serve]' (Ray Serve, prometheus_client, tritonclient's gRPC messages)"
 # Requests a model replica holds at once. Queueing inside the replica is cheap and FIFO (one run
 # thread); beyond this Ray's router holds requests back and polls with growing back-off, which at
 # 32 closed-loop clients on one replica cost 3x the throughput and seconds of p99 (bench_serve.py).
 MODEL_MAX_ONGOING = 64
 SERVER_MAX_ONGOING = 4096
-
-
-def require_ray() -> Any:
-    try:
-        from ray import serve
-    except ImportError:
-        raise UsageError(f"Serving needs Ray Serve: {INSTALL_HINT}.") from None
-    return serve
 
 
 def model_file(spec: ModelSpec) -> Path:
@@ -53,7 +45,7 @@ def model_file(spec: ModelSpec) -> Path:
 def model_metadata(spec: ModelSpec, options: ServeOptions, cpus: float, debug_info: bool = False) -> dict[str, Any]:
     """What a model's metadata says before any replica is up: tensors, batching, the settings."""
     from ortpilot.modelio import load_model
-    from ortpilot.serve.limits import input_limits
+    from ortpilot.serve.oip.limits import input_limits
 
     model = load_model(model_file(spec), load_external_data=False)
     inputs, outputs, batch_dim = tensor_metadata(model)
@@ -96,7 +88,7 @@ def model_application(
     server_app: str | None = SERVER_APP,
 ) -> Any:
     """One model's application (not yet running): its verified replicas, which answer its routes."""
-    from ortpilot.serve.replica import ModelReplica
+    from ortpilot.serve.oip.replica import ModelReplica
 
     serve = require_ray()
     scaling: dict[str, Any] = (
@@ -145,7 +137,7 @@ def replica_config(
 
 def server_application(specs: Sequence[ModelSpec], options: ServeOptions, server: ServerOptions | None = None) -> Any:
     """The server-wide application (not yet running): health, metadata, /metrics, unclaimed paths."""
-    from ortpilot.serve.server import ServerApp
+    from ortpilot.serve.oip.server import ServerApp
 
     serve = require_ray()
     app = serve.deployment(
@@ -219,7 +211,7 @@ def deployment(
 
 
 def build(args: dict[str, Any]) -> Any:
-    """Ray Serve's application builder for one model (``import_path: ortpilot.serve.app:build`` in a Serve
+    """Ray Serve's application builder for one model (``import_path: ortpilot.serve.oip.app:build`` in a Serve
     config, as the RayService manifest writes it): ``args`` holds ``profile``, ``name``, ``server_app``
     and ServeOptions fields."""
     from ortpilot.serve.options import parse_autoscale
@@ -235,7 +227,7 @@ def build(args: dict[str, Any]) -> Any:
 
 
 def build_server(args: dict[str, Any]) -> Any:
-    """The builder of the server-wide application (``ortpilot.serve.app:build_server``): ``args`` holds
+    """The builder of the server-wide application (``ortpilot.serve.oip.app:build_server``): ``args`` holds
     ``profiles`` and ``names`` of every served model."""
     specs = _specs(list(args["profiles"]), list(args.get("names", ())))
     return server_application(specs, ServeOptions(access_log=bool(args.get("access_log", True))))
@@ -250,6 +242,5 @@ __all__ = [
     "model_file",
     "model_metadata",
     "replica_config",
-    "require_ray",
     "server_application",
 ]

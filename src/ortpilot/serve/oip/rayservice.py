@@ -2,8 +2,8 @@
 
 A RayService (``apiVersion: ray.io/v1``) holds a ``rayClusterConfig`` (a head group and worker
 groups of pods) and a ``serveConfigV2``: a Ray Serve config document (as a YAML string) with the
-applications ``serve`` runs, one per model (``ortpilot.serve.app:build`` at ``/v2/models/NAME``)
-and the server-wide one (``ortpilot.serve.app:build_server`` at ``/``), built from the same
+applications ``serve`` runs, one per model (``ortpilot.serve.oip.app:build`` at ``/v2/models/NAME``)
+and the server-wide one (``ortpilot.serve.oip.app:build_server`` at ``/``), built from the same
 arguments ``serve`` parses. The head's environment turns on the same fast path (HAProxy, direct
 ingress, throughput-optimized; ``serve``'s ready line names the path it took).
 The manifest is written as YAML, read back, and checked: the RayService fields KubeRay's API
@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import UsageError, VerificationError
-from ortpilot.serve.fastpath import RETRY_ON
+from ortpilot.serve.haproxy import RETRY_ON
 from ortpilot.serve.options import ModelSpec, ServeOptions
 
 API_VERSION = "ray.io/v1"
 KIND = "RayService"
-BUILDER = "ortpilot.serve.app:build"
-SERVER_BUILDER = "ortpilot.serve.app:build_server"
+BUILDER = "ortpilot.serve.oip.app:build"
+SERVER_BUILDER = "ortpilot.serve.oip.app:build_server"
 # What the head's Serve controller reads to take the fast path (ortpilot serve sets the same).
 FAST_PATH_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
@@ -51,7 +51,7 @@ def builder_args(spec: ModelSpec, options: ServeOptions) -> dict[str, Any]:
 
 def applications(specs: Sequence[ModelSpec], options: ServeOptions) -> list[dict[str, Any]]:
     """The Serve config's applications: one per model, and the server-wide one."""
-    from ortpilot.serve.server import SERVER_APP
+    from ortpilot.serve.oip.server import SERVER_APP
 
     models = [
         {

@@ -7,8 +7,7 @@ that as the client's mistake (400) naming the input and the limit: ``input_limit
 limits once from the model (position tables and ``max_positions``-style metadata for dims named
 like a sequence; the rows of every table an input indexes straight through ``Gather`` or the fused
 ``EmbedLayerNormalization``) and
-``InputLimits.check`` refuses feeds past them. ``clean_ort_message`` turns what ORT says about
-anything else into one line without paths, source locations or node names.
+``InputLimits.check`` refuses feeds past them (``serve.ortmessage`` words what ORT says about the rest).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ _SEQUENCE = re.compile(r"(seq|sequence|length|len|tokens)", re.I)
 _NOT_POSITIONS = re.compile(r"(past|total|all|kv|key_?len|batch)", re.I)
 _POSITION_TABLE = re.compile(r"position", re.I)
 _PASS_THROUGH = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten"}  # values kept as they are
-MAX_MESSAGE = 400
 # Ops that look their index input up in a table, by (domain, op): (index input, table input, whether
 # the table holds positions). ORT's transformer fusion folds the embedding Gathers of a BERT into
 # ``EmbedLayerNormalization`` (word, segment, position tables), 4-bit weights make them
@@ -126,29 +124,4 @@ def input_limits(model: onnx.ModelProto) -> InputLimits:
     return InputLimits(positions if axes else None, axes, rows)
 
 
-_ORT_PREFIX = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : ")
-_NODE = re.compile(r"Non-zero status code returned while running (\w+) node\. Name:'[^']*' Status Message: ")
-_NAME = re.compile(r"\s*Name:'[^']*'")
-_SOURCE = re.compile(r"(?:[A-Za-z]:\\|/)[^\s:]+\.(?:h|hpp|cc|cpp|c|cu|py|pyx):\d+")
-_SIGNATURE = re.compile(r"\s*(?:[\w:<>,*&]+ )?[\w:<>~]+::~?\w+\([^()]*\)(?: const)?")
-_ENFORCE = re.compile(r"\s*[^.;:]*? was false\.")
-_PATH = re.compile(r"(?:[A-Za-z]:\\|/)(?:[\w.+-]+[/\\])+[\w.+-]*")
-
-
-def clean_ort_message(message: str) -> str:
-    """``message`` (ORT's or one quoting it) as one line without source paths, C++ signatures, assertion
-    text or node names: ``... Gather node: indices element out of data bounds, idx=5000 ...``."""
-    text = " ".join(message.split())
-    text = _ORT_PREFIX.sub("", text)
-    text = _NODE.sub(r"\1 node: ", text)
-    text = _NAME.sub("", text)
-    if _SOURCE.search(text):
-        text = _SOURCE.sub("", text)
-        text = _SIGNATURE.sub("", text, count=1)
-        text = _ENFORCE.sub("", text, count=1)
-    text = _PATH.sub("<path>", text)
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
-
-
-__all__ = ["InputLimits", "clean_ort_message", "input_limits"]
+__all__ = ["InputLimits", "input_limits"]

@@ -1,0 +1,168 @@
+"""Readiness of an Open Inference Protocol server: ``run_server`` serves its models through the core
+lifecycle (``serve.runner``) and waits until each answers ready the way a client sees it.
+
+Readiness is read from the server's own protocol (``/v2/models/NAME/ready`` answers 200 once a
+replica verified, and with ``--grpc-port`` ``ModelReady`` over gRPC both ways a client calls it),
+so what ``serve`` prints is what a client sees. A replica that fails verification raises in its
+constructor; Ray retries it and then marks the deployment failed, and the error it raised is the
+reason ``serve`` exits 1 with.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ortpilot.errors import VerificationError
+from ortpilot.serve.oip.grpc_service import PROXY_CALLBACK, SERVICER, model_ready
+from ortpilot.serve.oip.server import SERVER_APP
+from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
+from ortpilot.serve.ready import ModelReady, Served
+from ortpilot.serve.runner import GrpcEntry, check_ports, failure_reason, http_get, serve_until_stopped
+
+
+def run_server(
+    specs: Sequence[ModelSpec],
+    options: ServeOptions,
+    server: ServerOptions | None = None,
+    *,
+    started: float | None = None,
+    on_ready: Callable[[Served], None] | None = None,
+    stop: threading.Event | None = None,
+) -> Served:
+    """Serve ``specs`` until SIGINT/SIGTERM (or ``stop`` is set); returns the ready models.
+
+    Raises UsageError (exit 2) for a taken port or a bad profile before Ray starts, and
+    VerificationError (exit 1) naming the model when no replica verified within the ready timeout.
+    """
+    server = server or ServerOptions()
+    started = time.perf_counter() if started is None else started
+    check_ports(server)
+    from ortpilot.serve.oip.app import applications, model_file  # imports no Ray yet
+
+    for spec in specs:
+        model_file(spec)  # a profile that cannot load fails here, naming itself, before Ray starts
+    return serve_until_stopped(
+        lambda budget: applications(list(specs), options=options, server=server, cpu_budget=budget),
+        lambda deploy_error, stop: Served(
+            wait_ready(specs, server, started, stop, deploy_error, options.initial_replicas)
+        ),
+        server,
+        grpc=GrpcEntry(SERVICER, PROXY_CALLBACK, specs[0].name if len(specs) == 1 else SERVER_APP),
+        protocol="oip",
+        drain=_drain_server,
+        max_request_mb=options.max_request_mb,
+        on_ready=on_ready,
+        stop=stop,
+    )
+
+
+def _drain_server() -> None:
+    from ray import serve
+
+    serve.get_app_handle(SERVER_APP).drain.remote().result(timeout_s=10)
+
+
+def wait_ready(
+    specs: Sequence[ModelSpec],
+    server: ServerOptions,
+    started: float,
+    stop: threading.Event,
+    deploy_error: list[BaseException],
+    expected: int = 1,
+) -> list[ModelReady]:
+    """Poll each model until ``expected`` replicas verified; at the deadline one is enough (the line says
+    how many), none is exit 1 with the reason Ray recorded for the replica."""
+    from ray import serve
+
+    timeout = server.ready_timeout
+    base = server.base_url
+    headers = server.access.client_headers()
+    ready: dict[str, ModelReady] = {}
+    deadline = time.monotonic() + timeout
+    reasons: dict[str, str] = {}
+    while len(ready) < len(specs):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        late = time.monotonic() > deadline
+        for spec in specs:
+            if spec.name in ready:
+                continue
+            code, _ = http_get(f"{base}/v2/models/{spec.name}/ready", headers=headers)
+            if code == 200 and _grpc_ready(server, spec.name, headers):
+                replicas = _replica_infos(serve, spec.name)
+                if len(replicas) < expected and not late:
+                    continue
+                providers = list(dict.fromkeys(p for r in replicas for p in r.get("providers", [])[:1]))
+                notes = sorted({r["threads_note"] for r in replicas if r.get("threads_note")})
+                if len(replicas) < expected:
+                    notes.insert(0, f"{len(replicas)} of {expected} replicas verified within {timeout:g} s")
+                if any(r.get("verification") == "not checked" for r in replicas):
+                    notes.append(
+                        "outputs not checked: "
+                        + next(r["why"] for r in replicas if r.get("verification") == "not checked")
+                    )
+                ready[spec.name] = ModelReady(
+                    spec.name,
+                    len(replicas),
+                    providers,
+                    f"{base}/v2/models/{spec.name}",
+                    time.perf_counter() - started,
+                    notes,
+                    replicas,
+                )
+        if len(ready) == len(specs):
+            break
+        failed = _failed(serve, specs, ready, reasons)
+        if failed or late:
+            name = failed or next(s.name for s in specs if s.name not in ready)
+            reason = reasons.get(name) or (deploy_error and str(deploy_error[0])) or "its replicas did not start"
+            raise VerificationError(
+                f"No replica of model '{name}' became ready "
+                f"{'(its deployment failed)' if failed else f'within {timeout:g} s'}: "
+                f"{failure_reason(str(reason))}"
+            )
+        time.sleep(0.5)
+    return [ready[s.name] for s in specs]
+
+
+def _grpc_ready(server: ServerOptions, name: str, headers: dict[str, str]) -> bool:
+    """With ``--grpc-port``: model ``name`` answers ready over gRPC both ways a client calls it, with
+    ``application: NAME`` (straight to its replicas) and without (relayed by the server-wide app)."""
+    if server.grpc_port is None:
+        return True
+    address = server.netloc(server.grpc_port)
+    return all(model_ready(address, name, {**headers, **extra}) for extra in ({"application": name}, {}))
+
+
+def _replica_infos(serve: Any, name: str) -> list[dict[str, Any]]:
+    """The verified replicas of model ``name`` as the server-wide application knows them (they report there)."""
+    try:
+        return list(serve.get_app_handle(SERVER_APP).replica_infos.remote(name).result(timeout_s=10))
+    except Exception:
+        return []
+
+
+def _failed(
+    serve: Any, specs: Sequence[ModelSpec], ready: dict[str, ModelReady], reasons: dict[str, str]
+) -> str | None:
+    """The first model whose deployment Ray gave up on; keeps each model's latest status message."""
+    try:
+        applications = serve.status().applications
+    except Exception:
+        return None
+    for spec in specs:
+        status = applications.get(spec.name)
+        dep = status.deployments.get(f"model-{spec.name}") if status is not None else None
+        if dep is None or spec.name in ready:
+            continue
+        if dep.message:
+            reasons[spec.name] = dep.message
+        if str(getattr(dep.status, "value", dep.status)) == "DEPLOY_FAILED":
+            return spec.name
+    return None
+
+
+__all__ = ["run_server", "wait_ready"]
