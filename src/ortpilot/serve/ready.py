@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ortpilot.eps import CPU_EP
+
 
 @dataclass
 class ModelReady:
@@ -55,7 +57,7 @@ class DecoderReady:
         info = self.doc["ortpilot"]
         return (
             f"{self.doc['id']}: {self.replicas} replica{'s' if self.replicas != 1 else ''} ready on "
-            f"CPUExecutionProvider, {self.url} (OpenAI API; {info['max_streams']} streams of "
+            f"{CPU_EP}, {self.url} (OpenAI API; {info['max_streams']} streams of "
             f"{info['max_length']} tokens, queue {info['max_queue']}; cold start {self.cold_start_s:.1f} s)"
         )
 

@@ -54,6 +54,7 @@ from ortpilot.serve.oip.routes import OipErrors
 from ortpilot.serve.options import ModelSpec, ort_threads
 from ortpilot.serve.ortmessage import clean_ort_message
 from ortpilot.serve.pipeline import Pipeline
+from ortpilot.session.binding import run_session
 
 
 def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -> tuple[Any, dict[str, Any]]:
@@ -335,15 +336,8 @@ class ModelReplica(UnservedRpcs):
         return self._run(feeds)
 
     def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if not self.iobinding:
-            return dict(zip(self.output_names, self.session.run(None, feeds)))
-        binding = self.session.session.io_binding()
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, value)
-        for name in self.output_names:
-            binding.bind_output(name)
-        self.session.session.run_with_iobinding(binding)
-        return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
+        """The path the profile was timed and verified on (IOBinding or not): ``session.binding``."""
+        return run_session(self.session, feeds, iobinding=self.iobinding, output_names=self.output_names)
 
     def _run_group(self, group: list[dict[str, np.ndarray]]) -> list[Any]:
         if len(group) > 1:
