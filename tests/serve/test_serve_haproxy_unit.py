@@ -1,0 +1,96 @@
+"""serve.haproxy and serve.fastpath without Ray: the wrapper's sed program run on a config written like
+Ray's, the error pages in each protocol's shape, and the controller environment with its free ports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from ortpilot.serve.fastpath import IngressPath, choose, environment
+from ortpilot.serve.haproxy import HAPROXY_BUFSIZE, RETRY_ON, write_wrapper
+from ortpilot.serve.records import Timeouts
+
+RAY_CFG = """global
+    log 127.0.0.1:514 local0 info
+    stats socket /tmp/admin.sock mode 666 level admin expose-fd listeners
+defaults
+    mode http
+    timeout client 300s
+    errorfile 502 /ray/500.http
+    errorfile 503 /ray/500.http
+    errorfile 504 /ray/500.http
+frontend prometheus
+    bind :9101
+frontend http_frontend
+    bind 127.0.0.1:8000
+    http-request return status 200 content-type application/json string "{\\"/\\": \\"a\\"}" if routes
+frontend grpc_frontend
+    bind 127.0.0.1:9000
+listen stats
+    bind *:8404
+backend default_backend
+    http-request return status 404 content-type text/plain lf-string "Path %[path] not found"
+"""
+
+pytestmark = pytest.mark.skipif(shutil.which("sed") is None, reason="the wrapper runs GNU sed")
+
+
+def _rewritten(tmp_path, protocol: str = "oip", **kwargs) -> str:
+    folder = tmp_path / "h"
+    folder.mkdir()
+    wrapper = write_wrapper(folder, "/bin/true", Timeouts(7, 300, 11), protocol=protocol, **kwargs)
+    cfg = folder / "haproxy.cfg"
+    cfg.write_text(RAY_CFG)
+    for _ in range(2):  # Ray runs it on every reload: the second run must change nothing
+        subprocess.run([str(wrapper), "-f", str(cfg)], check=True)
+    return cfg.read_text()
+
+
+def test_the_wrapper_moves_listeners_to_loopback_and_adds_what_ray_leaves_out(tmp_path):
+    cfg = _rewritten(tmp_path, max_header_kb=9, grpc_app="m", hide_routes=True)
+    assert "bind 127.0.0.1:9101" in cfg and "bind 127.0.0.1:8404" in cfg and "bind *:" not in cfg
+    assert "log 127.0.0.1:514" not in cfg and cfg.count("# ortpilot timeouts") == 1
+    assert "timeout http-request 7s" in cfg and "timeout http-keep-alive 11s" in cfg
+    assert "option http-buffer-request" in cfg
+    assert f"if {{ req.hdrs,length gt {9 * 1024} }}" in cfg and "http-request return status 501" in cfg
+    assert "set-header application m unless { req.hdr(application) -m found }" in cfg
+    assert "/ray/500.http" not in cfg and "if routes" in cfg and "status 200 content-type application/json" not in cfg
+    assert "application/json file" in cfg.split("backend default_backend")[1]
+
+
+@pytest.mark.parametrize("protocol", ["oip", "openai"])
+def test_haproxys_own_answers_speak_the_protocols_shape(tmp_path, protocol):
+    _rewritten(tmp_path, protocol)
+    folder = tmp_path / "h"
+    page = (folder / "e503.http").read_bytes()
+    head, _, doc = page.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
+    error = json.loads(doc)["error"]
+    if protocol == "oip":
+        assert isinstance(error, str) and "retry" in error
+    else:
+        assert error["type"] == "server_error" and error["code"] == "unavailable"
+    assert "32 KiB (--max-header-kb)" in (folder / "e431.json").read_text()  # the default limit
+
+
+def test_the_environment_chooses_free_ports_and_names_the_wrapper(tmp_path):
+    path = IngressPath(haproxy=True, direct_ingress=True, throughput_optimized=True, uvloop=True)
+    env, filled = environment(path, tmp_path, Timeouts(), host="127.0.0.1", grpc_app="m", proxy_callback="x:y")
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["RAY_SERVE_HAPROXY_RETRY_ON"] == RETRY_ON
+    assert env["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"] == str(HAPROXY_BUFSIZE)
+    assert env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "x:y"
+    assert (tmp_path / "h" / "haproxy").is_file() and env["RAY_SERVE_HAPROXY_BINARY_PATH"].endswith("/h/haproxy")
+    low, high = map(int, filled.ports["replica_http"].split("-"))
+    assert high - low + 1 == 64 and env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] == str(low)
+    assert {"haproxy_stats", "haproxy_metrics", "fallback_proxy_http", "fallback_proxy_grpc"} <= set(filled.ports)
+    proxy, _ = environment(IngressPath(False, False, True, True), tmp_path, Timeouts(), host="127.0.0.1")
+    assert proxy["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "0" and "RAY_SERVE_HAPROXY_BINARY_PATH" not in proxy
+
+
+def test_ingress_proxy_says_why():
+    path = choose("proxy", throughput_optimized=True)
+    assert not path.haproxy and any("--ingress proxy" in note for note in path.notes)
+    assert path.describe().startswith("Ray Serve proxy -> replica")

@@ -1,0 +1,89 @@
+"""serve.pipeline: guard -> route -> error mapping -> CORS headers -> count -> access log, in that order,
+for any protocol's error shape (driven with in-process requests, no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from unit_requests import request
+
+from ortpilot.serve.access import access_options
+from ortpilot.serve.http import Reply, error_reply, json_reply
+from ortpilot.serve.oip.routes import OipErrors
+from ortpilot.serve.openai.ingress import OpenAIErrors
+from ortpilot.serve.pipeline import Pipeline
+from ortpilot.serve.records import RequestSettings
+
+ORIGIN = "https://app.example"
+
+
+def _pipeline(shape, seen, access_log=False, **access) -> Pipeline:
+    policy = access_options(**access).policy("127.0.0.1")
+    settings = RequestSettings(access=policy, access_log=access_log)
+    return Pipeline(settings, shape, lambda req, reply, s: seen.append((reply.status, reply.model)), "(unknown)")
+
+
+def test_a_refused_request_never_reaches_its_route_and_is_counted():
+    seen, routed = [], []
+
+    async def route() -> Reply:
+        routed.append(1)
+        return json_reply(200, {})
+
+    pipe = _pipeline(OipErrors(), seen, api_keys=["k"])
+    response = asyncio.run(pipe.handle(request("GET", "/v2"), route))
+    assert response.status_code == 401 and json.loads(response.body)["error"].startswith("Missing API key")
+    assert not routed and seen == [(401, "(unknown)")]
+    ok = asyncio.run(pipe.handle(request("GET", "/v2", headers={"authorization": "Bearer k"}), route))
+    assert ok.status_code == 200 and routed == [1]
+    assert asyncio.run(pipe.handle(request("GET", "/v2/health/live"), route, health=True)).status_code == 200
+
+
+def test_a_failing_route_is_a_500_in_each_protocols_shape_with_a_request_id(caplog):
+    async def route() -> Reply:
+        raise RuntimeError("secret internals")
+
+    for shape, message in ((OipErrors(), lambda d: d["error"]), (OpenAIErrors(), lambda d: d["error"]["message"])):
+        seen: list = []
+        response = asyncio.run(_pipeline(shape, seen).handle(request("POST", "/x"), route))
+        text = message(json.loads(response.body))
+        assert response.status_code == 500 and "request id" in text and "secret" not in text
+        assert seen == [(500, None)]
+    assert "secret internals" in caplog.text  # the log has it, once per failure
+
+
+def test_cors_headers_on_every_answer_to_an_allowed_origin_and_a_preflight_is_204():
+    seen: list = []
+    pipe = _pipeline(OipErrors(), seen, cors_origins=[ORIGIN])
+
+    async def route() -> Reply:
+        return error_reply(404, "nothing here")
+
+    answer = asyncio.run(pipe.handle(request("GET", "/x", headers={"origin": ORIGIN}), route))
+    assert answer.status_code == 404 and answer.headers["access-control-allow-origin"] == ORIGIN
+    preflight = {"origin": ORIGIN, "access-control-request-method": "POST"}
+    assert asyncio.run(pipe.handle(request("OPTIONS", "/x", headers=preflight), route)).status_code == 204
+    other = asyncio.run(pipe.handle(request("GET", "/x", headers={"origin": "https://evil.example"}), route))
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
+    assert seen == [(404, None), (204, None), (403, "(unknown)")]
+
+
+def test_an_openai_api_error_raised_by_a_route_is_its_own_answer():
+    from ortpilot.serve.openai.wire import ApiError
+
+    async def route() -> Reply:
+        raise ApiError(429, "busy", kind="rate_limit_error", code="rate_limit_exceeded", retry_after_s=1)
+
+    response = asyncio.run(_pipeline(OpenAIErrors(), []).handle(request("POST", "/v1/completions"), route))
+    assert response.status_code == 429 and response.headers["retry-after"] == "1"
+    assert json.loads(response.body)["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_one_access_log_line_per_request_never_the_payload(capfd):
+    async def route() -> Reply:
+        return json_reply(200, {"secret": "payload"})
+
+    asyncio.run(_pipeline(OipErrors(), [], access_log=True).handle(request("POST", "/v2/x", {"a": 1}), route))
+    err = capfd.readouterr().err
+    assert err.count('"POST /v2/x" 200') == 1 and "payload" not in err

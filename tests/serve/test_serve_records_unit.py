@@ -1,0 +1,76 @@
+"""The records that cross a Ray boundary: each survives to_dict/from_dict and pickling (what Ray does to a
+deployment's arguments) unchanged, and each default is the one defaults.py defines."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from ortpilot.serve import defaults
+from ortpilot.serve.access import access_options
+from ortpilot.serve.oip.app import replica_config
+from ortpilot.serve.oip.config import ReplicaConfig
+from ortpilot.serve.openai.decoder import DecoderSpec
+from ortpilot.serve.openai.wire import GenerationRequest
+from ortpilot.serve.options import DecoderOptions, ModelSpec, ServeOptions, ServerOptions
+from ortpilot.serve.records import AccessPolicy, RequestSettings, Timeouts
+
+
+def _records(demo_paths) -> list:
+    spec = ModelSpec("m", "model", str(demo_paths["encoder"]), "demo:encoder")
+    server = ServerOptions(access=access_options(["k"], cors_origins=["https://a.example"]), debug_info=True)
+    options = ServeOptions(replicas=2, autoscale=(1, 3), max_batch=4, batch_wait_ms=2.0, max_request_mb=3.0)
+    return [
+        spec,
+        options,
+        DecoderOptions(max_streams=2, formats=("base", "int4")),
+        server.access.policy("127.0.0.1"),
+        AccessPolicy(),
+        server.requests(options),
+        Timeouts(5, 77, 9),
+        replica_config(spec, options, server, 2.0, "ortpilot"),
+        DecoderSpec("d", "/m.onnx", "/t.json", "demo:decoder", DecoderOptions(max_queue=3), ("a note",)),
+        GenerationRequest("chat", "d", messages=[{"role": "user", "content": "hi"}], stop=["x"], seed=3),
+    ]
+
+
+def test_every_record_round_trips_through_plain_data_and_pickle(demo_paths):
+    for record in _records(demo_paths):
+        again = type(record).from_dict(record.to_dict())
+        assert again == record, type(record).__name__
+        assert pickle.loads(pickle.dumps(record)) == record
+
+
+def test_the_replica_config_carries_what_the_replica_reads(demo_paths):
+    config = next(r for r in _records(demo_paths) if isinstance(r, ReplicaConfig))
+    assert config.batching and config.requests.max_request_bytes == 3 * 2**20
+    assert config.requests.access.auth and config.requests.access.digests and config.requests.debug_info
+    assert [t.name for t in config.inputs] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert config.limits.rows  # the token table's rows, read from the graph by the driver
+
+
+def test_each_default_is_defined_once():
+    assert ServeOptions().max_request_mb == RequestSettings().max_request_mb == defaults.DEFAULT_MAX_REQUEST_MB
+    assert Timeouts().request_s == RequestSettings().request_timeout_s == defaults.DEFAULT_REQUEST_TIMEOUT_S
+    assert (
+        ServerOptions().port == defaults.DEFAULT_PORT
+        and ServerOptions().max_header_kb == defaults.DEFAULT_MAX_HEADER_KB
+    )
+    assert [defaults.retry_delay_s(n) for n in range(defaults.REPLICA_RETRIES)] == [0.2, 0.4]
+
+
+def test_the_cli_takes_its_defaults_from_the_records():
+    from ortpilot.cli.cmd_serve import command
+
+    given = {p.name: p.default for p in command.params}
+    assert given["max_request_mb"] == defaults.DEFAULT_MAX_REQUEST_MB
+    assert given["request_timeout"] == defaults.DEFAULT_REQUEST_TIMEOUT_S
+    assert given["ingress"] == ServerOptions.ingress and given["max_streams"] == DecoderOptions.max_streams
+    assert given["formats"] == "base" and given["chat_template"] == DecoderOptions.chat_template
+
+
+@pytest.mark.parametrize("bad", [{"auth": True, "nope": 1}])
+def test_an_unknown_field_is_refused_not_dropped(bad):
+    with pytest.raises(TypeError):
+        AccessPolicy.from_dict(bad)
