@@ -1,0 +1,115 @@
+"""serve.openai without Ray: a decoder replica's events, and the ingress (pipeline, routes, JSON and SSE
+answers, drain) in front of it through an in-process handle, on the demo decoder's real ORT session."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from local_handle import LocalHandle
+from unit_requests import body, request
+
+from ortpilot.serve.access import access_options
+from ortpilot.serve.openai.decoder import DecoderReplica, prepare_decoder
+from ortpilot.serve.openai.ingress import OpenAIIngress
+from ortpilot.serve.openai.wire import GenerationRequest, parse_request
+from ortpilot.serve.options import DecoderOptions, ServeOptions, ServerOptions
+
+pytest.importorskip("prometheus_client")
+
+
+@pytest.fixture(scope="module")
+def replica():
+    spec = prepare_decoder("demo:decoder", "d", DecoderOptions(max_streams=2, max_queue=2, max_length=64))
+    replica = DecoderReplica(spec, 1)
+    yield replica
+    replica.close()
+
+
+def _ingress(replica, **access) -> OpenAIIngress:
+    server = ServerOptions(access=access_options(**access))
+    return OpenAIIngress({"d": LocalHandle(replica)}, server.requests(ServeOptions(access_log=False)))
+
+
+def test_the_replica_yields_start_deltas_and_end(replica):
+    req = parse_request("completion", json.dumps({"model": "d", "prompt": "hello", "max_tokens": 5}).encode())
+
+    async def events():
+        return [e async for e in replica.generate(req)]
+
+    out = asyncio.run(events())
+    assert out[0] == {"type": "start", "prompt_tokens": 5} and out[-1]["type"] == "end"
+    assert out[-1]["completion_tokens"] == 5 and all(e["type"] == "delta" for e in out[1:-1])
+
+
+def test_a_prompt_without_room_is_one_error_event(replica):
+    req = GenerationRequest("completion", "d", prompt="x" * 80, max_tokens=4)
+
+    async def events():
+        return [e async for e in replica.generate(req)]
+
+    (event,) = asyncio.run(events())
+    assert event["type"] == "error" and event["status"] == 400, event
+
+
+def test_a_completion_through_the_ingress(replica):
+    ingress = _ingress(replica)
+    doc = {"model": "d", "prompt": "hi", "max_tokens": 4, "temperature": 0}
+    response = asyncio.run(ingress(request("POST", "/v1/completions", doc)))
+    answer = body(response)
+    assert response.status_code == 200, answer
+    assert answer["object"] == "text_completion" and answer["usage"]["completion_tokens"] == 4
+    assert ingress.in_flight == 0
+    listed = body(asyncio.run(ingress(request("GET", "/v1/models"))))
+    assert [m["id"] for m in listed["data"]] == ["d"]
+    one = body(asyncio.run(ingress(request("GET", "/v1/models/d"))))
+    assert "pid" not in one["ortpilot"] and one["ortpilot"]["max_streams"] == 2  # pid only with --debug-info
+
+
+def test_a_streamed_chat_ends_with_done_and_frees_its_count(replica):
+    ingress = _ingress(replica)
+    doc = {"model": "d", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+
+    async def stream():
+        response = await ingress(request("POST", "/v1/chat/completions", doc))
+        assert ingress.in_flight == 1  # a stream counts until it ends
+        return response, [chunk async for chunk in response.body_iterator]
+
+    response, chunks = asyncio.run(stream())
+    text = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks).decode()
+    assert response.status_code == 200 and response.media_type == "text/event-stream"
+    assert text.rstrip().endswith("data: [DONE]") and '"chat.completion.chunk"' in text
+    assert ingress.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    "method, path, doc, status, code",
+    [
+        ("POST", "/v1/completions", {"model": "nope", "prompt": "x"}, 404, "model_not_found"),
+        ("POST", "/v1/completions", {"model": "d", "prompt": "x", "logit_bias": {"1": 2}}, 400, "unsupported"),
+        ("GET", "/v1/completions", None, 405, "method_not_allowed"),
+        ("GET", "/v1/nowhere", None, 404, "not_found"),
+        ("POST", "/metrics", None, 405, "method_not_allowed"),
+    ],
+)
+def test_errors_in_openais_shape(replica, method, path, doc, status, code):
+    response = asyncio.run(_ingress(replica)(request(method, path, doc)))
+    error = body(response)["error"]
+    assert response.status_code == status and error["code"] == code and error["message"], error
+
+
+def test_keys_health_metrics_and_drain(replica):
+    ingress = _ingress(replica, api_keys=["k"])
+    refused = asyncio.run(ingress(request("GET", "/v1/models")))
+    assert refused.status_code == 401 and body(refused)["error"]["code"] == "invalid_api_key"
+    assert asyncio.run(ingress(request("GET", "/v2/health/live"))).status_code == 200  # open without a key
+    ready = asyncio.run(ingress(request("GET", "/v2/health/ready")))
+    assert ready.status_code == 503  # no replica has reported a heartbeat here
+    key = {"authorization": "Bearer k"}
+    asyncio.run(ingress(request("POST", "/v1/completions", {"model": "d", "prompt": "x", "max_tokens": 2}, key)))
+    metrics = bytes(asyncio.run(ingress(request("GET", "/metrics", headers=key))).body).decode()
+    assert 'code="200"' in metrics and 'model="d"' in metrics
+    asyncio.run(ingress.drain())
+    draining = asyncio.run(ingress(request("GET", "/v1/models", headers=key)))
+    assert draining.status_code == 503 and draining.headers["retry-after"] == "1"
