@@ -1,0 +1,48 @@
+"""serve.openai.deployment, .server and .metrics without a running Ray: the application as Ray Serve would
+deploy it, the refusals before Ray starts, and the engine counters summed for /metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from ortpilot.errors import UsageError
+from ortpilot.serve.openai.decoder import DecoderSpec
+from ortpilot.serve.openai.deployment import INGRESS_NAME, openai_deployment
+from ortpilot.serve.openai.metrics import DecoderMetrics
+from ortpilot.serve.openai.server import run_openai_server
+from ortpilot.serve.options import DecoderOptions, ServeOptions, ServerOptions
+from ortpilot.serve.records import RequestSettings
+
+pytest.importorskip("ray.serve")
+
+
+def test_the_application_binds_records_not_dicts():
+    spec = DecoderSpec("d", "/m.onnx", "/t.json", options=DecoderOptions(max_streams=3, max_queue=5))
+    settings = RequestSettings(max_request_mb=2.0)
+    app = openai_deployment([spec], replicas=2, cpu_budget=4, settings=settings)
+    ingress = app._bound_deployment
+    assert ingress.name == INGRESS_NAME and ingress.init_args[1] == settings
+    decoder = ingress.init_args[0]["d"]._bound_deployment
+    assert decoder.init_args == (spec, 2) and decoder.num_replicas == 2
+    assert decoder.max_ongoing_requests == 3 + 5 + 8
+
+
+def test_grpc_port_and_bad_replicas_are_refused_before_ray_starts():
+    spec = DecoderSpec("d", "/m.onnx", "/t.json")
+    with pytest.raises(UsageError, match="--grpc-port"):
+        run_openai_server([spec], ServeOptions(), ServerOptions(grpc_port=9123))
+    with pytest.raises(UsageError, match="--replicas"):
+        openai_deployment([spec], replicas=0)
+
+
+def test_engine_counters_are_summed_per_model():
+    metrics = DecoderMetrics(["d"])
+    metrics.report("d", "r1", {"decode_steps": 3, "pending": 1})
+    metrics.report("d", "r2", {"decode_steps": 4, "pending": 0})
+    metrics.observe("d", 200, 0.01)
+    metrics.observe("zzz", 404, 0.01)
+    text = metrics.render()[0].decode()
+    assert 'ortpilot_requests_total{code="200",model="d"} 1.0' in text
+    assert 'model="(unknown)"' in text and "ortpilot_decode_" in text
+    _, reports = metrics.snapshot()
+    assert sorted(alive for _, _, alive in reports) == [True, True]

@@ -1,0 +1,74 @@
+"""The serve core's small parts without Ray: error bodies, request counts, ready lines, and the
+lifecycle's checks that run before Ray starts (ports, the reason a replica failed)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from ortpilot.errors import UsageError
+from ortpilot.serve.counts import SECONDS_BUCKETS, RequestCounts, cumulative
+from ortpilot.serve.errorbody import error_json, oip_error, openai_error
+from ortpilot.serve.fastpath import choose
+from ortpilot.serve.ready import DecoderReady, ModelReady, Served
+from ortpilot.serve.runner import check_port, failure_reason
+
+
+def test_each_protocol_has_one_error_body():
+    assert oip_error("m") == {"error": "m"}
+    assert openai_error("m", code="c") == {
+        "error": {"message": "m", "type": "invalid_request_error", "param": None, "code": "c"}
+    }
+    assert json.loads(error_json("oip", "m", "c")) == {"error": "m"}
+    assert json.loads(error_json("openai", "m", "c", server_side=True))["error"]["type"] == "server_error"
+
+
+def test_request_counts_are_cumulative_histograms():
+    counts = RequestCounts()
+    for code, seconds in ((200, 0.0001), (200, 0.02), (400, 20.0)):
+        counts.observe(code, seconds)
+    snap = counts.snapshot()
+    assert snap["codes"] == {"200": 2, "400": 1} and snap["count"] == 3
+    buckets = cumulative([snap, snap], SECONDS_BUCKETS)
+    assert buckets[0] == ("0.0005", 2) and buckets[-1] == ("+Inf", 6)
+    assert [n for _, n in buckets] == sorted(n for _, n in buckets)
+
+
+def test_ready_lines_and_documents():
+    model = ModelReady("m", 2, ["CPUExecutionProvider"], "http://h/v2/models/m", 1.25, ["a note"])
+    assert model.line() == (
+        "m: 2 replicas ready on CPUExecutionProvider, http://h/v2/models/m (cold start 1.2 s); a note"
+    )
+    doc = {"id": "d", "ortpilot": {"max_streams": 2, "max_length": 64, "max_queue": 3}}
+    decoder = DecoderReady(doc, 1, "http://h/v1", 0.5)
+    assert "d: 1 replica ready on CPUExecutionProvider" in decoder.line() and "2 streams of 64 tokens" in decoder.line()
+    served = Served([model], path=choose("proxy", True), grpc="127.0.0.1:9")
+    lines = served.lines()
+    assert lines[0] == model.line() and lines[1].startswith("ingress: Ray Serve proxy -> replica")
+    assert "KServe v2 gRPC on 127.0.0.1:9" in lines[1]
+    assert served.to_dict()["ingress"]["grpc"] == "127.0.0.1:9" and served.to_dict()["models"][0]["replicas"] == 2
+
+
+def test_a_taken_port_is_a_usage_error_before_anything_starts():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        with pytest.raises(UsageError, match="--grpc-port"):
+            check_port("127.0.0.1", sock.getsockname()[1], "--grpc-port")
+
+
+@pytest.mark.parametrize(
+    "message, reason",
+    [
+        (
+            "Traceback ...\n  File x\nortpilot.errors.VerificationError: outputs differ from the reference\n",
+            "VerificationError: outputs differ from the reference",
+        ),
+        ("the replica\nwent away\n", "went away"),
+        ("", "no replica became ready (Ray gave no reason)"),
+    ],
+)
+def test_the_reason_a_replica_failed_is_its_own_error_line(message, reason):
+    assert failure_reason(message) == reason
