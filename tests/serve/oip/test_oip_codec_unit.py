@@ -8,7 +8,7 @@ import pytest
 
 from ortpilot.errors import InputError
 from ortpilot.serve.oip.config import TensorSpec
-from ortpilot.serve.oip.grpc_service import decode_infer, encode_infer, messages, model_metadata
+from ortpilot.serve.oip.grpc_codec import decode_infer, encode_infer, messages, model_metadata
 
 pytest.importorskip("tritonclient.grpc")
 

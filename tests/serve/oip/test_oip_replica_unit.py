@@ -12,7 +12,8 @@ from unit_requests import GrpcContext, body, request
 
 from ortpilot.serve.access import access_options
 from ortpilot.serve.oip.app import replica_config
-from ortpilot.serve.oip.grpc_service import MalformedRequest, messages
+from ortpilot.serve.oip.grpc_codec import messages
+from ortpilot.serve.oip.grpc_service import MalformedRequest
 from ortpilot.serve.oip.replica import ModelReplica
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
 

@@ -10,7 +10,8 @@ import pytest
 from unit_requests import GrpcContext, body, request
 
 from ortpilot.serve.access import access_options
-from ortpilot.serve.oip.grpc_service import MalformedRequest, messages
+from ortpilot.serve.oip.grpc_codec import messages
+from ortpilot.serve.oip.grpc_service import MalformedRequest
 from ortpilot.serve.oip.metrics import UNKNOWN_MODEL
 from ortpilot.serve.oip.server import ServerApp
 from ortpilot.serve.options import ServeOptions, ServerOptions

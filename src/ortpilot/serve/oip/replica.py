@@ -39,16 +39,8 @@ from ortpilot.serve.http import (
 )
 from ortpilot.serve.oip.batcher import Batcher
 from ortpilot.serve.oip.config import ReplicaConfig
-from ortpilot.serve.oip.grpc_service import (
-    UnservedRpcs,
-    decode_infer,
-    encode_infer,
-    guarded,
-    messages,
-    model_metadata,
-    server_metadata,
-    set_status,
-)
+from ortpilot.serve.oip.grpc_codec import decode_infer, encode_infer, messages, model_metadata, server_metadata
+from ortpilot.serve.oip.grpc_rpcs import UnservedRpcs, guarded, set_status
 from ortpilot.serve.oip.metrics import BatchCounts
 from ortpilot.serve.oip.routes import OipErrors
 from ortpilot.serve.options import ModelSpec, ort_threads

@@ -18,7 +18,8 @@ from typing import Any
 
 from ortpilot.serve.defaults import REPLICA_RETRIES, retry_delay_s
 from ortpilot.serve.http import Reply, dispatch, replica_gone, replica_logging
-from ortpilot.serve.oip.grpc_service import UnservedRpcs, guarded, messages, server_metadata, set_status
+from ortpilot.serve.oip.grpc_codec import messages, server_metadata
+from ortpilot.serve.oip.grpc_rpcs import UnservedRpcs, guarded, set_status
 from ortpilot.serve.oip.metrics import UNKNOWN_MODEL, ServeMetrics
 from ortpilot.serve.oip.routes import HEALTH, OipErrors, no_replica, server_routes, unclaimed, unknown_model
 from ortpilot.serve.pipeline import Pipeline
