@@ -143,12 +143,12 @@ def test_concurrent_requests_share_a_batch_and_each_gets_its_rows(demo_paths, x,
     results = asyncio.run(main())
     for i, result in zip((0, 1, 0, 1), results):
         np.testing.assert_allclose(result["outputs"]["y"], expected[i : i + 1], rtol=1e-6)
-    assert batched.counts.snapshot()["sum"] == 4 and batched.counts.snapshot()["count"] < 4
+    assert batched.runner.counts.snapshot()["sum"] == 4 and batched.runner.counts.snapshot()["count"] < 4
 
 
 def test_the_iobinding_path_gives_the_same_outputs(demo_paths, x, expected):
     bound = _replica(demo_paths["mlp"])
-    bound.iobinding = True  # what a profile tuned with IOBinding turns on
+    bound.runner.iobinding = True  # what a profile tuned with IOBinding turns on
     result = asyncio.run(bound.infer({"x": x}))
     np.testing.assert_allclose(result["outputs"]["y"], expected, rtol=1e-6)
 

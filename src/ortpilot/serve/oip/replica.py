@@ -6,27 +6,24 @@ outputs (``tune.verify.verify_profile``) and raises when they differ, so Ray nev
 request to a replica that did not verify; a restarted replica goes through the same gate.
 
 A replica is its model's own Serve application (route prefix ``/v2/models/NAME``): HAProxy, or
-Ray's proxy, hands it the request directly (``__call__`` for REST, the KServe v2 method for
-gRPC), one hop. Runs go to one worker thread (the event loop stays free to read the next
-request and collect the next batch); models with a batch dim stack requests of the same
-non-batch shapes (``batcher``: the requests that wait while a run is busy share the next one). What only a replica knows (its counts, what it verified)
-it reports to the server-wide application, which sums every replica for ``/metrics``.
+Ray's proxy, hands it the request directly (``__call__`` for REST, through the request pipeline;
+the KServe v2 method for gRPC, behind ``grpc_rpcs.guarded``), one hop. How it runs the model is
+``execution`` (one run thread, dynamic batching); what it tells the server-wide application,
+``reporting``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from ortpilot.errors import InputError, OrtpilotError, OrtRunError
-from ortpilot.serve.counts import REPORT_S, RequestCounts
+from ortpilot.errors import InputError
+from ortpilot.serve.counts import RequestCounts
 from ortpilot.serve.http import (
     BodyError,
     Reply,
@@ -37,71 +34,14 @@ from ortpilot.serve.http import (
     read_body,
     replica_logging,
 )
-from ortpilot.serve.oip.batcher import Batcher
 from ortpilot.serve.oip.config import ReplicaConfig
+from ortpilot.serve.oip.execution import ModelRunner, load_verified, thread_note
 from ortpilot.serve.oip.grpc_codec import decode_infer, encode_infer, messages, model_metadata, server_metadata
 from ortpilot.serve.oip.grpc_rpcs import UnservedRpcs, guarded, set_status
-from ortpilot.serve.oip.metrics import BatchCounts
+from ortpilot.serve.oip.reporting import Reporter
 from ortpilot.serve.oip.routes import OipErrors
 from ortpilot.serve.options import ModelSpec, ort_threads
-from ortpilot.serve.ortmessage import clean_ort_message
 from ortpilot.serve.pipeline import Pipeline
-from ortpilot.session.binding import run_session
-
-
-def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -> tuple[Any, dict[str, Any]]:
-    """(session, verification facts) for ``spec``; raises the verification's own error when it fails.
-
-    A bundle's replica verifies the profile of its own node's class (the node's Ray CPUs in the class:
-    ``fleet.nodes``), refused without one unless ``accept_machine``; ``why`` names the class it took."""
-    if spec.kind == "profile":
-        from ortpilot.tuning.verify import verify_profile
-
-        target, node_cpus = spec.path, None
-        if spec.bundle:
-            from ortpilot.fleet.nodes import this_node_cpus
-
-            target, node_cpus = spec.bundle, this_node_cpus()
-        result = verify_profile(
-            target, accept_machine=accept_machine, intra_op_threads=threads, optimized=True, node_cpus=node_cpus
-        )
-        failure = result.failure()
-        if failure is not None:
-            raise failure
-        profile_threads = int((result.session.profile.get("session_settings") or {}).get("intra_op_threads") or 0)
-        choice = result.bundle
-        chosen = (
-            f"class {choice.chosen.name} ({choice.note or choice.how}) of bundle {choice.bundle.parent.name}: "
-            if choice
-            else ""
-        )
-        return result.session, {
-            "mode": result.mode,
-            "why": chosen + result.why,
-            "profile_threads": profile_threads,
-            "optimized_model": result.session.settings.level == "disable"
-            and bool(result.session.profile.get("optimized_model")),
-        }
-    from ortpilot.session import SessionSettings, load
-
-    session = load(spec.path, ["cpu"], "strict", settings=SessionSettings(intra_op_threads=threads))
-    return session, {
-        "mode": "not checked",
-        "profile_threads": 0,
-        "optimized_model": False,
-        "why": "a plain model has no reference outputs: the strict CPU session was verified",
-    }
-
-
-def thread_note(threads: int, profile_threads: int) -> str:
-    """What a replica says when its threads differ from the profile's (its latency may then differ)."""
-    if not profile_threads or threads == profile_threads:
-        return ""
-    return (
-        f"intra-op threads {threads} (the replica's CPUs), the profile was tuned with {profile_threads}: "
-        "its latency figures may not hold"
-    )
-
 
 # What a client may see of a replica without --debug-info: no paths, PIDs, hosts or node ids.
 PUBLIC_INFO = (
@@ -138,25 +78,17 @@ class ModelReplica(UnservedRpcs):
         self.cpus = float(config.cpus)
         self.threads = ort_threads(self.cpus)
         self.session, verification = load_verified(spec, self.threads, config.accept_machine)
-        self.output_names = [o.name for o in self.session.get_outputs()]
-        self.batching = config.batching
-        self.counts = BatchCounts()
+        self.runner = ModelRunner(spec.name, self.session, config)
+        self.batching = self.runner.batching
         self.requests = RequestCounts()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpilot-run")
-        self.iobinding = bool((getattr(self.session, "profile", None) or {}).get("iobinding"))
         self.replica_id = _replica_id()
         self.settings = config.requests
         self.debug_info = config.requests.debug_info
         self.pipeline = Pipeline(config.requests, OipErrors(), self._observe, refused_model=spec.name)
         self.guard = self.pipeline.guard
-        self.limits = config.limits
         self.info = self._info(verification, started)
-        self._server = None
-        self._server_app = config.server_app
-        self._reported = 0.0
+        self.reporter = Reporter(spec.name, self.replica_id, config.server_app)
         self.routes = model_routes(self)
-        if self.batching:
-            self.batcher = Batcher(self._run_group, self.executor, config.max_batch, config.batch_wait_ms / 1000.0)
 
     def _info(self, verification: Mapping[str, Any], started: float) -> dict[str, Any]:
         """What this replica verified and runs with (``describe``; clients see ``PUBLIC_INFO`` of it)."""
@@ -192,7 +124,7 @@ class ModelReplica(UnservedRpcs):
     def _observe(self, request: Any, reply: Reply, seconds: float) -> None:
         """The pipeline's count: every answer in this replica's requests, reported now and then."""
         self.requests.observe(reply.status, seconds)
-        self._maybe_report()
+        self._report(soon=True)
 
     async def read_body(self, request: Any) -> bytes | Reply:
         """The request body, or a 413 reply when it is over ``--max-request-mb``, or a 408 when it does not
@@ -216,14 +148,7 @@ class ModelReplica(UnservedRpcs):
 
     async def replica_infos(self) -> list[dict[str, Any]]:
         """Every live replica's info as the server-wide application holds it (this one's when it cannot)."""
-        infos = None
-        server = self._server_handle()
-        if server is not None:
-            try:
-                infos = await server.replica_infos.remote(self.name)
-            except Exception:
-                infos = None
-        infos = infos or [self.info]
+        infos = await self.reporter.replica_infos() or [self.info]
         return [i if self.debug_info else {k: i[k] for k in PUBLIC_INFO if k in i} for i in infos]
 
     # -- gRPC (KServe v2): every RPC behind ``guarded`` (key check, message check) ----------------------
@@ -282,25 +207,13 @@ class ModelReplica(UnservedRpcs):
             else:
                 answer = encode_infer(self.name, result["outputs"], request.id)
         self.requests.observe(status, time.perf_counter() - started)
-        self._maybe_report()
+        self._report(soon=True)
         return status, message, answer if answer is not None else messages().ModelInferResponse()
 
     # -- requests -----------------------------------------------------------------------------------
     async def infer(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, Any]:
-        """Check the feeds as the library does (400 on failure), run them, return the outputs or an error."""
-        try:
-            checked = self.session.check_feeds(feeds)
-            self.limits.check(checked)  # positions and table rows the graph tells: 400 before ORT runs
-            wanted = self._wanted(outputs)
-            if self.batching:
-                values = await self.batcher.submit(checked)
-            else:
-                values = await asyncio.get_running_loop().run_in_executor(self.executor, self._run_one, checked)
-        except (InputError, OrtRunError) as exc:  # OrtRunError: valid dtypes and ranks the model cannot run
-            return {"error": clean_ort_message(str(exc)), "code": 400}
-        except OrtpilotError as exc:
-            return {"error": internal_error(f"infer {self.name}", exc), "code": 500}
-        return {"outputs": {n: values[n] for n in wanted}}
+        """The outputs of ``feeds`` (``execution.ModelRunner.infer``), or an error and its status."""
+        return await self.runner.infer(feeds, outputs)
 
     def describe(self) -> dict[str, Any]:
         return dict(self.info)
@@ -311,78 +224,9 @@ class ModelReplica(UnservedRpcs):
         Async: a throughput-optimized replica's handles work only on its event loop."""
         self._report()
 
-    # -- running ------------------------------------------------------------------------------------
-    def _wanted(self, outputs: Sequence[str] | None) -> list[str]:
-        if outputs is None:
-            return list(self.output_names)
-        unknown = [n for n in outputs if n not in self.output_names]
-        if unknown:
-            raise InputError(
-                f"Unknown output name(s) {', '.join(map(repr, unknown))}. The model's outputs are: "
-                f"{', '.join(self.output_names)}."
-            )
-        return list(outputs)
-
-    def _run_one(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self.counts.observe(1)
-        return self._run(feeds)
-
-    def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The path the profile was timed and verified on (IOBinding or not): ``session.binding``."""
-        return run_session(self.session, feeds, iobinding=self.iobinding, output_names=self.output_names)
-
-    def _run_group(self, group: list[dict[str, np.ndarray]]) -> list[Any]:
-        if len(group) > 1:
-            rows = [next(iter(feeds.values())).shape[0] for feeds in group]
-            stacked = {name: np.concatenate([feeds[name] for feeds in group]) for name in group[0]}
-            try:
-                self.counts.observe(len(group))
-                merged = self._run(stacked)
-                total = sum(rows)
-                if all(v.ndim and v.shape[0] == total for v in merged.values()):
-                    cuts = np.cumsum(rows)[:-1]
-                    parts = {name: np.split(value, cuts) for name, value in merged.items()}
-                    return [{name: parts[name][i] for name in merged} for i in range(len(group))]
-            except OrtpilotError:
-                pass  # one bad request must not fail its batch: run them one by one below
-        out: list[Any] = []
-        for feeds in group:
-            try:
-                out.append(self._run_one(feeds))
-            except OrtpilotError as exc:  # this request's failure is this request's alone
-                out.append(exc)
-        return out
-
-    # -- reporting ----------------------------------------------------------------------------------
-    def _server_handle(self) -> Any:
-        if not self._server_app:
-            return None
-        if self._server is None:
-            try:
-                from ray import serve
-
-                from ortpilot.serve.oip.server import SERVER_DEPLOYMENT
-
-                self._server = serve.get_deployment_handle(SERVER_DEPLOYMENT, app_name=self._server_app)
-            except Exception:  # the server-wide application may not be up yet; the next report tries again
-                return None
-        return self._server
-
-    def _report(self) -> None:
-        server = self._server_handle()
-        if server is None:
-            return
-        self._reported = time.monotonic()
-        try:
-            server.report.remote(
-                self.name, self.replica_id, self.info, self.counts.snapshot(), self.requests.snapshot()
-            )
-        except Exception:
-            self._server = None
-
-    def _maybe_report(self) -> None:
-        if time.monotonic() - self._reported >= REPORT_S:
-            self._report()
+    def _report(self, soon: bool = False) -> None:
+        """Hand the server-wide application this replica's state (``soon``: unless it did lately)."""
+        self.reporter.report(self.info, self.runner.counts, self.requests, soon=soon)
 
 
 def _unknown(name: str, version: str) -> str:
@@ -407,4 +251,4 @@ def _node_id() -> str:
         return ""
 
 
-__all__ = ["ModelReplica", "load_verified", "thread_note"]
+__all__ = ["ModelReplica"]

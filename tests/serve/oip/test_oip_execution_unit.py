@@ -1,0 +1,50 @@
+"""serve.oip.execution and serve.oip.reporting: a runner on a real strict CPU session of the demo MLP
+(unknown outputs refused, a bad request in a stacked batch fails alone) and a standalone replica's
+reporter, which has no server-wide application to tell."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from ortpilot.errors import OrtpilotError
+from ortpilot.serve.counts import RequestCounts
+from ortpilot.serve.oip.config import ReplicaConfig
+from ortpilot.serve.oip.execution import ModelRunner, load_verified, thread_note
+from ortpilot.serve.oip.metrics import BatchCounts
+from ortpilot.serve.oip.reporting import Reporter
+from ortpilot.serve.options import ModelSpec
+
+
+@pytest.fixture(scope="module")
+def runner(demo_paths) -> ModelRunner:
+    session, facts = load_verified(ModelSpec("m", "model", str(demo_paths["mlp"])), threads=1)
+    assert facts["mode"] == "not checked" and "strict CPU session" in facts["why"]
+    return ModelRunner("m", session, ReplicaConfig(cpus=1.0, max_batch=4, batch_dim=True))
+
+
+def test_unknown_outputs_are_a_400_naming_the_real_ones(runner):
+    result = asyncio.run(runner.infer({"x": np.zeros((1, 64), np.float32)}, ["nope"]))
+    assert result["code"] == 400 and "'nope'" in result["error"] and "y" in result["error"]
+
+
+def test_a_bad_request_in_a_stacked_batch_fails_alone(runner):
+    good = {"x": np.ones((1, 64), np.float32)}
+    bad = {"x": np.ones((1, 64), np.float64)}  # checked feeds never look like this: the run refuses it
+    out = runner._run_group([good, bad, good])
+    assert isinstance(out[1], OrtpilotError)
+    np.testing.assert_array_equal(out[0]["y"], out[2]["y"])
+    assert runner.counts.snapshot()["count"] >= 3  # the stacked try, then one run each
+
+
+def test_thread_note_only_when_threads_differ():
+    assert thread_note(2, 0) == "" and thread_note(2, 2) == ""
+    assert "tuned with 4" in thread_note(2, 4)
+
+
+def test_a_standalone_replica_reports_to_nobody():
+    reporter = Reporter("m", "r", None)
+    assert reporter.handle() is None and asyncio.run(reporter.replica_infos()) is None
+    reporter.report({}, BatchCounts(), RequestCounts())  # a no-op, not an error
