@@ -1,5 +1,5 @@
 """The OpenAI stack: decoders behind an OpenAI-compatible API at ``/v1``. The wire format
-(``wire``), the ingress (``ingress``), one deployment per decoder (``deployment``) whose replicas
+(``wire``), the ingress (``ingress``) and the generation it relays to a replica (``relay``), one deployment per decoder (``deployment``) whose replicas
 adapt the continuous-batching engine (``decoder``), engine metrics (``metrics``) and the server's
 readiness and drain (``server``). It imports the serve core, never ``serve.oip``.
 """

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ortpilot.serve.errorbody import openai_error
+from ortpilot.serve.http import Reply
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
@@ -68,6 +70,10 @@ class ApiError(Exception):
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else {}
 
+    def reply(self) -> Reply:
+        """This error as the ingress answers it: its status, OpenAI's error object, Retry-After if any."""
+        return json_answer(self.status, self.body(), self.headers())
+
     def to_event(self) -> dict[str, Any]:
         return {
             "type": "error",
@@ -89,6 +95,12 @@ class ApiError(Exception):
             code=event.get("code"),
             retry_after_s=event.get("retry_after_s"),
         )
+
+
+def json_answer(status: int, doc: Any, headers: Mapping[str, str] | None = None) -> Reply:
+    """A JSON answer as OpenAI's API writes it (compact, UTF-8 text as is)."""
+    body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    return Reply(status, body, headers=dict(headers) if headers else None)
 
 
 def not_found(model: str, known: list[str]) -> ApiError:

@@ -1,0 +1,179 @@
+"""A generation relayed to a decoder replica: a streaming handle call, run again on another replica when
+its replica dies before the first token (a stream that already sent tokens ends with an error event),
+and its events shaped into one JSON answer or server-sent events ending in ``data: [DONE]``.
+
+When a client goes away, Ray cancels the ingress's request and its handle call; the replica's
+generator cancels the stream, and the scheduler frees the slot before its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
+from typing import Any
+
+from ortpilot.serve.defaults import REPLICA_RETRIES, retry_delay_s
+from ortpilot.serve.http import Reply, replica_gone
+from ortpilot.serve.openai.wire import (
+    ROUTE_PREFIX,
+    ApiError,
+    GenerationRequest,
+    chunk_body,
+    completion_body,
+    finish_reason,
+    json_answer,
+    new_id,
+    not_found,
+    now,
+    sse,
+    usage,
+)
+
+log = logging.getLogger("ortpilot")
+
+
+class Relay:
+    """Generations to the decoder deployments behind ``handles`` (model name -> Serve handle)."""
+
+    def __init__(self, handles: Mapping[str, Any]) -> None:
+        self.handles = handles
+
+    async def open(self, req: GenerationRequest) -> tuple[dict[str, Any], Any]:
+        """(the replica's first event, its event stream), on another replica when the first one died first."""
+        handle = self.handles.get(req.model)
+        if handle is None:
+            raise not_found(req.model, list(self.handles))
+        for attempt in range(REPLICA_RETRIES + 1):
+            events = handle.options(stream=True).generate.remote(req)
+            try:
+                return await events.__anext__(), events
+            except StopAsyncIteration:
+                raise ApiError(
+                    500, "the decoder replica ended the request without an answer", kind="server_error"
+                ) from None
+            except Exception as exc:
+                if type(exc).__name__ == "BackPressureError":
+                    raise ApiError(
+                        429,
+                        f"Every replica of '{req.model}' is at its limit; retry later.",
+                        kind="rate_limit_error",
+                        code="rate_limit_exceeded",
+                        retry_after_s=1,
+                    ) from None
+                if not replica_gone(exc) or attempt == REPLICA_RETRIES:
+                    raise
+                log.warning("A replica of '%s' went away before answering; retrying on another.", req.model)
+                await asyncio.sleep(retry_delay_s(attempt))
+        raise AssertionError("unreachable")
+
+    async def events(self, req: GenerationRequest, events: Any, restart: bool) -> AsyncIterator[dict[str, Any]]:
+        """The events after the first. A replica that dies before the first ``delta`` (or, with ``restart``,
+        at any point: a request nothing was sent for yet) is replaced by a new run on another replica; then a
+        ``restart`` event tells the caller to forget what it collected."""
+        retries, sent = 0, False
+        try:
+            while True:
+                try:
+                    async for event in events:
+                        sent = sent or event["type"] == "delta"
+                        yield event
+                    return
+                except Exception as exc:
+                    if not replica_gone(exc) or retries >= REPLICA_RETRIES or (sent and not restart):
+                        raise
+                    retries += 1
+                    log.warning("A replica of '%s' died during a request; running it again on another.", req.model)
+                    first, events = await self.open(req)
+                    if first["type"] == "error":
+                        yield first
+                        return
+                    sent = False
+                    yield {"type": "restart"}
+        finally:
+            events.cancel()  # a client gone: the replica cancels its stream (a no-op after the end)
+
+    async def answer(self, req: GenerationRequest, on_stream_end: Callable[[], None] = lambda: None) -> Reply:
+        """One JSON answer, or (``stream``) server-sent events ending in ``data: [DONE]``; ``on_stream_end``
+        runs once a stream's last chunk went out or its client went away."""
+        first, events = await self.open(req)
+        if first["type"] == "error":
+            return ApiError.from_event(first).reply()
+        ident, created = new_id(req.kind), now()
+        if req.stream:
+            stream = self._sse(req, ident, created, first, events, on_stream_end)
+            return Reply(200, b"", "text/event-stream", {"Cache-Control": "no-cache"}, stream=stream)
+        parts, end = [], None
+        async with aclosing(self.events(req, events, restart=True)) as stream:
+            async for event in stream:
+                if event["type"] == "restart":
+                    parts, end = [], None
+                elif event["type"] == "delta":
+                    parts.append(event["text"])
+                elif event["type"] == "end":
+                    end = event
+                elif event["type"] == "error":
+                    return ApiError.from_event(event).reply()
+        if end is None:
+            raise ApiError(500, "the decoder replica ended the request without an answer", kind="server_error")
+        return json_answer(
+            200,
+            completion_body(
+                req,
+                ident,
+                created,
+                "".join(parts),
+                finish_reason(end["finish_reason"]),
+                usage(end["prompt_tokens"], end["completion_tokens"]),
+            ),
+        )
+
+    async def _sse(
+        self,
+        req: GenerationRequest,
+        ident: str,
+        created: int,
+        first: dict[str, Any],
+        events: Any,
+        on_end: Callable[[], None],
+    ) -> AsyncIterator[bytes]:
+        stream = self.events(req, events, restart=False)
+        try:
+            if req.kind == "chat":
+                yield sse(chunk_body(req, ident, created, None, first=True))
+            async for event in stream:
+                if event["type"] == "delta":
+                    yield sse(chunk_body(req, ident, created, event["text"]))
+                elif event["type"] == "end":
+                    yield sse(chunk_body(req, ident, created, None, finish_reason(event["finish_reason"])))
+                    if req.include_usage:
+                        yield sse(
+                            chunk_body(
+                                req,
+                                ident,
+                                created,
+                                None,
+                                counts=usage(event["prompt_tokens"], event["completion_tokens"]),
+                            )
+                        )
+                elif event["type"] == "error":
+                    yield sse(ApiError.from_event(event).body())
+                    return
+            yield sse("[DONE]")
+        except Exception as exc:  # the replica died after tokens were sent: the stream ends with an error event
+            from ortpilot.serve.http import internal_error
+
+            gone = replica_gone(exc)
+            message = (
+                "The replica generating this stream went away after it had sent tokens; send the request again."
+                if gone
+                else internal_error(f"stream {ROUTE_PREFIX} {req.kind}", exc)
+            )
+            yield sse(ApiError(503 if gone else 500, message, kind="server_error").body())
+        finally:
+            await stream.aclose()  # cancels the replica's stream (a no-op after the end)
+            on_end()
+
+
+__all__ = ["Relay"]
