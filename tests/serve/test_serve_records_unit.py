@@ -12,7 +12,7 @@ from ortpilot.serve.access import access_options
 from ortpilot.serve.oip.app import replica_config
 from ortpilot.serve.oip.config import ReplicaConfig
 from ortpilot.serve.openai.decoder import DecoderSpec
-from ortpilot.serve.openai.wire import GenerationRequest
+from ortpilot.serve.openai.wire import ApiError, DecodeEvent, GenerationRequest
 from ortpilot.serve.options import DecoderOptions, ModelSpec, ServeOptions, ServerOptions
 from ortpilot.serve.records import AccessPolicy, RequestSettings, Timeouts
 
@@ -32,6 +32,8 @@ def _records(demo_paths) -> list:
         replica_config(spec, options, server, 2.0, "ortpilot"),
         DecoderSpec("d", "/m.onnx", "/t.json", "demo:decoder", DecoderOptions(max_queue=3), ("a note",)),
         GenerationRequest("chat", "d", messages=[{"role": "user", "content": "hi"}], stop=["x"], seed=3),
+        DecodeEvent("end", finish_reason="stop", prompt_tokens=3, completion_tokens=2),
+        ApiError(429, "busy", kind="rate_limit_error", code="rate_limit_exceeded", retry_after_s=1).to_event(),
     ]
 
 
@@ -40,6 +42,12 @@ def test_every_record_round_trips_through_plain_data_and_pickle(demo_paths):
         again = type(record).from_dict(record.to_dict())
         assert again == record, type(record).__name__
         assert pickle.loads(pickle.dumps(record)) == record
+
+
+def test_an_error_event_carries_the_whole_api_error():
+    error = ApiError(429, "busy", kind="rate_limit_error", code="rate_limit_exceeded", retry_after_s=1)
+    again = ApiError.from_event(pickle.loads(pickle.dumps(error.to_event())))
+    assert (again.status, again.body(), again.headers()) == (429, error.body(), {"Retry-After": "1"})
 
 
 def test_the_replica_config_carries_what_the_replica_reads(demo_paths):

@@ -13,7 +13,7 @@ from unit_requests import body, request
 from ortpilot.serve.access import access_options
 from ortpilot.serve.openai.decoder import DecoderReplica, prepare_decoder
 from ortpilot.serve.openai.ingress import OpenAIIngress
-from ortpilot.serve.openai.wire import GenerationRequest, parse_request
+from ortpilot.serve.openai.wire import DecodeEvent, GenerationRequest, parse_request
 from ortpilot.serve.options import DecoderOptions, ServeOptions, ServerOptions
 
 pytest.importorskip("prometheus_client")
@@ -39,8 +39,8 @@ def test_the_replica_yields_start_deltas_and_end(replica):
         return [e async for e in replica.generate(req)]
 
     out = asyncio.run(events())
-    assert out[0] == {"type": "start", "prompt_tokens": 5} and out[-1]["type"] == "end"
-    assert out[-1]["completion_tokens"] == 5 and all(e["type"] == "delta" for e in out[1:-1])
+    assert out[0] == DecodeEvent("start", prompt_tokens=5) and out[-1].type == "end"
+    assert out[-1].completion_tokens == 5 and all(e.type == "delta" and e.text for e in out[1:-1])
 
 
 def test_a_prompt_without_room_is_one_error_event(replica):
@@ -50,7 +50,7 @@ def test_a_prompt_without_room_is_one_error_event(replica):
         return [e async for e in replica.generate(req)]
 
     (event,) = asyncio.run(events())
-    assert event["type"] == "error" and event["status"] == 400, event
+    assert event.type == "error" and event.status == 400 and event.message, event
 
 
 def test_a_completion_through_the_ingress(replica):

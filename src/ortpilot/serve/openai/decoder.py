@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import QueueFullError, UsageError
-from ortpilot.serve.openai.wire import DEFAULT_COMPLETION_TOKENS, ApiError, GenerationRequest
+from ortpilot.serve.openai.wire import (
+    DEFAULT_COMPLETION_TOKENS,
+    DELTA,
+    END,
+    START,
+    ApiError,
+    DecodeEvent,
+    GenerationRequest,
+)
 from ortpilot.serve.options import DecoderOptions
 
 log = logging.getLogger("ortpilot")
@@ -256,7 +264,7 @@ class DecoderReplica:
         except UsageError as exc:
             raise ApiError(400, str(exc), code="invalid_value") from None
 
-    async def generate(self, request: GenerationRequest | Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, request: GenerationRequest | Mapping[str, Any]) -> AsyncIterator[DecodeEvent]:
         """Events for one request: ``start``, ``delta`` (text), ``end``; or a single ``error``."""
         if not isinstance(request, GenerationRequest):
             request = GenerationRequest.from_dict(request)
@@ -270,15 +278,15 @@ class DecoderReplica:
 
         text = TextStream(self.tokenizer, request.stop, self.stop_ids)
         try:
-            yield {"type": "start", "prompt_tokens": len(ids)}
+            yield DecodeEvent(START, prompt_tokens=len(ids))
             async for event in self._deltas(text, stream, tokens):
                 yield event
-            yield {
-                "type": "end",
-                "finish_reason": "stop_string" if text.stopped else stream.stop_reason or "max_new_tokens",
-                "prompt_tokens": len(ids),
-                "completion_tokens": len(stream.tokens),
-            }
+            yield DecodeEvent(
+                END,
+                finish_reason="stop_string" if text.stopped else stream.stop_reason or "max_new_tokens",
+                prompt_tokens=len(ids),
+                completion_tokens=len(stream.tokens),
+            )
         except ApiError as exc:
             yield exc.to_event()
         finally:
@@ -286,7 +294,7 @@ class DecoderReplica:
                 stream.cancel()  # the caller went away: free the slot before the next step
             self._record(stream)
 
-    async def _deltas(self, text: Any, stream: Any, tokens: asyncio.Queue) -> AsyncIterator[dict[str, Any]]:
+    async def _deltas(self, text: Any, stream: Any, tokens: asyncio.Queue) -> AsyncIterator[DecodeEvent]:
         """``delta`` events of the stream's ``text`` as its tokens arrive, up to the end or a stop string
         (which cancels the stream). A failed engine step is an ApiError (500)."""
         ended = False
@@ -307,7 +315,7 @@ class DecoderReplica:
             if ended and not text.stopped:
                 delta += text.finish()
             if delta:
-                yield {"type": "delta", "text": delta}
+                yield DecodeEvent(DELTA, text=delta)
         if stream.error is not None and not text.stopped:  # this stream's alone: the others decode on
             from ortpilot.serve.http import internal_error
             from ortpilot.serve.ortmessage import clean_ort_message

@@ -17,8 +17,13 @@ from typing import Any
 from ortpilot.serve.defaults import REPLICA_RETRIES, retry_delay_s
 from ortpilot.serve.http import Reply, replica_gone
 from ortpilot.serve.openai.wire import (
+    DELTA,
+    END,
+    ERROR,
+    RESTART,
     ROUTE_PREFIX,
     ApiError,
+    DecodeEvent,
     GenerationRequest,
     chunk_body,
     completion_body,
@@ -40,7 +45,7 @@ class Relay:
     def __init__(self, handles: Mapping[str, Any]) -> None:
         self.handles = handles
 
-    async def open(self, req: GenerationRequest) -> tuple[dict[str, Any], Any]:
+    async def open(self, req: GenerationRequest) -> tuple[DecodeEvent, Any]:
         """(the replica's first event, its event stream), on another replica when the first one died first."""
         handle = self.handles.get(req.model)
         if handle is None:
@@ -68,7 +73,7 @@ class Relay:
                 await asyncio.sleep(retry_delay_s(attempt))
         raise AssertionError("unreachable")
 
-    async def events(self, req: GenerationRequest, events: Any, restart: bool) -> AsyncIterator[dict[str, Any]]:
+    async def events(self, req: GenerationRequest, events: Any, restart: bool) -> AsyncIterator[DecodeEvent]:
         """The events after the first. A replica that dies before the first ``delta`` (or, with ``restart``,
         at any point: a request nothing was sent for yet) is replaced by a new run on another replica; then a
         ``restart`` event tells the caller to forget what it collected."""
@@ -77,7 +82,7 @@ class Relay:
             while True:
                 try:
                     async for event in events:
-                        sent = sent or event["type"] == "delta"
+                        sent = sent or event.type == DELTA
                         yield event
                     return
                 except Exception as exc:
@@ -86,11 +91,11 @@ class Relay:
                     retries += 1
                     log.warning("A replica of '%s' died during a request; running it again on another.", req.model)
                     first, events = await self.open(req)
-                    if first["type"] == "error":
+                    if first.type == ERROR:
                         yield first
                         return
                     sent = False
-                    yield {"type": "restart"}
+                    yield DecodeEvent(RESTART)
         finally:
             events.cancel()  # a client gone: the replica cancels its stream (a no-op after the end)
 
@@ -98,7 +103,7 @@ class Relay:
         """One JSON answer, or (``stream``) server-sent events ending in ``data: [DONE]``; ``on_stream_end``
         runs once a stream's last chunk went out or its client went away."""
         first, events = await self.open(req)
-        if first["type"] == "error":
+        if first.type == ERROR:
             return ApiError.from_event(first).reply()
         ident, created = new_id(req.kind), now()
         if req.stream:
@@ -107,13 +112,13 @@ class Relay:
         parts, end = [], None
         async with aclosing(self.events(req, events, restart=True)) as stream:
             async for event in stream:
-                if event["type"] == "restart":
+                if event.type == RESTART:
                     parts, end = [], None
-                elif event["type"] == "delta":
-                    parts.append(event["text"])
-                elif event["type"] == "end":
+                elif event.type == DELTA:
+                    parts.append(event.text)
+                elif event.type == END:
                     end = event
-                elif event["type"] == "error":
+                elif event.type == ERROR:
                     return ApiError.from_event(event).reply()
         if end is None:
             raise ApiError(500, "the decoder replica ended the request without an answer", kind="server_error")
@@ -124,8 +129,8 @@ class Relay:
                 ident,
                 created,
                 "".join(parts),
-                finish_reason(end["finish_reason"]),
-                usage(end["prompt_tokens"], end["completion_tokens"]),
+                finish_reason(end.finish_reason),
+                usage(end.prompt_tokens, end.completion_tokens),
             ),
         )
 
@@ -134,7 +139,7 @@ class Relay:
         req: GenerationRequest,
         ident: str,
         created: int,
-        first: dict[str, Any],
+        first: DecodeEvent,
         events: Any,
         on_end: Callable[[], None],
     ) -> AsyncIterator[bytes]:
@@ -143,10 +148,10 @@ class Relay:
             if req.kind == "chat":
                 yield sse(chunk_body(req, ident, created, None, first=True))
             async for event in stream:
-                if event["type"] == "delta":
-                    yield sse(chunk_body(req, ident, created, event["text"]))
-                elif event["type"] == "end":
-                    yield sse(chunk_body(req, ident, created, None, finish_reason(event["finish_reason"])))
+                if event.type == DELTA:
+                    yield sse(chunk_body(req, ident, created, event.text))
+                elif event.type == END:
+                    yield sse(chunk_body(req, ident, created, None, finish_reason(event.finish_reason)))
                     if req.include_usage:
                         yield sse(
                             chunk_body(
@@ -154,10 +159,10 @@ class Relay:
                                 ident,
                                 created,
                                 None,
-                                counts=usage(event["prompt_tokens"], event["completion_tokens"]),
+                                counts=usage(event.prompt_tokens, event.completion_tokens),
                             )
                         )
-                elif event["type"] == "error":
+                elif event.type == ERROR:
                     yield sse(ApiError.from_event(event).body())
                     return
             yield sse("[DONE]")

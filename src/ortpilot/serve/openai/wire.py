@@ -74,27 +74,57 @@ class ApiError(Exception):
         """This error as the ingress answers it: its status, OpenAI's error object, Retry-After if any."""
         return json_answer(self.status, self.body(), self.headers())
 
-    def to_event(self) -> dict[str, Any]:
-        return {
-            "type": "error",
-            "status": self.status,
-            "message": self.message,
-            "kind": self.kind,
-            "param": self.param,
-            "code": self.code,
-            "retry_after_s": self.retry_after_s,
-        }
+    def to_event(self) -> DecodeEvent:
+        return DecodeEvent(
+            ERROR,
+            status=self.status,
+            message=self.message,
+            kind=self.kind,
+            param=self.param,
+            code=self.code,
+            retry_after_s=self.retry_after_s,
+        )
 
     @classmethod
-    def from_event(cls, event: dict[str, Any]) -> ApiError:
+    def from_event(cls, event: DecodeEvent) -> ApiError:
         return cls(
-            event["status"],
-            event["message"],
-            kind=event.get("kind") or "invalid_request_error",
-            param=event.get("param"),
-            code=event.get("code"),
-            retry_after_s=event.get("retry_after_s"),
+            event.status,
+            event.message,
+            kind=event.kind or "invalid_request_error",
+            param=event.param,
+            code=event.code,
+            retry_after_s=event.retry_after_s,
         )
+
+
+START, DELTA, END, ERROR, RESTART = "start", "delta", "end", "error", "restart"
+
+
+@dataclass(frozen=True)
+class DecodeEvent:
+    """One event of a generation, as a decoder replica streams it to the ingress across Ray: ``start``
+    (the prompt's tokens), ``delta`` (text), ``end`` (finish reason and usage) or one ``error`` (an
+    ApiError's fields: the exception itself does not cross). ``restart`` is the relay's own: the
+    replica died and the request runs again on another one."""
+
+    type: str
+    text: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = ""
+    status: int = 0
+    message: str = ""
+    kind: str = ""
+    param: str | None = None
+    code: str | None = None
+    retry_after_s: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> DecodeEvent:
+        return cls(**dict(doc))
 
 
 def json_answer(status: int, doc: Any, headers: Mapping[str, str] | None = None) -> Reply:
@@ -403,10 +433,12 @@ __all__ = [
     "ROLES",
     "ROUTE_PREFIX",
     "ApiError",
+    "DecodeEvent",
     "GenerationRequest",
     "chunk_body",
     "completion_body",
     "finish_reason",
+    "json_answer",
     "model_object",
     "new_id",
     "not_found",
