@@ -11,7 +11,9 @@ from ortpilot.serve import defaults
 from ortpilot.serve.access import access_options
 from ortpilot.serve.oip.app import replica_config
 from ortpilot.serve.oip.config import ReplicaConfig
+from ortpilot.serve.oip.metrics import BatchCounts, Heartbeat
 from ortpilot.serve.openai.decoder import DecoderSpec
+from ortpilot.serve.openai.metrics import EngineHeartbeat
 from ortpilot.serve.openai.wire import ApiError, DecodeEvent, GenerationRequest
 from ortpilot.serve.options import DecoderOptions, ModelSpec, ServeOptions, ServerOptions
 from ortpilot.serve.records import AccessPolicy, RequestSettings, Timeouts
@@ -33,6 +35,8 @@ def _records(demo_paths) -> list:
         DecoderSpec("d", "/m.onnx", "/t.json", "demo:decoder", DecoderOptions(max_queue=3), ("a note",)),
         GenerationRequest("chat", "d", messages=[{"role": "user", "content": "hi"}], stop=["x"], seed=3),
         DecodeEvent("end", finish_reason="stop", prompt_tokens=3, completion_tokens=2),
+        Heartbeat("m", "r", {"verified": True}, BatchCounts().snapshot(), {"codes": {"200": 1}, "count": 1}),
+        EngineHeartbeat("d", "r", {"decode_steps": 3}),
         ApiError(429, "busy", kind="rate_limit_error", code="rate_limit_exceeded", retry_after_s=1).to_event(),
     ]
 

@@ -79,3 +79,23 @@ def test_grpc_server_calls_and_the_guard_wrapper():
         asyncio.run(call(req, ctx))
         assert ctx.code == code, ctx.details
     assert app.metrics.local_requests(UNKNOWN_MODEL)["codes"] == {"401": 1, "400": 1}
+
+
+def test_a_heartbeat_makes_its_model_ready_and_counts_in_metrics():
+    from ortpilot.serve.oip.metrics import BatchCounts, Heartbeat
+
+    app = _server()
+    batches = BatchCounts()
+    batches.observe(2)
+    info = {"verified": True, "providers": ["CPUExecutionProvider"], "placement_share": {"CPUExecutionProvider": 1.0}}
+    asyncio.run(app.report(Heartbeat("a", "r1", info, batches.snapshot(), {"codes": {"200": 3}, "count": 3})))
+    assert app.ready("a") and not app.ready("b")
+    assert asyncio.run(app.replica_infos("a")) == [info]
+    text = bytes(asyncio.run(app(request("GET", "/metrics"))).body).decode()
+    assert 'ortpilot_requests_total{code="200",model="a"} 3.0' in text
+    stale = Heartbeat("a", "r1", info, BatchCounts().snapshot(), {"codes": {}, "count": 0})
+    asyncio.run(app.report(stale))  # an older report that arrives late replaces no newer count
+    assert (
+        'ortpilot_requests_total{code="200",model="a"} 3.0'
+        in bytes(asyncio.run(app(request("GET", "/metrics"))).body).decode()
+    )

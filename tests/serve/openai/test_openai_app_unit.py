@@ -8,7 +8,7 @@ import pytest
 from ortpilot.errors import UsageError
 from ortpilot.serve.openai.decoder import DecoderSpec
 from ortpilot.serve.openai.deployment import INGRESS_NAME, openai_deployment
-from ortpilot.serve.openai.metrics import DecoderMetrics
+from ortpilot.serve.openai.metrics import DecoderMetrics, EngineHeartbeat
 from ortpilot.serve.openai.server import run_openai_server
 from ortpilot.serve.options import DecoderOptions, ServeOptions, ServerOptions
 from ortpilot.serve.records import RequestSettings
@@ -37,8 +37,8 @@ def test_grpc_port_and_bad_replicas_are_refused_before_ray_starts():
 
 def test_engine_counters_are_summed_per_model():
     metrics = DecoderMetrics(["d"])
-    metrics.report("d", "r1", {"decode_steps": 3, "pending": 1})
-    metrics.report("d", "r2", {"decode_steps": 4, "pending": 0})
+    metrics.report(EngineHeartbeat("d", "r1", {"decode_steps": 3, "pending": 1}))
+    metrics.report(EngineHeartbeat("d", "r2", {"decode_steps": 4, "pending": 0}))
     metrics.observe("d", 200, 0.01)
     metrics.observe("zzz", 404, 0.01)
     text = metrics.render()[0].decode()

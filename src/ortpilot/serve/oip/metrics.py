@@ -17,7 +17,7 @@ import bisect
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ortpilot.serve.counts import REPLICA_TTL_S, SECONDS_BUCKETS, RequestCounts, cumulative
@@ -41,6 +41,26 @@ class BatchCounts:
 
     def snapshot(self) -> dict[str, Any]:
         return {"buckets": list(self.buckets), "sum": self.sum, "count": self.count}
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What a model replica sends the server-wide application across Ray: who it is, what it verified
+    (``info``: the document model metadata lists) and its cumulative counts (``BatchCounts`` and
+    ``RequestCounts`` snapshots, small enough to send after every request)."""
+
+    model: str
+    replica: str
+    info: Mapping[str, Any]
+    batches: Mapping[str, Any]
+    requests: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "info": dict(self.info), "batches": dict(self.batches), "requests": dict(self.requests)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Heartbeat:
+        return cls(**dict(doc))
 
 
 @dataclass
@@ -83,15 +103,9 @@ class ServeMetrics:
             counts = self._local.get(label)
             return counts.snapshot() if counts else {}
 
-    def report(
-        self,
-        model: str,
-        replica: str,
-        info: Mapping[str, Any] | None,
-        batches: Mapping[str, Any],
-        requests: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Take a replica's report; older counts never replace newer ones (reports may cross)."""
+    def report(self, beat: Heartbeat) -> None:
+        """Take a replica's heartbeat; older counts never replace newer ones (heartbeats may cross)."""
+        model, replica, info, batches, requests = beat.model, beat.replica, beat.info, beat.batches, beat.requests
         with self._lock:
             old = self._reports.get(replica)
             if old is None:
@@ -198,4 +212,4 @@ class _ReplicaCollector:
         yield seconds
 
 
-__all__ = ["BATCH_BUCKETS", "UNKNOWN_MODEL", "BatchCounts", "ReplicaReport", "ServeMetrics"]
+__all__ = ["BATCH_BUCKETS", "UNKNOWN_MODEL", "BatchCounts", "Heartbeat", "ReplicaReport", "ServeMetrics"]

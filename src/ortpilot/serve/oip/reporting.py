@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ortpilot.serve.counts import REPORT_S, RequestCounts
-from ortpilot.serve.oip.metrics import BatchCounts
+from ortpilot.serve.oip.metrics import BatchCounts, Heartbeat
 
 
 class Reporter:
@@ -48,7 +48,9 @@ class Reporter:
             return
         self._reported = time.monotonic()
         try:
-            server.report.remote(self.model, self.replica, dict(info), batches.snapshot(), requests.snapshot())
+            server.report.remote(
+                Heartbeat(self.model, self.replica, dict(info), batches.snapshot(), requests.snapshot())
+            )
         except Exception:
             self._server = None
 

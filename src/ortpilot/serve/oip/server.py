@@ -20,7 +20,7 @@ from ortpilot.serve.defaults import REPLICA_RETRIES, retry_delay_s
 from ortpilot.serve.http import Reply, dispatch, replica_gone, replica_logging
 from ortpilot.serve.oip.grpc_codec import messages, server_metadata
 from ortpilot.serve.oip.grpc_rpcs import UnservedRpcs, guarded, set_status
-from ortpilot.serve.oip.metrics import UNKNOWN_MODEL, ServeMetrics
+from ortpilot.serve.oip.metrics import UNKNOWN_MODEL, Heartbeat, ServeMetrics
 from ortpilot.serve.oip.routes import HEALTH, OipErrors, no_replica, server_routes, unclaimed, unknown_model
 from ortpilot.serve.pipeline import Pipeline
 from ortpilot.serve.records import RequestSettings
@@ -62,16 +62,9 @@ class ServerApp(UnservedRpcs):
     def ready(self, name: str) -> bool:
         return bool(self.metrics.replicas(name)) and not self.draining
 
-    async def report(
-        self,
-        model: str,
-        replica: str,
-        info: Mapping[str, Any] | None,
-        batches: Mapping[str, Any],
-        requests: Mapping[str, Any] | None = None,
-    ) -> None:
+    async def report(self, beat: Heartbeat) -> None:
         """A model replica's heartbeat: who it is, what it verified, its cumulative counts."""
-        self.metrics.report(model, replica, info, batches, requests)
+        self.metrics.report(beat)
 
     async def replica_infos(self, name: str) -> list[dict[str, Any]]:
         return [dict(r.info) for r in self.metrics.replicas(name)]

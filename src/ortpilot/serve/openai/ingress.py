@@ -13,7 +13,7 @@ from typing import Any
 
 from ortpilot.serve.defaults import HEALTH_PATHS
 from ortpilot.serve.http import Reply
-from ortpilot.serve.openai.metrics import DecoderMetrics
+from ortpilot.serve.openai.metrics import DecoderMetrics, EngineHeartbeat
 from ortpilot.serve.openai.relay import Relay
 from ortpilot.serve.openai.wire import ROUTE_PREFIX, ApiError, json_answer, model_object, not_found, now, parse_request
 from ortpilot.serve.pipeline import Pipeline
@@ -66,9 +66,9 @@ class OpenAIIngress:
         self.metrics = DecoderMetrics(list(self.handles))
         self.relay = Relay(self.handles)
 
-    async def report(self, model: str, replica: str, counters: dict[str, Any]) -> None:
+    async def report(self, beat: EngineHeartbeat) -> None:
         """A decoder replica's heartbeat: its engine's cumulative counters."""
-        self.metrics.report(model, replica, counters)
+        self.metrics.report(beat)
 
     async def __call__(self, request: Any) -> Any:
         full = request.url.path.rstrip("/") or "/"

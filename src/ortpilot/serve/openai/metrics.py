@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ortpilot.serve.counts import REPLICA_TTL_S, SECONDS_BUCKETS, RequestCounts, cumulative
@@ -56,6 +57,23 @@ def _get(doc: Mapping[str, Any], path: tuple[str, ...]) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
+@dataclass(frozen=True)
+class EngineHeartbeat:
+    """What a decoder replica sends the ingress across Ray every few seconds: who it is and its engine's
+    cumulative counters (``decode.Scheduler.counters``, a document the collectors below read)."""
+
+    model: str
+    replica: str
+    counters: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "replica": self.replica, "counters": dict(self.counters)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> EngineHeartbeat:
+        return cls(**dict(doc))
+
+
 class DecoderMetrics:
     """The ingress's registry: its own request counts and the replicas' engine reports."""
 
@@ -74,9 +92,9 @@ class DecoderMetrics:
         with self._lock:
             self._requests.setdefault(label, RequestCounts()).observe(code, seconds)
 
-    def report(self, model: str, replica: str, counters: Mapping[str, Any]) -> None:
+    def report(self, beat: EngineHeartbeat) -> None:
         with self._lock:
-            self._reports[replica] = (model, dict(counters), time.monotonic())
+            self._reports[beat.replica] = (beat.model, dict(beat.counters), time.monotonic())
 
     def snapshot(self) -> tuple[dict[str, dict[str, Any]], list[tuple[str, dict[str, Any], bool]]]:
         with self._lock:
