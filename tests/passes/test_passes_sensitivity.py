@@ -126,6 +126,13 @@ def test_ranking_covers_every_weighted_matmul_and_embedding_of_the_encoder(demo_
     # Every GEMM adds noise; where u8s8 saturates, a small table's share can drown in the clipping.
     assert all(r["nsr"] > 0 for r in ranking if r["op_type"] == "MatMul") and all(r["nsr"] >= 0 for r in ranking)
     assert int8_rule().u8s8_saturates or all(r["nsr"] > 0 for r in ranking)
+
+
+def test_ranking_can_be_limited_to_op_types(demo_paths):
+    """Which layers are ranked does not depend on the INT8 kernel: not in the ISA lane."""
+    proto = load_model(demo_paths["encoder"])
+    weights = {t.name for t in proto.graph.initializer}
+    matmuls = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
     only = rank_dynamic(demo_paths["encoder"], [make_feeds(proto, seed=0)], op_types=["MatMul"])
     assert sorted(r["node"] for r in only) == sorted(matmuls)
 
