@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-OIP = "oip"
+OIP = "oip"  # the protocol names a server speaks (``plan``, HAProxy's error pages)
 OPENAI = "openai"
 
 

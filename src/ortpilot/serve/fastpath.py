@@ -28,6 +28,7 @@ from typing import Any
 
 from ortpilot.rayenv import is_loopback_host
 from ortpilot.serve.defaults import DEFAULT_MAX_HEADER_KB
+from ortpilot.serve.errorbody import OIP
 from ortpilot.serve.haproxy import HAPROXY_BUFSIZE, RETRY_ON, write_wrapper
 from ortpilot.serve.records import Timeouts
 
@@ -165,7 +166,7 @@ def environment(
     host: str,
     grpc_app: str = "",
     proxy_callback: str = "",
-    protocol: str = "oip",
+    protocol: str = OIP,
     max_header_kb: int = DEFAULT_MAX_HEADER_KB,
     hide_routes: bool = False,
 ) -> tuple[dict[str, str], IngressPath]:

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 
 from ortpilot.serve.defaults import DEFAULT_MAX_HEADER_KB
-from ortpilot.serve.errorbody import error_json
+from ortpilot.serve.errorbody import OIP, error_json
 from ortpilot.serve.records import Timeouts
 
 RETRY_ON = "conn-failure empty-response response-timeout"  # inference is idempotent: replay it
@@ -150,7 +150,7 @@ def write_wrapper(
     timeouts: Timeouts,
     grpc_app: str = "",
     *,
-    protocol: str = "oip",
+    protocol: str = OIP,
     max_header_kb: int = DEFAULT_MAX_HEADER_KB,
     hide_routes: bool = False,
 ) -> Path:

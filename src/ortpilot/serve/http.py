@@ -171,11 +171,6 @@ def printable(text: str, limit: int = 200) -> str:
     return escaped if len(escaped) <= limit else escaped[: limit - 3] + "..."
 
 
-def access_line(request: Any, reply: Reply, started: float) -> None:
-    """One access-log line on stderr: client, request line, status, response bytes, time; never a payload."""
-    log_request(request, reply.status, len(reply.body), started)
-
-
 def log_request(request: Any, status: int, size: int | str, started: float) -> None:
     """The access-log line of ``request`` (``size``: response bytes, or "-" for a stream), escaped."""
     client = request.client.host if request.client else "-"
@@ -205,7 +200,6 @@ __all__ = [
     "Handler",
     "Reply",
     "Route",
-    "access_line",
     "dispatch",
     "error_reply",
     "internal_error",

@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ortpilot.errors import UsageError
+from ortpilot.serve.errorbody import OIP, OPENAI
 from ortpilot.serve.options import DecoderOptions, ServeOptions, ServerOptions, resolve_models
 from ortpilot.serve.ready import Served
-
-OIP = "oip"
-OPENAI = "openai"
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from ortpilot import rayenv
 from ortpilot.errors import UsageError
 from ortpilot.serve import fastpath
 from ortpilot.serve.defaults import DEFAULT_MAX_REQUEST_MB, megabytes
+from ortpilot.serve.errorbody import OIP
 from ortpilot.serve.options import ServerOptions
 
 log = logging.getLogger("ortpilot")
@@ -177,7 +178,7 @@ def require_ray() -> Any:
 
 
 def start_serve(
-    serve: Any, server: ServerOptions, grpc: GrpcEntry | None, max_request_mb: float, protocol: str = "oip"
+    serve: Any, server: ServerOptions, grpc: GrpcEntry | None, max_request_mb: float, protocol: str = OIP
 ) -> fastpath.IngressPath:
     """``serve.start`` on the path ``server`` asks for; returns the path taken, its ports filled in.
     ``protocol`` (``oip``, ``openai``) shapes the errors HAProxy answers itself; ``grpc`` is what a
@@ -230,7 +231,7 @@ def serve_until_stopped(
     server_options: ServerOptions,
     *,
     grpc: GrpcEntry | None = None,
-    protocol: str = "oip",
+    protocol: str = OIP,
     drain: Callable[[], None] | None = None,
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
     on_ready: Callable[[R], None] | None = None,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ortpilot.errors import VerificationError
+from ortpilot.serve.errorbody import OIP
 from ortpilot.serve.oip.grpc_service import PROXY_CALLBACK, SERVICER, model_ready
 from ortpilot.serve.oip.server import SERVER_APP
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
@@ -51,7 +52,7 @@ def run_server(
         ),
         server,
         grpc=GrpcEntry(SERVICER, PROXY_CALLBACK, specs[0].name if len(specs) == 1 else SERVER_APP),
-        protocol="oip",
+        protocol=OIP,
         drain=_drain_server,
         max_request_mb=options.max_request_mb,
         on_ready=on_ready,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ortpilot.errors import UsageError, VerificationError
+from ortpilot.serve.errorbody import OPENAI
 from ortpilot.serve.openai.decoder import DecoderSpec
 from ortpilot.serve.openai.deployment import APP_NAME, openai_deployment
 from ortpilot.serve.openai.wire import ROUTE_PREFIX
@@ -94,7 +95,7 @@ def run_openai_server(
         build,
         lambda failed, _stop: wait_ready(specs, server, options.replicas, started, failed),
         server,
-        protocol="openai",
+        protocol=OPENAI,
         drain=_drain,
         max_request_mb=options.max_request_mb,
         on_ready=on_ready,
