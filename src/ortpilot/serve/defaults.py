@@ -10,7 +10,8 @@ DEFAULT_REQUEST_TIMEOUT_S = 300  # a request, from its first byte to its answer 
 DEFAULT_IDLE_TIMEOUT_S = 60  # a kept-alive connection with no request
 DEFAULT_READY_TIMEOUT_S = 300.0  # the driver waits this long for a verified replica of each model
 DEFAULT_MAX_HEADER_KB = 32  # request line and headers together (HAProxy: 431 beyond)
-HEALTH_PATHS = ("/v2/health/live", "/v2/health/ready")  # open without a key unless --auth-health
+LIVE_PATH, READY_PATH = "/v2/health/live", "/v2/health/ready"  # both stacks answer the OIP probes
+HEALTH_PATHS = (LIVE_PATH, READY_PATH)  # open without a key unless --auth-health
 # A call whose replica died (not the request's fault) runs again on another replica this many times,
 # after ``retry_delay_s(attempt)``: inference is idempotent, and a restarted replica takes a moment.
 REPLICA_RETRIES = 2
@@ -35,6 +36,8 @@ __all__ = [
     "DEFAULT_READY_TIMEOUT_S",
     "DEFAULT_REQUEST_TIMEOUT_S",
     "HEALTH_PATHS",
+    "LIVE_PATH",
+    "READY_PATH",
     "REPLICA_RETRIES",
     "megabytes",
     "retry_delay_s",

@@ -30,7 +30,6 @@ from ortpilot.serve.http import (
     dispatch,
     error_reply,
     internal_error,
-    printable,
     read_body,
     replica_logging,
 )
@@ -39,7 +38,7 @@ from ortpilot.serve.oip.execution import ModelRunner, load_verified, thread_note
 from ortpilot.serve.oip.grpc_codec import decode_infer, encode_infer, messages, model_metadata, server_metadata
 from ortpilot.serve.oip.grpc_rpcs import UnservedRpcs, guarded, set_status
 from ortpilot.serve.oip.reporting import Reporter
-from ortpilot.serve.oip.routes import OipErrors
+from ortpilot.serve.oip.routes import OipErrors, unknown_here
 from ortpilot.serve.options import ModelSpec, ort_threads
 from ortpilot.serve.pipeline import Pipeline
 
@@ -172,7 +171,7 @@ class ModelReplica(UnservedRpcs):
     @guarded()
     async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
         if request.name != self.name or request.version not in ("", "1"):
-            set_status(grpc_context, 404, _unknown(request.name, request.version))
+            set_status(grpc_context, 404, unknown_here(request.name, request.version))
             return messages().ModelMetadataResponse()
         return model_metadata(self.name, self.config.inputs, self.config.outputs)
 
@@ -193,7 +192,7 @@ class ModelReplica(UnservedRpcs):
         started = time.perf_counter()
         status, message, answer = 200, "", None
         if request.model_name != self.name or request.model_version not in ("", "1"):
-            status, message = 404, _unknown(request.model_name, request.model_version)
+            status, message = 404, unknown_here(request.model_name, request.model_version)
         else:
             try:
                 feeds, outputs = decode_infer(request, self.settings.max_request_bytes)
@@ -227,10 +226,6 @@ class ModelReplica(UnservedRpcs):
     def _report(self, soon: bool = False) -> None:
         """Hand the server-wide application this replica's state (``soon``: unless it did lately)."""
         self.reporter.report(self.info, self.runner.counts, self.requests, soon=soon)
-
-
-def _unknown(name: str, version: str) -> str:
-    return f"Unknown model {printable(name, 80)!r} version {printable(version, 40)!r} here."
 
 
 def _replica_id() -> str:

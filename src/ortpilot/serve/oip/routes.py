@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ortpilot.errors import InputError
-from ortpilot.serve.defaults import HEALTH_PATHS
+from ortpilot.serve.defaults import HEALTH_PATHS, LIVE_PATH, READY_PATH
 from ortpilot.serve.http import Reply, Route, error_reply, internal_error, json_reply, printable, route
 from ortpilot.serve.oip.codec import BINARY_TYPE, HEADER_LENGTH, decode_request, encode_response
 
@@ -31,6 +31,11 @@ _MODEL_PATH = re.compile(r"^/v2/models/([^/]+)(/.*)?$")
 def unknown_model(name: str, served: Iterable[str]) -> str:
     """The message for a model name this server does not serve (REST 404, gRPC NOT_FOUND)."""
     return f"Unknown model '{printable(name, 80)}'. This server serves: {', '.join(sorted(served))}."
+
+
+def unknown_here(name: str, version: str) -> str:
+    """The message of a gRPC call a model's replica got for another model or version (NOT_FOUND)."""
+    return f"Unknown model {printable(name, 80)!r} version {printable(version, 40)!r} here."
 
 
 def no_replica(name: str, why: str = "") -> str:
@@ -122,8 +127,8 @@ def server_routes(server: Any) -> list[Route]:
         return Reply(200, body, content_type)
 
     return [
-        route("GET", "/v2/health/live", live),
-        route("GET", "/v2/health/ready", server_ready),
+        route("GET", LIVE_PATH, live),
+        route("GET", READY_PATH, server_ready),
         route("GET", "/v2", server_metadata),
         route("POST", "/v2/repository/index", repository_index),
         route("GET", "/metrics", metrics),
@@ -179,5 +184,6 @@ __all__ = [
     "refusal",
     "server_routes",
     "unclaimed",
+    "unknown_here",
     "unknown_model",
 ]

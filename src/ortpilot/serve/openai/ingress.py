@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ortpilot.serve.defaults import HEALTH_PATHS
+from ortpilot.serve.defaults import HEALTH_PATHS, LIVE_PATH
 from ortpilot.serve.http import Reply
 from ortpilot.serve.openai.metrics import DecoderMetrics, EngineHeartbeat
 from ortpilot.serve.openai.relay import Relay
@@ -111,7 +111,7 @@ class OpenAIIngress:
         if path == "/metrics":
             body, content_type = self.metrics.render()
             return Reply(200, body, content_type)
-        if path == "/v2/health/live":
+        if path == LIVE_PATH:
             return json_answer(200, {"live": True})
         _, reports = self.metrics.snapshot()
         states = {name: any(m == name and alive for m, _, alive in reports) for name in self.handles}
