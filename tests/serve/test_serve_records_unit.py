@@ -12,8 +12,8 @@ from ortpilot.serve.access import access_options
 from ortpilot.serve.oip.app import replica_config
 from ortpilot.serve.oip.config import ReplicaConfig
 from ortpilot.serve.oip.metrics import BatchCounts, Heartbeat
-from ortpilot.serve.openai.decoder import DecoderSpec
 from ortpilot.serve.openai.metrics import EngineHeartbeat
+from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.openai.wire import ApiError, DecodeEvent, GenerationRequest
 from ortpilot.serve.options import DecoderOptions, ModelSpec, ServeOptions, ServerOptions
 from ortpilot.serve.records import AccessPolicy, RequestSettings, Timeouts

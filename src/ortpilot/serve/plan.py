@@ -54,7 +54,7 @@ def plan(
     """Decide what ``targets`` are served as and check it: every target a decoder (OpenAI API) or none
     (Open Inference Protocol), one name per target, no setting that does not apply (``manifest``: the
     plan is for a KubeRay manifest, which describes Open Inference Protocol models only)."""
-    from ortpilot.serve.openai.decoder import is_decoder_target
+    from ortpilot.serve.openai.spec import is_decoder_target
 
     options = options or ServeOptions()
     decoder = decoder or DecoderOptions()
@@ -79,7 +79,7 @@ def plan(
 
 
 def _decoder_specs(targets: Sequence[str], names: Sequence[str], decoder: DecoderOptions) -> list[Any]:
-    from ortpilot.serve.openai.decoder import prepare_decoder
+    from ortpilot.serve.openai.spec import prepare_decoder
 
     if names and len(names) != len(targets):
         raise UsageError(f"--name is given {len(names)} time(s) for {len(targets)} model(s): one per model, or none.")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from ortpilot.errors import UsageError
-from ortpilot.serve.openai.decoder import DecoderSpec
 from ortpilot.serve.openai.deployment import INGRESS_NAME, openai_deployment
 from ortpilot.serve.openai.metrics import DecoderMetrics, EngineHeartbeat
 from ortpilot.serve.openai.server import run_openai_server
+from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.options import DecoderOptions, ServeOptions, ServerOptions
 from ortpilot.serve.records import RequestSettings
 

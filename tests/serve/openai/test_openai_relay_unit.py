@@ -10,8 +10,9 @@ import pytest
 from local_handle import LocalHandle, _Events
 
 from ortpilot.serve.defaults import REPLICA_RETRIES
-from ortpilot.serve.openai.decoder import DecoderReplica, prepare_decoder
+from ortpilot.serve.openai.decoder import DecoderReplica
 from ortpilot.serve.openai.relay import Relay
+from ortpilot.serve.openai.spec import prepare_decoder
 from ortpilot.serve.openai.wire import ApiError, GenerationRequest
 from ortpilot.serve.options import DecoderOptions
 

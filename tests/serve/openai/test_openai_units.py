@@ -11,8 +11,9 @@ from local_handle import LocalHandle
 from unit_requests import body, request
 
 from ortpilot.serve.access import access_options
-from ortpilot.serve.openai.decoder import DecoderReplica, prepare_decoder
+from ortpilot.serve.openai.decoder import DecoderReplica
 from ortpilot.serve.openai.ingress import OpenAIIngress
+from ortpilot.serve.openai.spec import prepare_decoder
 from ortpilot.serve.openai.wire import DecodeEvent, GenerationRequest, parse_request
 from ortpilot.serve.options import DecoderOptions, ServeOptions, ServerOptions
 

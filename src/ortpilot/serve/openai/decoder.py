@@ -1,13 +1,14 @@
-"""A decoder replica: one continuous-batching scheduler, a tokenizer, a chat template.
+"""A decoder replica: the engine adapter between the OpenAI wire format and one continuous-batching
+scheduler, with a tokenizer and a chat template.
 
 ``DecoderReplica`` is the class a Ray Serve deployment wraps (nothing here imports Ray): its
 constructor loads the (GroupQueryAttention-fused) decoder strictly on the CPU with ORT's
 intra-op threads set to the replica's CPUs and starts one :class:`~ortpilot.decode.Scheduler`;
-``generate`` turns a checked OpenAI request into tokens and yields events (``start``, ``delta``
-text, ``end`` with the finish reason and usage, or one ``error``) as the engine makes them. A
-caller that stops reading (a client gone) cancels the request, and the scheduler frees its slot
-before its next step. ``prepare_decoder`` runs once in the driver, before Ray starts: it checks
-the model, fuses it when it has no GroupQueryAttention yet, and finds its tokenizer.
+``generate`` turns a checked OpenAI request into tokens and yields ``DecodeEvent`` records
+(``start``, ``delta`` text, ``end`` with the finish reason and usage, or one ``error``) as the
+engine makes them. A caller that stops reading (a client gone) cancels the request, and the
+scheduler frees its slot before its next step. What a replica loads is ``spec`` (checked in the
+driver, before Ray starts).
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ortpilot.errors import QueueFullError, UsageError
+from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.openai.wire import (
     DEFAULT_COMPLETION_TOKENS,
     DELTA,
@@ -35,112 +35,6 @@ from ortpilot.serve.openai.wire import (
 from ortpilot.serve.options import DecoderOptions
 
 log = logging.getLogger("ortpilot")
-MODEL_NAMES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx", "decoder.onnx")
-
-
-@dataclass(frozen=True)
-class DecoderSpec:
-    """A served decoder: its URL name, the fused model a replica loads, its tokenizer, and the engine's limits."""
-
-    name: str
-    model: str  # the .onnx a replica loads (fused into GroupQueryAttention)
-    tokenizer: str  # tokenizer.json
-    source: str = ""
-    options: DecoderOptions = field(default_factory=DecoderOptions)
-    notes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> DecoderSpec:
-        """The spec of its plain-data form (``to_dict``)."""
-        return cls(
-            **{**doc, "options": DecoderOptions.from_dict(doc.get("options")), "notes": tuple(doc.get("notes", ()))}
-        )
-
-
-def find_model_file(folder: Path) -> Path:
-    """The decoder file in a model folder: a known name, else the only .onnx (also under onnx/)."""
-    for base in (folder, folder / "onnx"):
-        for name in MODEL_NAMES:
-            if (base / name).is_file():
-                return base / name
-        found = sorted(base.glob("*.onnx")) if base.is_dir() else []
-        if len(found) == 1:
-            return found[0]
-    raise UsageError(
-        f"'{folder}' has no decoder model (looked for {', '.join(MODEL_NAMES)} or a single .onnx "
-        "file, also under onnx/)."
-    )
-
-
-def is_decoder_target(source: str, tokenizer: str | None = None) -> bool:
-    """Whether ``ortpilot serve`` serves ``source`` behind the OpenAI API: ``demo:decoder``, a folder
-    without a profile that holds a tokenizer.json, or a model file with a KV cache (past inputs)."""
-    if source == "demo:decoder":
-        return True
-    path = Path(source)
-    if path.is_dir():
-        return not (path / "profile.json").is_file() and (tokenizer is not None or (path / "tokenizer.json").is_file())
-    if not path.is_file() or path.suffix != ".onnx":
-        return False
-    from ortpilot.decode.signature import detect_signature
-    from ortpilot.modelio import load_model
-
-    try:
-        return detect_signature(load_model(path, load_external_data=False)).has_cache
-    except Exception:  # not readable as a decoder: the usual serve path reports what is wrong with it
-        return False
-
-
-def _locate(source: str) -> tuple[Path, str, list[Path]]:
-    """(the model file, its default URL name, the folders its tokenizer may sit in) for ``source``."""
-    if source.startswith("demo:"):
-        from ortpilot.models import demo_model_path
-
-        return Path(demo_model_path(source.split(":", 1)[1])), source.split(":", 1)[1], []
-    path = Path(source)
-    if path.is_dir():
-        return find_model_file(path), path.resolve().name, [path, path.parent]
-    if path.is_file():
-        return path, path.stem, [path.parent, path.parent.parent]
-    raise UsageError(
-        f"'{source}' does not exist. Serve a decoder model file, a folder holding one with its "
-        "tokenizer.json, or demo:decoder."
-    )
-
-
-def prepare_decoder(source: str, name: str | None = None, options: DecoderOptions | None = None) -> DecoderSpec:
-    """Check ``source`` (a model file, a folder with a model and tokenizer, ``demo:decoder``) in the driver.
-
-    A decoder without GroupQueryAttention is fused first (onnxscript, content-addressed cache, so
-    only the first start pays); one that cannot be batched is a UsageError naming why, before
-    any replica starts.
-    """
-    from ortpilot.decode.batched import check_batchable
-    from ortpilot.decode.prepare import prepare
-    from ortpilot.decode.scheduler import resolve_max_length
-    from ortpilot.decode.signature import detect_signature
-    from ortpilot.modelio import load_model
-
-    options = options or DecoderOptions()
-    path, default, folders = _locate(source)
-    sig = detect_signature(load_model(path, load_external_data=False))  # not a decoder: say that first
-    ready = prepare(
-        source,
-        path,
-        tokenizer=options.tokenizer,
-        folders=folders,
-        fuse_attention=sig.has_cache and not sig.supports_shared_buffer,
-        require_tokenizer=True,
-    )
-    if ready.cache_path is not None:
-        path = ready.cache_path
-        sig = detect_signature(ready.model)
-    check_batchable(sig)
-    resolve_max_length(sig, options.max_length)
-    return DecoderSpec(name or default, str(path.resolve()), str(ready.tokenizer), source, options, ready.notes)
 
 
 class DecoderReplica:
@@ -356,10 +250,4 @@ class DecoderReplica:
         self.scheduler.close()
 
 
-__all__ = [
-    "DecoderReplica",
-    "DecoderSpec",
-    "find_model_file",
-    "is_decoder_target",
-    "prepare_decoder",
-]
+__all__ = ["DecoderReplica"]

@@ -11,9 +11,10 @@ from typing import Any
 
 from ortpilot.errors import UsageError
 from ortpilot.serve.counts import HEARTBEAT_S
-from ortpilot.serve.openai.decoder import DecoderReplica, DecoderSpec
+from ortpilot.serve.openai.decoder import DecoderReplica
 from ortpilot.serve.openai.ingress import OpenAIIngress
 from ortpilot.serve.openai.metrics import EngineHeartbeat
+from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.records import RequestSettings
 from ortpilot.serve.runner import require_ray
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.serve.errorbody import OPENAI
-from ortpilot.serve.openai.decoder import DecoderSpec
 from ortpilot.serve.openai.deployment import APP_NAME, openai_deployment
+from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.openai.wire import ROUTE_PREFIX
 from ortpilot.serve.options import ServeOptions, ServerOptions
 from ortpilot.serve.ready import DecoderReady, Served
