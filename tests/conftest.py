@@ -69,3 +69,14 @@ def encoder_profile(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[s
     from export_profiles import write_cpu_profile
 
     return write_cpu_profile(tmp_path_factory.mktemp("encoder-profile"), demo_paths["encoder"])
+
+
+@pytest.fixture(scope="session")
+def tuned_mlp(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str, Path]) -> Path:
+    """A real tune of the demo MLP (default options), made once per session: modules that edit or serve a
+    tune copy it into a folder of their own (tests/cli/test_cmd_verify.py, test_pytest_plugin.py, tests/fleet)."""
+    from ortpilot.tuning import tune
+
+    out = tmp_path_factory.mktemp("tuned-mlp") / "out"
+    tune(str(demo_paths["mlp"]), out, budget_s=12)
+    return out

@@ -12,7 +12,6 @@ import pytest
 
 from ortpilot.artifacts.profile import write_profile
 from ortpilot.providers.machine import machine_facts
-from ortpilot.tuning import tune
 
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
 
@@ -33,10 +32,10 @@ def test_a_malformed_machine_section_is_exit_2_naming_the_field(tmp_path, demo_p
 
 
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory, demo_paths):
-    """A real tune of the demo MLP, copied fresh for each test that edits it."""
+def tuned(tmp_path_factory, tuned_mlp):
+    """A real tune of the demo MLP (the session's, tests/conftest.py), copied fresh for each test that edits it."""
     out = tmp_path_factory.mktemp("tuned") / "out"
-    tune(str(demo_paths["mlp"]), out, budget_s=10)
+    shutil.copytree(tuned_mlp, out)
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import ortpilot
-from ortpilot.tuning import tune
 
 
 def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -27,9 +27,10 @@ def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def profile_dir(tmp_path_factory, demo_paths) -> Path:
+def profile_dir(tmp_path_factory, tuned_mlp) -> Path:
+    """The session's tune of the demo MLP (tests/conftest.py), in a folder of this module's: a test edits its model."""
     out = tmp_path_factory.mktemp("tuned") / "out"
-    tune(str(demo_paths["mlp"]), out, budget_s=10)
+    shutil.copytree(tuned_mlp, out)
     return out
 
 

@@ -19,14 +19,12 @@ BUDGET_S = 12
 
 
 @pytest.fixture(scope="session")
-def two_class_bundle(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str, Path]) -> Path:
+def two_class_bundle(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str, Path], tuned_mlp: Path) -> Path:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("a second class needs a machine with two CPUs (one tune pinned to one of them)")
     root = tmp_path_factory.mktemp("bundles") / "mlp"
     here, one = this_class(), this_class(1)
-    from ortpilot.tuning import tune
-
-    tune(str(demo_paths["mlp"]), root / here.name, budget_s=BUDGET_S)
+    shutil.copytree(tuned_mlp, root / here.name)  # this process's class: the session's tune (tests/conftest.py)
     code = f"import ortpilot; ortpilot.tune({str(demo_paths['mlp'])!r}, {str(root / one.name)!r}, {BUDGET_S})"
     subprocess.run(
         [sys.executable, "-c", code],
