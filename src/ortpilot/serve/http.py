@@ -1,8 +1,8 @@
 """The HTTP pieces every deployment that answers requests shares: a reply, a route table and its
-dispatch, the error shape, the access-log line.
+dispatch, bodies read with a limit and a deadline, the access-log line, internal errors logged once.
 
-Protocol modules (``oip``, the OpenAI API) build their route tables from these; the deployments
-that answer requests (a model's replicas, the server-wide application) dispatch to them.
+The OIP stack builds its route tables from these (``oip.routes``); both stacks answer through the
+request pipeline (``pipeline``), which turns a ``Reply`` into the Starlette response.
 """
 
 from __future__ import annotations

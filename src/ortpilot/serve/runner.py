@@ -1,13 +1,13 @@
-"""Run a server until a signal: start or join Ray, choose the ingress path, deploy, wait for verified
-replicas, drain.
+"""One server's life, whichever stack it runs: start or join Ray, start Serve on the ingress path the
+options ask for, deploy the stack's applications, wait for the stack's readiness, serve until a
+signal, drain, stop.
 
-Readiness is read from the server's own protocol (``/v2/models/NAME/ready`` answers 200 once a
-replica verified), so what ``serve`` prints is what a client sees. A replica that fails
-verification raises in its constructor; Ray retries it and then marks the deployment failed,
-and the error it raised is the reason ``serve`` exits 1 with. On SIGINT/SIGTERM the server
-drains: the server-wide application answers 503 with Retry-After for every model, each model's
-application is deleted (its replicas finish what they hold), then everything this process
-started (the applications, Serve, a local Ray instance, the run folder) is stopped.
+Each stack brings what is its own (``oip.readiness``, ``openai.server``): its applications, how it
+knows it is ready, how it drains, and for the OIP stack what ``--grpc-port`` serves (``GrpcEntry``).
+On SIGINT/SIGTERM the stack's drain runs (new requests get 503 with Retry-After), each model's
+application is deleted (its replicas finish what they hold), then everything this process started
+(the applications, Serve, a local Ray instance, the run folder) is stopped. Nothing here names a
+stack: the core imports neither.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ themselves, and one server-wide application at ``/``.
 A model's application mounts at ``/v2/models/NAME``: HAProxy (or Ray's proxy) hands each request
 for the model straight to one of its replicas, so an infer request is one hop. The server-wide
 application (``server.ServerApp``) answers health, server metadata, ``/metrics`` and every path
-no model claims. This module (with ``runner``) imports Ray at call time only: the rest of
-ortpilot, and this package's plain-data modules, work without the ``serve`` extra.
+no model claims. Each replica is bound with records (``ModelSpec``, ``config.ReplicaConfig``),
+never dicts. This module imports Ray at call time only: the rest of ortpilot, and the plain-data
+modules, work without the ``serve`` extra.
 """
 
 from __future__ import annotations
