@@ -63,7 +63,7 @@ PUBLIC_INFO = (
 
 
 class ModelReplica(UnservedRpcs):
-    """The model deployment's class (Ray Serve wraps it; nothing here needs Ray but the batcher)."""
+    """The model deployment's class (Ray Serve wraps it; called directly, it needs no Ray: the unit tests)."""
 
     def __init__(self, spec: ModelSpec, config: ReplicaConfig) -> None:
         started = time.perf_counter()
