@@ -10,12 +10,17 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 VENV="${ORTPILOT_OPENVINO_PLUGIN_VENV:-.venv-ovplugin}"
 
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
+# ORTPILOT_LANE_PHASE=setup makes the venv and checks it; =test runs the tests in the venv setup made;
+# unset: both. (.ci/run does the two apart: it makes the venvs while the ISA lane runs.)
+PHASE="${ORTPILOT_LANE_PHASE:-all}"
+if [ "$PHASE" != test ] || [ ! -x "$VENV/bin/python" ]; then
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+  fi
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  "$VENV/bin/python" -m pip install -q -e ".[cpu,serve,export,openvino-plugin]" pytest hypothesis
+  "$VENV/bin/python" -m pip install -q --no-deps silero-vad
 fi
-"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-"$VENV/bin/python" -m pip install -q -e ".[cpu,serve,export,openvino-plugin]" pytest hypothesis
-"$VENV/bin/python" -m pip install -q --no-deps silero-vad
 
 # Fail early and clearly if the environment is not what the lane claims to test.
 "$VENV/bin/python" - <<'PY'
@@ -29,6 +34,7 @@ plugin = plugin_for_ep("OpenVINOExecutionProvider")
 assert plugin is not None and not plugin.error, plugin
 print(f"onnxruntime {ort.__version__} + {plugin.distribution} {plugin.version}: {compute_providers()}")
 PY
+if [ "$PHASE" = setup ]; then exit 0; fi
 
 set +e
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs -m openvino_plugin tests/openvino_plugin "$@"

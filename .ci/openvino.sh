@@ -11,13 +11,18 @@ VENV="${ORTPILOT_OPENVINO_VENV:-.venv-openvino}"
 # up to IR 13 (ortpilot writes IR 10, modelio.SAFE_IR_VERSION).
 ORT_OPENVINO="${ORT_OPENVINO_VERSION:-1.24.1}"
 
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
+# ORTPILOT_LANE_PHASE=setup makes the venv and checks it; =test runs the tests in the venv setup made;
+# unset: both. (.ci/run does the two apart: it makes the venvs while the ISA lane runs.)
+PHASE="${ORTPILOT_LANE_PHASE:-all}"
+if [ "$PHASE" != test ] || [ ! -x "$VENV/bin/python" ]; then
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+  fi
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  # No [cpu] extra: the CPU onnxruntime would overwrite the OpenVINO build's files.
+  "$VENV/bin/python" -m pip install -q "onnxruntime-openvino==$ORT_OPENVINO" -e ".[export]" pytest hypothesis
+  "$VENV/bin/python" -m pip install -q --no-deps silero-vad rapidocr nudenet
 fi
-"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-# No [cpu] extra: the CPU onnxruntime would overwrite the OpenVINO build's files.
-"$VENV/bin/python" -m pip install -q "onnxruntime-openvino==$ORT_OPENVINO" -e ".[export]" pytest hypothesis
-"$VENV/bin/python" -m pip install -q --no-deps silero-vad rapidocr nudenet
 
 # Fail early and clearly if the environment is not what the lane claims to test.
 "$VENV/bin/python" - <<'PY'
@@ -30,5 +35,6 @@ assert names == ["onnxruntime-openvino"], f"expected only onnxruntime-openvino, 
 assert "OpenVINOExecutionProvider" in ort.get_available_providers(), ort.get_available_providers()
 print(f"onnxruntime-openvino {ort.__version__}: {ort.get_available_providers()}")
 PY
+if [ "$PHASE" = setup ]; then exit 0; fi
 
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m openvino tests/openvino_dist "$@"
