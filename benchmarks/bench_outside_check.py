@@ -56,6 +56,16 @@ def corpus() -> dict[str, dict[str, Any]]:
             "args": [str(minilm), "--calibration-text", str(ROOT / "benchmarks/data/sentences.txt")],
             "fresh": "sentences",
         },
+        "minilm-emb": {  # the one output a sentence-embedding service returns (--outputs)
+            "args": [
+                str(minilm),
+                "--calibration-text",
+                str(ROOT / "benchmarks/data/sentences.txt"),
+                "--outputs",
+                "sentence_embedding",
+            ],
+            "fresh": "sentences",
+        },
         "nudenet": {"args": [_packaged("nudenet", "320n.onnx"), "--shape", "images=1x3x320x320"]},
         "ocr-det": {"args": [_packaged("rapidocr", "models/PP-OCRv6_det_small.onnx"), "--shape", "x=1x3x480x480"]},
         "ocr-rec": {
