@@ -72,12 +72,16 @@ def test_journal_drops_a_torn_last_line_and_defers_writing(tmp_path):
     assert [r["id"] for r in read_journal(path)] == ["a", "a", "b"]
 
 
-def test_load_note_warns_only_when_other_work_held_the_cores_at_the_start():
+def test_load_note_warns_when_other_work_held_the_cores_at_the_start_or_during_the_run():
     from ortpilot.tuning.tune import load_note
 
     assert load_note([0.4, 2.1], cores=2) == ""  # the tune's own worker raises the end figure
     assert "busy" in load_note([3.0, 2.0], cores=2) and "intra=1" in load_note([3.0], cores=2)
     assert load_note([], cores=2) == ""
+    # load that arrived mid-tune: the start figure was quiet, other processes took 40 % of the CPU time
+    mid = load_note([0.4, 2.1], cores=2, others_cpu=0.4)
+    assert "other processes used 40%" in mid and "verify OUTDIR --bench" in mid and "busy" not in mid
+    assert load_note([0.4, 2.1], cores=2, others_cpu=0.1) == ""
 
 
 def test_model_variants_run_on_the_cpu_too_when_another_provider_comes_first(demo_paths):

@@ -127,6 +127,7 @@ def test_finished_tune_resumes_from_what_it_kept_and_refuses_kept_files_gone_or_
     assert _bench_keys(out) == measured
     assert not [k for k, n in Counter(measured).items() if n > 1]
     assert again.load_avg == first.load_avg  # a replay reports the load of the run that measured
+    assert first.others_cpu is not None and again.others_cpu == first.others_cpu
     done = read_journal(out / "journal.jsonl")[-1]
     assert (done["kind"], done["winner"], done["files"]) == ("done", first.winner.candidate.id, again.files)
 

@@ -82,7 +82,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "ranking": list,
     },
     "final": {**_STEP, "ids": list, "samples_s": dict, "blocks": dict},
-    "done": {"kind": str, "winner": str, "files": dict, "load_avg": list},
+    "done": {"kind": str, "winner": str, "files": dict, "load_avg": list, "others_cpu": _OPT_NUMBER},
 }
 _REQUIRED = {
     "start": ("model_sha256",),

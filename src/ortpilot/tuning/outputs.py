@@ -109,6 +109,7 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
         "measured_against": reference_name(result.baseline.candidate.to_dict()),
         "interleaved": bool(winner.final and result.baseline.final),
         "load_avg": result.load_avg,
+        "others_cpu": result.others_cpu,
     }
     result.files = {
         "model": str(model_file),

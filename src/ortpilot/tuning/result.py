@@ -48,6 +48,9 @@ class GateRecord:
     warning: str = ""  # gate.result.gate_data_warning: generated inputs, fewer than 16 samples, both, or ""
 
 
+OTHERS_CPU_NOTE = 0.25  # others_cpu from which the report warns: a quarter of the cores went elsewhere
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """How this run went."""
@@ -57,6 +60,7 @@ class RunRecord:
     load_avg: list[float] = field(default_factory=list)  # 1-min load average at the start and the end
     budget_s: float | None = None  # what the caller gave (--budget)
     total_s: float | None = None  # from the call to every output written; set once they are
+    others_cpu: float | None = None  # share of the machine's CPU time other processes used during the run (cpushare)
 
 
 def _view(record: str, name: str) -> Any:
@@ -98,6 +102,7 @@ class TuneResult:
     budget_s = _view("run", "budget_s")
     total_s = _view("run", "total_s")
     load_avg = _view("run", "load_avg")
+    others_cpu = _view("run", "others_cpu")
 
     def stats(self, entry: Entry) -> dict[str, Any]:
         samples = entry.final or entry.samples
@@ -137,7 +142,8 @@ class TuneResult:
             "resumed": self.resumed,
             "onnxruntime": ort.__version__,
             "load_avg": self.load_avg,
-            "load_note": load_note(self.load_avg, self.facts.cores),
+            "others_cpu": self.others_cpu,
+            "load_note": load_note(self.load_avg, self.facts.cores, self.others_cpu),
             "gate_data": self.gate_data,
             "calibration_data": self.calibration_data,
             "candidates": candidates,
@@ -154,19 +160,25 @@ class TuneResult:
         return d
 
 
-def load_note(load_avg: Sequence[float], cores: int) -> str:
-    """A warning when other work competed for the cores: thread-count choices then reflect that load.
+def load_note(load_avg: Sequence[float], cores: int, others_cpu: float | None = None) -> str:
+    """A warning when other work competed for the cores: latencies and thread-count choices reflect it.
 
-    Judged on the load average at the start only: once the tune runs, its own worker keeps the
-    cores busy and the figure says nothing about other work.
+    Two signals: the load average at the start (once the tune runs, its own worker keeps the cores
+    busy and the end figure says nothing about other work), and ``others_cpu``, the share of the machine's
+    CPU time that other processes used during the run (``measure.cpushare``), which catches load that arrived
+    mid-tune. A headline timed under such load over-states what a quiet process sees.
     """
-    if not load_avg or load_avg[0] < cores * 0.75:
+    parts = []
+    if load_avg and load_avg[0] >= cores * 0.75:
+        parts.append(f"the machine was busy when the tune started (load average {load_avg[0]:.1f} on {cores} cores)")
+    if others_cpu is not None and others_cpu >= OTHERS_CPU_NOTE:
+        parts.append(f"other processes used {others_cpu:.0%} of the machine's CPU time while it ran")
+    if not parts:
         return ""
     return (
-        f"the machine was busy when the tune started (load average {load_avg[0]:.1f} on {cores} "
-        "cores): latencies, and thread-count choices such as intra=1, reflect that load; re-tune on a quiet "
-        "machine before relying on them"
+        f"{' and '.join(parts)}: latencies, the speedup and thread-count choices such as intra=1 reflect that "
+        "load; check the figure on a quiet machine (ortpilot verify OUTDIR --bench) or re-tune there"
     )
 
 
-__all__ = ["GateRecord", "Pick", "RunRecord", "TuneResult", "load_note"]
+__all__ = ["OTHERS_CPU_NOTE", "GateRecord", "Pick", "RunRecord", "TuneResult", "load_note"]

@@ -39,6 +39,7 @@ from ortpilot.gate.result import gate_data_warning
 from ortpilot.graph.feeds import FeedPlan, batch_size_of, generate_samples, plan_feeds
 from ortpilot.graph.prune import check_outputs
 from ortpilot.graph.shapes import parse_shape_args
+from ortpilot.measure import cpushare
 from ortpilot.measure.metrics import MetricOverrides
 from ortpilot.modelio import file_sha256, load_model
 from ortpilot.providers.names import resolve_providers
@@ -97,7 +98,7 @@ def tune(
     pruned graph, the gate and the timings see only those, and OUTDIR's model and profile hold just them.
     """
     start = time.monotonic()
-    load_start = _load1()
+    load_start = (_load1(), cpushare.sample())
     if not budget_s or budget_s <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {budget_s}.")
     out = check_out_dir(Path(out_dir))
@@ -122,7 +123,7 @@ def _tune(
     out: Path,
     budget_s: float,
     start: float,
-    load_start: float | None,
+    load_start: tuple[float | None, cpushare.CpuSample | None],
     *,
     resume: bool,
     samples: int,
@@ -140,13 +141,19 @@ def _tune(
         replay_only = _search_ended(journal)
         budget = Budget(start + budget_s - OUTPUT_RESERVE_S, binding=not replay_only)
         search, pick = _search(setup, data, journal, out, worker, budget, progress)
-        load_avg = _load_avg(journal, replay_only, load_start)
-        run = RunRecord(time.monotonic() - start, bool(journal.replayed), load_avg, budget_s)
+        load_avg, others_cpu = _load(journal, replay_only, load_start)
+        run = RunRecord(time.monotonic() - start, bool(journal.replayed), load_avg, budget_s, others_cpu=others_cpu)
         result = _result(out, setup, data, search, pick, run)
         write_outputs(result, setup.source, winner_model(worker, pick.winner, setup.path), data.heldout[0])
         result.run = dataclasses.replace(run, total_s=time.monotonic() - start)
         journal.append(
-            {"kind": "done", "winner": pick.winner.candidate.id, "files": result.files, "load_avg": result.load_avg}
+            {
+                "kind": "done",
+                "winner": pick.winner.candidate.id,
+                "files": result.files,
+                "load_avg": result.load_avg,
+                "others_cpu": result.others_cpu,
+            }
         )
         sweep(out)  # a temp file too young to judge at the start is old enough now
         return result
@@ -414,12 +421,17 @@ def _search_ended(journal: Journal) -> bool:
     return journal.get("done") is not None or journal.get("final", "", "final") is not None
 
 
-def _load_avg(journal: Journal, replay_only: bool, load_start: float | None) -> list[float]:
-    """This run's load average at its start and now; a replay reports the run that measured."""
+def _load(
+    journal: Journal, replay_only: bool, start: tuple[float | None, cpushare.CpuSample | None]
+) -> tuple[list[float], float | None]:
+    """This run's load average at its start and now, and the share of the cores other processes used
+    in between (``measure.cpushare``); a replay reports the run that measured."""
     done = journal.get("done")
     if replay_only and done is not None and "load_avg" in done:
-        return list(done["load_avg"])
-    return [x for x in (load_start, _load1()) if x is not None]
+        return list(done["load_avg"]), done.get("others_cpu")
+    load_start, cpu_start = start
+    load_avg = [x for x in (load_start, _load1()) if x is not None]
+    return load_avg, cpushare.others_share(cpu_start, cpushare.sample())
 
 
 def _load1() -> float | None:
