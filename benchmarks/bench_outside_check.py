@@ -300,6 +300,7 @@ def tune(name: str, spec: dict[str, Any], budget: float, outdir: Path) -> dict[s
         "default_best": doc["default_best"],
         "wall_s": wall,
         "tune_wall_s": doc["wall_s"],
+        "others_cpu": doc.get("others_cpu"),  # other processes' share of the CPU time during the tune
     }
 
 
@@ -343,7 +344,7 @@ def main() -> None:
             checks = {k: v["speedup"] for k, v in row.items() if isinstance(v, dict) and "speedup" in v}
             print(
                 f"{name} run {run}: headline {row['headline']:.2f}x ({row['timing']}; {row['winner']}), tune wall "
-                f"{row['wall_s']:.0f} s; "
+                f"{row['wall_s']:.0f} s, others_cpu {row['others_cpu']}; "
                 + ", ".join(
                     f"{k} {v:.2f}x ({v / row['headline']:.2f} of it)" if v else f"{k} -" for k, v in checks.items()
                 ),
