@@ -7,14 +7,16 @@ import warnings
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from ortpilot.api import quantize_gated
 from ortpilot.artifacts.atomic import save_model
 from ortpilot.cli.main import cli
-from ortpilot.errors import AccuracyGateError, InputError
+from ortpilot.errors import AccuracyGateError, InputError, UsageError
+from ortpilot.passes.base import SourceModel
 from ortpilot.passes.calibration import (
     SyntheticCalibrationWarning,
     load_calibration,
@@ -342,3 +344,29 @@ def test_magika_quantizes_qdq_per_channel():
     assert result.record.quantized_nodes > 0
     assert any("Gemm biases of shape [1, N] reshaped to [N]" in n for n in result.record.notes)
     assert _run(result.model, samples[0]).shape == (1, 214)
+
+
+def test_per_channel_qdq_on_an_old_opset_with_a_fusions_ort_op_names_the_op_not_the_converters_assertion():
+    """A fusion writes ORT ops (SimplifiedLayerNormalization) into the default domain; ONNX's version
+    converter cannot upgrade such a graph to opset 13. The error names the op and what to do."""
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32), "w")
+    scale = numpy_helper.from_array(np.ones(8, dtype=np.float32), "scale")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("SimplifiedLayerNormalization", ["h", "scale"], ["y"], axis=-1, epsilon=1e-5),
+        ],
+        "fused",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [w, scale],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=7)
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])  # ORT runs it
+    calibration = [{"x": np.ones((1, 8), np.float32)}]
+    quant = QuantizePass("qdq", per_channel=True, calibration=calibration, preprocess=False)
+    with pytest.raises(UsageError) as err:
+        quant.run(SourceModel.of(model))
+    text = str(err.value)
+    assert "no schema for SimplifiedLayerNormalization" in text and "quantize before fusing" in text
+    assert "%s" not in text and "drop --per-channel" in text

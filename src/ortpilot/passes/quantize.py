@@ -273,6 +273,12 @@ def _default_opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
+def _unknown_to_onnx(model: onnx.ModelProto) -> list[str]:
+    """Ops in the default domain that ONNX has no schema for (ORT contrib ops a fusion wrote there, such as
+    SimplifiedLayerNormalization): ONNX's version converter cannot upgrade a graph that holds them."""
+    return sorted({n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type)})
+
+
 # --------------------------------------------------------------------------- the pass
 
 
@@ -417,9 +423,16 @@ class QuantizePass(Pass):
                 model = version_converter.convert_version(model, 13)
                 notes = [*notes, f"opset {_default_opset(source.proto)} upgraded to 13 for per-channel QDQ"]
             except Exception as exc:
+                unknown = _unknown_to_onnx(model)
+                why = (
+                    f"ONNX's version converter has no schema for {', '.join(unknown)} (ORT ops a fusion wrote); "
+                    "quantize before fusing"
+                    if unknown
+                    else f"ONNX's version converter failed: {exc}"
+                )
                 raise UsageError(
                     f"Per-channel QDQ needs opset 13 and this model (opset {_default_opset(model)}) "
-                    f"could not be upgraded ({exc}); drop --per-channel."
+                    f"could not be upgraded: {why}; or drop --per-channel."
                 ) from None
         if self.per_channel and self.calibrated:
             work = onnx.ModelProto()
