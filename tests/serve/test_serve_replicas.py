@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 th = pytest.importorskip("tritonclient.http")
-from serve_procs import Server, free_port
+from serve_procs import GRPC_RETRY_CHANNEL_ARGS, Server, free_port
 
 import ortpilot
 from ortpilot.graph.feeds import make_feeds
@@ -40,8 +40,9 @@ def _replicas(server, name):
 
 
 def test_no_request_is_lost_when_one_of_two_replicas_is_killed_under_load(start_server, ray_address, tuned_encoder):
-    """8 clients back to back with heavy requests (bodies small enough for HAProxy to replay), REST and gRPC;
-    one of the two replicas is SIGKILLed with requests in flight: every request answers right."""
+    """8 clients back to back with heavy requests (bodies small enough for HAProxy to replay), REST and gRPC
+    (with the retry policy the docs give gRPC clients); one of the two replicas is SIGKILLed with requests in
+    flight: every request answers right."""
     tg = pytest.importorskip("tritonclient.grpc")
     grpc_port = free_port()
     server = start_server(
@@ -61,7 +62,7 @@ def test_no_request_is_lost_when_one_of_two_replicas_is_killed_under_load(start_
 
     def requests(grpc: str) -> None:
         client = (
-            tg.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+            tg.InferenceServerClient(f"127.0.0.1:{grpc_port}", channel_args=GRPC_RETRY_CHANNEL_ARGS)
             if grpc
             else th.InferenceServerClient(server.url, network_timeout=180)
         )
