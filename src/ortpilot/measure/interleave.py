@@ -154,6 +154,26 @@ def bench_interleaved(
     ``block`` defaults to the runs that take about 20 ms (1 to 100), at least the concurrency.
     Sessions are created and warmed up one after another before the first timed turn.
     """
+    runs, duration_s, names = _checked_inputs(configs, runs, duration_s, warmup, block)
+    runners = _make_runners(configs, names, policy, seed)
+    turn, rounds = _measure_all(runners, runs, duration_s, warmup, block, seed, progress, settle_s)
+    result = _comparison(runners, turn, rounds, seed, None)
+    if roofline:
+        from ortpilot.measure.roofline import roofline_for
+
+        for runner, res in zip(runners, result.results):
+            res.roofline = roofline_for(runner.vs.model, res)
+    return result
+
+
+def _checked_inputs(
+    configs: Sequence[BenchConfig],
+    runs: int | None,
+    duration_s: float | None,
+    warmup: int | str,
+    block: int | None,
+) -> tuple[int | None, float | None, list[str]]:
+    """Refuse a bad request before any session is made; the budget and each configuration's name."""
     if len(configs) < 1:
         raise UsageError("bench_interleaved() needs at least one configuration.")
     runs, duration_s = check_budget(runs, duration_s, warmup)
@@ -164,6 +184,11 @@ def bench_interleaved(
         raise UsageError(f"Configuration names must be unique, got {names}.")
     for config in configs:
         check_concurrency(config.concurrency)
+    return runs, duration_s, names
+
+
+def _make_runners(configs: Sequence[BenchConfig], names: Sequence[str], policy: str, seed: int) -> list[Runner]:
+    """One runner per configuration; peak memory is scoped to the benchmark when it could be reset."""
     reset = reset_peak_rss()
     runners: list[Runner] = []
     for config, name in zip(configs, names):
@@ -183,6 +208,23 @@ def bench_interleaved(
         )
         if reset:
             runners[-1].memory.peak_scope = "benchmark"
+    return runners
+
+
+def _measure_all(
+    runners: Sequence[Runner],
+    runs: int | None,
+    duration_s: float | None,
+    warmup: int | str,
+    block: int | None,
+    seed: int,
+    progress: Progress | None,
+    settle_s: float,
+) -> tuple[int, int]:
+    """First runs and warm-ups one after another, then the interleaved turns: (runs per turn, rounds).
+
+    A failing run raises ``BenchmarkRunError`` carrying the statistics of the runs that completed.
+    """
     current, phase = runners[0], "first_run"
     rounds = 0
     try:
@@ -207,13 +249,7 @@ def bench_interleaved(
             run_index=exc.index,
             partial=partial,
         ) from exc.error
-    result = _comparison(runners, turn, rounds, seed, None)
-    if roofline:
-        from ortpilot.measure.roofline import roofline_for
-
-        for runner, res in zip(runners, result.results):
-            res.roofline = roofline_for(runner.vs.model, res)
-    return result
+    return turn, rounds
 
 
 def _auto_block(runners: Sequence[Runner], turn_s: float = TURN_S) -> int:
