@@ -17,6 +17,28 @@ def test_defaults_are_one_format_a_cache_and_auto_speculation() -> None:
     assert options.to_dict()["formats"] == (BASE,)
 
 
+def test_server_and_cli_defaults_are_the_engines() -> None:
+    """`serve`'s decoder options and `generate`'s flags start from the engine's and the sampler's defaults."""
+    import inspect
+
+    from click.testing import CliRunner
+
+    from ortpilot.cli.cmd_generate import command
+    from ortpilot.decode.scheduler import Scheduler
+    from ortpilot.gate.generation import GenerationGate
+    from ortpilot.serve.options import DecoderOptions
+
+    served = DecoderOptions()
+    assert served.engine() == EngineOptions()
+    assert EngineOptions().format_min_top1 == GenerationGate().min_top1
+    scheduler = inspect.signature(Scheduler).parameters
+    for name in ("max_streams", "max_queue", "prefill_chunk"):
+        assert getattr(served, name) == scheduler[name].default, name
+    help_text = CliRunner().invoke(command, ["--help"], terminal_width=200).output
+    for flag, value in (("--max-new-tokens", 32), ("--draft-tokens", 4), ("--top-p", 1.0), ("--speculation", "auto")):
+        assert f"[default: {value}]" in help_text.split(flag, 1)[1].split("--", 1)[0], flag
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

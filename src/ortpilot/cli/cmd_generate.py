@@ -21,6 +21,9 @@ from ortpilot.cli.common import (
     resolve_model_arg,
     stderr,
 )
+from ortpilot.decode.generate import DEFAULT_LOOP, DEFAULT_MAX_NEW_TOKENS, LOOP_CHOICES
+from ortpilot.decode.options import DEFAULT_DRAFT_TOKENS, DEFAULT_SPECULATION, SPECULATION_MODES
+from ortpilot.decode.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from ortpilot.errors import UsageError
 
 if TYPE_CHECKING:
@@ -50,14 +53,16 @@ def _prompt_ids(text: str) -> list[int]:
 )
 @click.option("--chat", is_flag=True, help="Wrap --prompt in the ChatML chat template (SmolLM2, Qwen).")
 @click.option("--system", help="System message for --chat.")
-@click.option("--max-new-tokens", type=int, default=32, show_default=True, help="Tokens to generate at most.")
+@click.option(
+    "--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, show_default=True, help="Tokens to generate at most."
+)
 @click.option(
     "--max-length", type=int, default=None, help="Cap on prompt + new tokens; also the size of the shared KV buffer."
 )
 @click.option(
     "--loop",
-    type=click.Choice(["auto", "plain", "bound", "shared"]),
-    default="auto",
+    type=click.Choice(LOOP_CHOICES),
+    default=DEFAULT_LOOP,
     show_default=True,
     help="auto picks the fastest the model supports.",
 )
@@ -76,21 +81,21 @@ def _prompt_ids(text: str) -> list[int]:
 )
 @click.option(
     "--speculation",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
+    type=click.Choice(SPECULATION_MODES),
+    default=DEFAULT_SPECULATION,
     show_default=True,
     help="Prompt-lookup speculative decoding for a greedy request on the shared loop: auto (where its drafts pay), on, off.",
 )
 @click.option(
     "--draft-tokens",
     type=int,
-    default=4,
+    default=DEFAULT_DRAFT_TOKENS,
     show_default=True,
     help="Tokens a speculative draft proposes per verify run (at least 1).",
 )
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True, help="0 = no cut.")
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="1.0 = no cut.")
+@click.option("--temperature", type=float, default=DEFAULT_TEMPERATURE, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=DEFAULT_TOP_K, show_default=True, help="0 = no cut.")
+@click.option("--top-p", type=float, default=DEFAULT_TOP_P, show_default=True, help="1.0 = no cut.")
 @click.option("--seed", type=int, default=None, help="Seed for sampling.")
 @click.option(
     "--stop-id",

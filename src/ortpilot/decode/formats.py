@@ -44,7 +44,7 @@ import onnx
 
 from ortpilot.decode.batched import BatchedLoop, kv_layout
 from ortpilot.decode.generate import Generator
-from ortpilot.decode.options import BASE, format_name
+from ortpilot.decode.options import BASE, DEFAULT_FORMAT_MIN_TOP1, format_name
 from ortpilot.errors import AccuracyGateError, UsageError
 from ortpilot.quantmodes import WEIGHT_ONLY_MODES
 
@@ -268,7 +268,7 @@ class FormatSet:
         slots: int,
         max_length: int,
         *,
-        min_top1: float = 0.9,
+        min_top1: float = DEFAULT_FORMAT_MIN_TOP1,
         rounds: int = 3,
         plan: FormatPlan | None = None,
         gate_prompts: Sequence[Sequence[int]] | None = None,

@@ -27,7 +27,7 @@ import onnx
 
 from ortpilot.decode.batched import BatchedLoop, check_batchable
 from ortpilot.decode.loops import DecodeLoop, make_loop
-from ortpilot.decode.options import DEFAULT_DRAFT_TOKENS, EngineOptions
+from ortpilot.decode.options import DEFAULT_DRAFT_TOKENS, DEFAULT_SPECULATION, EngineOptions
 from ortpilot.decode.sampling import Sampler, SamplingConfig
 from ortpilot.decode.signature import DecoderSignature, detect_signature
 from ortpilot.decode.speculative import Speculator, calibrate, run_single
@@ -37,6 +37,8 @@ from ortpilot.session import SessionSettings, VerifiedSession, load
 
 log = logging.getLogger("ortpilot")
 LOOP_CHOICES = ("auto", "plain", "bound", "shared")
+DEFAULT_LOOP = "auto"  # the fastest loop the model supports
+DEFAULT_MAX_NEW_TOKENS = 32
 StreamCallback = Callable[[np.ndarray], None]
 
 
@@ -88,7 +90,7 @@ class Generator:
         self.signature: DecoderSignature = detect_signature(self.vsession.model, mapping)
         self._verify_distance: float | None = None  # speculation's verify/step distance, measured once per session
 
-    def choose_loop(self, loop: str = "auto", *, padded: bool = False) -> tuple[str, str]:
+    def choose_loop(self, loop: str = DEFAULT_LOOP, *, padded: bool = False) -> tuple[str, str]:
         """(loop name, why) for a request; refuses what the model cannot do."""
         sig = self.signature
         if loop not in LOOP_CHOICES:
@@ -129,15 +131,15 @@ class Generator:
     def generate(
         self,
         prompt_ids: Sequence[int] | np.ndarray,
-        max_new_tokens: int = 32,
-        loop: str = "auto",
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        loop: str = DEFAULT_LOOP,
         *,
         sampling: SamplingConfig | None = None,
         stop_tokens: Sequence[int] = (),
         stream: StreamCallback | None = None,
         attention_mask: np.ndarray | None = None,
         max_length: int | None = None,
-        speculation: str = "auto",
+        speculation: str = DEFAULT_SPECULATION,
         draft_tokens: int = DEFAULT_DRAFT_TOKENS,
     ) -> GenerationResult:
         """``speculation``: prompt-lookup drafts of ``draft_tokens`` for a greedy batch-1 request on the
@@ -285,8 +287,8 @@ class Generator:
 def generate(
     model: str | os.PathLike | onnx.ModelProto | VerifiedSession,
     prompt_ids: Sequence[int] | np.ndarray,
-    max_new_tokens: int = 32,
-    loop: str = "auto",
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    loop: str = DEFAULT_LOOP,
     *,
     sampling: SamplingConfig | None = None,
     stop_tokens: Sequence[int] = (),
@@ -297,7 +299,7 @@ def generate(
     policy: str = "warn",
     settings: SessionSettings | None = None,
     mapping: Mapping[str, str] | None = None,
-    speculation: str = "auto",
+    speculation: str = DEFAULT_SPECULATION,
     draft_tokens: int = DEFAULT_DRAFT_TOKENS,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see :class:`GenerationResult`).

@@ -14,13 +14,19 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ortpilot.errors import UsageError
+from ortpilot.gate.generation import DEFAULT_MIN_TOP1
 
 BASE = "base"  # the weight format of the model as given
 SPECULATION_MODES = ("auto", "on", "off")
+DEFAULT_SPECULATION = "auto"
 DEFAULT_PREFIX_CACHE_BYTES = 256 * 2**20
 DEFAULT_PREFIX_BLOCK = 16
 DEFAULT_DRAFT_TOKENS = 4
-DEFAULT_FORMAT_MIN_TOP1 = 0.9  # the generation gate's default (gate.generation.DEFAULT_MIN_TOP1)
+DEFAULT_FORMAT_MIN_TOP1 = DEFAULT_MIN_TOP1  # a format passes the generation gate with its own default
+# The scheduler's limits (decode.scheduler.Scheduler), here so that a server's options read them without it.
+DEFAULT_MAX_STREAMS = 8
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_PREFILL_CHUNK = 0  # 0: whole prompts
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ class EngineOptions:
     measure_rounds: int = 3
     prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
     prefix_block: int = DEFAULT_PREFIX_BLOCK
-    speculation: str = "auto"
+    speculation: str = DEFAULT_SPECULATION
     draft_tokens: int = DEFAULT_DRAFT_TOKENS
 
     def __post_init__(self) -> None:
@@ -91,4 +97,17 @@ def format_name(spec: str) -> str:
     return spec.split("=", 1)[0] if "=" in spec else spec
 
 
-__all__ = ["BASE", "SPECULATION_MODES", "EngineOptions", "format_name"]
+__all__ = [
+    "BASE",
+    "DEFAULT_DRAFT_TOKENS",
+    "DEFAULT_FORMAT_MIN_TOP1",
+    "DEFAULT_MAX_QUEUE",
+    "DEFAULT_MAX_STREAMS",
+    "DEFAULT_PREFILL_CHUNK",
+    "DEFAULT_PREFIX_BLOCK",
+    "DEFAULT_PREFIX_CACHE_BYTES",
+    "DEFAULT_SPECULATION",
+    "SPECULATION_MODES",
+    "EngineOptions",
+    "format_name",
+]

@@ -14,15 +14,18 @@ import numpy as np
 from ortpilot.errors import SamplingError, UsageError
 
 MAX_SEED = 2**64
+DEFAULT_TEMPERATURE = 0.0  # greedy
+DEFAULT_TOP_K = 0  # no cut
+DEFAULT_TOP_P = 1.0  # no cut
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
     """``temperature`` 0 means greedy; ``top_k`` 0 and ``top_p`` 1.0 mean no cut."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
     seed: int | None = None
 
     def __post_init__(self) -> None:

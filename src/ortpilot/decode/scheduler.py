@@ -38,8 +38,8 @@ import onnx
 
 from ortpilot.decode.batched import chunk_length
 from ortpilot.decode.formats import FormatPlan, FormatSet
-from ortpilot.decode.generate import Generator
-from ortpilot.decode.options import EngineOptions
+from ortpilot.decode.generate import DEFAULT_MAX_NEW_TOKENS, Generator
+from ortpilot.decode.options import DEFAULT_MAX_QUEUE, DEFAULT_MAX_STREAMS, DEFAULT_PREFILL_CHUNK, EngineOptions
 from ortpilot.decode.prefix_cache import PrefixCache, PrefixMatch
 from ortpilot.decode.sampling import Sampler, SamplingConfig
 from ortpilot.decode.signature import DecoderSignature
@@ -202,10 +202,10 @@ class Scheduler:
         self,
         model: str | os.PathLike | onnx.ModelProto | VerifiedSession | Generator,
         *,
-        max_streams: int = 8,
-        max_queue: int = 64,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        max_queue: int = DEFAULT_MAX_QUEUE,
         max_length: int | None = None,
-        prefill_chunk: int = 0,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         providers: Any = None,
         policy: str = "warn",
         settings: SessionSettings | None = None,
@@ -272,7 +272,7 @@ class Scheduler:
     def submit(
         self,
         prompt_ids: Sequence[int] | np.ndarray,
-        max_new_tokens: int = 32,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         *,
         sampling: SamplingConfig | None = None,
         stop_tokens: Sequence[int] = (),

@@ -13,6 +13,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortpilot.decode.options import (
+    BASE,
+    DEFAULT_DRAFT_TOKENS,
+    DEFAULT_FORMAT_MIN_TOP1,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_PREFILL_CHUNK,
+    DEFAULT_PREFIX_CACHE_BYTES,
+    DEFAULT_SPECULATION,
+)
 from ortpilot.errors import UsageError
 from ortpilot.rayenv import is_loopback_host
 from ortpilot.serve.access import AccessOptions
@@ -113,16 +123,16 @@ class DecoderOptions:
 
     tokenizer: str | None = None  # tokenizer.json (default: the model folder's; demo:decoder has its own)
     chat_template: str = "auto"  # auto: the tokenizer's own (tokenizer_config.json), else ChatML if it has <|im_start|>
-    max_streams: int = 8  # sequences one replica decodes together (slots of its KV buffer)
-    max_queue: int = 64  # requests a replica queues beyond its streams (more get 429)
+    max_streams: int = DEFAULT_MAX_STREAMS  # sequences one replica decodes together (slots of its KV buffer)
+    max_queue: int = DEFAULT_MAX_QUEUE  # requests a replica queues beyond its streams (more get 429)
     max_length: int | None = None  # tokens per stream, prompt included (None: the model's positions, at most 1024)
-    prefill_chunk: int = 0  # prefill long prompts this many tokens at a time (0: whole prompts)
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prefill long prompts this many tokens at a time (0: whole prompts)
     # The engine (decode.options.EngineOptions): weight formats per step, prefix cache, speculation.
-    formats: tuple[str, ...] = ("base",)
-    format_min_top1: float = 0.9
-    prefix_cache_mb: float = 256.0  # 0: off
-    speculation: str = "auto"  # auto: prompt lookup where its drafts pay, per stream; on; off
-    draft_tokens: int = 4
+    formats: tuple[str, ...] = (BASE,)
+    format_min_top1: float = DEFAULT_FORMAT_MIN_TOP1
+    prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_BYTES / 2**20  # 0: off
+    speculation: str = DEFAULT_SPECULATION  # auto: prompt lookup where its drafts pay, per stream; on; off
+    draft_tokens: int = DEFAULT_DRAFT_TOKENS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "formats", tuple(self.formats))
