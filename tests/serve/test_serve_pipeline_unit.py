@@ -87,3 +87,53 @@ def test_one_access_log_line_per_request_never_the_payload(capfd):
     asyncio.run(_pipeline(OipErrors(), [], access_log=True).handle(request("POST", "/v2/x", {"a": 1}), route))
     err = capfd.readouterr().err
     assert err.count('"POST /v2/x" 200') == 1 and "payload" not in err
+
+
+class _Status:
+    """A stand-in ``RpcShape``: a message is invalid when it is the string "bad"."""
+
+    def invalid(self, request):
+        return "not a message" if request == "bad" else None
+
+    def set_status(self, context, status, message):
+        context.code, context.details = status, message
+
+    def empty(self, rpc):
+        return f"empty {rpc}"
+
+
+def test_a_grpc_call_takes_the_same_steps_guard_check_route_errors_count_and_log(capfd):
+    from unit_requests import GrpcContext
+
+    from ortpilot.serve.pipeline import RpcReply
+
+    seen: list = []
+    pipe = Pipeline(
+        RequestSettings(access=access_options(api_keys=["k"]).policy("127.0.0.1"), access_log=True),
+        OipErrors(),
+        lambda req, reply, s: seen.append((reply.status, reply.model)),
+        "(unknown)",
+        _Status(),
+    )
+    keyed = {"authorization": "Bearer k"}
+
+    async def ok() -> RpcReply:
+        return RpcReply("answer", model="m")
+
+    async def boom() -> RpcReply:
+        raise RuntimeError("secret internals")
+
+    contexts = [GrpcContext(), GrpcContext(keyed), GrpcContext(keyed), GrpcContext(keyed), GrpcContext()]
+    answers = [
+        asyncio.run(pipe.call("Infer", "msg", contexts[0], ok)),  # no key: refused, never routed
+        asyncio.run(pipe.call("Infer", "bad", contexts[1], ok)),  # the message check
+        asyncio.run(pipe.call("Infer", "msg", contexts[2], ok)),
+        asyncio.run(pipe.call("Infer", "msg", contexts[3], boom)),  # a failing route: 500 with a request id
+        asyncio.run(pipe.call("Live", "msg", contexts[4], ok, health=True)),  # health: open without a key
+    ]
+    assert answers == ["empty Infer", "empty Infer", "answer", "empty Infer", "answer"]
+    assert [c.code for c in contexts] == [401, 400, 200, 500, 200]
+    assert "request id" in contexts[3].details and "secret" not in contexts[3].details
+    assert seen == [(401, "(unknown)"), (400, "(unknown)"), (200, "m"), (500, None), (200, "m")]
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if '"gRPC ' in ln]
+    assert [ln.split('"')[2].split()[0] for ln in lines] == ["401", "400", "200", "500", "200"]

@@ -174,11 +174,16 @@ def printable(text: str, limit: int = 200) -> str:
 def log_request(request: Any, status: int, size: int | str, started: float) -> None:
     """The access-log line of ``request`` (``size``: response bytes, or "-" for a stream), escaped."""
     client = request.client.host if request.client else "-"
+    access_line(printable(client), request.method, request.url.path, status, size, started)
+
+
+def access_line(client: str, method: str, target: str, status: int, size: int | str, started: float) -> None:
+    """One access-log line (HTTP requests and gRPC calls alike): ``client "METHOD TARGET" status size time``."""
     # The process's own stderr, which Ray forwards to the driver: a throughput-optimized replica points
     # sys.stderr at Serve's buffered file logger instead.
     stream = sys.__stderr__ or sys.stderr
     stream.write(
-        f'{printable(client)} "{printable(request.method, 20)} {printable(request.url.path)}" {status} {size} '
+        f'{client} "{printable(method, 20)} {printable(target)}" {status} {size} '
         f"{(time.perf_counter() - started) * 1000:.1f}ms\n"
     )
     stream.flush()
@@ -200,6 +205,7 @@ __all__ = [
     "Handler",
     "Reply",
     "Route",
+    "access_line",
     "dispatch",
     "error_reply",
     "internal_error",

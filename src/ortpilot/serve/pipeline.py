@@ -1,4 +1,4 @@
-"""The one path every HTTP request takes into a server, whichever stack answers it: access guard
+"""The one path every request takes into a server, whichever stack answers it: access guard
 (Host, Origin, API key) -> route -> error mapping -> CORS headers -> metrics count -> access-log line.
 
 A model replica and the server-wide application (Open Inference Protocol) and the OpenAI ingress each
@@ -8,19 +8,38 @@ request never reaches a route, every answer to an allowed browser origin carries
 every answer is counted and logged once, and an exception a route raises is a 500 with a request id
 in the protocol's own error shape (the log has the traceback, the client never sees it). Plain
 code, no Ray: the unit tests drive it with a stand-in request.
+
+A gRPC call takes the same path (``call``): the guard's key check, the message check, the route
+(an ``RpcReply``, the gRPC form of ``Reply``), the error mapping, the count and the log line; an
+``RpcShape`` (the OIP stack's ``grpc_rpcs.GrpcStatus``) says how gRPC words each answer.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ortpilot.serve.guard import Guard, Verdict
-from ortpilot.serve.http import Reply, log_request, response, with_headers
+from ortpilot.serve.http import Reply, access_line, internal_error, log_request, printable, response, with_headers
 from ortpilot.serve.records import RequestSettings
 
-Observe = Callable[[Any, Reply, float], None]  # (request, reply, seconds): the stack's metrics count
+
+@dataclass(frozen=True)
+class RpcReply:
+    """What a gRPC route answers, the gRPC form of ``Reply``: the response message (None: the RPC's empty
+    one), the HTTP-like status the pipeline sets as the call's gRPC code (and counts), its message, and
+    the model it concerned. A replica hands one to the server-wide application across Ray, so it is a
+    plain frozen record."""
+
+    answer: Any = None
+    status: int = 200
+    message: str = ""
+    model: str | None = None
+
+
+Observe = Callable[[Any, "Reply | RpcReply", float], None]  # (request, reply, seconds): the stack's metrics count
 
 
 class ErrorShape(Protocol):
@@ -29,6 +48,16 @@ class ErrorShape(Protocol):
     def refusal(self, verdict: Verdict, model: str | None) -> Reply: ...
 
     def failure(self, what: str, exc: Exception) -> Reply: ...
+
+
+class RpcShape(Protocol):
+    """How gRPC words the pipeline's answers: the message check, the call's status, an empty response."""
+
+    def invalid(self, request: Any) -> str | None: ...  # why the call's message is not one (None: it is)
+
+    def set_status(self, context: Any, status: int, message: str) -> None: ...
+
+    def empty(self, rpc: str) -> Any: ...
 
 
 class Pipeline:
@@ -40,12 +69,14 @@ class Pipeline:
         shape: ErrorShape,
         observe: Observe | None = None,
         refused_model: str | None = None,
+        rpc: RpcShape | None = None,
     ) -> None:
         self.settings = settings
         self.guard = Guard(settings.access)
         self.shape = shape
         self.observe = observe
         self.refused_model = refused_model  # the model a refused request counts under (None: not counted)
+        self.rpc = rpc  # how gRPC calls are answered (None: this entry point takes none)
 
     async def reply(self, request: Any, route: Callable[[], Awaitable[Reply]], *, health: bool = False) -> Reply:
         """The guarded, routed and error-mapped reply to ``request``, with its CORS headers."""
@@ -69,5 +100,46 @@ class Pipeline:
             log_request(request, reply.status, "-" if reply.stream is not None else len(reply.body), started)
         return response(reply)
 
+    async def rpc_reply(
+        self, rpc: str, request: Any, context: Any, route: Callable[[], Awaitable[RpcReply]], *, health: bool = False
+    ) -> RpcReply:
+        """The guarded, checked and error-mapped answer to gRPC call ``rpc``: a refused call (its key) or a
+        message that does not parse (400) never reaches ``route``; both count under ``refused_model``."""
+        assert self.rpc is not None, "this pipeline answers no gRPC calls"
+        verdict = self.guard.grpc(context, health)
+        if verdict is not None:
+            return RpcReply(None, verdict.status, verdict.message, self.refused_model)
+        invalid = self.rpc.invalid(request)
+        if invalid is not None:
+            return RpcReply(None, 400, invalid, self.refused_model)
+        try:
+            return await route()
+        except Exception as exc:  # INTERNAL, a request id, one log line with the traceback
+            return RpcReply(None, 500, internal_error(f"gRPC {rpc}", exc))
 
-__all__ = ["ErrorShape", "Observe", "Pipeline"]
+    async def call(
+        self, rpc: str, request: Any, context: Any, route: Callable[[], Awaitable[RpcReply]], *, health: bool = False
+    ) -> Any:
+        """The response message of gRPC call ``rpc``: ``rpc_reply``, its status set on ``context``, then
+        counted and logged (the log line has the HTTP-like status the metrics count, no size)."""
+        assert self.rpc is not None, "this pipeline answers no gRPC calls"
+        started = time.perf_counter()
+        reply = await self.rpc_reply(rpc, request, context, route, health=health)
+        self.rpc.set_status(context, reply.status, reply.message)
+        if self.observe is not None:
+            self.observe(request, reply, time.perf_counter() - started)
+        if self.settings.access_log:
+            access_line(_peer(context), "gRPC", rpc, reply.status, "-", started)
+        return reply.answer if reply.answer is not None else self.rpc.empty(rpc)
+
+
+def _peer(context: Any) -> str:
+    """The caller of a gRPC call as gRPC names it (``ipv4:127.0.0.1:50000``), "-" when unknown (a call
+    through a Serve handle has no context)."""
+    try:
+        return printable(str(context.peer() or "-"), 80)
+    except Exception:
+        return "-"
+
+
+__all__ = ["ErrorShape", "Observe", "Pipeline", "RpcReply", "RpcShape"]

@@ -22,7 +22,8 @@ KEY = "unit-test-key"
 
 def _replica(path, *, server: ServerOptions | None = None, **options) -> ModelReplica:
     spec = ModelSpec("m", "model", str(path), "demo:mlp")
-    config = replica_config(spec, ServeOptions(access_log=False, **options), server or ServerOptions(), 1.0, None)
+    options = {"access_log": False, **options}
+    config = replica_config(spec, ServeOptions(**options), server or ServerOptions(), 1.0, None)
     return ModelReplica(spec, config)
 
 
@@ -122,15 +123,27 @@ def test_grpc_infer_and_its_guard(demo_paths, x, expected):
         assert ctx.code == (getattr(grpc.StatusCode, code) if isinstance(code, str) else code), ctx.details
     live = GrpcContext()
     assert asyncio.run(keyed.ServerLive(messages().ServerLiveRequest(), live)).live and live.code is None
-    assert keyed.requests.snapshot()["codes"] == {"200": 1, "401": 1, "400": 1, "404": 1}
+    # Every gRPC call goes through the pipeline and counts, as every REST request does (ServerLive too).
+    assert keyed.requests.snapshot()["codes"] == {"200": 2, "401": 1, "400": 1, "404": 1}
+
+
+def test_grpc_calls_get_an_access_log_line(demo_paths, x, capfd):
+    logged = _replica(demo_paths["mlp"], access_log=True)
+    asyncio.run(logged.ModelInfer(_grpc_request(x), GrpcContext()))
+    asyncio.run(logged.ModelMetadata(messages().ModelMetadataRequest(name="m", version="7"), GrpcContext()))
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if '"gRPC ' in ln]
+    assert len(lines) == 2 and '"gRPC ModelInfer" 200 - ' in lines[0] and '"gRPC ModelMetadata" 404 - ' in lines[1]
+    assert logged.requests.snapshot()["codes"] == {"200": 1, "404": 1}
 
 
 def test_unserved_rpcs_are_unimplemented_not_unknown(mlp):
     import grpc
 
     context = GrpcContext()
+    before = mlp.requests.snapshot()["codes"].get("501", 0)
     asyncio.run(mlp.ModelConfig(messages().ModelConfigRequest(), context))
     assert context.code == grpc.StatusCode.UNIMPLEMENTED and "ModelInfer" in context.details
+    assert mlp.requests.snapshot()["codes"]["501"] == before + 1  # through the pipeline: counted
 
 
 def test_concurrent_requests_share_a_batch_and_each_gets_its_rows(demo_paths, x, expected):

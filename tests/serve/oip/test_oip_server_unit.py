@@ -78,7 +78,13 @@ def test_grpc_server_calls_and_the_guard_wrapper():
     ):
         asyncio.run(call(req, ctx))
         assert ctx.code == code, ctx.details
-    assert app.metrics.local_requests(UNKNOWN_MODEL)["codes"] == {"401": 1, "400": 1}
+    # Every call goes through the pipeline: refusals and the unknown model count under (unknown).
+    assert app.metrics.local_requests(UNKNOWN_MODEL)["codes"] == {"401": 1, "400": 2, "404": 1}
+    asyncio.run(app.drain())
+    draining = GrpcContext(keyed)
+    asyncio.run(app.ModelMetadata(messages().ModelMetadataRequest(name="a"), draining))
+    assert draining.code == grpc.StatusCode.UNAVAILABLE and "draining" in draining.details
+    assert app.metrics.local_requests("a")["codes"] == {"503": 1}
 
 
 def test_a_heartbeat_makes_its_model_ready_and_counts_in_metrics():

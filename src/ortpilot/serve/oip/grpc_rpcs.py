@@ -1,7 +1,8 @@
-"""The servicer side of KServe v2 over gRPC: the gRPC form of the request pipeline (``guarded``: the
-guard's key check, then the message check, each answering the RPC's empty response with its status),
-the HTTP -> gRPC status mapping every deployment answers with, and a base class whose unserved RPCs
-are UNIMPLEMENTED rather than Ray's "method does not exist" as UNKNOWN. Ray Serve calls the method
+"""The servicer side of KServe v2 over gRPC: the one guard wrapper (``guarded``: every servicer method
+goes through its deployment's request pipeline, ``pipeline.Pipeline.call``: key check, message check,
+error mapping, count, access log), how gRPC words the pipeline's answers (``GrpcStatus``: the HTTP ->
+gRPC status mapping every deployment answers with), and a base class whose unserved RPCs are
+UNIMPLEMENTED rather than Ray's "method does not exist" as UNKNOWN. Ray Serve calls the method
 named like the RPC with the request message and ``grpc_context``, and sends back what it returns.
 Importing this module imports ``grpc_service``, so every deployment that serves RPCs has its fixes.
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 from ortpilot.serve.oip.grpc_codec import messages
 from ortpilot.serve.oip.grpc_service import MalformedRequest
+from ortpilot.serve.pipeline import RpcReply
 
 RpcMethod = Callable[..., Awaitable[Any]]
 
@@ -43,17 +45,27 @@ def set_status(context: Any, http_status: int, message: str) -> None:
     context.set_details(message.splitlines()[0][:1000] if message else code)
 
 
-def malformed(request: Any, context: Any) -> bool:
-    """Whether ``request`` is a MalformedRequest; if so the status (INVALID_ARGUMENT) is set."""
+def malformed(request: Any) -> str | None:
+    """Why ``request`` is no KServe v2 message (a ``MalformedRequest``: INVALID_ARGUMENT), else None."""
     if not isinstance(request, MalformedRequest):
-        return False
-    set_status(
-        context,
-        400,
+        return None
+    return (
         f"The {request.rpc} call's message is not a valid inference.{request.rpc}Request ({request.error}); "
-        "send the KServe v2 protobuf message (as tritonclient.grpc does).",
+        "send the KServe v2 protobuf message (as tritonclient.grpc does)."
     )
-    return True
+
+
+class GrpcStatus:
+    """The pipeline's ``RpcShape`` for KServe v2: the message check, the status mapping, the empty response."""
+
+    def invalid(self, request: Any) -> str | None:
+        return malformed(request)
+
+    def set_status(self, context: Any, status: int, message: str) -> None:
+        set_status(context, status, message)
+
+    def empty(self, rpc: str) -> Any:
+        return getattr(messages(), f"{rpc}Response")()
 
 
 SERVED_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")
@@ -75,25 +87,20 @@ UNSERVED_RPCS = (
 )
 
 
-def guarded(*, health: bool = False, count: bool = False) -> Callable[[RpcMethod], RpcMethod]:
-    """A servicer method behind the gRPC form of the request pipeline: the guard's key check
-    (UNAUTHENTICATED) and the message check (INVALID_ARGUMENT, ``malformed``) run first, and a call
-    either stops answers the RPC's empty response message (``NameResponse``). ``health``: open without
-    a key unless ``--auth-health``; ``count``: the servicer's ``count_stopped(status)`` counts it."""
+def guarded(*, health: bool = False) -> Callable[[RpcMethod], RpcMethod]:
+    """A servicer method (returning a ``pipeline.RpcReply``) behind its deployment's request pipeline
+    (``self.pipeline.call``): the key check (UNAUTHENTICATED) and the message check (INVALID_ARGUMENT)
+    first, then the method, its status set, counted and logged. ``health``: open without a key unless
+    ``--auth-health``."""
 
     def wrap(method: RpcMethod) -> RpcMethod:
-        empty = f"{method.__name__}Response"
+        name = method.__name__
 
         @functools.wraps(method)  # Ray reads the signature (its ``grpc_context`` argument) through the wrapper
         async def rpc(self: Any, request: Any, grpc_context: Any = None) -> Any:
-            status = 401 if refused(self.guard, grpc_context, health) else None
-            if status is None and malformed(request, grpc_context):
-                status = 400
-            if status is None:
-                return await method(self, request, grpc_context)
-            if count:
-                self.count_stopped(status)
-            return getattr(messages(), empty)()
+            return await self.pipeline.call(
+                name, request, grpc_context, lambda: method(self, request, grpc_context), health=health
+            )
 
         return rpc
 
@@ -101,13 +108,11 @@ def guarded(*, health: bool = False, count: bool = False) -> Callable[[RpcMethod
 
 
 def _unserved(name: str) -> Any:
-    async def rpc(self: Any, request: Any, grpc_context: Any = None) -> Any:
-        if not refused(self.guard, grpc_context):
-            set_status(grpc_context, 501, f"{name} is not served here; this server answers {', '.join(SERVED_RPCS)}.")
-        return getattr(messages(), f"{name}Response")()
+    async def rpc(self: Any, request: Any, grpc_context: Any = None) -> RpcReply:
+        return RpcReply(None, 501, f"{name} is not served here; this server answers {', '.join(SERVED_RPCS)}.")
 
     rpc.__name__ = rpc.__qualname__ = name
-    return rpc
+    return guarded()(rpc)
 
 
 # A base for the deployments that answer KServe v2 calls: every RPC they do not serve is UNIMPLEMENTED
@@ -115,22 +120,13 @@ def _unserved(name: str) -> Any:
 UnservedRpcs = type("UnservedRpcs", (), {name: _unserved(name) for name in UNSERVED_RPCS})
 
 
-def refused(guard: Any, context: Any, health: bool = False) -> bool:
-    """Whether ``guard`` (``guard.Guard``) stops this call; if so the status (UNAUTHENTICATED) is set."""
-    verdict = guard.grpc(context, health)
-    if verdict is None:
-        return False
-    set_status(context, verdict.status, verdict.message)
-    return True
-
-
 __all__ = [
     "SERVED_RPCS",
     "STATUS_OF_HTTP",
     "UNSERVED_RPCS",
+    "GrpcStatus",
     "UnservedRpcs",
     "guarded",
     "malformed",
-    "refused",
     "set_status",
 ]

@@ -6,8 +6,8 @@ outputs (``tune.verify.verify_profile``) and raises when they differ, so Ray nev
 request to a replica that did not verify; a restarted replica goes through the same gate.
 
 A replica is its model's own Serve application (route prefix ``/v2/models/NAME``): HAProxy, or
-Ray's proxy, hands it the request directly (``__call__`` for REST, through the request pipeline;
-the KServe v2 method for gRPC, behind ``grpc_rpcs.guarded``), one hop. How it runs the model is
+Ray's proxy, hands it the request directly (``__call__`` for REST, the KServe v2 method for gRPC,
+both through the request pipeline), one hop. How it runs the model is
 ``execution`` (one run thread, dynamic batching); what it tells the server-wide application,
 ``reporting``.
 """
@@ -36,11 +36,11 @@ from ortpilot.serve.http import (
 from ortpilot.serve.oip.config import ReplicaConfig
 from ortpilot.serve.oip.execution import ModelRunner, load_verified, thread_note
 from ortpilot.serve.oip.grpc_codec import decode_infer, encode_infer, messages, model_metadata, server_metadata
-from ortpilot.serve.oip.grpc_rpcs import UnservedRpcs, guarded, set_status
+from ortpilot.serve.oip.grpc_rpcs import GrpcStatus, UnservedRpcs, guarded
 from ortpilot.serve.oip.reporting import Reporter
 from ortpilot.serve.oip.routes import OipErrors, unknown_here
 from ortpilot.serve.options import ModelSpec, ort_threads
-from ortpilot.serve.pipeline import Pipeline
+from ortpilot.serve.pipeline import Pipeline, RpcReply
 
 # What a client may see of a replica without --debug-info: no paths, PIDs, hosts or node ids.
 PUBLIC_INFO = (
@@ -83,7 +83,7 @@ class ModelReplica(UnservedRpcs):
         self.replica_id = _replica_id()
         self.settings = config.requests
         self.debug_info = config.requests.debug_info
-        self.pipeline = Pipeline(config.requests, OipErrors(), self._observe, refused_model=spec.name)
+        self.pipeline = Pipeline(config.requests, OipErrors(), self._observe, spec.name, GrpcStatus())
         self.guard = self.pipeline.guard
         self.info = self._info(verification, started)
         self.reporter = Reporter(spec.name, self.replica_id, config.server_app)
@@ -120,8 +120,8 @@ class ModelReplica(UnservedRpcs):
         """One HTTP request for this model (the full path: ``/v2/models/NAME/...``), through the pipeline."""
         return await self.pipeline.handle(request, lambda: dispatch(self.routes, request))
 
-    def _observe(self, request: Any, reply: Reply, seconds: float) -> None:
-        """The pipeline's count: every answer in this replica's requests, reported now and then."""
+    def _observe(self, request: Any, reply: Reply | RpcReply, seconds: float) -> None:
+        """The pipeline's count: every answer (REST or gRPC) in this replica's requests, reported now and then."""
         self.requests.observe(reply.status, seconds)
         self._report(soon=True)
 
@@ -150,64 +150,57 @@ class ModelReplica(UnservedRpcs):
         infos = await self.reporter.replica_infos() or [self.info]
         return [i if self.debug_info else {k: i[k] for k in PUBLIC_INFO if k in i} for i in infos]
 
-    # -- gRPC (KServe v2): every RPC behind ``guarded`` (key check, message check) ----------------------
+    # -- gRPC (KServe v2): every RPC through the pipeline (``guarded``: key check, message check, count, log) --
     @guarded(health=True)
-    async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:  # RPC methods carry KServe v2 names
-        return messages().ServerLiveResponse(live=True)
+    async def ServerLive(self, request: Any, grpc_context: Any = None) -> RpcReply:  # RPCs carry KServe v2 names
+        return RpcReply(messages().ServerLiveResponse(live=True))
 
     @guarded(health=True)
-    async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
-        return messages().ServerReadyResponse(ready=True)
+    async def ServerReady(self, request: Any, grpc_context: Any = None) -> RpcReply:
+        return RpcReply(messages().ServerReadyResponse(ready=True))
 
     @guarded()
-    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
+    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> RpcReply:
         """The server's metadata: a call without ``application`` metadata comes here when one model is served."""
-        return server_metadata()
+        return RpcReply(server_metadata())
 
     @guarded()
-    async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
-        return messages().ModelReadyResponse(ready=request.name == self.name and request.version in ("", "1"))
+    async def ModelReady(self, request: Any, grpc_context: Any = None) -> RpcReply:
+        ready = request.name == self.name and request.version in ("", "1")
+        return RpcReply(messages().ModelReadyResponse(ready=ready), model=self.name)
 
     @guarded()
-    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        if request.name != self.name or request.version not in ("", "1"):
-            set_status(grpc_context, 404, unknown_here(request.name, request.version))
-            return messages().ModelMetadataResponse()
-        return model_metadata(self.name, self.config.inputs, self.config.outputs)
+    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> RpcReply:
+        return self.metadata_message(request)
 
-    @guarded(count=True)
-    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
+    @guarded()
+    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> RpcReply:
         """KServe v2 ModelInfer: the same checks and outputs as REST infer; errors as gRPC status codes."""
-        status, message, answer = await self.infer_message(request)
-        set_status(grpc_context, status, message)
-        return answer
+        return await self.infer_message(request)
 
-    def count_stopped(self, status: int) -> None:
-        """A ModelInfer call ``guarded`` stopped (401, 400) counts in this model's requests."""
-        self.requests.observe(status, 0.0)
+    def metadata_message(self, request: Any) -> RpcReply:
+        """The ModelMetadataResponse of a ModelMetadataRequest (NOT_FOUND for another model or version):
+        what ModelMetadata answers here, and what the server-wide application relays."""
+        if request.name != self.name or request.version not in ("", "1"):
+            return RpcReply(None, 404, unknown_here(request.name, request.version), self.name)
+        return RpcReply(model_metadata(self.name, self.config.inputs, self.config.outputs), model=self.name)
 
-    async def infer_message(self, request: Any) -> tuple[int, str, Any]:
-        """(HTTP-like status, error message, ModelInferResponse) of a ModelInferRequest: what ModelInfer
-        answers here, and what the server-wide application relays for clients that name no application."""
-        started = time.perf_counter()
-        status, message, answer = 200, "", None
+    async def infer_message(self, request: Any) -> RpcReply:
+        """The ModelInferResponse of a ModelInferRequest, or the status that refuses it: what ModelInfer
+        answers here, and what the server-wide application relays for clients that name no application
+        (the pipeline that takes the call counts it, not this method)."""
         if request.model_name != self.name or request.model_version not in ("", "1"):
-            status, message = 404, unknown_here(request.model_name, request.model_version)
-        else:
-            try:
-                feeds, outputs = decode_infer(request, self.settings.max_request_bytes)
-                result = await self.infer(feeds, outputs)
-            except InputError as exc:
-                result = {"error": str(exc), "code": 400}
-            except Exception as exc:  # the client gets a request id, the log the traceback
-                result = {"error": internal_error(f"gRPC ModelInfer {self.name}", exc), "code": 500}
-            if "error" in result:
-                status, message = int(result.get("code", 500)), result["error"]
-            else:
-                answer = encode_infer(self.name, result["outputs"], request.id)
-        self.requests.observe(status, time.perf_counter() - started)
-        self._report(soon=True)
-        return status, message, answer if answer is not None else messages().ModelInferResponse()
+            return RpcReply(None, 404, unknown_here(request.model_name, request.model_version), self.name)
+        try:
+            feeds, outputs = decode_infer(request, self.settings.max_request_bytes)
+            result = await self.infer(feeds, outputs)
+        except InputError as exc:
+            result = {"error": str(exc), "code": 400}
+        except Exception as exc:  # the client gets a request id, the log the traceback
+            result = {"error": internal_error(f"gRPC ModelInfer {self.name}", exc), "code": 500}
+        if "error" in result:
+            return RpcReply(None, int(result.get("code", 500)), result["error"], self.name)
+        return RpcReply(encode_infer(self.name, result["outputs"], request.id), model=self.name)
 
     # -- requests -----------------------------------------------------------------------------------
     async def infer(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, Any]:

@@ -12,17 +12,16 @@ sends ``application: NAME`` goes to the model directly). One replica, no CPUs of
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ortpilot.serve.defaults import REPLICA_RETRIES, retry_delay_s
 from ortpilot.serve.http import Reply, dispatch, replica_gone, replica_logging
 from ortpilot.serve.oip.grpc_codec import messages, server_metadata
-from ortpilot.serve.oip.grpc_rpcs import UnservedRpcs, guarded, set_status
+from ortpilot.serve.oip.grpc_rpcs import GrpcStatus, UnservedRpcs, guarded
 from ortpilot.serve.oip.metrics import UNKNOWN_MODEL, Heartbeat, ServeMetrics
 from ortpilot.serve.oip.routes import HEALTH, OipErrors, no_replica, server_routes, unclaimed, unknown_model
-from ortpilot.serve.pipeline import Pipeline
+from ortpilot.serve.pipeline import Pipeline, RpcReply
 from ortpilot.serve.records import RequestSettings
 
 SERVER_APP = "ortpilot"
@@ -42,7 +41,7 @@ class ServerApp(UnservedRpcs):
         self.metrics = ServeMetrics(self.names)
         self.routes = server_routes(self)
         self.draining = False
-        self.pipeline = Pipeline(settings, OipErrors(), self._observe, refused_model=UNKNOWN_MODEL)
+        self.pipeline = Pipeline(settings, OipErrors(), self._observe, UNKNOWN_MODEL, GrpcStatus())
         self.guard = self.pipeline.guard
         self._handles: dict[str, Any] = {}
 
@@ -53,8 +52,9 @@ class ServerApp(UnservedRpcs):
     async def _route(self, request: Any, path: str) -> Reply:
         return unclaimed(self, path) or await dispatch(self.routes, request, path)
 
-    def _observe(self, request: Any, reply: Reply, seconds: float) -> None:
-        """The pipeline's count: answers about a model, and every 5xx whatever it concerned."""
+    def _observe(self, request: Any, reply: Reply | RpcReply, seconds: float) -> None:
+        """The pipeline's count (REST and gRPC): answers about a model, and every 5xx whatever it concerned;
+        a relayed gRPC call is counted here, not by the replica that answered it."""
         if reply.model is not None or reply.status >= 500:
             self.metrics.observe(reply.model or UNKNOWN_MODEL, reply.status, seconds)
 
@@ -73,69 +73,59 @@ class ServerApp(UnservedRpcs):
         """SIGTERM: from now on every model path no replica claims is a 503 with Retry-After."""
         self.draining = True
 
-    # -- gRPC (KServe v2): every RPC behind ``guarded`` (key check, message check) ----------------------
+    # -- gRPC (KServe v2): every RPC through the pipeline (``guarded``: key check, message check, count, log) --
     @guarded(health=True)
-    async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:  # RPC methods carry KServe v2 names
-        return messages().ServerLiveResponse(live=True)
+    async def ServerLive(self, request: Any, grpc_context: Any = None) -> RpcReply:  # RPCs carry KServe v2 names
+        return RpcReply(messages().ServerLiveResponse(live=True))
 
     @guarded(health=True)
-    async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
-        return messages().ServerReadyResponse(ready=all(self.ready(n) for n in self.names) and not self.draining)
+    async def ServerReady(self, request: Any, grpc_context: Any = None) -> RpcReply:
+        ready = all(self.ready(n) for n in self.names) and not self.draining
+        return RpcReply(messages().ServerReadyResponse(ready=ready))
 
     @guarded()
-    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        return server_metadata()
+    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> RpcReply:
+        return RpcReply(server_metadata())
 
     @guarded()
-    async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
-        return messages().ModelReadyResponse(ready=request.name in self.apps and self.ready(request.name))
+    async def ModelReady(self, request: Any, grpc_context: Any = None) -> RpcReply:
+        ready = request.name in self.apps and self.ready(request.name)
+        return RpcReply(messages().ModelReadyResponse(ready=ready), model=request.name)
 
     @guarded()
-    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        handle = self._model(request.name, grpc_context)
-        if handle is None:
-            return messages().ModelMetadataResponse()
-        try:
-            return await handle.ModelMetadata.remote(request)
-        except Exception:
-            set_status(grpc_context, 503, no_replica(request.name))
-            return messages().ModelMetadataResponse()
+    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> RpcReply:
+        """Relay a call that named no application to its model's replicas."""
+        return await self._relay(request.name, lambda handle: handle.metadata_message.remote(request))
 
-    @guarded(count=True)
-    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
+    @guarded()
+    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> RpcReply:
         """Relay a call that named no application to its model, again on another replica if its replica died."""
-        started = time.perf_counter()
-        handle = self._model(request.model_name, grpc_context)
-        if handle is None:
-            return messages().ModelInferResponse()
+        return await self._relay(request.model_name, lambda handle: handle.infer_message.remote(request))
+
+    async def _relay(self, name: str, send: Callable[[Any], Awaitable[RpcReply]]) -> RpcReply:
+        """What model ``name``'s replica answers to ``send(handle)`` (NOT_FOUND for a model not served,
+        UNAVAILABLE when it has no replica); a call its replica died under runs again elsewhere, as
+        inference and metadata are idempotent. Ray's error text never reaches the client."""
+        handle = self._model(name)
+        if isinstance(handle, RpcReply):
+            return handle
         for attempt in range(REPLICA_RETRIES + 1):
             try:
-                status, message, answer = await handle.infer_message.remote(request)
-                break
-            except (Exception, asyncio.CancelledError) as exc:  # never hand Ray's error text to the client
+                return await send(handle)
+            except (Exception, asyncio.CancelledError) as exc:
                 if isinstance(exc, asyncio.CancelledError) and not replica_gone(exc):
                     raise  # this call itself was cancelled: its client went away
-                if replica_gone(exc) and attempt < REPLICA_RETRIES:  # inference is idempotent: run it elsewhere
-                    await asyncio.sleep(retry_delay_s(attempt))
-                    continue
-                set_status(grpc_context, 503, no_replica(request.model_name))
-                self.metrics.observe(request.model_name, 503, time.perf_counter() - started)
-                return messages().ModelInferResponse()
-        set_status(grpc_context, status, message)
-        return answer
+                if not (replica_gone(exc) and attempt < REPLICA_RETRIES):
+                    break
+                await asyncio.sleep(retry_delay_s(attempt))
+        return RpcReply(None, 503, no_replica(name), name)
 
-    def count_stopped(self, status: int) -> None:
-        """A ModelInfer call ``guarded`` stopped (401, 400) counts under the unknown model."""
-        self.metrics.observe(UNKNOWN_MODEL, status, 0.0)
-
-    def _model(self, name: str, grpc_context: Any) -> Any:
-        """The handle of model ``name``'s application, or None with NOT_FOUND / UNAVAILABLE set."""
+    def _model(self, name: str) -> Any:
+        """The handle of model ``name``'s application, or the RpcReply that refuses the call (404, 503)."""
         if name not in self.apps:
-            set_status(grpc_context, 404, unknown_model(name, self.names))
-            return None
+            return RpcReply(None, 404, unknown_model(name, self.names), UNKNOWN_MODEL)
         if self.draining:
-            set_status(grpc_context, 503, no_replica(name, "the server is draining"))
-            return None
+            return RpcReply(None, 503, no_replica(name, "the server is draining"), name)
         if name not in self._handles:
             from ray import serve
 
