@@ -7,13 +7,43 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-INT8_MODES = ("dynamic", "static", "qdq", "full")
+DYNAMIC = "dynamic"  # INT8 weights, activations quantized at run time: no calibration
+STATIC = "static"  # calibrated, written as ORT's quantized operators (QOperator)
+QDQ = "qdq"  # calibrated, QuantizeLinear/DequantizeLinear pairs around the weighted ops
+FULL = "full"  # calibrated, QDQ pairs on every op ORT can quantize
+
+INT8_MODES = (DYNAMIC, STATIC, QDQ, FULL)
 """``passes.quantize``'s INT8 modes (ORT's quantizer: weights and activations)."""
 
-WEIGHT_ONLY_BITS: Mapping[str, int] = MappingProxyType({"int4": 4, "int8-weights": 8})
+CALIBRATED_MODES = tuple(m for m in INT8_MODES if m != DYNAMIC)
+"""The INT8 modes that need calibration samples (``quantize_static``)."""
+
+QDQ_MODES = (QDQ, FULL)
+"""The INT8 modes written as QDQ pairs (per-channel scales need opset 13)."""
+
+OPERATOR_MODES = tuple(m for m in INT8_MODES if m not in QDQ_MODES)
+"""The INT8 modes written as ORT's integer operators (``EnableSubgraph`` reaches If/Loop bodies)."""
+
+INT4 = "int4"  # 4-bit MatMulNBits weights, float activations
+INT8_WEIGHTS = "int8-weights"  # 8-bit MatMulNBits weights, float activations
+
+WEIGHT_ONLY_BITS: Mapping[str, int] = MappingProxyType({INT4: 4, INT8_WEIGHTS: 8})
 """``passes.weight_only``'s modes (MatMulNBits weights, float activations) and their weight bits."""
 
 WEIGHT_ONLY_MODES = tuple(WEIGHT_ONLY_BITS)
 """The weight-only mode names, in order: decoders built from a base model at load, gated on generation."""
 
-__all__ = ["INT8_MODES", "WEIGHT_ONLY_BITS", "WEIGHT_ONLY_MODES"]
+__all__ = [
+    "CALIBRATED_MODES",
+    "DYNAMIC",
+    "FULL",
+    "INT4",
+    "INT8_MODES",
+    "INT8_WEIGHTS",
+    "OPERATOR_MODES",
+    "QDQ",
+    "QDQ_MODES",
+    "STATIC",
+    "WEIGHT_ONLY_BITS",
+    "WEIGHT_ONLY_MODES",
+]

@@ -29,6 +29,8 @@ from ortpilot.cli.common import (
 )
 from ortpilot.quantmodes import INT8_MODES, WEIGHT_ONLY_MODES
 
+_WEIGHT_ONLY = "/".join(WEIGHT_ONLY_MODES)  # names the modes in the help of the options only they read
+
 
 @click.command("quantize")
 @MODEL_FILE_OPTION
@@ -40,8 +42,8 @@ from ortpilot.quantmodes import INT8_MODES, WEIGHT_ONLY_MODES
     required=True,
     help="dynamic: INT8 weights, activations at run time; static: QOperator, calibrated; qdq: Q/DQ pairs "
     "around weighted ops, calibrated; full: QDQ on every supported op (always gated); openvino: NNCF's QDQ "
-    "model for the OpenVINO EP (calibrated; needs the openvino-plugin extra or nncf); int4 / "
-    "int8-weights: weight-only MatMulNBits for decoders, gated on generation.",
+    "model for the OpenVINO EP (calibrated; needs the openvino-plugin extra or nncf); "
+    f"{' / '.join(WEIGHT_ONLY_MODES)}: weight-only MatMulNBits for decoders, gated on generation.",
 )
 @click.option("--per-channel", is_flag=True, help="One scale per output channel of each weight.")
 @click.option("--reduce-range", is_flag=True, help="7-bit weights (for CPUs without VNNI).")
@@ -88,17 +90,17 @@ from ortpilot.quantmodes import INT8_MODES, WEIGHT_ONLY_MODES
     type=click.IntRange(16),
     default=32,
     show_default=True,
-    help="int4/int8-weights: weights per quantization block (a power of 2).",
+    help=f"{_WEIGHT_ONLY}: weights per quantization block (a power of 2).",
 )
-@click.option("--asymmetric", is_flag=True, help="int4/int8-weights: zero points per block.")
+@click.option("--asymmetric", is_flag=True, help=f"{_WEIGHT_ONLY}: zero points per block.")
 @click.option(
     "--accuracy-level",
     type=click.IntRange(0, 4),
     default=4,
     show_default=True,
-    help="int4/int8-weights: MatMulNBits compute type on CPU (4 = int8, fast with VNNI).",
+    help=f"{_WEIGHT_ONLY}: MatMulNBits compute type on CPU (4 = int8, fast with VNNI).",
 )
-@click.option("--fuse", is_flag=True, help="int4/int8-weights: fuse attention into GroupQueryAttention first.")
+@click.option("--fuse", is_flag=True, help=f"{_WEIGHT_ONLY}: fuse attention into GroupQueryAttention first.")
 @click.option(
     "--max-positions",
     type=click.IntRange(min=0),
@@ -111,7 +113,7 @@ from ortpilot.quantmodes import INT8_MODES, WEIGHT_ONLY_MODES
     type=click.FloatRange(0, 1),
     default=0.9,
     show_default=True,
-    help="int4/int8-weights: least top-1 next-token agreement with the float model.",
+    help=f"{_WEIGHT_ONLY}: least top-1 next-token agreement with the float model.",
 )
 @ISOLATE_OPTION
 @JSON_OPTION

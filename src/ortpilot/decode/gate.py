@@ -40,6 +40,7 @@ from ortpilot.passes.weight_only import (
     weight_bytes,
     weight_only_nodes,
 )
+from ortpilot.quantmodes import INT4
 
 if TYPE_CHECKING:
     from ortpilot.session import SessionSettings
@@ -227,7 +228,7 @@ class WeightOnlyStep:
     precision ("int8": 8-bit MatMulNBits, half the bytes of float; "float": left unquantized)."""
 
     source: onnx.ModelProto
-    mode: str = "int4"
+    mode: str = INT4
     block_size: int = DEFAULT_BLOCK_SIZE
     symmetric: bool = True
     accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL
@@ -404,14 +405,14 @@ def _attempts(outcome: ExcludeResult) -> list[dict[str, Any]]:
 def _fallback(mode: str, fallback: str) -> str:
     if fallback not in ("int8", "float"):
         raise UsageError(f"fallback must be int8 or float, got {fallback!r}.")
-    return fallback if mode == "int4" else "float"  # nothing sits between 8-bit weights and float
+    return fallback if mode == INT4 else "float"  # nothing sits between 8-bit weights and float
 
 
 def auto_exclude(
     model: str | os.PathLike | onnx.ModelProto,
     prompts: Sequence[Sequence[int]] | None = None,
     *,
-    mode: str = "int4",
+    mode: str = INT4,
     block_size: int = DEFAULT_BLOCK_SIZE,
     symmetric: bool = True,
     accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL,
@@ -450,7 +451,7 @@ def auto_exclude(
 def quantize_weight_only_gated(
     model: str | os.PathLike | onnx.ModelProto,
     out: str | os.PathLike,
-    mode: str = "int4",
+    mode: str = INT4,
     *,
     block_size: int = DEFAULT_BLOCK_SIZE,
     symmetric: bool = True,

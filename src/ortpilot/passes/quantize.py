@@ -29,7 +29,7 @@ from onnx import numpy_helper
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import OrtpilotError, UsageError, VerificationError
 from ortpilot.passes.base import Outcome, Pass, SourceModel, op_histogram, quantized_node_count
-from ortpilot.quantmodes import INT8_MODES
+from ortpilot.quantmodes import CALIBRATED_MODES, INT8_MODES, OPERATOR_MODES, QDQ_MODES
 from ortpilot.session.ortlog import capture_ort_output
 from ortpilot.walk import graphs
 
@@ -59,7 +59,6 @@ QDQ_OPS_DEFAULT = (
 # (MatMul with a constant B, which is ORT's default for dynamic mode, Gemm, Conv, and the fused
 # Attention's packed QKV projection). Embedding Gathers stay float, and so do activation x activation products.
 WEIGHT_OPS = ("MatMul", "Gemm", "Conv", "Attention")
-CALIBRATED_MODES = ("static", "qdq", "full")
 
 
 class NothingQuantizedError(UsageError):
@@ -415,7 +414,7 @@ class QuantizePass(Pass):
 
     def transform(self, source: SourceModel) -> Outcome:
         model, notes = self.prepared(source)
-        if self.per_channel and self.mode in ("qdq", "full") and _default_opset(model) < 13:
+        if self.per_channel and self.mode in QDQ_MODES and _default_opset(model) < 13:
             # Per-axis QuantizeLinear/DequantizeLinear needs opset 13; older graphs are upgraded first.
             from onnx import version_converter
 
@@ -476,7 +475,7 @@ class QuantizePass(Pass):
     def _quantize(self, src: Path, dst: Path, has_subgraphs: bool = False) -> None:
         """ORT's quantizer on ``src``; what it raises comes back as a QuantizerError naming where."""
         extra = dict(self.extra_options)
-        if self.mode in ("dynamic", "static") and has_subgraphs:
+        if self.mode in OPERATOR_MODES and has_subgraphs:
             extra.setdefault("EnableSubgraph", True)  # If/Loop bodies (silero-vad keeps its model in one)
         if self.mode != "dynamic" and not self.calibration:
             raise UsageError(f"Quantization mode '{self.mode}' is calibrated: it needs calibration samples.")

@@ -27,7 +27,7 @@ import onnx
 from ortpilot.errors import UsageError
 from ortpilot.passes.base import Outcome, Pass, PassResult, PipelineResult, SourceModel
 from ortpilot.passes.rotary import constant_tables
-from ortpilot.quantmodes import WEIGHT_ONLY_BITS, WEIGHT_ONLY_MODES
+from ortpilot.quantmodes import INT4, WEIGHT_ONLY_BITS, WEIGHT_ONLY_MODES
 
 log = logging.getLogger("ortpilot")
 
@@ -279,7 +279,7 @@ class WeightOnlyPass(Pass):
 
     def __init__(
         self,
-        mode: str = "int4",
+        mode: str = INT4,
         *,
         block_size: int = DEFAULT_BLOCK_SIZE,
         symmetric: bool = True,

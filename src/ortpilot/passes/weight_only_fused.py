@@ -15,6 +15,7 @@ from pathlib import Path
 from ortpilot.errors import UsageError
 from ortpilot.passes.base import ModelLike, Pass, Pipeline, PipelineResult
 from ortpilot.passes.weight_only import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, WeightOnlyPass
+from ortpilot.quantmodes import INT4
 
 
 def _fusion_pass() -> Pass:
@@ -30,7 +31,7 @@ def _fusion_pass() -> Pass:
 def quantize_weight_only(
     model: ModelLike,
     out: str | os.PathLike | None = None,
-    mode: str = "int4",
+    mode: str = INT4,
     *,
     block_size: int = DEFAULT_BLOCK_SIZE,
     symmetric: bool = True,

@@ -27,6 +27,7 @@ from ortpilot.providers.names import ProviderSpec
 from ortpilot.providers.openvino import OPENVINO
 from ortpilot.providers.plugins import compute_providers
 from ortpilot.providers.spec import NOT_COMPUTE
+from ortpilot.quantmodes import INT4, INT8_WEIGHTS
 from ortpilot.session.options import LEVELS
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.transform import attention_dims
@@ -47,8 +48,8 @@ CONV_QUANT_VARIANTS: tuple[Step, ...] = (QDQ_PC, FULL_PC, DYN_W_PC, DYN_PC, DYN)
 # Decoders (a KV cache in, presents out): attention fused into GroupQueryAttention, and weight-only
 # MatMulNBits, the two things that pay on a decode step, each alone and together.
 GQA = Step("decoder_fusion")
-W4 = Step("weight_only", {"mode": "int4"})
-W8 = Step("weight_only", {"mode": "int8-weights"})
+W4 = Step("weight_only", {"mode": INT4})
+W8 = Step("weight_only", {"mode": INT8_WEIGHTS})
 SPIN_KEY = "session.intra_op.allow_spinning"
 # Only the CPU EP has the integer kernels dynamic quantization emits (MatMulInteger & co.).
 INT8_DYNAMIC_PROVIDERS = {CPU_EP}
