@@ -30,7 +30,7 @@ def test_request_counts_are_cumulative_histograms():
     for code, seconds in ((200, 0.0001), (200, 0.02), (400, 20.0)):
         counts.observe(code, seconds)
     snap = counts.snapshot()
-    assert snap["codes"] == {"200": 2, "400": 1} and snap["count"] == 3
+    assert snap.codes == {"200": 2, "400": 1} and snap.count == 3
     buckets = cumulative([snap, snap], SECONDS_BUCKETS)
     assert buckets[0] == ("0.0005", 2) and buckets[-1] == ("+Inf", 6)
     assert [n for _, n in buckets] == sorted(n for _, n in buckets)

@@ -9,9 +9,11 @@ import pytest
 
 from ortpilot.serve import defaults
 from ortpilot.serve.access import access_options
+from ortpilot.serve.counts import RequestSnapshot
 from ortpilot.serve.oip.app import replica_config
-from ortpilot.serve.oip.config import ReplicaConfig
+from ortpilot.serve.oip.config import Batching, ReplicaConfig
 from ortpilot.serve.oip.metrics import BatchCounts, Heartbeat
+from ortpilot.serve.oip.replicainfo import ReplicaInfo
 from ortpilot.serve.openai.metrics import EngineHeartbeat
 from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.openai.wire import ApiError, DecodeEvent, GenerationRequest
@@ -35,7 +37,13 @@ def _records(demo_paths) -> list:
         DecoderSpec("d", "/m.onnx", "/t.json", "demo:decoder", DecoderOptions(max_queue=3), ("a note",)),
         GenerationRequest("chat", "d", messages=[{"role": "user", "content": "hi"}], stop=["x"], seed=3),
         DecodeEvent("end", finish_reason="stop", prompt_tokens=3, completion_tokens=2),
-        Heartbeat("m", "r", {"verified": True}, BatchCounts().snapshot(), {"codes": {"200": 1}, "count": 1}),
+        Heartbeat(
+            "m",
+            "r",
+            ReplicaInfo("r", "m", True, providers=("CPUExecutionProvider",), batching=Batching(4, 2.0)),
+            BatchCounts().snapshot(),
+            RequestSnapshot({"200": 1}, (1, 0), 0.01, 1),
+        ),
         EngineHeartbeat("d", "r", {"decode_steps": 3}),
         ApiError(429, "busy", kind="rate_limit_error", code="rate_limit_exceeded", retry_after_s=1).to_event(),
     ]
@@ -60,6 +68,8 @@ def test_the_replica_config_carries_what_the_replica_reads(demo_paths):
     assert config.requests.access.auth and config.requests.access.digests and config.requests.debug_info
     assert [t.name for t in config.inputs] == ["input_ids", "attention_mask", "token_type_ids"]
     assert config.limits.rows  # the token table's rows, read from the graph by the driver
+    assert config.facts.batching == Batching(4, 2.0) and config.facts.autoscale == (1, 3)
+    assert config.facts.to_dict()["path"] == config.facts.path  # --debug-info: the facts name the file
 
 
 def test_each_default_is_defined_once():

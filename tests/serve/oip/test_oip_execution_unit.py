@@ -36,7 +36,7 @@ def test_a_bad_request_in_a_stacked_batch_fails_alone(runner):
     out = runner._run_group([good, bad, good])
     assert isinstance(out[1], OrtpilotError)
     np.testing.assert_array_equal(out[0]["y"], out[2]["y"])
-    assert runner.counts.snapshot()["count"] >= 3  # the stacked try, then one run each
+    assert runner.counts.snapshot().count >= 3  # the stacked try, then one run each
 
 
 def test_thread_note_only_when_threads_differ():

@@ -95,7 +95,7 @@ def test_keys_cors_and_counts_go_through_the_pipeline(demo_paths, x):
     assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "https://app.example"
     preflight = {"origin": "https://app.example", "access-control-request-method": "POST"}
     assert asyncio.run(keyed(request("OPTIONS", "/v2/models/m/infer", None, preflight))).status_code == 204
-    assert keyed.requests.snapshot()["codes"] == {"401": 1, "200": 1, "204": 1}
+    assert keyed.requests.snapshot().codes == {"401": 1, "200": 1, "204": 1}
 
 
 def _grpc_request(x: np.ndarray, name: str = "m") -> object:
@@ -124,7 +124,7 @@ def test_grpc_infer_and_its_guard(demo_paths, x, expected):
     live = GrpcContext()
     assert asyncio.run(keyed.ServerLive(messages().ServerLiveRequest(), live)).live and live.code is None
     # Every gRPC call goes through the pipeline and counts, as every REST request does (ServerLive too).
-    assert keyed.requests.snapshot()["codes"] == {"200": 2, "401": 1, "400": 1, "404": 1}
+    assert keyed.requests.snapshot().codes == {"200": 2, "401": 1, "400": 1, "404": 1}
 
 
 def test_grpc_calls_get_an_access_log_line(demo_paths, x, capfd):
@@ -133,17 +133,17 @@ def test_grpc_calls_get_an_access_log_line(demo_paths, x, capfd):
     asyncio.run(logged.ModelMetadata(messages().ModelMetadataRequest(name="m", version="7"), GrpcContext()))
     lines = [ln for ln in capfd.readouterr().err.splitlines() if '"gRPC ' in ln]
     assert len(lines) == 2 and '"gRPC ModelInfer" 200 - ' in lines[0] and '"gRPC ModelMetadata" 404 - ' in lines[1]
-    assert logged.requests.snapshot()["codes"] == {"200": 1, "404": 1}
+    assert logged.requests.snapshot().codes == {"200": 1, "404": 1}
 
 
 def test_unserved_rpcs_are_unimplemented_not_unknown(mlp):
     import grpc
 
     context = GrpcContext()
-    before = mlp.requests.snapshot()["codes"].get("501", 0)
+    before = mlp.requests.snapshot().codes.get("501", 0)
     asyncio.run(mlp.ModelConfig(messages().ModelConfigRequest(), context))
     assert context.code == grpc.StatusCode.UNIMPLEMENTED and "ModelInfer" in context.details
-    assert mlp.requests.snapshot()["codes"]["501"] == before + 1  # through the pipeline: counted
+    assert mlp.requests.snapshot().codes["501"] == before + 1  # through the pipeline: counted
 
 
 def test_concurrent_requests_share_a_batch_and_each_gets_its_rows(demo_paths, x, expected):
@@ -156,7 +156,7 @@ def test_concurrent_requests_share_a_batch_and_each_gets_its_rows(demo_paths, x,
     results = asyncio.run(main())
     for i, result in zip((0, 1, 0, 1), results):
         np.testing.assert_allclose(result["outputs"]["y"], expected[i : i + 1], rtol=1e-6)
-    assert batched.runner.counts.snapshot()["sum"] == 4 and batched.runner.counts.snapshot()["count"] < 4
+    assert batched.runner.counts.snapshot().sum == 4 and batched.runner.counts.snapshot().count < 4
 
 
 def test_the_iobinding_path_gives_the_same_outputs(demo_paths, x, expected):

@@ -54,7 +54,7 @@ def test_a_refused_request_is_counted_under_the_unknown_model_and_health_stays_o
     refused = asyncio.run(app(request("GET", "/v2")))
     assert refused.status_code == 401 and body(refused)["error"].startswith("Missing API key")
     assert asyncio.run(app(request("GET", "/v2/health/live"))).status_code == 200
-    assert app.metrics.local_requests(UNKNOWN_MODEL)["codes"] == {"401": 1}
+    assert app.metrics.local_requests(UNKNOWN_MODEL).codes == {"401": 1}
 
 
 def test_grpc_server_calls_and_the_guard_wrapper():
@@ -79,27 +79,32 @@ def test_grpc_server_calls_and_the_guard_wrapper():
         asyncio.run(call(req, ctx))
         assert ctx.code == code, ctx.details
     # Every call goes through the pipeline: refusals and the unknown model count under (unknown).
-    assert app.metrics.local_requests(UNKNOWN_MODEL)["codes"] == {"401": 1, "400": 2, "404": 1}
+    assert app.metrics.local_requests(UNKNOWN_MODEL).codes == {"401": 1, "400": 2, "404": 1}
     asyncio.run(app.drain())
     draining = GrpcContext(keyed)
     asyncio.run(app.ModelMetadata(messages().ModelMetadataRequest(name="a"), draining))
     assert draining.code == grpc.StatusCode.UNAVAILABLE and "draining" in draining.details
-    assert app.metrics.local_requests("a")["codes"] == {"503": 1}
+    assert app.metrics.local_requests("a").codes == {"503": 1}
 
 
 def test_a_heartbeat_makes_its_model_ready_and_counts_in_metrics():
+    from ortpilot.serve.counts import RequestSnapshot
     from ortpilot.serve.oip.metrics import BatchCounts, Heartbeat
+    from ortpilot.serve.oip.replicainfo import ReplicaInfo
 
     app = _server()
     batches = BatchCounts()
     batches.observe(2)
-    info = {"verified": True, "providers": ["CPUExecutionProvider"], "placement_share": {"CPUExecutionProvider": 1.0}}
-    asyncio.run(app.report(Heartbeat("a", "r1", info, batches.snapshot(), {"codes": {"200": 3}, "count": 3})))
+    info = ReplicaInfo(
+        "r1", "a", verified=True, providers=("CPUExecutionProvider",), placement_share={"CPUExecutionProvider": 1.0}
+    )
+    asyncio.run(app.report(Heartbeat("a", "r1", info, batches.snapshot(), RequestSnapshot({"200": 3}, count=3))))
     assert app.ready("a") and not app.ready("b")
     assert asyncio.run(app.replica_infos("a")) == [info]
     text = bytes(asyncio.run(app(request("GET", "/metrics"))).body).decode()
     assert 'ortpilot_requests_total{code="200",model="a"} 3.0' in text
-    stale = Heartbeat("a", "r1", info, BatchCounts().snapshot(), {"codes": {}, "count": 0})
+    assert 'ortpilot_placement_share{model="a",provider="CPUExecutionProvider"} 1.0' in text
+    stale = Heartbeat("a", "r1", info, BatchCounts().snapshot(), RequestSnapshot())
     asyncio.run(app.report(stale))  # an older report that arrives late replaces no newer count
     assert (
         'ortpilot_requests_total{code="200",model="a"} 3.0'

@@ -18,7 +18,7 @@ from typing import Any
 from ortpilot.errors import UsageError
 from ortpilot.serve.counts import HEARTBEAT_S
 from ortpilot.serve.oip.codec import tensor_metadata
-from ortpilot.serve.oip.config import ReplicaConfig
+from ortpilot.serve.oip.config import Batching, ModelFacts, ReplicaConfig
 from ortpilot.serve.oip.limits import InputLimits
 from ortpilot.serve.oip.server import SERVER_APP, SERVER_DEPLOYMENT
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions, resolve_models
@@ -51,15 +51,15 @@ def model_metadata(spec: ModelSpec, options: ServeOptions, cpus: float, debug_in
     model = load_model(model_file(spec), load_external_data=False)
     inputs, outputs, batch_dim = tensor_metadata(model)
     batching = batch_dim and options.max_batch > 1
-    facts = {
-        "kind": spec.kind,
-        "cpus_per_replica": cpus,
-        "replicas": options.initial_replicas,
-        "autoscale": list(options.autoscale or []) or None,
-        "batching": ({"max_batch": options.max_batch, "wait_ms": options.batch_wait_ms} if batching else None),
-    }
-    if debug_info:
-        facts.update({"source": spec.source, "path": spec.path})
+    facts = ModelFacts(
+        kind=spec.kind,
+        cpus_per_replica=cpus,
+        replicas=options.initial_replicas,
+        autoscale=tuple(options.autoscale) if options.autoscale else None,
+        batching=Batching(options.max_batch, options.batch_wait_ms) if batching else None,
+        source=spec.source if debug_info else None,
+        path=spec.path if debug_info else None,
+    )
     return {
         "tensors": {"inputs": inputs, "outputs": outputs},
         "batch_dim": batch_dim,

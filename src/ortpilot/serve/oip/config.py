@@ -1,6 +1,6 @@
 """What a model replica is told across the Ray boundary (``ReplicaConfig``): its CPUs and batching, the
-model's protocol metadata and input limits the driver read from the graph, and the request settings
-every entry point shares. Built once by the application builder, read by the replica as typed fields.
+model's protocol metadata, facts (``ModelFacts``) and input limits the driver read from the graph, and
+the request settings every entry point shares. Built once by the application builder, read by the replica as typed fields.
 """
 
 from __future__ import annotations
@@ -34,6 +34,56 @@ def tensor_specs(docs: Sequence[Mapping[str, Any] | TensorSpec]) -> tuple[Tensor
 
 
 @dataclass(frozen=True)
+class Batching:
+    """Dynamic batching as model metadata states it: at most ``max_batch`` requests, ``wait_ms`` to fill."""
+
+    max_batch: int
+    wait_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_batch": self.max_batch, "wait_ms": self.wait_ms}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Batching:
+        return cls(int(doc["max_batch"]), float(doc["wait_ms"]))
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What model metadata says of the deployment (``ortpilot`` in ``GET /v2/models/NAME``), read by the
+    driver before any replica is up; ``source`` and ``path`` only with --debug-info."""
+
+    kind: str = "model"
+    cpus_per_replica: float = 1.0
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None
+    batching: Batching | None = None
+    source: str | None = None
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.autoscale is not None:
+            object.__setattr__(self, "autoscale", tuple(int(n) for n in self.autoscale))
+        if isinstance(self.batching, Mapping):
+            object.__setattr__(self, "batching", Batching.from_dict(self.batching))
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = {
+            "kind": self.kind,
+            "cpus_per_replica": self.cpus_per_replica,
+            "replicas": self.replicas,
+            "autoscale": list(self.autoscale) if self.autoscale else None,
+            "batching": self.batching.to_dict() if self.batching else None,
+        }
+        debug = {"source": self.source, "path": self.path} if self.source is not None or self.path is not None else {}
+        return {**doc, **debug}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ModelFacts:
+        return cls(**dict(doc))
+
+
+@dataclass(frozen=True)
 class ReplicaConfig:
     """One model replica's settings (``ModelReplica``'s second argument)."""
 
@@ -46,7 +96,7 @@ class ReplicaConfig:
     server_app: str | None = None  # the server-wide application replicas report to (None: standalone)
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = ()
-    facts: Mapping[str, Any] = field(default_factory=dict)  # what model metadata says of the deployment
+    facts: ModelFacts = field(default_factory=ModelFacts)
     limits: InputLimits = field(default_factory=InputLimits)
 
     def __post_init__(self) -> None:
@@ -54,6 +104,8 @@ class ReplicaConfig:
         object.__setattr__(self, "outputs", tensor_specs(self.outputs))
         if isinstance(self.requests, Mapping):
             object.__setattr__(self, "requests", RequestSettings.from_dict(self.requests))
+        if isinstance(self.facts, Mapping):
+            object.__setattr__(self, "facts", ModelFacts.from_dict(self.facts))
         if isinstance(self.limits, Mapping):
             object.__setattr__(self, "limits", InputLimits.from_dict(self.limits))
 
@@ -72,7 +124,7 @@ class ReplicaConfig:
             "server_app": self.server_app,
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
-            "facts": dict(self.facts),
+            "facts": self.facts.to_dict(),
             "limits": self.limits.to_dict(),
         }
 
@@ -81,4 +133,4 @@ class ReplicaConfig:
         return cls(**dict(doc))
 
 
-__all__ = ["ReplicaConfig", "TensorSpec", "tensor_specs"]
+__all__ = ["Batching", "ModelFacts", "ReplicaConfig", "TensorSpec", "tensor_specs"]

@@ -17,13 +17,31 @@ import bisect
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from ortpilot.serve.counts import REPLICA_TTL_S, SECONDS_BUCKETS, RequestCounts, cumulative
+from ortpilot.serve.counts import REPLICA_TTL_S, SECONDS_BUCKETS, RequestCounts, RequestSnapshot, cumulative
+from ortpilot.serve.oip.replicainfo import ReplicaInfo
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 UNKNOWN_MODEL = "(unknown)"  # the label for requests to names that are not served (kept out of the cardinality)
+
+
+@dataclass(frozen=True)
+class BatchSnapshot:
+    """A replica's cumulative batch sizes at one moment (``BatchCounts.snapshot``): ``buckets`` per
+    ``BATCH_BUCKETS`` and +Inf, not cumulative."""
+
+    buckets: tuple[int, ...] = ()
+    sum: int = 0
+    count: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"buckets": list(self.buckets), "sum": self.sum, "count": self.count}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> BatchSnapshot:
+        return cls(tuple(int(n) for n in doc["buckets"]), int(doc["sum"]), int(doc["count"]))
 
 
 class BatchCounts:
@@ -39,28 +57,40 @@ class BatchCounts:
         self.sum += size
         self.count += 1
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"buckets": list(self.buckets), "sum": self.sum, "count": self.count}
+    def snapshot(self) -> BatchSnapshot:
+        return BatchSnapshot(tuple(self.buckets), self.sum, self.count)
 
 
 @dataclass(frozen=True)
 class Heartbeat:
     """What a model replica sends the server-wide application across Ray: who it is, what it verified
-    (``info``: the document model metadata lists) and its cumulative counts (``BatchCounts`` and
-    ``RequestCounts`` snapshots, small enough to send after every request)."""
+    (``ReplicaInfo``, which model metadata lists) and its cumulative counts (snapshots small enough to
+    send after every request)."""
 
     model: str
     replica: str
-    info: Mapping[str, Any]
-    batches: Mapping[str, Any]
-    requests: Mapping[str, Any] = field(default_factory=dict)
+    info: ReplicaInfo
+    batches: BatchSnapshot = field(default_factory=BatchSnapshot)
+    requests: RequestSnapshot = field(default_factory=RequestSnapshot)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "info": dict(self.info), "batches": dict(self.batches), "requests": dict(self.requests)}
+        return {
+            "model": self.model,
+            "replica": self.replica,
+            "info": self.info.to_dict(),
+            "batches": self.batches.to_dict(),
+            "requests": self.requests.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Heartbeat:
-        return cls(**dict(doc))
+        return cls(
+            str(doc["model"]),
+            str(doc["replica"]),
+            ReplicaInfo.from_dict(doc["info"]),
+            BatchSnapshot.from_dict(doc["batches"]),
+            RequestSnapshot.from_dict(doc["requests"]),
+        )
 
 
 @dataclass
@@ -69,9 +99,9 @@ class ReplicaReport:
 
     model: str
     replica: str
-    info: dict[str, Any]
-    batches: dict[str, Any]
-    requests: dict[str, Any] = field(default_factory=dict)
+    info: ReplicaInfo
+    batches: BatchSnapshot
+    requests: RequestSnapshot
     seen: float = field(default_factory=time.monotonic)
 
     @property
@@ -98,33 +128,32 @@ class ServeMetrics:
         with self._lock:
             self._local.setdefault(label, RequestCounts()).observe(code, seconds)
 
-    def local_requests(self, label: str) -> dict[str, Any]:
+    def local_requests(self, label: str) -> RequestSnapshot | None:
+        """The requests under ``label`` this application answered itself (None: none)."""
         with self._lock:
             counts = self._local.get(label)
-            return counts.snapshot() if counts else {}
+            return counts.snapshot() if counts else None
 
     def report(self, beat: Heartbeat) -> None:
         """Take a replica's heartbeat; older counts never replace newer ones (heartbeats may cross)."""
-        model, replica, info, batches, requests = beat.model, beat.replica, beat.info, beat.batches, beat.requests
         with self._lock:
-            old = self._reports.get(replica)
+            old = self._reports.get(beat.replica)
             if old is None:
-                self._reports[replica] = ReplicaReport(
-                    model, replica, dict(info or {}), dict(batches), dict(requests or {})
+                self._reports[beat.replica] = ReplicaReport(
+                    beat.model, beat.replica, beat.info, beat.batches, beat.requests
                 )
                 return
-            if info:
-                old.info = dict(info)
-            if int(batches.get("count", 0)) >= int(old.batches.get("count", 0)):
-                old.batches = dict(batches)
-            if requests and int(requests.get("count", 0)) >= int(old.requests.get("count", 0)):
-                old.requests = dict(requests)
+            old.info = beat.info
+            if beat.batches.count >= old.batches.count:
+                old.batches = beat.batches
+            if beat.requests.count >= old.requests.count:
+                old.requests = beat.requests
             old.seen = time.monotonic()
 
     def replicas(self, model: str) -> list[ReplicaReport]:
         """The model's live replicas that reported as verified."""
         with self._lock:
-            return [r for r in self._reports.values() if r.model == model and r.alive and r.info.get("verified")]
+            return [r for r in self._reports.values() if r.model == model and r.alive and r.info.verified]
 
     def all_reports(self) -> list[ReplicaReport]:
         with self._lock:
@@ -136,16 +165,14 @@ class ServeMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-def _add_requests(requests: Any, seconds: Any, model: str, counted: list[Mapping[str, Any]]) -> None:
+def _add_requests(requests: Any, seconds: Any, model: str, counted: list[RequestSnapshot]) -> None:
     codes: dict[str, int] = {}
     for c in counted:
-        for code, n in (c.get("codes") or {}).items():
-            codes[code] = codes.get(code, 0) + int(n)
+        for code, n in c.codes.items():
+            codes[code] = codes.get(code, 0) + n
     for code, n in sorted(codes.items()):
         requests.add_metric([model, code], n)
-    seconds.add_metric(
-        [model], cumulative(counted, SECONDS_BUCKETS), sum_value=sum(float(c.get("sum", 0.0)) for c in counted)
-    )
+    seconds.add_metric([model], cumulative(counted, SECONDS_BUCKETS), sum_value=sum(c.sum for c in counted))
 
 
 class _ReplicaCollector:
@@ -187,20 +214,18 @@ class _ReplicaCollector:
         for model in [*self.metrics.models, UNKNOWN_MODEL]:
             local = self.metrics.local_requests(model)
             mine = [r for r in reports if r.model == model]
-            counted = [r.requests for r in mine] + ([local] if local else [])
+            counted = [r.requests for r in mine] + ([local] if local is not None else [])
             if model == UNKNOWN_MODEL:
-                if local:
+                if local is not None:
                     _add_requests(requests, seconds, model, counted)
                 continue
             batches = [r.batches for r in mine]
-            batch.add_metric(
-                [model], cumulative(batches, BATCH_BUCKETS), sum_value=sum(int(b.get("sum", 0)) for b in batches)
-            )
-            live = [r for r in mine if r.alive and r.info.get("verified")]
+            batch.add_metric([model], cumulative(batches, BATCH_BUCKETS), sum_value=sum(b.sum for b in batches))
+            live = [r for r in mine if r.alive and r.info.verified]
             verified.add_metric([model], len(live))
             shares: dict[str, list[float]] = {}
             for r in live:
-                for provider, value in (r.info.get("placement_share") or {}).items():
+                for provider, value in r.info.placement_share.items():
                     shares.setdefault(provider, []).append(float(value))
             for provider, values in sorted(shares.items()):
                 share.add_metric([model, provider], sum(values) / len(values))
@@ -212,4 +237,12 @@ class _ReplicaCollector:
         yield seconds
 
 
-__all__ = ["BATCH_BUCKETS", "UNKNOWN_MODEL", "BatchCounts", "Heartbeat", "ReplicaReport", "ServeMetrics"]
+__all__ = [
+    "BATCH_BUCKETS",
+    "UNKNOWN_MODEL",
+    "BatchCounts",
+    "BatchSnapshot",
+    "Heartbeat",
+    "ReplicaReport",
+    "ServeMetrics",
+]

@@ -33,33 +33,15 @@ from ortpilot.serve.http import (
     read_body,
     replica_logging,
 )
-from ortpilot.serve.oip.config import ReplicaConfig
+from ortpilot.serve.oip.config import Batching, ReplicaConfig
 from ortpilot.serve.oip.execution import ModelRunner, load_verified, thread_note
 from ortpilot.serve.oip.grpc_codec import decode_infer, encode_infer, messages, model_metadata, server_metadata
 from ortpilot.serve.oip.grpc_rpcs import GrpcStatus, UnservedRpcs, guarded
+from ortpilot.serve.oip.replicainfo import ReplicaInfo
 from ortpilot.serve.oip.reporting import Reporter
 from ortpilot.serve.oip.routes import OipErrors, unknown_here
 from ortpilot.serve.options import ModelSpec, ort_threads
 from ortpilot.serve.pipeline import Pipeline, RpcReply
-
-# What a client may see of a replica without --debug-info: no paths, PIDs, hosts or node ids.
-PUBLIC_INFO = (
-    "replica",
-    "model",
-    "verified",
-    "verification",
-    "why",
-    "providers",
-    "placement_share",
-    "intra_op_threads",
-    "cpus",
-    "profile_intra_op_threads",
-    "threads_note",
-    "batching",
-    "load_s",
-    "session_create_s",
-    "optimized_model",
-)
 
 
 class ModelReplica(UnservedRpcs):
@@ -89,31 +71,29 @@ class ModelReplica(UnservedRpcs):
         self.reporter = Reporter(spec.name, self.replica_id, config.server_app)
         self.routes = model_routes(self)
 
-    def _info(self, verification: Mapping[str, Any], started: float) -> dict[str, Any]:
-        """What this replica verified and runs with (``describe``; clients see ``PUBLIC_INFO`` of it)."""
+    def _info(self, verification: Mapping[str, Any], started: float) -> ReplicaInfo:
+        """What this replica verified and runs with (its heartbeat carries it; clients see ``public_dict``)."""
         placement = self.session.placement
-        return {
-            "replica": self.replica_id,
-            "model": self.spec.name,
-            "verified": True,
-            "verification": verification["mode"],
-            "why": verification["why"],
-            "providers": self.session.providers,
-            "placement_share": ({p: round(placement.share(p), 6) for p in placement.counts} if placement else {}),
-            "intra_op_threads": self.threads,
-            "cpus": self.cpus,
-            "profile_intra_op_threads": verification["profile_threads"],
-            "threads_note": thread_note(self.threads, verification["profile_threads"]),
-            "batching": (
-                {"max_batch": self.config.max_batch, "wait_ms": self.config.batch_wait_ms} if self.batching else None
-            ),
-            "node": _node_id(),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "load_s": round(time.perf_counter() - started, 3),
-            "session_create_s": round(getattr(self.session, "create_s", 0.0), 4),
-            "optimized_model": verification["optimized_model"],
-        }
+        return ReplicaInfo(
+            replica=self.replica_id,
+            model=self.spec.name,
+            verified=True,
+            verification=verification["mode"],
+            why=verification["why"],
+            providers=tuple(self.session.providers),
+            placement_share=({p: round(placement.share(p), 6) for p in placement.counts} if placement else {}),
+            intra_op_threads=self.threads,
+            cpus=self.cpus,
+            profile_intra_op_threads=verification["profile_threads"],
+            threads_note=thread_note(self.threads, verification["profile_threads"]),
+            batching=Batching(self.config.max_batch, self.config.batch_wait_ms) if self.batching else None,
+            node=_node_id(),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            load_s=round(time.perf_counter() - started, 3),
+            session_create_s=round(getattr(self.session, "create_s", 0.0), 4),
+            optimized_model=verification["optimized_model"],
+        )
 
     # -- REST ---------------------------------------------------------------------------------------
     async def __call__(self, request: Any) -> Any:
@@ -142,13 +122,14 @@ class ModelReplica(UnservedRpcs):
             "platform": "onnxruntime_onnx",
             "inputs": [t.to_dict() for t in self.config.inputs],
             "outputs": [t.to_dict() for t in self.config.outputs],
-            "ortpilot": {**self.config.facts, "ready": True, "replicas": replicas},
+            "ortpilot": {**self.config.facts.to_dict(), "ready": True, "replicas": replicas},
         }
 
     async def replica_infos(self) -> list[dict[str, Any]]:
-        """Every live replica's info as the server-wide application holds it (this one's when it cannot)."""
+        """Every live replica's info as the server-wide application holds it (this one's when it cannot),
+        as model metadata shows it (no process details without --debug-info)."""
         infos = await self.reporter.replica_infos() or [self.info]
-        return [i if self.debug_info else {k: i[k] for k in PUBLIC_INFO if k in i} for i in infos]
+        return [i.to_dict() if self.debug_info else i.public_dict() for i in infos]
 
     # -- gRPC (KServe v2): every RPC through the pipeline (``guarded``: key check, message check, count, log) --
     @guarded(health=True)
@@ -207,8 +188,8 @@ class ModelReplica(UnservedRpcs):
         """The outputs of ``feeds`` (``execution.ModelRunner.infer``), or an error and its status."""
         return await self.runner.infer(feeds, outputs)
 
-    def describe(self) -> dict[str, Any]:
-        return dict(self.info)
+    def describe(self) -> ReplicaInfo:
+        return self.info
 
     async def check_health(self) -> None:
         """Ray's health check, every few seconds: also the heartbeat that tells the server-wide application

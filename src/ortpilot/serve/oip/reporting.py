@@ -7,11 +7,11 @@ without a server-wide application (``deployment()`` alone) reports nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from ortpilot.serve.counts import REPORT_S, RequestCounts
 from ortpilot.serve.oip.metrics import BatchCounts, Heartbeat
+from ortpilot.serve.oip.replicainfo import ReplicaInfo
 
 
 class Reporter:
@@ -37,9 +37,7 @@ class Reporter:
                 return None
         return self._server
 
-    def report(
-        self, info: Mapping[str, Any], batches: BatchCounts, requests: RequestCounts, *, soon: bool = False
-    ) -> None:
+    def report(self, info: ReplicaInfo, batches: BatchCounts, requests: RequestCounts, *, soon: bool = False) -> None:
         """Send the replica's state now (``soon``: only if the last report is ``REPORT_S`` old)."""
         if soon and time.monotonic() - self._reported < REPORT_S:
             return
@@ -48,13 +46,11 @@ class Reporter:
             return
         self._reported = time.monotonic()
         try:
-            server.report.remote(
-                Heartbeat(self.model, self.replica, dict(info), batches.snapshot(), requests.snapshot())
-            )
+            server.report.remote(Heartbeat(self.model, self.replica, info, batches.snapshot(), requests.snapshot()))
         except Exception:
             self._server = None
 
-    async def replica_infos(self) -> list[dict[str, Any]] | None:
+    async def replica_infos(self) -> list[ReplicaInfo] | None:
         """Every live replica's info as the server-wide application holds it (None when it cannot say)."""
         server = self.handle()
         if server is None:

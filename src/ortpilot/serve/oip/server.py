@@ -20,6 +20,7 @@ from ortpilot.serve.http import Reply, dispatch, replica_gone, replica_logging
 from ortpilot.serve.oip.grpc_codec import messages, server_metadata
 from ortpilot.serve.oip.grpc_rpcs import GrpcStatus, UnservedRpcs, guarded
 from ortpilot.serve.oip.metrics import UNKNOWN_MODEL, Heartbeat, ServeMetrics
+from ortpilot.serve.oip.replicainfo import ReplicaInfo
 from ortpilot.serve.oip.routes import HEALTH, OipErrors, no_replica, server_routes, unclaimed, unknown_model
 from ortpilot.serve.pipeline import Pipeline, RpcReply
 from ortpilot.serve.records import RequestSettings
@@ -66,8 +67,9 @@ class ServerApp(UnservedRpcs):
         """A model replica's heartbeat: who it is, what it verified, its cumulative counts."""
         self.metrics.report(beat)
 
-    async def replica_infos(self, name: str) -> list[dict[str, Any]]:
-        return [dict(r.info) for r in self.metrics.replicas(name)]
+    async def replica_infos(self, name: str) -> list[ReplicaInfo]:
+        """What each live verified replica of model ``name`` reported (model metadata lists them)."""
+        return [r.info for r in self.metrics.replicas(name)]
 
     async def drain(self) -> None:
         """SIGTERM: from now on every model path no replica claims is a 503 with Retry-After."""

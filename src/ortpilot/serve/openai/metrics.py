@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ortpilot.serve.counts import REPLICA_TTL_S, SECONDS_BUCKETS, RequestCounts, cumulative
+from ortpilot.serve.counts import REPLICA_TTL_S, SECONDS_BUCKETS, RequestCounts, RequestSnapshot, cumulative
 
 # Counters a report holds at its top level or one level down: (family suffix, path, help).
 COUNTERS = (
@@ -96,7 +96,7 @@ class DecoderMetrics:
         with self._lock:
             self._reports[beat.replica] = (beat.model, dict(beat.counters), time.monotonic())
 
-    def snapshot(self) -> tuple[dict[str, dict[str, Any]], list[tuple[str, dict[str, Any], bool]]]:
+    def snapshot(self) -> tuple[dict[str, RequestSnapshot], list[tuple[str, dict[str, Any], bool]]]:
         with self._lock:
             requests = {k: v.snapshot() for k, v in self._requests.items()}
             now = time.monotonic()
@@ -125,9 +125,9 @@ class _Collector:
         )
         seconds = HistogramMetricFamily("ortpilot_request_seconds", "Request time at the ingress.", labels=["model"])
         for model, counts in sorted(requests.items()):
-            for code, n in sorted((counts.get("codes") or {}).items()):
+            for code, n in sorted(counts.codes.items()):
                 by_code.add_metric([model, code], n)
-            seconds.add_metric([model], cumulative([counts], SECONDS_BUCKETS), sum_value=float(counts.get("sum", 0)))
+            seconds.add_metric([model], cumulative([counts], SECONDS_BUCKETS), sum_value=counts.sum)
         yield by_code
         yield seconds
         counters = {n: CounterMetricFamily(PREFIX + n, h, labels=["model"]) for n, _, h in COUNTERS}
