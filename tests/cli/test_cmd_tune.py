@@ -157,3 +157,19 @@ def test_tune_refuses_bad_outputs_with_exit_2_before_anything_is_written(tmp_pat
     assert "Traceback" not in res.output and not out.exists()
     res = CliRunner().invoke(cli, ["tune", str(model), "-o", str(out), "--outputs", "token_type_ids"])
     assert res.exit_code == 2 and "('token_type_ids' is an input)" in " ".join(res.output.split())
+
+
+def test_tune_refuses_an_output_that_is_also_a_graph_input_with_exit_2(tmp_path):
+    """A model that returns one of its inputs as it was fed: nothing to compute, time or gate for it."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "echo", [x], [y, x])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "echo.onnx")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["tune", str(model), "-o", str(out), "--outputs", "y", "--outputs", "x"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "'x', which is also a graph input" in said and "Name outputs the model computes (y)" in said
+    assert "Traceback" not in res.output and not out.exists()

@@ -94,6 +94,12 @@ def test_verify_passes_and_fails_once_the_recorded_outputs_are_edited_away(tuned
     assert "Traceback" not in res.output
     with pytest.raises(VerificationError, match="'pooler_output', which the profile does not record"):
         ortpilot.load_profile(edited / "profile.json")
+    # export refuses it too: a Triton config would expose outputs the deployment does not read
+    repo = tmp_path / "repo"
+    res = CliRunner().invoke(cli, ["export", "triton", str(edited / "profile.json"), "-o", str(repo), "--name", "m"])
+    assert res.exit_code == 1, res.output
+    assert "'last_hidden_state', which its model does not return" in res.output and "Traceback" not in res.output
+    assert not (repo / "m").exists()
 
 
 def test_export_triton_and_serve_metadata_list_only_the_named_output(tuned, tmp_path) -> None:

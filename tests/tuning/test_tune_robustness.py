@@ -78,6 +78,17 @@ def test_budget_too_small_for_the_baseline_writes_nothing(tmp_path, demo_paths):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_budget_within_the_output_reserve_is_refused_saying_so(tmp_path, demo_paths):
+    """--budget 5 used to search for no time and blame ORT's default; it is refused before anything runs."""
+    from ortpilot.tuning.search import OUTPUT_RESERVE_S
+
+    with pytest.raises(UsageError) as err:
+        tune(str(demo_paths["mlp"]), tmp_path / "out", budget_s=OUTPUT_RESERVE_S)
+    text = str(err.value)
+    assert "leaves no time to search" in text and f"--budget {2 * OUTPUT_RESERVE_S:g} or more" in text
+    assert "ORT's default" not in text and not (tmp_path / "out").exists()
+
+
 def test_model_without_input_shapes_asks_for_them_by_name(tmp_path):
     x = helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])

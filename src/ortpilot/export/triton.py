@@ -48,7 +48,7 @@ from ortpilot.providers.machine import describe_machine
 from ortpilot.providers.names import resolve_providers, short_name
 from ortpilot.session.bundle import choose_profile
 from ortpilot.session.options import SessionSettings
-from ortpilot.session.profile import profile_settings
+from ortpilot.session.profile import check_outputs, profile_settings
 from ortpilot.session.verified import effective_settings
 
 CONFIG_FILE = "config.pbtxt"
@@ -218,6 +218,7 @@ def _plan(
     backend = map_profile(chain, settings, name=name, kind=_kind(kind))
     proto = load_model(model_path, load_external_data=False)
     inputs, outputs = model_tensors(proto)
+    check_outputs(doc, profile, [o.name for o in outputs])  # the config exposes what the deployment reads
     feeds, warmup = _warmup_feeds(profile, doc, proto, inputs)
     batching = decide_batching(model_path, inputs, outputs, feeds) if max_batch != 0 else None
     batch = _max_batch(max_batch, batching, inputs)

@@ -491,8 +491,9 @@ class _JournaledNoise:
 class BudgetTooSmall(UsageError):
     def __init__(self) -> None:
         super().__init__(
-            "The budget is too small: measuring ORT's default session alone used all of it. "
-            "Give a larger --budget (at least a few times the model's load time)."
+            "The budget is too small: measuring ORT's default session alone used all the time left for the "
+            f"search (the --budget less the {OUTPUT_RESERVE_S:g} s a tune keeps for writing its outputs). Give a "
+            "larger --budget (at least a few times the model's load time)."
         )
 
 

@@ -101,6 +101,12 @@ def tune(
     load_start = (_load1(), cpushare.sample())
     if not budget_s or budget_s <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {budget_s}.")
+    if budget_s <= OUTPUT_RESERVE_S:
+        raise UsageError(
+            f"--budget {budget_s:g} s leaves no time to search: a tune keeps the last {OUTPUT_RESERVE_S:g} s of its "
+            "budget for writing its outputs (model, profile, reports). Give --budget "
+            f"{2 * OUTPUT_RESERVE_S:g} or more (a small model tunes in 10-30 s, a transformer wants 60-120)."
+        )
     out = check_out_dir(Path(out_dir))
     set_up = partial(
         _set_up,
