@@ -116,3 +116,18 @@ def test_export_triton_and_serve_metadata_list_only_the_named_output(tuned, tmp_
     meta = model_metadata(ModelSpec("m", "profile", str(out / "profile.json")), ServeOptions(), 1.0)
     assert [t["name"] for t in meta["tensors"]["outputs"]] == WANT
     assert [t["name"] for t in meta["tensors"]["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+
+
+def test_a_tune_reports_a_declared_output_shape_the_model_does_not_return_and_gates_on_the_real_one(tmp_path):
+    """The recognizer declares ``387`` as ``[1, seqlen]`` and returns ``[20, 1, 40]`` (steps x classes): the
+    tune's result and report.md say so, and the metric comes from what it returns (ctc), not the declaration."""
+    from metric_models import ctc_recognizer, save, text_images
+
+    from ortpilot.tuning import tune
+
+    model = save(ctc_recognizer(), tmp_path / "rec.onnx")
+    result = tune(str(model), tmp_path / "out", budget_s=30, quantize=False, calibration=text_images(24))
+    assert result.metrics["387"] == "ctc"
+    assert "declared [1, seqlen] but returns [20, 1, 40]" in result.metric_evidence["387"]
+    report = " ".join((tmp_path / "out" / "report.md").read_text().split())
+    assert "declared [1, seqlen] but returns [20, 1, 40]" in report

@@ -3,7 +3,8 @@
 Accepted: a folder of ``.npz`` files (one sample each, keys = input names) or ``.npy`` files
 (``NAME.npy`` per input, or any names for a one-input model; an array with one more dim than
 the input is a stack of samples); one ``.npz`` with stacked samples; a
-``CalibrationDataReader`` object (or ``FILE.py:FACTORY`` on the command line); text and images
+``CalibrationDataReader`` object (or ``FILE.py:FACTORY`` on the command line); a list of samples
+(dicts of input name -> array, from Python); text and images
 (``ortpilot.data.TextData`` / ``ImageData``, what ``--calibration-text`` / ``--calibration-images``
 become through ``ortpilot.data.real_data``). Without data, inputs are generated from the declared
 shapes, with a loud warning: calibration on random inputs gives scales that fit random inputs,
@@ -170,6 +171,8 @@ def load_calibration(
         return data
     if hasattr(source, "get_next"):
         return _checked(_drain(source), inputs, f"{type(source).__name__} reader")
+    if isinstance(source, (list, tuple)) and all(isinstance(s, Mapping) for s in source):  # from Python
+        return _checked([dict(s) for s in source], inputs, f"{len(source)} samples given in Python")
     text = str(source)
     if ".py:" in text:
         data = _checked(_drain(_reader_from_file(text, model)), inputs, text)
