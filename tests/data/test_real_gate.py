@@ -100,7 +100,7 @@ def test_tune_folder_calibration_text_gates_on_held_out_sentences(st_folder, sen
 
 
 def test_tune_without_data_warns_it_gated_on_synthetic_inputs(tmp_path):
-    res = _tune("demo:encoder", "-o", tmp_path / "t", "--budget", "8", "--json")
+    res = _tune("demo:encoder", "-o", tmp_path / "t", "--budget", "15", "--no-quantize", "--json")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["gate_data"] == {"source": "synthetic", "samples": 4, "path": None, "sha256": doc["gate_data"]["sha256"]}
