@@ -14,7 +14,8 @@ from ortpilot.serve.oip.app import replica_config
 from ortpilot.serve.oip.config import Batching, ReplicaConfig
 from ortpilot.serve.oip.metrics import BatchCounts, Heartbeat
 from ortpilot.serve.oip.replicainfo import ReplicaInfo
-from ortpilot.serve.openai.metrics import EngineHeartbeat
+from ortpilot.serve.openai.info import DecoderInfo, EngineSummary, StreamRecord
+from ortpilot.serve.openai.metrics import EngineCounters, EngineHeartbeat, HistogramParts
 from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.openai.wire import ApiError, DecodeEvent, GenerationRequest
 from ortpilot.serve.options import DecoderOptions, ModelSpec, ServeOptions, ServerOptions
@@ -44,7 +45,21 @@ def _records(demo_paths) -> list:
             BatchCounts().snapshot(),
             RequestSnapshot({"200": 1}, (1, 0), 0.01, 1),
         ),
-        EngineHeartbeat("d", "r", {"decode_steps": 3}),
+        EngineHeartbeat(
+            "d", "r", EngineCounters(decode_steps=3, rows_per_step=HistogramParts((("1", 2.0), ("+Inf", 3.0)), 4.0))
+        ),
+        DecoderInfo(
+            "d",
+            "demo:decoder",
+            7,
+            2,
+            1.5,
+            64,
+            "tokenizer",
+            ("a note",),
+            EngineSummary(2, 3, 64, 16, 5, 9, 1.8, 4096, 0, ("base",), 0, "auto"),
+            (StreamRecord(1, 3, 4, 0.0, 0.01, 0.03, 10.0, 0.05, "max_new_tokens"),),
+        ),
         ApiError(429, "busy", kind="rate_limit_error", code="rate_limit_exceeded", retry_after_s=1).to_event(),
     ]
 

@@ -40,7 +40,7 @@ class LocalHandle:
 
     @property
     def describe(self) -> _Method:
-        async def describe() -> dict[str, Any]:
+        async def describe() -> Any:  # a DecoderInfo
             return self.replica.describe()
 
         return _Method(describe)

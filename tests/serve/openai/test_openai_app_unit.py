@@ -7,7 +7,7 @@ import pytest
 
 from ortpilot.errors import UsageError
 from ortpilot.serve.openai.deployment import INGRESS_NAME, openai_deployment
-from ortpilot.serve.openai.metrics import DecoderMetrics, EngineHeartbeat
+from ortpilot.serve.openai.metrics import DecoderMetrics, EngineCounters, EngineHeartbeat, HistogramParts
 from ortpilot.serve.openai.server import run_openai_server
 from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.options import DecoderOptions, ServeOptions, ServerOptions
@@ -37,12 +37,17 @@ def test_grpc_port_and_bad_replicas_are_refused_before_ray_starts():
 
 def test_engine_counters_are_summed_per_model():
     metrics = DecoderMetrics(["d"])
-    metrics.report(EngineHeartbeat("d", "r1", {"decode_steps": 3, "pending": 1}))
-    metrics.report(EngineHeartbeat("d", "r2", {"decode_steps": 4, "pending": 0}))
+    ttft = HistogramParts((("0.1", 1.0), ("+Inf", 2.0)), 0.3)
+    metrics.report(EngineHeartbeat("d", "r1", EngineCounters(decode_steps=3, ttft_seconds=ttft)))
+    metrics.report(
+        EngineHeartbeat("d", "r2", EngineCounters(decode_steps=4, ttft_seconds=ttft, format_steps={"int4": 2}))
+    )
     metrics.observe("d", 200, 0.01)
     metrics.observe("zzz", 404, 0.01)
     text = metrics.render()[0].decode()
     assert 'ortpilot_requests_total{code="200",model="d"} 1.0' in text
-    assert 'model="(unknown)"' in text and "ortpilot_decode_" in text
+    assert 'model="(unknown)"' in text and 'ortpilot_decode_decode_steps_total{model="d"} 7.0' in text
+    assert 'ortpilot_decode_ttft_seconds_bucket{le="+Inf",model="d"} 4.0' in text
+    assert 'ortpilot_decode_format_steps_total{format="int4",model="d"} 2.0' in text
     _, reports = metrics.snapshot()
     assert sorted(alive for _, _, alive in reports) == [True, True]

@@ -114,3 +114,15 @@ def test_keys_health_metrics_and_drain(replica):
     asyncio.run(ingress.drain())
     draining = asyncio.run(ingress(request("GET", "/v1/models", headers=key)))
     assert draining.status_code == 503 and draining.headers["retry-after"] == "1"
+
+
+def test_what_a_replica_sends_the_ingress_is_typed(replica):
+    from ortpilot.serve.openai.info import DecoderInfo
+    from ortpilot.serve.openai.metrics import EngineCounters
+
+    asyncio.run(_ingress(replica)(request("POST", "/v1/completions", {"model": "d", "prompt": "hi", "max_tokens": 2})))
+    counters = EngineCounters.of_engine(replica.scheduler.counters())
+    assert counters.requests >= 1 and counters.completion_tokens >= 2 and counters.ttft_seconds.buckets[-1][0] == "+Inf"
+    info = replica.describe()
+    assert isinstance(info, DecoderInfo) and info.engine.max_streams == 2
+    assert DecoderInfo.from_dict(info.to_dict()) == info and "pid" not in info.public_dict()

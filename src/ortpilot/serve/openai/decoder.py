@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from ortpilot.errors import QueueFullError, UsageError
+from ortpilot.serve.openai.info import DecoderInfo, EngineSummary, StreamRecord
 from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.openai.wire import (
     DEFAULT_COMPLETION_TOKENS,
@@ -64,7 +65,7 @@ class DecoderReplica:
             gate_prompts=self._gate_prompts(options),
         ).start()
         self.threads = threads
-        self.recent: deque[dict[str, Any]] = deque(maxlen=64)
+        self.recent: deque[StreamRecord] = deque(maxlen=64)
         self.load_s = time.perf_counter() - started
         self.pid = os.getpid()
 
@@ -225,26 +226,25 @@ class DecoderReplica:
                 if stream.done:
                     break
                 await asyncio.sleep(0.01)
-            self.recent.append(
-                {"id": stream.id, **stream.metrics().to_dict(), "tokens_after_cancel": stream.tokens_after_cancel}
-            )
+            self.recent.append(StreamRecord.of(stream))
 
         asyncio.get_running_loop().create_task(later())
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> DecoderInfo:
+        """What this replica loaded and runs with (``GET /v1/models/NAME``; the ingress calls it across Ray)."""
         sig = self.scheduler.generator.signature
-        return {
-            "name": self.spec.name,
-            "source": self.spec.source,
-            "pid": self.pid,
-            "intra_op_threads": self.threads,
-            "load_s": round(self.load_s, 3),
-            "max_positions": sig.max_positions,
-            "chat_template": "tokenizer" if self.template is not None else self.spec.options.chat_template,
-            "notes": list(self.spec.notes),
-            **self.scheduler.stats(),
-            "recent": list(self.recent),
-        }
+        return DecoderInfo(
+            name=self.spec.name,
+            source=self.spec.source,
+            pid=self.pid,
+            intra_op_threads=self.threads,
+            load_s=round(self.load_s, 3),
+            max_positions=sig.max_positions,
+            chat_template="tokenizer" if self.template is not None else self.spec.options.chat_template,
+            notes=tuple(self.spec.notes),
+            engine=EngineSummary.from_dict(self.scheduler.stats()),
+            recent=tuple(self.recent),
+        )
 
     def close(self) -> None:
         self.scheduler.close()

@@ -13,7 +13,7 @@ from ortpilot.errors import UsageError
 from ortpilot.serve.counts import HEARTBEAT_S
 from ortpilot.serve.openai.decoder import DecoderReplica
 from ortpilot.serve.openai.ingress import OpenAIIngress
-from ortpilot.serve.openai.metrics import EngineHeartbeat
+from ortpilot.serve.openai.metrics import EngineCounters, EngineHeartbeat
 from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.records import RequestSettings
 from ortpilot.serve.runner import require_ray
@@ -44,7 +44,8 @@ class DecoderDeployment(DecoderReplica):
                 from ray import serve
 
                 self._ingress = serve.get_deployment_handle(INGRESS_NAME, app_name=APP_NAME)
-            self._ingress.report.remote(EngineHeartbeat(self.spec.name, self._replica, self.scheduler.counters()))
+            counters = EngineCounters.of_engine(self.scheduler.counters())
+            self._ingress.report.remote(EngineHeartbeat(self.spec.name, self._replica, counters))
         except Exception:  # the ingress may not be up yet; the next heartbeat tries again
             self._ingress = None
 

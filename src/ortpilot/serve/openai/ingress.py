@@ -40,7 +40,6 @@ class OpenAIErrors:
 
 
 SERVER_PATHS = ("/metrics", *HEALTH_PATHS)
-PUBLIC_INFO = ("pid", "source", "recent")  # what GET /v1/models/NAME shows only with --debug-info
 
 
 class OpenAIIngress:
@@ -159,10 +158,11 @@ class OpenAIIngress:
             name = path[len("/models/") :]
             if name not in self.handles:
                 raise not_found(name, list(self.handles))
-            info = await self.handles[name].describe.remote()
-            if not self.debug_info:  # other clients' requests, PIDs and paths stay in the server
-                info = {k: v for k, v in info.items() if k not in PUBLIC_INFO}
-            return json_answer(200, model_object(name, self.created, info))
+            info = await self.handles[name].describe.remote()  # a DecoderInfo
+            # other clients' requests, PIDs and paths stay in the server without --debug-info
+            return json_answer(
+                200, model_object(name, self.created, info.to_dict() if self.debug_info else info.public_dict())
+            )
         from ortpilot.serve.http import printable
 
         raise ApiError(

@@ -2,7 +2,8 @@
 
 Each decoder replica reports its scheduler's cumulative counters (``Scheduler.counters()``:
 requests, tokens in and out, TTFT and inter-token histograms, rows per step, queue depth, the
-prefix cache, speculation, steps per weight format) in its heartbeat; the ingress, which every
+prefix cache, speculation, steps per weight format) in its heartbeat, as an ``EngineCounters``
+record read in the replica; the ingress, which every
 request passes, counts requests by status itself. At scrape time the newest report of each
 replica is added up (counters and histogram buckets sum; the gauges of replicas that stopped
 reporting are left out), as the Open Inference Protocol server's metrics do (``metrics``).
@@ -13,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ortpilot.serve.counts import REPLICA_TTL_S, SECONDS_BUCKETS, RequestCounts, RequestSnapshot, cumulative
@@ -58,20 +59,86 @@ def _get(doc: Mapping[str, Any], path: tuple[str, ...]) -> float:
 
 
 @dataclass(frozen=True)
+class HistogramParts:
+    """One engine histogram as ``decode.stats.Histogram.to_dict`` gives it: cumulative ``(le, count)``
+    buckets ending with +Inf, and the sum of the observed values."""
+
+    buckets: tuple[tuple[str, float], ...] = ()
+    sum: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"buckets": [list(b) for b in self.buckets], "sum": self.sum}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> HistogramParts:
+        return cls(tuple((str(le), float(n)) for le, n in doc["buckets"]), float(doc["sum"]))
+
+
+@dataclass(frozen=True)
+class EngineCounters:
+    """An engine's cumulative counters and gauges as ``/metrics`` reads them (one field per family of
+    ``COUNTERS``, ``GAUGES`` and ``HISTOGRAMS``; ``format_steps``: decode steps per weight format).
+    Built in the replica from the scheduler's own document (``of_engine``)."""
+
+    requests: float = 0.0
+    rejected: float = 0.0
+    prompt_tokens: float = 0.0
+    prefill_tokens: float = 0.0
+    completion_tokens: float = 0.0
+    decode_steps: float = 0.0
+    prefix_cache_hits: float = 0.0
+    prefix_cache_misses: float = 0.0
+    prefix_cache_hit_tokens: float = 0.0
+    prefix_cache_evictions: float = 0.0
+    speculation_drafted: float = 0.0
+    speculation_accepted: float = 0.0
+    speculation_verify_runs: float = 0.0
+    queue_depth: float = 0.0
+    active_streams: float = 0.0
+    prefilling_streams: float = 0.0
+    prefix_cache_bytes: float = 0.0
+    ttft_seconds: HistogramParts = field(default_factory=HistogramParts)
+    inter_token_seconds: HistogramParts = field(default_factory=HistogramParts)
+    rows_per_step: HistogramParts = field(default_factory=HistogramParts)
+    format_steps: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of_engine(cls, doc: Mapping[str, Any]) -> EngineCounters:
+        """The counters of ``decode.Scheduler.counters()`` (docs/concepts/decode-engine.md lists its fields);
+        a field it lacks (no prefix cache, no speculation) is 0."""
+        values = {name: _get(doc, path) for name, path, _ in (*COUNTERS, *GAUGES)}
+        histograms = {
+            name: HistogramParts.from_dict(doc.get(key) or {"buckets": [], "sum": 0}) for name, key, _ in HISTOGRAMS
+        }
+        per_format = (doc.get("formats") or {}).get("per_format") or {}
+        steps = {fmt: float((n or {}).get("decode_steps", 0)) for fmt, n in per_format.items()}
+        return cls(**values, **histograms, format_steps=steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        histograms = {name: getattr(self, name).to_dict() for name, _, _ in HISTOGRAMS}
+        return {**asdict(self), **histograms, "format_steps": dict(self.format_steps)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> EngineCounters:
+        histograms = {name: HistogramParts.from_dict(doc[name]) for name, _, _ in HISTOGRAMS}
+        return cls(**{**dict(doc), **histograms})
+
+
+@dataclass(frozen=True)
 class EngineHeartbeat:
     """What a decoder replica sends the ingress across Ray every few seconds: who it is and its engine's
-    cumulative counters (``decode.Scheduler.counters``, a document the collectors below read)."""
+    cumulative counters."""
 
     model: str
     replica: str
-    counters: Mapping[str, Any]
+    counters: EngineCounters
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "replica": self.replica, "counters": dict(self.counters)}
+        return {"model": self.model, "replica": self.replica, "counters": self.counters.to_dict()}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> EngineHeartbeat:
-        return cls(**dict(doc))
+        return cls(str(doc["model"]), str(doc["replica"]), EngineCounters.from_dict(doc["counters"]))
 
 
 class DecoderMetrics:
@@ -85,7 +152,7 @@ class DecoderMetrics:
         self.registry.register(_Collector(self))
         self._lock = threading.Lock()
         self._requests: dict[str, RequestCounts] = {}
-        self._reports: dict[str, tuple[str, dict[str, Any], float]] = {}  # replica -> (model, counters, seen)
+        self._reports: dict[str, tuple[str, EngineCounters, float]] = {}  # replica -> (model, counters, seen)
 
     def observe(self, model: str, code: int, seconds: float) -> None:
         label = model if model in self.models else "(unknown)"
@@ -94,9 +161,9 @@ class DecoderMetrics:
 
     def report(self, beat: EngineHeartbeat) -> None:
         with self._lock:
-            self._reports[beat.replica] = (beat.model, dict(beat.counters), time.monotonic())
+            self._reports[beat.replica] = (beat.model, beat.counters, time.monotonic())
 
-    def snapshot(self) -> tuple[dict[str, RequestSnapshot], list[tuple[str, dict[str, Any], bool]]]:
+    def snapshot(self) -> tuple[dict[str, RequestSnapshot], list[tuple[str, EngineCounters, bool]]]:
         with self._lock:
             requests = {k: v.snapshot() for k, v in self._requests.items()}
             now = time.monotonic()
@@ -140,18 +207,17 @@ class _Collector:
         for model in self.metrics.models:
             mine = [(c, alive) for m, c, alive in reports if m == model]
             replicas.add_metric([model], sum(alive for _, alive in mine))
-            for name, path, _ in COUNTERS:
-                counters[name].add_metric([model], sum(_get(c, path) for c, _ in mine))
-            for name, path, _ in GAUGES:
-                gauges[name].add_metric([model], sum(_get(c, path) for c, alive in mine if alive))
-            for name, key, _ in HISTOGRAMS:
-                parts = [c.get(key) or {} for c, _ in mine]
-                buckets = _sum_buckets(parts)
-                histograms[name].add_metric([model], buckets, sum_value=sum(float(p.get("sum", 0)) for p in parts))
+            for name, _, _ in COUNTERS:
+                counters[name].add_metric([model], sum(getattr(c, name) for c, _ in mine))
+            for name, _, _ in GAUGES:
+                gauges[name].add_metric([model], sum(getattr(c, name) for c, alive in mine if alive))
+            for name, _, _ in HISTOGRAMS:
+                parts = [getattr(c, name) for c, _ in mine]
+                histograms[name].add_metric([model], _sum_buckets(parts), sum_value=sum(p.sum for p in parts))
             formats: dict[str, float] = {}
             for c, _ in mine:
-                for fmt, n in ((c.get("formats") or {}).get("per_format") or {}).items():
-                    formats[fmt] = formats.get(fmt, 0) + float((n or {}).get("decode_steps", 0))
+                for fmt, n in c.format_steps.items():
+                    formats[fmt] = formats.get(fmt, 0) + n
             for fmt, n in sorted(formats.items()):
                 steps.add_metric([model, fmt], n)
         yield replicas
@@ -161,20 +227,19 @@ class _Collector:
         yield steps
 
 
-def _sum_buckets(parts: list[Mapping[str, Any]]) -> list[tuple[str, float]]:
-    """Cumulative ``[[le, count], ...]`` buckets of several reports (the same bounds) added up."""
+def _sum_buckets(parts: list[HistogramParts]) -> list[tuple[str, float]]:
+    """Cumulative ``(le, count)`` buckets of several reports (the same bounds) added up."""
     total: dict[str, float] = {}
     order: list[str] = []
     for part in parts:
-        for le, n in part.get("buckets") or []:
-            key = str(le)
+        for key, n in part.buckets:
             if key not in total:
                 order.append(key)
                 total[key] = 0.0
-            total[key] += float(n)
+            total[key] += n
     if not order:
         return [("+Inf", 0.0)]
     return [(key, total[key]) for key in order]
 
 
-__all__ = ["COUNTERS", "GAUGES", "HISTOGRAMS", "DecoderMetrics"]
+__all__ = ["COUNTERS", "GAUGES", "HISTOGRAMS", "DecoderMetrics", "EngineCounters", "EngineHeartbeat", "HistogramParts"]
