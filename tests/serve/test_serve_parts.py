@@ -250,3 +250,24 @@ def test_emit_rayservice_carries_its_flags_or_refuses_them(tmp_path):
     }
     args = apps["enc"]["args"]
     assert (args["replicas"], args["max_request_mb"], args["access_log"], args["max_batch"]) == (2, 3.0, False, 4)
+
+
+def test_a_rayservices_applications_share_the_request_settings_of_the_serve_flags(tmp_path, demo_paths):
+    """The server-wide application is built with the models' settings (it used to get only access_log), and
+    every application answers the Host names a Serve listening on 0.0.0.0 does (any, without --allowed-host)."""
+    from ortpilot.serve.oip.app import build, build_server
+    from ortpilot.serve.oip.rayservice import write_rayservice
+
+    specs = resolve_models([str(demo_paths["mlp"])], ["m"])
+    options = ServeOptions(max_request_mb=3.0, access_log=False, max_batch=2)
+    path = write_rayservice(tmp_path / "rayservice.yaml", specs, options, port=8000)
+    apps = {
+        a["name"]: a for a in yaml.safe_load(yaml.safe_load(path.read_text())["spec"]["serveConfigV2"])["applications"]
+    }
+    server_settings = build_server(apps["ortpilot"]["args"])._bound_deployment.init_args[1]
+    replica_config = build(apps["m"]["args"])._bound_deployment.init_args[1]
+    assert server_settings == replica_config.requests
+    assert server_settings.max_request_mb == 3.0 and not server_settings.access_log
+    assert server_settings.access.hosts is None  # a loopback-only Host check would refuse the cluster's clients
+    local = build_server({"profiles": [str(demo_paths["mlp"])], "names": ["m"]})._bound_deployment.init_args[1]
+    assert local.access.hosts  # args without a host: the library's loopback default, as before

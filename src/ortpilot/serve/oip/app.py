@@ -213,25 +213,34 @@ def deployment(
 
 def build(args: dict[str, Any]) -> Any:
     """Ray Serve's application builder for one model (``import_path: ortpilot.serve.oip.app:build`` in a Serve
-    config, as the RayService manifest writes it): ``args`` holds ``profile``, ``name``, ``server_app``
-    and ServeOptions fields."""
-    from ortpilot.serve.options import parse_autoscale
-
+    config, as the RayService manifest writes it): ``args`` holds ``profile``, ``name``, ``server_app``,
+    ``host`` (where Serve listens: it decides the Host names answered) and ServeOptions fields."""
     args = dict(args)
     spec = _specs([args.pop("profile")], [args.pop("name")])[0]
     server_app = args.pop("server_app", SERVER_APP)
     cpus = args.pop("cpus", None)
-    if isinstance(args.get("autoscale"), str):
-        args["autoscale"] = parse_autoscale(args["autoscale"])
-    options = ServeOptions(**args)
-    return model_application(spec, options, ServerOptions(), float(cpus or options.cpus_per_replica or 1), server_app)
+    options, server = _options(args)
+    return model_application(spec, options, server, float(cpus or options.cpus_per_replica or 1), server_app)
 
 
 def build_server(args: dict[str, Any]) -> Any:
     """The builder of the server-wide application (``ortpilot.serve.oip.app:build_server``): ``args`` holds
-    ``profiles`` and ``names`` of every served model."""
-    specs = _specs(list(args["profiles"]), list(args.get("names", ())))
-    return server_application(specs, ServeOptions(access_log=bool(args.get("access_log", True))))
+    ``profiles`` and ``names`` of every served model, and the same ``host`` and ServeOptions fields as each
+    model's ``build`` (so its request settings are the models' ones)."""
+    args = dict(args)
+    specs = _specs(list(args.pop("profiles")), list(args.pop("names", ())))
+    options, server = _options(args)
+    return server_application(specs, options, server)
+
+
+def _options(args: dict[str, Any]) -> tuple[ServeOptions, ServerOptions]:
+    """The ServeOptions and ServerOptions of a builder's remaining ``args`` (``autoscale`` as MIN:MAX text)."""
+    from ortpilot.serve.options import parse_autoscale
+
+    server = ServerOptions(host=str(args.pop("host"))) if "host" in args else ServerOptions()
+    if isinstance(args.get("autoscale"), str):
+        args["autoscale"] = parse_autoscale(args["autoscale"])
+    return ServeOptions(**args), server
 
 
 __all__ = [

@@ -38,9 +38,10 @@ FAST_PATH_ENV = {
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-def builder_args(spec: ModelSpec, options: ServeOptions) -> dict[str, Any]:
-    """The ``args`` of one model's application: what ``app.build`` turns back into the same application."""
-    args: dict[str, Any] = {"profile": spec.path, "name": spec.name}
+def options_args(options: ServeOptions, host: str) -> dict[str, Any]:
+    """The ServeOptions fields and the ``host`` Serve listens on, as every builder's ``args`` carry them, so
+    the model applications and the server-wide one take the same request settings."""
+    args: dict[str, Any] = {"host": host}
     for key, value in options.to_dict().items():
         if key == "autoscale":
             value = f"{value[0]}:{value[1]}" if value else None
@@ -49,8 +50,13 @@ def builder_args(spec: ModelSpec, options: ServeOptions) -> dict[str, Any]:
     return args
 
 
-def applications(specs: Sequence[ModelSpec], options: ServeOptions) -> list[dict[str, Any]]:
-    """The Serve config's applications: one per model, and the server-wide one."""
+def builder_args(spec: ModelSpec, options: ServeOptions, host: str = "0.0.0.0") -> dict[str, Any]:
+    """The ``args`` of one model's application: what ``app.build`` turns back into the same application."""
+    return {"profile": spec.path, "name": spec.name, **options_args(options, host)}
+
+
+def applications(specs: Sequence[ModelSpec], options: ServeOptions, host: str = "0.0.0.0") -> list[dict[str, Any]]:
+    """The Serve config's applications: one per model, and the server-wide one, with the same settings."""
     from ortpilot.serve.oip.server import SERVER_APP
 
     models = [
@@ -58,7 +64,7 @@ def applications(specs: Sequence[ModelSpec], options: ServeOptions) -> list[dict
             "name": s.name,
             "route_prefix": f"/v2/models/{s.name}",
             "import_path": BUILDER,
-            "args": builder_args(s, options),
+            "args": builder_args(s, options, host),
         }
         for s in specs
     ]
@@ -66,11 +72,7 @@ def applications(specs: Sequence[ModelSpec], options: ServeOptions) -> list[dict
         "name": SERVER_APP,
         "route_prefix": "/",
         "import_path": SERVER_BUILDER,
-        "args": {
-            "profiles": [s.path for s in specs],
-            "names": [s.name for s in specs],
-            "access_log": options.access_log,
-        },
+        "args": {"profiles": [s.path for s in specs], "names": [s.name for s in specs], **options_args(options, host)},
     }
     return [*models, server]
 
@@ -96,7 +98,7 @@ def manifest(
     serve_config = {
         "proxy_location": "EveryNode",
         "http_options": {"host": host, "port": port},
-        "applications": applications(specs, options),
+        "applications": applications(specs, options, host),
     }
     import yaml
 
@@ -248,5 +250,6 @@ __all__ = [
     "builder_args",
     "check_manifest",
     "manifest",
+    "options_args",
     "write_rayservice",
 ]
