@@ -18,6 +18,7 @@ from typing import Any
 from ortpilot.errors import VerificationError
 from ortpilot.serve.errorbody import OIP
 from ortpilot.serve.oip.grpc_service import PROXY_CALLBACK, SERVICER, model_ready
+from ortpilot.serve.oip.replicainfo import ReplicaInfo
 from ortpilot.serve.oip.server import SERVER_APP
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
 from ortpilot.serve.ready import ModelReady, Served
@@ -96,15 +97,13 @@ def wait_ready(
                 replicas = _replica_infos(serve, spec.name)
                 if len(replicas) < expected and not late:
                     continue
-                providers = list(dict.fromkeys(p for r in replicas for p in r.get("providers", [])[:1]))
-                notes = sorted({r["threads_note"] for r in replicas if r.get("threads_note")})
+                providers = list(dict.fromkeys(p for r in replicas for p in r.providers[:1]))
+                notes = sorted({r.threads_note for r in replicas if r.threads_note})
                 if len(replicas) < expected:
                     notes.insert(0, f"{len(replicas)} of {expected} replicas verified within {timeout:g} s")
-                if any(r.get("verification") == "not checked" for r in replicas):
-                    notes.append(
-                        "outputs not checked: "
-                        + next(r["why"] for r in replicas if r.get("verification") == "not checked")
-                    )
+                unchecked = [r.why for r in replicas if r.verification == "not checked"]
+                if unchecked:
+                    notes.append("outputs not checked: " + unchecked[0])
                 ready[spec.name] = ModelReady(
                     spec.name,
                     len(replicas),
@@ -112,7 +111,7 @@ def wait_ready(
                     f"{base}/v2/models/{spec.name}",
                     time.perf_counter() - started,
                     notes,
-                    replicas,
+                    [r.to_dict() for r in replicas],
                 )
         if len(ready) == len(specs):
             break
@@ -138,7 +137,7 @@ def _grpc_ready(server: ServerOptions, name: str, headers: dict[str, str]) -> bo
     return all(model_ready(address, name, {**headers, **extra}) for extra in ({"application": name}, {}))
 
 
-def _replica_infos(serve: Any, name: str) -> list[dict[str, Any]]:
+def _replica_infos(serve: Any, name: str) -> list[ReplicaInfo]:
     """The verified replicas of model ``name`` as the server-wide application knows them (they report there)."""
     try:
         return list(serve.get_app_handle(SERVER_APP).replica_infos.remote(name).result(timeout_s=10))
