@@ -207,14 +207,7 @@ class StepRunner:
 
     def final(self, finalists: list[Candidate], plan: Callable[[], tuple[int, int, float]]) -> dict[str, Any] | None:
         """The finalists timed round-robin in one process; ``plan()``: (runs, rounds, timeout), asked only when
-        it runs. None when replaying an ended search without one, or with a single finalist.
-
-        Each finalist (ORT's default too) is timed on a session created for the final, not the one the
-        search ranked it on: sessions of one model differ for as long as they live (six of the demo
-        encoder's INT8 winner in one process: p50 0.71-0.79 ms, interleaved), so the search's best is
-        partly its luckiest session, and a user's process creates a new one (BENCHMARKS.md, "Outside
-        checks").
-        """
+        it runs. None when replaying an ended search without one, or with a single finalist."""
         record = self.journal.get("final", "", "final")
         if record is not None or self.replay_only or len(finalists) < 2:
             return record
@@ -222,13 +215,7 @@ class StepRunner:
         try:
             result = self.worker.request(
                 "bench",
-                {
-                    "candidates": [c.to_dict() for c in finalists],
-                    "runs": runs,
-                    "rounds": rounds,
-                    "warmup": 2,
-                    "fresh": True,
-                },
+                {"candidates": [c.to_dict() for c in finalists], "runs": runs, "rounds": rounds, "warmup": 2},
                 timeout,
             )
         except WorkerCrash as exc:

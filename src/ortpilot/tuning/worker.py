@@ -104,9 +104,6 @@ class _Child:
         cands = list(data["candidates"])
         runs, warmup, rounds = int(data["runs"]), int(data.get("warmup", 2)), int(data.get("rounds", 1))
         runners = {}
-        if data.get("fresh"):  # new sessions: none of them was picked for having been lucky (steps.final)
-            for c in cands:
-                self.runners.pop(c["id"], None)
         for c in cands:
             cid = c["id"]
             if cid not in self.runners:
