@@ -57,22 +57,14 @@ def _starter(folder: Path) -> tuple:
     return start, started
 
 
-def _stop_all(started: list[Server]) -> None:
-    """SIGTERM every server first, then wait for each: each takes some seconds to drain (its replicas stay
-    reachable ``fastpath.DRAIN_S`` after they are told to stop), and they drain at once, not in turn."""
-    for server in started:
-        server.terminate()
-    for server in started:
-        server.stop()
-
-
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator:
     """``start_server(args..., env={...})`` -> a running Server (``env``: added to its environment); every one
     it started is stopped after the test."""
     start, started = _starter(tmp_path)
     yield start
-    _stop_all(started)
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +72,8 @@ def start_module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """The same for servers a whole test module shares."""
     start, started = _starter(tmp_path_factory.mktemp("serve"))
     yield start
-    _stop_all(started)
+    for server in started:
+        server.stop()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -94,11 +94,6 @@ class Server:
         self._err.flush()
         return self.log.read_text(errors="replace")
 
-    def terminate(self) -> None:
-        """SIGTERM without waiting: servers told together drain together (``stop`` then waits)."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-
     def stop(self, timeout: float = 90.0) -> int:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
