@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 
 from ortpilot.errors import StampMismatchError, UsageError
+from ortpilot.gate.generation import DEFAULT_MIN_TOP1
 from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.quantmodes import WEIGHT_ONLY_MODES
@@ -191,7 +192,7 @@ def compare(
     tolerances: Any = None,
     tokenizer: str | None = None,
     new_tokens: int = 16,
-    min_top1: float = 0.9,
+    min_top1: float = DEFAULT_MIN_TOP1,
     metric: Any = None,
 ) -> Any:
     """``ortpilot compare``: ``other`` against ``model`` (or ``model`` on two providers), output by output.
@@ -300,7 +301,7 @@ def quantize_gated(
     accuracy_level: int = 4,
     fuse: bool = False,
     max_positions: int | None = None,
-    min_top1: float = 0.9,
+    min_top1: float = DEFAULT_MIN_TOP1,
     tokenizer: str | None = None,
     metric: Any = None,
     outputs: Sequence[str] | None = None,

@@ -33,8 +33,16 @@ WEIGHT_ONLY_BITS: Mapping[str, int] = MappingProxyType({INT4: 4, INT8_WEIGHTS: 8
 WEIGHT_ONLY_MODES = tuple(WEIGHT_ONLY_BITS)
 """The weight-only mode names, in order: decoders built from a base model at load, gated on generation."""
 
+DEFAULT_BLOCK_SIZE = 32
+"""Weight-only: weights per quantization block (MatMulNBits' block_size)."""
+
+DEFAULT_ACCURACY_LEVEL = 4
+"""Weight-only: MatMulNBits' compute type on the CPU (4: int8 activations, fast with VNNI)."""
+
 __all__ = [
     "CALIBRATED_MODES",
+    "DEFAULT_ACCURACY_LEVEL",
+    "DEFAULT_BLOCK_SIZE",
     "DYNAMIC",
     "FULL",
     "INT4",

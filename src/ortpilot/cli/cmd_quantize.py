@@ -27,7 +27,7 @@ from ortpilot.cli.common import (
     stderr,
     stdout,
 )
-from ortpilot.quantmodes import INT8_MODES, WEIGHT_ONLY_MODES
+from ortpilot.quantmodes import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, INT8_MODES, WEIGHT_ONLY_MODES
 
 _WEIGHT_ONLY = "/".join(WEIGHT_ONLY_MODES)  # names the modes in the help of the options only they read
 
@@ -88,7 +88,7 @@ _WEIGHT_ONLY = "/".join(WEIGHT_ONLY_MODES)  # names the modes in the help of the
 @click.option(
     "--block-size",
     type=click.IntRange(16),
-    default=32,
+    default=DEFAULT_BLOCK_SIZE,
     show_default=True,
     help=f"{_WEIGHT_ONLY}: weights per quantization block (a power of 2).",
 )
@@ -96,7 +96,7 @@ _WEIGHT_ONLY = "/".join(WEIGHT_ONLY_MODES)  # names the modes in the help of the
 @click.option(
     "--accuracy-level",
     type=click.IntRange(0, 4),
-    default=4,
+    default=DEFAULT_ACCURACY_LEVEL,
     show_default=True,
     help=f"{_WEIGHT_ONLY}: MatMulNBits compute type on CPU (4 = int8, fast with VNNI).",
 )

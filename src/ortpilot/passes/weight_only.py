@@ -27,13 +27,11 @@ import onnx
 from ortpilot.errors import UsageError
 from ortpilot.passes.base import Outcome, Pass, PassResult, PipelineResult, SourceModel
 from ortpilot.passes.rotary import constant_tables
-from ortpilot.quantmodes import INT4, WEIGHT_ONLY_BITS, WEIGHT_ONLY_MODES
+from ortpilot.quantmodes import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, INT4, WEIGHT_ONLY_BITS, WEIGHT_ONLY_MODES
 
 log = logging.getLogger("ortpilot")
 
 WEIGHT_ONLY_OPS = frozenset({"MatMulNBits", "GatherBlockQuantized"})
-DEFAULT_BLOCK_SIZE = 32
-DEFAULT_ACCURACY_LEVEL = 4
 _QUANTIZER_LOGGER = "onnxruntime.quantization.matmul_nbits_quantizer"
 _LAYER = re.compile(r"(?:^|[./_'\"])(?:layers?|h|blocks?)[./_](\d+)(?!\d)")
 # Exporters that rename weights (torch dynamo: ``val_123``) keep the module path in node metadata.
