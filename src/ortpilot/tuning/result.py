@@ -48,7 +48,7 @@ class GateRecord:
     warning: str = ""  # gate.result.gate_data_warning: generated inputs, fewer than 16 samples, both, or ""
 
 
-OTHERS_CPU_NOTE = 0.25  # others_cpu from which the report warns: a quarter of the cores went elsewhere
+OTHERS_CPU_NOTE = 0.25  # others_cpu from which the report warns: a quarter of the machine's CPU time went elsewhere
 
 
 @dataclass(frozen=True)

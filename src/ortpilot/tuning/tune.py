@@ -430,8 +430,8 @@ def _search_ended(journal: Journal) -> bool:
 def _load(
     journal: Journal, replay_only: bool, start: tuple[float | None, cpushare.CpuSample | None]
 ) -> tuple[list[float], float | None]:
-    """This run's load average at its start and now, and the share of the cores other processes used
-    in between (``measure.cpushare``); a replay reports the run that measured."""
+    """This run's load average at its start and now, and the share of the machine's CPU time other
+    processes used in between (``measure.cpushare``); a replay reports the run that measured."""
     done = journal.get("done")
     if replay_only and done is not None and "load_avg" in done:
         return list(done["load_avg"]), done.get("others_cpu")
