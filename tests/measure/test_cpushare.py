@@ -16,9 +16,10 @@ from ortpilot.measure import cpushare
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc (Linux)")
 
 SPIN = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
-# spins until it has used 0.5 s of CPU, says so, and spins on (until killed, at most 60 s)
+# spins until it has used 0.6 s of CPU, says so, and spins on (until killed, at most 60 s); the margin over
+# the 0.5 s asserted below covers /proc's tick accounting, which lags the precise process clock
 SPIN_REPORTING = (
-    "import time\nwhile time.process_time() < 0.5: pass\nprint('spent', flush=True)\n"
+    "import time\nwhile time.process_time() < 0.6: pass\nprint('spent', flush=True)\n"
     "end = time.monotonic() + 60\nwhile time.monotonic() < end: pass"
 )
 
@@ -38,7 +39,7 @@ def _sampled_while(start_spinner) -> tuple[cpushare.CpuSample, cpushare.CpuSampl
 
 def test_a_child_of_this_process_is_not_other_work():
     """The tune's own worker is a live child: its CPU time is this tree's. The child says when it has
-    used 0.5 s of CPU and spins on, so the bound holds however busy the machine is."""
+    used 0.6 s of CPU and spins on, so the bound holds however busy the machine is."""
     first = cpushare.sample()
     child = subprocess.Popen([sys.executable, "-c", SPIN_REPORTING], stdout=subprocess.PIPE, text=True)
     try:
