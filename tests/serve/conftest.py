@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from serve_procs import RAY_ENV, Server, free_port
+from serve_procs import RAY_ENV, WAIT_READY_S, Server, free_port
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +49,7 @@ def tuned_encoder(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str
 def _starter(folder: Path) -> tuple:
     started: list[Server] = []
 
-    def start(*args: str, timeout: float = 240.0, env: dict[str, str] | None = None) -> Server:
+    def start(*args: str, timeout: float = WAIT_READY_S, env: dict[str, str] | None = None) -> Server:
         server = Server(list(args), free_port(), folder / f"serve-{len(started)}.err", timeout, env)
         started.append(server)
         return server

@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from ortpilot.serve.defaults import DEFAULT_READY_TIMEOUT_S
+
 # Lean Ray on loopback only: no usage stats, access lines not deduplicated, and Ray's single-machine
 # mode (without it Ray rewrites 127.0.0.1 to this machine's network address when joining).
 RAY_ENV = {
@@ -23,6 +25,9 @@ RAY_ENV = {
 READY = re.compile(r"^[\w.-]+: \d+ replicas? ready on ")
 INGRESS = re.compile(r"^ingress: ")  # the last line serve prints once ready: the path requests take
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
+# A test waits longer than the server's own ready timeout, so a server that never gets ready exits with
+# its reason (what the model still lacked) in the stderr the test shows, rather than being cut off first.
+WAIT_READY_S = DEFAULT_READY_TIMEOUT_S + 60
 
 
 def cli_env() -> dict[str, str]:
@@ -59,7 +64,7 @@ class Server:
     """An ``ortpilot serve`` process: its URL, the ready lines it printed, its stderr so far."""
 
     def __init__(
-        self, args: list[str], port: int, log: Path, timeout: float = 240.0, env: dict[str, str] | None = None
+        self, args: list[str], port: int, log: Path, timeout: float = WAIT_READY_S, env: dict[str, str] | None = None
     ) -> None:
         self.port = port
         self.url = f"127.0.0.1:{port}"

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from ortpilot.errors import OrtpilotError, UsageError
-from ortpilot.serve.oip.readiness import _grpc_ready, run_server
+from ortpilot.serve.oip.readiness import _grpc_missing, _probe, run_server
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
 
 
@@ -34,4 +34,20 @@ def test_a_profile_that_cannot_load_names_itself_before_ray(tmp_path):
 
 
 def test_without_grpc_port_grpc_readiness_is_not_asked():
-    assert _grpc_ready(ServerOptions(), "m", {}) is True
+    assert _grpc_missing(ServerOptions(), "m", {}) == ""
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_model_not_ready_says_what_it_still_lacks():
+    """What the ready-timeout error names when Ray gave no reason: no HTTP answer at all, or HTTP ready but
+    no gRPC route (nothing listens on either port here, so both checks fail as they would)."""
+    server = ServerOptions(port=_closed_port(), grpc_port=_closed_port())
+    lacking = _probe(None, "m", server, {}, 1, False, 0.0)
+    assert lacking == "GET /v2/models/m/ready answered nothing; its replicas did not start"
+    way = _grpc_missing(server, "m", {})
+    assert way.startswith(f"at 127.0.0.1:{server.grpc_port} with 'application: m'"), way

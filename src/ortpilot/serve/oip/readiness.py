@@ -76,13 +76,14 @@ def wait_ready(
     expected: int = 1,
 ) -> list[ModelReady]:
     """Poll each model until ``expected`` replicas verified; at the deadline one is enough (the line says
-    how many), none is exit 1 with the reason Ray recorded for the replica."""
+    how many), none is exit 1 with the reason Ray recorded for the replica, or else with what the model
+    was still missing (an HTTP answer, a gRPC route, its replicas' reports)."""
     from ray import serve
 
     timeout = server.ready_timeout
-    base = server.base_url
     headers = server.access.client_headers()
     ready: dict[str, ModelReady] = {}
+    waiting: dict[str, str] = {}  # model -> what it still lacked at the last poll
     deadline = time.monotonic() + timeout
     reasons: dict[str, str] = {}
     while len(ready) < len(specs):
@@ -90,51 +91,75 @@ def wait_ready(
             raise KeyboardInterrupt
         late = time.monotonic() > deadline
         for spec in specs:
-            if spec.name in ready:
-                continue
-            code, _ = http_get(f"{base}/v2/models/{spec.name}/ready", headers=headers)
-            if code == 200 and _grpc_ready(server, spec.name, headers):
-                replicas = _replica_infos(serve, spec.name)
-                if len(replicas) < expected and not late:
-                    continue
-                providers = list(dict.fromkeys(p for r in replicas for p in r.providers[:1]))
-                notes = sorted({r.threads_note for r in replicas if r.threads_note})
-                if len(replicas) < expected:
-                    notes.insert(0, f"{len(replicas)} of {expected} replicas verified within {timeout:g} s")
-                unchecked = [r.why for r in replicas if r.verification == "not checked"]
-                if unchecked:
-                    notes.append("outputs not checked: " + unchecked[0])
-                ready[spec.name] = ModelReady(
-                    spec.name,
-                    len(replicas),
-                    providers,
-                    f"{base}/v2/models/{spec.name}",
-                    time.perf_counter() - started,
-                    notes,
-                    [r.to_dict() for r in replicas],
-                )
+            if spec.name not in ready:
+                found = _probe(serve, spec.name, server, headers, expected, late, started)
+                if isinstance(found, ModelReady):
+                    ready[spec.name] = found
+                else:
+                    waiting[spec.name] = found
         if len(ready) == len(specs):
             break
         failed = _failed(serve, specs, ready, reasons)
         if failed or late:
             name = failed or next(s.name for s in specs if s.name not in ready)
-            reason = reasons.get(name) or (deploy_error and str(deploy_error[0])) or "its replicas did not start"
+            reason = reasons.get(name) or (deploy_error and str(deploy_error[0])) or ""
             raise VerificationError(
                 f"No replica of model '{name}' became ready "
                 f"{'(its deployment failed)' if failed else f'within {timeout:g} s'}: "
-                f"{failure_reason(str(reason))}"
+                + (failure_reason(str(reason)) if reason else waiting.get(name, "its replicas did not start"))
             )
         time.sleep(0.5)
     return [ready[s.name] for s in specs]
 
 
-def _grpc_ready(server: ServerOptions, name: str, headers: dict[str, str]) -> bool:
-    """With ``--grpc-port``: model ``name`` answers ready over gRPC both ways a client calls it, with
-    ``application: NAME`` (straight to its replicas) and without (relayed by the server-wide app)."""
+def _probe(
+    serve: Any, name: str, server: ServerOptions, headers: dict[str, str], expected: int, late: bool, started: float
+) -> ModelReady | str:
+    """Model ``name``'s ready line, or what it still lacks: ready over HTTP, then over gRPC both ways, then
+    ``expected`` replicas reported to the server-wide application (at the deadline one is enough)."""
+    base = server.base_url
+    code, _ = http_get(f"{base}/v2/models/{name}/ready", headers=headers)
+    if code != 200:
+        return f"GET /v2/models/{name}/ready answered {code or 'nothing'}; its replicas did not start"
+    missing = _grpc_missing(server, name, headers)
+    if missing:
+        return f"it answers ready over HTTP but not over gRPC {missing}"
+    replicas = _replica_infos(serve, name)
+    if len(replicas) < expected and not late:
+        return f"{len(replicas)} of {expected} replicas reported to the server-wide application"
+    providers = list(dict.fromkeys(p for r in replicas for p in r.providers[:1]))
+    notes = sorted({r.threads_note for r in replicas if r.threads_note})
+    if len(replicas) < expected:
+        notes.insert(0, f"{len(replicas)} of {expected} replicas verified within {server.ready_timeout:g} s")
+    unchecked = [r.why for r in replicas if r.verification == "not checked"]
+    if unchecked:
+        notes.append("outputs not checked: " + unchecked[0])
+    return ModelReady(
+        name,
+        len(replicas),
+        providers,
+        f"{base}/v2/models/{name}",
+        time.perf_counter() - started,
+        notes,
+        [r.to_dict() for r in replicas],
+    )
+
+
+def _grpc_missing(server: ServerOptions, name: str, headers: dict[str, str]) -> str:
+    """With ``--grpc-port``: which way of calling model ``name`` over gRPC does not answer ready yet ("" when
+    both do, or without gRPC): with ``application: NAME`` (straight to its replicas) and without (relayed
+    by the server-wide app). HAProxy learns gRPC routes on a reload of its own, after the REST ones."""
     if server.grpc_port is None:
-        return True
+        return ""
     address = server.netloc(server.grpc_port)
-    return all(model_ready(address, name, {**headers, **extra}) for extra in ({"application": name}, {}))
+    ways = (
+        ({"application": name}, f"at {address} with 'application: {name}' (HAProxy's route to its replicas)"),
+        ({}, f"at {address} without 'application' (relayed by the server-wide application)"),
+    )
+    for extra, way in ways:
+        if not model_ready(address, name, {**headers, **extra}):
+            return way
+    return ""
 
 
 def _replica_infos(serve: Any, name: str) -> list[ReplicaInfo]:
