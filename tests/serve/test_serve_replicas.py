@@ -402,3 +402,50 @@ def test_a_profile_that_cannot_load_exits_naming_it(tmp_path, tuned_encoder):
         env=cli_env(),
     )
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+LEFTOVER = """
+import json, sys, time
+import ray
+from ray.serve._private.constants import SERVE_NAMESPACE
+from ortpilot.serve.runner import end_serve_leftovers
+
+ray.init(address=sys.argv[1], namespace="test-leftovers", log_to_driver=False)
+
+@ray.remote(num_cpus=1)
+class Stuck:
+    def ping(self):
+        return 1
+
+actor = Stuck.options(name="SERVE_REPLICA::gone#model-gone#x", namespace=SERVE_NAMESPACE, lifetime="detached").remote()
+ray.get(actor.ping.remote())
+
+def cpus(until):  # Ray's resource view lags the actor's start and end by a report period
+    deadline = time.monotonic() + 20
+    while not until(free := ray.available_resources().get("CPU", 0)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return free
+
+held = cpus(lambda free: free <= ray.cluster_resources()["CPU"] - 1)
+killed = end_serve_leftovers(wait_s=0.5)
+print(json.dumps({"killed": killed, "held": held, "after": cpus(lambda free: free > held)}))
+"""
+
+
+def test_what_serve_left_after_shutdown_is_ended_and_its_cpus_freed(ray_address):
+    """``serve.shutdown`` returns after 30 s while its controller may still be deleting replicas: a detached
+    actor left in Serve's namespace is killed (``end_serve_leftovers``), so the next server on the cluster
+    gets its CPUs back instead of waiting forever for a placement."""
+    import subprocess
+    import sys
+
+    from serve_procs import RAY_ENV
+
+    env = {**os.environ, **RAY_ENV}  # a plain Ray driver on loopback: Ray's single-machine mode
+    out = subprocess.run(
+        [sys.executable, "-c", LEFTOVER, ray_address], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["killed"] == ["SERVE_REPLICA::gone#model-gone#x"], found
+    assert found["after"] == found["held"] + 1, found

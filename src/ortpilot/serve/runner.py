@@ -21,6 +21,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -102,6 +103,7 @@ class Server:
         if self.started_serve:
             try:
                 serve.shutdown()
+                end_serve_leftovers()
             except Exception as exc:
                 log.warning("Shutting down Serve failed: %s", exc)
         if self.started_ray:
@@ -110,6 +112,36 @@ class Server:
             ray.shutdown()
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def end_serve_leftovers(wait_s: float = 30.0) -> list[str]:
+    """After ``serve.shutdown()`` of the Serve this server started: wait until no actor of Serve's namespace
+    is alive, then kill the ones still there; returns their names. ``serve.shutdown`` gives up after 30 s
+    with a warning while its controller is still deleting replicas and proxies; a server started next on
+    the same cluster would then join that dying Serve, or have its proxy reused with this one's config,
+    or find its CPUs still held by these replicas (detached actors outlive this process)."""
+    import ray
+    from ray.serve._private.constants import SERVE_NAMESPACE
+
+    def alive() -> list[str]:
+        return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == SERVE_NAMESPACE]
+
+    deadline = time.monotonic() + wait_s
+    while (left := alive()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for name in left:
+        try:
+            ray.kill(ray.get_actor(name, namespace=SERVE_NAMESPACE), no_restart=True)
+        except Exception:  # gone in between
+            continue
+    if left:
+        log.warning(
+            "Serve had not stopped %d of its actors %g s after shutdown; killed them: %s",
+            len(left),
+            wait_s,
+            ", ".join(sorted(left)),
+        )
+    return left
 
 
 def ray_environment(address: str | None) -> None:
@@ -307,6 +339,7 @@ __all__ = [
     "Server",
     "check_port",
     "check_ports",
+    "end_serve_leftovers",
     "failure_reason",
     "http_get",
     "require_ray",
