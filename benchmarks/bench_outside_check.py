@@ -275,7 +275,19 @@ def check_verify(outdir: Path) -> dict[str, Any]:
         raise RuntimeError(f"verify --bench failed ({out.returncode}):\n{out.stderr[-3000:]}")
     doc = json.loads(out.stdout) if out.stdout.strip() else {}
     bench = ((doc.get("profiles") or [{}])[0].get("latency")) or {}
-    return {"speedup": bench.get("speedup"), "ci": bench.get("ci95"), "rc": out.returncode}
+    return {
+        "speedup": bench.get("speedup"),
+        "ci": bench.get("ci95"),
+        "rc": out.returncode,
+        # ORT's default here and in the tune's final: a machine in another state changes some speedups
+        "default_p50_ms": [bench.get("recorded_default_p50_ms"), bench.get("default_p50_ms")],
+    }
+
+
+def _state(verify: dict[str, Any]) -> str:
+    """ORT's default p50 in the tune and in verify: the machine's state in each (it flips on this VM)."""
+    tuned, here = verify.get("default_p50_ms") or [None, None]
+    return f"; ORT's default p50 {tuned:.3f} ms in the tune, {here:.3f} in verify" if tuned and here else ""
 
 
 # ---------------------------------------------------------------------------------------------- the driver
@@ -348,6 +360,7 @@ def main() -> None:
                 + ", ".join(
                     f"{k} {v:.2f}x ({v / row['headline']:.2f} of it)" if v else f"{k} -" for k, v in checks.items()
                 ),
+                +_state(row["verify"]),
                 flush=True,
             )
             if args.json:

@@ -42,6 +42,10 @@ from ortpilot.session.verified import VerifiedSession
 from ortpilot.tuning.reference import REFERENCE_FILE, array_digest, read_reference, reference_feeds
 
 LATENCY_DURATION_S = 8.0  # the interleaved timing of profile vs default, both together
+# ORT's default session running this much faster or slower here than in the tune means the machine was in
+# another state (load, or a neighbour on the host's cores that /proc/stat does not show): a model's
+# speedup can differ between the two states (docs/commands/verify.md, "Another machine state").
+MACHINE_STATE_CHANGE = 1.2
 
 
 @dataclass
@@ -56,6 +60,7 @@ class LatencyCheck:
     max_slowdown_pct: float | None
     default_p50_ms: float
     profile_p50_ms: float
+    recorded_default_p50_ms: float | None = None  # ORT's default in the tune's final measurement
 
     @property
     def passed(self) -> bool:
@@ -67,12 +72,33 @@ class LatencyCheck:
         return self.ratio / self.recorded
 
     @property
+    def machine_speed(self) -> float | None:
+        """How much faster ORT's default runs here than in the tune (1.0: the same; None: not recorded)."""
+        if not self.recorded_default_p50_ms or not self.default_p50_ms:
+            return None
+        return self.recorded_default_p50_ms / self.default_p50_ms
+
+    @property
+    def state_note(self) -> str:
+        """One clause when ORT's default ran at another speed here than in the tune, else ""."""
+        speed = self.machine_speed
+        if speed is None or 1 / MACHINE_STATE_CHANGE < speed < MACHINE_STATE_CHANGE:
+            return ""
+        return (
+            f"ORT's default ran {self.recorded_default_p50_ms:.3f} ms in the tune and {self.default_p50_ms:.3f} ms "
+            f"here: the machine was in another state (load, or a neighbour on the host's cores that /proc/stat does "
+            "not show), and a speedup can differ between states; compare figures taken in the same one"
+        )
+
+    @property
     def detail(self) -> str:
         here = (
             f"{self.ratio:.2f}x ORT's default here (95% CI {self.ci_low:.2f}-{self.ci_high:.2f}; p50 "
             f"{self.profile_p50_ms:.3f} vs {self.default_p50_ms:.3f} ms), {self.recorded:.2f}x recorded by the tune "
             f"({self.share:.2f} of it)"
         )
+        if self.state_note:
+            here = f"{here}; {self.state_note}"
         if self.max_slowdown_pct is None:
             return here
         floor = self.recorded / (1 + self.max_slowdown_pct / 100)
@@ -90,6 +116,8 @@ class LatencyCheck:
             "max_slowdown_pct": self.max_slowdown_pct,
             "default_p50_ms": self.default_p50_ms,
             "profile_p50_ms": self.profile_p50_ms,
+            "recorded_default_p50_ms": self.recorded_default_p50_ms,
+            "machine_speed": self.machine_speed,
             "passed": self.passed,
             "detail": self.detail,
         }
@@ -359,8 +387,17 @@ def check_latency(
     comparison = bench_interleaved(configs, duration_s=duration_s, policy="strict", settle_s=SETTLE_S)
     ratio = comparison.ratios[0]  # profile / default latency
     default, profile = (r.stats.p50 * 1e3 for r in comparison.results)
+    baseline = (doc.get("latency") or {}).get("baseline") or {}
+    recorded_default = baseline.get("p50_ms") if isinstance(baseline.get("p50_ms"), (int, float)) else None
     return LatencyCheck(
-        float(recorded), 1 / ratio.ratio, 1 / ratio.ci_high, 1 / ratio.ci_low, max_slowdown_pct, default, profile
+        float(recorded),
+        1 / ratio.ratio,
+        1 / ratio.ci_high,
+        1 / ratio.ci_low,
+        max_slowdown_pct,
+        default,
+        profile,
+        float(recorded_default) if recorded_default else None,
     )
 
 
