@@ -359,8 +359,8 @@ def main() -> None:
                 f"{row['wall_s']:.0f} s, others_cpu {row['others_cpu']}; "
                 + ", ".join(
                     f"{k} {v:.2f}x ({v / row['headline']:.2f} of it)" if v else f"{k} -" for k, v in checks.items()
-                ),
-                +_state(row["verify"]),
+                )
+                + _state(row["verify"]),
                 flush=True,
             )
             if args.json:
