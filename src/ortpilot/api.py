@@ -14,7 +14,7 @@ from ortpilot.errors import StampMismatchError, UsageError
 from ortpilot.gate.generation import DEFAULT_MIN_TOP1
 from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
-from ortpilot.quantmodes import WEIGHT_ONLY_MODES
+from ortpilot.quantmodes import DYNAMIC, WEIGHT_ONLY_MODES
 from ortpilot.session import SessionSettings, VerifiedSession
 from ortpilot.session import load as load_verified
 
@@ -288,7 +288,7 @@ def compare_failure(result: Any) -> Exception | None:
 def quantize_gated(
     model: str | os.PathLike | onnx.ModelProto,
     output: str | os.PathLike | None,
-    mode: str = "dynamic",
+    mode: str = DYNAMIC,
     *,
     calibration: Any = None,
     max_error: float | None = None,

@@ -27,7 +27,7 @@ from ortpilot.cli.common import (
     stderr,
     stdout,
 )
-from ortpilot.quantmodes import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, INT8_MODES, WEIGHT_ONLY_MODES
+from ortpilot.quantmodes import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, FULL, INT8_MODES, WEIGHT_ONLY_MODES
 
 _WEIGHT_ONLY = "/".join(WEIGHT_ONLY_MODES)  # names the modes in the help of the options only they read
 
@@ -205,7 +205,7 @@ def _parse(
         raise click.UsageError(
             "--max-positions sets the rotary tables that --fuse stores; it needs --mode int4|int8-weights with --fuse."
         )
-    if auto_exclude and max_error is None and mode != "full" and not weight_only:
+    if auto_exclude and max_error is None and mode != FULL and not weight_only:
         raise click.UsageError("--auto-exclude needs --max-error (the gate it works towards).")
     check_output_path(output)
     data = real_data_arg(model, lone_tokenizer=weight_only)

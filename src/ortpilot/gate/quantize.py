@@ -31,6 +31,7 @@ from ortpilot.measure.metrics import folder_near
 from ortpilot.passes.base import ModelLike, PassResult, SourceModel
 from ortpilot.passes.calibration import CalibrationSet, load_calibration
 from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass
+from ortpilot.quantmodes import DYNAMIC, FULL
 
 log = logging.getLogger("ortpilot")
 # ``full`` leaves no float islands: it is always gated, by this much unless told otherwise.
@@ -88,7 +89,7 @@ def _samples(
     shapes: Mapping[str, tuple[int, ...]] | None,
     max_error: float | None,
 ) -> CalibrationSet:
-    if calibration is not None or mode != "dynamic" or max_error is not None:
+    if calibration is not None or mode != DYNAMIC or max_error is not None:
         return load_calibration(calibration, source.proto, shapes=shapes)
     # Dynamic quantization does not calibrate; accuracy is still reported, on generated inputs.
     plan = plan_feeds(source.proto, shapes)
@@ -146,7 +147,7 @@ class Int8Flow:
         if data.synthetic:
             result.record.notes.append("calibration/accuracy on synthetic inputs: not representative of real data")
         calibrated = data.calibration_data()
-        if self.step.pass_.mode == "dynamic":
+        if self.step.pass_.mode == DYNAMIC:
             calibrated = {**calibrated, "samples": 0}
         return {
             "output": str(written) if written else None,
@@ -163,7 +164,7 @@ class Int8Flow:
 def quantize_int8_gated(
     model: ModelLike,
     output: str | os.PathLike | None,
-    mode: str = "dynamic",
+    mode: str = DYNAMIC,
     *,
     calibration: Any = None,
     max_error: float | None = None,
@@ -187,7 +188,7 @@ def quantize_int8_gated(
     folder = folder_near(source.path)
     if outputs:  # a name the model lacks: UsageError (exit 2) before any work
         source = SourceModel.of(prune_to_outputs(source.proto, list(outputs)))
-    if mode == "full" and max_error is None:
+    if mode == FULL and max_error is None:
         max_error = DEFAULT_FULL_MAX_ERROR
         log.info("--mode full is always gated: using --max-error %g.", max_error)
     # A bad --max-error or --metric is refused before any work.
@@ -197,7 +198,7 @@ def quantize_int8_gated(
     if mode == OPENVINO_MODE:
         step, providers = openvino_step(calib, pass_options, providers)
     else:
-        step = QuantizePass(mode, calibration=calib if mode != "dynamic" else None, **pass_options)
+        step = QuantizePass(mode, calibration=calib if mode != DYNAMIC else None, **pass_options)
     gate = ModelGate.of(
         replace(gate_spec, inputs=heldout),
         SampleProbe(heldout, providers),

@@ -26,6 +26,7 @@ from ortpilot.gate.exclude import Layer, Try
 from ortpilot.passes.base import SourceModel
 from ortpilot.passes.debug import LayerError, layer_errors
 from ortpilot.passes.quantize import QuantizePass
+from ortpilot.quantmodes import DYNAMIC
 
 log = logging.getLogger("ortpilot")
 
@@ -70,7 +71,7 @@ def int8_ranking(
     step: QuantizePass, source: SourceModel, samples: Sequence[Mapping[str, np.ndarray]]
 ) -> DynamicNoise | QdqErrors:
     """The ranking that fits ``step``'s mode (rank on calibration samples, not the gate's held-out ones)."""
-    return DynamicNoise(step, source, samples) if step.mode == "dynamic" else QdqErrors(source, samples)
+    return DynamicNoise(step, source, samples) if step.mode == DYNAMIC else QdqErrors(source, samples)
 
 
 class GroupSensitivity:

@@ -29,7 +29,7 @@ from onnx import numpy_helper
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import OrtpilotError, UsageError, VerificationError
 from ortpilot.passes.base import Outcome, Pass, SourceModel, op_histogram, quantized_node_count
-from ortpilot.quantmodes import CALIBRATED_MODES, INT8_MODES, OPERATOR_MODES, QDQ_MODES
+from ortpilot.quantmodes import CALIBRATED_MODES, DYNAMIC, FULL, INT8_MODES, OPERATOR_MODES, QDQ, QDQ_MODES, STATIC
 from ortpilot.session.ortlog import capture_ort_output
 from ortpilot.walk import graphs
 
@@ -288,7 +288,7 @@ class QuantizePass(Pass):
 
     def __init__(
         self,
-        mode: str = "dynamic",
+        mode: str = DYNAMIC,
         *,
         calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
         per_channel: bool = False,
@@ -323,7 +323,7 @@ class QuantizePass(Pass):
     ) -> QuantizePass:
         """A tune step: ``mode``, ``per_channel``, ``reduce_range``, ``weight_type``, ``activation_type``,
         ``weights_only`` (only ``WEIGHT_OPS``) and ``exclude`` (nodes left in float)."""
-        mode = str(options.get("mode", "dynamic"))
+        mode = str(options.get("mode", DYNAMIC))
         return cls(
             mode,
             calibration=list(calibration) if mode in CALIBRATED_MODES else None,
@@ -368,7 +368,7 @@ class QuantizePass(Pass):
             "reduce_range": self.reduce_range,
             "weight_type": self.weight_type,
         }
-        if self.mode != "dynamic":
+        if self.mode != DYNAMIC:
             opts.update(
                 activation_type=self.activation_type,
                 method=self.method,
@@ -406,9 +406,9 @@ class QuantizePass(Pass):
     def op_types_for_mode(self) -> list[str] | None:
         if self.op_types:
             return self.op_types
-        if self.mode == "qdq":
+        if self.mode == QDQ:
             return list(QDQ_OPS_DEFAULT)
-        if self.mode == "full":
+        if self.mode == FULL:
             return full_op_types()
         return None  # ORT's defaults for dynamic / static
 
@@ -477,21 +477,21 @@ class QuantizePass(Pass):
         extra = dict(self.extra_options)
         if self.mode in OPERATOR_MODES and has_subgraphs:
             extra.setdefault("EnableSubgraph", True)  # If/Loop bodies (silero-vad keeps its model in one)
-        if self.mode != "dynamic" and not self.calibration:
+        if self.mode != DYNAMIC and not self.calibration:
             raise UsageError(f"Quantization mode '{self.mode}' is calibrated: it needs calibration samples.")
         try:
             self._run_ort(src, dst, extra)
         except (OrtpilotError, MemoryError, OSError):
             raise  # ours (calibration inputs), or the machine's: they say what they are
         except Exception as exc:
-            raise _quantizer_error("quantize_dynamic" if self.mode == "dynamic" else "quantize_static", exc) from exc
+            raise _quantizer_error("quantize_dynamic" if self.mode == DYNAMIC else "quantize_static", exc) from exc
 
     def _run_ort(self, src: Path, dst: Path, extra: dict[str, Any]) -> None:
         from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
 
         from ortpilot.passes.calibration import reader_for
 
-        if self.mode == "dynamic":
+        if self.mode == DYNAMIC:
             quantize_dynamic(
                 str(src),
                 str(dst),
@@ -503,13 +503,13 @@ class QuantizePass(Pass):
                 extra_options=extra,
             )
             return
-        if self.mode == "full":
+        if self.mode == FULL:
             extra.setdefault("ForceQuantizeNoInputCheck", True)
         quantize_static(
             str(src),
             str(dst),
             reader_for(self.calibration),
-            quant_format=QuantFormat.QOperator if self.mode == "static" else QuantFormat.QDQ,
+            quant_format=QuantFormat.QOperator if self.mode == STATIC else QuantFormat.QDQ,
             op_types_to_quantize=self.op_types_for_mode(),
             per_channel=self.per_channel,
             reduce_range=self.reduce_range,

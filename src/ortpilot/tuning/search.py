@@ -37,6 +37,7 @@ from ortpilot.gate.result import GateResult
 from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
+from ortpilot.quantmodes import DYNAMIC
 from ortpilot.tuning.budget import SAFETY, Budget, paired_runs_cost
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.space import (
@@ -318,7 +319,7 @@ class Search:
         if (
             entry.status != "rejected"
             or not isinstance(quant, QuantizePass)
-            or quant.mode != "dynamic"
+            or quant.mode != DYNAMIC
             or not entry.accuracy
         ):
             return None

@@ -27,7 +27,7 @@ from ortpilot.providers.names import ProviderSpec
 from ortpilot.providers.openvino import OPENVINO
 from ortpilot.providers.plugins import compute_providers
 from ortpilot.providers.spec import NOT_COMPUTE
-from ortpilot.quantmodes import INT4, INT8_WEIGHTS
+from ortpilot.quantmodes import DYNAMIC, FULL, INT4, INT8_WEIGHTS, QDQ
 from ortpilot.session.options import LEVELS
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.transform import attention_dims
@@ -38,11 +38,11 @@ HEAVY_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "LSTM", "GR
 # products float. Static QDQ (calibrated) suits conv nets, where dynamic ConvInteger is slow.
 # Which of them, in which order and with which weight range, depends on the CPU's INT8 kernels:
 # ``int8_variants`` applies the rule ``providers.cpuisa.int8_rule`` found for this CPU.
-DYN_W_PC = Step("quantize", {"mode": "dynamic", "per_channel": True, "weights_only": True})
-DYN_PC = Step("quantize", {"mode": "dynamic", "per_channel": True})
-DYN = Step("quantize", {"mode": "dynamic", "per_channel": False})
-QDQ_PC = Step("quantize", {"mode": "qdq", "per_channel": True})
-FULL_PC = Step("quantize", {"mode": "full", "per_channel": True})
+DYN_W_PC = Step("quantize", {"mode": DYNAMIC, "per_channel": True, "weights_only": True})
+DYN_PC = Step("quantize", {"mode": DYNAMIC, "per_channel": True})
+DYN = Step("quantize", {"mode": DYNAMIC, "per_channel": False})
+QDQ_PC = Step("quantize", {"mode": QDQ, "per_channel": True})
+FULL_PC = Step("quantize", {"mode": FULL, "per_channel": True})
 QUANT_VARIANTS: tuple[Step, ...] = (DYN_W_PC, DYN_PC, QDQ_PC, DYN, FULL_PC)
 CONV_QUANT_VARIANTS: tuple[Step, ...] = (QDQ_PC, FULL_PC, DYN_W_PC, DYN_PC, DYN)
 # Decoders (a KV cache in, presents out): attention fused into GroupQueryAttention, and weight-only
@@ -235,7 +235,7 @@ def int8_variants(rule: Int8Rule, conv_heavy: bool) -> list[tuple[Step, str]]:
         out += [
             (s.with_options(weight_type="quint8"), f"{why}; U8U8 weights take ORT's exact u8u8 kernel")
             for s in base
-            if s.spec.mode == "dynamic" and s.spec.per_channel
+            if s.spec.mode == DYNAMIC and s.spec.per_channel
         ]
         out += [(s, f"{why}: tried as they are, last (ORT: saturation is often harmless)") for s in base]
         return out
@@ -431,4 +431,4 @@ def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
 
 
 def _dynamic_int8(step: Step) -> bool:
-    return isinstance(step.spec, QuantizePass) and step.spec.mode == "dynamic"
+    return isinstance(step.spec, QuantizePass) and step.spec.mode == DYNAMIC
