@@ -2,11 +2,13 @@
 
 Starts ``ortpilot serve`` (its default fast path, 1 replica: ``bench_serve.py``'s ``fast``) on the demo
 encoder's profile that ``bench_serve.py`` tunes and keeps (``benchmarks/out/serve/demo-encoder/``), drives it with
-one closed-loop client (KServe v2 JSON body, 1x128), records the replica process with ``py-spy``
+``--clients`` closed-loop clients (KServe v2 JSON body, 1x128), records the replica process with ``py-spy``
 for ``--seconds`` and sorts the samples in three: ORT's ``session.run``, ortpilot's own code (with
-what it calls: numpy, orjson) and the rest (Ray Serve, uvicorn, asyncio, Ray's threads).
+what it calls: numpy, orjson) and the rest (Ray Serve, uvicorn, asyncio, Ray's threads); then
+ortpilot's share by its innermost module (``serve/pipeline.py``, ``serve/oip/codec.py``, ...), the
+figure to compare between two commits.
 
-    flock -x /tmp/ortpilot-cpu.lock .venv-test/bin/python benchmarks/profile_serve.py [--seconds 20]
+    flock -x /tmp/ortpilot-cpu.lock .venv-test/bin/python benchmarks/profile_serve.py [--seconds 20] [--clients 32]
 """
 
 from __future__ import annotations
@@ -43,9 +45,23 @@ def classify(raw: Path) -> dict[str, int]:
     return dict(parts)
 
 
+def ortpilot_modules(raw: Path) -> dict[str, int]:
+    """Samples per ortpilot module, each sample charged to the innermost ortpilot frame of its stack
+    (so ``serve/oip/replica.py`` holds only what it does itself, not the session run under it)."""
+    modules: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        mine = [f for f in stack.split(";") if "ortpilot/" in f]
+        if mine and not any("onnxruntime/capi" in f for f in stack.split(";")[-2:]):
+            where = mine[-1].split("ortpilot/", 1)[1]
+            modules[where.split(":", 1)[0].rstrip(")")] += int(count)
+    return dict(modules)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=1)
     parser.add_argument("--out", default=str(OUT / "replica-pyspy.txt"))
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -67,20 +83,27 @@ def main() -> None:
                 reply.read()
                 latencies.append(time.perf_counter() - started)
 
-        thread = threading.Thread(target=client)
-        thread.start()
+        threads = [threading.Thread(target=client) for _ in range(args.clients)]
+        for thread in threads:
+            thread.start()
         time.sleep(3)
         spy = [str(PY_SPY), "record", "-p", str(pid), "-d", str(args.seconds), "-r", "500", "-f", "raw"]
         subprocess.run([*spy, "-o", args.out, "--nonblocking", "--threads"], check=True, capture_output=True)
         stop.set()
-        thread.join()
+        for thread in threads:
+            thread.join()
     finally:
         server.stop()
     parts = classify(Path(args.out))
     total = sum(parts.values())
-    print(f"one client: {len(latencies)} requests, p50 {np.median(latencies) * 1e3:.2f} ms (py-spy sampling at 500 Hz)")
+    print(
+        f"{args.clients} client(s): {len(latencies)} requests, p50 {np.median(latencies) * 1e3:.2f} ms "
+        "(py-spy sampling at 500 Hz)"
+    )
     for part, count in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"{part}: {count} samples, {100 * count / total:.1f} %")
+    for module, count in sorted(ortpilot_modules(Path(args.out)).items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  ortpilot {module}: {count} samples, {100 * count / total:.1f} %")
 
 
 if __name__ == "__main__":
