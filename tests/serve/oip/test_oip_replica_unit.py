@@ -173,3 +173,38 @@ def test_encoder_limits_refuse_ids_past_the_table_before_ort_runs(demo_paths):
     ids = np.full((1, 8), 5000, np.int64)
     result = asyncio.run(enc.infer({"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": 0 * ids}))
     assert result["code"] == 400 and "1000 rows" in result["error"], result
+
+
+BUILD_OUTSIDE_RAY = """
+import sys, time
+from ortpilot.serve.oip.app import replica_config
+from ortpilot.serve.oip.replica import ModelReplica
+from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
+
+spec = ModelSpec("m", "model", sys.argv[1], "demo:mlp")
+start = time.monotonic()
+replica = ModelReplica(spec, replica_config(spec, ServeOptions(access_log=False), ServerOptions(), 1.0, None))
+print(repr(replica.info.node), round(time.monotonic() - start, 1))
+"""
+
+
+def test_a_replica_built_outside_ray_never_joins_a_cluster(demo_paths):
+    """Outside Ray a replica's node is "", not a question to Ray: Ray would initialize itself and join
+    RAY_ADDRESS (or the cluster this machine started last), waiting without end for a GCS that is gone."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{sock.getsockname()[1]}"  # nothing listens there once closed
+    env = {**__import__("os").environ, "RAY_ADDRESS": dead}
+    out = subprocess.run(
+        [sys.executable, "-c", BUILD_OUTSIDE_RAY, str(demo_paths["mlp"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[0] == "''", out.stdout

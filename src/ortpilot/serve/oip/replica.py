@@ -212,10 +212,14 @@ def _replica_id() -> str:
 
 
 def _node_id() -> str:
+    """The Ray node this replica runs on; "" outside Ray. Asked only of an initialized Ray: in a process
+    without one, ``get_runtime_context`` initializes Ray itself, joining ``RAY_ADDRESS`` or the cluster
+    this machine started last, and waits for that cluster's GCS without end when it is gone (a unit test
+    hung there under pytest-xdist once the other worker's Ray had stopped)."""
     try:
         import ray
 
-        return ray.get_runtime_context().get_node_id()
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
     except Exception:
         return ""
 
