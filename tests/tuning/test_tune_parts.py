@@ -84,6 +84,19 @@ def test_load_note_warns_when_other_work_held_the_cores_at_the_start_or_during_t
     assert load_note([0.4, 2.1], cores=2, others_cpu=0.1) == ""
 
 
+def test_state_note_warns_when_the_default_ran_at_another_speed_in_the_final_than_in_the_search():
+    """The figures of a real flip on a 2-core VM (the demo encoder's default at 0.45 ms, then 0.73 ms, with
+    nothing in /proc/stat): the search and the headline came from two machine states."""
+    from ortpilot.tuning.result import state_note
+
+    fast, slow = [0.00044, 0.00045, 0.00046], [0.00072, 0.00073, 0.00074]
+    note = state_note(fast, slow)
+    assert "0.450 ms in the search and 0.730 ms in the final" in note and "verify OUTDIR --bench" in note
+    assert "0.730 ms in the search and 0.450 ms in the final" in state_note(slow, fast)
+    assert state_note(fast, [0.00050]) == ""  # 1.11x: within one state's spread
+    assert state_note(fast, []) == "" and state_note([], slow) == ""  # no final figure: nothing to compare
+
+
 def test_model_variants_run_on_the_cpu_too_when_another_provider_comes_first(demo_paths):
     """With an accelerator EP first (OpenVINO, CUDA), INT8 on the CPU must still compete."""
     from ortpilot.providers.names import ProviderSpec

@@ -49,6 +49,10 @@ class GateRecord:
 
 
 OTHERS_CPU_NOTE = 0.25  # others_cpu from which the report warns: a quarter of the machine's CPU time went elsewhere
+# ORT's default session this much faster or slower at one time than at another means the machine changed state
+# (load, or a neighbour on the host's cores that /proc/stat does not show), and some speedups change with it
+# (BENCHMARKS.md, "Two machine states"): the tune compares its search with its final, verify --bench itself with the tune.
+MACHINE_STATE_CHANGE = 1.2
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,14 @@ class TuneResult:
             "onnxruntime": ort.__version__,
             "load_avg": self.load_avg,
             "others_cpu": self.others_cpu,
-            "load_note": load_note(self.load_avg, self.facts.cores, self.others_cpu),
+            "load_note": "; ".join(
+                note
+                for note in (
+                    load_note(self.load_avg, self.facts.cores, self.others_cpu),
+                    state_note(self.baseline.samples, self.baseline.final),
+                )
+                if note
+            ),
             "gate_data": self.gate_data,
             "calibration_data": self.calibration_data,
             "candidates": candidates,
@@ -181,4 +192,33 @@ def load_note(load_avg: Sequence[float], cores: int, others_cpu: float | None = 
     )
 
 
-__all__ = ["OTHERS_CPU_NOTE", "GateRecord", "Pick", "RunRecord", "TuneResult", "load_note"]
+def state_note(search_s: Sequence[float], final_s: Sequence[float]) -> str:
+    """A warning when ORT's default ran at another speed in the final measurement than in the search (times in
+    seconds): the machine changed state during the tune, so the search ranked the candidates in another state
+    than the one the headline was timed in, and a speedup can differ between states. "" when it did not, or
+    when the default has no final figure."""
+    import numpy as np
+
+    if not search_s or not final_s:
+        return ""
+    search, final = float(np.median(search_s)), float(np.median(final_s))
+    if 1 / MACHINE_STATE_CHANGE < final / search < MACHINE_STATE_CHANGE:
+        return ""
+    return (
+        f"ORT's default ran p50 {search * 1e3:.3f} ms in the search and {final * 1e3:.3f} ms in the final: the "
+        "machine changed speed during the tune (load, or a neighbour on the host's cores that /proc/stat does not "
+        "show), so the search ranked the candidates in another state than the headline's, and some speedups differ "
+        "between states; check the figure with ortpilot verify OUTDIR --bench"
+    )
+
+
+__all__ = [
+    "MACHINE_STATE_CHANGE",
+    "OTHERS_CPU_NOTE",
+    "GateRecord",
+    "Pick",
+    "RunRecord",
+    "TuneResult",
+    "load_note",
+    "state_note",
+]

@@ -40,12 +40,9 @@ from ortpilot.session.bundle import BundleChoice, choose_profile
 from ortpilot.session.profile import load_profile
 from ortpilot.session.verified import VerifiedSession
 from ortpilot.tuning.reference import REFERENCE_FILE, array_digest, read_reference, reference_feeds
+from ortpilot.tuning.result import MACHINE_STATE_CHANGE
 
 LATENCY_DURATION_S = 8.0  # the interleaved timing of profile vs default, both together
-# ORT's default session running this much faster or slower here than in the tune means the machine was in
-# another state (load, or a neighbour on the host's cores that /proc/stat does not show): a model's
-# speedup can differ between the two states (docs/commands/verify.md, "Another machine state").
-MACHINE_STATE_CHANGE = 1.2
 
 
 @dataclass
