@@ -39,8 +39,9 @@ def cli_env() -> dict[str, str]:
 
 
 # What docs/commands/serve.md ("A dying replica") tells gRPC clients to set: a call whose replica died
-# holding its HTTP/2 stream is refused by HAProxy (REFUSED_STREAM, status UNAVAILABLE, nothing ran)
-# and gRPC's own retry policy sends it again. Triton's defaults (no message size limits) kept.
+# holding its HTTP/2 stream is refused by HAProxy (REFUSED_STREAM, status UNAVAILABLE, nothing ran) or
+# reset mid-call (RST_STREAM CANCEL, status CANCELLED), and gRPC's own retry policy sends it again
+# (inference is idempotent). Triton's defaults (no message size limits) kept.
 GRPC_RETRY_CHANNEL_ARGS = [
     ("grpc.max_send_message_length", 2**31 - 1),
     ("grpc.max_receive_message_length", 2**31 - 1),
@@ -49,7 +50,7 @@ GRPC_RETRY_CHANNEL_ARGS = [
         "grpc.service_config",
         '{"methodConfig": [{"name": [{"service": "inference.GRPCInferenceService"}], "retryPolicy": '
         '{"maxAttempts": 3, "initialBackoff": "0.2s", "maxBackoff": "1s", "backoffMultiplier": 2, '
-        '"retryableStatusCodes": ["UNAVAILABLE"]}}]}',
+        '"retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"]}}]}',
     ),
 ]
 
