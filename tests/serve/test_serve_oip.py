@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 
@@ -190,7 +191,12 @@ def test_access_log_has_one_line_per_request_without_payloads(server, reference)
     client = th.InferenceServerClient(server.url)
     marker = np.full_like(next(iter(feeds.values())), 7)
     client.infer("m", _inputs({**feeds, next(iter(feeds)): marker}))
-    lines = [ln for ln in server.stderr.splitlines() if '"POST /v2/models/m/infer"' in ln]
+    # The replica writes the line; Ray's log monitor forwards it to the server's stderr a moment later.
+    deadline = time.monotonic() + 20
+    while not (lines := [ln for ln in server.stderr.splitlines() if '"POST /v2/models/m/infer"' in ln]):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert lines and all(re.search(r'"POST /v2/models/m/infer" \d{3} \d+ \d+\.\dms$', ln) for ln in lines)
     assert not any("7, 7" in ln or "data" in ln for ln in lines)
 
