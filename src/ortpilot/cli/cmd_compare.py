@@ -27,6 +27,7 @@ from ortpilot.cli.common import (
     resolve_model_arg,
     stdout,
 )
+from ortpilot.gate.generation import DEFAULT_MIN_TOP1
 
 
 @click.command("compare")
@@ -75,7 +76,7 @@ from ortpilot.cli.common import (
 @click.option(
     "--min-top1",
     type=click.FloatRange(0, 1),
-    default=0.9,
+    default=DEFAULT_MIN_TOP1,
     show_default=True,
     help="Decoder pairs: least top-1 next-token agreement (exit 1 below it).",
 )

@@ -27,6 +27,7 @@ from ortpilot.cli.common import (
     stderr,
     stdout,
 )
+from ortpilot.gate.generation import DEFAULT_MIN_TOP1
 from ortpilot.quantmodes import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, FULL, INT8_MODES, WEIGHT_ONLY_MODES
 
 _WEIGHT_ONLY = "/".join(WEIGHT_ONLY_MODES)  # names the modes in the help of the options only they read
@@ -111,7 +112,7 @@ _WEIGHT_ONLY = "/".join(WEIGHT_ONLY_MODES)  # names the modes in the help of the
 @click.option(
     "--min-top1",
     type=click.FloatRange(0, 1),
-    default=0.9,
+    default=DEFAULT_MIN_TOP1,
     show_default=True,
     help=f"{_WEIGHT_ONLY}: least top-1 next-token agreement with the float model.",
 )

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ortpilot.errors import UsageError
 from ortpilot.passes.base import ModelLike, Pass, Pipeline, PipelineResult
-from ortpilot.passes.weight_only import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, WeightOnlyPass
-from ortpilot.quantmodes import INT4
+from ortpilot.passes.weight_only import WeightOnlyPass
+from ortpilot.quantmodes import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, INT4
 
 
 def _fusion_pass() -> Pass:

@@ -192,6 +192,12 @@ def load_note(load_avg: Sequence[float], cores: int, others_cpu: float | None = 
     )
 
 
+def state_changed(speed: float) -> bool:
+    """Whether ORT's default running ``speed`` times as fast at one time as at another means another machine
+    state (``MACHINE_STATE_CHANGE`` either way)."""
+    return not 1 / MACHINE_STATE_CHANGE < speed < MACHINE_STATE_CHANGE
+
+
 def state_note(search_s: Sequence[float], final_s: Sequence[float]) -> str:
     """A warning when ORT's default ran at another speed in the final measurement than in the search (times in
     seconds): the machine changed state during the tune, so the search ranked the candidates in another state
@@ -202,7 +208,7 @@ def state_note(search_s: Sequence[float], final_s: Sequence[float]) -> str:
     if not search_s or not final_s:
         return ""
     search, final = float(np.median(search_s)), float(np.median(final_s))
-    if 1 / MACHINE_STATE_CHANGE < final / search < MACHINE_STATE_CHANGE:
+    if not state_changed(search / final):
         return ""
     return (
         f"ORT's default ran p50 {search * 1e3:.3f} ms in the search and {final * 1e3:.3f} ms in the final: the "
@@ -220,5 +226,6 @@ __all__ = [
     "RunRecord",
     "TuneResult",
     "load_note",
+    "state_changed",
     "state_note",
 ]

@@ -40,7 +40,7 @@ from ortpilot.session.bundle import BundleChoice, choose_profile
 from ortpilot.session.profile import load_profile
 from ortpilot.session.verified import VerifiedSession
 from ortpilot.tuning.reference import REFERENCE_FILE, array_digest, read_reference, reference_feeds
-from ortpilot.tuning.result import MACHINE_STATE_CHANGE
+from ortpilot.tuning.result import state_changed
 
 LATENCY_DURATION_S = 8.0  # the interleaved timing of profile vs default, both together
 
@@ -79,7 +79,7 @@ class LatencyCheck:
     def state_note(self) -> str:
         """One clause when ORT's default ran at another speed here than in the tune, else ""."""
         speed = self.machine_speed
-        if speed is None or 1 / MACHINE_STATE_CHANGE < speed < MACHINE_STATE_CHANGE:
+        if speed is None or not state_changed(speed):
             return ""
         return (
             f"ORT's default ran {self.recorded_default_p50_ms:.3f} ms in the tune and {self.default_p50_ms:.3f} ms "
