@@ -4,6 +4,7 @@ and gRPC requests called directly, on real ORT sessions of the demo MLP (and the
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
 import onnxruntime as ort
@@ -198,7 +199,7 @@ def test_a_replica_built_outside_ray_never_joins_a_cluster(demo_paths):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{sock.getsockname()[1]}"  # nothing listens there once closed
-    env = {**__import__("os").environ, "RAY_ADDRESS": dead}
+    env = {**os.environ, "RAY_ADDRESS": dead}
     out = subprocess.run(
         [sys.executable, "-c", BUILD_OUTSIDE_RAY, str(demo_paths["mlp"])],
         capture_output=True,
