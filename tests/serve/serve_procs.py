@@ -55,10 +55,33 @@ GRPC_RETRY_CHANNEL_ARGS = [
 ]
 
 
+# Ports for the servers tests start: below Linux's ephemeral range (32768-60999), where every process that
+# asks for "any port" (a Ray instance starting in the other xdist worker, an outgoing connection) gets one,
+# and above 20000-30000, where ``ortpilot serve`` puts its replicas' ranges. A port picked from the
+# ephemeral range was once taken in the seconds between the pick and Ray's proxy binding it (CI,
+# "Failed to bind to address"). Each xdist worker draws from its own half, so two never pick one port.
+TEST_PORTS = range(30000, 32768)
+_picked: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free on 127.0.0.1 now, from this worker's share of ``TEST_PORTS``, not handed out before
+    in this process (a stopped server's port may linger in TIME_WAIT)."""
+    worker = int(re.sub(r"\D", "", os.environ.get("PYTEST_XDIST_WORKER", "")) or 0)
+    workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), worker + 1)
+    share = TEST_PORTS[worker::workers]
+    start = int(time.monotonic_ns() // 1000) % len(share)
+    for port in (*share[start:], *share[:start]):
+        if port in _picked:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _picked.add(port)
+        return port
+    raise OSError(f"no free port left in {TEST_PORTS} for this test worker")
 
 
 class Server:

@@ -449,3 +449,54 @@ def test_what_serve_left_after_shutdown_is_ended_and_its_cpus_freed(ray_address)
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["killed"] == ["SERVE_REPLICA::gone#model-gone#x"], found
     assert found["after"] == found["held"] + 1, found
+
+
+PORT_TAKEN = """
+import json, socket, sys
+import ray
+from ray.serve._private.constants import SERVE_NAMESPACE
+from ortpilot.errors import UsageError
+from ortpilot.serve.options import ServerOptions
+from ortpilot.serve.runner import serve_until_stopped
+
+held = socket.socket()  # taken after the CLI's port check would have passed: Ray's proxy cannot bind it
+held.bind(("127.0.0.1", 0))
+held.listen()
+port = held.getsockname()[1]
+try:
+    serve_until_stopped(lambda cpus: [], lambda errors, stop: None, ServerOptions(port=port, address=sys.argv[1], ingress=sys.argv[2]))
+    message = ""
+except UsageError as exc:
+    message = str(exc)
+left = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == SERVE_NAMESPACE]
+print(json.dumps({"port": port, "message": message, "left": left}))
+"""
+
+
+@pytest.mark.parametrize("ingress", ["proxy", "auto"])
+def test_a_port_taken_while_serve_starts_is_named_and_serve_is_stopped_again(
+    ray_address, start_server, demo_paths, ingress
+):
+    """A port free at the CLI's check and taken before Ray's proxy (or HAProxy, on the fast path) binds it
+    (CI once: another process got it in those seconds) is a one-paragraph error naming the flag, and the Serve that ``serve.start`` left
+    half-started is stopped: the next server on the shared cluster then starts its own Serve on its own
+    port instead of joining the broken one."""
+    import subprocess
+    import sys
+
+    from serve_procs import cli_env
+
+    out = subprocess.run(
+        [sys.executable, "-c", PORT_TAKEN, ray_address, ingress],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=cli_env(),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert f"could not listen on 127.0.0.1:{found['port']} (--port {found['port']})" in found["message"], found
+    assert "choose another --port" in found["message"], found
+    assert found["left"] == [], found
+    server = start_server(str(demo_paths["mlp"]), "--address", ray_address, "--ingress", ingress)
+    assert server.ready, server.stderr[-3000:]

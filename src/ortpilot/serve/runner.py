@@ -237,13 +237,39 @@ def start_serve(
     if grpc:
         env[fastpath.GRPC_APP_ENV] = grpc.app  # Ray's proxies: the app a call naming none is for
     http = {"host": server.host, "port": server.port, "keep_alive_timeout_s": server.timeouts.idle_s}
-    serve.start(
-        http_options=http,
-        grpc_options={"port": server.grpc_port, "grpc_servicer_functions": [grpc.servicer]} if grpc else None,
-        logging_config=QUIET_LOGS,
-        controller_options={"runtime_env": {"env_vars": env}},
-    )
+    try:
+        serve.start(
+            http_options=http,
+            grpc_options={"port": server.grpc_port, "grpc_servicer_functions": [grpc.servicer]} if grpc else None,
+            logging_config=QUIET_LOGS,
+            controller_options={"runtime_env": {"env_vars": env}},
+        )
+    except Exception as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        taken = _BIND_FAILED.search(str(exc))
+        if taken:
+            raise UsageError(_port_taken(taken.group(1) or taken.group(2), server)) from None
+        raise
     return fastpath.IngressPath(**{**path.__dict__, "ports": {**path.ports, "run_dir": str(run_dir)}})
+
+
+# Ray's proxy, and HAProxy on the fast path, when the port they were given is taken.
+_BIND_FAILED = re.compile(
+    r"Failed to bind to address '([^']+)'|cannot bind socket \(Address already in use\) for \[([^\]]+)\]"
+)
+
+
+def _port_taken(address: str, server: ServerOptions) -> str:
+    """Why serve did not start when a Ray proxy found its port taken: ``check_ports`` saw it free moments
+    before, so another process took it in between."""
+    port = int(address.rsplit(":", 1)[-1])
+    flag = {server.port: "--port", server.grpc_port: "--grpc-port"}.get(port)
+    which = f"{flag} {port}" if flag else f"port {port}, which ortpilot picked for Ray's own proxy"
+    return (
+        f"Ray Serve could not listen on {address} ({which}): another process took the port after ortpilot "
+        f"checked that it was free. Serve was stopped again and nothing is left running on the cluster; "
+        f"start again{', or choose another ' + flag if flag else ''}."
+    )
 
 
 def _remote_hosts() -> bool:
@@ -301,8 +327,10 @@ def serve_until_stopped(
                 ("Serve already ran on this cluster: requests take the path it was started on",),
             )
         else:
+            # Set first: a failed ``serve.start`` leaves its controller on the cluster, and the next server
+            # there would join that broken Serve (on its ports, not its own) instead of starting one.
+            server.started_serve = True
             path = start_serve(serve, server_options, grpc, max_request_mb, protocol)
-            server.started_serve = True  # the next server on a shared cluster starts Serve on its own port
             server.run_dir = Path(path.ports["run_dir"])
         targets = build(budget)
         deploy_error: list[BaseException] = []
