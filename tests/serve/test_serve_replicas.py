@@ -500,3 +500,48 @@ def test_a_port_taken_while_serve_starts_is_named_and_serve_is_stopped_again(
     assert found["left"] == [], found
     server = start_server(str(demo_paths["mlp"]), "--address", ray_address, "--ingress", ingress)
     assert server.ready, server.stderr[-3000:]
+
+
+OWN_PORT_TAKEN = """
+import json, socket, sys
+from ortpilot.serve import fastpath
+from ortpilot.serve.options import ServerOptions
+from ortpilot.serve.runner import http_get, serve_until_stopped
+
+held = socket.socket()
+held.bind(("127.0.0.1", 0))
+held.listen()
+pick, picked = fastpath.free_port, []
+
+def third_taken(host="127.0.0.1"):  # the fast path's third pick: Ray's fallback HTTP proxy
+    picked.append(pick(host))
+    return held.getsockname()[1] if len(picked) == 3 else picked[-1]
+
+fastpath.free_port = third_taken
+port = pick()
+
+def answer(errors, stop):
+    stop.set()
+    return http_get(f"http://127.0.0.1:{port}/-/healthz")[0]
+
+status = serve_until_stopped(lambda cpus: [], answer, ServerOptions(port=port, address=sys.argv[1], ingress="auto"))
+print(json.dumps({"status": status, "picks": len(picked)}))
+"""
+
+
+def test_a_port_ortpilot_picked_that_is_taken_before_serve_binds_it_is_picked_again(ray_address):
+    """The fast path's own ports (Ray's fallback proxy, HAProxy's stats) are no user's choice: one taken
+    between its pick and its bind makes ``serve`` start Serve again on new ones, not exit."""
+    import subprocess
+    import sys
+
+    from serve_procs import cli_env
+
+    out = subprocess.run(
+        [sys.executable, "-c", OWN_PORT_TAKEN, ray_address], capture_output=True, text=True, timeout=240, env=cli_env()
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "was taken before Serve bound it; starting Serve again on other ports" in out.stderr, out.stderr[-3000:]
+    assert found["picks"] == 8, found  # four ports a start, two starts
+    assert found["status"] == 503, found  # HAProxy answers on the second start: up, no model deployed

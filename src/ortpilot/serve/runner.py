@@ -209,12 +209,40 @@ def require_ray() -> Any:
     return serve
 
 
+START_ATTEMPTS = 3  # Serve is started again on new ports when one ortpilot picked itself was taken
+
+
 def start_serve(
     serve: Any, server: ServerOptions, grpc: GrpcEntry | None, max_request_mb: float, protocol: str = OIP
 ) -> fastpath.IngressPath:
     """``serve.start`` on the path ``server`` asks for; returns the path taken, its ports filled in.
     ``protocol`` (``oip``, ``openai``) shapes the errors HAProxy answers itself; ``grpc`` is what a
-    ``--grpc-port`` serves (None: the stack serves no gRPC)."""
+    ``--grpc-port`` serves (None: the stack serves no gRPC). A port taken between its check and its
+    bind is an exit 2 when the user chose it; one ortpilot picked (HAProxy's stats, Ray's fallback
+    proxy) is picked again, up to ``START_ATTEMPTS`` starts."""
+    attempt = 1
+    while True:
+        try:
+            return _start_serve_once(serve, server, grpc, max_request_mb, protocol)
+        except _PortTaken as taken:
+            if taken.port in (server.port, server.grpc_port) or attempt == START_ATTEMPTS:
+                raise UsageError(_port_taken(taken.address, server)) from None
+            log.warning("%s was taken before Serve bound it; starting Serve again on other ports.", taken.address)
+            serve.shutdown()
+            end_serve_leftovers()
+            attempt += 1
+
+
+class _PortTaken(Exception):
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.address = address
+        self.port = int(address.rsplit(":", 1)[-1])
+
+
+def _start_serve_once(
+    serve: Any, server: ServerOptions, grpc: GrpcEntry | None, max_request_mb: float, protocol: str
+) -> fastpath.IngressPath:
     grpc = grpc if server.grpc_port is not None else None
     remote = _remote_hosts()
     path = fastpath.choose(server.ingress, server.throughput_optimized, remote)
@@ -248,7 +276,7 @@ def start_serve(
         shutil.rmtree(run_dir, ignore_errors=True)
         taken = _BIND_FAILED.search(str(exc))
         if taken:
-            raise UsageError(_port_taken(taken.group(1) or taken.group(2), server)) from None
+            raise _PortTaken(taken.group(1) or taken.group(2)) from None
         raise
     return fastpath.IngressPath(**{**path.__dict__, "ports": {**path.ports, "run_dir": str(run_dir)}})
 
