@@ -160,6 +160,23 @@ def test_verify_bench_says_when_the_default_ran_at_another_speed_than_in_the_tun
     assert recorded > 0
 
 
+def test_verify_bench_holds_itself_to_the_figure_of_the_machine_state_it_runs_in(tuned, tmp_path):
+    """A tune that saw the machine in two states recorded the winner's speedup in each (``by_state``); --bench
+    compares with the state whose default p50 is nearest the one it measures, not with the headline."""
+    recorded = json.loads((tuned / "profile.json").read_text())["latency"]["baseline"]["p50_ms"]
+    by_state = {
+        "fast": {"default_p50_ms": recorded, "speedup": 7.0, "runs": 40},
+        "slow": {"default_p50_ms": recorded * 1000, "speedup": 0.5, "runs": 40},
+    }
+    out = _edited(tuned, tmp_path, lambda d, o: _set(d, ["latency", "speedup_vs_default", "by_state"], by_state))
+    proc = _verify(out, "--bench", "--duration", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    latency = json.loads(proc.stdout)["profiles"][0]["latency"]
+    assert latency["state"] == "fast" and latency["recorded_speedup"] == 7.0, latency
+    assert latency["recorded_default_p50_ms"] == recorded, latency
+    assert "7.00x recorded by the tune in the machine state nearest this one (fast)" in latency["detail"]
+
+
 @pytest.mark.parametrize("value", ["0", "-5", "ten", "inf"])
 def test_verify_max_slowdown_must_be_a_positive_number(tuned, value):
     proc = _verify(tuned, "--max-slowdown", value)

@@ -126,3 +126,34 @@ def test_a_ctc_check_shows_its_steps_and_sequences_beside_its_error():
         ],
     }
     assert "| 6.25e-02 (steps 98.8% top-1, 93.8% of 16 sequences identical) |" in render_md(doc)
+
+
+def test_a_tune_that_saw_two_machine_states_says_so_and_why_the_faster_finalist_lost():
+    """The fused finalist measured faster in the final (all in the slow state) but gained less in the fast one:
+    the line says why it is not the winner, and the headline carries the winner's figure in each state."""
+    from ortpilot.tuning.report import headline
+
+    doc = _doc(
+        [
+            _cand("default", final_ms=0.757, screen_ms=0.444, paired=1.0, baseline=True),
+            _cand("fused", final_ms=0.549, screen_ms=0.376, paired=0.85),
+            _cand("plain", final_ms=0.610, screen_ms=0.358, paired=0.81),
+        ],
+        "plain",
+    )
+    doc["winner"]["label"] = "int8-dynamic"
+    doc["speedup"]["by_state"] = {
+        "fast": {"default_p50_ms": 0.444, "speedup": 1.24, "runs": 10},
+        "slow": {"default_p50_ms": 0.757, "speedup": 1.241, "runs": 48},
+    }
+    doc["passed_over"] = {
+        "id": "fused",
+        "why": "fused measured 1.38x in the final, but 1.18x in the machine's fast state",
+    }
+    assert why_not_lines(doc) == [
+        "Not the winner though the final measured it faster: fused measured 1.38x in the final, but 1.18x in the "
+        "machine's fast state."
+    ]
+    line = headline(doc)
+    assert "The machine ran in two speed states during the tune: 1.24x fast (ORT's default 0.444 ms), " in line
+    assert "1.24x slow (ORT's default 0.757 ms)." in line

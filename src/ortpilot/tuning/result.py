@@ -29,9 +29,12 @@ class Pick:
 
     winner: Entry
     baseline: Entry
-    speedup: dict[str, float]
+    speedup: dict[str, Any]  # ratio, ci_low, ci_high; by_state where the tune saw two machine states
     default_best: bool  # ORT's default (or its CPU-budget stand-in) stayed the choice
     default_best_reason: str
+    passed_over: dict[str, str] = field(
+        default_factory=dict
+    )  # {id, why}: a finalist the final measured faster is not the winner (tuning.machinestates)
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class TuneResult:
     speedup = _view("pick", "speedup")
     default_best = _view("pick", "default_best")
     default_best_reason = _view("pick", "default_best_reason")
+    passed_over = _view("pick", "passed_over")
     metrics = _view("gate", "metrics")
     metric_evidence = _view("gate", "metric_evidence")
     max_error = _view("gate", "max_error")
@@ -131,6 +135,7 @@ class TuneResult:
             "speedup": self.speedup,
             "default_best": self.default_best,
             "default_best_reason": self.default_best_reason,
+            "passed_over": self.passed_over,
             "metrics": self.metrics,
             "metric_evidence": self.metric_evidence,
             "max_error": self.max_error,

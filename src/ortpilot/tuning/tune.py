@@ -46,6 +46,7 @@ from ortpilot.providers.names import resolve_providers
 from ortpilot.tuning.budget import Budget
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import JOURNAL_NAME, JOURNAL_VERSION, Journal, check_version
+from ortpilot.tuning.machinestates import TuneStates
 from ortpilot.tuning.outputs import winner_model, write_outputs
 from ortpilot.tuning.pruned import pruned_model
 from ortpilot.tuning.reference import HELDOUT_SEED, feeds_digest
@@ -343,8 +344,14 @@ def _search(
     finalists = search.run(base, setup.facts)
     base_entry = search.entries[base.id]
     reference = search.reference or base_entry
-    winner, default_best, reason = _pick(finalists, reference, setup.objective)
-    return search, Pick(winner, reference, speedup(reference, winner, setup.objective), default_best, reason)
+    states = TuneStates.read(list(search.entries.values()), reference) if setup.objective == "p50" else None
+    winner, default_best, reason = _pick(finalists, reference, setup.objective, states)
+    gain = speedup(reference, winner, setup.objective)
+    if states is not None and not default_best and states.record(winner):
+        gain = {**gain, "by_state": states.record(winner)}
+    return search, Pick(
+        winner, reference, gain, default_best, reason, _passed_over(finalists, winner, reference, states)
+    )
 
 
 def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, run: RunRecord) -> TuneResult:
@@ -500,12 +507,15 @@ def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
         )
 
 
-def _pick(finalists: list[Entry], reference: Entry, objective: str) -> tuple[Entry, bool, str]:
+def _pick(
+    finalists: list[Entry], reference: Entry, objective: str, states: TuneStates | None = None
+) -> tuple[Entry, bool, str]:
     """The finalist with the best interleaved figure; ``reference`` (ORT's default, or that session capped
     at the CPU budget where its pool would start more threads: ``Search._reference``) unless the gain is
-    outside noise."""
+    outside noise. Where the machine ran in two states during the tune (``states``), a finalist timed in both
+    counts with its worse state's figure too: a user's process may run in either."""
     measured = [e for e in finalists if e.final] or [e for e in finalists if e.samples]
-    best = min(measured, key=lambda e: cost(e.final or e.samples, objective))
+    best = min(measured, key=lambda e: _relative_cost(e, reference, objective, states))
     name = reference_name(reference.candidate.to_dict())
     why_capped = (
         ""
@@ -530,6 +540,41 @@ def _pick(finalists: list[Entry], reference: Entry, objective: str) -> tuple[Ent
             ),
         )
     return best, False, ""
+
+
+def _relative_cost(entry: Entry, reference: Entry, objective: str, states: TuneStates | None) -> float:
+    """``entry``'s cost over ``reference``'s, lower is better: from the final (or the search), and no lower than
+    in the worse of the machine's two states where the tune saw both and timed ``entry`` in each."""
+    own = cost(entry.final or entry.samples, objective) / cost(reference.final or reference.samples, objective)
+    worst = states.worst(entry) if states is not None and entry is not reference else None
+    return max(own, 1 / worst) if worst else own
+
+
+def _passed_over(finalists: list[Entry], winner: Entry, reference: Entry, states: TuneStates | None) -> dict[str, str]:
+    """A finalist the final measured faster than the winner that lost on its worse state's figure: its id and
+    why, for the report ({} when none did)."""
+    if states is None:
+        return {}
+    won = speedup(reference, winner, "p50")["ratio"] if winner is not reference else 1.0
+    for e in finalists:
+        worst = states.worst(e)
+        if e in (winner, reference) or not e.final or worst is None:
+            continue
+        final = speedup(reference, e, "p50")["ratio"]
+        if final > won:
+            state = min(states.figures[e.candidate.id], key=lambda s: states.figures[e.candidate.id][s].speedup)
+            why = (
+                f"{e.candidate.label} measured {final:.2f}x in the final, but {worst:.2f}x in the machine's {state} "
+                f"state (this tune saw two: ORT's default p50 {_state_ms(states, e)}); the pick goes by the worse "
+                "state's figure, as a user's process may run in either"
+            )
+            return {"id": e.candidate.id, "why": why}
+    return {}
+
+
+def _state_ms(states: TuneStates, entry: Entry) -> str:
+    figures = states.figures[entry.candidate.id]
+    return " and ".join(f"{figures[s].default_p50_ms:.3f} ms {s}" for s in sorted(figures))
 
 
 __all__ = ["HELDOUT_SEED", "TuneResult", "check_out_dir", "check_request", "feeds_digest", "load_note", "tune"]

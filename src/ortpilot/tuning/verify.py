@@ -39,6 +39,7 @@ from ortpilot.session.binding import run_session
 from ortpilot.session.bundle import BundleChoice, choose_profile
 from ortpilot.session.profile import load_profile
 from ortpilot.session.verified import VerifiedSession
+from ortpilot.tuning.machinestates import state_of
 from ortpilot.tuning.reference import REFERENCE_FILE, array_digest, read_reference, reference_feeds
 from ortpilot.tuning.result import state_changed
 
@@ -58,6 +59,8 @@ class LatencyCheck:
     default_p50_ms: float
     profile_p50_ms: float
     recorded_default_p50_ms: float | None = None  # ORT's default in the tune's final measurement
+    # the machine state (tuning.machinestates) whose recorded figure this is held to, where the tune saw two
+    state: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -92,7 +95,7 @@ class LatencyCheck:
         here = (
             f"{self.ratio:.2f}x ORT's default here (95% CI {self.ci_low:.2f}-{self.ci_high:.2f}; p50 "
             f"{self.profile_p50_ms:.3f} vs {self.default_p50_ms:.3f} ms), {self.recorded:.2f}x recorded by the tune "
-            f"({self.share:.2f} of it)"
+            f"{'in the machine state nearest this one (' + self.state + ') ' if self.state else ''}({self.share:.2f} of it)"
         )
         if self.state_note:
             here = f"{here}; {self.state_note}"
@@ -115,6 +118,7 @@ class LatencyCheck:
             "profile_p50_ms": self.profile_p50_ms,
             "recorded_default_p50_ms": self.recorded_default_p50_ms,
             "machine_speed": self.machine_speed,
+            "state": self.state,
             "passed": self.passed,
             "detail": self.detail,
         }
@@ -386,6 +390,11 @@ def check_latency(
     default, profile = (r.stats.p50 * 1e3 for r in comparison.results)
     baseline = (doc.get("latency") or {}).get("baseline") or {}
     recorded_default = baseline.get("p50_ms") if isinstance(baseline.get("p50_ms"), (int, float)) else None
+    # a tune that saw the machine in two states recorded the speedup in each: hold this run to its own state's
+    by_state = ((doc.get("latency") or {}).get("speedup_vs_default") or {}).get("by_state") or {}
+    state = state_of(default, by_state) if len(by_state) == 2 else None
+    if state:
+        recorded, recorded_default = by_state[state]["speedup"], by_state[state]["default_p50_ms"]
     return LatencyCheck(
         float(recorded),
         1 / ratio.ratio,
@@ -395,6 +404,7 @@ def check_latency(
         default,
         profile,
         float(recorded_default) if recorded_default else None,
+        state,
     )
 
 
