@@ -279,6 +279,9 @@ def check_verify(outdir: Path) -> dict[str, Any]:
         "speedup": bench.get("speedup"),
         "ci": bench.get("ci95"),
         "rc": out.returncode,
+        # what verify holds itself to: the headline, or the tune's figure for the machine state nearest its own
+        "recorded": bench.get("recorded_speedup"),
+        "state": bench.get("state"),
         # ORT's default here and in the tune's final: a machine in another state changes some speedups
         "default_p50_ms": [bench.get("recorded_default_p50_ms"), bench.get("default_p50_ms")],
     }
@@ -313,7 +316,21 @@ def tune(name: str, spec: dict[str, Any], budget: float, outdir: Path) -> dict[s
         "wall_s": wall,
         "tune_wall_s": doc["wall_s"],
         "others_cpu": doc.get("others_cpu"),  # other processes' share of the CPU time during the tune
+        "by_state": doc["speedup"].get("by_state") or {},  # where the tune saw two machine states
+        "passed_over": (doc.get("passed_over") or {}).get("why", ""),
     }
+
+
+def claimed(row: dict[str, Any], check: dict[str, Any]) -> tuple[float, str]:
+    """The figure a check is held to: the headline, or where the tune saw two machine states the winner's
+    figure in the state nearest the check's own (by ORT's default p50 there), as verify --bench does."""
+    from ortpilot.tuning.machinestates import state_of
+
+    here = (check.get("p50_ms") or {}).get("default")
+    if len(row.get("by_state") or {}) == 2 and here:
+        state = state_of(here, row["by_state"])
+        return row["by_state"][state]["speedup"], state
+    return row["headline"], ""
 
 
 def main() -> None:
@@ -353,16 +370,25 @@ def main() -> None:
                     row[factor] = _child("check", str(outdir), fresh, str(args.rounds), str(args.runs), factor)
                 row["alone"] = check_alone(outdir, fresh, args.rounds, args.runs)
             rows.append(row)
-            checks = {k: v["speedup"] for k, v in row.items() if isinstance(v, dict) and "speedup" in v}
-            print(
-                f"{name} run {run}: headline {row['headline']:.2f}x ({row['timing']}; {row['winner']}), tune wall "
-                f"{row['wall_s']:.0f} s, others_cpu {row['others_cpu']}; "
-                + ", ".join(
-                    f"{k} {v:.2f}x ({v / row['headline']:.2f} of it)" if v else f"{k} -" for k, v in checks.items()
+            row["verify"]["p50_ms"] = {"default": (row["verify"].get("default_p50_ms") or [None, None])[1]}
+            checks = {k: v for k, v in row.items() if isinstance(v, dict) and "speedup" in v}
+            cells = []
+            for k, v in checks.items():
+                held, state = claimed(row, v)
+                v["held_to"], v["held_state"] = held, state
+                where = f" of {held:.2f}x, {state} state" if state else ""
+                cells.append(
+                    f"{k} {v['speedup']:.2f}x ({v['speedup'] / held:.2f}{where})" if v["speedup"] else f"{k} -"
                 )
-                + _state(row["verify"]),
+            states = ", ".join(f"{s} {f['speedup']:.2f}x" for s, f in sorted(row["by_state"].items()))
+            print(
+                f"{name} run {run}: headline {row['headline']:.2f}x ({row['timing']}; {row['winner']}"
+                f"{'; by state ' + states if states else ''}), tune wall {row['wall_s']:.0f} s, others_cpu "
+                f"{row['others_cpu']}; " + ", ".join(cells) + _state(row["verify"]),
                 flush=True,
             )
+            if row["passed_over"]:
+                print(f"  passed over: {row['passed_over']}", flush=True)
             if args.json:
                 Path(args.json).write_text(json.dumps({"header": head, "rows": rows}, indent=1))
 
