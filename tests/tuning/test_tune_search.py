@@ -15,7 +15,7 @@ def _entry(settings: dict, samples_ms: list[float], anchor_ms: float | None) -> 
     cand = baseline_candidate().with_settings(**settings)
     samples = [x / 1e3 for x in samples_ms]
     paired = (
-        [(sorted(samples_ms)[len(samples_ms) // 2] / anchor_ms, len(samples), anchor_ms / 1e3)] if anchor_ms else []
+        [(sorted(samples_ms)[len(samples_ms) // 2] / anchor_ms, len(samples), anchor_ms / 1e3, 1)] if anchor_ms else []
     )
     return Entry(cand, "model variants", status="ok", samples=samples, paired=paired)
 

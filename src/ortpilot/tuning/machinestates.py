@@ -22,14 +22,19 @@ from ortpilot.tuning.result import state_changed
 from ortpilot.tuning.search import Entry
 
 FAST, SLOW = "fast", "slow"
-MIN_BENCHES = 3  # benches of ORT's default in each state before two states are told apart
+# A state lasts tens of seconds to minutes; a bench takes well under a second. One slow bench among fast
+# ones is the tune's own work on the other core (the parent building the next candidate) or a hiccup, not a
+# state: only this many benches in a row on one side of the cut count.
+MIN_BENCHES = 3
 MIN_RUNS_PER_STATE = 4  # a candidate's timed runs in a state before its speedup there counts
+FINAL_SEQ = 1_000_000  # the final's rounds come after every search bench
 
 
 @dataclass(frozen=True)
 class Observation:
     """One bench (or final round) of a candidate beside ORT's default."""
 
+    seq: int  # when: the search's bench count (``Entry.paired``), or ``FINAL_SEQ`` + the final's round
     default_s: float  # ORT's default's p50 in it: the state it ran in
     ratio: float  # the candidate's p50 / the default's
     runs: int  # the candidate's timed runs
@@ -47,45 +52,63 @@ class StateFigure:
         return {"default_p50_ms": self.default_p50_ms, "speedup": self.speedup, "runs": self.runs}
 
 
+def _rounds(entry: Entry) -> dict[int, float]:
+    """``entry``'s p50 in each round of the final (s)."""
+    return {
+        block: float(np.median([s for s, b in zip(entry.final, entry.final_blocks, strict=False) if b == block]))
+        for block in sorted(set(entry.final_blocks))
+    }
+
+
 def observations(entry: Entry, default: Entry) -> list[Observation]:
     """Every bench of ``entry`` beside ORT's default: the search's paired ones, and each round of the final
     that both ran in (``default``: the final's reference)."""
-    seen = [Observation(d, r, n) for r, n, d in entry.paired]
-    for block in sorted(set(entry.final_blocks) & set(default.final_blocks)):
-        mine = [s for s, b in zip(entry.final, entry.final_blocks, strict=False) if b == block]
-        theirs = [s for s, b in zip(default.final, default.final_blocks, strict=False) if b == block]
-        if mine and theirs:
-            seen.append(Observation(float(np.median(theirs)), float(np.median(mine) / np.median(theirs)), len(mine)))
+    seen = [Observation(seq, d, r, n) for r, n, d, seq in entry.paired]
+    theirs = _rounds(default)
+    for block, mine in _rounds(entry).items():
+        if block in theirs:
+            runs = entry.final_blocks.count(block)
+            seen.append(Observation(FINAL_SEQ + block, theirs[block], mine / theirs[block], runs))
     return seen
 
 
-def default_speeds(entries: Sequence[Entry], default: Entry) -> list[float]:
-    """ORT's default's p50 in every bench of the tune (s): beside each candidate, and in each final round."""
-    rounds = [
-        float(np.median([s for s, b in zip(default.final, default.final_blocks, strict=False) if b == block]))
-        for block in sorted(set(default.final_blocks))
-    ]
-    return [d for e in entries for _, _, d in e.paired] + rounds
+def default_speeds(entries: Sequence[Entry], default: Entry) -> list[tuple[int, float]]:
+    """(when, ORT's default's p50 in s) for every bench of the tune: beside each candidate, each final round."""
+    paired = [(seq, d) for e in entries for _, _, d, seq in e.paired]
+    return paired + [(FINAL_SEQ + block, p50) for block, p50 in _rounds(default).items()]
 
 
-def cut(defaults_s: Sequence[float]) -> float | None:
-    """The p50 between the two states, or None when ORT's default kept one speed: the midpoint of its 10th and
-    90th percentile across the benches, where each side holds ``MIN_BENCHES`` and the two sides' medians are
-    more than ``MACHINE_STATE_CHANGE`` apart (a noisy machine's spread alone rarely is)."""
-    low, high = (float(v) for v in np.percentile(defaults_s, [10, 90])) if defaults_s else (0.0, 0.0)
-    between = (low + high) / 2
-    fast = [d for d in defaults_s if d <= between]
-    slow = [d for d in defaults_s if d > between]
-    if min(len(fast), len(slow)) < MIN_BENCHES or not state_changed(float(np.median(slow) / np.median(fast))):
+def cut(benches: Sequence[tuple[int, float]]) -> tuple[float, frozenset[int]] | None:
+    """(the p50 between the two states, the benches that ran in one), or None when ORT's default kept one
+    speed. The cut is the midpoint of the default's 10th and 90th percentile; a bench belongs to a state only
+    inside ``MIN_BENCHES`` or more in a row on its side, and the two states' medians are more than
+    ``MACHINE_STATE_CHANGE`` apart (a noisy machine's spread alone rarely is)."""
+    order = sorted(benches)
+    if not order:
         return None
-    return between
+    low, high = (float(v) for v in np.percentile([d for _, d in order], [10, 90]))
+    between = (low + high) / 2
+    kept: set[int] = set()
+    start = 0
+    for end in range(1, len(order) + 1):
+        if end == len(order) or (order[end][1] > between) != (order[start][1] > between):
+            if end - start >= MIN_BENCHES:
+                kept.update(seq for seq, _ in order[start:end])
+            start = end
+    fast = [d for seq, d in order if seq in kept and d <= between]
+    slow = [d for seq, d in order if seq in kept and d > between]
+    if not fast or not slow or not state_changed(float(np.median(slow) / np.median(fast))):
+        return None
+    return between, frozenset(kept)
 
 
-def by_state(observations: Sequence[Observation], between: float) -> dict[str, StateFigure]:
-    """A candidate's figure in each state it had ``MIN_RUNS_PER_STATE`` runs in (``between``: ``cut``'s)."""
+def by_state(observations: Sequence[Observation], between: float, kept: frozenset[int]) -> dict[str, StateFigure]:
+    """A candidate's figure in each state it had ``MIN_RUNS_PER_STATE`` runs in (``between``, ``kept``: ``cut``'s)."""
     figures = {}
     for state in (FAST, SLOW):
-        mine = [o for o in observations if (o.default_s <= between) == (state == FAST) and o.ratio > 0]
+        mine = [
+            o for o in observations if o.seq in kept and (o.default_s <= between) == (state == FAST) and o.ratio > 0
+        ]
         runs = sum(o.runs for o in mine)
         if runs < MIN_RUNS_PER_STATE:
             continue
@@ -111,10 +134,13 @@ class TuneStates:
 
     @classmethod
     def read(cls, entries: Sequence[Entry], default: Entry) -> TuneStates:
-        between = cut(default_speeds(entries, default))
-        if between is None:
+        found = cut(default_speeds(entries, default))
+        if found is None:
             return cls(None, {})
-        figures = {e.candidate.id: by_state(observations(e, default), between) for e in entries if e is not default}
+        between, kept = found
+        figures = {
+            e.candidate.id: by_state(observations(e, default), between, kept) for e in entries if e is not default
+        }
         return cls(between, {cid: f for cid, f in figures.items() if f})
 
     def worst(self, entry: Entry) -> float | None:

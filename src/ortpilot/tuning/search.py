@@ -78,8 +78,9 @@ class Entry:
     samples: list[float] = field(default_factory=list)
     final: list[float] = field(default_factory=list)
     final_blocks: list[int] = field(default_factory=list)
-    # (its cost / the anchor's cost, runs, the anchor's p50 in s) per bench timed round-robin with the anchor
-    paired: list[tuple[float, int, float]] = field(default_factory=list)
+    # (its cost / the anchor's cost, runs, the anchor's p50 in s, the search's bench count then) per bench
+    # timed round-robin with the anchor
+    paired: list[tuple[float, int, float, int]] = field(default_factory=list)
     anchor: bool = False  # ORT's default session, which every other bench runs beside
 
     @property
@@ -93,7 +94,7 @@ class Entry:
             return 1.0
         if not self.paired:
             return None
-        logs, weights = zip(*((math.log(r), n) for r, n, _ in self.paired))
+        logs, weights = zip(*((math.log(r), n) for r, n, *_ in self.paired))
         return float(math.exp(np.average(logs, weights=weights)))
 
     def to_dict(self) -> dict[str, Any]:
@@ -162,6 +163,7 @@ class Search:
         self.screen_runs = 5
         self.reference: Entry | None = None  # what the winner is measured against (``_reference``), once run
         self.anchor: Entry | None = None  # ORT's default session, timed beside every later bench
+        self.benches = 0  # benches timed beside the anchor so far: when each one ran (tuning.machinestates)
 
     @property
     def gate(self) -> Any:
@@ -307,7 +309,8 @@ class Search:
         beside = record.get("anchor_samples_s") or []
         if record["samples_s"] and beside:  # journals written before anchors have none: ranked by cost alone
             ratio = cost(record["samples_s"], self.objective) / cost(beside, self.objective)
-            entry.paired.append((ratio, len(record["samples_s"]), cost(beside, "p50")))
+            self.benches += 1
+            entry.paired.append((ratio, len(record["samples_s"]), cost(beside, "p50"), self.benches))
         if entry.candidate.baseline:
             self.budget.latency = cost(entry.samples, "p50")
 
