@@ -88,8 +88,8 @@ def test_a_state_is_benches_in_a_row_on_one_side_of_the_cut_with_a_gap_over_the_
 
 def test_slow_benches_scattered_among_fast_ones_are_no_state():
     """ORT's default's p50 in each bench of a real demo-encoder tune (2026-12-04, fast state throughout): the
-    screen's 10-run anchors read up to 0.71 ms while the parent built the next candidate on the other core, one
-    or two benches at a time; read as a state, they made plain INT8 "1.46x in the slow state"."""
+    screen's 10-run anchors read up to 0.71 ms one or two benches at a time, while the candidate beside each
+    kept its speed; read as a state, they made plain INT8 "1.46x in the slow state"."""
     screen = [0.441, 0.613, 0.461, 0.687, 0.457, 0.467, 0.462, 0.457, 0.521, 0.459, 0.569, 0.449, 0.578, 0.599]
     screen += [0.458, 0.711, 0.449, 0.475, 0.469, 0.443, 0.453, 0.448, 0.592, 0.456, 0.445, 0.451, 0.450]
     halving = [0.433, 0.468, 0.694, 0.451, 0.447, 0.451, 0.441, 0.461, 0.452, 0.463, 0.479, 0.457, 0.455, 0.447]
