@@ -12,7 +12,7 @@ import pytest
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.machinestates import FAST, SLOW, TuneStates, cut, state_of
 from ortpilot.tuning.search import Entry, speedup
-from ortpilot.tuning.tune import _pick, _relative_cost
+from ortpilot.tuning.tune import _passed_over, _pick, _relative_cost
 
 ROUNDS = 8
 RUNS = 6  # per candidate per final round
@@ -62,6 +62,9 @@ def test_a_tune_that_saw_two_states_picks_the_winner_whose_worse_state_is_better
     winner, default_best, _ = _pick([fused, plain, default], default, "p50", states)
     assert winner is plain and not default_best
     assert _relative_cost(fused, default, "p50", states) == pytest.approx(1 / 1.18)
+    over = _passed_over([fused, plain, default], winner, default, states)
+    assert over["id"] == fused.candidate.id
+    assert "measured 1.38x in the final, but 1.18x in the machine's fast state" in over["why"], over
 
 
 def test_a_tune_in_one_state_picks_by_the_final_as_before():
@@ -69,7 +72,7 @@ def test_a_tune_in_one_state_picks_by_the_final_as_before():
     states = TuneStates.read([default, fused, plain], default)
     assert states.between_s is None and states.figures == {} and states.worst(fused) is None
     winner, _, _ = _pick([fused, plain, default], default, "p50", states)
-    assert winner is fused
+    assert winner is fused and _passed_over([fused, plain, default], winner, default, states) == {}
 
 
 def _benches(ms: list[float]) -> list[tuple[int, float]]:

@@ -551,25 +551,24 @@ def _relative_cost(entry: Entry, reference: Entry, objective: str, states: TuneS
 
 
 def _passed_over(finalists: list[Entry], winner: Entry, reference: Entry, states: TuneStates | None) -> dict[str, str]:
-    """A finalist the final measured faster than the winner that lost on its worse state's figure: its id and
-    why, for the report ({} when none did)."""
-    if states is None:
+    """The finalist the final alone ranks first when it is not the winner because of its worse state's figure:
+    its id and why, for the report ({} otherwise)."""
+    timed = [e for e in finalists if e.final]
+    if states is None or not timed or not reference.final:
         return {}
-    won = speedup(reference, winner, "p50")["ratio"] if winner is not reference else 1.0
-    for e in finalists:
-        worst = states.worst(e)
-        if e in (winner, reference) or not e.final or worst is None:
-            continue
-        final = speedup(reference, e, "p50")["ratio"]
-        if final > won:
-            state = min(states.figures[e.candidate.id], key=lambda s: states.figures[e.candidate.id][s].speedup)
-            why = (
-                f"{e.candidate.label} measured {final:.2f}x in the final, but {worst:.2f}x in the machine's {state} "
-                f"state (this tune saw two: ORT's default p50 {_state_ms(states, e)}); the pick goes by the worse "
-                "state's figure, as a user's process may run in either"
-            )
-            return {"id": e.candidate.id, "why": why}
-    return {}
+    first = min(timed, key=lambda e: cost(e.final, "p50"))
+    worst = states.worst(first)
+    if first is winner or first is reference or worst is None:
+        return {}
+    final = speedup(reference, first, "p50")["ratio"]
+    figures = states.figures[first.candidate.id]
+    state = min(figures, key=lambda s: figures[s].speedup)
+    why = (
+        f"{first.candidate.label} measured {final:.2f}x in the final, but {worst:.2f}x in the machine's {state} "
+        f"state (this tune saw two: ORT's default p50 {_state_ms(states, first)}); the pick goes by the worse "
+        "state's figure, as a user's process may run in either"
+    )
+    return {"id": first.candidate.id, "why": why}
 
 
 def _state_ms(states: TuneStates, entry: Entry) -> str:
