@@ -147,14 +147,17 @@ def _probe(
 
 def _grpc_missing(server: ServerOptions, name: str, headers: dict[str, str]) -> str:
     """With ``--grpc-port``: which way of calling model ``name`` over gRPC does not answer ready yet ("" when
-    both do, or without gRPC): with ``application: NAME`` (straight to its replicas) and without (relayed
-    by the server-wide app). HAProxy learns gRPC routes on a reload of its own, after the REST ones."""
+    all do, or without gRPC): with ``application: NAME`` (straight to its replicas), without (the one model,
+    or relayed by the server-wide app) and with ``application: ortpilot`` (the server-wide app, which a
+    one-model server also runs: CI once called it right after ready and got NOT_FOUND). HAProxy learns gRPC
+    routes on a reload of its own, after the REST ones, one application at a time."""
     if server.grpc_port is None:
         return ""
     address = server.netloc(server.grpc_port)
     ways = (
         ({"application": name}, f"at {address} with 'application: {name}' (HAProxy's route to its replicas)"),
         ({}, f"at {address} without 'application' (relayed by the server-wide application)"),
+        ({"application": SERVER_APP}, f"at {address} with 'application: {SERVER_APP}' (the server-wide application)"),
     )
     for extra, way in ways:
         if not model_ready(address, name, {**headers, **extra}):
