@@ -557,9 +557,10 @@ def _passed_over(finalists: list[Entry], winner: Entry, reference: Entry, states
     if states is None or not timed or not reference.final:
         return {}
     first = min(timed, key=lambda e: cost(e.final, "p50"))
+    ranked = min(timed, key=lambda e: _relative_cost(e, reference, "p50", states))
     worst = states.worst(first)
-    if first is winner or first is reference or worst is None:
-        return {}
+    if first is ranked or first is winner or first is reference or worst is None:
+        return {}  # the state figures did not change the order (ORT's default may still win on noise)
     final = speedup(reference, first, "p50")["ratio"]
     figures = states.figures[first.candidate.id]
     state = min(figures, key=lambda s: figures[s].speedup)
