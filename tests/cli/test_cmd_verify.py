@@ -177,6 +177,22 @@ def test_verify_bench_holds_itself_to_the_figure_of_the_machine_state_it_runs_in
     assert "7.00x recorded by the tune in the machine state nearest this one (fast)" in latency["detail"]
 
 
+def test_verify_bench_says_when_it_runs_in_a_state_the_tune_never_timed_the_profile_in(tuned, tmp_path):
+    """The tune saw ORT's default at two speeds but timed the winner beside it in one only: a check whose default
+    runs like the other state's is told that the recorded figure is not its state's."""
+    recorded = json.loads((tuned / "profile.json").read_text())["latency"]["baseline"]["p50_ms"]
+
+    def edit(doc: dict, out: object) -> None:
+        _set(doc, ["latency", "speedup_vs_default", "by_state"], {"slow": {"default_p50_ms": recorded * 1000}})
+        _set(doc, ["latency", "speedup_vs_default", "states_seen_ms"], {"fast": recorded, "slow": recorded * 1000})
+
+    proc = _verify(_edited(tuned, tmp_path, edit), "--bench", "--duration", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    latency = json.loads(proc.stdout)["profiles"][0]["latency"]
+    assert latency["untimed_state"] == "fast" and latency["state"] is None, latency
+    assert "as in the tune's fast state, where the tune never timed the profile beside it" in latency["detail"]
+
+
 @pytest.mark.parametrize("value", ["0", "-5", "ten", "inf"])
 def test_verify_max_slowdown_must_be_a_positive_number(tuned, value):
     proc = _verify(tuned, "--max-slowdown", value)

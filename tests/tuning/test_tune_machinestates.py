@@ -56,6 +56,7 @@ def test_a_tune_that_saw_two_states_picks_the_winner_whose_worse_state_is_better
     assert states.between_s == pytest.approx((0.444 + 0.757) / 2e3, rel=0.05)
     assert states.worst(fused) == pytest.approx(1.18, rel=1e-6) and states.worst(plain) == pytest.approx(1.24)
     assert set(states.figures[fused.candidate.id]) == {FAST, SLOW}
+    assert states.defaults_ms == pytest.approx({FAST: 0.444, SLOW: 0.757})
     assert states.figures[fused.candidate.id][SLOW].speedup == pytest.approx(1.38)
     # the final alone (all in the slow state) would ship the fused model at 1.38x, 1.18x in the fast state
     assert speedup(default, fused, "p50")["ratio"] > speedup(default, plain, "p50")["ratio"]

@@ -157,3 +157,21 @@ def test_a_tune_that_saw_two_machine_states_says_so_and_why_the_faster_finalist_
     line = headline(doc)
     assert "The machine ran in two speed states during the tune: 1.24x fast (ORT's default 0.444 ms), " in line
     assert "1.24x slow (ORT's default 0.757 ms)." in line
+
+
+def test_a_winner_timed_in_one_of_two_states_says_its_figure_in_the_other_is_unknown():
+    """A demo CNN tune (2026-12-04): ORT's default ran at 0.050 and 0.088 ms, the winner was timed beside it at
+    0.088 ms only (1.87x); a check where the default ran 0.049 ms read 1.05-1.30x."""
+    from ortpilot.tuning.report import state_clause
+
+    speedup = {
+        "ratio": 1.85,
+        "by_state": {"slow": {"default_p50_ms": 0.088, "speedup": 1.87, "runs": 400}},
+        "states_seen_ms": {"fast": 0.050, "slow": 0.088},
+    }
+    assert state_clause(speedup) == (
+        " ORT's default ran at two speeds during the tune (0.050 ms fast and 0.088 ms slow); the winner was timed "
+        "beside it only in the slow one (1.87x): its speedup in the other is not known, and `ortpilot verify OUTDIR "
+        "--bench` measures it there."
+    )
+    assert state_clause({"ratio": 1.2, "by_state": {}}) == ""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -131,17 +131,23 @@ class TuneStates:
 
     between_s: float | None
     figures: dict[str, dict[str, StateFigure]]  # candidate id -> state -> figure
+    defaults_ms: dict[str, float] = field(default_factory=dict)  # state -> ORT's default's median p50 in it
 
     @classmethod
     def read(cls, entries: Sequence[Entry], default: Entry) -> TuneStates:
-        found = cut(default_speeds(entries, default))
+        speeds = default_speeds(entries, default)
+        found = cut(speeds)
         if found is None:
             return cls(None, {})
         between, kept = found
         figures = {
             e.candidate.id: by_state(observations(e, default), between, kept) for e in entries if e is not default
         }
-        return cls(between, {cid: f for cid, f in figures.items() if f})
+        defaults = {
+            state: float(np.median([d for seq, d in speeds if seq in kept and (d <= between) == (state == FAST)])) * 1e3
+            for state in (FAST, SLOW)
+        }
+        return cls(between, {cid: f for cid, f in figures.items() if f}, defaults)
 
     def worst(self, entry: Entry) -> float | None:
         return worst(self.figures.get(entry.candidate.id, {}))

@@ -166,15 +166,25 @@ def headline(doc: dict[str, Any]) -> str:
 
 
 def state_clause(speedup: dict[str, Any]) -> str:
-    """`` In the machine's two states during the tune: 1.18x fast (ORT's default 0.444 ms), ...`` or ""."""
+    """`` The machine ran in two speed states during the tune: 1.18x fast (ORT's default 0.444 ms), ...``, or
+    where the winner was timed in one of them only, which one and that its figure in the other is unknown."""
     states = speedup.get("by_state") or {}
-    if len(states) < 2:
+    seen = speedup.get("states_seen_ms") or {}
+    if len(states) == 2:
+        figures = ", ".join(
+            f"{f['speedup']:.2f}x {state} (ORT's default {f['default_p50_ms']:.3f} ms)"
+            for state, f in sorted(states.items())
+        )
+        return f" The machine ran in two speed states during the tune: {figures}."
+    if len(seen) < 2:
         return ""
-    figures = ", ".join(
-        f"{f['speedup']:.2f}x {state} (ORT's default {f['default_p50_ms']:.3f} ms)"
-        for state, f in sorted(states.items())
+    speeds = " and ".join(f"{ms:.3f} ms {state}" for state, ms in sorted(seen.items()))
+    timed = next(iter(states), None)
+    where = f"only in the {timed} one ({states[timed]['speedup']:.2f}x)" if timed else "in neither for long enough"
+    return (
+        f" ORT's default ran at two speeds during the tune ({speeds}); the winner was timed beside it {where}: "
+        "its speedup in the other is not known, and `ortpilot verify OUTDIR --bench` measures it there."
     )
-    return f" The machine ran in two speed states during the tune: {figures}."
 
 
 def provider_line(doc: dict[str, Any]) -> str:

@@ -347,8 +347,8 @@ def _search(
     states = TuneStates.read(list(search.entries.values()), reference) if setup.objective == "p50" else None
     winner, default_best, reason = _pick(finalists, reference, setup.objective, states)
     gain = speedup(reference, winner, setup.objective)
-    if states is not None and not default_best and states.record(winner):
-        gain = {**gain, "by_state": states.record(winner)}
+    if states is not None and not default_best and states.defaults_ms:
+        gain = {**gain, "by_state": states.record(winner), "states_seen_ms": states.defaults_ms}
     return search, Pick(
         winner, reference, gain, default_best, reason, _passed_over(finalists, winner, reference, states)
     )

@@ -61,6 +61,8 @@ class LatencyCheck:
     recorded_default_p50_ms: float | None = None  # ORT's default in the tune's final measurement
     # the machine state (tuning.machinestates) whose recorded figure this is held to, where the tune saw two
     state: str | None = None
+    # the tune saw two states but timed the winner only in the other one than this run's: its figure here is unknown
+    untimed_state: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -99,6 +101,11 @@ class LatencyCheck:
         )
         if self.state_note:
             here = f"{here}; {self.state_note}"
+        if self.untimed_state:
+            here = (
+                f"{here}; ORT's default ran here as in the tune's {self.untimed_state} state, where the tune never "
+                "timed the profile beside it: the recorded figure is the other state's"
+            )
         if self.max_slowdown_pct is None:
             return here
         floor = self.recorded / (1 + self.max_slowdown_pct / 100)
@@ -119,6 +126,7 @@ class LatencyCheck:
             "recorded_default_p50_ms": self.recorded_default_p50_ms,
             "machine_speed": self.machine_speed,
             "state": self.state,
+            "untimed_state": self.untimed_state,
             "passed": self.passed,
             "detail": self.detail,
         }
@@ -395,6 +403,9 @@ def check_latency(
     state = state_of(default, by_state) if len(by_state) == 2 else None
     if state:
         recorded, recorded_default = by_state[state]["speedup"], by_state[state]["default_p50_ms"]
+    seen = ((doc.get("latency") or {}).get("speedup_vs_default") or {}).get("states_seen_ms") or {}
+    nearest = state_of(default, {s: {"default_p50_ms": ms} for s, ms in seen.items()}) if len(seen) == 2 else None
+    untimed = nearest if nearest and nearest not in by_state else None
     return LatencyCheck(
         float(recorded),
         1 / ratio.ratio,
@@ -405,6 +416,7 @@ def check_latency(
         profile,
         float(recorded_default) if recorded_default else None,
         state,
+        untimed,
     )
 
 
