@@ -161,7 +161,7 @@ def test_a_tune_that_saw_two_machine_states_says_so_and_why_the_faster_finalist_
 
 def test_a_winner_timed_in_one_of_two_states_says_its_figure_in_the_other_is_unknown():
     """A demo CNN tune (2026-12-04): ORT's default ran at 0.050 and 0.088 ms, the winner was timed beside it at
-    0.088 ms only (1.87x); a check where the default ran 0.049 ms read 1.05-1.30x."""
+    0.088 ms only (1.87x); verify --bench, the default at 0.049 ms, read 1.30x."""
     from ortpilot.tuning.report import state_clause
 
     speedup = {
