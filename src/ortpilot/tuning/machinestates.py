@@ -1,7 +1,9 @@
 """The machine's speed states during a tune, and each candidate's speedup in each.
 
-On shared VMs a neighbour on the host's cores can slow this machine for tens of seconds at a time, and
-nothing inside it shows that (no steal, no load in ``/proc/stat``). ORT's default session is timed beside
+ORT's default session can run at two speeds for seconds to minutes at a time with nothing in ``/proc/stat``
+to show it: it pins a pool thread to each core beyond the first, and when the OS puts the calling thread on
+one of those CPUs the two share it (``measure/placement.py``); a neighbour on a VM's host cores may do the
+same. ORT's default session is timed beside
 every bench of the search and in every round of the final, so its p50 there tells which state a bench ran
 in. Some candidates gain more in one state than in the other (BENCHMARKS.md, "Two machine states": a
 fused INT8 encoder 1.38x slow and 1.18x fast, plain INT8 1.24x in both), so a headline timed in one state

@@ -53,7 +53,8 @@ class GateRecord:
 
 OTHERS_CPU_NOTE = 0.25  # others_cpu from which the report warns: a quarter of the machine's CPU time went elsewhere
 # ORT's default session this much faster or slower at one time than at another means the machine changed state
-# (load, or a neighbour on the host's cores that /proc/stat does not show), and some speedups change with it
+# (load; the calling thread on the CPU of a pool thread ORT's default pins, measure/placement.py; or a neighbour
+# on the host's cores that /proc/stat does not show), and some speedups change with it
 # (BENCHMARKS.md, "Two machine states"): the tune compares its search with its final, verify --bench itself with the tune.
 MACHINE_STATE_CHANGE = 1.2
 
@@ -217,8 +218,8 @@ def state_note(search_s: Sequence[float], final_s: Sequence[float]) -> str:
         return ""
     return (
         f"ORT's default ran p50 {search * 1e3:.3f} ms in the search and {final * 1e3:.3f} ms in the final: the "
-        "machine changed speed during the tune (load, or a neighbour on the host's cores that /proc/stat does not "
-        "show), so the search ranked the candidates in another state than the headline's, and some speedups differ "
+        "machine changed speed during the tune (load; the calling thread on the CPU of a pool thread ORT's default "
+        "session pins; or a neighbour on the host's cores), so the search ranked the candidates in another state than the headline's, and some speedups differ "
         "between states; check the figure with ortpilot verify OUTDIR --bench"
     )
 

@@ -88,8 +88,9 @@ class LatencyCheck:
             return ""
         return (
             f"ORT's default ran {self.recorded_default_p50_ms:.3f} ms in the tune and {self.default_p50_ms:.3f} ms "
-            f"here: the machine was in another state (load, or a neighbour on the host's cores that /proc/stat does "
-            "not show), and a speedup can differ between states; compare figures taken in the same one"
+            f"here: the machine was in another state (load; the calling thread on the CPU of a pool thread ORT's "
+            "default session pins; or a neighbour on the host's cores), and a speedup can differ between states; "
+            "compare figures taken in the same one"
         )
 
     @property

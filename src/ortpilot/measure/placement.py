@@ -1,0 +1,65 @@
+"""Where the calling thread runs, beside the intra-op threads ORT's default session pins.
+
+A session created without ``intra_op_num_threads`` starts one pool thread per core beyond the first and
+pins each to its own CPU; the thread that calls ``run`` is not pinned and works too. When the OS puts the
+caller on a CPU that holds a pinned pool thread, the two share it while another CPU idles: on a 2-CPU
+VM the demo encoder's default session ran 0.45 ms with the caller on CPU 0 and 0.72 ms on CPU 1, for as
+long as the OS left it there (minutes), and a session with explicit threads (pinned to nothing) 0.45 ms on
+either (BENCHMARKS.md, "ORT's default session and the calling thread's CPU"). A speedup over ORT's
+default therefore depends on where a user's thread happens to run; the tune's final times every finalist
+in both places (``placements``) so that both figures are known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def pinned_cpus() -> set[int]:
+    """The CPUs that one of this process's threads is pinned to alone (ORT's default pool threads)."""
+    pinned: set[int] = set()
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended
+            continue
+        for line in status.splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                cpus = line.split(":", 1)[1].strip()
+                if cpus.isdigit():
+                    pinned.add(int(cpus))
+    return pinned
+
+
+def placements() -> list[frozenset[int]]:
+    """Where to run the calling thread so that a bench sees both ways ORT's default session can run: on the
+    process's CPUs that hold no pinned thread, and on the first one that does. [] where that choice does
+    not exist (no thread pinned, every CPU pinned, one CPU, or no ``sched_setaffinity``)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return []
+    allowed = os.sched_getaffinity(0)
+    pinned = pinned_cpus() & allowed
+    free = allowed - pinned
+    if not pinned or not free:
+        return []
+    return [frozenset(free), frozenset({min(pinned)})]
+
+
+@contextlib.contextmanager
+def caller_on(cpus: frozenset[int] | None) -> Iterator[None]:
+    """Run the calling thread on ``cpus`` for the block (None: where it is), then where it was allowed before."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+__all__ = ["caller_on", "pinned_cpus", "placements"]
