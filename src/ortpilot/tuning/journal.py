@@ -71,15 +71,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "log_tail": str,
         "errno": (int, type(None)),
     },
-    # caller_cpus: where the worker ran the calling thread (measure.placement; None: where the OS put it)
-    "bench": {
-        **_STEP,
-        "runs": int,
-        "samples_s": list,
-        "anchor": str,
-        "anchor_samples_s": list,
-        "caller_cpus": (list, type(None)),
-    },
+    "bench": {**_STEP, "runs": int, "samples_s": list, "anchor": str, "anchor_samples_s": list},
     "rank": {
         **_STEP,
         "passes": list,
@@ -89,7 +81,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "weight_type": str,
         "ranking": list,
     },
-    "final": {**_STEP, "ids": list, "samples_s": dict, "blocks": dict, "caller_cpus": (list, type(None))},
+    "final": {**_STEP, "ids": list, "samples_s": dict, "blocks": dict},
     "done": {"kind": str, "winner": str, "files": dict, "load_avg": list, "others_cpu": _OPT_NUMBER},
 }
 _REQUIRED = {
