@@ -6,8 +6,8 @@ caller on a CPU that holds a pinned pool thread, the two share it while another 
 VM the demo encoder's default session ran 0.45 ms with the caller on CPU 0 and 0.72 ms on CPU 1, for as
 long as the OS left it there (minutes), and a session with explicit threads (pinned to nothing) 0.45 ms on
 either (BENCHMARKS.md, "ORT's default session and the calling thread's CPU"). A speedup over ORT's
-default therefore depends on where a user's thread happens to run; the tune's final times every finalist
-in both places (``placements``) so that both figures are known.
+default therefore depends on where a user's thread happens to run. ``benchmarks/bench_default_affinity.py``
+times a tuned folder both ways with these helpers.
 """
 
 from __future__ import annotations
