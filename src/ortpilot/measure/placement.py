@@ -17,21 +17,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from ortpilot.providers.cpubudget import allowed_cpus
+
 
 def pinned_cpus() -> set[int]:
     """The CPUs that one of this process's threads is pinned to alone (ORT's default pool threads)."""
-    pinned: set[int] = set()
-    for task in Path("/proc/self/task").glob("*"):
-        try:
-            status = (task / "status").read_text()
-        except OSError:  # the thread ended
-            continue
-        for line in status.splitlines():
-            if line.startswith("Cpus_allowed_list:"):
-                cpus = line.split(":", 1)[1].strip()
-                if cpus.isdigit():
-                    pinned.add(int(cpus))
-    return pinned
+    found = (allowed_cpus(task / "status") for task in Path("/proc/self/task").glob("*"))
+    return {next(iter(cpus)) for cpus in found if len(cpus) == 1}
 
 
 def placements() -> list[frozenset[int]]:

@@ -197,12 +197,13 @@ def _default_pool() -> tuple[int, frozenset[int]]:
     started = [t for t in tasks.iterdir() if t.name not in before]
     cpus: set[int] = set()
     for task in started:
-        cpus |= _allowed_cpus(task / "status")
+        cpus |= allowed_cpus(task / "status")
     del sess
     return max(1, len(started) + 1), frozenset(cpus)
 
 
-def _allowed_cpus(status: Path) -> set[int]:
+def allowed_cpus(status: Path) -> set[int]:
+    """The CPUs one thread may run on, from its ``/proc/.../task/TID/status`` (nothing once it ended)."""
     try:
         text = status.read_text()
     except OSError:  # the thread ended
@@ -249,6 +250,7 @@ def default_threads_in_budget(default_threads: int | None = None, cpus: int | No
 
 __all__ = [
     "CpuBudget",
+    "allowed_cpus",
     "cpu_budget",
     "default_threads_in_budget",
     "ort_default_outside",
