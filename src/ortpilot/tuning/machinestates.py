@@ -24,8 +24,8 @@ from ortpilot.tuning.result import state_changed
 from ortpilot.tuning.search import Entry
 
 FAST, SLOW = "fast", "slow"
-# A state lasts tens of seconds to minutes; a bench takes well under a second. One slow bench among fast
-# ones is the tune's own work on the other core (the parent building the next candidate) or a hiccup, not a
+# A state lasts tens of seconds to minutes; a bench takes well under a second. One or two slow benches among
+# fast ones (seen in screening, the candidate beside them at its usual speed; cause not found) are not a
 # state: only this many benches in a row on one side of the cut count.
 MIN_BENCHES = 3
 MIN_RUNS_PER_STATE = 4  # a candidate's timed runs in a state before its speedup there counts
@@ -52,6 +52,11 @@ class StateFigure:
 
     def to_dict(self) -> dict[str, Any]:
         return {"default_p50_ms": self.default_p50_ms, "speedup": self.speedup, "runs": self.runs}
+
+
+def _side(default_s: float, between: float) -> str:
+    """The state a bench ran in, from ORT's default's p50 there and ``cut``'s midpoint."""
+    return FAST if default_s <= between else SLOW
 
 
 def _rounds(entry: Entry) -> dict[int, float]:
@@ -93,12 +98,12 @@ def cut(benches: Sequence[tuple[int, float]]) -> tuple[float, frozenset[int]] | 
     kept: set[int] = set()
     start = 0
     for end in range(1, len(order) + 1):
-        if end == len(order) or (order[end][1] > between) != (order[start][1] > between):
+        if end == len(order) or _side(order[end][1], between) != _side(order[start][1], between):
             if end - start >= MIN_BENCHES:
                 kept.update(seq for seq, _ in order[start:end])
             start = end
-    fast = [d for seq, d in order if seq in kept and d <= between]
-    slow = [d for seq, d in order if seq in kept and d > between]
+    fast = [d for seq, d in order if seq in kept and _side(d, between) == FAST]
+    slow = [d for seq, d in order if seq in kept and _side(d, between) == SLOW]
     if not fast or not slow or not state_changed(float(np.median(slow) / np.median(fast))):
         return None
     return between, frozenset(kept)
@@ -108,9 +113,7 @@ def by_state(observations: Sequence[Observation], between: float, kept: frozense
     """A candidate's figure in each state it had ``MIN_RUNS_PER_STATE`` runs in (``between``, ``kept``: ``cut``'s)."""
     figures = {}
     for state in (FAST, SLOW):
-        mine = [
-            o for o in observations if o.seq in kept and (o.default_s <= between) == (state == FAST) and o.ratio > 0
-        ]
+        mine = [o for o in observations if o.seq in kept and _side(o.default_s, between) == state and o.ratio > 0]
         runs = sum(o.runs for o in mine)
         if runs < MIN_RUNS_PER_STATE:
             continue
@@ -146,7 +149,7 @@ class TuneStates:
             e.candidate.id: by_state(observations(e, default), between, kept) for e in entries if e is not default
         }
         defaults = {
-            state: float(np.median([d for seq, d in speeds if seq in kept and (d <= between) == (state == FAST)])) * 1e3
+            state: float(np.median([d for seq, d in speeds if seq in kept and _side(d, between) == state])) * 1e3
             for state in (FAST, SLOW)
         }
         return cls(between, {cid: f for cid, f in figures.items() if f}, defaults)
