@@ -328,7 +328,7 @@ def claimed(row: dict[str, Any], check: dict[str, Any]) -> tuple[float, str]:
 
     here = (check.get("p50_ms") or {}).get("default")
     if len(row.get("by_state") or {}) == 2 and here:
-        state = state_of(here, row["by_state"])
+        state = state_of(here, {s: f["default_p50_ms"] for s, f in row["by_state"].items()})
         return row["by_state"][state]["speedup"], state
     return row["headline"], ""
 

@@ -112,5 +112,5 @@ def test_slow_benches_scattered_among_fast_ones_are_no_state():
 
 
 def test_verify_reads_the_state_nearest_its_own_default():
-    figures = {FAST: {"default_p50_ms": 0.444}, SLOW: {"default_p50_ms": 0.757}}
-    assert state_of(0.47, figures) == FAST and state_of(0.70, figures) == SLOW
+    defaults = {FAST: 0.444, SLOW: 0.757}
+    assert state_of(0.47, defaults) == FAST and state_of(0.70, defaults) == SLOW

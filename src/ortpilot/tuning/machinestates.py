@@ -162,9 +162,9 @@ class TuneStates:
         return {state: f.to_dict() for state, f in self.figures.get(entry.candidate.id, {}).items()}
 
 
-def state_of(default_p50_ms: float, figures: dict[str, Any]) -> str:
-    """The recorded state (``{state: {"default_p50_ms": ...}}``) whose default p50 is nearest this one's."""
-    return min(figures, key=lambda s: abs(math.log(default_p50_ms / float(figures[s]["default_p50_ms"]))))
+def state_of(default_p50_ms: float, defaults_ms: dict[str, float]) -> str:
+    """The state (``{state: ORT's default's p50 in ms there}``) whose default p50 is nearest this one's."""
+    return min(defaults_ms, key=lambda s: abs(math.log(default_p50_ms / float(defaults_ms[s]))))
 
 
 __all__ = [

@@ -353,7 +353,8 @@ def check_latency(
     from ortpilot.tuning.budget import SETTLE_S
 
     doc = session.profile
-    recorded = ((doc.get("latency") or {}).get("speedup_vs_default") or {}).get("ratio")
+    tuned = (doc.get("latency") or {}).get("speedup_vs_default") or {}
+    recorded = tuned.get("ratio")
     if not isinstance(recorded, (int, float)) or not recorded > 0:
         raise UsageError(
             f"Profile '{path}' records no speedup over ORT's default (latency.speedup_vs_default), so "
@@ -400,12 +401,12 @@ def check_latency(
     baseline = (doc.get("latency") or {}).get("baseline") or {}
     recorded_default = baseline.get("p50_ms") if isinstance(baseline.get("p50_ms"), (int, float)) else None
     # a tune that saw the machine in two states recorded the speedup in each: hold this run to its own state's
-    by_state = ((doc.get("latency") or {}).get("speedup_vs_default") or {}).get("by_state") or {}
-    state = state_of(default, by_state) if len(by_state) == 2 else None
+    by_state = tuned.get("by_state") or {}
+    state = state_of(default, {s: f["default_p50_ms"] for s, f in by_state.items()}) if len(by_state) == 2 else None
     if state:
         recorded, recorded_default = by_state[state]["speedup"], by_state[state]["default_p50_ms"]
-    seen = ((doc.get("latency") or {}).get("speedup_vs_default") or {}).get("states_seen_ms") or {}
-    nearest = state_of(default, {s: {"default_p50_ms": ms} for s, ms in seen.items()}) if len(seen) == 2 else None
+    seen = tuned.get("states_seen_ms") or {}
+    nearest = state_of(default, seen) if len(seen) == 2 else None
     untimed = nearest if nearest and nearest not in by_state else None
     return LatencyCheck(
         float(recorded),
