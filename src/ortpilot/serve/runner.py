@@ -226,7 +226,7 @@ def start_serve(
             return _start_serve_once(serve, server, grpc, max_request_mb, protocol)
         except _PortTaken as taken:
             if taken.port in (server.port, server.grpc_port) or attempt == START_ATTEMPTS:
-                raise UsageError(_port_taken(taken.address, server)) from None
+                raise UsageError(_port_taken(taken, server)) from None
             log.warning("%s was taken before Serve bound it; starting Serve again on other ports.", taken.address)
             serve.shutdown()
             end_serve_leftovers()
@@ -287,14 +287,13 @@ _BIND_FAILED = re.compile(
 )
 
 
-def _port_taken(address: str, server: ServerOptions) -> str:
+def _port_taken(taken: _PortTaken, server: ServerOptions) -> str:
     """Why serve did not start when a Ray proxy found its port taken: ``check_ports`` saw it free moments
     before, so another process took it in between."""
-    port = int(address.rsplit(":", 1)[-1])
-    flag = {server.port: "--port", server.grpc_port: "--grpc-port"}.get(port)
-    which = f"{flag} {port}" if flag else f"port {port}, which ortpilot picked for Ray's own proxy"
+    flag = {server.port: "--port", server.grpc_port: "--grpc-port"}.get(taken.port)
+    which = f"{flag} {taken.port}" if flag else f"port {taken.port}, which ortpilot picked for Ray's own proxy"
     return (
-        f"Ray Serve could not listen on {address} ({which}): another process took the port after ortpilot "
+        f"Ray Serve could not listen on {taken.address} ({which}): another process took the port after ortpilot "
         f"checked that it was free. Serve was stopped again and nothing is left running on the cluster; "
         f"start again{', or choose another ' + flag if flag else ''}."
     )
