@@ -32,9 +32,8 @@ class Pick:
     speedup: dict[str, Any]  # ratio, ci_low, ci_high; by_state where the tune saw two machine states
     default_best: bool  # ORT's default (or its CPU-budget stand-in) stayed the choice
     default_best_reason: str
-    passed_over: dict[str, str] = field(
-        default_factory=dict
-    )  # {id, why}: a finalist the final measured faster is not the winner (tuning.machinestates)
+    # {id, why}: a finalist the final measured faster is not the winner (tuning.machinestates)
+    passed_over: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -57,6 +56,11 @@ OTHERS_CPU_NOTE = 0.25  # others_cpu from which the report warns: a quarter of t
 # on the host's cores that /proc/stat does not show), and some speedups change with it
 # (BENCHMARKS.md, "Two machine states"): the tune compares its search with its final, verify --bench itself with the tune.
 MACHINE_STATE_CHANGE = 1.2
+# What can make ORT's default change speed, as the tune's and verify's notes say it.
+STATE_CAUSES = (
+    "load; the calling thread on the CPU of a pool thread ORT's default session pins; or a neighbour on the "
+    "host's cores"
+)
 
 
 @dataclass(frozen=True)
@@ -218,15 +222,16 @@ def state_note(search_s: Sequence[float], final_s: Sequence[float]) -> str:
         return ""
     return (
         f"ORT's default ran p50 {search * 1e3:.3f} ms in the search and {final * 1e3:.3f} ms in the final: the "
-        "machine changed speed during the tune (load; the calling thread on the CPU of a pool thread ORT's default "
-        "session pins; or a neighbour on the host's cores), so the search ranked the candidates in another state than the headline's, and some speedups differ "
-        "between states; check the figure with ortpilot verify OUTDIR --bench"
+        f"machine changed speed during the tune ({STATE_CAUSES}), so the search ranked the candidates in another "
+        "state than the headline's, and some speedups differ between states; check the figure with ortpilot "
+        "verify OUTDIR --bench"
     )
 
 
 __all__ = [
     "MACHINE_STATE_CHANGE",
     "OTHERS_CPU_NOTE",
+    "STATE_CAUSES",
     "GateRecord",
     "Pick",
     "RunRecord",

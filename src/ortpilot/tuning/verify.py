@@ -41,7 +41,7 @@ from ortpilot.session.profile import load_profile
 from ortpilot.session.verified import VerifiedSession
 from ortpilot.tuning.machinestates import state_of
 from ortpilot.tuning.reference import REFERENCE_FILE, array_digest, read_reference, reference_feeds
-from ortpilot.tuning.result import state_changed
+from ortpilot.tuning.result import STATE_CAUSES, state_changed
 
 LATENCY_DURATION_S = 8.0  # the interleaved timing of profile vs default, both together
 
@@ -88,8 +88,7 @@ class LatencyCheck:
             return ""
         return (
             f"ORT's default ran {self.recorded_default_p50_ms:.3f} ms in the tune and {self.default_p50_ms:.3f} ms "
-            f"here: the machine was in another state (load; the calling thread on the CPU of a pool thread ORT's "
-            "default session pins; or a neighbour on the host's cores), and a speedup can differ between states; "
+            f"here: the machine was in another state ({STATE_CAUSES}), and a speedup can differ between states; "
             "compare figures taken in the same one"
         )
 
