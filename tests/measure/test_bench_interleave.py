@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from bench_models import failing_call, flaky_model
 
 from ortpilot.errors import UsageError
 from ortpilot.measure.bench import BenchmarkRunError
 from ortpilot.measure.interleave import BenchConfig, bench_interleaved
+from ortpilot.measure.placement import pinned_cpus
 from ortpilot.session import SessionSettings
 
 
@@ -87,3 +90,21 @@ def test_settled_turns_start_after_untimed_runs_and_keep_the_run_counts(demo_pat
     assert all(b - a >= 0.05 for a, b in zip(last_a, first_b)), (last_a, first_b)
     span = max(settled.results[0].offsets_s + settled.results[1].offsets_s)
     assert span >= 7 * 0.05  # 8 turns, each settled (the first one's settling precedes the axis' origin or not)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: ORT's default pins no pool thread")
+def test_turns_hold_the_caller_away_from_the_cpus_ort_default_pinned(demo_paths) -> None:
+    # ORT's default session pins a pool thread per core beyond the first; beside one the demo encoder's default
+    # ran 1.6x slower, so the turns run the calling thread on the CPUs no pinned thread holds
+    model = str(demo_paths["mlp"])
+    configs = [BenchConfig(model=model), BenchConfig("explicit", model, settings=SessionSettings(intra_op_threads=2))]
+    before = os.sched_getaffinity(0)
+    during: list[set[int]] = []
+    result = bench_interleaved(
+        configs, runs=40, warmup=2, block=4, progress=lambda *_: during.append(os.sched_getaffinity(0))
+    )
+    away = set(result.environment["caller_cpus"])
+    assert away and away < before and not away & pinned_cpus(), (away, pinned_cpus())
+    assert during and all(cpus == away for cpus in during), during
+    assert os.sched_getaffinity(0) == before  # restored after the turns
+    assert result.to_dict(samples=False)["environment"]["caller_cpus"] == sorted(away)

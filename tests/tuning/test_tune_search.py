@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from ortpilot.tuning import tune
@@ -50,6 +51,12 @@ def test_every_bench_after_the_default_runs_beside_it_and_the_report_quotes_that
         assert r["anchor"] == base_id and len(r["samples_s"]) == PAIRED_ROUNDS * per_turn
         assert len(r["anchor_samples_s"]) == PAIRED_ROUNDS * paired_anchor_runs(per_turn)
     assert all("anchor" not in r for r in benches if r["id"] == base_id)
+    # every bench beside ORT's default ran the calling thread away from the CPU its pool thread is pinned to
+    # (measure.placement): with two CPUs or more, on some of them but not all
+    allowed = os.sched_getaffinity(0)
+    for r in [*others, *(r for r in records if r["kind"] == "final")]:
+        cpus = set(r["caller_cpus"] or ())
+        assert (cpus and cpus < allowed) if len(allowed) > 1 else not cpus, (r["kind"], r["caller_cpus"])
 
     doc = result.to_dict()
     search_rows = [c for c in doc["candidates"] if c["status"] == "ok" and c["vs_default"]["timing"] == "search"]

@@ -32,6 +32,7 @@ from ortpilot.measure.bench import (
     failure_of,
     reset_peak_rss,
 )
+from ortpilot.measure import placement
 from ortpilot.measure.stats import bootstrap_ratio_ci, paired_ratio_ci
 from ortpilot.session import SessionSettings
 
@@ -149,6 +150,8 @@ def bench_interleaved(
 
     ``settle_s``: untimed runs for about this long at the start of each turn, while the thread pool of the
     session that ran before spins down (as tune's final measurement does: ``tuning.budget.SETTLE_S``).
+    The turns hold the calling thread away from CPUs with a pinned ORT pool thread (``_caller_cpus``;
+    ``environment["caller_cpus"]`` says where).
 
     ``runs`` is per configuration; ``duration_s`` (default 5 s) is for all of them together.
     ``block`` defaults to the runs that take about 20 ms (1 to 100), at least the concurrency.
@@ -156,14 +159,26 @@ def bench_interleaved(
     """
     runs, duration_s, names = _checked_inputs(configs, runs, duration_s, warmup, block)
     runners = _make_runners(configs, names, policy, seed)
-    turn, rounds = _measure_all(runners, runs, duration_s, warmup, block, seed, progress, settle_s)
+    caller_cpus = _caller_cpus(runners)
+    turn, rounds = _measure_all(runners, runs, duration_s, warmup, block, seed, progress, settle_s, caller_cpus)
     result = _comparison(runners, turn, rounds, seed, None)
+    result.environment["caller_cpus"] = sorted(caller_cpus) if caller_cpus else None
     if roofline:
         from ortpilot.measure.roofline import roofline_for
 
         for runner, res in zip(runners, result.results):
             res.roofline = roofline_for(runner.vs.model, res)
     return result
+
+
+def _caller_cpus(runners: Sequence[Runner]) -> frozenset[int] | None:
+    """Where the timed turns run the calling thread: away from the CPUs ORT's default session pinned its pool
+    threads to, so a default-threaded configuration is timed at its faster placement (``measure.placement``;
+    beside a pinned thread the demo encoder's default ran 1.6x slower). None where a configuration runs
+    several callers: threads started inside the turns would inherit the narrowed CPUs."""
+    if any(r.concurrency > 1 for r in runners):
+        return None
+    return placement.away_from_pinned()
 
 
 def _checked_inputs(
@@ -220,9 +235,11 @@ def _measure_all(
     seed: int,
     progress: Progress | None,
     settle_s: float,
+    caller_cpus: frozenset[int] | None = None,
 ) -> tuple[int, int]:
     """First runs and warm-ups one after another, then the interleaved turns: (runs per turn, rounds).
 
+    The turns run with the calling thread on ``caller_cpus`` (None: where the OS puts it).
     A failing run raises ``BenchmarkRunError`` carrying the statistics of the runs that completed.
     """
     current, phase = runners[0], "first_run"
@@ -237,7 +254,8 @@ def _measure_all(
         phase = "runs"
         turn = block or _auto_block(runners, max(TURN_S, SETTLED_TURNS * settle_s))
         turn = max(turn, max(r.concurrency for r in runners))
-        rounds = _run_rounds(runners, turn, runs, duration_s, progress, settle_s)
+        with placement.caller_on(caller_cpus):
+            rounds = _run_rounds(runners, turn, runs, duration_s, progress, settle_s)
     except _Failed as exc:
         failure = {**failure_of(exc, phase), "config": current.name}
         partial = _comparison(runners, block or 0, rounds, seed, failure)

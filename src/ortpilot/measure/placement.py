@@ -6,8 +6,10 @@ caller on a CPU that holds a pinned pool thread, the two share it while another 
 VM the demo encoder's default session ran 0.45 ms with the caller on CPU 0 and 0.72 ms on CPU 1, for as
 long as the OS left it there (minutes), and a session with explicit threads (pinned to nothing) 0.45 ms on
 either (BENCHMARKS.md, "ORT's default session and the calling thread's CPU"). A speedup over ORT's
-default therefore depends on where a user's thread happens to run. ``benchmarks/bench_default_affinity.py``
-times a tuned folder both ways with these helpers.
+default therefore depends on where a user's thread happens to run. The tune's worker and every interleaved
+benchmark (``verify --bench``, ``compare``) time with the caller away from the pinned CPUs, so ORT's default
+is timed at its faster placement and a speedup over it is the smaller of the two;
+``benchmarks/bench_default_affinity.py`` times a tuned folder both ways.
 """
 
 from __future__ import annotations
@@ -40,9 +42,19 @@ def placements() -> list[frozenset[int]]:
     return [frozenset(free), frozenset({min(pinned)})]
 
 
+def away_from_pinned() -> frozenset[int] | None:
+    """The CPUs to time on so that ORT's default session runs at its faster placement (None: no choice).
+    Call it after the sessions exist: their pinned threads are what it avoids."""
+    found = placements()
+    return found[0] if found else None
+
+
 @contextlib.contextmanager
 def caller_on(cpus: frozenset[int] | None) -> Iterator[None]:
-    """Run the calling thread on ``cpus`` for the block (None: where it is), then where it was allowed before."""
+    """Run the calling thread on ``cpus`` for the block (None: where it is), then where it was allowed before.
+
+    Create no session or thread inside it: a new thread inherits the caller's CPUs, so an unpinned intra-op
+    pool made here would crowd onto them."""
     if not cpus:
         yield
         return
@@ -54,4 +66,4 @@ def caller_on(cpus: frozenset[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-__all__ = ["caller_on", "pinned_cpus", "placements"]
+__all__ = ["away_from_pinned", "caller_on", "pinned_cpus", "placements"]

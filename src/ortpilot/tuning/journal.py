@@ -71,7 +71,15 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "log_tail": str,
         "errno": (int, type(None)),
     },
-    "bench": {**_STEP, "runs": int, "samples_s": list, "anchor": str, "anchor_samples_s": list},
+    # caller_cpus: where the worker ran the calling thread (measure.placement; None: where the OS put it)
+    "bench": {
+        **_STEP,
+        "runs": int,
+        "samples_s": list,
+        "anchor": str,
+        "anchor_samples_s": list,
+        "caller_cpus": (list, type(None)),
+    },
     "rank": {
         **_STEP,
         "passes": list,
@@ -81,7 +89,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "weight_type": str,
         "ranking": list,
     },
-    "final": {**_STEP, "ids": list, "samples_s": dict, "blocks": dict},
+    "final": {**_STEP, "ids": list, "samples_s": dict, "blocks": dict, "caller_cpus": (list, type(None))},
     "done": {"kind": str, "winner": str, "files": dict, "load_avg": list, "others_cpu": _OPT_NUMBER},
 }
 _REQUIRED = {

@@ -175,6 +175,7 @@ class StepRunner:
                 "error": result.get("error"),
                 "signal": result.get("signal"),
                 "samples_s": (result.get("samples_s") or {}).get(cand.id, []),
+                "caller_cpus": result.get("caller_cpus"),
                 **(
                     {"anchor": anchor.id, "anchor_samples_s": (result.get("samples_s") or {}).get(anchor.id, [])}
                     if anchor is not None
