@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ortpilot.errors import UsageError
+from ortpilot.measure import placement
 from ortpilot.measure.bench import (
     MIN_RUNS,
     BenchmarkRunError,
@@ -32,7 +33,6 @@ from ortpilot.measure.bench import (
     failure_of,
     reset_peak_rss,
 )
-from ortpilot.measure import placement
 from ortpilot.measure.stats import bootstrap_ratio_ci, paired_ratio_ci
 from ortpilot.session import SessionSettings
 
