@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -139,6 +140,10 @@ def test_verify_bench_reproduces_the_headline_in_a_fresh_process_as_a_figure_not
     assert latency["max_slowdown_pct"] is None and latency["passed"] is True
     assert latency["share_of_recorded"] == pytest.approx(latency["speedup"] / latency["recorded_speedup"])
     assert latency["default_p50_ms"] > 0 and latency["profile_p50_ms"] > 0
+    # timed as the tune times: the calling thread off the CPU ORT's default pinned its pool thread to
+    allowed = os.sched_getaffinity(0)
+    cpus = set(latency["caller_cpus"] or ())
+    assert (cpus and cpus < allowed) if len(allowed) > 1 else not cpus, latency["caller_cpus"]
     slow = _edited(tuned, tmp_path / "slow", lambda d, o: _set(d, ["latency", "speedup_vs_default", "ratio"], 100.0))
     proc = _verify(slow, "--bench", "--duration", "2", "--json")
     assert proc.returncode == 0, proc.stderr

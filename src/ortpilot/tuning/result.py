@@ -52,15 +52,13 @@ class GateRecord:
 
 OTHERS_CPU_NOTE = 0.25  # others_cpu from which the report warns: a quarter of the machine's CPU time went elsewhere
 # ORT's default session this much faster or slower at one time than at another means the machine changed state
-# (load; the calling thread on the CPU of a pool thread ORT's default pins, measure/placement.py; or a neighbour
-# on the host's cores that /proc/stat does not show), and some speedups change with it
+# (load, or a neighbour on the host's cores that /proc/stat does not show; the calling thread on the CPU of a pool
+# thread ORT's default pins is the third way, which the tune and verify avoid: measure/placement.py), and some
+# speedups change with it
 # (BENCHMARKS.md, "Two machine states"): the tune compares its search with its final, verify --bench itself with the tune.
 MACHINE_STATE_CHANGE = 1.2
 # What can make ORT's default change speed, as the tune's and verify's notes say it.
-STATE_CAUSES = (
-    "load; the calling thread on the CPU of a pool thread ORT's default session pins; or a neighbour on the "
-    "host's cores"
-)
+STATE_CAUSES = "load, or the VM host's other work, which /proc/stat does not show"
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,9 @@ class LatencyCheck:
     state: str | None = None
     # the tune saw two states but timed the winner only in the other one than this run's: its figure here is unknown
     untimed_state: str | None = None
+    # where the timed turns ran the calling thread: off the CPUs ORT's default pinned its pool threads to
+    # (measure.placement, as in the tune); None where there was no such choice
+    caller_cpus: list[int] | None = None
 
     @property
     def passed(self) -> bool:
@@ -127,6 +130,7 @@ class LatencyCheck:
             "machine_speed": self.machine_speed,
             "state": self.state,
             "untimed_state": self.untimed_state,
+            "caller_cpus": self.caller_cpus,
             "passed": self.passed,
             "detail": self.detail,
         }
@@ -418,6 +422,7 @@ def check_latency(
         float(recorded_default) if recorded_default else None,
         state,
         untimed,
+        comparison.environment.get("caller_cpus"),
     )
 
 
