@@ -172,12 +172,13 @@ def this_budget() -> CpuBudget:
 
 
 @functools.lru_cache(maxsize=1)
-def _default_pool() -> tuple[int, frozenset[int]]:
-    """(threads, the CPUs its pool threads may run on) of ORT's default session here, counted: the pool's
-    new OS threads plus the calling thread, which works too; off Linux ``os.cpu_count()`` and no CPUs."""
+def _default_pool() -> tuple[int, frozenset[int], frozenset[int]]:
+    """(threads, the CPUs its pool threads may run on, the CPUs a pool thread is pinned to alone) of ORT's
+    default session here, counted: the pool's new OS threads plus the calling thread, which works too; off
+    Linux ``os.cpu_count()`` and no CPUs."""
     tasks = Path("/proc/self/task")
     if not tasks.is_dir():  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1), frozenset()
+        return max(1, os.cpu_count() or 1), frozenset(), frozenset()
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto, helper
@@ -196,10 +197,13 @@ def _default_pool() -> tuple[int, frozenset[int]]:
     sess.run(None, {"x": np.zeros(1, np.float32)})
     started = [t for t in tasks.iterdir() if t.name not in before]
     cpus: set[int] = set()
+    pinned: set[int] = set()
     for task in started:
-        cpus |= allowed_cpus(task / "status")
+        allowed = allowed_cpus(task / "status")
+        cpus |= allowed
+        pinned |= allowed if len(allowed) == 1 else set()
     del sess
-    return max(1, len(started) + 1), frozenset(cpus)
+    return max(1, len(started) + 1), frozenset(cpus), frozenset(pinned)
 
 
 def allowed_cpus(status: Path) -> set[int]:
@@ -228,6 +232,12 @@ def ort_default_threads() -> int:
     return _default_pool()[0]
 
 
+def ort_default_pinned() -> frozenset[int]:
+    """The CPUs ORT's default session pins a pool thread to, one each (``measure.placement`` says why that
+    matters: a calling thread on one of them shares it)."""
+    return _default_pool()[2]
+
+
 def ort_default_outside() -> frozenset[int]:
     """The CPUs outside this process's affinity that ORT's default pool threads may run on. ORT sets
     its pool threads' affinity itself (one logical CPU each), so a process on CPU 0 of two gets a pool
@@ -254,6 +264,7 @@ __all__ = [
     "cpu_budget",
     "default_threads_in_budget",
     "ort_default_outside",
+    "ort_default_pinned",
     "ort_default_threads",
     "this_budget",
 ]
