@@ -84,6 +84,25 @@ def free_port() -> int:
     raise OSError(f"no free port left in {TEST_PORTS} for this test worker")
 
 
+# HAProxy's answer for an `application` header it has no gRPC route for (Ray's default_grpc_backend)
+NO_ROUTE = "not found. Ping /ray.serve.RayServeAPIService/ListApplications"
+
+
+def routed(call, timeout_s: float = 30.0):
+    """``call()``'s result once HAProxy routes it: a gRPC call that HAProxy answers NOT_FOUND for want of a
+    route is made again (for up to ``timeout_s``). CI saw one such answer for a model whose route had
+    answered at readiness moments before (HAProxy rebuilds its routes from Ray's target broadcasts); any
+    other error, or no route by the deadline, is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if NO_ROUTE not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 class Server:
     """An ``ortpilot serve`` process: its URL, the ready lines it printed, its stderr so far."""
 
