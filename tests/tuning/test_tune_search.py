@@ -6,7 +6,7 @@ import os
 import time
 
 from ortpilot.tuning import tune
-from ortpilot.tuning.budget import PAIRED_ROUNDS, Budget, paired_anchor_runs
+from ortpilot.tuning.budget import PAIRED_ROUNDS, SETTLE_S, Budget, paired_anchor_runs
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import read_journal
 from ortpilot.tuning.search import Entry, Search
@@ -57,6 +57,9 @@ def test_every_bench_after_the_default_runs_beside_it_and_the_report_quotes_that
     for r in [*others, *(r for r in records if r["kind"] == "final")]:
         cpus = set(r["caller_cpus"] or ())
         assert (cpus and cpus < allowed) if len(allowed) > 1 else not cpus, (r["kind"], r["caller_cpus"])
+    # each turn of the final settled for SETTLE_S by the clock (ORT's pool before it spins ~30 ms after a run)
+    finals = [r for r in records if r["kind"] == "final" and r["status"] == "ok"]
+    assert finals and all(r["settled_s"] >= SETTLE_S for r in finals), [r["settled_s"] for r in finals]
 
     doc = result.to_dict()
     search_rows = [c for c in doc["candidates"] if c["status"] == "ok" and c["vs_default"]["timing"] == "search"]

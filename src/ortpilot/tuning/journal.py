@@ -89,7 +89,15 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "weight_type": str,
         "ranking": list,
     },
-    "final": {**_STEP, "ids": list, "samples_s": dict, "blocks": dict, "caller_cpus": (list, type(None))},
+    # settled_s: the shortest untimed settling of any turn (tuning.worker.settle)
+    "final": {
+        **_STEP,
+        "ids": list,
+        "samples_s": dict,
+        "blocks": dict,
+        "caller_cpus": (list, type(None)),
+        "settled_s": _OPT_NUMBER,
+    },
     "done": {"kind": str, "winner": str, "files": dict, "load_avg": list, "others_cpu": _OPT_NUMBER},
 }
 _REQUIRED = {

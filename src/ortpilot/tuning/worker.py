@@ -116,9 +116,9 @@ class _Child:
         first = {cid: len(r.samples) for cid, r in runners.items()}
         for runner in runners.values():
             runner.warm_up(warmup)
-        cap = data.get("settle_max")
+        cap = data.get("settle_max")  # a bench beside the anchor: at most this many untimed runs per turn
         runs_of = dict(data.get("runs_of") or {})  # a candidate timed with other runs than ``runs`` per turn
-        settle = {cid: min(_settle_runs(r, SETTLE_S), int(cap or 50)) for cid, r in runners.items()}
+        settled: list[float] = []
         # This thread on the CPUs ORT's default session pinned no pool thread to (measure.placement): on a CPU
         # with one, the default ran 1.6x slower (the demo encoder) for as long as the OS left the caller there,
         # and every speedup over it read higher than a user whose thread sits elsewhere would see.
@@ -126,15 +126,15 @@ class _Child:
         with placement.caller_on(away):
             for block in range(rounds):  # round-robin: a slow stretch of the machine hits every candidate
                 for cid, runner in runners.items():
-                    step = runner.step_fn()
-                    for _ in range(settle[cid] if rounds > 1 else 0):  # untimed, while the last pool spins down
-                        step()
+                    if rounds > 1:  # untimed, while the pool of the session before spins down
+                        settled.append(settle(runner.step_fn(), SETTLE_S, int(cap) if cap else None))
                     runner.measure(runs=int(runs_of.get(cid, runs)), round_id=block)
         return {
             "status": "ok",
             "samples_s": {cid: r.samples[first[cid] :] for cid, r in runners.items()},
             "blocks": {cid: r.rounds[first[cid] :] for cid, r in runners.items()},
             "caller_cpus": sorted(away) if away else None,
+            "settled_s": min(settled) if settled else None,
         }
 
     def rank(self, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,14 +162,21 @@ class _Child:
             self.runners.popitem(last=False)
 
 
-def _settle_runs(runner: Any, settle_s: float) -> int:
-    """Untimed runs that take about ``settle_s`` at the start of a turn (at least one), from the
-    runner's timings so far."""
-    import numpy as np
-
-    times = runner.samples or ([runner.warmup.median_s] if runner.warmup and runner.warmup.median_s else [])
-    per_run = float(np.median(times)) if times else settle_s
-    return max(1, min(50, round(settle_s / max(per_run, 1e-6))))
+def settle(step: Any, seconds: float, most: int | None = None) -> float:
+    """Untimed runs at the start of a turn, by the clock: at least one, until ``seconds`` have passed or
+    ``most`` runs are done; the seconds they took. ORT's pool of the session before keeps spinning for about
+    30 ms after its last run (the demo CNN's default session: 31.75 ms of CPU on its pinned thread per run,
+    runs 50 ms apart), so a count of runs is too short on a fast model: 50 runs of the 0.05-ms CNN settled
+    2.5 ms, and its final timed ORT's default at 0.085 ms and the winner at 0.055 ms, both beside a spinning
+    pool (settled: 0.050 and 0.038 ms)."""
+    start = time.perf_counter()
+    end, done = start + seconds, 0
+    while True:
+        step()
+        done += 1
+        now = time.perf_counter()
+        if now >= end or (most is not None and done >= most):
+            return now - start
 
 
 def _outputs(sess: Any, feeds: Mapping[str, Any], iobinding: bool) -> list[Any]:
