@@ -178,7 +178,7 @@ def test_this_cpus_measured_rule_decides_the_space(demo_paths):
     assert reduced == int8_rule().u8s8_saturates
 
 
-def test_each_final_turn_settles_for_about_a_tenth_of_a_second_and_the_plan_pays_for_it(demo_paths):
+def test_each_final_turn_settles_for_settle_s_by_the_clock_and_the_plan_pays_for_it(demo_paths):
     """The final's turns start with untimed runs (the session before may still spin its pool for ~30 ms),
     by the clock however fast the model, capped in runs only where a bench asks; the final's plan leaves
     time for them."""

@@ -22,10 +22,12 @@ FINAL_ROUNDS = 8
 FINAL_MIN_RUNS = 2  # per candidate per final round
 FINAL_MIN_ROUNDS = 4  # the final shrinks to this when time is short (slow models, small budgets)
 SAFETY = 1.3  # estimates are scaled by this much
-# Untimed runs at the start of each finalist's turn in the final: the session before it may still
-# spin its thread pool for tens of milliseconds (ORT's default), which doubled the first 2-3 runs
-# of every 5-run turn on a 2-core CPU and made ORT's default "win" against 1.3x faster candidates.
-SETTLE_S = 0.1
+# Untimed runs at the start of each finalist's turn in the final (and of verify --bench's turns): the
+# session before it keeps spinning its thread pool after its last run, which doubled the first 2-3 runs
+# of every 5-run turn on a 2-core CPU and made ORT's default "win" against 1.3x faster candidates. The
+# spin measured 30-32 ms of a pool thread's CPU per run (ORT's default and an intra=2 session, the demo
+# encoder and CNN, runs 40-100 ms apart; BENCHMARKS.md "ORT's default timed at its faster placement").
+SETTLE_S = 0.05
 # A screening or halving bench times its candidate round-robin with ORT's default session (the
 # search's anchor) in this many rounds; each turn settles like the final's, with at most this share
 # of the runs it times (a small model's screen would otherwise be mostly settling).
