@@ -196,6 +196,7 @@ def _default_pool() -> tuple[int, frozenset[int], frozenset[int]]:
     sess = ort.InferenceSession(model.SerializeToString(), options, providers=[CPU_EP])
     sess.run(None, {"x": np.zeros(1, np.float32)})
     started = [t for t in tasks.iterdir() if t.name not in before]
+    _until_run(started)
     cpus: set[int] = set()
     pinned: set[int] = set()
     for task in started:
@@ -204,6 +205,21 @@ def _default_pool() -> tuple[int, frozenset[int], frozenset[int]]:
         pinned |= allowed if len(allowed) == 1 else set()
     del sess
     return max(1, len(started) + 1), frozenset(cpus), frozenset(pinned)
+
+
+def _until_run(threads: list[Path], wait_s: float = 1.0) -> None:
+    """Wait (at most ``wait_s``) until each thread has run once: ORT's pool threads set their own CPU
+    affinity when they first run, which on a loaded machine can come after ``run()`` returned."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if all(int((t / "schedstat").read_text().split()[0]) > 0 for t in threads):
+                return
+        except (OSError, ValueError, IndexError):  # a thread ended, or no schedstat: nothing to wait for
+            return
+        time.sleep(0.005)
 
 
 def allowed_cpus(status: Path) -> set[int]:

@@ -166,7 +166,8 @@ def headline(doc: dict[str, Any]) -> str:
 
 
 def state_clause(speedup: dict[str, Any]) -> str:
-    """`` The machine ran in two speed states during the tune: 1.18x fast (ORT's default 0.444 ms), ...``, or
+    """`` ORT's default ran at two speeds during the tune (...); the winner's speedup beside each: 1.18x fast
+    (ORT's default 0.444 ms), ...``, or
     where the winner was timed in one of them only, which one and that its figure in the other is unknown."""
     states = speedup.get("by_state") or {}
     seen = speedup.get("states_seen_ms") or {}
@@ -175,7 +176,10 @@ def state_clause(speedup: dict[str, Any]) -> str:
             f"{f['speedup']:.2f}x {state} (ORT's default {f['default_p50_ms']:.3f} ms)"
             for state, f in sorted(states.items())
         )
-        return f" The machine ran in two speed states during the tune: {figures}."
+        return (
+            " ORT's default ran at two speeds during the tune (a state of the machine, or in the search's short "
+            f"benches the last session's pool still spinning); the winner's speedup beside each: {figures}."
+        )
     if len(seen) < 2:
         return ""
     speeds = " and ".join(f"{ms:.3f} ms {state}" for state, ms in sorted(seen.items()))
