@@ -20,8 +20,8 @@ if sys.argv[2] == "explicit":
     options.intra_op_num_threads = len(os.sched_getaffinity(0))
 sess = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
 sess.run(None, {"x": np.ones((1, 64), np.float32)})
-# a pool thread pins itself when it first runs, which on a loaded machine can be after run() returned
-# (the mlp is too small to wake the pool): wait for it, as long as ORT's default would start one
+# CI once read no pinned thread here right after run() (cause not found; 30 loaded runs here pinned at once):
+# wait up to 5 s for one, and print every thread's CPUs so that a failure says what there was
 import time
 for _ in range(500 if sys.argv[2] == "default" else 0):
     if pinned_cpus():
@@ -33,8 +33,11 @@ seen = []
 for cpus in places:
     with caller_on(cpus):
         seen.append(sorted(os.sched_getaffinity(0)))
+from pathlib import Path
+from ortpilot.providers.cpubudget import allowed_cpus
+threads = [sorted(allowed_cpus(t / "status")) for t in Path("/proc/self/task").iterdir()]
 print(json.dumps({"pinned": sorted(pinned_cpus()), "places": [sorted(p) for p in places], "seen": seen,
-                  "restored": os.sched_getaffinity(0) == before}))
+                  "restored": os.sched_getaffinity(0) == before, "affinity": sorted(before), "threads": threads}))
 """
 
 

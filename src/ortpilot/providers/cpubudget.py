@@ -208,8 +208,9 @@ def _default_pool() -> tuple[int, frozenset[int], frozenset[int]]:
 
 
 def _until_run(threads: list[Path], wait_s: float = 1.0) -> None:
-    """Wait (at most ``wait_s``) until each thread has run once: ORT's pool threads set their own CPU
-    affinity when they first run, which on a loaded machine can come after ``run()`` returned."""
+    """Wait (at most ``wait_s``) until each new thread has run once (``schedstat``), so the CPUs read next
+    are the ones it runs on: a CI run once read no pinned pool thread right after ``run()`` (cause not
+    found), and a pool thread that had not started yet is one way to that."""
     import time
 
     deadline = time.monotonic() + wait_s
