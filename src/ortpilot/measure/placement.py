@@ -19,12 +19,15 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ortpilot.providers.cpubudget import allowed_cpus
+from ortpilot.providers.cpubudget import allowed_cpus, until_run
 
 
 def pinned_cpus() -> set[int]:
-    """The CPUs that one of this process's threads is pinned to alone (ORT's default pool threads)."""
-    found = (allowed_cpus(task / "status") for task in Path("/proc/self/task").glob("*"))
+    """The CPUs that one of this process's threads is pinned to alone (ORT's default pool threads), read
+    once every thread has run (``until_run``: a thread not yet started shows no pinning)."""
+    tasks = list(Path("/proc/self/task").glob("*"))
+    until_run(tasks)
+    found = (allowed_cpus(task / "status") for task in tasks)
     return {next(iter(cpus)) for cpus in found if len(cpus) == 1}
 
 

@@ -196,7 +196,7 @@ def _default_pool() -> tuple[int, frozenset[int], frozenset[int]]:
     sess = ort.InferenceSession(model.SerializeToString(), options, providers=[CPU_EP])
     sess.run(None, {"x": np.zeros(1, np.float32)})
     started = [t for t in tasks.iterdir() if t.name not in before]
-    _until_run(started)
+    until_run(started)
     cpus: set[int] = set()
     pinned: set[int] = set()
     for task in started:
@@ -207,10 +207,11 @@ def _default_pool() -> tuple[int, frozenset[int], frozenset[int]]:
     return max(1, len(started) + 1), frozenset(cpus), frozenset(pinned)
 
 
-def _until_run(threads: list[Path], wait_s: float = 1.0) -> None:
-    """Wait (at most ``wait_s``) until each new thread has run once (``schedstat``), so the CPUs read next
-    are the ones it runs on: a CI run once read no pinned pool thread right after ``run()`` (cause not
-    found), and a pool thread that had not started yet is one way to that."""
+def until_run(threads: list[Path], wait_s: float = 1.0) -> None:
+    """Wait (at most ``wait_s``) until each of ``threads`` (``/proc/.../task/TID``) has run once
+    (``schedstat``), so the CPUs read next are the ones it runs on: CI read no pinned pool thread twice right
+    after a default session was made, on a machine both workers kept busy; a pool thread that had not run
+    yet would read so."""
     import time
 
     deadline = time.monotonic() + wait_s
@@ -284,4 +285,5 @@ __all__ = [
     "ort_default_pinned",
     "ort_default_threads",
     "this_budget",
+    "until_run",
 ]
