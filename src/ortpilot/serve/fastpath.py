@@ -36,10 +36,6 @@ INGRESS_CHOICES = ("auto", "haproxy", "proxy")
 MIN_RAY = (2, 60)  # the first Ray whose Serve has HAProxy ingress and direct ingress
 REPLICA_PORTS = 64  # ports per range a server's replicas may take (one per replica and protocol)
 DRAIN_S = 2  # a direct-ingress replica stays reachable this long after it is told to stop (Ray: 30)
-# Ray's controller kills a proxy that is not ready within RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S (Ray: 5 s), and
-# serve.start then fails ("HAProxyManager ... killed by `ray.kill`", seen in CI on a loaded 2-core machine). A
-# timeout, not a wait: a proxy that starts in time is ready as soon as it is.
-PROXY_READY_S = 60
 # Read by the OIP stack's gRPC fixes (``oip.grpc_service``) in Ray's processes: bind Ray's gRPC servers on
 # loopback, and the application a gRPC call that names none is for.
 GRPC_LOOPBACK_ENV = "ORTPILOT_GRPC_LOOPBACK"
@@ -183,7 +179,6 @@ def environment(
         "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1" if path.direct_ingress else "0",
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1" if path.throughput_optimized else "0",
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": str(DRAIN_S),
-        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": str(PROXY_READY_S),
     }
     if path.throughput_optimized and not path.direct_ingress:
         env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "0"  # the flag would turn it on by itself
