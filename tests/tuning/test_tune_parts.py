@@ -185,8 +185,8 @@ def test_each_final_turn_settles_for_settle_s_by_the_clock_and_the_plan_pays_for
     import time
 
     from ortpilot.measure.bench import Runner
+    from ortpilot.measure.interleave import settle
     from ortpilot.tuning.budget import FINAL_ROUNDS, SETTLE_S, Budget
-    from ortpilot.tuning.worker import settle
 
     runner = Runner(str(demo_paths["cnn"]), name="cnn")
     runner.warm_up(3)

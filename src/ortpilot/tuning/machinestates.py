@@ -1,9 +1,10 @@
 """The machine's speed states during a tune, and each candidate's speedup in each.
 
 ORT's default session can run at two speeds for seconds to minutes at a time with nothing in ``/proc/stat``
-to show it: it pins a pool thread to each core beyond the first, and when the OS puts the calling thread on
-one of those CPUs the two share it (``measure/placement.py``); a neighbour on a VM's host cores may do the
-same. ORT's default session is timed beside
+to show it: on a VM, likely the host's other work (two threads then ran no faster than one). The calling
+thread on the CPU of a pool thread ORT's default pins is another way, which the worker avoids
+(``measure/placement.py``); in the search's short benches, the last session's pool still spinning is a third
+that reads like a state. ORT's default session is timed beside
 every bench of the search and in every round of the final, so its p50 there tells which state a bench ran
 in. Some candidates gain more in one state than in the other (BENCHMARKS.md, "Two machine states": a
 fused INT8 encoder 1.38x slow and 1.18x fast, plain INT8 1.24x in both), so a headline timed in one state

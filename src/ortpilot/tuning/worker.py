@@ -25,6 +25,7 @@ from typing import Any
 
 from ortpilot.childproc import die_with_parent, spawn, stop
 from ortpilot.measure import placement
+from ortpilot.measure.interleave import settle
 from ortpilot.tuning.budget import SETTLE_S
 
 # Test hook: a worker asked to prepare a candidate whose label contains this text kills itself
@@ -160,23 +161,6 @@ class _Child:
         self.runners.move_to_end(cid)
         while len(self.runners) > MAX_LIVE_SESSIONS:
             self.runners.popitem(last=False)
-
-
-def settle(step: Any, seconds: float, most: int | None = None) -> float:
-    """Untimed runs at the start of a turn, by the clock: at least one, until ``seconds`` have passed or
-    ``most`` runs are done; the seconds they took. ORT's pool of the session before keeps spinning for about
-    30 ms after its last run (the demo CNN's default session: 31.75 ms of CPU on its pinned thread per run,
-    runs 50 ms apart), so a count of runs is too short on a fast model: 50 runs of the 0.05-ms CNN settled
-    2.5 ms, and its final timed ORT's default at 0.085 ms and the winner at 0.055 ms, both beside a spinning
-    pool (settled: 0.050 and 0.038 ms)."""
-    start = time.perf_counter()
-    end, done = start + seconds, 0
-    while True:
-        step()
-        done += 1
-        now = time.perf_counter()
-        if now >= end or (most is not None and done >= most):
-            return now - start
 
 
 def _outputs(sess: Any, feeds: Mapping[str, Any], iobinding: bool) -> list[Any]:
