@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 from ortpilot.tuning.candidate import baseline_candidate
-from ortpilot.tuning.machinestates import FAST, SLOW, TuneStates, cut, state_of
-from ortpilot.tuning.search import Entry, speedup
+from ortpilot.tuning.machinestates import FAST, SLOW, TuneStates, cut, search_speeds, state_of
+from ortpilot.tuning.result import state_note
+from ortpilot.tuning.search import Entry, PairedBench, speedup
 from ortpilot.tuning.tune import _passed_over, _pick, _relative_cost
 
 ROUNDS = 8
@@ -28,7 +29,7 @@ def _entry(threads: int, search_speedup: float, default_ms: float, final_ms: flo
     search's benches ``seqs`` and, with ``final_ms``, timed in the final."""
     cand = baseline_candidate().with_settings(intra_op_threads=threads)
     ms = default_ms / search_speedup
-    paired = [(1 / search_speedup, 10, default_ms / 1e3, seq) for seq in seqs]
+    paired = [PairedBench(1 / search_speedup, 10, default_ms / 1e3, seq, settled=True) for seq in seqs]
     e = Entry(cand, "halving", status="ok", samples=[ms / 1e3] * 10, paired=paired)
     if final_ms is not None:
         e.final, e.final_blocks = _final(final_ms)
@@ -72,7 +73,7 @@ def test_no_passed_over_line_when_the_state_figures_did_not_change_the_order():
     """A finalist first in the final whose worse state is better still (1.35x fast, 1.18x in the final) lost,
     if at all, on something else (ORT's default within noise): no line blames the states."""
     default, fused, plain = _tune(search_default_ms=0.444)
-    fused.paired = [(1 / 1.45, 10, 0.444e-3, 1), (1 / 1.45, 10, 0.444e-3, 3)]
+    fused.paired = [PairedBench(1 / 1.45, 10, 0.444e-3, seq, settled=True) for seq in (1, 3)]
     states = TuneStates.read([default, fused, plain], default)
     assert states.worst(fused) == pytest.approx(1.38)
     assert _passed_over([fused, plain, default], default, default, states) == {}
@@ -114,3 +115,29 @@ def test_slow_benches_scattered_among_fast_ones_are_no_state():
 def test_verify_reads_the_state_nearest_its_own_default():
     defaults = {FAST: 0.444, SLOW: 0.757}
     assert state_of(0.47, defaults) == FAST and state_of(0.70, defaults) == SLOW
+
+
+def test_benches_whose_turns_did_not_outlast_the_spin_say_nothing_of_the_state():
+    """ORT's default's p50 beside each candidate in a real demo-CNN tune (2026-12-05): 0.064-0.094 ms in the
+    search's short turns (each settled a few tenths of a ms, inside the ~30 ms the last session's pool spins),
+    0.048-0.054 ms in every settled round of the final. Read as states, they printed "1.47x slow (ORT's default
+    0.085 ms)" for a winner the final measured 1.20x; unsettled, they are no state and no search-vs-final note."""
+    search = [0.076, 0.076, 0.087, 0.094, 0.076, 0.077, 0.093, 0.066, 0.086, 0.067, 0.066, 0.079, 0.076, 0.076]
+    search += [0.065, 0.076, 0.087, 0.066, 0.087, 0.094, 0.087, 0.080, 0.077, 0.087, 0.076, 0.086, 0.065, 0.086]
+    final = [0.048, 0.048, 0.049, 0.048, 0.054, 0.049, 0.050, 0.049]
+    default = Entry(baseline_candidate(), "baseline", status="ok", samples=[0.066e-3] * 10, anchor=True)
+    default.final = [ms / 1e3 for ms in final for _ in range(RUNS)]
+    default.final_blocks = [i // RUNS for i in range(ROUNDS * RUNS)]
+    cand = baseline_candidate().with_settings(intra_op_threads=2)
+    int8 = Entry(cand, "halving", status="ok", samples=[0.055e-3] * 10)
+    int8.paired = [PairedBench(0.055 / ms, 20, ms / 1e3, seq, settled=False) for seq, ms in enumerate(search, 1)]
+    int8.final, int8.final_blocks = _final(0.055)
+    states = TuneStates.read([default, int8], default)
+    assert states.between_s is None and states.figures == {}
+    assert state_note([p50 for _, p50 in search_speeds([default, int8])], default.final) == ""
+    # the same readings, settled, are a state (and the note's "search" figure)
+    int8.paired = [b._replace(settled=True) for b in int8.paired]
+    assert TuneStates.read([default, int8], default).between_s is not None
+    assert "in the search and 0.049 ms in the final" in state_note(
+        [p50 for _, p50 in search_speeds([default, int8])], default.final
+    )

@@ -155,7 +155,7 @@ def test_a_tune_that_saw_two_machine_states_says_so_and_why_the_faster_finalist_
         "machine's fast state."
     ]
     line = headline(doc)
-    assert "ORT's default ran at two speeds during the tune (" in line
+    assert "ORT's default ran at two speeds during the tune; the winner's speedup beside each" in line
     assert "the winner's speedup beside each: 1.24x fast (ORT's default 0.444 ms), " in line
     assert "1.24x slow (ORT's default 0.757 ms)." in line
 

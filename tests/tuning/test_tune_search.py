@@ -6,17 +6,19 @@ import os
 import time
 
 from ortpilot.tuning import tune
-from ortpilot.tuning.budget import PAIRED_ROUNDS, SETTLE_S, Budget, paired_anchor_runs
+from ortpilot.tuning.budget import PAIRED_ROUNDS, SETTLE_S, SPIN_S, Budget, paired_anchor_runs
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import read_journal
-from ortpilot.tuning.search import Entry, Search
+from ortpilot.tuning.search import Entry, PairedBench, Search
 
 
 def _entry(settings: dict, samples_ms: list[float], anchor_ms: float | None) -> Entry:
     cand = baseline_candidate().with_settings(**settings)
     samples = [x / 1e3 for x in samples_ms]
     paired = (
-        [(sorted(samples_ms)[len(samples_ms) // 2] / anchor_ms, len(samples), anchor_ms / 1e3, 1)] if anchor_ms else []
+        [PairedBench(sorted(samples_ms)[len(samples_ms) // 2] / anchor_ms, len(samples), anchor_ms / 1e3, 1)]
+        if anchor_ms
+        else []
     )
     return Entry(cand, "model variants", status="ok", samples=samples, paired=paired)
 
@@ -50,6 +52,7 @@ def test_every_bench_after_the_default_runs_beside_it_and_the_report_quotes_that
         per_turn = -(-r["runs"] // PAIRED_ROUNDS)
         assert r["anchor"] == base_id and len(r["samples_s"]) == PAIRED_ROUNDS * per_turn
         assert len(r["anchor_samples_s"]) == PAIRED_ROUNDS * paired_anchor_runs(per_turn)
+        assert r["settled_s"] > 0  # each turn settled a little: its shortest settling is on record
     assert all("anchor" not in r for r in benches if r["id"] == base_id)
     # every bench beside ORT's default ran the calling thread away from the CPU its pool thread is pinned to
     # (measure.placement): with two CPUs or more, on some of them but not all
@@ -60,6 +63,14 @@ def test_every_bench_after_the_default_runs_beside_it_and_the_report_quotes_that
     # each turn of the final settled for SETTLE_S by the clock (ORT's pool before it spins ~30 ms after a run)
     finals = [r for r in records if r["kind"] == "final" and r["status"] == "ok"]
     assert finals and all(r["settled_s"] >= SETTLE_S for r in finals), [r["settled_s"] for r in finals]
+
+    # a search bench says which state the machine ran in only where every turn outlasted the spin
+    settled = {r["id"]: [] for r in others}
+    for r in others:
+        settled[r["id"]].append(r["settled_s"] >= SPIN_S)
+    for e in result.entries:
+        if not e.anchor and e.paired:
+            assert [b.settled for b in e.paired] == settled[e.candidate.id]
 
     doc = result.to_dict()
     search_rows = [c for c in doc["candidates"] if c["status"] == "ok" and c["vs_default"]["timing"] == "search"]

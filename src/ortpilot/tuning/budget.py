@@ -27,6 +27,7 @@ SAFETY = 1.3  # estimates are scaled by this much
 # of every 5-run turn on a 2-core CPU and made ORT's default "win" against 1.3x faster candidates. The
 # spin measured 30-32 ms of a pool thread's CPU per run (ORT's default and an intra=2 session, the demo
 # encoder and CNN, runs 40-100 ms apart; BENCHMARKS.md "ORT's default timed at its faster placement").
+SPIN_S = 0.03  # a search bench whose every turn settled this long reads the machine's state (search.PairedBench)
 SETTLE_S = 0.05
 # A screening or halving bench times its candidate round-robin with ORT's default session (the
 # search's anchor) in this many rounds; each turn settles like the final's, with at most this share
@@ -115,6 +116,7 @@ __all__ = [
     "PAIRED_ROUNDS",
     "PAIRED_SETTLE_SHARE",
     "SETTLE_S",
+    "SPIN_S",
     "Budget",
     "paired_anchor_runs",
     "paired_runs_cost",

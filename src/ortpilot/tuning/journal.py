@@ -79,6 +79,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "anchor": str,
         "anchor_samples_s": list,
         "caller_cpus": (list, type(None)),
+        "settled_s": _OPT_NUMBER,  # beside the anchor: the shortest untimed settling of any turn
     },
     "rank": {
         **_STEP,

@@ -3,10 +3,10 @@
 ORT's default session can run at two speeds for seconds to minutes at a time with nothing in ``/proc/stat``
 to show it: on a VM, likely the host's other work (two threads then ran no faster than one). The calling
 thread on the CPU of a pool thread ORT's default pins is another way, which the worker avoids
-(``measure/placement.py``); in the search's short benches, the last session's pool still spinning is a third
-that reads like a state. ORT's default session is timed beside
-every bench of the search and in every round of the final, so its p50 there tells which state a bench ran
-in. Some candidates gain more in one state than in the other (BENCHMARKS.md, "Two machine states": a
+(``measure/placement.py``). ORT's default session is timed beside every bench of the search and in every
+round of the final, so its p50 there tells which state a bench ran in, where the bench's turns outlasted
+the last session's pool spinning (``search.PairedBench.settled``; every final round does): in the search's
+short benches that spin read like a state of its own, 1.3-1.9x on a 0.05-ms model. Some candidates gain more in one state than in the other (BENCHMARKS.md, "Two machine states": a
 fused INT8 encoder 1.38x slow and 1.18x fast, plain INT8 1.24x in both), so a headline timed in one state
 is not what a user's process sees in the other. Where a tune saw both, it picks by the worse state's
 speedup and records both figures; ``verify --bench`` holds itself to the figure of the state it runs in.
@@ -69,9 +69,10 @@ def _rounds(entry: Entry) -> dict[int, float]:
 
 
 def observations(entry: Entry, default: Entry) -> list[Observation]:
-    """Every bench of ``entry`` beside ORT's default: the search's paired ones, and each round of the final
-    that both ran in (``default``: the final's reference)."""
-    seen = [Observation(seq, d, r, n) for r, n, d, seq in entry.paired]
+    """Every settled bench of ``entry`` beside ORT's default: the search's paired ones whose turns outlasted
+    the last session's spin (``PairedBench.settled``), and each round of the final that both ran in
+    (``default``: the final's reference)."""
+    seen = [Observation(b.seq, b.anchor_s, b.ratio, b.runs) for b in entry.paired if b.settled]
     theirs = _rounds(default)
     for block, mine in _rounds(entry).items():
         if block in theirs:
@@ -80,10 +81,15 @@ def observations(entry: Entry, default: Entry) -> list[Observation]:
     return seen
 
 
+def search_speeds(entries: Sequence[Entry]) -> list[tuple[int, float]]:
+    """(when, ORT's default's p50 in s) in every settled bench of the search."""
+    return [(b.seq, b.anchor_s) for e in entries for b in e.paired if b.settled]
+
+
 def default_speeds(entries: Sequence[Entry], default: Entry) -> list[tuple[int, float]]:
-    """(when, ORT's default's p50 in s) for every bench of the tune: beside each candidate, each final round."""
-    paired = [(seq, d) for e in entries for _, _, d, seq in e.paired]
-    return paired + [(FINAL_SEQ + block, p50) for block, p50 in _rounds(default).items()]
+    """(when, ORT's default's p50 in s) for every settled bench of the tune: beside each candidate in the
+    search, each final round."""
+    return search_speeds(entries) + [(FINAL_SEQ + block, p50) for block, p50 in _rounds(default).items()]
 
 
 def cut(benches: Sequence[tuple[int, float]]) -> tuple[float, frozenset[int]] | None:
@@ -178,6 +184,7 @@ __all__ = [
     "cut",
     "default_speeds",
     "observations",
+    "search_speeds",
     "state_of",
     "worst",
 ]

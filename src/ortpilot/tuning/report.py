@@ -176,10 +176,7 @@ def state_clause(speedup: dict[str, Any]) -> str:
             f"{f['speedup']:.2f}x {state} (ORT's default {f['default_p50_ms']:.3f} ms)"
             for state, f in sorted(states.items())
         )
-        return (
-            " ORT's default ran at two speeds during the tune (a state of the machine, or in the search's short "
-            f"benches the last session's pool still spinning); the winner's speedup beside each: {figures}."
-        )
+        return f" ORT's default ran at two speeds during the tune; the winner's speedup beside each: {figures}."
     if len(seen) < 2:
         return ""
     speeds = " and ".join(f"{ms:.3f} ms {state}" for state, ms in sorted(seen.items()))

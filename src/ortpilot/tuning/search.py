@@ -26,7 +26,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
 from ortpilot.quantmodes import DYNAMIC
-from ortpilot.tuning.budget import SAFETY, Budget, paired_runs_cost
+from ortpilot.tuning.budget import SAFETY, SPIN_S, Budget, paired_runs_cost
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.space import (
     Facts,
@@ -65,6 +65,20 @@ FOLLOWUP_TRIES = 2
 RANK_OPS = ["MatMul", "Attention"]
 
 
+class PairedBench(NamedTuple):
+    """One bench of a candidate timed round-robin beside the anchor."""
+
+    ratio: float  # its cost / the anchor's cost
+    runs: int  # its timed runs
+    anchor_s: float  # the anchor's p50 in s
+    seq: int  # the search's bench count then: when it ran
+    # Every turn started after ``SPIN_S`` of untimed runs (journal ``settled_s``): the other session's pool had
+    # stopped spinning. Short turns do not (a bench settles at most a quarter of the runs it times): on a
+    # 0.05-ms model ORT's default read 0.065-0.094 ms beside candidates there and 0.049 ms settled in the final,
+    # so only settled benches say which state the machine ran in (``tuning.machinestates``).
+    settled: bool = False
+
+
 @dataclass
 class Entry:
     """Everything known about one candidate during the search."""
@@ -78,9 +92,7 @@ class Entry:
     samples: list[float] = field(default_factory=list)
     final: list[float] = field(default_factory=list)
     final_blocks: list[int] = field(default_factory=list)
-    # (its cost / the anchor's cost, runs, the anchor's p50 in s, the search's bench count then) per bench
-    # timed round-robin with the anchor
-    paired: list[tuple[float, int, float, int]] = field(default_factory=list)
+    paired: list[PairedBench] = field(default_factory=list)  # its benches beside the anchor
     anchor: bool = False  # ORT's default session, which every other bench runs beside
 
     @property
@@ -310,7 +322,10 @@ class Search:
         if record["samples_s"] and beside:  # journals written before anchors have none: ranked by cost alone
             ratio = cost(record["samples_s"], self.objective) / cost(beside, self.objective)
             self.benches += 1
-            entry.paired.append((ratio, len(record["samples_s"]), cost(beside, "p50"), self.benches))
+            settled = (record.get("settled_s") or 0.0) >= SPIN_S
+            entry.paired.append(
+                PairedBench(ratio, len(record["samples_s"]), cost(beside, "p50"), self.benches, settled)
+            )
         if entry.candidate.baseline:
             self.budget.latency = cost(entry.samples, "p50")
 

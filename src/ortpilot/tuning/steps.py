@@ -177,7 +177,11 @@ class StepRunner:
                 "samples_s": (result.get("samples_s") or {}).get(cand.id, []),
                 "caller_cpus": result.get("caller_cpus"),
                 **(
-                    {"anchor": anchor.id, "anchor_samples_s": (result.get("samples_s") or {}).get(anchor.id, [])}
+                    {
+                        "anchor": anchor.id,
+                        "anchor_samples_s": (result.get("samples_s") or {}).get(anchor.id, []),
+                        "settled_s": result.get("settled_s"),
+                    }
                     if anchor is not None
                     else {}
                 ),
