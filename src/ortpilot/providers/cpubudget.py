@@ -197,14 +197,17 @@ def _default_pool() -> tuple[int, frozenset[int], frozenset[int]]:
     sess.run(None, {"x": np.zeros(1, np.float32)})
     started = [t for t in tasks.iterdir() if t.name not in before]
     until_run(started)
-    cpus: set[int] = set()
-    pinned: set[int] = set()
-    for task in started:
-        allowed = allowed_cpus(task / "status")
-        cpus |= allowed
-        pinned |= allowed if len(allowed) == 1 else set()
+    cpus = set().union(*(allowed_cpus(task / "status") for task in started))
+    pinned = pinned_of(started)
     del sess
     return max(1, len(started) + 1), frozenset(cpus), frozenset(pinned)
+
+
+def pinned_of(threads: list[Path]) -> set[int]:
+    """The CPUs that one of ``threads`` (``/proc/.../task/TID``) is allowed on alone: ORT's default session
+    pins each pool thread to its own CPU (a thread the process itself holds on one CPU reads the same)."""
+    found = (allowed_cpus(task / "status") for task in threads)
+    return {next(iter(cpus)) for cpus in found if len(cpus) == 1}
 
 
 def until_run(threads: list[Path], wait_s: float = 1.0) -> None:
@@ -284,6 +287,7 @@ __all__ = [
     "ort_default_outside",
     "ort_default_pinned",
     "ort_default_threads",
+    "pinned_of",
     "this_budget",
     "until_run",
 ]
