@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from ortpilot.tuning.candidate import baseline_candidate
-from ortpilot.tuning.machinestates import FAST, SLOW, TuneStates, cut, search_speeds, state_of
+from ortpilot.tuning.machinestates import FAST, SLOW, TuneStates, cut, state_of
 from ortpilot.tuning.result import state_note
-from ortpilot.tuning.search import Entry, PairedBench, speedup
+from ortpilot.tuning.search import Entry, PairedBench, settled_anchor_speeds, speedup
 from ortpilot.tuning.tune import _passed_over, _pick, _relative_cost
 
 ROUNDS = 8
@@ -134,10 +134,10 @@ def test_benches_whose_turns_did_not_outlast_the_spin_say_nothing_of_the_state()
     int8.final, int8.final_blocks = _final(0.055)
     states = TuneStates.read([default, int8], default)
     assert states.between_s is None and states.figures == {}
-    assert state_note([p50 for _, p50 in search_speeds([default, int8])], default.final) == ""
+    assert state_note([p50 for _, p50 in settled_anchor_speeds([default, int8])], default.final) == ""
     # the same readings, settled, are a state (and the note's "search" figure)
     int8.paired = [b._replace(settled=True) for b in int8.paired]
     assert TuneStates.read([default, int8], default).between_s is not None
     assert "in the search and 0.049 ms in the final" in state_note(
-        [p50 for _, p50 in search_speeds([default, int8])], default.final
+        [p50 for _, p50 in settled_anchor_speeds([default, int8])], default.final
     )

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ortpilot.tuning.result import state_changed
-from ortpilot.tuning.search import Entry
+from ortpilot.tuning.search import Entry, settled_anchor_speeds
 
 FAST, SLOW = "fast", "slow"
 # A state lasts tens of seconds to minutes; a bench takes well under a second. One or two slow benches among
@@ -81,15 +81,10 @@ def observations(entry: Entry, default: Entry) -> list[Observation]:
     return seen
 
 
-def search_speeds(entries: Sequence[Entry]) -> list[tuple[int, float]]:
-    """(when, ORT's default's p50 in s) in every settled bench of the search."""
-    return [(b.seq, b.anchor_s) for e in entries for b in e.paired if b.settled]
-
-
 def default_speeds(entries: Sequence[Entry], default: Entry) -> list[tuple[int, float]]:
     """(when, ORT's default's p50 in s) for every settled bench of the tune: beside each candidate in the
     search, each final round."""
-    return search_speeds(entries) + [(FINAL_SEQ + block, p50) for block, p50 in _rounds(default).items()]
+    return settled_anchor_speeds(entries) + [(FINAL_SEQ + block, p50) for block, p50 in _rounds(default).items()]
 
 
 def cut(benches: Sequence[tuple[int, float]]) -> tuple[float, frozenset[int]] | None:
@@ -184,7 +179,6 @@ __all__ = [
     "cut",
     "default_speeds",
     "observations",
-    "search_speeds",
     "state_of",
     "worst",
 ]

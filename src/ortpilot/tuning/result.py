@@ -19,7 +19,7 @@ from typing import Any
 import onnxruntime as ort
 
 from ortpilot.measure.stats import summarize
-from ortpilot.tuning.search import Entry
+from ortpilot.tuning.search import Entry, settled_anchor_speeds
 from ortpilot.tuning.space import Facts
 
 
@@ -122,7 +122,6 @@ class TuneResult:
         return summarize(samples, items_per_run=self.batch).to_dict()
 
     def to_dict(self) -> dict[str, Any]:
-        from ortpilot.tuning.machinestates import search_speeds
         from ortpilot.tuning.report import vs_default
 
         baseline = self._entry(self.baseline)
@@ -160,7 +159,7 @@ class TuneResult:
                 note
                 for note in (
                     load_note(self.load_avg, self.facts.cores, self.others_cpu),
-                    state_note([p50 for _, p50 in search_speeds(self.entries)], self.baseline.final),
+                    state_note([p50 for _, p50 in settled_anchor_speeds(self.entries)], self.baseline.final),
                 )
                 if note
             ),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -77,6 +77,11 @@ class PairedBench(NamedTuple):
     # 0.05-ms model ORT's default read 0.065-0.094 ms beside candidates there and 0.049 ms settled in the final,
     # so only settled benches say which state the machine ran in (``tuning.machinestates``).
     settled: bool = False
+
+
+def settled_anchor_speeds(entries: Sequence[Entry]) -> list[tuple[int, float]]:
+    """(when, the anchor's p50 in s) in every settled bench of the search: the machine's state then."""
+    return [(b.seq, b.anchor_s) for e in entries for b in e.paired if b.settled]
 
 
 @dataclass
