@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ortpilot.providers.cpubudget import pinned_of, until_run
+from ortpilot.providers.cpubudget import allowed_cpus, pinned_of, until_run
 
 
 def pinned_cpus() -> set[int]:
@@ -27,7 +27,7 @@ def pinned_cpus() -> set[int]:
     once every thread has run (``until_run``: a thread not yet started shows no pinning)."""
     tasks = list(Path("/proc/self/task").glob("*"))
     until_run(tasks)
-    return pinned_of(tasks)
+    return pinned_of(allowed_cpus(task / "status") for task in tasks)
 
 
 def placements() -> list[frozenset[int]]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import math
 import os
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,17 +199,15 @@ def _default_pool() -> tuple[int, frozenset[int], frozenset[int]]:
     sess.run(None, {"x": np.zeros(1, np.float32)})
     started = [t for t in tasks.iterdir() if t.name not in before]
     until_run(started)
-    cpus = set().union(*(allowed_cpus(task / "status") for task in started))
-    pinned = pinned_of(started)
+    allowed = [allowed_cpus(task / "status") for task in started]
     del sess
-    return max(1, len(started) + 1), frozenset(cpus), frozenset(pinned)
+    return max(1, len(started) + 1), frozenset(set().union(*allowed)), frozenset(pinned_of(allowed))
 
 
-def pinned_of(threads: list[Path]) -> set[int]:
-    """The CPUs that one of ``threads`` (``/proc/.../task/TID``) is allowed on alone: ORT's default session
+def pinned_of(allowed: Iterable[set[int]]) -> set[int]:
+    """The CPUs that a thread is allowed on alone, from each thread's ``allowed_cpus``: ORT's default session
     pins each pool thread to its own CPU (a thread the process itself holds on one CPU reads the same)."""
-    found = (allowed_cpus(task / "status") for task in threads)
-    return {next(iter(cpus)) for cpus in found if len(cpus) == 1}
+    return {next(iter(cpus)) for cpus in allowed if len(cpus) == 1}
 
 
 def until_run(threads: list[Path], wait_s: float = 1.0) -> None:
@@ -215,8 +215,6 @@ def until_run(threads: list[Path], wait_s: float = 1.0) -> None:
     (``schedstat``), so the CPUs read next are the ones it runs on: CI read no pinned pool thread twice right
     after a default session was made, on a machine both workers kept busy; a pool thread that had not run
     yet would read so."""
-    import time
-
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:

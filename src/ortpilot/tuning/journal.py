@@ -90,14 +90,13 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "weight_type": str,
         "ranking": list,
     },
-    # settled_s: the shortest untimed settling of any turn (tuning.worker.settle)
     "final": {
         **_STEP,
         "ids": list,
         "samples_s": dict,
         "blocks": dict,
         "caller_cpus": (list, type(None)),
-        "settled_s": _OPT_NUMBER,
+        "settled_s": _OPT_NUMBER,  # the shortest untimed settling of any turn (measure.interleave.settle)
     },
     "done": {"kind": str, "winner": str, "files": dict, "load_avg": list, "others_cpu": _OPT_NUMBER},
 }

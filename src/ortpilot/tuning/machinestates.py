@@ -6,7 +6,8 @@ thread on the CPU of a pool thread ORT's default pins is another way, which the 
 (``measure/placement.py``). ORT's default session is timed beside every bench of the search and in every
 round of the final, so its p50 there tells which state a bench ran in, where the bench's turns outlasted
 the last session's pool spinning (``search.PairedBench.settled``; every final round does): in the search's
-short benches that spin read like a state of its own, 1.3-1.9x on a 0.05-ms model. Some candidates gain more in one state than in the other (BENCHMARKS.md, "Two machine states": a
+short benches that spin read like a state of its own, 1.3-1.9x on a 0.05-ms model. Some candidates gain
+more in one state than in the other (BENCHMARKS.md, "Two machine states": a
 fused INT8 encoder 1.38x slow and 1.18x fast, plain INT8 1.24x in both), so a headline timed in one state
 is not what a user's process sees in the other. Where a tune saw both, it picks by the worse state's
 speedup and records both figures; ``verify --bench`` holds itself to the figure of the state it runs in.

@@ -111,7 +111,7 @@ class Entry:
             return 1.0
         if not self.paired:
             return None
-        logs, weights = zip(*((math.log(r), n) for r, n, *_ in self.paired))
+        logs, weights = zip(*((math.log(b.ratio), b.runs) for b in self.paired))
         return float(math.exp(np.average(logs, weights=weights)))
 
     def to_dict(self) -> dict[str, Any]:
