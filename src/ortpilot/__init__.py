@@ -23,6 +23,15 @@ from ortpilot.session import SessionSettings, VerifiedSession
 from ortpilot.version import __version__
 
 
+def __getattr__(name: str) -> Any:
+    """``ortpilot.TuneRequest`` without importing the tuning package (and ORT's tools) at ``import ortpilot``."""
+    if name == "TuneRequest":
+        from ortpilot.tuning.request import TuneRequest
+
+        return TuneRequest
+    raise AttributeError(f"module 'ortpilot' has no attribute {name!r}")
+
+
 def doctor(**kwargs: Any):
     """Inspect this environment: ORT distributions, providers, plugin EPs, GPU libraries, CPU ISA."""
     from ortpilot.session.probe import run_doctor
@@ -32,33 +41,30 @@ def doctor(**kwargs: Any):
 
 def tune(
     model: Any = None,
-    out_dir: str = "ortpilot-out",
-    budget_s: float = 300,
+    out_dir: str | None = None,
+    budget_s: float | None = None,
     *,
     ray_address: str | None = None,
-    **kwargs: Any,
+    progress: Any = None,
+    **options: Any,
 ):
     """Search for the fastest configuration that passes the accuracy gate; write a profile.
+
+    Takes a ``TuneRequest`` or its fields (``ortpilot.tuning.request``: every option and its default);
+    ``progress`` is called with each ``Progress`` update (a line of text for a fleet).
 
     With ``ray_address`` (a Ray cluster's address), tune every machine class of that cluster and write
     a bundle (one profile per class) instead: ``model`` may then be a list of models (one bundle each,
     in ``out_dir/NAME``); returns a ``fleet.result.FleetResult``. See ``ortpilot.fleet.run.tune_fleet``.
     """
     if ray_address is not None:
-        from ortpilot.fleet.run import tune_fleet
+        from ortpilot.fleet.run import fleet_request, tune_fleet
 
-        if kwargs.get("outputs"):
-            from ortpilot.errors import UsageError
-
-            raise UsageError(
-                "outputs= (the outputs the deployment reads) is not carried into a fleet tune yet: tune each "
-                "machine class without ray_address, or leave outputs out."
-            )
-
-        return tune_fleet(model, ray_address, out_dir=out_dir, budget_s=budget_s, **kwargs)
+        models, request = fleet_request(model, out_dir, budget_s, **options)
+        return tune_fleet(models, ray_address, request, progress=progress)
     from ortpilot.tuning import tune as _tune
 
-    return _tune(model, out_dir=out_dir, budget_s=budget_s, **kwargs)
+    return _tune(model, out_dir, budget_s, progress=progress, **options)
 
 
 def load_profile(path: str, **kwargs: Any) -> VerifiedSession:
@@ -95,6 +101,7 @@ __all__ = [
     "ProviderFallbackError",
     "SessionSettings",
     "StampMismatchError",
+    "TuneRequest",
     "UsageError",
     "VerificationError",
     "VerifiedSession",

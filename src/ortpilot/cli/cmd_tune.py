@@ -21,53 +21,19 @@ from ortpilot.cli.common import (
     resolve_model_arg,
     stderr,
 )
+from ortpilot.cli.groups import arg_group
+from ortpilot.tuning.request import (
+    DEFAULT_OBJECTIVE,
+    DEFAULT_OUT_DIR,
+    DEMO_BUDGET_S,
+    DEMO_MODEL,
+    MODEL_BUDGET_S,
+    OBJECTIVES,
+    TuneRequest,
+)
 
-DEMO_BUDGET_S = 60.0
-MODEL_BUDGET_S = 300.0
 
-
-@click.command(
-    help="Search providers x levels x fusion x INT8 x threads x IOBinding for the fastest configuration "
-    "that passes the accuracy gate, and write the winning model, profile.json, report.html and "
-    "report.md to OUTDIR. Without MODEL, tunes the built-in demo encoder. With --ray ADDRESS, tunes "
-    "every machine class of that Ray cluster and writes a bundle (one profile per class) per MODEL."
-)
-@MODEL_FILE_OPTION
-@click.argument("models", nargs=-1)
-@click.option("-o", "--out", "out_dir", default="ortpilot-out", show_default=True, help="Output folder.")
-@SHAPE_OPTION
-@click.option(
-    "--budget",
-    type=float,
-    default=None,
-    help=f"Seconds for the whole tune (default {MODEL_BUDGET_S:.0f}; {DEMO_BUDGET_S:.0f} for the demo).",
-)
-@click.option("--objective", type=click.Choice(["p50", "p99", "throughput"]), default="p50", show_default=True)
-@click.option("--max-error", type=float, default=None, help="Largest accepted error per output (default 0.01).")
-@click.option("--metric", "metric", multiple=True, help=METRIC_HELP)
-@click.option("--outputs", "outputs", multiple=True, metavar="NAME", help=OUTPUTS_HELP)
-@click.option(
-    "--calibration",
-    type=click.Path(),
-    default=None,
-    help="Samples for static INT8's calibration and the accuracy gate (held out), read as quantize and "
-    "compare read them: a folder of .npy/.npz, one .npz (arrays with a leading sample axis), or FILE.py:FACTORY.",
-)
-@REAL_DATA_OPTIONS
-@click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
-@click.option("--no-quantize", is_flag=True, help="Leave INT8 variants out of the search.")
-@click.option("--resume", is_flag=True, help="Continue an interrupted tune from OUTDIR's journal.")
-@click.option(
-    "--ray",
-    "ray_address",
-    default=None,
-    metavar="ADDRESS",
-    help="Tune on this Ray cluster (HOST:PORT, or auto): one search per machine class of its nodes, one "
-    "bundle per MODEL (docs: Tuning a fleet). Several MODELs need it.",
-)
-@json_option(help="Print the result as one JSON document on stdout.")
-@handle_errors
-def command(
+def build_request(
     models: tuple[str, ...],
     out_dir: str,
     shapes: tuple[str, ...],
@@ -80,51 +46,107 @@ def command(
     providers: tuple[str, ...],
     no_quantize: bool,
     resume: bool,
-    ray_address: str | None,
-    as_json: bool,
-) -> None:
+) -> TuneRequest:
+    """The tune flags as a ``TuneRequest`` for MODELS' first (the demo encoder without one)."""
+    model = models[0] if models else None
+    data = real_data_arg(model if model else DEMO_MODEL)
+    if data is not None and calibration is not None:
+        raise click.UsageError("Give --calibration or --calibration-text/--calibration-images, not both.")
+    return TuneRequest(
+        model=resolve_model_arg(model) if model else None,
+        out_dir=out_dir,
+        budget_s=budget,
+        shapes=shapes,
+        objective=objective,
+        max_error=max_error,
+        metric=metric,
+        outputs=outputs,
+        calibration=data if data is not None else calibration,
+        providers=providers,
+        quantize=not no_quantize,
+        resume=resume,
+    )
+
+
+TUNE_REQUEST = arg_group(
+    "request",
+    build_request,
+    click.option(
+        "-o",
+        "--out",
+        "out_dir",
+        default=DEFAULT_OUT_DIR,
+        show_default=True,
+        help="Output folder (a bundle with --ray).",
+    ),
+    SHAPE_OPTION,
+    click.option(
+        "--budget",
+        type=float,
+        default=None,
+        help=f"Seconds for the whole tune (default {MODEL_BUDGET_S:.0f}; {DEMO_BUDGET_S:.0f} for the demo).",
+    ),
+    click.option("--objective", type=click.Choice(OBJECTIVES), default=DEFAULT_OBJECTIVE, show_default=True),
+    click.option("--max-error", type=float, default=None, help="Largest accepted error per output (default 0.01)."),
+    click.option("--metric", "metric", multiple=True, help=METRIC_HELP),
+    click.option("--outputs", "outputs", multiple=True, metavar="NAME", help=OUTPUTS_HELP),
+    click.option(
+        "--calibration",
+        type=click.Path(),
+        default=None,
+        help="Samples for static INT8's calibration and the accuracy gate (held out), read as quantize and "
+        "compare read them: a folder of .npy/.npz, one .npz (arrays with a leading sample axis), or FILE.py:FACTORY.",
+    ),
+    REAL_DATA_OPTIONS,
+    click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP),
+    click.option("--no-quantize", is_flag=True, help="Leave INT8 variants out of the search."),
+    click.option("--resume", is_flag=True, help="Continue an interrupted tune from OUTDIR's journal."),
+    uses=("models",),
+)
+
+
+@click.command(
+    help="Search providers x levels x fusion x INT8 x threads x IOBinding for the fastest configuration "
+    "that passes the accuracy gate, and write the winning model, profile.json, report.html and "
+    "report.md to OUTDIR. Without MODEL, tunes the built-in demo encoder. With --ray ADDRESS, tunes "
+    "every machine class of that Ray cluster and writes a bundle (one profile per class) per MODEL."
+)
+@MODEL_FILE_OPTION
+@click.argument("models", nargs=-1)
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="Tune on this Ray cluster (HOST:PORT, or auto): one search per machine class of its nodes, one "
+    "bundle per MODEL (docs: Tuning a fleet). Several MODELs need it.",
+)
+@json_option(help="Print the result as one JSON document on stdout.")
+@handle_errors
+@TUNE_REQUEST
+def command(models: tuple[str, ...], request: TuneRequest, ray_address: str | None, as_json: bool) -> None:
     from ortpilot.tuning import tune
 
     if len(models) > 1 and ray_address is None:
         raise click.UsageError("Several MODELs are tuned on a Ray cluster: add --ray ADDRESS (or tune one MODEL).")
-    model = models[0] if models else None
-    budget_s = budget if budget is not None else (DEMO_BUDGET_S if model is None else MODEL_BUDGET_S)
-    data = real_data_arg(model if model else "demo:encoder")
-    if data is not None and calibration is not None:
-        raise click.UsageError("Give --calibration or --calibration-text/--calibration-images, not both.")
-    options = {
-        "shapes": list(shapes) or None,
-        "objective": objective,
-        "max_error": max_error,
-        "metric": list(metric) or None,
-        "calibration": data if data is not None else calibration,
-        "providers": list(providers) or None,
-        "resume": resume,
-        "quantize": not no_quantize,
-        **({"outputs": list(outputs)} if outputs else {}),
-    }
     if ray_address is not None:
-        if outputs:
-            raise click.UsageError(
-                "--outputs is not carried to a --ray tune yet; tune with --outputs on each machine class, "
-                "or leave it out."
-            )
-        _tune_fleet(list(models) or ["demo:encoder"], ray_address, out_dir, budget_s, options, as_json)
+        _tune_fleet(list(models) or [DEMO_MODEL], ray_address, request, as_json)
         return
-    target = resolve_model_arg(model) if model else None
     stderr.print(
         escape(
-            f"Tuning {model or 'the built-in demo encoder (demo:encoder)'} for up to {budget_s:.0f} s "
-            f"(objective {objective}) into {out_dir}/"
+            f"Tuning {models[0] if models else f'the built-in demo encoder ({DEMO_MODEL})'} for up to "
+            f"{request.budget:.0f} s (objective {request.objective}) into {request.out_dir}/"
         ),
         highlight=False,
     )
-    with _ProgressView(budget_s) as view:
+    with _ProgressView(request.budget) as view:
         try:
-            result = tune(target, out_dir, budget_s, **options, progress=view.update)
+            result = tune(request, progress=view.update)
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP
             view.stop()
-            stderr.print(f"[yellow]interrupted[/] ({interrupt_name(exc)}): {escape(_kept(out_dir))}", highlight=False)
+            stderr.print(
+                f"[yellow]interrupted[/] ({interrupt_name(exc)}): {escape(_kept(request.out_dir))}", highlight=False
+            )
             raise SystemExit(interrupt_exit_code(exc)) from None
     doc = result.to_dict()
     if as_json:
@@ -132,7 +154,7 @@ def command(
     render_summary(doc)
 
 
-def _tune_fleet(models: list[str], address: str, out_dir: str, budget_s: float, options: dict, as_json: bool) -> None:
+def _tune_fleet(models: list[str], address: str, request: TuneRequest, as_json: bool) -> None:
     """``--ray``: every machine class of the cluster, one bundle per model; progress lines on stderr."""
     import contextlib
     import sys
@@ -144,7 +166,7 @@ def _tune_fleet(models: list[str], address: str, out_dir: str, budget_s: float, 
     stderr.print(
         escape(
             f"Tuning {', '.join(models)} on every machine class of the Ray cluster {address}, up to "
-            f"{budget_s:.0f} s per class, into {out_dir}/"
+            f"{request.budget:.0f} s per class, into {request.out_dir}/"
         ),
         highlight=False,
     )
@@ -154,7 +176,7 @@ def _tune_fleet(models: list[str], address: str, out_dir: str, budget_s: float, 
 
     try:  # Ray prints what its raylets report (a worker that died) on stdout: --json keeps stdout for its document
         with contextlib.redirect_stdout(sys.stderr):
-            result = tune_fleet(targets, address, out_dir, budget_s, **options, progress=say)
+            result = tune_fleet(targets, address, request, progress=say)
     except FleetError as exc:
         if as_json and exc.result is not None:
             emit_json(exc.result.to_dict())

@@ -21,6 +21,8 @@ from typing import Any
 from ortpilot.artifacts.atomic import atomic_write_json
 from ortpilot.childproc import die_with_parent
 from ortpilot.errors import OrtpilotError
+from ortpilot.fleet.remote import SearchSpec
+from ortpilot.fleet.result import SearchSummary
 
 
 def pin(cpus: int) -> list[int]:
@@ -35,53 +37,34 @@ def pin(cpus: int) -> list[int]:
     return chosen
 
 
-def summary(doc: dict[str, Any]) -> dict[str, Any]:
-    """What the driver keeps of a class's TuneResult: the winner, its speedup, how the run went."""
+def summary(doc: dict[str, Any]) -> SearchSummary:
+    """What the driver keeps of a class's TuneResult (``TuneResult.to_dict()``)."""
     from ortpilot.tuning.report import reference_name
 
-    winner = doc.get("winner") or {}
-    return {
-        "winner": winner.get("label", ""),
-        "speedup": {k: v for k, v in (doc.get("speedup") or {}).items() if isinstance(v, (int, float))},
-        "measured_against": reference_name(doc.get("baseline") or {}),
-        "default_best": bool(doc.get("default_best")),
-        "default_best_reason": doc.get("default_best_reason") or "",
-        "wall_s": doc.get("wall_s"),
-        "resumed": bool(doc.get("resumed")),
-        "candidates": len(doc.get("candidates") or []),
-        "gate_warning": doc.get("gate_warning"),
-        "load_note": doc.get("load_note") or "",
-    }
+    return SearchSummary.of_result(doc, reference_name(doc.get("baseline") or {}))
 
 
-def _relabel(profile: Path, source: dict[str, Any]) -> None:
+def _relabel(profile: Path, source_path: str) -> None:
     """``source_model.path``: the asking machine's path, not the node's scratch copy."""
     doc = json.loads(profile.read_text(encoding="utf-8"))
-    doc["source_model"] = {**(doc.get("source_model") or {}), "path": str(source["path"])}
+    doc["source_model"] = {**(doc.get("source_model") or {}), "path": source_path}
     atomic_write_json(profile, doc)
 
 
-def run(spec: dict[str, Any]) -> int:
+def run(spec: SearchSpec) -> int:
     """The search SPEC describes; its outcome in SPEC's ``result`` file; the exit code."""
     from ortpilot.tuning import tune
 
-    result_file = Path(spec["result"])
-    cpus = pin(int(spec["cpus"]))
+    result_file = Path(spec.result)
+    cpus = pin(spec.job.cpus)
     calibration = None
-    if spec.get("calibration"):
-        with open(spec["calibration"], "rb") as fh:  # written by fleet.remote from what the driver sent
+    if spec.calibration:
+        with open(spec.calibration, "rb") as fh:  # written by fleet.remote from what the driver sent
             calibration = pickle.load(fh)
     try:
-        result = tune(
-            spec["model"],
-            spec["out"],
-            float(spec["budget_s"]),
-            resume=bool(spec.get("resume")),
-            calibration=calibration,
-            **spec["tune"],
-        )
-        _relabel(Path(spec["out"]) / "profile.json", spec["source"])
-        atomic_write_json(result_file, {"ok": summary(result.to_dict()), "cpus": cpus})
+        result = tune(spec.request(calibration))
+        _relabel(Path(spec.out) / "profile.json", spec.job.source_path)
+        atomic_write_json(result_file, {"ok": summary(result.to_dict()).to_dict(), "cpus": cpus})
         return 0
     except OrtpilotError as exc:
         atomic_write_json(
@@ -92,7 +75,7 @@ def run(spec: dict[str, Any]) -> int:
 
 def main(argv: list[str]) -> int:
     die_with_parent()
-    spec = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    spec = SearchSpec.from_dict(json.loads(Path(argv[1]).read_text(encoding="utf-8")))
     return run(spec)
 
 

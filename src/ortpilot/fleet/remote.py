@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,55 @@ from ortpilot.childproc import child_process
 from ortpilot.fleet.payload import folder_files, pack, unpack
 from ortpilot.tuning.journal import JOURNAL_NAME
 from ortpilot.tuning.state import STATE_DIR
+
+
+@dataclass(frozen=True)
+class SearchJob:
+    """What the driver sends a node for one class's search (the model and calibration go beside it, through
+    the object store): the request as plain data (``TuneRequest.to_dict``), and the node's CPUs."""
+
+    model_file: str  # the model's name inside the payload
+    request: dict[str, Any]  # the fleet's TuneRequest.to_dict(); its model and OUTDIR are the node's own
+    cpus: int  # the node's CPUs: the child pins itself to this many
+    source_path: str  # the model's path on the machine that asked (the profile records it)
+    source_label: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> SearchJob:
+        return cls(**dict(doc))
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """What ``fleet.child`` runs, in its scratch folder: the job's request made local (the unpacked model,
+    the scratch OUTDIR, ``resume`` when a journal came along), where the loaded calibration samples are
+    (a pickle, or None) and where the outcome goes."""
+
+    job: SearchJob
+    model: str
+    out: str
+    resume: bool
+    calibration: str | None
+    result: str
+
+    def request(self, calibration: Any = None) -> Any:
+        """The local ``TuneRequest``: the fleet's, on this node's copy of the model, into the scratch OUTDIR."""
+        from ortpilot.tuning.request import TuneRequest
+
+        asked = TuneRequest.from_dict({**self.job.request, "calibration": None})
+        return replace(asked, model=self.model, out_dir=self.out, resume=self.resume, calibration=calibration)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "job": self.job.to_dict()}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> SearchSpec:
+        doc = dict(doc)
+        return cls(**{**doc, "job": SearchJob.from_dict(doc["job"])})
+
 
 POLL_S = 0.2  # how often the child and its journal are looked at (a stat each)
 JOURNAL_EVERY_S = 3.0  # a grown journal is sent at most this often (and once more at the end)
@@ -47,9 +97,7 @@ def profile_files(out: Path) -> list[tuple[str, Path]]:
     return folder_files(out, lambda rel: rel != JOURNAL_NAME and not rel.startswith("."))
 
 
-def search(
-    job: Mapping[str, Any], model_tar: bytes, calibration: Any, journal: bytes | None
-) -> Iterator[dict[str, Any]]:
+def search(job: SearchJob, model_tar: bytes, calibration: Any, journal: bytes | None) -> Iterator[dict[str, Any]]:
     """One class's search (module docstring); ``journal``: the tar of a previous attempt's journal, or None."""
     yield {"kind": "started", "pid": os.getpid(), "host": socket.gethostname(), "node": _node_id()}
     with scratch_dir("ortpilot-fleet-") as work:
@@ -57,22 +105,18 @@ def search(
         unpack(model_tar, model_dir)
         if journal:
             unpack(journal, out)
-        spec = {
-            "model": str(model_dir / job["model_file"]),
-            "out": str(out),
-            "budget_s": job["budget_s"],
-            "tune": dict(job["tune"]),
-            "resume": bool(journal),
-            "cpus": job["cpus"],
-            "source": job["source"],
-            "result": str(work / "result.json"),
-            "calibration": None,
-        }
-        if calibration is not None:
-            spec["calibration"] = str(work / "calibration.pickle")
-            with open(spec["calibration"], "wb") as fh:
+        spec = SearchSpec(
+            job,
+            str(model_dir / job.model_file),
+            str(out),
+            bool(journal),
+            None if calibration is None else str(work / "calibration.pickle"),
+            str(work / "result.json"),
+        )
+        if spec.calibration is not None:
+            with open(spec.calibration, "wb") as fh:
                 pickle.dump(calibration, fh)
-        (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+        (work / "spec.json").write_text(json.dumps(spec.to_dict()), encoding="utf-8")
         log = work / "search.log"
         with (
             open(log, "wb") as sink,
@@ -131,4 +175,4 @@ def _node_id() -> str:
         return ""
 
 
-__all__ = ["profile_files", "resume_files", "search"]
+__all__ = ["SearchJob", "SearchSpec", "profile_files", "resume_files", "search"]

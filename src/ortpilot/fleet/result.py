@@ -7,9 +7,52 @@ bundle (``artifacts.bundle``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+DEFAULT_REFERENCE = "ORT's default"
+
+
+@dataclass(frozen=True)
+class SearchSummary:
+    """What the driver keeps of one class's ``TuneResult`` (``fleet.child`` makes it on the node): the winner,
+    its speedup over what it was measured against, how the run went."""
+
+    winner: str = ""
+    speedup: dict[str, float] = field(default_factory=dict)  # ratio, ci_low, ci_high
+    measured_against: str = DEFAULT_REFERENCE
+    default_best: bool = False
+    default_best_reason: str = ""
+    wall_s: float = 0.0
+    resumed: bool = False
+    candidates: int = 0
+    gate_warning: str | None = None
+    load_note: str = ""
+
+    @classmethod
+    def of_result(cls, doc: Mapping[str, Any], measured_against: str) -> SearchSummary:
+        """From a ``TuneResult.to_dict()``."""
+        return cls(
+            winner=str((doc.get("winner") or {}).get("label", "")),
+            speedup={k: float(v) for k, v in (doc.get("speedup") or {}).items() if isinstance(v, (int, float))},
+            measured_against=measured_against or DEFAULT_REFERENCE,
+            default_best=bool(doc.get("default_best")),
+            default_best_reason=str(doc.get("default_best_reason") or ""),
+            wall_s=float(doc.get("wall_s") or 0.0),
+            resumed=bool(doc.get("resumed")),
+            candidates=len(doc.get("candidates") or []),
+            gate_warning=doc.get("gate_warning"),
+            load_note=str(doc.get("load_note") or ""),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> SearchSummary:
+        return cls(**dict(doc))
 
 
 @dataclass
@@ -20,7 +63,7 @@ class ClassOutcome:
     machine_class: dict[str, Any]  # {name, id, key}
     node: dict[str, str] = field(default_factory=dict)  # the node that finished it: id, ip, host
     attempts: list[dict[str, str]] = field(default_factory=list)  # each try: node, and why it ended
-    summary: dict[str, Any] = field(default_factory=dict)  # fleet.child.summary of the TuneResult
+    summary: SearchSummary | None = None  # the finished search's, from its node
     start_s: float | None = None  # seconds since the fleet tune started
     end_s: float | None = None
     missing: str = ""  # why the class is not in the bundle ("" when it is)
@@ -28,7 +71,7 @@ class ClassOutcome:
 
     @property
     def done(self) -> bool:
-        return not self.missing and bool(self.summary)
+        return not self.missing and self.summary is not None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -37,10 +80,10 @@ class ClassOutcome:
             "done": self.done,
             "node": self.node,
             "attempts": self.attempts,
-            "winner": self.summary.get("winner"),
-            "speedup": self.summary.get("speedup"),
-            "default_best": self.summary.get("default_best"),
-            "wall_s": self.summary.get("wall_s"),
+            "winner": self.summary.winner if self.summary else None,
+            "speedup": self.summary.speedup if self.summary else None,
+            "default_best": self.summary.default_best if self.summary else None,
+            "wall_s": self.summary.wall_s if self.summary else None,
             "start_s": self.start_s,
             "end_s": self.end_s,
             "missing": self.missing or None,
@@ -101,4 +144,4 @@ class FleetResult:
         }
 
 
-__all__ = ["ClassOutcome", "FleetResult", "ModelOutcome"]
+__all__ = ["ClassOutcome", "FleetResult", "ModelOutcome", "SearchSummary"]

@@ -29,10 +29,12 @@ from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.errors import FleetError, UsageError
 from ortpilot.fleet.cluster import Fleet, FleetNode, connected, discover
 from ortpilot.fleet.payload import folder_files, model_payload, pack, unpack
-from ortpilot.fleet.result import ClassOutcome, FleetResult, ModelOutcome
+from ortpilot.fleet.remote import SearchJob
+from ortpilot.fleet.result import ClassOutcome, FleetResult, ModelOutcome, SearchSummary
 from ortpilot.fleet.schedule import Job, Slot, overlapping, pick
 from ortpilot.fleet.schedule import plan as plan_schedule
 from ortpilot.providers.machineclass import MachineClass
+from ortpilot.tuning.request import TuneRequest
 
 log = logging.getLogger("ortpilot")
 FLEET_DIR = ".fleet"  # OUTDIR/.fleet/MODEL/CLASS/: each search's journal, for a resume elsewhere
@@ -43,57 +45,50 @@ POLL_S = 1.0
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def tune_fleet(
+def fleet_request(
     models: Sequence[str | os.PathLike | None] | str | os.PathLike | None,
+    out_dir: str | os.PathLike | None = None,
+    budget_s: float | None = None,
+    **options: Any,
+) -> tuple[list[str | None], TuneRequest]:
+    """``ortpilot.tune(..., ray_address=...)``'s arguments as the models and the one request each gets
+    (``options`` are a ``TuneRequest``'s fields; the request's own ``model`` is the first model's)."""
+    listed = [models] if models is None or isinstance(models, (str, os.PathLike)) else list(models)
+    names = [None if m is None else os.fspath(m) for m in listed]
+    located = {"out_dir": out_dir} if out_dir is not None else {}
+    return names, TuneRequest(model=names[0] if names else None, budget_s=budget_s, **located, **options)
+
+
+def tune_fleet(
+    models: Sequence[str | None],
     ray_address: str,
-    out_dir: str | os.PathLike = "ortpilot-out",
-    budget_s: float = 300,
+    request: TuneRequest,
     *,
-    resume: bool = False,
-    shapes: Sequence[str] | Mapping[str, Any] | None = None,
-    objective: str = "p50",
-    max_error: float | None = None,
-    metric: str | Sequence[str] | None = None,
-    calibration: Any = None,
-    providers: Sequence[Any] | None = None,
-    quantize: bool = True,
-    samples: int = 4,
     progress: Callable[[str], None] | None = None,
 ) -> FleetResult:
     """Tune every model on every machine class of the Ray cluster at ``ray_address``; one bundle per model.
 
-    One model: OUTDIR is its bundle; several: OUTDIR/NAME/ each. Every search gets ``budget_s``.
-    ``resume`` continues each search from the journal OUTDIR/.fleet/ kept. The other options are
-    ``tune``'s. Raises ``UsageError`` (exit 2) for bad input or a cluster with no usable node, before
-    anything is written, and ``FleetError`` (exit 1) after writing the bundles when a class is missing.
+    ``request`` holds every option of the searches (its ``model`` is replaced by each of ``models``). One
+    model: the request's OUTDIR is its bundle; several: OUTDIR/NAME/ each. Every search gets the request's
+    budget; ``resume`` continues each search from the journal OUTDIR/.fleet/ kept. Raises ``UsageError``
+    (exit 2) for bad input or a cluster with no usable node, before anything is written, and ``FleetError``
+    (exit 1) after writing the bundles when a class is missing.
     """
     started = time.monotonic()
     say = progress or (lambda line: log.info("%s", line))
-    if not budget_s or budget_s <= 0:
-        raise UsageError(f"--budget must be a positive number of seconds, got {budget_s}.")
-    listed = [models] if models is None or isinstance(models, (str, os.PathLike)) else list(models)
-    if not listed:
+    if not models:
         raise UsageError("Give at least one MODEL to tune on the cluster.")
-    if calibration is not None and len(listed) > 1:
+    if request.calibration is not None and len(models) > 1:
         raise UsageError("--calibration data fits one model's inputs: tune one MODEL with it, or leave it out.")
-    out = _check_out(Path(out_dir))
-    options = {
-        "shapes": shapes,
-        "objective": objective,
-        "max_error": max_error,
-        "metric": metric,
-        "providers": providers,
-        "quantize": quantize,
-    }
-    entries = _models(listed, out, options, calibration)
-    tune_options = {**options, "samples": samples}
+    out = _check_out(Path(request.out_dir))
+    entries = _models(models, out, request)
     with one_writer(out, "ortpilot tune --ray"), connected(ray_address):
         fleet = discover(ray_address)
         _say_fleet(fleet, say)
         for entry in entries:  # an old bundle.json must not describe the folders this run rewrites
             with contextlib.suppress(FileNotFoundError):
                 (entry.root / BUNDLE_FILE).unlink()
-        driver = _Driver(fleet, entries, out, float(budget_s), tune_options, resume, say, started)
+        driver = _Driver(fleet, entries, out, request, say, started)
         driver.run()
     result = driver.result(time.monotonic() - started)
     _write_bundles(result, fleet, entries, driver)
@@ -131,7 +126,7 @@ def _check_out(out: Path) -> Path:
     return out
 
 
-def _models(listed: Sequence[Any], out: Path, options: Mapping[str, Any], calibration: Any) -> list[_Model]:
+def _models(listed: Sequence[str | None], out: Path, request: TuneRequest) -> list[_Model]:
     """Each model's request checked here (``tune.check_request``), named, and packed."""
     from ortpilot.modelio import file_sha256
     from ortpilot.tuning.tune import check_request
@@ -139,7 +134,7 @@ def _models(listed: Sequence[Any], out: Path, options: Mapping[str, Any], calibr
     entries: list[_Model] = []
     seen: dict[str, str] = {}
     for model in listed:
-        label, path, given = check_request(model, **options, calibration=calibration)
+        label, path, given = check_request(request.for_model(model))
         name = _model_name(label, path)
         if name in seen:
             raise UsageError(
@@ -214,14 +209,13 @@ class _Driver:
         fleet: Fleet,
         models: Sequence[_Model],
         out: Path,
-        budget_s: float,
-        tune_options: Mapping[str, Any],
-        resume: bool,
+        request: TuneRequest,
         say: Callable[[str], None],
         started: float,
     ) -> None:
-        self.fleet, self.models, self.out, self.budget_s = fleet, list(models), out, budget_s
-        self.tune_options, self.say, self.t0 = dict(tune_options), say, started
+        self.fleet, self.models, self.out, self.budget_s = fleet, list(models), out, request.budget
+        self.request, self.say, self.t0 = request, say, started
+        resume = request.resume
         self.dead: set[str] = set()
         names = _class_names(list(fleet.classes().values()))
         self.searches = [
@@ -285,13 +279,13 @@ class _Driver:
             search = by_job[chosen[0]]
             node = self.fleet.node(chosen[1].node)
             pending.remove(search)
-            job = {
-                "model_file": search.model.model_file,
-                "budget_s": self.budget_s,
-                "tune": self.tune_options,
-                "cpus": node.machine_class.cpus,
-                "source": {"path": str(search.model.path.resolve()), "label": search.model.label},
-            }
+            job = SearchJob(
+                search.model.model_file,
+                self.request.to_dict(),
+                node.machine_class.cpus,
+                str(search.model.path.resolve()),
+                search.model.label,
+            )
             task = ray.remote(remote_search).options(
                 num_cpus=node.node.cpus,
                 max_retries=0,
@@ -370,16 +364,15 @@ class _Driver:
         search, outcome = run.search, run.search.outcome
         with atomic_dir(search.model.root / search.cls.name, replace=True) as tmp:
             unpack(message["folder"], tmp)
-        outcome.summary = dict(message.get("summary") or {})
+        outcome.summary = summary = SearchSummary.from_dict(message["summary"])
         outcome.node = {"id": run.node.node.id, "ip": run.node.node.ip, "host": run.node.host}
         outcome.attempts.append({"node": run.node.node.id, "ended": "done"})
         outcome.end_s = time.monotonic() - self.t0
-        speed = outcome.summary.get("speedup") or {}
-        against = outcome.summary.get("measured_against") or "ORT's default"
+        speed = summary.speedup
         self.say(
-            f"{search.title}: {outcome.summary.get('winner') or '?'}, {speed.get('ratio', 0):.2f}x {against} "
+            f"{search.title}: {summary.winner or '?'}, {speed.get('ratio', 0):.2f}x {summary.measured_against} "
             f"(95% CI {speed.get('ci_low', 0):.2f}-{speed.get('ci_high', 0):.2f}) on node {run.node.node.short} in "
-            f"{outcome.summary.get('wall_s') or 0:.0f} s"
+            f"{summary.wall_s:.0f} s"
         )
 
     def _failed(self, run: _Running, pending: list[_Search], why: str, *, retry: bool, code: int = 1) -> None:
@@ -479,19 +472,18 @@ def _write_bundles(result: FleetResult, fleet: Fleet, models: Sequence[_Model], 
     for model, outcome in zip(models, result.models):
         entries, missing = [], []
         for c in outcome.classes:
-            if c.done:
-                speed = c.summary.get("speedup") or {}
+            if c.summary is not None and c.done:
                 entries.append(
                     {
                         "class": c.machine_class,
                         "folder": c.name,
-                        "winner": str(c.summary.get("winner") or ""),
-                        "speedup": {k: float(v) for k, v in speed.items()},
-                        "measured_against": str(c.summary.get("measured_against") or "ORT's default"),
-                        "default_best": bool(c.summary.get("default_best")),
+                        "winner": c.summary.winner,
+                        "speedup": dict(c.summary.speedup),
+                        "measured_against": c.summary.measured_against,
+                        "default_best": c.summary.default_best,
                         "node": {k: str(v) for k, v in c.node.items()},
                         "attempts": len(c.attempts),
-                        "wall_s": float(c.summary.get("wall_s") or 0.0),
+                        "wall_s": c.summary.wall_s,
                         "start_s": float(c.start_s or 0.0),
                         "end_s": float(c.end_s or 0.0),
                     }
@@ -536,4 +528,4 @@ def _finish(result: FleetResult, say: Callable[[str], None]) -> None:
         )
 
 
-__all__ = ["FLEET_DIR", "tune_fleet"]
+__all__ = ["FLEET_DIR", "fleet_request", "tune_fleet"]

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+OUTPUT_RESERVE_S = 5.0  # writing the model, profile and reports (matplotlib) after the search
 CANDIDATE_TIMEOUT_S = 600.0  # a candidate's child that takes longer is taken to hang
 FINAL_ROUNDS = 8
 FINAL_MIN_RUNS = 2  # per candidate per final round

@@ -38,8 +38,9 @@ from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
 from ortpilot.quantmodes import DYNAMIC
-from ortpilot.tuning.budget import SAFETY, SPIN_S, Budget, paired_runs_cost
+from ortpilot.tuning.budget import OUTPUT_RESERVE_S, SAFETY, SPIN_S, Budget, paired_runs_cost
 from ortpilot.tuning.candidate import Candidate
+from ortpilot.tuning.request import OBJECTIVES
 from ortpilot.tuning.space import (
     Facts,
     combine,
@@ -51,12 +52,10 @@ from ortpilot.tuning.space import (
 )
 from ortpilot.tuning.steps import StepRunner
 
-OBJECTIVES = ("p50", "p99", "throughput")
 SCREEN_RUNS_BASELINE = 10
 KNOB_BASES = 2  # model variants whose session knobs are explored
 MIN_GAIN = 0.03  # a knob "wins" on its own when it beats its base by this much in the cheap pass
 MAX_ROUNDS = 6
-OUTPUT_RESERVE_S = 5.0  # writing the model, profile and reports (matplotlib) after the search
 # A rejected dynamic INT8 variant within this factor of the limit gets layers left in float,
 # aiming this much below the limit, at most this many times.
 FOLLOWUP_WITHIN = 4.0

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -51,6 +51,7 @@ from ortpilot.tuning.outputs import winner_model, write_outputs
 from ortpilot.tuning.pruned import pruned_model
 from ortpilot.tuning.reference import HELDOUT_SEED, feeds_digest
 from ortpilot.tuning.report import reference_name
+from ortpilot.tuning.request import TuneRequest
 from ortpilot.tuning.result import GateRecord, Pick, RunRecord, TuneResult, load_note
 from ortpilot.tuning.search import OUTPUT_RESERVE_S, Entry, Progress, Search, cost, speedup
 from ortpilot.tuning.space import Facts, gather_facts
@@ -64,30 +65,21 @@ Sample = dict[str, Any]
 
 
 def tune(
-    model: str | os.PathLike | None = None,
-    out_dir: str | os.PathLike = "ortpilot-out",
-    budget_s: float = 300,
+    model: str | os.PathLike | TuneRequest | None = None,
+    out_dir: str | os.PathLike | None = None,
+    budget_s: float | None = None,
     *,
-    shapes: Sequence[str] | Mapping[str, Any] | None = None,
-    objective: str = "p50",
-    max_error: float | None = None,
-    metric: str | Sequence[str] | None = None,
-    calibration: Any = None,
-    providers: Sequence[Any] | None = None,
-    resume: bool = False,
-    quantize: bool = True,
-    samples: int = 4,
     progress: Callable[[Progress], None] | None = None,
-    outputs: Sequence[str] | None = None,
+    **options: Any,
 ) -> TuneResult:
     """Find the fastest configuration that passes the accuracy gate and write it to ``out_dir``.
 
-    ``model`` None tunes the built-in demo encoder. ``metric``: ``"METRIC"`` for every output and/or
-    ``"OUTPUT=METRIC"`` items (``measure.metrics``); the rest is chosen per output on evidence.
-    ``budget_s`` bounds the search (the final
-    interleaved measurement is reserved inside it). Raises UsageError for bad input before
-    anything is written; Ctrl-C leaves the journal, so ``resume=True`` continues (and on a
-    finished tune replays it: the same winner, nothing measured again).
+    Takes a ``TuneRequest`` (``tuning.request``: every option, its default and its meaning), or the
+    request's fields as arguments: ``tune("m.onnx", "out", 120, quantize=False)``. ``model`` None tunes
+    the built-in demo encoder. ``budget_s`` bounds the search (the final interleaved measurement is
+    reserved inside it). Raises UsageError for bad input before anything is written; Ctrl-C leaves the
+    journal, so ``resume=True`` continues (and on a finished tune replays it: the same winner, nothing
+    measured again).
 
     ``calibration``: what ``passes.calibration.load_calibration`` reads (arrays, a reader, or
     ``ortpilot.data.real_data`` text and images). Its split gives static INT8 variants their
@@ -100,49 +92,48 @@ def tune(
     """
     start = time.monotonic()
     load_start = (_load1(), cpushare.sample())
-    if not budget_s or budget_s <= 0:
-        raise UsageError(f"--budget must be a positive number of seconds, got {budget_s}.")
-    if budget_s <= OUTPUT_RESERVE_S:
-        raise UsageError(
-            f"--budget {budget_s:g} s leaves no time to search: a tune keeps the last {OUTPUT_RESERVE_S:g} s of its "
-            "budget for writing its outputs (model, profile, reports). Give --budget "
-            f"{2 * OUTPUT_RESERVE_S:g} or more (a small model tunes in 10-30 s, a transformer wants 60-120)."
-        )
-    out = check_out_dir(Path(out_dir))
-    set_up = partial(
-        _set_up,
-        model,
-        shapes=shapes,
-        objective=objective,
-        max_error=max_error,
-        metric=metric,
-        calibration=calibration,
-        providers=providers,
-        quantize=quantize,
-        outputs=outputs,
-    )
+    request = as_request(model, out_dir, budget_s, **options)
+    out = check_out_dir(Path(request.out_dir))
     with one_writer(out, "ortpilot tune"):  # a second tune on this OUTDIR exits 2 naming this one's PID
-        return _tune(set_up, out, budget_s, start, load_start, resume=resume, samples=samples, progress=progress)
+        return _tune(partial(_set_up, request), out, request, start, load_start, progress=progress)
+
+
+def as_request(
+    model: str | os.PathLike | TuneRequest | None = None,
+    out_dir: str | os.PathLike | None = None,
+    budget_s: float | None = None,
+    **options: Any,
+) -> TuneRequest:
+    """A ``TuneRequest`` as given, or built from ``tune``'s arguments (a request and arguments together is a
+    ``UsageError``: one says what the other would)."""
+    if isinstance(model, TuneRequest):
+        if out_dir is not None or budget_s is not None or options:
+            raise UsageError("Give tune() a TuneRequest or its fields as arguments, not both.")
+        return model
+    unknown = sorted(set(options) - set(TuneRequest.__dataclass_fields__))
+    if unknown:
+        raise UsageError(f"tune() got unknown options: {', '.join(unknown)} (a TuneRequest's fields are the options).")
+    located = {"out_dir": out_dir} if out_dir is not None else {}
+    return TuneRequest(model=model, budget_s=budget_s, **located, **options)
 
 
 def _tune(
     set_up: Callable[[], _Setup],
     out: Path,
-    budget_s: float,
+    request: TuneRequest,
     start: float,
     load_start: tuple[float | None, cpushare.CpuSample | None],
     *,
-    resume: bool,
-    samples: int,
     progress: Callable[[Progress], None] | None,
 ) -> TuneResult:
     """``tune`` once OUTDIR is this process's: the steps in order (module docstring); ``set_up`` is
-    ``_set_up`` with the caller's arguments, run under the OUTDIR lock like every other step."""
+    ``_set_up`` of the request, run under the OUTDIR lock like every other step."""
     setup = set_up()
+    budget_s = request.budget
     with contextlib.ExitStack() as stack:  # closes the worker, the scratch folder and the journal
-        journal = _open_journal(out, setup.config, resume)
+        journal = _open_journal(out, setup.config, request.resume)
         stack.callback(journal.close)
-        data = _choose_data(setup, journal, out, samples)
+        data = _choose_data(setup, journal, out, request.samples)
         _record_start(journal, out, setup, budget_s)
         worker = _scratch_space(stack, setup, data)
         replay_only = _search_ended(journal)
@@ -184,61 +175,51 @@ class _Setup:
     config: dict[str, Any]  # what the journal's start record pins: a resume must match it
 
 
-def _set_up(
-    model: str | os.PathLike | None,
-    *,
-    shapes: Sequence[str] | Mapping[str, Any] | None,
-    objective: str,
-    max_error: float | None,
-    metric: str | Sequence[str] | None,
-    calibration: Any,
-    providers: Sequence[Any] | None,
-    quantize: bool,
-    outputs: Sequence[str] | None = None,
-) -> _Setup:
+def _set_up(request: TuneRequest) -> _Setup:
     """Read the model, the flags and the user's samples; gather the facts the space is built from."""
-    label = str(model) if model is not None else "demo:encoder"
-    source = _model_path(model)
+    label = request.label
+    source = _model_path(request.model)
     proto = load_model(source, load_external_data=False)
-    names = check_outputs(proto, list(outputs)) if outputs else None  # a name it lacks: exit 2, nothing written
+    names = (
+        check_outputs(proto, list(request.outputs)) if request.outputs else None
+    )  # a name it lacks: exit 2, nothing written
     path = pruned_model(source, names) if names else source
     graph = load_model(path, load_external_data=False) if names else proto  # what candidates are built from
-    parsed = parse_shape_args(shapes) if shapes else {}
-    overrides = MetricOverrides.parse(metric)
-    limit = DEFAULT_MAX_ERROR if max_error is None else float(max_error)
+    parsed = parse_shape_args(request.shapes)
+    overrides = MetricOverrides.parse(list(request.metric) or None)
+    limit = DEFAULT_MAX_ERROR if request.max_error is None else request.max_error
     folder = folder_of(path)  # config.json and pooling: metric evidence, and sizes for a fusion the graph cannot size
     gate_spec = OutputGate.for_model(graph, limit, metrics=overrides, folder=folder)  # bad flags: exit 2 now
-    given = _given_data(proto, parsed, calibration)
+    given = _given_data(proto, parsed, request.calibration)
     given_split: tuple[list[Sample], list[Sample]] = ([], [])
     if given is not None:  # the samples' own shapes (a text's sequence length) are the ones timed and gated
         given_split = given.split()
         parsed = {**parsed, **{k: tuple(v.shape) for k, v in given_split[1][0].items()}}
     plan = plan_feeds(proto, parsed)  # a dim with no default raises here, naming the input
-    specs = resolve_providers(providers) if providers else None
-    facts = gather_facts(graph, specs, quantize=quantize, folder_attention=_folder_attention(folder))
+    specs = resolve_providers(request.providers) if request.providers else None
+    facts = gather_facts(graph, specs, quantize=request.quantize, folder_attention=_folder_attention(folder))
     config = {
         "model_sha256": file_sha256(source),
         "outputs": names,
         "shapes": {k: list(v) for k, v in plan.shapes.items()},
-        "objective": objective,
-        "max_error": max_error,
+        "objective": request.objective,
+        "max_error": request.max_error,
         "metric": overrides.describe(),
-        "quantize": quantize,
+        "quantize": request.quantize,
         "providers": [s.to_dict() for s in facts.providers],
         "ort": ort.__version__,
         "data_sha256": given.origin.sha256 if given is not None else None,
     }
-    return _Setup(label, source, path, proto, names, objective, plan, facts, gate_spec, given, given_split, config)
+    return _Setup(
+        label, source, path, proto, names, request.objective, plan, facts, gate_spec, given, given_split, config
+    )
 
 
-def check_request(model: str | os.PathLike | None, **options: Any) -> tuple[str, Path, Any]:
+def check_request(request: TuneRequest) -> tuple[str, Path, Any]:
     """What ``tune`` checks before any work (``_set_up``: bad input is exit 2 here), writing nothing:
     (the model as named, its file, the user's samples as a ``CalibrationSet`` or None). A fleet tune
-    checks its request once here before sending it to the nodes. ``options``: ``tune``'s own
-    (``shapes``, ``objective``, ``max_error``, ``metric``, ``calibration``, ``providers``, ``quantize``,
-    ``outputs``)."""
-    defaults = {"shapes": None, "objective": "p50", "max_error": None, "metric": None, "calibration": None}
-    setup = _set_up(model, **{**defaults, "providers": None, "quantize": True, **options})
+    checks each model's request once here before sending it to the nodes."""
+    setup = _set_up(request)
     return setup.label, setup.source, setup.given
 
 
@@ -577,4 +558,14 @@ def _state_ms(states: TuneStates, entry: Entry) -> str:
     return " and ".join(f"{figures[s].default_p50_ms:.3f} ms {s}" for s in sorted(figures))
 
 
-__all__ = ["HELDOUT_SEED", "TuneResult", "check_out_dir", "check_request", "feeds_digest", "load_note", "tune"]
+__all__ = [
+    "HELDOUT_SEED",
+    "TuneRequest",
+    "TuneResult",
+    "as_request",
+    "check_out_dir",
+    "check_request",
+    "feeds_digest",
+    "load_note",
+    "tune",
+]
