@@ -24,6 +24,8 @@ QDQ_MODES = (QDQ, FULL)
 OPERATOR_MODES = tuple(m for m in INT8_MODES if m not in QDQ_MODES)
 """The INT8 modes written as ORT's integer operators (``EnableSubgraph`` reaches If/Loop bodies)."""
 
+OPENVINO_INT8 = "openvino"  # NNCF's QDQ model for the OpenVINO EP (``passes.openvino_int8``), calibrated
+
 INT4 = "int4"  # 4-bit MatMulNBits weights, float activations
 INT8_WEIGHTS = "int8-weights"  # 8-bit MatMulNBits weights, float activations
 
@@ -48,6 +50,7 @@ __all__ = [
     "INT4",
     "INT8_MODES",
     "INT8_WEIGHTS",
+    "OPENVINO_INT8",
     "OPERATOR_MODES",
     "QDQ",
     "QDQ_MODES",

@@ -25,8 +25,8 @@ from ortpilot.gate.core import ModelGate
 from ortpilot.gate.exclude import Layer, Try
 from ortpilot.passes.base import SourceModel
 from ortpilot.passes.debug import LayerError, layer_errors
+from ortpilot.passes.options import NOISE_RANKING
 from ortpilot.passes.quantize import QuantizePass
-from ortpilot.quantmodes import DYNAMIC
 
 log = logging.getLogger("ortpilot")
 
@@ -70,8 +70,8 @@ class QdqErrors:
 def int8_ranking(
     step: QuantizePass, source: SourceModel, samples: Sequence[Mapping[str, np.ndarray]]
 ) -> DynamicNoise | QdqErrors:
-    """The ranking that fits ``step``'s mode (rank on calibration samples, not the gate's held-out ones)."""
-    return DynamicNoise(step, source, samples) if step.mode == DYNAMIC else QdqErrors(source, samples)
+    """The ranking ``step``'s options ask for (rank on calibration samples, not the gate's held-out ones)."""
+    return DynamicNoise(step, source, samples) if step.config.ranking == NOISE_RANKING else QdqErrors(source, samples)
 
 
 class GroupSensitivity:

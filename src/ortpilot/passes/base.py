@@ -31,6 +31,7 @@ from google.protobuf.message import EncodeError
 from ortpilot.artifacts.atomic import atomic_write_bytes, check_output_path, save_model
 from ortpilot.artifacts.stamp import make_stamp, write_stamp
 from ortpilot.modelio import file_sha256, load_model, set_ir_for_running_ort
+from ortpilot.passes.options import PassOptions
 from ortpilot.providers.names import resolve_providers
 from ortpilot.walk import graphs, nodes
 
@@ -214,6 +215,21 @@ class Outcome:
     ep_specific: bool = False
 
 
+class Setting:
+    """A pass attribute that reads the field (or property) of the same name of its options record, ``config``
+    (``passes.options``): the record holds each setting once, the pass reads as it always has. A tuple
+    reads as a list, an empty one where the field may be None as None."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = getattr(obj.config, self.name)
+        return list(value) if isinstance(value, tuple) else value
+
+
 class Pass(abc.ABC):
     """A model -> model step. Subclasses implement ``transform`` and ``options``."""
 
@@ -225,14 +241,15 @@ class Pass(abc.ABC):
 
     @classmethod
     def from_options(
-        cls, options: Mapping[str, Any], *, calibration: Sequence[Mapping[str, Any]] = (), prepared: bool = False
+        cls, options: PassOptions, *, calibration: Sequence[Mapping[str, Any]] = (), prepared: bool = False
     ) -> Pass:
-        """The pass a pipeline step's JSON options describe (``passes.registry.Step``).
+        """The pass a pipeline step's options record describes (``passes.registry.Step``, ``passes.options``).
 
         ``calibration``: samples, for passes that calibrate; ``prepared``: the input already went
-        through ``PrepareForQuantization`` (a quantize step then skips its own preparation).
+        through ``PrepareForQuantization`` (a quantize step then skips its own preparation). This
+        default hands a record's JSON form to the constructor as keywords (a pass with no record of its own).
         """
-        return cls(**options)
+        return cls(**options.to_dict())
 
     @abc.abstractmethod
     def options(self) -> dict[str, Any]:
@@ -370,6 +387,7 @@ __all__ = [
     "PassResult",
     "Pipeline",
     "PipelineResult",
+    "Setting",
     "SourceModel",
     "op_histogram",
     "quantized_node_count",

@@ -26,9 +26,9 @@ import onnx
 
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.passes.base import SourceModel
+from ortpilot.passes.options import NOISE_RANKING
 from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, full_op_types
 from ortpilot.passes.sensitivity import dynamic_op_types, rank_dynamic
-from ortpilot.quantmodes import DYNAMIC, QDQ, STATIC
 from ortpilot.session.ortlog import capture_ort_output
 
 SQNR_CAP_DB = 100.0
@@ -180,7 +180,7 @@ def layer_errors(
     """Every ranked layer's share of the error in ``quantized`` (made by ``step`` from ``source``), worst
     first, excluded layers included. ``samples`` should be calibration samples, not the gate's held-out ones."""
     prepared, _ = step.prepared(source)
-    if step.mode == DYNAMIC:
+    if step.config.ranking == NOISE_RANKING:
         return dynamic_errors(
             prepared,
             samples,
@@ -190,11 +190,9 @@ def layer_errors(
             weight_type=step.weight_type,
         )
     qdq = quantized
-    if step.mode == STATIC:  # QOperator ops hide their activations: rank through a QDQ twin
-        twin = step.with_excluded([])
-        twin.mode, twin.op_types = QDQ, step.op_types or full_op_types()
+    if not step.config.qdq:  # QOperator ops hide their activations: rank through a QDQ twin
         try:
-            qdq = twin.run(source).model
+            qdq = step.qdq_twin().run(source).model
         except NothingQuantizedError:
             return []
     return activation_errors(prepared, qdq, samples, step.op_types_for_mode() or full_op_types())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from ortpilot.graph.shapes import InputInfo, graph_inputs, model_max_positions
 from ortpilot.modelio import load_model
 from ortpilot.passes.base import ModelLike, Outcome, Pass, PassResult, SourceModel, op_histogram
 from ortpilot.passes.difference import OutputDifference, output_difference
+from ortpilot.passes.options import CHECK_NEW, CHECK_PAST, CHECK_TOKENS, DecoderFusionOptions
 from ortpilot.passes.rotary import DEFAULT_MAX_POSITIONS, fold_rotary_tables
 from ortpilot.passes.weight_only import pack_weight_matmuls
 
@@ -42,10 +44,6 @@ FUSED_OPS = (
 )
 _PAST = re.compile(r"past", re.I)
 _BATCH = re.compile(r"batch", re.I)
-CHECK_TOKENS = 8  # prompt length of the empty-past check
-CHECK_PAST = 5  # cached tokens of the second check
-CHECK_NEW = 3  # new tokens of the second check
-MIN_POSITIONS = max(CHECK_TOKENS, CHECK_PAST + CHECK_NEW)  # the checks must fit a folded rotary table
 
 
 class FusionIncompleteError(VerificationError):
@@ -93,24 +91,25 @@ class DecoderFusionPass(Pass):
 
     def __init__(
         self,
-        atol: float = 1e-3,
-        rtol: float = 1e-3,
-        seed: int = 0,
-        pack: bool = True,
+        options: DecoderFusionOptions | None = None,
+        *,
         use_cache: bool = False,
         store: ModelStore | None = None,
-        max_positions: int | None = None,
+        **settings: Any,
     ) -> None:
-        """``max_positions``: rows of the constant rotary tables (None: the export's recorded
-        context length, else 8192; 0 keeps the per-step computation and no length limit)."""
-        if max_positions is not None and (max_positions < 0 or 0 < max_positions < MIN_POSITIONS):
-            raise UsageError(
-                f"max_positions must be 0 (keep the rotary tables computed) or at least {MIN_POSITIONS} "
-                f"(the fusion's output check runs {MIN_POSITIONS} positions), got {max_positions}."
-            )
-        self.atol, self.rtol, self.seed, self.pack = atol, rtol, seed, pack
+        """``options`` (None: the defaults) and ``settings``, its fields or changes to it (``atol``, ``rtol``,
+        ``seed``, ``pack``, ``max_positions``: the rows of the constant rotary tables, None for the export's
+        recorded context length, else 8192; 0 keeps the per-step computation and no length limit).
+        ``use_cache``: keep the fused model in the content-addressed ``store``."""
+        self.config = config = replace(options or DecoderFusionOptions(), **settings)
+        self.atol, self.rtol, self.seed, self.pack = config.atol, config.rtol, config.seed, config.pack
+        self.max_positions = config.max_positions
         self.use_cache, self.store = use_cache, store
-        self.max_positions = max_positions
+
+    @classmethod
+    def from_options(cls, options: DecoderFusionOptions, **_: Any) -> DecoderFusionPass:
+        """A tune step: its ``DecoderFusionOptions``."""
+        return cls(options)
 
     def options(self) -> dict[str, Any]:
         return {
@@ -236,7 +235,7 @@ def fuse_decoder(
     max_positions: int | None = None,
 ) -> PassResult:
     """Run :class:`DecoderFusionPass` (raises when the fusion is incomplete or wrong)."""
-    return DecoderFusionPass(atol, rtol, use_cache=use_cache, max_positions=max_positions).run(model)
+    return DecoderFusionPass(atol=atol, rtol=rtol, use_cache=use_cache, max_positions=max_positions).run(model)
 
 
 def summary(result: PassResult) -> str:

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import onnx
 
 from ortpilot.errors import AccuracyGateError, UsageError
-from ortpilot.passes.base import Outcome, Pass, SourceModel, op_histogram
+from ortpilot.passes.base import Outcome, Pass, Setting, SourceModel, op_histogram
 from ortpilot.passes.optimize import OptimizePass
+from ortpilot.passes.options import FusionOptions
 from ortpilot.providers.names import ProviderLike, resolve_providers
 
 log = logging.getLogger("ortpilot")
@@ -85,36 +87,36 @@ class FusionPass(Pass):
 
     def __init__(
         self,
-        model_type: str = "auto",
+        model_type: str | FusionOptions | None = None,
         *,
-        num_heads: int = 0,
-        hidden_size: int = 0,
         providers: Sequence[ProviderLike] | ProviderLike | None = None,
         use_gpu: bool = False,
         check: bool = True,
         verify: bool = True,
+        **settings: Any,
     ) -> None:
-        """``check``: refuse an unknown ``model_type`` now (it imports ORT's transformer optimizer,
-        0.2 s); without it ``transform`` refuses it, when that import is needed anyway. ``verify``:
-        run the fused model against its source (module docstring)."""
+        """``model_type`` (None: auto) or a whole ``FusionOptions``; ``settings``: its other fields
+        (``num_heads``, ``hidden_size``). ``check``: refuse an unknown ``model_type`` now (it imports ORT's
+        transformer optimizer, 0.2 s); without it ``transform`` refuses it, when that import is needed
+        anyway. ``verify``: run the fused model against its source (module docstring)."""
+        if isinstance(model_type, FusionOptions):
+            self.config = replace(model_type, **settings)
+        else:
+            self.config = FusionOptions(**({"model_type": model_type} if model_type is not None else {}), **settings)
         if check:
-            _check_model_type(model_type)
-        self.model_type = model_type
-        self.num_heads = num_heads
-        self.hidden_size = hidden_size
+            _check_model_type(self.model_type)
         self.providers = resolve_providers(providers)
         self.use_gpu = use_gpu
         self.verify = verify
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any], **_: Any) -> FusionPass:
-        """A tune step: ``model_type``, ``num_heads``, ``hidden_size`` (0: let ORT detect them)."""
-        return cls(
-            str(options.get("model_type", "auto")),
-            num_heads=int(options.get("num_heads", 0)),
-            hidden_size=int(options.get("hidden_size", 0)),
-            check=False,
-        )
+    def from_options(cls, options: FusionOptions, **_: Any) -> FusionPass:
+        """A tune step: its ``FusionOptions`` (the model type is checked when the pass runs)."""
+        return cls(options, check=False)
+
+    model_type = Setting()
+    num_heads = Setting()
+    hidden_size = Setting()
 
     def options(self) -> dict[str, Any]:
         return {

@@ -15,17 +15,19 @@ import contextlib
 import logging
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import onnx
 
 from ortpilot.errors import UsageError
-from ortpilot.passes.base import Outcome, Pass, SourceModel, quantized_node_count
+from ortpilot.passes.base import Outcome, Pass, Setting, SourceModel, quantized_node_count
+from ortpilot.passes.options import OpenVINOInt8Options
 from ortpilot.passes.quantize import constants_to_initializers, name_nodes
+from ortpilot.quantmodes import OPENVINO_INT8
 
 EXTRA = "openvino-plugin"
-MODEL_TYPES = ("auto", "transformer", "cnn")
 
 
 def nncf_module() -> Any:
@@ -52,33 +54,30 @@ class OpenVINOInt8Pass(Pass):
 
     name = "openvino-int8"
     calibrated = True
-    mode = "openvino"  # ``ortpilot quantize --mode openvino``; the gated flow ranks layers by their QDQ error
+    mode = OPENVINO_INT8  # ``ortpilot quantize --mode openvino``; the gated flow ranks layers by their QDQ error
 
     def __init__(
         self,
+        options: OpenVINOInt8Options | None = None,
         *,
         calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
-        model_type: str = "auto",
-        nodes_to_exclude: Sequence[str] = (),
-        fast_bias_correction: bool = True,
+        **settings: Any,
     ) -> None:
-        if model_type not in MODEL_TYPES:
-            raise UsageError(f"Unknown model type '{model_type}' for OpenVINO INT8; choose one of {MODEL_TYPES}.")
+        """``options`` (None: the defaults) and ``settings``, its fields or changes to it (``model_type``,
+        ``nodes_to_exclude``, ``fast_bias_correction``)."""
+        self.config = replace(options or OpenVINOInt8Options(), **settings)
         self.calibration = list(calibration or [])
-        self.model_type = model_type
-        self.nodes_to_exclude = list(nodes_to_exclude)
-        self.fast_bias_correction = fast_bias_correction
 
     @classmethod
     def from_options(
-        cls, options: Mapping[str, Any], *, calibration: Sequence[Mapping[str, Any]] = (), prepared: bool = False
+        cls, options: OpenVINOInt8Options, *, calibration: Sequence[Mapping[str, Any]] = (), prepared: bool = False
     ) -> OpenVINOInt8Pass:
-        """A tune step: ``model_type`` (auto, transformer, cnn) and ``exclude`` (nodes left in float)."""
-        return cls(
-            calibration=list(calibration),
-            model_type=str(options.get("model_type", "auto")),
-            nodes_to_exclude=list(options.get("exclude", ())),
-        )
+        """A tune step: its ``OpenVINOInt8Options`` and the calibration samples."""
+        return cls(options, calibration=list(calibration))
+
+    model_type = Setting()
+    nodes_to_exclude = Setting()
+    fast_bias_correction = Setting()
 
     def options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {
@@ -92,12 +91,7 @@ class OpenVINOInt8Pass(Pass):
 
     def with_excluded(self, nodes: Sequence[str]) -> OpenVINOInt8Pass:
         """The same pass, leaving ``nodes`` in float too (NNCF's ignored scope): the auto-exclude loop's step."""
-        return OpenVINOInt8Pass(
-            calibration=self.calibration,
-            model_type=self.model_type,
-            nodes_to_exclude=[*self.nodes_to_exclude, *[n for n in nodes if n not in self.nodes_to_exclude]],
-            fast_bias_correction=self.fast_bias_correction,
-        )
+        return OpenVINOInt8Pass(self.config.excluding(nodes), calibration=self.calibration)
 
     def label(self) -> str:
         return "int8-openvino" + (f"-x{len(self.nodes_to_exclude)}" if self.nodes_to_exclude else "")

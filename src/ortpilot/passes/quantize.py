@@ -19,6 +19,7 @@ import logging
 import os
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,13 @@ from onnx import numpy_helper
 
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import OrtpilotError, UsageError, VerificationError
-from ortpilot.passes.base import Outcome, Pass, SourceModel, op_histogram, quantized_node_count
-from ortpilot.quantmodes import CALIBRATED_MODES, DYNAMIC, FULL, INT8_MODES, OPERATOR_MODES, QDQ, QDQ_MODES, STATIC
+from ortpilot.passes.base import Outcome, Pass, Setting, SourceModel, op_histogram, quantized_node_count
+from ortpilot.passes.options import METHODS, QUANT_TYPES, WEIGHT_OPS, QuantizeOptions
+from ortpilot.quantmodes import CALIBRATED_MODES, FULL, OPERATOR_MODES, QDQ, STATIC
 from ortpilot.session.ortlog import capture_ort_output
 from ortpilot.walk import graphs
 
 log = logging.getLogger("ortpilot")
-METHODS = ("minmax", "entropy", "percentile")
-QUANT_TYPES = ("qint8", "quint8")
 # QDQ around the ops whose integer kernels pay off, plus ops that carry INT8 through unchanged.
 QDQ_OPS_DEFAULT = (
     "Conv",
@@ -55,10 +55,6 @@ QDQ_OPS_DEFAULT = (
     "Resize",
     "Concat",
 )
-# "weights only" (a tune step's ``weights_only``): the op types whose second operand is a weight
-# (MatMul with a constant B, which is ORT's default for dynamic mode, Gemm, Conv, and the fused
-# Attention's packed QKV projection). Embedding Gathers stay float, and so do activation x activation products.
-WEIGHT_OPS = ("MatMul", "Gemm", "Conv", "Attention")
 
 
 class NothingQuantizedError(UsageError):
@@ -89,25 +85,21 @@ def _quantizer_error(entry: str, exc: BaseException) -> QuantizerError:
 
 
 def _quant_type(name: str):
+    """ORT's ``QuantType`` of one of ``QUANT_TYPES`` (``QuantizeOptions`` checked the name)."""
     from onnxruntime.quantization import QuantType
 
-    key = name.lower()
-    if key not in QUANT_TYPES:
-        raise UsageError(f"Unknown quantization type '{name}'; use qint8 or quint8.")
-    return QuantType.QInt8 if key == "qint8" else QuantType.QUInt8
+    return QuantType.QInt8 if name == "qint8" else QuantType.QUInt8
 
 
 def _method(name: str):
+    """ORT's ``CalibrationMethod`` of one of ``METHODS`` (``QuantizeOptions`` checked the name)."""
     from onnxruntime.quantization import CalibrationMethod
 
-    table = {
+    return {
         "minmax": CalibrationMethod.MinMax,
         "entropy": CalibrationMethod.Entropy,
         "percentile": CalibrationMethod.Percentile,
-    }
-    if name not in table:
-        raise UsageError(f"Unknown calibration method '{name}'; use one of {', '.join(METHODS)}.")
-    return table[name]
+    }[name]
 
 
 def full_op_types() -> list[str]:
@@ -282,72 +274,59 @@ def _unknown_to_onnx(model: onnx.ModelProto) -> list[str]:
 
 
 class QuantizePass(Pass):
-    """Quantize with ORT in one of ``INT8_MODES``; calibrated modes need ``calibration`` samples."""
+    """Quantize with ORT as a ``QuantizeOptions`` says; calibrated modes need ``calibration`` samples."""
 
     name = "quantize"
 
     def __init__(
         self,
-        mode: str = DYNAMIC,
+        mode: str | QuantizeOptions | None = None,
         *,
         calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
-        per_channel: bool = False,
-        reduce_range: bool = False,
-        weight_type: str = "qint8",
-        activation_type: str = "quint8",
-        method: str = "minmax",
-        op_types: Sequence[str] | None = None,
-        nodes_to_exclude: Sequence[str] = (),
-        preprocess: bool = True,
         extra_options: Mapping[str, Any] | None = None,
+        **settings: Any,
     ) -> None:
-        if mode not in INT8_MODES:
-            raise UsageError(f"Unknown quantization mode '{mode}'. Choose one of {', '.join(INT8_MODES)}.")
-        _quant_type(weight_type), _quant_type(activation_type), _method(method)
-        self.mode = mode
+        """``mode``: one of ``INT8_MODES`` (None: the record's default), or a whole ``QuantizeOptions``;
+        ``settings``: its other fields (``per_channel=True``, ``nodes_to_exclude=[...]``; with a record,
+        changes to it). ``extra_options`` go to ORT's quantizer as they are."""
+        if isinstance(mode, QuantizeOptions):
+            self.config = replace(mode, **settings)
+        else:
+            self.config = QuantizeOptions(**({"mode": mode} if mode is not None else {}), **settings)
         self.calibration = list(calibration) if calibration is not None else None
-        self.per_channel = per_channel
-        self.reduce_range = reduce_range
-        self.weight_type = weight_type.lower()
-        self.activation_type = activation_type.lower()
-        self.method = method
-        self.op_types = list(op_types) if op_types else None
-        self.nodes_to_exclude = list(nodes_to_exclude)
-        self.preprocess = preprocess
         self.extra_options = dict(extra_options or {})
         self._prepared: dict[str, tuple[onnx.ModelProto, list[str]]] = {}
 
     @classmethod
     def from_options(
-        cls, options: Mapping[str, Any], *, calibration: Sequence[Mapping[str, np.ndarray]] = (), prepared: bool = False
+        cls, options: QuantizeOptions, *, calibration: Sequence[Mapping[str, np.ndarray]] = (), prepared: bool = False
     ) -> QuantizePass:
-        """A tune step: ``mode``, ``per_channel``, ``reduce_range``, ``weight_type``, ``activation_type``,
-        ``weights_only`` (only ``WEIGHT_OPS``) and ``exclude`` (nodes left in float)."""
-        mode = str(options.get("mode", DYNAMIC))
+        """A tune step: its ``QuantizeOptions``; ``prepared`` skips the preparation a ``prepare`` step did."""
         return cls(
-            mode,
-            calibration=list(calibration) if mode in CALIBRATED_MODES else None,
-            per_channel=bool(options.get("per_channel", False)),
-            reduce_range=bool(options.get("reduce_range", False)),
-            weight_type=str(options.get("weight_type", "qint8")),
-            activation_type=str(options.get("activation_type", "quint8")),
-            op_types=list(WEIGHT_OPS) if options.get("weights_only") else None,
-            nodes_to_exclude=list(options.get("exclude", ())),
-            preprocess=not prepared,
+            replace(options, preprocess=False) if prepared else options,
+            calibration=list(calibration) if options.calibrated else None,
             # fused contrib ops (Attention, SkipLayerNormalization) defeat ONNX shape
             # inference; their tensors are float
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
 
-    @property
-    def calibrated(self) -> bool:
-        return self.mode in CALIBRATED_MODES
+    # The settings, read as the pass's own attributes (``config`` holds them).
+    mode = Setting()
+    per_channel = Setting()
+    reduce_range = Setting()
+    weight_type = Setting()
+    activation_type = Setting()
+    method = Setting()
+    op_types = Setting()  # a list, or None: per mode
+    nodes_to_exclude = Setting()
+    preprocess = Setting()
+    calibrated = Setting()  # type: ignore[assignment]
 
     def label(self) -> str:
         """``int8-dynamic``, then ``-w`` (weights only), ``-pc`` (per channel), ``-rr`` (7-bit weights),
         ``-u8u8`` / ``-s8s8`` (weight / activation types off the default) and ``-xN`` (N nodes left float)."""
         label = f"int8-{self.mode}"
-        if self.op_types == list(WEIGHT_OPS):
+        if self.config.weights_only:
             label += "-w"
         if self.per_channel:
             label += "-pc"
@@ -368,7 +347,7 @@ class QuantizePass(Pass):
             "reduce_range": self.reduce_range,
             "weight_type": self.weight_type,
         }
-        if self.mode != DYNAMIC:
+        if self.calibrated:
             opts.update(
                 activation_type=self.activation_type,
                 method=self.method,
@@ -382,21 +361,18 @@ class QuantizePass(Pass):
 
     def with_excluded(self, nodes: Sequence[str]) -> QuantizePass:
         """The same pass, leaving ``nodes`` in float too (shares the prepared-model cache)."""
-        clone = QuantizePass(
-            self.mode,
-            calibration=self.calibration,
-            per_channel=self.per_channel,
-            reduce_range=self.reduce_range,
-            weight_type=self.weight_type,
-            activation_type=self.activation_type,
-            method=self.method,
-            op_types=self.op_types,
-            nodes_to_exclude=[*self.nodes_to_exclude, *[n for n in nodes if n not in self.nodes_to_exclude]],
-            preprocess=self.preprocess,
-            extra_options=self.extra_options,
-        )
+        return self._sibling(self.config.excluding(nodes))
+
+    def _sibling(self, config: QuantizeOptions) -> QuantizePass:
+        """A pass with ``config``, this one's calibration and extra options, sharing its prepared-model cache."""
+        clone = QuantizePass(config, calibration=self.calibration, extra_options=self.extra_options)
         clone._prepared = self._prepared
         return clone
+
+    def qdq_twin(self) -> QuantizePass:
+        """The same quantization written as QDQ pairs on every op this one quantizes (QOperator ops hide their
+        activations; a twin shows them for ranking its layers). Shares the prepared-model cache."""
+        return self._sibling(replace(self.config, mode=QDQ, op_types=self.config.op_types or tuple(full_op_types())))
 
     def prepared(self, source: SourceModel) -> tuple[onnx.ModelProto, list[str]]:
         if source.sha256 not in self._prepared:
@@ -414,7 +390,7 @@ class QuantizePass(Pass):
 
     def transform(self, source: SourceModel) -> Outcome:
         model, notes = self.prepared(source)
-        if self.per_channel and self.mode in QDQ_MODES and _default_opset(model) < 13:
+        if self.per_channel and self.config.qdq and _default_opset(model) < 13:
             # Per-axis QuantizeLinear/DequantizeLinear needs opset 13; older graphs are upgraded first.
             from onnx import version_converter
 
@@ -477,21 +453,21 @@ class QuantizePass(Pass):
         extra = dict(self.extra_options)
         if self.mode in OPERATOR_MODES and has_subgraphs:
             extra.setdefault("EnableSubgraph", True)  # If/Loop bodies (silero-vad keeps its model in one)
-        if self.mode != DYNAMIC and not self.calibration:
+        if self.calibrated and not self.calibration:
             raise UsageError(f"Quantization mode '{self.mode}' is calibrated: it needs calibration samples.")
         try:
             self._run_ort(src, dst, extra)
         except (OrtpilotError, MemoryError, OSError):
             raise  # ours (calibration inputs), or the machine's: they say what they are
         except Exception as exc:
-            raise _quantizer_error("quantize_dynamic" if self.mode == DYNAMIC else "quantize_static", exc) from exc
+            raise _quantizer_error("quantize_static" if self.calibrated else "quantize_dynamic", exc) from exc
 
     def _run_ort(self, src: Path, dst: Path, extra: dict[str, Any]) -> None:
         from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
 
         from ortpilot.passes.calibration import reader_for
 
-        if self.mode == DYNAMIC:
+        if not self.calibrated:
             quantize_dynamic(
                 str(src),
                 str(dst),
@@ -525,6 +501,7 @@ __all__ = [
     "CALIBRATED_MODES",
     "METHODS",
     "QDQ_OPS_DEFAULT",
+    "QUANT_TYPES",
     "WEIGHT_OPS",
     "NothingQuantizedError",
     "PrepareForQuantization",

@@ -18,16 +18,17 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import onnx
 
 from ortpilot.errors import UsageError
 from ortpilot.passes.base import Outcome, Pass, PassResult, PipelineResult, SourceModel
+from ortpilot.passes.options import WeightOnlyOptions
 from ortpilot.passes.rotary import constant_tables
-from ortpilot.quantmodes import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, INT4, WEIGHT_ONLY_BITS, WEIGHT_ONLY_MODES
+from ortpilot.quantmodes import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE
 
 log = logging.getLogger("ortpilot")
 
@@ -275,39 +276,26 @@ class WeightOnlyPass(Pass):
 
     name = "weight_only"
 
-    def __init__(
-        self,
-        mode: str = INT4,
-        *,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        symmetric: bool = True,
-        accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL,
-        embedding: bool = True,
-        nodes_to_exclude: Iterable[str] = (),
-        nodes_in_int8: Iterable[str] = (),
-        pack: bool = True,
-    ) -> None:
-        if mode not in WEIGHT_ONLY_BITS:
-            raise UsageError(f"Unknown weight-only mode '{mode}'; choose one of {', '.join(WEIGHT_ONLY_MODES)}.")
-        if block_size < 16 or block_size & (block_size - 1):
-            raise UsageError(
-                f"--block-size must be a power of two and at least 16 (MatMulNBits needs that); got {block_size}."
-            )
-        if accuracy_level is not None and accuracy_level not in (0, 1, 2, 3, 4):
-            raise UsageError(
-                f"--accuracy-level must be 0..4 (4 = int8 compute, 1 = fp32 compute); got {accuracy_level}."
-            )
-        self.mode = mode
-        self.bits = WEIGHT_ONLY_BITS[mode]
-        self.block_size = block_size
-        self.symmetric = symmetric
-        self.accuracy_level = accuracy_level
+    def __init__(self, mode: str | WeightOnlyOptions | None = None, **settings: Any) -> None:
+        """``mode``: one of ``WEIGHT_ONLY_MODES`` (None: the record's default), or a whole ``WeightOnlyOptions``;
+        ``settings``: its other fields (with a record, changes to it)."""
+        if isinstance(mode, WeightOnlyOptions):
+            config = replace(mode, **settings)
+        else:
+            config = WeightOnlyOptions(**({"mode": mode} if mode is not None else {}), **settings)
+        self.config = config
+        self.mode, self.bits, self.block_size = config.mode, config.bits, config.block_size
+        self.symmetric, self.accuracy_level, self.pack = config.symmetric, config.accuracy_level, config.pack
         # The quantizer's GatherBlockQuantized path is 4-bit only.
-        self.embedding = embedding and self.bits == 4
-        self.nodes_to_exclude = tuple(sorted(set(nodes_to_exclude)))
-        self.pack = pack
+        self.embedding = config.quantizes_embedding
+        self.nodes_to_exclude = config.nodes_to_exclude
         # Mixed precision: these stay in higher precision (8-bit MatMulNBits; an embedding stays float).
-        self.nodes_in_int8 = tuple(sorted(set(nodes_in_int8) - set(self.nodes_to_exclude))) if self.bits == 4 else ()
+        self.nodes_in_int8 = config.nodes_in_int8 if self.bits == 4 else ()
+
+    @classmethod
+    def from_options(cls, options: WeightOnlyOptions, **_: Any) -> WeightOnlyPass:
+        """A tune step: its ``WeightOnlyOptions``."""
+        return cls(options)
 
     def options(self) -> dict[str, Any]:
         return {

@@ -35,9 +35,9 @@ from ortpilot.gate.exclude import Layer, NoiseShare, Try, nodes_of, propose
 from ortpilot.gate.rankings import noise_layers
 from ortpilot.gate.result import GateResult
 from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
+from ortpilot.passes.options import NOISE_RANKING
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
-from ortpilot.quantmodes import DYNAMIC
 from ortpilot.tuning.budget import OUTPUT_RESERVE_S, SAFETY, SPIN_S, Budget, paired_runs_cost
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.request import OBJECTIVES
@@ -341,7 +341,7 @@ class Search:
         if (
             entry.status != "rejected"
             or not isinstance(quant, QuantizePass)
-            or quant.mode != DYNAMIC
+            or quant.config.ranking != NOISE_RANKING  # the worker ranks by dynamic INT8's noise
             or not entry.accuracy
         ):
             return None

@@ -51,8 +51,6 @@ GQA = Step("decoder_fusion")
 W4 = Step("weight_only", {"mode": INT4})
 W8 = Step("weight_only", {"mode": INT8_WEIGHTS})
 SPIN_KEY = "session.intra_op.allow_spinning"
-# Only the CPU EP has the integer kernels dynamic quantization emits (MatMulInteger & co.).
-INT8_DYNAMIC_PROVIDERS = {CPU_EP}
 # OpenVINO: the float model and NNCF's QDQ model (``passes.openvino_int8``), its threads at the CPU budget.
 OV_INT8 = Step("openvino_int8")
 OPENVINO_NOT_TRIED = (
@@ -348,7 +346,7 @@ def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[
         return _openvino_variants(spec, facts, baseline)
     out = []
     for passes in model_variants(facts):
-        if spec.name not in INT8_DYNAMIC_PROVIDERS and any(_dynamic_int8(p) for p in passes):
+        if spec.name != CPU_EP and any(p.options.cpu_only for p in passes):  # dynamic INT8's integer kernels
             facts.excluded.append(
                 Excluded(
                     f"{'+'.join(map(str, passes))} on {spec.short}",
@@ -428,7 +426,3 @@ def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
     last = max(i for i, step in enumerate(steps) if isinstance(step.spec, QuantizePass))
     steps[last] = steps[last].with_options(exclude=sorted({*steps[last].spec.nodes_to_exclude, *nodes}))
     return Candidate(tuple(steps), cand.providers, cand.settings, cand.iobinding)
-
-
-def _dynamic_int8(step: Step) -> bool:
-    return isinstance(step.spec, QuantizePass) and step.spec.mode == DYNAMIC
