@@ -12,9 +12,10 @@ import onnx
 
 from ortpilot.errors import StampMismatchError, UsageError
 from ortpilot.gate.generation import DEFAULT_MIN_TOP1
+from ortpilot.gate.options import GateOptions, gate_keywords
 from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
-from ortpilot.quantmodes import DYNAMIC, WEIGHT_ONLY_MODES
+from ortpilot.quantmodes import DYNAMIC
 from ortpilot.session import SessionSettings, VerifiedSession
 from ortpilot.session import load as load_verified
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from ortpilot.measure.config_file import ConfigEntry
     from ortpilot.measure.interleave import BenchConfig, ComparisonResult
     from ortpilot.measure.regression import Baseline, RegressionVerdict
+    from ortpilot.passes.options import DecoderFusionOptions, QuantizeModeOptions
 
 
 def load(
@@ -288,79 +290,74 @@ def compare_failure(result: Any) -> Exception | None:
 def quantize_gated(
     model: str | os.PathLike | onnx.ModelProto,
     output: str | os.PathLike | None,
-    mode: str = DYNAMIC,
+    options: QuantizeModeOptions | str | None = None,
+    gate: GateOptions | None = None,
     *,
-    calibration: Any = None,
-    max_error: float | None = None,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
-    auto_exclude: bool = False,
-    max_rounds: int = 6,
-    nodes_to_exclude: Sequence[str] = (),
-    block_size: int = 32,
-    symmetric: bool = True,
-    accuracy_level: int = 4,
-    fuse: bool = False,
-    max_positions: int | None = None,
-    min_top1: float = DEFAULT_MIN_TOP1,
-    tokenizer: str | None = None,
-    metric: Any = None,
-    outputs: Sequence[str] | None = None,
-    **int8_options: Any,
+    fusion: DecoderFusionOptions | None = None,
+    **keywords: Any,
 ) -> QuantizeReport:
-    """``ortpilot quantize``: quantize ``model`` in any ``mode``, gate it, write ``output`` only if it passes.
+    """``ortpilot quantize``: quantize ``model`` as ``options`` say, gate it, write ``output`` only if it passes.
+
+    ``options``: the record of a ``--mode`` (``passes.options``: ``QuantizeOptions`` for ORT's INT8 modes,
+    ``OpenVINOInt8Options`` for NNCF's, ``WeightOnlyOptions`` for int4/int8-weights), or the mode's name
+    (default dynamic) with its settings as keywords (``per_channel=True``). ``gate``: a ``GateOptions``, or
+    its fields as keywords (``calibration=...``, ``max_error=0.01``, ``auto_exclude=True``).
 
     Every mode is the one gated-quantization flow (``gate.flow``) and returns its ``QuantizeReport``
-    (``to_dict()``: the ``--json`` document). INT8 modes (dynamic, static, qdq, full) are gated on
-    every output against the float model on held-out calibration samples
-    (``gate.quantize.quantize_int8_gated``; ``int8_options``: the ``QuantizePass`` settings).
-    Weight-only modes (int4, int8-weights) quantize a decoder's weights and are gated on generation
-    (``decode.gate.quantize_weight_only_gated``: ``min_top1``, prompts from ``tokenizer``).
-    ``metric`` (INT8 modes): ``--metric`` overrides of each output's gate metric
-    (``measure.metrics``). ``outputs`` (INT8 modes, ``--outputs``): the outputs the deployment reads; the
-    model is pruned to them before quantizing and gating. Both rescue a failing model with the one auto-exclude loop
-    (``auto_exclude``) and raise ``AccuracyGateError`` (exit 1) without writing when it still fails.
+    (``to_dict()``: the ``--json`` document). INT8 modes are gated on every output against the float model
+    on held-out calibration samples (``gate.quantize.quantize_int8_gated``: ``gate.metric`` overrides each
+    output's metric, ``gate.outputs`` prunes the model to the outputs the deployment reads; keywords
+    ``providers``, ``worst_n``, ``holdout_fraction`` go to it). Weight-only modes quantize a decoder's
+    weights, ``fusion`` (or ``fuse=True``) fusing its attention first, and are gated on generation
+    (``decode.gate.quantize_weight_only_gated``: ``gate.min_top1``, prompts from ``gate.tokenizer``). Both
+    rescue a failing model with the one auto-exclude loop (``gate.auto_exclude``) and raise
+    ``AccuracyGateError`` (exit 1) without writing when it still fails.
     """
-    if mode in WEIGHT_ONLY_MODES:
-        from ortpilot.decode.gate import quantize_weight_only_gated, text_prompts
-        from ortpilot.gate.generation import GenerationGate
+    from ortpilot.passes.options import PassOptions, WeightOnlyOptions, quantize_options
 
-        _no_metric(metric, f"--mode {mode} is gated on generation (top-1 next-token agreement, --min-top1)")
-        if outputs:
+    gate, settings = gate_keywords(gate, keywords)
+    flow = {
+        k: settings.pop(k)
+        for k in ("providers", "worst_n", "holdout_fraction", "fuse", "max_positions")
+        if k in settings
+    }
+    if not isinstance(options, PassOptions):
+        options = quantize_options(options or DYNAMIC, **settings)
+    elif settings:
+        raise UsageError(
+            f"Give the {type(options).__name__} or its settings ({', '.join(sorted(settings))}), not both."
+        )
+    if isinstance(options, WeightOnlyOptions):
+        from ortpilot.decode.gate import quantize_weight_only_gated, text_prompts
+
+        _no_metric(
+            gate.metric, f"--mode {options.mode} is gated on generation (top-1 next-token agreement, --min-top1)"
+        )
+        if gate.outputs:
             raise UsageError(
-                f"--outputs prunes a model to the outputs a deployment reads; --mode {mode} quantizes a "
+                f"--outputs prunes a model to the outputs a deployment reads; --mode {options.mode} quantizes a "
                 "decoder, whose generation loop reads its logits and every present cache. Drop --outputs."
             )
-
         return quantize_weight_only_gated(
             model,
             output,
-            mode,
-            block_size=block_size,
-            symmetric=symmetric,
-            accuracy_level=accuracy_level,
-            fuse=fuse,
-            max_positions=max_positions,
-            nodes_to_exclude=list(nodes_to_exclude),
-            prompts=text_prompts(tokenizer) if tokenizer else None,
-            gate=GenerationGate(min_top1=min_top1),
-            auto=auto_exclude,
+            options,
+            prompts=text_prompts(gate.tokenizer) if gate.tokenizer else None,
+            gate=gate.generation_gate(),
+            auto=gate.auto_exclude,
+            new_tokens=gate.new_tokens,
+            fusion=fusion,
+            **{k: v for k, v in flow.items() if k in ("fuse", "max_positions")},
         )
     from ortpilot.gate.quantize import quantize_int8_gated
 
-    return quantize_int8_gated(
-        model,
-        output,
-        mode,
-        calibration=calibration,
-        max_error=max_error,
-        shapes=shapes,
-        auto_exclude=auto_exclude,
-        max_rounds=max_rounds,
-        nodes_to_exclude=list(nodes_to_exclude),
-        metrics=metric,
-        outputs=outputs,
-        **int8_options,
-    )
+    if fusion is not None or flow.get("fuse") or flow.get("max_positions") is not None:
+        raise UsageError(
+            f"The decoder fusion (fuse) runs before the weight-only modes; --mode {options.mode} does not take it."
+        )
+    extras = {k: v for k, v in flow.items() if k not in ("fuse", "max_positions")}
+    return quantize_int8_gated(model, output, options, gate, shapes=shapes, **extras)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -108,9 +108,7 @@ def test_int8_that_changes_decoded_text_is_rejected_where_cosine_passed_it(recog
         quantize_int8_gated(str(recognizer), None, "dynamic", calibration=data, max_error=0.01)
     said = str(failed.value)
     assert "on output '387'" in said and "decoded sequences identical" in said and "over 64 held-out" in said
-    on_cosine = quantize_int8_gated(
-        str(recognizer), None, "dynamic", calibration=data, max_error=0.01, metrics="cosine"
-    )
+    on_cosine = quantize_int8_gated(str(recognizer), None, "dynamic", calibration=data, max_error=0.01, metric="cosine")
     assert on_cosine.gate.passed and on_cosine.gate.error < 0.01
     # the same INT8 model, gated on the decoded sequences: the exact-match rate is what fails it
     heldout = data.split(0.25)[1]

@@ -2,22 +2,26 @@
 
 Each check takes ``(value, name)`` and raises :class:`Bad` naming the field (``name``, dotted)
 and the problem; ``fields`` builds the check of an object that accepts only the fields it names.
-The callers turn a ``Bad`` into their own one-paragraph ``UsageError``.
+The callers turn a ``Bad`` into their own one-paragraph ``UsageError``. ``record_of``,
+``as_strings`` and ``path_or_none`` are what the frozen records that travel as plain data share
+(``TuneRequest``, ``GateOptions``): made strictly from a document, normalised, their data as paths.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ortpilot.errors import UsageError
 
 Check = Callable[[Any, str], None]
+R = TypeVar("R")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -127,6 +131,32 @@ def fields(known: Mapping[str, Check], required: Sequence[str] = ()) -> Check:
     return run
 
 
+def record_of(cls: Callable[..., R], doc: Mapping[str, Any], what: str) -> R:
+    """The frozen record ``cls`` (a dataclass) from its plain-data form ``doc``; a field ``cls`` lacks is a
+    ``UsageError`` naming ``what`` (data read back, a fleet job or a journal's, is checked, not trusted)."""
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise UsageError(f"{what} has unknown fields: {', '.join(map(str, unknown))}.")
+    return cls(**dict(doc))
+
+
+def as_strings(items: str | Sequence[str] | None) -> tuple[str, ...]:
+    """A record's names (flag values, outputs, metrics) as a tuple of strings: None is none, and one string
+    is one item, not its letters."""
+    if items is None:
+        return ()
+    if isinstance(items, str):
+        return (items,)
+    return tuple(str(i) for i in items)
+
+
+def path_or_none(value: Any) -> str | None:
+    """A path (``str`` or ``os.PathLike``) as text, anything else (in-memory data) as None: what of a record's
+    data travels as plain data."""
+    return os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+
+
 def sha256(value: Any, name: str) -> None:
     string(value, name)
     if not SHA256.match(value):
@@ -171,6 +201,7 @@ __all__ = [
     "SHA256",
     "Bad",
     "Check",
+    "as_strings",
     "boolean",
     "dict_of",
     "fields",
@@ -181,7 +212,9 @@ __all__ = [
     "list_of",
     "number",
     "optional",
+    "path_or_none",
     "read_document",
+    "record_of",
     "sha256",
     "string",
 ]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,24 +29,17 @@ from ortpilot.gate.core import Gate, ModelGate, Probe
 from ortpilot.gate.exclude import Bisect, ExcludeResult, nodes_of
 from ortpilot.gate.flow import QuantizeReport, quantize_and_gate, search
 from ortpilot.gate.generation import DecoderComparison, GenerationGate, ReferenceRun, log_softmax
+from ortpilot.gate.options import DEFAULT_NEW_TOKENS
 from ortpilot.gate.rankings import GroupSensitivity
 from ortpilot.gate.result import GateResult
 from ortpilot.passes.base import Outcome, PassResult, SourceModel
-from ortpilot.passes.weight_only import (
-    DEFAULT_ACCURACY_LEVEL,
-    DEFAULT_BLOCK_SIZE,
-    WeightOnlyPass,
-    layer_groups,
-    weight_bytes,
-    weight_only_nodes,
-)
-from ortpilot.quantmodes import INT4
+from ortpilot.passes.options import DecoderFusionOptions, WeightOnlyOptions
+from ortpilot.passes.weight_only import WeightOnlyPass, layer_groups, weight_bytes, weight_only_nodes
 
 if TYPE_CHECKING:
     from ortpilot.session import SessionSettings
 
 log = logging.getLogger("ortpilot")
-DEFAULT_NEW_TOKENS = 16
 
 
 # --------------------------------------------------------------------------- running decoders
@@ -225,18 +218,19 @@ class _ClockedGate(ModelGate):
 @dataclass
 class WeightOnlyStep:
     """``WeightOnlyPass`` as the auto-exclude loop builds it: ``excluded`` nodes go to ``fallback``
-    precision ("int8": 8-bit MatMulNBits, half the bytes of float; "float": left unquantized)."""
+    precision ("int8": 8-bit MatMulNBits, half the bytes of float; "float": left unquantized). The nodes
+    ``options`` names stay as ``excluded`` and ``skip`` say (the loop decides them)."""
 
     source: onnx.ModelProto
-    mode: str = INT4
-    block_size: int = DEFAULT_BLOCK_SIZE
-    symmetric: bool = True
-    accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL
-    embedding: bool = True
+    options: WeightOnlyOptions = field(default_factory=WeightOnlyOptions)
     fallback: str = "int8"
     excluded: list[str] = field(default_factory=list)
     skip: tuple[str, ...] = ()  # left float and out of the search (quantize one group alone)
     stamped: bool = False  # build with Pass.run: the model stamped and its record (one build, no search)
+
+    @property
+    def mode(self) -> str:
+        return self.options.mode
 
     def excluding(self, nodes: Sequence[str]) -> WeightOnlyStep:
         return replace(self, excluded=[*self.excluded, *(n for n in nodes if n not in self.excluded)])
@@ -248,17 +242,12 @@ class WeightOnlyStep:
 
     def groups(self) -> dict[str, list[str]]:
         # The int8 path never quantizes the embedding, so its groups must not name it.
-        effective = WeightOnlyPass(self.mode, block_size=self.block_size, embedding=self.embedding).embedding
-        return layer_groups(self.source, embedding=effective)
+        return layer_groups(self.source, embedding=self.options.quantizes_embedding)
 
     def build(self) -> Outcome | PassResult:
         wide = list(self.excluded)
         qpass = WeightOnlyPass(
-            self.mode,
-            block_size=self.block_size,
-            symmetric=self.symmetric,
-            accuracy_level=self.accuracy_level,
-            embedding=self.embedding,
+            self.options,
             nodes_to_exclude=list(self.skip) + (wide if self.fallback == "float" else []),
             nodes_in_int8=wide if self.fallback == "int8" else [],
         )
@@ -402,21 +391,29 @@ def _attempts(outcome: ExcludeResult) -> list[dict[str, Any]]:
     ]
 
 
-def _fallback(mode: str, fallback: str) -> str:
+def _fallback(options: WeightOnlyOptions, fallback: str) -> str:
     if fallback not in ("int8", "float"):
         raise UsageError(f"fallback must be int8 or float, got {fallback!r}.")
-    return fallback if mode == INT4 else "float"  # nothing sits between 8-bit weights and float
+    return fallback if options.bits == 4 else "float"  # nothing sits between 8-bit weights and float
+
+
+def weight_only_options(options: WeightOnlyOptions | str | None, keywords: Mapping[str, Any]) -> WeightOnlyOptions:
+    """``options``, or the ``WeightOnlyOptions`` of the mode it names (None: the default) and the keywords."""
+    if isinstance(options, WeightOnlyOptions):
+        if keywords:
+            raise UsageError(f"Give the WeightOnlyOptions or its fields ({', '.join(sorted(keywords))}), not both.")
+        return options
+    unknown = sorted(set(keywords) - {f.name for f in fields(WeightOnlyOptions)})
+    if unknown:
+        raise UsageError(f"Unknown weight-only settings: {', '.join(unknown)}.")
+    return WeightOnlyOptions(**({"mode": options} if options is not None else {}), **keywords)
 
 
 def auto_exclude(
     model: str | os.PathLike | onnx.ModelProto,
     prompts: Sequence[Sequence[int]] | None = None,
+    options: WeightOnlyOptions | str | None = None,
     *,
-    mode: str = INT4,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    symmetric: bool = True,
-    accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL,
-    embedding: bool = True,
     gate: GenerationGate | None = None,
     new_tokens: int = DEFAULT_NEW_TOKENS,
     fallback: str = "int8",
@@ -424,9 +421,11 @@ def auto_exclude(
     settings: SessionSettings | None = None,
     providers: Any = None,
     raise_on_failure: bool = True,
+    **keywords: Any,
 ) -> AutoExcludeResult:
-    """Weight-only quantize ``model`` so that it passes the generation gate, keeping the most sensitive
-    layers in higher precision if needed.
+    """Weight-only quantize ``model`` as ``options`` say (a ``WeightOnlyOptions``, or its mode with its other
+    fields as keywords: ``mode="int4", block_size=64``) so that it passes the generation gate, keeping the
+    most sensitive layers in higher precision if needed.
 
     First everything is quantized. If the gate fails, each layer group (see
     :func:`~ortpilot.passes.weight_only.layer_groups`) is quantized alone to rank the groups by
@@ -435,11 +434,12 @@ def auto_exclude(
     a bisection down to the smallest passing k (about 2·log2(groups) tries, not one per group).
     Past ``max_excluded`` groups it stops: ``AccuracyGateError`` unless ``raise_on_failure`` is False.
     """
-    fallback = _fallback(mode, fallback)
+    options = weight_only_options(options, keywords)
+    fallback = _fallback(options, fallback)
     source = _load(model)
     if prompts is None:
         prompts = make_prompts(_vocab_size(source))
-    step = WeightOnlyStep(source, mode, block_size, symmetric, accuracy_level, embedding, fallback)
+    step = WeightOnlyStep(source, options, fallback)
     probe = TeacherForcedProbe(prompts, new_tokens, settings, providers)
     flow = WeightOnlyFlow.of(step, probe, gate or GenerationGate(), max_excluded=max_excluded)
     found = search(flow)
@@ -451,50 +451,58 @@ def auto_exclude(
 def quantize_weight_only_gated(
     model: str | os.PathLike | onnx.ModelProto,
     out: str | os.PathLike,
-    mode: str = INT4,
+    options: WeightOnlyOptions | str | None = None,
     *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    symmetric: bool = True,
-    accuracy_level: int | None = DEFAULT_ACCURACY_LEVEL,
-    embedding: bool = True,
-    fuse: bool = False,
     prompts: Sequence[Sequence[int]] | None = None,
     gate: GenerationGate | None = None,
     auto: bool = False,
-    nodes_to_exclude: Sequence[str] = (),
     new_tokens: int = DEFAULT_NEW_TOKENS,
     settings: SessionSettings | None = None,
-    max_positions: int | None = None,
+    fusion: DecoderFusionOptions | None = None,
+    **keywords: Any,
 ) -> QuantizeReport:
     """What ``ortpilot quantize --mode int4|int8-weights`` does: (fuse,) quantize, gate, write if it passes.
 
-    ``max_positions``: with ``fuse``, the rows of the fused model's constant rotary tables (see
-    :class:`~ortpilot.passes.decoder_fusion.DecoderFusionPass`).
+    ``options``: a ``WeightOnlyOptions``, or its mode with its other fields as keywords. ``fusion``: fuse
+    attention into GroupQueryAttention first, as a ``DecoderFusionOptions`` says (its ``max_positions``: the
+    rows of the fused model's constant rotary tables); ``fuse=True`` and ``max_positions=N`` as keywords
+    say the same.
 
     ``auto``: leave the most sensitive layers in higher precision until the gate passes (``auto_exclude``;
-    ``nodes_to_exclude`` is for a run without it). Returns the ``QuantizeReport`` of the one flow
-    (``gate.flow``; ``report["gate"]`` and ``to_dict()`` read its JSON document); raises
+    the options' ``nodes_to_exclude`` are for a run without it). Returns the ``QuantizeReport`` of the one
+    flow (``gate.flow``; ``report["gate"]`` and ``to_dict()`` read its JSON document); raises
     ``AccuracyGateError`` (exit 1) without writing when the gate fails.
     """
+    fusion = _fusion(fusion, keywords.pop("fuse", None), keywords.pop("max_positions", None))
+    options = weight_only_options(options, keywords)
     source = _load(model)
-    if max_positions is not None and not fuse:
-        raise UsageError("max_positions sets the rotary tables the decoder fusion stores; it needs fuse=True.")
     fusion_notes: list[str] = []
-    if fuse:
+    if fusion is not None:
         from ortpilot.passes.decoder_fusion import DecoderFusionPass
 
-        fused = DecoderFusionPass(max_positions=max_positions).run(source)
+        fused = DecoderFusionPass(fusion).run(source)
         source, fusion_notes = fused.model, list(fused.record.notes)
     if prompts is None:
         prompts = make_prompts(_vocab_size(source))
     # Without the search the step is built once, with its stamp (as a plain pass run writes it).
-    fallback, skip = _fallback(mode, "int8"), () if auto else tuple(nodes_to_exclude)
-    step = WeightOnlyStep(
-        source, mode, block_size, symmetric, accuracy_level, embedding, fallback, skip=skip, stamped=not auto
-    )
+    skip = () if auto else options.nodes_to_exclude
+    step = WeightOnlyStep(source, options, _fallback(options, "int8"), skip=skip, stamped=not auto)
     probe = TeacherForcedProbe(prompts, new_tokens, settings)
-    flow = WeightOnlyFlow.of(step, probe, gate or GenerationGate(), auto=auto, fused=fuse, fusion_notes=fusion_notes)
+    flow = WeightOnlyFlow.of(
+        step, probe, gate or GenerationGate(), auto=auto, fused=fusion is not None, fusion_notes=fusion_notes
+    )
     return quantize_and_gate(flow, out)
+
+
+def _fusion(
+    fusion: DecoderFusionOptions | None, fuse: bool | None, max_positions: int | None
+) -> DecoderFusionOptions | None:
+    """The decoder fusion to run first: ``fusion``, or the one ``fuse=True`` (and ``max_positions``) ask for."""
+    if fusion is not None and (fuse is not None or max_positions is not None):
+        raise UsageError("Give fusion=DecoderFusionOptions(...) or fuse=/max_positions=, not both.")
+    if max_positions is not None and not fuse:
+        raise UsageError("max_positions sets the rotary tables the decoder fusion stores; it needs fuse=True.")
+    return DecoderFusionOptions(max_positions=max_positions) if fuse else fusion
 
 
 def _load(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:

@@ -22,7 +22,8 @@ from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.exclude import ExcludeResult, Ranking, Rounds, finite
 from ortpilot.gate.flow import QuantizeReport, quantize_and_gate
-from ortpilot.gate.outputs import OutputGate, SampleProbe
+from ortpilot.gate.options import GateOptions, gate_keywords
+from ortpilot.gate.outputs import SampleProbe
 from ortpilot.gate.rankings import int8_ranking
 from ortpilot.gate.result import GateResult, gate_failure
 from ortpilot.graph.feeds import generate_samples, plan_feeds
@@ -30,15 +31,13 @@ from ortpilot.graph.prune import prune_to_outputs
 from ortpilot.measure.metrics import folder_near
 from ortpilot.passes.base import ModelLike, PassResult, SourceModel
 from ortpilot.passes.calibration import CalibrationSet, load_calibration
+from ortpilot.passes.options import OpenVINOInt8Options, QuantizeOptions, quantize_options
 from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass
-from ortpilot.quantmodes import DYNAMIC, FULL
 
 log = logging.getLogger("ortpilot")
 # ``full`` leaves no float islands: it is always gated, by this much unless told otherwise.
 DEFAULT_FULL_MAX_ERROR = 0.05
-# NNCF's QDQ model for the OpenVINO EP (``passes.openvino_int8``), and the quantize settings it keeps.
-OPENVINO_MODE = "openvino"
-OPENVINO_MODE_OPTIONS = ("nodes_to_exclude", "preprocess", "weight_type", "activation_type", "method")
+Int8Options = QuantizeOptions | OpenVINOInt8Options  # the records of the INT8 modes (ORT's, NNCF's)
 
 
 def _gate_doc(result: GateResult) -> dict[str, Any]:
@@ -83,14 +82,10 @@ class QuantizeStep:
 
 
 def _samples(
-    source: SourceModel,
-    mode: str,
-    calibration: Any,
-    shapes: Mapping[str, tuple[int, ...]] | None,
-    max_error: float | None,
+    source: SourceModel, options: Int8Options, gate: GateOptions, shapes: Mapping[str, tuple[int, ...]] | None
 ) -> CalibrationSet:
-    if calibration is not None or mode != DYNAMIC or max_error is not None:
-        return load_calibration(calibration, source.proto, shapes=shapes)
+    if gate.calibration is not None or options.calibrated or gate.max_error is not None:
+        return load_calibration(gate.calibration, source.proto, shapes=shapes)
     # Dynamic quantization does not calibrate; accuracy is still reported, on generated inputs.
     plan = plan_feeds(source.proto, shapes)
     log.info("Measuring accuracy on 4 generated inputs (%s); pass --calibration for real ones.", plan.describe())
@@ -147,7 +142,7 @@ class Int8Flow:
         if data.synthetic:
             result.record.notes.append("calibration/accuracy on synthetic inputs: not representative of real data")
         calibrated = data.calibration_data()
-        if self.step.pass_.mode == DYNAMIC:
+        if not self.step.pass_.calibrated:
             calibrated = {**calibrated, "samples": 0}
         return {
             "output": str(written) if written else None,
@@ -164,78 +159,86 @@ class Int8Flow:
 def quantize_int8_gated(
     model: ModelLike,
     output: str | os.PathLike | None,
-    mode: str = DYNAMIC,
+    options: Int8Options | str | None = None,
+    gate: GateOptions | None = None,
     *,
-    calibration: Any = None,
-    max_error: float | None = None,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
-    auto_exclude: bool = False,
-    max_rounds: int = 6,
-    per_round: int = 2,
+    providers: Sequence[str] | None = None,
     worst_n: int = 5,
     holdout_fraction: float = 0.25,
-    providers: Sequence[str] | None = None,
-    metrics: Any = None,
-    outputs: Sequence[str] | None = None,
-    **pass_options: Any,
+    **keywords: Any,
 ) -> QuantizeReport:
-    """Quantize ``model`` in an INT8 ``mode``, gate it on held-out samples, write it to ``output`` if it passes.
+    """Quantize ``model`` as ``options`` says, gate it on held-out samples, write it to ``output`` if it passes.
 
-    ``metrics``: ``--metric`` overrides of the metric each output is gated by (``measure.metrics``).
-    ``outputs`` (``--outputs``): the outputs the deployment reads; the model is pruned to them first
-    (``graph.prune.prune_to_outputs``), so the quantizer, the gate and the written model see only them."""
+    ``options``: a ``QuantizeOptions`` (ORT's INT8 modes) or ``OpenVINOInt8Options`` (NNCF's), or the mode's
+    name with its settings as keywords (``per_channel=True``); ``gate``: a ``GateOptions``, or its fields as
+    keywords (``max_error=0.01``, ``metric="cosine"``, ``calibration=...``, ``auto_exclude=True``). With
+    ``gate.outputs`` (``--outputs``) the model is pruned to them first (``graph.prune.prune_to_outputs``), so
+    the quantizer, the gate and the written model see only them. ``providers``: where the gate runs both
+    models; ``worst_n`` layers a failure names; ``holdout_fraction`` of the samples the gate holds out."""
+    options, gate = int8_records(options, gate, keywords)
     source = SourceModel.of(model)
     folder = folder_near(source.path)
-    if outputs:  # a name the model lacks: UsageError (exit 2) before any work
-        source = SourceModel.of(prune_to_outputs(source.proto, list(outputs)))
-    if mode == FULL and max_error is None:
-        max_error = DEFAULT_FULL_MAX_ERROR
-        log.info("--mode full is always gated: using --max-error %g.", max_error)
+    if gate.outputs:  # a name the model lacks: UsageError (exit 2) before any work
+        source = SourceModel.of(prune_to_outputs(source.proto, list(gate.outputs)))
+    if gate.max_error is None and isinstance(options, QuantizeOptions) and options.always_gated:
+        gate = replace(gate, max_error=DEFAULT_FULL_MAX_ERROR)
+        log.info("--mode full is always gated: using --max-error %g.", gate.max_error)
     # A bad --max-error or --metric is refused before any work.
-    gate_spec = OutputGate.for_model(source.proto, max_error, metrics=metrics, folder=folder, compare=True)
-    data = _samples(source, mode, calibration, shapes, max_error)
+    gate_spec = gate.output_gate(source.proto, folder, compare=True)
+    data = _samples(source, options, gate, shapes)
     calib, heldout = data.split(holdout_fraction)
-    if mode == OPENVINO_MODE:
-        step, providers = openvino_step(calib, pass_options, providers)
-    else:
-        step = QuantizePass(mode, calibration=calib if mode != DYNAMIC else None, **pass_options)
-    gate = ModelGate.of(
+    step, providers = int8_step(options, calib, providers)
+    judge = ModelGate.of(
         replace(gate_spec, inputs=heldout),
         SampleProbe(heldout, providers),
         str(source.path) if source.path else source.proto,
     )
-    rescue = auto_exclude and max_error is not None
     flow = Int8Flow(
         QuantizeStep(step, source),
-        gate,
+        judge,
         int8_ranking(step, source, calib),
-        Rounds(per_round),
-        max_rounds + 1 if rescue else 1,
+        Rounds(gate.per_round),
+        gate.max_rounds + 1 if gate.rescue else 1,
         data,
-        rescue,
+        gate.rescue,
         worst_n,
     )
     return quantize_and_gate(flow, output or None)
 
 
-def openvino_step(
-    calib: Sequence[Mapping[str, Any]], pass_options: Mapping[str, Any], providers: Sequence[str] | None
+def int8_records(
+    options: Int8Options | str | None, gate: GateOptions | None, keywords: dict[str, Any]
+) -> tuple[Int8Options, GateOptions]:
+    """The records ``quantize_int8_gated`` takes, from themselves or from their fields as keywords."""
+    gate, settings = gate_keywords(gate, keywords)
+    if not isinstance(options, (QuantizeOptions, OpenVINOInt8Options)):
+        options = quantize_options(options or QuantizeOptions.mode, **settings)
+    elif settings:
+        raise UsageError(f"Give the {type(options).__name__} or its settings as keywords, not both.")
+    if not isinstance(options, (QuantizeOptions, OpenVINOInt8Options)):
+        raise UsageError(
+            f"--mode {options.mode} is weight-only, gated on generation: decode.gate.quantize_weight_only_gated "
+            "(or ortpilot.api.quantize_gated, which takes every mode)."
+        )
+    return options, gate
+
+
+def int8_step(
+    options: Int8Options, calib: Sequence[Mapping[str, Any]], providers: Sequence[str] | None
 ) -> tuple[Any, Sequence[str] | None]:
-    """``--mode openvino``: NNCF's QDQ model (``passes.openvino_int8``), gated on OpenVINO where it runs here
+    """The pass ``options`` describe, calibrated on ``calib`` where it calibrates, and the providers its gate runs on.
+
+    ``--mode openvino``: NNCF's QDQ model (``passes.openvino_int8``), gated on OpenVINO where it runs here
     (its kernels are what the model is for; NNCF's QDQ model on the CPU EP runs slower than float), else
     on the CPU EP, which computes the same quantized values."""
+    if isinstance(options, QuantizeOptions):
+        return QuantizePass(options, calibration=calib if options.calibrated else None), providers
     from ortpilot.passes.openvino_int8 import OpenVINOInt8Pass
     from ortpilot.providers.openvino import OPENVINO
     from ortpilot.providers.plugins import compute_providers
 
-    refused = sorted(k for k, v in pass_options.items() if k not in OPENVINO_MODE_OPTIONS and v not in (None, False))
-    if refused:
-        raise UsageError(
-            f"--mode openvino takes NNCF's own quantization settings; "
-            f"{', '.join('--' + k.replace('_', '-') for k in refused)} do(es) not apply to it "
-            "(use --exclude NODE to leave nodes in float)."
-        )
-    step = OpenVINOInt8Pass(calibration=list(calib), nodes_to_exclude=pass_options.get("nodes_to_exclude") or ())
+    step = OpenVINOInt8Pass(options, calibration=list(calib))
     if providers is None and OPENVINO in compute_providers():
         providers = ["openvino", "cpu"]
     elif providers is None:
@@ -243,4 +246,13 @@ def openvino_step(
     return step, providers
 
 
-__all__ = ["DEFAULT_FULL_MAX_ERROR", "Int8Flow", "QuantizeReport", "QuantizeStep", "quantize_int8_gated"]
+__all__ = [
+    "DEFAULT_FULL_MAX_ERROR",
+    "Int8Flow",
+    "Int8Options",
+    "QuantizeReport",
+    "QuantizeStep",
+    "int8_records",
+    "int8_step",
+    "quantize_int8_gated",
+]

@@ -17,7 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from ortpilot.artifacts.fields import as_strings, path_or_none, record_of
 from ortpilot.errors import UsageError
+from ortpilot.gate.options import GateOptions
 from ortpilot.tuning.budget import OUTPUT_RESERVE_S
 
 DEMO_MODEL = "demo:encoder"  # what a tune without MODEL tunes
@@ -58,8 +60,8 @@ class TuneRequest:
             set_(self, "model", os.fspath(self.model))
         set_(self, "out_dir", os.fspath(self.out_dir))
         set_(self, "shapes", _shape_items(self.shapes))
-        set_(self, "metric", _strings(self.metric))
-        set_(self, "outputs", _strings(self.outputs))
+        set_(self, "metric", as_strings(self.metric))
+        set_(self, "outputs", as_strings(self.outputs))
         set_(self, "providers", _providers(self.providers))
         budget = self.budget_s
         if budget is None:
@@ -97,22 +99,22 @@ class TuneRequest:
         """The same request for another model (a fleet's catalogue)."""
         return replace(self, model=model, out_dir=self.out_dir if out_dir is None else out_dir)
 
+    @property
+    def gate(self) -> GateOptions:
+        """The tune's accuracy gate as every command's gate is told (``gate.options``)."""
+        return GateOptions(self.max_error, self.metric, self.outputs, self.calibration)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data (a fleet job, JSON): every field but in-memory calibration data."""
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc.update(shapes=list(self.shapes), metric=list(self.metric), outputs=list(self.outputs))
         doc["providers"] = [p if isinstance(p, str) else dict(p) for p in self.providers]
-        cal = self.calibration
-        doc["calibration"] = os.fspath(cal) if isinstance(cal, (str, os.PathLike)) else None
+        doc["calibration"] = path_or_none(self.calibration)
         return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> TuneRequest:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(doc) - known)
-        if unknown:
-            raise UsageError(f"A tune request has unknown fields: {', '.join(unknown)}.")
-        return cls(**dict(doc))
+        return record_of(cls, doc, "A tune request")
 
     def options(self) -> dict[str, Any]:
         """The search's own options (every field but where the model comes from and goes to)."""
@@ -120,14 +122,6 @@ class TuneRequest:
         for name in ("model", "out_dir", "budget_s", "resume"):
             doc.pop(name)
         return doc
-
-
-def _strings(items: str | Sequence[str] | None) -> tuple[str, ...]:
-    if items is None:
-        return ()
-    if isinstance(items, str):
-        return (items,)
-    return tuple(str(i) for i in items)
 
 
 def _shape_items(shapes: Sequence[str] | Mapping[str, Any] | None) -> tuple[str, ...]:
@@ -141,7 +135,7 @@ def _shape_items(shapes: Sequence[str] | Mapping[str, Any] | None) -> tuple[str,
                 dims = "x".join(str(d) for d in dims) if dims else "scalar"
             items.append(f"{name}={dims}")
         return tuple(items)
-    return _strings(shapes)
+    return as_strings(shapes)
 
 
 def _providers(items: Any) -> tuple[Any, ...]:

@@ -187,9 +187,8 @@ def _set_up(request: TuneRequest) -> _Setup:
     graph = load_model(path, load_external_data=False) if names else proto  # what candidates are built from
     parsed = parse_shape_args(request.shapes)
     overrides = MetricOverrides.parse(list(request.metric) or None)
-    limit = DEFAULT_MAX_ERROR if request.max_error is None else request.max_error
     folder = folder_of(path)  # config.json and pooling: metric evidence, and sizes for a fusion the graph cannot size
-    gate_spec = OutputGate.for_model(graph, limit, metrics=overrides, folder=folder)  # bad flags: exit 2 now
+    gate_spec = request.gate.output_gate(graph, folder, default=DEFAULT_MAX_ERROR)  # bad flags: exit 2 now
     given = _given_data(proto, parsed, request.calibration)
     given_split: tuple[list[Sample], list[Sample]] = ([], [])
     if given is not None:  # the samples' own shapes (a text's sequence length) are the ones timed and gated
