@@ -14,18 +14,13 @@ from ortpilot.cli.common import (
     JSON_OPTION,
     LEVEL_OPTION,
     MODEL_FILE_OPTION,
-    PROVIDER_HELP,
     emit_json,
     handle_errors,
     preflight_isolated,
     resolve_model_arg,
     stdout,
 )
-
-OUTPUTS_HELP = (
-    "An output the deployment reads (repeatable): the model is pruned to these before anything else, "
-    "and only they are gated, timed and written. Default: all of the model's outputs."
-)
+from ortpilot.cli.flags import OUTPUTS_HELP, PROVIDER_OPTION
 
 
 @click.command("optimize")
@@ -33,7 +28,7 @@ OUTPUTS_HELP = (
 @click.argument("model")
 @click.option("-o", "--output", required=True, help="Where to write the optimized model (.onnx).")
 @LEVEL_OPTION
-@click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
+@PROVIDER_OPTION
 @click.option(
     "--fusion",
     default="none",

@@ -5,11 +5,8 @@ from __future__ import annotations
 import click
 from rich.markup import escape
 
-from ortpilot.cli.cmd_optimize import OUTPUTS_HELP
 from ortpilot.cli.common import (
-    METRIC_HELP,
     MODEL_FILE_OPTION,
-    PROVIDER_HELP,
     REAL_DATA_OPTIONS,
     SHAPE_OPTION,
     emit_json,
@@ -21,7 +18,9 @@ from ortpilot.cli.common import (
     resolve_model_arg,
     stderr,
 )
+from ortpilot.cli.flags import PROVIDER_OPTION, gate_flags
 from ortpilot.cli.groups import arg_group
+from ortpilot.gate.outputs import DEFAULT_MAX_ERROR
 from ortpilot.tuning.request import (
     DEFAULT_OBJECTIVE,
     DEFAULT_OUT_DIR,
@@ -87,9 +86,7 @@ TUNE_REQUEST = arg_group(
         help=f"Seconds for the whole tune (default {MODEL_BUDGET_S:.0f}; {DEMO_BUDGET_S:.0f} for the demo).",
     ),
     click.option("--objective", type=click.Choice(OBJECTIVES), default=DEFAULT_OBJECTIVE, show_default=True),
-    click.option("--max-error", type=float, default=None, help="Largest accepted error per output (default 0.01)."),
-    click.option("--metric", "metric", multiple=True, help=METRIC_HELP),
-    click.option("--outputs", "outputs", multiple=True, metavar="NAME", help=OUTPUTS_HELP),
+    gate_flags(f"Largest accepted error per output (default {DEFAULT_MAX_ERROR:g})."),
     click.option(
         "--calibration",
         type=click.Path(),
@@ -98,7 +95,7 @@ TUNE_REQUEST = arg_group(
         "compare read them: a folder of .npy/.npz, one .npz (arrays with a leading sample axis), or FILE.py:FACTORY.",
     ),
     REAL_DATA_OPTIONS,
-    click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP),
+    PROVIDER_OPTION,
     click.option("--no-quantize", is_flag=True, help="Leave INT8 variants out of the search."),
     click.option("--resume", is_flag=True, help="Continue an interrupted tune from OUTDIR's journal."),
     uses=("models",),
