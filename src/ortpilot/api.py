@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from ortpilot.gate.flow import QuantizeReport
     from ortpilot.measure.bench import BenchResult, Progress
     from ortpilot.measure.config_file import ConfigEntry
-    from ortpilot.measure.interleave import BenchConfig, ComparisonResult
+    from ortpilot.measure.interleave import ComparisonResult
+    from ortpilot.measure.options import BenchConfig, BenchOptions
     from ortpilot.measure.regression import Baseline, RegressionVerdict
     from ortpilot.passes.options import DecoderFusionOptions, QuantizeModeOptions
 
@@ -371,18 +372,6 @@ def check_report_path(path: str) -> None:
     check_output_path(path, "--report", "report.html")
 
 
-def check_bench_budget(
-    runs: int | None, duration_s: float | None, warmup: int | str, concurrency: int
-) -> tuple[int | None, float | None]:
-    """The run count or duration (the default duration when neither is given), the warm-up and the
-    baseline configuration's concurrency, checked before any other configuration is read."""
-    from ortpilot.measure.bench import check_budget, check_concurrency
-
-    budget = check_budget(runs, duration_s, warmup)
-    check_concurrency(concurrency)
-    return budget
-
-
 def read_bench_configs(path: str) -> list[ConfigEntry]:
     """``bench --configs FILE.json``: its entries, each a label and the flags of one configuration."""
     from ortpilot.measure.config_file import read_config_file
@@ -392,43 +381,28 @@ def read_bench_configs(path: str) -> list[ConfigEntry]:
 
 def bench_config(
     model: Any,
+    settings: SessionSettings | None = None,
     *,
     name: str = "",
     providers: Sequence[str] = (),
-    level: str = "all",
-    threads: int = 0,
-    inter_threads: int = 0,
-    mode: str = "sequential",
-    arena: bool = True,
-    mem_pattern: bool = True,
     iobinding: bool = False,
     shapes: Sequence[str] = (),
-    free_dims: Mapping[str, str] | None = None,
     feeds: Mapping[str, np.ndarray] | None = None,
     concurrency: int = 1,
 ) -> BenchConfig:
-    """One ``bench`` configuration from its flags (``measure.interleave.BenchConfig``).
+    """One ``bench`` configuration from its flags (``measure.options.BenchConfig``).
 
-    ``shapes``: ``--shape`` texts; ``free_dims``: ``--free-dim`` DIM -> N text, an ORT free-dimension
-    override that also sizes generated inputs where no ``--shape`` sets that dim.
+    ``settings``: the session's (``--level``, ``--threads`` ...; ``free_dimension_overrides`` from
+    ``--free-dim``, which also size generated inputs where no ``--shape`` sets that dim); ``shapes``:
+    ``--shape`` texts.
     """
-    from ortpilot.measure.bench import check_concurrency
-    from ortpilot.measure.interleave import BenchConfig
+    from ortpilot.measure.options import BenchConfig, check_concurrency
 
     check_concurrency(concurrency)
-    free = {dim: _free_dim(dim, text) for dim, text in (free_dims or {}).items()}
+    settings = settings or SessionSettings()
     shape_map = parse_shape_args(list(shapes))
-    for dim, value in free.items():
+    for dim, value in settings.free_dimension_overrides.items():
         shape_map.setdefault(dim, (value,))
-    settings = SessionSettings(
-        level=level,
-        intra_op_threads=threads,
-        inter_op_threads=inter_threads,
-        execution_mode=mode,
-        enable_cpu_mem_arena=arena,
-        enable_mem_pattern=mem_pattern,
-        free_dimension_overrides=free,
-    )
     return BenchConfig(
         name=name,
         model=model,
@@ -441,9 +415,12 @@ def bench_config(
     )
 
 
-def _free_dim(name: str, text: str) -> int:
-    from ortpilot.errors import UsageError
+def free_dims(texts: Mapping[str, str]) -> dict[str, int]:
+    """``--free-dim DIM=N`` texts (DIM -> N) as ORT's free-dimension overrides: each N a positive integer."""
+    return {name: _free_dim(name, text) for name, text in texts.items()}
 
+
+def _free_dim(name: str, text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -470,53 +447,21 @@ def preflight_bench(configs: Sequence[BenchConfig]) -> None:
 
 
 def bench(
-    configs: Sequence[BenchConfig],
-    *,
-    runs: int | None = None,
-    duration_s: float | None = None,
-    warmup: int | str = "auto",
-    block: int | None = None,
-    policy: str = "warn",
-    roofline: bool = False,
-    progress: Progress | None = None,
+    configs: Sequence[BenchConfig], options: BenchOptions | None = None, *, progress: Progress | None = None
 ) -> BenchResult | ComparisonResult:
     """``ortpilot bench``: one configuration measured alone (``measure.bench.bench``), or several
-    interleaved in this process, the first the baseline (``measure.interleave.bench_interleaved``).
+    interleaved in this process, the first the baseline (``measure.interleave.bench_interleaved``),
+    as ``options`` say (``measure.options.BenchOptions``; None: its defaults).
 
     A failing run raises ``BenchmarkRunError`` (exit 1); :func:`bench_partial` gives what it measured.
     """
     if len(configs) == 1:
         from ortpilot.measure.bench import bench as bench_one
 
-        c = configs[0]
-        return bench_one(
-            c.model,
-            c.providers,
-            c.settings,
-            c.shapes,
-            c.feeds,
-            runs=runs,
-            duration_s=duration_s,
-            warmup=warmup,
-            iobinding=c.iobinding,
-            concurrency=c.concurrency,
-            policy=policy,
-            roofline=roofline,
-            name=c.name or "A",
-            progress=progress,
-        )
+        return bench_one(configs[0], options, progress=progress)
     from ortpilot.measure.interleave import bench_interleaved
 
-    return bench_interleaved(
-        configs,
-        runs=runs,
-        duration_s=duration_s,
-        warmup=warmup,
-        block=block,
-        policy=policy,
-        roofline=roofline,
-        progress=progress,
-    )
+    return bench_interleaved(configs, options, progress=progress)
 
 
 def bench_partial(exc: BaseException) -> BenchResult | None:

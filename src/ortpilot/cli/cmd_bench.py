@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
@@ -11,13 +12,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
-    INPUT_HELP,
     ISOLATE_OPTION,
     JSON_OPTION,
     LEVEL_NAMES,
     MODEL_FILE_OPTION,
     POLICY_OPTION,
-    PROVIDER_HELP,
     SHAPE_OPTION,
     emit_json,
     handle_errors,
@@ -27,9 +26,24 @@ from ortpilot.cli.common import (
     stderr,
     stdout,
 )
+from ortpilot.cli.flags import INPUT_OPTION, PROVIDER_OPTION
+from ortpilot.cli.groups import arg_group
 from ortpilot.errors import UsageError, VerificationError
+from ortpilot.measure.options import DEFAULT_DURATION_S, DEFAULT_WARMUP, BenchConfig, BenchOptions
+from ortpilot.session import SessionSettings
 
 LEVELS = list(LEVEL_NAMES)
+_SESSION = SessionSettings()  # the session flags' defaults are its
+# flag -> the SessionSettings field it sets (--free-dim sets free_dimension_overrides, parsed)
+SESSION_FLAGS = {
+    "level": "level",
+    "threads": "intra_op_threads",
+    "inter_threads": "inter_op_threads",
+    "mode": "execution_mode",
+    "arena": "enable_cpu_mem_arena",
+    "mem_pattern": "enable_mem_pattern",
+}
+_CONFIG = BenchConfig()
 
 
 def _knobs(base: bool) -> list[Callable]:
@@ -40,18 +54,31 @@ def _knobs(base: bool) -> list[Callable]:
         return value if base else None
 
     return [
-        click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP),
-        click.option("--level", type=click.Choice(LEVELS), default=d("all"), help="ORT graph optimization level."),
-        click.option("--threads", type=int, default=d(0), help="Intra-op threads (0 = ORT's default)."),
-        click.option("--inter-threads", type=int, default=d(0), help="Inter-op threads (parallel mode)."),
+        PROVIDER_OPTION,
         click.option(
-            "--mode", type=click.Choice(["sequential", "parallel"]), default=d("sequential"), help="Execution mode."
+            "--level", type=click.Choice(LEVELS), default=d(_SESSION.level), help="ORT graph optimization level."
         ),
-        click.option("--arena/--no-arena", default=d(True), help="CPU memory arena on/off."),
-        click.option("--mem-pattern/--no-mem-pattern", default=d(True), help="Memory pattern planning on/off."),
+        click.option(
+            "--threads", type=int, default=d(_SESSION.intra_op_threads), help="Intra-op threads (0 = ORT's default)."
+        ),
+        click.option(
+            "--inter-threads", type=int, default=d(_SESSION.inter_op_threads), help="Inter-op threads (parallel mode)."
+        ),
+        click.option(
+            "--mode",
+            type=click.Choice(["sequential", "parallel"]),
+            default=d(_SESSION.execution_mode),
+            help="Execution mode.",
+        ),
+        click.option("--arena/--no-arena", default=d(_SESSION.enable_cpu_mem_arena), help="CPU memory arena on/off."),
+        click.option(
+            "--mem-pattern/--no-mem-pattern",
+            default=d(_SESSION.enable_mem_pattern),
+            help="Memory pattern planning on/off.",
+        ),
         click.option(
             "--iobinding/--no-iobinding",
-            default=d(False),
+            default=d(_CONFIG.iobinding),
             help="Bind inputs once as OrtValues and outputs to CPU; time run_with_iobinding.",
         ),
         SHAPE_OPTION,
@@ -61,8 +88,13 @@ def _knobs(base: bool) -> list[Callable]:
             multiple=True,
             help="DIM=N: an ORT free-dimension override (also sizes generated inputs).",
         ),
-        click.option("--input", "inputs", multiple=True, help=INPUT_HELP),
-        click.option("--concurrency", type=int, default=d(1), help="Threads running the one session at once (1-256)."),
+        INPUT_OPTION,
+        click.option(
+            "--concurrency",
+            type=int,
+            default=d(_CONFIG.concurrency),
+            help="Threads running the one session at once (1-256).",
+        ),
     ]
 
 
@@ -82,67 +114,64 @@ def _vs_command(**params: Any) -> dict[str, Any]:
 
 _vs_command = _apply(_knobs(base=False), _vs_command)
 
-KNOB_NAMES = [
-    "providers",
-    "level",
-    "threads",
-    "inter_threads",
-    "mode",
-    "arena",
-    "mem_pattern",
-    "iobinding",
-    "shapes",
-    "free_dims",
-    "inputs",
-    "concurrency",
-]
+
+@dataclass(frozen=True)
+class ConfigFlags:
+    """One configuration's flags as given (the command's, a ``--vs``'s, a ``--configs`` entry's): what the
+    others are layered over, flag by flag, before any of them becomes a ``BenchConfig``."""
+
+    model: str
+    name: str | None
+    providers: tuple[str, ...]
+    level: str
+    threads: int
+    inter_threads: int
+    mode: str
+    arena: bool
+    mem_pattern: bool
+    iobinding: bool
+    shapes: tuple[str, ...]
+    free_dims: tuple[str, ...]
+    inputs: tuple[str, ...]
+    concurrency: int
+
+    def over(self, text: str, where: str = "--vs") -> ConfigFlags:
+        """The flags of another configuration, over these. Unknown flags exit 2."""
+        try:
+            args = shlex.split(text)
+        except ValueError as exc:
+            raise UsageError(f"{where} '{text}' cannot be split into flags: {exc}.") from None
+        try:
+            ctx = _vs_command.make_context("--vs", args)
+        except click.exceptions.ClickException as exc:
+            raise UsageError(
+                f"{where} '{text}': {exc.format_message()} Allowed inside it: the session flags "
+                "(-p, --level, --threads, --inter-threads, --mode, --[no-]arena, --[no-]mem-pattern, "
+                "--[no-]iobinding, --shape, --free-dim, --input, --concurrency) and --model, --name."
+            ) from None
+        return replace(self, **{k: v for k, v in ctx.params.items() if v is not None and v != ()})
+
+    def config(self) -> BenchConfig:
+        """The ``BenchConfig`` these flags describe (``api.bench_config``)."""
+        from ortpilot import api
+
+        settings = SessionSettings(
+            **{setting: getattr(self, flag) for flag, setting in SESSION_FLAGS.items()},
+            free_dimension_overrides=api.free_dims(parse_kv_list(self.free_dims)),
+        )
+        return api.bench_config(
+            resolve_model_arg(self.model),
+            settings,
+            name=self.name or "",
+            providers=self.providers,
+            iobinding=self.iobinding,
+            shapes=self.shapes,
+            feeds=load_input_files(self.inputs),
+            concurrency=self.concurrency,
+        )
 
 
-def parse_vs(text: str, base: dict[str, Any], where: str = "--vs") -> dict[str, Any]:
-    """Flags of another configuration, over the base configuration's. Unknown flags exit 2."""
-    try:
-        args = shlex.split(text)
-    except ValueError as exc:
-        raise UsageError(f"{where} '{text}' cannot be split into flags: {exc}.") from None
-    try:
-        ctx = _vs_command.make_context("--vs", args)
-    except click.exceptions.ClickException as exc:
-        raise UsageError(
-            f"{where} '{text}': {exc.format_message()} Allowed inside it: the session flags "
-            "(-p, --level, --threads, --inter-threads, --mode, --[no-]arena, --[no-]mem-pattern, "
-            "--[no-]iobinding, --shape, --free-dim, --input, --concurrency) and --model, --name."
-        ) from None
-    params = dict(base)
-    for key, value in ctx.params.items():
-        if value is not None and value != ():
-            params[key] = value
-    return params
-
-
-def build_config(params: dict[str, Any], name: str) -> Any:
-    """A ``BenchConfig`` from one configuration's parsed flags (``api.bench_config``)."""
-    from ortpilot import api
-
-    free_dims = parse_kv_list(tuple(params["free_dims"]))
-    return api.bench_config(
-        resolve_model_arg(params["model"]),
-        name=params.get("name") or name,
-        providers=params["providers"],
-        level=params["level"],
-        threads=params["threads"],
-        inter_threads=params["inter_threads"],
-        mode=params["mode"],
-        arena=params["arena"],
-        mem_pattern=params["mem_pattern"],
-        iobinding=params["iobinding"],
-        shapes=params["shapes"],
-        free_dims=free_dims,
-        feeds=load_input_files(tuple(params["inputs"])),
-        concurrency=params["concurrency"],
-    )
-
-
-def _configs(base: dict[str, Any], vs: tuple[str, ...], configs_file: str | None) -> list[Any]:
+def _configs(base: ConfigFlags, vs: tuple[str, ...], configs_file: str | None) -> list[BenchConfig]:
     """This command's configuration (the baseline), then each ``--vs``, then each ``--configs`` entry."""
     from ortpilot import api
 
@@ -151,13 +180,13 @@ def _configs(base: dict[str, Any], vs: tuple[str, ...], configs_file: str | None
         entries += [
             (e.name, e.flags, f"--configs entry '{e.name or e.flags}'") for e in api.read_bench_configs(configs_file)
         ]
-    params = [base] + [parse_vs(text, {**base, "name": n}, where) for n, text, where in entries]
-    return [build_config(p, "") for p in params]
+    flags = [base] + [replace(base, name=n).over(text, where) for n, text, where in entries]
+    return [f.config() for f in flags]
 
 
 def _warmup_arg(text: str) -> int | str:
-    if text == "auto":
-        return "auto"
+    if text == DEFAULT_WARMUP:
+        return DEFAULT_WARMUP
     try:
         value = int(text)
     except ValueError:
@@ -167,19 +196,46 @@ def _warmup_arg(text: str) -> int | str:
     return value
 
 
+def build_options(
+    warmup: str, runs: int | None, duration: float | None, block: int | None, policy: str, roofline: bool
+) -> BenchOptions:
+    """The measurement flags as a ``BenchOptions`` (a bad budget exits 2 here, before any session)."""
+    return BenchOptions(
+        runs=runs, duration_s=duration, warmup=_warmup_arg(warmup), block=block, policy=policy, roofline=roofline
+    )
+
+
+BENCH_OPTIONS = arg_group(
+    "options",
+    build_options,
+    click.option(
+        "--warmup",
+        default=DEFAULT_WARMUP,
+        show_default=True,
+        help="Warm-up runs before timing, or 'auto': until the rolling median settles.",
+    ),
+    click.option("--runs", type=int, default=None, help="Timed runs (per configuration)."),
+    click.option(
+        "--duration",
+        type=float,
+        default=None,
+        help=f"Seconds of timed runs (default {DEFAULT_DURATION_S:g}; all configurations together).",
+    ),
+    click.option("--block", type=int, default=None, help="Runs per turn when interleaving (default: about 20 ms)."),
+    POLICY_OPTION,
+    click.option(
+        "--roofline/--no-roofline",
+        default=True,
+        show_default=True,
+        help="Achieved GFLOP/s vs this machine's measured matmul peak (measured once, cached).",
+    ),
+)
+BASE_CONFIG = arg_group("base", ConfigFlags, *_knobs(base=True), uses=("model", "name"))
+
+
 @click.command("bench")
 @MODEL_FILE_OPTION
 @click.argument("model")
-@click.option(
-    "--warmup",
-    default="auto",
-    show_default=True,
-    help="Warm-up runs before timing, or 'auto': until the rolling median settles.",
-)
-@click.option("--runs", type=int, default=None, help="Timed runs (per configuration).")
-@click.option(
-    "--duration", type=float, default=None, help="Seconds of timed runs (default 5; all configurations together)."
-)
 @click.option(
     "--vs",
     "vs",
@@ -194,14 +250,6 @@ def _warmup_arg(text: str) -> int | str:
     help='JSON file: more configurations, as flag strings or {"name": ..., "flags": ...}.',
 )
 @click.option("--name", default=None, help="Label of this (the baseline) configuration.")
-@click.option("--block", type=int, default=None, help="Runs per turn when interleaving (default: about 20 ms).")
-@POLICY_OPTION
-@click.option(
-    "--roofline/--no-roofline",
-    default=True,
-    show_default=True,
-    help="Achieved GFLOP/s vs this machine's measured matmul peak (measured once, cached).",
-)
 @click.option("--samples/--no-samples", default=True, show_default=True, help="Per-run latencies in the JSON.")
 @JSON_OPTION
 @click.option("--report", default=None, help="Write a self-contained HTML report (histogram, time series, comparison).")
@@ -215,24 +263,21 @@ def _warmup_arg(text: str) -> int | str:
 )
 @click.option("--max-slowdown", default=None, help="Percent slower than --baseline that still passes, e.g. 10.")
 @handle_errors
+@BENCH_OPTIONS
+@BASE_CONFIG
 def command(
     model: str,
-    warmup: str,
-    runs: int | None,
-    duration: float | None,
     vs: tuple[str, ...],
     configs_file: str | None,
     name: str | None,
-    block: int | None,
-    policy: str,
-    roofline: bool,
     samples: bool,
     as_json: bool,
     report: str | None,
     isolate: bool,
     baseline: str | None,
     max_slowdown: str | None,
-    **knobs: Any,
+    options: BenchOptions,
+    base: ConfigFlags,
 ) -> None:
     """Benchmark MODEL: latency percentiles with a CI of the median, throughput, memory, roofline.
 
@@ -243,9 +288,7 @@ def command(
 
     if report:
         api.check_report_path(report)  # before minutes of measuring, not after
-    warm = _warmup_arg(warmup)
-    runs, duration = api.check_bench_budget(runs, duration, warm, knobs["concurrency"])
-    configs = _configs({**knobs, "model": model, "name": name}, vs, configs_file)
+    configs = _configs(base, vs, configs_file)
     saved = api.prepare_baseline(baseline, max_slowdown, configs)
     if isolate:
         api.preflight_bench(configs)
@@ -253,31 +296,26 @@ def command(
     def output(result: Any, verdict: Any = None) -> None:
         _output(result, as_json, samples, report, verdict)
 
-    result = _measure(
-        configs, output, runs=runs, duration_s=duration, warmup=warm, block=block, policy=policy, roofline=roofline
-    )
+    result = _measure(configs, options, output)
     verdict = api.judge_regression(saved, result) if saved is not None else None
     output(result, verdict)
     if verdict is not None and verdict.slower:
         raise VerificationError(f"Performance regression against --baseline: {verdict.line()}")
 
 
-def _measure(configs: list[Any], output: Callable[[Any], None], **budget: Any) -> Any:
+def _measure(configs: list[BenchConfig], options: BenchOptions, output: Callable[[Any], None]) -> Any:
     """``api.bench`` behind a progress bar; a failing run still shows the statistics of the runs before it."""
     from ortpilot import api
 
     progress, bar = _progress()
     try:
         with bar:
-            return api.bench(configs, progress=progress, **budget)
+            return api.bench(configs, options, progress=progress)
     except VerificationError as exc:
         partial = api.bench_partial(exc)
         if partial is not None:
             output(partial)
         raise
-
-
-command = _apply(_knobs(base=True), command)
 
 
 def _progress():

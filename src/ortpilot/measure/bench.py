@@ -15,7 +15,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,11 +25,18 @@ import onnxruntime as ort
 from ortpilot.eps import CPU_EP
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.graph.feeds import batch_size_of, make_feeds, plan_feeds
+from ortpilot.measure.options import (
+    DEFAULT_DURATION_S,
+    MAX_CONCURRENCY,
+    BenchConfig,
+    BenchOptions,
+    bench_records,
+    check_budget,
+    check_concurrency,
+)
 from ortpilot.measure.stats import Stats, summarize
 from ortpilot.session import SessionSettings, VerifiedSession, load
 
-MAX_CONCURRENCY = 256
-DEFAULT_DURATION_S = 5.0
 MIN_RUNS = 10  # a duration-bound benchmark still does at least this many runs
 # Auto warm-up: stop when the median of the last WINDOW runs is within SETTLE_TOL of the window
 # before it; give up (and say so) after WARMUP_MAX_RUNS runs or WARMUP_MAX_S seconds.
@@ -336,6 +343,12 @@ class Runner:
         self.wall_s = 0.0
         self.origin_ns: int | None = None  # time zero of offsets_s (shared when interleaving)
 
+    @classmethod
+    def of(cls, config: BenchConfig, name: str, policy: str, seed: int = 0) -> Runner:
+        """The runner of one ``BenchConfig``, labelled ``name``."""
+        described = {f.name: getattr(config, f.name) for f in fields(config) if f.name not in ("name", "model")}
+        return cls(config.model, name=name, policy=policy, seed=seed, **described)
+
     # -- one inference ------------------------------------------------------------------------
     def _binding(self) -> ort.IOBinding:
         """Inputs bound once as OrtValues on the first provider's device, outputs to CPU."""
@@ -571,27 +584,7 @@ def _settled(times: list[float]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Argument checks shared by bench, bench_interleaved and the CLI
-
-
-def check_concurrency(concurrency: int) -> None:
-    if not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
-        raise UsageError(f"Concurrency must be between 1 and {MAX_CONCURRENCY} threads, got {concurrency}.")
-
-
-def check_budget(runs: int | None, duration_s: float | None, warmup: int | str) -> tuple[int | None, float | None]:
-    """Validate run count / duration / warm-up; default to DEFAULT_DURATION_S when neither is given."""
-    if runs is not None and duration_s is not None:
-        raise UsageError("Give a run count or a duration, not both (--runs N or --duration S).")
-    if runs is not None and (isinstance(runs, bool) or int(runs) != runs or runs <= 0):
-        raise UsageError(f"The run count must be a positive integer, got {runs}.")
-    if duration_s is not None and not duration_s > 0:
-        raise UsageError(f"The duration must be a positive number of seconds, got {duration_s}.")
-    if warmup != "auto" and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0):
-        raise UsageError(f"Warm-up must be 'auto' or a run count >= 0, got {warmup!r}.")
-    if runs is None and duration_s is None:
-        duration_s = DEFAULT_DURATION_S
-    return (int(runs) if runs is not None else None), duration_s
+# Failures shared by bench and bench_interleaved
 
 
 def failure_of(exc: _Failed, phase: str) -> dict[str, Any]:
@@ -622,24 +615,17 @@ def raise_failure(runner: Runner, exc: _Failed, phase: str, *, seed: int = 0) ->
 
 
 def bench(
-    model: Any,
-    providers: Any = None,
-    settings: SessionSettings | None = None,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    feeds: Mapping[str, np.ndarray] | None = None,
-    runs: int | None = None,
-    duration_s: float | None = None,
-    warmup: int | str = "auto",
-    iobinding: bool = False,
-    concurrency: int = 1,
+    config: BenchConfig | Any,
+    options: BenchOptions | None = None,
     *,
-    policy: str = "warn",
-    roofline: bool = False,
-    name: str = "A",
-    seed: int = 0,
     progress: Progress | None = None,
+    **keywords: Any,
 ) -> BenchResult:
-    """Benchmark ``model`` (a path, bytes, ModelProto, or an already loaded ``VerifiedSession``).
+    """Benchmark one configuration: a ``BenchConfig``, or the model (a path, bytes, ModelProto, or an
+    already loaded ``VerifiedSession``) with the configuration's fields as keywords (``providers``,
+    ``settings``, ``shapes``, ``feeds``, ``iobinding``, ``concurrency``, ``name``); ``options`` a
+    ``BenchOptions``, or its fields as keywords (``runs``, ``duration_s``, ``warmup``, ``policy``,
+    ``roofline``, ``seed``).
 
     Order: session creation (timed), one first run (timed, kept apart), warm-up (``warmup`` runs
     or ``"auto"``: until the rolling median of 10 runs settles within 5%), then ``runs`` timed
@@ -650,35 +636,40 @@ def bench(
     A run that raises ends the benchmark with ``BenchmarkRunError`` (exit 1) carrying the
     failing run and a ``partial`` result of the runs that completed.
     """
-    runs, duration_s = check_budget(runs, duration_s, warmup)
-    check_concurrency(concurrency)
+    config, options = bench_records(config, options, keywords)
+    runs, duration_s = options.budget
+    seed = options.seed
+    check_concurrency(config.concurrency)
     reset = reset_peak_rss()
-    runner = Runner(
-        model,
-        name=name,
-        providers=providers,
-        settings=settings,
-        shapes=shapes,
-        feeds=feeds,
-        iobinding=iobinding,
-        concurrency=concurrency,
-        policy=policy,
-        seed=seed,
-    )
+    runner = Runner.of(config, config.name or "A", options.policy, seed)
     if reset:
         runner.memory.peak_scope = "benchmark"
     phase = "first_run"
     try:
         runner.first_run()
         phase = "warmup"
-        runner.warm_up(warmup, progress)
+        runner.warm_up(options.warmup, progress)
         phase = "runs"
         runner.measure(runs, duration_s, min_runs=MIN_RUNS if runs is None else 0, progress=progress)
     except _Failed as exc:
         raise_failure(runner, exc, phase, seed=seed)
     result = runner.result(seed=seed)
-    if roofline:
+    if options.roofline:
         from ortpilot.measure.roofline import roofline_for
 
         result.roofline = roofline_for(runner.vs.model, result)
     return result
+
+
+__all__ = [
+    "DEFAULT_DURATION_S",
+    "MAX_CONCURRENCY",
+    "BenchConfig",
+    "BenchOptions",
+    "BenchResult",
+    "BenchmarkRunError",
+    "Runner",
+    "bench",
+    "check_budget",
+    "check_concurrency",
+]

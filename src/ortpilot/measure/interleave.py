@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import string
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,32 +27,16 @@ from ortpilot.measure.bench import (
     Progress,
     Runner,
     _Failed,
-    check_budget,
-    check_concurrency,
     environment,
     failure_of,
     reset_peak_rss,
 )
+from ortpilot.measure.options import BenchConfig, BenchOptions, bench_records, check_concurrency
 from ortpilot.measure.stats import bootstrap_ratio_ci, paired_ratio_ci
-from ortpilot.session import SessionSettings
 
 TURN_S = 0.02  # auto block: runs per turn so that one turn takes about this long
 MAX_BLOCK = 100
 SETTLED_TURNS = 4  # with settling, an auto turn lasts this many settle times: settling stays a fifth of the time
-
-
-@dataclass
-class BenchConfig:
-    """One configuration to compare: a model and everything about how it is run."""
-
-    name: str = ""
-    model: Any = None
-    providers: Any = None
-    settings: SessionSettings | None = None
-    shapes: Mapping[str, Sequence[int]] | None = None
-    feeds: Mapping[str, np.ndarray] | None = None
-    iobinding: bool = False
-    concurrency: int = 1
 
 
 @dataclass(frozen=True)
@@ -135,18 +119,14 @@ def default_names(count: int) -> list[str]:
 
 def bench_interleaved(
     configs: Sequence[BenchConfig],
+    options: BenchOptions | None = None,
     *,
-    runs: int | None = None,
-    duration_s: float | None = None,
-    warmup: int | str = "auto",
-    block: int | None = None,
-    policy: str = "warn",
-    roofline: bool = False,
-    seed: int = 0,
     progress: Progress | None = None,
-    settle_s: float = 0.0,
+    **keywords: Any,
 ) -> ComparisonResult:
-    """Benchmark ``configs`` interleaved in turns of ``block`` runs; the first is the baseline.
+    """Benchmark ``configs`` interleaved in turns of ``block`` runs; the first is the baseline. ``options``: a
+    ``BenchOptions``, or its fields as keywords (``runs=500``, ``duration_s``, ``warmup``, ``block``,
+    ``policy``, ``roofline``, ``seed``, ``settle_s``).
 
     ``settle_s``: untimed runs for about this long at the start of each turn, while the thread pool of the
     session that ran before spins down (as tune's final measurement does: ``tuning.budget.SETTLE_S``).
@@ -157,13 +137,14 @@ def bench_interleaved(
     ``block`` defaults to the runs that take about 20 ms (1 to 100), at least the concurrency.
     Sessions are created and warmed up one after another before the first timed turn.
     """
-    runs, duration_s, names = _checked_inputs(configs, runs, duration_s, warmup, block)
-    runners = _make_runners(configs, names, policy, seed)
+    _, options = bench_records(BenchConfig(), options, keywords)
+    names = _checked_inputs(configs)
+    runners = _make_runners(configs, names, options.policy, options.seed)
     caller_cpus = _caller_cpus(runners)
-    turn, rounds = _measure_all(runners, runs, duration_s, warmup, block, seed, progress, settle_s, caller_cpus)
-    result = _comparison(runners, turn, rounds, seed, None)
+    turn, rounds = _measure_all(runners, options, progress, caller_cpus)
+    result = _comparison(runners, turn, rounds, options.seed, None)
     result.environment["caller_cpus"] = sorted(caller_cpus) if caller_cpus else None
-    if roofline:
+    if options.roofline:
         from ortpilot.measure.roofline import roofline_for
 
         for runner, res in zip(runners, result.results):
@@ -181,25 +162,17 @@ def _caller_cpus(runners: Sequence[Runner]) -> frozenset[int] | None:
     return placement.away_from_pinned()
 
 
-def _checked_inputs(
-    configs: Sequence[BenchConfig],
-    runs: int | None,
-    duration_s: float | None,
-    warmup: int | str,
-    block: int | None,
-) -> tuple[int | None, float | None, list[str]]:
-    """Refuse a bad request before any session is made; the budget and each configuration's name."""
+def _checked_inputs(configs: Sequence[BenchConfig]) -> list[str]:
+    """Refuse a bad request before any session is made (``BenchOptions`` checked the budget); each
+    configuration's name."""
     if len(configs) < 1:
         raise UsageError("bench_interleaved() needs at least one configuration.")
-    runs, duration_s = check_budget(runs, duration_s, warmup)
-    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
-        raise UsageError(f"The block (runs per turn) must be a positive integer, got {block}.")
     names = [c.name or d for c, d in zip(configs, default_names(len(configs)))]
     if len(set(names)) != len(names):
         raise UsageError(f"Configuration names must be unique, got {names}.")
     for config in configs:
         check_concurrency(config.concurrency)
-    return runs, duration_s, names
+    return names
 
 
 def _make_runners(configs: Sequence[BenchConfig], names: Sequence[str], policy: str, seed: int) -> list[Runner]:
@@ -207,20 +180,7 @@ def _make_runners(configs: Sequence[BenchConfig], names: Sequence[str], policy: 
     reset = reset_peak_rss()
     runners: list[Runner] = []
     for config, name in zip(configs, names):
-        runners.append(
-            Runner(
-                config.model,
-                name=name,
-                providers=config.providers,
-                settings=config.settings,
-                shapes=config.shapes,
-                feeds=config.feeds,
-                iobinding=config.iobinding,
-                concurrency=config.concurrency,
-                policy=policy,
-                seed=seed,
-            )
-        )
+        runners.append(Runner.of(config, name, policy, seed))
         if reset:
             runners[-1].memory.peak_scope = "benchmark"
     return runners
@@ -228,13 +188,8 @@ def _make_runners(configs: Sequence[BenchConfig], names: Sequence[str], policy: 
 
 def _measure_all(
     runners: Sequence[Runner],
-    runs: int | None,
-    duration_s: float | None,
-    warmup: int | str,
-    block: int | None,
-    seed: int,
+    options: BenchOptions,
     progress: Progress | None,
-    settle_s: float,
     caller_cpus: frozenset[int] | None = None,
 ) -> tuple[int, int]:
     """First runs and warm-ups one after another, then the interleaved turns: (runs per turn, rounds).
@@ -242,6 +197,8 @@ def _measure_all(
     The turns run with the calling thread on ``caller_cpus`` (None: where the OS puts it).
     A failing run raises ``BenchmarkRunError`` carrying the statistics of the runs that completed.
     """
+    runs, duration_s = options.budget
+    block, settle_s = options.block, options.settle_s
     current, phase = runners[0], "first_run"
     rounds = 0
     try:
@@ -250,7 +207,7 @@ def _measure_all(
             current.first_run()
         for current in runners:
             phase = "warmup"
-            current.warm_up(warmup)
+            current.warm_up(options.warmup)
         phase = "runs"
         turn = block or _auto_block(runners, max(TURN_S, SETTLED_TURNS * settle_s))
         turn = max(turn, max(r.concurrency for r in runners))
@@ -258,7 +215,7 @@ def _measure_all(
             rounds = _run_rounds(runners, turn, runs, duration_s, progress, settle_s)
     except _Failed as exc:
         failure = {**failure_of(exc, phase), "config": current.name}
-        partial = _comparison(runners, block or 0, rounds, seed, failure)
+        partial = _comparison(runners, block or 0, rounds, options.seed, failure)
         where = "the first run" if phase == "first_run" else f"{phase} run {exc.index}"
         raise BenchmarkRunError(
             f"Configuration '{current.name}' failed at {where} ({failure['error']}: {failure['message']}). "
