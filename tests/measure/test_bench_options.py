@@ -48,7 +48,7 @@ def test_keywords_build_both_records_and_refuse_what_neither_takes():
     assert config == BenchConfig(name="x", model="m.onnx", iobinding=True) and options == BenchOptions(runs=10)
     given = BenchConfig(model="m.onnx")
     assert bench_records(given, BenchOptions(runs=3), {}) == (given, BenchOptions(runs=3))
-    with pytest.raises(UsageError, match="unknown arguments: colour"):
+    with pytest.raises(UsageError, match="Unknown arguments: colour"):
         bench_records("m.onnx", None, {"colour": "red"})
     with pytest.raises(UsageError, match="BenchOptions or its fields"):
         bench_records("m.onnx", BenchOptions(), {"runs": 3})

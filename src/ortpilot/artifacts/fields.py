@@ -141,6 +141,23 @@ def record_of(cls: Callable[..., R], doc: Mapping[str, Any], what: str) -> R:
     return cls(**dict(doc))
 
 
+def record_or_fields(
+    cls: Callable[..., R], record: R | None, keywords: Mapping[str, Any], *, others: bool = False
+) -> tuple[R, dict[str, Any]]:
+    """``record``, or the record ``cls`` made of the ``keywords`` that are its fields, and the keywords that
+    are not: how a function that takes a record also takes its fields as keywords. The record and its
+    fields together, or (unless ``others``) a keyword that is no field, is a ``UsageError``."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    given = {k: v for k, v in keywords.items() if k in names}
+    rest = {k: v for k, v in keywords.items() if k not in names}
+    title = getattr(cls, "__name__", "record")
+    if rest and not others:
+        raise UsageError(f"Unknown arguments: {', '.join(sorted(rest))} (a {title}'s fields are the options).")
+    if record is not None and given:
+        raise UsageError(f"Give the {title} or its fields ({', '.join(sorted(given))}) as keywords, not both.")
+    return (record if record is not None else cls(**given)), rest
+
+
 def as_strings(items: str | Sequence[str] | None) -> tuple[str, ...]:
     """A record's names (flag values, outputs, metrics) as a tuple of strings: None is none, and one string
     is one item, not its letters."""
@@ -215,6 +232,7 @@ __all__ = [
     "path_or_none",
     "read_document",
     "record_of",
+    "record_or_fields",
     "sha256",
     "string",
 ]

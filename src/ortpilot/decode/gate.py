@@ -17,13 +17,14 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
+from ortpilot.artifacts.fields import record_or_fields
 from ortpilot.errors import AccuracyGateError, UsageError
 from ortpilot.gate.core import Gate, ModelGate, Probe
 from ortpilot.gate.exclude import Bisect, ExcludeResult, nodes_of
@@ -399,14 +400,9 @@ def _fallback(options: WeightOnlyOptions, fallback: str) -> str:
 
 def weight_only_options(options: WeightOnlyOptions | str | None, keywords: Mapping[str, Any]) -> WeightOnlyOptions:
     """``options``, or the ``WeightOnlyOptions`` of the mode it names (None: the default) and the keywords."""
-    if isinstance(options, WeightOnlyOptions):
-        if keywords:
-            raise UsageError(f"Give the WeightOnlyOptions or its fields ({', '.join(sorted(keywords))}), not both.")
-        return options
-    unknown = sorted(set(keywords) - {f.name for f in fields(WeightOnlyOptions)})
-    if unknown:
-        raise UsageError(f"Unknown weight-only settings: {', '.join(unknown)}.")
-    return WeightOnlyOptions(**({"mode": options} if options is not None else {}), **keywords)
+    if isinstance(options, str):
+        keywords = {**keywords, "mode": options}
+    return record_or_fields(WeightOnlyOptions, options if isinstance(options, WeightOnlyOptions) else None, keywords)[0]
 
 
 def auto_exclude(

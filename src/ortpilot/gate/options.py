@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ortpilot.artifacts.fields import as_strings, path_or_none, record_of
+from ortpilot.artifacts.fields import as_strings, path_or_none, record_of, record_or_fields
 from ortpilot.errors import UsageError
 from ortpilot.gate.generation import DEFAULT_MIN_TOP1, GenerationGate
 from ortpilot.gate.outputs import OutputGate
@@ -103,14 +103,9 @@ class GateOptions:
 
 
 def gate_keywords(gate: GateOptions | None, keywords: Mapping[str, Any]) -> tuple[GateOptions, dict[str, Any]]:
-    """``gate``, or the ``GateOptions`` made of the keywords that are its fields, and the other keywords: how a
-    function that takes the record also takes its fields as keywords (given both, a ``UsageError``)."""
-    names = {f.name for f in fields(GateOptions)}
-    given = {k: v for k, v in keywords.items() if k in names}
-    rest = {k: v for k, v in keywords.items() if k not in names}
-    if gate is not None and given:
-        raise UsageError(f"Give the GateOptions or its fields ({', '.join(sorted(given))}) as keywords, not both.")
-    return gate if gate is not None else GateOptions(**given), rest
+    """``gate``, or the ``GateOptions`` made of the keywords that are its fields, and the other keywords (given
+    both, a ``UsageError``)."""
+    return record_or_fields(GateOptions, gate, keywords, others=True)
 
 
 __all__ = [

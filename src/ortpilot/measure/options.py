@@ -12,12 +12,12 @@ as the record is made, before any session.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from ortpilot.artifacts.fields import record_of
+from ortpilot.artifacts.fields import record_of, record_or_fields
 from ortpilot.errors import UsageError
 from ortpilot.session import SessionSettings
 from ortpilot.session.fallback import check_policy
@@ -92,20 +92,12 @@ def bench_records(
     """The records a benchmark takes, from themselves or from their fields as keywords (``runs=100``,
     ``iobinding=True``): ``config`` a ``BenchConfig`` or the model. A keyword that is no field of either,
     or a record given with its fields too, is a ``UsageError``."""
-    own = {f.name for f in fields(BenchOptions)}
-    of_config = {f.name for f in fields(BenchConfig)} - {"model"}
-    unknown = sorted(set(keywords) - own - of_config)
-    if unknown:
-        raise UsageError(f"A benchmark got unknown arguments: {', '.join(unknown)}.")
-    settings = {k: v for k, v in keywords.items() if k in own}
-    if options is not None and settings:
-        raise UsageError(f"Give the BenchOptions or its fields ({', '.join(sorted(settings))}), not both.")
-    described = {k: v for k, v in keywords.items() if k in of_config}
-    if isinstance(config, BenchConfig) and described:
-        raise UsageError(f"Give the BenchConfig or its fields ({', '.join(sorted(described))}), not both.")
-    if not isinstance(config, BenchConfig):
-        config = BenchConfig(model=config, **described)
-    return config, options if options is not None else BenchOptions(**settings)
+    options, rest = record_or_fields(BenchOptions, options, keywords, others=True)
+    if isinstance(config, BenchConfig):
+        config, rest = record_or_fields(BenchConfig, config, rest)
+    else:
+        config, rest = record_or_fields(BenchConfig, None, {**rest, "model": config})
+    return config, options
 
 
 def check_concurrency(concurrency: int) -> None:
