@@ -1,10 +1,18 @@
-"""EngineOptions: the defaults, and every bad value refused with a message that names its setting."""
+"""EngineOptions and GenerateOptions: the defaults, and every bad value refused with a message that names its setting."""
 
 from __future__ import annotations
 
 import pytest
 
-from ortpilot.decode.options import BASE, EngineOptions, format_name
+from ortpilot.decode.options import (
+    BASE,
+    DEFAULT_LOOP,
+    DEFAULT_MAX_NEW_TOKENS,
+    EngineOptions,
+    GenerateOptions,
+    format_name,
+)
+from ortpilot.decode.sampling import SamplingConfig
 from ortpilot.errors import UsageError
 
 
@@ -63,3 +71,43 @@ def test_a_draft_longer_than_the_context_is_refused_unless_speculation_is_off() 
     with pytest.raises(UsageError, match=r"draft_tokens 7 \(the speculation length\) does not fit .* of 8 tokens"):
         EngineOptions(draft_tokens=7).check_context(8)
     EngineOptions(draft_tokens=7, speculation="off").check_context(8)
+
+
+def test_generate_options_defaults_normalisation_and_json() -> None:
+    import json
+
+    options = GenerateOptions()
+    assert options.max_new_tokens == DEFAULT_MAX_NEW_TOKENS and options.loop == DEFAULT_LOOP
+    assert options.sampling is None and options.stop_tokens == () and options.speculation == "auto"
+    sampled = GenerateOptions(sampling=SamplingConfig(temperature=0.7, seed=1), stop_tokens=[2, 3], max_length=64)
+    assert sampled.stop_tokens == (2, 3)  # a list becomes a tuple
+    assert GenerateOptions.from_dict(json.loads(json.dumps(sampled.to_dict()))) == sampled
+    assert GenerateOptions.from_dict(json.loads(json.dumps(options.to_dict()))) == options
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
+        ({"loop": "fast"}, "Unknown loop 'fast'"),
+        ({"speculation": "maybe"}, "speculation must be one of"),
+        ({"draft_tokens": 0}, "draft_tokens"),
+        ({"sampling": {"temperature": -1.0}}, "temperature must be >= 0"),
+    ],
+)
+def test_a_bad_generate_request_is_refused_as_it_is_made(fields, said) -> None:
+    with pytest.raises(UsageError, match=said):
+        GenerateOptions(**fields)
+
+
+def test_generate_takes_the_record_or_its_fields() -> None:
+    from ortpilot.decode.generate import generate
+    from ortpilot.models import make_decoder
+
+    model = make_decoder()
+    given = generate(model, [1, 2, 3], options=GenerateOptions(max_new_tokens=4, loop="plain"))
+    assert given.tokens == generate(model, [1, 2, 3], 4, "plain").tokens and len(given.tokens[0]) == 4
+    with pytest.raises(UsageError, match="not both"):
+        generate(model, [1, 2, 3], 4, options=GenerateOptions())
+    with pytest.raises(UsageError, match="Unknown arguments: colour"):
+        generate(model, [1, 2, 3], colour="red")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -13,7 +14,6 @@ from ortpilot.cli.common import (
     JSON_OPTION,
     MODEL_FILE_OPTION,
     POLICY_OPTION,
-    PROVIDER_HELP,
     emit_json,
     handle_errors,
     parse_kv_list,
@@ -21,10 +21,20 @@ from ortpilot.cli.common import (
     resolve_model_arg,
     stderr,
 )
-from ortpilot.decode.generate import DEFAULT_LOOP, DEFAULT_MAX_NEW_TOKENS, LOOP_CHOICES
-from ortpilot.decode.options import DEFAULT_DRAFT_TOKENS, DEFAULT_SPECULATION, SPECULATION_MODES
-from ortpilot.decode.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+from ortpilot.cli.flags import PROVIDER_OPTION, choice_option, fusion_flags
+from ortpilot.cli.groups import arg_group
+from ortpilot.decode.options import (
+    DEFAULT_DRAFT_TOKENS,
+    DEFAULT_LOOP,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_SPECULATION,
+    LOOP_CHOICES,
+    SPECULATION_MODES,
+    GenerateOptions,
+)
+from ortpilot.decode.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingConfig
 from ortpilot.errors import UsageError
+from ortpilot.passes.options import DecoderFusionOptions
 
 if TYPE_CHECKING:
     from ortpilot.decode import GenerationResult, Generator
@@ -41,6 +51,97 @@ def _prompt_ids(text: str) -> list[int]:
     return ids
 
 
+def build_options(
+    max_new_tokens: int,
+    max_length: int | None,
+    loop: str,
+    speculation: str,
+    draft_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    stop_id: tuple[int, ...],
+) -> GenerateOptions:
+    """The request flags as a ``GenerateOptions`` (the tokenizer's end-of-turn ids join ``stop_tokens`` later)."""
+    if max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
+    return GenerateOptions(
+        max_new_tokens=max_new_tokens,
+        loop=loop,
+        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        stop_tokens=stop_id,
+        max_length=max_length,
+        speculation=speculation,
+        draft_tokens=draft_tokens,
+    )
+
+
+def build_fusion(fuse_attention: bool, max_positions: int | None) -> DecoderFusionOptions | None:
+    """``--fuse`` as the decoder fusion to run before loading (None without it)."""
+    if max_positions is not None and not fuse_attention:
+        raise UsageError(
+            "--max-positions sets the length of the rotary tables --fuse stores; it does nothing "
+            "without --fuse (a model fused earlier keeps the limit it was fused with)."
+        )
+    return DecoderFusionOptions(max_positions=max_positions) if fuse_attention else None
+
+
+GENERATE_OPTIONS = arg_group(
+    "options",
+    build_options,
+    click.option(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        show_default=True,
+        help="Tokens to generate at most.",
+    ),
+    click.option(
+        "--max-length",
+        type=int,
+        default=None,
+        help="Cap on prompt + new tokens; also the size of the shared KV buffer.",
+    ),
+    choice_option("--loop", LOOP_CHOICES, DEFAULT_LOOP, "auto picks the fastest the model supports."),
+    choice_option(
+        "--speculation",
+        SPECULATION_MODES,
+        DEFAULT_SPECULATION,
+        "Prompt-lookup speculative decoding for a greedy request on the shared loop: auto (where its drafts "
+        "pay), on, off.",
+    ),
+    click.option(
+        "--draft-tokens",
+        type=int,
+        default=DEFAULT_DRAFT_TOKENS,
+        show_default=True,
+        help="Tokens a speculative draft proposes per verify run (at least 1).",
+    ),
+    click.option("--temperature", type=float, default=DEFAULT_TEMPERATURE, show_default=True, help="0 = greedy."),
+    click.option("--top-k", type=int, default=DEFAULT_TOP_K, show_default=True, help="0 = no cut."),
+    click.option("--top-p", type=float, default=DEFAULT_TOP_P, show_default=True, help="1.0 = no cut."),
+    click.option("--seed", type=int, default=None, help="Seed for sampling."),
+    click.option(
+        "--stop-id",
+        "stop_id",
+        multiple=True,
+        type=int,
+        help="Stop token id (repeatable; with --tokenizer its end-of-turn ids are added).",
+    ),
+)
+DECODER_FUSION = arg_group(
+    "fusion",
+    build_fusion,
+    fusion_flags(
+        "Fuse attention into GroupQueryAttention first (onnxscript), so the shared-buffer loop applies.",
+        "With --fuse: positions the constant rotary tables cover, the fused model's length limit "
+        "(default: the export's recorded context length, else 8192; 0 keeps the tables computed per step).",
+        dest="fuse_attention",
+    ),
+)
+
+
 @click.command("generate")
 @MODEL_FILE_OPTION
 @click.argument("model")
@@ -54,68 +155,19 @@ def _prompt_ids(text: str) -> list[int]:
 @click.option("--chat", is_flag=True, help="Wrap --prompt in the ChatML chat template (SmolLM2, Qwen).")
 @click.option("--system", help="System message for --chat.")
 @click.option(
-    "--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, show_default=True, help="Tokens to generate at most."
-)
-@click.option(
-    "--max-length", type=int, default=None, help="Cap on prompt + new tokens; also the size of the shared KV buffer."
-)
-@click.option(
-    "--loop",
-    type=click.Choice(LOOP_CHOICES),
-    default=DEFAULT_LOOP,
-    show_default=True,
-    help="auto picks the fastest the model supports.",
-)
-@click.option(
-    "--fuse",
-    "fuse_attention",
-    is_flag=True,
-    help="Fuse attention into GroupQueryAttention first (onnxscript), so the shared-buffer loop applies.",
-)
-@click.option(
-    "--max-positions",
-    type=click.IntRange(min=0),
-    default=None,
-    help="With --fuse: positions the constant rotary tables cover, the fused model's length limit "
-    "(default: the export's recorded context length, else 8192; 0 keeps the tables computed per step).",
-)
-@click.option(
-    "--speculation",
-    type=click.Choice(SPECULATION_MODES),
-    default=DEFAULT_SPECULATION,
-    show_default=True,
-    help="Prompt-lookup speculative decoding for a greedy request on the shared loop: auto (where its drafts pay), on, off.",
-)
-@click.option(
-    "--draft-tokens",
-    type=int,
-    default=DEFAULT_DRAFT_TOKENS,
-    show_default=True,
-    help="Tokens a speculative draft proposes per verify run (at least 1).",
-)
-@click.option("--temperature", type=float, default=DEFAULT_TEMPERATURE, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=int, default=DEFAULT_TOP_K, show_default=True, help="0 = no cut.")
-@click.option("--top-p", type=float, default=DEFAULT_TOP_P, show_default=True, help="1.0 = no cut.")
-@click.option("--seed", type=int, default=None, help="Seed for sampling.")
-@click.option(
-    "--stop-id",
-    "stop_id",
-    multiple=True,
-    type=int,
-    help="Stop token id (repeatable; with --tokenizer its end-of-turn ids are added).",
-)
-@click.option(
     "--map",
     "mapping",
     multiple=True,
     help="ROLE=NAME (input_ids, attention_mask, position_ids, logits, ...) or PAST_INPUT=PRESENT_OUTPUT.",
 )
-@click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
+@PROVIDER_OPTION
 @POLICY_OPTION
 @click.option("--threads", type=int, default=0, show_default=True, help="ORT intra-op threads (0 = ORT's default).")
 @ISOLATE_OPTION
 @JSON_OPTION
 @handle_errors
+@GENERATE_OPTIONS
+@DECODER_FUSION
 def command(
     model: str,
     prompt_ids: str | None,
@@ -123,59 +175,30 @@ def command(
     tokenizer: str | None,
     chat: bool,
     system: str | None,
-    max_new_tokens: int,
-    max_length: int | None,
-    loop: str,
-    fuse_attention: bool,
-    max_positions: int | None,
-    speculation: str,
-    draft_tokens: int,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    seed: int | None,
-    stop_id: tuple[int, ...],
     mapping: tuple[str, ...],
     providers: tuple[str, ...],
     policy: str,
     threads: int,
     isolate: bool,
     as_json: bool,
+    options: GenerateOptions,
+    fusion: DecoderFusionOptions | None,
 ) -> None:
     """Generate tokens after a prompt, streaming them to stdout (or one JSON document)."""
-    from ortpilot.decode import Generator, SamplingConfig
+    from ortpilot.decode import Generator
     from ortpilot.decode.prepare import stop_ids
     from ortpilot.session import SessionSettings
 
-    if max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
     tok, ids = _read_prompt(model, prompt_ids, prompt, tokenizer, chat, system)
-    if max_positions is not None and not fuse_attention:
-        raise UsageError(
-            "--max-positions sets the length of the rotary tables --fuse stores; it does nothing "
-            "without --fuse (a model fused earlier keeps the limit it was fused with)."
-        )
-    stops = stop_ids(tok, list(stop_id))
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    options = replace(options, stop_tokens=stop_ids(tok, list(options.stop_tokens)))
     settings = SessionSettings(intra_op_threads=threads)
-    source, notes = _prepare_source(model, providers, settings, isolate, fuse_attention, max_positions)
+    source, notes = _prepare_source(model, providers, settings, isolate, fusion)
     gen = Generator(
         source, providers=list(providers) or None, policy=policy, settings=settings, mapping=parse_kv_list(mapping)
     )
-    stream = None if as_json else _streamer(tok)
-    result = gen.generate(
-        ids,
-        max_new_tokens,
-        loop,
-        sampling=sampling,
-        stop_tokens=stops,
-        stream=stream,
-        max_length=max_length,
-        speculation=speculation,
-        draft_tokens=draft_tokens,
-    )
+    result = gen.generate(ids, options=options, stream=None if as_json else _streamer(tok))
     if as_json:
-        emit_json(_document(model, gen, result, notes, tok, stops))
+        emit_json(_document(model, gen, result, notes, tok, list(options.stop_tokens)))
         return
     sys.stdout.write("\n")
     sys.stdout.flush()
@@ -205,8 +228,7 @@ def _prepare_source(
     providers: tuple[str, ...],
     settings: SessionSettings,
     isolate: bool,
-    fuse_attention: bool,
-    max_positions: int | None,
+    fusion: DecoderFusionOptions | None,
 ) -> tuple[Any, list[str]]:
     """The model to load (fused first with ``--fuse``, preflighted in a child with ``--isolate``) and the
     notes that say what was done to it."""
@@ -216,8 +238,8 @@ def _prepare_source(
     if isolate:
         preflight_isolated([source], list(providers) or None, settings)
     notes = []
-    if fuse_attention:
-        source, note, _ = fuse(source, max_positions)
+    if fusion is not None:
+        source, note, _ = fuse(source, fusion.max_positions)
         notes.append(note)
         stderr.print(f"[dim]{escape(note)}[/]", highlight=False)
     return source, notes

@@ -26,7 +26,7 @@ from ortpilot.cli.common import (
     stderr,
     stdout,
 )
-from ortpilot.cli.flags import AUTO_EXCLUDE_FLAGS, fusion_flags, gate_flags, min_top1_option
+from ortpilot.cli.flags import AUTO_EXCLUDE_FLAGS, choice_option, fusion_flags, gate_flags, min_top1_option
 from ortpilot.cli.groups import arg_group
 from ortpilot.gate.options import GateOptions
 from ortpilot.passes.options import (
@@ -128,17 +128,9 @@ QUANTIZE_OPTIONS = arg_group(
     build_options,
     click.option("--per-channel", is_flag=True, help="One scale per output channel of each weight."),
     click.option("--reduce-range", is_flag=True, help="7-bit weights (for CPUs without VNNI)."),
-    click.option("--weight-type", type=click.Choice(QUANT_TYPES), default=DEFAULT_WEIGHT_TYPE, show_default=True),
-    click.option(
-        "--activation-type",
-        type=click.Choice(QUANT_TYPES),
-        default=DEFAULT_ACTIVATION_TYPE,
-        show_default=True,
-        help="Activation type for static/qdq/full.",
-    ),
-    click.option(
-        "--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True, help="Calibration method."
-    ),
+    choice_option("--weight-type", QUANT_TYPES, DEFAULT_WEIGHT_TYPE),
+    choice_option("--activation-type", QUANT_TYPES, DEFAULT_ACTIVATION_TYPE, "Activation type for static/qdq/full."),
+    choice_option("--method", METHODS, DEFAULT_METHOD, "Calibration method."),
     click.option("--exclude", "exclude", multiple=True, help="Node name to leave in float (repeatable)."),
     click.option("--op-types", default=None, help="Comma-separated op types to quantize (default: per mode)."),
     click.option("--no-preprocess", is_flag=True, help="Skip quant_pre_process."),

@@ -10,7 +10,7 @@ real-data group) are the same kind of thing, older.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -29,6 +29,11 @@ MAX_POSITIONS_HELP = (
     "With --fuse: positions the fused model's constant rotary tables cover, its length limit "
     "(default: the export's recorded context length, else 8192; 0 keeps them computed per step)."
 )
+
+
+def choice_option(flag: str, choices: Sequence[str], default: str, help: str | None = None) -> Option:
+    """A flag that takes one of ``choices`` (a record's), its default (the record's) shown in ``--help``."""
+    return click.option(flag, type=click.Choice(list(choices)), default=default, show_default=True, help=help)
 
 
 def provider_option(help: str = PROVIDER_HELP) -> Option:
@@ -86,6 +91,7 @@ __all__ = [
     "MAX_POSITIONS_HELP",
     "OUTPUTS_HELP",
     "PROVIDER_OPTION",
+    "choice_option",
     "fusion_flags",
     "gate_flags",
     "min_top1_option",

@@ -8,9 +8,9 @@ step, prefix cache and prompt-lookup speculation; ``detect_signature`` says whic
 
 from ortpilot.decode.batched import BatchedLoop
 from ortpilot.decode.formats import FormatPlan
-from ortpilot.decode.generate import LOOP_CHOICES, GenerationResult, Generator, generate
+from ortpilot.decode.generate import GenerationResult, Generator, generate
 from ortpilot.decode.loops import LOOPS, Traffic
-from ortpilot.decode.options import EngineOptions
+from ortpilot.decode.options import LOOP_CHOICES, EngineOptions, GenerateOptions
 from ortpilot.decode.sampling import Sampler, SamplingConfig
 from ortpilot.decode.scheduler import Scheduler, Stream, StreamMetrics
 from ortpilot.decode.signature import CacheEntry, DecoderSignature, detect_signature
@@ -23,6 +23,7 @@ __all__ = [
     "DecoderSignature",
     "EngineOptions",
     "FormatPlan",
+    "GenerateOptions",
     "GenerationResult",
     "Generator",
     "Sampler",

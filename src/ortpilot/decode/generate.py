@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ortpilot.artifacts.fields import record_or_fields
 from ortpilot.decode.batched import BatchedLoop, check_batchable
 from ortpilot.decode.loops import DecodeLoop, make_loop
-from ortpilot.decode.options import DEFAULT_DRAFT_TOKENS, DEFAULT_SPECULATION, EngineOptions
-from ortpilot.decode.sampling import Sampler, SamplingConfig
+from ortpilot.decode.options import DEFAULT_LOOP, EngineOptions, GenerateOptions, check_loop
+from ortpilot.decode.sampling import Sampler
 from ortpilot.decode.signature import DecoderSignature, detect_signature
 from ortpilot.decode.speculative import Speculator, calibrate, run_single
 from ortpilot.eps import CPU_EP
@@ -36,9 +37,6 @@ from ortpilot.errors import UsageError
 from ortpilot.session import SessionSettings, VerifiedSession, load
 
 log = logging.getLogger("ortpilot")
-LOOP_CHOICES = ("auto", "plain", "bound", "shared")
-DEFAULT_LOOP = "auto"  # the fastest loop the model supports
-DEFAULT_MAX_NEW_TOKENS = 32
 StreamCallback = Callable[[np.ndarray], None]
 
 
@@ -93,8 +91,7 @@ class Generator:
     def choose_loop(self, loop: str = DEFAULT_LOOP, *, padded: bool = False) -> tuple[str, str]:
         """(loop name, why) for a request; refuses what the model cannot do."""
         sig = self.signature
-        if loop not in LOOP_CHOICES:
-            raise UsageError(f"Unknown loop '{loop}'; choose one of {', '.join(LOOP_CHOICES)}.")
+        check_loop(loop)
         if padded and sig.gqa_nodes and not sig.gqa_reads_mask:
             raise UsageError(
                 "The prompt batch is left-padded, but this model's GroupQueryAttention takes sequence "
@@ -131,27 +128,27 @@ class Generator:
     def generate(
         self,
         prompt_ids: Sequence[int] | np.ndarray,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        loop: str = DEFAULT_LOOP,
+        max_new_tokens: int | None = None,
+        loop: str | None = None,
         *,
-        sampling: SamplingConfig | None = None,
-        stop_tokens: Sequence[int] = (),
+        options: GenerateOptions | None = None,
         stream: StreamCallback | None = None,
         attention_mask: np.ndarray | None = None,
-        max_length: int | None = None,
-        speculation: str = DEFAULT_SPECULATION,
-        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        **keywords: Any,
     ) -> GenerationResult:
-        """``speculation``: prompt-lookup drafts of ``draft_tokens`` for a greedy batch-1 request on the
-        shared-buffer loop: ``auto`` (where they pay), ``on`` or ``off``."""
-        EngineOptions(speculation=speculation, draft_tokens=draft_tokens).check_context(
+        """Generate after ``prompt_ids`` as ``options`` say (``decode.options.GenerateOptions``), or its fields
+        as arguments: ``max_new_tokens`` and ``loop`` (positional too), ``sampling``, ``stop_tokens``,
+        ``max_length``, ``speculation`` (prompt-lookup drafts of ``draft_tokens`` for a greedy batch-1
+        request on the shared-buffer loop: ``auto``, where they pay, ``on`` or ``off``). ``stream`` gets the
+        new token ids ([batch]) as each step produces them."""
+        given = {k: v for k, v in (("max_new_tokens", max_new_tokens), ("loop", loop)) if v is not None}
+        options, _ = record_or_fields(GenerateOptions, options, {**given, **keywords})
+        EngineOptions(speculation=options.speculation, draft_tokens=options.draft_tokens).check_context(
             self.signature.max_positions or 2**31, "the model's positions"
         )
         ids, mask = self._prompt(prompt_ids, attention_mask)
-        if max_new_tokens < 1:
-            raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
-        max_length = self._max_length(ids.shape[1], max_new_tokens, max_length)
-        name, reason = self.choose_loop(loop, padded=bool((mask == 0).any()))
+        max_length = self._max_length(ids.shape[1], options.max_new_tokens, options.max_length)
+        name, reason = self.choose_loop(options.loop, padded=bool((mask == 0).any()))
         notes = (
             []
             if name != "recompute"
@@ -159,28 +156,18 @@ class Generator:
         )
         for note in notes:
             log.warning(note)
-        sampler = Sampler(sampling)
+        sampler = Sampler(options.sampling)
         if (
             name == "shared"
             and ids.shape[0] == 1
-            and speculation != "off"
+            and options.speculation != "off"
             and sampler.config.greedy
             and self._batchable()
         ):
-            return self._speculative(
-                ids[0].tolist(),
-                max_new_tokens,
-                max_length,
-                sampler,
-                set(stop_tokens),
-                stream,
-                reason,
-                notes,
-                speculation,
-                draft_tokens,
-            )
+            return self._speculative(ids[0].tolist(), options, max_length, sampler, stream, reason, notes)
         runner = make_loop(name, self.vsession.session, self.signature, max_length)
-        return _run(runner, ids, mask, max_new_tokens, max_length, sampler, set(stop_tokens), stream, reason, notes)
+        stop = set(options.stop_tokens)
+        return _run(runner, ids, mask, options.max_new_tokens, max_length, sampler, stop, stream, reason, notes)
 
     def _batchable(self) -> bool:
         try:
@@ -192,17 +179,15 @@ class Generator:
     def _speculative(
         self,
         prompt: list[int],
-        max_new_tokens: int,
+        options: GenerateOptions,
         max_length: int,
         sampler: Sampler,
-        stop: set[int],
         stream: StreamCallback | None,
         reason: str,
         notes: list[str],
-        mode: str,
-        draft_tokens: int,
     ) -> GenerationResult:
         """Greedy batch-1 decoding on a one-slot batched loop, verifying prompt-lookup drafts."""
+        mode, draft_tokens = options.speculation, options.draft_tokens
         session = self.vsession.session
         loop = BatchedLoop(session, self.signature, 1, max_length)
         if self._verify_distance is None:
@@ -210,7 +195,7 @@ class Generator:
         speculator = Speculator(mode, draft_tokens)
         speculator.measured(self._verify_distance)
         on_token = None if stream is None else (lambda t: stream(np.array([t], dtype=np.int64)))
-        run = run_single(loop, prompt, max_new_tokens, stop, speculator, on_token)
+        run = run_single(loop, prompt, options.max_new_tokens, set(options.stop_tokens), speculator, on_token)
         ms = [t * 1e3 for t in run.token_s]
         decode_bytes = loop.traffic.host_bytes - run.prefill_host_bytes
         return GenerationResult(
@@ -287,39 +272,29 @@ class Generator:
 def generate(
     model: str | os.PathLike | onnx.ModelProto | VerifiedSession,
     prompt_ids: Sequence[int] | np.ndarray,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    loop: str = DEFAULT_LOOP,
+    max_new_tokens: int | None = None,
+    loop: str | None = None,
     *,
-    sampling: SamplingConfig | None = None,
-    stop_tokens: Sequence[int] = (),
+    options: GenerateOptions | None = None,
     stream: StreamCallback | None = None,
     attention_mask: np.ndarray | None = None,
-    max_length: int | None = None,
     providers: Any = None,
     policy: str = "warn",
     settings: SessionSettings | None = None,
     mapping: Mapping[str, str] | None = None,
-    speculation: str = DEFAULT_SPECULATION,
-    draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+    **keywords: Any,
 ) -> GenerationResult:
-    """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see :class:`GenerationResult`).
-
-    ``loop``: auto (the fastest the model supports), plain, bound or shared. ``stream`` gets the
-    new token ids ([batch]) as each step produces them. ``max_length`` caps prompt + new tokens
-    (and sizes the shared buffer). ``speculation``: prompt-lookup drafts for a greedy batch-1
-    request on the shared loop (``auto``: where they pay; ``on``; ``off``).
+    """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see :class:`GenerationResult`) with a
+    ``Generator`` of ``model`` (``providers``, ``policy``, ``settings``, ``mapping``: its session and
+    signature) and one request's ``options`` (``decode.options.GenerateOptions``) or their fields as
+    arguments: ``loop`` auto (the fastest the model supports), plain, bound or shared; ``sampling``,
+    ``stop_tokens``, ``max_length`` (caps prompt + new tokens, and sizes the shared buffer),
+    ``speculation``: prompt-lookup drafts for a greedy batch-1 request on the shared loop (``auto``: where
+    they pay; ``on``; ``off``). ``stream`` gets the new token ids ([batch]) as each step produces them.
     """
-    return Generator(model, providers=providers, policy=policy, settings=settings, mapping=mapping).generate(
-        prompt_ids,
-        max_new_tokens,
-        loop,
-        sampling=sampling,
-        stop_tokens=stop_tokens,
-        stream=stream,
-        attention_mask=attention_mask,
-        max_length=max_length,
-        speculation=speculation,
-        draft_tokens=draft_tokens,
+    generator = Generator(model, providers=providers, policy=policy, settings=settings, mapping=mapping)
+    return generator.generate(
+        prompt_ids, max_new_tokens, loop, options=options, stream=stream, attention_mask=attention_mask, **keywords
     )
 
 

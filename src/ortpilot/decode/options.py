@@ -1,7 +1,10 @@
-"""The continuous-batching engine's own settings: weight formats, prefix cache, speculation.
+"""How a decoder generates, as frozen records: one request (``GenerateOptions``) and the engine (``EngineOptions``).
 
-One frozen record, so that a server passes it through unchanged and a benchmark names exactly
-what it ran. The defaults are what pays where it pays: one weight format (the model as given;
+``GenerateOptions`` is what ``generate`` and ``Generator.generate`` take for one request: how many
+tokens, which loop, sampling, stop tokens, the length cap, speculation; ``ortpilot generate``'s
+argument group builds it. ``EngineOptions`` are the continuous-batching engine's own settings: weight
+formats, prefix cache, speculation. Frozen records, so that a server passes them through unchanged and
+a benchmark names exactly what it ran. The defaults are what pays where it pays: one weight format (the model as given;
 more formats cost memory and a gate at load, docs/concepts/decode-engine.md), a prefix cache
 (a miss costs a copy of the prompt's rows, ~0.5 % of its prefill), and prompt-lookup speculation
 that turns itself off per stream when its drafts are not accepted often enough to pay.
@@ -10,12 +13,18 @@ Bad values are UsageErrors (exit 2) that name the setting.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ortpilot.artifacts.fields import record_of
+from ortpilot.decode.sampling import SamplingConfig
 from ortpilot.errors import UsageError
 from ortpilot.gate.generation import DEFAULT_MIN_TOP1
 
+LOOP_CHOICES = ("auto", "plain", "bound", "shared")
+DEFAULT_LOOP = "auto"  # the fastest loop the model supports
+DEFAULT_MAX_NEW_TOKENS = 32
 BASE = "base"  # the weight format of the model as given
 SPECULATION_MODES = ("auto", "on", "off")
 DEFAULT_SPECULATION = "auto"
@@ -92,6 +101,48 @@ class EngineOptions:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class GenerateOptions:
+    """One generation request's settings (the prompt and where tokens stream to are the call's own).
+
+    ``max_new_tokens`` at most; ``loop``: auto (the fastest the model supports), plain, bound or shared;
+    ``sampling`` (None: greedy); generation stops at any of ``stop_tokens``; ``max_length`` caps prompt +
+    new tokens (and sizes the shared buffer; None: the model's positions); ``speculation``: prompt-lookup
+    drafts of ``draft_tokens`` for a greedy batch-1 request on the shared loop (``auto``: where they pay;
+    ``on``; ``off``).
+    """
+
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    loop: str = DEFAULT_LOOP
+    sampling: SamplingConfig | None = None
+    stop_tokens: tuple[int, ...] = ()
+    max_length: int | None = None
+    speculation: str = DEFAULT_SPECULATION
+    draft_tokens: int = DEFAULT_DRAFT_TOKENS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise UsageError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}.")
+        check_loop(self.loop)
+        if isinstance(self.sampling, Mapping):
+            object.__setattr__(self, "sampling", SamplingConfig(**self.sampling))
+        object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
+        EngineOptions(speculation=self.speculation, draft_tokens=self.draft_tokens)  # their checks, once
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "stop_tokens": list(self.stop_tokens)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> GenerateOptions:
+        """``sampling`` as ``SamplingConfig``'s fields (``to_dict`` writes them so)."""
+        return record_of(cls, doc, "A GenerateOptions record")
+
+
+def check_loop(loop: str) -> None:
+    if loop not in LOOP_CHOICES:
+        raise UsageError(f"Unknown loop '{loop}'; choose one of {', '.join(LOOP_CHOICES)}.")
+
+
 def format_name(spec: str) -> str:
     """The name a format goes by: ``NAME`` of ``NAME=PATH``, else the spec itself."""
     return spec.split("=", 1)[0] if "=" in spec else spec
@@ -101,13 +152,18 @@ __all__ = [
     "BASE",
     "DEFAULT_DRAFT_TOKENS",
     "DEFAULT_FORMAT_MIN_TOP1",
+    "DEFAULT_LOOP",
+    "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_MAX_QUEUE",
     "DEFAULT_MAX_STREAMS",
     "DEFAULT_PREFILL_CHUNK",
     "DEFAULT_PREFIX_BLOCK",
     "DEFAULT_PREFIX_CACHE_BYTES",
     "DEFAULT_SPECULATION",
+    "LOOP_CHOICES",
     "SPECULATION_MODES",
     "EngineOptions",
+    "GenerateOptions",
+    "check_loop",
     "format_name",
 ]

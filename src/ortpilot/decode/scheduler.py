@@ -38,8 +38,14 @@ import onnx
 
 from ortpilot.decode.batched import chunk_length
 from ortpilot.decode.formats import FormatPlan, FormatSet
-from ortpilot.decode.generate import DEFAULT_MAX_NEW_TOKENS, Generator
-from ortpilot.decode.options import DEFAULT_MAX_QUEUE, DEFAULT_MAX_STREAMS, DEFAULT_PREFILL_CHUNK, EngineOptions
+from ortpilot.decode.generate import Generator
+from ortpilot.decode.options import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_PREFILL_CHUNK,
+    EngineOptions,
+)
 from ortpilot.decode.prefix_cache import PrefixCache, PrefixMatch
 from ortpilot.decode.sampling import Sampler, SamplingConfig
 from ortpilot.decode.signature import DecoderSignature
