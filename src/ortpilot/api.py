@@ -11,8 +11,6 @@ import numpy as np
 import onnx
 
 from ortpilot.errors import StampMismatchError, UsageError
-from ortpilot.gate.generation import DEFAULT_MIN_TOP1
-from ortpilot.gate.options import GateOptions, gate_keywords
 from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.graph.shapes import parse_shape_args
 from ortpilot.quantmodes import DYNAMIC
@@ -23,6 +21,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from ortpilot.gate.flow import QuantizeReport
+    from ortpilot.gate.options import GateOptions
     from ortpilot.measure.bench import BenchResult, Progress
     from ortpilot.measure.config_file import ConfigEntry
     from ortpilot.measure.interleave import ComparisonResult
@@ -186,46 +185,53 @@ def compare(
     model: str,
     other: str | None = None,
     providers: Sequence[str] | None = None,
+    gate: GateOptions | None = None,
     *,
     inputs: Mapping[str, np.ndarray] | None = None,
-    calibration: Any = None,
     all_samples: bool = False,
     shapes: Sequence[str] = (),
-    n_samples: int = 4,
+    n_samples: int | None = None,
     tolerances: Any = None,
-    tokenizer: str | None = None,
-    new_tokens: int = 16,
-    min_top1: float = DEFAULT_MIN_TOP1,
-    metric: Any = None,
+    **keywords: Any,
 ) -> Any:
     """``ortpilot compare``: ``other`` against ``model`` (or ``model`` on two providers), output by output.
 
-    Two decoders with a KV cache, and no inputs given, are compared on what generation uses (the
-    generation gate: top-1 next-token agreement, KL; prompts from ``tokenizer`` or random token
-    ids) and return a ``gate.generation.DecoderComparison``; everything else runs
-    ``measure.compare.compare_models`` on ``inputs``, ``calibration`` samples or generated inputs
-    and returns its ``Comparison`` (``metric``: ``--metric`` overrides of each output's gate metric).
-    ``calibration`` (what ``passes.calibration.load_calibration`` reads: arrays, or
-    ``ortpilot.data.real_data`` text and images) gives the held-out samples of its split, the ones
-    quantize and tune gate on, or every sample with ``all_samples``; the result's ``gate_data`` says
-    which. :func:`compare_failure` says whether the result fails.
+    ``gate``: how outputs are held to each other (``gate.options.GateOptions``), or its fields as keywords:
+    ``metric`` (``--metric`` overrides of each output's gate metric), ``calibration``, and for decoders
+    ``min_top1``, ``new_tokens`` and ``tokenizer``. Two decoders with a KV cache, and no inputs given, are
+    compared on what generation uses (the generation gate: top-1 next-token agreement, KL; prompts from
+    ``tokenizer`` or random token ids) and return a ``gate.generation.DecoderComparison``; everything else
+    runs ``measure.compare.compare_models`` on ``inputs``, ``calibration`` samples or ``n_samples``
+    generated inputs (None: ``measure.compare.COMPARE_SAMPLES``) and returns its ``Comparison``. ``calibration`` (what
+    ``passes.calibration.load_calibration`` reads: arrays, or ``ortpilot.data.real_data`` text and images)
+    gives the held-out samples of its split, the ones quantize and tune gate on, or every sample with
+    ``all_samples``; the result's ``gate_data`` says which. :func:`compare_failure` says whether the result
+    fails (``tolerances``: ``measure.compare.Tolerances``, the limits it exits 1 over).
     """
+    from ortpilot.artifacts.fields import record_or_fields
     from ortpilot.decode.signature import is_kv_decoder
-    from ortpilot.measure.compare import compare_models
+    from ortpilot.gate.options import GateOptions
+    from ortpilot.measure.compare import COMPARE_SAMPLES, compare_models
 
+    gate, _ = record_or_fields(GateOptions, gate, keywords)
+    unused = [f for f in ("max_error", "outputs", "auto_exclude") if getattr(gate, f) != getattr(GateOptions(), f)]
+    if unused:
+        raise UsageError(
+            f"compare measures every output against its limits (--atol/--rtol); {', '.join(unused)} of its gate "
+            "options are for quantize and tune."
+        )
     chain = list(providers) if providers else None
-    if other is not None and not inputs and not calibration and is_kv_decoder(model) and is_kv_decoder(other):
+    if other is not None and not inputs and not gate.calibration and is_kv_decoder(model) and is_kv_decoder(other):
         from ortpilot.decode.gate import compare_decoders, text_prompts
-        from ortpilot.gate.generation import GenerationGate
 
-        _no_metric(metric, "two decoders are compared on generation (top-1 next-token agreement, --min-top1)")
+        _no_metric(gate.metric, "two decoders are compared on generation (top-1 next-token agreement, --min-top1)")
 
         return compare_decoders(
             model,
             other,
-            text_prompts(tokenizer) if tokenizer else None,
-            new_tokens=new_tokens,
-            gate=GenerationGate(min_top1=min_top1),
+            text_prompts(gate.tokenizer) if gate.tokenizer else None,
+            new_tokens=gate.new_tokens,
+            gate=gate.generation_gate(),
             providers=chain,
         )
     from ortpilot.data import DataSource
@@ -236,11 +242,11 @@ def compare(
     if inputs:
         samples = [dict(inputs)]
         data = DataSource.of_samples(samples, "files").describe(1)
-    elif calibration is not None:
+    elif gate.calibration is not None:
         from ortpilot.modelio import load_model
         from ortpilot.passes.calibration import load_calibration
 
-        found = load_calibration(calibration, load_model(model, load_external_data=False), shapes=shape_map)
+        found = load_calibration(gate.calibration, load_model(model, load_external_data=False), shapes=shape_map)
         if all_samples:
             samples, data = found.samples, found.origin.describe(len(found), len(found))
         else:
@@ -252,9 +258,9 @@ def compare(
         chain,
         samples=samples,
         shapes=shape_map,
-        n_samples=n_samples,
+        n_samples=COMPARE_SAMPLES if n_samples is None else n_samples,
         tolerances=tolerances,
-        metrics=metric,
+        metrics=list(gate.metric) or None,
     )
     result.gate_data = data or DataSource("synthetic").describe(result.samples)
     return result
@@ -262,8 +268,6 @@ def compare(
 
 def _no_metric(metric: Any, why: str) -> None:
     if metric:
-        from ortpilot.errors import UsageError
-
         raise UsageError(f"--metric sets how outputs are compared, but {why}; drop --metric.")
 
 
@@ -315,6 +319,7 @@ def quantize_gated(
     rescue a failing model with the one auto-exclude loop (``gate.auto_exclude``) and raise
     ``AccuracyGateError`` (exit 1) without writing when it still fails.
     """
+    from ortpilot.gate.options import gate_keywords
     from ortpilot.passes.options import PassOptions, WeightOnlyOptions, quantize_options
 
     gate, settings = gate_keywords(gate, keywords)

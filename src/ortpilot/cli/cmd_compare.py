@@ -10,7 +10,6 @@ from rich.table import Table
 
 from ortpilot.cli.cmd_optimize import _num
 from ortpilot.cli.common import (
-    INPUT_HELP,
     ISOLATE_OPTION,
     JSON_OPTION,
     METRIC_HELP,
@@ -27,30 +26,69 @@ from ortpilot.cli.common import (
     resolve_model_arg,
     stdout,
 )
-from ortpilot.gate.generation import DEFAULT_MIN_TOP1
+from ortpilot.cli.flags import INPUT_OPTION, count_option, min_top1_option, provider_option
+from ortpilot.cli.groups import arg_group
+from ortpilot.gate.options import DEFAULT_NEW_TOKENS, GateOptions
+from ortpilot.measure.compare import COMPARE_SAMPLES, Tolerances
+
+
+def build_gate(
+    model: str,
+    inputs: tuple[str, ...],
+    metric: tuple[str, ...],
+    calibration: str | None,
+    new_tokens: int,
+    min_top1: float,
+) -> GateOptions:
+    """How the outputs are held to each other: the metrics, the held-out data, and a decoder pair's gate."""
+    data = real_data_arg(model, lone_tokenizer=True)
+    if data is not None and (calibration is not None or inputs):
+        raise click.UsageError("Give one of --input, --calibration or --calibration-text/--calibration-images.")
+    return GateOptions(
+        metric=metric,
+        calibration=data if data is not None else calibration,
+        new_tokens=new_tokens,
+        min_top1=min_top1,
+        tokenizer=data_flags().get("tokenizer") if data is None else None,
+    )
+
+
+def build_tolerances(atol: tuple[str, ...], rtol: tuple[str, ...]) -> Tolerances:
+    return Tolerances.parse(list(atol) or None, list(rtol) or None)
+
+
+COMPARE_GATE = arg_group(
+    "gate",
+    build_gate,
+    click.option("--metric", "metric", multiple=True, help=METRIC_HELP),
+    click.option(
+        "--calibration",
+        default=None,
+        help="Compare on the held-out part of these samples (folder of .npy/.npz, or one .npz).",
+    ),
+    REAL_DATA_OPTIONS,
+    count_option("--new-tokens", DEFAULT_NEW_TOKENS, "Decoder pairs: greedy tokens generated per prompt."),
+    min_top1_option("Decoder pairs: least top-1 next-token agreement (exit 1 below it)."),
+    uses=("model", "inputs"),
+)
+TOLERANCES = arg_group(
+    "tolerances",
+    build_tolerances,
+    click.option(
+        "--atol", "atol", multiple=True, help="Absolute tolerance, or NAME:VALUE for one output (repeatable)."
+    ),
+    click.option(
+        "--rtol", "rtol", multiple=True, help="Relative tolerance, or NAME:VALUE for one output (repeatable)."
+    ),
+)
 
 
 @click.command("compare")
 @MODEL_FILE_OPTION
 @click.argument("model")
 @click.argument("model_b", required=False)
-@click.option(
-    "-p",
-    "--provider",
-    "providers",
-    multiple=True,
-    help=PROVIDER_HELP + " With one MODEL: exactly two, reference first.",
-)
-@click.option("--atol", "atol", multiple=True, help="Absolute tolerance, or NAME:VALUE for one output (repeatable).")
-@click.option("--rtol", "rtol", multiple=True, help="Relative tolerance, or NAME:VALUE for one output (repeatable).")
-@click.option("--metric", "metric", multiple=True, help=METRIC_HELP)
-@click.option("--input", "inputs", multiple=True, help=INPUT_HELP)
-@click.option(
-    "--calibration",
-    default=None,
-    help="Compare on the held-out part of these samples (folder of .npy/.npz, or one .npz).",
-)
-@REAL_DATA_OPTIONS
+@provider_option(PROVIDER_HELP + " With one MODEL: exactly two, reference first.")
+@INPUT_OPTION
 @click.option(
     "--all-samples",
     is_flag=True,
@@ -58,47 +96,24 @@ from ortpilot.gate.generation import DEFAULT_MIN_TOP1
     "the held-out ones quantize and tune gate on.",
 )
 @SHAPE_OPTION
-@click.option(
-    "--samples",
-    "n_samples",
-    type=click.IntRange(1),
-    default=4,
-    show_default=True,
-    help="Generated input sets when no inputs are given.",
-)
-@click.option(
-    "--new-tokens",
-    type=click.IntRange(1),
-    default=16,
-    show_default=True,
-    help="Decoder pairs: greedy tokens generated per prompt.",
-)
-@click.option(
-    "--min-top1",
-    type=click.FloatRange(0, 1),
-    default=DEFAULT_MIN_TOP1,
-    show_default=True,
-    help="Decoder pairs: least top-1 next-token agreement (exit 1 below it).",
-)
+@count_option("--samples", COMPARE_SAMPLES, "Generated input sets when no inputs are given.", dest="n_samples")
 @ISOLATE_OPTION
 @JSON_OPTION
 @handle_errors
+@TOLERANCES
+@COMPARE_GATE
 def command(
     model: str,
     model_b: str | None,
     providers: tuple[str, ...],
-    atol: tuple[str, ...],
-    rtol: tuple[str, ...],
-    metric: tuple[str, ...],
     inputs: tuple[str, ...],
-    calibration: str | None,
     all_samples: bool,
     shapes: tuple[str, ...],
     n_samples: int,
-    new_tokens: int,
-    min_top1: float,
     isolate: bool,
     as_json: bool,
+    tolerances: Tolerances,
+    gate: GateOptions,
 ) -> None:
     """Run MODEL and MODEL_B (or MODEL on two providers) on the same inputs and report the error per output.
 
@@ -106,12 +121,7 @@ def command(
     """
     from ortpilot.api import compare, compare_failure
     from ortpilot.gate.generation import DecoderComparison
-    from ortpilot.measure.compare import Tolerances
 
-    tolerances = Tolerances.parse(list(atol) or None, list(rtol) or None)
-    data = real_data_arg(model, lone_tokenizer=True)
-    if data is not None and (calibration is not None or inputs):
-        raise click.UsageError("Give one of --input, --calibration or --calibration-text/--calibration-images.")
     model = resolve_model_arg(model)
     other = resolve_model_arg(model_b) if model_b else None
     if isolate:
@@ -124,16 +134,12 @@ def command(
         model,
         other,
         list(providers) or None,
+        gate,
         inputs=load_input_files(inputs) if inputs else None,
-        calibration=data if data is not None else calibration,
         all_samples=all_samples,
         shapes=list(shapes),
         n_samples=n_samples,
         tolerances=tolerances,
-        tokenizer=data_flags().get("tokenizer") if data is None else None,
-        new_tokens=new_tokens,
-        min_top1=min_top1,
-        metric=list(metric) or None,
     )
     if as_json:
         emit_json(result.to_dict())

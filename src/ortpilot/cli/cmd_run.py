@@ -9,12 +9,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from ortpilot.cli.common import (
-    INPUT_HELP,
     JSON_OPTION,
     LEVEL_OPTION,
     MODEL_FILE_OPTION,
     POLICY_OPTION,
-    PROVIDER_HELP,
     SHAPE_OPTION,
     emit_json,
     handle_errors,
@@ -24,12 +22,13 @@ from ortpilot.cli.common import (
     stderr,
     stdout,
 )
+from ortpilot.cli.flags import INPUT_OPTION, PROVIDER_OPTION
 
 
 @click.command("run")
 @MODEL_FILE_OPTION
 @click.argument("model")
-@click.option("-p", "--provider", "providers", multiple=True, help=PROVIDER_HELP)
+@PROVIDER_OPTION
 @POLICY_OPTION
 @click.option(
     "--min-coverage",
@@ -38,7 +37,7 @@ from ortpilot.cli.common import (
     help="Least share of estimated FLOPs (of nodes where FLOPs are unknown) on the first provider (default 0.95).",
 )
 @LEVEL_OPTION
-@click.option("--input", "inputs", multiple=True, help=INPUT_HELP)
+@INPUT_OPTION
 @SHAPE_OPTION
 @isolate_option(help="Create the session in a child process first (survives ORT crashes).")
 @JSON_OPTION

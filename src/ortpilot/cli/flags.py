@@ -36,6 +36,12 @@ def choice_option(flag: str, choices: Sequence[str], default: str, help: str | N
     return click.option(flag, type=click.Choice(list(choices)), default=default, show_default=True, help=help)
 
 
+def count_option(flag: str, default: int, help: str, *, least: int = 1, dest: str | None = None) -> Option:
+    """A flag that takes a whole number of at least ``least``, its default (a record's) shown in ``--help``."""
+    decls = (flag, dest) if dest else (flag,)
+    return click.option(*decls, type=click.IntRange(least), default=default, show_default=True, help=help)
+
+
 def provider_option(help: str = PROVIDER_HELP) -> Option:
     """``-p/--provider`` (repeatable, in priority order) into ``providers``."""
     return click.option("-p", "--provider", "providers", multiple=True, help=help)
@@ -59,13 +65,7 @@ def gate_flags(max_error_help: str, *, applies: str = "") -> tuple[Option, ...]:
 
 AUTO_EXCLUDE_FLAGS = (
     click.option("--auto-exclude", is_flag=True, help="Leave the worst layers in float until --max-error passes."),
-    click.option(
-        "--max-rounds",
-        type=click.IntRange(1),
-        default=DEFAULT_MAX_ROUNDS,
-        show_default=True,
-        help="Rounds of --auto-exclude.",
-    ),
+    count_option("--max-rounds", DEFAULT_MAX_ROUNDS, "Rounds of --auto-exclude."),
 )
 
 
@@ -92,6 +92,7 @@ __all__ = [
     "OUTPUTS_HELP",
     "PROVIDER_OPTION",
     "choice_option",
+    "count_option",
     "fusion_flags",
     "gate_flags",
     "min_top1_option",

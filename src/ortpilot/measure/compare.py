@@ -36,6 +36,7 @@ from ortpilot.measure.metrics import (
 
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-5
+COMPARE_SAMPLES = 4  # generated input sets ``ortpilot compare`` runs when given no inputs
 _TINY = np.finfo(np.float64).tiny
 
 Runs = Sequence[Mapping[str, np.ndarray]]
