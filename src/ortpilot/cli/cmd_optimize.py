@@ -21,6 +21,34 @@ from ortpilot.cli.common import (
     stdout,
 )
 from ortpilot.cli.flags import OUTPUTS_HELP, PROVIDER_OPTION
+from ortpilot.cli.groups import arg_group
+from ortpilot.passes.options import FusionOptions
+
+NO_FUSION = "none"
+
+
+def build_fusion(fusion: str, num_heads: int, hidden_size: int) -> FusionOptions | None:
+    """``--fusion`` (and the attention's sizes) as the transformer fusion to run (None: ``none``)."""
+    return None if fusion == NO_FUSION else FusionOptions(fusion, num_heads=num_heads, hidden_size=hidden_size)
+
+
+FUSION = arg_group(
+    "fusion",
+    build_fusion,
+    click.option(
+        "--fusion",
+        default=NO_FUSION,
+        show_default=True,
+        help="Transformer fusion: auto (detect the model type), none, or an onnxruntime.transformers model "
+        "type (bert, gpt2, vit, ...).",
+    ),
+    click.option(
+        "--num-heads", type=int, default=FusionOptions.num_heads, help="Attention heads for fusion (0: detect)."
+    ),
+    click.option(
+        "--hidden-size", type=int, default=FusionOptions.hidden_size, help="Hidden size for fusion (0: detect)."
+    ),
+)
 
 
 @click.command("optimize")
@@ -29,29 +57,19 @@ from ortpilot.cli.flags import OUTPUTS_HELP, PROVIDER_OPTION
 @click.option("-o", "--output", required=True, help="Where to write the optimized model (.onnx).")
 @LEVEL_OPTION
 @PROVIDER_OPTION
-@click.option(
-    "--fusion",
-    default="none",
-    show_default=True,
-    help="Transformer fusion: auto (detect the model type), none, or an onnxruntime.transformers model "
-    "type (bert, gpt2, vit, ...).",
-)
-@click.option("--num-heads", type=int, default=0, help="Attention heads for fusion (0: detect).")
-@click.option("--hidden-size", type=int, default=0, help="Hidden size for fusion (0: detect).")
 @click.option("--free-dim", "free_dims", multiple=True, help="Fix a symbolic dim while optimizing: NAME=VALUE.")
 @click.option("--no-cache", is_flag=True, help="Build without the content-addressed cache.")
 @click.option("--outputs", "outputs", multiple=True, metavar="NAME", help=OUTPUTS_HELP)
 @ISOLATE_OPTION
 @JSON_OPTION
 @handle_errors
+@FUSION
 def command(
     model: str,
     output: str,
     level: str,
     providers: tuple[str, ...],
-    fusion: str,
-    num_heads: int,
-    hidden_size: int,
+    fusion: FusionOptions | None,
     free_dims: tuple[str, ...],
     no_cache: bool,
     outputs: tuple[str, ...],
@@ -84,10 +102,10 @@ def command(
         source = prune_to_outputs(load_model(path), list(outputs))  # a name it lacks: exit 2, nothing written
     if isolate:
         preflight_isolated([path], chain, SessionSettings(level=level, free_dimension_overrides=free))
-    if fusion != "none":
+    if fusion is not None:
         from ortpilot.passes.fusion import FusionPass
 
-        step = FusionPass(fusion, num_heads=num_heads, hidden_size=hidden_size, providers=chain)
+        step = FusionPass(fusion, providers=chain)
     else:
         step = OptimizePass(level, chain, free_dimension_overrides=free, use_cache=not no_cache)
     result = step.run(source)
