@@ -238,6 +238,22 @@ _TOP: dict[str, Check] = {
     "shapes": _dict_of(_list_of(_dim, limit=64)),
     # --outputs: the outputs the deployment reads; the model is pruned to them (load_profile checks it has them).
     "outputs": _list_of(lambda v, n: _string(v, n, nonempty=True, limit=4096), nonempty=True, limit=4096),
+    # What the tune timed (data.workload.Workload.to_dict), and the replay set verify --bench times (``file``).
+    "workload": _fields(
+        {
+            "source": lambda v, n: _string(v, n, limit=256),
+            "requests": lambda v, n: _int(v, n, 0, 2**40),
+            "dims": _list_of(_json_value, limit=64),
+            "batches": _list_of(lambda v, n: _int(v, n, 1, MAX_DIM), limit=64),
+            "replay": lambda v, n: _int(v, n, 1, 4096),
+            "sha256": _string,
+            "shapes": _dict_of(_list_of(_dim, limit=64)),
+            "summary": _string,
+            "file": _file_name,
+            "file_sha256": _sha256,
+        },
+        required=("source", "requests"),
+    ),
     "placement": _placement,
     "default_best": _bool,
     "gate_data": _DATA,

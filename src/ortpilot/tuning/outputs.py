@@ -28,6 +28,7 @@ from ortpilot.tuning.search import Entry
 from ortpilot.tuning.worker import WorkerClient, WorkerCrash
 
 MODEL_FILE = "model.onnx"
+WORKLOAD_FILE = "workload.npz"
 
 
 def winner_model(worker: WorkerClient, winner: Entry, source: Path) -> Path:
@@ -93,7 +94,29 @@ def _write_reference(out: Path, winner: Entry, feeds: Mapping[str, Any]) -> Path
     return dest
 
 
-def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds: Mapping[str, Any]) -> None:
+def _write_workload(out: Path, result: TuneResult, replay: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """OUTDIR/workload.npz: the requests one timed run replays, for ``verify --bench`` to time what the tune timed;
+    the profile's ``workload`` section (None for a tune of one shape: the reference sample is that request)."""
+    import numpy as np
+
+    from ortpilot.artifacts.atomic import atomic_open
+    from ortpilot.graph.feeds import samples_to_arrays
+
+    if result.workload is None or len(replay) < 2:
+        return None
+    dest = out / WORKLOAD_FILE
+    with atomic_open(dest, "wb") as fh:
+        np.savez(fh, **samples_to_arrays(replay))
+    return {**result.workload.to_dict(), "file": dest.name, "file_sha256": file_sha256(dest)}
+
+
+def write_outputs(
+    result: TuneResult,
+    source: Path,
+    built: Path,
+    reference_feeds: Mapping[str, Any],
+    replay: list[Mapping[str, Any]] | None = None,
+) -> None:
     from ortpilot.tuning.report import reference_name, write_reports
 
     out = result.out_dir
@@ -121,6 +144,7 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
     }
     write_reports(result)
     reference = _write_reference(out, winner, reference_feeds)
+    workload = _write_workload(out, result, list(replay or []))
     settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
     optimized = _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
     compiled = _write_compiled(out, model_file, list(winner.candidate.providers), reference)
@@ -146,6 +170,7 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
             "source_model": {"path": str(Path(source).resolve()), "sha256": file_sha256(source)},
             "shapes": {k: list(v) for k, v in result.shapes.items()},
             **({"outputs": list(result.outputs)} if result.outputs else {}),
+            **({"workload": workload} if workload else {}),
             "placement": winner.prepared.get("placement"),
             "default_best": result.default_best,
             "gate_data": result.gate_data,
@@ -154,6 +179,8 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
             **({"compiled_model": compiled} if compiled else {}),
         },
     )
+    if workload:
+        result.files["workload"] = str(out / workload["file"])
     if optimized:
         result.files["optimized_model"] = str(out / optimized["file"])
     if compiled:
@@ -180,4 +207,4 @@ def _write_compiled(
     return write_compiled_model(out, model_file, providers, inputs, outputs)
 
 
-__all__ = ["MODEL_FILE", "winner_model", "write_outputs"]
+__all__ = ["MODEL_FILE", "WORKLOAD_FILE", "winner_model", "write_outputs"]

@@ -160,9 +160,18 @@ def headline(doc: dict[str, Any]) -> str:
         else "search-phase estimate, not interleaved"
     )
     return (
-        f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x {reference_name(doc['baseline'])} on {doc['objective']} "
-        f"(95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}; {timing}).{state_clause(sp)}{gated}"
+        f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x {reference_name(doc['baseline'])} on {doc['objective']}"
+        f"{workload_clause(doc)} (95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}; {timing}).{state_clause(sp)}{gated}"
     )
+
+
+def workload_clause(doc: dict[str, Any]) -> str:
+    """`` per request of this workload (sequence 5-134 (p50 17, ...) over 200 text requests)`` where the requests
+    the tune timed differ in size ("" for one shape: the shapes line says which)."""
+    workload = doc.get("workload") or {}
+    if not workload.get("dims"):
+        return ""
+    return f" per request of this workload ({workload['summary']})"
 
 
 def state_clause(speedup: dict[str, Any]) -> str:

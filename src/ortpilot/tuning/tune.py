@@ -32,13 +32,14 @@ from ortpilot.artifacts.atomic import check_output_path
 from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.data import DataSource, ModelFolder, folder_of
+from ortpilot.data.workload import Workload, replay_set
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs, samples_needed
 from ortpilot.gate.result import gate_data_warning
 from ortpilot.graph.feeds import FeedPlan, batch_size_of, generate_samples, plan_feeds
 from ortpilot.graph.prune import check_outputs
-from ortpilot.graph.shapes import parse_shape_args
+from ortpilot.graph.shapes import graph_inputs, parse_shape_args
 from ortpilot.measure import cpushare
 from ortpilot.measure.metrics import MetricOverrides
 from ortpilot.modelio import file_sha256, load_model
@@ -57,7 +58,7 @@ from ortpilot.tuning.search import OUTPUT_RESERVE_S, Entry, Progress, Search, co
 from ortpilot.tuning.space import Facts, gather_facts
 from ortpilot.tuning.state import KEPT, keep_for_resume, kept_file, sweep
 from ortpilot.tuning.steps import StepRunner
-from ortpilot.tuning.worker import WorkerClient, load_samples, save_samples
+from ortpilot.tuning.worker import REPLAY_FILE, WorkerClient, load_samples, save_samples
 
 log = logging.getLogger("ortpilot")
 CALIBRATION_SAMPLES = 8
@@ -142,7 +143,8 @@ def _tune(
         load_avg, others_cpu = _load(journal, replay_only, load_start)
         run = RunRecord(time.monotonic() - start, bool(journal.replayed), load_avg, budget_s, others_cpu=others_cpu)
         result = _result(out, setup, data, search, pick, run)
-        write_outputs(result, setup.source, winner_model(worker, pick.winner, setup.path), data.heldout[0])
+        built = winner_model(worker, pick.winner, setup.path)
+        write_outputs(result, setup.source, built, data.heldout[0], setup.replay)
         result.run = dataclasses.replace(run, total_s=time.monotonic() - start)
         journal.append(
             {
@@ -173,6 +175,8 @@ class _Setup:
     given: Any  # the user's samples (passes.calibration.CalibrationSet), None without any
     given_split: tuple[list[Sample], list[Sample]]  # their (calibration, held-out) split; empty without
     config: dict[str, Any]  # what the journal's start record pins: a resume must match it
+    workload: Workload  # what the deployment sends: the user's samples at their own sizes, or the plan's shape
+    replay: list[Sample]  # the requests one timed run replays (data.workload.replay_set); [] without user data
 
 
 def _set_up(request: TuneRequest) -> _Setup:
@@ -192,10 +196,17 @@ def _set_up(request: TuneRequest) -> _Setup:
     gate_spec = OutputGate.for_model(graph, limit, metrics=overrides, folder=folder)  # bad flags: exit 2 now
     given = _given_data(proto, parsed, request.calibration)
     given_split: tuple[list[Sample], list[Sample]] = ([], [])
+    replay: list[Sample] = []
+    workload = None
     if given is not None:  # the samples' own shapes (a text's sequence length) are the ones timed and gated
         given_split = given.split()
-        parsed = {**parsed, **{k: tuple(v.shape) for k, v in given_split[1][0].items()}}
+        inputs = graph_inputs(proto)
+        workload = Workload.of_samples(given.samples, inputs, given.origin.kind)
+        replay = replay_set(given.samples)
+        parsed = {**parsed, **(workload.shapes if workload.varies else _shapes(given_split[1][0]))}
     plan = plan_feeds(proto, parsed)  # a dim with no default raises here, naming the input
+    if workload is None:
+        workload = Workload("synthetic", 1, shapes=dict(plan.shapes))
     specs = resolve_providers(request.providers) if request.providers else None
     facts = gather_facts(graph, specs, quantize=request.quantize, folder_attention=_folder_attention(folder))
     config = {
@@ -211,7 +222,20 @@ def _set_up(request: TuneRequest) -> _Setup:
         "data_sha256": given.origin.sha256 if given is not None else None,
     }
     return _Setup(
-        label, source, path, proto, names, request.objective, plan, facts, gate_spec, given, given_split, config
+        label,
+        source,
+        path,
+        proto,
+        names,
+        request.objective,
+        plan,
+        facts,
+        gate_spec,
+        given,
+        given_split,
+        config,
+        workload,
+        replay,
     )
 
 
@@ -294,6 +318,7 @@ def _scratch_space(stack: contextlib.ExitStack, setup: _Setup, data: _Data) -> W
     stack.callback(worker.close)
     save_samples(scratch / "heldout.npz", data.heldout)
     save_samples(scratch / "calibration.npz", data.calibration)
+    save_samples(scratch / REPLAY_FILE, setup.replay or data.heldout[:1])
     (scratch / "worker.json").write_text(
         json.dumps(
             {"model": str(Path(setup.path).resolve()), "shapes": {k: list(v) for k, v in setup.plan.shapes.items()}}
@@ -320,7 +345,9 @@ def _search(
         replay_only=not budget.binding,  # the budget binds unless the journaled search had ended
         on_first_record=lambda: _keep(journal, out, references, worker.scratch / "heldout.npz"),
     )
-    search = Search(steps, budget, objective=setup.objective, progress=progress)
+    search = Search(
+        steps, budget, objective=setup.objective, progress=progress, requests_per_run=max(1, len(setup.replay))
+    )
     base = baseline_candidate()
     finalists = search.run(base, setup.facts)
     base_entry = search.entries[base.id]
@@ -364,6 +391,7 @@ def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, r
         dict(setup.plan.shapes),
         batch=batch_size_of(data.heldout[0]),
         outputs=setup.outputs,
+        workload=setup.workload,
     )
 
 
@@ -450,6 +478,10 @@ def _model_path(model: str | os.PathLike | None) -> Path:
 
         return model_path_of(text)
     return Path(text)
+
+
+def _shapes(sample: Sample) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(int(d) for d in v.shape) for k, v in sample.items()}
 
 
 def _given_data(proto: Any, shapes: Mapping[str, tuple[int, ...]], calibration: Any) -> Any:

@@ -374,11 +374,7 @@ def check_latency(
         from ortpilot.tuning.pruned import pruned_model
 
         source = pruned_model(source, list(doc["outputs"]))
-    file = path.parent / str((doc.get("reference_outputs") or {}).get("file") or REFERENCE_FILE)
-    if file.is_file():
-        feeds = read_reference(file)[0]
-    else:
-        feeds = reference_feeds(doc)
+    feeds = _timed_requests(doc, path)
     providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
     configs = [
         BenchConfig(  # capped at this process's CPUs where ORT's default pool would take others (as the tune did)
@@ -424,6 +420,26 @@ def check_latency(
         untimed,
         comparison.environment.get("caller_cpus"),
     )
+
+
+def _timed_requests(doc: dict[str, Any], path: Path) -> Any:
+    """What the tune timed: the workload's replay set (``workload.npz``) where its requests differ in size, else
+    the reference sample (or, without one, the sample regenerated from the profile's seed)."""
+    from ortpilot.graph.feeds import read_samples
+
+    workload = doc.get("workload") or {}
+    replay = path.parent / str(workload.get("file") or "")
+    if workload.get("file") and replay.is_file():
+        from ortpilot.modelio import file_sha256
+
+        if file_sha256(replay) != workload.get("file_sha256"):
+            raise UsageError(
+                f"'{replay}' is not the workload this profile was tuned on (its sha256 differs from the profile's "
+                "workload.file_sha256): it was changed or replaced. Copy the tune's OUTDIR again, or re-tune."
+            )
+        return read_samples(replay)
+    file = path.parent / str((doc.get("reference_outputs") or {}).get("file") or REFERENCE_FILE)
+    return read_reference(file)[0] if file.is_file() else reference_feeds(doc)
 
 
 __all__ = [

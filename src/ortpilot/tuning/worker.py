@@ -33,6 +33,7 @@ from ortpilot.tuning.budget import SETTLE_S
 # that takes ten minutes (never the baseline). Used by the crash-isolation and signal tests only.
 CRASH_ENV = "ORTPILOT_TUNE_CRASH_ON"
 MAX_LIVE_SESSIONS = 6
+REPLAY_FILE = "replay.npz"  # the requests one timed run replays (data.workload.replay_set)
 
 
 # --------------------------------------------------------------------------- child side
@@ -46,6 +47,8 @@ class _Child:
         self.shapes = {k: tuple(v) for k, v in (cfg.get("shapes") or {}).items()}
         self.heldout = load_samples(scratch / "heldout.npz")
         self.calibration = load_samples(scratch / "calibration.npz")
+        replay = scratch / REPLAY_FILE
+        self.replay = load_samples(replay) if replay.is_file() else self.heldout[:1]
         self.runners: OrderedDict[str, Any] = OrderedDict()  # candidate id -> measure.bench.Runner
         (scratch / "outputs").mkdir(exist_ok=True)
 
@@ -86,7 +89,7 @@ class _Child:
         out_path = self.scratch / "outputs" / f"{cand.id}.npz"
         np.savez(out_path, **samples_to_arrays(outputs))
         # The timing loop is measure.bench's Runner, on this same session: later rounds reuse it.
-        self._keep(cand.id, Runner(sess, name=cand.label, feeds=self.heldout[0], iobinding=cand.iobinding))
+        self._keep(cand.id, Runner(sess, name=cand.label, feeds=self.replay, iobinding=cand.iobinding))
         return {
             "status": "ok",
             "model_path": str(path),
