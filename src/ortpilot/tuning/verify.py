@@ -26,6 +26,7 @@ from typing import Any
 import onnxruntime as ort
 
 from ortpilot.artifacts.bundle import bundle_path
+from ortpilot.artifacts.profile import profile_file
 from ortpilot.eps import CPU_EP
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.gate.outputs import OutputGate
@@ -246,9 +247,7 @@ def verify_profile(
             check_all=check_all,
         )
         path = choice.profile
-    path = Path(path)
-    if path.is_dir():
-        path = path / "profile.json"
+    path = profile_file(path)
     if max_slowdown_pct is not None:
         from ortpilot.measure.regression import check_max_slowdown
 
