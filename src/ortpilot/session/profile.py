@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.artifacts.bundle import bundle_path
-from ortpilot.artifacts.profile import read_profile, verify_environment
+from ortpilot.artifacts.profile import profile_file, read_profile, verify_environment
 from ortpilot.artifacts.profile_schema import file_settings, model_outside_folder
 from ortpilot.errors import StampMismatchError, UsageError, VerificationError
 from ortpilot.providers.cpubudget import ort_default_threads
@@ -134,6 +134,7 @@ def load_profile(
             path, policy=policy, machine_class=machine_class, node_cpus=node_cpus, accept_machine=accept_machine
         )
         path = choice.profile
+    path = profile_file(path)  # a tune output folder holding profile.json, as verify, serve and export take it
     doc = read_profile(path)
     _refuse_file_settings(doc, path, accept_fields, accept_model_outside)
     model = verify_environment(doc, path, compute_providers())

@@ -209,11 +209,11 @@ def provider_line(doc: dict[str, Any]) -> str:
         return ""
     won = ((doc["winner"].get("providers") or [{}])[0]).get("name", CPU_EP)
     others = [f"best on {_ep_words(ep)}: {c['label']} {ratio_cell(c)}" for ep, c in best.items() if ep != won]
-    return (
+    line = (
         f"{_ep_words(won)[0].upper()}{_ep_words(won)[1:]} won: {doc['speedup']['ratio']:.2f}x {reference_name(doc['baseline'])}; "
         + "; ".join(others)
-        + "."
     )
+    return line if line.endswith(".") else f"{line}."  # a last "~1.34x est." ends the sentence already
 
 
 def _ep_words(name: str) -> str:
