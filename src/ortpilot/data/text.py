@@ -115,11 +115,11 @@ def encode_lines(
             f"{truncated} of {len(lines)} text samples were longer than {length} tokens and were truncated "
             f"(longest: {longest})"
         )
-    pad_id = _pad_id(tokenizer)
+    pad_value = pad_id(tokenizer)
     samples = []
     for enc in encodings:
         enc.truncate(length)
-        enc.pad(length, pad_id=pad_id)
+        enc.pad(length, pad_id=pad_value)
         sample = {}
         for name, info in by_name.items():
             values = getattr(enc, TEXT_INPUTS[name])
@@ -128,7 +128,8 @@ def encode_lines(
     return samples, notes
 
 
-def _pad_id(tokenizer: Any) -> int:
+def pad_id(tokenizer: Any) -> int:
+    """The id a tokenizer pads with: its padding setting's, else the first pad-like token it knows, else 0."""
     padding = tokenizer.padding or {}
     if padding.get("pad_id") is not None:
         return int(padding["pad_id"])
@@ -163,6 +164,7 @@ __all__ = [
     "TEXT_INPUTS",
     "encode_lines",
     "load_tokenizer",
+    "pad_id",
     "read_lines",
     "text_inputs",
     "text_samples",
