@@ -11,7 +11,7 @@ Which items were truncated is reported per item; ``truncate=False`` refuses them
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,8 @@ def check_texts(items: Any, what: str = "texts") -> list[str]:
     text is an InputError naming the items (numbered from 0)."""
     if isinstance(items, (str, bytes)):
         items = [items]
+    if isinstance(items, (Mapping, set, frozenset)):  # no order to answer in (a dict would give its keys)
+        raise InputError(f"The {what} must be a list of strings, not {type(items).__name__}.")
     try:
         values = list(items)
     except TypeError:
