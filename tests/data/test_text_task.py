@@ -182,3 +182,17 @@ def test_from_dict_is_strict() -> None:
     ):
         with pytest.raises(UsageError, match=message):
             TextTask.from_dict(bad, "profile text.task")
+
+
+def test_sentence_transformers_files_that_are_not_what_it_writes_are_refused(folders, tmp_path: Path) -> None:
+    root = _copy(folders["embed"], tmp_path)
+    (root / "modules.json").write_text('{"0": "Transformer"}')
+    with pytest.raises(UsageError, match="is not a list of modules with a 'type' each"):
+        resolve_model_folder(root)
+    (root / "modules.json").write_text("[{")
+    with pytest.raises(UsageError, match="modules.json '.*' cannot be read as JSON"):
+        resolve_model_folder(root)
+    (root / "modules.json").unlink()
+    _edit(root / "sentence_bert_config.json", do_lower_case="yes")
+    with pytest.raises(UsageError, match="do_lower_case = 'yes'; it must be true or false"):
+        resolve_model_folder(root)

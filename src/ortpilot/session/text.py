@@ -7,8 +7,8 @@ task's limit, said per item), sorts the items by length, cuts them into runs of 
 ``max_batch``, pads each run to its longest item (or to the smallest of ``lengths``, the length
 buckets, that holds it) with attention mask 0 on the padding, runs, pools under that mask,
 normalizes where the folder says so, and puts the results back in the caller's order. It is
-built once and keeps no state between calls, so a serving replica calls it from its run
-thread, and several threads may call it at once.
+built once (its own copy of the tokenizer configured then) and keeps no state between calls, so
+a serving replica builds one and calls it from its run thread.
 
 ``text_task_of_profile`` reads what a tune recorded about the folder (``profile.json``'s
 ``text``: the task and the tokenizer copied beside the profile), so a profile embeds as its
