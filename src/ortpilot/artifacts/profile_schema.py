@@ -277,5 +277,13 @@ _TOP: dict[str, Check] = {
         },
         required=("file", "sha256", "ep"),
     ),
+    # A text-model folder's task (data.texttask.TextTask.from_dict checks its fields) and its tokenizer beside it.
+    "text": _fields(
+        {
+            "task": _json_value,
+            "tokenizer": _fields({"file": _file_name, "sha256": _sha256}, required=("file", "sha256")),
+        },
+        required=("task", "tokenizer"),
+    ),
 }
 _TOP_LEVEL = _fields(_TOP, required=("format", "model", "onnxruntime", "providers", "session_settings"))

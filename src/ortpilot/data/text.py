@@ -96,7 +96,7 @@ def encode_lines(
 ) -> tuple[list[dict[str, np.ndarray]], list[str]]:
     """(samples, notes): each line as one feed dict of batch 1, at its own length or at ``sequence``."""
     by_name = text_inputs(inputs)
-    pad_id = _pad_id(tokenizer)
+    pad_value = pad_id(tokenizer)
     tokenizer.no_padding()  # a tokenizer.json that pads to a fixed length would hide the lengths users send
     encodings = tokenizer.encode_batch(list(lines))
     limit = max_positions
@@ -124,7 +124,7 @@ def encode_lines(
         if cut:
             enc.truncate(cut)
         if sequence:
-            enc.pad(sequence, pad_id=pad_id)
+            enc.pad(sequence, pad_id=pad_value)
         sample = {}
         for name, info in by_name.items():
             values = getattr(enc, TEXT_INPUTS[name])
@@ -133,7 +133,8 @@ def encode_lines(
     return samples, notes
 
 
-def _pad_id(tokenizer: Any) -> int:
+def pad_id(tokenizer: Any) -> int:
+    """The id a tokenizer pads with: its padding setting's, else the first pad-like token it knows, else 0."""
     padding = tokenizer.padding or {}
     if padding.get("pad_id") is not None:
         return int(padding["pad_id"])
@@ -168,6 +169,7 @@ __all__ = [
     "TEXT_INPUTS",
     "encode_lines",
     "load_tokenizer",
+    "pad_id",
     "read_lines",
     "text_inputs",
     "text_samples",
