@@ -254,6 +254,17 @@ _TOP: dict[str, Check] = {
         },
         required=("source", "requests"),
     ),
+    # A session per bucket of one dim (session.shapeplan.ShapePlan.to_dict); load_profile builds them.
+    "shape_plan": _fields(
+        {
+            "dim": lambda v, n: _string(v, n, nonempty=True, limit=256),
+            "sizes": _list_of(lambda v, n: _int(v, n, 1, MAX_DIM), nonempty=True, limit=16),
+            "axes": _list_of(_json_value, nonempty=True, limit=64),
+            "pad_values": _dict_of(_number),
+            "beyond": lambda v, n: _string(v, n, limit=16),
+        },
+        required=("dim", "sizes", "axes"),
+    ),
     "placement": _placement,
     "default_best": _bool,
     "gate_data": _DATA,

@@ -259,6 +259,7 @@ def render_summary(doc: dict) -> None:
         headline,
         provider_line,
         search_cells,
+        shape_plan_line,
         table_rows,
         time_line,
         why_not_lines,
@@ -288,6 +289,8 @@ def render_summary(doc: dict) -> None:
     stderr.print(table)
     for line in why_not_lines(doc):
         stderr.print(escape(line), highlight=False)
+    if plan := shape_plan_line(doc):
+        stderr.print(escape(plan), highlight=False)
     counts: dict[str, int] = {}
     for c in doc["candidates"]:
         counts[c["status"]] = counts.get(c["status"], 0) + 1

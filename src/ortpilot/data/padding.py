@@ -11,7 +11,7 @@ pad with these same functions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,4 +85,52 @@ def plan_batches(lengths: Sequence[int], max_batch: int, buckets: Sequence[int] 
     return batches
 
 
-__all__ = ["Batch", "attention_mask", "check_buckets", "pad_ids", "padded_length", "plan_batches"]
+def pad_feeds(
+    feeds: Mapping[str, np.ndarray], axes: Sequence[tuple[str, int]], size: int, pad_value: Callable[[str], float]
+) -> dict[str, np.ndarray]:
+    """``feeds`` with each (input, axis) of ``axes`` padded at its end to ``size`` with ``pad_value(input)``
+    (a request of a shape plan's bucket: a mask pads with 0, token ids with the tokenizer's pad id)."""
+    out = dict(feeds)
+    for name, axis in axes:
+        value = out[name]
+        missing = size - value.shape[axis]
+        if missing < 0:
+            raise ValueError(f"input '{name}' has {value.shape[axis]} on axis {axis}, more than the padded {size}")
+        if missing:
+            widths = [(0, 0)] * value.ndim
+            widths[axis] = (0, missing)
+            out[name] = np.pad(value, widths, constant_values=np.asarray(pad_value(name)).astype(value.dtype))
+    return out
+
+
+def cut_outputs(
+    outputs: Sequence[np.ndarray], axes: Sequence[Sequence[tuple[int, str]]], size: int, padded: int
+) -> list[np.ndarray]:
+    """Each output cut back from a request padded to ``padded`` to its own ``size``: ``axes[i]`` lists output
+    i's (axis, how): an axis of the padded size is cut to ``size``; a ``scaled`` axis of another size (a CTC
+    recognizer's steps, a fraction of its width) is cut in proportion where the proportion is exact."""
+    if size == padded:
+        return list(outputs)
+    out = []
+    for value, cuts in zip(outputs, axes):
+        index: list[slice] = [slice(None)] * np.ndim(value)
+        for axis, how in cuts:
+            have = value.shape[axis]
+            if have == padded:
+                index[axis] = slice(0, size)
+            elif how == "scaled" and (have * size) % padded == 0:
+                index[axis] = slice(0, have * size // padded)
+        out.append(value[tuple(index)] if any(i != slice(None) for i in index) else value)
+    return out
+
+
+__all__ = [
+    "Batch",
+    "attention_mask",
+    "check_buckets",
+    "cut_outputs",
+    "pad_feeds",
+    "pad_ids",
+    "padded_length",
+    "plan_batches",
+]

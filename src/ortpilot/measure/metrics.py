@@ -542,7 +542,10 @@ def sequence_figures(
 
 
 def describe_figures(figures: Mapping[str, float]) -> str:
-    """``ctc``'s figures as one clause: per-step top-1 agreement, identical decoded sequences."""
+    """A check's figures as one clause: ``ctc``'s per-step top-1 agreement and identical decoded sequences, or
+    the worst sample's index and the mean over samples (the error is the worst sample's)."""
+    if "worst_sample" in figures:
+        return f"worst of the samples: #{int(figures['worst_sample'])}; mean over samples {figures['mean_error']:.3g}"
     if "sequence_exact_match" not in figures:
         return ""
     return (

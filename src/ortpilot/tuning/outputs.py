@@ -175,8 +175,11 @@ def write_outputs(
     reference = _write_reference(out, winner, reference_feeds)
     workload = _write_workload(out, result, list(replay or []))
     settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
-    optimized = _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
-    compiled = _write_compiled(out, model_file, list(winner.candidate.providers), reference)
+    shaped = winner.candidate.shape_plan is not None  # its sessions are made per bucket at load, from model.onnx
+    optimized = (
+        None if shaped else _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
+    )
+    compiled = None if shaped else _write_compiled(out, model_file, list(winner.candidate.providers), reference)
     text = _write_text(out, source, model_file)
     write_profile(
         out / "profile.json",
@@ -201,6 +204,7 @@ def write_outputs(
             "shapes": {k: list(v) for k, v in result.shapes.items()},
             **({"outputs": list(result.outputs)} if result.outputs else {}),
             **({"workload": workload} if workload else {}),
+            **({"shape_plan": winner.candidate.shape_plan} if shaped else {}),
             "placement": winner.prepared.get("placement"),
             "default_best": result.default_best,
             "gate_data": result.gate_data,

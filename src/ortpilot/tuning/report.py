@@ -121,6 +121,42 @@ def why_not_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def shape_plan_line(doc: dict[str, Any]) -> str:
+    """What became of the workload's shape buckets: the winner runs them, the gate rejected them (the model's
+    mask does not make padding invisible), or they passed and ran no faster ("" when none were proposed)."""
+    plan = doc["facts"].get("shape_plan")
+    if not plan:
+        return ""
+    where = f"buckets({','.join(map(str, plan['sizes']))}) of '{plan['dim']}'"
+    winner_plan = doc["winner"].get("shape_plan")
+    if winner_plan:
+        return (
+            f"Shape plan: {where}, a session per bucket; each request is padded up to its bucket (mask 0) and its "
+            "outputs cut back, and every padded held-out request passed the gate at its own size."
+        )
+    tried = [c for c in doc["candidates"] if c.get("shape_plan")]
+    if not tried:
+        return f"Shape buckets {where} were proposed but not measured before the budget ran out."
+    passed = [c for c in tried if c["status"] == "ok"]
+    if not passed and any(c["status"] == "rejected" for c in tried):
+        worst = min(
+            (c for c in tried if c["status"] == "rejected"),
+            key=lambda c: (c.get("accuracy") or {}).get("worst_error") or 0,
+        )
+        return (
+            f"Shape buckets {where} were rejected by the gate: padding changed the outputs ({worst['label']}: error "
+            f"{_err(worst)} on the worst held-out request at its own size), so this model's mask does not make padding "
+            "invisible; the profile leaves the dim free."
+        )
+    best = max(passed, key=lambda c: search_ratio(doc, c) or 0.0, default=None)
+    est = search_ratio(doc, best) if best else None
+    return (
+        f"Shape buckets {where} passed the gate but were not faster on this workload"
+        + (f" (best: {best['label']}, ~{est:.2f}x est.)" if best and est else "")
+        + "; the profile leaves the dim free."
+    )
+
+
 def table_rows(doc: dict[str, Any], count: int = 6) -> list[dict[str, Any]]:
     """The terminal table's rows: the fastest passing candidates, always with the profile's winner and ORT's
     default among them (the two the headline compares), in ranked order."""
@@ -153,7 +189,8 @@ def headline(doc: dict[str, Any]) -> str:
     gated = gate_phrase(data) if data.get("source") != "synthetic" else ""  # synthetic: gate_warning says so
     gated = f" {gated[0].upper()}{gated[1:]}." if gated else ""
     if doc["default_best"]:
-        return f"ORT's default session was already best: {doc['default_best_reason']}.{gated}"
+        timed = f" on {doc['objective']}{workload_clause(doc)}" if workload_clause(doc) else ""
+        return f"ORT's default session was already best{timed}: {doc['default_best_reason']}.{gated}"
     timing = (
         "interleaved final measurement"
         if (doc["winner"].get("vs_default") or {}).get("timing", "interleaved") == "interleaved"
@@ -351,6 +388,8 @@ def render_md(doc: dict[str, Any]) -> str:
     why_not = why_not_lines(doc)
     if why_not:
         lines += ["", *why_not]
+    if plan := shape_plan_line(doc):
+        lines += ["", plan]
     int8 = int8_lines(doc)
     if int8:
         lines += ["", int8[0], "", *int8[1:]]
@@ -447,7 +486,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background
 <th>search p50 ms</th><th>search vs default</th><th>p99 ms</th><th>runs</th>
 <th>accuracy (per output)</th><th>why rejected / note</th><th>id</th></tr>
 {"".join(rows)}</table>
-{"".join(f"<p>{e(line)}</p>" for line in why_not_lines(doc))}
+{"".join(f"<p>{e(line)}</p>" for line in [*why_not_lines(doc), shape_plan_line(doc)] if line)}
 {int8_html}
 <h2>Not tried</h2><ul>{excluded or "<li>nothing ruled out</li>"}</ul>
 <p>Speedups are over {e(reference_name(doc["baseline"]))}. {e(RATIO_NOTE)}</p></body></html>

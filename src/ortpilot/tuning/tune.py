@@ -209,6 +209,7 @@ def _set_up(request: TuneRequest) -> _Setup:
         workload = Workload("synthetic", 1, shapes=dict(plan.shapes))
     specs = resolve_providers(request.providers) if request.providers else None
     facts = gather_facts(graph, specs, quantize=request.quantize, folder_attention=_folder_attention(folder))
+    facts.shape_plan = propose_plan(workload, facts, request.calibration)
     config = {
         "model_sha256": file_sha256(source),
         "outputs": names,
@@ -237,6 +238,45 @@ def _set_up(request: TuneRequest) -> _Setup:
         workload,
         replay,
     )
+
+
+def propose_plan(workload: Workload, facts: Facts, calibration: Any) -> dict[str, Any] | None:
+    """The shape plan the search tries as a knob (``session.shapeplan``: buckets at the workload's quantiles of
+    its one varying dim), or None with the reason in ``facts.excluded``."""
+    from ortpilot.session.shapeplan import ShapePlan, choose_sizes
+    from ortpilot.tuning.space import Excluded
+
+    why = ""
+    if not workload.varies:
+        why = "the requests tuned on all have one shape"
+    elif len(workload.dims) > 1:
+        why = f"the requests vary in {len(workload.dims)} dims ({', '.join(d.name for d in workload.dims)}); buckets pad one"
+    elif facts.decoder:
+        why = "a decoder's sequence grows every step: its KV cache, not buckets, sizes it"
+    dim = workload.dims[0] if workload.dims and not why else None
+    if dim is not None and (":" in dim.name or any(axis == 0 for _, axis in dim.axes)):
+        why = f"the varying dim '{dim.name}' has no name in the graph, or is the batch (ORT fixes dims by name)"
+    sizes = choose_sizes([int(s) for s in dim.sizes]) if dim is not None and not why else ()
+    if not why and len(sizes) < 2:
+        why = "the requests' sizes fit one bucket"
+    if why:
+        facts.excluded.append(Excluded("shape buckets", why))
+        return None
+    assert dim is not None
+    pad = {"input_ids": float(_text_pad_id(calibration))}
+    pads = {name: pad.get(name, 0.0) for name, _ in dim.axes}
+    return ShapePlan(dim.name, sizes, dim.axes, tuple(pads.items())).to_dict()
+
+
+def _text_pad_id(calibration: Any) -> int:
+    """The pad id of ``--calibration-text``'s tokenizer (0 for any other data)."""
+    from ortpilot.data import TextData
+
+    if not isinstance(calibration, TextData):
+        return 0
+    from ortpilot.data.text import load_tokenizer, pad_id
+
+    return pad_id(load_tokenizer(calibration.tokenizer))
 
 
 def check_request(request: TuneRequest) -> tuple[str, Path, Any]:

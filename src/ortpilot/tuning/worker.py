@@ -56,7 +56,7 @@ class _Child:
         import numpy as np
 
         from ortpilot.graph.feeds import samples_to_arrays
-        from ortpilot.measure.bench import Runner
+        from ortpilot.measure.bench import Runner, rss_mb
         from ortpilot.session import load
         from ortpilot.session.binding import run_session
         from ortpilot.tuning.candidate import Candidate
@@ -77,14 +77,18 @@ class _Child:
             return {"status": "skipped", "reason": str(exc)}
         build_s = time.perf_counter() - start
         start = time.perf_counter()
-        sess = load(
-            str(path),
-            [(p["name"], p.get("options", {})) for p in cand.providers],
-            "strict",
-            settings=cand.settings,
-            shapes=self.shapes or None,
-        )
+        providers = [(p["name"], p.get("options", {})) for p in cand.providers]
+        before_mb = rss_mb()
+        if cand.shape_plan:  # a session per bucket, each request padded up to its bucket
+            from ortpilot.session.shaped import load_shaped
+            from ortpilot.session.shapeplan import ShapePlan
+
+            plan = ShapePlan.from_dict(cand.shape_plan)
+            sess = load_shaped(str(path), providers, "strict", plan, settings=cand.settings, shapes=self.shapes or None)
+        else:
+            sess = load(str(path), providers, "strict", settings=cand.settings, shapes=self.shapes or None)
         session_s = time.perf_counter() - start
+        after_mb = rss_mb()
         outputs = [run_session(sess, feeds, iobinding=cand.iobinding) for feeds in self.heldout]
         out_path = self.scratch / "outputs" / f"{cand.id}.npz"
         np.savez(out_path, **samples_to_arrays(outputs))
@@ -98,6 +102,7 @@ class _Child:
             "passes": records,
             "build_s": build_s,
             "session_s": session_s,
+            "session_mb": None if before_mb is None or after_mb is None else round(after_mb - before_mb, 1),
             "providers": sess.providers,
             "placement": sess.placement.counts if sess.placement else None,
             "outputs": str(out_path),
