@@ -44,7 +44,8 @@ def test_columns_still_sets_the_width():
     assert "nodes counted)" not in row
 
 
-def test_a_console_writing_to_a_file_is_wide_and_cuts_no_cell():
+def test_a_console_writing_to_a_file_is_wide_and_cuts_no_cell(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)  # the user's own width wins: this checks the default
     buffer = io.StringIO()
     console = WideWhenPiped(file=buffer)
     assert console.width == PIPED_WIDTH

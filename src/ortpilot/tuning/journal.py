@@ -60,6 +60,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "passes": list,
         "build_s": _NUMBER,
         "session_s": _NUMBER,
+        "session_mb": _OPT_NUMBER,  # RSS the candidate's session(s) took (a shape plan's: every bucket's)
         "providers": list,
         "placement": (dict, type(None)),
         "outputs": str,
