@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from ortpilot.data.workload import Workload, replay_set, shapes_digest, varying_dims
+from ortpilot.data.workload import Workload, batched_requests, replay_set, shapes_digest, varying_dims
 from ortpilot.graph.shapes import graph_inputs
 from ortpilot.modelio import load_model
 
@@ -61,3 +61,59 @@ def test_one_shape_is_a_workload_that_does_not_vary(demo_paths):
     workload = Workload.of_samples([_sentence(16)] * 3, inputs, "files")
     assert not workload.varies and workload.replay == 1
     assert workload.describe() == "one shape (input_ids=1x16, attention_mask=1x16, token_type_ids=1x16)"
+
+
+def test_a_server_batch_sorts_by_size_pads_to_the_longest_and_stacks(demo_paths):
+    inputs = graph_inputs(load_model(demo_paths["encoder"]))
+    requests = [_sentence(n) for n in (9, 3, 17, 5, 12, 4, 30, 7)]
+
+    def pad(name: str) -> float:
+        return 0.0 if "mask" in name else 1.0
+
+    batches = batched_requests(requests, 4, inputs, pad)
+    assert [b["input_ids"].shape for b in batches] == [(4, 7), (4, 30)]  # 3,4,5,7 then 9,12,17,30
+    first = batches[0]
+    assert first["attention_mask"].sum(axis=1).tolist() == [3, 4, 5, 7]
+    assert first["input_ids"][0, 3:].tolist() == [1, 1, 1, 1]  # token ids padded with the pad value
+    assert batched_requests(requests, 16, inputs, pad) == []  # fewer requests than one batch
+    assert batched_requests([{"x": np.zeros((2, 3), np.float32)}] * 4, 2, [], pad) == []  # not batch 1
+
+
+def test_a_workload_file_is_text_requests_or_a_histogram_and_bad_ones_name_the_problem(tmp_path, demo_paths):
+    import pytest
+
+    from ortpilot.data.workload import read_workload
+    from ortpilot.errors import UsageError
+
+    proto = load_model(demo_paths["encoder"])
+    inputs = graph_inputs(proto)
+    histogram = tmp_path / "w.json"
+    histogram.write_text(json.dumps({"dims": {"sequence": {"17": 120, "32": 40, "64": 8}}}))
+    requests, source = read_workload(histogram, proto, inputs)
+    lengths = sorted({r["input_ids"].shape[1] for r in requests})
+    assert source == "synthetic" and lengths == [17, 32, 64] and len(requests) == 32
+    assert sum(r["input_ids"].shape[1] == 17 for r in requests) > sum(r["input_ids"].shape[1] == 64 for r in requests)
+    stacked = tmp_path / "w.npz"
+    np.savez(
+        stacked,
+        input_ids=np.ones((3, 1, 9), np.int64),
+        attention_mask=np.ones((3, 1, 9), np.int64),
+        token_type_ids=np.zeros((3, 1, 9), np.int64),
+    )
+    requests, source = read_workload(stacked, proto, inputs)
+    assert source == "files" and len(requests) == 3 and requests[0]["input_ids"].shape == (1, 9)
+    bad = tmp_path / "bad.json"
+    for content, message in [
+        ("{", "is not a workload histogram"),
+        (json.dumps({"dims": {"nosuch": {"4": 1}}}), "names dims the model does not have \\(nosuch\\)"),
+        (json.dumps({"dims": {"sequence": {"0": 1}}}), "sizes must be >= 1"),
+    ]:
+        bad.write_text(content)
+        with pytest.raises(UsageError, match=message):
+            read_workload(bad, proto, inputs)
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, pixels=np.zeros((2, 1, 3), np.float32))
+    with pytest.raises(UsageError, match="does not fit the model"):
+        read_workload(wrong, proto, inputs)
+    with pytest.raises(UsageError, match="is not a file"):
+        read_workload(tmp_path / "missing.txt", proto, inputs)

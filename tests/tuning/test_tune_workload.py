@@ -115,3 +115,59 @@ def doc_headline(doc):
     from ortpilot.tuning.report import headline
 
     return headline(doc)
+
+
+def test_the_worker_times_a_batch_sizes_replay_set_on_the_candidates_own_sessions(tmp_path, demo_paths):
+    """The step after the final: the winner and ORT's default, interleaved, on the workload's requests in
+    batches of 8 (``replay-b8.npz``), journaled so a resume replays it."""
+    from ortpilot.data.workload import batched_requests
+    from ortpilot.graph.shapes import graph_inputs
+    from ortpilot.modelio import load_model
+    from ortpilot.tuning.candidate import baseline_candidate
+    from ortpilot.tuning.journal import Journal
+    from ortpilot.tuning.steps import StepRunner
+    from ortpilot.tuning.tune import pad_values
+    from ortpilot.tuning.worker import REPLAY_FILE, WorkerClient, batch_file, save_samples
+
+    model = demo_paths["encoder"]
+    requests = [
+        {
+            "input_ids": np.full((1, n), 7, np.int64),
+            "attention_mask": np.ones((1, n), np.int64),
+            "token_type_ids": np.zeros((1, n), np.int64),
+        }
+        for n in range(3, 27)
+    ]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    save_samples(scratch / "heldout.npz", requests[:2])
+    save_samples(scratch / "calibration.npz", requests[:2])
+    save_samples(scratch / REPLAY_FILE, requests[:2])
+    batches = batched_requests(requests, 8, graph_inputs(load_model(model)), pad_values(0))
+    assert [b["input_ids"].shape[0] for b in batches] == [8, 8, 8]
+    save_samples(scratch / batch_file("b8"), batches)
+    (scratch / "worker.json").write_text(json.dumps({"model": str(model), "shapes": {}}))
+    worker = WorkerClient(scratch)
+    journal = Journal(tmp_path / "journal.jsonl", resume=False)
+    try:
+        steps = StepRunner(worker, journal, lambda ref: None)
+        base = baseline_candidate()
+        other = base.with_settings(intra_op_threads=1)
+        record = steps.batch([other, base], "b8", 2, 2, 120.0)
+        assert record["status"] == "ok" and record["stage"] == "b8"
+        assert {cid: len(s) for cid, s in record["samples_s"].items()} == {other.id: 4, base.id: 4}
+        assert steps.batch([other, base], "b8", 2, 2, 120.0) is record  # journaled: asked again, not re-timed
+    finally:
+        worker.close()
+        journal.close()
+
+
+def test_batch_figures_read_as_items_per_second_in_the_headline():
+    from ortpilot.tuning.report import batch_clause
+    from ortpilot.tuning.tune import _throughputs
+
+    figures = _throughputs(8, [0.010] * 5, [0.020] * 5, None)
+    assert figures["ratio"] == pytest.approx(2.0) and figures["winner_items_per_s"] == pytest.approx(800)
+    assert figures["default_items_per_s"] == pytest.approx(400)
+    clause = batch_clause({"by_batch": {"8": figures, "32": {**figures, "ratio": 3.0}}})
+    assert clause == " In batches of 8: 2.00x (800 vs 400 items/s); of 32: 3.00x (800 vs 400 items/s)."

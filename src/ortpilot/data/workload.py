@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ortpilot.errors import UsageError
 from ortpilot.graph.shapes import InputInfo
 
 REPLAY_SIZE = 8  # requests timed per pass: the workload's 1/16, 3/16, ... 15/16 quantiles by size
@@ -169,6 +172,32 @@ def replay_set(samples: Sequence[Sample], size: int = REPLAY_SIZE) -> list[Sampl
     return [ordered[min(n - 1, int((2 * i + 1) * n / (2 * size)))] for i in range(size)]
 
 
+def batched_requests(
+    requests: Sequence[Sample], batch: int, inputs: Sequence[InputInfo], pad_value: Any, *, runs: int = 4
+) -> list[dict[str, np.ndarray]]:
+    """The requests as a server batches them: sorted by size, cut into runs of ``batch``, each request padded
+    to its run's longest in every dim that varies (``pad_value(input)``: a mask 0, token ids the pad id) and
+    stacked on axis 0; at most ``runs`` of them, at evenly spaced positions. [] when the requests are not of
+    batch 1 or there are fewer than ``batch`` of them."""
+    from ortpilot.data.padding import pad_feeds
+
+    if batch < 1 or len(requests) < batch or any(np.shape(v)[:1] != (1,) for r in requests for v in r.values()):
+        return []
+    dims = varying_dims(requests, inputs)
+    ordered = sorted(requests, key=_size)
+    groups = [ordered[i : i + batch] for i in range(0, len(ordered) - batch + 1, batch)]
+    chosen = sorted({min(len(groups) - 1, int((2 * i + 1) * len(groups) / (2 * runs))) for i in range(runs)})
+    out = []
+    for members in (groups[i] for i in chosen):
+        padded = [dict(r) for r in members]
+        for axes in dims.values():
+            name, axis = axes[0]
+            longest = max(int(r[name].shape[axis]) for r in members)
+            padded = [pad_feeds(r, axes, longest, pad_value) for r in padded]
+        out.append({name: np.concatenate([p[name] for p in padded]) for name in members[0]})
+    return out
+
+
 def shapes_digest(samples: Sequence[Sample]) -> str:
     """sha256 of every request's input shapes, in order."""
     doc = [{k: list(np.shape(v)) for k, v in sorted(s.items())} for s in samples]
@@ -179,4 +208,107 @@ def _size(sample: Sample) -> int:
     return int(sum(np.size(v) for v in sample.values()))
 
 
-__all__ = ["REPLAY_SIZE", "DimStats", "Workload", "replay_set", "shapes_digest", "varying_dims"]
+def read_workload(
+    path: str | os.PathLike, model: Any, inputs: Sequence[InputInfo], folder: Any = None
+) -> tuple[list[dict[str, np.ndarray]], str]:
+    """(requests, source) of a ``--workload`` file, checked against the model's inputs (a UsageError names
+    what does not fit): ``.txt`` lines tokenized at their own length with the model folder's tokenizer,
+    ``.npz`` requests (``{i}/{input}`` arrays, or arrays whose first axis counts requests), or ``.json``
+    ``{"dims": {DIM: {SIZE: COUNT}}}``, each request then generated at a size drawn from the histogram."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"--workload '{file}' is not a file: give a .txt (a request a line), .npz or .json.")
+    suffix = file.suffix.lower()
+    if suffix == ".txt":
+        from ortpilot.data import real_data
+
+        data = real_data(text=file, folder=folder)
+        assert data is not None
+        requests, _ = data.samples(inputs)
+        return _checked(requests, inputs, file), "text"
+    if suffix == ".npz":
+        from ortpilot.graph.feeds import read_npz, read_samples
+
+        arrays = read_npz(file, "--workload")
+        if arrays and all("/" in k for k in arrays):
+            return _checked(read_samples(file), inputs, file), "files"
+        counts = {len(v) for v in arrays.values() if np.ndim(v)}
+        if len(counts) != 1:
+            raise UsageError(
+                f"--workload '{file}': its arrays do not share a first axis counting requests ({sorted(counts)}); "
+                "store one request per key as '0/input_ids', '1/input_ids', ... instead."
+            )
+        (n,) = counts
+        requests = [{k: v[i] for k, v in arrays.items()} for i in range(n)]
+        return _checked(requests, inputs, file), "files"
+    if suffix == ".json":
+        return _from_histogram(file, model, inputs), "synthetic"
+    raise UsageError(f"--workload '{file}' is not a .txt, .npz or .json file.")
+
+
+def _from_histogram(file: Path, model: Any, inputs: Sequence[InputInfo]) -> list[dict[str, np.ndarray]]:
+    """Requests generated at ``REPLAY_SIZE * 4`` sizes spread over the histogram (by its quantiles)."""
+    from ortpilot.graph.feeds import make_feeds, plan_feeds
+
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+        dims = {str(d): {int(s): int(c) for s, c in dict(h).items()} for d, h in dict(doc["dims"]).items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(
+            f"--workload '{file}' is not a workload histogram ({type(exc).__name__}: {exc}); write "
+            '{"dims": {"sequence": {"17": 120, "32": 40}}}: each dim, its sizes and how many requests had each.'
+        ) from None
+    known = {d for i in inputs for d in i.dims if isinstance(d, str)}
+    unknown = sorted(set(dims) - known)
+    if unknown or not dims:
+        raise UsageError(
+            f"--workload '{file}' names dims the model does not have ({', '.join(unknown) or 'none given'}); its "
+            f"dynamic dims are: {', '.join(sorted(known)) or 'none'}."
+        )
+    bad = {d: [s for s, c in h.items() if s < 1 or c < 0] for d, h in dims.items()}
+    if any(bad.values()) or not all(sum(h.values()) for h in dims.values()):
+        raise UsageError(f"--workload '{file}': sizes must be >= 1 and counts >= 0, with some requests per dim.")
+    count = REPLAY_SIZE * 4
+    requests = []
+    for i in range(count):
+        q = (2 * i + 1) / (2 * count)
+        shapes = {d: (_quantile(h, q),) for d, h in dims.items()}
+        requests.append(make_feeds(model, plan=plan_feeds(model, shapes, inputs=inputs), seed=i))
+    return requests
+
+
+def _quantile(histogram: Mapping[int, int], q: float) -> int:
+    sizes = sorted(histogram)
+    total = sum(histogram.values())
+    seen = 0
+    for size in sizes:
+        seen += histogram[size]
+        if seen >= q * total:
+            return size
+    return sizes[-1]
+
+
+def _checked(
+    requests: list[dict[str, np.ndarray]], inputs: Sequence[InputInfo], file: Path
+) -> list[dict[str, np.ndarray]]:
+    """The requests, each fed through ``graph.feeds.validate_feeds`` (names, dtypes, ranks, static dims)."""
+    from ortpilot.graph.feeds import validate_feeds
+
+    if not requests:
+        raise UsageError(f"--workload '{file}' holds no request.")
+    try:
+        return [validate_feeds(inputs, r) for r in requests]
+    except UsageError as exc:
+        raise UsageError(f"--workload '{file}' does not fit the model: {exc}") from None
+
+
+__all__ = [
+    "REPLAY_SIZE",
+    "DimStats",
+    "Workload",
+    "batched_requests",
+    "read_workload",
+    "replay_set",
+    "shapes_digest",
+    "varying_dims",
+]

@@ -198,8 +198,21 @@ def headline(doc: dict[str, Any]) -> str:
     )
     return (
         f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x {reference_name(doc['baseline'])} on {doc['objective']}"
-        f"{workload_clause(doc)} (95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}; {timing}).{state_clause(sp)}{gated}"
+        f"{workload_clause(doc)} (95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}; {timing}).{batch_clause(sp)}"
+        f"{state_clause(sp)}{gated}"
     )
+
+
+def batch_clause(speedup: dict[str, Any]) -> str:
+    """`` In batches of 8: 2.10x (1,234 vs 587 items/s); of 32: ...`` where batch sizes were timed."""
+    figures = speedup.get("by_batch") or {}
+    if not figures:
+        return ""
+    parts = [
+        f"of {int(float(b))}: {f['ratio']:.2f}x ({f['winner_items_per_s']:,.0f} vs {f['default_items_per_s']:,.0f} items/s)"
+        for b, f in sorted(figures.items(), key=lambda kv: float(kv[0]))
+    ]
+    return " In batches " + "; ".join(parts) + "."
 
 
 def workload_clause(doc: dict[str, Any]) -> str:

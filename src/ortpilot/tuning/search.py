@@ -532,11 +532,23 @@ def speedup(base: Entry, winner: Entry, objective: str) -> dict[str, float]:
     """Baseline cost / winner cost on the interleaved samples, with a paired bootstrap CI for p50."""
     a = winner.final or winner.samples
     b = base.final or base.samples
-    ratio = cost(b, objective) / cost(a, objective)
-    if objective == "p50" and winner.final and base.final:
-        _, lo, hi = bootstrap_ratio_ci(a, b, a_blocks=winner.final_blocks, b_blocks=base.final_blocks)
+    paired = objective == "p50" and bool(winner.final and base.final)
+    return speedup_of(b, a, objective, (base.final_blocks, winner.final_blocks) if paired else None)
+
+
+def speedup_of(
+    base: Sequence[float],
+    winner: Sequence[float],
+    objective: str,
+    blocks: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> dict[str, float]:
+    """``base``'s cost / ``winner``'s on their samples: with ``blocks`` (each sample's interleaving round, base's
+    and winner's) a paired bootstrap CI of the p50 ratio, else the ratio of the costs' own CIs."""
+    ratio = cost(base, objective) / cost(winner, objective)
+    if blocks is not None:
+        _, lo, hi = bootstrap_ratio_ci(winner, base, a_blocks=blocks[1], b_blocks=blocks[0])
     else:
-        a_lo, a_hi = cost_ci(a, objective)
-        b_lo, b_hi = cost_ci(b, objective)
+        a_lo, a_hi = cost_ci(winner, objective)
+        b_lo, b_hi = cost_ci(base, objective)
         lo, hi = b_lo / a_hi, b_hi / a_lo
     return {"ratio": ratio, "ci_low": lo, "ci_high": hi}

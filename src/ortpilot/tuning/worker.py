@@ -36,6 +36,11 @@ MAX_LIVE_SESSIONS = 6
 REPLAY_FILE = "replay.npz"  # the requests one timed run replays (data.workload.replay_set)
 
 
+def batch_file(name: str) -> str:
+    """The scratch file of replay set ``name`` (``b8``: the workload's requests in batches of 8)."""
+    return f"replay-{name}.npz"
+
+
 # --------------------------------------------------------------------------- child side
 
 
@@ -50,6 +55,7 @@ class _Child:
         replay = scratch / REPLAY_FILE
         self.replay = load_samples(replay) if replay.is_file() else self.heldout[:1]
         self.runners: OrderedDict[str, Any] = OrderedDict()  # candidate id -> measure.bench.Runner
+        self.replays: dict[str, Any] = {}  # "id/replay" -> a Runner on that candidate's session
         (scratch / "outputs").mkdir(exist_ok=True)
 
     def prepare(self, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,6 +119,7 @@ class _Child:
     def bench(self, data: Mapping[str, Any]) -> dict[str, Any]:
         cands = list(data["candidates"])
         runs, warmup, rounds = int(data["runs"]), int(data.get("warmup", 2)), int(data.get("rounds", 1))
+        replay = data.get("replay")  # another replay set (a batch size's: ``batch_file``), else the workload's
         runners = {}
         for c in cands:
             cid = c["id"]
@@ -122,6 +129,8 @@ class _Child:
                     raise RuntimeError(f"candidate {cid} could not be prepared: {result}")
             runners[cid] = self.runners[cid]
             self.runners.move_to_end(cid)
+            if replay:
+                runners[cid] = self._replayed(cid, str(replay))
         first = {cid: len(r.samples) for cid, r in runners.items()}
         for runner in runners.values():
             runner.warm_up(warmup)
@@ -164,11 +173,24 @@ class _Child:
         )
         return {"status": "ok", "ranking": ranking}
 
+    def _replayed(self, cid: str, name: str) -> Any:
+        """A runner on candidate ``cid``'s session that replays ``name`` (kept beside its own runner)."""
+        from ortpilot.measure.bench import Runner
+
+        key = f"{cid}/{name}"
+        if key not in self.replays:
+            own = self.runners[cid]
+            requests = load_samples(self.scratch / batch_file(name))
+            self.replays[key] = Runner(own.vs, name=own.name, feeds=requests, iobinding=own.iobinding)
+        return self.replays[key]
+
     def _keep(self, cid: str, runner: Any) -> None:
         self.runners[cid] = runner
         self.runners.move_to_end(cid)
         while len(self.runners) > MAX_LIVE_SESSIONS:
-            self.runners.popitem(last=False)
+            gone, _ = self.runners.popitem(last=False)
+            for key in [k for k in self.replays if k.startswith(f"{gone}/")]:
+                del self.replays[key]
 
 
 def _outputs(sess: Any, feeds: Mapping[str, Any], iobinding: bool) -> list[Any]:
