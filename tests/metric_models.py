@@ -5,6 +5,8 @@
 - ``token_model``: ``input_ids``/``attention_mask`` -> ``last_hidden_state [batch, sequence, hidden]``,
   optionally with noise added only at padding positions (mask 0) or only at real ones (mask 1);
 - ``sentence_folder`` / ``classifier_folder``: those models in folders whose configs say what they are;
+- ``byte_classifier``: a byte-feature classifier MLP whose softmax is built from Exp / ReduceSum / Div (with
+  ReduceMax / Sub first when stable), and ``byte_samples`` to feed it;
 - ``ctc_recognizer``: a CTC-style text recognizer that declares ``[1, seqlen]`` and returns ``[steps, 1, 40]``
   class scores, and ``text_images`` to feed it.
 """
@@ -160,6 +162,71 @@ def classifier(classes: int = 3, seed: int = 0) -> onnx.ModelProto:
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", classes])]
     return _model(nodes, inputs, outputs, {"W": w}, "classifier")
+
+
+def byte_classifier(
+    stable: bool = True, classes: int = 12, axis: int = -1, opset: int = DEFAULT_OPSET, seed: int = 0
+) -> onnx.ModelProto:
+    """A byte-feature file-type classifier MLP whose softmax is built from separate ops, as exporters trace a
+    framework's softmax: ``bytes [batch, 256]`` -> MatMul/Add/Relu -> MatMul/Add -> (``x - ReduceMax(x)`` when
+    ``stable``) -> Exp -> ``/ ReduceSum(axes=[axis], keepdims=1)`` -> ``file_type [batch, classes]``. No Softmax
+    node and no class-like name: only the pattern says class probabilities. ``opset`` below 13 puts the axes in
+    an attribute."""
+    rng = np.random.default_rng(seed)
+    inits = {
+        "W1": rng.standard_normal((256, 64)).astype(np.float32) * 0.1,
+        "b1": rng.standard_normal(64).astype(np.float32) * 0.1,
+        "W2": rng.standard_normal((64, classes)).astype(np.float32) * 0.5,
+        "b2": rng.standard_normal(classes).astype(np.float32) * 0.1,
+    }
+    in_attr = opset < 13
+    if not in_attr:
+        inits["axes"] = np.array([axis], np.int64)
+    axes_in = [] if in_attr else ["axes"]
+    axes_attr = {"axes": [axis]} if in_attr else {}
+    nodes = [
+        helper.make_node("MatMul", ["bytes", "W1"], ["h0"]),
+        helper.make_node("Add", ["h0", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["h"]),
+        helper.make_node("MatMul", ["h", "W2"], ["z0"]),
+        helper.make_node("Add", ["z0", "b2"], ["z"]),
+    ]
+    if stable:
+        max_in = ["z", *axes_in] if opset >= 18 else ["z"]
+        max_attr = {} if opset >= 18 else {"axes": [axis]}
+        nodes += [
+            helper.make_node("ReduceMax", max_in, ["peak"], keepdims=1, **max_attr),
+            helper.make_node("Sub", ["z", "peak"], ["shifted"]),
+            helper.make_node("Exp", ["shifted"], ["e"]),
+        ]
+    else:
+        nodes.append(helper.make_node("Exp", ["z"], ["e"]))
+    nodes += [
+        helper.make_node("ReduceSum", ["e", *axes_in], ["total"], keepdims=1, **axes_attr),
+        helper.make_node("Div", ["e", "total"], ["file_type"]),
+    ]
+    inputs = [helper.make_tensor_value_info("bytes", TensorProto.FLOAT, ["batch", 256])]
+    outputs = [helper.make_tensor_value_info("file_type", TensorProto.FLOAT, ["batch", classes])]
+    graph = helper.make_graph(
+        nodes, "byte_classifier", inputs, outputs, [numpy_helper.from_array(a, n) for n, a in inits.items()]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = SAFE_IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def byte_samples(count: int, seed: int = 1) -> list[dict[str, np.ndarray]]:
+    """Byte histograms of random 'files' (each a sample of batch 1), the classifier's input: each file's bytes
+    drawn from a range of its own (text, binary, mostly zeros...), so the classifier's top class varies."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        low = int(rng.integers(0, 240))
+        data = rng.integers(low, int(rng.integers(low + 8, 257)), int(rng.integers(64, 4096)))
+        hist = np.bincount(data, minlength=256).astype(np.float32)
+        out.append({"bytes": (hist / hist.sum())[None, :] * 16.0})
+    return out
 
 
 def classifier_folder(root: Path, labels: int = 3, classes: int = 3) -> Path:

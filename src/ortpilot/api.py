@@ -488,3 +488,90 @@ def write_bench_report(path: str, result: BenchResult | ComparisonResult) -> Pat
     from ortpilot.measure.html_report import write_report
 
     return write_report(path, result)
+
+
+def _profile_of(target: str | os.PathLike) -> str | None:
+    """The profile (or bundle) ``target`` names: a ``.json`` file, or a folder holding ``bundle.json`` or
+    ``profile.json`` (a tune's OUTDIR); None for a model folder or file."""
+    from pathlib import Path
+
+    from ortpilot.artifacts.bundle import bundle_path
+
+    path = Path(target)
+    if bundle_path(path) is not None:
+        return str(path)
+    if path.is_dir():
+        return str(path / "profile.json") if (path / "profile.json").is_file() else None
+    return str(path) if path.suffix == ".json" else None
+
+
+def text_model(
+    model: str | os.PathLike,
+    *,
+    providers: Any = None,
+    policy: str | None = None,
+    pooling: str | Sequence[str] | None = None,
+    max_batch: int | None = None,
+    lengths: Sequence[int] | None = None,
+    truncate: bool = True,
+    model_file: str | None = None,
+    kind: str | None = None,
+    **load_options: Any,
+) -> Any:
+    """``ortpilot.text_model``: a ``session.text.TextModel`` for a tuned profile (or bundle, or tune OUTDIR)
+    or a text-model folder, built once and called many times.
+
+    A profile loads with ``load_profile`` (``policy`` strict unless given; its providers are the
+    profile's) and reads the task and tokenizer the tune recorded; a folder loads with ``load``
+    (``policy`` warn unless given) and reads its files (``data.texttask``); ``pooling`` names the
+    pooling of a folder that does not say it. ``max_batch``, ``lengths`` and ``truncate``: see
+    ``TextModel``. ``kind`` (``embed``, ``rerank``, ``classify``): the task the caller wants; another is
+    a UsageError naming the one the model does. ``load_options`` go to ``load_profile`` or ``load``.
+    """
+    from pathlib import Path
+
+    from ortpilot.data import folder_of, resolve_model_folder
+    from ortpilot.data.texttask import no_tokenizer_message
+    from ortpilot.session.profile import load_profile
+    from ortpilot.session.text import DEFAULT_MAX_BATCH, TextModel, task_of_folder, text_task_of_profile
+
+    options = {"max_batch": DEFAULT_MAX_BATCH if max_batch is None else max_batch, "lengths": lengths}
+    profile = _profile_of(model)
+    if profile is not None:
+        if providers is not None or pooling is not None or model_file is not None:
+            raise UsageError(
+                f"'{model}' is a profile: its providers, pooling and model file are the ones the tune recorded. "
+                "Leave providers=, pooling= and model_file= out, or give the model folder instead."
+            )
+        session = load_profile(profile, policy or "strict", **load_options)
+        chosen = session.bundle.profile if getattr(session, "bundle", None) is not None else profile
+        task, tokenizer = text_task_of_profile(session.profile, chosen)
+        text = TextModel(session, task, tokenizer, truncate=truncate, source=f"Profile '{chosen}'", **options)
+        return _of_kind(text, kind)
+    path = Path(model)
+    if path.is_dir():
+        folder = resolve_model_folder(path, model_file)
+    else:
+        folder = folder_of(path) if model_file is None and path.is_file() else None
+        if folder is None:
+            raise UsageError(
+                f"'{model}' is not a text-model folder or a profile: a text model needs the folder its model came "
+                "in (model.onnx beside tokenizer.json and the sentence-transformers or config.json files), or "
+                "the profile.json a tune of that folder wrote."
+            )
+    if folder.tokenizer_file is None:
+        raise UsageError(no_tokenizer_message(folder, kind or "a text model"))
+    session = load(str(folder.model_file), providers, policy or "warn", **load_options)
+    task = task_of_folder(folder, session, pooling)
+    text = TextModel(session, task, folder.tokenizer_file, truncate=truncate, source=f"'{folder.root}'", **options)
+    return _of_kind(text, kind)
+
+
+def _of_kind(text: Any, kind: str | None) -> Any:
+    from ortpilot.data.texttask import KINDS
+
+    if kind is not None:
+        if kind not in KINDS:
+            raise UsageError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}.")
+        text.check_kind(kind)
+    return text

@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ortpilot.artifacts.profile import OrtVersionWarning, write_profile
+from ortpilot.artifacts.profile import OrtVersionWarning, profile_file, write_profile
 from ortpilot.errors import ProviderFallbackError, StampMismatchError, UsageError
 from ortpilot.graph.feeds import make_feeds
 from ortpilot.providers.machine import machine_facts
@@ -40,6 +40,19 @@ def test_load_profile_recreates_the_session(profile):
     np.testing.assert_array_equal(sess.run(None, feeds)[0], plain.run(None, feeds)[0])
     doc = json.loads(profile.read_text())
     assert doc["onnxruntime"]["version"] == ort.__version__ and doc["machine"]["cores"]
+
+
+def test_a_tune_output_folder_names_its_profile_json(profile, tmp_path):
+    """The folder 'ortpilot tune -o DIR' wrote is taken as its profile.json everywhere (load_profile, verify, serve,
+    export); a folder without one is exit 2 saying what it lacks."""
+    sess = load_profile(profile.parent)
+    assert sess.providers == ["CPUExecutionProvider"] and sess.settings.intra_op_threads == 1
+    assert profile_file(profile.parent) == profile and profile_file(profile) == profile
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UsageError, match="is a folder without profile.json") as err:
+        load_profile(empty)
+    assert err.value.exit_code == 2
 
 
 def test_changed_model_is_refused_with_exit_1(profile):

@@ -90,6 +90,20 @@ def test_not_a_profile_is_exit_2(tmp_path):
     assert result.exit_code == 2 and "does not exist" in _said(result)
 
 
+def test_a_tune_output_folder_is_exported_as_its_profile_json(encoder_profile, tmp_path):
+    """'export triton OUT' said "Profile 'OUT' does not exist" for the folder verify and serve accept."""
+    by_file = _run(str(encoder_profile), "-o", str(tmp_path / "a"), "--json")
+    by_folder = _run(str(encoder_profile.parent), "-o", str(tmp_path / "b"), "--json")
+    assert by_folder.exit_code == 0, by_folder.output
+    name = json.loads(by_folder.stdout)["name"]
+    assert name == json.loads(by_file.stdout)["name"] == encoder_profile.parent.name
+    assert (tmp_path / "b" / name / "config.pbtxt").read_text() == (tmp_path / "a" / name / "config.pbtxt").read_text()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = _run(str(empty), "-o", str(tmp_path / "c"))
+    assert result.exit_code == 2 and "is a folder without profile.json" in _said(result), result.output
+
+
 def test_missing_or_changed_model_is_exit_1(encoder_profile, tmp_path):
     folder = tmp_path / "copy"
     shutil.copytree(encoder_profile.parent, folder)

@@ -173,3 +173,21 @@ def test_tune_refuses_an_output_that_is_also_a_graph_input_with_exit_2(tmp_path)
     assert res.exit_code == 2, res.output
     assert "'x', which is also a graph input" in said and "Name outputs the model computes (y)" in said
     assert "Traceback" not in res.output and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch", "0,8"], "--batch sizes must be from 1 to"),
+        (["--batch", "eight"], "--batch takes batch sizes like 1,8,32"),
+        (["--workload", "nosuch.json"], "--workload 'nosuch.json' is not a file"),
+        (["--workload", "w.json"], "names dims the model does not have (width)"),
+    ],
+)
+def test_a_bad_workload_or_batch_is_exit_2_before_anything_is_written(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w.json").write_text(json.dumps({"dims": {"width": {"160": 3}}}))
+    result = CliRunner().invoke(cli, ["tune", "demo:encoder", "-o", "out", "--budget", "20", *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not (tmp_path / "out").exists()

@@ -86,7 +86,12 @@ def test_tune_folder_calibration_text_gates_on_held_out_sentences(st_folder, sen
     doc = json.loads(res.stdout)
     assert doc["gate_data"]["source"] == "text" and doc["gate_data"]["samples"] == 5
     assert doc["calibration_data"]["samples"] == 15 and doc["gate_data"]["total"] == 20
-    assert doc["shapes"]["input_ids"] == [1, max(len(s.split()) for s in SENTENCES) + 2]  # longest + [CLS] [SEP]
+    lengths = sorted(len(s.split()) + 2 for s in SENTENCES)  # each sentence at its own length: + [CLS] [SEP]
+    workload = doc["workload"]
+    assert workload["dims"][0]["name"] == "sequence" and workload["requests"] == len(SENTENCES)
+    assert (workload["dims"][0]["min"], workload["dims"][0]["max"]) == (lengths[0], lengths[-1])
+    assert doc["shapes"]["input_ids"] == [1, lengths[len(lengths) // 2]]  # the median request
+    assert (out / "workload.npz").is_file() and read_profile(out / "profile.json")["workload"]["replay"] == 8
     profile = read_profile(out / "profile.json")
     assert profile["gate_data"] == doc["gate_data"] and profile["calibration_data"] == doc["calibration_data"]
     assert "heldout_seed" not in profile["reference_outputs"]  # the reference sample is a real sentence

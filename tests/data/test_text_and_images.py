@@ -18,21 +18,34 @@ def encoder_inputs(demo_paths):
     return graph_inputs(load_model(demo_paths["encoder"]))
 
 
-def test_lines_are_padded_to_the_longest_with_masks_and_type_ids_and_run(tmp_path, demo_paths, encoder_inputs):
+def test_lines_keep_their_own_length_with_masks_and_type_ids_and_run(tmp_path, demo_paths, encoder_inputs):
     text = tmp_path / "s.txt"
     text.write_text("\n".join(SENTENCES[:4]) + "\n\n")
     tok = load_tokenizer(word_tokenizer(tmp_path / "tokenizer.json"))
+    tok.enable_padding(length=32)  # as many exports' tokenizer.json do: not what a user's sentence is
     samples, notes = text_samples(text, tok, encoder_inputs)
-    longest = max(len(tok.encode(s).ids) for s in SENTENCES[:4])
     assert len(samples) == 4 and not notes
+    assert len({s["input_ids"].shape for s in samples}) > 1
     for sample, sentence in zip(samples, SENTENCES[:4]):
         ids = tok.encode(sentence).ids
-        assert sample["input_ids"].shape == (1, longest) and sample["input_ids"].dtype == np.int64
-        assert sample["input_ids"][0, : len(ids)].tolist() == ids and sample["input_ids"][0, 0] == 2  # [CLS]
-        assert sample["attention_mask"][0].tolist() == [1] * len(ids) + [0] * (longest - len(ids))
+        assert sample["input_ids"].shape == (1, len(ids)) and sample["input_ids"].dtype == np.int64
+        assert sample["input_ids"][0].tolist() == ids and sample["input_ids"][0, 0] == 2  # [CLS]
+        assert sample["attention_mask"][0].tolist() == [1] * len(ids)
         assert set(sample["token_type_ids"].ravel()) == {0}
-    out = load(str(demo_paths["encoder"])).run(None, samples[0])[0]
-    assert out.shape == (1, longest, 128) and np.isfinite(out).all()
+        out = load(str(demo_paths["encoder"])).run(None, sample)[0]
+        assert out.shape == (1, len(ids), 128) and np.isfinite(out).all()
+
+
+def test_a_shape_pads_every_line_to_one_length_with_the_tokenizers_pad_id(tmp_path, encoder_inputs):
+    text = tmp_path / "s.txt"
+    text.write_text("\n".join(SENTENCES[:4]))
+    tok = load_tokenizer(word_tokenizer(tmp_path / "tokenizer.json"))
+    samples, _ = text_samples(text, tok, encoder_inputs, shapes={"sequence": (12,)})
+    pad = tok.token_to_id("[PAD]")
+    for sample, sentence in zip(samples, SENTENCES[:4]):
+        n = len(tok.encode(sentence).ids)
+        assert sample["input_ids"].shape == (1, 12) and sample["input_ids"][0, n:].tolist() == [pad] * (12 - n)
+        assert sample["attention_mask"][0].tolist() == [1] * n + [0] * (12 - n)
 
 
 def test_shape_fixes_the_length_and_long_lines_are_truncated_with_a_note(tmp_path, encoder_inputs):

@@ -8,7 +8,15 @@ from dataclasses import replace
 import numpy as np
 import onnx
 import pytest
-from metric_models import ctc_recognizer, padded_samples, save, text_images, token_model
+from metric_models import (
+    byte_classifier,
+    byte_samples,
+    ctc_recognizer,
+    padded_samples,
+    save,
+    text_images,
+    token_model,
+)
 
 from ortpilot.errors import AccuracyGateError, UsageError
 from ortpilot.gate.core import ModelGate
@@ -57,6 +65,19 @@ def test_the_tune_workers_saved_outputs_are_judged_under_the_same_masks(token_mo
         ModelGate.of(gate, SavedOutputs(), files[None]).measure(files["padding"])
     tuned = ModelGate.of(replace(gate, inputs=samples), SavedOutputs(), files[None])
     assert tuned.measure(files["padding"]).passed and not tuned.measure(files["real"]).passed
+
+
+def test_a_decomposed_softmax_classifier_is_gated_on_top1_agreement_of_real_runs(tmp_path):
+    """The byte classifier (softmax from Exp / ReduceSum / Div) and its dynamic INT8 on real sessions: the gate
+    holds the file-type probabilities to top-1 agreement, not to cosine."""
+    source = save(byte_classifier(), tmp_path / "classifier.onnx")
+    quantized = tmp_path / "classifier-int8.onnx"
+    onnx.save(QuantizePass("dynamic").run(onnx.load(source)).model, quantized)
+    samples = byte_samples(64)
+    gate = ModelGate.of(OutputGate.for_model(onnx.load(source), 0.05), SampleProbe(samples), str(source))
+    (check,) = gate.measure(str(quantized)).checks
+    assert check.name == "file_type" and check.metric == "top1"
+    assert gate.measure(str(source)).checks[0].value == 0.0  # the model against itself: every argmax agrees
 
 
 def test_output_gate_checks_every_output_and_refuses_a_bad_limit():

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from metric_models import three_outputs, token_model
+import pytest
+from metric_models import byte_classifier, three_outputs, token_model
 from onnx import TensorProto, helper
 
 from ortpilot.graph.outputs import OutputFacts, mask_input, output_facts, same_leading_dims
@@ -48,3 +49,23 @@ def test_mask_input_and_token_layout():
 def test_facts_of_an_array_alone():
     facts = OutputFacts.of_array("y", np.zeros((2, 3), np.int32))
     assert facts.dims == (2, 3) and not facts.floating and facts.describe_dims() == "[2, 3]"
+
+
+@pytest.mark.parametrize(
+    "kwargs,built",
+    [
+        ({}, ("ReduceMax", "Sub", "Exp", "ReduceSum", "Div")),
+        ({"stable": False}, ("Exp", "ReduceSum", "Div")),
+        ({"opset": 11}, ("ReduceMax", "Sub", "Exp", "ReduceSum", "Div")),  # axes as attributes
+        ({"opset": 13}, ("ReduceMax", "Sub", "Exp", "ReduceSum", "Div")),  # ReduceSum's axes an input, ReduceMax's not
+        ({"axis": 1}, ("ReduceMax", "Sub", "Exp", "ReduceSum", "Div")),  # the last axis of a rank-2 output, by number
+    ],
+)
+def test_a_softmax_built_from_separate_ops_is_found_as_a_softmax_over_the_last_axis(kwargs, built):
+    (facts,) = output_facts(byte_classifier(**kwargs))
+    assert facts.producer == "Softmax" and facts.built_from == built and facts.last_axis is True
+
+
+def test_an_exp_over_a_sum_along_another_axis_is_no_softmax_over_classes():
+    (facts,) = output_facts(byte_classifier(axis=0))  # normalizes over the batch, not the classes
+    assert facts.producer == "Div" and facts.built_from == () and facts.last_axis is None

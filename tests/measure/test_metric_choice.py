@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from metric_models import (
+    byte_classifier,
     classifier,
     classifier_folder,
     padded_samples,
@@ -37,6 +38,19 @@ def test_a_pooled_embedding_is_cosine_a_softmax_is_top1_an_int_passthrough_exact
     assert choices["embedding"] == MetricChoice("cosine", "float vector [batch, 384], no class evidence")
     assert choices["p"] == MetricChoice("top1", "produced by Softmax through Identity")
     assert choices["ids_out"] == MetricChoice("exact", "int64 output: compared exactly")
+
+
+def test_a_classifier_whose_softmax_is_built_from_separate_ops_is_gated_on_top1():
+    """A byte classifier's probabilities [batch, 12] from Exp / ReduceSum / Div were gated by cosine (a float
+    vector, no class evidence): the pattern is class evidence, as a Softmax node is."""
+    (choice,) = choose_metrics(byte_classifier()).values()
+    assert choice == MetricChoice(
+        "top1", "produced by a Softmax built from ReduceMax, Sub, Exp, ReduceSum, Div over the last axis"
+    )
+    (plain,) = choose_metrics(byte_classifier(stable=False)).values()
+    assert plain.metric == "top1" and "built from Exp, ReduceSum, Div" in plain.evidence
+    (other_axis,) = choose_metrics(byte_classifier(axis=0)).values()
+    assert other_axis.metric == "cosine"
 
 
 def test_token_outputs_of_a_model_with_a_mask_are_compared_under_it():

@@ -89,6 +89,20 @@ def test_fusion_auto_says_when_it_cannot_detect(demo_paths):
         FusionPass("nonsense")
 
 
+def test_fusion_refusals_name_a_command_that_has_the_fusion_option(demo_paths):
+    """The tune report printed 'pass --fusion TYPE to force one', but tune has no --fusion: the reason names the
+    command that has it (optimize) and what to do with its output."""
+    from ortpilot.cli.cmd_optimize import command as optimize
+    from ortpilot.cli.cmd_tune import command as tune
+
+    model_type, why = detect_model_type(onnx.load(demo_paths["cnn"]))
+    assert model_type is None
+    assert "'ortpilot optimize MODEL -o FUSED.onnx --fusion TYPE' and tune or run FUSED.onnx" in why
+    assert "bert" in why  # the types it may force
+    options = {name: {o for p in cmd.params for o in p.opts} for name, cmd in (("optimize", optimize), ("tune", tune))}
+    assert "--fusion" in options["optimize"] and "--fusion" not in options["tune"]
+
+
 def test_fusion_runs_without_importing_torch(demo_paths, tmp_path):
     code = textwrap.dedent(f"""
         import sys

@@ -190,7 +190,7 @@ def _child_on_one_cpu(deadline: float) -> int | None:
                 if b"ortpilot.fleet.child" not in cmd:
                     continue
                 spec = json.loads(Path(cmd[cmd.index(b"ortpilot.fleet.child") + 1].decode()).read_text())
-                if spec["cpus"] == 1:
+                if spec["job"]["cpus"] == 1:
                     return int((proc / "stat").read_text().split(")")[-1].split()[1])
             except (OSError, ValueError, IndexError, KeyError):
                 continue

@@ -108,3 +108,52 @@ def test_cli_input_files_checked(tmp_path, demo_paths):
     assert unknown.exit_code == 2 and "Unknown input" in unknown.output
     missing = _run_cli("run", str(demo_paths["mlp"]), "--input", f"x={tmp_path / 'none.npy'}")
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def _static_model(path):
+    """A static-shape model with two inputs, as detectors ship: image [1, 3, 32, 32] and scale [1, 2]."""
+    from onnx import TensorProto, helper
+
+    from ortpilot.modelio import DEFAULT_OPSET, SAFE_IR_VERSION
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["image"], ["m"], keepdims=0),
+            helper.make_node("Mul", ["scale", "m"], ["y"]),
+        ],
+        "static",
+        [
+            helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 32, 32]),
+            helper.make_tensor_value_info("scale", TensorProto.FLOAT, [1, 2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
+    model.ir_version = SAFE_IR_VERSION
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_shape_error_names_every_bad_dim_of_every_input(tmp_path):
+    """A batch of 96 at 64x64 was refused naming dim 0 only; fixed one dim, the next run named the next."""
+    sess = ortpilot.load(_static_model(tmp_path / "static.onnx"))
+    feeds = {"image": np.ones((96, 3, 64, 64), np.float32), "scale": np.ones((4, 2), np.float32)}
+    with pytest.raises(ortpilot.InputError) as err:
+        sess.check_feeds(feeds)
+    message = str(err.value)
+    assert "Input 'image' dim 0 must be 1 and dim 2 must be 32 and dim 3 must be 32 [1, 3, 32, 32]" in message
+    assert "got shape [96, 3, 64, 64]" in message
+    assert "Input 'scale' dim 0 must be 1 [1, 2], got shape [4, 2]." in message
+    ok = {"image": np.ones((1, 3, 32, 32), np.float32), "scale": np.ones((1, 2), np.float32)}
+    assert sess.run(None, ok)[0].shape == (1, 2)
+
+
+def test_a_shape_option_that_contradicts_the_model_names_every_dim(tmp_path):
+    path = _static_model(tmp_path / "static.onnx")
+    result = CliRunner().invoke(cli, ["inspect", str(path), "--shape", "image=2x3x64x64", "--no-check"])
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert (
+        "--shape image sets dim 0 to 2 and dim 2 to 64 and dim 3 to 64, but the model fixes them at 1 and 32 and 32"
+        in said
+    )

@@ -91,7 +91,11 @@ def test_tune_on_real_sentences_gates_the_pooled_embedding_under_their_masks(st_
 def test_compare_on_padded_sentences_leaves_padding_out(st_text):
     folder, text, noisy = st_text
     args = ["compare", str(folder), str(noisy), "--calibration-text", str(text), "--all-samples", "--json"]
-    pooled = json.loads(CliRunner().invoke(cli, args).stdout)["outputs"][0]
-    plain = json.loads(CliRunner().invoke(cli, [*args, "--metric", "cosine"]).stdout)["outputs"][0]
+    padded = [*args, "--shape", "sequence=16"]  # every sentence padded to one length, as --shape asks
+    pooled = json.loads(CliRunner().invoke(cli, padded).stdout)["outputs"][0]
+    plain = json.loads(CliRunner().invoke(cli, [*padded, "--metric", "cosine"]).stdout)["outputs"][0]
     assert pooled["metric"] == "pooled_cosine" and pooled["error"] < 1e-6  # the noise is only at padding
     assert plain["metric"] == "cosine" and plain["error"] > 0.01  # counted at padding, it would fail a gate
+    # without --shape each sentence runs at its own length: no padding, so no noise anywhere
+    own = json.loads(CliRunner().invoke(cli, [*args, "--metric", "cosine"]).stdout)["outputs"][0]
+    assert own["error"] < 1e-6

@@ -176,3 +176,26 @@ def test_a_winner_timed_in_one_of_two_states_says_its_figure_in_the_other_is_unk
         "--bench` measures it there."
     )
     assert state_clause({"ratio": 1.2, "by_state": {}}) == ""
+
+
+def test_the_provider_line_ends_with_one_period_after_a_search_estimate():
+    """'best on the CPU EP: int8-dynamic ~1.34x est..' read with two periods."""
+    from ortpilot.tuning.report import provider_line
+
+    ov = [{"name": "OpenVINOExecutionProvider", "options": {}}]
+    cpu = [{"name": "CPUExecutionProvider", "options": {}}]
+    doc = _doc(
+        [
+            _cand("default", final_ms=None, screen_ms=10.0, paired=1.0, baseline=True, providers=cpu),
+            _cand("ov", final_ms=5.0, screen_ms=5.0, paired=0.5, providers=ov),
+            _cand("int8-dynamic", final_ms=None, screen_ms=7.46, paired=0.75, providers=cpu),
+        ],
+        "ov",
+    )
+    for c in doc["candidates"]:
+        c["vs_default"] = {"ratio": 10.0 / c["latency"]["p50_ms"], "timing": c["timing"]}
+    line = provider_line(doc)
+    assert line.endswith("best on the CPU EP: int8-dynamic ~1.34x est."), line
+    assert ".." not in line
+    doc["candidates"][2]["vs_default"]["timing"] = "interleaved"
+    assert provider_line(doc).endswith("int8-dynamic 1.34x.")

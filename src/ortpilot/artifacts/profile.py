@@ -86,6 +86,24 @@ def write_profile(
     return atomic_write_json(dest, doc)
 
 
+PROFILE_FILE = "profile.json"
+
+
+def profile_file(path: str | os.PathLike) -> Path:
+    """The profile ``path`` names: a profile file, or the tune output folder holding ``profile.json`` (what
+    ``ortpilot tune -o DIR`` printed), so every command takes the folder the same way. A folder without one is
+    exit 2 naming what it lacks; anything else is returned as given (``read_profile`` says what is wrong)."""
+    p = Path(path)
+    if not p.is_dir():
+        return p
+    if (p / PROFILE_FILE).is_file():
+        return p / PROFILE_FILE
+    raise UsageError(
+        f"'{p}' is a folder without {PROFILE_FILE}: give a tune output folder ('ortpilot tune MODEL -o DIR'), "
+        f"its {PROFILE_FILE}, or a bundle folder holding bundle.json."
+    )
+
+
 def read_profile(path: str | os.PathLike) -> dict[str, Any]:
     """Parse and shape-check a profile; every problem is a UsageError (exit 2) naming the fix."""
     p = Path(path)
@@ -174,8 +192,10 @@ def _dist_names(text: str) -> set[str]:
 
 
 __all__ = [
+    "PROFILE_FILE",
     "PROFILE_FORMAT",
     "OrtVersionWarning",
+    "profile_file",
     "read_profile",
     "verify_environment",
     "verify_model_file",

@@ -238,6 +238,33 @@ _TOP: dict[str, Check] = {
     "shapes": _dict_of(_list_of(_dim, limit=64)),
     # --outputs: the outputs the deployment reads; the model is pruned to them (load_profile checks it has them).
     "outputs": _list_of(lambda v, n: _string(v, n, nonempty=True, limit=4096), nonempty=True, limit=4096),
+    # What the tune timed (data.workload.Workload.to_dict), and the replay set verify --bench times (``file``).
+    "workload": _fields(
+        {
+            "source": lambda v, n: _string(v, n, limit=256),
+            "requests": lambda v, n: _int(v, n, 0, 2**40),
+            "dims": _list_of(_json_value, limit=64),
+            "batches": _list_of(lambda v, n: _int(v, n, 1, MAX_DIM), limit=64),
+            "replay": lambda v, n: _int(v, n, 1, 4096),
+            "sha256": _string,
+            "shapes": _dict_of(_list_of(_dim, limit=64)),
+            "summary": _string,
+            "file": _file_name,
+            "file_sha256": _sha256,
+        },
+        required=("source", "requests"),
+    ),
+    # A session per bucket of one dim (session.shapeplan.ShapePlan.to_dict); load_profile builds them.
+    "shape_plan": _fields(
+        {
+            "dim": lambda v, n: _string(v, n, nonempty=True, limit=256),
+            "sizes": _list_of(lambda v, n: _int(v, n, 1, MAX_DIM), nonempty=True, limit=16),
+            "axes": _list_of(_json_value, nonempty=True, limit=64),
+            "pad_values": _dict_of(_number),
+            "beyond": lambda v, n: _string(v, n, limit=16),
+        },
+        required=("dim", "sizes", "axes"),
+    ),
     "placement": _placement,
     "default_best": _bool,
     "gate_data": _DATA,
@@ -260,6 +287,14 @@ _TOP: dict[str, Check] = {
             "placement": _placement,
         },
         required=("file", "sha256", "ep"),
+    ),
+    # A text-model folder's task (data.texttask.TextTask.from_dict checks its fields) and its tokenizer beside it.
+    "text": _fields(
+        {
+            "task": _json_value,
+            "tokenizer": _fields({"file": _file_name, "sha256": _sha256}, required=("file", "sha256")),
+        },
+        required=("task", "tokenizer"),
     ),
 }
 _TOP_LEVEL = _fields(_TOP, required=("format", "model", "onnxruntime", "providers", "session_settings"))

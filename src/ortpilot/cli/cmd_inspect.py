@@ -72,6 +72,28 @@ def _human(n: float) -> str:
     return f"{n:.0f}"
 
 
+def flops_text(flops: dict, node_count: int) -> str:
+    """The FLOPs row: the total where every node was counted; otherwise a lower bound that names the nodes left
+    out, since they can hold all of the compute (an INT8 model whose shapes inference could not follow)."""
+    if flops["total"] is None:
+        return f"unknown: {flops['error']}"
+    shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in flops["shapes"].items())
+    uncounted = flops.get("uncounted") or {}
+    if not uncounted:
+        return f"{_human(flops['total'])} at {shapes} ({flops['counted_nodes']}/{node_count} nodes counted)"
+    missing = sum(uncounted.values())
+    ops = ", ".join(f"{op} ({n})" if n > 1 else op for op, n in list(uncounted.items())[:6])
+    more = f", and {len(uncounted) - 6} more op types" if len(uncounted) > 6 else ""
+    why = "an op ortpilot has no count for, or shapes it could not infer"
+    if not flops["total"]:
+        rest = "; the rest move data and count 0" if flops["counted_nodes"] else ""
+        return f"unknown at {shapes}: {missing} of {node_count} nodes ({ops}{more}) not counted ({why}){rest}"
+    return (
+        f"at least {_human(flops['total'])} at {shapes}; {missing} of {node_count} nodes ({ops}{more}) not "
+        f"counted ({why}): their compute is not in this figure"
+    )
+
+
 def render(doc: dict) -> None:
     head = Table(title=escape(f"Model {doc['path']}"), show_header=False, title_justify="left")
     head.add_row("IR version", str(doc["ir_version"]))
@@ -87,16 +109,7 @@ def render(doc: dict) -> None:
         "parameters", f"{_human(params['count'])} ({params['bytes'] / 2**20:.2f} MiB in {params['tensors']} tensors)"
     )
     flops = doc["flops"]
-    if flops["total"] is not None:
-        shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in flops["shapes"].items())
-        head.add_row(
-            "FLOPs (estimate)",
-            escape(
-                f"{_human(flops['total'])} at {shapes} ({flops['counted_nodes']}/{doc['node_count']} nodes counted)"
-            ),
-        )
-    else:
-        head.add_row("FLOPs (estimate)", escape(f"unknown: {flops['error']}"))
+    head.add_row("FLOPs (estimate)", escape(flops_text(flops, doc["node_count"])))
     for ext in doc["external_data"]:
         state = "present" if ext["present"] else "[red]MISSING[/]"
         head.add_row("external data", f"{escape(ext['location'])} ({ext['tensors']} tensors, {state})")
@@ -118,9 +131,18 @@ def render(doc: dict) -> None:
     ops = Table(title="Op histogram", title_justify="left")
     for col in ("op", "nodes", "est. FLOPs"):
         ops.add_column(col)
+    uncounted = flops.get("uncounted") or {}
     for op, count in doc["op_histogram"].items():
-        value = flops["by_op_type"].get(op.rsplit(".", 1)[-1])
-        ops.add_row(escape(op), str(count), _human(value) if value else "-")
+        op_type = op.rsplit(".", 1)[-1]
+        value = flops["by_op_type"].get(op_type)
+        missing = uncounted.get(op_type, 0)
+        if missing and value is None:
+            cell = "not counted"
+        elif missing:
+            cell = f"at least {_human(value)}"
+        else:
+            cell = _human(value) if value else "-"
+        ops.add_row(escape(op), str(count), cell)
     stdout.print(ops)
 
     if doc["unsupported_ops"]:

@@ -45,6 +45,8 @@ def build_request(
     providers: tuple[str, ...],
     no_quantize: bool,
     resume: bool,
+    workload: str | None,
+    batches: str,
 ) -> TuneRequest:
     """The tune flags as a ``TuneRequest`` for MODELS' first (the demo encoder without one)."""
     model = models[0] if models else None
@@ -64,6 +66,8 @@ def build_request(
         providers=providers,
         quantize=not no_quantize,
         resume=resume,
+        workload=workload,
+        batches=batches,
     )
 
 
@@ -98,6 +102,23 @@ TUNE_REQUEST = arg_group(
     PROVIDER_OPTION,
     click.option("--no-quantize", is_flag=True, help="Leave INT8 variants out of the search."),
     click.option("--resume", is_flag=True, help="Continue an interrupted tune from OUTDIR's journal."),
+    click.option(
+        "--workload",
+        type=click.Path(),
+        default=None,
+        help="What the deployment sends, to time on: a .txt (a request a line, at its own length), an .npz of "
+        'requests, or a .json histogram {"dims": {"sequence": {"17": 120, "32": 40}}}. Default: the '
+        "calibration data at its own sizes.",
+    ),
+    click.option(
+        "--batch",
+        "batches",
+        default="1",
+        show_default=True,
+        metavar="B,B,...",
+        help="Batch sizes a server forms (requests sorted by size and padded to the longest): the first is "
+        "tuned for, each is timed.",
+    ),
     uses=("models",),
 )
 
@@ -256,6 +277,7 @@ def render_summary(doc: dict) -> None:
         headline,
         provider_line,
         search_cells,
+        shape_plan_line,
         table_rows,
         time_line,
         why_not_lines,
@@ -285,6 +307,8 @@ def render_summary(doc: dict) -> None:
     stderr.print(table)
     for line in why_not_lines(doc):
         stderr.print(escape(line), highlight=False)
+    if plan := shape_plan_line(doc):
+        stderr.print(escape(plan), highlight=False)
     counts: dict[str, int] = {}
     for c in doc["candidates"]:
         counts[c["status"]] = counts.get(c["status"], 0) + 1

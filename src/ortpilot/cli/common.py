@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from ortpilot.errors import Interrupted, OrtpilotError
@@ -19,10 +19,32 @@ from ortpilot.session import LEVEL_NAMES, POLICIES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Columns a console lays out when it writes to a pipe or file (CI logs): rich's 80 cut table cells short
+# ("int8-dynam…"); a terminal keeps its own width, COLUMNS=N sets one.
+PIPED_WIDTH = 200
+
+
+class WideWhenPiped(Console):
+    """A console that, writing to something that is not a terminal, is ``PIPED_WIDTH`` columns wide instead of
+    80, unless COLUMNS or an explicit width says otherwise; decided at each write, since the stream it writes to
+    can be swapped after import (click's test runner, redirection)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is None and not self.is_terminal:
+            return ConsoleDimensions(max(size.width, PIPED_WIDTH), size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+
 # Logs, tables for humans and progress go to stderr unless a command renders to stdout on
 # purpose; --json keeps stdout for exactly one JSON document.
-stderr = Console(stderr=True)
-stdout = Console()
+stderr = WideWhenPiped(stderr=True)
+stdout = WideWhenPiped()
 
 
 def setup_logging(debug: bool) -> None:

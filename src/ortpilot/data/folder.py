@@ -13,8 +13,10 @@ One ``.onnx`` file is the model; several are a choice ortpilot does not guess (e
 them; ``model_file`` / ``--model-file NAME`` chooses). Besides the model, the folder is read
 for what the tools need, and every value keeps the file it came from: ``config.json``
 (``model_type``, heads, hidden size, KV heads, position limit, labels), ``genai_config.json``,
-``tokenizer.json``, ``preprocessor_config.json``, ``1_Pooling/config.json``
-(sentence-transformers pooling). Contradictions that would make a tool wrong (heads that do not
+``tokenizer.json``, ``preprocessor_config.json``, and a sentence-transformers model's files:
+``1_Pooling/config.json`` (pooling), ``sentence_bert_config.json`` (``max_seq_length``,
+``do_lower_case``), ``modules.json`` (its modules: whether ``Normalize`` follows the pooling).
+``data.texttask`` turns those into what a text model does. Contradictions that would make a tool wrong (heads that do not
 divide the hidden size) are refused here, before a fusion uses them.
 """
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortpilot.data.pooling import POOLING_ORDER
 from ortpilot.errors import UsageError
 
 # config.json keys read, and the name each is known by here.
@@ -37,6 +40,7 @@ CONFIG_KEYS = {
     "max_position_embeddings": "max_positions",
     "architectures": "architectures",
     "id2label": "labels",
+    "problem_type": "problem_type",
 }
 POOLING_MODES = (
     "pooling_mode_cls_token",
@@ -46,6 +50,10 @@ POOLING_MODES = (
     "pooling_mode_weightedmean_tokens",
     "pooling_mode_lasttoken",
 )
+POOLING_FOLDER = "1_Pooling"
+MODULE_PREFIX = "sentence_transformers.models."
+# The largest model_max_length tokenizer_config.json may give that means a limit (transformers writes 1e30 for none).
+MAX_SANE_LENGTH = 1_000_000
 MAX_JSON_BYTES = 8 * 2**20  # configs are a few KB; a tokenizer.json can be a few MB and is read by tokenizers
 
 
@@ -106,14 +114,19 @@ class ModelFolder:
         }
 
 
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    """A small JSON object from the folder; a damaged file is a UsageError naming it."""
+def read_json_value(path: Path, what: str) -> Any:
+    """A small JSON document from the folder; a damaged file is a UsageError naming it."""
     try:
         if path.stat().st_size > MAX_JSON_BYTES:
             raise UsageError(f"{what} '{path}' is larger than {MAX_JSON_BYTES // 2**20} MB; it is not a config file.")
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"{what} '{path}' cannot be read as JSON ({exc}). Fix or remove the file.") from None
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A small JSON object from the folder; a damaged file is a UsageError naming it."""
+    doc = read_json_value(path, what)
     if not isinstance(doc, dict):
         raise UsageError(f"{what} '{path}' holds a JSON {type(doc).__name__}, not an object.")
     return doc
@@ -192,13 +205,10 @@ def resolve_model_folder(path: str | os.PathLike, model_file: str | None = None)
         for key, name in CONFIG_KEYS.items():
             if key in doc and name not in values:
                 values[name] = Value(doc[key], "config.json")
-    pooling = root / "1_Pooling" / "config.json"
-    if pooling.is_file():
-        doc = read_json(pooling, "1_Pooling/config.json")
-        modes = [m for m in POOLING_MODES if doc.get(m)]
-        values["pooling"] = Value(
-            modes[0].removeprefix("pooling_mode_") if modes else "mean_tokens", "1_Pooling/config.json"
-        )
+        st = doc.get("sentence_transformers")  # a cross-encoder's score function (sentence-transformers >= 4)
+        if isinstance(st, dict) and isinstance(st.get("activation_fn"), str):
+            values["activation"] = Value(st["activation_fn"], "config.json")
+    _read_sentence_transformers(root, values)
     tokenizer = next((p for p in (root / "tokenizer.json", folder / "tokenizer.json") if p.is_file()), None)
     pre_file = next(
         (p for p in (root / "preprocessor_config.json", folder / "preprocessor_config.json") if p.is_file()), None
@@ -209,16 +219,70 @@ def resolve_model_folder(path: str | os.PathLike, model_file: str | None = None)
     return result
 
 
+def _read_sentence_transformers(root: Path, values: dict[str, Value]) -> None:
+    """What a sentence-transformers model's own files say: its modules, pooling, length limit and
+    lowercasing (and ``tokenizer_config.json``'s length limit, which a cross-encoder has instead)."""
+    pooling_dir = POOLING_FOLDER
+    modules = root / "modules.json"
+    if modules.is_file():
+        entries = _read_modules(modules)
+        values["modules"] = Value([kind for kind, _ in entries], "modules.json")
+        pooling_dir = next((path for kind, path in entries if kind == "Pooling" and path), pooling_dir)
+    pooling = root / pooling_dir / "config.json"
+    if pooling.is_file():
+        name = f"{pooling_dir}/config.json"
+        doc = read_json(pooling, name)
+        modes = [m for m in POOLING_MODES if doc.get(m) is True]
+        values["pooling"] = Value(modes[0].removeprefix("pooling_mode_") if modes else "mean_tokens", name)
+        chosen = {m.removeprefix("pooling_mode_") for m in modes} or {"mean_tokens"}
+        values["pooling_modes"] = Value([m for m in POOLING_ORDER if m in chosen], name)
+    st_config = root / "sentence_bert_config.json"
+    if st_config.is_file():
+        doc = read_json(st_config, "sentence_bert_config.json")
+        if doc.get("max_seq_length") is not None:
+            values["max_seq_length"] = Value(doc["max_seq_length"], "sentence_bert_config.json")
+        if "do_lower_case" in doc:
+            values["lowercase"] = Value(doc["do_lower_case"], "sentence_bert_config.json")
+    tok_config = root / "tokenizer_config.json"
+    if tok_config.is_file():
+        limit = read_json(tok_config, "tokenizer_config.json").get("model_max_length")
+        if type(limit) is int and 0 < limit <= MAX_SANE_LENGTH:
+            values["model_max_length"] = Value(limit, "tokenizer_config.json")
+
+
+def _read_modules(path: Path) -> list[tuple[str, str]]:
+    """``modules.json``: (type, path) per module, the type without ``sentence_transformers.models.``
+    (``Transformer``, ``Pooling``, ``Normalize``, ``Dense``...); a path is kept only as a plain subfolder."""
+    doc = read_json_value(path, "modules.json")
+    if not isinstance(doc, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str) for m in doc):
+        raise UsageError(
+            f"modules.json '{path}' is not a list of modules with a 'type' each, as sentence-transformers "
+            "writes it. Fix or remove the file."
+        )
+    entries = []
+    for module in doc:
+        sub = module.get("path")
+        plain = isinstance(sub, str) and sub and Path(sub).name == sub and sub not in (".", "..")
+        entries.append((module["type"].removeprefix(MODULE_PREFIX), sub if plain else ""))
+    return entries
+
+
 def _check_consistent(folder: ModelFolder) -> None:
     """Refuse what would make a fusion or a pad length silently wrong."""
     heads, hidden, kv = folder.get("num_heads"), folder.get("hidden_size"), folder.get("num_kv_heads")
-    for name in ("num_heads", "hidden_size", "num_kv_heads", "max_positions"):
+    for name in ("num_heads", "hidden_size", "num_kv_heads", "max_positions", "max_seq_length"):
         value = folder.get(name)
         if value is not None and (type(value) is not int or value <= 0):
             raise UsageError(
                 f"{folder.values[name].source} in '{folder.root}' gives {name} = {value!r}; it must be a "
                 "positive integer. Fix the file."
             )
+    lowercase = folder.get("lowercase")
+    if lowercase is not None and not isinstance(lowercase, bool):
+        raise UsageError(
+            f"sentence_bert_config.json in '{folder.root}' gives do_lower_case = {lowercase!r}; it must be true "
+            "or false. Fix the file."
+        )
     if heads and hidden and hidden % heads:
         raise UsageError(
             f"{folder.values['num_heads'].source} in '{folder.root}' says num_attention_heads={heads} "
@@ -243,7 +307,14 @@ def folder_of(path: str | os.PathLike) -> ModelFolder | None:
         return None
     roots = [p.parent] + ([p.parent.parent] if p.parent.name == "onnx" else [])
     for root in roots:
-        if any((root / name).is_file() for name in ("config.json", "genai_config.json", "1_Pooling/config.json")):
+        names = (
+            "config.json",
+            "genai_config.json",
+            "1_Pooling/config.json",
+            "sentence_bert_config.json",
+            "modules.json",
+        )
+        if any((root / name).is_file() for name in names):
             try:
                 return resolve_model_folder(root, str(p.resolve()))
             except UsageError:

@@ -1,11 +1,12 @@
 """Sentences in, model feeds out: a text file (one sample per line) through the model's ``tokenizer.json``.
 
-Only the ``tokenizers`` package is needed. Every line becomes one sample of batch 1, padded or
-truncated to one sequence length: the one ``--shape`` fixes, else the longest line (with the
-tokenizer's special tokens) up to the model's position limit (``max_position_embeddings`` from
-the folder's config, or the input's static length). ``attention_mask`` and ``token_type_ids``
-are filled as the tokenizer says (masks 0 on padding), and each array takes the dtype the model
-declares. Inputs the text cannot fill are refused by name.
+Only the ``tokenizers`` package is needed. Every line becomes one sample of batch 1 at its own
+length, as ``tokenizer(text)`` and sentence-transformers send it (the padding a tokenizer.json may
+ask for is not applied: real sentences are short, and a tune measures what users send), truncated
+to the model's position limit (``max_position_embeddings`` from the folder's config, or the input's
+static length). ``--shape`` fixes one length instead: every line is then padded or truncated to it.
+``attention_mask`` and ``token_type_ids`` are filled as the tokenizer says (masks 0 on padding), and
+each array takes the dtype the model declares. Inputs the text cannot fill are refused by name.
 """
 
 from __future__ import annotations
@@ -93,33 +94,37 @@ def encode_lines(
     sequence: int | None = None,
     max_positions: int | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], list[str]]:
-    """(samples, notes): each line as one feed dict of batch 1 at one common sequence length."""
+    """(samples, notes): each line as one feed dict of batch 1, at its own length or at ``sequence``."""
     by_name = text_inputs(inputs)
+    pad_value = pad_id(tokenizer)
+    tokenizer.no_padding()  # a tokenizer.json that pads to a fixed length would hide the lengths users send
     encodings = tokenizer.encode_batch(list(lines))
     limit = max_positions
     dims = by_name["input_ids"].dims
     static = dims[1] if len(dims) > 1 else None
     if isinstance(static, int) and static > 0:
         limit = static if limit is None else min(limit, static)
-    longest = max(len(e.ids) for e in encodings)
-    length = sequence or (min(longest, limit) if limit else longest)
-    if limit and length > limit:
+        sequence = sequence or static
+    if sequence and limit and sequence > limit:
         raise UsageError(
-            f"--shape asks for {length} tokens, but the model's position limit is {limit} "
+            f"--shape asks for {sequence} tokens, but the model's position limit is {limit} "
             "(max_position_embeddings or the input's length): give a shorter sequence."
         )
+    longest = max(len(e.ids) for e in encodings)
+    cut = sequence or limit
     notes = []
-    truncated = sum(1 for e in encodings if len(e.ids) > length)
+    truncated = sum(1 for e in encodings if cut and len(e.ids) > cut)
     if truncated:
         notes.append(
-            f"{truncated} of {len(lines)} text samples were longer than {length} tokens and were truncated "
+            f"{truncated} of {len(lines)} text samples were longer than {cut} tokens and were truncated "
             f"(longest: {longest})"
         )
-    pad_id = _pad_id(tokenizer)
     samples = []
     for enc in encodings:
-        enc.truncate(length)
-        enc.pad(length, pad_id=pad_id)
+        if cut:
+            enc.truncate(cut)
+        if sequence:
+            enc.pad(sequence, pad_id=pad_value)
         sample = {}
         for name, info in by_name.items():
             values = getattr(enc, TEXT_INPUTS[name])
@@ -128,7 +133,8 @@ def encode_lines(
     return samples, notes
 
 
-def _pad_id(tokenizer: Any) -> int:
+def pad_id(tokenizer: Any) -> int:
+    """The id a tokenizer pads with: its padding setting's, else the first pad-like token it knows, else 0."""
     padding = tokenizer.padding or {}
     if padding.get("pad_id") is not None:
         return int(padding["pad_id"])
@@ -163,6 +169,7 @@ __all__ = [
     "TEXT_INPUTS",
     "encode_lines",
     "load_tokenizer",
+    "pad_id",
     "read_lines",
     "text_inputs",
     "text_samples",

@@ -22,7 +22,7 @@ import onnx
 
 from ortpilot.artifacts.atomic import atomic_dir, atomic_write_text, check_output_path
 from ortpilot.artifacts.bundle import bundle_path, read_bundle
-from ortpilot.artifacts.profile import read_profile, verify_model_file
+from ortpilot.artifacts.profile import profile_file, read_profile, verify_model_file
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.export import kserve
 from ortpilot.export.losses import Loss, losses_markdown
@@ -123,6 +123,7 @@ def export_triton(
         profile = choose_profile(profile, machine_class=machine_class).profile
     elif machine_class is not None:
         raise UsageError(f"--class chooses a profile of a bundle, and '{profile}' is not a bundle (no bundle.json).")
+    profile = profile_file(profile)  # a tune output folder, as verify and serve take it
     doc = read_profile(profile)
     model_path = verify_model_file(doc, profile)
     name = _model_name(name, profile)

@@ -1,4 +1,4 @@
-"""The cluster a fleet tune runs on: connect to it, and find the classes among its alive nodes.
+"""The cluster a fleet tune runs on: connect to it, find the classes among its alive nodes, run searches there.
 
 :func:`connect` refuses an address where no Ray cluster answers at once (Ray's own client
 would wait a minute or more for a GCS that is not there) and says how to start one.
@@ -7,6 +7,11 @@ no CPUs asked, so a busy node answers too) that reports the node's machine class
 (``fleet.nodes.node_report``), then groups the nodes by host. A node with no CPUs for Ray
 tasks (a head started with ``--num-cpus 0``), or whose report failed, is left out and said; a
 cluster left with no node is exit 2.
+
+:class:`Cluster` is everything the driver (``fleet.run``) asks of a cluster, in one small interface:
+connect, discover, the alive nodes, put an object, start a search on a node and read what it
+streams, cancel it. :class:`RayCluster` does it with Ray; the tests run the driver against an
+in-process one (``tests/fleet/inprocess.py``) whose searches are real local tunes.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ortpilot.errors import UsageError
 from ortpilot.fleet.nodes import Hosts, RayNode, alive_nodes, group_hosts, node_report
+from ortpilot.fleet.remote import SearchJob, search
 from ortpilot.providers.machineclass import MachineClass, check_class
 from ortpilot.rayenv import ray_environment
 
@@ -172,4 +179,89 @@ def discover(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> Fleet:
     return Fleet(address, usable, hosts, left_out)
 
 
-__all__ = ["Fleet", "FleetNode", "connected", "discover"]
+class Cluster(Protocol):
+    """What the fleet driver asks of a cluster. A search is a stream: :meth:`start` returns a handle,
+    :meth:`ready` says which handles have a message waiting, :meth:`receive` takes it (``fleet.remote``'s
+    messages), raising ``StopIteration`` when the stream ended or the error that ended it (Ray's, whose
+    type name the driver reads: ``NodeDiedError``, ``WorkerCrashedError``, ...)."""
+
+    address: str
+
+    def connect(self) -> AbstractContextManager[None]:
+        """Hold the connection for the block."""
+
+    def discover(self) -> Fleet:
+        """The alive nodes' classes and hosts; ``UsageError`` (exit 2) when no node can run a search."""
+
+    def alive(self) -> set[str]:
+        """The ids of the nodes alive now (none when the cluster itself is gone)."""
+
+    def put(self, value: Any) -> Any:
+        """``value`` stored once for every search that takes it (a model's payload, its calibration)."""
+
+    def start(self, node: FleetNode, job: SearchJob, model: Any, calibration: Any, journal: bytes | None) -> Any:
+        """``fleet.remote.search`` on ``node``, with all its CPUs; the stream's handle."""
+
+    def ready(self, streams: Sequence[Any], timeout_s: float) -> list[Any]:
+        """The streams (at most one) with a message waiting, after waiting up to ``timeout_s`` for one."""
+
+    def receive(self, stream: Any) -> dict[str, Any]:
+        """The stream's next message."""
+
+    def cancel(self, stream: Any) -> None:
+        """Stop the stream's search (its node may never have started it)."""
+
+
+class RayCluster:
+    """The Ray cluster at ``address``: each search a streaming task pinned to its node."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def connect(self) -> AbstractContextManager[None]:
+        return connected(self.address)
+
+    def discover(self) -> Fleet:
+        return discover(self.address)
+
+    def alive(self) -> set[str]:
+        try:
+            return {n.id for n in alive_nodes()}
+        except Exception:  # the GCS itself is gone: every node counts as dead
+            return set()
+
+    def put(self, value: Any) -> Any:
+        import ray
+
+        return ray.put(value)
+
+    def start(self, node: FleetNode, job: SearchJob, model: Any, calibration: Any, journal: bytes | None) -> Any:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = ray.remote(search).options(
+            num_cpus=node.node.cpus,
+            max_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node.node.id, soft=False),
+        )
+        return task.remote(job, model, calibration, journal)
+
+    def ready(self, streams: Sequence[Any], timeout_s: float) -> list[Any]:
+        import ray
+
+        ready, _ = ray.wait(list(streams), num_returns=1, timeout=timeout_s)
+        return ready
+
+    def receive(self, stream: Any) -> dict[str, Any]:
+        import ray
+
+        return ray.get(next(stream))
+
+    def cancel(self, stream: Any) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.cancel(stream, force=True)
+
+
+__all__ = ["Cluster", "Fleet", "FleetNode", "RayCluster", "connected", "discover"]

@@ -167,11 +167,13 @@ def _journal_state(out: Path) -> tuple[int, int] | None:
 
 
 def _node_id() -> str:
+    """The Ray node this runs on; "" outside Ray, where asking Ray would start a local instance of it."""
+    ray = sys.modules.get("ray")  # a Ray worker has imported it
+    if ray is None or not ray.is_initialized():
+        return ""
     try:
-        import ray
-
         return ray.get_runtime_context().get_node_id()
-    except Exception:  # pragma: no cover - run outside Ray
+    except Exception:  # an old Ray, or its GCS gone: the driver knows the node anyway
         return ""
 
 

@@ -2,13 +2,14 @@
 
 The steps, one function each: ``_models`` checks each model's request here, before the
 cluster is touched (bad input is exit 2 with nothing written), and packs it for Ray's object
-store; ``cluster.discover`` finds the classes and hosts among the alive nodes; ``_Driver.run``
-hands out the (model, class) searches with ``schedule.pick`` (one search per host at a time,
-longest first), keeps each search's journal as it streams in (``OUTDIR/.fleet/``), resumes a
-search whose node or worker died on another node of its class (or on the same node, if it is
-alive), and writes each class's profile folder as it arrives; ``_write_bundles`` writes each
-model's ``bundle.json`` last, ``complete: false`` when a class is missing, and a missing class
-is a ``FleetError`` (exit 1) naming it, its node and what happened.
+store; the cluster (a ``cluster.Cluster``: Ray's, or the tests' in-process one) finds the
+classes and hosts among the alive nodes and runs the searches; ``_Driver.run`` hands out the
+(model, class) searches with ``schedule.pick`` (one search per host at a time, longest first),
+keeps each search's journal as it streams in (``OUTDIR/.fleet/``), resumes a search whose node
+or worker died on another node of its class (or on the same node, if it is alive), and writes
+each class's profile folder as it arrives; ``_write_bundles`` writes each model's
+``bundle.json`` last, ``complete: false`` when a class is missing, and a missing class is a
+``FleetError`` (exit 1) naming it, its node and what happened.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ortpilot.artifacts.atomic import atomic_dir
 from ortpilot.artifacts.bundle import BUNDLE_FILE, write_bundle
 from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.errors import FleetError, UsageError
-from ortpilot.fleet.cluster import Fleet, FleetNode, connected, discover
+from ortpilot.fleet.cluster import Cluster, Fleet, FleetNode, RayCluster
 from ortpilot.fleet.payload import folder_files, model_payload, pack, unpack
 from ortpilot.fleet.remote import SearchJob
 from ortpilot.fleet.result import ClassOutcome, FleetResult, ModelOutcome, SearchSummary
@@ -74,6 +75,18 @@ def tune_fleet(
     (exit 2) for bad input or a cluster with no usable node, before anything is written, and ``FleetError``
     (exit 1) after writing the bundles when a class is missing.
     """
+    return tune_cluster(models, RayCluster(ray_address), request, progress=progress)
+
+
+def tune_cluster(
+    models: Sequence[str | None],
+    cluster: Cluster,
+    request: TuneRequest,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> FleetResult:
+    """:func:`tune_fleet` on the cluster ``cluster`` holds (Ray's, ``cluster.RayCluster``, or the tests'
+    in-process one): every step but how nodes are found and searches run is the same."""
     started = time.monotonic()
     say = progress or (lambda line: log.info("%s", line))
     if not models:
@@ -82,13 +95,13 @@ def tune_fleet(
         raise UsageError("--calibration data fits one model's inputs: tune one MODEL with it, or leave it out.")
     out = _check_out(Path(request.out_dir))
     entries = _models(models, out, request)
-    with one_writer(out, "ortpilot tune --ray"), connected(ray_address):
-        fleet = discover(ray_address)
+    with one_writer(out, "ortpilot tune --ray"), cluster.connect():
+        fleet = cluster.discover()
         _say_fleet(fleet, say)
         for entry in entries:  # an old bundle.json must not describe the folders this run rewrites
             with contextlib.suppress(FileNotFoundError):
                 (entry.root / BUNDLE_FILE).unlink()
-        driver = _Driver(fleet, entries, out, request, say, started)
+        driver = _Driver(cluster, fleet, entries, out, request, say, started)
         driver.run()
     result = driver.result(time.monotonic() - started)
     _write_bundles(result, fleet, entries, driver)
@@ -206,6 +219,7 @@ class _Driver:
 
     def __init__(
         self,
+        cluster: Cluster,
         fleet: Fleet,
         models: Sequence[_Model],
         out: Path,
@@ -214,7 +228,7 @@ class _Driver:
         started: float,
     ) -> None:
         self.fleet, self.models, self.out, self.budget_s = fleet, list(models), out, request.budget
-        self.request, self.say, self.t0 = request, say, started
+        self.request, self.say, self.t0, self.cluster = request, say, started, cluster
         resume = request.resume
         self.dead: set[str] = set()
         names = _class_names(list(fleet.classes().values()))
@@ -242,9 +256,8 @@ class _Driver:
     # -------------------------------------------------------------- the loop
 
     def run(self) -> None:
-        import ray
-
-        refs = {m.name: (ray.put(m.payload), ray.put(m.calibration)) for m in self.models}
+        put = self.cluster.put
+        refs = {m.name: (put(m.payload), put(m.calibration)) for m in self.models}
         pending = list(self.searches)
         running: dict[Any, _Running] = {}
         while pending or running:
@@ -253,18 +266,12 @@ class _Driver:
                 for search in pending:
                     self._give_up(search, self._no_node_reason(search))
                 break
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
-            for gen in ready:
+            for gen in self.cluster.ready(list(running), POLL_S):
                 self._receive(gen, running, pending)
             self._watch(running, pending)
 
     def _start(self, pending: list[_Search], running: dict[Any, _Running], refs: Mapping[str, tuple]) -> None:
         """Every host with nothing running takes its next search (``schedule.pick``)."""
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from ortpilot.fleet.remote import search as remote_search
-
         busy_hosts = {r.node.host for r in running.values()}
         for search in pending:  # a node to avoid is only avoided while another of the class is alive
             alive = {n.node.id for n in self.fleet.of_class(search.cls.id)} - self.dead
@@ -286,13 +293,8 @@ class _Driver:
                 str(search.model.path.resolve()),
                 search.model.label,
             )
-            task = ray.remote(remote_search).options(
-                num_cpus=node.node.cpus,
-                max_retries=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node.id, soft=False),
-            )
             payload, calibration = refs[search.model.name]
-            gen = task.remote(job, payload, calibration, search.journal)
+            gen = self.cluster.start(node, job, payload, calibration, search.journal)
             running[gen] = _Running(search, node, time.monotonic())
             verb = "resuming" if search.journal else "searching"
             self.say(
@@ -300,11 +302,9 @@ class _Driver:
             )
 
     def _receive(self, gen: Any, running: dict[Any, _Running], pending: list[_Search]) -> None:
-        import ray
-
         run = running[gen]
         try:
-            message = ray.get(next(gen))
+            message = self.cluster.receive(gen)
         except StopIteration:
             running.pop(gen)
             self._failed(run, pending, "its task ended without a result", retry=True)
@@ -330,8 +330,6 @@ class _Driver:
 
     def _watch(self, running: dict[Any, _Running], pending: list[_Search]) -> None:
         """Give up on a search whose node never started it, or that ran far past its budget."""
-        import ray
-
         now = time.monotonic()
         for gen, run in list(running.items()):
             if not run.started and not run.waited and now - run.since > WAIT_NOTE_S:
@@ -343,8 +341,7 @@ class _Driver:
             late = not run.started and now - run.since > START_TIMEOUT_S
             over = run.started and now - run.since > 2 * self.budget_s + START_TIMEOUT_S
             if late or over:
-                with contextlib.suppress(Exception):
-                    ray.cancel(gen, force=True)
+                self.cluster.cancel(gen)
                 running.pop(gen)
                 why = (
                     f"node {run.node.node.short} did not start it within {START_TIMEOUT_S:.0f} s (other Ray work holds its "
@@ -378,7 +375,7 @@ class _Driver:
     def _failed(self, run: _Running, pending: list[_Search], why: str, *, retry: bool, code: int = 1) -> None:
         search, node = run.search, run.node.node.id
         search.outcome.attempts.append({"node": node, "ended": why})
-        if node not in {n.id for n in _alive()}:
+        if node not in self.cluster.alive():
             self.dead.add(node)
         alive = [n for n in self.fleet.of_class(search.cls.id) if n.node.id not in self.dead]
         if any(n.node.id != node for n in alive):
@@ -428,15 +425,6 @@ class _Driver:
         return FleetResult(
             self.out, self.fleet.address, self.fleet.to_dict(), models, tuned, why, wall_s, self.plan.to_dict()
         )
-
-
-def _alive() -> list[Any]:
-    from ortpilot.fleet.nodes import alive_nodes
-
-    try:
-        return alive_nodes()
-    except Exception:  # the GCS itself is gone: every node counts as dead
-        return []
 
 
 def _class_names(classes: Sequence[MachineClass]) -> dict[str, str]:
@@ -528,4 +516,4 @@ def _finish(result: FleetResult, say: Callable[[str], None]) -> None:
         )
 
 
-__all__ = ["FLEET_DIR", "fleet_request", "tune_fleet"]
+__all__ = ["FLEET_DIR", "fleet_request", "tune_cluster", "tune_fleet"]

@@ -117,7 +117,7 @@ class OutputGate:
                 figures = sequence_figures(ref, got, choice.step_axis)
                 error = max(1.0 - figures["step_top1_agreement"], 1.0 - figures["sequence_exact_match"])
             else:
-                error = metric_error(choice.metric, ref, got, masks_of(choice, self.inputs))
+                error, figures = worst_sample_error(choice.metric, ref, got, masks_of(choice, self.inputs))
             error = float(error) if math.isfinite(error) else math.inf
             passed = self.max_error is None or error <= self.max_error
             checks.append(Check(name, choice.metric, error, self.max_error, passed, note, figures))
@@ -144,6 +144,25 @@ class OutputGate:
         )
         result.summary = _summary(result)
         return result
+
+
+# Metrics that count agreements (a share of samples or steps that changed) are judged over all samples; any
+# other error is judged on the worst sample alone: a mean over samples hides the one sentence INT8 broke.
+SHARE_METRICS = frozenset({"top1", "masked_top1", "exact", "masked_exact", "ctc"})
+
+
+def worst_sample_error(
+    metric: str, ref: Sequence[np.ndarray], got: Sequence[np.ndarray], masks: Sequence[np.ndarray] | None
+) -> tuple[float, dict[str, float]]:
+    """(error, figures): ``metric`` over all samples for a share metric (``SHARE_METRICS``); else the worst
+    sample's error, with the mean over samples and the worst sample's index beside it (when there are several)."""
+    if metric in SHARE_METRICS or len(ref) < 2:
+        return metric_error(metric, ref, got, masks), {}
+    errors = [
+        metric_error(metric, [r], [g], None if masks is None else [masks[i]]) for i, (r, g) in enumerate(zip(ref, got))
+    ]
+    worst = int(np.argmax(errors))
+    return float(errors[worst]), {"mean_error": float(np.mean(errors)), "worst_sample": float(worst)}
 
 
 def samples_needed(choices: Mapping[str, MetricChoice]) -> tuple[int, str]:

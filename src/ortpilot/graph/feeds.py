@@ -229,6 +229,7 @@ def validate_feeds(inputs: Sequence[InputInfo], feeds: Mapping[str, object]) -> 
             + "."
         )
     out: dict[str, np.ndarray] = {}
+    shape_problems: list[str] = []  # every input's, every dim's: one error names them all
     for name, value in feeds.items():
         info = by_name[name]
         if not isinstance(value, np.ndarray):
@@ -242,15 +243,21 @@ def validate_feeds(inputs: Sequence[InputInfo], feeds: Mapping[str, object]) -> 
                 f"Input '{name}' must be {want}, got {value.dtype}. Convert it first, e.g. arr.astype(np.{want.name})."
             )
         if info.dims and value.ndim != len(info.dims):
-            raise InputError(
+            shape_problems.append(
                 f"Input '{name}' must have rank {len(info.dims)} {_dims(info.dims)}, got rank "
                 f"{value.ndim} with shape {list(value.shape)}."
             )
-        for axis, (d, got) in enumerate(zip(info.dims, value.shape)):
-            if isinstance(d, int) and d >= 0 and d != got:
-                raise InputError(
-                    f"Input '{name}' dim {axis} must be {d} {_dims(info.dims)}, got shape {list(value.shape)}."
-                )
+            continue
+        bad = [
+            f"dim {axis} must be {d}"
+            for axis, (d, got) in enumerate(zip(info.dims, value.shape))
+            if isinstance(d, int) and d >= 0 and d != got
+        ]
+        if bad:
+            shape_problems.append(
+                f"Input '{name}' {' and '.join(bad)} {_dims(info.dims)}, got shape {list(value.shape)}."
+            )
+            continue
         if np.issubdtype(value.dtype, np.floating) and value.size and not np.isfinite(value).all():
             nans = int(np.isnan(value).sum())
             infs = int(np.isinf(value).sum())
@@ -260,6 +267,8 @@ def validate_feeds(inputs: Sequence[InputInfo], feeds: Mapping[str, object]) -> 
                 stacklevel=3,
             )
         out[name] = value
+    if shape_problems:
+        raise InputError(" ".join(shape_problems))
     return out
 
 

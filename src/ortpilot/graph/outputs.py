@@ -45,6 +45,9 @@ class OutputFacts:
     producer: str = ""  # op type of the node that computed the value ("" for an input or initializer)
     via: tuple[str, ...] = ()  # pass-through ops between that node and the output, nearest first
     last_axis: bool | None = None  # Softmax/LogSoftmax: normalizes the output's last axis (None: cannot tell)
+    # producer "Softmax" built from separate ops (Exp / ReduceSum over the last axis, often after x - ReduceMax):
+    # those ops in graph order; () for a Softmax node or any other producer
+    built_from: tuple[str, ...] = ()
 
     @property
     def rank(self) -> int | None:
@@ -117,6 +120,75 @@ def _normalizes_last_axis(node: onnx.NodeProto, rank: int | None, opset: int, vi
     return axis in (-1, rank - 1)
 
 
+def _behind(producers: dict[str, onnx.NodeProto], name: str) -> onnx.NodeProto | None:
+    """The node that computed ``name``, looked for behind ops that keep values and axes (Identity, Cast)."""
+    node, seen = producers.get(name), set()
+    while node is not None and node.op_type in _SAME_AXES and node.input and id(node) not in seen:
+        seen.add(id(node))
+        node = producers.get(node.input[0])
+    return node
+
+
+def _int_values(model: onnx.ModelProto, producers: dict[str, onnx.NodeProto], name: str) -> list[int] | None:
+    """The integers a constant input holds (an initializer or a Constant node), None when it is not one."""
+    from onnx import numpy_helper
+
+    tensor = next((t for t in model.graph.initializer if t.name == name), None)
+    node = producers.get(name)
+    if tensor is None and node is not None and node.op_type == "Constant":
+        tensor = next((a.t for a in node.attribute if a.name == "value"), None)
+    if tensor is None:
+        return None
+    return [int(v) for v in np.asarray(numpy_helper.to_array(tensor)).reshape(-1)]
+
+
+def _reduces_last_axis_only(
+    model: onnx.ModelProto, producers: dict[str, onnx.NodeProto], node: onnx.NodeProto, rank: int | None
+) -> bool:
+    """A Reduce* node that keeps its dims and reduces exactly the last axis (axes from the input or, in old
+    opsets, the attribute)."""
+    attrs = {a.name: a for a in node.attribute}
+    if "keepdims" in attrs and attrs["keepdims"].i == 0:
+        return False
+    if "axes" in attrs:
+        axes = list(attrs["axes"].ints)
+    elif len(node.input) > 1 and node.input[1]:
+        axes = _int_values(model, producers, node.input[1])
+    else:
+        return False  # no axes: every axis is reduced
+    if not axes or len(axes) != 1:
+        return False
+    return axes[0] == -1 or (rank is not None and axes[0] == rank - 1)
+
+
+def decomposed_softmax(
+    model: onnx.ModelProto, producers: dict[str, onnx.NodeProto], node: onnx.NodeProto, rank: int | None
+) -> tuple[str, ...]:
+    """The ops of a softmax over the last axis built from separate ones and ending in ``node``:
+    ``Exp(x) / ReduceSum(Exp(x), axes=[-1], keepdims=1)``, often with ``x - ReduceMax(x, axes=[-1])`` first for
+    stability (exporters write it so when a framework's softmax is traced op by op). () when it is not one."""
+    if node.op_type != "Div" or len(node.input) != 2:
+        return ()
+    exp, total = _behind(producers, node.input[0]), _behind(producers, node.input[1])
+    if exp is None or total is None or exp.op_type != "Exp" or total.op_type != "ReduceSum" or not total.input:
+        return ()
+    if _behind(producers, total.input[0]) is not exp or not _reduces_last_axis_only(model, producers, total, rank):
+        return ()
+    ops: tuple[str, ...] = ("Exp", "ReduceSum", "Div")
+    shifted = _behind(producers, exp.input[0]) if exp.input else None
+    if shifted is not None and shifted.op_type == "Sub" and len(shifted.input) == 2:
+        peak = _behind(producers, shifted.input[1])
+        if (
+            peak is not None
+            and peak.op_type == "ReduceMax"
+            and peak.input
+            and peak.input[0] == shifted.input[0]
+            and _reduces_last_axis_only(model, producers, peak, rank)
+        ):
+            ops = ("ReduceMax", "Sub", *ops)
+    return ops
+
+
 def output_facts(model: onnx.ModelProto) -> list[OutputFacts]:
     """Every graph output, in order, with its dtype, dims and producing op (see the module docstring)."""
     producers = {out: node for node in model.graph.node for out in node.output if out}
@@ -134,10 +206,17 @@ def output_facts(model: onnx.ModelProto) -> list[OutputFacts]:
             via.append(node.op_type)
             node = producers.get(node.input[0])
         dims = declared.get(value.name)
+        rank = None if dims is None else len(dims)
         producer = node.op_type if node is not None else ""
-        last = _normalizes_last_axis(node, None if dims is None else len(dims), opset, via) if node else None
+        last = _normalizes_last_axis(node, rank, opset, via) if node else None
+        # a softmax built from separate ops normalizes the last axis of the Div's output, which the output keeps
+        # where only value-keeping ops follow (behind a Reshape neither its rank nor that axis is known here)
+        kept = all(op in _SAME_AXES for op in via)
+        built = decomposed_softmax(model, producers, node, rank if kept else None) if node else ()
+        if built:
+            producer, last = "Softmax", True if kept else None
         facts.append(
-            OutputFacts(value.name, _dtype(value.type.tensor_type.elem_type), dims, producer, tuple(via), last)
+            OutputFacts(value.name, _dtype(value.type.tensor_type.elem_type), dims, producer, tuple(via), last, built)
         )
     return facts
 
@@ -168,6 +247,7 @@ __all__ = [
     "CLASS_SCORE_OPS",
     "PASSTHROUGH_OPS",
     "OutputFacts",
+    "decomposed_softmax",
     "mask_input",
     "output_facts",
     "same_leading_dims",

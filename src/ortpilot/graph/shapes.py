@@ -151,43 +151,69 @@ def resolve_input_shapes(
                 )
             dim_values[key] = dims[0]
     shapes: dict[str, tuple[int, ...]] = {}
+    contradictions = [
+        problem for info in inputs if info.name in overrides for problem in _contradictions(info, overrides[info.name])
+    ]
+    if contradictions:  # every --shape that contradicts the model, each dim of it, in one error
+        raise InputError(" ".join(contradictions))
     for info in inputs:
         if info.name in overrides:
-            shapes[info.name] = _check_override(info, overrides[info.name], dim_values)
+            shapes[info.name] = _take_override(info, overrides[info.name], dim_values)
     _default_dims(inputs, dim_values)
+    unknown: list[str] = []
     for info in inputs:
         if info.name in shapes:
             continue
         dims: list[int] = []
+        missing: list[str] = []
         for axis, d in enumerate(info.dims):
             if isinstance(d, int) and d >= 0:
                 dims.append(d)
             elif isinstance(d, str) and d in dim_values:
                 dims.append(dim_values[d])
             else:
-                raise UsageError(
-                    f"Input '{info.name}' has dim {axis} {'named ' + repr(d) if d else 'unnamed'} with no "
-                    f"sensible default. Fix it with --shape {info.name}="
-                    + "x".join(str(x) if isinstance(x, int) and x >= 0 else "N" for x in info.dims)
-                    + (f" (or --shape {d}=N)" if d else "")
-                    + "."
-                )
+                missing.append(f"dim {axis} {'named ' + repr(d) if d else 'unnamed'}")
+        if missing:
+            named = [d for d in info.dims if isinstance(d, str) and d and d not in dim_values]
+            unknown.append(
+                f"Input '{info.name}' has {' and '.join(missing)} with no sensible default. Fix it with --shape "
+                f"{info.name}="
+                + "x".join(str(x) if isinstance(x, int) and x >= 0 else "N" for x in info.dims)
+                + (f" (or {', '.join(f'--shape {d}=N' for d in dict.fromkeys(named))})" if named else "")
+                + "."
+            )
+            continue
         shapes[info.name] = tuple(dims)
+    if unknown:
+        raise UsageError(" ".join(unknown))
     return shapes, dim_values
 
 
-def _check_override(info: InputInfo, dims: tuple[int, ...], dim_values: dict[str, int]) -> tuple[int, ...]:
+def _contradictions(info: InputInfo, dims: tuple[int, ...]) -> list[str]:
+    """What a ``--shape`` for ``info`` contradicts in the model: its rank, or every dim the model fixes otherwise."""
     if info.dims and len(dims) != len(info.dims):
-        raise InputError(
+        return [
             f"--shape {info.name}={'x'.join(map(str, dims))} has rank {len(dims)}, but the model "
             f"declares rank {len(info.dims)} ({_fmt_dims(info.dims)})."
-        )
-    for axis, (want, got) in enumerate(zip(info.dims, dims)):
-        if isinstance(want, int) and want >= 0 and want != got:
-            raise InputError(
-                f"--shape {info.name} sets dim {axis} to {got}, but the model fixes it at {want} "
-                f"({_fmt_dims(info.dims)})."
-            )
+        ]
+    bad = [
+        (axis, want, got)
+        for axis, (want, got) in enumerate(zip(info.dims, dims))
+        if isinstance(want, int) and want >= 0 and want != got
+    ]
+    if not bad:
+        return []
+    sets = " and ".join(f"dim {axis} to {got}" for axis, _, got in bad)
+    fixed = " and ".join(str(want) for _, want, _ in bad)
+    return [
+        f"--shape {info.name} sets {sets}, but the model fixes {'it' if len(bad) == 1 else 'them'} at {fixed} "
+        f"({_fmt_dims(info.dims)})."
+    ]
+
+
+def _take_override(info: InputInfo, dims: tuple[int, ...], dim_values: dict[str, int]) -> tuple[int, ...]:
+    """An override that fits the model (``_contradictions`` found nothing); its symbolic dims' values noted."""
+    for want, got in zip(info.dims, dims):
         if isinstance(want, str):
             dim_values.setdefault(want, got)
     return dims

@@ -16,7 +16,7 @@ from typing import Any
 
 import onnx
 
-from ortpilot.graph.flops import flops_by_op_type, node_flops
+from ortpilot.graph.flops import node_flops, node_key
 from ortpilot.graph.shapes import graph_inputs, resolve_input_shapes
 from ortpilot.walk import graphs
 
@@ -156,17 +156,39 @@ def external_data_files(model: onnx.ModelProto, base_dir: Path | None) -> list[d
 
 
 def flops_summary(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None) -> dict[str, Any]:
-    """Estimated FLOPs at the given (or default) input shapes, with the shapes used and the coverage."""
+    """Estimated FLOPs at the given (or default) input shapes, with the shapes used and the coverage.
+
+    Nodes left out (an op the tables do not know, or shapes inference could not find) may hold most of the
+    compute, so ``complete`` says whether every node was counted and ``uncounted`` which op types were not
+    (``{op: nodes}``): a partial total is a lower bound, never the model's FLOPs."""
     try:
         concrete, _ = resolve_input_shapes(graph_inputs(model), shapes)
     except Exception as exc:  # UsageError/InputError: the message says which --shape to pass
-        return {"total": None, "shapes": None, "by_op_type": {}, "counted_nodes": 0, "error": str(exc)}
+        return {
+            "total": None,
+            "shapes": None,
+            "by_op_type": {},
+            "counted_nodes": 0,
+            "complete": False,
+            "uncounted": {},
+            "error": str(exc),
+        }
     per_node = node_flops(model, concrete)
+    by_op: dict[str, float] = {}
+    uncounted: Counter[str] = Counter()
+    for index, node in enumerate(model.graph.node):
+        key = node_key(node, index)
+        if key in per_node:
+            by_op[node.op_type] = by_op.get(node.op_type, 0.0) + per_node[key]
+        else:
+            uncounted[node.op_type] += 1
     return {
         "total": sum(per_node.values()),
         "shapes": {k: list(v) for k, v in concrete.items()},
-        "by_op_type": dict(sorted(flops_by_op_type(model, concrete).items(), key=lambda kv: -kv[1])),
+        "by_op_type": dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
         "counted_nodes": len(per_node),
+        "complete": not uncounted,
+        "uncounted": dict(uncounted.most_common()),
         "error": None,
     }
 

@@ -291,6 +291,10 @@ class Runner:
 
     Keeps each run's start time, latency and interleaving round so that ``measure`` can be
     called repeatedly (interleaving) and the samples accumulate.
+
+    ``feeds`` may be one request or a sequence of them (a workload's replay set, ``data.workload``):
+    one step then runs every request in turn, and its sample is the mean latency per request, so
+    every statistic below reads "per request of this workload".
     """
 
     def __init__(
@@ -301,7 +305,7 @@ class Runner:
         providers: Any = None,
         settings: SessionSettings | None = None,
         shapes: Mapping[str, Sequence[int]] | None = None,
-        feeds: Mapping[str, np.ndarray] | None = None,
+        feeds: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None = None,
         iobinding: bool = False,
         concurrency: int = 1,
         policy: str = "warn",
@@ -326,12 +330,14 @@ class Runner:
             self.session_create_s = self.vs.create_s  # ORT's creation alone, as perf_test reports it
         self.memory.after_load_mb = rss_mb()
         if feeds:
-            self.feeds = self.vs.check_feeds(feeds)
+            listed = [feeds] if isinstance(feeds, Mapping) else list(feeds)
+            self.replay = [self.vs.check_feeds(f) for f in listed]
             self.inputs = "given"
         else:
             plan = plan_feeds(self.vs.model, {k: tuple(v) for k, v in (shapes or {}).items()})
-            self.feeds = make_feeds(self.vs.model, plan=plan, seed=seed)
+            self.replay = [make_feeds(self.vs.model, plan=plan, seed=seed)]
             self.inputs = "generated"
+        self.feeds = self.replay[0]  # the request whose shapes and batch describe the bench
         self.session: ort.InferenceSession = self.vs.session
         self._output_names = [o.name for o in self.session.get_outputs()]
         self._bindings = [self._binding() for _ in range(concurrency)] if iobinding else []
@@ -350,22 +356,39 @@ class Runner:
         return cls(config.model, name=name, policy=policy, seed=seed, **described)
 
     # -- one inference ------------------------------------------------------------------------
-    def _binding(self) -> ort.IOBinding:
-        """Inputs bound once as OrtValues on the first provider's device, outputs to CPU."""
-        binding = self.session.io_binding()
+    def _binding(self) -> list[ort.IOBinding]:
+        """Each request's inputs bound once as OrtValues on the first provider's device, outputs to CPU."""
         device = _iobinding_device(self.vs.providers)
-        for name, value in self.feeds.items():
-            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
-        for name in self._output_names:
-            binding.bind_output(name, "cpu")
-        return binding
+        bindings = []
+        for feeds in self.replay:
+            binding = self.session.io_binding()
+            for name, value in feeds.items():
+                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
+            for name in self._output_names:
+                binding.bind_output(name, "cpu")
+            bindings.append(binding)
+        return bindings
+
+    @property
+    def requests(self) -> int:
+        """Requests one step runs (the replay set's size)."""
+        return len(self.replay)
 
     def step_fn(self, worker: int = 0) -> Callable[[], Any]:
         if self.iobinding:
-            binding, run = self._bindings[worker], self.session.run_with_iobinding
-            return lambda: run(binding)
-        run, names, feeds = self.session.run, self._output_names, self.feeds
-        return lambda: run(names, feeds)
+            bindings, run_bound = self._bindings[worker], self.session.run_with_iobinding
+            if len(bindings) == 1:
+                one = bindings[0]
+                return lambda: run_bound(one)
+            return lambda: [run_bound(b) for b in bindings]
+        run, names = self.session.run, self._output_names
+        if getattr(self.vs, "plan", None) is not None:  # a shape plan: each request padded to its bucket's session
+            run = self.vs.run
+        if len(self.replay) == 1:
+            feeds = self.replay[0]
+            return lambda: run(names, feeds)
+        replay = self.replay
+        return lambda: [run(names, f) for f in replay]
 
     # -- phases -------------------------------------------------------------------------------
     def first_run(self) -> None:
@@ -392,7 +415,7 @@ class Runner:
                 step()
             except Exception as exc:
                 raise _Failed(i, exc) from exc
-            times.append((time.perf_counter_ns() - t0) / 1e9)
+            times.append((time.perf_counter_ns() - t0) / 1e9 / self.requests)
             now = time.perf_counter()
             if progress and now - last_tick >= _TICK_S:
                 last_tick = now
@@ -466,6 +489,7 @@ class Runner:
     ) -> None:
         step = self.step_fn()
         samples, starts, rounds = self.samples, self.starts_ns, self.rounds
+        per_step = 1e9 * self.requests  # a step's nanoseconds -> seconds per request
         clock = time.perf_counter_ns
         next_tick = t_begin + int(_TICK_S * 1e9)
         limit = runs if runs is not None else math.inf
@@ -479,7 +503,7 @@ class Runner:
             except Exception as exc:
                 raise _Failed(len(samples), exc) from exc
             t1 = clock()
-            samples.append((t1 - t0) / 1e9)
+            samples.append((t1 - t0) / per_step)
             starts.append(t0)
             rounds.append(round_id)
             i += 1
@@ -532,7 +556,7 @@ class Runner:
             threads[0].join(_TICK_S)
             self._tick(progress, sum(len(p) for p in per_thread), t_begin, total, deadline is not None)
         for t0, t1 in sorted(itertools.chain.from_iterable(per_thread)):
-            self.samples.append((t1 - t0) / 1e9)
+            self.samples.append((t1 - t0) / 1e9 / self.requests)
             self.starts_ns.append(t0)
             self.rounds.append(round_id)
         if failures:
@@ -546,7 +570,9 @@ class Runner:
         offsets = [(self.starts_ns[i] - origin) / 1e9 for i in order]
         rounds = [self.rounds[i] for i in order] if keep_rounds else []
         batch = batch_size_of(self.feeds)
-        stats = summarize(samples, wall_s=self.wall_s, items_per_run=batch, seed=seed) if samples else None
+        # a sample is one request's mean latency: a step of K requests is K inferences of the wall time
+        wall = self.wall_s / self.requests if self.wall_s else None
+        stats = summarize(samples, wall_s=wall, items_per_run=batch, seed=seed) if samples else None
         self.memory.peak_mb = peak_rss_mb()
         settings = self.vs.settings.to_dict()
         return BenchResult(

@@ -7,7 +7,9 @@ The choice is made on evidence, never on shape alone (an embedding ``[batch, 384
 top-1 rejects every INT8 variant for nothing):
 
 - the graph: the output comes out of Softmax / LogSoftmax / Sigmoid (through Identity,
-  Reshape, Cast...), its element type is an integer or bool (``graph.outputs``);
+  Reshape, Cast...), or out of a softmax built from separate ops (Exp / ReduceSum over the last
+  axis, with or without x - ReduceMax first), its element type is an integer or bool
+  (``graph.outputs``);
 - its name: logits, scores, probs, class;
 - the model folder: ``config.json`` says classifier (``*ForSequenceClassification``,
   ``id2label``), ``1_Pooling/config.json`` says sentence embedding with mean pooling;
@@ -241,6 +243,8 @@ def _class_evidence(facts: OutputFacts, folder: Any) -> str:
     """Why this output holds class scores, or "" when nothing says so."""
     if facts.producer in CLASS_SCORE_OPS and facts.last_axis is not False:
         through = f" through {', '.join(facts.via)}" if facts.via else ""
+        if facts.built_from:
+            return f"produced by a Softmax built from {', '.join(facts.built_from)} over the last axis{through}"
         return f"produced by {facts.producer}{through}"
     found = _CLASS_NAME.search(facts.name)
     if found:
@@ -538,7 +542,10 @@ def sequence_figures(
 
 
 def describe_figures(figures: Mapping[str, float]) -> str:
-    """``ctc``'s figures as one clause: per-step top-1 agreement, identical decoded sequences."""
+    """A check's figures as one clause: ``ctc``'s per-step top-1 agreement and identical decoded sequences, or
+    the worst sample's index and the mean over samples (the error is the worst sample's)."""
+    if "worst_sample" in figures:
+        return f"worst of the samples: #{int(figures['worst_sample'])}; mean over samples {figures['mean_error']:.3g}"
     if "sequence_exact_match" not in figures:
         return ""
     return (

@@ -38,7 +38,7 @@ class BenchConfig:
     providers: Any = None
     settings: SessionSettings | None = None
     shapes: Mapping[str, Sequence[int]] | None = None
-    feeds: Mapping[str, np.ndarray] | None = None
+    feeds: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None = None  # one request or a replay set
     iobinding: bool = False
     concurrency: int = 1
 

@@ -3,7 +3,9 @@
 They give tests, ``ortpilot tune`` without a model and ``ortpilot demo-models`` something
 realistic to run in milliseconds on a small CPU: an MLP, a Conv+BN CNN, a BERT-style
 encoder that ORT's transformer optimizer fuses like a real BERT, and a Llama-style decoder
-with a KV cache that onnxscript fuses into GroupQueryAttention. Every model is
+with a KV cache that onnxscript fuses into GroupQueryAttention; and text-model folders around
+the encoder (``text_folder``: a sentence encoder, a cross-encoder, a classifier, with a WordPiece
+``tokenizer.json``). Every model is
 deterministic in its seed (byte-identical for equal seeds and code), IR version
 ``SAFE_IR_VERSION`` and opset ``DEFAULT_OPSET``.
 """
@@ -25,11 +27,13 @@ from ortpilot.models.cnn import make_cnn
 from ortpilot.models.decoder import make_decoder
 from ortpilot.models.encoder import make_encoder
 from ortpilot.models.mlp import make_mlp
+from ortpilot.models.textfolder import TEXT_KINDS, text_folder
 
 __all__ = [
     "BUILDER_VERSION",
     "DEMO_MODELS",
     "DEMO_SPECS",
+    "TEXT_KINDS",
     "DemoSpec",
     "builder_hash",
     "demo_model_path",
@@ -38,7 +42,9 @@ __all__ = [
     "make_decoder",
     "make_encoder",
     "make_mlp",
+    "text_folder",
     "write_demo_models",
+    "write_demo_text_folders",
     "write_demo_tokenizer",
 ]
 
@@ -123,6 +129,11 @@ def write_demo_tokenizer(outdir: str | Path) -> Path:
     from ortpilot.models.tokenizer import write_byte_tokenizer
 
     return write_byte_tokenizer(outdir)
+
+
+def write_demo_text_folders(outdir: str | Path) -> dict[str, Path]:
+    """The three demo text folders (``text_folder``) as ``<outdir>/text-<kind>/``; needs ``tokenizers``."""
+    return {f"text-{kind}": text_folder(Path(outdir) / f"text-{kind}", kind) for kind in TEXT_KINDS}
 
 
 def demo_tokenizer_path() -> Path:

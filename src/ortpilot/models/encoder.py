@@ -71,7 +71,7 @@ def _attention_mask(g: GraphBuilder) -> str:
     return g.op("Mul", [m, g.const(MASK_FILL)], "mask/Mul")
 
 
-def _self_attention(g: GraphBuilder, x: str, mask: str, hidden: int, heads: int, prefix: str) -> str:
+def _self_attention(g: GraphBuilder, x: str, mask: str | None, hidden: int, heads: int, prefix: str) -> str:
     head_dim = hidden // heads
     split = g.i64([0, 0, heads, head_dim])
 
@@ -85,7 +85,8 @@ def _self_attention(g: GraphBuilder, x: str, mask: str, hidden: int, heads: int,
     v = project("value", [0, 2, 1, 3])
     scores = g.op("MatMul", [q, k], f"{prefix}/self/MatMul")
     scores = g.op("Div", [scores, g.const(math.sqrt(head_dim))], f"{prefix}/self/Div")
-    scores = g.op("Add", [scores, mask], f"{prefix}/self/Add")
+    if mask is not None:  # without it every token attends to the padding too (a model whose padding leaks)
+        scores = g.op("Add", [scores, mask], f"{prefix}/self/Add")
     probs = g.op("Softmax", [scores], f"{prefix}/self/Softmax", axis=-1)
     ctx = g.op("MatMul", [probs, v], f"{prefix}/self/MatMul")
     ctx = g.op("Transpose", [ctx], f"{prefix}/self/Transpose", perm=[0, 2, 1, 3])
@@ -112,23 +113,52 @@ def _feed_forward(g: GraphBuilder, x: str, hidden: int, intermediate: int, prefi
     return _layer_norm(g, y, hidden, f"{prefix}.output.LayerNorm", out=out)
 
 
+def _classifier_head(g: GraphBuilder, x: str, hidden: int, labels: int) -> str:
+    """BertForSequenceClassification's head: the pooler (dense + tanh on the first token), then the classifier."""
+    first = g.op("Gather", [x, g.i64(0)], "pooler/Gather", axis=1)
+    pooled = g.op("Tanh", [_linear(g, first, hidden, hidden, "pooler.dense")], "pooler/Tanh")
+    w = g.weight("classifier.weight", [hidden, labels], 1.0 / math.sqrt(hidden))
+    b = g.weight("classifier.bias", [labels], 0.02)
+    return g.op("Add", [g.op("MatMul", [pooled, w], "classifier/MatMul"), b], "classifier/Add", out="logits")
+
+
 def make_encoder(
-    seed: int = 0, layers: int = 2, hidden: int = 128, heads: int = 4, vocab: int = 1000, max_positions: int = 512
+    seed: int = 0,
+    layers: int = 2,
+    hidden: int = 128,
+    heads: int = 4,
+    vocab: int = 1000,
+    max_positions: int = 512,
+    *,
+    mask_attention: bool = True,
+    labels: int = 0,
 ) -> onnx.ModelProto:
     """BERT-style encoder: ``input_ids``/``attention_mask``/``token_type_ids`` int64
-    [batch, sequence] -> ``last_hidden_state`` float32 [batch, sequence, hidden]."""
+    [batch, sequence] -> ``last_hidden_state`` float32 [batch, sequence, hidden].
+
+    ``labels`` > 0 adds a sequence-classification head (``logits`` [batch, labels] instead: a
+    cross-encoder with one label, a classifier with several). ``mask_attention=False`` leaves the
+    attention mask out of the attention, so padded positions change the real tokens' vectors: the
+    mistake a shape plan's gate must catch (the input stays declared, as in a faulty export).
+    """
     if layers < 1 or hidden % heads:
         raise ValueError(f"need layers >= 1 and hidden ({hidden}) a multiple of heads ({heads})")
+    if labels < 0:
+        raise ValueError(f"labels must be 0 (no head) or more, got {labels}")
     g = GraphBuilder("demo_encoder", seed)
     for name in ("input_ids", "attention_mask", "token_type_ids"):
         g.input(name, INT64, ["batch", "sequence"])
     x = _embeddings(g, hidden, vocab, max_positions)
-    mask = _attention_mask(g)
+    mask = _attention_mask(g) if mask_attention else None
     for i in range(layers):
         prefix = f"encoder.layer.{i}"
+        last = i == layers - 1 and not labels
         x = _self_attention(g, x, mask, hidden, heads, f"{prefix}.attention")
-        x = _feed_forward(g, x, hidden, 4 * hidden, prefix, out="last_hidden_state" if i == layers - 1 else None)
-    g.output("last_hidden_state", FLOAT, ["batch", "sequence", hidden])
+        x = _feed_forward(g, x, hidden, 4 * hidden, prefix, out="last_hidden_state" if last else None)
+    if labels:
+        g.output(_classifier_head(g, x, hidden, labels), FLOAT, ["batch", labels])
+    else:
+        g.output("last_hidden_state", FLOAT, ["batch", "sequence", hidden])
     meta = {
         "model_type": "bert",
         "num_layers": str(layers),

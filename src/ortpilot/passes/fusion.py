@@ -31,6 +31,9 @@ from ortpilot.providers.names import ProviderLike, resolve_providers
 
 log = logging.getLogger("ortpilot")
 _DECODER_IO = ("past", "present", "cache")
+# How to force a model type auto-detection refused: only 'ortpilot optimize' has --fusion (tune detects it and
+# says why not), so the way for a tune is to fuse first and tune the fused file.
+FORCE_FUSION = "to force one, run 'ortpilot optimize MODEL -o FUSED.onnx --fusion TYPE' and tune or run FUSED.onnx"
 # A fusion rewrites math, it does not approximate it: fp32 outputs move by ~1e-6 of their scale.
 CHECK_ATOL = 1e-3
 CHECK_RTOL = 1e-3
@@ -52,7 +55,7 @@ def detect_model_type(model: onnx.ModelProto) -> tuple[str | None, str]:
     if not ops.get("Softmax"):
         return None, (
             "no attention pattern (no Softmax) in the graph: this does not look like a transformer; "
-            "pass --fusion TYPE to force one of " + ", ".join(fusion_model_types())
+            f"{FORCE_FUSION} (TYPE one of {', '.join(fusion_model_types())})"
         )
     decoder = any(any(k in n for k in _DECODER_IO) for n in names) or ops.get("Trilu")
     layernorm = ops.get("LayerNormalization", 0) or (ops.get("ReduceMean", 0) and ops.get("Sub", 0))
@@ -63,14 +66,15 @@ def detect_model_type(model: onnx.ModelProto) -> tuple[str | None, str]:
         if rmsnorm and not layernorm:
             return None, (
                 "a decoder with RMSNorm (Llama-style): the GPT-2 fusions do not match it; use the "
-                "decoder fusion, or pass --fusion qwen3/phi if the model is one of those"
+                "decoder fusion, or if the model is a qwen3 or phi one, fuse it with 'ortpilot optimize MODEL "
+                "-o FUSED.onnx --fusion qwen3' (or phi) and tune or run FUSED.onnx"
             )
         return "gpt2", "decoder: past/present KV inputs or a causal mask with LayerNorm (GPT-2 style)"
     if ops.get("Conv") and layernorm:
         return "vit", "attention with a Conv patch embedding and LayerNorm (ViT style)"
     if layernorm:
         return "bert", "encoder: self-attention (Softmax) with LayerNorm and no KV cache (BERT style)"
-    return None, "attention without LayerNorm: no optimizer model type fits; pass --fusion TYPE to force one"
+    return None, f"attention without LayerNorm: no optimizer model type fits; {FORCE_FUSION}"
 
 
 def _check_model_type(model_type: str) -> None:

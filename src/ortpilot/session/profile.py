@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.artifacts.bundle import bundle_path
-from ortpilot.artifacts.profile import read_profile, verify_environment
+from ortpilot.artifacts.profile import profile_file, read_profile, verify_environment
 from ortpilot.artifacts.profile_schema import file_settings, model_outside_folder
 from ortpilot.errors import StampMismatchError, UsageError, VerificationError
 from ortpilot.providers.cpubudget import ort_default_threads
@@ -134,6 +134,7 @@ def load_profile(
             path, policy=policy, machine_class=machine_class, node_cpus=node_cpus, accept_machine=accept_machine
         )
         path = choice.profile
+    path = profile_file(path)  # a tune output folder holding profile.json, as verify, serve and export take it
     doc = read_profile(path)
     _refuse_file_settings(doc, path, accept_fields, accept_model_outside)
     model = verify_environment(doc, path, compute_providers())
@@ -144,13 +145,16 @@ def load_profile(
     providers = [(p["name"], dict(p.get("options") or {})) for p in doc["providers"]]
     shapes = {k: tuple(v) for k, v in (doc.get("shapes") or {}).items()} or None
     expected = doc.get("placement") or {}
-    session = load_compiled(doc, path, providers, policy, settings, shapes, **kwargs)  # OpenVINO's blob
-    if session is not None:
-        expected = doc["compiled_model"].get("placement") or {}
-    elif optimized:
-        session = _load_optimized(doc, path, providers, policy, settings, shapes, **kwargs)
+    if doc.get("shape_plan"):  # a session per bucket; requests at their own size are padded to theirs
+        session = _load_shaped(doc, model, providers, policy, settings, shapes, **kwargs)
+    else:
+        session = load_compiled(doc, path, providers, policy, settings, shapes, **kwargs)  # OpenVINO's blob
         if session is not None:
-            expected = doc["optimized_model"].get("placement") or {}
+            expected = doc["compiled_model"].get("placement") or {}
+        elif optimized:
+            session = _load_optimized(doc, path, providers, policy, settings, shapes, **kwargs)
+            if session is not None:
+                expected = doc["optimized_model"].get("placement") or {}
     if session is None:
         session = load(str(model), providers, policy, settings=settings, shapes=shapes, **kwargs)
     check_outputs(doc, path, [o.name for o in session.get_outputs()])
@@ -165,6 +169,23 @@ def load_profile(
     session.machine_check = machine
     session.bundle = choice  # the bundle's choice of profile (None for a profile.json)
     return session
+
+
+def _load_shaped(
+    doc: Mapping[str, Any],
+    model: Path,
+    providers: Any,
+    policy: str,
+    settings: SessionSettings,
+    shapes: Any,
+    **kwargs: Any,
+) -> VerifiedSession:
+    """The profile's shape plan: a session per bucket (``session.shaped``)."""
+    from ortpilot.session.shaped import load_shaped
+    from ortpilot.session.shapeplan import ShapePlan
+
+    plan = ShapePlan.from_dict(doc["shape_plan"])
+    return load_shaped(str(model), providers, policy, plan, settings=settings, shapes=shapes, **kwargs)
 
 
 def check_outputs(doc: Mapping[str, Any], path: str | os.PathLike, have: Sequence[str]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ortpilot.eps import CPU_EP
@@ -33,6 +33,7 @@ class Candidate:
     settings: SessionSettings = field(default_factory=SessionSettings)
     iobinding: bool = False
     baseline: bool = False
+    shape_plan: dict[str, Any] | None = None  # session.shapeplan.ShapePlan.to_dict(): a session per bucket
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "passes", tuple(Step.of(p) for p in self.passes))
@@ -51,12 +52,15 @@ class Candidate:
         return [step.to_dict() for step in self.passes]
 
     def _key(self) -> dict[str, Any]:
-        return {
+        key = {
             "passes": self._steps(),
             "providers": list(self.providers),
             "settings": self.settings.to_dict(),
             "iobinding": self.iobinding,
         }
+        if self.shape_plan is not None:  # only then: the ids of candidates without one stay as they were
+            key["shape_plan"] = self.shape_plan
+        return key
 
     @property
     def label(self) -> str:
@@ -76,10 +80,12 @@ class Candidate:
                 parts.append(f"{_SHORT.get(key, key)}={_fmt(value)}")
         if self.iobinding:
             parts.append("iobinding")
+        if self.shape_plan is not None:
+            parts.append(f"buckets({','.join(str(n) for n in self.shape_plan.get('sizes') or ())})")
         return " · ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "label": self.label, "baseline": self.baseline, **self._key()}
+        return {"id": self.id, "label": self.label, "baseline": self.baseline, "shape_plan": None, **self._key()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Candidate:
@@ -89,21 +95,29 @@ class Candidate:
             settings=SessionSettings.from_dict(dict(data.get("settings", {}))),
             iobinding=bool(data.get("iobinding", False)),
             baseline=bool(data.get("baseline", False)),
+            shape_plan=dict(data["shape_plan"]) if data.get("shape_plan") else None,
         )
 
     def with_settings(self, **changes: Any) -> Candidate:
         data = self.settings.to_dict()
         data.update(changes)
-        return Candidate(self.passes, self.providers, SessionSettings.from_dict(data), self.iobinding)
+        return replace(self, settings=SessionSettings.from_dict(data), baseline=False)
 
     def with_provider_options(self, **changes: str) -> Candidate:
         """The first provider with ``changes`` to its options (OpenVINO's precision, threads)."""
         first = dict(self.providers[0])
         first["options"] = {**(first.get("options") or {}), **changes}
-        return Candidate(self.passes, (first, *self.providers[1:]), self.settings, self.iobinding)
+        return replace(self, providers=(first, *self.providers[1:]), baseline=False)
 
     def with_iobinding(self, on: bool = True) -> Candidate:
-        return Candidate(self.passes, self.providers, self.settings, on)
+        return replace(self, iobinding=on, baseline=False)
+
+    def with_shape_plan(self, plan: dict[str, Any] | None) -> Candidate:
+        """This configuration on a shape plan's bucket sessions (None: the dim left free). A plan's sessions
+        are bound per bucket by their own run, so IOBinding is off with one."""
+        return replace(
+            self, shape_plan=dict(plan) if plan else None, iobinding=False if plan else self.iobinding, baseline=False
+        )
 
 
 _SHORT = {

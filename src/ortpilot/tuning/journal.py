@@ -43,6 +43,8 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "providers": list,
         "ort": str,
         "data_sha256": _OPT_STR,  # the calibration / gate data file(s), None for generated inputs
+        "workload_sha256": _OPT_STR,  # the shapes of the requests timed (data.workload), None for one shape
+        "batches": list,
         "budget_s": _NUMBER,
         "model": str,
         "journal_version": int,
@@ -60,6 +62,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "passes": list,
         "build_s": _NUMBER,
         "session_s": _NUMBER,
+        "session_mb": _OPT_NUMBER,  # RSS the candidate's session(s) took (a shape plan's: every bucket's)
         "providers": list,
         "placement": (dict, type(None)),
         "outputs": str,
@@ -98,6 +101,15 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "caller_cpus": (list, type(None)),
         "settled_s": _OPT_NUMBER,  # the shortest untimed settling of any turn (measure.interleave.settle)
     },
+    # a batch size's replay set timed for the winner and ORT's default after the final (stage: "b8", ...)
+    "batch": {
+        **_STEP,
+        "ids": list,
+        "samples_s": dict,
+        "blocks": dict,
+        "caller_cpus": (list, type(None)),
+        "settled_s": _OPT_NUMBER,
+    },
     "done": {"kind": str, "winner": str, "files": dict, "load_avg": list, "others_cpu": _OPT_NUMBER},
 }
 _REQUIRED = {
@@ -107,6 +119,7 @@ _REQUIRED = {
     "bench": ("id", "stage", "status", "samples_s"),
     "rank": ("id",),
     "final": ("status",),
+    "batch": ("status", "stage"),
     "done": ("winner",),
 }
 

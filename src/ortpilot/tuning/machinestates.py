@@ -10,7 +10,8 @@ short benches that spin read like a state of its own, 1.3-1.9x on a 0.05-ms mode
 more in one state than in the other (BENCHMARKS.md, "Two machine states": a
 fused INT8 encoder 1.38x slow and 1.18x fast, plain INT8 1.24x in both), so a headline timed in one state
 is not what a user's process sees in the other. Where a tune saw both, it picks by the worse state's
-speedup and records both figures; ``verify --bench`` holds itself to the figure of the state it runs in.
+speedup and records both figures; ``verify --bench`` names the figure of the state it runs in beside its
+verdict, which holds to the headline.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """OUTDIR's files from a finished search: model.onnx, the reports, reference.npz, the optimized model, profile.json.
 
+A text-model folder's meaning travels with the profile: its ``TextTask`` (``data.texttask``) is
+recorded under ``text`` and its ``tokenizer.json`` copied beside the profile, so
+``ortpilot.embed(profile)`` and a serving replica tokenize and pool as the folder says, wherever
+the profile goes.
+
 The winner's built model comes from the model cache (rebuilt through it, and refused if the
 rebuild differs, when a resumed tune finds the entry gone: ``winner_model``); the profile is
 written last, atomically, so an OUTDIR with a profile.json holds everything it names.
@@ -7,6 +12,7 @@ written last, atomically, so an OUTDIR with a profile.json holds everything it n
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +34,9 @@ from ortpilot.tuning.search import Entry
 from ortpilot.tuning.worker import WorkerClient, WorkerCrash
 
 MODEL_FILE = "model.onnx"
+WORKLOAD_FILE = "workload.npz"
+TOKENIZER_FILE = "tokenizer.json"
+log = logging.getLogger("ortpilot")
 
 
 def winner_model(worker: WorkerClient, winner: Entry, source: Path) -> Path:
@@ -93,7 +102,50 @@ def _write_reference(out: Path, winner: Entry, feeds: Mapping[str, Any]) -> Path
     return dest
 
 
-def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds: Mapping[str, Any]) -> None:
+def _write_text(out: Path, source: Path, model_file: Path) -> dict[str, Any] | None:
+    """The profile's ``text`` section for a text-model folder (its tokenizer copied into OUTDIR), None
+    for any other model; the task is read against OUTDIR's model, whose outputs ``--outputs`` may prune."""
+    from ortpilot.data import folder_of
+    from ortpilot.data.texttask import text_task
+    from ortpilot.graph.outputs import output_facts
+    from ortpilot.modelio import load_model
+
+    folder = folder_of(source)
+    if folder is None or folder.tokenizer_file is None:
+        return None
+    try:
+        task = text_task(folder, output_facts(load_model(model_file, load_external_data=False)))
+    except UsageError as exc:
+        log.info("The profile records no text task for '%s': %s", folder.root, exc)
+        return None
+    dest = out / TOKENIZER_FILE
+    atomic_write_bytes(dest, folder.tokenizer_file.read_bytes())
+    return {"task": task.to_dict(), "tokenizer": {"file": TOKENIZER_FILE, "sha256": file_sha256(dest)}}
+
+
+def _write_workload(out: Path, result: TuneResult, replay: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """OUTDIR/workload.npz: the requests one timed run replays, for ``verify --bench`` to time what the tune timed;
+    the profile's ``workload`` section (None for a tune of one shape: the reference sample is that request)."""
+    import numpy as np
+
+    from ortpilot.artifacts.atomic import atomic_open
+    from ortpilot.graph.feeds import samples_to_arrays
+
+    if result.workload is None or len(replay) < 2:
+        return None
+    dest = out / WORKLOAD_FILE
+    with atomic_open(dest, "wb") as fh:
+        np.savez(fh, **samples_to_arrays(replay))
+    return {**result.workload.to_dict(), "file": dest.name, "file_sha256": file_sha256(dest)}
+
+
+def write_outputs(
+    result: TuneResult,
+    source: Path,
+    built: Path,
+    reference_feeds: Mapping[str, Any],
+    replay: list[Mapping[str, Any]] | None = None,
+) -> None:
     from ortpilot.tuning.report import reference_name, write_reports
 
     out = result.out_dir
@@ -121,9 +173,14 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
     }
     write_reports(result)
     reference = _write_reference(out, winner, reference_feeds)
+    workload = _write_workload(out, result, list(replay or []))
     settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
-    optimized = _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
-    compiled = _write_compiled(out, model_file, list(winner.candidate.providers), reference)
+    shaped = winner.candidate.shape_plan is not None  # its sessions are made per bucket at load, from model.onnx
+    optimized = (
+        None if shaped else _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
+    )
+    compiled = None if shaped else _write_compiled(out, model_file, list(winner.candidate.providers), reference)
+    text = _write_text(out, source, model_file)
     write_profile(
         out / "profile.json",
         model_file=model_file,
@@ -146,18 +203,25 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
             "source_model": {"path": str(Path(source).resolve()), "sha256": file_sha256(source)},
             "shapes": {k: list(v) for k, v in result.shapes.items()},
             **({"outputs": list(result.outputs)} if result.outputs else {}),
+            **({"workload": workload} if workload else {}),
+            **({"shape_plan": winner.candidate.shape_plan} if shaped else {}),
             "placement": winner.prepared.get("placement"),
             "default_best": result.default_best,
             "gate_data": result.gate_data,
             "calibration_data": result.calibration_data,
             **({"optimized_model": optimized} if optimized else {}),
             **({"compiled_model": compiled} if compiled else {}),
+            **({"text": text} if text else {}),
         },
     )
+    if workload:
+        result.files["workload"] = str(out / workload["file"])
     if optimized:
         result.files["optimized_model"] = str(out / optimized["file"])
     if compiled:
         result.files["compiled_model"] = str(out / compiled["file"])
+    if text:
+        result.files["tokenizer"] = str(out / TOKENIZER_FILE)
 
 
 def _write_optimized(
@@ -180,4 +244,4 @@ def _write_compiled(
     return write_compiled_model(out, model_file, providers, inputs, outputs)
 
 
-__all__ = ["MODEL_FILE", "winner_model", "write_outputs"]
+__all__ = ["MODEL_FILE", "WORKLOAD_FILE", "winner_model", "write_outputs"]

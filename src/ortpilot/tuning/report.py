@@ -121,6 +121,42 @@ def why_not_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def shape_plan_line(doc: dict[str, Any]) -> str:
+    """What became of the workload's shape buckets: the winner runs them, the gate rejected them (the model's
+    mask does not make padding invisible), or they passed and ran no faster ("" when none were proposed)."""
+    plan = doc["facts"].get("shape_plan")
+    if not plan:
+        return ""
+    where = f"buckets({','.join(map(str, plan['sizes']))}) of '{plan['dim']}'"
+    winner_plan = doc["winner"].get("shape_plan")
+    if winner_plan:
+        return (
+            f"Shape plan: {where}, a session per bucket; each request is padded up to its bucket (mask 0) and its "
+            "outputs cut back, and every padded held-out request passed the gate at its own size."
+        )
+    tried = [c for c in doc["candidates"] if c.get("shape_plan")]
+    if not tried:
+        return f"Shape buckets {where} were proposed but not measured before the budget ran out."
+    passed = [c for c in tried if c["status"] == "ok"]
+    if not passed and any(c["status"] == "rejected" for c in tried):
+        worst = min(
+            (c for c in tried if c["status"] == "rejected"),
+            key=lambda c: (c.get("accuracy") or {}).get("worst_error") or 0,
+        )
+        return (
+            f"Shape buckets {where} were rejected by the gate: padding changed the outputs ({worst['label']}: error "
+            f"{_err(worst)} on the worst held-out request at its own size), so this model's mask does not make padding "
+            "invisible; the profile leaves the dim free."
+        )
+    best = max(passed, key=lambda c: search_ratio(doc, c) or 0.0, default=None)
+    est = search_ratio(doc, best) if best else None
+    return (
+        f"Shape buckets {where} passed the gate but were not faster on this workload"
+        + (f" (best: {best['label']}, ~{est:.2f}x est.)" if best and est else "")
+        + "; the profile leaves the dim free."
+    )
+
+
 def table_rows(doc: dict[str, Any], count: int = 6) -> list[dict[str, Any]]:
     """The terminal table's rows: the fastest passing candidates, always with the profile's winner and ORT's
     default among them (the two the headline compares), in ranked order."""
@@ -153,16 +189,39 @@ def headline(doc: dict[str, Any]) -> str:
     gated = gate_phrase(data) if data.get("source") != "synthetic" else ""  # synthetic: gate_warning says so
     gated = f" {gated[0].upper()}{gated[1:]}." if gated else ""
     if doc["default_best"]:
-        return f"ORT's default session was already best: {doc['default_best_reason']}.{gated}"
+        timed = f" on {doc['objective']}{workload_clause(doc)}" if workload_clause(doc) else ""
+        return f"ORT's default session was already best{timed}: {doc['default_best_reason']}.{gated}"
     timing = (
         "interleaved final measurement"
         if (doc["winner"].get("vs_default") or {}).get("timing", "interleaved") == "interleaved"
         else "search-phase estimate, not interleaved"
     )
     return (
-        f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x {reference_name(doc['baseline'])} on {doc['objective']} "
-        f"(95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}; {timing}).{state_clause(sp)}{gated}"
+        f"Winner: {doc['winner']['label']} — {sp['ratio']:.2f}x {reference_name(doc['baseline'])} on {doc['objective']}"
+        f"{workload_clause(doc)} (95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}; {timing}).{batch_clause(sp)}"
+        f"{state_clause(sp)}{gated}"
     )
+
+
+def batch_clause(speedup: dict[str, Any]) -> str:
+    """`` In batches of 8: 2.10x (1,234 vs 587 items/s); of 32: ...`` where batch sizes were timed."""
+    figures = speedup.get("by_batch") or {}
+    if not figures:
+        return ""
+    parts = [
+        f"of {int(float(b))}: {f['ratio']:.2f}x ({f['winner_items_per_s']:,.0f} vs {f['default_items_per_s']:,.0f} items/s)"
+        for b, f in sorted(figures.items(), key=lambda kv: float(kv[0]))
+    ]
+    return " In batches " + "; ".join(parts) + "."
+
+
+def workload_clause(doc: dict[str, Any]) -> str:
+    """`` per request of this workload (sequence 5-134 (p50 17, ...) over 200 text requests)`` where the requests
+    the tune timed differ in size ("" for one shape: the shapes line says which)."""
+    workload = doc.get("workload") or {}
+    if not workload.get("dims"):
+        return ""
+    return f" per request of this workload ({workload['summary']})"
 
 
 def state_clause(speedup: dict[str, Any]) -> str:
@@ -200,11 +259,11 @@ def provider_line(doc: dict[str, Any]) -> str:
         return ""
     won = ((doc["winner"].get("providers") or [{}])[0]).get("name", CPU_EP)
     others = [f"best on {_ep_words(ep)}: {c['label']} {ratio_cell(c)}" for ep, c in best.items() if ep != won]
-    return (
+    line = (
         f"{_ep_words(won)[0].upper()}{_ep_words(won)[1:]} won: {doc['speedup']['ratio']:.2f}x {reference_name(doc['baseline'])}; "
         + "; ".join(others)
-        + "."
     )
+    return line if line.endswith(".") else f"{line}."  # a last "~1.34x est." ends the sentence already
 
 
 def _ep_words(name: str) -> str:
@@ -342,6 +401,8 @@ def render_md(doc: dict[str, Any]) -> str:
     why_not = why_not_lines(doc)
     if why_not:
         lines += ["", *why_not]
+    if plan := shape_plan_line(doc):
+        lines += ["", plan]
     int8 = int8_lines(doc)
     if int8:
         lines += ["", int8[0], "", *int8[1:]]
@@ -438,7 +499,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background
 <th>search p50 ms</th><th>search vs default</th><th>p99 ms</th><th>runs</th>
 <th>accuracy (per output)</th><th>why rejected / note</th><th>id</th></tr>
 {"".join(rows)}</table>
-{"".join(f"<p>{e(line)}</p>" for line in why_not_lines(doc))}
+{"".join(f"<p>{e(line)}</p>" for line in [*why_not_lines(doc), shape_plan_line(doc)] if line)}
 {int8_html}
 <h2>Not tried</h2><ul>{excluded or "<li>nothing ruled out</li>"}</ul>
 <p>Speedups are over {e(reference_name(doc["baseline"]))}. {e(RATIO_NOTE)}</p></body></html>

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ortpilot.artifacts.fields import as_strings, path_or_none, record_of
@@ -29,6 +29,7 @@ DEMO_BUDGET_S = 60.0  # the demo is small: a new user sees the whole tune in a m
 OBJECTIVES = ("p50", "p99", "throughput")
 DEFAULT_OBJECTIVE = "p50"
 DEFAULT_SAMPLES = 4  # generated held-out inputs when the user gives no data
+MAX_BATCH = 1024
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class TuneRequest:
     providers: tuple[Any, ...] = ()  # provider names, "name:key=value" or {"name", "options"}; () is CPU
     quantize: bool = True  # INT8 variants in the search
     outputs: tuple[str, ...] = ()  # the outputs the deployment reads; () for all
+    workload: str | None = None  # a traffic sample (data.workload.read_workload); None: the user's data
+    batches: tuple[int, ...] = (1,)  # the batch sizes a server forms: the first is tuned for, each is timed
     resume: bool = False  # continue from OUTDIR's journal
     samples: int = DEFAULT_SAMPLES
 
@@ -63,6 +66,9 @@ class TuneRequest:
         set_(self, "metric", as_strings(self.metric))
         set_(self, "outputs", as_strings(self.outputs))
         set_(self, "providers", _providers(self.providers))
+        if self.workload is not None:
+            set_(self, "workload", os.fspath(self.workload))
+        set_(self, "batches", _batches(self.batches))
         budget = self.budget_s
         if budget is None:
             budget = self.budget
@@ -108,6 +114,7 @@ class TuneRequest:
         """Plain data (a fleet job, JSON): every field but in-memory calibration data."""
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc.update(shapes=list(self.shapes), metric=list(self.metric), outputs=list(self.outputs))
+        doc["batches"] = list(self.batches)
         doc["providers"] = [p if isinstance(p, str) else dict(p) for p in self.providers]
         doc["calibration"] = path_or_none(self.calibration)
         return doc
@@ -116,12 +123,18 @@ class TuneRequest:
     def from_dict(cls, doc: Mapping[str, Any]) -> TuneRequest:
         return record_of(cls, doc, "A tune request")
 
-    def options(self) -> dict[str, Any]:
-        """The search's own options (every field but where the model comes from and goes to)."""
-        doc = asdict(self)
-        for name in ("model", "out_dir", "budget_s", "resume"):
-            doc.pop(name)
-        return doc
+
+def _batches(items: Any) -> tuple[int, ...]:
+    """Batch sizes as given (``--batch 1,8,32`` or a sequence), each a whole number from 1 to MAX_BATCH, no repeats."""
+    if isinstance(items, str):
+        items = [p for p in items.replace(" ", "").split(",") if p]
+    try:
+        values = [int(b) for b in (items if isinstance(items, (list, tuple)) else [items])]
+    except (TypeError, ValueError):
+        raise UsageError(f"--batch takes batch sizes like 1,8,32, got {items!r}.") from None
+    if not values or any(b < 1 or b > MAX_BATCH for b in values):
+        raise UsageError(f"--batch sizes must be from 1 to {MAX_BATCH}, got {values}.")
+    return tuple(dict.fromkeys(values))
 
 
 def _shape_items(shapes: Sequence[str] | Mapping[str, Any] | None) -> tuple[str, ...]:

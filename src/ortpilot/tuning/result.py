@@ -18,6 +18,7 @@ from typing import Any
 
 import onnxruntime as ort
 
+from ortpilot.data.workload import Workload
 from ortpilot.measure.stats import summarize
 from ortpilot.tuning.search import Entry, settled_anchor_speeds
 from ortpilot.tuning.space import Facts
@@ -94,6 +95,7 @@ class TuneResult:
     batch: int = 1
     outputs: list[str] | None = None  # the outputs the deployment reads (--outputs); None: all of the model's
     files: dict[str, str] = field(default_factory=dict)
+    workload: Workload | None = None  # what was timed: the requests' sizes (data.workload); None: one shape
 
     winner = _view("pick", "winner")
     baseline = _view("pick", "baseline")
@@ -146,6 +148,7 @@ class TuneResult:
             "gate_warning": self.gate.warning or None,
             "facts": self.facts.to_dict(),
             "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "workload": self.workload.to_dict() if self.workload is not None else None,
             "outputs": self.outputs,
             "wall_s": self.wall_s,
             "budget_s": self.budget_s,

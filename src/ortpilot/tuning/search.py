@@ -166,7 +166,13 @@ class Search:
     """One tune's search policy over a step runner and a budget."""
 
     def __init__(
-        self, steps: StepRunner, budget: Budget, *, objective: str, progress: Callable[[Progress], None] | None = None
+        self,
+        steps: StepRunner,
+        budget: Budget,
+        *,
+        objective: str,
+        progress: Callable[[Progress], None] | None = None,
+        requests_per_run: int = 1,
     ) -> None:
         if objective not in OBJECTIVES:
             raise UsageError(f"Unknown objective '{objective}'; use one of {', '.join(OBJECTIVES)}.")
@@ -180,6 +186,8 @@ class Search:
         self.reference: Entry | None = None  # what the winner is measured against (``_reference``), once run
         self.anchor: Entry | None = None  # ORT's default session, timed beside every later bench
         self.benches = 0  # benches timed beside the anchor so far: when each one ran (tuning.machinestates)
+        # A timed run replays the workload's replay set: its samples are per request, a run costs this many.
+        self.requests_per_run = max(1, requests_per_run)
 
     @property
     def gate(self) -> Any:
@@ -331,7 +339,7 @@ class Search:
                 PairedBench(ratio, len(record["samples_s"]), cost(beside, "p50"), self.benches, settled)
             )
         if entry.candidate.baseline:
-            self.budget.latency = cost(entry.samples, "p50")
+            self.budget.latency = cost(entry.samples, "p50") * self.requests_per_run
 
     def _followup(self, entry: Entry) -> Candidate | None:
         """A dynamic INT8 variant just over the gate: one more try of the auto-exclude loop, its worst
@@ -430,7 +438,7 @@ class Search:
             finalists.append(reference)
 
         def plan() -> tuple[int, int, float]:
-            per_run = sum(cost(e.samples, "p50") for e in finalists)  # one run of each finalist
+            per_run = sum(cost(e.samples, "p50") for e in finalists) * self.requests_per_run  # a run of each finalist
             plan = self.budget.final_plan(per_run, self.screen_runs, len(finalists))
             # a finalist evicted from the worker (or a restarted worker) is prepared again before it is timed:
             # the final may run past the budget by that much rather than ship a search estimate
@@ -524,11 +532,23 @@ def speedup(base: Entry, winner: Entry, objective: str) -> dict[str, float]:
     """Baseline cost / winner cost on the interleaved samples, with a paired bootstrap CI for p50."""
     a = winner.final or winner.samples
     b = base.final or base.samples
-    ratio = cost(b, objective) / cost(a, objective)
-    if objective == "p50" and winner.final and base.final:
-        _, lo, hi = bootstrap_ratio_ci(a, b, a_blocks=winner.final_blocks, b_blocks=base.final_blocks)
+    paired = objective == "p50" and bool(winner.final and base.final)
+    return speedup_of(b, a, objective, (base.final_blocks, winner.final_blocks) if paired else None)
+
+
+def speedup_of(
+    base: Sequence[float],
+    winner: Sequence[float],
+    objective: str,
+    blocks: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> dict[str, float]:
+    """``base``'s cost / ``winner``'s on their samples: with ``blocks`` (each sample's interleaving round, base's
+    and winner's) a paired bootstrap CI of the p50 ratio, else the ratio of the costs' own CIs."""
+    ratio = cost(base, objective) / cost(winner, objective)
+    if blocks is not None:
+        _, lo, hi = bootstrap_ratio_ci(winner, base, a_blocks=blocks[1], b_blocks=blocks[0])
     else:
-        a_lo, a_hi = cost_ci(a, objective)
-        b_lo, b_hi = cost_ci(b, objective)
+        a_lo, a_hi = cost_ci(winner, objective)
+        b_lo, b_hi = cost_ci(base, objective)
         lo, hi = b_lo / a_hi, b_hi / a_lo
     return {"ratio": ratio, "ci_low": lo, "ci_high": hi}

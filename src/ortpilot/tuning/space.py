@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import onnx
@@ -89,6 +89,7 @@ class Facts:
     int8: Int8Rule | None = None  # this CPU's INT8 rule (None: quantization off)
     default_threads: int = 0  # the intra-op threads ORT's default session starts here (counted)
     int8_reasons: dict[str, str] = field(default_factory=dict)  # INT8 step label -> why it is in the space
+    shape_plan: dict[str, Any] | None = None  # the workload's buckets (session.shapeplan), tried as a session knob
 
     @property
     def fusion_step(self) -> Step | None:
@@ -116,6 +117,7 @@ class Facts:
             "int8_rule": self.int8.to_dict() if self.int8 else None,
             "int8_variants": dict(self.int8_reasons),
             "excluded": [e.to_dict() for e in self.excluded],
+            "shape_plan": self.shape_plan,
         }
 
 
@@ -276,6 +278,7 @@ def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
     the first provider is not the CPU, the model variants on the CPU too (an INT8 model on the
     CPU can beat the float one on an accelerator EP: the search must see both)."""
     out: list[Candidate] = [default_stand_in(facts, baseline)] if facts.default_oversubscribes else []
+    out.extend(shaped_candidates(facts, baseline))
     primary = facts.providers[0] if facts.providers else ProviderSpec(CPU_EP)
     out.extend(_variants_on(primary, facts, baseline))
     for spec in facts.providers:
@@ -289,6 +292,18 @@ def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
     if cpu is not None and primary.name != CPU_EP:
         out.extend(_variants_on(cpu, facts, baseline))
     return within_budget(out, facts)
+
+
+def shaped_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
+    """The source model on each provider with the workload's shape plan (a session per bucket): early, as they
+    cost a session each and tell whether padding is invisible to this model before any variant builds on them."""
+    if not facts.shape_plan:
+        return []
+    out = []
+    for spec in facts.providers or [ProviderSpec(CPU_EP)]:
+        chain = provider_chain(openvino_spec(spec, facts.cores) if spec.name == OPENVINO else spec)
+        out.append(Candidate((), chain, baseline.settings).with_shape_plan(facts.shape_plan))
+    return out
 
 
 def default_stand_in(facts: Facts, baseline: Candidate) -> Candidate:
@@ -374,7 +389,10 @@ def knob_variants(base: Candidate, facts: Facts) -> list[Candidate]:
         out.append(
             base.with_settings(execution_mode="parallel", inter_op_threads=2, intra_op_threads=max(1, facts.cores // 2))
         )
-    out.append(base.with_iobinding(True))
+    if not base.shape_plan:
+        out.append(base.with_iobinding(True))
+    if facts.shape_plan and not base.shape_plan:
+        out.append(base.with_shape_plan(facts.shape_plan))
     on_cpu = base.providers[0]["name"] == CPU_EP
     if on_cpu:
         out.append(base.with_settings(enable_cpu_mem_arena=False))
@@ -395,6 +413,8 @@ def openvino_knobs(base: Candidate, facts: Facts) -> list[Candidate]:
     threads = int(options.get("num_of_threads") or facts.cores)
     if threads > 1:
         out.append(base.with_provider_options(num_of_threads=str(max(1, threads // 2))))
+    if facts.shape_plan and not base.shape_plan:  # OpenVINO compiles each bucket for its static shape
+        out.append(base.with_shape_plan(facts.shape_plan))
     return [c for c in out if c.id != base.id]
 
 
@@ -417,7 +437,10 @@ def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
     from ortpilot.session import SessionSettings
 
     providers = ({**base.providers[0], "options": options}, *base.providers[1:])
-    return Candidate(base.passes, providers, SessionSettings.from_dict(data), iobinding)
+    shape_plan = base.shape_plan or next((c.shape_plan for c in winners if c.shape_plan), None)
+    return Candidate(
+        base.passes, providers, SessionSettings.from_dict(data), iobinding and not shape_plan, shape_plan=shape_plan
+    )
 
 
 def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
@@ -425,4 +448,4 @@ def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
     steps = list(cand.passes)
     last = max(i for i, step in enumerate(steps) if isinstance(step.spec, QuantizePass))
     steps[last] = steps[last].with_options(exclude=sorted({*steps[last].spec.nodes_to_exclude, *nodes}))
-    return Candidate(tuple(steps), cand.providers, cand.settings, cand.iobinding)
+    return replace(cand, passes=tuple(steps))

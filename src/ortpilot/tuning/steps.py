@@ -227,5 +227,18 @@ class StepRunner:
             result = {"status": "crashed", "error": str(exc)}
         return self.journal.append({"kind": "final", "stage": "final", "ids": [c.id for c in finalists], **result})
 
+    def batch(self, cands: list[Candidate], name: str, runs: int, rounds: int, timeout: float) -> dict[str, Any] | None:
+        """``cands`` timed round-robin on the replay set ``name`` (a batch size's: ``worker.batch_file``), as the
+        final is; journaled, so a resume replays it. None when replaying an ended search without it."""
+        record = self.journal.get("batch", "", name)
+        if record is not None or self.replay_only:
+            return record
+        request = {"candidates": [c.to_dict() for c in cands], "runs": runs, "rounds": rounds, "warmup": 1}
+        try:
+            result = self.worker.request("bench", {**request, "replay": name}, timeout)
+        except WorkerCrash as exc:
+            result = {"status": "crashed", "error": str(exc)}
+        return self.journal.append({"kind": "batch", "stage": name, "ids": [c.id for c in cands], **result})
+
 
 __all__ = ["StepRunner"]

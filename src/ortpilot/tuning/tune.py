@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -31,19 +31,20 @@ import onnxruntime as ort
 from ortpilot.artifacts.atomic import check_output_path
 from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.artifacts.scratch import scratch_dir
-from ortpilot.data import DataSource, ModelFolder, folder_of
+from ortpilot.data import DataSource, ModelFolder, folder_of, real_data
+from ortpilot.data.workload import Workload, batched_requests, read_workload, replay_set
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs, samples_needed
 from ortpilot.gate.result import gate_data_warning
 from ortpilot.graph.feeds import FeedPlan, batch_size_of, generate_samples, plan_feeds
 from ortpilot.graph.prune import check_outputs
-from ortpilot.graph.shapes import parse_shape_args
+from ortpilot.graph.shapes import graph_inputs, parse_shape_args
 from ortpilot.measure import cpushare
 from ortpilot.measure.metrics import MetricOverrides
 from ortpilot.modelio import file_sha256, load_model
 from ortpilot.providers.names import resolve_providers
-from ortpilot.tuning.budget import Budget
+from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S, SAFETY, Budget
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import JOURNAL_NAME, JOURNAL_VERSION, Journal, check_version
 from ortpilot.tuning.machinestates import TuneStates
@@ -53,11 +54,11 @@ from ortpilot.tuning.reference import HELDOUT_SEED, feeds_digest
 from ortpilot.tuning.report import reference_name
 from ortpilot.tuning.request import TuneRequest
 from ortpilot.tuning.result import GateRecord, Pick, RunRecord, TuneResult, load_note
-from ortpilot.tuning.search import OUTPUT_RESERVE_S, Entry, Progress, Search, cost, speedup
+from ortpilot.tuning.search import OUTPUT_RESERVE_S, Entry, Progress, Search, cost, speedup, speedup_of
 from ortpilot.tuning.space import Facts, gather_facts
 from ortpilot.tuning.state import KEPT, keep_for_resume, kept_file, sweep
 from ortpilot.tuning.steps import StepRunner
-from ortpilot.tuning.worker import WorkerClient, load_samples, save_samples
+from ortpilot.tuning.worker import REPLAY_FILE, WorkerClient, batch_file, load_samples, save_samples
 
 log = logging.getLogger("ortpilot")
 CALIBRATION_SAMPLES = 8
@@ -142,7 +143,8 @@ def _tune(
         load_avg, others_cpu = _load(journal, replay_only, load_start)
         run = RunRecord(time.monotonic() - start, bool(journal.replayed), load_avg, budget_s, others_cpu=others_cpu)
         result = _result(out, setup, data, search, pick, run)
-        write_outputs(result, setup.source, winner_model(worker, pick.winner, setup.path), data.heldout[0])
+        built = winner_model(worker, pick.winner, setup.path)
+        write_outputs(result, setup.source, built, data.heldout[0], setup.replay)
         result.run = dataclasses.replace(run, total_s=time.monotonic() - start)
         journal.append(
             {
@@ -173,6 +175,9 @@ class _Setup:
     given: Any  # the user's samples (passes.calibration.CalibrationSet), None without any
     given_split: tuple[list[Sample], list[Sample]]  # their (calibration, held-out) split; empty without
     config: dict[str, Any]  # what the journal's start record pins: a resume must match it
+    workload: Workload  # what the deployment sends: the user's samples at their own sizes, or the plan's shape
+    replay: list[Sample]  # the requests one timed run replays (data.workload.replay_set); [] without user data
+    batched: dict[int, list[Sample]]  # batch size -> its replay set (data.workload.batched_requests), for B > 1
 
 
 def _set_up(request: TuneRequest) -> _Setup:
@@ -189,14 +194,31 @@ def _set_up(request: TuneRequest) -> _Setup:
     overrides = MetricOverrides.parse(list(request.metric) or None)
     folder = folder_of(path)  # config.json and pooling: metric evidence, and sizes for a fusion the graph cannot size
     gate_spec = request.gate.output_gate(graph, folder, default=DEFAULT_MAX_ERROR)  # bad flags: exit 2 now
-    given = _given_data(proto, parsed, request.calibration)
+    inputs = graph_inputs(proto)
+    traffic, traffic_source = read_workload(request.workload, proto, inputs, folder) if request.workload else ([], "")
+    calibration = request.calibration
+    if calibration is None and traffic_source == "text":  # real sentences: the gate's data too
+        calibration = real_data(text=request.workload, folder=folder)
+    given = _given_data(proto, parsed, calibration)
     given_split: tuple[list[Sample], list[Sample]] = ([], [])
     if given is not None:  # the samples' own shapes (a text's sequence length) are the ones timed and gated
         given_split = given.split()
-        parsed = {**parsed, **{k: tuple(v.shape) for k, v in given_split[1][0].items()}}
+    requests = traffic or (given.samples if given is not None else [])
+    workload = Workload.of_samples(requests, inputs, traffic_source or given.origin.kind) if requests else None
+    replay = replay_set(requests)
+    if workload is not None:
+        parsed = {**parsed, **(workload.shapes if workload.varies else _shapes(requests[0]))}
     plan = plan_feeds(proto, parsed)  # a dim with no default raises here, naming the input
+    if workload is None:
+        workload = Workload("synthetic", 1, shapes=dict(plan.shapes))
+    workload = dataclasses.replace(workload, batches=request.batches)
     specs = resolve_providers(request.providers) if request.providers else None
     facts = gather_facts(graph, specs, quantize=request.quantize, folder_attention=_folder_attention(folder))
+    pad = pad_values(_text_pad_id(calibration))
+    facts.shape_plan = propose_plan(workload, facts, pad)
+    batched = _batched(requests, request.batches, inputs, pad, facts)
+    if request.batches[0] > 1 and request.batches[0] in batched:  # the search times what the server forms
+        replay = batched[request.batches[0]]
     config = {
         "model_sha256": file_sha256(source),
         "outputs": names,
@@ -208,10 +230,101 @@ def _set_up(request: TuneRequest) -> _Setup:
         "providers": [s.to_dict() for s in facts.providers],
         "ort": ort.__version__,
         "data_sha256": given.origin.sha256 if given is not None else None,
+        "workload_sha256": workload.sha256 or None,  # the requests timed (their shapes)
+        "batches": list(request.batches),
     }
     return _Setup(
-        label, source, path, proto, names, request.objective, plan, facts, gate_spec, given, given_split, config
+        label,
+        source,
+        path,
+        proto,
+        names,
+        request.objective,
+        plan,
+        facts,
+        gate_spec,
+        given,
+        given_split,
+        config,
+        workload,
+        replay,
+        batched,
     )
+
+
+def propose_plan(workload: Workload, facts: Facts, pad: Callable[[str], float]) -> dict[str, Any] | None:
+    """The shape plan the search tries as a knob (``session.shapeplan``: buckets at the workload's quantiles of
+    its one varying dim), or None with the reason in ``facts.excluded``."""
+    from ortpilot.session.shapeplan import ShapePlan, choose_sizes
+    from ortpilot.tuning.space import Excluded
+
+    why = ""
+    if not workload.varies:
+        why = "the requests tuned on all have one shape"
+    elif len(workload.dims) > 1:
+        why = f"the requests vary in {len(workload.dims)} dims ({', '.join(d.name for d in workload.dims)}); buckets pad one"
+    elif facts.decoder:
+        why = "a decoder's sequence grows every step: its KV cache, not buckets, sizes it"
+    dim = workload.dims[0] if workload.dims and not why else None
+    if dim is not None and (":" in dim.name or any(axis == 0 for _, axis in dim.axes)):
+        why = f"the varying dim '{dim.name}' has no name in the graph, or is the batch (ORT fixes dims by name)"
+    sizes = choose_sizes([int(s) for s in dim.sizes]) if dim is not None and not why else ()
+    if not why and len(sizes) < 2:
+        why = "the requests' sizes fit one bucket"
+    if why:
+        facts.excluded.append(Excluded("shape buckets", why))
+        return None
+    assert dim is not None
+    pads = {name: pad(name) for name, _ in dim.axes}
+    return ShapePlan(dim.name, sizes, dim.axes, tuple(pads.items())).to_dict()
+
+
+def pad_values(token_pad_id: int) -> Callable[[str], float]:
+    """What pads each input when requests are padded (to a bucket, or to the longest of a batch): a mask 0, token
+    ids the tokenizer's pad id, anything else 0."""
+
+    def pad(name: str) -> float:
+        if "mask" in name.lower():
+            return 0.0
+        return float(token_pad_id) if name == "input_ids" else 0.0
+
+    return pad
+
+
+def _batched(
+    requests: list[Sample], batches: Sequence[int], inputs: Any, pad: Callable[[str], float], facts: Facts
+) -> dict[int, list[Sample]]:
+    """Each batch size's replay set (``data.workload.batched_requests``); one that cannot be formed is said in
+    ``facts.excluded``."""
+    from ortpilot.tuning.space import Excluded
+
+    out = {}
+    for batch in batches:
+        if batch == 1:
+            continue
+        made = batched_requests(requests, batch, inputs, pad)
+        if made:
+            out[batch] = made
+        else:
+            facts.excluded.append(
+                Excluded(
+                    f"batch {batch}",
+                    f"the workload has {len(requests)} request(s) of batch 1; {batch} at least are needed to form one "
+                    "(give more --calibration or --workload data)",
+                )
+            )
+    return out
+
+
+def _text_pad_id(calibration: Any) -> int:
+    """The pad id of ``--calibration-text``'s tokenizer (0 for any other data)."""
+    from ortpilot.data import TextData
+
+    if not isinstance(calibration, TextData):
+        return 0
+    from ortpilot.data.text import load_tokenizer, pad_id
+
+    return pad_id(load_tokenizer(calibration.tokenizer))
 
 
 def check_request(request: TuneRequest) -> tuple[str, Path, Any]:
@@ -293,6 +406,9 @@ def _scratch_space(stack: contextlib.ExitStack, setup: _Setup, data: _Data) -> W
     stack.callback(worker.close)
     save_samples(scratch / "heldout.npz", data.heldout)
     save_samples(scratch / "calibration.npz", data.calibration)
+    save_samples(scratch / REPLAY_FILE, setup.replay or data.heldout[:1])
+    for batch, requests in setup.batched.items():
+        save_samples(scratch / batch_file(f"b{batch}"), requests)
     (scratch / "worker.json").write_text(
         json.dumps(
             {"model": str(Path(setup.path).resolve()), "shapes": {k: list(v) for k, v in setup.plan.shapes.items()}}
@@ -319,7 +435,9 @@ def _search(
         replay_only=not budget.binding,  # the budget binds unless the journaled search had ended
         on_first_record=lambda: _keep(journal, out, references, worker.scratch / "heldout.npz"),
     )
-    search = Search(steps, budget, objective=setup.objective, progress=progress)
+    search = Search(
+        steps, budget, objective=setup.objective, progress=progress, requests_per_run=max(1, len(setup.replay))
+    )
     base = baseline_candidate()
     finalists = search.run(base, setup.facts)
     base_entry = search.entries[base.id]
@@ -329,9 +447,70 @@ def _search(
     gain = speedup(reference, winner, setup.objective)
     if states is not None and not default_best and states.defaults_ms:
         gain = {**gain, "by_state": states.record(winner), "states_seen_ms": states.defaults_ms}
+    by_batch = _batch_figures(setup, steps, budget, winner, reference)
+    if by_batch:
+        gain = {**gain, "by_batch": by_batch}
     return search, Pick(
         winner, reference, gain, default_best, reason, _passed_over(finalists, winner, reference, states)
     )
+
+
+BATCH_ROUNDS, BATCH_RUNS = 4, 2  # a batch size's timing: as a short final (winner and ORT's default, interleaved)
+
+
+def _batch_figures(
+    setup: _Setup, steps: StepRunner, budget: Budget, winner: Entry, reference: Entry
+) -> dict[str, dict[str, float]]:
+    """Batch size -> the winner's speedup over ORT's default and both throughputs (items/s) on that batch size's
+    replay set: the first batch size's from the final, each other's timed now, interleaved, if the budget
+    affords it. {} when ORT's default won (there is nothing to compare) or only batch 1 was asked for."""
+    batches = setup.workload.batches
+    if winner is reference or batches == (1,):
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    first = batches[0]
+    if winner.final and reference.final:
+        out[str(first)] = _throughputs(
+            first, winner.final, reference.final, (reference.final_blocks, winner.final_blocks)
+        )
+    per_request = cost(reference.final or reference.samples, "p50")  # seconds per request of the first batch size
+    for batch in batches:
+        requests = setup.batched.get(batch)
+        if batch == first or not requests:
+            continue
+        estimate = 2 * BATCH_ROUNDS * (BATCH_RUNS + 1) * per_request * len(requests) * batch / first * SAFETY
+        if budget.binding and budget.left() < estimate:
+            log.info(
+                "Batch %d was not timed: about %.0f s would be needed and %.0f s are left.",
+                batch,
+                estimate,
+                budget.left(),
+            )
+            continue
+        timeout = max(5.0, budget.left() + 5.0) if budget.binding else CANDIDATE_TIMEOUT_S
+        record = steps.batch([winner.candidate, reference.candidate], f"b{batch}", BATCH_RUNS, BATCH_ROUNDS, timeout)
+        samples, blocks = (record or {}).get("samples_s") or {}, (record or {}).get("blocks") or {}
+        mine, theirs = samples.get(winner.candidate.id), samples.get(reference.candidate.id)
+        if (record or {}).get("status") == "ok" and mine and theirs:
+            rounds = (blocks.get(reference.candidate.id) or [], blocks.get(winner.candidate.id) or [])
+            out[str(batch)] = _throughputs(batch, mine, theirs, rounds if all(rounds) else None)
+    return out
+
+
+def _throughputs(
+    batch: int, winner: Sequence[float], default: Sequence[float], blocks: tuple[Sequence[int], Sequence[int]] | None
+) -> dict[str, float]:
+    """Seconds per run of ``batch`` items each (interleaved in rounds ``blocks``: default's, winner's) -> the p50
+    speedup with its paired CI, and both throughputs in items/s."""
+    import numpy as np
+
+    ratio = speedup_of(default, winner, "p50", blocks)
+    return {
+        **ratio,
+        "batch": float(batch),
+        "winner_items_per_s": batch / float(np.mean(winner)),
+        "default_items_per_s": batch / float(np.mean(default)),
+    }
 
 
 def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, run: RunRecord) -> TuneResult:
@@ -363,6 +542,7 @@ def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, r
         dict(setup.plan.shapes),
         batch=batch_size_of(data.heldout[0]),
         outputs=setup.outputs,
+        workload=setup.workload,
     )
 
 
@@ -449,6 +629,10 @@ def _model_path(model: str | os.PathLike | None) -> Path:
 
         return model_path_of(text)
     return Path(text)
+
+
+def _shapes(sample: Sample) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(int(d) for d in v.shape) for k, v in sample.items()}
 
 
 def _given_data(proto: Any, shapes: Mapping[str, tuple[int, ...]], calibration: Any) -> Any:

@@ -33,6 +33,12 @@ from ortpilot.tuning.budget import SETTLE_S
 # that takes ten minutes (never the baseline). Used by the crash-isolation and signal tests only.
 CRASH_ENV = "ORTPILOT_TUNE_CRASH_ON"
 MAX_LIVE_SESSIONS = 6
+REPLAY_FILE = "replay.npz"  # the requests one timed run replays (data.workload.replay_set)
+
+
+def batch_file(name: str) -> str:
+    """The scratch file of replay set ``name`` (``b8``: the workload's requests in batches of 8)."""
+    return f"replay-{name}.npz"
 
 
 # --------------------------------------------------------------------------- child side
@@ -46,14 +52,17 @@ class _Child:
         self.shapes = {k: tuple(v) for k, v in (cfg.get("shapes") or {}).items()}
         self.heldout = load_samples(scratch / "heldout.npz")
         self.calibration = load_samples(scratch / "calibration.npz")
+        replay = scratch / REPLAY_FILE
+        self.replay = load_samples(replay) if replay.is_file() else self.heldout[:1]
         self.runners: OrderedDict[str, Any] = OrderedDict()  # candidate id -> measure.bench.Runner
+        self.replays: dict[str, Any] = {}  # "id/replay" -> a Runner on that candidate's session
         (scratch / "outputs").mkdir(exist_ok=True)
 
     def prepare(self, data: Mapping[str, Any]) -> dict[str, Any]:
         import numpy as np
 
         from ortpilot.graph.feeds import samples_to_arrays
-        from ortpilot.measure.bench import Runner
+        from ortpilot.measure.bench import Runner, rss_mb
         from ortpilot.session import load
         from ortpilot.session.binding import run_session
         from ortpilot.tuning.candidate import Candidate
@@ -74,19 +83,23 @@ class _Child:
             return {"status": "skipped", "reason": str(exc)}
         build_s = time.perf_counter() - start
         start = time.perf_counter()
-        sess = load(
-            str(path),
-            [(p["name"], p.get("options", {})) for p in cand.providers],
-            "strict",
-            settings=cand.settings,
-            shapes=self.shapes or None,
-        )
+        providers = [(p["name"], p.get("options", {})) for p in cand.providers]
+        before_mb = rss_mb()
+        if cand.shape_plan:  # a session per bucket, each request padded up to its bucket
+            from ortpilot.session.shaped import load_shaped
+            from ortpilot.session.shapeplan import ShapePlan
+
+            plan = ShapePlan.from_dict(cand.shape_plan)
+            sess = load_shaped(str(path), providers, "strict", plan, settings=cand.settings, shapes=self.shapes or None)
+        else:
+            sess = load(str(path), providers, "strict", settings=cand.settings, shapes=self.shapes or None)
         session_s = time.perf_counter() - start
+        after_mb = rss_mb()
         outputs = [run_session(sess, feeds, iobinding=cand.iobinding) for feeds in self.heldout]
         out_path = self.scratch / "outputs" / f"{cand.id}.npz"
         np.savez(out_path, **samples_to_arrays(outputs))
         # The timing loop is measure.bench's Runner, on this same session: later rounds reuse it.
-        self._keep(cand.id, Runner(sess, name=cand.label, feeds=self.heldout[0], iobinding=cand.iobinding))
+        self._keep(cand.id, Runner(sess, name=cand.label, feeds=self.replay, iobinding=cand.iobinding))
         return {
             "status": "ok",
             "model_path": str(path),
@@ -95,6 +108,7 @@ class _Child:
             "passes": records,
             "build_s": build_s,
             "session_s": session_s,
+            "session_mb": None if before_mb is None or after_mb is None else round(after_mb - before_mb, 1),
             "providers": sess.providers,
             "placement": sess.placement.counts if sess.placement else None,
             "outputs": str(out_path),
@@ -105,6 +119,7 @@ class _Child:
     def bench(self, data: Mapping[str, Any]) -> dict[str, Any]:
         cands = list(data["candidates"])
         runs, warmup, rounds = int(data["runs"]), int(data.get("warmup", 2)), int(data.get("rounds", 1))
+        replay = data.get("replay")  # another replay set (a batch size's: ``batch_file``), else the workload's
         runners = {}
         for c in cands:
             cid = c["id"]
@@ -114,6 +129,8 @@ class _Child:
                     raise RuntimeError(f"candidate {cid} could not be prepared: {result}")
             runners[cid] = self.runners[cid]
             self.runners.move_to_end(cid)
+            if replay:
+                runners[cid] = self._replayed(cid, str(replay))
         first = {cid: len(r.samples) for cid, r in runners.items()}
         for runner in runners.values():
             runner.warm_up(warmup)
@@ -156,11 +173,24 @@ class _Child:
         )
         return {"status": "ok", "ranking": ranking}
 
+    def _replayed(self, cid: str, name: str) -> Any:
+        """A runner on candidate ``cid``'s session that replays ``name`` (kept beside its own runner)."""
+        from ortpilot.measure.bench import Runner
+
+        key = f"{cid}/{name}"
+        if key not in self.replays:
+            own = self.runners[cid]
+            requests = load_samples(self.scratch / batch_file(name))
+            self.replays[key] = Runner(own.vs, name=own.name, feeds=requests, iobinding=own.iobinding)
+        return self.replays[key]
+
     def _keep(self, cid: str, runner: Any) -> None:
         self.runners[cid] = runner
         self.runners.move_to_end(cid)
         while len(self.runners) > MAX_LIVE_SESSIONS:
-            self.runners.popitem(last=False)
+            gone, _ = self.runners.popitem(last=False)
+            for key in [k for k in self.replays if k.startswith(f"{gone}/")]:
+                del self.replays[key]
 
 
 def _outputs(sess: Any, feeds: Mapping[str, Any], iobinding: bool) -> list[Any]:

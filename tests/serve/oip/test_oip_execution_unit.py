@@ -39,9 +39,13 @@ def test_a_bad_request_in_a_stacked_batch_fails_alone(runner):
     assert runner.counts.snapshot().count >= 3  # the stacked try, then one run each
 
 
-def test_thread_note_only_when_threads_differ():
+def test_thread_note_only_when_threads_differ_and_names_the_option_that_keeps_the_tuned_count():
     assert thread_note(2, 0) == "" and thread_note(2, 2) == ""
     assert "tuned with 4" in thread_note(2, 4)
+    more = thread_note(2, 1)  # the replica got 2 CPUs, the tune chose 1 thread
+    assert "to keep the tuned count, serve with --cpus-per-replica 1 " in more and "fewer replicas" not in more
+    assert "(Python: ServeOptions(cpus_per_replica=1))" in more
+    assert "cpus_per_replica=4)), with fewer replicas where the CPUs do not suffice" in thread_note(2, 4)
 
 
 def test_a_standalone_replica_reports_to_nobody():

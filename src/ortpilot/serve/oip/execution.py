@@ -71,12 +71,15 @@ def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -
 
 
 def thread_note(threads: int, profile_threads: int) -> str:
-    """What a replica says when its threads differ from the profile's (its latency may then differ)."""
+    """What a replica says when its threads differ from the profile's (its latency may then differ), and how to
+    keep the tuned count: a replica's threads are its Ray CPUs."""
     if not profile_threads or threads == profile_threads:
         return ""
+    fewer = ", with fewer replicas where the CPUs do not suffice" if profile_threads > threads else ""
     return (
         f"intra-op threads {threads} (the replica's CPUs), the profile was tuned with {profile_threads}: "
-        "its latency figures may not hold"
+        f"its latency figures may not hold; to keep the tuned count, serve with --cpus-per-replica "
+        f"{profile_threads} (Python: ServeOptions(cpus_per_replica={profile_threads})){fewer}"
     )
 
 

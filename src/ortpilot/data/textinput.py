@@ -1,0 +1,123 @@
+"""Texts from a caller, checked and tokenized for a text model: one batch encode, truncation said per item.
+
+The caller's list is checked before any work, so one bad item is named instead of failing a whole
+run later: a list of strings (``bytes`` must be UTF-8), none empty or only whitespace (an empty
+text has nothing to embed: its vector would be that of the special tokens alone, the same for
+every empty input). Tokenization is the folder's own ``tokenizer.json`` through the ``tokenizers``
+library's batch encode, with the tokenizer's own padding switched off (many exports pad every text
+to 128, which is what batching by length avoids) and truncation at the task's ``max_seq_length``.
+Which items were truncated is reported per item; ``truncate=False`` refuses them instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ortpilot.errors import InputError
+
+SHOWN = 5  # items named in a message before "and N more"
+
+
+def _items(indexes: Sequence[int], of: str = "") -> str:
+    """``Item 3 is`` or ``Items 1, 4 and 7 more are``: the subject of a message about these items."""
+    shown = ", ".join(str(i) for i in indexes[:SHOWN])
+    shown += f" and {len(indexes) - SHOWN} more" if len(indexes) > SHOWN else ""
+    one = len(indexes) == 1
+    return f"Item{'' if one else 's'} {shown}{' of the ' + of if of else ''} {'is' if one else 'are'}"
+
+
+def check_texts(items: Any, what: str = "texts") -> list[str]:
+    """The caller's texts as a list of strings: a single string is a list of one; ``bytes`` are decoded as
+    UTF-8. An empty list, an item that is no text, undecodable bytes, or an empty or whitespace-only
+    text is an InputError naming the items (numbered from 0)."""
+    if isinstance(items, (str, bytes)):
+        items = [items]
+    if isinstance(items, (Mapping, set, frozenset)):  # no order to answer in (a dict would give its keys)
+        raise InputError(f"The {what} must be a list of strings, not {type(items).__name__}.")
+    try:
+        values = list(items)
+    except TypeError:
+        raise InputError(f"The {what} must be a list of strings, not {type(items).__name__}.") from None
+    if not values:
+        raise InputError(f"The {what} are an empty list; give at least one string.")
+    texts: list[str] = []
+    for index, item in enumerate(values):
+        if isinstance(item, bytes):
+            try:
+                item = item.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(
+                    f"{_items([index], what)} not UTF-8 (byte {exc.start}: {exc.reason}); send text as UTF-8."
+                ) from None
+        if not isinstance(item, str):
+            raise InputError(f"{_items([index], what)} {type(item).__name__}, not a string; every item must be a text.")
+        texts.append(item)
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise InputError(
+            f"{_items(empty, what)} empty or only whitespace; an empty text has nothing to "
+            "embed or score (its result would be that of the special tokens alone). Leave such items out."
+        )
+    return texts
+
+
+def configure_tokenizer(tokenizer: Any, max_length: int | None) -> Any:
+    """The tokenizer set up for batching by length: its own padding off, truncation at ``max_length``
+    (None: none). It changes the object, so a text model configures its own copy once."""
+    tokenizer.no_padding()
+    if max_length is None:
+        tokenizer.no_truncation()
+    else:
+        tokenizer.enable_truncation(max_length=int(max_length))
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """Token ids per item (special tokens included), their type ids, and whether truncation cut the item."""
+
+    ids: tuple[tuple[int, ...], ...]
+    type_ids: tuple[tuple[int, ...], ...]
+    truncated: tuple[bool, ...]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.ids]
+
+
+def tokenize(
+    tokenizer: Any,
+    items: Sequence[str] | Sequence[tuple[str, str]],
+    *,
+    lowercase: bool = False,
+    truncate: bool = True,
+    max_length: int | None = None,
+) -> Tokenized:
+    """One batch encode of texts, or of (first, second) pairs, with a tokenizer from ``configure_tokenizer``.
+    ``lowercase``: lower-case first (sentence-transformers' ``do_lower_case``). ``truncate=False``: an item
+    the tokenizer cut is an InputError naming it and ``max_length`` instead. An item that gives no token
+    at all is an InputError."""
+
+    def lower(item: Any) -> Any:
+        return item if not lowercase else tuple(x.lower() for x in item) if isinstance(item, tuple) else item.lower()
+
+    encodings = tokenizer.encode_batch([lower(item) for item in items])
+    truncated = tuple(bool(e.overflowing) for e in encodings)
+    cut = [i for i, t in enumerate(truncated) if t]
+    if cut and not truncate:
+        raise InputError(
+            f"{_items(cut)} longer than the model's limit of {max_length} tokens and truncation is "
+            "off; shorten them, split them, or allow truncation (truncate=True cuts them at the limit and "
+            "says which were cut)."
+        )
+    silent = [i for i, e in enumerate(encodings) if not e.ids]
+    if silent:
+        raise InputError(
+            f"{_items(silent)} made only of characters this tokenizer drops: it gives no tokens. Leave such items out."
+        )
+    return Tokenized(tuple(tuple(e.ids) for e in encodings), tuple(tuple(e.type_ids) for e in encodings), truncated)
+
+
+__all__ = ["Tokenized", "check_texts", "configure_tokenizer", "tokenize"]

@@ -1,0 +1,314 @@
+"""What a deployment sends: the shapes of its requests, and the batch sizes a server forms.
+
+A tune measures a *workload*, not one tensor shape: real sentences have a median of 17 tokens, and a
+configuration chosen at the 128 a tokenizer pads to can lose to ORT's default at the lengths users send.
+This module holds the record and its pure parts: which dims vary across requests (``varying_dims``), a
+small *replay set* that stands for the whole when timing (``replay_set``: requests at evenly spaced
+quantiles of their size, so the mean over one pass is close to the mean over the workload), and a summary
+a report can print. The requests themselves come from the user's data at their natural sizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortpilot.errors import UsageError
+from ortpilot.graph.shapes import InputInfo
+
+REPLAY_SIZE = 8  # requests timed per pass: the workload's 1/16, 3/16, ... 15/16 quantiles by size
+Sample = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class DimStats:
+    """One dim that varies across requests: its name and the distribution of its sizes."""
+
+    name: str  # the graph's symbol (``sequence``), or ``INPUT:AXIS`` for an unnamed dim
+    axes: tuple[tuple[str, int], ...]  # every (input, axis) it sizes
+    histogram: tuple[tuple[int, int], ...]  # (size, requests), by size
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.repeat([s for s, _ in self.histogram], [n for _, n in self.histogram])
+
+    def quantile(self, q: float) -> int:
+        return int(np.quantile(self.sizes, q, method="higher"))
+
+    def describe(self) -> str:
+        low, high = self.histogram[0][0], self.histogram[-1][0]
+        return (
+            f"{self.name} {low}-{high} (p50 {self.quantile(0.5)}, p90 {self.quantile(0.9)}, p99 {self.quantile(0.99)})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "axes": [[i, a] for i, a in self.axes],
+            "histogram": {str(s): n for s, n in self.histogram},
+            "min": self.histogram[0][0],
+            "p50": self.quantile(0.5),
+            "p90": self.quantile(0.9),
+            "p99": self.quantile(0.99),
+            "max": self.histogram[-1][0],
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> DimStats:
+        histogram = sorted((int(s), int(n)) for s, n in dict(doc["histogram"]).items())
+        return cls(str(doc["name"]), tuple((str(i), int(a)) for i, a in doc["axes"]), tuple(histogram))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests a tune measures: where they came from, how many, each varying dim's distribution, the
+    batch sizes timed, and the digest of their shapes (a resume or a verify checks it)."""
+
+    source: str  # the user's data kind (text, images, files ...), or synthetic
+    requests: int
+    dims: tuple[DimStats, ...] = ()
+    batches: tuple[int, ...] = (1,)
+    replay: int = 1  # requests in the replay set (one timed pass)
+    sha256: str = ""
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the median request's shapes
+
+    @property
+    def varies(self) -> bool:
+        return bool(self.dims)
+
+    def describe(self) -> str:
+        """``sequence 5-134 (p50 17, p90 36, p99 64) over 200 requests`` or ``one shape: input_ids=1x128``."""
+        if not self.dims:
+            shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in self.shapes.items())
+            return f"one shape ({shapes})" if shapes else "one shape"
+        return f"{'; '.join(d.describe() for d in self.dims)} over {self.requests} {self.source} requests"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "requests": self.requests,
+            "dims": [d.to_dict() for d in self.dims],
+            "batches": list(self.batches),
+            "replay": self.replay,
+            "sha256": self.sha256,
+            "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "summary": self.describe(),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Workload:
+        return cls(
+            source=str(doc["source"]),
+            requests=int(doc["requests"]),
+            dims=tuple(DimStats.from_dict(d) for d in doc.get("dims") or ()),
+            batches=tuple(int(b) for b in doc.get("batches") or (1,)),
+            replay=int(doc.get("replay") or 1),
+            sha256=str(doc.get("sha256") or ""),
+            shapes={k: tuple(int(d) for d in v) for k, v in (doc.get("shapes") or {}).items()},
+        )
+
+    @classmethod
+    def of_samples(
+        cls, samples: Sequence[Sample], inputs: Sequence[InputInfo], source: str, *, replay: int = REPLAY_SIZE
+    ) -> Workload:
+        """The workload ``samples`` describe (the user's requests at their natural sizes)."""
+        dims = varying_dims(samples, inputs)
+        stats = []
+        for name, axes in dims.items():
+            first_input, first_axis = axes[0]
+            sizes = [int(s[first_input].shape[first_axis]) for s in samples]
+            counts = sorted({size: sizes.count(size) for size in sizes}.items())
+            stats.append(DimStats(name, tuple(axes), tuple(counts)))
+        median = sorted(samples, key=_size)[len(samples) // 2] if samples else {}
+        return cls(
+            source=source,
+            requests=len(samples),
+            dims=tuple(stats),
+            replay=len(replay_set(samples, replay)) if samples else 1,
+            sha256=shapes_digest(samples),
+            shapes={k: tuple(int(d) for d in np.shape(v)) for k, v in median.items()},
+        )
+
+
+def varying_dims(samples: Sequence[Sample], inputs: Sequence[InputInfo]) -> dict[str, list[tuple[str, int]]]:
+    """Dim name -> the (input, axis) pairs it sizes, for every axis whose size differs between ``samples``.
+    Axes the graph names with one symbol are one dim (``input_ids`` and ``attention_mask`` share ``sequence``)."""
+    by_name = {i.name: i for i in inputs}
+    dims: dict[str, list[tuple[str, int]]] = {}
+    if not samples:
+        return dims
+    for name in samples[0]:
+        rank = np.ndim(samples[0][name])
+        for axis in range(rank):
+            sizes = {int(np.shape(s[name])[axis]) for s in samples if name in s and np.ndim(s[name]) == rank}
+            if len(sizes) < 2:
+                continue
+            info = by_name.get(name)
+            symbol = info.dims[axis] if info is not None and axis < len(info.dims) else None
+            key = symbol if isinstance(symbol, str) and symbol else f"{name}:{axis}"
+            dims.setdefault(key, []).append((name, axis))
+    return dims
+
+
+def replay_set(samples: Sequence[Sample], size: int = REPLAY_SIZE) -> list[Sample]:
+    """At most ``size`` of ``samples`` at evenly spaced quantiles of their size (elements over all inputs),
+    smallest first; every sample when there are no more than ``size``; the first alone when all are one shape."""
+    if not samples:
+        return []
+    shapes = {tuple((k, np.shape(v)) for k, v in sorted(s.items())) for s in samples}
+    if len(shapes) == 1:
+        return [samples[0]]
+    ordered = sorted(samples, key=_size)
+    if len(ordered) <= size:
+        return list(ordered)
+    n = len(ordered)
+    return [ordered[min(n - 1, int((2 * i + 1) * n / (2 * size)))] for i in range(size)]
+
+
+def batched_requests(
+    requests: Sequence[Sample], batch: int, inputs: Sequence[InputInfo], pad_value: Any, *, runs: int = 4
+) -> list[dict[str, np.ndarray]]:
+    """The requests as a server batches them: sorted by size, cut into runs of ``batch``, each request padded
+    to its run's longest in every dim that varies (``pad_value(input)``: a mask 0, token ids the pad id) and
+    stacked on axis 0; at most ``runs`` of them, at evenly spaced positions. [] when the requests are not of
+    batch 1 or there are fewer than ``batch`` of them."""
+    from ortpilot.data.padding import pad_feeds
+
+    if batch < 1 or len(requests) < batch or any(np.shape(v)[:1] != (1,) for r in requests for v in r.values()):
+        return []
+    dims = varying_dims(requests, inputs)
+    ordered = sorted(requests, key=_size)
+    groups = [ordered[i : i + batch] for i in range(0, len(ordered) - batch + 1, batch)]
+    chosen = sorted({min(len(groups) - 1, int((2 * i + 1) * len(groups) / (2 * runs))) for i in range(runs)})
+    out = []
+    for members in (groups[i] for i in chosen):
+        padded = [dict(r) for r in members]
+        for axes in dims.values():
+            name, axis = axes[0]
+            longest = max(int(r[name].shape[axis]) for r in members)
+            padded = [pad_feeds(r, axes, longest, pad_value) for r in padded]
+        out.append({name: np.concatenate([p[name] for p in padded]) for name in members[0]})
+    return out
+
+
+def shapes_digest(samples: Sequence[Sample]) -> str:
+    """sha256 of every request's input shapes, in order."""
+    doc = [{k: list(np.shape(v)) for k, v in sorted(s.items())} for s in samples]
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+
+
+def _size(sample: Sample) -> int:
+    return int(sum(np.size(v) for v in sample.values()))
+
+
+def read_workload(
+    path: str | os.PathLike, model: Any, inputs: Sequence[InputInfo], folder: Any = None
+) -> tuple[list[dict[str, np.ndarray]], str]:
+    """(requests, source) of a ``--workload`` file, checked against the model's inputs (a UsageError names
+    what does not fit): ``.txt`` lines tokenized at their own length with the model folder's tokenizer,
+    ``.npz`` requests (``{i}/{input}`` arrays, or arrays whose first axis counts requests), or ``.json``
+    ``{"dims": {DIM: {SIZE: COUNT}}}``, each request then generated at a size drawn from the histogram."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"--workload '{file}' is not a file: give a .txt (a request a line), .npz or .json.")
+    suffix = file.suffix.lower()
+    if suffix == ".txt":
+        from ortpilot.data import real_data
+
+        data = real_data(text=file, folder=folder)
+        assert data is not None
+        requests, _ = data.samples(inputs)
+        return _checked(requests, inputs, file), "text"
+    if suffix == ".npz":
+        from ortpilot.graph.feeds import read_npz, read_samples
+
+        arrays = read_npz(file, "--workload")
+        if arrays and all("/" in k for k in arrays):
+            return _checked(read_samples(file), inputs, file), "files"
+        counts = {len(v) for v in arrays.values() if np.ndim(v)}
+        if len(counts) != 1:
+            raise UsageError(
+                f"--workload '{file}': its arrays do not share a first axis counting requests ({sorted(counts)}); "
+                "store one request per key as '0/input_ids', '1/input_ids', ... instead."
+            )
+        (n,) = counts
+        requests = [{k: v[i] for k, v in arrays.items()} for i in range(n)]
+        return _checked(requests, inputs, file), "files"
+    if suffix == ".json":
+        return _from_histogram(file, model, inputs), "synthetic"
+    raise UsageError(f"--workload '{file}' is not a .txt, .npz or .json file.")
+
+
+def _from_histogram(file: Path, model: Any, inputs: Sequence[InputInfo]) -> list[dict[str, np.ndarray]]:
+    """Requests generated at ``REPLAY_SIZE * 4`` sizes spread over the histogram (by its quantiles)."""
+    from ortpilot.graph.feeds import make_feeds, plan_feeds
+
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+        dims = {str(d): {int(s): int(c) for s, c in dict(h).items()} for d, h in dict(doc["dims"]).items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(
+            f"--workload '{file}' is not a workload histogram ({type(exc).__name__}: {exc}); write "
+            '{"dims": {"sequence": {"17": 120, "32": 40}}}: each dim, its sizes and how many requests had each.'
+        ) from None
+    known = {d for i in inputs for d in i.dims if isinstance(d, str)}
+    unknown = sorted(set(dims) - known)
+    if unknown or not dims:
+        raise UsageError(
+            f"--workload '{file}' names dims the model does not have ({', '.join(unknown) or 'none given'}); its "
+            f"dynamic dims are: {', '.join(sorted(known)) or 'none'}."
+        )
+    bad = {d: [s for s, c in h.items() if s < 1 or c < 0] for d, h in dims.items()}
+    if any(bad.values()) or not all(sum(h.values()) for h in dims.values()):
+        raise UsageError(f"--workload '{file}': sizes must be >= 1 and counts >= 0, with some requests per dim.")
+    count = REPLAY_SIZE * 4
+    requests = []
+    for i in range(count):
+        q = (2 * i + 1) / (2 * count)
+        shapes = {d: (_quantile(h, q),) for d, h in dims.items()}
+        requests.append(make_feeds(model, plan=plan_feeds(model, shapes, inputs=inputs), seed=i))
+    return requests
+
+
+def _quantile(histogram: Mapping[int, int], q: float) -> int:
+    sizes = sorted(histogram)
+    total = sum(histogram.values())
+    seen = 0
+    for size in sizes:
+        seen += histogram[size]
+        if seen >= q * total:
+            return size
+    return sizes[-1]
+
+
+def _checked(
+    requests: list[dict[str, np.ndarray]], inputs: Sequence[InputInfo], file: Path
+) -> list[dict[str, np.ndarray]]:
+    """The requests, each fed through ``graph.feeds.validate_feeds`` (names, dtypes, ranks, static dims)."""
+    from ortpilot.graph.feeds import validate_feeds
+
+    if not requests:
+        raise UsageError(f"--workload '{file}' holds no request.")
+    try:
+        return [validate_feeds(inputs, r) for r in requests]
+    except UsageError as exc:
+        raise UsageError(f"--workload '{file}' does not fit the model: {exc}") from None
+
+
+__all__ = [
+    "REPLAY_SIZE",
+    "DimStats",
+    "Workload",
+    "batched_requests",
+    "read_workload",
+    "replay_set",
+    "shapes_digest",
+    "varying_dims",
+]

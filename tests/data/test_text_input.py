@@ -1,0 +1,77 @@
+"""data.textinput: the caller's texts checked item by item, one batch encode with the tokenizer's own padding off,
+truncation said per item (or refused), pairs with their type ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from ortpilot.data.textinput import check_texts, configure_tokenizer, tokenize
+from ortpilot.errors import InputError
+from ortpilot.models.textfolder import make_text_tokenizer
+
+LONG = "the cat sat on the mat " * 10  # 60 words
+
+
+def test_check_texts_takes_strings_and_utf8_bytes() -> None:
+    assert check_texts("one text") == ["one text"]
+    assert check_texts(["a", "b"]) == ["a", "b"]
+    assert check_texts(("a", "é".encode())) == ["a", "é"]
+    assert check_texts(t for t in ["a"]) == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        ([], "are an empty list"),
+        (["fine", 3], "Item 1 of the texts is int, not a string"),
+        (["fine", None], "Item 1 of the texts is NoneType"),
+        ([b"ok", b"\xff\xfe"], r"Item 1 of the texts is not UTF-8 \(byte 0"),
+        (["a", "", "b", "  \n", "c"], "Items 1, 3 of the texts are empty or only whitespace"),
+        (12, "must be a list of strings, not int"),
+    ],
+)
+def test_check_texts_names_the_bad_items(items, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        check_texts(items)
+
+
+def test_many_bad_items_are_counted_not_all_listed() -> None:
+    with pytest.raises(InputError, match="Items 0, 1, 2, 3, 4 and 3 more of the documents are"):
+        check_texts([""] * 8, "documents")
+
+
+def test_truncation_is_said_per_item_and_can_be_refused() -> None:
+    tok = configure_tokenizer(make_text_tokenizer(), 16)
+    got = tokenize(tok, ["the cat", LONG, "a dog"])
+    assert got.truncated == (False, True, False)
+    assert got.lengths == [4, 16, 4]  # [CLS] the cat [SEP]; the long one cut at 16 with its [SEP]
+    assert got.ids[1][-1] == tok.token_to_id("[SEP]")
+    with pytest.raises(InputError, match="Item 1 is longer than the model's limit of 16 tokens"):
+        tokenize(tok, ["the cat", LONG], truncate=False, max_length=16)
+    untruncated = tokenize(configure_tokenizer(make_text_tokenizer(), None), [LONG])
+    assert untruncated.lengths == [62] and untruncated.truncated == (False,)
+
+
+def test_the_tokenizers_own_padding_is_switched_off() -> None:
+    tok = make_text_tokenizer()
+    tok.enable_padding(length=128, pad_id=0)  # as many exports ship tokenizer.json
+    assert len(tok.encode("the cat").ids) == 128
+    assert tokenize(configure_tokenizer(tok, 128), ["the cat"]).lengths == [4]
+
+
+def test_pairs_get_type_ids_and_lowercase_applies_to_both() -> None:
+    tok = configure_tokenizer(make_text_tokenizer(), 64)
+    got = tokenize(tok, [("Where is the STATION", "the train station")], lowercase=True)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    assert got.ids[0][0] == cls and got.ids[0].count(sep) == 2
+    assert got.type_ids[0] == (0,) * 6 + (1,) * 4
+    assert tok.id_to_token(got.ids[0][4]) == "station"
+
+
+def test_an_item_that_gives_no_token_is_refused() -> None:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(make_text_tokenizer().to_str())
+    tok.post_processor = None  # no [CLS]/[SEP]: text of only dropped characters gives nothing
+    with pytest.raises(InputError, match="Item 1 is made only of characters this tokenizer drops"):
+        tokenize(configure_tokenizer(tok, 16), ["the cat", "\x00\x01"])

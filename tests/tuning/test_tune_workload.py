@@ -1,0 +1,173 @@
+"""A tune of the lengths users send: the workload from real sentences, shape buckets gated at each request's
+own size, and a profile whose session takes requests at their own size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ortpilot
+from ortpilot.artifacts.atomic import atomic_write_json
+from ortpilot.data import real_data
+from ortpilot.models import text_folder
+from ortpilot.session.shaped import ShapedSession
+from ortpilot.tuning.report import shape_plan_line
+
+WORDS = [
+    "the",
+    "model",
+    "runs",
+    "fast",
+    "on",
+    "this",
+    "machine",
+    "and",
+    "every",
+    "sentence",
+    "has",
+    "its",
+    "own",
+    "length",
+    "when",
+    "users",
+    "send",
+    "it",
+]
+
+
+def _sentences(path: Path, n: int = 48) -> Path:
+    rng = np.random.default_rng(0)
+    lines = [" ".join(rng.choice(WORDS, size=int(k))) for k in rng.integers(2, 30, size=n)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _tune(folder: Path, text: Path, out: Path):
+    data = real_data(text=text, folder=folder)
+    return ortpilot.tune(str(folder), str(out), 25, calibration=data, quantize=False)
+
+
+@pytest.fixture(scope="module")
+def masked(tmp_path_factory):
+    root = tmp_path_factory.mktemp("masked")
+    folder = text_folder(root / "embed")
+    result = _tune(folder, _sentences(root / "s.txt"), root / "out")
+    return folder, root / "out", result.to_dict()
+
+
+def test_the_workload_is_the_sentences_at_their_own_length_and_buckets_come_from_it(masked):
+    _, out, doc = masked
+    workload = doc["workload"]
+    (dim,) = workload["dims"]
+    assert dim["name"] == "sequence" and dim["min"] < dim["p50"] < dim["max"]
+    plan = doc["facts"]["shape_plan"]
+    assert plan["dim"] == "sequence" and plan["sizes"][-1] == dim["max"] and len(plan["sizes"]) >= 2
+    assert "per request of this workload (sequence" in " ".join(doc_headline(doc).split())
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["workload"]["summary"] == workload["summary"] and (out / profile["workload"]["file"]).is_file()
+
+
+def test_padding_a_masked_encoder_to_its_buckets_passes_the_gate_at_each_requests_own_size(masked):
+    _, _, doc = masked
+    shaped = [c for c in doc["candidates"] if c.get("shape_plan")]
+    assert shaped and shaped[0]["status"] == "ok", shaped[0]["reason"] if shaped else "no bucketed candidate"
+    gate = shaped[0]["accuracy"]
+    assert (
+        gate["worst_error"] < 1e-4
+    )  # the worst held-out sentence, padded to its bucket, against the model at its length
+    assert "passed the gate" in shape_plan_line(doc) or "Shape plan:" in shape_plan_line(doc)
+
+
+def test_a_model_whose_padding_leaks_gets_no_buckets_and_the_report_says_why(tmp_path):
+    folder = text_folder(tmp_path / "leak", leak=True)
+    doc = _tune(folder, _sentences(tmp_path / "s.txt"), tmp_path / "out").to_dict()
+    shaped = [c for c in doc["candidates"] if c.get("shape_plan")]
+    assert shaped and all(c["status"] == "rejected" for c in shaped)
+    assert doc["winner"].get("shape_plan") is None
+    line = shape_plan_line(doc)
+    assert "rejected by the gate: padding changed the outputs" in line and "does not make padding" in line
+    assert line in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_profile_with_a_shape_plan_runs_requests_at_their_own_size(masked, tmp_path):
+    _, out, doc = masked
+    profile = json.loads((out / "profile.json").read_text())
+    profile["shape_plan"] = doc["facts"]["shape_plan"]  # as a tune whose bucketed winner wrote it
+    atomic_write_json(out / "profile.json", profile)
+    session = ortpilot.load_profile(str(out / "profile.json"))
+    assert isinstance(session, ShapedSession)
+    plain = ortpilot.load(str(out / "model.onnx"))
+    for n in (3, 11, int(profile["shape_plan"]["sizes"][-1]) + 5):
+        feeds = {
+            "input_ids": np.full((1, n), 7, np.int64),
+            "attention_mask": np.ones((1, n), np.int64),
+            "token_type_ids": np.zeros((1, n), np.int64),
+        }
+        got, want = session.run(None, feeds)[0], plain.run(None, feeds)[0]
+        assert got.shape == want.shape and np.allclose(got, want, atol=1e-5)
+    assert session.served["beyond"] == 1
+
+
+def doc_headline(doc):
+    from ortpilot.tuning.report import headline
+
+    return headline(doc)
+
+
+def test_the_worker_times_a_batch_sizes_replay_set_on_the_candidates_own_sessions(tmp_path, demo_paths):
+    """The step after the final: the winner and ORT's default, interleaved, on the workload's requests in
+    batches of 8 (``replay-b8.npz``), journaled so a resume replays it."""
+    from ortpilot.data.workload import batched_requests
+    from ortpilot.graph.shapes import graph_inputs
+    from ortpilot.modelio import load_model
+    from ortpilot.tuning.candidate import baseline_candidate
+    from ortpilot.tuning.journal import Journal
+    from ortpilot.tuning.steps import StepRunner
+    from ortpilot.tuning.tune import pad_values
+    from ortpilot.tuning.worker import REPLAY_FILE, WorkerClient, batch_file, save_samples
+
+    model = demo_paths["encoder"]
+    requests = [
+        {
+            "input_ids": np.full((1, n), 7, np.int64),
+            "attention_mask": np.ones((1, n), np.int64),
+            "token_type_ids": np.zeros((1, n), np.int64),
+        }
+        for n in range(3, 27)
+    ]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    save_samples(scratch / "heldout.npz", requests[:2])
+    save_samples(scratch / "calibration.npz", requests[:2])
+    save_samples(scratch / REPLAY_FILE, requests[:2])
+    batches = batched_requests(requests, 8, graph_inputs(load_model(model)), pad_values(0))
+    assert [b["input_ids"].shape[0] for b in batches] == [8, 8, 8]
+    save_samples(scratch / batch_file("b8"), batches)
+    (scratch / "worker.json").write_text(json.dumps({"model": str(model), "shapes": {}}))
+    worker = WorkerClient(scratch)
+    journal = Journal(tmp_path / "journal.jsonl", resume=False)
+    try:
+        steps = StepRunner(worker, journal, lambda ref: None)
+        base = baseline_candidate()
+        other = base.with_settings(intra_op_threads=1)
+        record = steps.batch([other, base], "b8", 2, 2, 120.0)
+        assert record["status"] == "ok" and record["stage"] == "b8"
+        assert {cid: len(s) for cid, s in record["samples_s"].items()} == {other.id: 4, base.id: 4}
+        assert steps.batch([other, base], "b8", 2, 2, 120.0) is record  # journaled: asked again, not re-timed
+    finally:
+        worker.close()
+        journal.close()
+
+
+def test_batch_figures_read_as_items_per_second_in_the_headline():
+    from ortpilot.tuning.report import batch_clause
+    from ortpilot.tuning.tune import _throughputs
+
+    figures = _throughputs(8, [0.010] * 5, [0.020] * 5, None)
+    assert figures["ratio"] == pytest.approx(2.0) and figures["winner_items_per_s"] == pytest.approx(800)
+    assert figures["default_items_per_s"] == pytest.approx(400)
+    clause = batch_clause({"by_batch": {"8": figures, "32": {**figures, "ratio": 3.0}}})
+    assert clause == " In batches of 8: 2.00x (800 vs 400 items/s); of 32: 3.00x (800 vs 400 items/s)."
