@@ -51,6 +51,21 @@ def test_ready_lines_and_documents():
     assert served.to_dict()["ingress"]["grpc"] == "127.0.0.1:9" and served.to_dict()["models"][0]["replicas"] == 2
 
 
+def test_rays_all_interface_grpc_binds_move_to_loopback_only_when_the_environment_asks(monkeypatch):
+    from ortpilot.serve import loopback
+    from ortpilot.serve.fastpath import GRPC_LOOPBACK_ENV
+
+    binds: list[str] = []
+    bind = loopback.on_loopback(lambda server, address: binds.append(address) or 1)
+    assert loopback.on_loopback(bind) is bind  # wrapped once however often a stack installs it
+    bind(None, "[::]:0")
+    bind(None, "[::]:9000")
+    bind(None, "10.0.0.5:9000")  # an address Ray was given explicitly stays as it is
+    assert binds == ["127.0.0.1:0", "127.0.0.1:9000", "10.0.0.5:9000"]
+    monkeypatch.delenv(GRPC_LOOPBACK_ENV, raising=False)
+    assert loopback.install() is False  # a server on another host: Ray's binds as they are
+
+
 def test_a_taken_port_is_a_usage_error_before_anything_starts():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

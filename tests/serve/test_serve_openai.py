@@ -13,7 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
+from listeners import tree_ports
 from openai_procs import OpenAIServer, client_modules
+from serve_procs import Server, free_port
 
 openai, httpx = client_modules()
 
@@ -290,3 +292,23 @@ def test_metrics_sum_the_engines_counters_and_count_requests(demo_server: OpenAI
     assert after['ortpilot_decode_replicas{model="decoder"}'] == 1
     assert 'ortpilot_decode_prefix_cache_hits_total{model="decoder"}' in after
     assert httpx.get(f"http://{demo_server.url}/v2/health/ready", timeout=30).status_code == 200
+
+
+def test_nothing_a_decoder_server_starts_listens_beyond_its_host(tmp_path) -> None:
+    """Without --address the command starts its own Ray: every TCP listener and bound UDP socket of its
+    process tree (Ray, HAProxy, the ingress and both decoder replicas, whose inter-deployment gRPC servers
+    Ray binds on every interface) is on 127.0.0.1, the --host."""
+    server = Server(
+        ["demo:decoder", "--replicas", "2", "--cpus-per-replica", "1", "--no-access-log"],
+        free_port(),
+        tmp_path / "serve.err",
+    )
+    try:
+        assert server.ready and server.ready[0].startswith("decoder: 2 replicas ready"), server.stderr[-3000:]
+        ports = tree_ports(server.proc.pid)
+        assert server.port in {port for _p, _a, port in ports}, ports
+        wide = [(proto, address, port) for proto, address, port in ports if address != "127.0.0.1"]
+        assert not wide, wide
+    finally:
+        code = server.stop()
+    assert code == 0, server.log.read_text(errors="replace")[-3000:]

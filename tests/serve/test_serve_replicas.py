@@ -3,7 +3,6 @@ batching stacks requests, and the CLI's start and stop (local Ray, exit codes)."
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import shutil
@@ -19,6 +18,8 @@ import numpy as np
 import pytest
 
 th = pytest.importorskip("tritonclient.http")
+from listeners import descendants as _descendants
+from listeners import open_ports as _open_ports
 from serve_procs import GRPC_RETRY_CHANNEL_ARGS, Server, free_port
 
 import ortpilot
@@ -260,61 +261,6 @@ def _batch_counts(server, model, rows_at_least: float = 0.0, timeout: float = 20
         if rows >= rows_at_least or time.monotonic() > deadline:
             return runs, rows
         time.sleep(0.5)
-
-
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _sockets(pids: set[int]) -> set[str]:
-    """The socket inodes the processes ``pids`` hold."""
-    found = set()
-    for pid in pids:
-        try:
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                try:
-                    target = os.readlink(fd)
-                except OSError:
-                    continue
-                if target.startswith("socket:["):
-                    found.add(target[8:-1])
-        except OSError:
-            continue
-    return found
-
-
-def _address(hexaddr: str) -> str:
-    raw = bytes.fromhex(hexaddr.split(":")[0])
-    if len(raw) == 4:
-        return ".".join(str(b) for b in raw[::-1])
-    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
-    return str(ipaddress.IPv6Address(words).ipv4_mapped or ipaddress.IPv6Address(words))
-
-
-def _open_ports(pids: set[int]) -> list[tuple[str, str, int]]:
-    """(protocol, address, port) of every TCP listener and bound UDP socket the processes hold."""
-    inodes, found = _sockets(pids), []
-    for proto in ("tcp", "tcp6", "udp", "udp6"):
-        for line in Path(f"/proc/net/{proto}").read_text().splitlines()[1:]:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if inode in inodes and (state == "0A" or proto.startswith("udp")):  # 0A: LISTEN
-                found.append((proto, _address(local), int(local.rpartition(":")[2], 16)))
-    return found
 
 
 def test_without_address_serve_starts_a_local_ray_on_loopback_and_sigterm_drains_and_stops_all_of_it(tmp_path):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ortpilot.errors import UsageError
+from ortpilot.serve import loopback
 from ortpilot.serve.counts import HEARTBEAT_S
 from ortpilot.serve.openai.decoder import DecoderReplica
 from ortpilot.serve.openai.ingress import OpenAIIngress
@@ -29,6 +30,7 @@ class DecoderDeployment(DecoderReplica):
         from ortpilot.serve.http import replica_logging
 
         replica_logging()
+        loopback.install()  # before Ray binds this replica's gRPC server (after the constructor)
         super().__init__(spec, threads)
         self._ingress = None
         self._replica = f"{os.getpid()}-{id(self)}"

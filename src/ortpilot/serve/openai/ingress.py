@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ortpilot.serve import loopback
 from ortpilot.serve.defaults import HEALTH_PATHS, LIVE_PATH
 from ortpilot.serve.http import Reply
 from ortpilot.serve.openai.metrics import DecoderMetrics, EngineHeartbeat
@@ -54,6 +55,7 @@ class OpenAIIngress:
         from ortpilot.serve.http import replica_logging
 
         replica_logging()
+        loopback.install()  # before Ray binds this replica's gRPC server (after the constructor)
         self.settings = settings or RequestSettings()
         self.handles = dict(handles)
         self.created = now()
