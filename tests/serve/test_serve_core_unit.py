@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -72,6 +73,38 @@ def test_a_taken_port_is_a_usage_error_before_anything_starts():
         sock.listen()
         with pytest.raises(UsageError, match="--grpc-port"):
             check_port("127.0.0.1", sock.getsockname()[1], "--grpc-port")
+
+
+def _time_wait_port() -> int:
+    """A port on 127.0.0.1 that holds only a TIME-WAIT socket: a listener (with SO_REUSEADDR, as HAProxy's
+    and Ray's are; its connections inherit it) that accepted a connection and closed it first, as a
+    stopped server does, then closed itself."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the server side closes first: its end goes to TIME-WAIT once the client closes
+        client.recv(1)
+        client.close()
+    states = [line.split()[3] for line in Path("/proc/net/tcp").read_text().splitlines()[1:] if f":{port:04X} " in line]
+    assert "06" in states and "0A" not in states, states  # 06: TIME_WAIT, 0A: LISTEN
+    return port
+
+
+def test_a_port_holding_only_time_wait_sockets_is_free_one_with_a_listener_is_not():
+    port = _time_wait_port()
+    with socket.socket() as plain, pytest.raises(OSError):  # a bind without SO_REUSEADDR calls it busy
+        plain.bind(("127.0.0.1", port))
+    check_port("127.0.0.1", port)  # the listeners serve starts bind with SO_REUSEADDR: free for them
+    with socket.socket() as live:
+        live.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        live.bind(("127.0.0.1", port))
+        live.listen()
+        with pytest.raises(UsageError, match=f"Port {port} on 127.0.0.1 is not free"):
+            check_port("127.0.0.1", port)
 
 
 @pytest.mark.parametrize(

@@ -44,8 +44,11 @@ _ERROR_LINE = re.compile(r"(?:ortpilot\.errors\.)?(\w+Error): (.+)")
 
 
 def check_port(host: str, port: int, flag: str = "--port") -> None:
-    """Exit 2 before anything starts when ``host:port`` is taken."""
+    """Exit 2 before anything starts when ``host:port`` is taken. The test bind uses ``SO_REUSEADDR``, as
+    the listeners that will bind it do (HAProxy, Ray's proxy): a port that holds only TIME-WAIT sockets
+    (a server stopped moments ago) is free for them, one with a live listener is not."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
