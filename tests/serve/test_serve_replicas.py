@@ -323,6 +323,52 @@ def test_a_port_in_use_exits_2_before_ray_starts(tmp_path):
     assert "Ray" not in proc.stderr.split("error:")[0]  # nothing started before the message
 
 
+def test_more_models_than_cpus_share_them_from_the_start(tmp_path):
+    """One model more than the CPU budget, on the local Ray instance serve starts: every replica gets a
+    fraction of a CPU and one intra-op thread, so all of them are scheduled at once and ready within a
+    short --ready-timeout (with a whole CPU each, the last one waited for a CPU that never came free)."""
+    from ortpilot.providers.cpubudget import this_budget
+    from ortpilot.serve.options import cpu_share
+
+    budget = this_budget().cpus
+    if budget > 3:
+        pytest.skip(f"{budget + 1} models on {budget} CPUs is more than this test should start")
+    names = [f"m{i}" for i in range(budget + 1)]
+    args = ["demo:mlp"] * len(names) + [a for name in names for a in ("--name", name)]
+    server = Server([*args, "--ready-timeout", "90", "--no-access-log"], free_port(), tmp_path / "serve.err")
+    try:
+        assert len(server.ready) == len(names), server.stderr[-3000:]
+        for name in names:
+            with urllib.request.urlopen(f"http://{server.url}/v2/models/{name}", timeout=30) as resp:
+                (replica,) = json.loads(resp.read())["ortpilot"]["replicas"]
+            assert replica["cpus"] == cpu_share(budget, len(names)) < 1 and replica["intra_op_threads"] == 1
+    finally:
+        code = server.stop()
+    assert code == 0, server.log.read_text(errors="replace")[-3000:]
+
+
+def test_cpus_per_replica_that_does_not_fit_exits_2_before_ray_starts():
+    import subprocess
+
+    from serve_procs import CLI, cli_env
+
+    from ortpilot.providers.cpubudget import this_budget
+
+    budget = this_budget().cpus
+    proc = subprocess.run(
+        [*CLI, "serve", "demo:mlp", "demo:mlp", "--name", "a", "--name", "b"]
+        + ["--cpus-per-replica", str(budget), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    message = " ".join(proc.stderr.split())
+    assert f"for {2 * budget} CPUs" in message and "only 1 would start now" in message, message
+    assert "Leave --cpus-per-replica out" in message and "Ray" not in message.split("error:")[0]
+
+
 def test_a_profile_that_cannot_load_exits_naming_it(tmp_path, tuned_encoder):
     import subprocess
 

@@ -95,7 +95,8 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
     "--cpus-per-replica",
     type=float,
     default=None,
-    help="Ray CPUs per replica; ORT's intra-op threads are set to it (default: the CPU budget shared by all replicas).",
+    help="Ray CPUs per replica; ORT's intra-op threads are set to it (default: the CPU budget shared by all replicas, "
+    "a fraction of a CPU each when they outnumber the CPUs).",
 )
 @click.option(
     "--max-batch",
