@@ -27,7 +27,7 @@ def runner(demo_paths) -> ModelRunner:
 
 def test_unknown_outputs_are_a_400_naming_the_real_ones(runner):
     result = asyncio.run(runner.infer({"x": np.zeros((1, 64), np.float32)}, ["nope"]))
-    assert result["code"] == 400 and "'nope'" in result["error"] and "y" in result["error"]
+    assert result.status == 400 and "'nope'" in result.error and "y" in result.error
 
 
 def test_a_bad_request_in_a_stacked_batch_fails_alone(runner):

@@ -48,11 +48,11 @@ class FlakyHandle(LocalHandle):
 
     @property
     def generate(self):
-        def call(request):
+        def call(request, context=None):
             self.calls += 1
             if self.calls <= self.failures:
                 return _Failing(self.error)
-            return _Events(self.replica.generate(request))
+            return _Events(self.replica.generate(request, context))
 
         return type("Method", (), {"remote": staticmethod(call)})()
 

@@ -4,7 +4,8 @@ reference outputs before the replica takes traffic) and the one worker thread th
 Runs go to one thread, so the event loop stays free to read the next request and collect the next
 batch; models with a batch dim stack requests of the same non-batch shapes (``batcher``: the
 requests that wait while a run is busy share the next one), and a request that fails a shared run
-is run again alone, so its failure stays its own. Plain code, no Ray.
+is run again alone, so its failure stays its own. A request carries its ``RequestContext`` (its id names
+a failure in the log); ``infer`` answers a typed ``InferResult``. Plain code, no Ray.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ortpilot.errors import InputError, OrtpilotError, OrtRunError
+from ortpilot.serve.context import RequestContext, new_request_id
+from ortpilot.serve.errorbody import OIP
 from ortpilot.serve.http import internal_error
 from ortpilot.serve.oip.batcher import Batcher
 from ortpilot.serve.oip.config import ReplicaConfig
@@ -80,6 +84,24 @@ def thread_note(threads: int, profile_threads: int) -> str:
     )
 
 
+@dataclass(frozen=True)
+class InferResult:
+    """What ``ModelRunner.infer`` answers: the outputs asked for, or the status and message that refuse
+    the request (400 bad input, 500 a server-side failure with the request id)."""
+
+    outputs: Mapping[str, np.ndarray] = field(default_factory=dict)
+    status: int = 200
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    @classmethod
+    def refused(cls, status: int, error: str) -> InferResult:
+        return cls({}, status, error)
+
+
 class ModelRunner:
     """A verified session behind one run thread (and a batcher when the model stacks requests)."""
 
@@ -98,8 +120,14 @@ class ModelRunner:
             else None
         )
 
-    async def infer(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, Any]:
-        """Check the feeds as the library does (400 on failure), run them, return the outputs or an error."""
+    async def infer(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        outputs: Sequence[str] | None = None,
+        context: RequestContext | None = None,
+    ) -> InferResult:
+        """Check the feeds as the library does (400 on failure), run them, return the outputs or the refusal."""
+        context = context or RequestContext(new_request_id(), OIP, None, model=self.name)
         try:
             checked = self.session.check_feeds(feeds)
             self.limits.check(checked)  # positions and table rows the graph tells: 400 before ORT runs
@@ -109,10 +137,10 @@ class ModelRunner:
             else:
                 values = await asyncio.get_running_loop().run_in_executor(self.executor, self._run_one, checked)
         except (InputError, OrtRunError) as exc:  # OrtRunError: valid dtypes and ranks the model cannot run
-            return {"error": clean_ort_message(str(exc)), "code": 400}
+            return InferResult.refused(400, clean_ort_message(str(exc)))
         except OrtpilotError as exc:
-            return {"error": internal_error(f"infer {self.name}", exc), "code": 500}
-        return {"outputs": {n: values[n] for n in wanted}}
+            return InferResult.refused(500, internal_error(f"infer {self.name}", exc, context.request_id))
+        return InferResult({n: values[n] for n in wanted})
 
     def _wanted(self, outputs: Sequence[str] | None) -> list[str]:
         if outputs is None:
@@ -156,4 +184,4 @@ class ModelRunner:
         return out
 
 
-__all__ = ["ModelRunner", "load_verified", "thread_note"]
+__all__ = ["InferResult", "ModelRunner", "load_verified", "thread_note"]

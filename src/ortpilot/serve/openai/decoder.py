@@ -8,7 +8,7 @@ intra-op threads set to the replica's CPUs and starts one :class:`~ortpilot.deco
 (``start``, ``delta`` text, ``end`` with the finish reason and usage, or one ``error``) as the
 engine makes them. A caller that stops reading (a client gone) cancels the request, and the
 scheduler frees its slot before its next step. What a replica loads is ``spec`` (checked in the
-driver, before Ray starts).
+driver, before Ray starts); what it gets with each request, its ``RequestContext``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from ortpilot.errors import QueueFullError, UsageError
+from ortpilot.serve.context import RequestContext, new_request_id
+from ortpilot.serve.errorbody import OPENAI
 from ortpilot.serve.openai.info import DecoderInfo, EngineSummary, StreamRecord
 from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.openai.wire import (
@@ -159,10 +161,13 @@ class DecoderReplica:
         except UsageError as exc:
             raise ApiError(400, str(exc), code="invalid_value") from None
 
-    async def generate(self, request: GenerationRequest | Mapping[str, Any]) -> AsyncIterator[DecodeEvent]:
+    async def generate(
+        self, request: GenerationRequest | Mapping[str, Any], context: RequestContext | None = None
+    ) -> AsyncIterator[DecodeEvent]:
         """Events for one request: ``start``, ``delta`` (text), ``end``; or a single ``error``."""
         if not isinstance(request, GenerationRequest):
             request = GenerationRequest.from_dict(request)
+        context = context or RequestContext(new_request_id(), OPENAI, None, model=request.model)
         tokens: asyncio.Queue[int | None] = asyncio.Queue()
         try:
             ids, stream = self.submit(request, tokens)
@@ -174,7 +179,7 @@ class DecoderReplica:
         text = TextStream(self.tokenizer, request.stop, self.stop_ids)
         try:
             yield DecodeEvent(START, prompt_tokens=len(ids))
-            async for event in self._deltas(text, stream, tokens):
+            async for event in self._deltas(text, stream, tokens, context.request_id):
                 yield event
             yield DecodeEvent(
                 END,
@@ -189,9 +194,11 @@ class DecoderReplica:
                 stream.cancel()  # the caller went away: free the slot before the next step
             self._record(stream)
 
-    async def _deltas(self, text: Any, stream: Any, tokens: asyncio.Queue) -> AsyncIterator[DecodeEvent]:
+    async def _deltas(
+        self, text: Any, stream: Any, tokens: asyncio.Queue, ident: str | None = None
+    ) -> AsyncIterator[DecodeEvent]:
         """``delta`` events of the stream's ``text`` as its tokens arrive, up to the end or a stop string
-        (which cancels the stream). A failed engine step is an ApiError (500)."""
+        (which cancels the stream). A failed engine step is an ApiError (500) naming the request id."""
         ended = False
         while not ended:
             batch = [await tokens.get()]
@@ -215,9 +222,9 @@ class DecoderReplica:
             from ortpilot.serve.http import internal_error
             from ortpilot.serve.ortmessage import clean_ort_message
 
-            ident = internal_error(f"stream {stream.id} of '{self.spec.name}'", stream.error)
+            logged = internal_error(f"stream {stream.id} of '{self.spec.name}'", stream.error, ident)
             raise ApiError(
-                500, f"generation failed: {clean_ort_message(str(stream.error))}; {ident}", kind="server_error"
+                500, f"generation failed: {clean_ort_message(str(stream.error))}; {logged}", kind="server_error"
             )
 
     def _record(self, stream: Any) -> None:
