@@ -21,7 +21,7 @@ from typing import Any
 
 from ortpilot.serve.records import RequestSettings
 
-REQUEST_ID_HEADER = "x-request-id"  # HTTP header and gRPC metadata key; echoed on every HTTP answer
+REQUEST_ID_HEADER = "x-request-id"  # HTTP header (Ray Serve sets one when absent) and gRPC metadata key
 _REQUEST_ID = re.compile(r"[!-~]{1,128}")  # visible ASCII: it goes into a header and a log line
 
 

@@ -7,10 +7,11 @@ build one ``Pipeline`` from the ``RequestSettings`` they were sent and an ``Erro
 protocol words a refusal and a failure), and hand it their router. The order is the rule: a refused
 request never reaches a route; every request that passes gets a frozen ``context.RequestContext`` (its
 id, deadline, model, protocol), which the pipeline hands the route; every answer to an allowed browser
-origin carries its CORS headers, every HTTP answer its ``X-Request-Id``; every answer is counted and
-logged once; an exception a route raises is a 500 with the request id in the protocol's own error shape
-(the log has the traceback, the client never sees it). Plain code, no Ray: the unit tests drive it with
-a stand-in request.
+origin carries its CORS headers; every answer is counted and logged once; an exception a route raises is
+a 500 with the request id in the protocol's own error shape (the log has the traceback, the client never
+sees it). The id is the client's ``X-Request-Id``, or the one Ray Serve's request-id middleware set when
+the client sent none; that middleware echoes it on every answer. Plain code, no Ray: the unit tests
+drive it with a stand-in request.
 
 A gRPC call takes the same path (``call``): the guard's key check, the message check, its context (from
 the call's metadata), the route (an ``RpcReply``, the gRPC form of ``Reply``), the error mapping, the count
@@ -24,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ortpilot.serve.context import REQUEST_ID_HEADER, ContextError, RequestContext, metadata, request_context
+from ortpilot.serve.context import ContextError, RequestContext, metadata, request_context
 from ortpilot.serve.guard import Guard, Verdict
 from ortpilot.serve.http import Reply, access_line, internal_error, log_request, printable, response, with_headers
 from ortpilot.serve.records import RequestSettings
@@ -95,9 +96,8 @@ class Pipeline:
         return request_context(headers, self.settings, self.shape.protocol, self.model)
 
     async def reply(self, request: Any, route: Route, *, health: bool = False) -> Reply:
-        """The guarded, routed and error-mapped reply to ``request``, with its CORS headers and request id."""
+        """The guarded, routed and error-mapped reply to ``request``, with its CORS headers."""
         verdict = self.guard.http(request.method, request.headers, health=health)
-        ident: str | None = None
         if verdict is not None:
             reply = self.shape.refusal(verdict, self.refused_model if verdict.status != 204 else None)
         else:
@@ -106,10 +106,8 @@ class Pipeline:
             except ContextError as exc:
                 reply = self.shape.refusal(Verdict(400, exc.message, "invalid_header"), self.refused_model)
             else:
-                ident = context.request_id
                 reply = await self._route(f"{request.method} {request.url.path}", route, context)
-        headers = self.guard.cors_headers(request.headers)
-        return with_headers(reply, {**headers, REQUEST_ID_HEADER.title(): ident} if ident else headers)
+        return with_headers(reply, self.guard.cors_headers(request.headers))
 
     async def _route(self, what: str, route: Route, context: RequestContext) -> Reply:
         try:
