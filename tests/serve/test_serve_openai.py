@@ -312,3 +312,15 @@ def test_nothing_a_decoder_server_starts_listens_beyond_its_host(tmp_path) -> No
     finally:
         code = server.stop()
     assert code == 0, server.log.read_text(errors="replace")[-3000:]
+
+
+def test_the_request_id_comes_back_and_a_generation_past_its_deadline_is_504(demo_server: OpenAIServer) -> None:
+    body = {"model": "decoder", "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    ok = httpx.post(f"{demo_server.base_url}/completions", json=body, headers={"X-Request-Id": "gen-1"}, timeout=60)
+    assert ok.status_code == 200 and ok.headers["x-request-id"] == "gen-1"
+    late = httpx.post(
+        f"{demo_server.base_url}/completions", json=body, headers={"X-Request-Timeout": "0.000001"}, timeout=60
+    )
+    error = late.json()["error"]
+    assert late.status_code == 504 and error["code"] == "timeout" and error["type"] == "server_error", error
+    assert "within its deadline of 1e-06 s" in error["message"] and late.headers["x-request-id"]

@@ -151,10 +151,10 @@ def test_every_route_gets_the_requests_context():
     settings = RequestSettings(request_timeout_s=30)
     pipe = Pipeline(settings, OipErrors(), None, "m", model="m")
     given = asyncio.run(pipe.handle(request("GET", "/v2", headers={"x-request-id": "trace-1"}), route))
-    made = asyncio.run(pipe.handle(request("GET", "/v2"), route))
+    made = asyncio.run(pipe.handle(request("GET", "/v2", headers={"x-request-timeout": "2"}), route))
     assert given.status_code == made.status_code == 200
     assert seen[0].request_id == "trace-1" and seen[0].model == "m" and seen[0].protocol == "oip"
-    assert seen[0].timeout_s == 30 and not seen[1].expired and seen[1].request_id != "trace-1"
+    assert seen[0].timeout_s == 30 and seen[1].timeout_s == 2 and not seen[1].expired
 
 
 def test_a_header_the_context_cannot_take_is_a_400_in_each_protocols_shape_before_the_route():
@@ -164,18 +164,41 @@ def test_a_header_the_context_cannot_take_is_a_400_in_each_protocols_shape_befor
         routed.append(1)
         return json_reply(200, {})
 
-    for shape, message in ((OipErrors(), lambda d: d["error"]), (OpenAIErrors(), lambda d: d["error"]["message"])):
-        seen: list = []
-        bad = request("POST", "/x", headers={"x-request-id": "a b"})
-        response = asyncio.run(_pipeline(shape, seen).handle(bad, route))
-        assert response.status_code == 400 and "X-Request-Id 'a b'" in message(json.loads(response.body))
-        assert [status for status, _model in seen] == [400]
+    shapes = ((OipErrors(), lambda d: d["error"]), (OpenAIErrors(), lambda d: d["error"]["message"]))
+    for shape, message in shapes:
+        for header, value in (("x-request-id", "a b"), ("x-request-timeout", "-3")):
+            seen: list = []
+            bad = request("POST", "/x", headers={header: value})
+            response = asyncio.run(_pipeline(shape, seen).handle(bad, route))
+            text = message(json.loads(response.body))
+            assert response.status_code == 400 and f"{header.title()} '{value}'" in text, text
+            assert [status for status, _model in seen] == [400]
     assert not routed
+
+
+def test_a_missed_deadline_is_a_504_in_each_protocols_shape(caplog):
+    from ortpilot.serve.context import DeadlineExceeded
+
+    async def route(context) -> Reply:
+        raise DeadlineExceeded(context)
+
+    for shape, error in ((OipErrors(), lambda d: d["error"]), (OpenAIErrors(), lambda d: d["error"])):
+        seen: list = []
+        slow = request("POST", "/x", headers={"x-request-timeout": "1.5", "x-request-id": "r-9"})
+        response = asyncio.run(_pipeline(shape, seen).handle(slow, route))
+        body = error(json.loads(response.body))
+        assert response.status_code == 504 and seen == [(504, None)]
+        text = body if isinstance(body, str) else body["message"]
+        assert "within its deadline of 1.5 s" in text and "X-Request-Timeout" in text
+        if not isinstance(body, str):
+            assert body["type"] == "server_error" and body["code"] == "timeout"
+    assert "failed" not in caplog.text  # not a server failure: no traceback logged
 
 
 def test_a_grpc_calls_context_comes_from_its_metadata():
     from unit_requests import GrpcContext
 
+    from ortpilot.serve.context import DeadlineExceeded
     from ortpilot.serve.pipeline import RpcReply
 
     pipe = Pipeline(RequestSettings(request_timeout_s=30), OipErrors(), None, "(unknown)", _Status(), "m")
@@ -185,9 +208,17 @@ def test_a_grpc_calls_context_comes_from_its_metadata():
         seen.append(context)
         return RpcReply("answer", model="m")
 
-    traced = GrpcContext({"x-request-id": "g-1"})
+    async def late(context) -> RpcReply:
+        raise DeadlineExceeded(context)
+
+    traced = GrpcContext({"x-request-id": "g-1", "x-request-timeout": "4"})
     assert asyncio.run(pipe.call("Infer", "msg", traced, ok)) == "answer"
-    assert seen[0].request_id == "g-1" and seen[0].timeout_s == 30 and seen[0].model == "m"
-    refused = GrpcContext({"x-request-id": "a b"})
+    assert seen[0].request_id == "g-1" and seen[0].timeout_s == 4 and seen[0].model == "m"
+    expired, refused = GrpcContext(), GrpcContext({"x-request-timeout": "later"})
+    assert asyncio.run(pipe.call("Infer", "msg", expired, late)) == "empty Infer"
+    assert expired.code == 504 and "deadline of 30 s" in expired.details  # DEADLINE_EXCEEDED
     asyncio.run(pipe.call("Infer", "msg", refused, ok))
-    assert refused.code == 400 and "X-Request-Id 'a b'" in refused.details and len(seen) == 1
+    assert refused.code == 400 and "X-Request-Timeout 'later'" in refused.details and len(seen) == 1
+    odd = GrpcContext({"x-request-id": "a b"})
+    asyncio.run(pipe.call("Infer", "msg", odd, ok))
+    assert odd.code == 400 and "X-Request-Id 'a b'" in odd.details and len(seen) == 1

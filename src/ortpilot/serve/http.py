@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ortpilot.serve.context import RequestContext
+from ortpilot.serve.context import DeadlineExceeded, RequestContext
 from ortpilot.serve.errorbody import oip_error
 
 
@@ -67,7 +67,8 @@ log = logging.getLogger("ortpilot.serve")
 async def dispatch(routes: list[Route], request: Any, context: RequestContext, path: str | None = None) -> Reply:
     """The reply of the route matching ``request`` (405 naming the methods a path takes, 404 for no
     route); its handler gets the request, its ``context`` and the path's fields. A handler that raises is
-    a 500 with the request id, logged once with its traceback: the client sees the id, never the exception."""
+    a 500 with the request id, logged once with its traceback: the client sees the id, never the exception
+    (``DeadlineExceeded`` goes on to the pipeline: a 504)."""
     path = path if path is not None else (request.url.path.rstrip("/") or "/")
     allowed = []
     for r in routes:
@@ -79,6 +80,8 @@ async def dispatch(routes: list[Route], request: Any, context: RequestContext, p
             continue
         try:
             return await r.handler(request, context, **match.groupdict())
+        except DeadlineExceeded:
+            raise
         except Exception as exc:
             return error_reply(500, internal_error(f"{request.method} {path}", exc, context.request_id))
     if allowed:

@@ -4,11 +4,12 @@
 
 A model replica and the server-wide application (Open Inference Protocol) and the OpenAI ingress each
 build one ``Pipeline`` from the ``RequestSettings`` they were sent and an ``ErrorShape`` (how their
-protocol words a refusal and a failure), and hand it their router. The order is the rule: a refused
-request never reaches a route; every request that passes gets a frozen ``context.RequestContext`` (its
-id, deadline, model, protocol), which the pipeline hands the route; every answer to an allowed browser
-origin carries its CORS headers; every answer is counted and logged once; an exception a route raises is
-a 500 with the request id in the protocol's own error shape (the log has the traceback, the client never
+protocol words a refusal, a failure and a missed deadline), and hand it their router. The order is the
+rule: a refused request never reaches a route; every request that passes gets a frozen
+``context.RequestContext`` (its id, deadline, model, protocol), which the pipeline hands the route; every
+answer to an allowed browser origin carries its CORS headers; every answer is counted and logged once; a
+route whose deadline passed (``DeadlineExceeded``) is a 504, and any other exception a route raises a 500
+with the request id, both in the protocol's own error shape (the log has the traceback, the client never
 sees it). The id is the client's ``X-Request-Id``, or the one Ray Serve's request-id middleware set when
 the client sent none; that middleware echoes it on every answer. Plain code, no Ray: the unit tests
 drive it with a stand-in request.
@@ -25,7 +26,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ortpilot.serve.context import ContextError, RequestContext, metadata, request_context
+from ortpilot.serve.context import (
+    ContextError,
+    DeadlineExceeded,
+    RequestContext,
+    metadata,
+    request_context,
+)
 from ortpilot.serve.guard import Guard, Verdict
 from ortpilot.serve.http import Reply, access_line, internal_error, log_request, printable, response, with_headers
 from ortpilot.serve.records import RequestSettings
@@ -52,13 +59,15 @@ RpcRoute = Callable[[RequestContext], Awaitable[RpcReply]]
 
 
 class ErrorShape(Protocol):
-    """How one protocol answers a request the guard stopped and a route that failed."""
+    """How one protocol answers a request the guard stopped, a route that failed and a missed deadline."""
 
     protocol: str  # errorbody.OIP | errorbody.OPENAI: the contexts' protocol
 
     def refusal(self, verdict: Verdict, model: str | None) -> Reply: ...
 
     def failure(self, what: str, exc: Exception, context: RequestContext) -> Reply: ...
+
+    def expired(self, context: RequestContext) -> Reply: ...
 
 
 class RpcShape(Protocol):
@@ -92,7 +101,7 @@ class Pipeline:
         self.model = model  # the model every request here is for (a replica's); None: the route learns it
 
     def context(self, headers: Any) -> RequestContext:
-        """The context of a request with ``headers`` (``ContextError`` for an id it cannot take)."""
+        """The context of a request with ``headers`` (``ContextError`` for an id or a timeout it cannot take)."""
         return request_context(headers, self.settings, self.shape.protocol, self.model)
 
     async def reply(self, request: Any, route: Route, *, health: bool = False) -> Reply:
@@ -112,6 +121,8 @@ class Pipeline:
     async def _route(self, what: str, route: Route, context: RequestContext) -> Reply:
         try:
             return await route(context)
+        except DeadlineExceeded as exc:  # the protocol's 504
+            return self.shape.expired(exc.context)
         except Exception as exc:  # the protocol's 500, the request id, one log line with the traceback
             return self.shape.failure(what, exc, context)
 
@@ -144,6 +155,8 @@ class Pipeline:
             return RpcReply(None, 400, exc.message, self.refused_model)
         try:
             return await route(call)
+        except DeadlineExceeded as exc:  # DEADLINE_EXCEEDED
+            return RpcReply(None, 504, str(exc), call.model)
         except Exception as exc:  # INTERNAL, the request id, one log line with the traceback
             return RpcReply(None, 500, internal_error(f"gRPC {rpc}", exc, call.request_id))
 

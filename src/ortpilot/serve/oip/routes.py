@@ -156,7 +156,7 @@ HEALTH = frozenset(HEALTH_PATHS)  # open without a key unless --auth-health
 
 
 class OipErrors:
-    """The Open Inference Protocol's ``pipeline.ErrorShape``: ``{"error": "..."}`` for both."""
+    """The Open Inference Protocol's ``pipeline.ErrorShape``: ``{"error": "..."}`` for each."""
 
     protocol = OIP
 
@@ -165,6 +165,9 @@ class OipErrors:
 
     def failure(self, what: str, exc: Exception, context: RequestContext) -> Reply:
         return error_reply(500, internal_error(what, exc, context.request_id))
+
+    def expired(self, context: RequestContext) -> Reply:
+        return error_reply(504, context.expired_message(), context.model)
 
 
 def refusal(verdict: Any, model: str | None = None) -> Reply:

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ortpilot.serve.context import RequestContext
+from ortpilot.serve.context import DeadlineExceeded, RequestContext
 from ortpilot.serve.defaults import REPLICA_RETRIES, retry_delay_s
 from ortpilot.serve.http import Reply, dispatch, replica_gone, replica_logging
 from ortpilot.serve.oip.grpc_codec import messages, server_metadata
@@ -105,20 +105,24 @@ class ServerApp(UnservedRpcs):
     @guarded()
     async def ModelInfer(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
         """Relay a call that named no application to its model, again on another replica if its replica died;
-        the replica gets the call's context."""
+        the replica gets the call's context (its id and deadline)."""
         call = context.for_model(request.model_name)
         return await self._relay(request.model_name, call, lambda handle: handle.infer_message.remote(request, call))
 
     async def _relay(self, name: str, context: RequestContext, send: Callable[[Any], Awaitable[RpcReply]]) -> RpcReply:
-        """What model ``name``'s replica answers to ``send(handle)`` for the call with ``context`` (NOT_FOUND
+        """What model ``name``'s replica answers to ``send(handle)`` before ``context``'s deadline (NOT_FOUND
         for a model not served, UNAVAILABLE when it has no replica); a call its replica died under runs again
         elsewhere, as inference and metadata are idempotent. Ray's error text never reaches the client."""
         handle = self._model(name)
         if isinstance(handle, RpcReply):
             return handle
         for attempt in range(REPLICA_RETRIES + 1):
+            response = send(handle)
             try:
-                return await send(handle)
+                return await context.within(response)
+            except DeadlineExceeded:  # the pipeline's 504; the replica stops too (it has the deadline)
+                response.cancel()
+                raise
             except (Exception, asyncio.CancelledError) as exc:
                 if isinstance(exc, asyncio.CancelledError) and not replica_gone(exc):
                     raise  # this call itself was cancelled: its client went away

@@ -4,7 +4,7 @@ health probes, in front of one deployment per decoder.
 The ingress parses and checks a request (400 for bad input, 404 for an unknown model) through the
 request pipeline (``serve.pipeline``: guard, context, route, errors in OpenAI's shape, CORS, count,
 access log) and hands a generation with its ``RequestContext`` to ``relay``, which calls a decoder
-replica and shapes its answer. Ray is imported only inside the functions here.
+replica and shapes its answer before the deadline. Ray is imported only inside the functions here.
 """
 
 from __future__ import annotations
@@ -18,14 +18,23 @@ from ortpilot.serve.errorbody import OPENAI
 from ortpilot.serve.http import Reply
 from ortpilot.serve.openai.metrics import DecoderMetrics, EngineHeartbeat
 from ortpilot.serve.openai.relay import Relay
-from ortpilot.serve.openai.wire import ROUTE_PREFIX, ApiError, json_answer, model_object, not_found, now, parse_request
+from ortpilot.serve.openai.wire import (
+    ROUTE_PREFIX,
+    ApiError,
+    deadline_error,
+    json_answer,
+    model_object,
+    not_found,
+    now,
+    parse_request,
+)
 from ortpilot.serve.pipeline import Pipeline
 from ortpilot.serve.records import RequestSettings
 
 
 class OpenAIErrors:
     """OpenAI's ``pipeline.ErrorShape``: ``{"error": {"message", "type", "param", "code"}}``; an ApiError a
-    route raised is its own answer, any other exception a 500 with the request id."""
+    route raised is its own answer, any other exception a 500 with the request id, a missed deadline a 504."""
 
     protocol = OPENAI
 
@@ -42,6 +51,9 @@ class OpenAIErrors:
         from ortpilot.serve.http import internal_error
 
         return ApiError(500, internal_error(what, exc, context.request_id), kind="server_error", code=None).reply()
+
+    def expired(self, context: RequestContext) -> Reply:
+        return deadline_error(context).reply()
 
 
 SERVER_PATHS = ("/metrics", *HEALTH_PATHS)

@@ -4,7 +4,10 @@ and its events shaped into one JSON answer or server-sent events ending in ``dat
 
 When a client goes away, Ray cancels the ingress's request and its handle call; the replica's
 generator cancels the stream, and the scheduler frees the slot before its next step. The request's
-``RequestContext`` goes to the replica with it.
+``RequestContext`` goes to the replica with it: a streamed answer must start (its first token) before
+the deadline, a whole answer must be complete by then; past it the relay cancels the call and the
+pipeline answers 504 (the replica, which has the deadline too, never runs a request that expired in its
+queue).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
-from ortpilot.serve.context import RequestContext, new_request_id
+from ortpilot.serve.context import DeadlineExceeded, RequestContext, new_request_id
 from ortpilot.serve.defaults import REPLICA_RETRIES, retry_delay_s
 from ortpilot.serve.errorbody import OPENAI
 from ortpilot.serve.http import Reply, replica_gone
@@ -49,14 +52,18 @@ class Relay:
         self.handles = handles
 
     async def open(self, req: GenerationRequest, context: RequestContext) -> tuple[DecodeEvent, Any]:
-        """(the replica's first event, its event stream), on another replica when the first one died first."""
+        """(the replica's first event, its event stream), on another replica when the first one died first;
+        ``DeadlineExceeded`` (the call cancelled) when the first event does not come before the deadline."""
         handle = self.handles.get(req.model)
         if handle is None:
             raise not_found(req.model, list(self.handles))
         for attempt in range(REPLICA_RETRIES + 1):
             events = handle.options(stream=True).generate.remote(req, context)
             try:
-                return await events.__anext__(), events
+                return await context.within(events.__anext__()), events
+            except DeadlineExceeded:
+                events.cancel()
+                raise
             except StopAsyncIteration:
                 raise ApiError(
                     500, "the decoder replica ended the request without an answer", kind="server_error"
@@ -111,7 +118,8 @@ class Relay:
         on_stream_end: Callable[[], None] = lambda: None,
     ) -> Reply:
         """One JSON answer, or (``stream``) server-sent events ending in ``data: [DONE]``; ``on_stream_end``
-        runs once a stream's last chunk went out or its client went away; ``context`` travels to the replica."""
+        runs once a stream's last chunk went out or its client went away. ``DeadlineExceeded`` when the
+        answer (a stream: its first token) does not come before ``context``'s deadline (None: no deadline)."""
         context = context or RequestContext(new_request_id(), OPENAI, None, model=req.model)
         first, events = await self.open(req, context)
         if first.type == ERROR:
@@ -120,6 +128,12 @@ class Relay:
         if req.stream:
             stream = self._sse(req, context, ident, created, first, events, on_stream_end)
             return Reply(200, b"", "text/event-stream", {"Cache-Control": "no-cache"}, stream=stream)
+        return await context.within(self._whole(req, context, ident, created, events))
+
+    async def _whole(
+        self, req: GenerationRequest, context: RequestContext, ident: str, created: int, events: Any
+    ) -> Reply:
+        """The JSON answer of a request that is not streamed, from its events after the first."""
         parts, end = [], None
         async with aclosing(self.events(req, context, events, restart=True)) as stream:
             async for event in stream:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ortpilot.serve.context import RequestContext
 from ortpilot.serve.errorbody import openai_error
 from ortpilot.serve.http import Reply, printable
 
@@ -161,6 +162,11 @@ def json_answer(status: int, doc: Any, headers: Mapping[str, str] | None = None)
     """A JSON answer as OpenAI's API writes it (compact, UTF-8 text as is)."""
     body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
     return Reply(status, body, headers=dict(headers) if headers else None)
+
+
+def deadline_error(context: RequestContext) -> ApiError:
+    """The 504 of a request whose ``RequestContext`` deadline passed before its answer (or its first token)."""
+    return ApiError(504, context.expired_message(), kind="server_error", code="timeout")
 
 
 def not_found(model: str, known: list[str]) -> ApiError:
@@ -477,6 +483,7 @@ __all__ = [
     "GenerationRequest",
     "chunk_body",
     "completion_body",
+    "deadline_error",
     "finish_reason",
     "json_answer",
     "model_object",
