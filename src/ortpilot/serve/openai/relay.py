@@ -33,6 +33,7 @@ from ortpilot.serve.openai.wire import (
     GenerationRequest,
     chunk_body,
     completion_body,
+    deadline_error,
     finish_reason,
     json_answer,
     new_id,
@@ -192,6 +193,8 @@ class Relay:
                     yield sse(ApiError.from_event(event).body())
                     return
             yield sse("[DONE]")
+        except DeadlineExceeded:  # its replica died before its first text and no other started it in time
+            yield sse(deadline_error(context).body())
         except Exception as exc:  # the replica died after tokens were sent: the stream ends with an error event
             from ortpilot.serve.http import internal_error
 
