@@ -116,6 +116,23 @@ def test_finished_and_cancelled_streams_free_their_slot_at_once(
     assert c.tokens == reference[5]
 
 
+def test_a_request_still_queued_at_its_deadline_is_never_admitted(
+    fused_gen: Generator, reference: list[list[int]]
+) -> None:
+    import time
+
+    scheduler = Scheduler(fused_gen, max_streams=1, max_queue=4, max_length=128)
+    busy = scheduler.submit(PROMPTS[0], NEW[0])
+    late = scheduler.submit(PROMPTS[2], NEW[2], deadline=time.monotonic() - 1)  # passed while it waits
+    timely = scheduler.submit(PROMPTS[5], NEW[5], deadline=time.monotonic() + 3600)
+    scheduler.step()
+    assert late.done and late.stop_reason == "deadline" and late.tokens == [] and late.slot is None
+    assert late.admitted_at is None and busy.slot == 0 and timely.slot is None
+    scheduler.run_until_idle()
+    assert busy.tokens == reference[0] and timely.tokens == reference[5]  # the others as if it never came
+    assert scheduler.counters()["finished"]["deadline"] == 1
+
+
 def test_each_request_samples_with_its_own_settings(fused_gen: Generator, reference: list[list[int]]) -> None:
     sampling = SamplingConfig(temperature=0.8, top_p=0.9, seed=7)
     alone = fused_gen.generate(PROMPTS[4], 16, sampling=sampling).tokens[0]

@@ -144,3 +144,27 @@ def test_inspect_measures_openvino_support(demo_paths):
     assert proc.returncode == 0, proc.stderr
     [entry] = json.loads(proc.stdout)["unsupported_ops"]
     assert entry["provider"] == OV and entry["checked"] and entry["unsupported"] == []
+
+
+def test_openvino_compiles_a_session_per_bucket_and_padding_to_it_changes_no_answer(demo_paths):
+    """A shape plan on OpenVINO (session.shaped): each bucket's session has the sequence fixed, so OpenVINO
+    compiles it for a static shape; requests at their own length come back at their length, as the CPU EP
+    gives them unpadded."""
+    from ortpilot.session.shaped import load_shaped
+    from ortpilot.session.shapeplan import ShapePlan
+
+    model = str(demo_paths["encoder"])  # a BERT-style encoder whose attention honours its mask
+    axes = (("input_ids", 1), ("attention_mask", 1), ("token_type_ids", 1))
+    shaped = load_shaped(model, [OV], "strict", ShapePlan("sequence", (8, 16), axes))
+    plain = load(model, [CPU], "strict")
+    assert shaped.providers[0] == OV and {s.providers[0] for s in shaped.buckets.values()} == {OV}
+    for n in (3, 8, 13):
+        feeds = {
+            "input_ids": np.arange(5, 5 + n, dtype=np.int64)[None],
+            "attention_mask": np.ones((1, n), np.int64),
+            "token_type_ids": np.zeros((1, n), np.int64),
+        }
+        got, want = shaped.run(None, feeds)[0], plain.run(None, feeds)[0]
+        assert got.shape == want.shape == (1, n, want.shape[-1])
+        assert np.allclose(got, want, atol=1e-3), n
+    assert dict(shaped.served) == {"8": 2, "16": 1}

@@ -56,3 +56,24 @@ def test_other_signatures_wait_for_their_own_run_and_one_failure_stays_one_reque
     out = asyncio.run(main())
     assert sorted(log) == [2, 4]  # (1, 2) requests in one run, (1, 3) in another
     assert isinstance(out[-1], ValueError) and all(isinstance(o, dict) for o in out[:-1])
+
+
+def test_a_request_whose_deadline_passed_while_it_waited_is_left_out_of_the_run():
+    from ortpilot.serve.oip.batcher import Expired
+
+    log: list[int] = []
+    hold = threading.Event()
+
+    async def main():
+        batcher = Batcher(_runner(log, hold), ThreadPoolExecutor(1), max_batch=8)
+        first = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 2))}))
+        await asyncio.sleep(0.05)  # the first run is busy (held) while the next two wait
+        late = asyncio.ensure_future(batcher.submit({"x": np.full((1, 2), 7.0)}, deadline=time.time() - 1))
+        timely = asyncio.ensure_future(batcher.submit({"x": np.full((1, 2), 3.0)}, deadline=time.time() + 3600))
+        await asyncio.sleep(0.05)
+        hold.set()
+        return await asyncio.gather(first, late, timely, return_exceptions=True)
+
+    _first, late, timely = asyncio.run(main())
+    assert isinstance(late, Expired) and log == [1, 1]  # the second run held the timely request alone
+    np.testing.assert_array_equal(timely["y"], np.full((1, 2), 6.0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -51,12 +52,59 @@ def test_ready_lines_and_documents():
     assert served.to_dict()["ingress"]["grpc"] == "127.0.0.1:9" and served.to_dict()["models"][0]["replicas"] == 2
 
 
+def test_rays_all_interface_grpc_binds_move_to_loopback_only_when_the_environment_asks(monkeypatch):
+    from ortpilot.serve import loopback
+    from ortpilot.serve.fastpath import GRPC_LOOPBACK_ENV
+
+    binds: list[str] = []
+    bind = loopback.on_loopback(lambda server, address: binds.append(address) or 1)
+    assert loopback.on_loopback(bind) is bind  # wrapped once however often a stack installs it
+    bind(None, "[::]:0")
+    bind(None, "[::]:9000")
+    bind(None, "10.0.0.5:9000")  # an address Ray was given explicitly stays as it is
+    assert binds == ["127.0.0.1:0", "127.0.0.1:9000", "10.0.0.5:9000"]
+    monkeypatch.delenv(GRPC_LOOPBACK_ENV, raising=False)
+    assert loopback.install() is False  # a server on another host: Ray's binds as they are
+
+
 def test_a_taken_port_is_a_usage_error_before_anything_starts():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         with pytest.raises(UsageError, match="--grpc-port"):
             check_port("127.0.0.1", sock.getsockname()[1], "--grpc-port")
+
+
+def _time_wait_port() -> int:
+    """A port on 127.0.0.1 that holds only a TIME-WAIT socket: a listener (with SO_REUSEADDR, as HAProxy's
+    and Ray's are; its connections inherit it) that accepted a connection and closed it first, as a
+    stopped server does, then closed itself."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the server side closes first: its end goes to TIME-WAIT once the client closes
+        client.recv(1)
+        client.close()
+    states = [line.split()[3] for line in Path("/proc/net/tcp").read_text().splitlines()[1:] if f":{port:04X} " in line]
+    assert "06" in states and "0A" not in states, states  # 06: TIME_WAIT, 0A: LISTEN
+    return port
+
+
+def test_a_port_holding_only_time_wait_sockets_is_free_one_with_a_listener_is_not():
+    port = _time_wait_port()
+    with socket.socket() as plain, pytest.raises(OSError):  # a bind without SO_REUSEADDR calls it busy
+        plain.bind(("127.0.0.1", port))
+    check_port("127.0.0.1", port)  # the listeners serve starts bind with SO_REUSEADDR: free for them
+    with socket.socket() as live:
+        live.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        live.bind(("127.0.0.1", port))
+        live.listen()
+        with pytest.raises(UsageError, match=f"Port {port} on 127.0.0.1 is not free"):
+            check_port("127.0.0.1", port)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
+import time
 
 import pytest
 
@@ -94,3 +96,108 @@ def test_ingress_proxy_says_why():
     path = choose("proxy", throughput_optimized=True)
     assert not path.haproxy and any("--ingress proxy" in note for note in path.notes)
     assert path.describe().startswith("Ray Serve proxy -> replica")
+
+
+# Requests with a valid request line and a header HAProxy refuses (RFC 9112: a request smuggler's tools).
+BROKEN_HEADERS = {
+    "two Host headers": b"GET /v2 HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    "Content-Length -5": b"POST /v2 HTTP/1.1\r\nHost: a\r\nContent-Length: -5\r\n\r\n",
+    "Content-Length abc": b"POST /v2 HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n",
+    "two Content-Lengths": b"POST /v2 HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    "Transfer-Encoding xchunked": b"POST /v2 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: xchunked\r\n\r\n",
+    "obs-folded Transfer-Encoding": b"POST /v2 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n x\r\n\r\n",
+    "a NUL in a header": b"GET /v2 HTTP/1.1\r\nHost: a\r\nX-A: b\x00c\r\n\r\n",
+    "a space before the colon": b"GET /v2 HTTP/1.1\r\nHost: a\r\nAuthorization : Bearer k\r\n\r\n",
+}
+MUX_ERRORFILES = (3, 3)  # the first HAProxy whose H1 mux answers these with the errorfile (haproxy#3032)
+
+
+def _haproxy_version(binary: str) -> tuple[int, int]:
+    first = subprocess.run([binary, "-v"], capture_output=True, text=True, check=True).stdout.split()
+    major, minor = first[first.index("version") + 1].split(".")[:2]
+    return int(major), int(minor)
+
+
+def _answer(port: int, raw: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(raw)
+        chunks = []
+        while chunk := sock.recv(65536):  # HAProxy closes the connection after its 400
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("protocol", ["oip", "openai"])
+def test_a_broken_header_is_haproxys_400_and_never_reaches_a_replica(tmp_path, protocol):
+    """A real HAProxy (the one ray[serve] installs) with the wrapper's config in front of a stand-in replica:
+    each broken header is a 400 that closes the connection and reaches no replica. Its body is the
+    protocol's JSON error where HAProxy's H1 mux answers with the configured errorfile; HAProxy 2.8
+    (Ray 2.60's) answers these parse errors with its compiled-in HTML page whatever the config says, so
+    there the body check is an expected failure (docs/commands/serve.md says so)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from serve_procs import free_port
+
+    from ortpilot.serve.fastpath import haproxy_binary
+
+    binary = haproxy_binary()
+    if binary is None:
+        pytest.skip("no HAProxy binary (ray[serve] installs one on Linux x86-64 and arm64)")
+    reached: list[str] = []
+
+    class Replica(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            reached.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    replica = ThreadingHTTPServer(("127.0.0.1", 0), Replica)
+    threading.Thread(target=replica.serve_forever, daemon=True).start()
+    folder = tmp_path / "h"
+    folder.mkdir()
+    wrapper = write_wrapper(folder, binary, Timeouts(), protocol=protocol)
+    port = free_port()
+    cfg = folder / "haproxy.cfg"
+    cfg.write_text(
+        "global\n    maxconn 100\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n"
+        f"    timeout server 30s\nfrontend http_frontend\n    bind 127.0.0.1:{port}\n    default_backend replica\n"
+        f"backend replica\n    server r 127.0.0.1:{replica.server_address[1]}\n"
+    )
+    proc = subprocess.Popen([str(wrapper), "-f", str(cfg), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(100):  # until HAProxy answers a good request (through to the replica)
+            try:
+                if _answer(port, b"GET /ok HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").startswith(
+                    b"HTTP/1.1 200"
+                ):
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            time.sleep(0.1)
+        answers = {case: _answer(port, raw) for case, raw in BROKEN_HEADERS.items()}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        replica.shutdown()
+    assert reached == ["/ok"]  # no broken request reached the replica
+    for case, answer in answers.items():
+        head, _, _ = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and b"Connection: close" in head, (case, answer[:300])
+    bodies = {case: answer.partition(b"\r\n\r\n")[2] for case, answer in answers.items()}
+    if _haproxy_version(binary) < MUX_ERRORFILES:
+        assert all(b"<h1>400 Bad request</h1>" in body for body in bodies.values()), bodies
+        pytest.xfail("HAProxy before 3.3 answers a request it cannot parse with its own HTML page (haproxy#3032)")
+    for case, body in bodies.items():
+        error = json.loads(body)["error"]
+        message = error if protocol == "oip" else error["message"]
+        assert "not valid HTTP" in message, (case, body)

@@ -238,6 +238,8 @@ HOSTILE = [
     ("longer than the positions", "m", _encoder_body(600), {}, 400, "'input_ids' has 600 positions"),
     ("a token past the vocabulary", "m", _encoder_body(4, value=5000), {}, 400, "table of 1000 rows"),
     ("a token type past its table", "m", _encoder_body(4, token_type=9), {}, 400, "'token_type_ids' holds 9"),
+    ("a negative token id", "m", _encoder_body(4, value=-5), {}, 400, "'input_ids' holds -5"),
+    ("a negative token id within the table's size", "m", _encoder_body(4, value=-1000), {}, 400, "from 0 to 999"),
     ("unknown version", "m/versions/999", _encoder_body(4), {}, 404, "no version '999'"),
     ("unknown model", "nope", _encoder_body(4), {}, 404, "Unknown model 'nope'"),
     (

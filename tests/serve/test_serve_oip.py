@@ -244,3 +244,34 @@ def test_an_idle_replica_stays_ready_on_its_heartbeat_alone(server):
     with urllib.request.urlopen(f"http://{server.url}/v2/health/ready", timeout=30) as resp:
         assert resp.status == 200
     assert _metrics(server)['ortpilot_replica_verified{model="mlp"}'] == 1
+
+
+def test_the_request_id_comes_back_and_a_request_past_its_deadline_is_504(server):
+    """X-Request-Id comes back once (or Ray Serve's own); X-Request-Timeout shortens the deadline: a
+    microsecond passes before the replica could run the request, so it answers 504 in the protocol's shape
+    without running it."""
+    x = np.ones((1, 64), np.float32)
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]})
+
+    def post(headers):
+        req = urllib.request.Request(
+            f"http://{server.url}/v2/models/mlp/infer",
+            data=body.encode(),
+            headers={"Content-Type": "application/json", **headers},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return resp.status, resp.headers, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers, json.loads(exc.read())
+
+    status, headers, doc = post({"X-Request-Id": "e2e-trace-1"})
+    assert status == 200 and headers.get_all("X-Request-Id") == ["e2e-trace-1"] and doc["outputs"][0]["name"] == "y"
+    status, headers, doc = post({})  # Ray Serve's own request id then (a UUID)
+    assert status == 200 and re.fullmatch(r"[!-~]{1,128}", headers["X-Request-Id"])
+    assert headers["X-Request-Id"] != "e2e-trace-1"
+    status, headers, doc = post({"X-Request-Timeout": "0.000001", "X-Request-Id": "e2e-late"})
+    assert status == 504 and headers["X-Request-Id"] == "e2e-late", doc
+    assert "within its deadline of 1e-06 s" in doc["error"] and "was not run" in doc["error"]
+    status, _headers, doc = post({"X-Request-Timeout": "never"})
+    assert status == 400 and "X-Request-Timeout 'never'" in doc["error"]

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
+from listeners import tree_ports
 from openai_procs import OpenAIServer, client_modules
+from serve_procs import Server, free_port
 
 openai, httpx = client_modules()
 
@@ -290,3 +292,35 @@ def test_metrics_sum_the_engines_counters_and_count_requests(demo_server: OpenAI
     assert after['ortpilot_decode_replicas{model="decoder"}'] == 1
     assert 'ortpilot_decode_prefix_cache_hits_total{model="decoder"}' in after
     assert httpx.get(f"http://{demo_server.url}/v2/health/ready", timeout=30).status_code == 200
+
+
+def test_nothing_a_decoder_server_starts_listens_beyond_its_host(tmp_path) -> None:
+    """Without --address the command starts its own Ray: every TCP listener and bound UDP socket of its
+    process tree (Ray, HAProxy, the ingress and both decoder replicas, whose inter-deployment gRPC servers
+    Ray binds on every interface) is on 127.0.0.1, the --host."""
+    server = Server(
+        ["demo:decoder", "--replicas", "2", "--cpus-per-replica", "1", "--no-access-log"],
+        free_port(),
+        tmp_path / "serve.err",
+    )
+    try:
+        assert server.ready and server.ready[0].startswith("decoder: 2 replicas ready"), server.stderr[-3000:]
+        ports = tree_ports(server.proc.pid)
+        assert server.port in {port for _p, _a, port in ports}, ports
+        wide = [(proto, address, port) for proto, address, port in ports if address != "127.0.0.1"]
+        assert not wide, wide
+    finally:
+        code = server.stop()
+    assert code == 0, server.log.read_text(errors="replace")[-3000:]
+
+
+def test_the_request_id_comes_back_and_a_generation_past_its_deadline_is_504(demo_server: OpenAIServer) -> None:
+    body = {"model": "decoder", "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    ok = httpx.post(f"{demo_server.base_url}/completions", json=body, headers={"X-Request-Id": "gen-1"}, timeout=60)
+    assert ok.status_code == 200 and ok.headers["x-request-id"] == "gen-1"
+    late = httpx.post(
+        f"{demo_server.base_url}/completions", json=body, headers={"X-Request-Timeout": "0.000001"}, timeout=60
+    )
+    error = late.json()["error"]
+    assert late.status_code == 504 and error["code"] == "timeout" and error["type"] == "server_error", error
+    assert "within its deadline of 1e-06 s" in error["message"] and late.headers["x-request-id"]

@@ -3,7 +3,6 @@ batching stacks requests, and the CLI's start and stop (local Ray, exit codes)."
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import shutil
@@ -19,6 +18,8 @@ import numpy as np
 import pytest
 
 th = pytest.importorskip("tritonclient.http")
+from listeners import descendants as _descendants
+from listeners import open_ports as _open_ports
 from serve_procs import GRPC_RETRY_CHANNEL_ARGS, Server, free_port
 
 import ortpilot
@@ -262,61 +263,6 @@ def _batch_counts(server, model, rows_at_least: float = 0.0, timeout: float = 20
         time.sleep(0.5)
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _sockets(pids: set[int]) -> set[str]:
-    """The socket inodes the processes ``pids`` hold."""
-    found = set()
-    for pid in pids:
-        try:
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                try:
-                    target = os.readlink(fd)
-                except OSError:
-                    continue
-                if target.startswith("socket:["):
-                    found.add(target[8:-1])
-        except OSError:
-            continue
-    return found
-
-
-def _address(hexaddr: str) -> str:
-    raw = bytes.fromhex(hexaddr.split(":")[0])
-    if len(raw) == 4:
-        return ".".join(str(b) for b in raw[::-1])
-    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
-    return str(ipaddress.IPv6Address(words).ipv4_mapped or ipaddress.IPv6Address(words))
-
-
-def _open_ports(pids: set[int]) -> list[tuple[str, str, int]]:
-    """(protocol, address, port) of every TCP listener and bound UDP socket the processes hold."""
-    inodes, found = _sockets(pids), []
-    for proto in ("tcp", "tcp6", "udp", "udp6"):
-        for line in Path(f"/proc/net/{proto}").read_text().splitlines()[1:]:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if inode in inodes and (state == "0A" or proto.startswith("udp")):  # 0A: LISTEN
-                found.append((proto, _address(local), int(local.rpartition(":")[2], 16)))
-    return found
-
-
 def test_without_address_serve_starts_a_local_ray_on_loopback_and_sigterm_drains_and_stops_all_of_it(tmp_path):
     grpc_port = free_port()
     server = Server(["demo:mlp", "--grpc-port", str(grpc_port)], free_port(), tmp_path / "serve.err")
@@ -375,6 +321,52 @@ def test_a_port_in_use_exits_2_before_ray_starts(tmp_path):
         )
     assert proc.returncode == 2 and f"Port {port}" in proc.stderr and "not free" in proc.stderr
     assert "Ray" not in proc.stderr.split("error:")[0]  # nothing started before the message
+
+
+def test_more_models_than_cpus_share_them_from_the_start(tmp_path):
+    """One model more than the CPU budget, on the local Ray instance serve starts: every replica gets a
+    fraction of a CPU and one intra-op thread, so all of them are scheduled at once and ready within a
+    short --ready-timeout (with a whole CPU each, the last one waited for a CPU that never came free)."""
+    from ortpilot.providers.cpubudget import this_budget
+    from ortpilot.serve.options import cpu_share
+
+    budget = this_budget().cpus
+    if budget > 3:
+        pytest.skip(f"{budget + 1} models on {budget} CPUs is more than this test should start")
+    names = [f"m{i}" for i in range(budget + 1)]
+    args = ["demo:mlp"] * len(names) + [a for name in names for a in ("--name", name)]
+    server = Server([*args, "--ready-timeout", "90", "--no-access-log"], free_port(), tmp_path / "serve.err")
+    try:
+        assert len(server.ready) == len(names), server.stderr[-3000:]
+        for name in names:
+            with urllib.request.urlopen(f"http://{server.url}/v2/models/{name}", timeout=30) as resp:
+                (replica,) = json.loads(resp.read())["ortpilot"]["replicas"]
+            assert replica["cpus"] == cpu_share(budget, len(names)) < 1 and replica["intra_op_threads"] == 1
+    finally:
+        code = server.stop()
+    assert code == 0, server.log.read_text(errors="replace")[-3000:]
+
+
+def test_cpus_per_replica_that_does_not_fit_exits_2_before_ray_starts():
+    import subprocess
+
+    from serve_procs import CLI, cli_env
+
+    from ortpilot.providers.cpubudget import this_budget
+
+    budget = this_budget().cpus
+    proc = subprocess.run(
+        [*CLI, "serve", "demo:mlp", "demo:mlp", "--name", "a", "--name", "b"]
+        + ["--cpus-per-replica", str(budget), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    message = " ".join(proc.stderr.split())
+    assert f"for {2 * budget} CPUs" in message and "only 1 would start now" in message, message
+    assert "Leave --cpus-per-replica out" in message and "Ray" not in message.split("error:")[0]
 
 
 def test_a_profile_that_cannot_load_exits_naming_it(tmp_path, tuned_encoder):

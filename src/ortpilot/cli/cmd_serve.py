@@ -95,7 +95,8 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
     "--cpus-per-replica",
     type=float,
     default=None,
-    help="Ray CPUs per replica; ORT's intra-op threads are set to it (default: the CPU budget shared by all replicas).",
+    help="Ray CPUs per replica; ORT's intra-op threads are set to it (default: the CPU budget shared by all replicas, "
+    "a fraction of a CPU each when they outnumber the CPUs).",
 )
 @click.option(
     "--max-batch",
@@ -151,7 +152,8 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
     type=click.IntRange(min=1),
     default=DEFAULT_REQUEST_TIMEOUT_S,
     show_default=True,
-    help="Seconds a request may take, body included (a slow client gets 408).",
+    help="Seconds a request may take, body included (a slow body gets 408, a late answer 504; a client may ask "
+    "for less with X-Request-Timeout).",
 )
 @click.option(
     "--idle-timeout",

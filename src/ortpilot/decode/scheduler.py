@@ -5,8 +5,8 @@
 429), are admitted into the lowest free slot, prefilled (whole, or ``prefill_chunk`` tokens per
 iteration), and then decode together with every other admitted request, one token per step. A
 request that meets a stop id, its ``max_new_tokens``, the slot's length or a ``cancel`` (a
-client gone) frees its slot before the next step. Each request samples with its own settings
-and its own seeded generator.
+client gone) frees its slot before the next step; one still queued at its ``deadline`` is never
+admitted. Each request samples with its own settings and its own seeded generator.
 
 What the engine adds on top (``EngineOptions``, docs/concepts/decode-engine.md): each step on the
 weight format measured fastest for its row count (decode/formats.py), prompts that start with a
@@ -84,7 +84,7 @@ class StreamMetrics:
     decode_s: float  # first token -> last token
     ms_per_token: float  # decode_s per token after the first (0 for a single token)
     total_s: float
-    stop_reason: str  # stop_token, max_new_tokens, max_length, cancelled, error
+    stop_reason: str  # stop_token, max_new_tokens, max_length, cancelled, deadline, error
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,8 +102,10 @@ class Stream:
         sampling: SamplingConfig,
         stop_tokens: frozenset[int],
         on_token: TokenCallback | None,
+        deadline: float | None = None,
     ) -> None:
         self.id = ident
+        self.deadline = deadline  # a time.monotonic() instant: still queued then, it is not run
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
@@ -283,8 +285,11 @@ class Scheduler:
         sampling: SamplingConfig | None = None,
         stop_tokens: Sequence[int] = (),
         on_token: TokenCallback | None = None,
+        deadline: float | None = None,
     ) -> Stream:
-        """Queue a request; raises UsageError for one that cannot fit, QueueFullError when full."""
+        """Queue a request; raises UsageError for one that cannot fit, QueueFullError when full. A request
+        still queued at ``deadline`` (a ``time.monotonic()`` instant) is never admitted: it ends, with no
+        tokens, as ``deadline``."""
         ids, _ = self.generator._prompt(prompt_ids, None)
         if ids.shape[0] != 1:
             raise UsageError(f"A request is one prompt; got a batch of {ids.shape[0]}.")
@@ -310,6 +315,7 @@ class Scheduler:
                 sampling or SamplingConfig(),
                 frozenset(int(t) for t in stop_tokens),
                 on_token,
+                deadline,
             )
             self._waiting.append(stream)
             self.engine.requests += 1
@@ -347,9 +353,11 @@ class Scheduler:
 
     # The engine.
     def step(self) -> bool:
-        """Drop cancelled requests, admit and prefill, then one decode step; True while work remains."""
+        """Drop cancelled requests and queued ones past their deadline, admit and prefill, then one decode
+        step; True while work remains."""
         with self._cond:
             self._drop_cancelled()
+            self._drop_expired()
             self._admit()
             prefilling = list(self._prefilling)
         self._prefill(prefilling)
@@ -507,6 +515,12 @@ class Scheduler:
         for stream in [*self._waiting, *self._prefilling, *self._active.values()]:
             if stream.cancel_requested:
                 self._retire(stream, "cancelled")
+
+    def _drop_expired(self) -> None:
+        """Queued requests whose deadline passed end before admission: they are never run."""
+        now = time.monotonic()
+        for stream in [s for s in self._waiting if s.deadline is not None and now >= s.deadline]:
+            self._retire(stream, "deadline")
 
     # The engine thread.
     def start(self) -> Scheduler:

@@ -36,8 +36,8 @@ INGRESS_CHOICES = ("auto", "haproxy", "proxy")
 MIN_RAY = (2, 60)  # the first Ray whose Serve has HAProxy ingress and direct ingress
 REPLICA_PORTS = 64  # ports per range a server's replicas may take (one per replica and protocol)
 DRAIN_S = 2  # a direct-ingress replica stays reachable this long after it is told to stop (Ray: 30)
-# Read by the OIP stack's gRPC fixes (``oip.grpc_service``) in Ray's processes: bind Ray's gRPC servers on
-# loopback, and the application a gRPC call that names none is for.
+# Read in Ray's processes: bind Ray's gRPC servers on loopback (``loopback``, both stacks), and the application
+# a gRPC call that names none is for (the OIP stack's ``oip.grpc_service``).
 GRPC_LOOPBACK_ENV = "ORTPILOT_GRPC_LOOPBACK"
 GRPC_APP_ENV = "ORTPILOT_GRPC_APP"
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ortpilot.serve.context import DeadlineExceeded, RequestContext
 from ortpilot.serve.errorbody import oip_error
 
 
@@ -43,7 +44,7 @@ def error_reply(status: int, message: str, model: str | None = None) -> Reply:
     return json_reply(status, oip_error(message), model)
 
 
-Handler = Callable[..., Awaitable[Reply]]
+Handler = Callable[..., Awaitable[Reply]]  # (request, context, **path fields)
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,11 @@ def route(method: str, path: str, handler: Handler) -> Route:
 log = logging.getLogger("ortpilot.serve")
 
 
-async def dispatch(routes: list[Route], request: Any, path: str | None = None) -> Reply:
+async def dispatch(routes: list[Route], request: Any, context: RequestContext, path: str | None = None) -> Reply:
     """The reply of the route matching ``request`` (405 naming the methods a path takes, 404 for no
-    route). A handler that raises is a 500 with a request id, logged once with its traceback: the
-    client sees the id, never the exception."""
+    route); its handler gets the request, its ``context`` and the path's fields. A handler that raises is
+    a 500 with the request id, logged once with its traceback: the client sees the id, never the exception
+    (``DeadlineExceeded`` goes on to the pipeline: a 504)."""
     path = path if path is not None else (request.url.path.rstrip("/") or "/")
     allowed = []
     for r in routes:
@@ -77,9 +79,11 @@ async def dispatch(routes: list[Route], request: Any, path: str | None = None) -
             allowed.append(r.method)
             continue
         try:
-            return await r.handler(request, **match.groupdict())
+            return await r.handler(request, context, **match.groupdict())
+        except DeadlineExceeded:
+            raise
         except Exception as exc:
-            return error_reply(500, internal_error(f"{request.method} {path}", exc))
+            return error_reply(500, internal_error(f"{request.method} {path}", exc, context.request_id))
     if allowed:
         method = printable(request.method, 20)
         return error_reply(405, f"{method} is not allowed on {printable(path)} (use {', '.join(allowed)})")
@@ -150,11 +154,11 @@ def replica_logging() -> None:
         root.addHandler(handler)
 
 
-def internal_error(what: str, exc: BaseException | None = None) -> str:
-    """Log a server-side failure once, with its traceback and a new request id; returns the one line the
-    client gets instead (the id, never the exception)."""
-    ident = uuid.uuid4().hex[:12]
-    log.error("request %s failed (request id %s)", printable(what), ident, exc_info=exc)
+def internal_error(what: str, exc: BaseException | None = None, ident: str | None = None) -> str:
+    """Log a server-side failure once, with its traceback and the request's id (``ident``; a new one without
+    it); returns the one line the client gets instead (the id, never the exception)."""
+    ident = ident or uuid.uuid4().hex[:12]
+    log.error("request %s failed (request id %s)", printable(what), printable(ident, 130), exc_info=exc)
     return f"internal error (request id {ident}); the server log has its details"
 
 

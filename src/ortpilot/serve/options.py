@@ -97,10 +97,27 @@ class ServeOptions:
         return self.autoscale[1] if self.autoscale else self.replicas
 
     def replica_cpus(self, models: int, budget: int) -> float:
-        """Ray CPUs per replica: as given, or the budget shared by every replica that starts."""
+        """Ray CPUs per replica: as given, or the budget shared by every replica that starts, a fraction of a
+        CPU each when there are more replicas than CPUs (so all of them are scheduled at once)."""
         if self.cpus_per_replica is not None:
             return float(self.cpus_per_replica)
-        return float(max(1, budget // max(1, models * max(1, self.initial_replicas))))
+        return cpu_share(budget, models * self.initial_replicas)
+
+    def check_fit(self, models: int, budget: int) -> None:
+        """Exit 2 when the replicas that start, at ``--cpus-per-replica`` each, need more than the ``budget``
+        CPUs of the Ray instance this server starts: Ray would schedule the others only once some stop."""
+        replicas = models * self.initial_replicas
+        cpus = self.replica_cpus(models, budget)
+        if cpus * replicas <= budget + 1e-9:
+            return
+        fit = math.floor(budget / cpus + 1e-9)
+        share = cpu_share(budget, replicas)
+        raise UsageError(
+            f"--cpus-per-replica {cpus:g} asks {replicas} replica(s) ({models} model(s) x "
+            f"{self.initial_replicas}) for {cpus * replicas:g} CPUs, but this machine's CPU budget is {budget}: "
+            f"only {fit} would start now, the others once one stops. Leave --cpus-per-replica out (the replicas "
+            f"then share the {budget} CPUs from the start, {share:g} each), or give {share:g} or less."
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -228,6 +245,16 @@ class ServerOptions:
         )
 
 
+CPU_STEP = 10_000  # Ray counts resources in steps of 1/10000
+
+
+def cpu_share(budget: int, replicas: int) -> float:
+    """``budget`` CPUs shared by ``replicas``: Ray CPUs each, rounded down to Ray's step so that all of them
+    fit together (3 replicas on 2 CPUs: 0.6666 each); ORT gets ``ort_threads`` of it, so a replica's
+    intra-op threads never exceed its share of whole CPUs (and are 1 when the share is below one CPU)."""
+    return math.floor(budget * CPU_STEP / max(1, replicas)) / CPU_STEP
+
+
 def ort_threads(cpus: float) -> int:
     """ORT intra-op threads for a replica given ``cpus`` Ray CPUs: whole CPUs, at least one."""
     return max(1, math.floor(cpus + 1e-9))
@@ -315,6 +342,7 @@ __all__ = [
     "ModelSpec",
     "ServeOptions",
     "ServerOptions",
+    "cpu_share",
     "ort_threads",
     "parse_autoscale",
     "resolve_models",

@@ -34,7 +34,7 @@ from ortpilot.errors import UsageError
 from ortpilot.serve import fastpath
 from ortpilot.serve.defaults import DEFAULT_MAX_REQUEST_MB, megabytes
 from ortpilot.serve.errorbody import OIP
-from ortpilot.serve.options import ServerOptions
+from ortpilot.serve.options import ServeOptions, ServerOptions
 
 log = logging.getLogger("ortpilot")
 R = TypeVar("R")  # what an application's readiness wait returns
@@ -44,8 +44,11 @@ _ERROR_LINE = re.compile(r"(?:ortpilot\.errors\.)?(\w+Error): (.+)")
 
 
 def check_port(host: str, port: int, flag: str = "--port") -> None:
-    """Exit 2 before anything starts when ``host:port`` is taken."""
+    """Exit 2 before anything starts when ``host:port`` is taken. The test bind uses ``SO_REUSEADDR``, as
+    the listeners that will bind it do (HAProxy, Ray's proxy): a port that holds only TIME-WAIT sockets
+    (a server stopped moments ago) is free for them, one with a live listener is not."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
@@ -180,6 +183,16 @@ def _start_ray(address: str | None, cpus: int) -> tuple[bool, bool]:
     except Exception:
         running = False
     return started, running
+
+
+def check_cpus(options: ServeOptions, models: int, server: ServerOptions) -> None:
+    """Exit 2 before anything starts when the replicas would not all fit the CPUs of the local Ray instance
+    this server starts (``ServeOptions.check_fit``); a joined cluster's CPUs are the cluster's."""
+    if server.address:
+        return
+    from ortpilot.providers.cpubudget import this_budget
+
+    options.check_fit(models, this_budget().cpus)
 
 
 def check_ports(server: ServerOptions) -> None:
@@ -392,6 +405,7 @@ __all__ = [
     "INSTALL_HINT",
     "GrpcEntry",
     "Server",
+    "check_cpus",
     "check_port",
     "check_ports",
     "end_serve_leftovers",

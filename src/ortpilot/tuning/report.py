@@ -130,9 +130,11 @@ def shape_plan_line(doc: dict[str, Any]) -> str:
     where = f"buckets({','.join(map(str, plan['sizes']))}) of '{plan['dim']}'"
     winner_plan = doc["winner"].get("shape_plan")
     if winner_plan:
+        memory = (doc["winner"].get("prepared") or {}).get("session_mb")
+        held = f" ({len(winner_plan['sizes'])} sessions, {memory:.0f} MB resident)" if memory is not None else ""
         return (
-            f"Shape plan: {where}, a session per bucket; each request is padded up to its bucket (mask 0) and its "
-            "outputs cut back, and every padded held-out request passed the gate at its own size."
+            f"Shape plan: {where}, a session per bucket{held}; each request is padded up to its bucket (mask 0) "
+            "and its outputs cut back, and every padded held-out request passed the gate at its own size."
         )
     tried = [c for c in doc["candidates"] if c.get("shape_plan")]
     if not tried:

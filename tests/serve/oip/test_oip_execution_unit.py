@@ -27,7 +27,7 @@ def runner(demo_paths) -> ModelRunner:
 
 def test_unknown_outputs_are_a_400_naming_the_real_ones(runner):
     result = asyncio.run(runner.infer({"x": np.zeros((1, 64), np.float32)}, ["nope"]))
-    assert result["code"] == 400 and "'nope'" in result["error"] and "y" in result["error"]
+    assert result.status == 400 and "'nope'" in result.error and "y" in result.error
 
 
 def test_a_bad_request_in_a_stacked_batch_fails_alone(runner):
@@ -52,3 +52,35 @@ def test_a_standalone_replica_reports_to_nobody():
     reporter = Reporter("m", "r", None)
     assert reporter.handle() is None and asyncio.run(reporter.replica_infos()) is None
     reporter.report({}, BatchCounts(), RequestCounts())  # a no-op, not an error
+
+
+def _held_runner_infer(runner: ModelRunner, context) -> tuple[object, int, int]:
+    """(the result of ``infer`` with ``context`` while the run thread is busy, rows run before, rows run once
+    the thread is free again and one more request has run after it)."""
+    import threading
+
+    hold = threading.Event()
+    before = runner.counts.snapshot().sum
+    runner.executor.submit(hold.wait, 30)  # the run thread is busy until the request's deadline passed
+    feeds = {"x": np.ones((1, 64), np.float32)}
+    try:
+        result = asyncio.run(runner.infer(feeds, None, context))
+    finally:
+        hold.set()
+    assert asyncio.run(runner.infer(feeds)).ok  # the next request runs (after the late one, if it ran)
+    return result, before, runner.counts.snapshot().sum
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_a_request_past_its_deadline_while_queued_is_504_and_never_run(demo_paths, batching):
+    from ortpilot.serve.context import request_context
+    from ortpilot.serve.records import RequestSettings
+
+    session, _ = load_verified(ModelSpec("m", "model", str(demo_paths["mlp"])), threads=1)
+    config = ReplicaConfig(cpus=1.0, max_batch=4 if batching else 1, batch_dim=True)
+    runner = ModelRunner("m", session, config)
+    assert (runner.batcher is not None) == batching
+    context = request_context({"x-request-timeout": "0.2", "x-request-id": "late"}, RequestSettings(), "oip", "m")
+    result, before, after = _held_runner_infer(runner, context)
+    assert result.status == 504 and result.outputs == {} and "deadline of 0.2 s" in result.error
+    assert after == before + 1  # only the next request ran: the late one never did

@@ -156,7 +156,7 @@ def test_concurrent_requests_share_a_batch_and_each_gets_its_rows(demo_paths, x,
 
     results = asyncio.run(main())
     for i, result in zip((0, 1, 0, 1), results):
-        np.testing.assert_allclose(result["outputs"]["y"], expected[i : i + 1], rtol=1e-6)
+        np.testing.assert_allclose(result.outputs["y"], expected[i : i + 1], rtol=1e-6)
     assert batched.runner.counts.snapshot().sum == 4 and batched.runner.counts.snapshot().count < 4
 
 
@@ -164,7 +164,7 @@ def test_the_iobinding_path_gives_the_same_outputs(demo_paths, x, expected):
     bound = _replica(demo_paths["mlp"])
     bound.runner.iobinding = True  # what a profile tuned with IOBinding turns on
     result = asyncio.run(bound.infer({"x": x}))
-    np.testing.assert_allclose(result["outputs"]["y"], expected, rtol=1e-6)
+    np.testing.assert_allclose(result.outputs["y"], expected, rtol=1e-6)
 
 
 def test_encoder_limits_refuse_ids_past_the_table_before_ort_runs(demo_paths):
@@ -173,7 +173,7 @@ def test_encoder_limits_refuse_ids_past_the_table_before_ort_runs(demo_paths):
     enc = ModelReplica(spec, config)
     ids = np.full((1, 8), 5000, np.int64)
     result = asyncio.run(enc.infer({"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": 0 * ids}))
-    assert result["code"] == 400 and "1000 rows" in result["error"], result
+    assert result.status == 400 and "1000 rows" in result.error, result
 
 
 BUILD_OUTSIDE_RAY = """

@@ -36,7 +36,7 @@ class LocalHandle:
 
     @property
     def generate(self) -> _Method:
-        return _Method(lambda request: _Events(self.replica.generate(request)))
+        return _Method(lambda request, context=None: _Events(self.replica.generate(request, context)))
 
     @property
     def describe(self) -> _Method:

@@ -48,11 +48,11 @@ class FlakyHandle(LocalHandle):
 
     @property
     def generate(self):
-        def call(request):
+        def call(request, context=None):
             self.calls += 1
             if self.calls <= self.failures:
                 return _Failing(self.error)
-            return _Events(self.replica.generate(request))
+            return _Events(self.replica.generate(request, context))
 
         return type("Method", (), {"remote": staticmethod(call)})()
 
@@ -91,3 +91,49 @@ def test_an_unknown_model_is_404(replica):
     with pytest.raises(ApiError) as info:
         asyncio.run(Relay({"d": LocalHandle(replica)}).answer(GenerationRequest("completion", "x", prompt="hi")))
     assert info.value.status == 404 and info.value.code == "model_not_found"
+
+
+class _StartThenGone:
+    """A replica's events that give ``start``, then (once the request's deadline passed) die."""
+
+    def __init__(self, context) -> None:
+        self.context, self.sent = context, False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        from ortpilot.serve.openai.wire import START, DecodeEvent
+
+        if not self.sent:
+            self.sent = True
+            return DecodeEvent(START, prompt_tokens=2)
+        while not self.context.expired:
+            await asyncio.sleep(0.02)
+        raise ReplicaUnavailableError("gone")
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_a_stream_whose_replica_died_before_its_text_and_whose_deadline_passed_ends_with_a_504_event(replica):
+    import json
+
+    from ortpilot.serve.context import request_context
+    from ortpilot.serve.records import RequestSettings
+
+    class Handle(LocalHandle):
+        @property
+        def generate(self):
+            return type("Method", (), {"remote": staticmethod(lambda request, context: _StartThenGone(context))})()
+
+    context = request_context({"x-request-timeout": "2"}, RequestSettings(), "openai", "d")
+    streamed = GenerationRequest("completion", "d", prompt="hi", max_tokens=3, stream=True)
+
+    async def main():
+        reply = await Relay({"d": Handle(replica)}).answer(streamed, context)
+        return reply.status, [chunk async for chunk in reply.stream]
+
+    status, chunks = asyncio.run(main())
+    error = json.loads(chunks[-1].decode().removeprefix("data: "))["error"]
+    assert status == 200 and error["code"] == "timeout" and "deadline of 2 s" in error["message"], chunks

@@ -126,3 +126,44 @@ def test_what_a_replica_sends_the_ingress_is_typed(replica):
     info = replica.describe()
     assert isinstance(info, DecoderInfo) and info.engine.max_streams == 2
     assert DecoderInfo.from_dict(info.to_dict()) == info and "pid" not in info.public_dict()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generation_past_its_deadline_in_the_queue_is_504_and_never_run(replica, stream):
+    """The engine is held busy (a request's token callback waits on the engine thread); a request with a
+    0.3 s X-Request-Timeout waits in the queue meanwhile: 504 in OpenAI's shape (a stream too: it had not
+    started), and once the engine goes on it never prefills a token of it."""
+    import threading
+    import time
+
+    hold, entered = threading.Event(), threading.Event()
+
+    def busy(_stream, token):
+        if token is not None:
+            entered.set()
+            hold.wait(30)
+
+    blocker = replica.scheduler.submit([72, 105], 3, on_token=busy)
+    assert entered.wait(30)
+    before = replica.scheduler.counters()
+    headers = {"x-request-timeout": "0.3", "x-request-id": "late-1"}
+    doc = {"model": "d", "prompt": "queued behind a busy engine", "max_tokens": 4, "stream": stream}
+
+    async def main():
+        try:
+            response = await _ingress(replica)(request("POST", "/v1/completions", doc, headers))
+        finally:
+            hold.set()
+        deadline = time.monotonic() + 30  # this loop stays open until the engine retired both requests
+        while (replica.scheduler.pending or not blocker.done) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return response
+
+    response = asyncio.run(main())
+    after = replica.scheduler.counters()
+    error = body(response)["error"]
+    assert response.status_code == 504, error
+    assert error["code"] == "timeout" and error["type"] == "server_error" and "deadline of 0.3 s" in error["message"]
+    assert after["requests"] == before["requests"] + 1 and after["prefill_tokens"] == before["prefill_tokens"]
+    assert sum(after["finished"].values()) == sum(before["finished"].values()) + 2  # the blocker, and it unrun
+    assert after["completion_tokens"] == before["completion_tokens"] + 2  # the blocker's two tokens left, no more

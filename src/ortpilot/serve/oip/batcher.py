@@ -7,12 +7,14 @@ the session: when it is free it takes the oldest waiting request and every other
 the same signature (the same inputs with the same non-batch dims and dtypes), up to
 ``max_batch``, and runs them as one; under load the queue fills while a run is busy, so batches
 form by themselves. ``wait_s`` > 0 adds a timer as well (hold a short batch that long for more).
-A request whose caller went away before its run is left out of it.
+A request whose caller went away before its run is left out of it, and so is one whose deadline passed
+while it waited (it gets ``Expired``: the caller answers 504).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
@@ -21,6 +23,10 @@ from typing import Any
 import numpy as np
 
 Feeds = Mapping[str, np.ndarray]
+
+
+class Expired(Exception):
+    """A request whose deadline passed before the run thread took it: it was not run."""
 
 
 def signature(feeds: Feeds) -> tuple:
@@ -41,17 +47,19 @@ class Batcher:
     ) -> None:
         self.run_group, self.executor = run_group, executor
         self.max_batch, self.wait_s = max_batch, wait_s
-        self._waiting: deque[tuple[tuple, Feeds, asyncio.Future]] = deque()
+        self._waiting: deque[tuple[tuple, Feeds, asyncio.Future, float | None]] = deque()
         self._arrived: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
 
-    async def submit(self, feeds: Feeds) -> Any:
+    async def submit(self, feeds: Feeds, deadline: float | None = None) -> Any:
+        """What ``run_group`` returned for ``feeds``; ``Expired`` when ``deadline`` (seconds since the epoch)
+        passed before a run took them."""
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done():
             self._arrived = asyncio.Event()
             self._worker = loop.create_task(self._work())
         future = loop.create_future()
-        self._waiting.append((signature(feeds), feeds, future))
+        self._waiting.append((signature(feeds), feeds, future, deadline))
         self._arrived.set()
         result = await future
         if isinstance(result, BaseException):
@@ -59,21 +67,28 @@ class Batcher:
         return result
 
     def _next_group(self) -> list[tuple[Feeds, asyncio.Future]]:
-        """The oldest waiting request and the waiting ones of its signature, up to ``max_batch``."""
-        while self._waiting and self._waiting[0][2].done():  # its caller went away
-            self._waiting.popleft()
-        if not self._waiting:
-            return []
-        first = self._waiting[0][0]
-        group, rest = [], deque()
-        while self._waiting:
-            sig, feeds, future = self._waiting.popleft()
-            if future.done():
+        """The oldest waiting request and the waiting ones of its signature, up to ``max_batch``; requests
+        whose caller went away are dropped, and those whose deadline passed get ``Expired``."""
+        now = time.time()
+        live: deque[tuple[tuple, Feeds, asyncio.Future, float | None]] = deque()
+        for entry in self._waiting:
+            future, deadline = entry[2], entry[3]
+            if future.done():  # its caller went away
                 continue
-            if sig == first and len(group) < self.max_batch:
-                group.append((feeds, future))
+            if deadline is not None and now >= deadline:
+                future.set_result(Expired())
+                continue
+            live.append(entry)
+        if not live:
+            self._waiting = live
+            return []
+        first = live[0][0]
+        group, rest = [], deque()
+        for entry in live:
+            if entry[0] == first and len(group) < self.max_batch:
+                group.append((entry[1], entry[2]))
             else:
-                rest.append((sig, feeds, future))
+                rest.append(entry)
         self._waiting = rest
         return group
 
@@ -98,4 +113,4 @@ class Batcher:
                     future.set_result(result)
 
 
-__all__ = ["Batcher", "signature"]
+__all__ = ["Batcher", "Expired", "signature"]

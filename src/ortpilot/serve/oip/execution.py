@@ -4,21 +4,27 @@ reference outputs before the replica takes traffic) and the one worker thread th
 Runs go to one thread, so the event loop stays free to read the next request and collect the next
 batch; models with a batch dim stack requests of the same non-batch shapes (``batcher``: the
 requests that wait while a run is busy share the next one), and a request that fails a shared run
-is run again alone, so its failure stays its own. Plain code, no Ray.
+is run again alone, so its failure stays its own. A request carries its ``RequestContext``: one whose
+deadline passes while it waits for the run thread (in the batcher or the thread's queue) is never run,
+and its answer is a 504. ``infer`` answers a typed ``InferResult``. Plain code, no Ray.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ortpilot.errors import InputError, OrtpilotError, OrtRunError
+from ortpilot.serve.context import DeadlineExceeded, RequestContext, new_request_id
+from ortpilot.serve.errorbody import OIP
 from ortpilot.serve.http import internal_error
-from ortpilot.serve.oip.batcher import Batcher
+from ortpilot.serve.oip.batcher import Batcher, Expired
 from ortpilot.serve.oip.config import ReplicaConfig
 from ortpilot.serve.oip.metrics import BatchCounts
 from ortpilot.serve.options import ModelSpec
@@ -83,6 +89,24 @@ def thread_note(threads: int, profile_threads: int) -> str:
     )
 
 
+@dataclass(frozen=True)
+class InferResult:
+    """What ``ModelRunner.infer`` answers: the outputs asked for, or the status and message that refuse
+    the request (400 bad input, 500 a server-side failure with a request id, 504 its deadline passed)."""
+
+    outputs: Mapping[str, np.ndarray] = field(default_factory=dict)
+    status: int = 200
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    @classmethod
+    def refused(cls, status: int, error: str) -> InferResult:
+        return cls({}, status, error)
+
+
 class ModelRunner:
     """A verified session behind one run thread (and a batcher when the model stacks requests)."""
 
@@ -101,21 +125,33 @@ class ModelRunner:
             else None
         )
 
-    async def infer(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, Any]:
-        """Check the feeds as the library does (400 on failure), run them, return the outputs or an error."""
+    async def infer(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        outputs: Sequence[str] | None = None,
+        context: RequestContext | None = None,
+    ) -> InferResult:
+        """Check the feeds as the library does (400 on failure), run them before ``context``'s deadline
+        (504 past it; not run at all when it passed while the request waited), return the outputs."""
+        context = context or RequestContext(new_request_id(), OIP, None, model=self.name)  # no deadline
         try:
             checked = self.session.check_feeds(feeds)
             self.limits.check(checked)  # positions and table rows the graph tells: 400 before ORT runs
             wanted = self._wanted(outputs)
             if self.batcher is not None:
-                values = await self.batcher.submit(checked)
+                values = await context.within(self.batcher.submit(checked, context.deadline))
             else:
-                values = await asyncio.get_running_loop().run_in_executor(self.executor, self._run_one, checked)
+                loop = asyncio.get_running_loop()
+                values = await context.within(
+                    loop.run_in_executor(self.executor, self._run_before, checked, context.deadline)
+                )
         except (InputError, OrtRunError) as exc:  # OrtRunError: valid dtypes and ranks the model cannot run
-            return {"error": clean_ort_message(str(exc)), "code": 400}
+            return InferResult.refused(400, clean_ort_message(str(exc)))
+        except (DeadlineExceeded, Expired):  # Expired: the run thread saw the deadline pass before it ran
+            return InferResult.refused(504, context.expired_message())
         except OrtpilotError as exc:
-            return {"error": internal_error(f"infer {self.name}", exc), "code": 500}
-        return {"outputs": {n: values[n] for n in wanted}}
+            return InferResult.refused(500, internal_error(f"infer {self.name}", exc, context.request_id))
+        return InferResult({n: values[n] for n in wanted})
 
     def _wanted(self, outputs: Sequence[str] | None) -> list[str]:
         if outputs is None:
@@ -131,6 +167,12 @@ class ModelRunner:
     def _run_one(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.counts.observe(1)
         return self._run(feeds)
+
+    def _run_before(self, feeds: Mapping[str, np.ndarray], deadline: float | None) -> dict[str, np.ndarray]:
+        """``_run_one`` on the run thread, unless ``deadline`` passed while the request waited for it."""
+        if deadline is not None and time.time() >= deadline:
+            raise Expired()
+        return self._run_one(feeds)
 
     def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The path the profile was timed and verified on (IOBinding or not): ``session.binding``."""
@@ -159,4 +201,4 @@ class ModelRunner:
         return out
 
 
-__all__ = ["ModelRunner", "load_verified", "thread_note"]
+__all__ = ["InferResult", "ModelRunner", "load_verified", "thread_note"]

@@ -88,10 +88,11 @@ UNSERVED_RPCS = (
 
 
 def guarded(*, health: bool = False) -> Callable[[RpcMethod], RpcMethod]:
-    """A servicer method (returning a ``pipeline.RpcReply``) behind its deployment's request pipeline
-    (``self.pipeline.call``): the key check (UNAUTHENTICATED) and the message check (INVALID_ARGUMENT)
-    first, then the method, its status set, counted and logged. ``health``: open without a key unless
-    ``--auth-health``."""
+    """A servicer method ``(self, request, grpc_context, context)`` (returning a ``pipeline.RpcReply``)
+    behind its deployment's request pipeline (``self.pipeline.call``): the key check (UNAUTHENTICATED)
+    and the message check (INVALID_ARGUMENT) first, then the method with the call's ``RequestContext``,
+    its status set, counted and logged. Ray calls the wrapper as the RPC, ``(request, grpc_context)``.
+    ``health``: open without a key unless ``--auth-health``."""
 
     def wrap(method: RpcMethod) -> RpcMethod:
         name = method.__name__
@@ -99,7 +100,7 @@ def guarded(*, health: bool = False) -> Callable[[RpcMethod], RpcMethod]:
         @functools.wraps(method)  # Ray reads the signature (its ``grpc_context`` argument) through the wrapper
         async def rpc(self: Any, request: Any, grpc_context: Any = None) -> Any:
             return await self.pipeline.call(
-                name, request, grpc_context, lambda: method(self, request, grpc_context), health=health
+                name, request, grpc_context, lambda context: method(self, request, grpc_context, context), health=health
             )
 
         return rpc
@@ -108,7 +109,7 @@ def guarded(*, health: bool = False) -> Callable[[RpcMethod], RpcMethod]:
 
 
 def _unserved(name: str) -> Any:
-    async def rpc(self: Any, request: Any, grpc_context: Any = None) -> RpcReply:
+    async def rpc(self: Any, request: Any, grpc_context: Any, context: Any) -> RpcReply:
         return RpcReply(None, 501, f"{name} is not served here; this server answers {', '.join(SERVED_RPCS)}.")
 
     rpc.__name__ = rpc.__qualname__ = name

@@ -8,11 +8,11 @@ Importing this module (Ray does, in the proxy through ``proxy_callback``, and ev
 the server-wide application do) applies three process-local fixes: tritonclient's messages name
 their module ``grpc_service_pb2``, which Ray's classic proxy must resolve to pickle them; Ray
 binds every Serve gRPC server on all interfaces (``[::]:PORT``: the KServe servers and the one
-between deployments), which a loopback server moves onto 127.0.0.1 (``ORTPILOT_GRPC_LOOPBACK=1``
-in the controller's environment); and Ray's proxy refuses a call without ``application``
+between deployments), which a loopback server moves onto 127.0.0.1 (the serve core's
+``loopback.install``, which the OpenAI stack's replicas run too); and Ray's proxy refuses a call without ``application``
 metadata once two applications exist (a model's and the server-wide one), so such a call is for
 ``ORTPILOT_GRPC_APP`` (the one model, or the server-wide application, which relays by model
-name), the rule HAProxy's frontend applies too (``fastpath``). These patch three private Ray
+name), the rule HAProxy's frontend applies too (``fastpath``). These patch private Ray
 functions, by name; the serve tests check every port a server opens and calls without metadata
 on both ingress paths.
 """
@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ortpilot.serve.fastpath import GRPC_APP_ENV, GRPC_LOOPBACK_ENV
+from ortpilot.serve import loopback
+from ortpilot.serve.fastpath import GRPC_APP_ENV
 
 SERVICER = "ortpilot.serve.oip.grpc_service.add_servicer"
 PROXY_CALLBACK = "ortpilot.serve.oip.grpc_service:proxy_callback"
@@ -37,15 +38,7 @@ def _install() -> None:
     pb = messages()
     sys.modules.setdefault("grpc_service_pb2", pb)
     _name_unnamed_calls(os.environ.get(GRPC_APP_ENV, ""))
-    if os.environ.get(GRPC_LOOPBACK_ENV) != "1":
-        return
-    try:
-        import ray.serve._private.default_impl as impl
-        import ray.serve._private.replica as replica
-    except ImportError:
-        return
-    impl.add_grpc_address = _on_loopback(impl.add_grpc_address)  # the proxies' and replicas' KServe servers
-    replica.add_port_to_grpc_server = _on_loopback(replica.add_port_to_grpc_server)  # between deployments
+    loopback.install()
 
 
 def _name_unnamed_calls(app: str) -> None:
@@ -67,20 +60,6 @@ def _name_unnamed_calls(app: str) -> None:
 
     setup_variables._ortpilot_app = True  # type: ignore[attr-defined]
     gRPCProxyRequest.setup_variables = setup_variables
-
-
-def _on_loopback(bind: Any) -> Any:
-    """``bind(server, address)`` with Ray's all-interface ``[::]:PORT`` turned into ``127.0.0.1:PORT``."""
-    if getattr(bind, "_ortpilot_loopback", False):
-        return bind
-
-    def on_loopback(server: Any, address: str) -> Any:
-        if address.startswith("[::]:"):
-            address = "127.0.0.1:" + address[len("[::]:") :]
-        return bind(server, address)
-
-    on_loopback._ortpilot_loopback = True  # type: ignore[attr-defined]
-    return on_loopback
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,10 @@ class InputLimits:
             value = feeds.get(name)
             if value is None or not value.size or value.dtype.kind not in "iu":
                 continue
+            # ONNX's Gather reads -rows..-1 from the end of the table, but a negative id in a request is a
+            # client's mistake (a token id, a token type), refused like one past the end.
             low, high = int(value.min()), int(value.max())
-            if high >= rows or low < -rows:
+            if high >= rows or low < 0:
                 bad = high if high >= rows else low
                 raise InputError(
                     f"Input '{name}' holds {bad}, but the model looks its values up in a table of {rows} rows: "

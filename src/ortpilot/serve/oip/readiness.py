@@ -22,7 +22,7 @@ from ortpilot.serve.oip.replicainfo import ReplicaInfo
 from ortpilot.serve.oip.server import SERVER_APP
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
 from ortpilot.serve.ready import ModelReady, Served
-from ortpilot.serve.runner import GrpcEntry, check_ports, failure_reason, http_get, serve_until_stopped
+from ortpilot.serve.runner import GrpcEntry, check_cpus, check_ports, failure_reason, http_get, serve_until_stopped
 
 
 def run_server(
@@ -42,6 +42,7 @@ def run_server(
     server = server or ServerOptions()
     started = time.perf_counter() if started is None else started
     check_ports(server)
+    check_cpus(options, len(specs), server)
     from ortpilot.serve.oip.app import applications, model_file  # imports no Ray yet
 
     for spec in specs:

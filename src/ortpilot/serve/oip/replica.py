@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ortpilot.errors import InputError
+from ortpilot.serve.context import RequestContext
 from ortpilot.serve.counts import RequestCounts
 from ortpilot.serve.http import (
     BodyError,
@@ -34,7 +35,7 @@ from ortpilot.serve.http import (
     replica_logging,
 )
 from ortpilot.serve.oip.config import Batching, ReplicaConfig
-from ortpilot.serve.oip.execution import ModelRunner, load_verified, thread_note
+from ortpilot.serve.oip.execution import InferResult, ModelRunner, load_verified, thread_note
 from ortpilot.serve.oip.grpc_codec import decode_infer, encode_infer, messages, model_metadata, server_metadata
 from ortpilot.serve.oip.grpc_rpcs import GrpcStatus, UnservedRpcs, guarded
 from ortpilot.serve.oip.replicainfo import ReplicaInfo
@@ -65,7 +66,7 @@ class ModelReplica(UnservedRpcs):
         self.replica_id = _replica_id()
         self.settings = config.requests
         self.debug_info = config.requests.debug_info
-        self.pipeline = Pipeline(config.requests, OipErrors(), self._observe, spec.name, GrpcStatus())
+        self.pipeline = Pipeline(config.requests, OipErrors(), self._observe, spec.name, GrpcStatus(), spec.name)
         self.guard = self.pipeline.guard
         self.info = self._info(verification, started)
         self.reporter = Reporter(spec.name, self.replica_id, config.server_app)
@@ -98,7 +99,7 @@ class ModelReplica(UnservedRpcs):
     # -- REST ---------------------------------------------------------------------------------------
     async def __call__(self, request: Any) -> Any:
         """One HTTP request for this model (the full path: ``/v2/models/NAME/...``), through the pipeline."""
-        return await self.pipeline.handle(request, lambda: dispatch(self.routes, request))
+        return await self.pipeline.handle(request, lambda context: dispatch(self.routes, request, context))
 
     def _observe(self, request: Any, reply: Reply | RpcReply, seconds: float) -> None:
         """The pipeline's count: every answer (REST or gRPC) in this replica's requests, reported now and then."""
@@ -133,31 +134,31 @@ class ModelReplica(UnservedRpcs):
 
     # -- gRPC (KServe v2): every RPC through the pipeline (``guarded``: key check, message check, count, log) --
     @guarded(health=True)
-    async def ServerLive(self, request: Any, grpc_context: Any = None) -> RpcReply:  # RPCs carry KServe v2 names
-        return RpcReply(messages().ServerLiveResponse(live=True))
+    async def ServerLive(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
+        return RpcReply(messages().ServerLiveResponse(live=True))  # RPCs carry KServe v2 names
 
     @guarded(health=True)
-    async def ServerReady(self, request: Any, grpc_context: Any = None) -> RpcReply:
+    async def ServerReady(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
         return RpcReply(messages().ServerReadyResponse(ready=True))
 
     @guarded()
-    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> RpcReply:
+    async def ServerMetadata(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
         """The server's metadata: a call without ``application`` metadata comes here when one model is served."""
         return RpcReply(server_metadata())
 
     @guarded()
-    async def ModelReady(self, request: Any, grpc_context: Any = None) -> RpcReply:
+    async def ModelReady(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
         ready = request.name == self.name and request.version in ("", "1")
         return RpcReply(messages().ModelReadyResponse(ready=ready), model=self.name)
 
     @guarded()
-    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> RpcReply:
+    async def ModelMetadata(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
         return self.metadata_message(request)
 
     @guarded()
-    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> RpcReply:
+    async def ModelInfer(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
         """KServe v2 ModelInfer: the same checks and outputs as REST infer; errors as gRPC status codes."""
-        return await self.infer_message(request)
+        return await self.infer_message(request, context)
 
     def metadata_message(self, request: Any) -> RpcReply:
         """The ModelMetadataResponse of a ModelMetadataRequest (NOT_FOUND for another model or version):
@@ -166,27 +167,34 @@ class ModelReplica(UnservedRpcs):
             return RpcReply(None, 404, unknown_here(request.name, request.version), self.name)
         return RpcReply(model_metadata(self.name, self.config.inputs, self.config.outputs), model=self.name)
 
-    async def infer_message(self, request: Any) -> RpcReply:
+    async def infer_message(self, request: Any, context: RequestContext | None = None) -> RpcReply:
         """The ModelInferResponse of a ModelInferRequest, or the status that refuses it: what ModelInfer
-        answers here, and what the server-wide application relays for clients that name no application
-        (the pipeline that takes the call counts it, not this method)."""
+        answers here, and what the server-wide application relays for clients that name no application,
+        with the call's ``context`` (the pipeline that takes the call counts it, not this method)."""
         if request.model_name != self.name or request.model_version not in ("", "1"):
             return RpcReply(None, 404, unknown_here(request.model_name, request.model_version), self.name)
+        ident = context.request_id if context is not None else None
         try:
             feeds, outputs = decode_infer(request, self.settings.max_request_bytes)
-            result = await self.infer(feeds, outputs)
+            result = await self.infer(feeds, outputs, context)
         except InputError as exc:
-            result = {"error": str(exc), "code": 400}
-        except Exception as exc:  # the client gets a request id, the log the traceback
-            result = {"error": internal_error(f"gRPC ModelInfer {self.name}", exc), "code": 500}
-        if "error" in result:
-            return RpcReply(None, int(result.get("code", 500)), result["error"], self.name)
-        return RpcReply(encode_infer(self.name, result["outputs"], request.id), model=self.name)
+            result = InferResult.refused(400, str(exc))
+        except Exception as exc:  # the client gets the request id, the log the traceback
+            result = InferResult.refused(500, internal_error(f"gRPC ModelInfer {self.name}", exc, ident))
+        if not result.ok:
+            return RpcReply(None, result.status, result.error, self.name)
+        return RpcReply(encode_infer(self.name, result.outputs, request.id), model=self.name)
 
     # -- requests -----------------------------------------------------------------------------------
-    async def infer(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, Any]:
-        """The outputs of ``feeds`` (``execution.ModelRunner.infer``), or an error and its status."""
-        return await self.runner.infer(feeds, outputs)
+    async def infer(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        outputs: Sequence[str] | None = None,
+        context: RequestContext | None = None,
+    ) -> InferResult:
+        """The outputs of ``feeds`` before ``context``'s deadline (``execution.ModelRunner.infer``), or the
+        status and message that refuse them."""
+        return await self.runner.infer(feeds, outputs, context)
 
     def describe(self) -> ReplicaInfo:
         return self.info

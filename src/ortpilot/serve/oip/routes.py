@@ -17,7 +17,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from ortpilot.errors import InputError
+from ortpilot.serve.context import RequestContext
 from ortpilot.serve.defaults import HEALTH_PATHS, LIVE_PATH, READY_PATH
+from ortpilot.serve.errorbody import OIP
 from ortpilot.serve.http import Reply, Route, error_reply, internal_error, json_reply, printable, route
 from ortpilot.serve.oip.codec import BINARY_TYPE, HEADER_LENGTH, decode_request, encode_response
 
@@ -53,17 +55,17 @@ def model_routes(model: Any) -> list[Route]:
     """The routes one model's replica answers: ``model`` is the replica (its name, metadata and infer)."""
     name = model.name
 
-    async def metadata(request: Any, version: str = "1") -> Reply:
+    async def metadata(request: Any, context: RequestContext, version: str = "1") -> Reply:
         if version not in VERSIONS:
             return unknown_version(name, version)
         return json_reply(200, await model.metadata(), model=name)
 
-    async def ready(request: Any, version: str = "1") -> Reply:
+    async def ready(request: Any, context: RequestContext, version: str = "1") -> Reply:
         if version not in VERSIONS:
             return unknown_version(name, version)
         return json_reply(200, {"name": name, "ready": True}, model=name)
 
-    async def infer(request: Any, version: str = "1") -> Reply:
+    async def infer(request: Any, context: RequestContext, version: str = "1") -> Reply:
         if version not in VERSIONS:
             return unknown_version(name, version)
         body = await model.read_body(request)
@@ -77,11 +79,11 @@ def model_routes(model: Any) -> list[Route]:
             decoded = decode_request(body, int(header) if header is not None else None)
         except InputError as exc:
             return error_reply(400, str(exc), model=name)
-        result = await model.infer(decoded.feeds, decoded.outputs)
-        if "error" in result:
-            return error_reply(int(result.get("code", 500)), result["error"], model=name)
+        result = await model.infer(decoded.feeds, decoded.outputs, context)
+        if not result.ok:
+            return error_reply(result.status, result.error, model=name)
         binary = decoded.binary_outputs if decoded.outputs is not None else decoded.binary_default
-        payload, head = encode_response(name, result["outputs"], binary, decoded.id)
+        payload, head = encode_response(name, result.outputs, binary, decoded.id)
         if head is None:
             return Reply(200, payload, model=name)
         return Reply(200, payload, BINARY_TYPE, {"Inference-Header-Content-Length": str(head)}, model=name)
@@ -100,20 +102,20 @@ def model_routes(model: Any) -> list[Route]:
 def server_routes(server: Any) -> list[Route]:
     """The server-wide application's routes; ``server`` holds the served names, metadata and metrics."""
 
-    async def live(request: Any) -> Reply:
+    async def live(request: Any, context: RequestContext) -> Reply:
         return json_reply(200, {"live": True})
 
-    async def server_ready(request: Any) -> Reply:
+    async def server_ready(request: Any, context: RequestContext) -> Reply:
         states = {name: server.ready(name) for name in server.names}
         ok = all(states.values()) and not server.draining
         return json_reply(200 if ok else 503, {"ready": ok, "models": states})
 
-    async def server_metadata(request: Any) -> Reply:
+    async def server_metadata(request: Any, context: RequestContext) -> Reply:
         from ortpilot.version import __version__
 
         return json_reply(200, {"name": "ortpilot", "version": __version__, "extensions": EXTENSIONS})
 
-    async def repository_index(request: Any) -> Reply:
+    async def repository_index(request: Any, context: RequestContext) -> Reply:
         return json_reply(
             200,
             [
@@ -122,7 +124,7 @@ def server_routes(server: Any) -> list[Route]:
             ],
         )
 
-    async def metrics(request: Any) -> Reply:
+    async def metrics(request: Any, context: RequestContext) -> Reply:
         body, content_type = server.metrics.render()
         return Reply(200, body, content_type)
 
@@ -154,13 +156,18 @@ HEALTH = frozenset(HEALTH_PATHS)  # open without a key unless --auth-health
 
 
 class OipErrors:
-    """The Open Inference Protocol's ``pipeline.ErrorShape``: ``{"error": "..."}`` for both."""
+    """The Open Inference Protocol's ``pipeline.ErrorShape``: ``{"error": "..."}`` for each."""
+
+    protocol = OIP
 
     def refusal(self, verdict: Any, model: str | None) -> Reply:
         return refusal(verdict, model)
 
-    def failure(self, what: str, exc: Exception) -> Reply:
-        return error_reply(500, internal_error(what, exc))
+    def failure(self, what: str, exc: Exception, context: RequestContext) -> Reply:
+        return error_reply(500, internal_error(what, exc, context.request_id))
+
+    def expired(self, context: RequestContext) -> Reply:
+        return error_reply(504, context.expired_message(), context.model)
 
 
 def refusal(verdict: Any, model: str | None = None) -> Reply:

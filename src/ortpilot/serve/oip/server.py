@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from ortpilot.serve.context import DeadlineExceeded, RequestContext
 from ortpilot.serve.defaults import REPLICA_RETRIES, retry_delay_s
 from ortpilot.serve.http import Reply, dispatch, replica_gone, replica_logging
 from ortpilot.serve.oip.grpc_codec import messages, server_metadata
@@ -48,10 +49,12 @@ class ServerApp(UnservedRpcs):
 
     async def __call__(self, request: Any) -> Any:
         path = request.url.path.rstrip("/") or "/"
-        return await self.pipeline.handle(request, lambda: self._route(request, path), health=path in HEALTH)
+        return await self.pipeline.handle(
+            request, lambda context: self._route(request, path, context), health=path in HEALTH
+        )
 
-    async def _route(self, request: Any, path: str) -> Reply:
-        return unclaimed(self, path) or await dispatch(self.routes, request, path)
+    async def _route(self, request: Any, path: str, context: RequestContext) -> Reply:
+        return unclaimed(self, path) or await dispatch(self.routes, request, context, path)
 
     def _observe(self, request: Any, reply: Reply | RpcReply, seconds: float) -> None:
         """The pipeline's count (REST and gRPC): answers about a model, and every 5xx whatever it concerned;
@@ -77,43 +80,49 @@ class ServerApp(UnservedRpcs):
 
     # -- gRPC (KServe v2): every RPC through the pipeline (``guarded``: key check, message check, count, log) --
     @guarded(health=True)
-    async def ServerLive(self, request: Any, grpc_context: Any = None) -> RpcReply:  # RPCs carry KServe v2 names
-        return RpcReply(messages().ServerLiveResponse(live=True))
+    async def ServerLive(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
+        return RpcReply(messages().ServerLiveResponse(live=True))  # RPCs carry KServe v2 names
 
     @guarded(health=True)
-    async def ServerReady(self, request: Any, grpc_context: Any = None) -> RpcReply:
+    async def ServerReady(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
         ready = all(self.ready(n) for n in self.names) and not self.draining
         return RpcReply(messages().ServerReadyResponse(ready=ready))
 
     @guarded()
-    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> RpcReply:
+    async def ServerMetadata(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
         return RpcReply(server_metadata())
 
     @guarded()
-    async def ModelReady(self, request: Any, grpc_context: Any = None) -> RpcReply:
+    async def ModelReady(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
         ready = request.name in self.apps and self.ready(request.name)
         return RpcReply(messages().ModelReadyResponse(ready=ready), model=request.name)
 
     @guarded()
-    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> RpcReply:
+    async def ModelMetadata(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
         """Relay a call that named no application to its model's replicas."""
-        return await self._relay(request.name, lambda handle: handle.metadata_message.remote(request))
+        return await self._relay(request.name, context, lambda handle: handle.metadata_message.remote(request))
 
     @guarded()
-    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> RpcReply:
-        """Relay a call that named no application to its model, again on another replica if its replica died."""
-        return await self._relay(request.model_name, lambda handle: handle.infer_message.remote(request))
+    async def ModelInfer(self, request: Any, grpc_context: Any, context: RequestContext) -> RpcReply:
+        """Relay a call that named no application to its model, again on another replica if its replica died;
+        the replica gets the call's context (its id and deadline)."""
+        call = context.for_model(request.model_name)
+        return await self._relay(request.model_name, call, lambda handle: handle.infer_message.remote(request, call))
 
-    async def _relay(self, name: str, send: Callable[[Any], Awaitable[RpcReply]]) -> RpcReply:
-        """What model ``name``'s replica answers to ``send(handle)`` (NOT_FOUND for a model not served,
-        UNAVAILABLE when it has no replica); a call its replica died under runs again elsewhere, as
-        inference and metadata are idempotent. Ray's error text never reaches the client."""
+    async def _relay(self, name: str, context: RequestContext, send: Callable[[Any], Awaitable[RpcReply]]) -> RpcReply:
+        """What model ``name``'s replica answers to ``send(handle)`` before ``context``'s deadline (NOT_FOUND
+        for a model not served, UNAVAILABLE when it has no replica); a call its replica died under runs again
+        elsewhere, as inference and metadata are idempotent. Ray's error text never reaches the client."""
         handle = self._model(name)
         if isinstance(handle, RpcReply):
             return handle
         for attempt in range(REPLICA_RETRIES + 1):
+            response = send(handle)
             try:
-                return await send(handle)
+                return await context.within(response)
+            except DeadlineExceeded:  # the pipeline's 504; the replica stops too (it has the deadline)
+                response.cancel()
+                raise
             except (Exception, asyncio.CancelledError) as exc:
                 if isinstance(exc, asyncio.CancelledError) and not replica_gone(exc):
                     raise  # this call itself was cancelled: its client went away

@@ -5,10 +5,12 @@ scheduler, with a tokenizer and a chat template.
 constructor loads the (GroupQueryAttention-fused) decoder strictly on the CPU with ORT's
 intra-op threads set to the replica's CPUs and starts one :class:`~ortpilot.decode.Scheduler`;
 ``generate`` turns a checked OpenAI request into tokens and yields ``DecodeEvent`` records
-(``start``, ``delta`` text, ``end`` with the finish reason and usage, or one ``error``) as the
-engine makes them. A caller that stops reading (a client gone) cancels the request, and the
-scheduler frees its slot before its next step. What a replica loads is ``spec`` (checked in the
-driver, before Ray starts).
+(``start`` once the engine made the first token, ``delta`` text, ``end`` with the finish reason and
+usage, or one ``error``) as the engine makes them. A caller that stops reading (a client gone)
+cancels the request, and the scheduler frees its slot before its next step. The request's
+``RequestContext`` deadline goes to the scheduler: a request still queued then is never run, and one
+whose first token does not come in time is cancelled; both end in one 504 ``error``. What a replica
+loads is ``spec`` (checked in the driver, before Ray starts).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from ortpilot.errors import QueueFullError, UsageError
+from ortpilot.serve.context import DeadlineExceeded, RequestContext, new_request_id
+from ortpilot.serve.errorbody import OPENAI
 from ortpilot.serve.openai.info import DecoderInfo, EngineSummary, StreamRecord
 from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.openai.wire import (
@@ -32,6 +36,7 @@ from ortpilot.serve.openai.wire import (
     ApiError,
     DecodeEvent,
     GenerationRequest,
+    deadline_error,
 )
 from ortpilot.serve.options import DecoderOptions
 
@@ -135,15 +140,21 @@ class DecoderReplica:
             )
         return max_tokens
 
-    def submit(self, request: GenerationRequest, tokens: asyncio.Queue) -> tuple[list[int], Any]:
+    def submit(
+        self, request: GenerationRequest, tokens: asyncio.Queue, context: RequestContext | None = None
+    ) -> tuple[list[int], Any]:
         """(prompt ids, the scheduler's stream) for a checked request; each token the engine makes lands
-        in ``tokens`` (None at the end). Raises ApiError for what the client must change."""
+        in ``tokens`` (None at the end); the engine admits it only before ``context``'s deadline. Raises
+        ApiError for what the client must change."""
         from ortpilot.decode import SamplingConfig
 
         loop = asyncio.get_running_loop()
         ids = self.prompt_ids(request)
         max_tokens = self.check_room(request, ids)
         sampling = SamplingConfig(temperature=request.temperature, top_p=request.top_p, seed=request.seed)
+        deadline = None  # the context's, on this process's monotonic clock (the engine's)
+        if context is not None and context.deadline is not None:
+            deadline = time.monotonic() + context.remaining_s()
         try:
             return ids, self.scheduler.submit(
                 ids,
@@ -151,6 +162,7 @@ class DecoderReplica:
                 sampling=sampling,
                 stop_tokens=sorted(self.stop_ids),
                 on_token=lambda _s, t: loop.call_soon_threadsafe(tokens.put_nowait, t),
+                deadline=deadline,
             )
         except QueueFullError as exc:
             raise ApiError(
@@ -159,13 +171,17 @@ class DecoderReplica:
         except UsageError as exc:
             raise ApiError(400, str(exc), code="invalid_value") from None
 
-    async def generate(self, request: GenerationRequest | Mapping[str, Any]) -> AsyncIterator[DecodeEvent]:
-        """Events for one request: ``start``, ``delta`` (text), ``end``; or a single ``error``."""
+    async def generate(
+        self, request: GenerationRequest | Mapping[str, Any], context: RequestContext | None = None
+    ) -> AsyncIterator[DecodeEvent]:
+        """Events for one request: ``start`` (once its first token is made, before ``context``'s deadline),
+        ``delta`` (text), ``end``; or a single ``error`` (504 when the deadline came first)."""
         if not isinstance(request, GenerationRequest):
             request = GenerationRequest.from_dict(request)
+        context = context or RequestContext(new_request_id(), OPENAI, None, model=request.model)
         tokens: asyncio.Queue[int | None] = asyncio.Queue()
         try:
-            ids, stream = self.submit(request, tokens)
+            ids, stream = self.submit(request, tokens, context)
         except ApiError as exc:
             yield exc.to_event()
             return
@@ -173,8 +189,14 @@ class DecoderReplica:
 
         text = TextStream(self.tokenizer, request.stop, self.stop_ids)
         try:
+            try:
+                first = await context.within(tokens.get())  # the engine admitted it and made a token
+            except DeadlineExceeded:
+                first = None
+            if first is None and (stream.stop_reason == "deadline" or context.expired):
+                raise deadline_error(context)
             yield DecodeEvent(START, prompt_tokens=len(ids))
-            async for event in self._deltas(text, stream, tokens):
+            async for event in self._deltas(text, stream, tokens, first, context.request_id):
                 yield event
             yield DecodeEvent(
                 END,
@@ -189,12 +211,16 @@ class DecoderReplica:
                 stream.cancel()  # the caller went away: free the slot before the next step
             self._record(stream)
 
-    async def _deltas(self, text: Any, stream: Any, tokens: asyncio.Queue) -> AsyncIterator[DecodeEvent]:
-        """``delta`` events of the stream's ``text`` as its tokens arrive, up to the end or a stop string
-        (which cancels the stream). A failed engine step is an ApiError (500)."""
-        ended = False
+    async def _deltas(
+        self, text: Any, stream: Any, tokens: asyncio.Queue, first: int | None, ident: str | None = None
+    ) -> AsyncIterator[DecodeEvent]:
+        """``delta`` events of the stream's ``text`` as its tokens arrive (``first`` already taken), up to
+        the end or a stop string (which cancels the stream). A failed engine step is an ApiError (500) naming the
+        request id."""
+        ended, pending = False, [first]
         while not ended:
-            batch = [await tokens.get()]
+            batch = pending or [await tokens.get()]
+            pending = []
             while not tokens.empty():  # a slow reader gets what piled up in one delta
                 batch.append(tokens.get_nowait())
             delta = ""
@@ -215,9 +241,9 @@ class DecoderReplica:
             from ortpilot.serve.http import internal_error
             from ortpilot.serve.ortmessage import clean_ort_message
 
-            ident = internal_error(f"stream {stream.id} of '{self.spec.name}'", stream.error)
+            logged = internal_error(f"stream {stream.id} of '{self.spec.name}'", stream.error, ident)
             raise ApiError(
-                500, f"generation failed: {clean_ort_message(str(stream.error))}; {ident}", kind="server_error"
+                500, f"generation failed: {clean_ort_message(str(stream.error))}; {logged}", kind="server_error"
             )
 
     def _record(self, stream: Any) -> None:

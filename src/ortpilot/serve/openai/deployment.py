@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ortpilot.errors import UsageError
+from ortpilot.serve import loopback
 from ortpilot.serve.counts import HEARTBEAT_S
 from ortpilot.serve.openai.decoder import DecoderReplica
 from ortpilot.serve.openai.ingress import OpenAIIngress
 from ortpilot.serve.openai.metrics import EngineCounters, EngineHeartbeat
 from ortpilot.serve.openai.spec import DecoderSpec
+from ortpilot.serve.options import ServeOptions, ort_threads
 from ortpilot.serve.records import RequestSettings
 from ortpilot.serve.runner import require_ray
 
@@ -29,6 +31,7 @@ class DecoderDeployment(DecoderReplica):
         from ortpilot.serve.http import replica_logging
 
         replica_logging()
+        loopback.install()  # before Ray binds this replica's gRPC server (after the constructor)
         super().__init__(spec, threads)
         self._ingress = None
         self._replica = f"{os.getpid()}-{id(self)}"
@@ -67,7 +70,7 @@ def openai_deployment(
         from ortpilot.providers.cpubudget import this_budget
 
         cpu_budget = this_budget().cpus
-    cpus = float(cpus_per_replica) if cpus_per_replica else float(max(1, cpu_budget // (len(specs) * replicas)))
+    cpus = ServeOptions(replicas=replicas, cpus_per_replica=cpus_per_replica).replica_cpus(len(specs), cpu_budget)
     handles = {}
     for spec in specs:
         model = serve.deployment(
@@ -80,7 +83,7 @@ def openai_deployment(
             graceful_shutdown_timeout_s=10.0,
             health_check_period_s=HEARTBEAT_S,
         )
-        handles[spec.name] = model.bind(spec, max(1, int(cpus)))
+        handles[spec.name] = model.bind(spec, ort_threads(cpus))
     ingress = serve.deployment(
         OpenAIIngress, name=INGRESS_NAME, num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096
     )

@@ -2,27 +2,41 @@
 health probes, in front of one deployment per decoder.
 
 The ingress parses and checks a request (400 for bad input, 404 for an unknown model) through the
-request pipeline (``serve.pipeline``: guard, route, errors in OpenAI's shape, CORS, count, access
-log) and hands a generation to ``relay``, which calls a decoder replica and shapes its answer. Ray
-is imported only inside the functions here.
+request pipeline (``serve.pipeline``: guard, context, route, errors in OpenAI's shape, CORS, count,
+access log) and hands a generation with its ``RequestContext`` to ``relay``, which calls a decoder
+replica and shapes its answer before the deadline. Ray is imported only inside the functions here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ortpilot.serve import loopback
+from ortpilot.serve.context import RequestContext
 from ortpilot.serve.defaults import HEALTH_PATHS, LIVE_PATH
+from ortpilot.serve.errorbody import OPENAI
 from ortpilot.serve.http import Reply
 from ortpilot.serve.openai.metrics import DecoderMetrics, EngineHeartbeat
 from ortpilot.serve.openai.relay import Relay
-from ortpilot.serve.openai.wire import ROUTE_PREFIX, ApiError, json_answer, model_object, not_found, now, parse_request
+from ortpilot.serve.openai.wire import (
+    ROUTE_PREFIX,
+    ApiError,
+    deadline_error,
+    json_answer,
+    model_object,
+    not_found,
+    now,
+    parse_request,
+)
 from ortpilot.serve.pipeline import Pipeline
 from ortpilot.serve.records import RequestSettings
 
 
 class OpenAIErrors:
     """OpenAI's ``pipeline.ErrorShape``: ``{"error": {"message", "type", "param", "code"}}``; an ApiError a
-    route raised is its own answer, any other exception a 500 with a request id."""
+    route raised is its own answer, any other exception a 500 with the request id, a missed deadline a 504."""
+
+    protocol = OPENAI
 
     def refusal(self, verdict: Any, model: str | None) -> Reply:
         if verdict.status == 204:  # a CORS preflight
@@ -31,12 +45,15 @@ class OpenAIErrors:
             verdict.status, ApiError(verdict.status, verdict.message, code=verdict.code).body(), verdict.headers
         )
 
-    def failure(self, what: str, exc: Exception) -> Reply:
+    def failure(self, what: str, exc: Exception, context: RequestContext) -> Reply:
         if isinstance(exc, ApiError):
             return exc.reply()
         from ortpilot.serve.http import internal_error
 
-        return ApiError(500, internal_error(what, exc), kind="server_error", code=None).reply()
+        return ApiError(500, internal_error(what, exc, context.request_id), kind="server_error", code=None).reply()
+
+    def expired(self, context: RequestContext) -> Reply:
+        return deadline_error(context).reply()
 
 
 SERVER_PATHS = ("/metrics", *HEALTH_PATHS)
@@ -54,6 +71,7 @@ class OpenAIIngress:
         from ortpilot.serve.http import replica_logging
 
         replica_logging()
+        loopback.install()  # before Ray binds this replica's gRPC server (after the constructor)
         self.settings = settings or RequestSettings()
         self.handles = dict(handles)
         self.created = now()
@@ -75,14 +93,14 @@ class OpenAIIngress:
         response = None
         try:
             response = await self.pipeline.handle(
-                request, lambda: self._answer(request, full), health=full in HEALTH_PATHS
+                request, lambda context: self._answer(request, full, context), health=full in HEALTH_PATHS
             )
             return response
         finally:
             if type(response).__name__ != "StreamingResponse":  # a stream counts until it ends (``on_stream_end``)
                 self.in_flight -= 1
 
-    async def _answer(self, request: Any, full: str) -> Reply:
+    async def _answer(self, request: Any, full: str, context: RequestContext) -> Reply:
         """The route's reply once the guard let the request through (503 while draining)."""
         if self.draining:
             raise ApiError(
@@ -95,7 +113,7 @@ class OpenAIIngress:
         if full in SERVER_PATHS:
             return self._server_route(request.method, full)
         path = full.removeprefix(ROUTE_PREFIX) if full.startswith(ROUTE_PREFIX + "/") else ""  # "": not the API's
-        return await self._route(request.method, path, request)
+        return await self._route(request.method, path, request, context)
 
     def _observe(self, request: Any, reply: Reply, seconds: float) -> None:
         """The pipeline's count: requests that named a model, under it (or "(unknown)")."""
@@ -136,7 +154,7 @@ class OpenAIIngress:
             code = "request_too_large" if exc.status == 413 else "request_timeout"
             raise ApiError(exc.status, exc.message, code=code) from None
 
-    async def _route(self, method: str, path: str, request: Any) -> Reply:
+    async def _route(self, method: str, path: str, request: Any, context: RequestContext) -> Reply:
         kind = {"/completions": "completion", "/chat/completions": "chat"}.get(path)
         if kind is not None:
             if method != "POST":
@@ -145,7 +163,7 @@ class OpenAIIngress:
                 )
             req = parse_request(kind, await self._body(request))
             request.state.model = req.model  # counted in /metrics under its model (or "(unknown)")
-            return await self.relay.answer(req, on_stream_end=self._stream_ended)
+            return await self.relay.answer(req, context.for_model(req.model), on_stream_end=self._stream_ended)
         if path == "/models" or path.startswith("/models/"):
             if method != "GET":
                 raise ApiError(

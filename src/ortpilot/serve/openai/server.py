@@ -17,7 +17,7 @@ from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.openai.wire import ROUTE_PREFIX
 from ortpilot.serve.options import ServeOptions, ServerOptions
 from ortpilot.serve.ready import DecoderReady, Served
-from ortpilot.serve.runner import check_ports, http_get, serve_until_stopped
+from ortpilot.serve.runner import check_cpus, check_ports, http_get, serve_until_stopped
 
 
 def wait_ready(
@@ -68,6 +68,7 @@ def run_openai_server(
         )
     started = time.perf_counter() if started is None else started
     check_ports(server)
+    check_cpus(options, len(specs), server)
 
     def same_proxy_port() -> None:
         running = _serve_port()

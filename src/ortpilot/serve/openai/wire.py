@@ -6,7 +6,9 @@ and the functions here shape what goes back, as OpenAI's reference documents it:
 ``/v1/completions`` (``text_completion``) and ``/v1/chat/completions`` (``chat.completion`` and
 its ``chat.completion.chunk`` stream), errors as ``{"error": {"message", "type", "param", "code"}}``.
 A field the server does not implement (``n`` > 1, ``logprobs``, tools, a non-zero
-``presence_penalty`` or ``frequency_penalty``) is refused with a 400 naming it rather than ignored.
+``presence_penalty`` or ``frequency_penalty``) is refused with a 400 naming it rather than ignored,
+and so is a field OpenAI's API does not have (``repetition_penalty``, ``top_k``: other servers'
+sampling parameters), which this server would otherwise ignore without a word.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ortpilot.serve.context import RequestContext
 from ortpilot.serve.errorbody import openai_error
-from ortpilot.serve.http import Reply
+from ortpilot.serve.http import Reply, printable
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
@@ -40,7 +43,35 @@ _UNSUPPORTED = {
     # The sampler applies no penalties: 0 (OpenAI's default) is what every request gets.
     "presence_penalty": (None, 0),
     "frequency_penalty": (None, 0),
+    # Chat fields that would change the answer or its form: only their "off" values.
+    "tool_choice": (None, "none", "auto"),
+    "function_call": (None, "none", "auto"),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+    "web_search_options": (None,),
 }
+# The fields each endpoint reads, or takes as they change no answer (``user``, ``metadata``, ``store`` ...);
+# with ``_UNSUPPORTED`` they are OpenAI's parameters of the endpoint, and any other field is refused.
+_COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options"})
+_TAKEN = {
+    "completion": _COMMON | {"prompt", "user"},
+    "chat": _COMMON
+    | {
+        "messages",
+        "max_completion_tokens",
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "parallel_tool_calls",
+        "prompt_cache_key",
+        "safety_identifier",
+    },
+}
+SAMPLING = ("temperature", "top_p", "seed", "stop", "max_tokens")  # what the sampler takes (messages name them)
 _HINTS = {
     "presence_penalty": " (only 0: the sampler applies no penalty)",
     "frequency_penalty": " (only 0: the sampler applies no penalty)",
@@ -131,6 +162,11 @@ def json_answer(status: int, doc: Any, headers: Mapping[str, str] | None = None)
     """A JSON answer as OpenAI's API writes it (compact, UTF-8 text as is)."""
     body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
     return Reply(status, body, headers=dict(headers) if headers else None)
+
+
+def deadline_error(context: RequestContext) -> ApiError:
+    """The 504 of a request whose ``RequestContext`` deadline passed before its answer (or its first token)."""
+    return ApiError(504, context.expired_message(), kind="server_error", code="timeout")
 
 
 def not_found(model: str, known: list[str]) -> ApiError:
@@ -310,6 +346,16 @@ def parse_request(kind: str, raw: bytes) -> GenerationRequest:
             raise ApiError(
                 400, f"'{name}' is not supported by this server{_HINTS.get(name, '')}.", param=name, code="unsupported"
             )
+    unknown = sorted(name for name in body if name not in _TAKEN[kind] and name not in _UNSUPPORTED)
+    if unknown:
+        name = unknown[0]
+        raise ApiError(
+            400,
+            f"'{printable(name, 80)}' is not a parameter of {ROUTE_PREFIX}/{'chat/' if kind == 'chat' else ''}"
+            f"completions this server takes; remove it (its sampling parameters are {', '.join(SAMPLING)}).",
+            param=printable(name, 80),
+            code="unsupported",
+        )
     name = "max_tokens"
     max_tokens = _integer(body, "max_tokens")
     if kind == "chat" and body.get("max_completion_tokens") is not None:
@@ -437,6 +483,7 @@ __all__ = [
     "GenerationRequest",
     "chunk_body",
     "completion_body",
+    "deadline_error",
     "finish_reason",
     "json_answer",
     "model_object",
