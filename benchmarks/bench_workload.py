@@ -1,0 +1,190 @@
+"""Does a tune on real sentences hold on other real sentences, at their own length and in server batches?
+
+Issue 46's protocol on the MiniLM folder (benchmarks/models/minilm, ``prep_minilm.py``):
+
+1. real sentences from the standard library's docstrings (``corpus.py``): 200 to tune on, 2,000 others
+   to check on;
+2. ``ortpilot tune benchmarks/models/minilm --calibration-text 200.txt --batch 1,32 --budget B`` as a user
+   runs it (the CLI, no ``--shape``);
+3. in a fresh process, the profile (``ortpilot.load_profile``) beside a plain
+   ``onnxruntime.InferenceSession`` of the source model, on the 2,000 sentences tokenized at their own length:
+   one sentence per call, and 32 per call sorted by length and padded to the longest (as
+   sentence-transformers batches); ``--rounds`` rounds alternating which goes first, each round a fresh
+   slice of sentences; sentences/s per round, the ratio of the two per round, its median; and every
+   sentence's ``sentence_embedding`` cosine against the plain session's (the worst one).
+
+    .venv-test/bin/python benchmarks/bench_workload.py [--budget 120] [--rounds 6] [--out DIR] [--json OUT.json]
+    .venv-test/bin/python benchmarks/bench_workload.py --check-only OUTDIR   # step 3 on an existing tune
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+MINILM = ROOT / "benchmarks/models/minilm"
+PY = sys.executable
+
+
+def make_corpus(out: Path) -> tuple[Path, Path]:
+    subprocess.run(
+        [PY, str(ROOT / "benchmarks/corpus.py"), "--out", str(out), "--sizes", "200,2000"], check=True, cwd=ROOT
+    )
+    return out / "part0.txt", out / "part1.txt"
+
+
+def tune(calibration: Path, out: Path, budget: float) -> dict[str, Any]:
+    cmd = [PY, "-m", "ortpilot.cli.main", "tune", str(MINILM), "--calibration-text", str(calibration)]
+    cmd += ["-o", str(out), "--budget", str(budget), "--batch", "1,32", "--json"]
+    started = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"tune failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    doc = json.loads(done.stdout)
+    doc["_wall_s"] = time.monotonic() - started
+    doc["_stderr_tail"] = done.stderr[-4000:]
+    return doc
+
+
+def check(profile: Path, sentences: Path, rounds: int) -> dict[str, Any]:
+    """Step 3, in this (fresh) process."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    import ortpilot
+
+    tok = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(128)
+    lines = [s for s in sentences.read_text(encoding="utf-8").splitlines() if s.strip()]
+    encs = tok.encode_batch(lines)
+    feeds = [
+        {
+            "input_ids": np.asarray([e.ids], np.int64),
+            "attention_mask": np.asarray([e.attention_mask], np.int64),
+            "token_type_ids": np.asarray([e.type_ids], np.int64),
+        }
+        for e in encs
+    ]
+    lengths = np.array([len(e.ids) for e in encs])
+    tuned = ortpilot.load_profile(str(profile))
+    plain = ort.InferenceSession(str(MINILM / "model.onnx"), providers=["CPUExecutionProvider"])
+    sessions = {"profile": tuned, "plain": plain}
+    for s in sessions.values():  # warm both, every bucket
+        for f in feeds[:: max(1, len(feeds) // 20)]:
+            s.run(None, f)
+
+    def batches_of(items: list[int], size: int) -> list[dict[str, np.ndarray]]:
+        order = sorted(items, key=lambda i: lengths[i])
+        out = []
+        for start in range(0, len(order), size):
+            group = order[start : start + size]
+            longest = int(max(lengths[i] for i in group))
+            out.append(
+                {
+                    name: np.concatenate(
+                        [np.pad(feeds[i][name], ((0, 0), (0, longest - feeds[i][name].shape[1]))) for i in group]
+                    )
+                    for name in feeds[0]
+                }
+            )
+        return out
+
+    per_round = len(feeds) // rounds
+    result: dict[str, Any] = {"sentences": len(feeds), "tokens_p50": float(np.median(lengths))}
+    for label, size in (("batch1", 1), ("batch32", 32)):
+        speeds: dict[str, list[float]] = {"profile": [], "plain": []}
+        for r in range(rounds):
+            items = list(range(r * per_round, (r + 1) * per_round))
+            runs = [feeds[i] for i in items] if size == 1 else batches_of(items, size)
+            order = ["profile", "plain"] if r % 2 == 0 else ["plain", "profile"]
+            for name in order:
+                start = time.perf_counter()
+                for f in runs:
+                    sessions[name].run(None, f)
+                speeds[name].append(len(items) / (time.perf_counter() - start))
+        ratios = [p / q for p, q in zip(speeds["profile"], speeds["plain"])]
+        result[label] = {
+            "profile_per_s": float(np.median(speeds["profile"])),
+            "plain_per_s": float(np.median(speeds["plain"])),
+            "ratio_median": float(np.median(ratios)),
+            "ratio_range": [float(min(ratios)), float(max(ratios))],
+        }
+
+    def worst_cosine(size: int) -> float:
+        items = list(range(len(feeds)))
+        if size == 1:
+            got = [tuned.run(None, f)[1][0] for f in feeds]
+            want = [plain.run(None, f)[1][0] for f in feeds]
+        else:
+            order = sorted(items, key=lambda i: lengths[i])
+            got, want = [None] * len(feeds), [None] * len(feeds)
+            for start, batch in zip(range(0, len(order), size), batches_of(items, size)):
+                a, b = tuned.run(None, batch)[1], plain.run(None, batch)[1]
+                for k, i in enumerate(order[start : start + size]):
+                    got[i], want[i] = a[k], b[k]
+        cos = [float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b))) for a, b in zip(got, want)]
+        return min(cos)
+
+    result["worst_cosine"] = {"batch1": worst_cosine(1), "batch32": worst_cosine(32)}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget", type=float, default=120)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/out/workload"))
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--check-only", default=None, metavar="OUTDIR")
+    parser.add_argument("--child", nargs=2, metavar=("PROFILE", "SENTENCES"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(check(Path(args.child[0]), Path(args.child[1]), args.rounds)))
+        return
+    out = Path(args.out)
+    calibration, held_out = make_corpus(out / "corpus")
+    row: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "cpu": platform.processor() or platform.machine(),
+        "load_avg_start": os.getloadavg()[0],
+    }
+    tuned = Path(args.check_only) if args.check_only else out / "tuned"
+    if not args.check_only:
+        doc = tune(calibration, tuned, args.budget)
+        row["tune"] = {
+            "winner": doc["winner"]["label"],
+            "headline": doc["speedup"],
+            "default_best": doc["default_best"],
+            "workload": (doc.get("workload") or {}).get("summary"),
+            "wall_s": doc["_wall_s"],
+        }
+        print(doc["_stderr_tail"], file=sys.stderr)
+    child = subprocess.run(
+        [PY, __file__, "--child", str(tuned / "profile.json"), str(held_out), "--rounds", str(args.rounds)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    if child.returncode != 0:
+        raise SystemExit(f"check failed:\n{child.stderr[-3000:]}")
+    row["check"] = json.loads(child.stdout.strip().splitlines()[-1])
+    row["load_avg_end"] = os.getloadavg()[0]
+    print(json.dumps(row, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(row, indent=2))
+
+
+if __name__ == "__main__":
+    main()
