@@ -95,10 +95,18 @@ def fix_for(path: str | os.PathLike) -> str:
             "Free space there, or point ORTPILOT_CACHE_DIR at a writable folder with room (commands that build "
             "models also take --no-cache)."
         )
-    tmp = _real(tempfile.gettempdir())
-    if _under(where, tmp) and (where == tmp or where.relative_to(tmp).parts[0].startswith("ortpilot-")):
-        return "Free space there, or set TMPDIR to a writable folder with room."  # ortpilot's own scratch
+    for tmp in _temp_dirs():
+        if _under(where, tmp) and (where == tmp or where.relative_to(tmp).parts[0].startswith("ortpilot-")):
+            return "Free space there, or set TMPDIR to a writable folder with room."  # ortpilot's own scratch
     return "Free space there, or write somewhere else (choose another path with -o)."
+
+
+def _temp_dirs() -> list[Path]:
+    """Where scratch folders are made: the folders TMPDIR/TEMP/TMP name, then the one Python settled on. Not
+    ``tempfile.gettempdir()`` alone: asked first once the temp folder is full, it probes it, fails to write,
+    and answers another folder, so a full TMPDIR would not be named."""
+    named = [os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")]
+    return [_real(p) for p in [*named, tempfile.gettempdir()] if p]
 
 
 def free_bytes(path: str | os.PathLike) -> int | None:
