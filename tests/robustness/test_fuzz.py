@@ -319,7 +319,11 @@ def journal_texts(draw: st.DrawFn, records: list[dict], victim_path: str) -> byt
         i = draw(st.integers(0, len(lines) - 1))
         action = draw(st.sampled_from(["edit", "edit", "edit", "delete", "duplicate", "bytes"]))
         if action == "edit":
-            lines[i] = json.dumps(edit_json(json.loads(lines[i]), draw, victim_path, 1), allow_nan=True)
+            try:
+                record = json.loads(lines[i])
+            except ValueError:  # a line an earlier "bytes" action broke: it stays broken
+                continue
+            lines[i] = json.dumps(edit_json(record, draw, victim_path, 1), allow_nan=True)
         elif action == "delete" and len(lines) > 1:
             del lines[i]
         elif action == "duplicate":
