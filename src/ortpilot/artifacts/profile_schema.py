@@ -198,6 +198,7 @@ _DATA = _fields(
         "total": lambda v, n: _int(v, n, 0, 2**40),
         "path": _optional(_string),
         "sha256": _optional(_sha256),
+        "reading": _optional(_string),
     },
     required=("source", "samples"),
 )

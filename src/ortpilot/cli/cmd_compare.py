@@ -27,6 +27,7 @@ from ortpilot.cli.common import (
     resolve_model_arg,
     stdout,
 )
+from ortpilot.data import samples_phrase
 from ortpilot.gate.generation import DEFAULT_MIN_TOP1
 
 
@@ -157,11 +158,8 @@ def render_comparison(comparison: Any) -> None:
         stdout.print(f"[dim]generated inputs: {escape(str(c['inputs']))}[/]")
     data = c.get("gate_data") or {}
     if data.get("source") not in (None, "synthetic"):
-        total = f" of {data['total']}" if data.get("total") not in (None, data["samples"]) else ""
-        stdout.print(
-            escape(f"compared on {data['samples']}{total} {data['source']} samples from {data['path']}"),
-            highlight=False,
-        )
+        reading = f" (read as: {data['reading']})" if data.get("reading") else ""
+        stdout.print(escape(f"compared on {samples_phrase(data)} from {data['path']}{reading}"), highlight=False)
     table = Table(title="Per-output error (test vs reference)")
     table.add_column("")
     for o in c["outputs"]:

@@ -300,15 +300,20 @@ def gate_warning_line(doc: dict[str, Any]) -> str:
 def data_line(doc: dict[str, Any]) -> str:
     """Where the gate's held-out samples and the calibration samples came from (``gate_data``, ``calibration_data``)."""
 
+    from ortpilot.data import samples_phrase
+
     def one(d: dict[str, Any] | None) -> str:
         if not d:
             return "-"
-        total = f" of {d['total']}" if d.get("total") is not None else ""
         where = f" from {d['path']}" if d.get("path") else ""
         digest = f" (sha256 {d['sha256'][:12]})" if d.get("sha256") else ""
-        return f"{d['samples']}{total} {d['source']} samples{where}{digest}"
+        return f"{samples_phrase(d)}{where}{digest}"
 
-    return f"Gate data: {one(doc.get('gate_data'))}; calibration data: {one(doc.get('calibration_data'))}."
+    gate, calibration = doc.get("gate_data") or {}, doc.get("calibration_data") or {}
+    reading = gate.get("reading") or calibration.get("reading")
+    return f"Gate data: {one(gate)}; calibration data: {one(calibration)}." + (
+        f" Read as: {reading}." if reading else ""
+    )
 
 
 def render_md(doc: dict[str, Any]) -> str:
