@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ortpilot.eps import CPU_EP
@@ -33,6 +33,9 @@ class Candidate:
     settings: SessionSettings = field(default_factory=SessionSettings)
     iobinding: bool = False
     baseline: bool = False
+    # What the model without passes is, for the label: "fp32", or "int8 (as given)" for a model that came
+    # quantized (``tuning.space.Facts.given_int8``). Not part of the id: the same configuration, named truly.
+    given: str = "fp32"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "passes", tuple(Step.of(p) for p in self.passes))
@@ -63,7 +66,7 @@ class Candidate:
         """Short human description: what differs from ORT's default session."""
         if self.baseline:
             return "ORT default"
-        parts = [step.label() for step in self.passes] or ["fp32"]
+        parts = [step.label() for step in self.passes] or [self.given]
         names = [p["name"].replace("ExecutionProvider", "").lower() for p in self.providers]
         if names != ["cpu"]:
             parts.append("+".join(names))
@@ -79,7 +82,8 @@ class Candidate:
         return " · ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "label": self.label, "baseline": self.baseline, **self._key()}
+        given = {"given": self.given} if self.given != "fp32" else {}
+        return {"id": self.id, "label": self.label, "baseline": self.baseline, **self._key(), **given}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Candidate:
@@ -89,21 +93,26 @@ class Candidate:
             settings=SessionSettings.from_dict(dict(data.get("settings", {}))),
             iobinding=bool(data.get("iobinding", False)),
             baseline=bool(data.get("baseline", False)),
+            given=str(data.get("given") or "fp32"),
         )
+
+    def derived(self, **changes: Any) -> Candidate:
+        """Another candidate built from this one (never the baseline), ``changes`` applied; it keeps ``given``."""
+        return replace(self, baseline=False, **changes)
 
     def with_settings(self, **changes: Any) -> Candidate:
         data = self.settings.to_dict()
         data.update(changes)
-        return Candidate(self.passes, self.providers, SessionSettings.from_dict(data), self.iobinding)
+        return self.derived(settings=SessionSettings.from_dict(data))
 
     def with_provider_options(self, **changes: str) -> Candidate:
         """The first provider with ``changes`` to its options (OpenVINO's precision, threads)."""
         first = dict(self.providers[0])
         first["options"] = {**(first.get("options") or {}), **changes}
-        return Candidate(self.passes, (first, *self.providers[1:]), self.settings, self.iobinding)
+        return self.derived(providers=(first, *self.providers[1:]))
 
     def with_iobinding(self, on: bool = True) -> Candidate:
-        return Candidate(self.passes, self.providers, self.settings, on)
+        return self.derived(iobinding=on)
 
 
 _SHORT = {
@@ -131,6 +140,6 @@ def pass_label(step: Step | dict[str, Any]) -> str:
     return Step.of(step).label()
 
 
-def baseline_candidate() -> Candidate:
+def baseline_candidate(given: str = "fp32") -> Candidate:
     """ORT's default session: level all, default threads, CPU, no passes, no IOBinding."""
-    return Candidate(baseline=True)
+    return Candidate(baseline=True, given=given)

@@ -25,7 +25,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -188,6 +188,7 @@ class Search:
 
     def run(self, baseline: Candidate, facts: Facts) -> list[Entry]:
         """Baseline, model variants (each rejected dynamic INT8 one followed up), knobs, halving, final."""
+        baseline = replace(baseline, given=facts.model_label)  # its id stays: labels name the model truly
         queue = first_candidates(facts, baseline)
         self.planned = 1 + len(queue) + KNOB_BASES * 6
         base = self._baseline(baseline)

@@ -10,6 +10,7 @@ that the report prints.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 import onnx
 
 from ortpilot.eps import CPU_EP
+from ortpilot.passes.base import given_quantized_ops
 from ortpilot.passes.decoder_fusion import count_layers
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
@@ -32,6 +34,7 @@ from ortpilot.session.options import LEVELS
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.transform import attention_dims
 
+log = logging.getLogger("ortpilot")
 HEAVY_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "LSTM", "GRU", "RNN", "Einsum"}
 # Quantization variants, by what usually pays off first. Dynamic (weights INT8, activations at
 # run time) suits MatMul-heavy graphs; "w" leaves embeddings and activation x activation
@@ -91,6 +94,17 @@ class Facts:
     int8: Int8Rule | None = None  # this CPU's INT8 rule (None: quantization off)
     default_threads: int = 0  # the intra-op threads ORT's default session starts here (counted)
     int8_reasons: dict[str, str] = field(default_factory=dict)  # INT8 step label -> why it is in the space
+    given_int8: dict[str, int] = field(default_factory=dict)  # the quantizer's ops the model came with, by count
+
+    @property
+    def model_label(self) -> str:
+        """What the model without passes is, as candidate labels say it (``Candidate.given``)."""
+        return "int8 (as given)" if self.given_int8 else "fp32"
+
+    @property
+    def requantize(self) -> bool:
+        """Whether quantization variants are searched: asked for, and the model is not quantized already."""
+        return self.quantize and not self.given_int8
 
     @property
     def fusion_step(self) -> Step | None:
@@ -117,6 +131,7 @@ class Facts:
             "quantize": self.quantize,
             "int8_rule": self.int8.to_dict() if self.int8 else None,
             "int8_variants": dict(self.int8_reasons),
+            "given_int8": dict(self.given_int8),
             "excluded": [e.to_dict() for e in self.excluded],
         }
 
@@ -189,6 +204,15 @@ def gather_facts(
     attention = attention_dims(model) if model_type else (0, 0)
     if model_type and attention == (0, 0):
         attention = tuple(folder_attention)  # type: ignore[assignment]
+    given_int8 = given_quantized_ops(model)
+    if given_int8 and quantize:
+        why = (
+            f"the model is already quantized ({', '.join(f'{op} x{n}' for op, n in given_int8.items())}): quantizing "
+            "it again changes nothing where its weights are INT8 already and breaks it where it meets its quantize "
+            "nodes (ORT's QDQ quantizer writes duplicate node names there), so no INT8 variant is built"
+        )
+        excluded.append(Excluded("INT8 variants", why))
+        log.info("INT8 variants left out: %s.", why)
     default_threads = ort_default_threads()
     if default_threads_in_budget(default_threads, cores):
         excluded.append(
@@ -214,6 +238,7 @@ def gather_facts(
         gqa,
         (int8 or int8_rule()) if quantize else None,
         default_threads=default_threads,
+        given_int8=given_int8,
     )
 
 
@@ -259,10 +284,10 @@ def model_variants(facts: Facts) -> list[tuple[Step, ...]]:
     if facts.decoder:  # before the INT8 variants: what a decode step is made of, weights and attention
         if facts.gqa_fusion:
             variants.append((GQA,))
-        if facts.quantize:
+        if facts.requantize:
             variants.extend([(GQA, W4)] if facts.gqa_fusion else [])
             variants.extend([(W4,), (W8,)])
-    if facts.quantize and facts.int8 is not None:
+    if facts.requantize and facts.int8 is not None:
         for quant, reason in int8_variants(facts.int8, facts.conv_heavy):
             facts.int8_reasons[quant.label()] = reason
             variants.extend(prefix + (quant,) for prefix in prefixes)
@@ -284,7 +309,7 @@ def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
         if spec.name == OPENVINO:
             out.extend(_variants_on(spec, facts, baseline) if primary.name != OPENVINO else [])
         elif spec.name != CPU_EP or primary.name != CPU_EP:
-            cand = Candidate((), provider_chain(spec), baseline.settings)
+            cand = baseline.derived(passes=(), providers=provider_chain(spec))
             if cand.id != baseline.id:
                 out.append(cand)
     cpu = next((spec for spec in facts.providers if spec.name == CPU_EP), None)
@@ -323,9 +348,9 @@ def _openvino_variants(spec: ProviderSpec, facts: Facts, baseline: Candidate) ->
     chains = [provider_chain(ov)]
     if _has_bf16() and "precision" not in ov.options:
         chains.append(provider_chain(ProviderSpec(ov.name, {**ov.options, "precision": "ACCURACY"})))
-    out = [Candidate((), chain, baseline.settings) for chain in chains]
+    out = [baseline.derived(passes=(), providers=chain) for chain in chains]
     facts.excluded.append(Excluded(*OPENVINO_NOT_TRIED))
-    if not facts.quantize:
+    if not facts.requantize:
         return out
     if importlib.util.find_spec("nncf") is None:
         facts.excluded.append(
@@ -333,7 +358,7 @@ def _openvino_variants(spec: ProviderSpec, facts: Facts, baseline: Candidate) ->
         )
         return out
     facts.int8_reasons[OV_INT8.label()] = "OpenVINO: NNCF's QDQ placement (MatMul/Gemm/Conv inputs; norms in float)"
-    return out + [Candidate((OV_INT8,), chain, baseline.settings) for chain in chains]
+    return out + [baseline.derived(passes=(OV_INT8,), providers=chain) for chain in chains]
 
 
 def _has_bf16() -> bool:
@@ -356,7 +381,7 @@ def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[
                 )
             )
             continue
-        out.append(Candidate(passes, provider_chain(spec), baseline.settings))
+        out.append(baseline.derived(passes=passes, providers=provider_chain(spec)))
     return out
 
 
@@ -419,7 +444,7 @@ def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
     from ortpilot.session import SessionSettings
 
     providers = ({**base.providers[0], "options": options}, *base.providers[1:])
-    return Candidate(base.passes, providers, SessionSettings.from_dict(data), iobinding)
+    return base.derived(providers=providers, settings=SessionSettings.from_dict(data), iobinding=iobinding)
 
 
 def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
@@ -427,7 +452,7 @@ def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
     steps = list(cand.passes)
     last = max(i for i, step in enumerate(steps) if isinstance(step.spec, QuantizePass))
     steps[last] = steps[last].with_options(exclude=sorted({*steps[last].spec.nodes_to_exclude, *nodes}))
-    return Candidate(tuple(steps), cand.providers, cand.settings, cand.iobinding)
+    return cand.derived(passes=tuple(steps))
 
 
 def _dynamic_int8(step: Step) -> bool:

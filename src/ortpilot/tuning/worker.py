@@ -52,6 +52,7 @@ class _Child:
     def prepare(self, data: Mapping[str, Any]) -> dict[str, Any]:
         import numpy as np
 
+        from ortpilot.errors import ModelLoadError
         from ortpilot.graph.feeds import samples_to_arrays
         from ortpilot.measure.bench import Runner
         from ortpilot.session import load
@@ -74,13 +75,18 @@ class _Child:
             return {"status": "skipped", "reason": str(exc)}
         build_s = time.perf_counter() - start
         start = time.perf_counter()
-        sess = load(
-            str(path),
-            [(p["name"], p.get("options", {})) for p in cand.providers],
-            "strict",
-            settings=cand.settings,
-            shapes=self.shapes or None,
-        )
+        try:
+            sess = load(
+                str(path),
+                [(p["name"], p.get("options", {})) for p in cand.providers],
+                "strict",
+                settings=cand.settings,
+                shapes=self.shapes or None,
+            )
+        except ModelLoadError as exc:
+            if not cand.passes:
+                raise  # the user's own model: its message says how to check it
+            raise BuiltModelError(cand, exc) from None
         session_s = time.perf_counter() - start
         outputs = [run_session(sess, feeds, iobinding=cand.iobinding) for feeds in self.heldout]
         out_path = self.scratch / "outputs" / f"{cand.id}.npz"
@@ -161,6 +167,21 @@ class _Child:
         self.runners.move_to_end(cid)
         while len(self.runners) > MAX_LIVE_SESSIONS:
             self.runners.popitem(last=False)
+
+
+class BuiltModelError(RuntimeError):
+    """A model one of ortpilot's passes wrote does not load: that pass's failure on this model, not the user's
+    model's (which loaded as ORT's default session), so the message names the step, not the user's file."""
+
+    def __init__(self, cand: Any, exc: Exception) -> None:
+        said = str(exc).removeprefix("ORT could not load the model: ").split(". Check that the model is valid", 1)[0]
+        said = " ".join(said.split())  # one line: the record keeps the first
+        steps = " · ".join(step.label() for step in cand.passes)
+        super().__init__(
+            f"the model ortpilot's {steps} step{'s' * (len(cand.passes) > 1)} wrote from yours does not load in "
+            f"ORT ({said.strip()[:400]}): a failure of that step on this model, not a defect of your model, which "
+            "loads as it is; this candidate is left out"
+        )
 
 
 def _outputs(sess: Any, feeds: Mapping[str, Any], iobinding: bool) -> list[Any]:
