@@ -142,3 +142,17 @@ def test_the_data_line_names_samples_in_words_with_the_reading():
     assert line.startswith("Gate data: 24 of 96 samples from calib.npz (sha256 abababababab); calibration data: 72")
     assert line.endswith("Read as: calib.npz: the first dim (96) read as x.")
     assert "files samples" not in line
+
+
+def test_magika_reads_a_file_of_byte_rows_as_samples(tmp_path, caplog):
+    # Magika's input is bytes [unk__214, 2048]: tf2onnx names the batch dim it could not name unk__N
+    from conftest import real_model
+
+    model = onnx.load(real_model("magika", "models/standard_v3_3/model.onnx"))
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
+    calib = _npz(tmp_path / "calib.npz", bytes=np.random.default_rng(0).integers(0, 257, (96, FEATURES)).astype(dtype))
+    with caplog.at_level(logging.WARNING, logger="ortpilot"):
+        found = load_calibration(str(calib), model)
+    assert len(found) == 96 and found.samples[0]["bytes"].shape == (1, FEATURES)
+    said = [r.getMessage() for r in caplog.records if "Calibration data" in r.getMessage()]
+    assert len(said) == 1 and "--shape unk__214=96" in said[0]

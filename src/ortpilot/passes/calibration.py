@@ -41,7 +41,7 @@ import onnx
 from ortpilot.data import DataSource, ImageData, TextData, digest_files
 from ortpilot.errors import InputError, UsageError
 from ortpilot.graph.feeds import generate_samples, plan_feeds, read_npz, validate_feeds
-from ortpilot.graph.shapes import InputInfo, graph_inputs, is_batch_dim
+from ortpilot.graph.shapes import InputInfo, graph_inputs, is_length_dim
 
 log = logging.getLogger("ortpilot")
 DEFAULT_SYNTHETIC_SAMPLES = 8
@@ -374,8 +374,9 @@ _OTHER = "other"  # a named dynamic first dim that is no batch (a length): the a
 
 
 def _asked_batch(info: InputInfo, shapes: Mapping[str, tuple[int, ...]]) -> int | str | None:
-    """The batch ``info``'s first dim asks for: --shape for the input or its dim, else a static dim; None where it
-    is a dynamic batch (or unnamed) dim nothing fixes; ``_OTHER`` where it is a dynamic dim named as no batch."""
+    """The batch ``info``'s first dim asks for: --shape for the input or its dim, else a static dim; ``_OTHER`` where
+    it is a dynamic dim named as a length (a sample's own); None where it is any other dynamic dim nothing fixes
+    (named as a batch, unnamed, or named as exporters name what they could not: ``unk__214``)."""
     first = info.dims[0]
     if shapes.get(info.name):
         return int(shapes[info.name][0])
@@ -383,7 +384,7 @@ def _asked_batch(info: InputInfo, shapes: Mapping[str, tuple[int, ...]]) -> int 
         return first
     if isinstance(first, str) and len(shapes.get(first) or ()) == 1:
         return int(shapes[first][0])
-    return None if first is None or isinstance(first, int) or is_batch_dim(first) else _OTHER
+    return _OTHER if isinstance(first, str) and is_length_dim(first) else None
 
 
 def _leading_axis(
