@@ -241,6 +241,7 @@ _TOP: dict[str, Check] = {
     "outputs": _list_of(lambda v, n: _string(v, n, nonempty=True, limit=4096), nonempty=True, limit=4096),
     "placement": _placement,
     "default_best": _bool,
+    "default_best_reason": lambda v, n: _string(v, n, limit=65536),
     "gate_data": _DATA,
     "calibration_data": _DATA,
     # The ORT-optimized winner serving replicas load with optimizations off (tune.optimized).

@@ -121,7 +121,7 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
     }
     write_reports(result)
     reference = _write_reference(out, winner, reference_feeds)
-    settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
+    settings = profile_settings(winner, result.facts.default_threads)
     optimized = _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
     compiled = _write_compiled(out, model_file, list(winner.candidate.providers), reference)
     write_profile(
@@ -148,6 +148,7 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
             **({"outputs": list(result.outputs)} if result.outputs else {}),
             "placement": winner.prepared.get("placement"),
             "default_best": result.default_best,
+            **({"default_best_reason": result.default_best_reason} if result.default_best else {}),
             "gate_data": result.gate_data,
             "calibration_data": result.calibration_data,
             **({"optimized_model": optimized} if optimized else {}),
@@ -158,6 +159,17 @@ def write_outputs(result: TuneResult, source: Path, built: Path, reference_feeds
         result.files["optimized_model"] = str(out / optimized["file"])
     if compiled:
         result.files["compiled_model"] = str(out / compiled["file"])
+
+
+def profile_settings(winner: Entry, default_threads: int) -> Any:
+    """The session settings the profile records: the winner's, thread counts made explicit (the count ORT's
+    default started where it was measured: ``default_threads``), except for ORT's default session itself kept as
+    the winner, which is recorded unchanged. ORT's default pool pins its threads to CPUs and a session with an
+    explicit count pins none, so the explicit twin is another session: the tune times it as its own candidate
+    (``intra=N``), and a profile that shipped it for "ORT default" shipped a session the tune had not picked."""
+    if winner.candidate.baseline:
+        return winner.candidate.settings
+    return winner.candidate.settings.with_explicit_threads(default_threads or ort_default_threads())
 
 
 def _write_optimized(
@@ -180,4 +192,4 @@ def _write_compiled(
     return write_compiled_model(out, model_file, providers, inputs, outputs)
 
 
-__all__ = ["MODEL_FILE", "winner_model", "write_outputs"]
+__all__ = ["MODEL_FILE", "profile_settings", "winner_model", "write_outputs"]
