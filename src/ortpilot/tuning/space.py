@@ -19,6 +19,7 @@ from typing import Any
 import onnx
 
 from ortpilot.eps import CPU_EP
+from ortpilot.modelio import model_bytes
 from ortpilot.passes.base import given_quantized_ops
 from ortpilot.passes.decoder_fusion import count_layers
 from ortpilot.passes.quantize import QuantizePass
@@ -29,7 +30,7 @@ from ortpilot.providers.names import ProviderSpec
 from ortpilot.providers.openvino import OPENVINO
 from ortpilot.providers.plugins import compute_providers
 from ortpilot.providers.spec import NOT_COMPUTE
-from ortpilot.quantmodes import DYNAMIC, FULL, INT4, INT8_WEIGHTS, QDQ
+from ortpilot.quantmodes import DYNAMIC, FULL, INT4, INT8_WEIGHTS, QDQ, STATIC
 from ortpilot.session.options import LEVELS
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.transform import attention_dims
@@ -95,6 +96,7 @@ class Facts:
     default_threads: int = 0  # the intra-op threads ORT's default session starts here (counted)
     int8_reasons: dict[str, str] = field(default_factory=dict)  # INT8 step label -> why it is in the space
     given_int8: dict[str, int] = field(default_factory=dict)  # the quantizer's ops the model came with, by count
+    model_mb: float = 0.0  # the model's size with its weights (what a variant's preparation scales with)
 
     @property
     def model_label(self) -> str:
@@ -132,6 +134,7 @@ class Facts:
             "int8_rule": self.int8.to_dict() if self.int8 else None,
             "int8_variants": dict(self.int8_reasons),
             "given_int8": dict(self.given_int8),
+            "model_mb": round(self.model_mb, 2),
             "excluded": [e.to_dict() for e in self.excluded],
         }
 
@@ -239,6 +242,7 @@ def gather_facts(
         (int8 or int8_rule()) if quantize else None,
         default_threads=default_threads,
         given_int8=given_int8,
+        model_mb=model_bytes(model) / 2**20,
     )
 
 
@@ -453,6 +457,38 @@ def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
     last = max(i for i, step in enumerate(steps) if isinstance(step.spec, QuantizePass))
     steps[last] = steps[last].with_options(exclude=sorted({*steps[last].spec.nodes_to_exclude, *nodes}))
     return cand.derived(passes=tuple(steps))
+
+
+# What a model variant's steps are expected to gain over ORT's default (speedup - 1): the prior the search orders
+# model variants by, per second of their estimated preparation (``Search``), not a figure it reports. From this
+# project's measurements (BENCHMARKS.md, "Quantization: dynamic vs static QDQ on conv nets, MiniLM", AMD VNNI CPU):
+# dynamic INT8 made MiniLM 1.9-2.2x faster and both conv nets 3-5x slower (ConvInteger); static QDQ per channel
+# ran the conv nets 1.29-1.69x, full QDQ 1.53-1.95x. Transformer and decoder fusion, weight-only INT4/INT8 and
+# OpenVINO's INT8 have no such table here; their priors are set below the INT8 ones they usually come with
+# (the demo decoder's gqa ran 1.30x), OpenVINO's INT8 beside dynamic INT8 (its own quantizer's placement).
+# Steps of one pipeline compound. Variants with equal priors and costs keep the space's order (the INT8 rule's).
+STEP_GAINS = {
+    "fusion": 0.2,
+    "decoder_fusion": 0.3,
+    "openvino_int8": 0.8,
+    ("quantize", DYNAMIC): (0.9, 0.05),  # (MatMul-heavy, conv net)
+    ("quantize", QDQ): (0.3, 0.5),
+    ("quantize", STATIC): (0.3, 0.5),
+    ("quantize", FULL): (0.3, 0.6),
+    ("weight_only", INT4): 0.3,
+    ("weight_only", INT8_WEIGHTS): 0.2,
+}
+
+
+def expected_gain(cand: Candidate, facts: Facts) -> float:
+    """The prior speedup - 1 of ``cand``'s passes (``STEP_GAINS``, compounded); 0 for a candidate without passes."""
+    speedup = 1.0
+    for step in cand.passes:
+        gain = STEP_GAINS.get((step.name, step.get("mode")), STEP_GAINS.get(step.name, 0.0))
+        if isinstance(gain, tuple):
+            gain = gain[1] if facts.conv_heavy else gain[0]
+        speedup *= 1.0 + float(gain)
+    return speedup - 1.0
 
 
 def _dynamic_int8(step: Step) -> bool:

@@ -43,7 +43,7 @@ from ortpilot.measure import cpushare
 from ortpilot.measure.metrics import MetricOverrides
 from ortpilot.modelio import file_sha256, load_model
 from ortpilot.providers.names import resolve_providers
-from ortpilot.tuning.budget import Budget
+from ortpilot.tuning.budget import Budget, PrepCosts
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import JOURNAL_NAME, JOURNAL_VERSION, Journal, check_version
 from ortpilot.tuning.machinestates import TuneStates
@@ -339,6 +339,7 @@ def _search(
         replay_only=not budget.binding,  # the budget binds unless the journaled search had ended
         on_first_record=lambda: _keep(journal, out, references, worker.scratch / "heldout.npz"),
     )
+    budget.costs = PrepCosts(setup.facts.model_mb, len(data.calibration), len(data.heldout), setup.facts.conv_heavy)
     search = Search(steps, budget, objective=setup.objective, progress=progress)
     base = baseline_candidate()
     finalists = search.run(base, setup.facts)

@@ -5,7 +5,9 @@ The parent starts ``python -m ortpilot.tuning.worker SCRATCH`` and talks JSON li
 and saves its outputs on the held-out inputs; ``bench`` times prepared sessions, interleaved
 round by round. A child killed by a signal is reported with the signal number and restarted.
 The child keeps a few sessions alive (each wrapped in ``measure.bench.Runner``, the timing loop
-``ortpilot bench`` uses), so later rounds need not recreate them. ``rank`` computes the
+``ortpilot bench`` uses), so later rounds need not recreate them; every reply names them (``held``),
+and ``load`` recreates the ones a bench is about to time (a session only: its outputs were gated),
+so the final measurement's plan is made with the time that is really left. ``rank`` computes the
 dynamic-INT8 sensitivity of a model's layers (``passes.sensitivity``), also out of process.
 """
 
@@ -95,6 +97,7 @@ class _Child:
         self._keep(cand.id, Runner(sess, name=cand.label, feeds=self.heldout[0], iobinding=cand.iobinding))
         return {
             "status": "ok",
+            "held": list(self.runners),
             "model_path": str(path),
             "model_sha256": sess.model_hash,
             "cache_hit": hit,
@@ -108,16 +111,46 @@ class _Child:
             "output_sha256": {name: array_digest(value) for name, value in outputs[0].items()},
         }
 
+    def load(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The sessions of ``data["candidates"]`` alive, each created again if it was let go (its model from the
+        cache, no outputs computed: it was gated when it was prepared)."""
+        start = time.perf_counter()
+        loaded = [c["id"] for c in data["candidates"] if self._session(c)]
+        return {"status": "ok", "loaded": loaded, "seconds": time.perf_counter() - start, "held": list(self.runners)}
+
+    def _session(self, data: Mapping[str, Any]) -> bool:
+        """Make sure the candidate's session is alive; True when it had to be created again."""
+        from ortpilot.measure.bench import Runner
+        from ortpilot.session import load
+        from ortpilot.tuning.candidate import Candidate
+        from ortpilot.tuning.transform import build_model
+
+        cid = data["id"]
+        if cid in self.runners:
+            self.runners.move_to_end(cid)
+            return False
+        cand = Candidate.from_dict(dict(data))
+        path, _, _ = build_model(self.source, cand.passes, self.calibration)
+        sess = load(
+            str(path),
+            [(p["name"], p.get("options", {})) for p in cand.providers],
+            "strict",
+            settings=cand.settings,
+            shapes=self.shapes or None,
+        )
+        self._keep(cid, Runner(sess, name=cand.label, feeds=self.heldout[0], iobinding=cand.iobinding))
+        return True
+
     def bench(self, data: Mapping[str, Any]) -> dict[str, Any]:
         cands = list(data["candidates"])
         runs, warmup, rounds = int(data["runs"]), int(data.get("warmup", 2)), int(data.get("rounds", 1))
         runners = {}
         for c in cands:
+            self._session(c)
+        for c in cands:
             cid = c["id"]
-            if cid not in self.runners:
-                result = self.prepare(c)
-                if result["status"] != "ok":
-                    raise RuntimeError(f"candidate {cid} could not be prepared: {result}")
+            if cid not in self.runners:  # more candidates than sessions kept: not asked by tune
+                raise RuntimeError(f"candidate {cid} could not be kept alive beside the others")
             runners[cid] = self.runners[cid]
             self.runners.move_to_end(cid)
         first = {cid: len(r.samples) for cid, r in runners.items()}
@@ -138,6 +171,7 @@ class _Child:
                     runner.measure(runs=int(runs_of.get(cid, runs)), round_id=block)
         return {
             "status": "ok",
+            "held": list(self.runners),
             "samples_s": {cid: r.samples[first[cid] :] for cid, r in runners.items()},
             "blocks": {cid: r.rounds[first[cid] :] for cid, r in runners.items()},
             "caller_cpus": sorted(away) if away else None,
