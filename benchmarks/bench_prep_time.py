@@ -30,7 +30,7 @@ from ortpilot.tuning.space import DYN_PC, DYN_W_PC, FULL_PC, QDQ_PC
 from ortpilot.tuning.worker import WorkerClient, save_samples
 
 
-def models() -> dict[str, tuple[Path, dict[str, tuple[int, ...]]]]:
+def models() -> dict[str, tuple[Path | None, dict[str, tuple[int, ...]]]]:
     from _prep import package_file
 
     from ortpilot.models import demo_model_path
@@ -98,6 +98,9 @@ def main() -> None:
     )
     for name, (path, shapes) in models().items():
         if only and name not in only:
+            continue
+        if path is None:
+            print(f"{name}: its package is not installed (benchmarks/README.md, step 1); skipped", flush=True)
             continue
         print(json.dumps(measure(name, Path(path), shapes, args.calibration, args.heldout)), flush=True)
 
