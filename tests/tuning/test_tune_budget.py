@@ -43,9 +43,13 @@ class ScriptedSteps:
     injected clock instead of running a worker: the policy on its own, the same on every machine."""
 
     def __init__(
-        self, clock: Clock, prep_s: Callable[[Candidate], float], latency_s: Callable[[Candidate], float]
+        self,
+        clock: Clock,
+        prep_s: Callable[[Candidate], float],
+        latency_s: Callable[[Candidate], float],
+        skip: Callable[[Candidate], str] = lambda c: "",
     ) -> None:
-        self.clock, self.prep_s, self.latency_s = clock, prep_s, latency_s
+        self.clock, self.prep_s, self.latency_s, self.skip = clock, prep_s, latency_s, skip
         self.gate = None
         self.held: set[str] = set()
         self.prepared: list[tuple[str, Candidate]] = []  # (phase, candidate), in the order they were started
@@ -65,6 +69,8 @@ class ScriptedSteps:
             self.held = set()
             return {"status": "budget", "reason": "stopped: the budget ran out while it was being prepared"}, True
         self.clock.now += seconds
+        if self.skip(cand):  # the pass changed nothing (the worker's NothingToDo)
+            return {"status": "skipped", "reason": self.skip(cand), "seconds": seconds}, True
         self.built.add(cand.model_key)
         self.held = {*list(self.held)[-5:], cand.id}
         accuracy = {"passed": True, "max_error": 0.01, "worst_error": 0.0, "outputs": []}
@@ -184,6 +190,25 @@ def test_a_conv_net_tries_calibrated_int8_before_dynamic_int8(demo_paths):
     Search(steps, budget, objective="p50").run(baseline_candidate(), facts)
     modes = [c.passes[-1].get("mode") for phase, c in steps.prepared if phase == "model variants"]
     assert modes[0] in ("qdq", "full") and modes.index("dynamic") > modes.index("qdq")
+
+
+def test_a_fused_variant_waits_for_fusion_alone_and_is_dropped_when_fusion_finds_nothing(demo_paths):
+    facts = _facts(demo_paths, "encoder", model_mb=1.0)
+    clock = Clock()
+    budget = Budget(600.0, clock=clock, costs=PrepCosts(facts.model_mb, calibration=8, heldout=4))
+    fusion = facts.fusion_step
+    steps = ScriptedSteps(
+        clock,
+        prep_s=lambda c: 1.0,
+        latency_s=lambda c: 0.01 if c.baseline else 0.008,
+        skip=lambda c: "transformer fusion (bert) found no pattern to fuse" if c.passes == (fusion,) else "",
+    )
+    search = Search(steps, budget, objective="p50")
+    search.run(baseline_candidate(), facts)
+    tried = [c.passes for phase, c in steps.prepared if phase == "model variants"]
+    assert (fusion,) in tried and not [p for p in tried if p[:1] == (fusion,) and len(p) > 1]
+    fused = [e for e in search.entries.values() if e.candidate.passes[:1] == (fusion,) and len(e.candidate.passes) > 1]
+    assert fused and all(e.status == "skipped" and "found no pattern" in e.reason for e in fused)
 
 
 def _doc(default_best: bool, statuses: list[str]) -> dict:

@@ -243,16 +243,21 @@ class Search:
 
     def _next(self, queue: list[Candidate], facts: Facts) -> Candidate:
         """The variant with the most expected gain per second of preparation and screening; ties keep the
-        space's order (the INT8 rule's)."""
-
+        space's order (the INT8 rule's). A variant waits for those of its prefixes that are candidates too (the
+        fused model before the fused INT8 ones): the cache then holds the prefix, and a prefix that changes
+        nothing (fusion finding no pattern) drops them (``_drop_fused``) before each tries it again."""
         built = self._built()
+        pending = [c.passes for c in queue]
+        ready = [
+            (i, c) for i, c in enumerate(queue) if not any(c.passes[:k] in pending for k in range(1, len(c.passes)))
+        ]
 
         def value(item: tuple[int, Candidate]) -> tuple[float, int]:
             index, cand = item
             seconds = self.budget.prepare_estimate(cand.passes, built)[0] + self._screen_s()
             return expected_gain(cand, facts) / max(seconds, 1e-3), -index
 
-        return max(enumerate(queue), key=value)[1]
+        return max(ready or list(enumerate(queue)), key=value)[1]
 
     def _built(self) -> list[tuple[Step, ...]]:
         """The pass pipelines this tune has built (their models, and every prefix, are in the model cache)."""
