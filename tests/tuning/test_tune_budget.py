@@ -96,7 +96,7 @@ class ScriptedSteps:
         for cand in finalists:
             if cand.id not in self.held:  # loaded again before the plan is made
                 self.clock.now += 0.5
-        runs, rounds, _ = plan()
+        runs, rounds, _, _ = plan()
         self.clock.now += sum(
             (runs * rounds + 2) * self.latency_s(c) + rounds * SETTLE_S for c in finalists
         )  # its runs, warm-up and settling
@@ -284,7 +284,7 @@ def test_the_final_is_planned_once_the_worker_holds_every_finalist_again(tmp_pat
 
     def plan():
         held_at_plan.append(set(steps.held))
-        return 2, 2, 60.0
+        return 2, 2, 60.0, 60.0
 
     try:
         for cand in cands:
@@ -292,7 +292,11 @@ def test_the_final_is_planned_once_the_worker_holds_every_finalist_again(tmp_pat
         finalists = cands[:3]  # the first ones prepared: let go since
         assert not {c.id for c in finalists} <= steps.held
         record = steps.final(finalists, plan)
+        # a final that runs slower than planned stops its rounds at its time, after the fewest it takes
+        request = {"candidates": [c.to_dict() for c in finalists], "runs": 2, "rounds": 6, "warmup": 1}
+        short = steps._request("bench", {**request, "within_s": 0.0, "min_rounds": 2}, 120)
     finally:
         worker.close()
+    assert all(sorted(set(blocks)) == [0, 1] for blocks in short["blocks"].values())
     assert record["status"] == "ok" and held_at_plan and {c.id for c in finalists} <= held_at_plan[0]
     assert all(len(record["samples_s"][c.id]) == 4 for c in finalists)

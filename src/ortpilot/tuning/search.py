@@ -520,12 +520,14 @@ class Search:
         """The leader and runner-up (never a session that takes CPUs outside the budget) and ``reference``."""
         finalists = self._finalists(reference)
 
-        def plan() -> tuple[int, int, float]:
+        def plan() -> tuple[int, int, float, float]:
             # asked once the worker holds every finalist's session (steps.final loads the ones it let go first),
-            # so the runs fit in what is really left; the timeout allows the warm-up over the planned runs
+            # so the runs fit in what is really left; the worker stops its rounds at that time (after the fewest
+            # the final takes) where the finalists run slower than the search timed them
             per_run = sum(cost(e.samples, "p50") for e in finalists)  # one run of each finalist
             plan = self.budget.final_plan(per_run, self.screen_runs, len(finalists))
-            return (*plan, max(5.0, self.budget.left() + 5.0))
+            left = self.budget.left()
+            return (*plan, max(5.0, left + 5.0), max(0.0, left - 0.5))
 
         record = self.steps.final([e.candidate for e in finalists], plan)
         if record and record.get("status") == "ok":

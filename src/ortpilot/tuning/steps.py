@@ -44,7 +44,13 @@ from typing import Any
 
 from ortpilot.errors import StorageError
 from ortpilot.gate.core import ModelGate
-from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S, PAIRED_ROUNDS, paired_anchor_runs, paired_settle_max
+from ortpilot.tuning.budget import (
+    CANDIDATE_TIMEOUT_S,
+    FINAL_MIN_ROUNDS,
+    PAIRED_ROUNDS,
+    paired_anchor_runs,
+    paired_settle_max,
+)
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.journal import Journal
 from ortpilot.tuning.worker import WorkerClient, WorkerCrash
@@ -222,23 +228,23 @@ class StepRunner:
             )
         return list(record.get("ranking") or [])
 
-    def final(self, finalists: list[Candidate], plan: Callable[[], tuple[int, int, float]]) -> dict[str, Any] | None:
-        """The finalists timed round-robin in one process; ``plan()``: (runs, rounds, timeout), asked only when
-        it runs, once the worker holds every finalist's session (one let go is created again first, so the plan
-        counts the time that is really left). None when replaying an ended search without one, or with a single
-        finalist."""
+    def final(
+        self, finalists: list[Candidate], plan: Callable[[], tuple[int, int, float, float]]
+    ) -> dict[str, Any] | None:
+        """The finalists timed round-robin in one process; ``plan()``: (runs, rounds, timeout, seconds), asked only
+        when it runs, once the worker holds every finalist's session (one let go is created again first, so the plan
+        counts the time that is really left); the worker stops its rounds (after ``FINAL_MIN_ROUNDS``) once another
+        would end past ``seconds``. None when replaying an ended search without one, or with a single finalist."""
         record = self.journal.get("final", "", "final")
         if record is not None or self.replay_only or len(finalists) < 2:
             return record
         try:
             if not {c.id for c in finalists} <= self.held:
                 self._request("load", {"candidates": [c.to_dict() for c in finalists]}, CANDIDATE_TIMEOUT_S)
-            runs, rounds, timeout = plan()
-            result = self._request(
-                "bench",
-                {"candidates": [c.to_dict() for c in finalists], "runs": runs, "rounds": rounds, "warmup": 2},
-                timeout,
-            )
+            runs, rounds, timeout, seconds = plan()
+            request = {"candidates": [c.to_dict() for c in finalists], "runs": runs, "rounds": rounds, "warmup": 2}
+            request |= {"within_s": seconds, "min_rounds": min(rounds, FINAL_MIN_ROUNDS)}
+            result = self._request("bench", request, timeout)
         except WorkerCrash as exc:
             result = {"status": "crashed", "error": str(exc)}
         return self.journal.append({"kind": "final", "stage": "final", "ids": [c.id for c in finalists], **result})
