@@ -97,6 +97,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "blocks": dict,
         "caller_cpus": (list, type(None)),
         "settled_s": _OPT_NUMBER,  # the shortest untimed settling of any turn (measure.interleave.settle)
+        "rounds_s": _OPT_NUMBER,  # the rounds' own wall time (they stop at the time planned: tuning.steps.final)
     },
     "done": {"kind": str, "winner": str, "files": dict, "load_avg": list, "others_cpu": _OPT_NUMBER},
 }
