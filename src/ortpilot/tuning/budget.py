@@ -59,7 +59,7 @@ PAIRED_ANCHOR_MIN_RUNS = 3
 #   - the gate's held-out runs: dynamic INT8 (ConvInteger) on a conv net ran them 12-25x slower than the default
 #     (16 samples: 3.4 s on the det, 2.2 s on NudeNet), QDQ ones about 1.5x;
 #   - the 2-3 MB demo encoder and Magika: 0.1-0.35 s a step, the default's session 0.3-0.5 s.
-# The issue that asked for this saw 13-30 s per INT8 preparation of a 416x416 detector calibrated on 72 real
+# Issue 48 saw 13-30 s per INT8 preparation of a 416x416 detector calibrated on 72 real
 # images: the calibration term (72 samples x 2-3 latencies) dominates there.
 PREPARE_S_PER_MB = 0.12
 QUANTIZE_S_PER_MB = 0.15
