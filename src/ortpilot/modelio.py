@@ -145,6 +145,15 @@ def external_data_files(model: onnx.ModelProto) -> set[str]:
     return locations
 
 
+def model_bytes(model: onnx.ModelProto) -> int:
+    """The model's size with its weights: the proto's own bytes plus what its external tensors declare (a model
+    loaded without its external data still says how big it is)."""
+    external = sum(
+        _declared_bytes(t) or 0 for t in _all_initializers(model) if t.data_location == onnx.TensorProto.EXTERNAL
+    )
+    return model.ByteSize() + external
+
+
 def _uses_external_data(model: onnx.ModelProto) -> bool:
     return bool(external_data_files(model))
 

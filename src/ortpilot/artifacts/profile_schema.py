@@ -198,6 +198,7 @@ _DATA = _fields(
         "total": lambda v, n: _int(v, n, 0, 2**40),
         "path": _optional(_string),
         "sha256": _optional(_sha256),
+        "reading": _optional(_string),
     },
     required=("source", "samples"),
 )
@@ -267,6 +268,7 @@ _TOP: dict[str, Check] = {
     ),
     "placement": _placement,
     "default_best": _bool,
+    "default_best_reason": lambda v, n: _string(v, n, limit=65536),
     "gate_data": _DATA,
     "calibration_data": _DATA,
     # The ORT-optimized winner serving replicas load with optimizations off (tune.optimized).

@@ -28,6 +28,7 @@ from ortpilot.cli.common import (
 )
 from ortpilot.cli.flags import INPUT_OPTION, count_option, min_top1_option, provider_option
 from ortpilot.cli.groups import arg_group
+from ortpilot.data import samples_phrase
 from ortpilot.gate.options import DEFAULT_NEW_TOKENS, GateOptions
 from ortpilot.measure.compare import COMPARE_SAMPLES, Tolerances
 
@@ -163,11 +164,8 @@ def render_comparison(comparison: Any) -> None:
         stdout.print(f"[dim]generated inputs: {escape(str(c['inputs']))}[/]")
     data = c.get("gate_data") or {}
     if data.get("source") not in (None, "synthetic"):
-        total = f" of {data['total']}" if data.get("total") not in (None, data["samples"]) else ""
-        stdout.print(
-            escape(f"compared on {data['samples']}{total} {data['source']} samples from {data['path']}"),
-            highlight=False,
-        )
+        reading = f" (read as: {data['reading']})" if data.get("reading") else ""
+        stdout.print(escape(f"compared on {samples_phrase(data)} from {data['path']}{reading}"), highlight=False)
     table = Table(title="Per-output error (test vs reference)")
     table.add_column("")
     for o in c["outputs"]:

@@ -280,6 +280,7 @@ def render_summary(doc: dict) -> None:
         shape_plan_line,
         table_rows,
         time_line,
+        untried_line,
         why_not_lines,
     )
 
@@ -313,6 +314,8 @@ def render_summary(doc: dict) -> None:
     for c in doc["candidates"]:
         counts[c["status"]] = counts.get(c["status"], 0) + 1
     stderr.print("Candidates: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), highlight=False)
+    if untried_line(doc):
+        stderr.print(escape(untried_line(doc)) + ".", highlight=False)
     rule = doc["facts"].get("int8_rule")
     if rule:
         stderr.print(f"INT8 rule for this CPU: {rule['name']} ({rule['reason']}).", highlight=False, markup=False)

@@ -72,13 +72,27 @@ class DataSource:
     def real(self) -> bool:
         return self.kind != "synthetic"
 
-    def describe(self, samples: int, of: int | None = None) -> dict[str, Any]:
+    def describe(self, samples: int, of: int | None = None, reading: str = "") -> dict[str, Any]:
         """The ``gate_data`` / ``calibration_data`` record of reports and profiles: ``samples`` used,
-        ``of`` the ``total`` the source holds (the rest went to the other side of the split)."""
-        doc = {"source": self.kind, "samples": samples, "path": self.path, "sha256": self.sha256}
+        ``of`` the ``total`` the source holds (the rest went to the other side of the split), and
+        ``reading``: how a file's leading axis was split into samples, where it was."""
+        doc: dict[str, Any] = {"source": self.kind, "samples": samples, "path": self.path, "sha256": self.sha256}
         if of is not None:
             doc["total"] = of
+        if reading:
+            doc["reading"] = reading
         return doc
+
+
+def samples_phrase(data: Mapping[str, Any]) -> str:
+    """How a report names a ``gate_data`` / ``calibration_data`` record: ``5 of 20 text samples from s.txt``,
+    ``1 sample from calib.npz`` (files), ``4 synthetic samples``; the path, the digest and the reading the
+    caller adds as it needs them."""
+    n, total = int(data.get("samples") or 0), data.get("total")
+    kind = {"text": "text ", "images": "image ", "synthetic": "synthetic "}.get(str(data.get("source")), "")
+    if total is not None and total != n:
+        return f"{n} of {total} {kind}samples"
+    return f"{n} {kind}sample{'s' * (n != 1)}"
 
 
 def gate_phrase(gate_data: Mapping[str, Any] | None) -> str:

@@ -31,6 +31,12 @@ def is_batch_dim(name: str) -> bool:
     return bool(_BATCH.match(name))
 
 
+def is_length_dim(name: str) -> bool:
+    """Whether a symbolic dim's name says a length (sequence, past, frames: the rule that gives it 128), not a
+    batch: a first dim so named is a sample's own."""
+    return not is_batch_dim(name) and bool(_SEQ.search(name) or _PAST.search(name))
+
+
 @dataclass(frozen=True)
 class InputInfo:
     """One graph input: name, element type (onnx enum) and dims (int, str or None)."""

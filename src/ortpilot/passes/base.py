@@ -98,6 +98,14 @@ def op_histogram(model: onnx.ModelProto) -> Counter:
     return Counter(n.op_type for n in nodes(model.graph))
 
 
+def given_quantized_ops(model: onnx.ModelProto) -> dict[str, int]:
+    """The quantizer's ops a model holds, by count ({} for a float model): integer/QOperator ops and
+    activation quantizers (QuantizeLinear, DynamicQuantizeLinear). DequantizeLinear alone is left out:
+    float models store compressed weights that way."""
+    found = op_histogram(model)
+    return {op: n for op, n in sorted(found.items()) if op in QUANT_OPS or op in QDQ_OPS - {"DequantizeLinear"}}
+
+
 def quantized_node_count(model: onnx.ModelProto) -> int:
     """Compute nodes that run quantized: QOperator/integer ops, plus float ops fed by a DequantizeLinear
     (QDQ format, where ORT fuses DQ -> op -> Q into the integer kernel)."""
@@ -389,6 +397,7 @@ __all__ = [
     "PipelineResult",
     "Setting",
     "SourceModel",
+    "given_quantized_ops",
     "op_histogram",
     "quantized_node_count",
 ]

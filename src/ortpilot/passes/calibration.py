@@ -1,14 +1,21 @@
 """Calibration data: read it, check it against the model, split off held-out samples.
 
-Accepted: a folder of ``.npz`` files (one sample each, keys = input names) or ``.npy`` files
-(``NAME.npy`` per input, or any names for a one-input model; an array with one more dim than
-the input is a stack of samples); one ``.npz`` with stacked samples; a
+Accepted: a folder of ``.npz`` files (keys = input names) or ``.npy`` files (``NAME.npy`` per
+input, or any names for a one-input model); one ``.npz`` with stacked samples; a
 ``CalibrationDataReader`` object (or ``FILE.py:FACTORY`` on the command line); a list of samples
 (dicts of input name -> array, from Python); text and images
 (``ortpilot.data.TextData`` / ``ImageData``, what ``--calibration-text`` / ``--calibration-images``
 become through ``ortpilot.data.real_data``). Without data, inputs are generated from the declared
 shapes, with a loud warning: calibration on random inputs gives scales that fit random inputs,
 and the accuracy gate then measures random inputs.
+
+Arrays in files have a leading sample axis, read one of two ways (``_leading_axis``): one dim more
+than the input is always a stack of samples; arrays of the input's own rank are split along their
+first dim when the batch the model or ``--shape`` asks for does not take them whole (a static
+batch of 1 and ``(96, 2048)`` is 96 samples, not a refusal), and are one sample when it does.
+Where the batch is dynamic and no ``--shape`` fixes it, the file is read as samples of batch 1
+(the batch ortpilot gives a batch dim everywhere else) and one warning says so and how to read it
+as one batch instead; the reading is kept in ``gate_data`` / ``calibration_data`` (``reading``).
 
 Every set carries its ``DataSource`` (kind, path, sha256), so each report can say what its gate
 and its calibration ran on (``gate_data``, ``calibration_data``). ``CalibrationSet.split`` divides
@@ -34,7 +41,7 @@ import onnx
 from ortpilot.data import DataSource, ImageData, TextData, digest_files
 from ortpilot.errors import InputError, UsageError
 from ortpilot.graph.feeds import generate_samples, plan_feeds, read_npz, validate_feeds
-from ortpilot.graph.shapes import InputInfo, graph_inputs
+from ortpilot.graph.shapes import InputInfo, graph_inputs, is_length_dim
 
 log = logging.getLogger("ortpilot")
 DEFAULT_SYNTHETIC_SAMPLES = 8
@@ -57,6 +64,7 @@ class CalibrationSet:
     notes: list[str] = field(default_factory=list)
     data: DataSource | None = None  # where the samples came from (None: told by ``origin``)
     counts: tuple[int, int] | None = None  # (calibration, held-out) samples of the last ``split``
+    reading: str = ""  # how a file's leading axis was read, where it was split into samples (``_leading_axis``)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -106,11 +114,11 @@ class CalibrationSet:
 
     def gate_data(self) -> dict[str, Any]:
         """The ``gate_data`` record: the held-out side of the last ``split`` (every sample before one)."""
-        return self.origin.describe(self.counts[1] if self.counts else len(self), len(self))
+        return self.origin.describe(self.counts[1] if self.counts else len(self), len(self), self.reading)
 
     def calibration_data(self) -> dict[str, Any]:
         """The ``calibration_data`` record: the calibrating side of the last ``split``."""
-        return self.origin.describe(self.counts[0] if self.counts else len(self), len(self))
+        return self.origin.describe(self.counts[0] if self.counts else len(self), len(self), self.reading)
 
     def describe(self) -> str:
         shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in (self.samples[0].items() if self.samples else []))
@@ -184,14 +192,15 @@ def load_calibration(
             f"Calibration data '{path}' does not exist. Give a folder of .npy/.npz files, one .npz "
             "with stacked samples, or FILE.py:FACTORY returning a CalibrationDataReader."
         )
+    files = _FileReader(inputs, shapes or {})
     if path.is_dir():
-        files = sorted([*path.glob("*.npz"), *path.glob("*.npy")])
-        return _checked(_from_folder(path, inputs), inputs, str(path), _files(path, files))
+        listed = sorted([*path.glob("*.npz"), *path.glob("*.npy")])
+        return files.checked(_from_folder(path, files), str(path), _files(path, listed))
     if path.suffix == ".npz":
-        return _checked(_unstack(_load_npz(path), inputs, str(path)), inputs, str(path), _files(path, [path]))
+        return files.checked(files.unstack(_load_npz(path), str(path)), str(path), _files(path, [path]))
     if path.suffix == ".npy" and len(inputs) == 1:
-        one = _unstack({inputs[0].name: _load_npy(path)}, inputs, str(path))
-        return _checked(one, inputs, str(path), _files(path, [path]))
+        one = files.unstack({inputs[0].name: _load_npy(path)}, str(path))
+        return files.checked(one, str(path), _files(path, [path]))
     raise InputError(f"Calibration data '{path}' is not a folder, an .npz, or (for a one-input model) an .npy file.")
 
 
@@ -257,20 +266,21 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
     return read_npz(path, "Calibration file")
 
 
-def _from_folder(folder: Path, inputs: Sequence[InputInfo]) -> list[Sample]:
+def _from_folder(folder: Path, files: _FileReader) -> list[Sample]:
     npz = sorted(folder.glob("*.npz"))
     npy = sorted(folder.glob("*.npy"))
     if not npz and not npy:
         raise InputError(f"Calibration folder '{folder}' holds no .npy or .npz files.")
+    inputs = files.inputs
     samples: list[Sample] = []
     for file in npz:
-        samples.extend(_unstack(_load_npz(file), inputs, str(file)))
+        samples.extend(files.unstack(_load_npz(file), str(file)))
     if npy:
         names = {i.name for i in inputs}
         by_name = {f.stem: f for f in npy}
         if len(inputs) == 1 and not set(by_name) <= names:
             for file in npy:  # one-input model: every .npy is a sample (or a stack of them)
-                samples.extend(_unstack({inputs[0].name: _load_npy(file)}, inputs, str(file)))
+                samples.extend(files.unstack({inputs[0].name: _load_npy(file)}, str(file)))
         else:
             unknown = sorted(set(by_name) - names)
             if unknown:
@@ -278,12 +288,46 @@ def _from_folder(folder: Path, inputs: Sequence[InputInfo]) -> list[Sample]:
                     f"Calibration files {', '.join(f + '.npy' for f in unknown)} in '{folder}' match no "
                     f"model input; the inputs are {_describe(inputs)}. Name each file INPUT.npy."
                 )
-            samples.extend(_unstack({k: _load_npy(v) for k, v in by_name.items()}, inputs, str(folder)))
+            samples.extend(files.unstack({k: _load_npy(v) for k, v in by_name.items()}, str(folder)))
     return samples
 
 
-def _unstack(arrays: Mapping[str, np.ndarray], inputs: Sequence[InputInfo], where: str) -> list[Sample]:
-    """One sample, or N stacked samples when every array has one more dim than its input."""
+class _FileReader:
+    """Arrays read from files into samples, each file's leading axis read as ``_leading_axis`` says; the
+    readings it took are said once (a warning where the file could be read the other way too)."""
+
+    def __init__(self, inputs: Sequence[InputInfo], shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self.inputs = inputs
+        self.shapes = shapes
+        self.readings: list[str] = []  # one per distinct reading, for gate_data / calibration_data
+        self.warned = False
+
+    def unstack(self, arrays: Mapping[str, np.ndarray], where: str) -> list[Sample]:
+        samples, axis = _unstack(arrays, self.inputs, where, self.shapes)
+        if axis is not None:
+            if axis.reading not in self.readings:
+                self.readings.append(axis.reading)
+            if axis.warning and not self.warned:  # said once, however many files read the same way
+                log.warning("%s", axis.warning)
+                self.warned = True
+        return samples
+
+    def checked(self, samples: list[Sample], where: str, data: DataSource) -> CalibrationSet:
+        found = _checked(samples, self.inputs, where, data)
+        found.reading = "; ".join(self.readings)
+        if found.reading:
+            found.notes.append(found.reading)
+        return found
+
+
+def _unstack(
+    arrays: Mapping[str, np.ndarray],
+    inputs: Sequence[InputInfo],
+    where: str,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> tuple[list[Sample], _Axis | None]:
+    """The samples in one file's arrays: N stacked samples when every array has one more dim than its input;
+    else split along the first dim or whole, as ``_leading_axis`` reads it (with how it read it, None: whole)."""
     by_name = {i.name: i for i in inputs}
     unknown = [k for k in arrays if k not in by_name]
     missing = [n for n in by_name if n not in arrays]
@@ -302,14 +346,114 @@ def _unstack(arrays: Mapping[str, np.ndarray], inputs: Sequence[InputInfo], wher
         if len(set(counts.values())) != 1:
             raise InputError(f"Calibration data '{where}' stacks different numbers of samples per input: {counts}.")
         n = next(iter(counts.values()))
-        return [{k: np.ascontiguousarray(v[i]) for k, v in arrays.items()} for i in range(n)]
+        return [{k: np.ascontiguousarray(v[i]) for k, v in arrays.items()} for i in range(n)], None
     if any(stacked.values()):
         bad = [k for k, s in stacked.items() if s]
         raise InputError(
             f"Calibration data '{where}': input(s) {', '.join(bad)} have one dim more than the model "
             "expects while others do not; stack all inputs or none."
         )
-    return [dict(arrays)]
+    axis = _leading_axis(arrays, by_name, where, shapes or {})
+    if axis is None:
+        return [dict(arrays)], None
+    n, size = axis.count, axis.batch
+    return [{k: np.ascontiguousarray(v[i * size : (i + 1) * size]) for k, v in arrays.items()} for i in range(n)], axis
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """A file's arrays read as ``count`` samples of ``batch`` each along their first dim, and what to say about it."""
+
+    count: int
+    batch: int
+    reading: str  # for gate_data / calibration_data
+    warning: str = ""  # where the other reading was possible: which one was taken and how to force the other
+
+
+_OTHER = "other"  # a named dynamic first dim that is no batch (a length): the array is one sample
+
+
+def _asked_batch(info: InputInfo, shapes: Mapping[str, tuple[int, ...]]) -> int | str | None:
+    """The batch ``info``'s first dim asks for: --shape for the input or its dim, else a static dim; ``_OTHER`` where
+    it is a dynamic dim named as a length (a sample's own); None where it is any other dynamic dim nothing fixes
+    (named as a batch, unnamed, or named as exporters name what they could not: ``unk__214``)."""
+    first = info.dims[0]
+    if shapes.get(info.name):
+        return int(shapes[info.name][0])
+    if isinstance(first, int) and first > 0:
+        return first
+    if isinstance(first, str) and len(shapes.get(first) or ()) == 1:
+        return int(shapes[first][0])
+    return _OTHER if isinstance(first, str) and is_length_dim(first) else None
+
+
+def _leading_axis(
+    arrays: Mapping[str, np.ndarray],
+    by_name: Mapping[str, InputInfo],
+    where: str,
+    shapes: Mapping[str, tuple[int, ...]],
+) -> _Axis | None:
+    """How arrays of their inputs' own rank are read: None for one sample (their first dim is the batch the model
+    or --shape asks for, or a dynamic length), else samples along the first dim (module docstring)."""
+    infos = [by_name[k] for k in arrays]
+    if any(len(i.dims) == 0 or arrays[i.name].ndim != len(i.dims) for i in infos):
+        return None  # no shape to read it by, or a rank the checks below refuse with their own message
+    firsts = {int(v.shape[0]) for v in arrays.values()}
+    asked = [_asked_batch(i, shapes) for i in infos]
+    if len(firsts) != 1 or _OTHER in asked:
+        return None
+    n = firsts.pop()
+    known = {b for b in asked if isinstance(b, int)}
+    if len(known) > 1:
+        return None  # the inputs ask for different batches: the shape checks name it
+    shown = ", ".join(f"{k} {list(v.shape)}" for k, v in arrays.items())
+    if known:
+        batch = known.pop()
+        if n == batch:
+            return None
+        if n % batch:
+            raise InputError(
+                f"Calibration data '{where}' holds arrays ({shown}) whose first dim, {n}, is neither the batch "
+                f"the model and --shape ask for ({batch}) nor a multiple of it. Give whole batches of {batch} "
+                f"(read as samples of that batch), or stack the samples as (N, {batch}, ...), one dim more "
+                "than the input."
+            )
+        source = "--shape's" if any(shapes.get(i.name) or shapes.get(str(i.dims[0])) for i in infos) else "the model's"
+        reading = (
+            f"{Path(where).name}: the first dim ({n}) read as {n // batch} sample{'s' * (n // batch != 1)} "
+            f"of batch {batch} ({source} batch)"
+        )
+        return _Axis(n // batch, batch, reading)
+    if n <= 1:
+        return None  # one sample of batch 1 either way
+    dims = {i.dims[0] for i in infos}
+    name = next(iter(dims)) if len(dims) == 1 and isinstance(next(iter(dims)), str) else None
+    whole = (
+        f"--shape {name}={n}"
+        if name
+        else " ".join(f"--shape {i.name}={'x'.join(map(str, arrays[i.name].shape))}" for i in infos)
+    )
+    samples = (
+        f"--shape {name}=1"
+        if name
+        else " ".join(f"--shape {i.name}={'x'.join(map(str, (1, *arrays[i.name].shape[1:])))}" for i in infos)
+    )
+    inputs = ", ".join(f"{i.name} {_dims(i.dims)}" for i in infos)
+    reading = (
+        f"{Path(where).name}: the first dim ({n}) read as {n} samples of batch 1; it could be one batch of {n} "
+        f"({whole} reads it so)"
+    )
+    warning = (
+        f"Calibration data '{where}' ({shown}) has the inputs' own rank, and their batch dim is dynamic "
+        f"({inputs}) with no --shape fixing it: read as {n} samples of batch 1, its first dim taken as the "
+        f"sample axis. To read it as one batch of {n} instead, pass {whole}, or save it as (N, batch, ...), one "
+        f"dim more than the input; {samples} keeps this reading without this warning."
+    )
+    return _Axis(n, 1, reading, warning)
+
+
+def _dims(dims: Sequence[int | str | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
 def _checked(

@@ -4,7 +4,11 @@ The deadline excludes the time for writing the outputs. Out of what is left, eno
 the final interleaved measurement of three candidates (leader, runner-up, ORT's default), so no
 screening or halving step may eat it: a step runs only when ``affords`` says its estimate fits,
 and a candidate's worker is stopped at the reserve. Estimates come from what was measured: the
-median preparation time so far and the default session's latency.
+preparation times so far and the default session's latency. A model variant's preparation is
+estimated before it runs (``prepare_estimate``): from the model's size, the calibration and gate
+samples and the default session's latency (``PrepCosts``, measured), scaled by how the variants
+prepared so far in this tune compared with their estimates. The clock is injected (``clock``), so
+the policy is tested without timing the machine.
 
 Replaying an ended search (``binding=False``) is decided by the journal, not the clock: the
 budget then affords everything, and the step runner cuts what the journal lacks.
@@ -14,8 +18,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from ortpilot.quantmodes import CALIBRATED_MODES, DYNAMIC
 
 OUTPUT_RESERVE_S = 5.0  # writing the model, profile and reports (matplotlib) after the search
 CANDIDATE_TIMEOUT_S = 600.0  # a candidate's child that takes longer is taken to hang
@@ -41,17 +50,106 @@ PAIRED_ANCHOR_SHARE = 0.25
 PAIRED_ANCHOR_MIN_RUNS = 3
 
 
-class Budget:
-    """Seconds left before ``deadline`` (a ``time.monotonic`` value), and the estimates that spend them."""
+# A model variant's preparation, measured with benchmarks/bench_prep_time.py (the tune's own worker preparing each
+# INT8 step in a fresh model cache; AMD EPYC, 2 CPUs, load average 1.5, 2026-12-05):
+#   PP-OCRv6 det small (9.5 MB, default 16.8-24 ms at 480x480) and NudeNet 320n (11.6 MB, 5.6-8 ms):
+#   - the quantizer's model preparation, once per model: 1.0-1.2 s, 0.09-0.12 s per MB;
+#   - a quantization step on it: 0.02-0.15 s per MB (dynamic 0.2 s, QDQ 0.8-1.1 s, full 1.3-1.4 s for 10-12 MB);
+#   - calibration (static, QDQ, full): 42-50 ms (det) and 10-14 ms (NudeNet) per calibration sample, 1.9-3.0x the
+#     default's latency (64 samples against 8: QDQ 3.75 s against 1.4 s on the det);
+#   - the gate's held-out runs: dynamic INT8 (ConvInteger) on a conv net ran them 12-25x slower than the default
+#     (16 samples: 3.4 s on the det, 2.2 s on NudeNet), QDQ ones about 1.5x;
+#   - the 2-3 MB demo encoder and Magika: 0.1-0.35 s a step, the default's session 0.3-0.5 s.
+# Issue 48 saw 13-30 s per INT8 preparation of a 416x416 detector calibrated on 72 real
+# images: the calibration term (72 samples x 2-3 latencies) dominates there.
+PREPARE_S_PER_MB = 0.12
+QUANTIZE_S_PER_MB = 0.15
+CALIBRATION_LATENCIES = 3.0  # per calibration sample
+GATE_LATENCIES = 2.0  # per held-out sample, a variant as fast as the default or up to 2x slower
+GATE_LATENCIES_CONV_DYNAMIC = 25.0  # per held-out sample, dynamic INT8 on a conv net
 
-    def __init__(self, deadline: float, *, binding: bool = True) -> None:
+
+@dataclass(frozen=True)
+class PrepCosts:
+    """What a model variant's preparation time is estimated from: the model's size and the samples it runs."""
+
+    model_mb: float
+    calibration: int  # calibration samples (static, QDQ and full run every one)
+    heldout: int  # held-out samples every candidate's outputs are computed on
+    conv_heavy: bool = False
+
+    def estimate(
+        self, steps: Sequence[Any], session_s: float, latency: float, built: Sequence[Sequence[Any]] = ()
+    ) -> tuple[float, str]:
+        """(seconds, basis in words) for a candidate with pass ``steps`` (``passes.registry.Step``): ``session_s``
+        (a session and its held-out outputs, as ORT's default measured) plus each step's rewrite, calibration and
+        slower gate runs (module constants). ``built``: the pipelines this tune built already; the model cache
+        holds their prefixes (and the quantizer's preparation of each), which cost nothing again."""
+        steps = list(steps)
+        done = max((_common(steps, b) for b in built), default=0)
+        if done == len(steps):
+            return session_s, "its model is built already: one session"
+        seconds, parts = session_s, []
+        mb = self.model_mb
+        for i, step in enumerate(steps[done:], done):
+            name, mode = step.name, step.get("mode")
+            if name in ("quantize", "openvino_int8"):
+                prepared = name == "quantize" and any(
+                    _common(steps[:i], b) == i and len(b) > i and b[i].name == "quantize" for b in built
+                )
+                seconds += (0.0 if prepared else PREPARE_S_PER_MB * mb) + QUANTIZE_S_PER_MB * mb
+                parts.append(f"{mb:.0f} MB to quantize" if prepared else f"{mb:.0f} MB to prepare and quantize")
+                if name == "openvino_int8" or mode in CALIBRATED_MODES:
+                    seconds += self.calibration * CALIBRATION_LATENCIES * latency
+                    parts.append(f"{self.calibration} calibration samples")
+                if name == "quantize" and mode == DYNAMIC and self.conv_heavy:
+                    seconds += self.heldout * GATE_LATENCIES_CONV_DYNAMIC * latency
+                    parts.append("held-out runs of a dynamic-INT8 conv net")
+                else:
+                    seconds += self.heldout * (GATE_LATENCIES - 1) * latency
+            else:  # fusion, decoder fusion, weight-only: a rewrite of the graph, like a quantization step
+                seconds += QUANTIZE_S_PER_MB * mb
+                parts.append(f"{mb:.0f} MB to rewrite")
+        return seconds, ", ".join(dict.fromkeys(parts))
+
+
+def _common(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading steps two pipelines share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Budget:
+    """Seconds left before ``deadline`` (a ``clock`` value, ``time.monotonic`` unless a test gives its own), and
+    the estimates that spend them."""
+
+    def __init__(
+        self,
+        deadline: float,
+        *,
+        binding: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        costs: PrepCosts | None = None,
+    ) -> None:
         self.deadline = deadline
         self.binding = binding
+        self.clock = clock
+        self.costs = costs  # None: variants are estimated like sessions (the median preparation so far)
         self.latency = 0.01  # ORT's default session's p50 (s), once measured
         self.prep_times: list[float] = []
+        self.session_times: list[float] = []  # preparations of candidates without passes (ORT's default first)
+        self.ratios: list[float] = []  # measured / estimated, each model variant prepared so far
+        # The final as it stands (``Search``): one run of each likely finalist, and the seconds to create again the
+        # sessions of those the worker let go (it loads them before the final's plan is made)
+        self.final_per_run: float | None = None
+        self.reload_s = 0.0
 
     def left(self) -> float:
-        return self.deadline - time.monotonic()
+        return self.deadline - self.clock()
 
     def spent(self) -> bool:
         return self.binding and self.left() <= 0
@@ -59,20 +157,54 @@ class Budget:
     def est_prepare(self) -> float:
         return float(np.median(self.prep_times)) if self.prep_times else 2.0
 
+    def est_session(self) -> float:
+        """A candidate without passes: its session and held-out outputs, as those measured so far took."""
+        return float(np.median(self.session_times)) if self.session_times else self.est_prepare()
+
+    def prepare_estimate(self, steps: Sequence[Any], built: Sequence[Sequence[Any]] = ()) -> tuple[float, str]:
+        """(seconds, basis) a candidate with pass ``steps`` is expected to take to prepare: a session's time without
+        steps (or with steps whose model is ``built`` already); else ``PrepCosts.estimate`` scaled by the median
+        measured / estimated ratio of the variants prepared so far in this tune (build times vary more between
+        machines and model caches than between variants)."""
+        if not steps:
+            return self.est_session(), "one session, as the sessions so far took"
+        if self.costs is None:
+            return self.est_prepare(), "the median preparation so far"
+        seconds, basis = self.costs.estimate(steps, self.est_session(), self.latency, built)
+        if self.ratios and seconds > self.est_session():
+            ratio = float(np.median(self.ratios))
+            return seconds * ratio, f"{basis}; x{ratio:.2f}, as the {len(self.ratios)} variant(s) prepared so far ran"
+        return seconds, basis
+
+    def record_prepare(self, steps: Sequence[Any], seconds: float, built: Sequence[Sequence[Any]] = ()) -> None:
+        """A preparation that ran (``steps``: its passes; ``built``: the pipelines built before it): it refines the
+        estimates of those after it."""
+        self.prep_times.append(seconds)
+        if not steps:
+            self.session_times.append(seconds)
+        elif self.costs is not None:
+            base, _ = self.costs.estimate(steps, self.est_session(), self.latency, built)
+            if base > self.est_session():  # a build, not a session on a model built already
+                self.ratios.append(max(0.05, min(20.0, seconds / max(base, 1e-6))))
+
     def reserve(self) -> float:
-        """Time kept for the final interleaved measurement of three candidates."""
+        """Time kept for the final interleaved measurement of three candidates: its shortest plan (at the likely
+        finalists' latencies, three times the default's until they are known) and their sessions' reloads."""
+        per_run = self.final_per_run or 3 * self.latency
         return (
-            (FINAL_MIN_ROUNDS * FINAL_MIN_RUNS + 2) * 3 * self.latency * SAFETY + FINAL_MIN_ROUNDS * 3 * SETTLE_S + 1.0
+            (FINAL_MIN_ROUNDS * FINAL_MIN_RUNS + 2) * per_run * SAFETY
+            + FINAL_MIN_ROUNDS * 3 * SETTLE_S
+            + 1.0
+            + self.reload_s
         )
+
+    def keep(self, seconds: float) -> None:
+        """Keep ``seconds`` more after the search (writing the outputs of a model that takes longer to write)."""
+        self.deadline -= max(0.0, seconds)
 
     def affords(self, seconds: float) -> bool:
         """Whether a step expected to take ``seconds`` fits before the reserve."""
         return not self.binding or self.left() - self.reserve() >= seconds
-
-    def screen_cost(self, runs: int) -> float:
-        """A new candidate: its preparation and ``runs`` timed runs (models are slower than the default),
-        with as many runs of the anchor beside them."""
-        return self.est_prepare() + paired_runs_cost(runs, self.latency * 3, self.latency)
 
     def candidate_timeout(self, baseline: bool) -> float:
         """A candidate may not eat the final measurement's time: its worker is stopped at that point
@@ -108,17 +240,23 @@ def paired_settle_max(runs_per_turn: int) -> int:
 
 
 __all__ = [
+    "CALIBRATION_LATENCIES",
     "CANDIDATE_TIMEOUT_S",
     "FINAL_MIN_ROUNDS",
     "FINAL_MIN_RUNS",
     "FINAL_ROUNDS",
+    "GATE_LATENCIES",
+    "GATE_LATENCIES_CONV_DYNAMIC",
     "PAIRED_ANCHOR_MIN_RUNS",
     "PAIRED_ANCHOR_SHARE",
     "PAIRED_ROUNDS",
     "PAIRED_SETTLE_SHARE",
+    "PREPARE_S_PER_MB",
+    "QUANTIZE_S_PER_MB",
     "SETTLE_S",
     "SPIN_S",
     "Budget",
+    "PrepCosts",
     "paired_anchor_runs",
     "paired_runs_cost",
     "paired_settle_max",

@@ -34,6 +34,9 @@ class Candidate:
     iobinding: bool = False
     baseline: bool = False
     shape_plan: dict[str, Any] | None = None  # session.shapeplan.ShapePlan.to_dict(): a session per bucket
+    # What the model without passes is, for the label: "fp32", or "int8 (as given)" for a model that came
+    # quantized (``tuning.space.Facts.given_int8``). Not part of the id: the same configuration, named truly.
+    given: str = "fp32"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "passes", tuple(Step.of(p) for p in self.passes))
@@ -67,7 +70,7 @@ class Candidate:
         """Short human description: what differs from ORT's default session."""
         if self.baseline:
             return "ORT default"
-        parts = [step.label() for step in self.passes] or ["fp32"]
+        parts = [step.label() for step in self.passes] or [self.given]
         names = [p["name"].replace("ExecutionProvider", "").lower() for p in self.providers]
         if names != ["cpu"]:
             parts.append("+".join(names))
@@ -85,7 +88,15 @@ class Candidate:
         return " · ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "label": self.label, "baseline": self.baseline, "shape_plan": None, **self._key()}
+        given = {"given": self.given} if self.given != "fp32" else {}
+        return {
+            "id": self.id,
+            "label": self.label,
+            "baseline": self.baseline,
+            "shape_plan": None,
+            **self._key(),
+            **given,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Candidate:
@@ -96,28 +107,31 @@ class Candidate:
             iobinding=bool(data.get("iobinding", False)),
             baseline=bool(data.get("baseline", False)),
             shape_plan=dict(data["shape_plan"]) if data.get("shape_plan") else None,
+            given=str(data.get("given") or "fp32"),
         )
+
+    def derived(self, **changes: Any) -> Candidate:
+        """Another candidate built from this one (never the baseline), ``changes`` applied; it keeps ``given``."""
+        return replace(self, baseline=False, **changes)
 
     def with_settings(self, **changes: Any) -> Candidate:
         data = self.settings.to_dict()
         data.update(changes)
-        return replace(self, settings=SessionSettings.from_dict(data), baseline=False)
+        return self.derived(settings=SessionSettings.from_dict(data))
 
     def with_provider_options(self, **changes: str) -> Candidate:
         """The first provider with ``changes`` to its options (OpenVINO's precision, threads)."""
         first = dict(self.providers[0])
         first["options"] = {**(first.get("options") or {}), **changes}
-        return replace(self, providers=(first, *self.providers[1:]), baseline=False)
+        return self.derived(providers=(first, *self.providers[1:]))
 
     def with_iobinding(self, on: bool = True) -> Candidate:
-        return replace(self, iobinding=on, baseline=False)
+        return self.derived(iobinding=on)
 
     def with_shape_plan(self, plan: dict[str, Any] | None) -> Candidate:
         """This configuration on a shape plan's bucket sessions (None: the dim left free). A plan's sessions
         are bound per bucket by their own run, so IOBinding is off with one."""
-        return replace(
-            self, shape_plan=dict(plan) if plan else None, iobinding=False if plan else self.iobinding, baseline=False
-        )
+        return self.derived(shape_plan=dict(plan) if plan else None, iobinding=False if plan else self.iobinding)
 
 
 _SHORT = {
@@ -145,6 +159,6 @@ def pass_label(step: Step | dict[str, Any]) -> str:
     return Step.of(step).label()
 
 
-def baseline_candidate() -> Candidate:
+def baseline_candidate(given: str = "fp32") -> Candidate:
     """ORT's default session: level all, default threads, CPU, no passes, no IOBinding."""
-    return Candidate(baseline=True)
+    return Candidate(baseline=True, given=given)

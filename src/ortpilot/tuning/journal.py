@@ -100,6 +100,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "blocks": dict,
         "caller_cpus": (list, type(None)),
         "settled_s": _OPT_NUMBER,  # the shortest untimed settling of any turn (measure.interleave.settle)
+        "rounds_s": _OPT_NUMBER,  # the rounds' own wall time (they stop at the time planned: tuning.steps.final)
     },
     # a batch size's replay set timed for the winner and ORT's default after the final (stage: "b8", ...)
     "batch": {
@@ -109,6 +110,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "blocks": dict,
         "caller_cpus": (list, type(None)),
         "settled_s": _OPT_NUMBER,
+        "rounds_s": _OPT_NUMBER,
     },
     "done": {"kind": str, "winner": str, "files": dict, "load_avg": list, "others_cpu": _OPT_NUMBER},
 }

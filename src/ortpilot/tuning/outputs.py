@@ -174,7 +174,7 @@ def write_outputs(
     write_reports(result)
     reference = _write_reference(out, winner, reference_feeds)
     workload = _write_workload(out, result, list(replay or []))
-    settings = winner.candidate.settings.with_explicit_threads(result.facts.default_threads or ort_default_threads())
+    settings = profile_settings(winner, result.facts.default_threads)
     shaped = winner.candidate.shape_plan is not None  # its sessions are made per bucket at load, from model.onnx
     optimized = (
         None if shaped else _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
@@ -207,6 +207,7 @@ def write_outputs(
             **({"shape_plan": winner.candidate.shape_plan} if shaped else {}),
             "placement": winner.prepared.get("placement"),
             "default_best": result.default_best,
+            **({"default_best_reason": result.default_best_reason} if result.default_best else {}),
             "gate_data": result.gate_data,
             "calibration_data": result.calibration_data,
             **({"optimized_model": optimized} if optimized else {}),
@@ -222,6 +223,17 @@ def write_outputs(
         result.files["compiled_model"] = str(out / compiled["file"])
     if text:
         result.files["tokenizer"] = str(out / TOKENIZER_FILE)
+
+
+def profile_settings(winner: Entry, default_threads: int) -> Any:
+    """The session settings the profile records: the winner's, thread counts made explicit (the count ORT's
+    default started where it was measured: ``default_threads``), except for ORT's default session itself kept as
+    the winner, which is recorded unchanged. ORT's default pool pins its threads to CPUs and a session with an
+    explicit count pins none, so the explicit twin is another session: the tune times it as its own candidate
+    (``intra=N``), and a profile that shipped it for "ORT default" shipped a session the tune had not picked."""
+    if winner.candidate.baseline:
+        return winner.candidate.settings
+    return winner.candidate.settings.with_explicit_threads(default_threads or ort_default_threads())
 
 
 def _write_optimized(
@@ -244,4 +256,4 @@ def _write_compiled(
     return write_compiled_model(out, model_file, providers, inputs, outputs)
 
 
-__all__ = ["MODEL_FILE", "WORKLOAD_FILE", "winner_model", "write_outputs"]
+__all__ = ["MODEL_FILE", "WORKLOAD_FILE", "profile_settings", "winner_model", "write_outputs"]

@@ -179,6 +179,34 @@ def int8_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def untried(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The candidates the budget left unmeasured (status ``budget``), those that cost one session each first."""
+    left = [c for c in doc["candidates"] if c["status"] == "budget"]
+    return sorted(left, key=lambda c: bool(c.get("passes")))
+
+
+def untried_line(doc: dict[str, Any]) -> str:
+    """What the budget did not measure, in one line ('' when it measured everything): how many, how many of
+    them cost one session each, and the first few by name."""
+    left = untried(doc)
+    if not left:
+        return ""
+    sessions = sum(1 for c in left if not c.get("passes"))
+    names = ", ".join(c["label"] for c in left[:4]) + (", ..." if len(left) > 4 else "")
+    kinds = " and ".join(
+        part
+        for part in (
+            f"{sessions} that cost one session each" if sessions else "",
+            f"{len(left) - sessions} model variant{'s' * (len(left) - sessions != 1)}" if len(left) > sessions else "",
+        )
+        if part
+    )
+    return (
+        f"Not measured within the budget: {len(left)} candidate{'s' * (len(left) != 1)} ({kinds}: {names}); "
+        "the report gives each one's reason, and a larger --budget measures them"
+    )
+
+
 def load_line(doc: dict[str, Any]) -> str:
     return f"Note: {doc['load_note']}." if doc.get("load_note") else ""
 
@@ -192,6 +220,13 @@ def headline(doc: dict[str, Any]) -> str:
     gated = f" {gated[0].upper()}{gated[1:]}." if gated else ""
     if doc["default_best"]:
         timed = f" on {doc['objective']}{workload_clause(doc)}" if workload_clause(doc) else ""
+        left = untried(doc)
+        if left:  # never "already best" while the budget left something unmeasured
+            return (
+                f"ORT's default session ships{timed}: {doc['default_best_reason']}; {len(left)} candidate"
+                f"{'s were' if len(left) != 1 else ' was'} not measured within the budget, so it is the best "
+                f"of what was measured, not of everything.{gated}"
+            )
         return f"ORT's default session was already best{timed}: {doc['default_best_reason']}.{gated}"
     timing = (
         "interleaved final measurement"
@@ -361,15 +396,20 @@ def gate_warning_line(doc: dict[str, Any]) -> str:
 def data_line(doc: dict[str, Any]) -> str:
     """Where the gate's held-out samples and the calibration samples came from (``gate_data``, ``calibration_data``)."""
 
+    from ortpilot.data import samples_phrase
+
     def one(d: dict[str, Any] | None) -> str:
         if not d:
             return "-"
-        total = f" of {d['total']}" if d.get("total") is not None else ""
         where = f" from {d['path']}" if d.get("path") else ""
         digest = f" (sha256 {d['sha256'][:12]})" if d.get("sha256") else ""
-        return f"{d['samples']}{total} {d['source']} samples{where}{digest}"
+        return f"{samples_phrase(d)}{where}{digest}"
 
-    return f"Gate data: {one(doc.get('gate_data'))}; calibration data: {one(doc.get('calibration_data'))}."
+    gate, calibration = doc.get("gate_data") or {}, doc.get("calibration_data") or {}
+    reading = gate.get("reading") or calibration.get("reading")
+    return f"Gate data: {one(gate)}; calibration data: {one(calibration)}." + (
+        f" Read as: {reading}." if reading else ""
+    )
 
 
 def render_md(doc: dict[str, Any]) -> str:
@@ -405,6 +445,8 @@ def render_md(doc: dict[str, Any]) -> str:
         lines += ["", *why_not]
     if plan := shape_plan_line(doc):
         lines += ["", plan]
+    if untried(doc):
+        lines += ["", untried_line(doc) + "."]
     int8 = int8_lines(doc)
     if int8:
         lines += ["", int8[0], "", *int8[1:]]
@@ -502,6 +544,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background
 <th>accuracy (per output)</th><th>why rejected / note</th><th>id</th></tr>
 {"".join(rows)}</table>
 {"".join(f"<p>{e(line)}</p>" for line in [*why_not_lines(doc), shape_plan_line(doc)] if line)}
+{f"<p>{e(untried_line(doc))}.</p>" if untried(doc) else ""}
 {int8_html}
 <h2>Not tried</h2><ul>{excluded or "<li>nothing ruled out</li>"}</ul>
 <p>Speedups are over {e(reference_name(doc["baseline"]))}. {e(RATIO_NOTE)}</p></body></html>

@@ -5,7 +5,14 @@ Cheap pass: each candidate is prepared in the worker (built, loaded strict, chec
 the gate) and timed with a few runs, round-robin with ORT's default session (the *anchor*) in
 the same worker: candidates are ranked by their cost relative to the anchor's in the same
 stretch of time, so a machine that slows down for a few seconds (a shared host) no longer
-ranks the candidate timed then below one timed in a quiet minute. Model variants are tried most promising first; a dynamic
+ranks the candidate timed then below one timed in a quiet minute.
+
+What the budget buys first (the budget policy): the candidates that cost one session each, the model as
+given on every other provider and with each session knob (threads, level, IOBinding, arena, spinning), then
+the model variants (fusion, INT8) by expected gain per second of preparation (``space.expected_gain`` over
+``budget.Budget.prepare_estimate``, which grows with the model's size and its calibration samples), then
+session knobs around the best variants. A candidate whose estimate does not fit in what is left is not
+started, and its reason says the estimate and what was left; a later, cheaper one may still run. A dynamic
 INT8 variant that misses the gate by a little is followed at once by the same variant with its
 most sensitive layers left in float: one more try of the gate's auto-exclude loop
 (``gate.exclude``, layers ranked by ``passes.sensitivity`` in the worker), so the search
@@ -25,7 +32,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -45,6 +52,7 @@ from ortpilot.tuning.space import (
     Facts,
     combine,
     default_stand_in,
+    expected_gain,
     first_candidates,
     knob_variants,
     with_exclusions,
@@ -56,6 +64,13 @@ SCREEN_RUNS_BASELINE = 10
 KNOB_BASES = 2  # model variants whose session knobs are explored
 MIN_GAIN = 0.03  # a knob "wins" on its own when it beats its base by this much in the cheap pass
 MAX_ROUNDS = 6
+# Writing the outputs, measured (``tune``'s write_outputs, 2026-12-05, 2 CPUs, load 2.8-3.5): 1.4 s for PP-OCRv6 det
+# (its sessions 0.1 s each), 1.9-2.1 s for the demo encoder at batch 8 (0.2 s): about 1 s of reports and files plus
+# four sessions (the optimized model saved, loaded and run; the reference outputs). A model whose sessions take
+# longer keeps that much more than OUTPUT_RESERVE_S (``_keep_for_outputs``); copying it, 1 s per 200 MB.
+OUTPUT_FIXED_S = 1.0
+OUTPUT_SESSIONS = 4
+OUTPUT_MB_PER_S = 200.0
 # A rejected dynamic INT8 variant within this factor of the limit gets layers left in float,
 # aiming this much below the limit, at most this many times.
 FOLLOWUP_WITHIN = 4.0
@@ -188,18 +203,40 @@ class Search:
         self.benches = 0  # benches timed beside the anchor so far: when each one ran (tuning.machinestates)
         # A timed run replays the workload's replay set: its samples are per request, a run costs this many.
         self.requests_per_run = max(1, requests_per_run)
+        self.knobbed: set[str] = set()  # candidates whose session knobs were explored
 
     @property
     def gate(self) -> Any:
         return self.steps.gate
 
     def run(self, baseline: Candidate, facts: Facts) -> list[Entry]:
-        """Baseline, model variants (each rejected dynamic INT8 one followed up), knobs, halving, final."""
+        """Baseline; what costs one session each (other providers, the baseline's knobs); model variants by
+        expected gain per second (each rejected dynamic INT8 one followed up); knobs around the best; halving; final."""
+        baseline = replace(baseline, given=facts.model_label)  # its id stays: labels name the model truly
         queue = first_candidates(facts, baseline)
-        self.planned = 1 + len(queue) + KNOB_BASES * 6
+        sessions = [c for c in queue if not c.passes]
+        variants = [c for c in queue if c.passes]
+        self.planned = 1 + len(queue) + len(knob_variants(baseline, facts)) + KNOB_BASES * 6
         base = self._baseline(baseline)
-        while queue:
-            cand = queue.pop(0)
+        self._keep_for_outputs(base, facts)
+        for cand in sessions:  # the model as given on every other provider (and the capped default)
+            if cand.id not in self.entries:
+                self.evaluate(Entry(cand, "sessions"))
+        self._knobs_around(base, facts, "sessions")  # and each session knob on it
+        self._model_variants(variants, facts)
+        self._explore_knobs(facts)
+        self._halve()
+        self.reference = self._reference(base, facts)
+        return self._final(self.reference)
+
+    def _model_variants(self, queue: list[Candidate], facts: Facts) -> None:
+        """Every model variant, the most expected gain per second of preparation first (``_next``); a dynamic INT8
+        one just over the gate is followed at once by its follow-up."""
+        first: list[Candidate] = []  # follow-ups: tried next, whatever their estimate
+        while queue or first:
+            cand = first.pop(0) if first else self._next(queue, facts)
+            if cand in queue:
+                queue.remove(cand)
             if cand.id in self.entries:
                 continue
             entry = self.evaluate(Entry(cand, "model variants"))
@@ -208,12 +245,36 @@ class Search:
             queue = self._drop_hopeless_twins(queue, entry)
             follow = self._followup(entry)
             if follow is not None:
-                queue.insert(0, follow)
+                first.append(follow)
                 self.planned += 1
-        self._explore_knobs(facts)
-        self._halve()
-        self.reference = self._reference(base, facts)
-        return self._final(self.reference)
+
+    def _next(self, queue: list[Candidate], facts: Facts) -> Candidate:
+        """The variant with the most expected gain per second of preparation and screening; ties keep the
+        space's order (the INT8 rule's). A variant waits for those of its prefixes that are candidates too (the
+        fused model before the fused INT8 ones): the cache then holds the prefix, and a prefix that changes
+        nothing (fusion finding no pattern) drops them (``_drop_fused``) before each tries it again."""
+        built = self._built()
+        pending = [c.passes for c in queue]
+        ready = [
+            (i, c) for i, c in enumerate(queue) if not any(c.passes[:k] in pending for k in range(1, len(c.passes)))
+        ]
+
+        def value(item: tuple[int, Candidate]) -> tuple[float, int]:
+            index, cand = item
+            seconds = self.budget.prepare_estimate(cand.passes, built)[0] + self._screen_s()
+            return expected_gain(cand, facts) / max(seconds, 1e-3), -index
+
+        return max(ready or list(enumerate(queue)), key=value)[1]
+
+    def _built(self) -> list[tuple[Step, ...]]:
+        """The pass pipelines this tune has built (their models, and every prefix, are in the model cache)."""
+        return [
+            e.candidate.passes for e in self.entries.values() if e.candidate.passes and e.prepared.get("status") == "ok"
+        ]
+
+    def _screen_s(self, runs: int | None = None) -> float:
+        """A screening bench's expected seconds (its runs and the anchor's beside them)."""
+        return paired_runs_cost(runs or self.screen_runs, self.budget.latency * 3, self.budget.latency)
 
     # ------------------------------------------------------------------ the policy's parts
 
@@ -232,6 +293,13 @@ class Search:
         base.anchor = True
         self.anchor = base
         return base
+
+    def _keep_for_outputs(self, base: Entry, facts: Facts) -> None:
+        """Where writing the outputs will take longer than ``OUTPUT_RESERVE_S`` (a model whose sessions are slow to
+        create, or large to copy), the search ends that much sooner, so the whole tune stays in its budget."""
+        session_s = float(base.prepared.get("session_s") or 0.0)
+        writing = (OUTPUT_FIXED_S + OUTPUT_SESSIONS * session_s + facts.model_mb / OUTPUT_MB_PER_S) * SAFETY
+        self.budget.keep(writing - OUTPUT_RESERVE_S)
 
     def _drop_fused(self, queue: list[Candidate], fusion: Step) -> list[Candidate]:
         """Fusion alone found nothing to fuse: its fused INT8 variants would be the plain ones again."""
@@ -277,26 +345,42 @@ class Search:
         return [c for c in queue if c not in twins]
 
     def evaluate(self, entry: Entry, runs: int | None = None) -> Entry:
-        """Prepare, gate and screen one candidate, unless the budget says no."""
+        """Prepare, gate and screen one candidate, unless its estimate does not fit in what is left."""
         self.entries[entry.candidate.id] = entry
         runs = runs or self.screen_runs
         cand = entry.candidate
+        built = self._built()
+        seconds, basis = self.budget.prepare_estimate(cand.passes, built)
+        affordable = cand.baseline or self.budget.affords(seconds + self._screen_s(runs))
         record, _fresh = self.steps.prepare(
-            cand,
-            entry.phase,
-            self.budget.candidate_timeout(cand.baseline),
-            affordable=self.budget.affords(self.budget.screen_cost(runs)),
+            cand, entry.phase, self.budget.candidate_timeout(cand.baseline), affordable=affordable
         )
         if record is None:
-            entry.status, entry.reason = "budget", "not measured: the budget ran out"
+            entry.status, entry.reason = (
+                "budget",
+                (
+                    self._not_started(cand, seconds + self._screen_s(runs), basis)
+                    if not affordable
+                    else "not measured: the budget ran out"
+                ),
+            )
         else:
             if record.get("status") == "ok":  # journaled ones too: a resume estimates from what this tune measured
-                self.budget.prep_times.append(record["seconds"])
+                self.budget.record_prepare(cand.passes, record["seconds"], built)
             self._record_prepared(entry, record)
             if entry.status == "ok":
                 self._bench(entry, "screen", runs, self.budget.candidate_timeout(cand.baseline))
         self._report("screening")
         return entry
+
+    def _not_started(self, cand: Candidate, seconds: float, basis: str) -> str:
+        """Why a candidate was not started: its estimate and what was left (the final's reserve kept)."""
+        left = max(0.0, self.budget.left() - self.budget.reserve())
+        what = "its preparation and screening" if cand.passes else "its session and screening"
+        return (
+            f"not tried: {what} would take about {_secs(seconds)} ({basis}) and {_secs(left)} "
+            "were left before the final measurement"
+        )
 
     def _record_prepared(self, entry: Entry, record: dict[str, Any]) -> None:
         entry.prepared = {k: v for k, v in record.items() if k not in ("kind", "candidate", "log_tail")}
@@ -378,17 +462,23 @@ class Search:
         return [_try(e) for e in [first, *followups] if e is not entry] + [_try(entry)]
 
     def _explore_knobs(self, facts: Facts) -> None:
-        for base_entry in self.ranking()[:KNOB_BASES]:
-            base = base_entry.candidate
-            trials = [
-                self.evaluate(Entry(c, "session knobs")) for c in knob_variants(base, facts) if c.id not in self.entries
-            ]
-            base_cost = self.score(base_entry)
-            winners = [e.candidate for e in trials if e.measured and self.score(e) < base_cost * (1 - MIN_GAIN)]
-            combo = combine(base, winners)
-            combo = within_budget([combo], facts)[0] if combo is not None else None
-            if combo is not None and combo.id not in self.entries:
-                self.evaluate(Entry(combo, "session knobs"))
+        """Session knobs around the best candidates whose knobs were not explored yet."""
+        for base_entry in [e for e in self.ranking() if e.candidate.id not in self.knobbed][:KNOB_BASES]:
+            self._knobs_around(base_entry, facts)
+
+    def _knobs_around(self, base_entry: Entry, facts: Facts, phase: str = "session knobs") -> None:
+        """One knob at a time around ``base_entry``, then every knob that beat it on its own, together."""
+        base = base_entry.candidate
+        self.knobbed.add(base.id)
+        trials = [self.evaluate(Entry(c, phase)) for c in knob_variants(base, facts) if c.id not in self.entries]
+        if not base_entry.measured:
+            return
+        base_cost = self.score(base_entry)
+        winners = [e.candidate for e in trials if e.measured and self.score(e) < base_cost * (1 - MIN_GAIN)]
+        combo = combine(base, winners)
+        combo = within_budget([combo], facts)[0] if combo is not None else None
+        if combo is not None and combo.id not in self.entries:
+            self.evaluate(Entry(combo, phase))
 
     def _halve(self) -> None:
         pool = self.ranking()
@@ -401,8 +491,11 @@ class Search:
                 return
             runs *= 2
             anchor = cost(self.anchor.samples, "p50") if self.anchor is not None else 0.0
+            # a session the worker let go is created again before its bench: that costs a session's time too
+            gone = [e for e in [*pool, self.anchor] if e is not None and e.candidate.id not in self.steps.held]
             if not self.budget.affords(
                 sum(paired_runs_cost(runs, cost(e.samples, "p50"), anchor) for e in pool) * SAFETY
+                + self.budget.est_session() * len(gone)
             ):
                 return
             for entry in pool:
@@ -432,17 +525,16 @@ class Search:
 
     def _final(self, reference: Entry) -> list[Entry]:
         """The leader and runner-up (never a session that takes CPUs outside the budget) and ``reference``."""
-        outside = {e.candidate.id for e in self.entries.values() if e.candidate.baseline} - {reference.candidate.id}
-        finalists = [e for e in self.ranking() if e.candidate.id not in outside][:2]
-        if reference not in finalists:
-            finalists.append(reference)
+        finalists = self._finalists(reference)
 
-        def plan() -> tuple[int, int, float]:
+        def plan() -> tuple[int, int, float, float]:
+            # asked once the worker holds every finalist's session (steps.final loads the ones it let go first),
+            # so the runs fit in what is really left; the worker stops its rounds at that time (after the fewest
+            # the final takes) where the finalists run slower than the search timed them
             per_run = sum(cost(e.samples, "p50") for e in finalists) * self.requests_per_run  # a run of each finalist
             plan = self.budget.final_plan(per_run, self.screen_runs, len(finalists))
-            # a finalist evicted from the worker (or a restarted worker) is prepared again before it is timed:
-            # the final may run past the budget by that much rather than ship a search estimate
-            return (*plan, max(5.0, self.budget.left() + 5.0) + self.budget.est_prepare() * len(finalists))
+            left = self.budget.left()
+            return (*plan, max(5.0, left + 5.0), max(0.0, left - 0.5))
 
         record = self.steps.final([e.candidate for e in finalists], plan)
         if record and record.get("status") == "ok":
@@ -468,7 +560,27 @@ class Search:
         anchor = cost(self.anchor.samples, self.objective) if self.anchor is not None else math.nan
         return own / anchor if math.isfinite(anchor) and anchor > 0 else own
 
+    def _finalists(self, reference: Entry) -> list[Entry]:
+        """The leader and runner-up (never a session that takes CPUs outside the budget) and ``reference``."""
+        outside = {e.candidate.id for e in self.entries.values() if e.candidate.baseline} - {reference.candidate.id}
+        finalists = [e for e in self.ranking() if e.candidate.id not in outside][:2]
+        return finalists if reference in finalists else [*finalists, reference]
+
+    def _plan_reserve(self) -> None:
+        """The final as it stands now, for the budget's reserve: its likely finalists' latencies, and the sessions
+        of those the worker let go (created again before the final)."""
+        if self.anchor is None or not self.anchor.samples:
+            return
+        finalists = [e for e in self._finalists(self.anchor) if e.samples]
+        self.budget.final_per_run = max(
+            3 * self.budget.latency, sum(cost(e.samples, "p50") for e in finalists) if len(finalists) == 3 else 0.0
+        )
+        self.budget.reload_s = self.budget.est_session() * sum(
+            1 for e in finalists if e.candidate.id not in self.steps.held
+        )
+
     def _report(self, phase: str) -> None:
+        self._plan_reserve()
         best = self.ranking()[:1]
         done = sum(1 for e in self.entries.values() if e.status != "pending")
         self.progress(
@@ -481,6 +593,10 @@ class Search:
                 phase,
             )
         )
+
+
+def _secs(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
 
 
 def _excluded(entry: Entry) -> list[str]:

@@ -10,14 +10,17 @@ that the report prints.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
 
 from ortpilot.eps import CPU_EP
+from ortpilot.modelio import model_bytes
+from ortpilot.passes.base import given_quantized_ops
 from ortpilot.passes.decoder_fusion import count_layers
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
@@ -27,11 +30,12 @@ from ortpilot.providers.names import ProviderSpec
 from ortpilot.providers.openvino import OPENVINO
 from ortpilot.providers.plugins import compute_providers
 from ortpilot.providers.spec import NOT_COMPUTE
-from ortpilot.quantmodes import DYNAMIC, FULL, INT4, INT8_WEIGHTS, QDQ
+from ortpilot.quantmodes import DYNAMIC, FULL, INT4, INT8_WEIGHTS, QDQ, STATIC
 from ortpilot.session.options import LEVELS
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.transform import attention_dims
 
+log = logging.getLogger("ortpilot")
 HEAVY_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "LSTM", "GRU", "RNN", "Einsum"}
 # Quantization variants, by what usually pays off first. Dynamic (weights INT8, activations at
 # run time) suits MatMul-heavy graphs; "w" leaves embeddings and activation x activation
@@ -90,6 +94,18 @@ class Facts:
     default_threads: int = 0  # the intra-op threads ORT's default session starts here (counted)
     int8_reasons: dict[str, str] = field(default_factory=dict)  # INT8 step label -> why it is in the space
     shape_plan: dict[str, Any] | None = None  # the workload's buckets (session.shapeplan), tried as a session knob
+    given_int8: dict[str, int] = field(default_factory=dict)  # the quantizer's ops the model came with, by count
+    model_mb: float = 0.0  # the model's size with its weights (what a variant's preparation scales with)
+
+    @property
+    def model_label(self) -> str:
+        """What the model without passes is, as candidate labels say it (``Candidate.given``)."""
+        return "int8 (as given)" if self.given_int8 else "fp32"
+
+    @property
+    def requantize(self) -> bool:
+        """Whether quantization variants are searched: asked for, and the model is not quantized already."""
+        return self.quantize and not self.given_int8
 
     @property
     def fusion_step(self) -> Step | None:
@@ -116,6 +132,8 @@ class Facts:
             "quantize": self.quantize,
             "int8_rule": self.int8.to_dict() if self.int8 else None,
             "int8_variants": dict(self.int8_reasons),
+            "given_int8": dict(self.given_int8),
+            "model_mb": round(self.model_mb, 2),
             "excluded": [e.to_dict() for e in self.excluded],
             "shape_plan": self.shape_plan,
         }
@@ -189,6 +207,15 @@ def gather_facts(
     attention = attention_dims(model) if model_type else (0, 0)
     if model_type and attention == (0, 0):
         attention = tuple(folder_attention)  # type: ignore[assignment]
+    given_int8 = given_quantized_ops(model)
+    if given_int8 and quantize:
+        why = (
+            f"the model is already quantized ({', '.join(f'{op} x{n}' for op, n in given_int8.items())}): quantizing "
+            "it again changes nothing where its weights are INT8 already and breaks it where it meets its quantize "
+            "nodes (ORT's QDQ quantizer writes duplicate node names there), so no INT8 variant is built"
+        )
+        excluded.append(Excluded("INT8 variants", why))
+        log.info("INT8 variants left out: %s.", why)
     default_threads = ort_default_threads()
     if default_threads_in_budget(default_threads, cores):
         excluded.append(
@@ -214,6 +241,8 @@ def gather_facts(
         gqa,
         (int8 or int8_rule()) if quantize else None,
         default_threads=default_threads,
+        given_int8=given_int8,
+        model_mb=model_bytes(model) / 2**20,
     )
 
 
@@ -259,10 +288,10 @@ def model_variants(facts: Facts) -> list[tuple[Step, ...]]:
     if facts.decoder:  # before the INT8 variants: what a decode step is made of, weights and attention
         if facts.gqa_fusion:
             variants.append((GQA,))
-        if facts.quantize:
+        if facts.requantize:
             variants.extend([(GQA, W4)] if facts.gqa_fusion else [])
             variants.extend([(W4,), (W8,)])
-    if facts.quantize and facts.int8 is not None:
+    if facts.requantize and facts.int8 is not None:
         for quant, reason in int8_variants(facts.int8, facts.conv_heavy):
             facts.int8_reasons[quant.label()] = reason
             variants.extend(prefix + (quant,) for prefix in prefixes)
@@ -285,7 +314,7 @@ def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
         if spec.name == OPENVINO:
             out.extend(_variants_on(spec, facts, baseline) if primary.name != OPENVINO else [])
         elif spec.name != CPU_EP or primary.name != CPU_EP:
-            cand = Candidate((), provider_chain(spec), baseline.settings)
+            cand = baseline.derived(passes=(), providers=provider_chain(spec))
             if cand.id != baseline.id:
                 out.append(cand)
     cpu = next((spec for spec in facts.providers if spec.name == CPU_EP), None)
@@ -302,7 +331,7 @@ def shaped_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
     out = []
     for spec in facts.providers or [ProviderSpec(CPU_EP)]:
         chain = provider_chain(openvino_spec(spec, facts.cores) if spec.name == OPENVINO else spec)
-        out.append(Candidate((), chain, baseline.settings).with_shape_plan(facts.shape_plan))
+        out.append(baseline.derived(passes=(), providers=chain).with_shape_plan(facts.shape_plan))
     return out
 
 
@@ -336,9 +365,9 @@ def _openvino_variants(spec: ProviderSpec, facts: Facts, baseline: Candidate) ->
     chains = [provider_chain(ov)]
     if _has_bf16() and "precision" not in ov.options:
         chains.append(provider_chain(ProviderSpec(ov.name, {**ov.options, "precision": "ACCURACY"})))
-    out = [Candidate((), chain, baseline.settings) for chain in chains]
+    out = [baseline.derived(passes=(), providers=chain) for chain in chains]
     facts.excluded.append(Excluded(*OPENVINO_NOT_TRIED))
-    if not facts.quantize:
+    if not facts.requantize:
         return out
     if importlib.util.find_spec("nncf") is None:
         facts.excluded.append(
@@ -346,7 +375,7 @@ def _openvino_variants(spec: ProviderSpec, facts: Facts, baseline: Candidate) ->
         )
         return out
     facts.int8_reasons[OV_INT8.label()] = "OpenVINO: NNCF's QDQ placement (MatMul/Gemm/Conv inputs; norms in float)"
-    return out + [Candidate((OV_INT8,), chain, baseline.settings) for chain in chains]
+    return out + [baseline.derived(passes=(OV_INT8,), providers=chain) for chain in chains]
 
 
 def _has_bf16() -> bool:
@@ -369,7 +398,7 @@ def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[
                 )
             )
             continue
-        out.append(Candidate(passes, provider_chain(spec), baseline.settings))
+        out.append(baseline.derived(passes=passes, providers=provider_chain(spec)))
     return out
 
 
@@ -438,8 +467,11 @@ def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
 
     providers = ({**base.providers[0], "options": options}, *base.providers[1:])
     shape_plan = base.shape_plan or next((c.shape_plan for c in winners if c.shape_plan), None)
-    return Candidate(
-        base.passes, providers, SessionSettings.from_dict(data), iobinding and not shape_plan, shape_plan=shape_plan
+    return base.derived(
+        providers=providers,
+        settings=SessionSettings.from_dict(data),
+        iobinding=iobinding and not shape_plan,
+        shape_plan=shape_plan,
     )
 
 
@@ -448,4 +480,40 @@ def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
     steps = list(cand.passes)
     last = max(i for i, step in enumerate(steps) if isinstance(step.spec, QuantizePass))
     steps[last] = steps[last].with_options(exclude=sorted({*steps[last].spec.nodes_to_exclude, *nodes}))
-    return replace(cand, passes=tuple(steps))
+    return cand.derived(passes=tuple(steps))
+
+
+# What a model variant's steps are expected to gain over ORT's default (speedup - 1): the prior the search orders
+# model variants by, per second of their estimated preparation (``Search``), not a figure it reports. From this
+# project's measurements (BENCHMARKS.md, "Quantization: dynamic vs static QDQ on conv nets, MiniLM", AMD VNNI CPU):
+# dynamic INT8 made MiniLM 1.9-2.2x faster and both conv nets 3-5x slower (ConvInteger); static QDQ per channel
+# ran the conv nets 1.29-1.69x, full QDQ 1.53-1.95x. Transformer and decoder fusion, weight-only INT4/INT8 and
+# OpenVINO's INT8 have no such table here; their priors are set below the INT8 ones they usually come with
+# (the demo decoder's gqa ran 1.30x), OpenVINO's INT8 beside dynamic INT8 (its own quantizer's placement).
+# Steps of one pipeline compound. Variants with equal priors and costs keep the space's order (the INT8 rule's).
+STEP_GAINS = {
+    "fusion": 0.2,
+    "decoder_fusion": 0.3,
+    "openvino_int8": 0.8,
+    ("quantize", DYNAMIC): (0.9, 0.05),  # (MatMul-heavy, conv net)
+    ("quantize", QDQ): (0.3, 0.5),
+    ("quantize", STATIC): (0.3, 0.5),
+    ("quantize", FULL): (0.3, 0.6),
+    ("weight_only", INT4): 0.3,
+    ("weight_only", INT8_WEIGHTS): 0.2,
+}
+
+
+def expected_gain(cand: Candidate, facts: Facts) -> float:
+    """The prior speedup - 1 of ``cand``'s passes (``STEP_GAINS``, compounded); 0 for a candidate without passes."""
+    speedup = 1.0
+    for step in cand.passes:
+        gain = STEP_GAINS.get((step.name, step.get("mode")), STEP_GAINS.get(step.name, 0.0))
+        if isinstance(gain, tuple):
+            gain = gain[1] if facts.conv_heavy else gain[0]
+        speedup *= 1.0 + float(gain)
+    return speedup - 1.0
+
+
+def _dynamic_int8(step: Step) -> bool:
+    return isinstance(step.spec, QuantizePass) and step.spec.mode == DYNAMIC

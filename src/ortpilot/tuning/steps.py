@@ -44,7 +44,13 @@ from typing import Any
 
 from ortpilot.errors import StorageError
 from ortpilot.gate.core import ModelGate
-from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S, PAIRED_ROUNDS, paired_anchor_runs, paired_settle_max
+from ortpilot.tuning.budget import (
+    CANDIDATE_TIMEOUT_S,
+    FINAL_MIN_ROUNDS,
+    PAIRED_ROUNDS,
+    paired_anchor_runs,
+    paired_settle_max,
+)
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.journal import Journal
 from ortpilot.tuning.worker import WorkerClient, WorkerCrash
@@ -70,6 +76,18 @@ class StepRunner:
         self.gate: ModelGate | None = None
         self.replay_only = replay_only
         self.on_first_record = on_first_record or (lambda: None)
+        self.held: set[str] = set()  # the candidates whose sessions the worker keeps alive (its last reply's)
+
+    def _request(self, op: str, data: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """The worker's reply; what it holds is noted (nothing, once it died)."""
+        try:
+            result = self.worker.request(op, data, timeout)
+        except WorkerCrash:
+            self.held = set()
+            raise
+        if "held" in result:
+            self.held = set(result.pop("held"))
+        return result
 
     def commit(self) -> None:
         """From here on an interrupted tune leaves a resumable journal."""
@@ -97,7 +115,7 @@ class StepRunner:
     def _prepare(self, cand: Candidate, phase: str, timeout: float) -> dict[str, Any]:
         start = time.monotonic()
         try:
-            result = self.worker.request("prepare", cand.to_dict(), timeout)
+            result = self._request("prepare", cand.to_dict(), timeout)
         except WorkerCrash as exc:
             if exc.timed_out and timeout < CANDIDATE_TIMEOUT_S:
                 # Stopped by the budget, not by a hang: not journaled, so --resume tries it again.
@@ -158,7 +176,7 @@ class StepRunner:
         else:
             anchor, request = None, {"candidates": [cand.to_dict()], "runs": runs, "warmup": 2}
         try:
-            result = self.worker.request("bench", request, timeout)
+            result = self._request("bench", request, timeout)
         except WorkerCrash as exc:
             result = {
                 "status": "timeout" if exc.timed_out else "crashed",
@@ -195,7 +213,7 @@ class StepRunner:
             if self.replay_only or not affordable:
                 return []
             try:
-                result = self.worker.request("rank", data, timeout)
+                result = self._request("rank", data, timeout)
             except WorkerCrash as exc:
                 result = {"status": "crashed", "error": str(exc)}
             record = self.journal.append(
@@ -210,19 +228,23 @@ class StepRunner:
             )
         return list(record.get("ranking") or [])
 
-    def final(self, finalists: list[Candidate], plan: Callable[[], tuple[int, int, float]]) -> dict[str, Any] | None:
-        """The finalists timed round-robin in one process; ``plan()``: (runs, rounds, timeout), asked only when
-        it runs. None when replaying an ended search without one, or with a single finalist."""
+    def final(
+        self, finalists: list[Candidate], plan: Callable[[], tuple[int, int, float, float]]
+    ) -> dict[str, Any] | None:
+        """The finalists timed round-robin in one process; ``plan()``: (runs, rounds, timeout, seconds), asked only
+        when it runs, once the worker holds every finalist's session (one let go is created again first, so the plan
+        counts the time that is really left); the worker stops its rounds (after ``FINAL_MIN_ROUNDS``) once another
+        would end past ``seconds``. None when replaying an ended search without one, or with a single finalist."""
         record = self.journal.get("final", "", "final")
         if record is not None or self.replay_only or len(finalists) < 2:
             return record
-        runs, rounds, timeout = plan()
         try:
-            result = self.worker.request(
-                "bench",
-                {"candidates": [c.to_dict() for c in finalists], "runs": runs, "rounds": rounds, "warmup": 2},
-                timeout,
-            )
+            if not {c.id for c in finalists} <= self.held:
+                self._request("load", {"candidates": [c.to_dict() for c in finalists]}, CANDIDATE_TIMEOUT_S)
+            runs, rounds, timeout, seconds = plan()
+            request = {"candidates": [c.to_dict() for c in finalists], "runs": runs, "rounds": rounds, "warmup": 2}
+            request |= {"within_s": seconds, "min_rounds": min(rounds, FINAL_MIN_ROUNDS)}
+            result = self._request("bench", request, timeout)
         except WorkerCrash as exc:
             result = {"status": "crashed", "error": str(exc)}
         return self.journal.append({"kind": "final", "stage": "final", "ids": [c.id for c in finalists], **result})
@@ -235,7 +257,7 @@ class StepRunner:
             return record
         request = {"candidates": [c.to_dict() for c in cands], "runs": runs, "rounds": rounds, "warmup": 1}
         try:
-            result = self.worker.request("bench", {**request, "replay": name}, timeout)
+            result = self._request("bench", {**request, "replay": name}, timeout)
         except WorkerCrash as exc:
             result = {"status": "crashed", "error": str(exc)}
         return self.journal.append({"kind": "batch", "stage": name, "ids": [c.id for c in cands], **result})

@@ -44,7 +44,7 @@ from ortpilot.measure import cpushare
 from ortpilot.measure.metrics import MetricOverrides
 from ortpilot.modelio import file_sha256, load_model
 from ortpilot.providers.names import resolve_providers
-from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S, SAFETY, Budget
+from ortpilot.tuning.budget import CANDIDATE_TIMEOUT_S, SAFETY, Budget, PrepCosts
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import JOURNAL_NAME, JOURNAL_VERSION, Journal, check_version
 from ortpilot.tuning.machinestates import TuneStates
@@ -435,6 +435,7 @@ def _search(
         replay_only=not budget.binding,  # the budget binds unless the journaled search had ended
         on_first_record=lambda: _keep(journal, out, references, worker.scratch / "heldout.npz"),
     )
+    budget.costs = PrepCosts(setup.facts.model_mb, len(data.calibration), len(data.heldout), setup.facts.conv_heavy)
     search = Search(
         steps, budget, objective=setup.objective, progress=progress, requests_per_run=max(1, len(setup.replay))
     )

@@ -5,7 +5,9 @@ The parent starts ``python -m ortpilot.tuning.worker SCRATCH`` and talks JSON li
 and saves its outputs on the held-out inputs; ``bench`` times prepared sessions, interleaved
 round by round. A child killed by a signal is reported with the signal number and restarted.
 The child keeps a few sessions alive (each wrapped in ``measure.bench.Runner``, the timing loop
-``ortpilot bench`` uses), so later rounds need not recreate them. ``rank`` computes the
+``ortpilot bench`` uses), so later rounds need not recreate them; every reply names them (``held``),
+and ``load`` recreates the ones a bench is about to time (a session only: its outputs were gated),
+so the final measurement's plan is made with the time that is really left. ``rank`` computes the
 dynamic-INT8 sensitivity of a model's layers (``passes.sensitivity``), also out of process.
 """
 
@@ -61,9 +63,9 @@ class _Child:
     def prepare(self, data: Mapping[str, Any]) -> dict[str, Any]:
         import numpy as np
 
+        from ortpilot.errors import ModelLoadError
         from ortpilot.graph.feeds import samples_to_arrays
         from ortpilot.measure.bench import Runner, rss_mb
-        from ortpilot.session import load
         from ortpilot.session.binding import run_session
         from ortpilot.tuning.candidate import Candidate
         from ortpilot.tuning.reference import array_digest
@@ -83,16 +85,13 @@ class _Child:
             return {"status": "skipped", "reason": str(exc)}
         build_s = time.perf_counter() - start
         start = time.perf_counter()
-        providers = [(p["name"], p.get("options", {})) for p in cand.providers]
         before_mb = rss_mb()
-        if cand.shape_plan:  # a session per bucket, each request padded up to its bucket
-            from ortpilot.session.shaped import load_shaped
-            from ortpilot.session.shapeplan import ShapePlan
-
-            plan = ShapePlan.from_dict(cand.shape_plan)
-            sess = load_shaped(str(path), providers, "strict", plan, settings=cand.settings, shapes=self.shapes or None)
-        else:
-            sess = load(str(path), providers, "strict", settings=cand.settings, shapes=self.shapes or None)
+        try:
+            sess = self._open(cand, path)
+        except ModelLoadError as exc:
+            if not cand.passes:
+                raise  # the user's own model: its message says how to check it
+            raise BuiltModelError(cand, exc) from None
         session_s = time.perf_counter() - start
         after_mb = rss_mb()
         outputs = [run_session(sess, feeds, iobinding=cand.iobinding) for feeds in self.heldout]
@@ -102,6 +101,7 @@ class _Child:
         self._keep(cand.id, Runner(sess, name=cand.label, feeds=self.replay, iobinding=cand.iobinding))
         return {
             "status": "ok",
+            "held": list(self.runners),
             "model_path": str(path),
             "model_sha256": sess.model_hash,
             "cache_hit": hit,
@@ -116,17 +116,53 @@ class _Child:
             "output_sha256": {name: array_digest(value) for name, value in outputs[0].items()},
         }
 
+    def load(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The sessions of ``data["candidates"]`` alive, each created again if it was let go (its model from the
+        cache, no outputs computed: it was gated when it was prepared)."""
+        start = time.perf_counter()
+        loaded = [c["id"] for c in data["candidates"] if self._session(c)]
+        return {"status": "ok", "loaded": loaded, "seconds": time.perf_counter() - start, "held": list(self.runners)}
+
+    def _session(self, data: Mapping[str, Any]) -> bool:
+        """Make sure the candidate's session is alive; True when it had to be created again."""
+        from ortpilot.measure.bench import Runner
+        from ortpilot.tuning.candidate import Candidate
+        from ortpilot.tuning.transform import build_model
+
+        cid = data["id"]
+        if cid in self.runners:
+            self.runners.move_to_end(cid)
+            return False
+        cand = Candidate.from_dict(dict(data))
+        path, _, _ = build_model(self.source, cand.passes, self.calibration)
+        sess = self._open(cand, path)
+        self._keep(cid, Runner(sess, name=cand.label, feeds=self.replay, iobinding=cand.iobinding))
+        return True
+
+    def _open(self, cand: Any, path: Path) -> Any:
+        """``cand``'s verified session on its built model ``path``, strict: one per bucket of its shape plan."""
+        from ortpilot.session import load
+
+        providers = [(p["name"], p.get("options", {})) for p in cand.providers]
+        if cand.shape_plan:  # a session per bucket, each request padded up to its bucket
+            from ortpilot.session.shaped import load_shaped
+            from ortpilot.session.shapeplan import ShapePlan
+
+            plan = ShapePlan.from_dict(cand.shape_plan)
+            return load_shaped(str(path), providers, "strict", plan, settings=cand.settings, shapes=self.shapes or None)
+        return load(str(path), providers, "strict", settings=cand.settings, shapes=self.shapes or None)
+
     def bench(self, data: Mapping[str, Any]) -> dict[str, Any]:
         cands = list(data["candidates"])
         runs, warmup, rounds = int(data["runs"]), int(data.get("warmup", 2)), int(data.get("rounds", 1))
         replay = data.get("replay")  # another replay set (a batch size's: ``batch_file``), else the workload's
         runners = {}
         for c in cands:
+            self._session(c)
+        for c in cands:
             cid = c["id"]
-            if cid not in self.runners:
-                result = self.prepare(c)
-                if result["status"] != "ok":
-                    raise RuntimeError(f"candidate {cid} could not be prepared: {result}")
+            if cid not in self.runners:  # more candidates than sessions kept: not asked by tune
+                raise RuntimeError(f"candidate {cid} could not be kept alive beside the others")
             runners[cid] = self.runners[cid]
             self.runners.move_to_end(cid)
             if replay:
@@ -141,14 +177,24 @@ class _Child:
         # with one, the default ran 1.6x slower (the demo encoder) for as long as the OS left the caller there,
         # and every speedup over it read higher than a user whose thread sits elsewhere would see.
         away = placement.away_from_pinned()
+        # ``within_s``: the rounds stop once another would end past it (after ``min_rounds``): a final whose sessions
+        # run slower than the search timed them (measured: 14 ms against 2.7 ms) ends within its time, on fewer rounds
+        within, least = data.get("within_s"), int(data.get("min_rounds") or rounds)
+        start = time.monotonic()
         with placement.caller_on(away):
             for block in range(rounds):  # round-robin: a slow stretch of the machine hits every candidate
+                began = time.monotonic()
                 for cid, runner in runners.items():
                     if rounds > 1:  # untimed, while the pool of the session before spins down
                         settled.append(settle(runner.step_fn(), SETTLE_S, int(cap) if cap else None))
                     runner.measure(runs=int(runs_of.get(cid, runs)), round_id=block)
+                now = time.monotonic()
+                if within is not None and block + 1 >= least and now - start + (now - began) > float(within):
+                    break
         return {
             "status": "ok",
+            "held": list(self.runners),
+            "rounds_s": time.monotonic() - start,  # the rounds' own wall time, settling included
             "samples_s": {cid: r.samples[first[cid] :] for cid, r in runners.items()},
             "blocks": {cid: r.rounds[first[cid] :] for cid, r in runners.items()},
             "caller_cpus": sorted(away) if away else None,
@@ -191,6 +237,21 @@ class _Child:
             gone, _ = self.runners.popitem(last=False)
             for key in [k for k in self.replays if k.startswith(f"{gone}/")]:
                 del self.replays[key]
+
+
+class BuiltModelError(RuntimeError):
+    """A model one of ortpilot's passes wrote does not load: that pass's failure on this model, not the user's
+    model's (which loaded as ORT's default session), so the message names the step, not the user's file."""
+
+    def __init__(self, cand: Any, exc: Exception) -> None:
+        said = str(exc).removeprefix("ORT could not load the model: ").split(". Check that the model is valid", 1)[0]
+        said = " ".join(said.split())  # one line: the record keeps the first
+        steps = " · ".join(step.label() for step in cand.passes)
+        super().__init__(
+            f"the model ortpilot's {steps} step{'s' * (len(cand.passes) > 1)} wrote from yours does not load in "
+            f"ORT ({said.strip()[:400]}): a failure of that step on this model, not a defect of your model, which "
+            "loads as it is; this candidate is left out"
+        )
 
 
 def _outputs(sess: Any, feeds: Mapping[str, Any], iobinding: bool) -> list[Any]:

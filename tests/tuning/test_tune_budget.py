@@ -1,0 +1,302 @@
+"""The budget policy, on an injected clock: what one session costs first, then model variants by expected gain per
+second of preparation, each preparation estimated from the model's size and skipped (and said) when it does not fit;
+the report never calls ORT's default best while the budget left something unmeasured."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from ortpilot.modelio import load_model
+from ortpilot.providers.cpuisa import Int8Rule
+from ortpilot.tuning import tune
+from ortpilot.tuning.budget import (
+    CALIBRATION_LATENCIES,
+    GATE_LATENCIES,
+    PREPARE_S_PER_MB,
+    QUANTIZE_S_PER_MB,
+    SETTLE_S,
+    Budget,
+    PrepCosts,
+)
+from ortpilot.tuning.candidate import Candidate, baseline_candidate
+from ortpilot.tuning.journal import read_journal
+from ortpilot.tuning.report import headline, untried_line
+from ortpilot.tuning.search import Search
+from ortpilot.tuning.space import DYN_PC, DYN_W_PC, QDQ_PC, gather_facts
+
+
+class Clock:
+    """A clock the test moves: the scripted steps advance it by what each step costs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ScriptedSteps:
+    """The step runner's interface (``tuning.steps.StepRunner``), each step costing what the script says on the
+    injected clock instead of running a worker: the policy on its own, the same on every machine."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        prep_s: Callable[[Candidate], float],
+        latency_s: Callable[[Candidate], float],
+        skip: Callable[[Candidate], str] = lambda c: "",
+    ) -> None:
+        self.clock, self.prep_s, self.latency_s, self.skip = clock, prep_s, latency_s, skip
+        self.gate = None
+        self.held: set[str] = set()
+        self.prepared: list[tuple[str, Candidate]] = []  # (phase, candidate), in the order they were started
+        self.built: set[str] = set()  # the models built (a knob on one built is one session, as in the cache)
+        self.final_ended: float | None = None
+
+    def commit(self) -> None:
+        pass
+
+    def prepare(self, cand, phase, timeout, *, affordable=True):
+        if not cand.baseline and not affordable:
+            return None, False
+        seconds = self.prep_s(cand) if cand.model_key not in self.built else self.prep_s(Candidate())
+        self.prepared.append((phase, cand))
+        if seconds > timeout:  # the worker is stopped at the reserve, as the real runner does
+            self.clock.now += timeout
+            self.held = set()
+            return {"status": "budget", "reason": "stopped: the budget ran out while it was being prepared"}, True
+        self.clock.now += seconds
+        if self.skip(cand):  # the pass changed nothing (the worker's NothingToDo)
+            return {"status": "skipped", "reason": self.skip(cand), "seconds": seconds}, True
+        self.built.add(cand.model_key)
+        self.held = {*list(self.held)[-5:], cand.id}
+        accuracy = {"passed": True, "max_error": 0.01, "worst_error": 0.0, "outputs": []}
+        record = {"status": "ok", "seconds": seconds, "session_s": 0.05, "model_path": "m.onnx", "accuracy": accuracy}
+        return record, True
+
+    def bench(self, cand, stage, runs, timeout, *, anchor=None):
+        own = self.latency_s(cand)
+        beside = self.latency_s(anchor) if anchor is not None else 0.0
+        anchor_runs = 6 if anchor is not None else 0
+        self.clock.now += runs * own + anchor_runs * beside
+        return {
+            "status": "ok",
+            "samples_s": [own] * runs,
+            "anchor_samples_s": [beside] * anchor_runs,
+            "settled_s": 0.05,
+        }
+
+    def rank(self, key, data, timeout, *, affordable=True):
+        return []
+
+    def final(self, finalists, plan):
+        for cand in finalists:
+            if cand.id not in self.held:  # loaded again before the plan is made
+                self.clock.now += 0.5
+        runs, rounds, _, _ = plan()
+        self.clock.now += sum(
+            (runs * rounds + 2) * self.latency_s(c) + rounds * SETTLE_S for c in finalists
+        )  # its runs, warm-up and settling
+        self.final_ended = self.clock.now
+        return {
+            "status": "ok",
+            "samples_s": {c.id: [self.latency_s(c)] * runs * rounds for c in finalists},
+            "blocks": {c.id: [i // runs for i in range(runs * rounds)] for c in finalists},
+        }
+
+
+def _facts(demo_paths, name: str, model_mb: float):
+    facts = gather_facts(load_model(demo_paths[name]), None, int8=Int8Rule("vnni", False, "VNNI (test)"))
+    facts.model_mb = model_mb  # as large as the issue's detector: INT8 preparations take tens of seconds
+    return facts
+
+
+def test_preparation_estimates_grow_with_size_and_calibration_and_learn_from_what_ran():
+    clock = Clock()
+    costs = PrepCosts(model_mb=20.0, calibration=72, heldout=24)
+    budget = Budget(100.0, clock=clock, costs=costs)
+    budget.latency = 0.1
+    budget.record_prepare((), 2.0)  # ORT's default: a session and its held-out outputs
+    session, basis = budget.prepare_estimate(())
+    assert session == 2.0 and "one session" in basis
+    dynamic, basis = budget.prepare_estimate(Candidate((DYN_PC,)).passes)
+    assert dynamic == pytest.approx(2.0 + (PREPARE_S_PER_MB + QUANTIZE_S_PER_MB) * 20 + 24 * (GATE_LATENCIES - 1) * 0.1)
+    assert basis == "20 MB to prepare and quantize"
+    qdq, basis = budget.prepare_estimate(Candidate((QDQ_PC,)).passes)
+    assert qdq == pytest.approx(dynamic + 72 * CALIBRATION_LATENCIES * 0.1)
+    assert basis == "20 MB to prepare and quantize, 72 calibration samples"
+    # what this tune built costs nothing again: the quantizer's preparation, and a model built whole
+    built = [Candidate((DYN_PC,)).passes]
+    assert budget.prepare_estimate(Candidate((DYN_W_PC,)).passes, built)[0] == pytest.approx(
+        dynamic - PREPARE_S_PER_MB * 20
+    )
+    assert budget.prepare_estimate(Candidate((DYN_PC,)).passes, built) == (
+        2.0,
+        "its model is built already: one session",
+    )
+    # a preparation that ran twice as long as estimated doubles the estimates after it
+    budget.record_prepare(Candidate((DYN_PC,)).passes, 2 * dynamic)
+    again, basis = budget.prepare_estimate(Candidate((QDQ_PC,)).passes)
+    assert again == pytest.approx(2 * qdq) and "x2.00, as the 1 variant(s) prepared so far ran" in basis
+    # the clock is the injected one
+    clock.now = 90.0
+    assert budget.left() == pytest.approx(10.0)
+    budget.keep(3.0)
+    assert budget.left() == pytest.approx(7.0) and budget.affords(0.5) and not budget.affords(7.0)
+
+
+def test_sessions_come_first_then_variants_by_gain_per_second_and_what_does_not_fit_is_not_started(demo_paths):
+    facts = _facts(demo_paths, "encoder", model_mb=60.0)
+    clock = Clock()
+    budget = Budget(60.0, clock=clock, costs=PrepCosts(facts.model_mb, calibration=8, heldout=4))
+    steps = ScriptedSteps(
+        clock,
+        prep_s=lambda c: 30.0 if c.passes else 0.5,  # an INT8 preparation of a large model, one session
+        latency_s=lambda c: 0.05 if c.passes else (0.1 if c.baseline else 0.09),
+    )
+    search = Search(steps, budget, objective="p50")
+    search.run(baseline_candidate(), facts)
+    phases = [phase for phase, _ in steps.prepared]
+    first_variant = phases.index("model variants")
+    # ORT's default, then everything that costs one session (other providers, each knob on the model as given)
+    assert phases[0] == "baseline" and set(phases[1:first_variant]) == {"sessions"}
+    sessions = [e for e in search.entries.values() if e.phase == "sessions"]
+    assert len(sessions) >= 6 and all(e.status == "ok" for e in sessions), [
+        (e.candidate.label, e.status) for e in sessions
+    ]
+    # then the variant with the most expected gain per second: dynamic INT8 on a MatMul model (no calibration)
+    assert steps.prepared[first_variant][1].passes[-1].get("mode") == "dynamic"
+    # the variants that would not finish in what was left were not started, each saying its estimate
+    skipped = [e for e in search.entries.values() if e.status == "budget" and e.phase == "model variants"]
+    assert len(skipped) >= 5
+    for e in skipped:
+        assert e.reason.startswith("not tried: its preparation and screening would take about "), e.reason
+        assert "MB to " in e.reason and "were left before the final measurement" in e.reason
+    assert not [c for _, c in steps.prepared if c in [e.candidate for e in skipped]]
+    # nothing was started that the budget then had to stop
+    assert not [e for e in search.entries.values() if e.reason.startswith("stopped")]
+    # and the search, the final included, ended inside the budget
+    assert steps.final_ended is not None and steps.final_ended <= budget.deadline
+
+
+def test_a_conv_net_tries_calibrated_int8_before_dynamic_int8(demo_paths):
+    facts = _facts(demo_paths, "cnn", model_mb=1.0)
+    clock = Clock()
+    budget = Budget(600.0, clock=clock, costs=PrepCosts(facts.model_mb, calibration=8, heldout=4, conv_heavy=True))
+    steps = ScriptedSteps(clock, prep_s=lambda c: 1.0, latency_s=lambda c: 0.01 if c.baseline else 0.008)
+    Search(steps, budget, objective="p50").run(baseline_candidate(), facts)
+    modes = [c.passes[-1].get("mode") for phase, c in steps.prepared if phase == "model variants"]
+    assert modes[0] in ("qdq", "full") and modes.index("dynamic") > modes.index("qdq")
+
+
+def test_a_fused_variant_waits_for_fusion_alone_and_is_dropped_when_fusion_finds_nothing(demo_paths):
+    facts = _facts(demo_paths, "encoder", model_mb=1.0)
+    clock = Clock()
+    budget = Budget(600.0, clock=clock, costs=PrepCosts(facts.model_mb, calibration=8, heldout=4))
+    fusion = facts.fusion_step
+    steps = ScriptedSteps(
+        clock,
+        prep_s=lambda c: 1.0,
+        latency_s=lambda c: 0.01 if c.baseline else 0.008,
+        skip=lambda c: "transformer fusion (bert) found no pattern to fuse" if c.passes == (fusion,) else "",
+    )
+    search = Search(steps, budget, objective="p50")
+    search.run(baseline_candidate(), facts)
+    tried = [c.passes for phase, c in steps.prepared if phase == "model variants"]
+    assert (fusion,) in tried and not [p for p in tried if p[:1] == (fusion,) and len(p) > 1]
+    fused = [e for e in search.entries.values() if e.candidate.passes[:1] == (fusion,) and len(e.candidate.passes) > 1]
+    assert fused and all(e.status == "skipped" and "found no pattern" in e.reason for e in fused)
+
+
+def _doc(default_best: bool, statuses: list[str]) -> dict:
+    cands = [
+        {
+            "id": f"c{i}",
+            "label": f"fp32 · intra={i}" if i % 2 else f"int8-dynamic · intra={i}",
+            "status": status,
+            "passes": [] if i % 2 else [{"pass": "quantize", "mode": "dynamic"}],
+        }
+        for i, status in enumerate(statuses)
+    ]
+    return {
+        "default_best": default_best,
+        "default_best_reason": "ORT's default measured fastest in the search, against fp32 · intra=1",
+        "candidates": cands,
+        "gate_data": {"source": "synthetic", "samples": 4},
+        "speedup": {"ratio": 1.0, "ci_low": 1.0, "ci_high": 1.0},
+    }
+
+
+def test_the_headline_never_calls_the_default_best_while_something_was_left_unmeasured():
+    measured_all = _doc(True, ["ok", "ok", "rejected"])
+    assert headline(measured_all).startswith("ORT's default session was already best: ")
+    assert untried_line(measured_all) == ""
+    left = _doc(True, ["ok", "budget", "ok", "budget", "budget"])
+    said = headline(left)
+    assert "already best" not in said and said.startswith("ORT's default session ships: ")
+    assert "3 candidates were not measured within the budget" in said
+    line = untried_line(left)
+    assert line.startswith(
+        "Not measured within the budget: 3 candidates (2 that cost one session each and 1 model variant: "
+        "fp32 · intra=1, fp32 · intra=3, int8-dynamic · intra=4)"  # the cheap ones first
+    )
+
+
+def test_a_real_tune_measures_the_sessions_before_any_model_variant(tmp_path, demo_paths):
+    out = tmp_path / "out"
+    result = tune(str(demo_paths["encoder"]), out, budget_s=20)
+    phases = [r["phase"] for r in read_journal(out / "journal.jsonl") if r["kind"] == "prepared"]
+    assert phases[0] == "baseline" and "sessions" in phases
+    if "model variants" in phases:
+        assert max(i for i, p in enumerate(phases) if p == "sessions") < phases.index("model variants")
+    doc = result.to_dict()
+    said = headline(doc)
+    assert not ("already best" in said and any(c["status"] == "budget" for c in doc["candidates"]))
+    profile = json.loads((out / "profile.json").read_text())
+    if profile["candidate"]["baseline"]:  # ORT's default kept is ORT's default, recorded as it ran
+        assert profile["session_settings"]["intra_op_threads"] == 0 and profile["default_best_reason"]
+
+
+def test_the_final_is_planned_once_the_worker_holds_every_finalist_again(tmp_path, demo_paths):
+    """The worker keeps a few sessions; a finalist it let go is created again (a session, no outputs) before the
+    final's runs are planned, so the plan counts the time that is really left."""
+    from ortpilot.graph.feeds import generate_samples
+    from ortpilot.tuning.journal import Journal
+    from ortpilot.tuning.steps import StepRunner
+    from ortpilot.tuning.worker import MAX_LIVE_SESSIONS, WorkerClient, save_samples
+
+    proto = load_model(demo_paths["mlp"])
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    save_samples(scratch / "heldout.npz", generate_samples(proto, 2))
+    save_samples(scratch / "calibration.npz", generate_samples(proto, 2))
+    (scratch / "worker.json").write_text(json.dumps({"model": str(demo_paths["mlp"]), "shapes": {}}))
+    base = baseline_candidate()
+    cands = [base, *(base.with_settings(intra_op_threads=n, level=lv) for n in (1, 2) for lv in ("basic", "extended"))]
+    cands += [base.with_iobinding(), base.with_settings(enable_cpu_mem_arena=False)]
+    assert len(cands) > MAX_LIVE_SESSIONS
+    worker = WorkerClient(scratch)
+    steps = StepRunner(worker, Journal(tmp_path / "j.jsonl", resume=False), lambda ref: None)
+    held_at_plan: list[set[str]] = []
+
+    def plan():
+        held_at_plan.append(set(steps.held))
+        return 2, 2, 60.0, 60.0
+
+    try:
+        for cand in cands:
+            assert steps._request("prepare", cand.to_dict(), 120)["status"] == "ok"
+        finalists = cands[:3]  # the first ones prepared: let go since
+        assert not {c.id for c in finalists} <= steps.held
+        record = steps.final(finalists, plan)
+        # a final that runs slower than planned stops its rounds at its time, after the fewest it takes
+        request = {"candidates": [c.to_dict() for c in finalists], "runs": 2, "rounds": 6, "warmup": 1}
+        short = steps._request("bench", {**request, "within_s": 0.0, "min_rounds": 2}, 120)
+    finally:
+        worker.close()
+    assert all(sorted(set(blocks)) == [0, 1] for blocks in short["blocks"].values())
+    assert record["status"] == "ok" and held_at_plan and {c.id for c in finalists} <= held_at_plan[0]
+    assert all(len(record["samples_s"][c.id]) == 4 for c in finalists)
