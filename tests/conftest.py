@@ -36,6 +36,11 @@ def real_model(package: str, relative: str) -> Path:
 
 
 @pytest.fixture
+def magika_path() -> Path:
+    return real_model("magika", "models/standard_v3_3/model.onnx")
+
+
+@pytest.fixture
 def silero_vad_path() -> Path:
     return real_model("silero_vad", "data/silero_vad.onnx")
 

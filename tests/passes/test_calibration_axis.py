@@ -14,6 +14,7 @@ from ortpilot.data import samples_phrase
 from ortpilot.errors import InputError
 from ortpilot.passes.calibration import load_calibration
 from ortpilot.tuning.report import data_line
+from ortpilot.tuning.request import TuneRequest
 from ortpilot.tuning.tune import check_request
 
 FEATURES = 2048
@@ -123,7 +124,8 @@ def test_a_folder_of_such_files_warns_once_and_tune_reads_a_static_model_s_file(
     assert len([r for r in caplog.records if "Calibration data" in r.getMessage()]) == 1
     # tune checks its request with the same loader: a static [1, 2048] model and a (96, 2048) file
     model = save_model(byte_classifier(1), tmp_path / "static.onnx")
-    _, _, given = check_request(str(model), calibration=str(_npz(tmp_path / "calib.npz", bytes=_rows(96))))
+    request = TuneRequest(model=str(model), calibration=str(_npz(tmp_path / "calib.npz", bytes=_rows(96))))
+    _, _, given = check_request(request)
     assert len(given) == 96
 
 
@@ -144,11 +146,9 @@ def test_the_data_line_names_samples_in_words_with_the_reading():
     assert "files samples" not in line
 
 
-def test_magika_reads_a_file_of_byte_rows_as_samples(tmp_path, caplog):
+def test_magika_reads_a_file_of_byte_rows_as_samples(tmp_path, caplog, magika_path):
     # Magika's input is bytes [unk__214, 2048]: tf2onnx names the batch dim it could not name unk__N
-    from conftest import real_model
-
-    model = onnx.load(real_model("magika", "models/standard_v3_3/model.onnx"))
+    model = onnx.load(magika_path)
     dtype = onnx.helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
     calib = _npz(tmp_path / "calib.npz", bytes=np.random.default_rng(0).integers(0, 257, (96, FEATURES)).astype(dtype))
     with caplog.at_level(logging.WARNING, logger="ortpilot"):
