@@ -44,9 +44,11 @@ def run_server(
     check_ports(server)
     check_cpus(options, len(specs), server)
     from ortpilot.serve.oip.app import applications, model_file  # imports no Ray yet
+    from ortpilot.serve.textfacts import text_facts
 
     for spec in specs:
         model_file(spec)  # a profile that cannot load fails here, naming itself, before Ray starts
+        text_facts(spec)  # and so does a text model whose tokenizer changed since its tune
     return serve_until_stopped(
         lambda budget: applications(list(specs), options=options, server=server, cpu_budget=budget),
         lambda deploy_error, stop: Served(
