@@ -120,8 +120,12 @@ def test_the_openai_client_embeds_as_ortpilot_embed_does_float_and_base64(server
     assert (_cosines(np.array([d.embedding for d in direct.data], np.float32), alone[:2]) > 0.9999).all()
 
 
-def test_models_list_names_the_text_models(client):
+def test_models_list_names_the_text_models_and_the_ready_lines_their_endpoints(server, client):
     assert sorted(m.id for m in client.models.list()) == ["classify", "embed", "rerank", "tuned"]
+    lines = {line.split(":")[0]: line for line in server.ready}
+    assert lines["embed"].endswith("; text: POST /v1/embeddings or KServe v2 BYTES input 'text'")
+    assert lines["rerank"].endswith("; text: POST /v1/rerank or KServe v2 BYTES inputs 'query' and 'text'")
+    assert "text:" not in lines["mlp"]
 
 
 def test_sentences_of_different_lengths_batched_together_keep_their_own_vectors(server, client, folders):

@@ -299,7 +299,8 @@ def command(
         raise UsageError(
             f"--emit-rayservice does not carry {', '.join(dropped)} into the manifest: it carries the models, "
             "--name, --port (on 0.0.0.0), --replicas or --autoscale, --cpus-per-replica, --max-batch, --batch-wait-ms, "
-            "--max-request-mb, --accept-machine, --no-access-log and --image. Leave the others out; keys, origins, "
+            "--max-request-mb, the text-model flags, --accept-machine, --no-access-log and --image. Leave the others "
+            "out; keys, origins, "
             "Host names, timeouts and header limits belong in front of the RayService (an Ingress or a gateway)."
         )
     from ortpilot.serve import plan as serving

@@ -97,6 +97,7 @@ def wait_ready(
             if spec.name not in ready:
                 found = _probe(serve, spec.name, server, headers, expected, late, started)
                 if isinstance(found, ModelReady):
+                    found.notes.extend(_text_note(spec))
                     ready[spec.name] = found
                 else:
                     waiting[spec.name] = found
@@ -113,6 +114,18 @@ def wait_ready(
             )
         time.sleep(0.5)
     return [ready[s.name] for s in specs]
+
+
+def _text_note(spec: ModelSpec) -> list[str]:
+    """What a text model's ready line adds: the endpoint its text goes to."""
+    from ortpilot.serve.textfacts import text_facts
+    from ortpilot.serve.textwire import use_of
+
+    facts = text_facts(spec)
+    if not facts.text:
+        return []
+    inputs = "inputs 'query' and 'text'" if facts.kind == "rerank" else "input 'text'"
+    return [f"text: {use_of(facts.kind)} or KServe v2 BYTES {inputs}"]
 
 
 def _probe(
