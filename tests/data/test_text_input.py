@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ortpilot.data.textinput import check_texts, configure_tokenizer, tokenize
+from ortpilot.data.textinput import Tokenized, check_texts, configure_tokenizer, tokenize
 from ortpilot.errors import InputError
 from ortpilot.models.textfolder import make_text_tokenizer
 
@@ -28,6 +28,7 @@ def test_check_texts_takes_strings_and_utf8_bytes() -> None:
         ([b"ok", b"\xff\xfe"], r"Item 1 of the texts is not UTF-8 \(byte 0"),
         (["a", "", "b", "  \n", "c"], "Items 1, 3 of the texts are empty or only whitespace"),
         (12, "must be a list of strings, not int"),
+        (["ok", "a\ud800b"], r"Item 1 of the texts is not valid Unicode \(character 1 is a lone surrogate"),
     ],
 )
 def test_check_texts_names_the_bad_items(items, message: str) -> None:
@@ -75,3 +76,12 @@ def test_an_item_that_gives_no_token_is_refused() -> None:
     tok.post_processor = None  # no [CLS]/[SEP]: text of only dropped characters gives nothing
     with pytest.raises(InputError, match="Item 1 is made only of characters this tokenizer drops"):
         tokenize(configure_tokenizer(tok, 16), ["the cat", "\x00\x01"])
+
+
+def test_tokenized_parts_join_back_into_the_whole() -> None:
+    tokenizer = configure_tokenizer(make_text_tokenizer(), 8)
+    whole = tokenize(tokenizer, ["the cat", LONG, "a dog runs fast"])
+    assert len(whole) == 3 and whole.truncated == (False, True, False)
+    first, rest = whole.part(0, 1), whole.part(1, 3)
+    assert len(first) == 1 and rest.lengths == whole.lengths[1:]
+    assert Tokenized.join([first, rest]) == whole

@@ -243,6 +243,7 @@ def test_emit_rayservice_carries_its_flags_or_refuses_them(tmp_path):
     env = runner.invoke(cli, ["serve", "demo:encoder", "--emit-rayservice", str(out)], env={"ORTPILOT_API_KEY": "k"})
     assert env.exit_code == 2 and "--api-key" in env.output and not out.exists()
     carried = ["--replicas", "2", "--max-request-mb", "3", "--no-access-log", "--max-batch", "4", "--host", "0.0.0.0"]
+    carried += ["--text-batch", "8", "--no-truncate"]
     written = runner.invoke(cli, ["serve", "demo:encoder", "--name", "enc", "--emit-rayservice", str(out), *carried])
     assert written.exit_code == 0, written.output
     apps = {
@@ -250,6 +251,27 @@ def test_emit_rayservice_carries_its_flags_or_refuses_them(tmp_path):
     }
     args = apps["enc"]["args"]
     assert (args["replicas"], args["max_request_mb"], args["access_log"], args["max_batch"]) == (2, 3.0, False, 4)
+    assert args["text"]["batch"] == 8 and args["text"]["truncate"] is False  # the text flags travel too
+
+
+def test_a_rayservice_of_a_text_folder_builds_its_text_model_from_the_folder(tmp_path):
+    from ortpilot.models import text_folder
+    from ortpilot.serve.oip.app import build, build_server
+    from ortpilot.serve.oip.rayservice import write_rayservice
+    from ortpilot.serve.options import TextOptions
+
+    folder = text_folder(tmp_path / "embed", "embed")
+    specs = resolve_models([str(folder)], ["e"])
+    options = ServeOptions(text=TextOptions(batch=8, max_texts=16))
+    path = write_rayservice(tmp_path / "rayservice.yaml", specs, options, port=8000)
+    apps = {
+        a["name"]: a for a in yaml.safe_load(yaml.safe_load(path.read_text())["spec"]["serveConfigV2"])["applications"]
+    }
+    assert apps["e"]["args"]["profile"] == str(folder.resolve())
+    config = build(apps["e"]["args"])._bound_deployment.init_args[1]
+    assert config.text.kind == "embed" and config.text_options == options.text
+    facts = build_server(apps["ortpilot"]["args"])._bound_deployment.init_args[2]
+    assert facts["e"].kind == "embed"
 
 
 def test_a_rayservices_applications_share_the_request_settings_of_the_serve_flags(tmp_path, demo_paths):

@@ -11,7 +11,7 @@ from unit_requests import request
 from ortpilot.serve.access import access_options
 from ortpilot.serve.http import Reply, error_reply, json_reply
 from ortpilot.serve.oip.routes import OipErrors
-from ortpilot.serve.openai.ingress import OpenAIErrors
+from ortpilot.serve.openaiapi import OpenAIErrors
 from ortpilot.serve.pipeline import Pipeline
 from ortpilot.serve.records import RequestSettings
 
@@ -222,3 +222,26 @@ def test_a_grpc_calls_context_comes_from_its_metadata():
     odd = GrpcContext({"x-request-id": "a b"})
     asyncio.run(pipe.call("Infer", "msg", odd, ok))
     assert odd.code == 400 and "X-Request-Id 'a b'" in odd.details and len(seen) == 1
+
+
+def test_a_request_may_take_another_protocols_error_shape_than_its_entry_point():
+    """A text model's OpenAI routes on an Open Inference Protocol replica: refusals, failures and the context
+    speak OpenAI's API (serve.openaiapi), the entry point's other routes keep their own shape."""
+    from ortpilot.serve.errorbody import OPENAI
+    from ortpilot.serve.openaiapi import ApiError
+
+    protocols = []
+
+    async def route(context) -> Reply:
+        protocols.append(context.protocol)
+        raise ApiError(400, "bad input", param="input", code="invalid_value")
+
+    pipe = _pipeline(OipErrors(), [], api_keys=["k"])
+    refused = asyncio.run(pipe.handle(request("POST", "/v1/embeddings"), route, shape=OpenAIErrors()))
+    assert refused.status_code == 401 and json.loads(refused.body)["error"]["type"] == "invalid_request_error"
+    keyed = {"authorization": "Bearer k"}
+    failed = asyncio.run(pipe.handle(request("POST", "/v1/embeddings", headers=keyed), route, shape=OpenAIErrors()))
+    assert failed.status_code == 400 and json.loads(failed.body)["error"]["param"] == "input"
+    assert protocols == [OPENAI]
+    oip = asyncio.run(pipe.handle(request("POST", "/v2/x"), route))
+    assert json.loads(oip.body)["error"].startswith("Missing API key")

@@ -14,6 +14,15 @@ def test_plain_models_are_served_over_the_open_inference_protocol():
     assert served.protocol == OIP and [m.name for m in served.models] == ["a", "b"]
 
 
+def test_a_text_folder_is_served_over_the_open_inference_protocol_with_its_folder(tmp_path):
+    from ortpilot.models import text_folder
+
+    folder = text_folder(tmp_path / "embed", "embed")
+    served = plan([str(folder), "demo:mlp"])
+    assert served.protocol == OIP and served.models[0].folder == str(folder.resolve())
+    assert served.models[1].folder == ""
+
+
 def test_a_decoder_is_served_behind_the_openai_api_with_its_own_tokenizer():
     served = plan(["demo:decoder"], (), ServeOptions(replicas=2), DecoderOptions(max_streams=4))
     (spec,) = served.models
@@ -27,6 +36,7 @@ def test_a_decoder_is_served_behind_the_openai_api_with_its_own_tokenizer():
         ({"options": ServeOptions(max_batch=4)}, "--max-batch do(es) not apply to decoders"),
         ({"options": ServeOptions(autoscale=(1, 2))}, "--autoscale do(es) not apply"),
         ({"manifest": True}, "--emit-rayservice do(es) not apply"),
+        ({"options": ServeOptions(text={"batch": 8, "truncate": False})}, "--text-batch, --no-truncate do(es) not"),
     ],
 )
 def test_settings_a_decoder_has_no_use_for_are_refused_by_their_flags(kwargs, words):

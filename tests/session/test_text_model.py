@@ -224,3 +224,15 @@ def test_session_outputs_reads_ort_output_facts(folders) -> None:
     session = ort.InferenceSession(str(folders["classify"] / "model.onnx"), providers=["CPUExecutionProvider"])
     (facts,) = session_outputs(session)
     assert (facts.name, facts.dtype, facts.dims) == ("logits", np.dtype("float32"), ("batch", 3))
+
+
+def test_encode_then_run_is_the_call_and_a_lower_max_length_cuts_sooner(folders) -> None:
+    text = _model(folders["embed"], max_batch=2)
+    tokens = text.encode(TEXTS)
+    assert tokens.lengths == list(text(TEXTS).tokens)
+    np.testing.assert_array_equal(text.run(tokens).values, text(TEXTS).values)
+    short = _model(folders["embed"], max_length=8)
+    assert short.max_length == 8 and max(short.encode(TEXTS).lengths) == 8
+    assert _model(folders["embed"], max_length=10_000).max_length == 128  # never above the folder's limit
+    with pytest.raises(UsageError, match="max_length must be an integer of at least 2"):
+        _model(folders["embed"], max_length=1)

@@ -12,7 +12,9 @@ import click
 from rich.markup import escape
 
 from ortpilot.cli.common import emit_json, handle_errors, json_option, stderr, stdout
+from ortpilot.cli.groups import arg_group
 from ortpilot.cli.serve_openai import decoder_options, openai_options
+from ortpilot.cli.serve_text import TEXT_OPTIONS, text_options, text_params
 from ortpilot.errors import UsageError
 from ortpilot.serve.defaults import (
     DEFAULT_HEADER_TIMEOUT_S,
@@ -25,7 +27,7 @@ from ortpilot.serve.defaults import (
 )
 from ortpilot.serve.fastpath import INGRESS_CHOICES
 from ortpilot.serve.haproxy import HAPROXY_BUFSIZE
-from ortpilot.serve.options import ServeOptions, ServerOptions
+from ortpilot.serve.options import ServeOptions, ServerOptions, TextOptions
 
 _STARTED = time.perf_counter()  # cold start counts from the command's start, imports included
 KEY_ENV = "ORTPILOT_API_KEY"
@@ -48,6 +50,7 @@ MANIFEST_PARAMS = frozenset(
         "image",
         "as_json",
     }
+    | text_params()
 )
 
 
@@ -232,6 +235,7 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
 @json_option("Print the ready models as one JSON document.")
 @openai_options
 @handle_errors
+@arg_group("text", text_options, *TEXT_OPTIONS)
 def command(
     profiles: tuple[str, ...],
     names: tuple[str, ...],
@@ -263,6 +267,7 @@ def command(
     rayservice: str | None,
     image: str | None,
     as_json: bool,
+    text: TextOptions,
     **decoder: Any,
 ) -> None:
     """Serve each PROFILE (a tune output folder or profile.json, a model file, or demo:NAME) over the
@@ -275,6 +280,10 @@ def command(
     when it is ready; SIGINT/SIGTERM drains and stops what serve started. Exit 0 after a signal,
     1 when a model has no verified replica within --ready-timeout, 2 bad usage (a taken port,
     an unreadable profile).
+
+    A text-model folder (a sentence encoder, cross-encoder or sequence classifier with its tokenizer.json),
+    or a profile of one, also takes text: POST /v1/embeddings, /v1/rerank or /v1/classify (OpenAI-style),
+    and KServe v2 BYTES inputs; requests of different lengths share runs (--text-batch).
 
     A decoder (demo:decoder, a decoder model file, or a folder with one and its tokenizer.json) is
     served behind OpenAI-compatible endpoints under /v1 instead (GET /v1/models, POST
@@ -290,13 +299,14 @@ def command(
         raise UsageError(
             f"--emit-rayservice does not carry {', '.join(dropped)} into the manifest: it carries the models, "
             "--name, --port (on 0.0.0.0), --replicas or --autoscale, --cpus-per-replica, --max-batch, --batch-wait-ms, "
-            "--max-request-mb, --accept-machine, --no-access-log and --image. Leave the others out; keys, origins, "
+            "--max-request-mb, the text-model flags, --accept-machine, --no-access-log and --image. Leave the others "
+            "out; keys, origins, "
             "Host names, timeouts and header limits belong in front of the RayService (an Ingress or a gateway)."
         )
     from ortpilot.serve import plan as serving
 
     params = click.get_current_context().params
-    options, server = serve_options(params), server_options(params)
+    options, server = serve_options(params, text), server_options(params)
     served = serving.plan(list(profiles), list(names), options, decoder_options(decoder), manifest=bool(rayservice))
     for spec in served.models:
         for note in getattr(spec, "notes", ()):
@@ -310,8 +320,8 @@ def command(
     stderr.print("stopped", highlight=False)
 
 
-def serve_options(params: Mapping[str, Any]) -> ServeOptions:
-    """The replica and batching record of the command's parsed flags."""
+def serve_options(params: Mapping[str, Any], text: TextOptions | None = None) -> ServeOptions:
+    """The replica and batching record of the command's parsed flags (``text``: the text group's record)."""
     from ortpilot.serve.options import parse_autoscale
 
     return ServeOptions(
@@ -323,6 +333,7 @@ def serve_options(params: Mapping[str, Any]) -> ServeOptions:
         max_request_mb=params["max_request_mb"],
         access_log=params["access_log"],
         accept_machine=params["accept_machine"],
+        text=text or TextOptions(),
     )
 
 

@@ -53,6 +53,13 @@ def check_texts(items: Any, what: str = "texts") -> list[str]:
                 ) from None
         if not isinstance(item, str):
             raise InputError(f"{_items([index], what)} {type(item).__name__}, not a string; every item must be a text.")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in JSON): no text a tokenizer takes
+            raise InputError(
+                f"{_items([index], what)} not valid Unicode (character {exc.start} is a lone surrogate, "
+                f"{item[exc.start]!a}); send text that UTF-8 can encode."
+            ) from None
         texts.append(item)
     empty = [i for i, t in enumerate(texts) if not t.strip()]
     if empty:
@@ -85,6 +92,22 @@ class Tokenized:
     @property
     def lengths(self) -> list[int]:
         return [len(ids) for ids in self.ids]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def part(self, start: int, stop: int) -> Tokenized:
+        """Items ``start`` to ``stop`` (a server splits a long list across runs)."""
+        return Tokenized(self.ids[start:stop], self.type_ids[start:stop], self.truncated[start:stop])
+
+    @classmethod
+    def join(cls, parts: Sequence[Tokenized]) -> Tokenized:
+        """The items of ``parts`` one after another, as one call takes them (a server joins requests)."""
+        return cls(
+            tuple(i for p in parts for i in p.ids),
+            tuple(t for p in parts for t in p.type_ids),
+            tuple(c for p in parts for c in p.truncated),
+        )
 
 
 def tokenize(

@@ -160,6 +160,15 @@ def no_tokenizer_message(folder: ModelFolder, what: str = "embed") -> str:
     )
 
 
+def names_text_task(folder: ModelFolder, outputs: Sequence[OutputFacts]) -> bool:
+    """Whether the folder's files (or the graph's outputs) say it holds a text model: sentence-transformers
+    files, an output named ``sentence_embedding``, or a ``...ForSequenceClassification`` config (a server
+    tells such a folder from a decoder's, which also has a tokenizer.json)."""
+    archs = " ".join(str(a) for a in folder.get("architectures") or [])
+    sentence_files = any(k in folder.values for k in ("pooling", "modules", "max_seq_length"))
+    return sentence_files or any(o.name in POOLED_NAMES for o in outputs) or "ForSequenceClassification" in archs
+
+
 def text_task(
     folder: ModelFolder, outputs: Sequence[OutputFacts], *, pooling: str | Sequence[str] | None = None
 ) -> TextTask:
@@ -339,6 +348,7 @@ __all__ = [
     "POOLED_NAMES",
     "TOKEN_NAMES",
     "TextTask",
+    "names_text_task",
     "no_tokenizer_message",
     "text_task",
 ]

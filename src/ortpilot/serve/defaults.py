@@ -10,6 +10,11 @@ DEFAULT_REQUEST_TIMEOUT_S = 300  # a request, from its first byte to its answer 
 DEFAULT_IDLE_TIMEOUT_S = 60  # a kept-alive connection with no request
 DEFAULT_READY_TIMEOUT_S = 300.0  # the driver waits this long for a verified replica of each model
 DEFAULT_MAX_HEADER_KB = 32  # request line and headers together (HAProxy: 431 beyond)
+# Text models (``TextOptions``): the limits OpenAI documents for /v1/embeddings (2,048 inputs, 300,000 tokens
+# summed over them), and the texts one run takes (``ortpilot.embed``'s default).
+DEFAULT_MAX_TEXTS = 2048
+DEFAULT_MAX_REQUEST_TOKENS = 300_000
+DEFAULT_TEXT_BATCH = 32
 LIVE_PATH, READY_PATH = "/v2/health/live", "/v2/health/ready"  # both stacks answer the OIP probes
 HEALTH_PATHS = (LIVE_PATH, READY_PATH)  # open without a key unless --auth-health
 # A call whose replica died (not the request's fault) runs again on another replica this many times,
@@ -32,9 +37,12 @@ __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_MAX_HEADER_KB",
     "DEFAULT_MAX_REQUEST_MB",
+    "DEFAULT_MAX_REQUEST_TOKENS",
+    "DEFAULT_MAX_TEXTS",
     "DEFAULT_PORT",
     "DEFAULT_READY_TIMEOUT_S",
     "DEFAULT_REQUEST_TIMEOUT_S",
+    "DEFAULT_TEXT_BATCH",
     "HEALTH_PATHS",
     "LIVE_PATH",
     "READY_PATH",

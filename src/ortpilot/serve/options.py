@@ -26,7 +26,15 @@ from ortpilot.decode.options import (
 from ortpilot.errors import UsageError
 from ortpilot.rayenv import is_loopback_host
 from ortpilot.serve.access import AccessOptions
-from ortpilot.serve.defaults import DEFAULT_MAX_HEADER_KB, DEFAULT_MAX_REQUEST_MB, DEFAULT_PORT, DEFAULT_READY_TIMEOUT_S
+from ortpilot.serve.defaults import (
+    DEFAULT_MAX_HEADER_KB,
+    DEFAULT_MAX_REQUEST_MB,
+    DEFAULT_MAX_REQUEST_TOKENS,
+    DEFAULT_MAX_TEXTS,
+    DEFAULT_PORT,
+    DEFAULT_READY_TIMEOUT_S,
+    DEFAULT_TEXT_BATCH,
+)
 from ortpilot.serve.records import RequestSettings, Timeouts
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -39,7 +47,9 @@ class ModelSpec:
     ``kind`` is ``profile`` (a tune output, verified against its reference outputs) or ``model``
     (an ONNX file served with a default strict CPU session: environment-verified only). A bundle is a
     ``profile`` whose ``bundle`` names its bundle.json: each replica loads its own node's class from it,
-    and ``path`` is the class this machine would load (what the checks before Ray starts read).
+    and ``path`` is the class this machine would load (what the checks before Ray starts read). A
+    text-model folder is a ``model`` whose ``folder`` names it (its replicas take text too:
+    ``serve.textfacts``).
     """
 
     name: str
@@ -47,6 +57,7 @@ class ModelSpec:
     path: str  # profile.json or the .onnx file, absolute (replicas may run in another working directory)
     source: str = ""  # what the user wrote (demo:encoder, OUT/, ...)
     bundle: str = ""  # a bundle's bundle.json, absolute ("" for a profile or a model)
+    folder: str = ""  # a text-model folder the model file came in, absolute ("" otherwise)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,6 +65,48 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> ModelSpec:
         return cls(**dict(doc))
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """How a text model's replicas take text (``docs/commands/serve.md``, Text models): texts per run, and
+    the limits of one request. ``max_text_tokens`` None: the model's own limit (its folder's
+    ``max_seq_length``); a lower one cuts (or, with ``truncate`` False, refuses) texts sooner."""
+
+    batch: int = DEFAULT_TEXT_BATCH  # texts one session run holds (sorted by length, padded to the longest)
+    max_texts: int = DEFAULT_MAX_TEXTS  # texts (or documents) in one request; more: 413
+    max_text_tokens: int | None = None  # tokens per text, special tokens included (None: the model's limit)
+    max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS  # tokens of one request's texts together; more: 413
+    truncate: bool = True  # a text over the limit is cut and the answer says so; False: 400
+
+    def __post_init__(self) -> None:
+        for flag, value, low in (
+            ("--text-batch", self.batch, 1),
+            ("--max-texts", self.max_texts, 1),
+            ("--max-text-tokens", 2 if self.max_text_tokens is None else self.max_text_tokens, 2),
+            ("--max-request-tokens", self.max_request_tokens, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise UsageError(f"{flag} must be an integer of at least {low}, got {value!r}.")
+
+    def flags(self) -> list[str]:
+        """The flags of the settings that differ from the defaults (what a decoder server refuses)."""
+        default = TextOptions()
+        names = {
+            "batch": "--text-batch",
+            "max_texts": "--max-texts",
+            "max_text_tokens": "--max-text-tokens",
+            "max_request_tokens": "--max-request-tokens",
+            "truncate": "--no-truncate",
+        }
+        return [flag for key, flag in names.items() if getattr(self, key) != getattr(default, key)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any] | None) -> TextOptions:
+        return cls(**dict(doc or {}))
 
 
 @dataclass(frozen=True)
@@ -68,8 +121,11 @@ class ServeOptions:
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB
     access_log: bool = True
     accept_machine: bool = False
+    text: TextOptions = field(default_factory=TextOptions)  # text models: texts per run, request limits
 
     def __post_init__(self) -> None:
+        if isinstance(self.text, Mapping):  # from a Serve config's args (the RayService manifest)
+            object.__setattr__(self, "text", TextOptions.from_dict(self.text))
         if self.replicas < 1:
             raise UsageError(f"--replicas must be at least 1, got {self.replicas}.")
         if self.autoscale is not None:
@@ -120,7 +176,7 @@ class ServeOptions:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "text": self.text.to_dict()}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> ServeOptions:
@@ -283,14 +339,14 @@ def resolve_models(targets: Sequence[str], names: Sequence[str] = ()) -> list[Mo
         )
     specs = []
     for i, target in enumerate(targets):
-        kind, path, default, bundle = _resolve(target)
+        kind, path, default, bundle, folder = _resolve(target)
         name = names[i] if names else default
         if not _NAME.match(name):
             raise UsageError(
                 f"Model name '{name}' (for {target}) is not usable in a URL: use letters, digits, "
                 "'_', '.', '-' (give one with --name)."
             )
-        specs.append(ModelSpec(name, kind, str(path), target, bundle))
+        specs.append(ModelSpec(name, kind, str(path), target, bundle, folder))
     seen: dict[str, str] = {}
     for spec in specs:
         if spec.name in seen:
@@ -302,37 +358,43 @@ def resolve_models(targets: Sequence[str], names: Sequence[str] = ()) -> list[Mo
     return specs
 
 
-def _resolve(target: str) -> tuple[str, Path, str, str]:
-    """(kind, path, default name, bundle.json or "") of one PROFILE argument."""
+def _resolve(target: str) -> tuple[str, Path, str, str, str]:
+    """(kind, path, default name, bundle.json or "", text folder or "") of one PROFILE argument."""
     from ortpilot.artifacts.bundle import bundle_path
 
     if target.startswith("demo:"):
         from ortpilot.models import demo_model_path
 
         path = Path(demo_model_path(target.split(":", 1)[1])).resolve()
-        return "model", path, target.split(":", 1)[1], ""
+        return "model", path, target.split(":", 1)[1], "", ""
     path = Path(target)
     bundle = bundle_path(path)
     if bundle is not None:  # checked now (hashes, one profile per class); each replica picks its node's class
         from ortpilot.session.bundle import choose_profile
 
         here = choose_profile(bundle, policy="allow", accept_machine=True)
-        return "profile", here.profile.resolve(), bundle.resolve().parent.name, str(bundle.resolve())
+        return "profile", here.profile.resolve(), bundle.resolve().parent.name, str(bundle.resolve()), ""
     if path.is_dir():
         if (path / "profile.json").is_file():
-            return "profile", (path / "profile.json").resolve(), path.resolve().name, ""
+            return "profile", (path / "profile.json").resolve(), path.resolve().name, "", ""
+        if (path / "tokenizer.json").is_file():  # a text-model folder: its task is read now (exit 2 naming a gap)
+            from ortpilot.serve.textfacts import folder_task
+
+            folder, _ = folder_task(path)
+            return "model", folder.model_file.resolve(), path.resolve().name, "", str(folder.root.resolve())
         raise UsageError(
             f"'{target}' is a folder without profile.json or bundle.json. Serve a tune output folder "
             "('ortpilot tune MODEL -o DIR'), a bundle ('ortpilot tune MODEL --ray ADDRESS -o DIR'), a "
-            "profile.json, a model file or demo:NAME."
+            "profile.json, a text-model folder (a sentence encoder, cross-encoder or classifier with its "
+            "tokenizer.json), a model file or demo:NAME."
         )
     if not path.is_file():
         raise UsageError(
             f"'{target}' does not exist. Serve a tune output folder or profile.json, a model file or demo:NAME."
         )
     if path.suffix == ".json":
-        return "profile", path.resolve(), path.resolve().parent.name, ""
-    return "model", path.resolve(), path.stem, ""
+        return "profile", path.resolve(), path.resolve().parent.name, "", ""
+    return "model", path.resolve(), path.stem, "", ""
 
 
 __all__ = [
@@ -342,6 +404,7 @@ __all__ = [
     "ModelSpec",
     "ServeOptions",
     "ServerOptions",
+    "TextOptions",
     "cpu_share",
     "ort_threads",
     "parse_autoscale",

@@ -104,32 +104,37 @@ class Pipeline:
         """The context of a request with ``headers`` (``ContextError`` for an id or a timeout it cannot take)."""
         return request_context(headers, self.settings, self.shape.protocol, self.model)
 
-    async def reply(self, request: Any, route: Route, *, health: bool = False) -> Reply:
-        """The guarded, routed and error-mapped reply to ``request``, with its CORS headers."""
+    async def reply(
+        self, request: Any, route: Route, *, health: bool = False, shape: ErrorShape | None = None
+    ) -> Reply:
+        """The guarded, routed and error-mapped reply to ``request``, with its CORS headers. ``shape``: the
+        error shape of this request's protocol where it is not the entry point's (a text model's OpenAI
+        routes on an Open Inference Protocol replica), whose context names that protocol."""
+        shape = shape or self.shape
         verdict = self.guard.http(request.method, request.headers, health=health)
         if verdict is not None:
-            reply = self.shape.refusal(verdict, self.refused_model if verdict.status != 204 else None)
+            reply = shape.refusal(verdict, self.refused_model if verdict.status != 204 else None)
         else:
             try:
-                context = self.context(request.headers)
+                context = request_context(request.headers, self.settings, shape.protocol, self.model)
             except ContextError as exc:
-                reply = self.shape.refusal(Verdict(400, exc.message, "invalid_header"), self.refused_model)
+                reply = shape.refusal(Verdict(400, exc.message, "invalid_header"), self.refused_model)
             else:
-                reply = await self._route(f"{request.method} {request.url.path}", route, context)
+                reply = await self._route(f"{request.method} {request.url.path}", route, context, shape)
         return with_headers(reply, self.guard.cors_headers(request.headers))
 
-    async def _route(self, what: str, route: Route, context: RequestContext) -> Reply:
+    async def _route(self, what: str, route: Route, context: RequestContext, shape: ErrorShape) -> Reply:
         try:
             return await route(context)
         except DeadlineExceeded as exc:  # the protocol's 504
-            return self.shape.expired(exc.context)
+            return shape.expired(exc.context)
         except Exception as exc:  # the protocol's 500, the request id, one log line with the traceback
-            return self.shape.failure(what, exc, context)
+            return shape.failure(what, exc, context)
 
-    async def handle(self, request: Any, route: Route, *, health: bool = False) -> Any:
+    async def handle(self, request: Any, route: Route, *, health: bool = False, shape: ErrorShape | None = None) -> Any:
         """The Starlette response to ``request``: ``reply``, then counted and logged."""
         started = time.perf_counter()
-        reply = await self.reply(request, route, health=health)
+        reply = await self.reply(request, route, health=health, shape=shape)
         if self.observe is not None:
             self.observe(request, reply, time.perf_counter() - started)
         if self.settings.access_log:

@@ -40,7 +40,7 @@ def _decoder_refusals(options: ServeOptions) -> list[str]:
             ("--accept-machine", options.accept_machine),
         )
         if on
-    ]
+    ] + options.text.flags()
 
 
 def plan(

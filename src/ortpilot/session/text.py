@@ -126,7 +126,11 @@ class TextModel:
     ``tokenizer``: a ``tokenizers.Tokenizer`` or the path of a ``tokenizer.json`` (a copy is configured:
     the caller's object is not changed). ``max_batch``: the most texts in one run. ``lengths``: length
     buckets to pad up to (None: pad to the longest in each run). ``truncate``: cut texts longer than
-    the task's limit (and say which), or refuse them (False); each call may override it.
+    the task's limit (and say which), or refuse them (False); each call may override it. ``max_length``:
+    a lower limit than the task's (a server's tokens per text), never a higher one.
+
+    A call is ``encode`` (check and tokenize) then ``run`` (batch, run, pool): a server tokenizes each
+    request on its own and runs several requests' tokens in one ``run``.
     """
 
     def __init__(
@@ -139,9 +143,16 @@ class TextModel:
         lengths: Sequence[int] | None = None,
         truncate: bool = True,
         source: str = "",
+        max_length: int | None = None,
     ) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise UsageError(f"max_batch must be a positive integer, got {max_batch!r}.")
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2
+        ):
+            raise UsageError(
+                f"max_length must be an integer of at least 2 (special tokens and a word), got {max_length!r}."
+            )
         try:
             buckets = check_buckets(lengths)
         except ValueError as exc:
@@ -164,6 +175,8 @@ class TextModel:
         if static_length is not None:  # a model exported at one length takes that length only
             self.max_length = min(self.max_length or static_length, static_length)
             buckets = (static_length,)
+        if max_length is not None:
+            self.max_length = min(self.max_length or max_length, max_length)
         self.static_batch = static_batch
         self.max_batch = min(max_batch, static_batch) if static_batch else max_batch
         if "attention_mask" not in self._inputs:  # padding would be visible: every text runs alone, unpadded
@@ -213,6 +226,10 @@ class TextModel:
     # -- one call ------------------------------------------------------------------------
     def __call__(self, items: Sequence[str] | Sequence[tuple[str, str]], *, truncate: bool | None = None) -> TextRun:
         """The folder's task on ``items``: texts (embed, classify) or (query, document) pairs (rerank)."""
+        return self.run(self.encode(items, truncate=truncate))
+
+    def encode(self, items: Sequence[str] | Sequence[tuple[str, str]], *, truncate: bool | None = None) -> Tokenized:
+        """``items`` checked and tokenized in one batch encode (an InputError names a bad item)."""
         if self.task.kind == "rerank":
             pairs = list(items)
             bad = next((i for i, p in enumerate(pairs) if not (isinstance(p, (tuple, list)) and len(p) == 2)), None)
@@ -223,9 +240,12 @@ class TextModel:
                 )
             firsts = check_texts([p[0] for p in pairs], "queries")
             seconds = check_texts([p[1] for p in pairs], "documents")
-            tokens = self._tokenize(list(zip(firsts, seconds)), truncate)
-        else:
-            tokens = self._tokenize(check_texts(items), truncate)
+            return self._tokenize(list(zip(firsts, seconds)), truncate)
+        return self._tokenize(check_texts(items), truncate)
+
+    def run(self, tokens: Tokenized) -> TextRun:
+        """The task on tokenized items: sorted by length, cut into runs of at most ``max_batch``, each padded
+        to its longest item (or its bucket), run, pooled, and put back in the items' order."""
         batches = plan_batches(tokens.lengths, self.max_batch, self.lengths)
         values: np.ndarray | None = None
         for batch in batches:

@@ -61,3 +61,43 @@ def test_outputs_go_back_raw_in_order_and_metadata_from_the_tensor_records():
     assert np.frombuffer(answer.raw_output_contents[1], np.int64).tolist() == [3]
     meta = model_metadata("m", (TensorSpec("x", "FP32", (-1, 64)),), (TensorSpec("y", "FP32", (-1, 10)),))
     assert meta.inputs[0].name == "x" and list(meta.inputs[0].shape) == [-1, 64] and meta.versions == ["1"]
+
+
+def _strings(*texts: bytes) -> bytes:
+    """BYTES elements as tritonclient's serialize_byte_tensor writes them: a 4-byte length, then the bytes."""
+    return b"".join(len(t).to_bytes(4, "little") + t for t in texts)
+
+
+def test_bytes_tensors_decode_from_json_binary_raw_and_typed_contents():
+    import json
+
+    from tritonclient.utils import serialize_byte_tensor
+
+    from ortpilot.serve.oip.codec import decode_request
+
+    texts = np.array([b"the cat", "é".encode(), b""], dtype=object)
+    assert serialize_byte_tensor(texts).item() == _strings(*texts)  # the client's own serialization
+    doc = {"inputs": [{"name": "text", "shape": [3, 1], "datatype": "BYTES", "data": [["the cat"], ["é"], [""]]}]}
+    feeds = decode_request(json.dumps(doc).encode()).feeds
+    assert feeds["text"].shape == (3, 1) and feeds["text"].ravel().tolist() == ["the cat", "é", ""]
+    blob = _strings(*texts)
+    head = json.dumps(
+        {"inputs": [{"name": "text", "shape": [3], "datatype": "BYTES", "parameters": {"binary_data_size": len(blob)}}]}
+    ).encode()
+    assert decode_request(head + blob, len(head)).feeds["text"].tolist() == list(texts)
+    raw, _ = decode_infer(_request(("text", "BYTES", [3], None), raw=[blob]), 2**20)
+    typed, _ = decode_infer(_request(("text", "BYTES", [3], ("bytes_contents", list(texts)))), 2**20)
+    assert raw["text"].tolist() == typed["text"].tolist() == list(texts)
+
+
+@pytest.mark.parametrize(
+    ("blob", "shape", "words"),
+    [
+        (_strings(b"a"), [2**40], "needs 1099511627776 BYTES elements, more than its 5 bytes can hold"),
+        (_strings(b"a", b"b") + b"x", [2], "has 1 bytes after its 2 BYTES element(s)"),
+        ((9).to_bytes(4, "little") + b"abc", [1], "element 0 says it has 9 bytes, but 3 remain"),
+    ],
+)
+def test_bytes_that_do_not_fit_their_shape_are_refused_before_anything_is_made(blob, shape, words):
+    with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        decode_infer(_request(("text", "BYTES", shape, None), raw=[blob]), 2**20)

@@ -47,6 +47,7 @@ def model_metadata(spec: ModelSpec, options: ServeOptions, cpus: float, debug_in
     """What a model's metadata says before any replica is up: tensors, batching, the settings."""
     from ortpilot.modelio import load_model
     from ortpilot.serve.oip.limits import input_limits
+    from ortpilot.serve.textfacts import text_facts
 
     model = load_model(model_file(spec), load_external_data=False)
     inputs, outputs, batch_dim = tensor_metadata(model)
@@ -65,6 +66,7 @@ def model_metadata(spec: ModelSpec, options: ServeOptions, cpus: float, debug_in
         "batch_dim": batch_dim,
         "facts": facts,
         "limits": input_limits(model).to_dict(),
+        "text": text_facts(spec, model),
     }
 
 
@@ -133,12 +135,16 @@ def replica_config(
         outputs=meta["tensors"]["outputs"],
         facts=meta["facts"],
         limits=InputLimits.from_dict(meta["limits"]),
+        text=meta["text"],
+        text_options=options.text,
     )
 
 
 def server_application(specs: Sequence[ModelSpec], options: ServeOptions, server: ServerOptions | None = None) -> Any:
-    """The server-wide application (not yet running): health, metadata, /metrics, unclaimed paths."""
+    """The server-wide application (not yet running): health, metadata, /metrics, unclaimed paths, and the
+    text models' OpenAI-style routes (``/v1/...``), relayed to the model a request names."""
     from ortpilot.serve.oip.server import ServerApp
+    from ortpilot.serve.textfacts import text_facts
 
     serve = require_ray()
     app = serve.deployment(
@@ -150,7 +156,7 @@ def server_application(specs: Sequence[ModelSpec], options: ServeOptions, server
         graceful_shutdown_timeout_s=20.0,
     )
     server = server or ServerOptions()
-    return app.bind({s.name: s.name for s in specs}, server.requests(options))
+    return app.bind({s.name: s.name for s in specs}, server.requests(options), {s.name: text_facts(s) for s in specs})
 
 
 def applications(

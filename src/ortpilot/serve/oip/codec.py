@@ -31,6 +31,7 @@ BINARY_TYPE = "application/octet-stream"
 MAX_RANK = 16
 MAX_DIM = 2**62  # larger dims are refused before any element count is made from them
 
+BYTES = "BYTES"  # strings (a text model's input): JSON strings, or binary as 4-byte little-endian lengths + bytes
 # The protocol's datatype names, from the export table; BF16 has no numpy type and is not decoded.
 NUMPY_OF: dict[str, np.dtype] = {
     ("BYTES" if v == "TYPE_STRING" else v.removeprefix("TYPE_")): np.dtype(onnx.helper.tensor_dtype_to_np_dtype(k))
@@ -155,10 +156,12 @@ def _decode_tensor(item: Any, rest: memoryview, offset: int, json_bytes: int) ->
     name = item["name"]
     datatype = item.get("datatype")
     shape, count = _checked_shape(name, item.get("shape"))
+    if datatype == BYTES:
+        return _decode_bytes_tensor(name, item, shape, count, rest, offset, json_bytes)
     if datatype not in NUMPY_OF:
         raise InputError(
             f"Input '{name}' has datatype {_short(datatype)}, which this server does not decode; it takes "
-            f"{', '.join(NUMPY_OF)}."
+            f"{', '.join(NUMPY_OF)}, {BYTES}."
         )
     dtype = NUMPY_OF[datatype]
     size = _parameters(item, f"Input '{name}'").get("binary_data_size")
@@ -177,6 +180,79 @@ def _decode_tensor(item: Any, rest: memoryview, offset: int, json_bytes: int) ->
             f"Input '{name}' has shape {shape} ({count} values), more than a JSON body of {json_bytes} bytes can hold."
         )
     return name, _json_array(name, item["data"], datatype, dtype, shape).reshape(shape), 0
+
+
+def _decode_bytes_tensor(
+    name: str, item: dict[str, Any], shape: list[int], count: int, rest: memoryview, offset: int, json_bytes: int
+) -> tuple[str, np.ndarray, int]:
+    """A BYTES input: JSON strings in ``data``, or ``binary_data_size`` bytes of length-prefixed elements."""
+    size = _parameters(item, f"Input '{name}'").get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(rest):
+            raise InputError(
+                f"Input '{name}' declares binary_data_size {_short(size)}, but {len(rest) - offset} bytes remain in "
+                "the body."
+            )
+        return name, decode_bytes(name, rest[offset : offset + size], count).reshape(shape), size
+    if "data" not in item:
+        raise InputError(f"Input '{name}' has neither \"data\" nor a binary_data_size parameter.")
+    if count > json_bytes:
+        raise InputError(
+            f"Input '{name}' has shape {shape} ({count} values), more than a JSON body of {json_bytes} bytes can hold."
+        )
+    values = _flatten(item["data"])
+    bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+    if bad is not None:
+        raise InputError(
+            f"Input '{name}' is BYTES, and its element {bad} is {type(values[bad]).__name__}: send strings."
+        )
+    if len(values) != count:
+        raise InputError(f"Input '{name}' has {len(values)} values, but shape {shape} needs {count}.")
+    array = np.empty(count, dtype=object)
+    array[:] = values
+    return name, array.reshape(shape), 0
+
+
+def _flatten(data: Any) -> list[Any]:
+    """JSON tensor data, flat (the protocol allows nested lists in row-major order)."""
+    if not isinstance(data, list):
+        return [data]
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for value in stack[-1]:
+            if isinstance(value, list):
+                stack.append(iter(value))
+                break
+            out.append(value)
+        else:
+            stack.pop()
+    return out
+
+
+def decode_bytes(name: str, buffer: bytes | memoryview, count: int) -> np.ndarray:
+    """``count`` BYTES elements of a binary buffer (each a 4-byte little-endian length, then that many bytes,
+    as tritonclient's ``serialize_byte_tensor`` writes them), as a flat object array of ``bytes``."""
+    view = memoryview(buffer)
+    if count * 4 > len(view):  # each element takes at least its length: refused before anything is made
+        raise InputError(f"Input '{name}' needs {count} BYTES elements, more than its {len(view)} bytes can hold.")
+    out = np.empty(count, dtype=object)
+    at = 0
+    for i in range(count):
+        if at + 4 > len(view):
+            raise InputError(
+                f"Input '{name}' holds {i} BYTES element(s) in {len(view)} bytes, but its shape needs {count}."
+            )
+        length = int.from_bytes(view[at : at + 4], "little")
+        if at + 4 + length > len(view):
+            raise InputError(
+                f"Input '{name}': BYTES element {i} says it has {length} bytes, but {len(view) - at - 4} remain."
+            )
+        out[i] = bytes(view[at + 4 : at + 4 + length])
+        at += 4 + length
+    if at != len(view):
+        raise InputError(f"Input '{name}' has {len(view) - at} bytes after its {count} BYTES element(s).")
+    return out
 
 
 def _json_array(name: str, data: Any, datatype: str, dtype: np.dtype, shape: list[int]) -> np.ndarray:
@@ -266,4 +342,13 @@ def tensor_metadata(model: onnx.ModelProto) -> tuple[list[dict[str, Any]], list[
     return meta[0], meta[1], has_batch_dim(inputs, outputs)
 
 
-__all__ = ["HEADER_LENGTH", "InferRequest", "decode_request", "encode_response", "protocol_datatype", "tensor_metadata"]
+__all__ = [
+    "BYTES",
+    "HEADER_LENGTH",
+    "InferRequest",
+    "decode_bytes",
+    "decode_request",
+    "encode_response",
+    "protocol_datatype",
+    "tensor_metadata",
+]

@@ -1,6 +1,7 @@
 """What a model replica is told across the Ray boundary (``ReplicaConfig``): its CPUs and batching, the
-model's protocol metadata, facts (``ModelFacts``) and input limits the driver read from the graph, and
-the request settings every entry point shares. Built once by the application builder, read by the replica as typed fields.
+model's protocol metadata, facts (``ModelFacts``) and input limits the driver read from the graph, what
+it does with text (``serve.textfacts.TextFacts``) and the text limits, and the request settings every
+entry point shares. Built once by the application builder, read by the replica as typed fields.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortpilot.serve.oip.limits import InputLimits
+from ortpilot.serve.options import TextOptions
 from ortpilot.serve.records import RequestSettings
+from ortpilot.serve.textfacts import TextFacts
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class ReplicaConfig:
     outputs: tuple[TensorSpec, ...] = ()
     facts: ModelFacts = field(default_factory=ModelFacts)
     limits: InputLimits = field(default_factory=InputLimits)
+    text: TextFacts = field(default_factory=TextFacts)  # what the model does with text (or what it lacks)
+    text_options: TextOptions = field(default_factory=TextOptions)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tensor_specs(self.inputs))
@@ -108,6 +113,10 @@ class ReplicaConfig:
             object.__setattr__(self, "facts", ModelFacts.from_dict(self.facts))
         if isinstance(self.limits, Mapping):
             object.__setattr__(self, "limits", InputLimits.from_dict(self.limits))
+        if isinstance(self.text, Mapping):
+            object.__setattr__(self, "text", TextFacts.from_dict(self.text))
+        if isinstance(self.text_options, Mapping):
+            object.__setattr__(self, "text_options", TextOptions.from_dict(self.text_options))
 
     @property
     def batching(self) -> bool:
@@ -126,6 +135,8 @@ class ReplicaConfig:
             "outputs": [t.to_dict() for t in self.outputs],
             "facts": self.facts.to_dict(),
             "limits": self.limits.to_dict(),
+            "text": self.text.to_dict(),
+            "text_options": self.text_options.to_dict(),
         }
 
     @classmethod

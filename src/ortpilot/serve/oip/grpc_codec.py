@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ortpilot.errors import InputError
-from ortpilot.serve.oip.codec import DATATYPE_OF, MAX_DIM, MAX_RANK, NUMPY_OF
+from ortpilot.serve.oip.codec import BYTES, DATATYPE_OF, MAX_DIM, MAX_RANK, NUMPY_OF, decode_bytes
 from ortpilot.serve.oip.config import TensorSpec
 
 # The typed field of InferTensorContents each datatype travels in (FP16/BF16 only travel raw).
@@ -63,10 +63,13 @@ def decode_infer(request: Any, max_bytes: int) -> tuple[dict[str, np.ndarray], l
         shape = list(tensor.shape)
         if len(shape) > MAX_RANK or not all(0 <= d <= MAX_DIM for d in shape):
             raise InputError(f"Input '{name}' needs a shape of at most {MAX_RANK} non-negative dims, got {shape}.")
+        if tensor.datatype == BYTES:
+            feeds[name] = _bytes_tensor(name, tensor, raw[i] if raw else None, shape)
+            continue
         if tensor.datatype not in NUMPY_OF:
             raise InputError(
                 f"Input '{name}' has datatype {tensor.datatype!r}, which this server does not decode; it takes "
-                f"{', '.join(NUMPY_OF)}."
+                f"{', '.join(NUMPY_OF)}, {BYTES}."
             )
         dtype = NUMPY_OF[tensor.datatype]
         needed = math.prod(shape) * dtype.itemsize
@@ -75,6 +78,19 @@ def decode_infer(request: Any, max_bytes: int) -> tuple[dict[str, np.ndarray], l
         feeds[name] = _tensor(name, tensor, raw[i] if raw else None, dtype, shape, needed)
     outputs = [o.name for o in request.outputs] or None
     return feeds, outputs
+
+
+def _bytes_tensor(name: str, tensor: Any, raw: bytes | None, shape: list[int]) -> np.ndarray:
+    """A BYTES input (a text model's strings): raw as length-prefixed elements, or ``bytes_contents``."""
+    count = math.prod(shape)
+    if raw is not None:
+        return decode_bytes(name, raw, count).reshape(shape)
+    values = list(tensor.contents.bytes_contents)
+    if len(values) != count:
+        raise InputError(f"Input '{name}' has {len(values)} values, but shape {shape} needs {count}.")
+    array = np.empty(count, dtype=object)
+    array[:] = values
+    return array.reshape(shape)
 
 
 def _tensor(name: str, tensor: Any, raw: bytes | None, dtype: np.dtype, shape: list[int], needed: int) -> np.ndarray:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from ortpilot.serve.counts import REPLICA_TTL_S, SECONDS_BUCKETS, RequestCounts,
 from ortpilot.serve.oip.replicainfo import ReplicaInfo
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+FILL_BUCKETS = (0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)  # real tokens / padded positions of one run
 UNKNOWN_MODEL = "(unknown)"  # the label for requests to names that are not served (kept out of the cardinality)
 
 
@@ -61,6 +62,89 @@ class BatchCounts:
         return BatchSnapshot(tuple(self.buckets), self.sum, self.count)
 
 
+def _histogram(bounds: tuple, value: float, buckets: list[int]) -> None:
+    buckets[bisect.bisect_left(bounds, value)] += 1
+
+
+@dataclass(frozen=True)
+class TextSnapshot:
+    """A text model replica's cumulative text batching at one moment (``TextCounts.snapshot``): texts per
+    session run, each run's fill (real tokens / padded positions), requests joined per batch (one
+    ``TextModel`` call), and the real and padded token positions run; buckets not cumulative."""
+
+    texts: tuple[int, ...] = ()
+    texts_sum: int = 0
+    fill: tuple[int, ...] = ()
+    fill_sum: float = 0.0
+    runs: int = 0
+    requests: tuple[int, ...] = ()
+    requests_sum: int = 0
+    batches: int = 0
+    tokens: int = 0
+    padded: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "texts": list(self.texts),
+            "texts_sum": self.texts_sum,
+            "fill": list(self.fill),
+            "fill_sum": self.fill_sum,
+            "runs": self.runs,
+            "requests": list(self.requests),
+            "requests_sum": self.requests_sum,
+            "batches": self.batches,
+            "tokens": self.tokens,
+            "padded": self.padded,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any] | None) -> TextSnapshot:
+        doc = dict(doc or {})
+        for key in ("texts", "fill", "requests"):
+            doc[key] = tuple(int(n) for n in doc.get(key, ()))
+        return cls(**doc)
+
+
+class TextCounts:
+    """A text model replica's cumulative text batching (see ``TextSnapshot``), counted after each batch."""
+
+    def __init__(self) -> None:
+        self.texts = [0] * (len(BATCH_BUCKETS) + 1)
+        self.fill = [0] * (len(FILL_BUCKETS) + 1)
+        self.requests = [0] * (len(BATCH_BUCKETS) + 1)
+        self.fill_sum = 0.0
+        self.texts_sum = self.runs = self.requests_sum = self.batches = self.tokens = self.padded = 0
+
+    def observe(self, runs: Sequence[tuple[int, int, int]], requests: int) -> None:
+        """One batch: each session run's (texts, real tokens, padded positions), and the requests it joined."""
+        for texts, tokens, padded in runs:
+            fill = tokens / padded if padded else 1.0
+            _histogram(BATCH_BUCKETS, texts, self.texts)
+            self.texts_sum += texts
+            _histogram(FILL_BUCKETS, fill, self.fill)
+            self.fill_sum += fill
+            self.runs += 1
+            self.tokens += tokens
+            self.padded += padded
+        _histogram(BATCH_BUCKETS, requests, self.requests)
+        self.requests_sum += requests
+        self.batches += 1
+
+    def snapshot(self) -> TextSnapshot:
+        return TextSnapshot(
+            tuple(self.texts),
+            self.texts_sum,
+            tuple(self.fill),
+            self.fill_sum,
+            self.runs,
+            tuple(self.requests),
+            self.requests_sum,
+            self.batches,
+            self.tokens,
+            self.padded,
+        )
+
+
 @dataclass(frozen=True)
 class Heartbeat:
     """What a model replica sends the server-wide application across Ray: who it is, what it verified
@@ -72,6 +156,7 @@ class Heartbeat:
     info: ReplicaInfo
     batches: BatchSnapshot = field(default_factory=BatchSnapshot)
     requests: RequestSnapshot = field(default_factory=RequestSnapshot)
+    text: TextSnapshot = field(default_factory=TextSnapshot)  # a text model's batching (empty otherwise)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +165,7 @@ class Heartbeat:
             "info": self.info.to_dict(),
             "batches": self.batches.to_dict(),
             "requests": self.requests.to_dict(),
+            "text": self.text.to_dict(),
         }
 
     @classmethod
@@ -90,6 +176,7 @@ class Heartbeat:
             ReplicaInfo.from_dict(doc["info"]),
             BatchSnapshot.from_dict(doc["batches"]),
             RequestSnapshot.from_dict(doc["requests"]),
+            TextSnapshot.from_dict(doc.get("text")),
         )
 
 
@@ -102,6 +189,7 @@ class ReplicaReport:
     info: ReplicaInfo
     batches: BatchSnapshot
     requests: RequestSnapshot
+    text: TextSnapshot = field(default_factory=TextSnapshot)
     seen: float = field(default_factory=time.monotonic)
 
     @property
@@ -140,12 +228,14 @@ class ServeMetrics:
             old = self._reports.get(beat.replica)
             if old is None:
                 self._reports[beat.replica] = ReplicaReport(
-                    beat.model, beat.replica, beat.info, beat.batches, beat.requests
+                    beat.model, beat.replica, beat.info, beat.batches, beat.requests, beat.text
                 )
                 return
             old.info = beat.info
             if beat.batches.count >= old.batches.count:
                 old.batches = beat.batches
+            if beat.text.batches >= old.text.batches:
+                old.text = beat.text
             if beat.requests.count >= old.requests.count:
                 old.requests = beat.requests
             old.seen = time.monotonic()
@@ -211,6 +301,7 @@ class _ReplicaCollector:
         seconds = HistogramMetricFamily(
             "ortpilot_request_seconds", "Request time where it was answered (a replica), seconds.", labels=["model"]
         )
+        text = _TextFamilies()
         for model in [*self.metrics.models, UNKNOWN_MODEL]:
             local = self.metrics.local_requests(model)
             mine = [r for r in reports if r.model == model]
@@ -230,19 +321,71 @@ class _ReplicaCollector:
             for provider, values in sorted(shares.items()):
                 share.add_metric([model, provider], sum(values) / len(values))
             _add_requests(requests, seconds, model, counted)
+            text.add(model, [r.text for r in mine])
         yield batch
         yield verified
         yield share
         yield requests
         yield seconds
+        yield from text.families()
+
+
+class _TextFamilies:
+    """The text models' batching families, summed over each model's replicas (models that ran text only)."""
+
+    def __init__(self) -> None:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        self.texts = HistogramMetricFamily(
+            "ortpilot_text_run_texts", "Texts per session run of a text model (one padded rectangle).", labels=["model"]
+        )
+        self.fill = HistogramMetricFamily(
+            "ortpilot_text_run_fill",
+            "Share of a text run's padded positions that held real tokens (1: no padding).",
+            labels=["model"],
+        )
+        self.requests = HistogramMetricFamily(
+            "ortpilot_text_batch_requests",
+            "Requests joined in one text batch (a run of the replica's text model).",
+            labels=["model"],
+        )
+        self.tokens = CounterMetricFamily(
+            "ortpilot_text_tokens",
+            "Token positions a text model ran: real tokens, and padded positions (real ones included).",
+            labels=["model", "kind"],
+        )
+
+    def add(self, model: str, snapshots: Sequence[TextSnapshot]) -> None:
+        counted = [s for s in snapshots if s.batches]
+        if not counted:
+            return
+        texts = [BatchSnapshot(s.texts) for s in counted]
+        fills = [BatchSnapshot(s.fill) for s in counted]
+        requests = [BatchSnapshot(s.requests) for s in counted]
+        self.texts.add_metric([model], cumulative(texts, BATCH_BUCKETS), sum_value=sum(s.texts_sum for s in counted))
+        self.fill.add_metric([model], cumulative(fills, FILL_BUCKETS), sum_value=sum(s.fill_sum for s in counted))
+        self.requests.add_metric(
+            [model], cumulative(requests, BATCH_BUCKETS), sum_value=sum(s.requests_sum for s in counted)
+        )
+        self.tokens.add_metric([model, "real"], sum(s.tokens for s in counted))
+        self.tokens.add_metric([model, "padded"], sum(s.padded for s in counted))
+
+    def families(self) -> Iterator[Any]:
+        yield self.texts
+        yield self.fill
+        yield self.requests
+        yield self.tokens
 
 
 __all__ = [
     "BATCH_BUCKETS",
+    "FILL_BUCKETS",
     "UNKNOWN_MODEL",
     "BatchCounts",
     "BatchSnapshot",
     "Heartbeat",
     "ReplicaReport",
     "ServeMetrics",
+    "TextCounts",
+    "TextSnapshot",
 ]

@@ -52,7 +52,7 @@ def options_args(options: ServeOptions, host: str) -> dict[str, Any]:
 
 def builder_args(spec: ModelSpec, options: ServeOptions, host: str = "0.0.0.0") -> dict[str, Any]:
     """The ``args`` of one model's application: what ``app.build`` turns back into the same application."""
-    return {"profile": spec.path, "name": spec.name, **options_args(options, host)}
+    return {"profile": spec.folder or spec.path, "name": spec.name, **options_args(options, host)}  # a text folder
 
 
 def applications(specs: Sequence[ModelSpec], options: ServeOptions, host: str = "0.0.0.0") -> list[dict[str, Any]]:
@@ -72,7 +72,11 @@ def applications(specs: Sequence[ModelSpec], options: ServeOptions, host: str = 
         "name": SERVER_APP,
         "route_prefix": "/",
         "import_path": SERVER_BUILDER,
-        "args": {"profiles": [s.path for s in specs], "names": [s.name for s in specs], **options_args(options, host)},
+        "args": {
+            "profiles": [s.folder or s.path for s in specs],
+            "names": [s.name for s in specs],
+            **options_args(options, host),
+        },
     }
     return [*models, server]
 

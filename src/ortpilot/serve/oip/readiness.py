@@ -44,9 +44,11 @@ def run_server(
     check_ports(server)
     check_cpus(options, len(specs), server)
     from ortpilot.serve.oip.app import applications, model_file  # imports no Ray yet
+    from ortpilot.serve.textfacts import text_facts
 
     for spec in specs:
         model_file(spec)  # a profile that cannot load fails here, naming itself, before Ray starts
+        text_facts(spec)  # and so does a text model whose tokenizer changed since its tune
     return serve_until_stopped(
         lambda budget: applications(list(specs), options=options, server=server, cpu_budget=budget),
         lambda deploy_error, stop: Served(
@@ -95,6 +97,7 @@ def wait_ready(
             if spec.name not in ready:
                 found = _probe(serve, spec.name, server, headers, expected, late, started)
                 if isinstance(found, ModelReady):
+                    found.notes.extend(_text_note(spec))
                     ready[spec.name] = found
                 else:
                     waiting[spec.name] = found
@@ -111,6 +114,18 @@ def wait_ready(
             )
         time.sleep(0.5)
     return [ready[s.name] for s in specs]
+
+
+def _text_note(spec: ModelSpec) -> list[str]:
+    """What a text model's ready line adds: the endpoint its text goes to."""
+    from ortpilot.serve.textfacts import text_facts
+    from ortpilot.serve.textwire import use_of
+
+    facts = text_facts(spec)
+    if not facts.text:
+        return []
+    inputs = "inputs 'query' and 'text'" if facts.kind == "rerank" else "input 'text'"
+    return [f"text: {use_of(facts.kind)} or KServe v2 BYTES {inputs}"]
 
 
 def _probe(

@@ -18,13 +18,15 @@ import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from ortpilot.errors import InputError
-from ortpilot.serve.context import RequestContext
+from ortpilot.serve.context import DeadlineExceeded, RequestContext, new_request_id
 from ortpilot.serve.counts import RequestCounts
+from ortpilot.serve.errorbody import OIP
 from ortpilot.serve.http import (
     BodyError,
     Reply,
@@ -41,8 +43,21 @@ from ortpilot.serve.oip.grpc_rpcs import GrpcStatus, UnservedRpcs, guarded
 from ortpilot.serve.oip.replicainfo import ReplicaInfo
 from ortpilot.serve.oip.reporting import Reporter
 from ortpilot.serve.oip.routes import OipErrors, unknown_here
+from ortpilot.serve.oip.textroutes import (
+    answer_text,
+    infer_text,
+    is_text_request,
+    model_text_routes,
+    no_text,
+    text_dispatch,
+)
+from ortpilot.serve.oip.textrunner import TextRunner, text_model
+from ortpilot.serve.openaiapi import ApiError, OpenAIErrors
 from ortpilot.serve.options import ModelSpec, ort_threads
 from ortpilot.serve.pipeline import Pipeline, RpcReply
+from ortpilot.serve.textwire import ROUTE_PREFIX, TextRequest
+
+OPENAI_ERRORS = OpenAIErrors()
 
 
 class ModelReplica(UnservedRpcs):
@@ -62,6 +77,8 @@ class ModelReplica(UnservedRpcs):
         self.session, verification = load_verified(spec, self.threads, config.accept_machine)
         self.runner = ModelRunner(spec.name, self.session, config)
         self.batching = self.runner.batching
+        self.text = _text_runner(spec, self.session, config, self.runner)  # None: the model takes tensors only
+        self.created = int(time.time())
         self.requests = RequestCounts()
         self.replica_id = _replica_id()
         self.settings = config.requests
@@ -71,6 +88,8 @@ class ModelReplica(UnservedRpcs):
         self.info = self._info(verification, started)
         self.reporter = Reporter(spec.name, self.replica_id, config.server_app)
         self.routes = model_routes(self)
+        self.text_routes = model_text_routes(self) if self.text is not None else []
+        self.text_prefix = f"/v2/models/{spec.name}{ROUTE_PREFIX}/"
 
     def _info(self, verification: Mapping[str, Any], started: float) -> ReplicaInfo:
         """What this replica verified and runs with (its heartbeat carries it; clients see ``public_dict``)."""
@@ -98,7 +117,12 @@ class ModelReplica(UnservedRpcs):
 
     # -- REST ---------------------------------------------------------------------------------------
     async def __call__(self, request: Any) -> Any:
-        """One HTTP request for this model (the full path: ``/v2/models/NAME/...``), through the pipeline."""
+        """One HTTP request for this model (the full path: ``/v2/models/NAME/...``), through the pipeline; a text
+        model's OpenAI-style routes (``/v2/models/NAME/v1/...``) answer in OpenAI's shape."""
+        if self.text_routes and request.url.path.startswith(self.text_prefix):
+            return await self.pipeline.handle(
+                request, lambda context: text_dispatch(self.text_routes, request, context), shape=OPENAI_ERRORS
+            )
         return await self.pipeline.handle(request, lambda context: dispatch(self.routes, request, context))
 
     def _observe(self, request: Any, reply: Reply | RpcReply, seconds: float) -> None:
@@ -117,13 +141,14 @@ class ModelReplica(UnservedRpcs):
     async def metadata(self) -> dict[str, Any]:
         """The model's metadata: tensors, and what each live replica verified (details with --debug-info)."""
         replicas = await self.replica_infos()
+        text = {"text": replace(self.config.text, dim=self.text.dim).public_dict()} if self.text is not None else {}
         return {
             "name": self.name,
             "versions": ["1"],
             "platform": "onnxruntime_onnx",
             "inputs": [t.to_dict() for t in self.config.inputs],
             "outputs": [t.to_dict() for t in self.config.outputs],
-            "ortpilot": {**self.config.facts.to_dict(), "ready": True, "replicas": replicas},
+            "ortpilot": {**self.config.facts.to_dict(), "ready": True, "replicas": replicas, **text},
         }
 
     async def replica_infos(self) -> list[dict[str, Any]]:
@@ -193,8 +218,28 @@ class ModelReplica(UnservedRpcs):
         context: RequestContext | None = None,
     ) -> InferResult:
         """The outputs of ``feeds`` before ``context``'s deadline (``execution.ModelRunner.infer``), or the
-        status and message that refuse them."""
+        status and message that refuse them; strings (BYTES inputs) go to the text model (``textroutes``)."""
+        if is_text_request(feeds):
+            context = context or RequestContext(new_request_id(), OIP, None, model=self.name)
+            return await infer_text(self, feeds, outputs, context)
         return await self.runner.infer(feeds, outputs, context)
+
+    async def text_answer(self, request: TextRequest, context: RequestContext) -> Reply:
+        """A checked OpenAI-style text request (``serve.textwire``), answered by this replica's text model: what
+        its own ``/v2/models/NAME/v1`` routes answer, and what the server-wide application relays for
+        ``/v1/...``. Every outcome is a ``Reply`` in OpenAI's shape (a refusal too), so none raises across Ray."""
+        context = context.for_model(self.name)
+        try:
+            if self.text is None:
+                raise ApiError(400, no_text(self.name, self.config.text), param="model", code="model_not_text")
+            return await answer_text(self.text, request, context)
+        except ApiError as exc:
+            return exc.reply(self.name)
+        except DeadlineExceeded:
+            return ApiError.expired(context).reply(self.name)
+        except Exception as exc:  # the client gets the request id, the log the traceback
+            message = internal_error(f"{request.kind} {self.name}", exc, context.request_id)
+            return ApiError(500, message, kind="server_error").reply(self.name)
 
     def describe(self) -> ReplicaInfo:
         return self.info
@@ -207,7 +252,17 @@ class ModelReplica(UnservedRpcs):
 
     def _report(self, soon: bool = False) -> None:
         """Hand the server-wide application this replica's state (``soon``: unless it did lately)."""
-        self.reporter.report(self.info, self.runner.counts, self.requests, soon=soon)
+        text = self.text.counts if self.text is not None else None
+        self.reporter.report(self.info, self.runner.counts, self.requests, text, soon=soon)
+
+
+def _text_runner(spec: ModelSpec, session: Any, config: ReplicaConfig, runner: ModelRunner) -> TextRunner | None:
+    """The text side of a text model's replica (its TextModel on the verified session, the run thread shared
+    with tensor requests), checked with one text before the replica takes traffic; None for other models."""
+    if not config.text.text:
+        return None
+    model = text_model(spec, session, config.text, config.text_options)
+    return TextRunner(model, config.text_options, runner.executor, config.batch_wait_ms / 1000.0, spec.name)
 
 
 def _replica_id() -> str:

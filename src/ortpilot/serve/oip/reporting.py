@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ortpilot.serve.counts import REPORT_S, RequestCounts
-from ortpilot.serve.oip.metrics import BatchCounts, Heartbeat
+from ortpilot.serve.oip.metrics import BatchCounts, Heartbeat, TextCounts, TextSnapshot
 from ortpilot.serve.oip.replicainfo import ReplicaInfo
 
 
@@ -37,8 +37,17 @@ class Reporter:
                 return None
         return self._server
 
-    def report(self, info: ReplicaInfo, batches: BatchCounts, requests: RequestCounts, *, soon: bool = False) -> None:
-        """Send the replica's state now (``soon``: only if the last report is ``REPORT_S`` old)."""
+    def report(
+        self,
+        info: ReplicaInfo,
+        batches: BatchCounts,
+        requests: RequestCounts,
+        text: TextCounts | None = None,
+        *,
+        soon: bool = False,
+    ) -> None:
+        """Send the replica's state now (``soon``: only if the last report is ``REPORT_S`` old); ``text``: a text
+        model's batching counts."""
         if soon and time.monotonic() - self._reported < REPORT_S:
             return
         server = self.handle()
@@ -46,7 +55,9 @@ class Reporter:
             return
         self._reported = time.monotonic()
         try:
-            server.report.remote(Heartbeat(self.model, self.replica, info, batches.snapshot(), requests.snapshot()))
+            snapshot = text.snapshot() if text is not None else TextSnapshot()
+            beat = Heartbeat(self.model, self.replica, info, batches.snapshot(), requests.snapshot(), snapshot)
+            server.report.remote(beat)
         except Exception:
             self._server = None
 

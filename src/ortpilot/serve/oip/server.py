@@ -3,7 +3,9 @@
 Health (``/v2/health/*``), server metadata (``/v2``), the repository index, ``/metrics`` summed
 over every replica of every model (they report here), and an answer for every path no model
 application claims: 404 for an unknown model, 503 with Retry-After for a known model that has
-no ready replica (starting, restarting, or the server draining after SIGTERM). Over gRPC it
+no ready replica (starting, restarting, or the server draining after SIGTERM); and the text models'
+OpenAI-style routes (``/v1/embeddings``, ``/v1/rerank``, ``/v1/classify``, ``/v1/models``), each request
+relayed to the model its body names (``textroutes``). Over gRPC it
 answers the server-wide calls, and relays a model's calls by the model's name for clients that
 send no ``application`` header while several models are served (one more hop; a client that
 sends ``application: NAME`` goes to the model directly). One replica, no CPUs of its own.
@@ -12,6 +14,7 @@ sends ``application: NAME`` goes to the model directly). One replica, no CPUs of
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -22,9 +25,23 @@ from ortpilot.serve.oip.grpc_codec import messages, server_metadata
 from ortpilot.serve.oip.grpc_rpcs import GrpcStatus, UnservedRpcs, guarded
 from ortpilot.serve.oip.metrics import UNKNOWN_MODEL, Heartbeat, ServeMetrics
 from ortpilot.serve.oip.replicainfo import ReplicaInfo
-from ortpilot.serve.oip.routes import HEALTH, OipErrors, no_replica, server_routes, unclaimed, unknown_model
+from ortpilot.serve.oip.routes import (
+    HEALTH,
+    RETRY_AFTER_S,
+    OipErrors,
+    no_replica,
+    server_routes,
+    unclaimed,
+    unknown_model,
+)
+from ortpilot.serve.oip.textroutes import relay, server_text_routes, text_dispatch
+from ortpilot.serve.openaiapi import ApiError, OpenAIErrors
 from ortpilot.serve.pipeline import Pipeline, RpcReply
 from ortpilot.serve.records import RequestSettings
+from ortpilot.serve.textfacts import TextFacts
+from ortpilot.serve.textwire import ROUTE_PREFIX, TextRequest
+
+OPENAI_ERRORS = OpenAIErrors()
 
 SERVER_APP = "ortpilot"
 SERVER_DEPLOYMENT = "ortpilot-server"
@@ -33,15 +50,20 @@ SERVER_DEPLOYMENT = "ortpilot-server"
 class ServerApp(UnservedRpcs):
     """The server-wide deployment's class (Ray Serve wraps it)."""
 
-    def __init__(self, models: Mapping[str, str], settings: RequestSettings) -> None:
+    def __init__(
+        self, models: Mapping[str, str], settings: RequestSettings, text: Mapping[str, TextFacts] | None = None
+    ) -> None:
 
         replica_logging()
 
         self.names = list(models)  # served model name -> its application's name
         self.apps = dict(models)
         self.settings = settings
+        self.text = {n: f if isinstance(f, TextFacts) else TextFacts.from_dict(f) for n, f in (text or {}).items()}
+        self.created = int(time.time())
         self.metrics = ServeMetrics(self.names)
         self.routes = server_routes(self)
+        self.text_routes = server_text_routes(self)
         self.draining = False
         self.pipeline = Pipeline(settings, OipErrors(), self._observe, UNKNOWN_MODEL, GrpcStatus())
         self.guard = self.pipeline.guard
@@ -49,6 +71,10 @@ class ServerApp(UnservedRpcs):
 
     async def __call__(self, request: Any) -> Any:
         path = request.url.path.rstrip("/") or "/"
+        if path == ROUTE_PREFIX or path.startswith(ROUTE_PREFIX + "/"):  # text models' OpenAI-style routes
+            return await self.pipeline.handle(
+                request, lambda context: text_dispatch(self.text_routes, request, context, path), shape=OPENAI_ERRORS
+            )
         return await self.pipeline.handle(
             request, lambda context: self._route(request, path, context), health=path in HEALTH
         )
@@ -61,6 +87,26 @@ class ServerApp(UnservedRpcs):
         a relayed gRPC call is counted here, not by the replica that answered it."""
         if reply.model is not None or reply.status >= 500:
             self.metrics.observe(reply.model or UNKNOWN_MODEL, reply.status, seconds)
+
+    # -- text models ---------------------------------------------------------------------------------
+    def text_names(self) -> list[str]:
+        """The served models that take text (``GET /v1/models`` lists them)."""
+        return [n for n in self.names if self.text_facts(n).text]
+
+    def text_facts(self, name: str) -> TextFacts:
+        return self.text.get(name) or TextFacts(missing=f"the server knows nothing of model '{name}''s text")
+
+    async def relay_text(self, request: TextRequest, context: RequestContext) -> Reply:
+        """A checked text request relayed to one of its model's replicas (``textroutes.relay``)."""
+        if self.draining:
+            raise ApiError(
+                503,
+                no_replica(request.model, "the server is draining"),
+                kind="server_error",
+                code="unavailable",
+                retry_after_s=RETRY_AFTER_S,
+            )
+        return await relay(self._handle(request.model), request, context)
 
     # -- what the replicas tell it ------------------------------------------------------------------
     def ready(self, name: str) -> bool:
@@ -137,6 +183,10 @@ class ServerApp(UnservedRpcs):
             return RpcReply(None, 404, unknown_model(name, self.names), UNKNOWN_MODEL)
         if self.draining:
             return RpcReply(None, 503, no_replica(name, "the server is draining"), name)
+        return self._handle(name)
+
+    def _handle(self, name: str) -> Any:
+        """The Serve handle of model ``name``'s application (made once)."""
         if name not in self._handles:
             from ray import serve
 

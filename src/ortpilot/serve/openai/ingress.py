@@ -14,47 +14,21 @@ from typing import Any
 from ortpilot.serve import loopback
 from ortpilot.serve.context import RequestContext
 from ortpilot.serve.defaults import HEALTH_PATHS, LIVE_PATH
-from ortpilot.serve.errorbody import OPENAI
 from ortpilot.serve.http import Reply
 from ortpilot.serve.openai.metrics import DecoderMetrics, EngineHeartbeat
 from ortpilot.serve.openai.relay import Relay
 from ortpilot.serve.openai.wire import (
     ROUTE_PREFIX,
     ApiError,
-    deadline_error,
     json_answer,
     model_object,
     not_found,
     now,
     parse_request,
 )
+from ortpilot.serve.openaiapi import OpenAIErrors
 from ortpilot.serve.pipeline import Pipeline
 from ortpilot.serve.records import RequestSettings
-
-
-class OpenAIErrors:
-    """OpenAI's ``pipeline.ErrorShape``: ``{"error": {"message", "type", "param", "code"}}``; an ApiError a
-    route raised is its own answer, any other exception a 500 with the request id, a missed deadline a 504."""
-
-    protocol = OPENAI
-
-    def refusal(self, verdict: Any, model: str | None) -> Reply:
-        if verdict.status == 204:  # a CORS preflight
-            return Reply(204, b"", "text/plain", dict(verdict.headers))
-        return json_answer(
-            verdict.status, ApiError(verdict.status, verdict.message, code=verdict.code).body(), verdict.headers
-        )
-
-    def failure(self, what: str, exc: Exception, context: RequestContext) -> Reply:
-        if isinstance(exc, ApiError):
-            return exc.reply()
-        from ortpilot.serve.http import internal_error
-
-        return ApiError(500, internal_error(what, exc, context.request_id), kind="server_error", code=None).reply()
-
-    def expired(self, context: RequestContext) -> Reply:
-        return deadline_error(context).reply()
-
 
 SERVER_PATHS = ("/metrics", *HEALTH_PATHS)
 

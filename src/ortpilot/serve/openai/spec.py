@@ -56,12 +56,15 @@ def find_model_file(folder: Path) -> Path:
 
 def is_decoder_target(source: str, tokenizer: str | None = None) -> bool:
     """Whether ``ortpilot serve`` serves ``source`` behind the OpenAI API: ``demo:decoder``, a folder
-    without a profile that holds a tokenizer.json, or a model file with a KV cache (past inputs)."""
+    without a profile that holds a tokenizer.json (unless it is a text-model folder: a model without a KV
+    cache whose files say it embeds, reranks or classifies), or a model file with a KV cache (past inputs)."""
     if source == "demo:decoder":
         return True
     path = Path(source)
     if path.is_dir():
-        return not (path / "profile.json").is_file() and (tokenizer is not None or (path / "tokenizer.json").is_file())
+        if (path / "profile.json").is_file() or not (tokenizer is not None or (path / "tokenizer.json").is_file()):
+            return False
+        return not _text_folder(path)
     if not path.is_file() or path.suffix != ".onnx":
         return False
     from ortpilot.decode.signature import detect_signature
@@ -71,6 +74,30 @@ def is_decoder_target(source: str, tokenizer: str | None = None) -> bool:
         return detect_signature(load_model(path, load_external_data=False)).has_cache
     except Exception:  # not readable as a decoder: the usual serve path reports what is wrong with it
         return False
+
+
+def _text_folder(path: Path) -> bool:
+    """A folder whose model has no KV cache and whose files say it is a text model (served over the Open
+    Inference Protocol with its text endpoints); any folder that cannot be read so is left to the decoder path,
+    which says what is wrong with it."""
+    from ortpilot.data import resolve_model_folder
+    from ortpilot.data.texttask import names_text_task
+    from ortpilot.decode.signature import detect_signature
+    from ortpilot.graph.outputs import output_facts
+    from ortpilot.modelio import load_model
+
+    try:
+        folder = resolve_model_folder(path)
+        model = load_model(folder.model_file, load_external_data=False)
+        facts = output_facts(model)
+    except Exception:  # not readable as a text folder: the decoder path reports what is wrong with it
+        return False
+    try:
+        if detect_signature(model).has_cache:
+            return False
+    except Exception:  # no decoder's signature at all (an encoder's token_type_ids have no decoder role)
+        pass
+    return names_text_task(folder, facts)
 
 
 def _locate(source: str) -> tuple[Path, str, list[Path]]:

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ortpilot.serve import openaiapi
 from ortpilot.serve.context import RequestContext
-from ortpilot.serve.errorbody import openai_error
-from ortpilot.serve.http import Reply, printable
+from ortpilot.serve.http import printable
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
@@ -78,32 +78,8 @@ _HINTS = {
 }
 
 
-class ApiError(Exception):
-    """An error reply: HTTP status and OpenAI's error object."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        kind: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
-        self.retry_after_s = retry_after_s
-
-    def body(self) -> dict[str, Any]:
-        return openai_error(self.message, self.kind, self.param, self.code)
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else {}
-
-    def reply(self) -> Reply:
-        """This error as the ingress answers it: its status, OpenAI's error object, Retry-After if any."""
-        return json_answer(self.status, self.body(), self.headers())
+class ApiError(openaiapi.ApiError):
+    """An error reply (``serve.openaiapi.ApiError``) that also crosses Ray as a generation's ``error`` event."""
 
     def to_event(self) -> DecodeEvent:
         return DecodeEvent(
@@ -158,24 +134,16 @@ class DecodeEvent:
         return cls(**dict(doc))
 
 
-def json_answer(status: int, doc: Any, headers: Mapping[str, str] | None = None) -> Reply:
-    """A JSON answer as OpenAI's API writes it (compact, UTF-8 text as is)."""
-    body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
-    return Reply(status, body, headers=dict(headers) if headers else None)
+json_answer = openaiapi.json_answer
 
 
 def deadline_error(context: RequestContext) -> ApiError:
     """The 504 of a request whose ``RequestContext`` deadline passed before its answer (or its first token)."""
-    return ApiError(504, context.expired_message(), kind="server_error", code="timeout")
+    return ApiError.expired(context)
 
 
 def not_found(model: str, known: list[str]) -> ApiError:
-    return ApiError(
-        404,
-        f"The model '{model}' does not exist; this server has {', '.join(known) or 'none'}.",
-        param="model",
-        code="model_not_found",
-    )
+    return ApiError.unknown_model(model, known)
 
 
 @dataclass
@@ -388,11 +356,7 @@ def new_id(kind: str) -> str:
     return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
 
 
-def model_object(name: str, created: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    doc = {"id": name, "object": "model", "created": created, "owned_by": "ortpilot"}
-    if extra:
-        doc["ortpilot"] = extra
-    return doc
+model_object = openaiapi.model_object
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
