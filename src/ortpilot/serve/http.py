@@ -64,22 +64,32 @@ def route(method: str, path: str, handler: Handler) -> Route:
 log = logging.getLogger("ortpilot.serve")
 
 
+def find_route(routes: list[Route], method: str, path: str) -> tuple[tuple[Route, dict[str, str]] | None, list[str]]:
+    """The route that takes ``method`` on ``path`` with the path's fields, or None and the methods the path
+    takes (none: no route has the path)."""
+    allowed = []
+    for r in routes:
+        match = r.pattern.match(path)
+        if match is None:
+            continue
+        if r.method != method:
+            allowed.append(r.method)
+            continue
+        return (r, match.groupdict()), allowed
+    return None, allowed
+
+
 async def dispatch(routes: list[Route], request: Any, context: RequestContext, path: str | None = None) -> Reply:
     """The reply of the route matching ``request`` (405 naming the methods a path takes, 404 for no
     route); its handler gets the request, its ``context`` and the path's fields. A handler that raises is
     a 500 with the request id, logged once with its traceback: the client sees the id, never the exception
     (``DeadlineExceeded`` goes on to the pipeline: a 504)."""
     path = path if path is not None else (request.url.path.rstrip("/") or "/")
-    allowed = []
-    for r in routes:
-        match = r.pattern.match(path)
-        if match is None:
-            continue
-        if r.method != request.method:
-            allowed.append(r.method)
-            continue
+    found, allowed = find_route(routes, request.method, path)
+    if found is not None:
+        route, fields = found
         try:
-            return await r.handler(request, context, **match.groupdict())
+            return await route.handler(request, context, **fields)
         except DeadlineExceeded:
             raise
         except Exception as exc:
@@ -212,6 +222,7 @@ __all__ = [
     "access_line",
     "dispatch",
     "error_reply",
+    "find_route",
     "internal_error",
     "json_reply",
     "log_request",

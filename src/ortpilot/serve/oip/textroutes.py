@@ -24,7 +24,7 @@ import numpy as np
 
 from ortpilot.serve.context import DeadlineExceeded, RequestContext
 from ortpilot.serve.defaults import REPLICA_RETRIES, retry_delay_s
-from ortpilot.serve.http import BodyError, Reply, Route, printable, read_body, replica_gone, route
+from ortpilot.serve.http import BodyError, Reply, Route, find_route, printable, read_body, replica_gone, route
 from ortpilot.serve.oip.textrunner import TextAnswer, TextRefused
 from ortpilot.serve.openaiapi import ApiError, json_answer, model_object
 from ortpilot.serve.textfacts import TextFacts
@@ -104,15 +104,10 @@ async def text_dispatch(routes: list[Route], request: Any, context: RequestConte
     a handler's ApiError (and any other exception) goes on to the pipeline, whose ``OpenAIErrors`` answers it,
     and a path or method no route takes is an ApiError 404 / 405."""
     path = path if path is not None else (request.url.path.rstrip("/") or "/")
-    allowed = []
-    for r in routes:
-        match = r.pattern.match(path)
-        if match is None:
-            continue
-        if r.method != request.method:
-            allowed.append(r.method)
-            continue
-        return await r.handler(request, context, **match.groupdict())
+    found, allowed = find_route(routes, request.method, path)
+    if found is not None:
+        route, fields = found
+        return await route.handler(request, context, **fields)
     if allowed:
         raise ApiError(
             405,
