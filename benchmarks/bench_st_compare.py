@@ -78,7 +78,9 @@ def contenders(profile: Path, work: Path) -> dict[str, Any]:
     ov = SentenceTransformer(str(folder), device="cpu", backend="openvino")
     out["st-openvino"] = lambda texts, b: ov.encode(texts, batch_size=b, convert_to_numpy=True)
     tuned = ortpilot.text_model(str(profile))
-    out["ortpilot"] = lambda texts, b: tuned.embed(texts) if b > 1 else np.concatenate([tuned.embed([t]) for t in texts])
+    out["ortpilot"] = lambda texts, b: (
+        tuned.embed(texts) if b > 1 else np.concatenate([tuned.embed([t]) for t in texts])
+    )
     return out
 
 
