@@ -79,8 +79,14 @@ def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -
 def thread_note(threads: int, profile_threads: int) -> str:
     """What a replica says when its threads differ from the profile's (its latency may then differ), and how to
     keep the tuned count: a replica's threads are its Ray CPUs."""
-    if not profile_threads or threads == profile_threads:
+    if threads == profile_threads:
         return ""
+    if not profile_threads:  # a kept default: ORT chose its threads (and pinned them) where it was tuned
+        return (
+            f"intra-op threads {threads} (the replica's CPUs), the profile was tuned with ORT's default pool (0: ORT "
+            "chooses as many threads as the machine has CPUs and pins them): a replica shares its node's CPUs, so it "
+            "runs its own count, and the profile's latency figures may not hold"
+        )
     fewer = ", with fewer replicas where the CPUs do not suffice" if profile_threads > threads else ""
     return (
         f"intra-op threads {threads} (the replica's CPUs), the profile was tuned with {profile_threads}: "
