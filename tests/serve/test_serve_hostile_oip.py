@@ -133,7 +133,12 @@ def test_grpc_needs_the_key_as_metadata(server, reference):
     sess, feeds = reference
     client = tg.InferenceServerClient(server.grpc)
     key = {"authorization": f"Bearer {KEY}"}  # gRPC metadata keys are lowercase
-    assert client.is_server_live() and client.is_server_ready()  # health stays open
+    assert client.is_server_live()  # health stays open
+    # ready once every model's replica has reported in: a heartbeat can be late on a loaded machine
+    deadline = time.monotonic() + 30
+    while not client.is_server_ready() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert client.is_server_ready()
     for call in (
         lambda h: client.get_model_metadata("m", headers=h),
         lambda h: client.is_model_ready("m", headers=h),
