@@ -58,7 +58,11 @@ def tuned(tmp_path_factory: pytest.TempPathFactory, folders) -> Path:
     text = root / "sentences.txt"
     text.write_text("\n".join(lines) + "\n", encoding="utf-8")
     ortpilot.tune(
-        str(folders["embed"]), str(root / "out"), 20, calibration=real_data(text=text, folder=folders["embed"])
+        str(folders["embed"]),
+        str(root / "out"),
+        12,
+        calibration=real_data(text=text, folder=folders["embed"]),
+        quantize=False,  # what is served is a profile of the folder, whichever candidate won
     )
     return root / "out"
 

@@ -16,6 +16,7 @@ from ortpilot.models import text_folder
 from ortpilot.session.shaped import ShapedSession
 from ortpilot.tuning.report import shape_plan_line
 
+pytestmark = pytest.mark.xdist_group("tune-workload")  # the module's tuned fixture is made once, in one worker
 WORDS = [
     "the",
     "model",
@@ -47,7 +48,7 @@ def _sentences(path: Path, n: int = 48) -> Path:
 
 def _tune(folder: Path, text: Path, out: Path):
     data = real_data(text=text, folder=folder)
-    return ortpilot.tune(str(folder), str(out), 25, calibration=data, quantize=False)
+    return ortpilot.tune(str(folder), str(out), 12, calibration=data, quantize=False)
 
 
 @pytest.fixture(scope="module")
