@@ -546,6 +546,9 @@ def text_model(
         session = load_profile(profile, policy or "strict", **load_options)
         chosen = session.bundle.profile if getattr(session, "bundle", None) is not None else profile
         task, tokenizer = text_task_of_profile(session.profile, chosen)
+        plan = getattr(session, "plan", None)  # a shape plan: each run pads straight to its bucket
+        if lengths is None and plan is not None:
+            options["lengths"] = list(plan.sizes)
         text = TextModel(session, task, tokenizer, truncate=truncate, source=f"Profile '{chosen}'", **options)
         return _of_kind(text, kind)
     path = Path(model)
