@@ -48,7 +48,7 @@ def _sentences(path: Path, n: int = 48) -> Path:
 
 def _tune(folder: Path, text: Path, out: Path):
     data = real_data(text=text, folder=folder)
-    return ortpilot.tune(str(folder), str(out), 12, calibration=data, quantize=False)
+    return ortpilot.tune(str(folder), str(out), 25, calibration=data, quantize=False)
 
 
 @pytest.fixture(scope="module")
