@@ -103,6 +103,24 @@ def routed(call, timeout_s: float = 30.0):
             time.sleep(0.5)
 
 
+def refused(call, payload: bytes, metadata=None):
+    """The ``grpc.RpcError`` that ``call`` answers ``payload`` with, once HAProxy routes it (``routed``); an
+    AssertionError when it answers without one."""
+
+    def once():
+        import grpc
+
+        try:
+            call(payload, metadata=metadata, timeout=60)
+        except grpc.RpcError as error:
+            if NO_ROUTE in (error.details() or ""):
+                raise
+            return error
+        raise AssertionError("the call was answered without an error")
+
+    return routed(once)
+
+
 class Server:
     """An ``ortpilot serve`` process: its URL, the ready lines it printed, its stderr so far."""
 

@@ -19,7 +19,7 @@ import pytest
 
 tg = pytest.importorskip("tritonclient.grpc")
 import grpc
-from serve_procs import NO_ROUTE, free_port, routed
+from serve_procs import free_port, refused, routed
 from tritonclient.utils import InferenceServerException
 
 KEY = "own-ray-env-key-0123"
@@ -89,23 +89,12 @@ def test_server_metadata_needs_no_application_with_one_model(server):
         assert info.value.status() == "StatusCode.UNAUTHENTICATED", info.value
 
 
-def _refused(call, metadata) -> grpc.RpcError:
-    """The error ``call`` answers an unparseable message with; HAProxy's "no route" is raised for ``routed``."""
-    try:
-        call(b"\xff\xff\xff\xff", metadata=metadata, timeout=60)
-    except grpc.RpcError as error:
-        if NO_ROUTE in (error.details() or ""):
-            raise
-        return error
-    raise AssertionError("an unparseable message was answered")
-
-
 def test_a_message_that_does_not_parse_is_invalid_argument(server):
     with grpc.insecure_channel(server.grpc) as channel:
         for rpc in ("ModelInfer", "ModelMetadata", "ServerMetadata"):
             call = channel.unary_unary(f"/inference.GRPCInferenceService/{rpc}")  # bytes in, bytes out
             for extra in ({}, {"application": "mlp"}):
-                error = routed(lambda call=call, extra=extra: _refused(call, list({**AUTH, **extra}.items())))
+                error = refused(call, b"\xff\xff\xff\xff", list({**AUTH, **extra}.items()))
                 assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (rpc, extra, error.details())
                 assert f"not a valid inference.{rpc}Request" in error.details(), error.details()
                 assert "DecodeError" not in error.details() and "Traceback" not in error.details()
