@@ -206,6 +206,10 @@ def _journal_seen(folder: Path, deadline: float) -> bool:
     return False
 
 
+# The driver's resume paths run in-process in seconds (tests/fleet/test_fleet_driver.py: a search stopped after
+# its first journal resumes on another node of its class; a class whose only node dies leaves an incomplete
+# bundle until --resume). These real-Ray twins stay for a full run (-m "raycluster and slow").
+@pytest.mark.slow
 def test_a_search_whose_worker_dies_resumes_on_another_node_of_its_class(two_nodes, tmp_path):
     cluster = two_nodes["cluster"]
     spare = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
@@ -230,6 +234,7 @@ def test_a_search_whose_worker_dies_resumes_on_another_node_of_its_class(two_nod
     assert doc["complete"] and ortpilot.load_profile(out, machine_class=one).profile["machine_class"]["name"] == one
 
 
+@pytest.mark.slow  # its in-process twin: test_fleet_driver.py (a class whose only node dies)
 def test_a_node_that_dies_mid_search_leaves_an_incomplete_bundle_and_resume_finishes_it(two_nodes, tmp_path):
     cluster = two_nodes["cluster"]
     out = tmp_path / "enc"

@@ -20,6 +20,9 @@ HEALTH_PATHS = (LIVE_PATH, READY_PATH)  # open without a key unless --auth-healt
 # A call whose replica died (not the request's fault) runs again on another replica this many times,
 # after ``retry_delay_s(attempt)``: inference is idempotent, and a restarted replica takes a moment.
 REPLICA_RETRIES = 2
+# A stopping replica finishes what it holds, checking this often whether anything is left (Ray Serve's own
+# default is 2 s, which every replica waited at least once however idle: the whole of a Ctrl-C's wait).
+SHUTDOWN_POLL_S = 0.5
 
 
 def retry_delay_s(attempt: int) -> float:

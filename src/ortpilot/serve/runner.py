@@ -98,11 +98,13 @@ class Server:
                 log.warning("Telling the server to drain failed: %s", exc)
         # Models first (their replicas finish what they hold); the server-wide application goes last, or
         # with Serve itself when this server started it, so that it answers 503 until the port closes.
-        for name in self.apps[:-1] if self.started_serve else self.apps:
+        deleting = self.apps[:-1] if self.started_serve else self.apps
+        for name in deleting:  # all at once: each model's replicas drain on their own
             try:
-                serve.delete(name)
+                serve.delete(name, _blocking=False)
             except Exception as exc:
                 log.warning("Deleting the application %s failed: %s", name, exc)
+        wait_deleted(deleting)
         if self.started_serve:
             try:
                 serve.shutdown()
@@ -115,6 +117,24 @@ class Server:
             ray.shutdown()
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def wait_deleted(names: list[str], wait_s: float = 60.0) -> None:
+    """Until none of the applications ``names`` is listed by Serve any more (their replicas have finished what
+    they held), or ``wait_s``."""
+    from ray import serve
+
+    deadline = time.monotonic() + wait_s
+    while names and time.monotonic() < deadline:
+        try:
+            listed = set(serve.status().applications)
+        except Exception:  # Serve itself is gone: nothing is left to wait for
+            return
+        if not listed & set(names):
+            return
+        time.sleep(0.2)
+    if names and time.monotonic() >= deadline:
+        log.warning("Serve had not deleted %s after %g s; stopping on.", ", ".join(names), wait_s)
 
 
 def end_serve_leftovers(wait_s: float = 30.0) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ortpilot.errors import UsageError
 from ortpilot.serve.counts import HEARTBEAT_S
+from ortpilot.serve.defaults import SHUTDOWN_POLL_S
 from ortpilot.serve.oip.codec import tensor_metadata
 from ortpilot.serve.oip.config import Batching, ModelFacts, ReplicaConfig
 from ortpilot.serve.oip.limits import InputLimits
@@ -113,6 +114,7 @@ def model_application(
         health_check_period_s=HEARTBEAT_S,
         health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=20.0,
+        graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,
         **scaling,
     )
     return model.bind(spec, replica_config(spec, options, server, cpus, server_app))
@@ -154,6 +156,7 @@ def server_application(specs: Sequence[ModelSpec], options: ServeOptions, server
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=SERVER_MAX_ONGOING,
         graceful_shutdown_timeout_s=20.0,
+        graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,
     )
     server = server or ServerOptions()
     return app.bind({s.name: s.name for s in specs}, server.requests(options), {s.name: text_facts(s) for s in specs})

@@ -12,6 +12,7 @@ from typing import Any
 from ortpilot.errors import UsageError
 from ortpilot.serve import loopback
 from ortpilot.serve.counts import HEARTBEAT_S
+from ortpilot.serve.defaults import SHUTDOWN_POLL_S
 from ortpilot.serve.openai.decoder import DecoderReplica
 from ortpilot.serve.openai.ingress import OpenAIIngress
 from ortpilot.serve.openai.metrics import EngineCounters, EngineHeartbeat
@@ -81,6 +82,7 @@ def openai_deployment(
             # Requests beyond the streams and the queue reach the scheduler, which answers 429 itself.
             max_ongoing_requests=spec.options.max_streams + spec.options.max_queue + 8,
             graceful_shutdown_timeout_s=10.0,
+            graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,
             health_check_period_s=HEARTBEAT_S,
         )
         handles[spec.name] = model.bind(spec, ort_threads(cpus))
