@@ -11,6 +11,7 @@ off, and every access-log line is forwarded as it is.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
@@ -43,4 +44,42 @@ def ray_environment(address: str | None) -> None:
         constants.ENABLE_RAY_CLUSTER = False
 
 
-__all__ = ["LOOPBACK_HOSTS", "RAY_ENV", "is_loopback", "is_loopback_host", "ray_environment"]
+def unreachable(address: str, flag: str) -> str:
+    """Why a HOST:PORT address (given as ``flag``) cannot be a Ray cluster now ("" when it accepts a TCP
+    connection): the user hears it at once, where Ray itself retries a closed port for a minute. ``auto``
+    and ``local`` are Ray's to find."""
+    if address in ("auto", "local"):
+        return ""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return f"{flag} '{address}' is not HOST:PORT (the Ray head's GCS address, e.g. 10.0.0.5:6379) or auto."
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+            return ""
+    except OSError as exc:
+        return (
+            f"No Ray cluster answers at '{address}' ({exc.strerror or exc}). Start one ('ray start --head' on the "
+            "head, 'ray start --address HEAD:6379' on each node), or give the address 'ray status' prints."
+        )
+
+
+def join_error(address: str, exc: BaseException) -> str:
+    """What a client says when ``ray.init(address=...)`` raised: what Ray said, and what to check."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    said = lines[0][:300] if lines else ""
+    return (
+        f"Could not join the Ray cluster at '{address}' ({type(exc).__name__}: {said}). Check the address "
+        "('ray status' on the head prints it), that this machine's Ray version is the cluster's, and, for a "
+        "cluster started with token auth, RAY_AUTH_MODE=token and RAY_AUTH_TOKEN."
+    )
+
+
+__all__ = [
+    "LOOPBACK_HOSTS",
+    "RAY_ENV",
+    "is_loopback",
+    "is_loopback_host",
+    "join_error",
+    "ray_environment",
+    "unreachable",
+]

@@ -179,6 +179,32 @@ def test_tritonclient_grpc_bytes_input(server, folders):
     assert (_cosines(result.as_numpy("embedding"), _alone(folders["embed"], SENTENCES[:2])) > 0.9999).all()
 
 
+def test_haproxy_reloads_its_routes_when_asked_and_every_grpc_route_answers_after(server, ray_address):
+    """What readiness does when a model answers over HTTP but HAProxy missed its gRPC route
+    (``proxyroutes.reload_routes``): run from another driver of the same Ray, it reloads the one HAProxy
+    manager, and each model still answers ``ModelReady`` by its ``application`` afterwards."""
+    import subprocess
+    import sys
+
+    from serve_procs import cli_env
+
+    from ortpilot.serve.oip.grpc_service import model_ready
+
+    code = (
+        f"from ortpilot.rayenv import ray_environment; ray_environment({ray_address!r})\n"
+        f"import ray; ray.init(address={ray_address!r}, logging_level='ERROR', log_to_driver=False)\n"
+        "from ortpilot.serve.proxyroutes import reload_routes; print(reload_routes())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "1", done.stderr[-2000:]
+    address = f"127.0.0.1:{server.grpc_port}"
+    for name in ("embed", "rerank", "classify", "tuned", "mlp"):
+        deadline = time.monotonic() + 30
+        while not model_ready(address, name, {"application": name}) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert model_ready(address, name, {"application": name}), name
+
+
 def test_rerank_and_classify_answer_in_the_shape_embedding_servers_use(server, folders):
     docs = SENTENCES[:4]
     status, doc = _post(server, "/v1/rerank", {"model": "rerank", "query": "where is the cat", "documents": docs})

@@ -17,7 +17,6 @@ in-process one (``tests/fleet/inprocess.py``) whose searches are real local tune
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -28,7 +27,7 @@ from ortpilot.errors import UsageError
 from ortpilot.fleet.nodes import Hosts, RayNode, alive_nodes, group_hosts, node_report
 from ortpilot.fleet.remote import SearchJob, search
 from ortpilot.providers.machineclass import MachineClass, check_class
-from ortpilot.rayenv import ray_environment
+from ortpilot.rayenv import join_error, ray_environment, unreachable
 
 INSTALL_HINT = "pip install 'ortpilot[serve]' (Ray) on this machine and on every node"
 PROBE_TIMEOUT_S = 180.0
@@ -37,7 +36,9 @@ PROBE_TIMEOUT_S = 180.0
 @contextlib.contextmanager
 def connected(address: str) -> Iterator[None]:
     """Connect this process to the Ray cluster at ``address`` for the block (an existing connection is kept)."""
-    _reachable(address)
+    why = unreachable(address, "--ray")
+    if why:
+        raise UsageError(why)
     ray_environment(address)
     try:
         import ray
@@ -49,34 +50,11 @@ def connected(address: str) -> Iterator[None]:
     try:
         ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=True)
     except Exception as exc:  # ConnectionError, RuntimeError, ValueError: what Ray raises varies by version
-        raise UsageError(
-            f"Could not join the Ray cluster at '{address}' ({type(exc).__name__}: {str(exc)[:300]}). Check the "
-            "address ('ray status' on the head prints it), that this machine's Ray version is the cluster's, "
-            "and, for a cluster started with token auth, RAY_AUTH_MODE=token and RAY_AUTH_TOKEN."
-        ) from None
+        raise UsageError(join_error(address, exc)) from None
     try:
         yield
     finally:
         ray.shutdown()
-
-
-def _reachable(address: str) -> None:
-    """A host:port address must accept a TCP connection now (``auto`` and ``local`` are Ray's to find)."""
-    if address in ("auto", "local"):
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise UsageError(
-            f"--ray '{address}' is not HOST:PORT (the Ray head's GCS address, e.g. 10.0.0.5:6379) or auto."
-        )
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
-            pass
-    except OSError as exc:
-        raise UsageError(
-            f"No Ray cluster answers at '{address}' ({exc.strerror or exc}). Start one ('ray start --head' on the "
-            "head, 'ray start --address HEAD:6379' on each node), or give the address 'ray status' prints."
-        ) from None
 
 
 @dataclass(frozen=True)

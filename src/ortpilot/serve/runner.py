@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ortpilot import rayenv
-from ortpilot.errors import UsageError
+from ortpilot.errors import UsageError, VerificationError
 from ortpilot.serve import fastpath
 from ortpilot.serve.defaults import DEFAULT_MAX_REQUEST_MB, megabytes
 from ortpilot.serve.errorbody import OIP
@@ -181,7 +181,13 @@ def _start_ray(address: str | None, cpus: int) -> tuple[bool, bool]:
     import ray
 
     if address:
-        ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+        why = rayenv.unreachable(address, "--address")
+        if why:
+            raise UsageError(why)
+        try:
+            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+        except Exception as exc:  # ConnectionError, RuntimeError, ValueError: what Ray raises varies by version
+            raise UsageError(rayenv.join_error(address, exc)) from None
         started = False
     else:
         # "local": a new instance even where RAY_ADDRESS names another one.
@@ -310,7 +316,15 @@ def _start_serve_once(
         taken = _BIND_FAILED.search(str(exc))
         if taken:
             raise _PortTaken(taken.group(1) or taken.group(2)) from None
-        raise
+        hint = (
+            f" Ray stops a proxy that is not ready within {fastpath.PROXY_CHECK_S} s: start serve again when "
+            "the machine is less loaded."
+            if "ActorDiedError" in type(exc).__name__
+            else ""
+        )
+        raise VerificationError(
+            f"Ray Serve did not start: {failure_reason(str(exc))} ({type(exc).__name__}).{hint}"
+        ) from None
     return fastpath.IngressPath(**{**path.__dict__, "ports": {**path.ports, "run_dir": str(run_dir)}})
 
 

@@ -43,6 +43,7 @@ def test_thread_note_only_when_threads_differ_and_names_the_option_that_keeps_th
     assert thread_note(2, 2) == ""
     assert "tuned with ORT's default pool" in thread_note(2, 0)  # a kept default: ORT chose and pinned its threads
     assert "tuned with 4" in thread_note(2, 4)
+    assert thread_note(2, 0, profile=False) == ""  # a plain model was never tuned: no pool to compare with
     more = thread_note(2, 1)  # the replica got 2 CPUs, the tune chose 1 thread
     assert "to keep the tuned count, serve with --cpus-per-replica 1 " in more and "fewer replicas" not in more
     assert "(Python: ServeOptions(cpus_per_replica=1))" in more

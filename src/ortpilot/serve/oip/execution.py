@@ -59,6 +59,7 @@ def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -
             else ""
         )
         return result.session, {
+            "profile": True,
             "mode": result.mode,
             "why": chosen + result.why,
             "profile_threads": profile_threads,
@@ -69,6 +70,7 @@ def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -
 
     session = load(spec.path, ["cpu"], "strict", settings=SessionSettings(intra_op_threads=threads))
     return session, {
+        "profile": False,
         "mode": "not checked",
         "profile_threads": 0,
         "optimized_model": False,
@@ -76,10 +78,11 @@ def load_verified(spec: ModelSpec, threads: int, accept_machine: bool = False) -
     }
 
 
-def thread_note(threads: int, profile_threads: int) -> str:
+def thread_note(threads: int, profile_threads: int, *, profile: bool = True) -> str:
     """What a replica says when its threads differ from the profile's (its latency may then differ), and how to
-    keep the tuned count: a replica's threads are its Ray CPUs."""
-    if threads == profile_threads:
+    keep the tuned count: a replica's threads are its Ray CPUs. A plain model (``profile`` False) was never
+    tuned: nothing to say."""
+    if threads == profile_threads or not profile:
         return ""
     if not profile_threads:  # a kept default: ORT chose its threads (and pinned them) where it was tuned
         return (

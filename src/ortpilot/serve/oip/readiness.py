@@ -10,6 +10,7 @@ reason ``serve`` exits 1 with.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,8 @@ from ortpilot.serve.oip.server import SERVER_APP
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
 from ortpilot.serve.ready import ModelReady, Served
 from ortpilot.serve.runner import GrpcEntry, check_cpus, check_ports, failure_reason, http_get, serve_until_stopped
+
+log = logging.getLogger(__name__)
 
 
 def run_server(
@@ -89,6 +92,7 @@ def wait_ready(
     waiting: dict[str, str] = {}  # model -> what it still lacked at the last poll
     deadline = time.monotonic() + timeout
     reasons: dict[str, str] = {}
+    routes = _RouteReload()
     while len(ready) < len(specs):
         if stop.is_set():
             raise KeyboardInterrupt
@@ -103,6 +107,7 @@ def wait_ready(
                     waiting[spec.name] = found
         if len(ready) == len(specs):
             break
+        routes.check(any(GRPC_MISSING in waiting[name] for name in waiting if name not in ready))
         failed = _failed(serve, specs, ready, reasons)
         if failed or late:
             name = failed or next(s.name for s in specs if s.name not in ready)
@@ -114,6 +119,31 @@ def wait_ready(
             )
         time.sleep(0.5)
     return [ready[s.name] for s in specs]
+
+
+GRPC_MISSING = "it answers ready over HTTP but not over gRPC"
+ROUTE_RELOAD_AFTER_S = 15.0  # HTTP up this long with a gRPC route missing: HAProxy missed its reload
+
+
+class _RouteReload:
+    """Asks HAProxy's manager to reload its routes when some model has answered over HTTP but not over gRPC
+    for ``ROUTE_RELOAD_AFTER_S`` (``proxyroutes``), and again after each further interval."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def check(self, missing: bool) -> None:
+        now = time.monotonic()
+        if not missing:
+            self.since = None
+        elif self.since is None:
+            self.since = now
+        elif now - self.since >= ROUTE_RELOAD_AFTER_S:
+            from ortpilot.serve.proxyroutes import reload_routes
+
+            if reload_routes():
+                log.warning("HAProxy had no gRPC route for a model that answers over HTTP; its routes were reloaded.")
+            self.since = now
 
 
 def _text_note(spec: ModelSpec) -> list[str]:
@@ -139,7 +169,7 @@ def _probe(
         return f"GET /v2/models/{name}/ready answered {code or 'nothing'}; its replicas did not start"
     missing = _grpc_missing(server, name, headers)
     if missing:
-        return f"it answers ready over HTTP but not over gRPC {missing}"
+        return f"{GRPC_MISSING} {missing}"
     replicas = _replica_infos(serve, name)
     if len(replicas) < expected and not late:
         return f"{len(replicas)} of {expected} replicas reported to the server-wide application"

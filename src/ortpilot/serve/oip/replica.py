@@ -105,7 +105,7 @@ class ModelReplica(UnservedRpcs):
             intra_op_threads=self.threads,
             cpus=self.cpus,
             profile_intra_op_threads=verification["profile_threads"],
-            threads_note=thread_note(self.threads, verification["profile_threads"]),
+            threads_note=thread_note(self.threads, verification["profile_threads"], profile=verification["profile"]),
             batching=Batching(self.config.max_batch, self.config.batch_wait_ms) if self.batching else None,
             node=_node_id(),
             host=socket.gethostname(),
