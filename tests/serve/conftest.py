@@ -3,6 +3,11 @@
 Every ``ortpilot serve`` a test starts is a real process joining the session's Ray instance with
 ``--address`` (one Ray start instead of one per server), listening on 127.0.0.1 on a free port;
 it is stopped with SIGTERM by its PID before the test (or module) ends, and must exit 0.
+
+Under pytest-xdist (``.ci/run`` runs ``-n 2 --dist loadfile``) each module runs whole in one worker: its
+module-scoped servers start once, on that worker's own Ray instance (``ray_address`` is per session, and each
+worker is a session). Two modules may run at once in two workers, each on its own Ray: ``ortpilot serve``
+gives every port it opens a free one, so two servers on one host do not collide.
 """
 
 from __future__ import annotations
@@ -74,17 +79,3 @@ def start_module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     yield start
     for server in started:
         server.stop()
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``.ci/run`` runs ``-n 2 --dist loadgroup``) each serve module that talks to Ray
-    runs whole in one worker: its module-scoped servers are started once, and the worker's own Ray
-    instance (``ray_address`` is per session, and each worker is a session) serves it. Two modules may
-    run at once in two workers, each on its own Ray: ``ortpilot serve`` gives every port it opens a free
-    one, so two servers on one host do not collide. The ``*_unit.py`` modules need no Ray and go anywhere.
-    """
-    here = Path(__file__).parent
-    for item in items:
-        path = Path(str(item.path))
-        if here in path.parents and not path.name.endswith("_unit.py"):
-            item.add_marker(pytest.mark.xdist_group(f"ray-{path.stem}"))

@@ -16,7 +16,6 @@ from ortpilot.models import text_folder
 from ortpilot.session.shaped import ShapedSession
 from ortpilot.tuning.report import shape_plan_line
 
-pytestmark = pytest.mark.xdist_group("tune-workload")  # the module's tuned fixture is made once, in one worker
 WORDS = [
     "the",
     "model",
