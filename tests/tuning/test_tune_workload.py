@@ -171,3 +171,17 @@ def test_batch_figures_read_as_items_per_second_in_the_headline():
     assert figures["default_items_per_s"] == pytest.approx(400)
     clause = batch_clause({"by_batch": {"8": figures, "32": {**figures, "ratio": 3.0}}})
     assert clause == " In batches of 8: 2.00x (800 vs 400 items/s); of 32: 3.00x (800 vs 400 items/s)."
+
+
+def test_a_batch_size_the_budget_could_not_time_is_named_in_the_headline_with_its_reason():
+    """A user who asked for --batch 1,32 and got a figure for batch 1 only hears why batch 32 has none."""
+    from ortpilot.tuning.report import batch_clause
+    from ortpilot.tuning.tune import _throughputs
+
+    figures = _throughputs(1, [0.010] * 5, [0.020] * 5, None)
+    why = "about 40 s were needed and 1 s of the budget were left"
+    clause = batch_clause({"by_batch": {"1": figures}, "batches_not_timed": {"32": why}})
+    assert clause == (
+        f" In batches of 1: 2.00x (100 vs 50 items/s). Batches of 32 not timed: {why} (a larger --budget times them)."
+    )
+    assert batch_clause({"batches_not_timed": {"32": why}}).startswith(" Batches of 32 not timed")

@@ -241,15 +241,21 @@ def headline(doc: dict[str, Any]) -> str:
 
 
 def batch_clause(speedup: dict[str, Any]) -> str:
-    """`` In batches of 8: 2.10x (1,234 vs 587 items/s); of 32: ...`` where batch sizes were timed."""
+    """`` In batches of 8: 2.10x (1,234 vs 587 items/s); of 32: ...`` where batch sizes were timed, and
+    `` Batches of 32 not timed: about 40 s were needed ... (a larger --budget times them).`` for each the user
+    asked for that was not."""
     figures = speedup.get("by_batch") or {}
-    if not figures:
-        return ""
+    missing = speedup.get("batches_not_timed") or {}
     parts = [
         f"of {int(float(b))}: {f['ratio']:.2f}x ({f['winner_items_per_s']:,.0f} vs {f['default_items_per_s']:,.0f} items/s)"
         for b, f in sorted(figures.items(), key=lambda kv: float(kv[0]))
     ]
-    return " In batches " + "; ".join(parts) + "."
+    timed = " In batches " + "; ".join(parts) + "." if parts else ""
+    untimed = "".join(
+        f" Batches of {int(float(b))} not timed: {why} (a larger --budget times them)."
+        for b, why in sorted(missing.items(), key=lambda kv: float(kv[0]))
+    )
+    return timed + untimed
 
 
 def workload_clause(doc: dict[str, Any]) -> str:

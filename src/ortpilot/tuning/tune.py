@@ -448,9 +448,11 @@ def _search(
     gain = speedup(reference, winner, setup.objective)
     if states is not None and not default_best and states.defaults_ms:
         gain = {**gain, "by_state": states.record(winner), "states_seen_ms": states.defaults_ms}
-    by_batch = _batch_figures(setup, steps, budget, winner, reference)
+    by_batch, not_timed = _batch_figures(setup, steps, budget, winner, reference)
     if by_batch:
         gain = {**gain, "by_batch": by_batch}
+    if not_timed:
+        gain = {**gain, "batches_not_timed": not_timed}
     return search, Pick(
         winner, reference, gain, default_best, reason, _passed_over(finalists, winner, reference, states)
     )
@@ -461,14 +463,17 @@ BATCH_ROUNDS, BATCH_RUNS = 4, 2  # a batch size's timing: as a short final (winn
 
 def _batch_figures(
     setup: _Setup, steps: StepRunner, budget: Budget, winner: Entry, reference: Entry
-) -> dict[str, dict[str, float]]:
-    """Batch size -> the winner's speedup over ORT's default and both throughputs (items/s) on that batch size's
-    replay set: the first batch size's from the final, each other's timed now, interleaved, if the budget
-    affords it. {} when ORT's default won (there is nothing to compare) or only batch 1 was asked for."""
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """(batch size -> the winner's speedup over ORT's default and both throughputs (items/s) on that batch
+    size's replay set, batch size -> why it was not timed). The first batch size's figure comes from the
+    final, each other's is timed now, interleaved, if the budget affords it; a batch size the user asked
+    for is never dropped without its reason. Both empty when ORT's default won (there is nothing to
+    compare) or only batch 1 was asked for."""
     batches = setup.workload.batches
     if winner is reference or batches == (1,):
-        return {}
+        return {}, {}
     out: dict[str, dict[str, float]] = {}
+    not_timed: dict[str, str] = {}
     first = batches[0]
     if winner.final and reference.final:
         out[str(first)] = _throughputs(
@@ -481,12 +486,10 @@ def _batch_figures(
             continue
         estimate = 2 * BATCH_ROUNDS * (BATCH_RUNS + 1) * per_request * len(requests) * batch / first * SAFETY
         if budget.binding and budget.left() < estimate:
-            log.info(
-                "Batch %d was not timed: about %.0f s would be needed and %.0f s are left.",
-                batch,
-                estimate,
-                budget.left(),
+            not_timed[str(batch)] = (
+                f"about {estimate:.0f} s were needed and {max(0.0, budget.left()):.0f} s of the budget were left"
             )
+            log.info("Batch %d was not timed: %s.", batch, not_timed[str(batch)])
             continue
         timeout = max(5.0, budget.left() + 5.0) if budget.binding else CANDIDATE_TIMEOUT_S
         record = steps.batch([winner.candidate, reference.candidate], f"b{batch}", BATCH_RUNS, BATCH_ROUNDS, timeout)
@@ -495,7 +498,9 @@ def _batch_figures(
         if (record or {}).get("status") == "ok" and mine and theirs:
             rounds = (blocks.get(reference.candidate.id) or [], blocks.get(winner.candidate.id) or [])
             out[str(batch)] = _throughputs(batch, mine, theirs, rounds if all(rounds) else None)
-    return out
+        else:
+            not_timed[str(batch)] = f"its timing did not finish ({(record or {}).get('status') or 'no record'})"
+    return out, not_timed
 
 
 def _throughputs(
