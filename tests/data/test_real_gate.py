@@ -96,6 +96,10 @@ def test_tune_folder_calibration_text_gates_on_held_out_sentences(st_folder, sen
     assert profile["gate_data"] == doc["gate_data"] and profile["calibration_data"] == doc["calibration_data"]
     assert "heldout_seed" not in profile["reference_outputs"]  # the reference sample is a real sentence
     assert "Gate data: 5 of 20 text samples" in (out / "report.md").read_text()
+    assert (
+        "worst of 5 held-out samples: a sample that breaks 1 time in 100 is among them 5%"
+        in (out / "report.md").read_text()
+    )
     assert "Gate data: 5 of 20 text samples" in (out / "report.html").read_text()
     check = subprocess.run([*CLI, "verify", str(out / "profile.json")], capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stderr

@@ -62,3 +62,12 @@ def test_the_few_samples_warning_carries_the_minimum_a_metric_needs():
     result = GateResult([], samples=40, min_samples=MIN_SEQUENCE_SAMPLES, min_samples_why=SEQUENCE_SAMPLES_WHY)
     assert result.warning == said
     assert GateResult([], samples=40).warning == ""  # 16 suffice for the other metrics
+
+
+def test_the_reach_of_a_worst_sample_verdict_is_said_below_299_held_out_samples():
+    """One sentence in 2,000 broke where the worst of 50 held out passed: the report says what 50 can show."""
+    from ortpilot.gate.result import SAMPLES_TO_SEE_RARE, rare_break_clause
+
+    assert "worst of 50 held-out samples" in rare_break_clause(50) and "39% of the time" in rare_break_clause(50)
+    assert rare_break_clause(SAMPLES_TO_SEE_RARE) == "" and rare_break_clause(0) == ""
+    assert 1 - 0.99**SAMPLES_TO_SEE_RARE >= 0.95 > 1 - 0.99 ** (SAMPLES_TO_SEE_RARE - 1)

@@ -411,10 +411,15 @@ def data_line(doc: dict[str, Any]) -> str:
         digest = f" (sha256 {d['sha256'][:12]})" if d.get("sha256") else ""
         return f"{samples_phrase(d)}{where}{digest}"
 
+    from ortpilot.gate.result import rare_break_clause
+
     gate, calibration = doc.get("gate_data") or {}, doc.get("calibration_data") or {}
     reading = gate.get("reading") or calibration.get("reading")
-    return f"Gate data: {one(gate)}; calibration data: {one(calibration)}." + (
-        f" Read as: {reading}." if reading else ""
+    reach = rare_break_clause(int(gate.get("samples") or 0)) if gate.get("source") not in (None, "synthetic") else ""
+    return (
+        f"Gate data: {one(gate)}; calibration data: {one(calibration)}."
+        + (f" Read as: {reading}." if reading else "")
+        + (f" {reach}" if reach else "")
     )
 
 
