@@ -14,7 +14,7 @@ the other session's pool spins down), ``same-inputs`` (the tune's own held-out s
 ``alone`` (each session timed in a process of its own, alternately: no second thread pool at all), and
 ``iobinding`` (the profile's session run through IOBinding, as tune timed it, where the profile says so).
 
-    .venv-test/bin/python benchmarks/bench_outside_check.py [--only minilm,nudenet,ocr-det,ocr-rec,encoder,cnn]
+    .venv-test/bin/python benchmarks/bench_outside_check.py [--only minilm,nudenet,ocr-det,ocr-rec,magika,ocr-rec-int8,encoder,cnn]
         [--repeat 2] [--budget 90] [--factors] [--out DIR] [--json OUT.json]
 
 Each row: the tune's headline (and whether it came from its interleaved final measurement), each
@@ -70,6 +70,14 @@ def corpus() -> dict[str, dict[str, Any]]:
         "ocr-det": {"args": [_packaged("rapidocr", "models/PP-OCRv6_det_small.onnx"), "--shape", "x=1x3x480x480"]},
         "ocr-rec": {
             "args": [_packaged("rapidocr", "models/PP-OCRv6_rec_small.onnx"), "--shape", "x=1x3x48x160"],
+            "data": "text-lines",
+            "fresh": "text-lines",
+        },
+        # issue 48's three kinds: a byte-feature file-type classifier (Magika) gated on real files' bytes, a
+        # detector (ocr-det above), and a model that ships already INT8 (the recognizer, dynamic INT8)
+        "magika": {"args": [_packaged("magika", "models/standard_v3_3/model.onnx")], "data": "file-bytes"},
+        "ocr-rec-int8": {
+            "args": [str(_int8_recognizer()), "--shape", "x=1x3x48x160"],
             "data": "text-lines",
             "fresh": "text-lines",
         },
@@ -129,13 +137,40 @@ def text_lines(count: int, seed: int) -> list[dict[str, np.ndarray]]:
     return out
 
 
+def file_bytes(count: int) -> np.ndarray:
+    """``count`` rows of Magika's input as its README describes it: the first and last 1,024 bytes of a real
+    file on this machine (documentation, Python sources, binaries), short files padded with 256."""
+    roots = [Path("/usr/share/doc"), Path(sys.prefix) / "lib", Path("/usr/bin")]
+    files = [f for root in roots if root.is_dir() for f in sorted(root.rglob("*"))[:4000] if f.is_file()]
+    rows = []
+    for f in files[:: max(1, len(files) // count)][:count]:
+        data = f.read_bytes()
+        head, tail = list(data[:1024]), list(data[-1024:]) if len(data) > 1024 else []
+        rows.append(head + [256] * (1024 - len(head)) + [256] * (1024 - len(tail)) + tail)
+    return np.array(rows, np.int32)
+
+
 def write_data(kind: str, folder: Path) -> Path:
-    """The user's own samples for a tune (``--calibration DIR``: one .npz per sample)."""
+    """The user's own samples for a tune: ``--calibration DIR`` (one .npz per sample) or one ``.npz`` whose
+    arrays carry a leading sample axis (``file-bytes``: ``bytes`` of shape (96, 2048), as issue 48 gave it)."""
     folder.mkdir(parents=True, exist_ok=True)
     if kind == "text-lines":
         for i, feeds in enumerate(text_lines(64, seed=1)):
             np.savez(folder / f"{i:03d}.npz", **feeds)
+    if kind == "file-bytes":
+        np.savez(folder / "calib.npz", bytes=file_bytes(96))
+        return folder / "calib.npz"
     return folder
+
+
+def _int8_recognizer() -> Path:
+    """PP-OCRv6's recognizer as a user may ship it: already INT8 (``quantize_dynamic``), in a temp folder."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    out = Path(tempfile.gettempdir()) / "ortpilot-bench-ocr-rec-int8.onnx"
+    if not out.is_file():
+        quantize_dynamic(_packaged("rapidocr", "models/PP-OCRv6_rec_small.onnx"), str(out))
+    return out
 
 
 def _fresh_inputs(profile: dict[str, Any], source: str, kind: str, count: int) -> list[dict[str, np.ndarray]]:
