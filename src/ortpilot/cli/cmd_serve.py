@@ -3,9 +3,10 @@ decoders behind an OpenAI-compatible API with continuous batching."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -70,6 +71,219 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
     return flags
 
 
+def serve_options(
+    *,
+    replicas: int,
+    autoscale: str | None,
+    cpus_per_replica: float | None,
+    max_batch: int,
+    batch_wait_ms: float,
+    max_request_mb: float,
+    accept_machine: bool,
+    access_log: bool,
+) -> ServeOptions:
+    """The SERVE_FLAGS group: the replica and batching record (the text group's record is added by the command)."""
+    from ortpilot.serve.options import parse_autoscale
+
+    return ServeOptions(
+        replicas=replicas,
+        autoscale=parse_autoscale(autoscale),
+        cpus_per_replica=cpus_per_replica,
+        max_batch=max_batch,
+        batch_wait_ms=batch_wait_ms,
+        max_request_mb=max_request_mb,
+        access_log=access_log,
+        accept_machine=accept_machine,
+    )
+
+
+def server_options(**flags: Any) -> ServerOptions:
+    """The SERVER_FLAGS group: the listening, ingress, timeout and access record."""
+    from ortpilot.serve.access import access_options
+    from ortpilot.serve.records import Timeouts
+
+    return ServerOptions(
+        flags["host"],
+        flags["port"],
+        flags["address"],
+        flags["ready_timeout"],
+        grpc_port=flags["grpc_port"],
+        ingress=flags["ingress"],
+        throughput_optimized=flags["throughput_optimized"],
+        timeouts=Timeouts(flags["header_timeout"], flags["request_timeout"], flags["idle_timeout"]),
+        debug_info=flags["debug_info"],
+        access=access_options(
+            flags["api_keys"],
+            flags["api_key_file"],
+            auth_health=flags["auth_health"],
+            cors_origins=flags["cors_origins"],
+            allowed_hosts=flags["allowed_hosts"],
+        ),
+        max_header_kb=flags["max_header_kb"],
+    )
+
+
+# Where the server listens, its ingress path, timeouts and access: the ServerOptions group.
+SERVER_FLAGS = (
+    click.option("--host", default=ServerOptions.host, show_default=True, help="Address the HTTP proxy listens on."),
+    click.option(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        show_default=True,
+        help="HTTP port (Open Inference Protocol and /metrics).",
+    ),
+    click.option(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="Also serve KServe v2 over gRPC (inference.GRPCInferenceService, tritonclient.grpc) on this port.",
+    ),
+    click.option(
+        "--ingress",
+        type=click.Choice(INGRESS_CHOICES),
+        default=ServerOptions.ingress,
+        show_default=True,
+        help="auto: HAProxy hands requests straight to replicas where it can run (Ray Serve's fast path); "
+        "proxy: Ray Serve's classic proxy (one more hop).",
+    ),
+    click.option(
+        "--no-throughput-optimized",
+        "throughput_optimized",
+        flag_value=False,
+        default=True,
+        help="Leave RAY_SERVE_THROUGHPUT_OPTIMIZED off (user code in its own thread, pickled handles).",
+    ),
+    click.option(
+        "--header-timeout",
+        type=click.IntRange(min=1),
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        show_default=True,
+        help="Seconds a client has to send its request line and headers.",
+    ),
+    click.option(
+        "--request-timeout",
+        type=click.IntRange(min=1),
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        show_default=True,
+        help="Seconds a request may take, body included (a slow body gets 408, a late answer 504; a client may ask "
+        "for less with X-Request-Timeout).",
+    ),
+    click.option(
+        "--idle-timeout",
+        type=click.IntRange(min=1),
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        show_default=True,
+        help="Seconds a kept-alive connection may sit idle.",
+    ),
+    click.option(
+        "--max-header-kb",
+        type=click.IntRange(min=1, max=HAPROXY_BUFSIZE // 2048),
+        default=DEFAULT_MAX_HEADER_KB,
+        show_default=True,
+        help="Request line and headers together, in KiB (HAProxy answers 431 beyond).",
+    ),
+    click.option(
+        "--api-key",
+        "api_keys",
+        multiple=True,
+        envvar="ORTPILOT_API_KEY",
+        metavar="KEY",
+        help="Require 'Authorization: Bearer KEY' on every route but /v2/health/* (repeatable; or ORTPILOT_API_KEY, "
+        "keys separated by spaces, which keeps them out of ps).",
+    ),
+    click.option(
+        "--api-key-file",
+        default=None,
+        metavar="FILE",
+        help="Keys one per line ('#' comments); every replica reads the file again when it changes (rotation).",
+    ),
+    click.option(
+        "--auth-health", is_flag=True, help="Health probes (/v2/health/*, gRPC ServerLive/Ready) need a key too."
+    ),
+    click.option(
+        "--cors-origin",
+        "cors_origins",
+        multiple=True,
+        metavar="ORIGIN",
+        help="A browser origin (scheme://host[:port], or '*') whose pages may call the server (repeatable); "
+        "requests from other origins get 403.",
+    ),
+    click.option(
+        "--allowed-host",
+        "allowed_hosts",
+        multiple=True,
+        metavar="NAME",
+        help="A Host name the server answers to besides 127.0.0.1/localhost/::1 (repeatable; against DNS rebinding).",
+    ),
+    click.option(
+        "--debug-info",
+        is_flag=True,
+        help="Metadata shows each replica's PID, host, node id and profile path, and a decoder's recent requests.",
+    ),
+    click.option("--address", default=None, help="Join this Ray cluster (default: start a local Ray instance)."),
+    click.option(
+        "--ready-timeout",
+        type=float,
+        default=DEFAULT_READY_TIMEOUT_S,
+        show_default=True,
+        help="Seconds to wait for a verified replica of each model before exiting 1.",
+    ),
+)
+
+
+# Replicas, batching and request limits of every model: the ServeOptions group.
+SERVE_FLAGS = (
+    click.option("--replicas", type=int, default=ServeOptions.replicas, show_default=True, help="Replicas per model."),
+    click.option(
+        "--autoscale",
+        default=None,
+        metavar="MIN:MAX",
+        help="Ray Serve autoscaling on ongoing requests between MIN and MAX replicas (instead of --replicas).",
+    ),
+    click.option(
+        "--cpus-per-replica",
+        type=float,
+        default=None,
+        help="Ray CPUs per replica; ORT's intra-op threads are set to it (default: the CPU budget shared by all replicas, "
+        "a fraction of a CPU each when they outnumber the CPUs).",
+    ),
+    click.option(
+        "--max-batch",
+        type=int,
+        default=ServeOptions.max_batch,
+        show_default=True,
+        help="Dynamic batching: stack up to B requests of the same shape (models with a batch dim; 1: off).",
+    ),
+    click.option(
+        "--batch-wait-ms",
+        type=float,
+        default=ServeOptions.batch_wait_ms,
+        show_default=True,
+        help="Hold a short batch this long for more requests (0: a batch is what waited while the last run was busy).",
+    ),
+    click.option(
+        "--max-request-mb",
+        type=float,
+        default=DEFAULT_MAX_REQUEST_MB,
+        show_default=True,
+        help="Larger request bodies get 413 (Open Inference Protocol, gRPC and /v1).",
+    ),
+    click.option(
+        "--accept-machine",
+        is_flag=True,
+        help="Serve profiles tuned on a machine whose differences can change the winner (INT8 kernels, CPUs).",
+    ),
+    click.option(
+        "--no-access-log",
+        "access_log",
+        flag_value=False,
+        default=True,
+        help="No access-log line per request on stderr.",
+    ),
+)
+
+
 @click.command("serve")
 @click.argument("profiles", nargs=-1, required=True)
 @click.option(
@@ -78,151 +292,6 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
     multiple=True,
     help="The model's name in URLs, one per PROFILE in order "
     "(default: the profile folder's name or the model file's stem).",
-)
-@click.option("--host", default=ServerOptions.host, show_default=True, help="Address the HTTP proxy listens on.")
-@click.option(
-    "--port",
-    type=int,
-    default=DEFAULT_PORT,
-    show_default=True,
-    help="HTTP port (Open Inference Protocol and /metrics).",
-)
-@click.option("--replicas", type=int, default=ServeOptions.replicas, show_default=True, help="Replicas per model.")
-@click.option(
-    "--autoscale",
-    default=None,
-    metavar="MIN:MAX",
-    help="Ray Serve autoscaling on ongoing requests between MIN and MAX replicas (instead of --replicas).",
-)
-@click.option(
-    "--cpus-per-replica",
-    type=float,
-    default=None,
-    help="Ray CPUs per replica; ORT's intra-op threads are set to it (default: the CPU budget shared by all replicas, "
-    "a fraction of a CPU each when they outnumber the CPUs).",
-)
-@click.option(
-    "--max-batch",
-    type=int,
-    default=ServeOptions.max_batch,
-    show_default=True,
-    help="Dynamic batching: stack up to B requests of the same shape (models with a batch dim; 1: off).",
-)
-@click.option(
-    "--batch-wait-ms",
-    type=float,
-    default=ServeOptions.batch_wait_ms,
-    show_default=True,
-    help="Hold a short batch this long for more requests (0: a batch is what waited while the last run was busy).",
-)
-@click.option(
-    "--max-request-mb",
-    type=float,
-    default=DEFAULT_MAX_REQUEST_MB,
-    show_default=True,
-    help="Larger request bodies get 413 (Open Inference Protocol, gRPC and /v1).",
-)
-@click.option(
-    "--grpc-port",
-    type=int,
-    default=None,
-    help="Also serve KServe v2 over gRPC (inference.GRPCInferenceService, tritonclient.grpc) on this port.",
-)
-@click.option(
-    "--ingress",
-    type=click.Choice(INGRESS_CHOICES),
-    default=ServerOptions.ingress,
-    show_default=True,
-    help="auto: HAProxy hands requests straight to replicas where it can run (Ray Serve's fast path); "
-    "proxy: Ray Serve's classic proxy (one more hop).",
-)
-@click.option(
-    "--no-throughput-optimized",
-    "throughput_optimized",
-    flag_value=False,
-    default=True,
-    help="Leave RAY_SERVE_THROUGHPUT_OPTIMIZED off (user code in its own thread, pickled handles).",
-)
-@click.option(
-    "--header-timeout",
-    type=click.IntRange(min=1),
-    default=DEFAULT_HEADER_TIMEOUT_S,
-    show_default=True,
-    help="Seconds a client has to send its request line and headers.",
-)
-@click.option(
-    "--request-timeout",
-    type=click.IntRange(min=1),
-    default=DEFAULT_REQUEST_TIMEOUT_S,
-    show_default=True,
-    help="Seconds a request may take, body included (a slow body gets 408, a late answer 504; a client may ask "
-    "for less with X-Request-Timeout).",
-)
-@click.option(
-    "--idle-timeout",
-    type=click.IntRange(min=1),
-    default=DEFAULT_IDLE_TIMEOUT_S,
-    show_default=True,
-    help="Seconds a kept-alive connection may sit idle.",
-)
-@click.option(
-    "--max-header-kb",
-    type=click.IntRange(min=1, max=HAPROXY_BUFSIZE // 2048),
-    default=DEFAULT_MAX_HEADER_KB,
-    show_default=True,
-    help="Request line and headers together, in KiB (HAProxy answers 431 beyond).",
-)
-@click.option(
-    "--api-key",
-    "api_keys",
-    multiple=True,
-    envvar="ORTPILOT_API_KEY",
-    metavar="KEY",
-    help="Require 'Authorization: Bearer KEY' on every route but /v2/health/* (repeatable; or ORTPILOT_API_KEY, "
-    "keys separated by spaces, which keeps them out of ps).",
-)
-@click.option(
-    "--api-key-file",
-    default=None,
-    metavar="FILE",
-    help="Keys one per line ('#' comments); every replica reads the file again when it changes (rotation).",
-)
-@click.option("--auth-health", is_flag=True, help="Health probes (/v2/health/*, gRPC ServerLive/Ready) need a key too.")
-@click.option(
-    "--cors-origin",
-    "cors_origins",
-    multiple=True,
-    metavar="ORIGIN",
-    help="A browser origin (scheme://host[:port], or '*') whose pages may call the server (repeatable); "
-    "requests from other origins get 403.",
-)
-@click.option(
-    "--allowed-host",
-    "allowed_hosts",
-    multiple=True,
-    metavar="NAME",
-    help="A Host name the server answers to besides 127.0.0.1/localhost/::1 (repeatable; against DNS rebinding).",
-)
-@click.option(
-    "--debug-info",
-    is_flag=True,
-    help="Metadata shows each replica's PID, host, node id and profile path, and a decoder's recent requests.",
-)
-@click.option("--address", default=None, help="Join this Ray cluster (default: start a local Ray instance).")
-@click.option(
-    "--ready-timeout",
-    type=float,
-    default=DEFAULT_READY_TIMEOUT_S,
-    show_default=True,
-    help="Seconds to wait for a verified replica of each model before exiting 1.",
-)
-@click.option(
-    "--accept-machine",
-    is_flag=True,
-    help="Serve profiles tuned on a machine whose differences can change the winner (INT8 kernels, CPUs).",
-)
-@click.option(
-    "--no-access-log", "access_log", flag_value=False, default=True, help="No access-log line per request on stderr."
 )
 @click.option(
     "--emit-rayservice",
@@ -236,38 +305,17 @@ def not_carried(ctx: click.Context, host: str) -> list[str]:
 @openai_options
 @handle_errors
 @arg_group("text", text_options, *TEXT_OPTIONS)
+@arg_group("options", serve_options, *SERVE_FLAGS)
+@arg_group("server", server_options, *SERVER_FLAGS)
 def command(
     profiles: tuple[str, ...],
     names: tuple[str, ...],
-    host: str,
-    port: int,
-    replicas: int,
-    autoscale: str | None,
-    cpus_per_replica: float | None,
-    max_batch: int,
-    batch_wait_ms: float,
-    max_request_mb: float,
-    grpc_port: int | None,
-    ingress: str,
-    throughput_optimized: bool,
-    header_timeout: int,
-    request_timeout: int,
-    idle_timeout: int,
-    max_header_kb: int,
-    api_keys: tuple[str, ...],
-    api_key_file: str | None,
-    auth_health: bool,
-    cors_origins: tuple[str, ...],
-    allowed_hosts: tuple[str, ...],
-    debug_info: bool,
-    address: str | None,
-    ready_timeout: float,
-    accept_machine: bool,
-    access_log: bool,
     rayservice: str | None,
     image: str | None,
     as_json: bool,
     text: TextOptions,
+    options: ServeOptions,
+    server: ServerOptions,
     **decoder: Any,
 ) -> None:
     """Serve each PROFILE (a tune output folder or profile.json, a model file, or demo:NAME) over the
@@ -295,7 +343,7 @@ def command(
     # Click has read the keys: no Ray process this command starts (GCS, raylet, workers, HAProxy inherit its
     # environment) gets them; replicas get digests (docs/commands/serve.md, Security).
     os.environ.pop(KEY_ENV, None)
-    if rayservice and (dropped := not_carried(click.get_current_context(), host)):
+    if rayservice and (dropped := not_carried(click.get_current_context(), server.host)):
         raise UsageError(
             f"--emit-rayservice does not carry {', '.join(dropped)} into the manifest: it carries the models, "
             "--name, --port (on 0.0.0.0), --replicas or --autoscale, --cpus-per-replica, --max-batch, --batch-wait-ms, "
@@ -305,62 +353,18 @@ def command(
         )
     from ortpilot.serve import plan as serving
 
-    params = click.get_current_context().params
-    options, server = serve_options(params, text), server_options(params)
+    options = dataclasses.replace(options, text=text)
     served = serving.plan(list(profiles), list(names), options, decoder_options(decoder), manifest=bool(rayservice))
     for spec in served.models:
         for note in getattr(spec, "notes", ()):
             stderr.print(f"[dim]{escape(spec.name)}: {escape(note)}[/]", highlight=False)
     if rayservice:
-        emit_manifest(rayservice, list(served.models), options, port, image)
+        emit_manifest(rayservice, list(served.models), options, server.port, image)
         return
-    for warning in server.access.warnings(host):
+    for warning in server.access.warnings(server.host):
         stderr.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     serving.run(served, server, started=_STARTED, on_ready=ready_printer(as_json))
     stderr.print("stopped", highlight=False)
-
-
-def serve_options(params: Mapping[str, Any], text: TextOptions | None = None) -> ServeOptions:
-    """The replica and batching record of the command's parsed flags (``text``: the text group's record)."""
-    from ortpilot.serve.options import parse_autoscale
-
-    return ServeOptions(
-        replicas=params["replicas"],
-        autoscale=parse_autoscale(params["autoscale"]),
-        cpus_per_replica=params["cpus_per_replica"],
-        max_batch=params["max_batch"],
-        batch_wait_ms=params["batch_wait_ms"],
-        max_request_mb=params["max_request_mb"],
-        access_log=params["access_log"],
-        accept_machine=params["accept_machine"],
-        text=text or TextOptions(),
-    )
-
-
-def server_options(params: Mapping[str, Any]) -> ServerOptions:
-    """The listening, ingress, timeout and access record of the command's parsed flags."""
-    from ortpilot.serve.access import access_options
-    from ortpilot.serve.records import Timeouts
-
-    return ServerOptions(
-        params["host"],
-        params["port"],
-        params["address"],
-        params["ready_timeout"],
-        grpc_port=params["grpc_port"],
-        ingress=params["ingress"],
-        throughput_optimized=params["throughput_optimized"],
-        timeouts=Timeouts(params["header_timeout"], params["request_timeout"], params["idle_timeout"]),
-        debug_info=params["debug_info"],
-        access=access_options(
-            params["api_keys"],
-            params["api_key_file"],
-            auth_health=params["auth_health"],
-            cors_origins=params["cors_origins"],
-            allowed_hosts=params["allowed_hosts"],
-        ),
-        max_header_kb=params["max_header_kb"],
-    )
 
 
 def emit_manifest(target: str, specs: list[Any], options: ServeOptions, port: int, image: str | None) -> None:
