@@ -320,3 +320,21 @@ def test_metrics_show_text_batches_their_fill_and_tokens(server, client):
     assert lines['ortpilot_text_batch_requests_count{model="embed"}'] >= 1
     assert lines['ortpilot_requests_total{code="200",model="embed"}'] >= 1
     assert not any('model="mlp"' in key for key in lines if key.startswith("ortpilot_text"))
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b"\xff\xfe{not json", "not valid JSON"),
+        (b'{"model": "embed", "input": ' + b"[" * 5000 + b"]" * 5000 + b"}", ""),
+        (b'{"model": "embed", "input": "a lone surrogate \\ud800 here"}', ""),
+        (b'{"model": "embed", "input": ["ok", "\\udfff"]}', ""),
+    ],
+    ids=["bytes", "nested", "surrogate", "surrogate-in-list"],
+)
+def test_hostile_bodies_on_the_text_route_get_a_4xx_in_openais_shape_never_a_5xx(server, body, words):
+    """What a hostile client sends to /v1/embeddings: bytes that are not JSON, a 5,000-deep list, and strings that
+    JSON allows but UTF-8 cannot hold (lone surrogates, which a tokenizer cannot take)."""
+    got, answer = _post(server, "/v1/embeddings", body)
+    assert 400 <= got < 500, (got, answer)
+    assert answer["error"]["message"] and words in answer["error"]["message"], answer
