@@ -297,12 +297,10 @@ def test_a_rayservices_applications_share_the_request_settings_of_the_serve_flag
 
 def test_serve_address_where_no_cluster_answers_is_exit_2_at_once_without_a_traceback(tmp_path):
     """A closed port, or an address that is not HOST:PORT: Ray alone would retry for a minute and then raise."""
-    import socket
+    from serve_procs import CLI, free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cli = [sys.executable, "-m", "ortpilot.cli.main", "serve", "demo:mlp", "--address"]
+    port = free_port()
+    cli = [*CLI, "serve", "demo:mlp", "--address"]
     done = subprocess.run([*cli, f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert f"No Ray cluster answers at '127.0.0.1:{port}'" in done.stderr and "Traceback" not in done.stderr
