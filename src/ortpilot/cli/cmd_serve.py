@@ -97,29 +97,44 @@ def serve_options(
     )
 
 
-def server_options(**flags: Any) -> ServerOptions:
+def server_options(
+    *,
+    host: str,
+    port: int,
+    grpc_port: int | None,
+    ingress: str,
+    throughput_optimized: bool,
+    header_timeout: int,
+    request_timeout: int,
+    idle_timeout: int,
+    max_header_kb: int,
+    api_keys: tuple[str, ...],
+    api_key_file: str | None,
+    auth_health: bool,
+    cors_origins: tuple[str, ...],
+    allowed_hosts: tuple[str, ...],
+    debug_info: bool,
+    address: str | None,
+    ready_timeout: float,
+) -> ServerOptions:
     """The SERVER_FLAGS group: the listening, ingress, timeout and access record."""
     from ortpilot.serve.access import access_options
     from ortpilot.serve.records import Timeouts
 
     return ServerOptions(
-        flags["host"],
-        flags["port"],
-        flags["address"],
-        flags["ready_timeout"],
-        grpc_port=flags["grpc_port"],
-        ingress=flags["ingress"],
-        throughput_optimized=flags["throughput_optimized"],
-        timeouts=Timeouts(flags["header_timeout"], flags["request_timeout"], flags["idle_timeout"]),
-        debug_info=flags["debug_info"],
+        host,
+        port,
+        address,
+        ready_timeout,
+        grpc_port=grpc_port,
+        ingress=ingress,
+        throughput_optimized=throughput_optimized,
+        timeouts=Timeouts(header_timeout, request_timeout, idle_timeout),
+        debug_info=debug_info,
         access=access_options(
-            flags["api_keys"],
-            flags["api_key_file"],
-            auth_health=flags["auth_health"],
-            cors_origins=flags["cors_origins"],
-            allowed_hosts=flags["allowed_hosts"],
+            api_keys, api_key_file, auth_health=auth_health, cors_origins=cors_origins, allowed_hosts=allowed_hosts
         ),
-        max_header_kb=flags["max_header_kb"],
+        max_header_kb=max_header_kb,
     )
 
 
