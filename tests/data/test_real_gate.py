@@ -14,6 +14,7 @@ from folders import SENTENCES, image_folder, sentence_folder, write_images
 from ortpilot.artifacts.profile import read_profile
 from ortpilot.cli.main import cli
 from ortpilot.data import real_data, resolve_model_folder
+from ortpilot.gate.result import SAMPLES_TO_SEE_RARE, rare_break_clause
 from ortpilot.modelio import load_model
 from ortpilot.passes.calibration import CalibrationSet, load_calibration, spread
 
@@ -46,19 +47,29 @@ def _tune(*args) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, "tune", *map(str, args), "--no-quantize"], capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 7, 20, 101, 400])
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 20, 101, 400, 1300])
 def test_split_is_disjoint_deterministic_and_spread(n):
     samples = [{"x": np.full((1, 2), i, np.float32)} for i in range(n)]
     data = CalibrationSet(samples, "test")
     calib, held = data.split()
     ids = lambda part: [int(s["x"][0, 0]) for s in part]  # noqa: E731
     assert not set(ids(calib)) & set(ids(held)) and held and calib
-    assert len(held) == min(max(1, round(n * 0.25)), n - 1, 64)
+    assert len(held) == min(max(1, round(n * 0.25)), n - 1, 299)
     assert len(calib) == min(n - len(held), 256) and data.counts == (len(calib), len(held))
     assert ids(held) == sorted(ids(held)) and ids(CalibrationSet(samples, "test").split()[1]) == ids(held)
     if n >= 20:  # spread over the set, not its tail: a file sorted by topic gates on every part
         assert ids(held)[0] < n // 4 and ids(held)[-1] >= 3 * n // 4
     assert spread(10, 20) == list(range(10)) and len(set(spread(1000, 37))) == 37
+
+
+def test_the_held_out_cap_lets_a_user_follow_the_reports_advice():
+    """The report tells a user with few held-out samples to give 4 x SAMPLES_TO_SEE_RARE samples: the split
+    must then hold out SAMPLES_TO_SEE_RARE of them, or the advice cannot be followed."""
+    n = 4 * SAMPLES_TO_SEE_RARE
+    data = CalibrationSet([{"x": np.full((1, 2), i, np.float32)} for i in range(n)], "test")
+    held = data.split()[1]
+    assert len(held) == SAMPLES_TO_SEE_RARE and f"give {n:,} or more" in rare_break_clause(64)
+    assert rare_break_clause(len(held)) == ""
 
 
 def test_text_split_holds_out_the_lines_it_says(st_folder, sentences):

@@ -72,9 +72,12 @@ OUTPUT_FIXED_S = 1.0
 OUTPUT_SESSIONS = 4
 OUTPUT_MB_PER_S = 200.0
 # A rejected dynamic INT8 variant within this factor of the limit gets layers left in float,
-# aiming this much below the limit, at most this many times.
+# aiming this much below the limit, at most this many times. The aim is half the limit because the
+# gate sees the worst of its held-out samples, not of the traffic: on MiniLM the worst of 2,000 other
+# sentences was 1.5-2.2x the worst of 50 held out (BENCHMARKS.md, issue 46), and a variant aimed at
+# 1/1.3 of the limit passed on 50 and left 3 of 2,000 sentences under cosine 0.99.
 FOLLOWUP_WITHIN = 4.0
-FOLLOWUP_MARGIN = 1.3
+FOLLOWUP_MARGIN = 2.0
 FOLLOWUP_TRIES = 2
 RANK_OPS = ["MatMul", "Attention"]
 
