@@ -6,7 +6,10 @@ where the corpus has some), then, each in a fresh process:
 - ``user``: what a user writes to check it (issue 38's protocol): ``ortpilot.load_profile(profile)``
   beside a plain ``onnxruntime.InferenceSession(source)``, interleaved, ``--rounds`` rounds of
   ``--runs`` runs each, order alternating, fresh inputs every round, every output fetched;
-- ``verify``: ``ortpilot verify OUTDIR --bench --json`` (the figure the tool reproduces itself).
+- ``verify``: ``ortpilot verify OUTDIR --bench --json`` (the figure the tool reproduces itself);
+- ``decisions`` (in the ``user`` check, untimed): both sessions on fresh inputs the tune never saw, and how
+  many get the same decision from the profile as from ORT's default: Magika's top-1 file type, the
+  detector's text boxes, the recognizer's CTC string (``DECISIONS``).
 
 ``--factors`` adds one fresh process per factor, each a ``user`` check with one thing changed, to find
 why a check from outside comes out lower: ``settled`` (each turn starts with 0.1 s of untimed runs, while
@@ -67,7 +70,11 @@ def corpus() -> dict[str, dict[str, Any]]:
             "fresh": "sentences",
         },
         "nudenet": {"args": [_packaged("nudenet", "320n.onnx"), "--shape", "images=1x3x320x320"]},
-        "ocr-det": {"args": [_packaged("rapidocr", "models/PP-OCRv6_det_small.onnx"), "--shape", "x=1x3x480x480"]},
+        "ocr-det": {
+            "args": [_packaged("rapidocr", "models/PP-OCRv6_det_small.onnx"), "--shape", "x=1x3x480x480"],
+            "data": "text-pages",
+            "fresh": "text-pages",
+        },
         "ocr-rec": {
             "args": [_packaged("rapidocr", "models/PP-OCRv6_rec_small.onnx"), "--shape", "x=1x3x48x160"],
             "data": "text-lines",
@@ -75,7 +82,11 @@ def corpus() -> dict[str, dict[str, Any]]:
         },
         # issue 48's three kinds: a byte-feature file-type classifier (Magika) gated on real files' bytes, a
         # detector (ocr-det above), and a model that ships already INT8 (the recognizer, dynamic INT8)
-        "magika": {"args": [_packaged("magika", "models/standard_v3_3/model.onnx")], "data": "file-bytes"},
+        "magika": {
+            "args": [_packaged("magika", "models/standard_v3_3/model.onnx")],
+            "data": "file-bytes",
+            "fresh": "file-bytes",
+        },
         "ocr-rec-int8": {
             "args": [str(_int8_recognizer()), "--shape", "x=1x3x48x160"],
             "data": "text-lines",
@@ -137,13 +148,37 @@ def text_lines(count: int, seed: int) -> list[dict[str, np.ndarray]]:
     return out
 
 
-def file_bytes(count: int) -> np.ndarray:
+def text_pages(count: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """``count`` 480x480 pages as PP-OCR's detector reads them: 3-8 lines of black words at random places and
+    sizes on a light, slightly noisy background, normalized with ImageNet's mean and std."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    mean, std = np.array([0.485, 0.456, 0.406], np.float32), np.array([0.229, 0.224, 0.225], np.float32)
+    out = []
+    for _ in range(count):
+        img = Image.new("RGB", (480, 480), tuple(int(v) for v in rng.integers(190, 256, 3)))
+        draw = ImageDraw.Draw(img)
+        for _line in range(int(rng.integers(3, 9))):
+            font = ImageFont.load_default(size=int(rng.integers(16, 40)))
+            words = " ".join(rng.choice(WORDS, size=int(rng.integers(1, 5))))
+            draw.text((int(rng.integers(5, 300)), int(rng.integers(5, 440))), words, fill=(0, 0, 0), font=font)
+        x = np.asarray(img, np.float32) + rng.normal(0, 6, (480, 480, 3)).astype(np.float32)
+        x = (np.clip(x, 0, 255) / 255.0 - mean) / std
+        out.append({"x": np.ascontiguousarray(x.transpose(2, 0, 1)[None]).astype(np.float32)})
+    return out
+
+
+def file_bytes(count: int, fresh: bool = False) -> np.ndarray:
     """``count`` rows of Magika's input as its README describes it: the first and last 1,024 bytes of a real
-    file on this machine (documentation, Python sources, binaries), short files padded with 256."""
+    file on this machine (documentation, Python sources, binaries), short files padded with 256. The tune's
+    96 files are spread over the list; ``fresh`` spreads ``count`` others over the files left."""
     roots = [Path("/usr/share/doc"), Path(sys.prefix) / "lib", Path("/usr/bin")]
     files = [f for root in roots if root.is_dir() for f in sorted(root.rglob("*"))[:4000] if f.is_file()]
+    tuned = files[:: max(1, len(files) // 96)][:96]
+    pool = [f for f in files if f not in set(tuned)] if fresh else files
     rows = []
-    for f in files[:: max(1, len(files) // count)][:count]:
+    for f in pool[:: max(1, len(pool) // count)][:count]:
         data = f.read_bytes()
         head, tail = list(data[:1024]), list(data[-1024:]) if len(data) > 1024 else []
         rows.append(head + [256] * (1024 - len(head)) + [256] * (1024 - len(tail)) + tail)
@@ -154,8 +189,8 @@ def write_data(kind: str, folder: Path) -> Path:
     """The user's own samples for a tune: ``--calibration DIR`` (one .npz per sample) or one ``.npz`` whose
     arrays carry a leading sample axis (``file-bytes``: ``bytes`` of shape (96, 2048), as issue 48 gave it)."""
     folder.mkdir(parents=True, exist_ok=True)
-    if kind == "text-lines":
-        for i, feeds in enumerate(text_lines(64, seed=1)):
+    if kind in ("text-lines", "text-pages"):
+        for i, feeds in enumerate(text_lines(64, seed=1) if kind == "text-lines" else text_pages(48, seed=1)):
             np.savez(folder / f"{i:03d}.npz", **feeds)
     if kind == "file-bytes":
         np.savez(folder / "calib.npz", bytes=file_bytes(96))
@@ -177,6 +212,10 @@ def _fresh_inputs(profile: dict[str, Any], source: str, kind: str, count: int) -
     """``count`` inputs neither the tune's calibration nor its gate saw, at the tuned shapes."""
     if kind == "text-lines":
         return text_lines(count, seed=99)
+    if kind == "text-pages":
+        return text_pages(count, seed=99)
+    if kind == "file-bytes":
+        return [{"bytes": row[None]} for row in file_bytes(count, fresh=True)]
     if kind == "sentences":
         from tokenizers import Tokenizer
 
@@ -201,6 +240,67 @@ def _fresh_inputs(profile: dict[str, Any], source: str, kind: str, count: int) -
     proto = load_model(source, load_external_data=False)
     plan = plan_feeds(proto, {k: tuple(v) for k, v in profile["shapes"].items()})
     return [make_feeds(proto, plan=plan, seed=30_000 + i) for i in range(count)]
+
+
+# ---------------------------------------------------------------------------------------------- decisions
+
+
+def _boxes(prob: np.ndarray, thresh: float = 0.3, min_area: int = 9) -> list[tuple[int, int, int, int]]:
+    """The text boxes a DB detector's probability map makes: the bounding boxes of the 4-connected regions over
+    PP-OCR's binarization threshold (0.3), regions under ``min_area`` pixels dropped, sorted."""
+    mask = prob > thresh
+    seen = np.zeros_like(mask)
+    boxes = []
+    height, width = mask.shape
+    for y0, x0 in zip(*np.nonzero(mask), strict=True):
+        if seen[y0, x0]:
+            continue
+        stack, ys, xs = [(y0, x0)], [], []
+        seen[y0, x0] = True
+        while stack:
+            y, x = stack.pop()
+            ys.append(y)
+            xs.append(x)
+            for ny, nx in ((y - 1, x), (y + 1, x), (y, x - 1), (y, x + 1)):
+                if 0 <= ny < height and 0 <= nx < width and mask[ny, nx] and not seen[ny, nx]:
+                    seen[ny, nx] = True
+                    stack.append((ny, nx))
+        if len(ys) >= min_area:
+            boxes.append((min(xs), min(ys), max(xs), max(ys)))
+    return sorted(boxes, key=lambda b: (b[1], b[0]))
+
+
+def _same_boxes(a: list[tuple[int, ...]], b: list[tuple[int, ...]], tolerance: int = 2) -> bool:
+    return len(a) == len(b) and all(
+        max(abs(p - q) for p, q in zip(x, y, strict=True)) <= tolerance for x, y in zip(a, b, strict=True)
+    )
+
+
+def _ctc(logits: np.ndarray) -> tuple[int, ...]:
+    """PP-OCR's recognizer output read as its CTC decoder reads it: best class per step, repeats merged,
+    blanks (class 0) dropped."""
+    best = logits.reshape(logits.shape[-2], logits.shape[-1]).argmax(-1)
+    return tuple(int(c) for i, c in enumerate(best) if c != 0 and (i == 0 or c != best[i - 1]))
+
+
+# fresh-input kind -> (the decision the model's user makes from its first output, how two decisions agree)
+DECISIONS: dict[str, tuple[str, Any, Any]] = {
+    "file-bytes": ("top-1 file type", lambda out: int(np.argmax(out)), lambda a, b: a == b),
+    "text-lines": ("decoded string", _ctc, lambda a, b: a == b),
+    "text-pages": ("text boxes (2 px)", lambda out: _boxes(out.reshape(out.shape[-2:])), _same_boxes),
+}
+
+
+DECISION_INPUTS = {"file-bytes": 400, "text-lines": 300, "text-pages": 100}  # fresh inputs for the agreement
+
+
+def decision_agreement(
+    run_mine: Any, run_plain: Any, inputs: list[dict[str, np.ndarray]], fresh: str
+) -> dict[str, Any]:
+    """How many of ``inputs`` get the same decision from the profile as from ORT's default (untimed)."""
+    what, decide, agree = DECISIONS[fresh]
+    same = sum(bool(agree(decide(run_mine(f)[0]), decide(run_plain(f)[0]))) for f in inputs)
+    return {"what": what, "same": same, "of": len(inputs)}
 
 
 def _sessions(outdir: Path, iobinding: bool) -> tuple[Any, Any, dict[str, Any]]:
@@ -261,7 +361,17 @@ def check_in_process(outdir: Path, fresh: str, rounds: int, runs: int, factor: s
         mine_t += got["mine"]
         plain_t += got["plain"]
         ratios.append(float(np.median(got["plain"]) / np.median(got["mine"])))
+    agreement = None
+    if factor == "user" and fresh in DECISIONS:
+        count = DECISION_INPUTS[fresh]
+        agreement = decision_agreement(
+            run_mine,
+            run_plain,
+            _fresh_inputs(profile, profile["source_model"]["path"], fresh, count + rounds)[rounds:],
+            fresh,
+        )
     return {
+        "decisions": agreement,
         "speedup": float(np.median(ratios)),
         "pooled": float(np.median(plain_t) / np.median(mine_t)),
         "p50_ms": {"profile": float(np.median(mine_t)) * 1e3, "default": float(np.median(plain_t)) * 1e3},
@@ -423,6 +533,9 @@ def main() -> None:
                 f"{row['others_cpu']}; " + ", ".join(cells) + _state(row["verify"]),
                 flush=True,
             )
+            agreed = row["user"].get("decisions")
+            if agreed:
+                print(f"  decisions: {agreed['same']} of {agreed['of']} fresh inputs get the same {agreed['what']}")
             if row["passed_over"]:
                 print(f"  passed over: {row['passed_over']}", flush=True)
             if args.json:
