@@ -73,6 +73,8 @@ def test_a_masked_encoder_gives_the_same_outputs_padded_and_the_plan_counts_what
     shaped = load_shaped(model, ["cpu"], "strict", plan)
     plain = load(model, ["cpu"], "strict")
     assert isinstance(shaped, ShapedSession) and shaped.providers == plain.providers
+    # the session for longer requests is made at load, not by the first long request (a compile on OpenVINO)
+    assert shaped.to_dict()["beyond_session"] is True
     for n in (3, 8, 11, 20):
         want = plain.run(None, _request(n))[0]
         got = shaped.run(None, _request(n))[0]
@@ -81,6 +83,16 @@ def test_a_masked_encoder_gives_the_same_outputs_padded_and_the_plan_counts_what
         assert run_session(shaped, _request(n), iobinding=True)["last_hidden_state"].shape == want.shape
     assert dict(shaped.served) == {"8": 4, "16": 2, "beyond": 2}  # 3 and 8 tokens share the 8 bucket
     assert shaped.to_dict()["shape_plan"]["sizes"] == [8, 16]
+
+
+def test_tunes_timing_leaves_the_free_dim_session_to_the_first_request_that_needs_it(tmp_path):
+    folder = text_folder(tmp_path / "embed")
+    shaped = load_shaped(
+        str(folder / "model.onnx"), ["cpu"], "strict", ShapePlan("sequence", (8,), AXES), beyond_at_load=False
+    )
+    shaped.run(None, _request(5))
+    assert shaped.to_dict()["beyond_session"] is False
+    assert shaped.run(None, _request(12))[0].shape[1] == 12 and shaped.to_dict()["beyond_session"] is True
 
 
 def test_a_leaking_encoder_is_changed_by_padding(tmp_path):

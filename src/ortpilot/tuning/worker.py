@@ -149,7 +149,15 @@ class _Child:
             from ortpilot.session.shapeplan import ShapePlan
 
             plan = ShapePlan.from_dict(cand.shape_plan)
-            return load_shaped(str(path), providers, "strict", plan, settings=cand.settings, shapes=self.shapes or None)
+            return load_shaped(
+                str(path),
+                providers,
+                "strict",
+                plan,
+                settings=cand.settings,
+                shapes=self.shapes or None,
+                beyond_at_load=False,  # the workload's requests all fit its largest bucket
+            )
         return load(str(path), providers, "strict", settings=cand.settings, shapes=self.shapes or None)
 
     def bench(self, data: Mapping[str, Any]) -> dict[str, Any]:
