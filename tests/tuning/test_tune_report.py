@@ -199,3 +199,23 @@ def test_the_provider_line_ends_with_one_period_after_a_search_estimate():
     assert ".." not in line
     doc["candidates"][2]["vs_default"]["timing"] = "interleaved"
     assert provider_line(doc).endswith("int8-dynamic 1.34x.")
+
+
+def test_the_provider_line_names_the_fastest_on_each_ep_not_the_first_ranked():
+    """ORT's default, timed in the final, ranks above a CPU INT8 variant timed only in the search: the line
+    said 'best on the CPU EP: ORT default 1.00x' beside a measured ~1.62x."""
+    from ortpilot.tuning.report import provider_line
+
+    ov = [{"name": "OpenVINOExecutionProvider", "options": {}}]
+    cpu = [{"name": "CPUExecutionProvider", "options": {}}]
+    doc = _doc(
+        [
+            _cand("default", final_ms=10.0, screen_ms=10.0, paired=1.0, baseline=True, providers=cpu),
+            _cand("ov", final_ms=5.0, screen_ms=5.0, paired=0.5, providers=ov),
+            _cand("int8-dynamic-pc-x8", final_ms=None, screen_ms=6.17, paired=0.62, providers=cpu),
+        ],
+        "ov",
+    )
+    for c in doc["candidates"]:
+        c["vs_default"] = {"ratio": 10.0 / c["latency"]["p50_ms"], "timing": c["timing"]}
+    assert provider_line(doc).endswith("best on the CPU EP: int8-dynamic-pc-x8 ~1.62x est."), provider_line(doc)
