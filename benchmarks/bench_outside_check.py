@@ -80,6 +80,12 @@ def corpus() -> dict[str, dict[str, Any]]:
             "data": "text-lines",
             "fresh": "text-lines",
         },
+        # issue 46's image model with a dynamic dim: the recognizer tuned on lines at their own widths, no --shape
+        "ocr-rec-widths": {
+            "args": [_packaged("rapidocr", "models/PP-OCRv6_rec_small.onnx")],
+            "data": "text-lines-natural",
+            "fresh": "text-lines-natural",
+        },
         # issue 48's three kinds: a byte-feature file-type classifier (Magika) gated on real files' bytes, a
         # detector (ocr-det above), and a model that ships already INT8 (the recognizer, dynamic INT8)
         "magika": {
@@ -130,19 +136,24 @@ WORDS = [
 ]
 
 
-def text_lines(count: int, seed: int) -> list[dict[str, np.ndarray]]:
-    """``count`` 48x160 text-line crops as PP-OCR's recognizer reads them: black words drawn with Pillow on a
-    light, slightly noisy background, scaled to [-1, 1]."""
+def text_lines(count: int, seed: int, natural: bool = False) -> list[dict[str, np.ndarray]]:
+    """``count`` text-line crops as PP-OCR's recognizer reads them: black words drawn with Pillow on a light,
+    slightly noisy background, scaled to [-1, 1]; 48x160, or (``natural``) 48 high and as wide as the line's
+    own words need (one to six words: about 40 to 400 pixels), as a detector's crops come."""
     from PIL import Image, ImageDraw, ImageFont
 
     rng = np.random.default_rng(seed)
     font = ImageFont.load_default(size=22)
     out = []
     for _ in range(count):
-        img = Image.new("L", (160, 48), int(rng.integers(200, 256)))
-        words = " ".join(rng.choice(WORDS, size=int(rng.integers(1, 4))))
-        ImageDraw.Draw(img).text((int(rng.integers(2, 12)), int(rng.integers(6, 16))), words, fill=0, font=font)
-        x = np.asarray(img, np.float32) + rng.normal(0, 6, (48, 160)).astype(np.float32)
+        words = " ".join(rng.choice(WORDS, size=int(rng.integers(1, 7 if natural else 4))))
+        left, top = int(rng.integers(2, 12)), int(rng.integers(6, 16))
+        width = 160
+        if natural:
+            width = max(16, int(font.getlength(words)) + left + int(rng.integers(2, 12)))
+        img = Image.new("L", (width, 48), int(rng.integers(200, 256)))
+        ImageDraw.Draw(img).text((left, top), words, fill=0, font=font)
+        x = np.asarray(img, np.float32) + rng.normal(0, 6, (48, width)).astype(np.float32)
         x = (np.clip(x, 0, 255) / 255.0 - 0.5) / 0.5
         out.append({"x": np.repeat(x[None, None], 3, axis=1).astype(np.float32)})
     return out
@@ -189,8 +200,13 @@ def write_data(kind: str, folder: Path) -> Path:
     """The user's own samples for a tune: ``--calibration DIR`` (one .npz per sample) or one ``.npz`` whose
     arrays carry a leading sample axis (``file-bytes``: ``bytes`` of shape (96, 2048), as issue 48 gave it)."""
     folder.mkdir(parents=True, exist_ok=True)
-    if kind in ("text-lines", "text-pages"):
-        for i, feeds in enumerate(text_lines(64, seed=1) if kind == "text-lines" else text_pages(48, seed=1)):
+    if kind in ("text-lines", "text-lines-natural", "text-pages"):
+        samples = {
+            "text-lines": lambda: text_lines(64, seed=1),
+            "text-lines-natural": lambda: text_lines(200, seed=1, natural=True),
+            "text-pages": lambda: text_pages(48, seed=1),
+        }[kind]()
+        for i, feeds in enumerate(samples):
             np.savez(folder / f"{i:03d}.npz", **feeds)
     if kind == "file-bytes":
         np.savez(folder / "calib.npz", bytes=file_bytes(96))
@@ -212,6 +228,8 @@ def _fresh_inputs(profile: dict[str, Any], source: str, kind: str, count: int) -
     """``count`` inputs neither the tune's calibration nor its gate saw, at the tuned shapes."""
     if kind == "text-lines":
         return text_lines(count, seed=99)
+    if kind == "text-lines-natural":
+        return text_lines(count, seed=99, natural=True)
     if kind == "text-pages":
         return text_pages(count, seed=99)
     if kind == "file-bytes":
@@ -287,11 +305,17 @@ def _ctc(logits: np.ndarray) -> tuple[int, ...]:
 DECISIONS: dict[str, tuple[str, Any, Any]] = {
     "file-bytes": ("top-1 file type", lambda out: int(np.argmax(out)), lambda a, b: a == b),
     "text-lines": ("decoded string", _ctc, lambda a, b: a == b),
+    "text-lines-natural": ("decoded string", _ctc, lambda a, b: a == b),
     "text-pages": ("text boxes (2 px)", lambda out: _boxes(out.reshape(out.shape[-2:])), _same_boxes),
 }
 
 
-DECISION_INPUTS = {"file-bytes": 400, "text-lines": 300, "text-pages": 100}  # fresh inputs for the agreement
+DECISION_INPUTS = {
+    "file-bytes": 400,
+    "text-lines": 300,
+    "text-lines-natural": 300,
+    "text-pages": 100,
+}  # fresh inputs for the agreement
 
 
 def decision_agreement(
