@@ -50,6 +50,7 @@ def test_a_workload_summarises_each_varying_dim_and_travels_as_json(demo_paths):
     assert (dim.quantile(0.5), dim.quantile(0.9)) == (17, 64)  # the size at or above the quantile
     assert workload.varies and workload.requests == 10 and workload.replay == 8
     assert workload.describe() == "sequence 5-64 (p50 17, p90 64, p99 64) over 10 text requests"
+    assert Workload.of_samples(samples, inputs, "files").describe().endswith("over 10 file requests")
     assert workload.shapes["input_ids"] == (1, 17)  # the median request's shapes
     doc = json.loads(json.dumps(workload.to_dict()))
     assert Workload.from_dict(doc) == workload

@@ -88,7 +88,8 @@ class Workload:
         if not self.dims:
             shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in self.shapes.items())
             return f"one shape ({shapes})" if shapes else "one shape"
-        return f"{'; '.join(d.describe() for d in self.dims)} over {self.requests} {self.source} requests"
+        kind = {"images": "image", "files": "file", "synthetic": "generated"}.get(self.source, self.source)
+        return f"{'; '.join(d.describe() for d in self.dims)} over {self.requests} {kind} requests"
 
     def to_dict(self) -> dict[str, Any]:
         return {
