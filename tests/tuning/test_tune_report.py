@@ -219,3 +219,25 @@ def test_the_provider_line_names_the_fastest_on_each_ep_not_the_first_ranked():
     for c in doc["candidates"]:
         c["vs_default"] = {"ratio": 10.0 / c["latency"]["p50_ms"], "timing": c["timing"]}
     assert provider_line(doc).endswith("best on the CPU EP: int8-dynamic-pc-x8 ~1.62x est."), provider_line(doc)
+
+
+def test_buckets_whose_outputs_cannot_be_cut_back_are_said_so_not_called_a_leaking_mask():
+    """A CTC recognizer's steps are not a proportion of its padded width for every width: the gate saw another
+    shape (error inf), and the report said the model's mask leaks, which is not what happened."""
+    from ortpilot.tuning.report import shape_plan_line
+
+    plan = {"dim": "W", "sizes": [152, 200]}
+    rejected = {
+        "label": "fp32 · buckets(152,200)",
+        "status": "rejected",
+        "shape_plan": plan,
+        "accuracy": {
+            "worst_error": float("inf"),
+            "outputs": [{"name": "logits", "error": float("inf"), "note": "shape changed"}],
+        },
+    }
+    doc = {"facts": {"shape_plan": plan}, "winner": {}, "candidates": [rejected]}
+    line = shape_plan_line(doc)
+    assert "'logits', cut back, did not have the shape" in line and "mask" not in line
+    rejected["accuracy"]["outputs"][0]["note"] = ""
+    assert "does not make padding invisible" in shape_plan_line(doc)

@@ -145,6 +145,15 @@ def shape_plan_line(doc: dict[str, Any]) -> str:
             (c for c in tried if c["status"] == "rejected"),
             key=lambda c: (c.get("accuracy") or {}).get("worst_error") or 0,
         )
+        reshaped = [
+            o["name"] for o in (worst.get("accuracy") or {}).get("outputs", []) if o.get("note") == "shape changed"
+        ]
+        if reshaped:  # an output whose size follows the dim another way than in proportion (a CTC head's steps)
+            return (
+                f"Shape buckets {where} were rejected by the gate: a padded request's '{reshaped[0]}', cut back, did "
+                f"not have the shape it has at the request's own size ({worst['label']}), so this model's outputs "
+                "cannot be cut back from a bucket; the profile leaves the dim free."
+            )
         return (
             f"Shape buckets {where} were rejected by the gate: padding changed the outputs ({worst['label']}: error "
             f"{_err(worst)} on the worst held-out request at its own size), so this model's mask does not make padding "
