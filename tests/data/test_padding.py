@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -44,14 +46,32 @@ def test_check_buckets_sorts_and_refuses_what_is_no_length() -> None:
 
 def test_plan_batches_sorts_longest_first_and_cuts_at_max_batch() -> None:
     lengths = [3, 10, 5, 10, 1]
-    batches = plan_batches(lengths, 2)
+    batches = plan_batches(lengths, 2, run_cost=math.inf)  # every run costs the same: as few as fit
     assert batches == [Batch((1, 3), 10), Batch((2, 0), 5), Batch((4,), 1)]  # ties keep their order
     assert sorted(i for b in batches for i in b.items) == list(range(len(lengths)))
     assert batches[1].fill(lengths) == pytest.approx(8 / 10)
+    # at 12 tokens a run, padding 3 to 5 costs less than a run: 5 runs alone, 3 and 1 share one
+    assert plan_batches(lengths, 2) == [Batch((1, 3), 10), Batch((2,), 5), Batch((0, 4), 3)]
+
+
+def test_plan_batches_cuts_where_padding_costs_more_than_a_run() -> None:
+    """16 sentences of 6 to 60 tokens padded to 60 are 960 tokens; cut into runs of similar lengths they are
+    383 in 6 runs (455 with a run's cost), and no cut has a cheaper total."""
+    lengths = [6, 45, 10, 39, 60, 30, 25, 22, 9, 20, 18, 17, 15, 14, 12, 8]
+    batches = plan_batches(lengths, 32)
+    assert sorted(i for b in batches for i in b.items) == list(range(16))
+    assert all(lengths[b.items[0]] == b.length == max(lengths[i] for i in b.items) for b in batches)
+    padded = sum(b.rows * b.length for b in batches)
+    assert (padded, len(batches)) == (383, 6) and padded + 12 * len(batches) < 16 * 60 + 12
+    assert [b.rows for b in plan_batches(lengths, 32, run_cost=1e6)] == [16]  # a costly run: one run
+    assert [b.rows for b in plan_batches(lengths, 4, run_cost=1e6)] == [4, 4, 4, 4]
+    assert [b.rows for b in plan_batches(lengths, 32, run_cost=0)] == [1] * 16  # free runs: no padding at all
 
 
 def test_plan_batches_pads_to_buckets() -> None:
     batches = plan_batches([3, 20, 5, 40], 2, buckets=[8, 32])
     assert [(b.items, b.length) for b in batches] == [((3, 1), 40), ((2, 0), 8)]
+    # runs that pad to the same bucket are never cut apart: another run would cost more and pad no less
+    assert [b.rows for b in plan_batches([30, 29, 28, 27], 8, buckets=[32])] == [4]
     with pytest.raises(ValueError, match="max_batch"):
         plan_batches([1], 0)

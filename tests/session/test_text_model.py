@@ -5,6 +5,7 @@ three tasks, and inputs text cannot fill."""
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 from pathlib import Path
 
@@ -44,7 +45,8 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_padding_is_invisible_on_the_masked_encoder_and_visible_on_the_leaking_one(folders) -> None:
-    masked, leaky = _model(folders["embed"]), _model(folders["leak"])
+    # runs cost nothing less than padding here: the short text is padded to the long one's length
+    masked, leaky = _model(folders["embed"], run_cost=math.inf), _model(folders["leak"], run_cost=math.inf)
     for text in (masked, leaky):
         run = text([SHORT, LONG])
         assert run.batches[0].rows == 2 and run.tokens[0] < run.batches[0].length  # the short one was padded
@@ -55,7 +57,7 @@ def test_padding_is_invisible_on_the_masked_encoder_and_visible_on_the_leaking_o
 
 
 def test_results_come_back_in_the_callers_order_whatever_the_batches(folders) -> None:
-    text = _model(folders["embed"], max_batch=2)
+    text = _model(folders["embed"], max_batch=2, run_cost=math.inf)
     run = text(TEXTS)
     assert [b.items for b in run.batches] == [(1, 2), (4, 0), (3,)]  # longest first: 4 and 0 come back swapped
     one_by_one = np.stack([text.embed([t])[0] for t in TEXTS])

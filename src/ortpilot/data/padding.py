@@ -11,6 +11,7 @@ pad with these same functions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -72,17 +73,40 @@ class Batch:
         return sum(lengths[i] for i in self.items) / max(1, self.rows * self.length)
 
 
-def plan_batches(lengths: Sequence[int], max_batch: int, buckets: Sequence[int] | None = None) -> list[Batch]:
+# What one more run costs, in padded tokens: MiniLM's INT8 profile on 2 CPUs took 0.6 ms a call plus
+# 0.05 ms a token (1x8 to 16x64, AMD VNNI, 2026-12-06), i.e. a call is worth about 12 tokens of padding.
+RUN_COST_TOKENS = 12.0
+
+
+def plan_batches(
+    lengths: Sequence[int], max_batch: int, buckets: Sequence[int] | None = None, run_cost: float = RUN_COST_TOKENS
+) -> list[Batch]:
     """Cut items of these token counts into runs of at most ``max_batch``: sorted longest first (ties keep
-    their order), each run padded to its longest item or that item's bucket."""
+    their order), each run padded to its longest item or that item's bucket, and cut where a run's padding
+    would cost more than another run: the cuts minimize the padded tokens plus ``run_cost`` per run (16
+    sentences of 6 to 60 tokens padded to 60 cost twice what four runs of similar lengths do). An infinite
+    ``run_cost`` (a static batch, whose every run costs its full rows) cuts every ``max_batch`` items."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be at least 1, got {max_batch}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches = []
-    for start in range(0, len(order), max_batch):
-        items = tuple(order[start : start + max_batch])
-        batches.append(Batch(items, padded_length(max(lengths[i] for i in items), buckets)))
-    return batches
+    padded = [padded_length(lengths[i], buckets) for i in order]  # a run starting here pads to this
+    if not math.isfinite(run_cost):
+        starts = list(range(0, len(order), max_batch))
+    else:
+        best = [0.0] + [math.inf] * len(order)  # best[j]: the cheapest cut of the first j items
+        cut = [0] * (len(order) + 1)
+        for end in range(1, len(order) + 1):
+            for start in range(max(0, end - max_batch), end):
+                cost = best[start] + run_cost + (end - start) * padded[start]
+                if cost < best[end]:
+                    best[end], cut[end] = cost, start
+        starts, end = [], len(order)
+        while end > 0:
+            end = cut[end]
+            starts.append(end)
+        starts.reverse()
+    bounds = [*starts, len(order)]
+    return [Batch(tuple(order[a:b]), padded[a]) for a, b in zip(bounds, bounds[1:])]
 
 
 def pad_feeds(
@@ -125,6 +149,7 @@ def cut_outputs(
 
 
 __all__ = [
+    "RUN_COST_TOKENS",
     "Batch",
     "attention_mask",
     "check_buckets",

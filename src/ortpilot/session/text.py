@@ -18,6 +18,7 @@ folder did, on any machine that loads it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ortpilot.data.folder import ModelFolder
-from ortpilot.data.padding import Batch, attention_mask, check_buckets, pad_ids, plan_batches
+from ortpilot.data.padding import RUN_COST_TOKENS, Batch, attention_mask, check_buckets, pad_ids, plan_batches
 from ortpilot.data.pooling import activate, normalize, pool
 from ortpilot.data.text import TEXT_INPUTS, load_tokenizer, pad_id
 from ortpilot.data.textinput import Tokenized, check_texts, configure_tokenizer, tokenize
@@ -127,7 +128,9 @@ class TextModel:
     the caller's object is not changed). ``max_batch``: the most texts in one run. ``lengths``: length
     buckets to pad up to (None: pad to the longest in each run). ``truncate``: cut texts longer than
     the task's limit (and say which), or refuse them (False); each call may override it. ``max_length``:
-    a lower limit than the task's (a server's tokens per text), never a higher one.
+    a lower limit than the task's (a server's tokens per text), never a higher one. ``run_cost``: what
+    one more run costs in padded tokens, where a call's texts are cut into runs (``plan_batches``; infinite:
+    as few runs as ``max_batch`` allows, every text padded to its run's longest).
 
     A call is ``encode`` (check and tokenize) then ``run`` (batch, run, pool): a server tokenizes each
     request on its own and runs several requests' tokens in one ``run``.
@@ -144,6 +147,7 @@ class TextModel:
         truncate: bool = True,
         source: str = "",
         max_length: int | None = None,
+        run_cost: float = RUN_COST_TOKENS,
     ) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise UsageError(f"max_batch must be a positive integer, got {max_batch!r}.")
@@ -179,6 +183,7 @@ class TextModel:
             self.max_length = min(self.max_length or max_length, max_length)
         self.static_batch = static_batch
         self.max_batch = min(max_batch, static_batch) if static_batch else max_batch
+        self.run_cost = math.inf if static_batch else float(run_cost)  # a static batch's run costs its full rows
         if "attention_mask" not in self._inputs:  # padding would be visible: every text runs alone, unpadded
             self.max_batch, buckets = 1, None
         self.lengths = buckets
@@ -244,9 +249,10 @@ class TextModel:
         return self._tokenize(check_texts(items), truncate)
 
     def run(self, tokens: Tokenized) -> TextRun:
-        """The task on tokenized items: sorted by length, cut into runs of at most ``max_batch``, each padded
-        to its longest item (or its bucket), run, pooled, and put back in the items' order."""
-        batches = plan_batches(tokens.lengths, self.max_batch, self.lengths)
+        """The task on tokenized items: sorted by length, cut into runs of at most ``max_batch`` where padding
+        costs more than a run (``plan_batches``), each padded to its longest item (or its bucket), run,
+        pooled, and put back in the items' order."""
+        batches = plan_batches(tokens.lengths, self.max_batch, self.lengths, self.run_cost)
         values: np.ndarray | None = None
         for batch in batches:
             result = self._run_batch(tokens, batch)
