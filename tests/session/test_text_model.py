@@ -90,6 +90,9 @@ def test_length_buckets_pad_up_to_the_bucket_and_change_nothing_on_a_masked_mode
         _model(folders["embed"], lengths=[0])
     with pytest.raises(UsageError, match="max_batch must be a positive integer"):
         _model(folders["embed"], max_batch=0)
+    for bad in (-1, float("nan"), "12", True):
+        with pytest.raises(UsageError, match="run_cost must be a number of tokens"):
+            _model(folders["embed"], run_cost=bad)
 
 
 def test_truncation_is_reported_per_item_logged_by_embed_and_refused_on_request(folders, caplog) -> None:

@@ -151,6 +151,10 @@ class TextModel:
     ) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise UsageError(f"max_batch must be a positive integer, got {max_batch!r}.")
+        if isinstance(run_cost, bool) or not isinstance(run_cost, (int, float)) or not run_cost >= 0:
+            raise UsageError(
+                f"run_cost must be a number of tokens, 0 or more (math.inf: fewest runs), got {run_cost!r}."
+            )
         if max_length is not None and (
             isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2
         ):
