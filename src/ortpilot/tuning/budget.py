@@ -134,8 +134,11 @@ class Budget:
         binding: bool = True,
         clock: Callable[[], float] = time.monotonic,
         costs: PrepCosts | None = None,
+        after_final: Callable[[float], float] | None = None,
     ) -> None:
         self.deadline = deadline
+        # seconds the steps after the final need (the other batch sizes' timings), from the default's latency
+        self.after_final = after_final
         self.binding = binding
         self.clock = clock
         self.costs = costs  # None: variants are estimated like sessions (the median preparation so far)
@@ -187,15 +190,21 @@ class Budget:
             if base > self.est_session():  # a build, not a session on a model built already
                 self.ratios.append(max(0.05, min(20.0, seconds / max(base, 1e-6))))
 
+    def after_final_s(self) -> float:
+        """Seconds kept after the final for the steps that follow it (0 without them, or replaying a journal)."""
+        return float(self.after_final(self.latency)) if self.after_final is not None and self.binding else 0.0
+
     def reserve(self) -> float:
         """Time kept for the final interleaved measurement of three candidates: its shortest plan (at the likely
-        finalists' latencies, three times the default's until they are known) and their sessions' reloads."""
+        finalists' latencies, three times the default's until they are known) and their sessions' reloads;
+        and the time the steps after it need (``after_final``)."""
         per_run = self.final_per_run or 3 * self.latency
         return (
             (FINAL_MIN_ROUNDS * FINAL_MIN_RUNS + 2) * per_run * SAFETY
             + FINAL_MIN_ROUNDS * 3 * SETTLE_S
             + 1.0
             + self.reload_s
+            + self.after_final_s()
         )
 
     def keep(self, seconds: float) -> None:
@@ -217,7 +226,8 @@ class Budget:
         ``per_run``: one run of every finalist (each turn also settles for ``SETTLE_S``)."""
         per_run *= SAFETY
         settle = FINAL_ROUNDS * finalists * SETTLE_S
-        budget_runs = max(0.0, self.left() - 1.0 - settle) / max(per_run, 1e-9) - 2  # less the warm-up
+        left = self.left() - self.after_final_s()  # what the steps after the final keep is not the final's
+        budget_runs = max(0.0, left - 1.0 - settle) / max(per_run, 1e-9) - 2  # less the warm-up
         rounds = FINAL_ROUNDS if budget_runs >= FINAL_ROUNDS * FINAL_MIN_RUNS else FINAL_MIN_ROUNDS
         return max(FINAL_MIN_RUNS, min(screen_runs * 2, int(budget_runs / rounds))), rounds
 

@@ -493,11 +493,12 @@ class Search:
             if len(pool) == 2 and self._separated(pool[0], pool[1]):
                 return
             runs *= 2
-            anchor = cost(self.anchor.samples, "p50") if self.anchor is not None else 0.0
+            per_run = self.requests_per_run  # samples are per request; a run replays the workload's replay set
+            anchor = cost(self.anchor.samples, "p50") * per_run if self.anchor is not None else 0.0
             # a session the worker let go is created again before its bench: that costs a session's time too
             gone = [e for e in [*pool, self.anchor] if e is not None and e.candidate.id not in self.steps.held]
             if not self.budget.affords(
-                sum(paired_runs_cost(runs, cost(e.samples, "p50"), anchor) for e in pool) * SAFETY
+                sum(paired_runs_cost(runs, cost(e.samples, "p50") * per_run, anchor) for e in pool) * SAFETY
                 + self.budget.est_session() * len(gone)
             ):
                 return
@@ -575,9 +576,8 @@ class Search:
         if self.anchor is None or not self.anchor.samples:
             return
         finalists = [e for e in self._finalists(self.anchor) if e.samples]
-        self.budget.final_per_run = max(
-            3 * self.budget.latency, sum(cost(e.samples, "p50") for e in finalists) if len(finalists) == 3 else 0.0
-        )
+        per_run = sum(cost(e.samples, "p50") for e in finalists) * self.requests_per_run  # samples are per request
+        self.budget.final_per_run = max(3 * self.budget.latency, per_run if len(finalists) == 3 else 0.0)
         self.budget.reload_s = self.budget.est_session() * sum(
             1 for e in finalists if e.candidate.id not in self.steps.held
         )

@@ -138,7 +138,9 @@ def _tune(
         _record_start(journal, out, setup, budget_s)
         worker = _scratch_space(stack, setup, data)
         replay_only = _search_ended(journal)
-        budget = Budget(start + budget_s - OUTPUT_RESERVE_S, binding=not replay_only)
+        budget = Budget(
+            start + budget_s - OUTPUT_RESERVE_S, binding=not replay_only, after_final=_batch_reserve(setup, budget_s)
+        )
         search, pick = _search(setup, data, journal, out, worker, budget, progress)
         load_avg, others_cpu = _load(journal, replay_only, load_start)
         run = RunRecord(time.monotonic() - start, bool(journal.replayed), load_avg, budget_s, others_cpu=others_cpu)
@@ -459,6 +461,29 @@ def _search(
 
 
 BATCH_ROUNDS, BATCH_RUNS = 4, 2  # a batch size's timing: as a short final (winner and ORT's default, interleaved)
+BATCH_RESERVE_SHARE = 0.25  # the most of the budget kept from the search for the other batch sizes' timings
+
+
+def _batch_seconds(per_request: float, requests: int, batch: int, first: int) -> float:
+    """What timing one more batch size costs: the winner and ORT's default, ``BATCH_ROUNDS`` rounds of
+    ``BATCH_RUNS`` runs (and a warm-up) over its ``requests`` batches, at ``per_request`` seconds per request of
+    the first batch size."""
+    return 2 * BATCH_ROUNDS * (BATCH_RUNS + 1) * per_request * requests * batch / first * SAFETY
+
+
+def _batch_reserve(setup: _Setup, budget_s: float) -> Callable[[float], float]:
+    """``Budget.after_final``: the seconds the other batch sizes the user asked for need, from ORT's default
+    latency (one run of the replay set), kept from the search so that they are timed; 0 where they would need
+    more than ``BATCH_RESERVE_SHARE`` of the budget (the report then says which were not timed and why)."""
+    first = setup.workload.batches[0]
+    sizes = [(b, len(r)) for b, r in setup.batched.items() if b != first and r]
+
+    def seconds(latency: float) -> float:
+        per_request = latency / max(1, len(setup.replay))
+        need = sum(_batch_seconds(per_request, n, b, first) for b, n in sizes)
+        return need if need <= BATCH_RESERVE_SHARE * budget_s else 0.0
+
+    return seconds
 
 
 def _batch_figures(
@@ -484,7 +509,7 @@ def _batch_figures(
         requests = setup.batched.get(batch)
         if batch == first or not requests:
             continue
-        estimate = 2 * BATCH_ROUNDS * (BATCH_RUNS + 1) * per_request * len(requests) * batch / first * SAFETY
+        estimate = _batch_seconds(per_request, len(requests), batch, first)
         if budget.binding and budget.left() < estimate:
             not_timed[str(batch)] = (
                 f"about {estimate:.0f} s were needed and {max(0.0, budget.left()):.0f} s of the budget were left"
