@@ -275,6 +275,11 @@ class Search:
             e.candidate.passes for e in self.entries.values() if e.candidate.passes and e.prepared.get("status") == "ok"
         ]
 
+    def _run_s(self, entry: Entry) -> float:
+        """Seconds one timed run of ``entry`` takes: its samples are per request, a run replays the workload's
+        replay set (``requests_per_run`` requests)."""
+        return cost(entry.samples, "p50") * self.requests_per_run
+
     def _screen_s(self, runs: int | None = None) -> float:
         """A screening bench's expected seconds (its runs and the anchor's beside them)."""
         return paired_runs_cost(runs or self.screen_runs, self.budget.latency * 3, self.budget.latency)
@@ -426,7 +431,7 @@ class Search:
                 PairedBench(ratio, len(record["samples_s"]), cost(beside, "p50"), self.benches, settled)
             )
         if entry.candidate.baseline:
-            self.budget.latency = cost(entry.samples, "p50") * self.requests_per_run
+            self.budget.latency = self._run_s(entry)
 
     def _followup(self, entry: Entry) -> Candidate | None:
         """A dynamic INT8 variant just over the gate: one more try of the auto-exclude loop, its worst
@@ -493,12 +498,11 @@ class Search:
             if len(pool) == 2 and self._separated(pool[0], pool[1]):
                 return
             runs *= 2
-            per_run = self.requests_per_run  # samples are per request; a run replays the workload's replay set
-            anchor = cost(self.anchor.samples, "p50") * per_run if self.anchor is not None else 0.0
+            anchor = self._run_s(self.anchor) if self.anchor is not None else 0.0
             # a session the worker let go is created again before its bench: that costs a session's time too
             gone = [e for e in [*pool, self.anchor] if e is not None and e.candidate.id not in self.steps.held]
             if not self.budget.affords(
-                sum(paired_runs_cost(runs, cost(e.samples, "p50") * per_run, anchor) for e in pool) * SAFETY
+                sum(paired_runs_cost(runs, self._run_s(e), anchor) for e in pool) * SAFETY
                 + self.budget.est_session() * len(gone)
             ):
                 return
@@ -535,7 +539,7 @@ class Search:
             # asked once the worker holds every finalist's session (steps.final loads the ones it let go first),
             # so the runs fit in what is really left; the worker stops its rounds at that time (after the fewest
             # the final takes) where the finalists run slower than the search timed them
-            per_run = sum(cost(e.samples, "p50") for e in finalists) * self.requests_per_run  # a run of each finalist
+            per_run = sum(self._run_s(e) for e in finalists)  # a run of each finalist
             plan = self.budget.final_plan(per_run, self.screen_runs, len(finalists))
             left = self.budget.left()
             return (*plan, max(5.0, left + 5.0), max(0.0, left - 0.5))
@@ -576,7 +580,7 @@ class Search:
         if self.anchor is None or not self.anchor.samples:
             return
         finalists = [e for e in self._finalists(self.anchor) if e.samples]
-        per_run = sum(cost(e.samples, "p50") for e in finalists) * self.requests_per_run  # samples are per request
+        per_run = sum(self._run_s(e) for e in finalists)
         self.budget.final_per_run = max(3 * self.budget.latency, per_run if len(finalists) == 3 else 0.0)
         self.budget.reload_s = self.budget.est_session() * sum(
             1 for e in finalists if e.candidate.id not in self.steps.held
