@@ -15,7 +15,8 @@ TEXT_OPTIONS = (
         default=TextOptions.batch,
         show_default=True,
         help="Text models: the most texts in one session run (texts of waiting requests are sorted by length, "
-        "cut into runs of this many and each run padded to its longest text).",
+        "cut into runs of at most this many where padding would cost more than another run, and each run padded "
+        "to its longest text).",
     ),
     click.option(
         "--max-texts",
