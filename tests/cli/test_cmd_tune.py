@@ -54,11 +54,12 @@ def test_tune_without_arguments_writes_outputs_and_profile_reproduces_winner(tmp
 
 
 def test_tune_json_is_one_document(tmp_path, demo_paths):
-    result = CliRunner().invoke(
-        cli, ["tune", str(demo_paths["mlp"]), "-o", str(tmp_path / "o"), "--budget", "12", "--no-quantize", "--json"]
-    )
+    # -p names the providers searched (a chain the request keeps as a tuple: it is a chain, not one pair)
+    args = ["tune", str(demo_paths["mlp"]), "-o", str(tmp_path / "o"), "--budget", "12", "--no-quantize", "--json"]
+    result = CliRunner().invoke(cli, [*args, "-p", "cpu"])
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
+    assert {p["name"] for c in doc["candidates"] for p in c["providers"]} == {"CPUExecutionProvider"}
     assert doc["baseline"]["label"] == "ORT default"
     assert {c["status"] for c in doc["candidates"]} <= {
         "ok",

@@ -42,7 +42,8 @@ from ortpilot.gate.exclude import Layer, NoiseShare, Try, nodes_of, propose
 from ortpilot.gate.rankings import noise_layers
 from ortpilot.gate.result import GateResult
 from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
-from ortpilot.passes.options import NOISE_RANKING
+from ortpilot.passes.openvino_int8 import OpenVINOInt8Pass
+from ortpilot.passes.options import DEFAULT_WEIGHT_TYPE, NOISE_RANKING
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
 from ortpilot.tuning.budget import OUTPUT_RESERVE_S, SAFETY, SPIN_S, Budget, paired_runs_cost
@@ -71,7 +72,7 @@ MAX_ROUNDS = 6
 OUTPUT_FIXED_S = 1.0
 OUTPUT_SESSIONS = 4
 OUTPUT_MB_PER_S = 200.0
-# A rejected dynamic INT8 variant within this factor of the limit gets layers left in float,
+# A rejected dynamic INT8 (or OpenVINO INT8) variant within this factor of the limit gets layers left in float,
 # aiming this much below the limit, at most this many times. The aim is half the limit because the
 # gate sees the worst of its held-out samples, not of the traffic: on MiniLM the worst of 2,000 other
 # sentences was 1.5-2.2x the worst of 50 held out (BENCHMARKS.md, issue 46), and a variant aimed at
@@ -434,19 +435,14 @@ class Search:
             self.budget.latency = self._run_s(entry)
 
     def _followup(self, entry: Entry) -> Candidate | None:
-        """A dynamic INT8 variant just over the gate: one more try of the auto-exclude loop, its worst
-        layers (``NoiseShare`` of the worker's ranking) in float."""
+        """A dynamic INT8 or OpenVINO INT8 variant just over the gate: one more try of the auto-exclude loop, its
+        worst layers (``NoiseShare`` of the worker's ranking) in float."""
         steps = entry.candidate.passes
-        quant = steps[-1].spec if steps and steps[-1].name == "quantize" else None
-        if (
-            entry.status != "rejected"
-            or not isinstance(quant, QuantizePass)
-            or quant.config.ranking != NOISE_RANKING  # the worker ranks by dynamic INT8's noise
-            or not entry.accuracy
-        ):
+        settings = noise_settings(steps[-1]) if steps else None
+        if entry.status != "rejected" or settings is None or not entry.accuracy:
             return None
         layers = propose(
-            _JournaledNoise(self, steps[:-1], quant),
+            _JournaledNoise(self, steps[:-1], settings),
             self._tries(entry),
             NoiseShare(FOLLOWUP_WITHIN, FOLLOWUP_MARGIN),
             max_tries=1 + FOLLOWUP_TRIES,
@@ -607,9 +603,27 @@ def _secs(seconds: float) -> str:
 
 
 def _excluded(entry: Entry) -> list[str]:
-    """The nodes a candidate's (last, quantize) step leaves in float."""
+    """The nodes a candidate's (last, INT8) step leaves in float."""
     step = entry.candidate.passes[-1]
-    return list(step.spec.nodes_to_exclude) if step.name == "quantize" else []
+    return list(step.spec.nodes_to_exclude) if isinstance(step.spec, (QuantizePass, OpenVINOInt8Pass)) else []
+
+
+def noise_settings(step: Step) -> dict[str, Any] | None:
+    """The weight settings the worker ranks ``step``'s layers with (the noise each adds under dynamic INT8 on the
+    calibration activations), or None where no follow-up applies. NNCF's INT8 for OpenVINO (per-channel 8-bit
+    weights, static activations) is ranked by the same noise: on MiniLM both put the feed-forward projections
+    first, and leaving NNCF's worst six of them float took the worst of 1,000 sentences from 0.0153 to 0.0064
+    (BENCHMARKS.md, issue 46)."""
+    spec = step.spec
+    if isinstance(spec, OpenVINOInt8Pass):
+        return {"per_channel": True, "reduce_range": False, "weight_type": DEFAULT_WEIGHT_TYPE}
+    if isinstance(spec, QuantizePass) and spec.config.ranking == NOISE_RANKING:
+        return {
+            "per_channel": bool(spec.per_channel),
+            "reduce_range": bool(spec.reduce_range),
+            "weight_type": spec.weight_type,
+        }
+    return None
 
 
 def _try(entry: Entry) -> Try:
@@ -620,20 +634,15 @@ def _try(entry: Entry) -> Try:
 
 
 class _JournaledNoise:
-    """The follow-up's ranking: per-layer dynamic INT8 sensitivity of the model ``prefix`` builds, computed
-    by the worker (``passes.sensitivity.rank_dynamic``) and journaled (``rank`` records)."""
+    """The follow-up's ranking: per-layer dynamic INT8 sensitivity of the model ``prefix`` builds, with the weight
+    ``settings`` of ``noise_settings``, computed by the worker (``passes.sensitivity.rank_dynamic``) and journaled
+    (``rank`` records)."""
 
-    def __init__(self, search: Search, prefix: tuple[Step, ...], quant: QuantizePass) -> None:
-        self.search, self.prefix, self.quant = search, prefix, quant
+    def __init__(self, search: Search, prefix: tuple[Step, ...], settings: dict[str, Any]) -> None:
+        self.search, self.prefix, self.settings = search, prefix, settings
 
     def rank(self, attempt: Try) -> list[Layer]:
-        data = {
-            "passes": [s.to_dict() for s in self.prefix],
-            "per_channel": bool(self.quant.per_channel),
-            "op_types": RANK_OPS,
-            "reduce_range": bool(self.quant.reduce_range),
-            "weight_type": self.quant.weight_type,
-        }
+        data = {"passes": [s.to_dict() for s in self.prefix], "op_types": RANK_OPS, **self.settings}
         key = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
         budget = self.search.budget
         ranking = self.search.steps.rank(

@@ -22,6 +22,7 @@ from ortpilot.eps import CPU_EP
 from ortpilot.modelio import model_bytes
 from ortpilot.passes.base import given_quantized_ops
 from ortpilot.passes.decoder_fusion import count_layers
+from ortpilot.passes.openvino_int8 import OpenVINOInt8Pass
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
 from ortpilot.providers.cpubudget import default_threads_in_budget, ort_default_threads, this_budget
@@ -476,9 +477,9 @@ def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
 
 
 def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
-    """``cand`` with ``nodes`` left in float by its (last) quantize step."""
+    """``cand`` with ``nodes`` left in float by its (last) INT8 step (ORT's quantizer or NNCF's)."""
     steps = list(cand.passes)
-    last = max(i for i, step in enumerate(steps) if isinstance(step.spec, QuantizePass))
+    last = max(i for i, step in enumerate(steps) if isinstance(step.spec, (QuantizePass, OpenVINOInt8Pass)))
     steps[last] = steps[last].with_options(exclude=sorted({*steps[last].spec.nodes_to_exclude, *nodes}))
     return cand.derived(passes=tuple(steps))
 
