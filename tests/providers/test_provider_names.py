@@ -51,6 +51,13 @@ def test_python_forms_and_user_options_win():
     assert specs[1].name == "CPUExecutionProvider"
 
 
+def test_a_tuple_is_a_chain_unless_it_is_one_name_options_pair():
+    # click's multiple=True and frozen records hold chains as tuples; only (str, mapping) is one provider
+    assert [s.name for s in resolve_providers(("cpu",))] == ["CPUExecutionProvider"]
+    assert [s.name for s in resolve_providers(("cuda", "cpu"))] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert resolve_providers(("cuda", {"device_id": 1}))[0].options["device_id"] == "1"
+
+
 def test_empty_chain_is_cpu_and_duplicates_drop():
     assert [s.name for s in resolve_providers(None)] == ["CPUExecutionProvider"]
     assert [s.name for s in resolve_providers(["cpu", "CPU"])] == ["CPUExecutionProvider"]

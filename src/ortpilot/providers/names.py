@@ -76,7 +76,7 @@ def _one(item: ProviderLike) -> ProviderSpec:
         return item
     if isinstance(item, str):
         return parse_provider_arg(item)
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
+    if _is_pair(item):
         base = parse_provider_arg(item[0])
         return ProviderSpec(base.name, {**base.options, **{str(k): _opt_str(v) for k, v in item[1].items()}})
     if isinstance(item, Mapping) and "name" in item:
@@ -86,6 +86,12 @@ def _one(item: ProviderLike) -> ProviderSpec:
         f"Cannot read provider {item!r}: give a name ('cuda'), 'name:key=value', "
         "a (name, options-dict) tuple, or {'name': ..., 'options': {...}}."
     )
+
+
+def _is_pair(item: Any) -> bool:
+    """One ``(name, options)`` pair; any other tuple (click's ``multiple=True``, a frozen record's field) is a
+    chain of providers."""
+    return isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping)
 
 
 def _opt_str(value: Any) -> str:
@@ -103,7 +109,7 @@ def resolve_providers(
     """
     if items is None:
         raw: Sequence[ProviderLike] = ["cpu"]
-    elif isinstance(items, (str, ProviderSpec, tuple)) or (isinstance(items, Mapping) and "name" in items):
+    elif isinstance(items, (str, ProviderSpec)) or _is_pair(items) or (isinstance(items, Mapping) and "name" in items):
         raw = [items]  # type: ignore[list-item]
     else:
         raw = list(items)  # type: ignore[arg-type]
