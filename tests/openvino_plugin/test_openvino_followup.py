@@ -1,0 +1,59 @@
+"""The tuner's follow-up for NNCF's INT8 on OpenVINO: a variant just over the gate is retried with its noisiest
+layers left in float through NNCF's ignored scope (``tuning.search.noise_settings``).
+
+Runs wherever OpenVINO computes and NNCF is installed: the plugin lane on Intel CPUs, or an environment with the
+onnxruntime-openvino distribution and NNCF (on any x86 CPU).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from ortpilot.modelio import load_model
+from ortpilot.providers.plugins import compute_providers
+
+OV = "OpenVINOExecutionProvider"
+
+
+def _reason() -> str:
+    if importlib.util.find_spec("nncf") is None:
+        return "NNCF is not installed (pip install -e '.[cpu,openvino-plugin]')"
+    if OV not in compute_providers():
+        return "OpenVINO computes nowhere here (the plugin lists Intel CPUs only; or onnxruntime-openvino)"
+    return ""
+
+
+REASON = _reason()
+pytestmark = [pytest.mark.openvino_plugin, pytest.mark.skipif(bool(REASON), reason=REASON or "-")]
+
+
+def _ov_int8(result):
+    return [e for e in result.entries if e.candidate.passes and e.candidate.passes[-1].name == "openvino_int8"]
+
+
+def test_an_openvino_int8_variant_over_the_gate_is_retried_with_its_noisiest_layers_in_float(tmp_path, demo_paths):
+    from ortpilot import tune
+
+    model = str(demo_paths["encoder"])
+    probe = tune(model, out_dir=str(tmp_path / "probe"), budget_s=20, providers=["openvino"], max_error=1.0)
+    error = next(e.accuracy["worst_error"] for e in _ov_int8(probe) if e.accuracy)
+    result = tune(model, out_dir=str(tmp_path / "out"), budget_s=30, providers=["openvino"], max_error=error / 2)
+    tried = _ov_int8(result)
+    follow = [e for e in tried if e.candidate.passes[-1].get("exclude")]
+    assert follow, [(e.candidate.label, e.status, e.reason) for e in tried]
+    parents = [e for e in tried if not e.candidate.passes[-1].get("exclude") and e.accuracy]
+    assert parents and all(e.status == "rejected" for e in parents)
+    measured = [e for e in follow if e.accuracy]
+    assert measured, [(e.candidate.label, e.status, e.reason) for e in follow]
+    for entry in measured:
+        assert "int8-openvino-x" in entry.candidate.label
+        assert entry.accuracy["worst_error"] < min(p.accuracy["worst_error"] for p in parents)
+        # the layers named are MatMuls whose weights NNCF left float: no DequantizeLinear feeds them
+        graph = load_model(entry.prepared["model_path"]).graph
+        made_by = {o: n.op_type for n in graph.node for o in n.output}
+        named = {n.name: n for n in graph.node}
+        for name in entry.candidate.passes[-1]["exclude"]:
+            assert named[name].op_type == "MatMul"
+            assert "DequantizeLinear" not in {made_by.get(i) for i in named[name].input}
