@@ -2,8 +2,8 @@
 
 Issue 46's protocol on the MiniLM folder (benchmarks/models/minilm, ``prep_minilm.py``):
 
-1. real sentences from the standard library's docstrings (``corpus.py``): 200 to tune on, 2,000 others
-   to check on;
+1. real sentences from the standard library's docstrings (``corpus.py``): 200 to tune on (``--tune-sentences``;
+   1,196 or more let the gate hold out its most, 299), 2,000 others to check on;
 2. ``ortpilot tune benchmarks/models/minilm --calibration-text 200.txt --batch 1,32 --budget B`` as a user
    runs it (the CLI, no ``--shape``);
 3. in a fresh process, the profile (``ortpilot.load_profile``) beside a plain
@@ -37,10 +37,9 @@ MINILM = ROOT / "benchmarks/models/minilm"
 PY = sys.executable
 
 
-def make_corpus(out: Path) -> tuple[Path, Path]:
-    subprocess.run(
-        [PY, str(ROOT / "benchmarks/corpus.py"), "--out", str(out), "--sizes", "200,2000"], check=True, cwd=ROOT
-    )
+def make_corpus(out: Path, tune_sentences: int = 200) -> tuple[Path, Path]:
+    sizes = f"{tune_sentences},2000"
+    subprocess.run([PY, str(ROOT / "benchmarks/corpus.py"), "--out", str(out), "--sizes", sizes], check=True, cwd=ROOT)
     return out / "part0.txt", out / "part1.txt"
 
 
@@ -145,6 +144,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=120)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--tune-sentences", type=int, default=200, help="sentences given to the tune (a quarter held out, up to 299)"
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out/workload"))
     parser.add_argument("--json", default=None)
     parser.add_argument("--check-only", default=None, metavar="OUTDIR")
@@ -154,7 +156,7 @@ def main() -> None:
         print(json.dumps(check(Path(args.child[0]), Path(args.child[1]), args.rounds)))
         return
     out = Path(args.out)
-    calibration, held_out = make_corpus(out / "corpus")
+    calibration, held_out = make_corpus(out / "corpus", args.tune_sentences)
     row: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
         "cpu": platform.processor() or platform.machine(),
