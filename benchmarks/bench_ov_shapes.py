@@ -1,0 +1,81 @@
+"""Is a dynamic OpenVINO session as fast on traffic's many lengths as on the few a tune replays? (issue 46)
+
+A tuned model (``--model``, e.g. ``bench_workload.py``'s ``OUT/tuned/model.onnx`` when OpenVINO won without
+buckets) on the OpenVINO EP (2 threads) beside ORT's default CPU session of the float MiniLM, one sentence per
+call at its own length: the 2,000 sentences in three slices of 600, three passes (sentences/s of each slice, in
+order), then 50 sentences of one length (17 tokens) repeated 12 times. Needs onnxruntime-openvino
+(``.venv-ovbench``).
+
+    .venv-ovbench/bin/python benchmarks/bench_ov_shapes.py --model /tmp/bw6/tuned/model.onnx \\
+        --sentences /tmp/bw6/corpus/part1.txt [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+MINILM = ROOT / "benchmarks/models/minilm"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, type=Path)
+    ap.add_argument("--sentences", required=True, type=Path)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    tok = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(128)
+    texts = [s.strip() for s in args.sentences.read_text(encoding="utf-8").splitlines() if s.strip()]
+    feeds = []
+    for enc in tok.encode_batch(texts):
+        ids = np.asarray([enc.ids], np.int64)
+        feeds.append({"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)})
+    sessions = {
+        "openvino": ort.InferenceSession(
+            str(args.model),
+            providers=["OpenVINOExecutionProvider"],
+            provider_options=[{"device_type": "CPU", "num_of_threads": "2"}],
+        ),
+        "ORT default": ort.InferenceSession(str(MINILM / "model.onnx"), providers=["CPUExecutionProvider"]),
+    }
+    for sess in sessions.values():
+        for f in feeds[:50]:
+            sess.run(None, f)
+
+    def rate(sess: ort.InferenceSession, chunk: list[dict[str, np.ndarray]]) -> float:
+        start = time.perf_counter()
+        for f in chunk:
+            sess.run(None, f)
+        return len(chunk) / (time.perf_counter() - start)
+
+    slices = [feeds[i : i + 600] for i in range(0, min(len(feeds), 1800), 600)]
+    passes: dict[str, list[list[float]]] = {name: [] for name in sessions}
+    for _ in range(3):
+        for name, sess in sessions.items():
+            passes[name].append([round(rate(sess, chunk)) for chunk in slices])
+    one_length = [f for f in feeds if f["input_ids"].shape[1] == 17][:50] * 12
+    doc = {
+        "date": datetime.date.today().isoformat(),
+        "onnxruntime": ort.__version__,
+        "load_avg": os.getloadavg()[0],
+        "passes_per_s": passes,
+        "one_length_per_s": {name: round(rate(sess, one_length)) for name, sess in sessions.items()},
+    }
+    print(json.dumps(doc, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+
+
+if __name__ == "__main__":
+    main()
