@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ortpilot.modelio import load_model
@@ -61,12 +62,43 @@ def _first_dynamic_error(result):
     )
 
 
-def test_a_dynamic_variant_just_over_the_gate_is_retried_with_its_worst_layers_in_float(tmp_path, demo_paths):
-    # The limit sits just under what this CPU's first dynamic variant reaches (its INT8 kernels,
-    # and so its error, depend on the ISA: exact with VNNI, 7-bit weights without it).
-    # Budgets with room for the first variants on a slow 2-core CPU (10 s measured only the default there).
-    probe = tune(str(demo_paths["encoder"]), tmp_path / "probe", budget_s=16, max_error=1.0)
-    limit = _first_dynamic_error(probe) / 2
+@pytest.fixture(scope="module")
+def first_dynamic_error(tmp_path_factory, demo_paths) -> float:
+    """What this CPU's first dynamic variant of the demo encoder reaches (its INT8 kernels, and so its error,
+    depend on the ISA: exact with VNNI, 7-bit weights without it). A budget with room for the first variants on
+    a slow 2-core CPU (10 s measured only the default there)."""
+    probe = tune(str(demo_paths["encoder"]), tmp_path_factory.mktemp("probe") / "out", budget_s=16, max_error=1.0)
+    return _first_dynamic_error(probe)
+
+
+def test_an_int8_variant_within_the_limit_but_over_half_of_it_is_rejected_and_followed_up(
+    tmp_path, demo_paths, first_dynamic_error
+):
+    limit = first_dynamic_error * 1.5  # the variant passes the gate, at 2/3 of the limit
+    result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=24, max_error=limit)
+    first = next(
+        e
+        for e in result.entries
+        if e.accuracy
+        and e.candidate.passes
+        and e.candidate.passes[-1].get("mode") == "dynamic"
+        and not e.candidate.passes[-1].get("exclude")
+    )
+    assert first.accuracy["passed"] and first.status == "rejected", (first.status, first.reason)
+    assert f"is within {limit:g} but over {limit / 2:g}, where an INT8 variant must be" in first.reason
+    shipped = [e for e in result.entries if e.status == "ok" and e.candidate.passes and e.accuracy]
+    int8 = [e for e in shipped if e.candidate.passes[-1].name == "quantize"]
+    assert all(e.accuracy["worst_error"] <= limit / 2 for e in int8), [(e.candidate.label, e.accuracy) for e in int8]
+    assert any(e.candidate.passes[-1].get("exclude") for e in result.entries if e.candidate.passes), [
+        (e.candidate.label, e.status) for e in result.entries
+    ]
+
+
+def test_a_dynamic_variant_just_over_the_gate_is_retried_with_its_worst_layers_in_float(
+    tmp_path, demo_paths, first_dynamic_error
+):
+    # The limit sits just under what this CPU's first dynamic variant reaches.
+    limit = first_dynamic_error / 2
     result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=24, max_error=limit)
     follow = [e for e in result.entries if e.candidate.passes and e.candidate.passes[-1].get("exclude")]
     assert follow, [(e.candidate.label, e.status, e.reason) for e in result.entries]

@@ -158,8 +158,9 @@ class NoiseShare:
     margin: float = 1.3
 
     def done(self, tries: Sequence[Try]) -> bool:
+        """At its aim (``margin`` below the limit: a pass above it goes on), or hopeless."""
         last = tries[-1].result
-        if last is None or last.passed or last.limit is None:
+        if last is None or last.limit is None or last.error <= last.limit / self.margin:
             return True
         return not (0 < last.error <= self.within * max(last.limit, 1e-12))
 
