@@ -23,6 +23,7 @@ def test_gate_result_reads_back_the_record_a_tune_journals():
         "passed": False,
         "max_error": 0.01,
         "worst_error": math.inf,
+        "samples": 50,  # how many held out: tune's INT8 aim loosens with it (tuning.search.int8_margin)
         "outputs": [
             {"name": "a", "metric": "cosine", "error": 0.002},
             {"name": "b", "metric": "top1", "error": math.inf, "note": "output missing"},
@@ -30,7 +31,9 @@ def test_gate_result_reads_back_the_record_a_tune_journals():
     }
     result = GateResult.from_dict(record)
     assert not result.passed and result.worst_output == "b" and result.error == math.inf
-    assert result.to_dict() == record
+    assert result.samples == 50 and result.to_dict() == record
+    older = {k: v for k, v in record.items() if k != "samples"}  # a journal written before the count
+    assert GateResult.from_dict(older).samples == 0
 
 
 def test_a_gate_on_fewer_than_16_samples_says_so():

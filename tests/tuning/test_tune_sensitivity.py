@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ortpilot.modelio import load_model
 from ortpilot.tuning import tune
+from ortpilot.tuning.search import int8_margin
 from ortpilot.tuning.transform import attention_dims
 
 
@@ -71,6 +72,12 @@ def first_dynamic_error(tmp_path_factory, demo_paths) -> float:
     return _first_dynamic_error(probe)
 
 
+def test_int8s_aim_loosens_from_half_the_limit_to_1_over_1_6_as_more_samples_are_held_out():
+    assert int8_margin(0) == int8_margin(50) == 2.0
+    assert int8_margin(299) == int8_margin(5000) == 1.6
+    assert 1.6 < int8_margin(100) < 2.0 and int8_margin(100) > int8_margin(200)
+
+
 def test_an_int8_variant_within_the_limit_but_over_half_of_it_is_rejected_and_followed_up(
     tmp_path, demo_paths, first_dynamic_error
 ):
@@ -85,7 +92,7 @@ def test_an_int8_variant_within_the_limit_but_over_half_of_it_is_rejected_and_fo
         and not e.candidate.passes[-1].get("exclude")
     )
     assert first.accuracy["passed"] and first.status == "rejected", (first.status, first.reason)
-    assert f"is within {limit:g} but over {limit / 2:g}, where an INT8 variant must be" in first.reason
+    assert f"is within {limit:g} but over {limit / 2:.3g}, where an INT8 variant must be" in first.reason
     shipped = [e for e in result.entries if e.status == "ok" and e.candidate.passes and e.accuracy]
     int8 = [e for e in shipped if e.candidate.passes[-1].name == "quantize"]
     assert all(e.accuracy["worst_error"] <= limit / 2 for e in int8), [(e.candidate.label, e.accuracy) for e in int8]

@@ -156,6 +156,7 @@ class GateResult:
             "passed": self.passed,
             "max_error": self.limit,
             "worst_error": self.error,
+            "samples": self.samples,
             "outputs": [c.to_dict() for c in self.checks],
         }
 
@@ -175,7 +176,8 @@ class GateResult:
             )
             for o in doc.get("outputs") or []
         ]
-        return cls(checks, limit)
+        samples = doc.get("samples")
+        return cls(checks, limit, samples if type(samples) is int and samples > 0 else 0)
 
 
 def _figures(doc: Any) -> dict[str, float]:
