@@ -151,9 +151,6 @@ class NoiseShare:
 
     Cosine distance grows with noise power, so leaving layers whose summed noise is a fraction f of
     the total in float cuts the error by about 1 / (1 - f) (``passes.sensitivity.nodes_to_exclude``).
-    The model is a proxy (on MiniLM a cut planned at 2.8x gave 2.1x; NNCF's INT8, ranked by dynamic
-    INT8's noise, 1.18x gave 1.12x), so once a try has measured it, the next plans with what it
-    measured: error ~ e0 · (1 - f)^k, k = log(measured cut) / log(planned cut) (``effectiveness``).
     A variant over ``within`` times its limit is taken to be hopeless.
     """
 
@@ -172,15 +169,7 @@ class NoiseShare:
 
         last = tries[-1]
         result = last.result
-        aim = max(result.limit or 0.0, 1e-12) / self.margin
-        k = effectiveness(ranked, tries)
-        first = tries[0].result
-        if k < 1.0 and first is not None and first.error > 0:
-            # the cut still needed from the first try, as the model plans it, over what is still ranked
-            share = _share(ranked, last.excluded)
-            reduction = (first.error / aim) ** (1 / k) * (1 - share)
-        else:
-            reduction = result.error / aim
+        reduction = result.error / max(result.limit or 0.0, 1e-12) * self.margin
         by_name = {layer.name: layer for layer in ranked}
         nodes = nodes_to_exclude(
             [{"node": layer.name, "nsr": layer.score} for layer in ranked], reduction, already=last.excluded
@@ -188,33 +177,6 @@ class NoiseShare:
         if not nodes:
             return None
         return [*last.layers, *(by_name[n] for n in nodes)]
-
-
-def _share(ranked: Sequence[Layer], excluded: Sequence[str]) -> float:
-    """The share of the ranked noise the ``excluded`` nodes carry."""
-    total = sum(layer.score for layer in ranked)
-    gone = set(excluded)
-    return sum(layer.score for layer in ranked if layer.name in gone) / total if total > 0 else 0.0
-
-
-def effectiveness(ranked: Sequence[Layer], tries: Sequence[Try]) -> float:
-    """How much of the noise model's planned cut the tries so far measured, as an exponent k in (0, 1]
-    (error ~ e0 · (1 - f)^k): 1 (the model as it is) until a try with layers in float beside the first one's
-    error; the smallest k any such try measured, no lower than 0.25."""
-    first = tries[0].result
-    if first is None or first.error <= 0:
-        return 1.0
-    ks = []
-    for attempt in tries[1:]:
-        share = _share(ranked, attempt.excluded) - _share(ranked, tries[0].excluded)
-        if attempt.result is None or attempt.result.error <= 0 or not 0 < share < 1:
-            continue
-        measured, planned = first.error / attempt.result.error, 1 / (1 - share)
-        if measured > 1:
-            ks.append(math.log(measured) / math.log(planned))
-        else:
-            ks.append(0.25)
-    return min(1.0, max(0.25, min(ks))) if ks else 1.0
 
 
 def propose(
@@ -313,7 +275,6 @@ __all__ = [
     "Try",
     "attempt",
     "auto_exclude",
-    "effectiveness",
     "finite",
     "nodes_of",
     "propose",
