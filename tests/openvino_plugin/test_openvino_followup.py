@@ -57,3 +57,27 @@ def test_an_openvino_int8_variant_over_the_gate_is_retried_with_its_noisiest_lay
         for name in entry.candidate.passes[-1]["exclude"]:
             assert named[name].op_type == "MatMul"
             assert "DequantizeLinear" not in {made_by.get(i) for i in named[name].input}
+
+
+def test_quantize_mode_openvino_auto_exclude_ranks_nncfs_layers_and_leaves_them_float(demo_paths, tmp_path):
+    """It raised AttributeError ('OpenVINOInt8Pass' has no 'prepared') once the gate failed: the ranking is the
+    dynamic-INT8 noise of the model NNCF quantizes."""
+    import json
+    import subprocess
+    import sys
+
+    def quantize(*extra: str) -> subprocess.CompletedProcess:
+        out = tmp_path / f"enc{len(extra)}.onnx"
+        args = ["quantize", str(demo_paths["encoder"]), "-o", str(out), "--mode", "openvino", "--json", *extra]
+        return subprocess.run(
+            [sys.executable, "-m", "ortpilot.cli.main", *args], capture_output=True, text=True, timeout=600
+        )
+
+    first = quantize("--max-error", "1.0")
+    assert first.returncode == 0, first.stderr
+    error = json.loads(first.stdout)["gate"]["error"]
+    done = quantize("--max-error", f"{error / 2:.3g}", "--auto-exclude")
+    assert "Traceback" not in done.stderr and done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["gate"]["passed"] and report["gate"]["error"] <= float(f"{error / 2:.3g}")
+    assert all("MatMul" in name for name in report["record"]["options"]["nodes_to_exclude"]), report["record"]

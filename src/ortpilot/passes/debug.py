@@ -26,7 +26,8 @@ import onnx
 
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.passes.base import SourceModel
-from ortpilot.passes.options import NOISE_RANKING
+from ortpilot.passes.openvino_int8 import NOISE_SETTINGS, OpenVINOInt8Pass
+from ortpilot.passes.options import NOISE_RANKING, WEIGHT_OPS
 from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, full_op_types
 from ortpilot.passes.sensitivity import dynamic_op_types, rank_dynamic
 from ortpilot.session.ortlog import capture_ort_output
@@ -174,12 +175,20 @@ def dynamic_errors(
     return errors
 
 
+RANKED_WEIGHT_OPS = tuple(op for op in WEIGHT_OPS if op != "Attention")  # NNCF's graph has no fused Attention
+
+
 def layer_errors(
-    step: QuantizePass, source: SourceModel, quantized: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]
+    step: QuantizePass | OpenVINOInt8Pass,
+    source: SourceModel,
+    quantized: onnx.ModelProto,
+    samples: Sequence[Mapping[str, np.ndarray]],
 ) -> list[LayerError]:
     """Every ranked layer's share of the error in ``quantized`` (made by ``step`` from ``source``), worst
     first, excluded layers included. ``samples`` should be calibration samples, not the gate's held-out ones."""
     prepared, _ = step.prepared(source)
+    if isinstance(step, OpenVINOInt8Pass):
+        return dynamic_errors(prepared, samples, op_types=RANKED_WEIGHT_OPS, **NOISE_SETTINGS)
     if step.config.ranking == NOISE_RANKING:
         return dynamic_errors(
             prepared,

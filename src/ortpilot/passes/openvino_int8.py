@@ -28,6 +28,9 @@ from ortpilot.passes.quantize import constants_to_initializers, name_nodes
 from ortpilot.quantmodes import OPENVINO_INT8
 
 EXTRA = "openvino-plugin"
+# How the noise ranking (``passes.sensitivity``) quantizes NNCF's layers to rank them: per-channel signed 8-bit
+# weights, as NNCF's transformer preset writes them.
+NOISE_SETTINGS: Mapping[str, Any] = {"per_channel": True, "reduce_range": False, "weight_type": "qint8"}
 
 
 def nncf_module() -> Any:
@@ -54,7 +57,7 @@ class OpenVINOInt8Pass(Pass):
 
     name = "openvino-int8"
     calibrated = True
-    mode = OPENVINO_INT8  # ``ortpilot quantize --mode openvino``; the gated flow ranks layers by their QDQ error
+    mode = OPENVINO_INT8  # ``ortpilot quantize --mode openvino``; the gated flow ranks layers by dynamic INT8 noise
 
     def __init__(
         self,
@@ -96,10 +99,9 @@ class OpenVINOInt8Pass(Pass):
     def label(self) -> str:
         return "int8-openvino" + (f"-x{len(self.nodes_to_exclude)}" if self.nodes_to_exclude else "")
 
-    def transform(self, source: SourceModel) -> Outcome:
-        if not self.calibration:
-            raise UsageError("INT8 for OpenVINO is calibrated: it needs calibration samples (--calibration ...).")
-        nncf = nncf_module()
+    def prepared(self, source: SourceModel) -> tuple[onnx.ModelProto, list[str]]:
+        """The model NNCF quantizes (Constant weights as initializers, every node named: its ignored scope and
+        the layer ranking name the same nodes), and what changed."""
         model = onnx.ModelProto()
         model.CopyFrom(source.proto)
         notes = []
@@ -107,6 +109,13 @@ class OpenVINOInt8Pass(Pass):
             notes.append("Constant weights turned into initializers")
         if name_nodes(model):
             notes.append("unnamed nodes named")
+        return model, notes
+
+    def transform(self, source: SourceModel) -> Outcome:
+        if not self.calibration:
+            raise UsageError("INT8 for OpenVINO is calibrated: it needs calibration samples (--calibration ...).")
+        nncf = nncf_module()
+        model, notes = self.prepared(source)
         transformer = self.model_type == "transformer" or (self.model_type == "auto" and is_transformer(model))
         kwargs: dict[str, Any] = {
             "subset_size": len(self.calibration),
@@ -140,4 +149,4 @@ class OpenVINOInt8Pass(Pass):
         )
 
 
-__all__ = ["EXTRA", "OpenVINOInt8Pass", "is_transformer", "nncf_module"]
+__all__ = ["EXTRA", "NOISE_SETTINGS", "OpenVINOInt8Pass", "is_transformer", "nncf_module"]

@@ -42,8 +42,8 @@ from ortpilot.gate.exclude import Layer, NoiseShare, Try, nodes_of, propose
 from ortpilot.gate.rankings import noise_layers
 from ortpilot.gate.result import SAMPLES_TO_SEE_RARE, Check, GateResult
 from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
-from ortpilot.passes.openvino_int8 import OpenVINOInt8Pass
-from ortpilot.passes.options import DEFAULT_WEIGHT_TYPE, NOISE_RANKING
+from ortpilot.passes.openvino_int8 import NOISE_SETTINGS, OpenVINOInt8Pass
+from ortpilot.passes.options import NOISE_RANKING
 from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
 from ortpilot.tuning.budget import OUTPUT_RESERVE_S, SAFETY, SPIN_S, Budget, paired_runs_cost
@@ -656,7 +656,7 @@ def noise_settings(step: Step) -> dict[str, Any] | None:
     (BENCHMARKS.md, issue 46)."""
     spec = step.spec
     if isinstance(spec, OpenVINOInt8Pass):
-        return {"per_channel": True, "reduce_range": False, "weight_type": DEFAULT_WEIGHT_TYPE}
+        return dict(NOISE_SETTINGS)
     if isinstance(spec, QuantizePass) and spec.config.ranking == NOISE_RANKING:
         return {
             "per_channel": bool(spec.per_channel),
