@@ -1,5 +1,6 @@
-"""The tuner's follow-up for NNCF's INT8 on OpenVINO: a variant just over the gate is retried with its noisiest
-layers left in float through NNCF's ignored scope (``tuning.search.noise_settings``).
+"""NNCF's INT8 on OpenVINO with its noisiest layers left in float through NNCF's ignored scope: tune's follow-up
+for a variant just over the gate (``tuning.search.noise_settings``), and ``quantize --mode openvino --auto-exclude``
+(``passes.debug.layer_errors``), both ranked by the noise dynamic INT8 adds at each layer.
 
 Runs wherever OpenVINO computes and NNCF is installed: the plugin lane on Intel CPUs, or an environment with the
 onnxruntime-openvino distribution and NNCF (on any x86 CPU).
