@@ -214,7 +214,7 @@ def _set_up(request: TuneRequest) -> _Setup:
     if workload is None:
         workload = Workload("synthetic", 1, shapes=dict(plan.shapes))
     workload = dataclasses.replace(workload, batches=request.batches)
-    specs = resolve_providers(list(request.providers)) if request.providers else None
+    specs = resolve_providers(request.providers) if request.providers else None
     facts = gather_facts(graph, specs, quantize=request.quantize, folder_attention=_folder_attention(folder))
     pad = pad_values(_text_pad_id(calibration))
     facts.shape_plan = propose_plan(workload, facts, pad)
