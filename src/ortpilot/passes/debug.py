@@ -26,8 +26,7 @@ import onnx
 
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.passes.base import SourceModel
-from ortpilot.passes.openvino_int8 import NOISE_SETTINGS, OpenVINOInt8Pass
-from ortpilot.passes.options import NOISE_RANKING, WEIGHT_OPS
+from ortpilot.passes.openvino_int8 import OpenVINOInt8Pass
 from ortpilot.passes.quantize import NothingQuantizedError, QuantizePass, full_op_types
 from ortpilot.passes.sensitivity import dynamic_op_types, rank_dynamic
 from ortpilot.session.ortlog import capture_ort_output
@@ -175,9 +174,6 @@ def dynamic_errors(
     return errors
 
 
-RANKED_WEIGHT_OPS = tuple(op for op in WEIGHT_OPS if op != "Attention")  # NNCF's graph has no fused Attention
-
-
 def layer_errors(
     step: QuantizePass | OpenVINOInt8Pass,
     source: SourceModel,
@@ -187,17 +183,9 @@ def layer_errors(
     """Every ranked layer's share of the error in ``quantized`` (made by ``step`` from ``source``), worst
     first, excluded layers included. ``samples`` should be calibration samples, not the gate's held-out ones."""
     prepared, _ = step.prepared(source)
-    if isinstance(step, OpenVINOInt8Pass):
-        return dynamic_errors(prepared, samples, op_types=RANKED_WEIGHT_OPS, **NOISE_SETTINGS)
-    if step.config.ranking == NOISE_RANKING:
-        return dynamic_errors(
-            prepared,
-            samples,
-            op_types=step.op_types,
-            per_channel=step.per_channel,
-            reduce_range=step.reduce_range,
-            weight_type=step.weight_type,
-        )
+    settings = step.noise_settings()
+    if settings is not None:
+        return dynamic_errors(prepared, samples, op_types=step.op_types, **settings)
     qdq = quantized
     if not step.config.qdq:  # QOperator ops hide their activations: rank through a QDQ twin
         try:

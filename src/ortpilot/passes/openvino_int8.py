@@ -23,14 +23,11 @@ import onnx
 
 from ortpilot.errors import UsageError
 from ortpilot.passes.base import Outcome, Pass, Setting, SourceModel, quantized_node_count
-from ortpilot.passes.options import OpenVINOInt8Options
+from ortpilot.passes.options import WEIGHT_OPS, OpenVINOInt8Options
 from ortpilot.passes.quantize import constants_to_initializers, name_nodes
 from ortpilot.quantmodes import OPENVINO_INT8
 
 EXTRA = "openvino-plugin"
-# How the noise ranking (``passes.sensitivity``) quantizes NNCF's layers to rank them: per-channel signed 8-bit
-# weights, as NNCF's transformer preset writes them.
-NOISE_SETTINGS: Mapping[str, Any] = {"per_channel": True, "reduce_range": False, "weight_type": "qint8"}
 
 
 def nncf_module() -> Any:
@@ -92,6 +89,15 @@ class OpenVINOInt8Pass(Pass):
             opts["nodes_to_exclude"] = list(self.nodes_to_exclude)
         return opts
 
+    # The weighted ops NNCF quantizes (its graph has no fused Attention): the ones its layer ranking covers.
+    op_types = tuple(op for op in WEIGHT_OPS if op != "Attention")
+
+    def noise_settings(self) -> dict[str, Any]:
+        """The weight settings its layers are ranked with by the noise dynamic INT8 adds at each
+        (``passes.sensitivity``): per-channel signed 8-bit weights, as NNCF's transformer preset writes them.
+        A proxy (NNCF's activations are static): on MiniLM both put the feed-forward projections first."""
+        return {"per_channel": True, "reduce_range": False, "weight_type": "qint8"}
+
     def with_excluded(self, nodes: Sequence[str]) -> OpenVINOInt8Pass:
         """The same pass, leaving ``nodes`` in float too (NNCF's ignored scope): the auto-exclude loop's step."""
         return OpenVINOInt8Pass(self.config.excluding(nodes), calibration=self.calibration)
@@ -149,4 +155,4 @@ class OpenVINOInt8Pass(Pass):
         )
 
 
-__all__ = ["EXTRA", "NOISE_SETTINGS", "OpenVINOInt8Pass", "is_transformer", "nncf_module"]
+__all__ = ["EXTRA", "OpenVINOInt8Pass", "is_transformer", "nncf_module"]

@@ -30,7 +30,7 @@ from onnx import numpy_helper
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.errors import OrtpilotError, UsageError, VerificationError
 from ortpilot.passes.base import Outcome, Pass, Setting, SourceModel, op_histogram, quantized_node_count
-from ortpilot.passes.options import METHODS, QUANT_TYPES, WEIGHT_OPS, QuantizeOptions
+from ortpilot.passes.options import METHODS, NOISE_RANKING, QUANT_TYPES, WEIGHT_OPS, QuantizeOptions
 from ortpilot.quantmodes import CALIBRATED_MODES, FULL, OPERATOR_MODES, QDQ, STATIC
 from ortpilot.session.ortlog import capture_ort_output
 from ortpilot.walk import graphs
@@ -358,6 +358,17 @@ class QuantizePass(Pass):
         if self.nodes_to_exclude:
             opts["nodes_to_exclude"] = self.nodes_to_exclude
         return opts
+
+    def noise_settings(self) -> dict[str, Any] | None:
+        """The weight settings its layers are ranked with by the noise dynamic INT8 adds at each
+        (``passes.sensitivity``), or None where they rank otherwise (the calibrated modes: SQNR)."""
+        if self.config.ranking != NOISE_RANKING:
+            return None
+        return {
+            "per_channel": bool(self.per_channel),
+            "reduce_range": bool(self.reduce_range),
+            "weight_type": self.weight_type,
+        }
 
     def with_excluded(self, nodes: Sequence[str]) -> QuantizePass:
         """The same pass, leaving ``nodes`` in float too (shares the prepared-model cache)."""

@@ -42,14 +42,12 @@ from ortpilot.gate.exclude import Layer, NoiseShare, Try, nodes_of, propose
 from ortpilot.gate.rankings import noise_layers
 from ortpilot.gate.result import SAMPLES_TO_SEE_RARE, Check, GateResult
 from ortpilot.measure.stats import bootstrap_median_ci, bootstrap_ratio_ci
-from ortpilot.passes.openvino_int8 import NOISE_SETTINGS, OpenVINOInt8Pass
-from ortpilot.passes.options import NOISE_RANKING
-from ortpilot.passes.quantize import QuantizePass
 from ortpilot.passes.registry import Step
 from ortpilot.tuning.budget import OUTPUT_RESERVE_S, SAFETY, SPIN_S, Budget, paired_runs_cost
 from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.request import OBJECTIVES
 from ortpilot.tuning.space import (
+    EXCLUDING_PASSES,
     Facts,
     combine,
     default_stand_in,
@@ -621,7 +619,7 @@ def _secs(seconds: float) -> str:
 def _excluded(entry: Entry) -> list[str]:
     """The nodes a candidate's (last, INT8) step leaves in float."""
     step = entry.candidate.passes[-1]
-    return list(step.spec.nodes_to_exclude) if isinstance(step.spec, (QuantizePass, OpenVINOInt8Pass)) else []
+    return list(step.spec.nodes_to_exclude) if isinstance(step.spec, EXCLUDING_PASSES) else []
 
 
 def int8_margin(samples: int) -> float:
@@ -639,7 +637,7 @@ def int8_margin(samples: int) -> float:
 def _over_int8_aim(entry: Entry) -> tuple[Check, float] | None:
     """The worst check of an INT8 variant (ORT's quantizer or NNCF's) that passed the gate above its aim (the
     limit over ``int8_margin``), and that aim; None for any other candidate."""
-    if not any(isinstance(step.spec, (QuantizePass, OpenVINOInt8Pass)) for step in entry.candidate.passes):
+    if not any(isinstance(step.spec, EXCLUDING_PASSES) for step in entry.candidate.passes):
         return None
     result = GateResult.from_dict(entry.accuracy or {})
     margin = int8_margin(result.samples)
@@ -650,20 +648,11 @@ def _over_int8_aim(entry: Entry) -> tuple[Check, float] | None:
 
 def noise_settings(step: Step) -> dict[str, Any] | None:
     """The weight settings the worker ranks ``step``'s layers with (the noise each adds under dynamic INT8 on the
-    calibration activations), or None where no follow-up applies. NNCF's INT8 for OpenVINO (per-channel 8-bit
-    weights, static activations) is ranked by the same noise: on MiniLM both put the feed-forward projections
-    first, and leaving NNCF's worst six of them float took the worst of 1,000 sentences from 0.0153 to 0.0064
-    (BENCHMARKS.md, issue 46)."""
+    calibration activations: the pass's ``noise_settings``), or None where no follow-up applies. NNCF's INT8 for
+    OpenVINO is ranked by the same noise: leaving its worst six layers float took MiniLM's worst of 1,000
+    sentences from 0.0153 to 0.0064 (BENCHMARKS.md, issue 46)."""
     spec = step.spec
-    if isinstance(spec, OpenVINOInt8Pass):
-        return dict(NOISE_SETTINGS)
-    if isinstance(spec, QuantizePass) and spec.config.ranking == NOISE_RANKING:
-        return {
-            "per_channel": bool(spec.per_channel),
-            "reduce_range": bool(spec.reduce_range),
-            "weight_type": spec.weight_type,
-        }
-    return None
+    return spec.noise_settings() if isinstance(spec, EXCLUDING_PASSES) else None
 
 
 def _try(entry: Entry) -> Try:

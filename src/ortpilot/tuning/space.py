@@ -476,10 +476,13 @@ def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
     )
 
 
+EXCLUDING_PASSES = (QuantizePass, OpenVINOInt8Pass)  # INT8 steps that leave named nodes in float
+
+
 def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
     """``cand`` with ``nodes`` left in float by its (last) INT8 step (ORT's quantizer or NNCF's)."""
     steps = list(cand.passes)
-    last = max(i for i, step in enumerate(steps) if isinstance(step.spec, (QuantizePass, OpenVINOInt8Pass)))
+    last = max(i for i, step in enumerate(steps) if isinstance(step.spec, EXCLUDING_PASSES))
     steps[last] = steps[last].with_options(exclude=sorted({*steps[last].spec.nodes_to_exclude, *nodes}))
     return cand.derived(passes=tuple(steps))
 
