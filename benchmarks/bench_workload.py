@@ -15,6 +15,7 @@ Issue 46's protocol on the MiniLM folder (benchmarks/models/minilm, ``prep_minil
 
     .venv-test/bin/python benchmarks/bench_workload.py [--budget 120] [--rounds 6] [--out DIR] [--json OUT.json]
     .venv-test/bin/python benchmarks/bench_workload.py --check-only OUTDIR   # step 3 on an existing tune
+    .venv-ovbench/bin/python benchmarks/bench_workload.py -p openvino ...    # OpenVINO's candidates only
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ def make_corpus(out: Path, tune_sentences: int = 200) -> tuple[Path, Path]:
     return out / "part0.txt", out / "part1.txt"
 
 
-def tune(calibration: Path, out: Path, budget: float) -> dict[str, Any]:
+def tune(calibration: Path, out: Path, budget: float, providers: list[str]) -> dict[str, Any]:
     cmd = [PY, "-m", "ortpilot.cli.main", "tune", str(MINILM), "--calibration-text", str(calibration)]
     cmd += ["-o", str(out), "--budget", str(budget), "--batch", "1,32", "--json"]
+    for name in providers:
+        cmd += ["-p", name]
     started = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
@@ -57,7 +60,9 @@ def tune(calibration: Path, out: Path, budget: float) -> dict[str, Any]:
 
 
 def check(profile: Path, sentences: Path, rounds: int) -> dict[str, Any]:
-    """Step 3, in this (fresh) process."""
+    """Step 3, in this (fresh) process. Where the profile asks for a warm-up at load (``warmup``: OpenVINO
+    prepares each new length on its first run), a second profile session loaded with ``warm=False`` is timed
+    beside the two (``profile_cold``), so the warm-up's effect on a fresh process reads in the same rounds."""
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
@@ -80,6 +85,8 @@ def check(profile: Path, sentences: Path, rounds: int) -> dict[str, Any]:
     tuned = ortpilot.load_profile(str(profile))
     plain = ort.InferenceSession(str(MINILM / "model.onnx"), providers=["CPUExecutionProvider"])
     sessions = {"profile": tuned, "plain": plain}
+    if tuned.warmed is not None:
+        sessions["profile_cold"] = ortpilot.load_profile(str(profile), warm=False)
     for s in sessions.values():  # warm both, every bucket
         for f in feeds[:: max(1, len(feeds) // 20)]:
             s.run(None, f)
@@ -102,12 +109,14 @@ def check(profile: Path, sentences: Path, rounds: int) -> dict[str, Any]:
 
     per_round = len(feeds) // rounds
     result: dict[str, Any] = {"sentences": len(feeds), "tokens_p50": float(np.median(lengths))}
+    if tuned.warmed is not None:
+        result["warmed"] = tuned.warmed.to_dict()
     for label, size in (("batch1", 1), ("batch32", 32)):
-        speeds: dict[str, list[float]] = {"profile": [], "plain": []}
+        speeds: dict[str, list[float]] = {name: [] for name in sessions}
         for r in range(rounds):
             items = list(range(r * per_round, (r + 1) * per_round))
             runs = [feeds[i] for i in items] if size == 1 else batches_of(items, size)
-            order = ["profile", "plain"] if r % 2 == 0 else ["plain", "profile"]
+            order = list(sessions) if r % 2 == 0 else list(reversed(sessions))
             for name in order:
                 start = time.perf_counter()
                 for f in runs:
@@ -119,7 +128,12 @@ def check(profile: Path, sentences: Path, rounds: int) -> dict[str, Any]:
             "plain_per_s": float(np.median(speeds["plain"])),
             "ratio_median": float(np.median(ratios)),
             "ratio_range": [float(min(ratios)), float(max(ratios))],
+            "ratio_per_round": [round(r, 3) for r in ratios],
         }
+        if "profile_cold" in speeds:
+            cold = [p / q for p, q in zip(speeds["profile_cold"], speeds["plain"])]
+            result[label]["cold_ratio_median"] = float(np.median(cold))
+            result[label]["cold_ratio_per_round"] = [round(r, 3) for r in cold]
 
     def worst_cosine(size: int) -> float:
         items = list(range(len(feeds)))
@@ -150,6 +164,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks/out/workload"))
     parser.add_argument("--json", default=None)
     parser.add_argument("--check-only", default=None, metavar="OUTDIR")
+    parser.add_argument("-p", "--provider", action="append", default=[], help="tune's -p (repeatable)")
     parser.add_argument("--child", nargs=2, metavar=("PROFILE", "SENTENCES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -164,7 +179,7 @@ def main() -> None:
     }
     tuned = Path(args.check_only) if args.check_only else out / "tuned"
     if not args.check_only:
-        doc = tune(calibration, tuned, args.budget)
+        doc = tune(calibration, tuned, args.budget, args.provider)
         row["tune"] = {
             "winner": doc["winner"]["label"],
             "headline": doc["speedup"],

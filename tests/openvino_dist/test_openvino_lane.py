@@ -168,3 +168,33 @@ def test_openvino_compiles_a_session_per_bucket_and_padding_to_it_changes_no_ans
         assert got.shape == want.shape == (1, n, want.shape[-1])
         assert np.allclose(got, want, atol=1e-3), n
     assert dict(shaped.served) == {"8": 2, "16": 1}
+
+
+def test_the_winners_first_run_cost_is_measured_on_openvino_and_a_warm_up_runs_every_size(demo_paths):
+    """OpenVINO prepares each new input length on its first run (session.warmup): the tune's measurement
+    (tuning.warmup.measure_warmup) runs on a fresh OpenVINO session, and the warm-up at load runs it once at
+    every size of the plan, after which it answers as the CPU EP does."""
+    from ortpilot.data.workload import DimStats, Workload
+    from ortpilot.session.options import SessionSettings
+    from ortpilot.session.warmup import warm_at_sizes, worth_warming
+    from ortpilot.tuning.warmup import measure_warmup
+
+    model = demo_paths["encoder"]
+    axes = (("input_ids", 1), ("attention_mask", 1), ("token_type_ids", 1))
+
+    def request(n: int) -> dict[str, np.ndarray]:
+        return {
+            "input_ids": np.arange(5, 5 + n, dtype=np.int64)[None],
+            "attention_mask": np.ones((1, n), np.int64),
+            "token_type_ids": np.zeros((1, n), np.int64),
+        }
+
+    workload = Workload("text", 12, (DimStats("sequence", axes, ((4, 5), (9, 4), (20, 3))),))
+    replay = [request(4), request(9), request(20)]
+    plan = measure_warmup(model, [{"name": OV, "options": {}}], SessionSettings(), workload, replay)
+    assert plan is not None and plan.sizes[:3] == (4, 9, 20) and sorted(plan.sizes) == list(range(4, 21))
+    assert plan.run_ms > 0 and plan.warm == worth_warming(plan.first_run_ms, plan.run_ms)
+    session, plain = load(str(model), [OV], "strict"), load(str(model), [CPU], "strict")
+    warmed = warm_at_sizes(session, request(20), plan, budget_s=600)
+    assert warmed.sizes == plan.sizes
+    assert np.allclose(session.run(None, request(13))[0], plain.run(None, request(13))[0], atol=1e-3)

@@ -185,3 +185,64 @@ def test_a_batch_size_the_budget_could_not_time_is_named_in_the_headline_with_it
         f" In batches of 1: 2.00x (100 vs 50 items/s). Batches of 32 not timed: {why} (a larger --budget times them)."
     )
     assert batch_clause({"batches_not_timed": {"32": why}}).startswith(" Batches of 32 not timed")
+
+
+def test_the_profile_records_the_winners_first_run_cost_at_a_new_size(masked):
+    """Measured on a fresh session of the winner; the plan warms every size of the workload's range, and asks
+    for a warm-up only where ``worth_warming`` says so (the CPU EP's cost is a fraction of a millisecond)."""
+    from ortpilot.session.warmup import worth_warming
+    from ortpilot.tuning.report import warmup_line
+
+    _, out, doc = masked
+    profile = json.loads((out / "profile.json").read_text())
+    if doc["winner"].get("shape_plan"):  # a bucket's session is static: nothing to warm
+        assert "warmup" not in profile and doc["warmup"] is None
+        return
+    plan, (dim,) = profile["warmup"], doc["workload"]["dims"]
+    assert plan == doc["warmup"] and plan["dim"] == "sequence"
+    assert sorted(plan["sizes"]) == list(range(dim["min"], dim["max"] + 1))
+    assert plan["run_ms"] > 0 and plan["warm"] == worth_warming(plan["first_run_ms"], plan["run_ms"])
+    assert warmup_line(doc) in (out / "report.md").read_text() and "first run at a new 'sequence'" in warmup_line(doc)
+
+
+def _warming_profile(masked, tmp_path):
+    """A copy of the tuned folder whose profile asks for a warm-up, as a tune whose OpenVINO winner writes it."""
+    import shutil
+
+    from ortpilot.data.workload import DimStats
+    from ortpilot.session.warmup import WarmupPlan, sizes_to_warm
+
+    out = masked[1]
+    copy = tmp_path / "tuned"
+    shutil.copytree(out, copy)
+    profile = json.loads((copy / "profile.json").read_text())
+    profile.pop("shape_plan", None)
+    dim = DimStats.from_dict(profile["workload"]["dims"][0])
+    profile["warmup"] = WarmupPlan(dim.name, dim.axes, sizes_to_warm(dim.histogram), 8.0, 2.0).to_dict()
+    atomic_write_json(copy / "profile.json", profile)
+    return copy, profile
+
+
+def test_a_profile_that_asks_for_a_warm_up_runs_its_session_at_every_size_when_it_loads(masked, tmp_path):
+    folder, profile = _warming_profile(masked, tmp_path)
+    session = ortpilot.load_profile(str(folder / "profile.json"), warm_budget_s=600)
+    assert session.warmed.sizes == tuple(profile["warmup"]["sizes"]) and session.warmed.planned == len(
+        profile["warmup"]["sizes"]
+    )
+    plain = ortpilot.load(str(folder / "model.onnx"))
+    feeds = {
+        "input_ids": np.full((1, 9), 7, np.int64),
+        "attention_mask": np.ones((1, 9), np.int64),
+        "token_type_ids": np.zeros((1, 9), np.int64),
+    }
+    assert np.allclose(session.run(None, feeds)[0], plain.run(None, feeds)[0], atol=1e-5)
+    assert ortpilot.load_profile(str(folder / "profile.json"), warm=False).warmed is None
+
+
+def test_a_changed_workload_file_skips_the_warm_up_with_a_warning_and_the_session_still_loads(masked, tmp_path, caplog):
+    folder, profile = _warming_profile(masked, tmp_path)
+    (folder / profile["workload"]["file"]).write_bytes(b"not an npz")
+    with caplog.at_level("WARNING", logger="ortpilot"):
+        session = ortpilot.load_profile(str(folder / "profile.json"))
+    assert session.warmed is None
+    assert "no warm-up at load" in caplog.text and "changed since the tune" in caplog.text

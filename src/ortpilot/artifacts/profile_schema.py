@@ -255,6 +255,18 @@ _TOP: dict[str, Check] = {
         },
         required=("source", "requests"),
     ),
+    # The winner's first-run cost at a new size, and the sizes load_profile warms (session.warmup.WarmupPlan).
+    "warmup": _fields(
+        {
+            "dim": lambda v, n: _string(v, n, nonempty=True, limit=256),
+            "axes": _list_of(_json_value, nonempty=True, limit=64),
+            "sizes": _list_of(lambda v, n: _int(v, n, 1, MAX_DIM), nonempty=True, limit=4096),
+            "first_run_ms": _number,
+            "run_ms": _number,
+            "warm": _bool,
+        },
+        required=("dim", "axes", "sizes"),
+    ),
     # A session per bucket of one dim (session.shapeplan.ShapePlan.to_dict); load_profile builds them.
     "shape_plan": _fields(
         {

@@ -281,6 +281,7 @@ def render_summary(doc: dict) -> None:
         table_rows,
         time_line,
         untried_line,
+        warmup_line,
         why_not_lines,
     )
 
@@ -308,8 +309,9 @@ def render_summary(doc: dict) -> None:
     stderr.print(table)
     for line in why_not_lines(doc):
         stderr.print(escape(line), highlight=False)
-    if plan := shape_plan_line(doc):
-        stderr.print(escape(plan), highlight=False)
+    for line in (shape_plan_line(doc), warmup_line(doc)):
+        if line:
+            stderr.print(escape(line), highlight=False)
     counts: dict[str, int] = {}
     for c in doc["candidates"]:
         counts[c["status"]] = counts.get(c["status"], 0) + 1

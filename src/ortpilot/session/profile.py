@@ -20,7 +20,7 @@ from typing import Any
 from ortpilot.artifacts.bundle import bundle_path
 from ortpilot.artifacts.profile import profile_file, read_profile, verify_environment
 from ortpilot.artifacts.profile_schema import file_settings, model_outside_folder
-from ortpilot.errors import StampMismatchError, UsageError, VerificationError
+from ortpilot.errors import OrtpilotError, StampMismatchError, UsageError, VerificationError
 from ortpilot.providers.cpubudget import ort_default_threads
 from ortpilot.providers.machine import MachineCheck, check_machine_section, compare_machines
 from ortpilot.providers.plugins import compute_providers
@@ -29,6 +29,7 @@ from ortpilot.session.bundle import choose_profile
 from ortpilot.session.compiled import load_compiled
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.verified import VerifiedSession, load
+from ortpilot.session.warmup import WARM_BUDGET_S, Warmed, WarmupPlan, warm_at_sizes
 
 log = logging.getLogger("ortpilot")
 
@@ -106,6 +107,8 @@ def load_profile(
     optimized: bool = False,
     machine_class: str | None = None,
     node_cpus: int | None = None,
+    warm: bool = True,
+    warm_budget_s: float = WARM_BUDGET_S,
     **kwargs: Any,
 ) -> VerifiedSession:
     """Recreate the profiled session exactly and verify it (``ortpilot.load_profile``).
@@ -123,7 +126,10 @@ def load_profile(
     check then counts the replaced one. ``optimized`` loads the ORT-optimized graph the tune kept
     (``optimized_model``, a file beside the profile) with optimizations off, which skips graph
     optimization at creation; when it is missing, changed or stamped for another ORT/CPU, the
-    profile's model loads instead (logged). ``kwargs`` go to ``ortpilot.session.load``.
+    profile's model loads instead (logged). ``warm``: where the profile's ``warmup`` says the session prepares
+    each new input size on its first run (OpenVINO), run it once at the workload's sizes now
+    (``session.warmup``, for at most ``warm_budget_s``; what it did is in the session's ``warmed``).
+    ``kwargs`` go to ``ortpilot.session.load``.
     A profile is an input: settings that make ORT write or load files are refused unless named
     in ``accept_fields`` (as the error names them), and a model outside the profile's folder
     unless ``accept_model_outside``.
@@ -166,6 +172,7 @@ def load_profile(
                 f"nodes as {got}. The environment differs from the one tuned; re-tune."
             )
     session.profile = doc
+    session.warmed = _warm(doc, path, session, warm_budget_s) if warm and not doc.get("shape_plan") else None
     session.machine_check = machine
     session.bundle = choice  # the bundle's choice of profile (None for a profile.json)
     return session
@@ -186,6 +193,35 @@ def _load_shaped(
 
     plan = ShapePlan.from_dict(doc["shape_plan"])
     return load_shaped(str(model), providers, policy, plan, settings=settings, shapes=shapes, **kwargs)
+
+
+def _warm(doc: Mapping[str, Any], path: str | os.PathLike, session: VerifiedSession, budget_s: float) -> Warmed | None:
+    """Run ``session`` at the sizes of the profile's warm-up plan, from the workload's largest request; None where
+    the profile asks for none. An unreadable plan or workload file skips it with a warning: it only saves time."""
+    from ortpilot.graph.feeds import read_samples
+    from ortpilot.modelio import file_sha256
+
+    entry, workload = doc.get("warmup") or {}, doc.get("workload") or {}
+    if not entry.get("warm"):
+        return None
+    name = str(workload.get("file") or "")
+    file = Path(path).parent / name
+    try:
+        plan = WarmupPlan.from_dict(entry)
+        if not name or Path(name).name != name or not file.is_file():
+            raise UsageError(f"its workload file '{name}' is missing")
+        if file_sha256(file) != workload.get("file_sha256"):
+            raise UsageError(f"its workload file '{name}' changed since the tune (sha256 differs)")
+        dim_input, axis = plan.axes[0]
+        request = max(read_samples(file), key=lambda r: int(r[dim_input].shape[axis]))
+        warmed = warm_at_sizes(session, request, plan, budget_s)
+    except (OrtpilotError, KeyError, IndexError, ValueError) as exc:
+        log.warning(
+            "Profile '%s': no warm-up at load (%s); first requests at new sizes pay the EP's preparation.", path, exc
+        )
+        return None
+    log.info("Profile '%s': %s (the EP prepares each new size on its first run).", path, warmed.describe())
+    return warmed
 
 
 def check_outputs(doc: Mapping[str, Any], path: str | os.PathLike, have: Sequence[str]) -> None:

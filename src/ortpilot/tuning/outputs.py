@@ -31,6 +31,7 @@ from ortpilot.tuning.journal import JOURNAL_NAME
 from ortpilot.tuning.reference import HELDOUT_SEED, REFERENCE_FILE, read_reference
 from ortpilot.tuning.result import TuneResult
 from ortpilot.tuning.search import Entry
+from ortpilot.tuning.warmup import measure_warmup
 from ortpilot.tuning.worker import WorkerClient, WorkerCrash
 
 MODEL_FILE = "model.onnx"
@@ -171,11 +172,15 @@ def write_outputs(
         "report_md": str(out / "report.md"),
         "journal": str(out / JOURNAL_NAME),
     }
+    settings = profile_settings(winner, result.facts.default_threads)
+    shaped = winner.candidate.shape_plan is not None  # its sessions are made per bucket at load, from model.onnx
+    if not shaped:  # a bucket's session is static: prepared when made
+        result.warmup = measure_warmup(
+            model_file, list(winner.candidate.providers), settings, result.workload, list(replay or [])
+        )
     write_reports(result)
     reference = _write_reference(out, winner, reference_feeds)
     workload = _write_workload(out, result, list(replay or []))
-    settings = profile_settings(winner, result.facts.default_threads)
-    shaped = winner.candidate.shape_plan is not None  # its sessions are made per bucket at load, from model.onnx
     optimized = (
         None if shaped else _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
     )
@@ -204,6 +209,7 @@ def write_outputs(
             "shapes": {k: list(v) for k, v in result.shapes.items()},
             **({"outputs": list(result.outputs)} if result.outputs else {}),
             **({"workload": workload} if workload else {}),
+            **({"warmup": result.warmup.to_dict()} if workload and result.warmup else {}),
             **({"shape_plan": winner.candidate.shape_plan} if shaped else {}),
             "placement": winner.prepared.get("placement"),
             "default_best": result.default_best,

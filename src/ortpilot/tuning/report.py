@@ -121,6 +121,24 @@ def why_not_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def warmup_line(doc: dict[str, Any]) -> str:
+    """What a first run at a new size costs the winner, and what a load does about it ("" when not measured)."""
+    plan = doc.get("warmup")
+    if not plan:
+        return ""
+    sizes = plan["sizes"]
+    measured = (
+        f"a first run at a new '{plan['dim']}' cost the winner {plan['first_run_ms']:.2f} ms more than the next "
+        f"(a run: {plan['run_ms']:.2f} ms)"
+    )
+    if not plan.get("warm"):
+        return f"Warm-up: {measured}; not worth warming at load."
+    return (
+        f"Warm-up: {measured}, so load_profile runs it once at each of {len(sizes)} sizes ({min(sizes)}-{max(sizes)}, "
+        "the workload's most frequent first) before the first request; the headline is that prepared session's."
+    )
+
+
 def shape_plan_line(doc: dict[str, Any]) -> str:
     """What became of the workload's shape buckets: the winner runs them, the gate rejected them (the model's
     mask does not make padding invisible), or they passed and ran no faster ("" when none were proposed)."""
@@ -466,6 +484,8 @@ def render_md(doc: dict[str, Any]) -> str:
         lines += ["", *why_not]
     if plan := shape_plan_line(doc):
         lines += ["", plan]
+    if warmup := warmup_line(doc):
+        lines += ["", warmup]
     if untried(doc):
         lines += ["", untried_line(doc) + "."]
     int8 = int8_lines(doc)
@@ -564,7 +584,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background
 <th>search p50 ms</th><th>search vs default</th><th>p99 ms</th><th>runs</th>
 <th>accuracy (per output)</th><th>why rejected / note</th><th>id</th></tr>
 {"".join(rows)}</table>
-{"".join(f"<p>{e(line)}</p>" for line in [*why_not_lines(doc), shape_plan_line(doc)] if line)}
+{"".join(f"<p>{e(line)}</p>" for line in [*why_not_lines(doc), shape_plan_line(doc), warmup_line(doc)] if line)}
 {f"<p>{e(untried_line(doc))}.</p>" if untried(doc) else ""}
 {int8_html}
 <h2>Not tried</h2><ul>{excluded or "<li>nothing ruled out</li>"}</ul>

@@ -20,6 +20,7 @@ import onnxruntime as ort
 
 from ortpilot.data.workload import Workload
 from ortpilot.measure.stats import summarize
+from ortpilot.session.warmup import WarmupPlan
 from ortpilot.tuning.search import Entry, settled_anchor_speeds
 from ortpilot.tuning.space import Facts
 
@@ -96,6 +97,7 @@ class TuneResult:
     outputs: list[str] | None = None  # the outputs the deployment reads (--outputs); None: all of the model's
     files: dict[str, str] = field(default_factory=dict)
     workload: Workload | None = None  # what was timed: the requests' sizes (data.workload); None: one shape
+    warmup: WarmupPlan | None = None  # the winner's first-run cost at a new size, and whether loads warm it
 
     winner = _view("pick", "winner")
     baseline = _view("pick", "baseline")
@@ -149,6 +151,7 @@ class TuneResult:
             "facts": self.facts.to_dict(),
             "shapes": {k: list(v) for k, v in self.shapes.items()},
             "workload": self.workload.to_dict() if self.workload is not None else None,
+            "warmup": self.warmup.to_dict() if self.warmup is not None else None,
             "outputs": self.outputs,
             "wall_s": self.wall_s,
             "budget_s": self.budget_s,

@@ -1,0 +1,173 @@
+"""A session warmed at the workload's sizes when it loads, where its EP prepares each new input size on first run.
+
+OpenVINO's CPU plugin prepares its kernels for every new input shape the first time it meets it (MiniLM on 2
+CPUs, onnxruntime-openvino 1.24: about 7 ms per new length against 1.2 ms a run). The tune replays a handful of
+lengths, so its figures are those of a prepared session; a fresh process answering sentences of a hundred distinct
+lengths ran its first 600 at 550/s and the same 600 again at 860/s. So the tune measures that first-run cost for
+its winner (``first_run_cost``) and, where it matters, records a ``WarmupPlan`` in the profile: the dim, the sizes
+of the workload's range (most frequent first) and what it measured. ``load_profile`` then runs the session once at
+each size (``warm_at_sizes``, within ``WARM_BUDGET_S``), so the requests meet the session the tune timed. The CPU EP pays
+nothing measurable per new size and gets no plan.
+
+A request at any size is made from a real one (the workload's largest): each input's axis is cut, or tiled with
+its own values, to the size, so every value stays one the model accepts (token ids in its vocabulary).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ortpilot.errors import UsageError
+
+WARM_BUDGET_S = 3.0  # at most this long warming at load; the most frequent sizes go first
+MAX_WARM_SIZES = 512  # sizes a plan lists at most (a wider range is sampled evenly)
+PROBE_SIZES = 6  # new sizes the tune times twice each to measure the first-run cost
+WORTH_MS = 0.5  # a first-run cost below this per new size is not worth a warm-up ...
+WORTH_SHARE = 0.25  # ... nor one below this share of a run's own time
+
+
+@dataclass(frozen=True)
+class WarmupPlan:
+    """What the profile's ``warmup`` field holds: the dim to warm along and its sizes in the order to warm them,
+    the measurement (extra milliseconds of a first run at a new size, and of a run) and whether it asks for a
+    warm-up at load (``warm``: ``worth_warming``)."""
+
+    dim: str
+    axes: tuple[tuple[str, int], ...]
+    sizes: tuple[int, ...]
+    first_run_ms: float
+    run_ms: float
+    warm: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.axes or not self.sizes or min(self.sizes) < 1:
+            raise UsageError(f"A warm-up plan for '{self.dim}' needs input axes and positive sizes.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dim": self.dim,
+            "axes": [[i, a] for i, a in self.axes],
+            "sizes": list(self.sizes),
+            "first_run_ms": round(self.first_run_ms, 3),
+            "run_ms": round(self.run_ms, 3),
+            "warm": self.warm,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> WarmupPlan:
+        try:
+            return cls(
+                dim=str(doc["dim"]),
+                axes=tuple((str(i), int(a)) for i, a in doc["axes"]),
+                sizes=tuple(int(s) for s in doc["sizes"]),
+                first_run_ms=float(doc.get("first_run_ms") or 0.0),
+                run_ms=float(doc.get("run_ms") or 0.0),
+                warm=bool(doc.get("warm", True)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"A profile's warm-up plan is malformed ({type(exc).__name__}: {exc}).") from None
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """What a load's warm-up did: the sizes run, of how many planned, and how long it took."""
+
+    sizes: tuple[int, ...]
+    planned: int
+    seconds: float
+
+    def describe(self) -> str:
+        return f"warmed {len(self.sizes)} of {self.planned} sizes in {self.seconds:.2f} s"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sizes": len(self.sizes), "planned": self.planned, "seconds": round(self.seconds, 4)}
+
+
+def sizes_to_warm(histogram: Sequence[tuple[int, int]], limit: int = MAX_WARM_SIZES) -> tuple[int, ...]:
+    """Every size from the smallest to the largest the workload holds, the ones it sent most often first (a
+    budget cut short still covers the bulk), then the rest of the range smallest first; a range wider than
+    ``limit`` is sampled evenly after the sizes seen."""
+    if not histogram:
+        return ()
+    seen = [size for size, _ in sorted(histogram, key=lambda sc: (-sc[1], sc[0])) if size >= 1]
+    low, high = min(seen), max(seen)
+    rest = sorted(set(range(low, high + 1)) - set(seen))
+    room = max(0, limit - len(seen))
+    if len(rest) > room:
+        rest = [rest[int(i * len(rest) / room)] for i in range(room)] if room else []
+    return tuple([*seen, *rest][:limit])
+
+
+def at_size(request: Mapping[str, np.ndarray], axes: Sequence[tuple[str, int]], size: int) -> dict[str, np.ndarray]:
+    """``request`` with each of ``axes`` cut, or tiled with its own values, to ``size``."""
+    out = {name: np.asarray(value) for name, value in request.items()}
+    for name, axis in axes:
+        value = out[name]
+        have = value.shape[axis]
+        if have != size and have > 0:
+            out[name] = np.ascontiguousarray(np.take(value, np.arange(size) % have, axis=axis))
+    return out
+
+
+def first_run_cost(
+    session: Any, request: Mapping[str, np.ndarray], axes: Sequence[tuple[str, int]], sizes: Sequence[int]
+) -> tuple[float, float]:
+    """(extra ms of a first run at a new size, ms of a run): the medians over ``sizes``, each run twice in a row on
+    ``session``, which must not have met them yet."""
+    extra, runs = [], []
+    for size in sizes:
+        feed = at_size(request, axes, size)
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            session.run(None, feed)
+            times.append((time.perf_counter() - start) * 1000.0)
+        extra.append(times[0] - times[1])
+        runs.append(times[1])
+    return float(np.median(extra)) if extra else 0.0, float(np.median(runs)) if runs else 0.0
+
+
+def worth_warming(first_run_ms: float, run_ms: float) -> bool:
+    """Whether a first run's extra cost at a new size is worth a warm-up at load."""
+    return first_run_ms >= WORTH_MS and first_run_ms >= WORTH_SHARE * run_ms
+
+
+def probe_sizes(sizes: Sequence[int], skip: Sequence[int], count: int = PROBE_SIZES) -> list[int]:
+    """``count`` of ``sizes`` evenly spread and not in ``skip`` (those a session has met already)."""
+    fresh = sorted(set(sizes) - set(skip))
+    if len(fresh) <= count:
+        return fresh
+    return [fresh[int((2 * i + 1) * len(fresh) / (2 * count))] for i in range(count)]
+
+
+def warm_at_sizes(
+    session: Any, request: Mapping[str, np.ndarray], plan: WarmupPlan, budget_s: float = WARM_BUDGET_S
+) -> Warmed:
+    """Run ``session`` once at each of the plan's sizes, in its order, until ``budget_s`` is spent."""
+    start = time.perf_counter()
+    done = []
+    for size in plan.sizes:
+        if time.perf_counter() - start >= budget_s:
+            break
+        session.run(None, at_size(request, plan.axes, size))
+        done.append(size)
+    return Warmed(tuple(done), len(plan.sizes), time.perf_counter() - start)
+
+
+__all__ = [
+    "MAX_WARM_SIZES",
+    "WARM_BUDGET_S",
+    "Warmed",
+    "WarmupPlan",
+    "at_size",
+    "first_run_cost",
+    "probe_sizes",
+    "sizes_to_warm",
+    "warm_at_sizes",
+    "worth_warming",
+]

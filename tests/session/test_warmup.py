@@ -1,0 +1,86 @@
+"""The warm-up at load: which sizes, in what order, requests made at any size from a real one, and a real ORT
+session run once at each (``session.warmup``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ortpilot
+from ortpilot.errors import UsageError
+from ortpilot.session.warmup import (
+    Warmed,
+    WarmupPlan,
+    at_size,
+    first_run_cost,
+    probe_sizes,
+    sizes_to_warm,
+    warm_at_sizes,
+    worth_warming,
+)
+
+AXES = (("input_ids", 1), ("attention_mask", 1), ("token_type_ids", 1))
+
+
+def _request(n: int) -> dict[str, np.ndarray]:
+    ids = np.arange(10, 10 + n, dtype=np.int64)[None, :]
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+def test_the_sizes_seen_most_come_first_then_the_rest_of_the_range():
+    assert sizes_to_warm([(5, 1), (9, 4), (7, 4), (12, 2)]) == (7, 9, 12, 5, 6, 8, 10, 11)
+    assert sizes_to_warm([]) == ()
+
+
+def test_a_range_wider_than_the_limit_keeps_every_size_seen_and_samples_the_rest():
+    sizes = sizes_to_warm([(1, 3), (1000, 1)], limit=10)
+    assert sizes[:2] == (1, 1000) and len(sizes) == 10 and len(set(sizes)) == 10
+    assert all(1 < s < 1000 for s in sizes[2:]) and list(sizes[2:]) == sorted(sizes[2:])
+
+
+def test_a_request_at_any_size_keeps_the_real_requests_values():
+    request = _request(4)
+    longer, shorter = at_size(request, AXES, 10), at_size(request, AXES, 3)
+    assert longer["input_ids"].tolist() == [[10, 11, 12, 13, 10, 11, 12, 13, 10, 11]]
+    assert shorter["input_ids"].tolist() == [[10, 11, 12]]
+    assert longer["attention_mask"].shape == (1, 10) and set(longer["attention_mask"].ravel()) == {1}
+    assert longer["input_ids"].flags["C_CONTIGUOUS"]
+    assert np.array_equal(at_size(request, AXES, 4)["input_ids"], request["input_ids"])
+    assert request["input_ids"].shape == (1, 4)  # the real request is left as it was
+
+
+def test_probes_are_sizes_the_session_has_not_met_spread_over_the_range():
+    assert probe_sizes(range(1, 101), [10, 20], count=4) == [14, 39, 64, 88]
+    assert probe_sizes([3, 4, 5], [4]) == [3, 5]
+
+
+def test_a_warm_up_is_worth_it_only_when_a_first_run_costs_a_share_of_a_run():
+    assert worth_warming(8.1, 2.8)  # OpenVINO on MiniLM, measured
+    assert not worth_warming(0.14, 4.4)  # the CPU EP on MiniLM, measured
+    assert not worth_warming(0.6, 10.0)  # under a quarter of the run
+    assert not worth_warming(0.3, 0.5)  # a fraction of a millisecond
+
+
+def test_a_plan_travels_as_a_dict_and_a_malformed_one_is_refused():
+    plan = WarmupPlan("sequence", AXES, (17, 5, 6), 8.1, 2.8)
+    assert WarmupPlan.from_dict(plan.to_dict()) == plan
+    with pytest.raises(UsageError, match="malformed"):
+        WarmupPlan.from_dict({"dim": "sequence", "sizes": [3]})
+    with pytest.raises(UsageError, match="positive sizes"):
+        WarmupPlan("sequence", AXES, (0,), 1.0, 1.0)
+
+
+def test_a_real_session_runs_once_at_each_size_and_answers_as_before(demo_paths):
+    session = ortpilot.load(str(demo_paths["encoder"]))
+    plan = WarmupPlan("sequence", AXES, sizes_to_warm([(6, 3), (2, 1), (9, 1)]), 8.0, 2.0)
+    before = session.run(None, _request(7))[0]
+    warmed = warm_at_sizes(session, _request(5), plan, budget_s=600)
+    assert warmed.sizes == plan.sizes == (6, 2, 9, 3, 4, 5, 7, 8) and warmed.planned == 8
+    assert np.array_equal(session.run(None, _request(7))[0], before)
+    assert warm_at_sizes(session, _request(5), plan, budget_s=0) == Warmed((), 8, pytest.approx(0.0, abs=1.0))
+
+
+def test_the_first_run_cost_is_measured_on_the_session_at_new_sizes(demo_paths):
+    session = ortpilot.load(str(demo_paths["encoder"]))
+    first_ms, run_ms = first_run_cost(session, _request(5), AXES, [3, 8, 11])
+    assert run_ms > 0 and np.isfinite(first_ms)
