@@ -3,11 +3,14 @@
 A tuned model (``--model``, e.g. ``bench_workload.py``'s ``OUT/tuned/model.onnx`` when OpenVINO won without
 buckets) on the OpenVINO EP (2 threads) beside ORT's default CPU session of the float MiniLM, one sentence per
 call at its own length: the 2,000 sentences in three slices of 600, three passes (sentences/s of each slice, in
-order), then 50 sentences of one length (17 tokens) repeated 12 times. Needs onnxruntime-openvino
+order), then 50 sentences of one length (17 tokens) repeated 12 times. ``--warm`` first runs the OpenVINO
+session once at every length 1-128 (``session.warmup.warm_at_sizes``, what ``load_profile`` does where the
+profile asks for it; its seconds are printed). Run it with and without ``--warm`` in processes of their own: two
+OpenVINO sessions of one model in one process share what the first one prepared. Needs onnxruntime-openvino
 (``.venv-ovbench``).
 
     .venv-ovbench/bin/python benchmarks/bench_ov_shapes.py --model /tmp/bw6/tuned/model.onnx \\
-        --sentences /tmp/bw6/corpus/part1.txt [--json OUT.json]
+        --sentences /tmp/bw6/corpus/part1.txt [--warm] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+from ortpilot.session.warmup import WarmupPlan, warm_at_sizes
+
 ROOT = Path(__file__).resolve().parent.parent
 MINILM = ROOT / "benchmarks/models/minilm"
 
@@ -32,6 +37,7 @@ def main() -> None:
     ap.add_argument("--model", required=True, type=Path)
     ap.add_argument("--sentences", required=True, type=Path)
     ap.add_argument("--json", default="")
+    ap.add_argument("--warm", action="store_true", help="run the OpenVINO session at every length 1-128 first")
     args = ap.parse_args()
     tok = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
     tok.no_padding()
@@ -41,17 +47,27 @@ def main() -> None:
     for enc in tok.encode_batch(texts):
         ids = np.asarray([enc.ids], np.int64)
         feeds.append({"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)})
-    sessions = {
-        "openvino": ort.InferenceSession(
+
+    def openvino() -> ort.InferenceSession:
+        return ort.InferenceSession(
             str(args.model),
             providers=["OpenVINOExecutionProvider"],
             provider_options=[{"device_type": "CPU", "num_of_threads": "2"}],
-        ),
+        )
+
+    sessions = {
+        "openvino": openvino(),
         "ORT default": ort.InferenceSession(str(MINILM / "model.onnx"), providers=["CPUExecutionProvider"]),
     }
     for sess in sessions.values():
         for f in feeds[:50]:
             sess.run(None, f)
+    warmed = None
+    if args.warm:
+        axes = (("input_ids", 1), ("attention_mask", 1), ("token_type_ids", 1))
+        longest = max(feeds, key=lambda f: f["input_ids"].shape[1])
+        plan = WarmupPlan("sequence", axes, tuple(range(1, 129)), 0.0, 0.0)
+        warmed = warm_at_sizes(sessions["openvino"], longest, plan, budget_s=600).to_dict()
 
     def rate(sess: ort.InferenceSession, chunk: list[dict[str, np.ndarray]]) -> float:
         start = time.perf_counter()
@@ -71,6 +87,7 @@ def main() -> None:
         "load_avg": os.getloadavg()[0],
         "passes_per_s": passes,
         "one_length_per_s": {name: round(rate(sess, one_length)) for name, sess in sessions.items()},
+        "warm_up": warmed,
     }
     print(json.dumps(doc, indent=2))
     if args.json:

@@ -1,13 +1,13 @@
 """A session warmed at the workload's sizes when it loads, where its EP prepares each new input size on first run.
 
 OpenVINO's CPU plugin prepares its kernels for every new input shape the first time it meets it (MiniLM on 2
-CPUs, onnxruntime-openvino 1.24: about 7 ms per new length against 1.2 ms a run). The tune replays a handful of
-lengths, so its figures are those of a prepared session; a fresh process answering sentences of a hundred distinct
-lengths ran its first 600 at 550/s and the same 600 again at 860/s. So the tune measures that first-run cost for
-its winner (``first_run_cost``) and, where it matters, records a ``WarmupPlan`` in the profile: the dim, the sizes
-of the workload's range (most frequent first) and what it measured. ``load_profile`` then runs the session once at
-each size (``warm_at_sizes``, within ``WARM_BUDGET_S``), so the requests meet the session the tune timed. The CPU EP pays
-nothing measurable per new size and gets no plan.
+CPUs, onnxruntime-openvino 1.24: 3.3 ms more on the first run at a new length, a run 4.1 ms). The tune replays
+a few lengths, so its figures are those of a prepared session; a fresh process answering real sentences ran its first
+600 at 1.3-1.5x ORT's default and the next at 1.9-2.2x (``benchmarks/bench_ov_shapes.py``). So the tune measures
+that first-run cost for its winner (``first_run_cost``) and records a ``WarmupPlan`` in the profile: the dim, the
+sizes of the workload's range (most frequent first), what it measured and whether that is worth a warm-up.
+``load_profile`` then runs the session once at each size (``warm_at_sizes``, within ``WARM_BUDGET_S``), so the
+requests meet the session the tune timed. The CPU EP pays about 0.1 ms per new size: no warm-up.
 
 A request at any size is made from a real one (the workload's largest): each input's axis is cut, or tiled with
 its own values, to the size, so every value stays one the model accepts (token ids in its vocabulary).
