@@ -246,3 +246,22 @@ def test_a_changed_workload_file_skips_the_warm_up_with_a_warning_and_the_sessio
         session = ortpilot.load_profile(str(folder / "profile.json"))
     assert session.warmed is None
     assert "no warm-up at load" in caplog.text and "changed since the tune" in caplog.text
+
+
+def test_verify_warms_as_the_profile_asks_and_still_reproduces_the_reference_bit_for_bit(masked, tmp_path):
+    """The warmed session is the one verified: its reference outputs are unchanged by having run other sizes, and
+    the verification says what the warm-up did (the CLI prints it as a row)."""
+    from click.testing import CliRunner
+
+    from ortpilot.cli.main import cli
+    from ortpilot.tuning.verify import verify_profile
+
+    folder, profile = _warming_profile(masked, tmp_path)
+    result = verify_profile(folder / "profile.json")
+    assert result.passed and result.mode == "bit-exact", result.to_dict()
+    assert result.to_dict()["warmed"]["planned"] == len(profile["warmup"]["sizes"])
+    shown = CliRunner().invoke(cli, ["verify", str(folder)])
+    assert shown.exit_code == 0, shown.output
+    assert "warm-up" in shown.output and f"of the {len(profile['warmup']['sizes'])} sizes" in " ".join(
+        shown.output.split()
+    )

@@ -110,6 +110,15 @@ def render(result) -> None:
         "[green]same kernels[/]" if machine.get("same_kernels") else "[yellow]differs[/]",
         escape(f"tuned on {machine.get('recorded')}; here {machine.get('here')}" + (f"; {notes}" if notes else "")),
     )
+    if warmed := doc.get("warmed"):
+        table.add_row(
+            "warm-up",
+            "[green]ok[/]" if warmed["sizes"] == warmed["planned"] else "[yellow]partial[/]",
+            escape(
+                f"ran the session at {warmed['sizes']} of the {warmed['planned']} sizes its profile's warm-up plan names "
+                f"in {warmed['seconds']:.2f} s (its EP prepares each new size on the first run)"
+            ),
+        )
     ref = doc["reference"]
     outputs_ok = all(o["passed"] for o in ref["outputs"])
     table.add_row(

@@ -207,6 +207,7 @@ class ProfileVerification:
             "reference": {"mode": self.mode, "why": self.why, "outputs": [o.to_dict() for o in self.outputs]},
             "latency": self.latency.to_dict() if self.latency else None,
             "bundle": self.bundle.to_dict() if self.bundle else None,
+            "warmed": warmed.to_dict() if (warmed := getattr(self.session, "warmed", None)) else None,
         }
 
 
