@@ -61,23 +61,32 @@ def test_a_warm_up_is_worth_it_only_when_a_first_run_costs_a_share_of_a_run():
     assert not worth_warming(0.3, 0.5)  # a fraction of a millisecond
 
 
+def test_a_request_at_a_batch_size_is_the_request_stacked_on_axis_0():
+    batched = at_size(_request(4), AXES, 6, batch=3)
+    assert batched["input_ids"].shape == (3, 6) and batched["token_type_ids"].shape == (3, 6)
+    assert (batched["input_ids"] == batched["input_ids"][0]).all()
+
+
 def test_a_plan_travels_as_a_dict_and_a_malformed_one_is_refused():
-    plan = WarmupPlan("sequence", AXES, (17, 5, 6), 8.1, 2.8)
-    assert WarmupPlan.from_dict(plan.to_dict()) == plan
+    plan = WarmupPlan("sequence", AXES, (17, 5, 6), 8.1, 2.8, batches=(32, 1))
+    assert WarmupPlan.from_dict(plan.to_dict()) == plan and plan.batches == (1, 32)
+    assert plan.shapes() == [(1, 17), (1, 5), (1, 6), (32, 17), (32, 5), (32, 6)]
+    assert WarmupPlan.from_dict({k: v for k, v in plan.to_dict().items() if k != "batches"}).batches == (1,)
     with pytest.raises(UsageError, match="malformed"):
         WarmupPlan.from_dict({"dim": "sequence", "sizes": [3]})
     with pytest.raises(UsageError, match="positive sizes"):
         WarmupPlan("sequence", AXES, (0,), 1.0, 1.0)
 
 
-def test_a_real_session_runs_once_at_each_size_and_answers_as_before(demo_paths):
+def test_a_real_session_runs_once_at_each_shape_and_answers_as_before(demo_paths):
     session = ortpilot.load(str(demo_paths["encoder"]))
-    plan = WarmupPlan("sequence", AXES, sizes_to_warm([(6, 3), (2, 1), (9, 1)]), 8.0, 2.0)
+    plan = WarmupPlan("sequence", AXES, sizes_to_warm([(6, 3), (2, 1), (9, 1)]), 8.0, 2.0, batches=(1, 4))
     before = session.run(None, _request(7))[0]
     warmed = warm_at_sizes(session, _request(5), plan, budget_s=600)
-    assert warmed.sizes == plan.sizes == (6, 2, 9, 3, 4, 5, 7, 8) and warmed.planned == 8
+    assert plan.sizes == (6, 2, 9, 3, 4, 5, 7, 8) and warmed.planned == 16
+    assert warmed.shapes == tuple((b, n) for b in (1, 4) for n in plan.sizes)
     assert np.array_equal(session.run(None, _request(7))[0], before)
-    assert warm_at_sizes(session, _request(5), plan, budget_s=0) == Warmed((), 8, pytest.approx(0.0, abs=1.0))
+    assert warm_at_sizes(session, _request(5), plan, budget_s=0) == Warmed((), 16, pytest.approx(0.0, abs=1.0))
 
 
 def test_the_first_run_cost_is_measured_on_the_session_at_new_sizes(demo_paths):

@@ -202,6 +202,7 @@ def test_the_profile_records_the_winners_first_run_cost_at_a_new_size(masked):
     assert plan == doc["warmup"] and plan["dim"] == "sequence"
     assert sorted(plan["sizes"]) == list(range(dim["min"], dim["max"] + 1))
     assert plan["run_ms"] > 0 and plan["warm"] == worth_warming(plan["first_run_ms"], plan["run_ms"])
+    assert plan["batches"] == doc["workload"]["batches"]
     assert warmup_line(doc) in (out / "report.md").read_text() and "first run at a new 'sequence'" in warmup_line(doc)
 
 
@@ -218,7 +219,8 @@ def _warming_profile(masked, tmp_path):
     profile = json.loads((copy / "profile.json").read_text())
     profile.pop("shape_plan", None)
     dim = DimStats.from_dict(profile["workload"]["dims"][0])
-    profile["warmup"] = WarmupPlan(dim.name, dim.axes, sizes_to_warm(dim.histogram), 8.0, 2.0).to_dict()
+    plan = WarmupPlan(dim.name, dim.axes, sizes_to_warm(dim.histogram), 8.0, 2.0, batches=(1, 4))
+    profile["warmup"] = plan.to_dict()
     atomic_write_json(copy / "profile.json", profile)
     return copy, profile
 
@@ -226,9 +228,9 @@ def _warming_profile(masked, tmp_path):
 def test_a_profile_that_asks_for_a_warm_up_runs_its_session_at_every_size_when_it_loads(masked, tmp_path):
     folder, profile = _warming_profile(masked, tmp_path)
     session = ortpilot.load_profile(str(folder / "profile.json"), warm_budget_s=600)
-    assert session.warmed.sizes == tuple(profile["warmup"]["sizes"]) and session.warmed.planned == len(
-        profile["warmup"]["sizes"]
-    )
+    sizes = profile["warmup"]["sizes"]
+    assert session.warmed.shapes == tuple((b, n) for b in (1, 4) for n in sizes)
+    assert session.warmed.planned == 2 * len(sizes)
     plain = ortpilot.load(str(folder / "model.onnx"))
     feeds = {
         "input_ids": np.full((1, 9), 7, np.int64),
@@ -259,9 +261,8 @@ def test_verify_warms_as_the_profile_asks_and_still_reproduces_the_reference_bit
     folder, profile = _warming_profile(masked, tmp_path)
     result = verify_profile(folder / "profile.json")
     assert result.passed and result.mode == "bit-exact", result.to_dict()
-    assert result.to_dict()["warmed"]["planned"] == len(profile["warmup"]["sizes"])
+    planned = 2 * len(profile["warmup"]["sizes"])  # batches 1 and 4
+    assert result.to_dict()["warmed"]["planned"] == planned
     shown = CliRunner().invoke(cli, ["verify", str(folder)])
     assert shown.exit_code == 0, shown.output
-    assert "warm-up" in shown.output and f"of the {len(profile['warmup']['sizes'])} sizes" in " ".join(
-        shown.output.split()
-    )
+    assert "warm-up" in shown.output and f"of the {planned} shapes" in " ".join(shown.output.split())

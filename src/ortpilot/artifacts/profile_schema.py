@@ -264,6 +264,7 @@ _TOP: dict[str, Check] = {
             "first_run_ms": _number,
             "run_ms": _number,
             "warm": _bool,
+            "batches": _list_of(lambda v, n: _int(v, n, 1, MAX_DIM), nonempty=True, limit=64),
         },
         required=("dim", "axes", "sizes"),
     ),

@@ -113,10 +113,10 @@ def render(result) -> None:
     if warmed := doc.get("warmed"):
         table.add_row(
             "warm-up",
-            "[green]ok[/]" if warmed["sizes"] == warmed["planned"] else "[yellow]partial[/]",
+            "[green]ok[/]" if warmed["shapes"] == warmed["planned"] else "[yellow]partial[/]",
             escape(
-                f"ran the session at {warmed['sizes']} of the {warmed['planned']} sizes its profile's warm-up plan names "
-                f"in {warmed['seconds']:.2f} s (its EP prepares each new size on the first run)"
+                f"ran the session at {warmed['shapes']} of the {warmed['planned']} shapes its profile's warm-up plan "
+                f"names in {warmed['seconds']:.2f} s (its EP prepares each new input shape on the first run)"
             ),
         )
     ref = doc["reference"]

@@ -21,6 +21,7 @@ from typing import Any
 
 from ortpilot.artifacts.atomic import atomic_write_text
 from ortpilot.eps import CPU_EP
+from ortpilot.session.warmup import WARM_BUDGET_S
 
 
 def write_reports(result: Any) -> None:
@@ -133,9 +134,12 @@ def warmup_line(doc: dict[str, Any]) -> str:
     )
     if not plan.get("warm"):
         return f"Warm-up: {measured}; not worth warming at load."
+    batches = plan.get("batches") or [1]
+    at = f" at batch {batches[0]}" + "".join(f", then {b}" for b in batches[1:]) if batches != [1] else ""
     return (
         f"Warm-up: {measured}, so load_profile runs it once at each of {len(sizes)} sizes ({min(sizes)}-{max(sizes)}, "
-        "the workload's most frequent first) before the first request; the headline is that prepared session's."
+        f"the workload's most frequent first){at} before the first request, within "
+        f"{WARM_BUDGET_S:g} s; the headline is that prepared session's."
     )
 
 

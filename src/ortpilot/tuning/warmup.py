@@ -53,7 +53,7 @@ def measure_warmup(
     except Exception as exc:
         log.info("No warm-up measured for the profile: %s", exc)
         return None
-    return WarmupPlan(dim.name, dim.axes, sizes, first_ms, run_ms, worth_warming(first_ms, run_ms))
+    return WarmupPlan(dim.name, dim.axes, sizes, first_ms, run_ms, worth_warming(first_ms, run_ms), workload.batches)
 
 
 __all__ = ["measure_warmup"]
