@@ -12,7 +12,8 @@ and real sentences (``--sentences``), each bucket's requests being the sentences
 
 Each engine runs in a child process, timed in turns with ORT's default CPU session of the float MiniLM (the
 anchor both children share), bucket by bucket: per bucket, the anchor's p50 over the engine's. The parent runs the
-two children alternately ``--repeats`` times and prints, per bucket, ``ortpilot``'s ratio over ``native``'s.
+two children alternately ``--repeats`` times and prints, per bucket, ``ortpilot``'s ratio over ``native``'s in
+each pair of runs (one after the other) and their median.
 
     .venv-ovbench/bin/python benchmarks/bench_ov_static.py --model /tmp/bw6/tuned/model.onnx \\
         --sentences /tmp/bw6/corpus/part1.txt --native-python .venv-ovnative/bin/python [--json OUT.json]
@@ -153,7 +154,7 @@ def main() -> None:
                 "ortpilot_vs_default": statistics.median(mine),
                 "native_vs_default": statistics.median(theirs),
                 "ortpilot_over_native": [round(m / t, 3) for m, t in zip(mine, theirs)],
-                "ortpilot_over_native_median": round(statistics.median(mine) / statistics.median(theirs), 3),
+                "ortpilot_over_native_median": round(statistics.median(m / t for m, t in zip(mine, theirs)), 3),
             }
     doc = {
         "date": datetime.date.today().isoformat(),
