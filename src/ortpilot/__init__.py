@@ -88,8 +88,8 @@ def text_model(model: str, **options: Any):
     text-model folder (``tokenizer.json`` with sentence-transformers files or a classifier's
     ``config.json``). Returns a ``session.text.TextModel`` (``embed``, ``rerank``, ``classify``, and
     ``__call__`` for the details of a call). ``options``: ``max_batch``, ``lengths``, ``truncate``,
-    ``pooling``, ``kind``, ``providers``, ``policy`` and what ``load_profile``/``load`` take
-    (see ``ortpilot.api.text_model``)."""
+    ``pooling``, ``kind``, ``providers``, ``policy``, ``warm`` (a profile's warm-up at load) and what
+    ``load_profile``/``load`` take (see ``ortpilot.api.text_model``)."""
     from ortpilot.api import text_model as _text_model
 
     return _text_model(model, **options)
@@ -99,30 +99,33 @@ def embed(model: str, texts: Any, *, truncate: bool = True, **options: Any):
     """Sentence vectors ``[len(texts), dim]`` (float32) from a sentence encoder's profile or folder: its
     tokenizer, its pooling, normalized where the folder says so. Texts must be non-empty strings;
     longer ones are cut at the model's limit with a warning (``truncate=False`` refuses them).
-    Loads the model on every call: keep a ``text_model(...)`` for repeated calls."""
+    Loads the model on every call, without a profile's warm-up (``session.warmup``: seconds spent for the
+    sizes of many calls): keep a ``text_model(...)`` for repeated calls."""
     from ortpilot.data.textinput import check_texts
 
     texts = check_texts(texts)  # bad input is refused before the model loads
-    return text_model(model, kind="embed", truncate=truncate, **options).embed(texts)
+    return text_model(model, kind="embed", truncate=truncate, **{"warm": False, **options}).embed(texts)
 
 
 def rerank(model: str, query: str, documents: Any, *, truncate: bool = True, **options: Any):
     """Relevance scores ``[len(documents)]`` of each document for the query, from a cross-encoder's
-    profile or folder (sigmoid of its logit unless its config names another function)."""
+    profile or folder (sigmoid of its logit unless its config names another function). Loads the model on every
+    call, as ``embed`` does."""
     from ortpilot.data.textinput import check_texts
 
     (query,) = check_texts([query], "query")
     documents = check_texts(documents, "documents")
-    return text_model(model, kind="rerank", truncate=truncate, **options).rerank(query, documents)
+    return text_model(model, kind="rerank", truncate=truncate, **{"warm": False, **options}).rerank(query, documents)
 
 
 def classify(model: str, texts: Any, *, truncate: bool = True, **options: Any):
     """The most likely label of each text and its score, ``[(label, score), ...]``, from a sequence
-    classifier's profile or folder (labels from ``config.json``'s ``id2label``)."""
+    classifier's profile or folder (labels from ``config.json``'s ``id2label``). Loads the model on every call, as
+    ``embed`` does."""
     from ortpilot.data.textinput import check_texts
 
     texts = check_texts(texts)
-    return text_model(model, kind="classify", truncate=truncate, **options).classify(texts)
+    return text_model(model, kind="classify", truncate=truncate, **{"warm": False, **options}).classify(texts)
 
 
 def probe(provider: str):

@@ -516,6 +516,7 @@ def text_model(
     truncate: bool = True,
     model_file: str | None = None,
     kind: str | None = None,
+    warm: bool = True,
     **load_options: Any,
 ) -> Any:
     """``ortpilot.text_model``: a ``session.text.TextModel`` for a tuned profile (or bundle, or tune OUTDIR)
@@ -526,7 +527,8 @@ def text_model(
     (``policy`` warn unless given) and reads its files (``data.texttask``); ``pooling`` names the
     pooling of a folder that does not say it. ``max_batch``, ``lengths`` and ``truncate``: see
     ``TextModel``. ``kind`` (``embed``, ``rerank``, ``classify``): the task the caller wants; another is
-    a UsageError naming the one the model does. ``load_options`` go to ``load_profile`` or ``load``.
+    a UsageError naming the one the model does. ``warm``: a profile's warm-up at load, where it has one
+    (``session.warmup``; a folder has no workload to warm at). ``load_options`` go to ``load_profile`` or ``load``.
     """
     from pathlib import Path
 
@@ -543,7 +545,7 @@ def text_model(
                 f"'{model}' is a profile: its providers, pooling and model file are the ones the tune recorded. "
                 "Leave providers=, pooling= and model_file= out, or give the model folder instead."
             )
-        session = load_profile(profile, policy or "strict", **load_options)
+        session = load_profile(profile, policy or "strict", warm=warm, **load_options)
         chosen = session.bundle.profile if getattr(session, "bundle", None) is not None else profile
         task, tokenizer = text_task_of_profile(session.profile, chosen)
         plan = getattr(session, "plan", None)  # a shape plan: each run pads straight to its bucket

@@ -266,3 +266,15 @@ def test_verify_warms_as_the_profile_asks_and_still_reproduces_the_reference_bit
     shown = CliRunner().invoke(cli, ["verify", str(folder)])
     assert shown.exit_code == 0, shown.output
     assert "warm-up" in shown.output and f"of the {planned} shapes" in " ".join(shown.output.split())
+
+
+def test_a_kept_text_model_warms_as_its_profile_asks_and_a_one_shot_embed_does_not(masked, tmp_path, caplog):
+    """``ortpilot.embed`` loads the model for one call: seconds of warm-up for the sizes of many calls would be
+    wasted there; ``text_model`` keeps its session for many calls and warms it."""
+    folder, _ = _warming_profile(masked, tmp_path)
+    with caplog.at_level("INFO", logger="ortpilot"):
+        vectors = ortpilot.embed(str(folder), ["the model runs fast", "on this machine"])
+    assert vectors.shape[0] == 2 and "shapes in" not in caplog.text
+    kept = ortpilot.text_model(str(folder), warm_budget_s=600)
+    assert kept.session.warmed is not None and kept.session.warmed.shapes
+    assert np.allclose(kept.embed(["the model runs fast", "on this machine"]), vectors, atol=1e-5)
