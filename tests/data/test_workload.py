@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from ortpilot.data.workload import Workload, batched_requests, replay_set, shapes_digest, varying_dims
+from ortpilot.data.workload import Workload, batched_requests, replay_set, shapes_digest, spread, varying_dims
 from ortpilot.graph.shapes import graph_inputs
 from ortpilot.modelio import load_model
 
@@ -38,6 +38,12 @@ def test_the_replay_set_takes_evenly_spaced_quantiles_by_size_smallest_first():
     assert abs(np.mean(lengths) - np.mean(range(1, 101))) < 1.0  # one pass costs what the workload does on average
     assert [s["input_ids"].shape[1] for s in replay_set(samples[:5], 8)] == [1, 2, 3, 4, 5]
     assert len(replay_set([_sentence(8)] * 3)) == 1  # one shape: one request stands for all
+
+
+def test_spread_picks_evenly_spaced_quantiles_and_all_of_a_few():
+    assert spread(16, 8) == [1, 3, 5, 7, 9, 11, 13, 15]
+    assert spread(100, 4) == [12, 37, 62, 87]
+    assert spread(3, 8) == [0, 1, 2] and spread(0, 4) == []
 
 
 def test_a_workload_summarises_each_varying_dim_and_travels_as_json(demo_paths):

@@ -9,10 +9,13 @@ import pytest
 import ortpilot
 from ortpilot.errors import UsageError
 from ortpilot.session.warmup import (
+    MAX_WARM_BYTES,
     Warmed,
     WarmupPlan,
     at_size,
+    base_request,
     first_run_cost,
+    plan_problem,
     probe_sizes,
     sizes_to_warm,
     warm_at_sizes,
@@ -86,10 +89,49 @@ def test_a_real_session_runs_once_at_each_shape_and_answers_as_before(demo_paths
     assert plan.sizes == (6, 2, 9, 3, 4, 5, 7, 8) and warmed.planned == 16
     assert warmed.shapes == tuple((b, n) for b in (1, 4) for n in plan.sizes)
     assert np.array_equal(session.run(None, _request(7))[0], before)
-    assert warm_at_sizes(session, _request(5), plan, budget_s=0) == Warmed((), 16, pytest.approx(0.0, abs=1.0))
+    cut = warm_at_sizes(session, _request(5), plan, budget_s=0)
+    assert cut == Warmed((), 16, pytest.approx(0.0, abs=1.0), "the 0 s budget ran out")
 
 
 def test_the_first_run_cost_is_measured_on_the_session_at_new_sizes(demo_paths):
     session = ortpilot.load(str(demo_paths["encoder"]))
     first_ms, run_ms = first_run_cost(session, _request(5), AXES, [3, 8, 11])
     assert run_ms > 0 and np.isfinite(first_ms)
+
+
+def test_a_batched_tunes_request_warms_from_its_first_item_and_one_without_a_batch_axis_does_not_stack():
+    batched = {name: np.concatenate([value] * 32) for name, value in _request(9).items()}
+    one, stacks = base_request(batched, AXES)
+    assert stacks and one["input_ids"].shape == (1, 9) and np.array_equal(one["input_ids"], _request(9)["input_ids"])
+    with_scalar = {**_request(9), "temperature": np.float32(0.5)}
+    same, stacks = base_request(with_scalar, AXES)
+    assert not stacks and same["input_ids"].shape == (1, 9)
+    with pytest.raises(ValueError, match="does not stack"):
+        at_size(same, AXES, 12, batch=4)
+    flat = {"input_ids": np.arange(9, dtype=np.int64)}  # a [sequence] model: axis 0 is the dim itself
+    assert base_request(flat, (("input_ids", 0),))[1] is False
+
+
+def test_a_plan_that_does_not_fit_its_workload_is_named_before_anything_runs():
+    workload = {"dims": [{"name": "sequence", "min": 3, "max": 40}], "batches": [1, 32]}
+    plan = WarmupPlan("sequence", AXES, tuple(range(3, 41)), 8.0, 2.0, batches=(1, 32))
+    assert plan_problem(plan, workload, _request(9)) == ""
+    wide = WarmupPlan("sequence", AXES, (3, 2**30), 8.0, 2.0)
+    assert "not those of the workload's 'sequence' (3-40" in plan_problem(wide, workload, _request(9))
+    batches = WarmupPlan("sequence", AXES, (3, 4), 8.0, 2.0, batches=(1, 4096))
+    assert "batch sizes [1, 4096] are not the workload's [1, 32]" in plan_problem(batches, workload, _request(9))
+    other = WarmupPlan("width", AXES, (3,), 8.0, 2.0)
+    assert plan_problem(other, workload, _request(9)) == "its workload has no dim 'width'"
+    huge = {"dims": [{"name": "sequence", "min": 3, "max": 2**26}], "batches": [1, 32]}
+    big = WarmupPlan("sequence", AXES, (2**26,), 8.0, 2.0, batches=(1, 32))
+    assert f"{MAX_WARM_BYTES >> 20}" not in plan_problem(big, huge, _request(9))
+    assert "MiB of inputs" in plan_problem(big, huge, _request(9))
+
+
+def test_a_shape_the_session_refuses_ends_the_warm_up_there_and_says_so(demo_paths):
+    session = ortpilot.load(str(demo_paths["encoder"]))  # 512 positions
+    plan = WarmupPlan("sequence", AXES, (8, 600, 9), 8.0, 2.0)
+    warmed = warm_at_sizes(session, _request(5), plan, budget_s=600)
+    assert warmed.shapes == ((1, 8),) and warmed.planned == 3
+    assert warmed.note.startswith("stopped at batch 1, size 600: OrtRunError") and "stopped" in warmed.describe()
+    assert session.run(None, _request(9))[0].shape[:2] == (1, 9)

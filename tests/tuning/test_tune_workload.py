@@ -221,6 +221,7 @@ def _warming_profile(masked, tmp_path):
     dim = DimStats.from_dict(profile["workload"]["dims"][0])
     plan = WarmupPlan(dim.name, dim.axes, sizes_to_warm(dim.histogram), 8.0, 2.0, batches=(1, 4))
     profile["warmup"] = plan.to_dict()
+    profile["workload"]["batches"] = [1, 4]  # as a tune given --batch 1,4 records it
     atomic_write_json(copy / "profile.json", profile)
     return copy, profile
 
@@ -246,7 +247,7 @@ def test_a_changed_workload_file_skips_the_warm_up_with_a_warning_and_the_sessio
     (folder / profile["workload"]["file"]).write_bytes(b"not an npz")
     with caplog.at_level("WARNING", logger="ortpilot"):
         session = ortpilot.load_profile(str(folder / "profile.json"))
-    assert session.warmed is None
+    assert session.warmed.shapes == () and session.warmed.note.startswith("skipped")
     assert "no warm-up at load" in caplog.text and "changed since the tune" in caplog.text
 
 
@@ -278,3 +279,47 @@ def test_a_kept_text_model_warms_as_its_profile_asks_and_a_one_shot_embed_does_n
     kept = ortpilot.text_model(str(folder), warm_budget_s=600)
     assert kept.session.warmed is not None and kept.session.warmed.shapes
     assert np.allclose(kept.embed(["the model runs fast", "on this machine"]), vectors, atol=1e-5)
+
+
+def _encoder_request(n: int, batch: int = 1) -> dict[str, np.ndarray]:
+    ids = np.full((batch, n), 7, np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+def test_the_warm_up_plan_holds_the_workloads_range_and_batches_and_its_own_measurement(demo_paths):
+    """``measure_warmup`` on the demo encoder's CPU session: every size of the range, most frequent first, the
+    workload's batch sizes, and ``warm`` as ``worth_warming`` reads the two timings it took."""
+    from ortpilot.data.workload import DimStats, Workload
+    from ortpilot.session.options import SessionSettings
+    from ortpilot.session.warmup import worth_warming
+    from ortpilot.tuning.warmup import measure_warmup
+
+    axes = (("input_ids", 1), ("attention_mask", 1), ("token_type_ids", 1))
+    workload = Workload("text", 9, (DimStats("sequence", axes, ((4, 2), (9, 5), (30, 2))),), batches=(1, 8))
+    replay = [_encoder_request(n) for n in (4, 9, 30)]
+    model = demo_paths["encoder"]
+    plan = measure_warmup(model, [{"name": "CPUExecutionProvider"}], SessionSettings(), workload, replay)
+    assert plan is not None and plan.sizes[:3] == (9, 4, 30) and sorted(plan.sizes) == list(range(4, 31))
+    assert plan.batches == (1, 8) and plan.warm == worth_warming(plan.first_run_ms, plan.run_ms)
+    batched = [_encoder_request(n, batch=8) for n in (4, 9, 30)]  # a tune whose first --batch size is 8
+    plan = measure_warmup(model, [{"name": "CPUExecutionProvider"}], SessionSettings(), workload, batched)
+    assert plan is not None and plan.batches == (1, 8)
+    assert measure_warmup(model, [{"name": "CPUExecutionProvider"}], SessionSettings(), workload, replay[:1]) is None
+
+
+def test_a_warm_up_plan_outside_its_workload_or_without_its_file_is_skipped_and_verify_says_so(masked, tmp_path):
+    """A profile is an input: a plan naming sizes its workload never had (an edit, or a corrupt file) is not run,
+    and neither is one whose workload.npz is gone; the session loads either way and verify shows the row."""
+    from click.testing import CliRunner
+
+    from ortpilot.cli.main import cli
+
+    folder, profile = _warming_profile(masked, tmp_path)
+    profile["warmup"]["sizes"] = [1, 2**30]
+    atomic_write_json(folder / "profile.json", profile)
+    session = ortpilot.load_profile(str(folder / "profile.json"))
+    assert session.warmed.shapes == () and "not those of the workload's 'sequence'" in session.warmed.note
+    (folder / profile["workload"]["file"]).unlink()
+    shown = CliRunner().invoke(cli, ["verify", str(folder)])
+    assert shown.exit_code == 0, shown.output
+    assert "skipped" in shown.output and "is missing" in " ".join(shown.output.split())

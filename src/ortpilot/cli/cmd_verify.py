@@ -111,12 +111,18 @@ def render(result) -> None:
         escape(f"tuned on {machine.get('recorded')}; here {machine.get('here')}" + (f"; {notes}" if notes else "")),
     )
     if warmed := doc.get("warmed"):
+        note = warmed.get("note") or ""
+        if warmed["shapes"] == warmed["planned"]:
+            verdict = "[green]ok[/]"
+        else:
+            verdict = "[yellow]skipped[/]" if note.startswith("skipped") else "[yellow]partial[/]"
         table.add_row(
             "warm-up",
-            "[green]ok[/]" if warmed["shapes"] == warmed["planned"] else "[yellow]partial[/]",
+            verdict,
             escape(
                 f"ran the session at {warmed['shapes']} of the {warmed['planned']} shapes its profile's warm-up plan "
                 f"names in {warmed['seconds']:.2f} s (its EP prepares each new input shape on the first run)"
+                + (f"; {note}" if note else "")
             ),
         )
     ref = doc["reference"]

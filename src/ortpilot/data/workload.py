@@ -167,10 +167,15 @@ def replay_set(samples: Sequence[Sample], size: int = REPLAY_SIZE) -> list[Sampl
     if len(shapes) == 1:
         return [samples[0]]
     ordered = sorted(samples, key=_size)
-    if len(ordered) <= size:
-        return list(ordered)
-    n = len(ordered)
-    return [ordered[min(n - 1, int((2 * i + 1) * n / (2 * size)))] for i in range(size)]
+    return [ordered[i] for i in spread(len(ordered), size)]
+
+
+def spread(n: int, count: int) -> list[int]:
+    """``count`` indices of ``n`` items at evenly spaced quantiles (the 1/2count, 3/2count ... ones), in order;
+    all of them when there are no more than ``count``."""
+    if n <= count:
+        return list(range(n))
+    return [min(n - 1, int((2 * i + 1) * n / (2 * count))) for i in range(count)]
 
 
 def batched_requests(
@@ -187,7 +192,7 @@ def batched_requests(
     dims = varying_dims(requests, inputs)
     ordered = sorted(requests, key=_size)
     groups = [ordered[i : i + batch] for i in range(0, len(ordered) - batch + 1, batch)]
-    chosen = sorted({min(len(groups) - 1, int((2 * i + 1) * len(groups) / (2 * runs))) for i in range(runs)})
+    chosen = spread(len(groups), runs)
     out = []
     for members in (groups[i] for i in chosen):
         padded = [dict(r) for r in members]
@@ -311,5 +316,6 @@ __all__ = [
     "read_workload",
     "replay_set",
     "shapes_digest",
+    "spread",
     "varying_dims",
 ]

@@ -29,7 +29,7 @@ from ortpilot.session.bundle import choose_profile
 from ortpilot.session.compiled import load_compiled
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.verified import VerifiedSession, load
-from ortpilot.session.warmup import WARM_BUDGET_S, Warmed, WarmupPlan, warm_at_sizes
+from ortpilot.session.warmup import WARM_BUDGET_S, Warmed, WarmupPlan, base_request, plan_problem, warm_at_sizes
 
 log = logging.getLogger("ortpilot")
 
@@ -196,31 +196,48 @@ def _load_shaped(
 
 
 def _warm(doc: Mapping[str, Any], path: str | os.PathLike, session: VerifiedSession, budget_s: float) -> Warmed | None:
-    """Run ``session`` at the sizes of the profile's warm-up plan, from the workload's largest request; None where
-    the profile asks for none. An unreadable plan or workload file skips it with a warning: it only saves time."""
+    """Run ``session`` at the shapes of the profile's warm-up plan, from the workload's largest request; None where
+    the profile asks for none. A plan or workload file that cannot be used skips it with a warning (it only saves
+    time), recorded in the result's ``note``."""
+    from dataclasses import replace
+
     from ortpilot.graph.feeds import read_samples
     from ortpilot.modelio import file_sha256
 
     entry, workload = doc.get("warmup") or {}, doc.get("workload") or {}
-    if not entry.get("warm"):
+    try:
+        plan = WarmupPlan.from_dict(entry) if entry else None
+    except UsageError as exc:
+        log.warning("Profile '%s': no warm-up at load (%s).", path, exc)
+        return Warmed((), 0, 0.0, f"skipped: {exc}")
+    if plan is None or not plan.warm:
         return None
     name = str(workload.get("file") or "")
     file = Path(path).parent / name
     try:
-        plan = WarmupPlan.from_dict(entry)
         if not name or Path(name).name != name or not file.is_file():
             raise UsageError(f"its workload file '{name}' is missing")
         if file_sha256(file) != workload.get("file_sha256"):
             raise UsageError(f"its workload file '{name}' changed since the tune (sha256 differs)")
         dim_input, axis = plan.axes[0]
-        request = max(read_samples(file), key=lambda r: int(r[dim_input].shape[axis]))
-        warmed = warm_at_sizes(session, request, plan, budget_s)
-    except (OrtpilotError, KeyError, IndexError, ValueError) as exc:
+        largest = max(read_samples(file), key=lambda r: int(r[dim_input].shape[axis]))
+        request, stacks = base_request(largest, plan.axes)
+        if not stacks:
+            plan = replace(plan, batches=(1,))
+        problem = plan_problem(plan, workload, request)
+        if problem:
+            raise UsageError(problem)
+    except (OrtpilotError, KeyError, IndexError, ValueError, OSError) as exc:
         log.warning(
             "Profile '%s': no warm-up at load (%s); first requests at new sizes pay the EP's preparation.", path, exc
         )
-        return None
-    log.info("Profile '%s': %s (the EP prepares each new size on its first run).", path, warmed.describe())
+        return Warmed((), len(plan.shapes()), 0.0, f"skipped: {exc}")
+    warmed = warm_at_sizes(session, request, plan, budget_s)
+    session._validated = False  # the caller's first request is still checked (names, dtypes, NaN)
+    if warmed.note and warmed.note.startswith("stopped"):
+        log.warning("Profile '%s': %s.", path, warmed.describe())
+    else:
+        log.info("Profile '%s': %s (the EP prepares each new input shape on its first run).", path, warmed.describe())
     return warmed
 
 

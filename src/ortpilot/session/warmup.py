@@ -24,10 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from ortpilot.data.workload import spread
 from ortpilot.errors import UsageError
 
 WARM_BUDGET_S = 5.0  # at most this long warming at load; batch 1 first, the most frequent sizes first
 MAX_WARM_SIZES = 512  # sizes a plan lists at most (a wider range is sampled evenly)
+MAX_WARM_BYTES = 256 << 20  # the largest warm-up request's inputs, at most (a profile is an input: it is checked)
 PROBE_SIZES = 6  # new sizes the tune times twice each to measure the first-run cost
 WORTH_MS = 0.5  # a first-run cost below this per new size is not worth a warm-up ...
 WORTH_SHARE = 0.25  # ... nor one below this share of a run's own time
@@ -77,7 +79,7 @@ class WarmupPlan:
                 sizes=tuple(int(s) for s in doc["sizes"]),
                 first_run_ms=float(doc.get("first_run_ms") or 0.0),
                 run_ms=float(doc.get("run_ms") or 0.0),
-                warm=bool(doc.get("warm", True)),
+                warm=bool(doc.get("warm", False)),
                 batches=tuple(int(b) for b in doc.get("batches") or (1,)),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -86,17 +88,25 @@ class WarmupPlan:
 
 @dataclass(frozen=True)
 class Warmed:
-    """What a load's warm-up did: the (batch, size) shapes run, of how many planned, and how long it took."""
+    """What a load's warm-up did: the (batch, size) shapes run, of how many planned, how long it took, and why it
+    stopped short or did not run (``note``: the budget, a shape the session refused, a workload file missing)."""
 
     shapes: tuple[tuple[int, int], ...]
     planned: int
     seconds: float
+    note: str = ""
 
     def describe(self) -> str:
-        return f"warmed {len(self.shapes)} of {self.planned} shapes in {self.seconds:.2f} s"
+        done = f"warmed {len(self.shapes)} of {self.planned} shapes in {self.seconds:.2f} s"
+        return f"{done} ({self.note})" if self.note else done
 
     def to_dict(self) -> dict[str, Any]:
-        return {"shapes": len(self.shapes), "planned": self.planned, "seconds": round(self.seconds, 4)}
+        return {
+            "shapes": len(self.shapes),
+            "planned": self.planned,
+            "seconds": round(self.seconds, 4),
+            **({"note": self.note} if self.note else {}),
+        }
 
 
 def sizes_to_warm(histogram: Sequence[tuple[int, int]], limit: int = MAX_WARM_SIZES) -> tuple[int, ...]:
@@ -114,13 +124,28 @@ def sizes_to_warm(histogram: Sequence[tuple[int, int]], limit: int = MAX_WARM_SI
     return tuple([*seen, *rest][:limit])
 
 
+def base_request(
+    request: Mapping[str, np.ndarray], axes: Sequence[tuple[str, int]]
+) -> tuple[dict[str, np.ndarray], bool]:
+    """(one request to warm from, whether it stacks into batches). A batched tune's replay set holds batches: where
+    every input has the same size on axis 0 and the warmed dim is not that axis, its first item, which stacks;
+    otherwise the request as it is, which does not (an input without a batch axis)."""
+    arrays = {name: np.asarray(value) for name, value in request.items()}
+    firsts = {value.shape[0] if value.ndim else None for value in arrays.values()}
+    if len(firsts) != 1 or None in firsts or any(axis == 0 for _, axis in axes):
+        return arrays, False
+    return {name: value[:1] for name, value in arrays.items()}, True
+
+
 def at_size(
     request: Mapping[str, np.ndarray], axes: Sequence[tuple[str, int]], size: int, batch: int = 1
 ) -> dict[str, np.ndarray]:
-    """``request`` with each of ``axes`` cut, or tiled with its own values, to ``size``; with ``batch`` > 1, that
-    request ``batch`` times over on axis 0 (every input, as ``data.workload.batched_requests`` stacks them)."""
+    """``request`` (``base_request``'s) with each of ``axes`` cut, or tiled with its own values, to ``size``; with
+    ``batch`` > 1, that request ``batch`` times over on axis 0, as ``data.workload.batched_requests`` stacks them."""
     out = {name: np.asarray(value) for name, value in request.items()}
     if batch > 1:
+        if any(value.shape[:1] != (1,) for value in out.values()):
+            raise ValueError("the request has an input without a batch axis of 1: it does not stack into batches")
         out = {name: np.concatenate([value] * batch) for name, value in out.items()}
     for name, axis in axes:
         value = out[name]
@@ -128,6 +153,29 @@ def at_size(
         if have != size and have > 0:
             out[name] = np.ascontiguousarray(np.take(value, np.arange(size) % have, axis=axis))
     return out
+
+
+def plan_problem(plan: WarmupPlan, workload: Mapping[str, Any], request: Mapping[str, np.ndarray]) -> str:
+    """Why the plan must not run ('' when it may): it names sizes outside its workload's range for its dim, batch
+    sizes the workload does not, more sizes than a plan holds, or requests larger than ``MAX_WARM_BYTES``."""
+    dims = {str(d.get("name")): d for d in workload.get("dims") or [] if isinstance(d, Mapping)}
+    dim = dims.get(plan.dim)
+    if dim is None:
+        return f"its workload has no dim '{plan.dim}'"
+    low, high = int(dim.get("min") or 0), int(dim.get("max") or 0)
+    if len(plan.sizes) > MAX_WARM_SIZES or not all(low <= s <= high for s in plan.sizes):
+        return f"its plan's sizes are not those of the workload's '{plan.dim}' ({low}-{high}, at most {MAX_WARM_SIZES})"
+    allowed = {1, *(int(b) for b in workload.get("batches") or ())}
+    if not set(plan.batches) <= allowed:
+        return f"its plan's batch sizes {list(plan.batches)} are not the workload's {sorted(allowed)}"
+    largest = 0
+    for name, value in request.items():
+        value = np.asarray(value)
+        scale = max(plan.sizes) / max(1, value.shape[dict(plan.axes)[name]]) if name in dict(plan.axes) else 1.0
+        largest += int(value.nbytes * scale)
+    if largest * max(plan.batches) > MAX_WARM_BYTES:
+        return f"its largest warm-up request would take {largest * max(plan.batches) >> 20} MiB of inputs"
+    return ""
 
 
 def first_run_cost(
@@ -156,33 +204,41 @@ def worth_warming(first_run_ms: float, run_ms: float) -> bool:
 def probe_sizes(sizes: Sequence[int], skip: Sequence[int], count: int = PROBE_SIZES) -> list[int]:
     """``count`` of ``sizes`` evenly spread and not in ``skip`` (those a session has met already)."""
     fresh = sorted(set(sizes) - set(skip))
-    if len(fresh) <= count:
-        return fresh
-    return [fresh[int((2 * i + 1) * len(fresh) / (2 * count))] for i in range(count)]
+    return [fresh[i] for i in spread(len(fresh), count)]
 
 
 def warm_at_sizes(
     session: Any, request: Mapping[str, np.ndarray], plan: WarmupPlan, budget_s: float = WARM_BUDGET_S
 ) -> Warmed:
-    """Run ``session`` once at each of the plan's shapes (``WarmupPlan.shapes``), in order, until ``budget_s``."""
+    """Run ``session`` once at each of the plan's shapes (``WarmupPlan.shapes``), in order, until ``budget_s``; a
+    shape the session refuses ends it there (``note``). ``request``: ``base_request``'s."""
     start = time.perf_counter()
     planned = plan.shapes()
-    done = []
+    done: list[tuple[int, int]] = []
+    note = ""
     for batch, size in planned:
         if time.perf_counter() - start >= budget_s:
+            note = f"the {budget_s:g} s budget ran out"
             break
-        session.run(None, at_size(request, plan.axes, size, batch))
+        try:
+            session.run(None, at_size(request, plan.axes, size, batch))
+        except Exception as exc:  # a warm-up only saves time: the session is as it was
+            note = f"stopped at batch {batch}, size {size}: {type(exc).__name__}: {str(exc)[:300]}"
+            break
         done.append((batch, size))
-    return Warmed(tuple(done), len(planned), time.perf_counter() - start)
+    return Warmed(tuple(done), len(planned), time.perf_counter() - start, note)
 
 
 __all__ = [
+    "MAX_WARM_BYTES",
     "MAX_WARM_SIZES",
     "WARM_BUDGET_S",
     "Warmed",
     "WarmupPlan",
     "at_size",
+    "base_request",
     "first_run_cost",
+    "plan_problem",
     "probe_sizes",
     "sizes_to_warm",
     "warm_at_sizes",

@@ -17,7 +17,14 @@ import numpy as np
 
 from ortpilot.data.workload import Workload
 from ortpilot.session.options import SessionSettings
-from ortpilot.session.warmup import WarmupPlan, first_run_cost, probe_sizes, sizes_to_warm, worth_warming
+from ortpilot.session.warmup import (
+    WarmupPlan,
+    base_request,
+    first_run_cost,
+    probe_sizes,
+    sizes_to_warm,
+    worth_warming,
+)
 
 log = logging.getLogger("ortpilot")
 
@@ -30,8 +37,12 @@ def measure_warmup(
     replay: Sequence[Mapping[str, np.ndarray]],
 ) -> WarmupPlan | None:
     """The profile's warm-up plan for the winner, or None where its requests vary in no single dim (one shape,
-    or several dims at once) or the measurement failed (logged: the profile is valid without it)."""
-    if workload is None or len(workload.dims) != 1 or not replay:
+    or several dims at once), the tune keeps no replay set to warm from (fewer than 2 requests: ``outputs``
+    writes no ``workload.npz`` then), or the measurement failed (logged: the profile is valid without it).
+
+    Measured on the winner's model as ``session.load`` makes it; a profile may load the OpenVINO compiled model or
+    ORT's optimized one instead (``load_profile``), which prepares new shapes the same way, not timed here."""
+    if workload is None or len(workload.dims) != 1 or len(replay) < 2:
         return None
     from ortpilot.providers.names import resolve_providers
     from ortpilot.session import load
@@ -43,7 +54,7 @@ def measure_warmup(
     probes = probe_sizes(sizes, met)
     if not probes:
         return None
-    request = max(replay, key=lambda r: int(np.shape(r[name])[axis]))
+    request, stacks = base_request(max(replay, key=lambda r: int(np.shape(r[name])[axis])), dim.axes)
     try:
         chain = resolve_providers([(p["name"], dict(p.get("options") or {})) for p in providers])
         session = load(str(model_file), chain, "warn", settings=settings)
@@ -53,7 +64,8 @@ def measure_warmup(
     except Exception as exc:
         log.info("No warm-up measured for the profile: %s", exc)
         return None
-    return WarmupPlan(dim.name, dim.axes, sizes, first_ms, run_ms, worth_warming(first_ms, run_ms), workload.batches)
+    batches = workload.batches if stacks else (1,)
+    return WarmupPlan(dim.name, dim.axes, sizes, first_ms, run_ms, worth_warming(first_ms, run_ms), batches)
 
 
 __all__ = ["measure_warmup"]
