@@ -266,7 +266,8 @@ def test_verify_warms_as_the_profile_asks_and_still_reproduces_the_reference_bit
     assert result.to_dict()["warmed"]["planned"] == planned
     shown = CliRunner().invoke(cli, ["verify", str(folder)])
     assert shown.exit_code == 0, shown.output
-    assert "warm-up" in shown.output and f"of the {planned} shapes" in " ".join(shown.output.split())
+    text = " ".join(shown.output.replace("│", " ").split())  # the table's rows, unwrapped
+    assert "warm-up ok" in text and f"at {planned} of the {planned} shapes" in text
 
 
 def test_a_kept_text_model_warms_as_its_profile_asks_and_a_one_shot_embed_does_not(masked, tmp_path, caplog):
@@ -322,4 +323,5 @@ def test_a_warm_up_plan_outside_its_workload_or_without_its_file_is_skipped_and_
     (folder / profile["workload"]["file"]).unlink()
     shown = CliRunner().invoke(cli, ["verify", str(folder)])
     assert shown.exit_code == 0, shown.output
-    assert "skipped" in shown.output and "is missing" in " ".join(shown.output.split())
+    text = " ".join(shown.output.replace("│", " ").split())  # the table's rows, unwrapped
+    assert "warm-up skipped" in text and "workload file 'workload.npz' is missing" in text
