@@ -113,7 +113,8 @@ def test_a_batched_tunes_request_warms_from_its_first_item_and_one_without_a_bat
 
 
 def test_a_plan_that_does_not_fit_its_workload_is_named_before_anything_runs():
-    workload = {"dims": [{"name": "sequence", "min": 3, "max": 40}], "batches": [1, 32]}
+    dim = {"name": "sequence", "axes": [list(a) for a in AXES], "min": 3, "max": 40}
+    workload = {"dims": [dim], "batches": [1, 32]}
     plan = WarmupPlan("sequence", AXES, tuple(range(3, 41)), 8.0, 2.0, batches=(1, 32))
     assert plan_problem(plan, workload, _request(9)) == ""
     wide = WarmupPlan("sequence", AXES, (3, 2**30), 8.0, 2.0)
@@ -122,10 +123,15 @@ def test_a_plan_that_does_not_fit_its_workload_is_named_before_anything_runs():
     assert "batch sizes [1, 4096] are not the workload's [1, 32]" in plan_problem(batches, workload, _request(9))
     other = WarmupPlan("width", AXES, (3,), 8.0, 2.0)
     assert plan_problem(other, workload, _request(9)) == "its workload has no dim 'width'"
-    huge = {"dims": [{"name": "sequence", "min": 3, "max": 2**26}], "batches": [1, 32]}
+    twice = WarmupPlan("sequence", (("input_ids", 0), ("input_ids", 1)), (40,), 8.0, 2.0)  # an edited plan
+    assert "axes [['input_ids', 0], ['input_ids', 1]] are not those" in plan_problem(twice, workload, _request(9))
+    broken = {"dims": [{**dim, "min": [1]}], "batches": [1]}
+    assert plan_problem(plan, broken, _request(9)) == "its workload's 'sequence' is malformed"
+    huge = {"dims": [{**dim, "max": 2**26}], "batches": [1, 32]}
     big = WarmupPlan("sequence", AXES, (2**26,), 8.0, 2.0, batches=(1, 32))
-    assert f"{MAX_WARM_BYTES >> 20}" not in plan_problem(big, huge, _request(9))
-    assert "MiB of inputs" in plan_problem(big, huge, _request(9))
+    # three int64 inputs of 2**26 tokens, 32 times over: 48 GiB
+    assert plan_problem(big, huge, _request(9)) == "its largest warm-up request would take 49152 MiB of inputs"
+    assert MAX_WARM_BYTES < 49152 << 20
 
 
 def test_a_shape_the_session_refuses_ends_the_warm_up_there_and_says_so(demo_paths):

@@ -267,7 +267,7 @@ def test_verify_warms_as_the_profile_asks_and_still_reproduces_the_reference_bit
     shown = CliRunner().invoke(cli, ["verify", str(folder)])
     assert shown.exit_code == 0, shown.output
     text = " ".join(shown.output.replace("│", " ").split())  # the table's rows, unwrapped
-    assert "warm-up ok" in text and f"at {planned} of the {planned} shapes" in text
+    assert "warm-up" in text and f"of the {planned} shapes its profile's warm-up plan names" in text
 
 
 def test_a_kept_text_model_warms_as_its_profile_asks_and_a_one_shot_embed_does_not(masked, tmp_path, caplog):
@@ -316,10 +316,19 @@ def test_a_warm_up_plan_outside_its_workload_or_without_its_file_is_skipped_and_
     from ortpilot.cli.main import cli
 
     folder, profile = _warming_profile(masked, tmp_path)
+    doc_axes = profile["warmup"]["axes"]
     profile["warmup"]["sizes"] = [1, 2**30]
     atomic_write_json(folder / "profile.json", profile)
     session = ortpilot.load_profile(str(folder / "profile.json"))
     assert session.warmed.shapes == () and "not those of the workload's 'sequence'" in session.warmed.note
+    profile["warmup"]["axes"] = [["input_ids"]]  # not an (input, axis) pair: the plan does not parse
+    atomic_write_json(folder / "profile.json", profile)
+    shown = CliRunner().invoke(cli, ["verify", str(folder)])
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.replace("│", " ").split())
+    assert "warm-up skipped" in text and "warm-up plan is malformed" in text
+    profile["warmup"]["axes"] = doc_axes
+    atomic_write_json(folder / "profile.json", profile)
     (folder / profile["workload"]["file"]).unlink()
     shown = CliRunner().invoke(cli, ["verify", str(folder)])
     assert shown.exit_code == 0, shown.output

@@ -112,10 +112,10 @@ def render(result) -> None:
     )
     if warmed := doc.get("warmed"):
         note = warmed.get("note") or ""
-        if warmed["shapes"] == warmed["planned"]:
-            verdict = "[green]ok[/]"
+        if note.startswith("skipped"):
+            verdict = "[yellow]skipped[/]"
         else:
-            verdict = "[yellow]skipped[/]" if note.startswith("skipped") else "[yellow]partial[/]"
+            verdict = "[green]ok[/]" if warmed["shapes"] == warmed["planned"] else "[yellow]partial[/]"
         table.add_row(
             "warm-up",
             verdict,

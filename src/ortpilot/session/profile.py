@@ -227,7 +227,7 @@ def _warm(doc: Mapping[str, Any], path: str | os.PathLike, session: VerifiedSess
         problem = plan_problem(plan, workload, request)
         if problem:
             raise UsageError(problem)
-    except (OrtpilotError, KeyError, IndexError, ValueError, OSError) as exc:
+    except (OrtpilotError, KeyError, IndexError, TypeError, ValueError, OSError) as exc:
         log.warning(
             "Profile '%s': no warm-up at load (%s); first requests at new sizes pay the EP's preparation.", path, exc
         )

@@ -156,25 +156,35 @@ def at_size(
 
 
 def plan_problem(plan: WarmupPlan, workload: Mapping[str, Any], request: Mapping[str, np.ndarray]) -> str:
-    """Why the plan must not run ('' when it may): it names sizes outside its workload's range for its dim, batch
-    sizes the workload does not, more sizes than a plan holds, or requests larger than ``MAX_WARM_BYTES``."""
+    """Why the plan must not run ('' when it may): its dim or axes are not its workload's, it names sizes outside
+    the workload's range or more than a plan holds, batch sizes the workload does not, or requests larger than
+    ``MAX_WARM_BYTES`` (a profile is an input: each figure is checked before anything is allocated)."""
     dims = {str(d.get("name")): d for d in workload.get("dims") or [] if isinstance(d, Mapping)}
     dim = dims.get(plan.dim)
     if dim is None:
         return f"its workload has no dim '{plan.dim}'"
-    low, high = int(dim.get("min") or 0), int(dim.get("max") or 0)
+    try:
+        axes = tuple((str(i), int(a)) for i, a in dim.get("axes") or ())
+        low, high = int(dim.get("min") or 0), int(dim.get("max") or 0)
+        allowed = {1, *(int(b) for b in workload.get("batches") or ())}
+    except (TypeError, ValueError):
+        return f"its workload's '{plan.dim}' is malformed"
+    if plan.axes != axes or any(name not in request or not 0 <= axis < np.ndim(request[name]) for name, axis in axes):
+        return f"its plan's axes {[list(a) for a in plan.axes]} are not those of its workload's '{plan.dim}'"
     if len(plan.sizes) > MAX_WARM_SIZES or not all(low <= s <= high for s in plan.sizes):
         return f"its plan's sizes are not those of the workload's '{plan.dim}' ({low}-{high}, at most {MAX_WARM_SIZES})"
-    allowed = {1, *(int(b) for b in workload.get("batches") or ())}
     if not set(plan.batches) <= allowed:
         return f"its plan's batch sizes {list(plan.batches)} are not the workload's {sorted(allowed)}"
-    largest = 0
+    largest = 0.0
     for name, value in request.items():
         value = np.asarray(value)
-        scale = max(plan.sizes) / max(1, value.shape[dict(plan.axes)[name]]) if name in dict(plan.axes) else 1.0
-        largest += int(value.nbytes * scale)
-    if largest * max(plan.batches) > MAX_WARM_BYTES:
-        return f"its largest warm-up request would take {largest * max(plan.batches) >> 20} MiB of inputs"
+        scale = 1.0
+        for axis in (a for n, a in axes if n == name):  # every axis the dim sizes grows with it
+            scale *= max(plan.sizes) / max(1, value.shape[axis])
+        largest += value.nbytes * scale
+    total = int(largest * max(plan.batches))
+    if total > MAX_WARM_BYTES:
+        return f"its largest warm-up request would take {total >> 20} MiB of inputs"
     return ""
 
 
