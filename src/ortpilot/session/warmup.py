@@ -8,11 +8,13 @@ that first-run cost for its winner (``first_run_cost``) and records a ``WarmupPl
 sizes of the workload's range (most frequent first), what it measured and whether that is worth a warm-up.
 ``load_profile`` then runs the session once at each size, at batch 1 and then at each batch size the workload
 names (``warm_at_sizes``, within ``WARM_BUDGET_S``), so the requests meet the session the tune timed: on MiniLM's
-INT8 model, batches of 32 sorted by length ran at 2.2x ORT's default in a fresh process and 3.0x once their
-shapes were met. The CPU EP pays about 0.1 ms per new size: no warm-up.
+INT8 model, calls of 32 sentences sorted by length ran at 1.9-2.0x ORT's default in a fresh process and 3.2-3.4x
+warmed (``bench_ov_shapes.py --batch 32``). The CPU EP pays about 0.1 ms per new size: no warm-up.
 
-A request at any size is made from a real one (the workload's largest): each input's axis is cut, or tiled with
-its own values, to the size, so every value stays one the model accepts (token ids in its vocabulary).
+A request at any size is made from a real one (the workload's largest; a batched tune's first item): each input's
+axis is cut, or tiled with its own values, to the size, and stacked on axis 0 for a batch, so every value stays one
+the model accepts (token ids in its vocabulary). A profile is an input: ``plan_problem`` checks a plan against its
+workload before anything is allocated.
 """
 
 from __future__ import annotations
