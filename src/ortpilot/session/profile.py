@@ -29,7 +29,7 @@ from ortpilot.session.bundle import choose_profile
 from ortpilot.session.compiled import load_compiled
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.verified import VerifiedSession, load
-from ortpilot.session.warmup import WARM_BUDGET_S, Warmed, WarmupPlan, base_request, plan_problem, warm_at_sizes
+from ortpilot.session.warmup import WARM_BUDGET_S, Warmed, WarmupPlan, plan_problem, warm_at_sizes, warm_request
 
 log = logging.getLogger("ortpilot")
 
@@ -219,9 +219,7 @@ def _warm(doc: Mapping[str, Any], path: str | os.PathLike, session: VerifiedSess
             raise UsageError(f"its workload file '{name}' is missing")
         if file_sha256(file) != workload.get("file_sha256"):
             raise UsageError(f"its workload file '{name}' changed since the tune (sha256 differs)")
-        dim_input, axis = plan.axes[0]
-        largest = max(read_samples(file), key=lambda r: int(r[dim_input].shape[axis]))
-        request, stacks = base_request(largest, plan.axes)
+        request, stacks = warm_request(read_samples(file), plan.axes)
         if not stacks:
             plan = replace(plan, batches=(1,))
         problem = plan_problem(plan, workload, request)

@@ -139,6 +139,15 @@ def base_request(
     return {name: value[:1] for name, value in arrays.items()}, True
 
 
+def warm_request(
+    requests: Sequence[Mapping[str, np.ndarray]], axes: Sequence[tuple[str, int]]
+) -> tuple[dict[str, np.ndarray], bool]:
+    """The request a warm-up (and the tune's measurement of it) starts from: the largest of ``requests`` along the
+    dim (its first axis in ``axes``), as ``base_request`` gives it."""
+    name, axis = axes[0]
+    return base_request(max(requests, key=lambda r: int(np.shape(r[name])[axis])), axes)
+
+
 def at_size(
     request: Mapping[str, np.ndarray], axes: Sequence[tuple[str, int]], size: int, batch: int = 1
 ) -> dict[str, np.ndarray]:
@@ -254,5 +263,6 @@ __all__ = [
     "probe_sizes",
     "sizes_to_warm",
     "warm_at_sizes",
+    "warm_request",
     "worth_warming",
 ]

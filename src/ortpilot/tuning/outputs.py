@@ -174,13 +174,14 @@ def write_outputs(
     }
     settings = profile_settings(winner, result.facts.default_threads)
     shaped = winner.candidate.shape_plan is not None  # its sessions are made per bucket at load, from model.onnx
+    requests = list(replay or [])
     if not shaped:  # a bucket's session is static: prepared when made
         result.warmup = measure_warmup(
-            model_file, list(winner.candidate.providers), settings, result.workload, list(replay or [])
+            model_file, list(winner.candidate.providers), settings, result.workload, requests
         )
     write_reports(result)
     reference = _write_reference(out, winner, reference_feeds)
-    workload = _write_workload(out, result, list(replay or []))
+    workload = _write_workload(out, result, requests)
     optimized = (
         None if shaped else _write_optimized(out, model_file, list(winner.candidate.providers), settings, reference)
     )

@@ -19,10 +19,10 @@ from ortpilot.data.workload import Workload
 from ortpilot.session.options import SessionSettings
 from ortpilot.session.warmup import (
     WarmupPlan,
-    base_request,
     first_run_cost,
     probe_sizes,
     sizes_to_warm,
+    warm_request,
     worth_warming,
 )
 
@@ -54,7 +54,7 @@ def measure_warmup(
     probes = probe_sizes(sizes, met)
     if not probes:
         return None
-    request, stacks = base_request(max(replay, key=lambda r: int(np.shape(r[name])[axis])), dim.axes)
+    request, stacks = warm_request(replay, dim.axes)
     try:
         chain = resolve_providers([(p["name"], dict(p.get("options") or {})) for p in providers])
         session = load(str(model_file), chain, "warn", settings=settings)
