@@ -1,5 +1,6 @@
 """What the prep and bench scripts share: user-facing errors, timed steps, package lookup, atomic
-publish, and the command line of the tune benchmarks (bench_tune, bench_olive)."""
+publish, the command line of the tune benchmarks (bench_tune, bench_olive), and sentences batched as
+sentence-transformers batches them (the workload benchmarks)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 
 class PrepError(RuntimeError):
@@ -79,3 +81,23 @@ def write_json(path: str | os.PathLike | None, doc: object) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(doc, indent=1, default=str))
+
+
+def length_batches(feeds: Sequence[Mapping[str, Any]], size: int) -> list[dict[str, Any]]:
+    """Requests of one sentence each (``[1, length]`` arrays) as sentence-transformers batches them: sorted by
+    length (ties in their order), cut into calls of ``size``, each input padded at its end to the call's longest
+    with 0 (a mask 0 there), stacked on axis 0."""
+    import numpy as np
+
+    order = sorted(range(len(feeds)), key=lambda i: feeds[i]["input_ids"].shape[1])
+    calls = []
+    for start in range(0, len(order), size):
+        group = [feeds[i] for i in order[start : start + size]]
+        longest = max(f["input_ids"].shape[1] for f in group)
+        calls.append(
+            {
+                name: np.concatenate([np.pad(f[name], ((0, 0), (0, longest - f[name].shape[1]))) for f in group])
+                for name in group[0]
+            }
+        )
+    return calls

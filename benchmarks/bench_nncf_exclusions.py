@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from _prep import length_batches
 from tokenizers import Tokenizer
 
 from ortpilot.passes.base import SourceModel
@@ -66,18 +67,7 @@ def main() -> None:
     calibration = [feed(t) for t in lines(args.tune_sentences)[:150]]
     texts = lines(args.sentences)[: args.count]
     feeds = [feed(t) for t in texts]
-    lengths = [f["input_ids"].shape[1] for f in feeds]
-    order = np.argsort(lengths, kind="stable")
-    batches = []
-    for start in range(0, len(order), 32):
-        group = order[start : start + 32]
-        longest = max(lengths[i] for i in group)
-        batches.append(
-            {
-                k: np.concatenate([np.pad(feeds[i][k], ((0, 0), (0, longest - lengths[i]))) for i in group])
-                for k in feeds[0]
-            }
-        )
+    batches = length_batches(feeds, 32)
     plain = ort.InferenceSession(str(MINILM / "model.onnx"), providers=["CPUExecutionProvider"])
     want = [plain.run(["sentence_embedding"], f)[0][0] for f in feeds]
     source = SourceModel.of(MINILM / "model.onnx")

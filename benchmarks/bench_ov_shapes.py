@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from _prep import length_batches
 from tokenizers import Tokenizer
 
 from ortpilot.session.warmup import WarmupPlan, warm_at_sizes
@@ -79,20 +80,7 @@ def main() -> None:
 
     def batched(chunk: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         """``chunk`` sorted by length in calls of ``--batch``, each padded to its longest (mask 0)."""
-        if args.batch == 1:
-            return chunk
-        ordered = sorted(chunk, key=lambda f: f["input_ids"].shape[1])
-        calls = []
-        for start in range(0, len(ordered), args.batch):
-            group = ordered[start : start + args.batch]
-            longest = max(f["input_ids"].shape[1] for f in group)
-            calls.append(
-                {
-                    name: np.concatenate([np.pad(f[name], ((0, 0), (0, longest - f[name].shape[1]))) for f in group])
-                    for name in group[0]
-                }
-            )
-        return calls
+        return chunk if args.batch == 1 else length_batches(chunk, args.batch)
 
     slices = [batched(feeds[i : i + 600]) for i in range(0, min(len(feeds), 1800), 600)]
     passes: dict[str, list[list[float]]] = {name: [] for name in sessions}

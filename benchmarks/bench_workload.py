@@ -64,6 +64,7 @@ def check(profile: Path, sentences: Path, rounds: int) -> dict[str, Any]:
     prepares each new length on its first run), a second profile session loaded with ``warm=False`` is timed
     beside the two (``profile_cold``), so the warm-up's effect on a fresh process reads in the same rounds."""
     import onnxruntime as ort
+    from _prep import length_batches
     from tokenizers import Tokenizer
 
     import ortpilot
@@ -92,20 +93,7 @@ def check(profile: Path, sentences: Path, rounds: int) -> dict[str, Any]:
             s.run(None, f)
 
     def batches_of(items: list[int], size: int) -> list[dict[str, np.ndarray]]:
-        order = sorted(items, key=lambda i: lengths[i])
-        out = []
-        for start in range(0, len(order), size):
-            group = order[start : start + size]
-            longest = int(max(lengths[i] for i in group))
-            out.append(
-                {
-                    name: np.concatenate(
-                        [np.pad(feeds[i][name], ((0, 0), (0, longest - feeds[i][name].shape[1]))) for i in group]
-                    )
-                    for name in feeds[0]
-                }
-            )
-        return out
+        return length_batches([feeds[i] for i in items], size)
 
     per_round = len(feeds) // rounds
     result: dict[str, Any] = {"sentences": len(feeds), "tokens_p50": float(np.median(lengths))}
