@@ -3,15 +3,20 @@ Ray's, the error pages in each protocol's shape, and the controller environment 
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import shutil
 import socket
 import subprocess
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from serve_procs import free_port
 
-from ortpilot.serve.fastpath import IngressPath, choose, environment
+from ortpilot.serve.fastpath import IngressPath, choose, environment, haproxy_binary, haproxy_version
 from ortpilot.serve.haproxy import HAPROXY_BUFSIZE, RETRY_ON, write_wrapper
 from ortpilot.serve.records import Timeouts
 
@@ -112,10 +117,59 @@ BROKEN_HEADERS = {
 MUX_ERRORFILES = (3, 3)  # the first HAProxy whose H1 mux answers these with the errorfile (haproxy#3032)
 
 
-def _haproxy_version(binary: str) -> tuple[int, int]:
-    first = subprocess.run([binary, "-v"], capture_output=True, text=True, check=True).stdout.split()
-    major, minor = first[first.index("version") + 1].split(".")[:2]
-    return int(major), int(minor)
+CFG_HEAD = "global\n    maxconn 100\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n"
+
+
+def _binary() -> str:
+    """The HAProxy ray[serve] installs (or one on the PATH); the test is skipped without one."""
+    binary = haproxy_binary()
+    if binary is None:
+        pytest.skip("no HAProxy binary (ray[serve] installs one on Linux x86-64 and arm64)")
+    return binary
+
+
+def _stand_in(name: str, reached: list[tuple[str, str, int]]) -> ThreadingHTTPServer:
+    """A stand-in replica on a free loopback port: records (its name, the path, the body's bytes) and answers 200."""
+
+    class Replica(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            size = len(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            reached.append((name, self.path, size))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Replica)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@contextlib.contextmanager
+def _running(wrapper, cfg, port: int):
+    """HAProxy through the wrapper on ``cfg``, once it answers ``GET /ok`` through to a replica."""
+    proc = subprocess.Popen([str(wrapper), "-f", str(cfg), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(100):
+            try:
+                if _answer(port, b"GET /ok HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").startswith(
+                    b"HTTP/1.1 200"
+                ):
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            time.sleep(0.1)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def _answer(port: int, raw: bytes) -> bytes:
@@ -134,70 +188,99 @@ def test_a_broken_header_is_haproxys_400_and_never_reaches_a_replica(tmp_path, p
     protocol's JSON error where HAProxy's H1 mux answers with the configured errorfile; HAProxy 2.8
     (Ray 2.60's) answers these parse errors with its compiled-in HTML page whatever the config says, so
     there the body check is an expected failure (docs/commands/serve.md says so)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from serve_procs import free_port
-
-    from ortpilot.serve.fastpath import haproxy_binary
-
-    binary = haproxy_binary()
-    if binary is None:
-        pytest.skip("no HAProxy binary (ray[serve] installs one on Linux x86-64 and arm64)")
-    reached: list[str] = []
-
-    class Replica(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:
-            reached.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        do_POST = do_GET
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    replica = ThreadingHTTPServer(("127.0.0.1", 0), Replica)
-    threading.Thread(target=replica.serve_forever, daemon=True).start()
+    binary = _binary()
+    reached: list[tuple[str, str, int]] = []
+    replica = _stand_in("replica", reached)
     folder = tmp_path / "h"
     folder.mkdir()
     wrapper = write_wrapper(folder, binary, Timeouts(), protocol=protocol)
     port = free_port()
     cfg = folder / "haproxy.cfg"
     cfg.write_text(
-        "global\n    maxconn 100\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n"
-        f"    timeout server 30s\nfrontend http_frontend\n    bind 127.0.0.1:{port}\n    default_backend replica\n"
+        f"{CFG_HEAD}frontend http_frontend\n    bind 127.0.0.1:{port}\n    default_backend replica\n"
         f"backend replica\n    server r 127.0.0.1:{replica.server_address[1]}\n"
     )
-    proc = subprocess.Popen([str(wrapper), "-f", str(cfg), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        for _ in range(100):  # until HAProxy answers a good request (through to the replica)
-            try:
-                if _answer(port, b"GET /ok HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").startswith(
-                    b"HTTP/1.1 200"
-                ):
-                    break
-            except OSError:
-                pass
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            time.sleep(0.1)
+    with _running(wrapper, cfg, port):
         answers = {case: _answer(port, raw) for case, raw in BROKEN_HEADERS.items()}
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        replica.shutdown()
-    assert reached == ["/ok"]  # no broken request reached the replica
+    replica.shutdown()
+    assert [path for _, path, _ in reached] == ["/ok"]  # no broken request reached the replica
     for case, answer in answers.items():
         head, _, _ = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 400") and b"Connection: close" in head, (case, answer[:300])
     bodies = {case: answer.partition(b"\r\n\r\n")[2] for case, answer in answers.items()}
-    if _haproxy_version(binary) < MUX_ERRORFILES:
+    if haproxy_version(binary) < MUX_ERRORFILES:
         assert all(b"<h1>400 Bad request</h1>" in body for body in bodies.values()), bodies
         pytest.xfail("HAProxy before 3.3 answers a request it cannot parse with its own HTML page (haproxy#3032)")
     for case, body in bodies.items():
         error = json.loads(body)["error"]
         message = error if protocol == "oip" else error["message"]
         assert "not valid HTTP" in message, (case, body)
+
+
+# (path, body) -> (the backend that gets it, the path it gets): a text request naming a text model goes to that
+# model's own route; anything else keeps its path and goes where Ray's prefixes send it.
+TEXT_ROUTING = [
+    ("/v1/embeddings", {"model": "embed", "input": "hi"}, ("embed", "/v2/models/embed/v1/embeddings")),
+    (
+        "/v1/rerank/?x=1",
+        {"query": "q", "documents": ["d"], "model": "embed"},
+        ("embed", "/v2/models/embed/v1/rerank/?x=1"),
+    ),
+    ("/v1/classify", {"model": "cls", "input": ["a", "b"]}, ("cls", "/v2/models/cls/v1/classify")),
+    ("/v1/embeddings", {"model": "other", "input": "hi"}, ("server", "/v1/embeddings")),
+    ("/v1/embeddings", {"model": "embedx", "input": "hi"}, ("server", "/v1/embeddings")),
+    ("/v1/embeddings", {"input": "hi"}, ("server", "/v1/embeddings")),
+    ("/v1/embeddings", {"model": 5, "input": "hi"}, ("server", "/v1/embeddings")),
+    ("/v1/embeddings", b"not json", ("server", "/v1/embeddings")),
+    ("/v1/completions", {"model": "embed", "prompt": "hi"}, ("server", "/v1/completions")),
+    ("/v1/embeddingsx", {"model": "embed", "input": "hi"}, ("server", "/v1/embeddingsx")),
+    ("/v2/models/embed/infer", {"inputs": []}, ("embed", "/v2/models/embed/infer")),
+]
+
+
+@pytest.mark.parametrize("one_hop", [True, False])
+def test_text_requests_go_straight_to_the_model_their_body_names(tmp_path, one_hop):
+    """A real HAProxy with the wrapper's config in front of stand-ins for two text models' replicas and the
+    server-wide application, routed by path prefix as Ray writes it: with ``text_models`` a POST to
+    /v1/embeddings (rerank, classify) whose JSON body names one of them reaches that model's own route, query
+    and body intact; every other request keeps its path; without ``text_models`` nothing is rewritten."""
+    binary = _binary()
+    if haproxy_version(binary) < (2, 4):
+        pytest.skip("HAProxy before 2.4 has no json_query (the server keeps two hops)")
+    reached: list[tuple[str, str, int]] = []
+    backends = {name: _stand_in(name, reached) for name in ("embed", "cls", "server")}
+    folder = tmp_path / "h"
+    folder.mkdir()
+    wrapper = write_wrapper(folder, binary, Timeouts(), text_models=("embed", "cls") if one_hop else ())
+    port = free_port()
+    prefixes = {"embed": "/v2/models/embed/", "cls": "/v2/models/cls/", "server": "/"}
+    cfg = folder / "haproxy.cfg"
+    cfg.write_text(
+        f"{CFG_HEAD}frontend http_frontend\n    bind 127.0.0.1:{port}\n"
+        + "".join(f"    acl is_{n} path_beg {p}\n" for n, p in prefixes.items())
+        + "".join(f"    use_backend {n} if is_{n}\n" for n in prefixes)
+        + "".join(f"backend {n}\n    server r 127.0.0.1:{b.server_address[1]}\n" for n, b in backends.items())
+    )
+    # Bodies over HAProxy's buffer (16 KiB here): the model is read where it is named in the buffered part.
+    words = ["word " * 20] * 1000
+    big = [
+        ("/v1/embeddings", {"model": "embed", "input": words}, ("embed", "/v2/models/embed/v1/embeddings")),
+        ("/v1/embeddings", {"input": words, "model": "embed"}, ("server", "/v1/embeddings")),
+    ]
+    sent = []
+    with _running(wrapper, cfg, port):
+        reached.clear()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for path, doc, _ in [*TEXT_ROUTING, *big]:
+            body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            assert conn.getresponse().read() == b""
+            sent.append(len(body))
+    for server in backends.values():
+        server.shutdown()
+    assert [size for _, _, size in reached] == sent  # every body arrived whole
+    for (path, _, expected), (name, got, _) in zip([*TEXT_ROUTING, *big], reached):
+        if one_hop:
+            assert (name, got) == expected, path
+        else:
+            assert got == path and name == ("embed" if path.startswith("/v2/models/embed/") else "server"), path

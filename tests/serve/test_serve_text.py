@@ -217,6 +217,21 @@ def test_rerank_and_classify_answer_in_the_shape_embedding_servers_use(server, f
     assert status == 200 and [row[0]["label"] for row in doc["data"]] == [label for label, _ in expected]
 
 
+def test_text_requests_to_v1_take_one_hop_to_the_model_the_body_names(server):
+    """HAProxy hands a /v1 request naming a text model to that model's replica, on its own route: the replica's
+    access line has the model's path (Ray's log monitor forwards it to the server's stderr a moment later); the
+    ready lines say so. A model without text keeps the server-wide answer."""
+    assert "/v1 text requests naming embed, rerank, classify, tuned go straight to its replicas" in server.ingress
+    status, _ = _post(server, "/v1/rerank", {"model": "rerank", "query": "q", "documents": ["one hop"]})
+    assert status == 200
+    deadline = time.monotonic() + 20
+    while '"POST /v2/models/rerank/v1/rerank" 200' not in server.stderr and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert '"POST /v2/models/rerank/v1/rerank" 200' in server.stderr
+    status, doc = _post(server, "/v1/embeddings", {"model": "mlp", "input": "x"})
+    assert status == 400 and "takes no text" in doc["error"]["message"]
+
+
 def test_a_text_over_the_models_limit_is_cut_and_the_answer_says_so(server):
     status, doc = _post(server, "/v1/embeddings", {"model": "embed", "input": ["hi", LONG]})
     assert status == 200 and doc["truncated"] == [1]

@@ -22,6 +22,7 @@ import importlib.metadata
 import importlib.util
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ PROXY_CHECK_S = 30  # how long Ray waits for a proxy to answer ready, and each o
 # a gRPC call that names none is for (the OIP stack's ``oip.grpc_service``).
 GRPC_LOOPBACK_ENV = "ORTPILOT_GRPC_LOOPBACK"
 GRPC_APP_ENV = "ORTPILOT_GRPC_APP"
+JSON_QUERY_HAPROXY = (2, 4)  # the first HAProxy with ``json_query``, which the one-hop text routes read bodies with
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class IngressPath:
     notes: tuple[str, ...] = ()
     ports: dict[str, Any] = field(default_factory=dict)
     loopback: bool = True  # every port this server opens binds 127.0.0.1
+    text_one_hop: tuple[str, ...] = ()  # text models whose /v1 requests HAProxy hands to their replicas
 
     def describe(self) -> str:
         """``HAProxy -> replica (direct ingress, throughput-optimized, uvloop)`` or the classic proxy."""
@@ -70,7 +73,8 @@ class IngressPath:
         return f"{head} ({', '.join(switches) or 'no fast-path switch'})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "notes": list(self.notes), "description": self.describe()}
+        notes, one_hop = list(self.notes), list(self.text_one_hop)
+        return {**asdict(self), "notes": notes, "text_one_hop": one_hop, "description": self.describe()}
 
 
 def ray_version() -> tuple[int, int] | None:
@@ -94,6 +98,18 @@ def haproxy_binary() -> str | None:
     from shutil import which
 
     return which("haproxy")
+
+
+def haproxy_version(binary: str) -> tuple[int, int] | None:
+    """(major, minor) of the HAProxy at ``binary`` (``haproxy -v``), None where it does not run."""
+    import subprocess
+
+    try:
+        words = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=10).stdout.split()
+        major, minor = words[words.index("version") + 1].split(".")[:2]
+        return int(major), int(minor)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def choose(ingress: str, throughput_optimized: bool, joined_remote_hosts: bool = False) -> IngressPath:
@@ -170,10 +186,13 @@ def environment(
     protocol: str = OIP,
     max_header_kb: int = DEFAULT_MAX_HEADER_KB,
     hide_routes: bool = False,
+    text_models: Sequence[str] = (),
 ) -> tuple[dict[str, str], IngressPath]:
     """The controller's environment for ``path``, with every port it opens chosen free on ``host``;
     returns it and the path with its ports filled in. ``protocol`` (``oip`` or ``openai``) shapes the
-    error pages HAProxy answers itself; ``hide_routes`` answers Ray's ``/-/routes`` with a 404."""
+    error pages HAProxy answers itself; ``hide_routes`` answers Ray's ``/-/routes`` with a 404;
+    ``text_models``' ``/v1`` requests go straight to their replicas where HAProxy can read JSON bodies
+    (``haproxy.text_routes``; the path's ``text_one_hop`` names them, a note says why not)."""
     bind = "127.0.0.1" if is_loopback_host(host) else "0.0.0.0"
     env = {
         "RAY_SERVE_ENABLE_HA_PROXY": "1" if path.haproxy else "0",
@@ -193,20 +212,32 @@ def environment(
     ports: dict[str, Any] = {}
     if path.direct_ingress:
         ports.update(_replica_ports(env, bind))
+    notes, one_hop = list(path.notes), ()
     if path.haproxy:
         folder = run_dir / "h"
         folder.mkdir(parents=True, exist_ok=True)
+        binary = haproxy_binary() or "haproxy"
+        if text_models:
+            version = haproxy_version(binary)
+            if version is not None and version >= JSON_QUERY_HAPROXY:
+                one_hop = tuple(text_models)
+            else:
+                notes.append(
+                    f"HAProxy {'.'.join(map(str, version or ())) or '(unknown version)'} cannot read a JSON body "
+                    "(2.4 or newer can): /v1 text requests take one more hop, through the server-wide application"
+                )
         wrapper = write_wrapper(
             folder,
-            haproxy_binary() or "haproxy",
+            binary,
             timeouts,
             grpc_app,
             protocol=protocol,
             max_header_kb=max_header_kb,
             hide_routes=hide_routes,
+            text_models=one_hop,
         )
         ports.update(_haproxy_env(env, folder, wrapper, timeouts))
-    return env, IngressPath(**{**asdict(path), "ports": ports})
+    return env, IngressPath(**{**asdict(path), "notes": tuple(notes), "ports": ports, "text_one_hop": one_hop})
 
 
 def _replica_ports(env: dict[str, str], bind: str) -> dict[str, str]:
@@ -264,11 +295,13 @@ __all__ = [
     "GRPC_APP_ENV",
     "GRPC_LOOPBACK_ENV",
     "INGRESS_CHOICES",
+    "JSON_QUERY_HAPROXY",
     "IngressPath",
     "choose",
     "environment",
     "free_port",
     "free_range",
     "haproxy_binary",
+    "haproxy_version",
     "ray_version",
 ]

@@ -82,6 +82,9 @@ class Served:
     def path_line(self) -> str:
         """``ingress: HAProxy -> replica (...); gRPC ...; ports ...`` and why any switch is off."""
         parts = [f"ingress: {self.path.describe()}"]
+        one_hop = getattr(self.path, "text_one_hop", ())
+        if one_hop:
+            parts.append(f"/v1 text requests naming {', '.join(one_hop)} go straight to its replicas")
         if self.grpc:
             parts.append(f"KServe v2 gRPC on {self.grpc}")
         ports = {k: v for k, v in (self.path.ports or {}).items() if k != "run_dir"}

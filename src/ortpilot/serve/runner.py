@@ -24,7 +24,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -252,17 +252,23 @@ START_ATTEMPTS = 3  # Serve is started again on new ports when one ortpilot pick
 
 
 def start_serve(
-    serve: Any, server: ServerOptions, grpc: GrpcEntry | None, max_request_mb: float, protocol: str = OIP
+    serve: Any,
+    server: ServerOptions,
+    grpc: GrpcEntry | None,
+    max_request_mb: float,
+    protocol: str = OIP,
+    text_models: Sequence[str] = (),
 ) -> fastpath.IngressPath:
     """``serve.start`` on the path ``server`` asks for; returns the path taken, its ports filled in.
     ``protocol`` (``oip``, ``openai``) shapes the errors HAProxy answers itself; ``grpc`` is what a
-    ``--grpc-port`` serves (None: the stack serves no gRPC). A port taken between its check and its
+    ``--grpc-port`` serves (None: the stack serves no gRPC); ``text_models``' ``/v1`` requests go straight
+    to their replicas (``fastpath.environment``). A port taken between its check and its
     bind is an exit 2 when the user chose it; one ortpilot picked (HAProxy's stats, Ray's fallback
     proxy) is picked again, up to ``START_ATTEMPTS`` starts."""
     attempt = 1
     while True:
         try:
-            return _start_serve_once(serve, server, grpc, max_request_mb, protocol)
+            return _start_serve_once(serve, server, grpc, max_request_mb, protocol, text_models)
         except _PortTaken as taken:
             if taken.port in (server.port, server.grpc_port) or attempt == START_ATTEMPTS:
                 raise UsageError(_port_taken(taken, server)) from None
@@ -280,7 +286,12 @@ class _PortTaken(Exception):
 
 
 def _start_serve_once(
-    serve: Any, server: ServerOptions, grpc: GrpcEntry | None, max_request_mb: float, protocol: str
+    serve: Any,
+    server: ServerOptions,
+    grpc: GrpcEntry | None,
+    max_request_mb: float,
+    protocol: str,
+    text_models: Sequence[str],
 ) -> fastpath.IngressPath:
     grpc = grpc if server.grpc_port is not None else None
     remote = _remote_hosts()
@@ -297,6 +308,7 @@ def _start_serve_once(
         protocol=protocol,
         max_header_kb=server.max_header_kb,
         hide_routes=server.access.auth,
+        text_models=text_models,
     )
     env["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"] = str(megabytes(max_request_mb))
     if server.loopback and not remote:
@@ -369,13 +381,15 @@ def serve_until_stopped(
     on_ready: Callable[[R], None] | None = None,
     stop: threading.Event | None = None,
     joined: Callable[[], None] | None = None,
+    text_models: Sequence[str] = (),
 ) -> R:
     """One server's life, for every server ``serve`` runs: start (or join, the options' ``address``) Ray
     and Serve on the ingress path the options ask for, deploy ``build(cpu_budget)`` (Ray Serve
     ``RunTarget`` records) in the background, ``wait(deploy_errors, stop)`` for its ready replicas,
     hand them to ``on_ready`` with the path taken, then serve until SIGINT/SIGTERM or ``stop``;
     exactly what this call started is drained (``drain``) and stopped again. ``joined`` runs when
-    Serve already runs on the cluster (the caller's check that it can share that Serve)."""
+    Serve already runs on the cluster (the caller's check that it can share that Serve). ``text_models``:
+    the models whose OpenAI-style ``/v1`` text requests HAProxy hands straight to their replicas."""
     ray_environment(server_options.address)
     serve = require_ray()
     from ortpilot.providers.cpubudget import this_budget
@@ -404,7 +418,7 @@ def serve_until_stopped(
             # Set first: a failed ``serve.start`` leaves its controller on the cluster, and the next server
             # there would join that broken Serve (on its ports, not its own) instead of starting one.
             server.started_serve = True
-            path = start_serve(serve, server_options, grpc, max_request_mb, protocol)
+            path = start_serve(serve, server_options, grpc, max_request_mb, protocol, text_models)
             server.run_dir = Path(path.ports["run_dir"])
         targets = build(budget)
         deploy_error: list[BaseException] = []

@@ -49,9 +49,11 @@ def run_server(
     from ortpilot.serve.oip.app import applications, model_file  # imports no Ray yet
     from ortpilot.serve.textfacts import text_facts
 
+    text_models = []
     for spec in specs:
         model_file(spec)  # a profile that cannot load fails here, naming itself, before Ray starts
-        text_facts(spec)  # and so does a text model whose tokenizer changed since its tune
+        if text_facts(spec).text:  # and so does a text model whose tokenizer changed since its tune
+            text_models.append(spec.name)
     return serve_until_stopped(
         lambda budget: applications(list(specs), options=options, server=server, cpu_budget=budget),
         lambda deploy_error, stop: Served(
@@ -64,6 +66,7 @@ def run_server(
         max_request_mb=options.max_request_mb,
         on_ready=on_ready,
         stop=stop,
+        text_models=text_models,
     )
 
 

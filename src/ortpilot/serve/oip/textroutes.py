@@ -1,12 +1,13 @@
 """A text model's routes: OpenAI-style ``/v1/embeddings``, ``/v1/rerank`` and ``/v1/classify``, and KServe v2
 ``BYTES`` tensors of strings, answered by the model's replicas.
 
-Where a request goes. A client of OpenAI's API names the model in the body, so ``POST /v1/...`` reaches the
-server-wide application (``server_text_routes``), which checks the body (``serve.textwire``), finds the model
-and relays the checked request to one of its replicas (one more hop, retried on another replica when its
-replica died first, as the gRPC relay is). A client that wants one hop points its base URL at the model:
-``/v2/models/NAME/v1`` (``model_text_routes``, on the replica itself). Both end in the replica's
-``text_answer``. A KServe v2 infer request whose inputs are ``BYTES`` (``text``, ``[N]`` or ``[N, 1]``, UTF-8
+Where a request goes. A client of OpenAI's API names the model in the body. The model's own routes,
+``/v2/models/NAME/v1/...`` (``model_text_routes``), are on its replicas: HAProxy sends a ``POST /v1/...``
+there when the body names a text model (``serve.haproxy.text_routes``), and a client may point its base
+URL there. What HAProxy does not route that way reaches the server-wide application
+(``server_text_routes``), which checks the body (``serve.textwire``), finds the model and relays the checked
+request to one of its replicas (one more hop, retried on another replica when its replica died first, as
+the gRPC relay is). Both end in the replica's ``text_answer``. A KServe v2 infer request whose inputs are ``BYTES`` (``text``, ``[N]`` or ``[N, 1]``, UTF-8
 strings, as Triton's string tensors are sent; a cross-encoder also takes ``query``, ``[1]``) is the same
 work on the tensor route: ``infer_text`` answers it with the values as a tensor (``embedding`` ``FP32
 [N, dim]``, ``score`` ``[N]`` or ``probabilities`` ``[N, labels]``), the tokens each text kept (``tokens``,
