@@ -54,8 +54,10 @@ def tuned_encoder(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str
 def _starter(folder: Path) -> tuple:
     started: list[Server] = []
 
-    def start(*args: str, timeout: float = WAIT_READY_S, env: dict[str, str] | None = None) -> Server:
-        server = Server(list(args), free_port(), folder / f"serve-{len(started)}.err", timeout, env)
+    def start(
+        *args: str, timeout: float = WAIT_READY_S, env: dict[str, str] | None = None, new_session: bool = False
+    ) -> Server:
+        server = Server(list(args), free_port(), folder / f"serve-{len(started)}.err", timeout, env, new_session)
         started.append(server)
         return server
 

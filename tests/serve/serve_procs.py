@@ -125,7 +125,13 @@ class Server:
     """An ``ortpilot serve`` process: its URL, the ready lines it printed, its stderr so far."""
 
     def __init__(
-        self, args: list[str], port: int, log: Path, timeout: float = WAIT_READY_S, env: dict[str, str] | None = None
+        self,
+        args: list[str],
+        port: int,
+        log: Path,
+        timeout: float = WAIT_READY_S,
+        env: dict[str, str] | None = None,
+        new_session: bool = False,
     ) -> None:
         self.port = port
         self.url = f"127.0.0.1:{port}"
@@ -133,7 +139,11 @@ class Server:
         self._err = open(log, "wb")  # noqa: SIM115 - the server's stderr, closed when it is stopped
         env = {**cli_env(), **(env or {})}
         self.proc = subprocess.Popen(
-            [*CLI, "serve", *args, "--port", str(port)], stdout=subprocess.PIPE, stderr=self._err, env=env
+            [*CLI, "serve", *args, "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            env=env,
+            start_new_session=new_session,  # its own process group, as a terminal or a process manager gives it
         )
         self.ready: list[str] = []
         self.ingress = ""

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from ortpilot import rayenv
 from ortpilot.errors import UsageError, VerificationError
-from ortpilot.serve import fastpath
+from ortpilot.serve import fastpath, processes
 from ortpilot.serve.defaults import DEFAULT_MAX_REQUEST_MB, megabytes
 from ortpilot.serve.errorbody import OIP
 from ortpilot.serve.options import ServeOptions, ServerOptions
@@ -87,8 +87,41 @@ class Server:
         self.apps: list[str] = []  # the applications this server deployed, the server-wide one last
         self.drain: Callable[[], None] | None = None
         self.run_dir: Path | None = None
+        self.ray_processes: list[int] = []  # the local Ray instance's processes this server started (its children)
+        self._ending_ray = False  # set when this server's own ray.shutdown begins: its processes end then
+        self._abandoned = False  # set when Ray stopped under the graceful stop: it makes no further Ray call
 
     def stop(self) -> None:
+        """Drain and stop what this server started; when the Ray head it started stopped first (a signal to
+        the whole process group), nothing can be drained: end what is left (HAProxy) at once instead."""
+        try:
+            # The graceful stop talks to Ray, which waits 60 s for a head that is gone: it runs beside a watch
+            # on the head, and is left behind once the head stops.
+            graceful = threading.Thread(target=self._stop_gracefully, name="ortpilot-stop", daemon=True)
+            graceful.start()
+            while graceful.is_alive():
+                graceful.join(0.2)
+                if graceful.is_alive() and self._ray_stopping():
+                    log.warning(
+                        "Ray's own processes stopped before this server did (a signal to the whole process "
+                        "group reaches them too): nothing left to drain; ending what remains of the server. "
+                        "Send the signal to the serve process alone to drain first."
+                    )
+                    self._abandoned = True
+                    processes.end(self.ray_processes, wait_s=2.0)  # told to stop already: not worth waiting
+                    break
+        finally:
+            if self.run_dir is not None:
+                left = processes.ending_processes_using(self.run_dir)  # HAProxy, whose config is in the run folder
+                if left:
+                    log.info("Ended %d process(es) left running from this server's run folder.", len(left))
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _ray_stopping(self) -> bool:
+        """Whether a process of the local Ray instance this server started exited before this server ended it."""
+        return self.started_ray and not self._ending_ray and not all(processes.alive(p) for p in self.ray_processes)
+
+    def _stop_gracefully(self) -> None:
         from ray import serve
 
         if self.apps and self.drain is not None:
@@ -105,18 +138,19 @@ class Server:
             except Exception as exc:
                 log.warning("Deleting the application %s failed: %s", name, exc)
         wait_deleted(deleting)
+        if self._abandoned:  # Ray stopped meanwhile: a Serve call now would start a new local Ray
+            return
         if self.started_serve:
             try:
                 serve.shutdown()
                 end_serve_leftovers()
             except Exception as exc:
                 log.warning("Shutting down Serve failed: %s", exc)
-        if self.started_ray:
+        if self.started_ray and not self._abandoned:
             import ray
 
+            self._ending_ray = True
             ray.shutdown()
-        if self.run_dir is not None:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def wait_deleted(names: list[str], wait_s: float = 60.0) -> None:
@@ -169,8 +203,10 @@ def end_serve_leftovers(wait_s: float = 30.0) -> list[str]:
 
 def ray_environment(address: str | None) -> None:
     """Ray's environment for this server (``rayenv``), and for a local instance free ports for the two
-    metrics exporters Ray puts on fixed ones, so two local servers do not collide."""
+    metrics exporters Ray puts on fixed ones, so two local servers do not collide. A Ray call after this
+    server's Ray stopped must fail, not start a new local instance (``RAY_ENABLE_AUTO_CONNECT``)."""
     rayenv.ray_environment(address)
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     if not address:
         os.environ.setdefault("DASHBOARD_METRIC_PORT", str(fastpath.free_port()))
         os.environ.setdefault("AUTOSCALER_METRIC_PORT", str(fastpath.free_port()))
@@ -400,6 +436,7 @@ def serve_until_stopped(
     previous: dict[int, Any] = {}
     try:
         server.started_ray, serve_running = _start_ray(server_options.address, budget)
+        server.ray_processes = processes.children() if server.started_ray else []
         if threading.current_thread() is threading.main_thread():
             # After ray.init, which installs its own handlers (they print a stack dump and exit at once).
             previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -444,9 +481,11 @@ def serve_until_stopped(
             pass
         return ready
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        server.stop()
+        try:
+            server.stop()  # with this server's handlers still on: a second signal does not cut the stop short
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 __all__ = [
