@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 
 import onnx
 import pytest
@@ -79,6 +80,29 @@ def test_fusion_reports_fused_attention_layernorm_gelu(demo_paths):
     assert fused["SkipLayerNormalization"] + fused.get("EmbedLayerNormalization", 0) >= 4
     assert fused.get("BiasGelu", 0) + fused.get("Gelu", 0) + fused.get("FastGelu", 0) >= 2
     assert result.record.nodes_after < result.record.nodes_before / 2
+
+
+def test_fusion_without_skip_layer_norm_keeps_the_adds_and_layernorms_apart_and_the_same_outputs(demo_paths):
+    import numpy as np
+    import onnxruntime as ort
+
+    from ortpilot.graph.feeds import make_feeds
+
+    fused = FusionPass("auto").run(demo_paths["encoder"])
+    apart = FusionPass("auto", skip_layer_norm=False).run(demo_paths["encoder"])
+    ops = Counter(n.op_type for n in apart.model.graph.node)
+    assert "SkipLayerNormalization" not in ops and ops["LayerNormalization"] >= 4
+    assert apart.record.fused["Attention"] == fused.record.fused["Attention"] == 2  # the rest fuses as before
+    assert "SkipLayerNormalization" in {n.op_type for n in fused.model.graph.node}
+    assert apart.record.options["skip_layer_norm"] is False and FusionPass("bert", skip_layer_norm=False).label() == (
+        "fusion(bert, no SkipLayerNorm)"
+    )
+    sessions = [
+        ort.InferenceSession(m.model.SerializeToString(), providers=["CPUExecutionProvider"]) for m in (fused, apart)
+    ]
+    feeds = make_feeds(onnx.load(demo_paths["encoder"]), seed=3)
+    a, b = (s.run(None, feeds) for s in sessions)
+    assert all(np.allclose(x, y, atol=1e-4) for x, y in zip(a, b))
 
 
 def test_fusion_auto_says_when_it_cannot_detect(demo_paths):

@@ -45,6 +45,21 @@ def test_space_follows_the_model(demo_paths):
     assert all(c.settings.config_entries == {"session.intra_op.allow_spinning": "0"} for c in spin)
 
 
+def test_a_fused_candidate_has_a_knob_that_leaves_skip_layer_norm_unfused(demo_paths):
+    """The knob changes the fusion step only (the INT8 step after it stays), once; combined with a session knob
+    that also won, both apply."""
+    facts = gather_facts(load_model(demo_paths["encoder"]), None)
+    fused = next(c for c in first_candidates(facts, baseline_candidate()) if len(c.passes) == 2 and "fusion" in c.label)
+    apart = [c for c in knob_variants(fused, facts) if "no SkipLayerNorm" in c.label]
+    assert len(apart) == 1 and apart[0].passes[1] == fused.passes[1]
+    assert apart[0].passes[0].options.skip_layer_norm is False and fused.passes[0].options.skip_layer_norm is True
+    assert all(c.passes == apart[0].passes for c in knob_variants(apart[0], facts))  # no second model knob
+    assert not any("SkipLayerNorm" in c.label for c in knob_variants(baseline_candidate(), facts))
+    both = combine(fused, [apart[0], fused.with_settings(level="basic")])
+    assert both is not None and both.passes == apart[0].passes and both.settings.level == "basic"
+    assert Candidate.from_dict(json.loads(json.dumps(both.to_dict()))).id == both.id
+
+
 def test_combine_never_builds_parallel_mode_without_inter_op_threads():
     base = Candidate()
     bad = base.with_settings(execution_mode="parallel")  # inter_op_threads stays 0

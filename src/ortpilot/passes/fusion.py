@@ -121,17 +121,19 @@ class FusionPass(Pass):
     model_type = Setting()
     num_heads = Setting()
     hidden_size = Setting()
+    skip_layer_norm = Setting()
 
     def options(self) -> dict[str, Any]:
         return {
             "model_type": self.model_type,
             "num_heads": self.num_heads,
             "hidden_size": self.hidden_size,
+            "skip_layer_norm": self.skip_layer_norm,
             "providers": [str(p) for p in self.providers],
         }
 
     def label(self) -> str:
-        return f"fusion({self.model_type})"
+        return f"fusion({self.model_type}{'' if self.skip_layer_norm else ', no SkipLayerNorm'})"
 
     def transform(self, source: SourceModel) -> Outcome:
         from onnxruntime.transformers.optimizer import optimize_model
@@ -158,6 +160,7 @@ class FusionPass(Pass):
                 hidden_size=hidden,
                 opt_level=0,
                 use_gpu=self.use_gpu,
+                optimization_options=_ort_options(model_type, self.skip_layer_norm),
             )
         finally:
             quiet.setLevel(level)
@@ -187,6 +190,16 @@ class FusionPass(Pass):
                 "sizes_from": sized,
             },
         )
+
+
+def _ort_options(model_type: str, skip_layer_norm: bool) -> Any:
+    """ORT's own FusionOptions for ``model_type``, with its SkipLayerNormalization fusions off unless asked."""
+    from onnxruntime.transformers.fusion_options import FusionOptions as OrtFusionOptions
+
+    options = OrtFusionOptions(model_type)
+    options.enable_skip_layer_norm = options.enable_skip_layer_norm and skip_layer_norm
+    options.enable_bias_skip_layer_norm = options.enable_bias_skip_layer_norm and skip_layer_norm
+    return options
 
 
 def _folder_dims(source: SourceModel) -> tuple[int, int, str]:

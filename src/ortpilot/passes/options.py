@@ -257,15 +257,21 @@ def _excluding(record: Any, nodes: Iterable[str]) -> Any:
 class FusionOptions(PassOptions):
     """ORT's transformer fusions (``passes.fusion.FusionPass``): ``model_type`` one of
     ``onnxruntime.transformers``' types or auto (checked where the pass imports them); ``num_heads`` and
-    ``hidden_size`` 0 let the optimizer (or the model folder's config.json) size the attention."""
+    ``hidden_size`` 0 let the optimizer (or the model folder's config.json) size the attention.
+    ``skip_layer_norm`` False leaves each residual Add and its LayerNormalization apart instead of fusing them
+    into SkipLayerNormalization: ORT 1.32's CPU kernel for it ran MiniLM INT8 1.11-1.22x slower than the two
+    ops (AMD EPYC VNNI, batch 1 to 32), so the tune measures both (``tuning.space.knob_variants``)."""
 
     ALWAYS: ClassVar[tuple[str, ...]] = ("model_type", "num_heads", "hidden_size")
 
     model_type: str = "auto"
     num_heads: int = 0
     hidden_size: int = 0
+    skip_layer_norm: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.skip_layer_norm, bool):
+            raise UsageError(f"skip_layer_norm must be true or false, got {self.skip_layer_norm!r}.")
         _set(self, "model_type", str(self.model_type))
         for name in ("num_heads", "hidden_size"):
             value = getattr(self, name)

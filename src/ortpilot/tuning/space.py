@@ -423,6 +423,7 @@ def knob_variants(base: Candidate, facts: Facts) -> list[Candidate]:
         out.append(base.with_iobinding(True))
     if facts.shape_plan and not base.shape_plan:
         out.append(base.with_shape_plan(facts.shape_plan))
+    out.extend(fusion_knobs(base))
     on_cpu = base.providers[0]["name"] == CPU_EP
     if on_cpu:
         out.append(base.with_settings(enable_cpu_mem_arena=False))
@@ -431,6 +432,16 @@ def knob_variants(base: Candidate, facts: Facts) -> list[Candidate]:
         # the threads doing the work (measured here: MiniLM fp32 45 ms spinning vs 32 ms not).
         out.append(base.with_settings(config_entries={**base.settings.config_entries, SPIN_KEY: "0"}))
     return [c for c in within_budget(out, facts) if c.id != base.id]
+
+
+def fusion_knobs(base: Candidate) -> list[Candidate]:
+    """``base`` with its transformer fusion's residual Adds and LayerNormalizations left apart (no
+    SkipLayerNormalization): a model knob, since which runs faster is the CPU kernel's to say, and the
+    steps after the fusion (an INT8 recipe and its exclusions) build on the other fused model the same way."""
+    steps = base.passes
+    if not steps or steps[0].name != "fusion" or not steps[0].options.skip_layer_norm:
+        return []
+    return [base.derived(passes=(steps[0].with_options(skip_layer_norm=False), *steps[1:]))]
 
 
 def openvino_knobs(base: Candidate, facts: Facts) -> list[Candidate]:
@@ -468,7 +479,9 @@ def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
 
     providers = ({**base.providers[0], "options": options}, *base.providers[1:])
     shape_plan = base.shape_plan or next((c.shape_plan for c in winners if c.shape_plan), None)
+    passes = next((c.passes for c in winners if c.passes != base.passes), base.passes)  # a model knob's
     return base.derived(
+        passes=passes,
         providers=providers,
         settings=SessionSettings.from_dict(data),
         iobinding=iobinding and not shape_plan,
