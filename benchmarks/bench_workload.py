@@ -5,7 +5,7 @@ Issue 46's protocol on the MiniLM folder (benchmarks/models/minilm, ``prep_minil
 1. real sentences from the standard library's docstrings (``corpus.py``): 200 to tune on (``--tune-sentences``;
    1,196 or more let the gate hold out its most, 299), 2,000 others to check on;
 2. ``ortpilot tune benchmarks/models/minilm --calibration-text 200.txt --batch 1,32 --budget B`` as a user
-   runs it (the CLI, no ``--shape``);
+   runs it (the CLI, no ``--shape``; ``--batch 32,1`` tunes for a server's batches of 32 instead);
 3. in a fresh process, the profile (``ortpilot.load_profile``) beside a plain
    ``onnxruntime.InferenceSession`` of the source model, on the 2,000 sentences tokenized at their own length:
    one sentence per call, and 32 per call sorted by length and padded to the longest (as
@@ -16,6 +16,7 @@ Issue 46's protocol on the MiniLM folder (benchmarks/models/minilm, ``prep_minil
     .venv-test/bin/python benchmarks/bench_workload.py [--budget 120] [--rounds 6] [--out DIR] [--json OUT.json]
     .venv-test/bin/python benchmarks/bench_workload.py --check-only OUTDIR   # step 3 on an existing tune
     .venv-ovbench/bin/python benchmarks/bench_workload.py -p openvino ...    # OpenVINO's candidates only
+    .venv-test/bin/python benchmarks/bench_workload.py --batch 32,1 ...       # tuned for batches of 32
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ def make_corpus(out: Path, tune_sentences: int = 200) -> tuple[Path, Path]:
     return out / "part0.txt", out / "part1.txt"
 
 
-def tune(calibration: Path, out: Path, budget: float, providers: list[str]) -> dict[str, Any]:
+def tune(calibration: Path, out: Path, budget: float, providers: list[str], batch: str = "1,32") -> dict[str, Any]:
     cmd = [PY, "-m", "ortpilot.cli.main", "tune", str(MINILM), "--calibration-text", str(calibration)]
-    cmd += ["-o", str(out), "--budget", str(budget), "--batch", "1,32", "--json"]
+    cmd += ["-o", str(out), "--budget", str(budget), "--batch", batch, "--json"]
     for name in providers:
         cmd += ["-p", name]
     started = time.monotonic()
@@ -153,6 +154,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--check-only", default=None, metavar="OUTDIR")
     parser.add_argument("-p", "--provider", action="append", default=[], help="tune's -p (repeatable)")
+    parser.add_argument("--batch", default="1,32", help="tune's --batch: the first is tuned for (32,1 for a server)")
     parser.add_argument("--child", nargs=2, metavar=("PROFILE", "SENTENCES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -167,7 +169,7 @@ def main() -> None:
     }
     tuned = Path(args.check_only) if args.check_only else out / "tuned"
     if not args.check_only:
-        doc = tune(calibration, tuned, args.budget, args.provider)
+        doc = tune(calibration, tuned, args.budget, args.provider, args.batch)
         row["tune"] = {
             "winner": doc["winner"]["label"],
             "headline": doc["speedup"],
