@@ -41,7 +41,7 @@ def main() -> None:
     sentences = [s for s in args.sentences.read_text(encoding="utf-8").splitlines() if s.strip()]
     port = text.free_port()
     cmd = [sys.executable, "-m", "ortpilot.cli.main", "serve", str(args.profile), "--name", "minilm"]
-    first = text.Target(args.paths[0], [*cmd, "--port", str(port)], port, args.paths[0], "minilm", dict(os.environ))
+    first = text.Target("routes", [*cmd, "--port", str(port)], port, args.paths[0], "minilm", dict(os.environ))
     second = text.Target.__new__(text.Target)  # the same server, the other route
     second.name, second.port, second.path, second.model, second.proc = (
         args.paths[1],
