@@ -42,14 +42,7 @@ def main() -> None:
     port = text.free_port()
     cmd = [sys.executable, "-m", "ortpilot.cli.main", "serve", str(args.profile), "--name", "minilm"]
     first = text.Target("routes", [*cmd, "--port", str(port)], port, args.paths[0], "minilm", dict(os.environ))
-    second = text.Target.__new__(text.Target)  # the same server, the other route
-    second.name, second.port, second.path, second.model, second.proc = (
-        args.paths[1],
-        port,
-        args.paths[1],
-        "minilm",
-        first.proc,
-    )
+    second = first.route(args.paths[1])
     cells: dict[str, list[dict[str, float]]] = {}
     try:
         first.wait_ready()

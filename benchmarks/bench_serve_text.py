@@ -61,6 +61,12 @@ class Target:
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=cwd
         )
 
+    def route(self, path: str) -> Target:
+        """The same server (its process, port and model) through another path."""
+        other = Target.__new__(Target)
+        other.__dict__.update(self.__dict__, name=path, path=path)
+        return other
+
     def post(self, conn: http.client.HTTPConnection, text: str) -> list[float]:
         body = json.dumps({"model": self.model, "input": text}).encode()
         conn.request("POST", self.path, body, {"Content-Type": "application/json"})

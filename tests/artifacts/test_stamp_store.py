@@ -93,6 +93,23 @@ def test_stamped_model_with_known_source_is_rebuilt(demo_paths, tmp_path, caplog
     assert read_stamp(sess.model)["providers"][0]["name"] == "CPUExecutionProvider"
 
 
+def test_a_rebuilt_fusion_keeps_its_options(demo_paths, tmp_path):
+    """A fusion stamped for another EP is rebuilt from its source with the options it was built with: the
+    residual Adds and LayerNormalizations stay apart where the tune chose them apart."""
+    import ortpilot
+    from ortpilot.passes.fusion import FusionPass
+
+    result = FusionPass("bert", skip_layer_norm=False).run(demo_paths["encoder"])
+    stamp = dict(
+        result.record.stamp, providers=[{"name": "OpenVINOExecutionProvider", "short": "openvino", "options": {}}]
+    )
+    path = save_model(write_stamp(result.model, stamp), tmp_path / "enc.ov.onnx")
+    sess = ortpilot.load(str(path), ["cpu"])
+    assert sess.model_path != path
+    ops = {n.op_type for n in onnx.load(sess.model_path).graph.node}
+    assert "Attention" in ops and "LayerNormalization" in ops and "SkipLayerNormalization" not in ops
+
+
 def test_store_builds_once_and_verifies_content(tmp_path, caplog):
     store = ModelStore(tmp_path / "models")
     key = cache_key(model_sha256="a" * 64, ort_version="x", providers=["cpu"], level="all")

@@ -65,6 +65,7 @@ def test_defaults_are_the_passes_and_the_json_form_names_only_what_differs():
         "exclude": ["b", "a"],
     }
     assert FusionOptions().to_dict() == {"model_type": "auto", "num_heads": 0, "hidden_size": 0}
+    assert FusionOptions(skip_layer_norm=False).to_dict() == {**FusionOptions().to_dict(), "skip_layer_norm": False}
     assert WeightOnlyOptions().to_dict() == {"mode": "int4"}
     assert DecoderFusionOptions().to_dict() == {} == OpenVINOInt8Options().to_dict() == NoOptions().to_dict()
 
@@ -87,6 +88,7 @@ def test_settings_are_normalised_so_records_compare():
         (lambda: QuantizeOptions(method="mse"), "Unknown calibration method"),
         (lambda: OpenVINOInt8Options("rnn"), "Unknown model type"),
         (lambda: FusionOptions(num_heads=-1), "num_heads must be"),
+        (lambda: FusionOptions(skip_layer_norm="no"), "skip_layer_norm must be true or false"),
         (lambda: DecoderFusionOptions(max_positions=MIN_POSITIONS - 1), "max_positions must be 0"),
         (lambda: WeightOnlyOptions("int2"), "Unknown weight-only mode"),
         (lambda: WeightOnlyOptions(block_size=48), "power of two"),

@@ -221,7 +221,9 @@ def test_text_requests_to_v1_take_one_hop_to_the_model_the_body_names(server):
     """HAProxy hands a /v1 request naming a text model to that model's replica, on its own route: the replica's
     access line has the model's path (Ray's log monitor forwards it to the server's stderr a moment later); the
     ready lines say so. A model without text keeps the server-wide answer."""
-    assert "/v1 text requests naming embed, rerank, classify, tuned go straight to its replicas" in server.ingress
+    assert "/v1 text requests go straight to the replicas of the model they name (embed, rerank, classify, tuned)" in (
+        server.ingress
+    )
     status, _ = _post(server, "/v1/rerank", {"model": "rerank", "query": "q", "documents": ["one hop"]})
     assert status == 200
     deadline = time.monotonic() + 20

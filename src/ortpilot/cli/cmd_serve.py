@@ -378,8 +378,14 @@ def command(
         return
     for warning in server.access.warnings(server.host):
         stderr.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
-    serving.run(served, server, started=_STARTED, on_ready=ready_printer(as_json))
+    result = serving.run(served, server, started=_STARTED, on_ready=ready_printer(as_json))
     stderr.print("stopped", highlight=False)
+    if getattr(result, "ray_left_behind", False):
+        # Ray's processes ended under this one: its exit handlers would wait seconds on them, and its core worker
+        # ends the process with 1 once it sees its raylet gone. Nothing is left to clean up: exit 0 now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def emit_manifest(target: str, specs: list[Any], options: ServeOptions, port: int, image: str | None) -> None:

@@ -59,6 +59,7 @@ def check_or_rebuild(proto: onnx.ModelProto, providers: Sequence[ProviderSpec]) 
             opts.get("model_type", "auto"),
             num_heads=opts.get("num_heads", 0),
             hidden_size=opts.get("hidden_size", 0),
+            skip_layer_norm=opts.get("skip_layer_norm", True),
             providers=list(providers),
         )
     log.warning(

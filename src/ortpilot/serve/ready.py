@@ -75,6 +75,9 @@ class Served:
     url: str | None = None
     path: Any = None
     grpc: str | None = None
+    # Set once stopped: the local Ray instance this server started stopped under it (a signal to the whole
+    # process group, or a second signal), so Ray's state in this process is gone: the process should end now.
+    ray_left_behind: bool = False
 
     def lines(self) -> list[str]:
         return [m.line() for m in self.models] + ([self.path_line()] if self.path is not None else [])
@@ -84,7 +87,7 @@ class Served:
         parts = [f"ingress: {self.path.describe()}"]
         one_hop = getattr(self.path, "text_one_hop", ())
         if one_hop:
-            parts.append(f"/v1 text requests naming {', '.join(one_hop)} go straight to its replicas")
+            parts.append(f"/v1 text requests go straight to the replicas of the model they name ({', '.join(one_hop)})")
         if self.grpc:
             parts.append(f"KServe v2 gRPC on {self.grpc}")
         ports = {k: v for k, v in (self.path.ports or {}).items() if k != "run_dir"}

@@ -87,41 +87,57 @@ class Server:
         self.apps: list[str] = []  # the applications this server deployed, the server-wide one last
         self.drain: Callable[[], None] | None = None
         self.run_dir: Path | None = None
-        self.ray_processes: list[int] = []  # the local Ray instance's processes this server started (its children)
+        self.ray_processes: dict[int, int] = {}  # pid -> start time of each process ray.init started (its children)
+        self.hurry = threading.Event()  # a second signal: stop without waiting for the drain
         self._ending_ray = False  # set when this server's own ray.shutdown begins: its processes end then
-        self._abandoned = False  # set when Ray stopped under the graceful stop: it makes no further Ray call
+        self.abandoned = False  # set when the graceful stop is left behind: it makes no further Ray call
 
     def stop(self) -> None:
-        """Drain and stop what this server started; when the Ray head it started stopped first (a signal to
-        the whole process group), nothing can be drained: end what is left (HAProxy) at once instead."""
+        """Drain and stop what this server started. When the Ray instance it started stopped first (a signal to
+        the whole process group), nothing can be drained, and on a second signal the user wants no wait: the
+        graceful stop is left behind and what remains (Ray's processes, HAProxy) is ended at once."""
         try:
-            # The graceful stop talks to Ray, which waits 60 s for a head that is gone: it runs beside a watch
-            # on the head, and is left behind once the head stops.
+            log.info("Stopping: draining what this server runs (a second SIGINT/SIGTERM stops without waiting).")
+            # The graceful stop talks to Ray, which waits 60 s for a head that is gone: it runs beside a watch.
             graceful = threading.Thread(target=self._stop_gracefully, name="ortpilot-stop", daemon=True)
             graceful.start()
             while graceful.is_alive():
                 graceful.join(0.2)
-                if graceful.is_alive() and self._ray_stopping():
-                    log.warning(
-                        "Ray's own processes stopped before this server did (a signal to the whole process "
-                        "group reaches them too): nothing left to drain; ending what remains of the server. "
-                        "Send the signal to the serve process alone to drain first."
-                    )
-                    self._abandoned = True
-                    processes.end(self.ray_processes, wait_s=2.0)  # told to stop already: not worth waiting
+                why = self._why_leave() if graceful.is_alive() else None
+                if why:
+                    log.warning(why)
+                    self.abandoned = True
+                    if self.started_ray:  # this server's own instance: its processes would outlive the wait
+                        processes.end(self.ray_processes, wait_s=2.0)
                     break
         finally:
-            if self.run_dir is not None:
-                left = processes.ending_processes_using(self.run_dir)  # HAProxy, whose config is in the run folder
+            if self.run_dir is not None:  # HAProxy, whose config is in the run folder
+                left = processes.ending_processes_using(self.run_dir, names=("haproxy",))
                 if left:
-                    log.info("Ended %d process(es) left running from this server's run folder.", len(left))
+                    log.info("Ended %d HAProxy process(es) left running from this server's run folder.", len(left))
                 shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def _ray_stopping(self) -> bool:
-        """Whether a process of the local Ray instance this server started exited before this server ended it."""
-        return self.started_ray and not self._ending_ray and not all(processes.alive(p) for p in self.ray_processes)
+    def _why_leave(self) -> str | None:
+        """Why the graceful stop is to be left behind now (a warning), or None to wait on."""
+        if self.hurry.is_set():
+            return "A second signal: stopping now, without waiting for the models to drain."
+        gone = [pid for pid, started in self.ray_processes.items() if not processes.same(pid, started)]
+        if self.started_ray and not self._ending_ray and gone:
+            return (
+                "Ray's own processes stopped before this server did (a signal to the whole process group reaches "
+                "them too): nothing left to drain; ending what remains of the server. Send the signal to the "
+                "serve process alone to drain first."
+            )
+        return None
 
     def _stop_gracefully(self) -> None:
+        try:
+            self._drain_and_shut_down()
+        except Exception as exc:  # a failure of Ray's own calls: said in one line, the stop goes on
+            if not self.abandoned:
+                log.warning("Stopping the server did not finish: %s (%s).", exc, type(exc).__name__)
+
+    def _drain_and_shut_down(self) -> None:
         from ray import serve
 
         if self.apps and self.drain is not None:
@@ -133,12 +149,16 @@ class Server:
         # with Serve itself when this server started it, so that it answers 503 until the port closes.
         deleting = self.apps[:-1] if self.started_serve else self.apps
         for name in deleting:  # all at once: each model's replicas drain on their own
+            if self.abandoned:
+                return
             try:
                 serve.delete(name, _blocking=False)
             except Exception as exc:
                 log.warning("Deleting the application %s failed: %s", name, exc)
-        wait_deleted(deleting)
-        if self._abandoned:  # Ray stopped meanwhile: a Serve call now would start a new local Ray
+        wait_deleted(deleting, left=lambda: self.abandoned)
+        # Left behind (Ray gone, or a second signal): a Serve call now would wait on a dead head, or start a new
+        # local Ray (Serve's own connect calls ray.init).
+        if self.abandoned:
             return
         if self.started_serve:
             try:
@@ -146,20 +166,20 @@ class Server:
                 end_serve_leftovers()
             except Exception as exc:
                 log.warning("Shutting down Serve failed: %s", exc)
-        if self.started_ray and not self._abandoned:
+        if self.started_ray and not self.abandoned:
             import ray
 
             self._ending_ray = True
             ray.shutdown()
 
 
-def wait_deleted(names: list[str], wait_s: float = 60.0) -> None:
+def wait_deleted(names: list[str], wait_s: float = 60.0, left: Callable[[], bool] = lambda: False) -> None:
     """Until none of the applications ``names`` is listed by Serve any more (their replicas have finished what
-    they held), or ``wait_s``."""
+    they held), ``wait_s``, or ``left()`` (the stop was left behind: no more Serve calls)."""
     from ray import serve
 
     deadline = time.monotonic() + wait_s
-    while names and time.monotonic() < deadline:
+    while names and time.monotonic() < deadline and not left():
         try:
             listed = set(serve.status().applications)
         except Exception:  # Serve itself is gone: nothing is left to wait for
@@ -203,8 +223,10 @@ def end_serve_leftovers(wait_s: float = 30.0) -> list[str]:
 
 def ray_environment(address: str | None) -> None:
     """Ray's environment for this server (``rayenv``), and for a local instance free ports for the two
-    metrics exporters Ray puts on fixed ones, so two local servers do not collide. A Ray call after this
-    server's Ray stopped must fail, not start a new local instance (``RAY_ENABLE_AUTO_CONNECT``)."""
+    metrics exporters Ray puts on fixed ones, so two local servers do not collide. ``RAY_ENABLE_AUTO_CONNECT``
+    0: a Ray call after this server's Ray stopped fails instead of starting a new local instance (Ray reads it
+    when it is first imported, which in ``ortpilot serve`` is after this; Serve's own connect does not read it,
+    so the stop makes no Serve call once it is left behind)."""
     rayenv.ray_environment(address)
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     if not address:
@@ -433,13 +455,23 @@ def serve_until_stopped(
     budget = this_budget().cpus
     server = Server()
     stop = stop or threading.Event()
-    previous: dict[int, Any] = {}
+    main = threading.current_thread() is threading.main_thread()
+    # The caller's handlers, put back at the end (not the ones ray.init installs: they exit at once, and after
+    # this server stopped its Ray they would run on nothing).
+    callers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    ready: Any = None
     try:
+        before = processes.children()
         server.started_ray, serve_running = _start_ray(server_options.address, budget)
-        server.ray_processes = processes.children() if server.started_ray else []
-        if threading.current_thread() is threading.main_thread():
-            # After ray.init, which installs its own handlers (they print a stack dump and exit at once).
-            previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        if server.started_ray:  # what ray.init started: this process's children now that were not before
+            server.ray_processes = {p: t for p, t in processes.children().items() if p not in before}
+        if main:
+
+            def on_signal(*_: Any) -> None:
+                (server.hurry if stop.is_set() else stop).set()  # a second one: stop without the drain
+
+            for sig in callers:  # after ray.init, which installs its own
+                signal.signal(sig, on_signal)
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
         if serve_running:
             if joined is not None:
@@ -482,10 +514,13 @@ def serve_until_stopped(
         return ready
     finally:
         try:
-            server.stop()  # with this server's handlers still on: a second signal does not cut the stop short
+            server.stop()  # with this server's handlers still on: a second signal is the server's to take
+            if hasattr(ready, "ray_left_behind"):
+                ready.ray_left_behind = server.started_ray and server.abandoned
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            for sig, handler in callers.items():
+                if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                    signal.signal(sig, handler)
 
 
 __all__ = [
