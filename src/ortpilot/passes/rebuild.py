@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import onnx
@@ -23,6 +24,7 @@ from ortpilot.modelio import file_sha256
 from ortpilot.passes.base import Pass
 from ortpilot.passes.fusion import FusionPass
 from ortpilot.passes.optimize import OptimizePass
+from ortpilot.passes.options import FusionOptions
 from ortpilot.providers.names import ProviderSpec
 
 log = logging.getLogger("ortpilot")
@@ -54,13 +56,12 @@ def check_or_rebuild(proto: onnx.ModelProto, providers: Sequence[ProviderSpec]) 
             free_dimension_overrides=(stamp.get("options") or {}).get("free_dimension_overrides"),
         )
     else:
+        # The fusion's own options record, from every one of its fields the stamp holds (an option added to
+        # FusionOptions is rebuilt as it was built, not at its default); the stamp's providers are not one.
         opts = stamp.get("options") or {}
+        known = {f.name for f in fields(FusionOptions)}
         step = FusionPass(
-            opts.get("model_type", "auto"),
-            num_heads=opts.get("num_heads", 0),
-            hidden_size=opts.get("hidden_size", 0),
-            skip_layer_norm=opts.get("skip_layer_norm", True),
-            providers=list(providers),
+            FusionOptions.from_dict({k: v for k, v in opts.items() if k in known}), providers=list(providers)
         )
     log.warning(
         "Stamped model was built for %s, but %s: rebuilding it from its source %s for %s.",
