@@ -51,11 +51,11 @@ def test_the_processes_under_a_folder_are_ended_and_others_are_left(tmp_path):
     naming = [_start("plain", str(folder / "h" / "haproxy.cfg")), _start("stubborn", str(folder))]
     others = [_start("plain", f"{folder}-other/h.cfg"), _start("plain", f"-f{folder}/h.cfg")]  # beside it; glued
     try:
-        assert processes.processes_using(folder) == sorted(p.pid for p in naming)
-        assert processes.processes_using(folder, names=("haproxy",)) == []  # these are Python, not HAProxy
+        assert sorted(processes.processes_using(folder)) == sorted(p.pid for p in naming)
+        assert processes.processes_using(folder, names=("haproxy",)) == {}  # these are Python, not HAProxy
         assert sorted(processes.ending_processes_using(folder, wait_s=1.0)) == sorted(p.pid for p in naming)
         assert [p.wait(60) for p in naming] == [-15, -9]  # the stubborn one got SIGKILL after the wait
-        assert all(processes.alive(p.pid) for p in others) and processes.processes_using(folder) == []
+        assert all(processes.alive(p.pid) for p in others) and processes.processes_using(folder) == {}
     finally:
         for p in [*naming, *others]:
             p.kill()

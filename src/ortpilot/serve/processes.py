@@ -62,12 +62,12 @@ def children(parent: int | None = None) -> dict[int, int]:
     return found
 
 
-def processes_using(path: str | os.PathLike, names: Iterable[str] | None = None) -> list[int]:
+def processes_using(path: str | os.PathLike, names: Iterable[str] | None = None) -> dict[int, int]:
     """This user's processes (other than this one) with an argument that is ``path`` or a file under it, and,
-    given ``names``, a command name among them."""
+    given ``names``, a command name among them: pid -> start time."""
     root = os.fsencode(os.fspath(path)).rstrip(b"/")
     wanted = set(names) if names is not None else None
-    found = []
+    found = {}
     for pid in _pids():
         entry = PROC / str(pid)
         try:
@@ -80,17 +80,16 @@ def processes_using(path: str | os.PathLike, names: Iterable[str] | None = None)
         if stat is None or (wanted is not None and stat[1] not in wanted):
             continue
         if any(a == root or a.startswith(root + b"/") for a in args):
-            found.append(pid)
-    return sorted(found)
+            found[pid] = stat[3]
+    return found
 
 
-def end(pids: Mapping[int, int] | Iterable[int], wait_s: float = 3.0) -> list[int]:
-    """SIGTERM to each of ``pids`` (a mapping pid -> start time: only those still the same processes), SIGKILL to
-    those still running after ``wait_s``; returns the pids signalled."""
-    started = dict(pids) if isinstance(pids, Mapping) else dict.fromkeys(pids)
+def end(pids: Mapping[int, int], wait_s: float = 3.0) -> list[int]:
+    """SIGTERM to each of ``pids`` (pid -> start time) still the same process, SIGKILL to those still running
+    after ``wait_s``; returns the pids signalled."""
     ended = []
-    for pid, start in started.items():
-        if start is not None and not same(pid, start):
+    for pid, start in pids.items():
+        if not same(pid, start):
             continue
         try:
             os.kill(pid, signal.SIGTERM)
