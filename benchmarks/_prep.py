@@ -83,6 +83,29 @@ def write_json(path: str | os.PathLike | None, doc: object) -> None:
         Path(path).write_text(json.dumps(doc, indent=1, default=str))
 
 
+def sentence_feeds(
+    tokenizer: str | os.PathLike, sentences: Sequence[str], limit: int | None = 128
+) -> list[dict[str, Any]]:
+    """One request per sentence at its own length, as a user's ``tokenizer(text)`` sends it: ``input_ids``,
+    ``attention_mask`` and ``token_type_ids`` as ``[1, length]`` int64 arrays, from a ``tokenizer.json`` without
+    padding, cut at ``limit`` tokens (None: the tokenizer's own truncation)."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    tok.no_padding()
+    if limit is not None:
+        tok.enable_truncation(limit)
+    return [
+        {
+            "input_ids": np.asarray([e.ids], np.int64),
+            "attention_mask": np.asarray([e.attention_mask], np.int64),
+            "token_type_ids": np.asarray([e.type_ids], np.int64),
+        }
+        for e in tok.encode_batch(list(sentences))
+    ]
+
+
 def length_batches(feeds: Sequence[Mapping[str, Any]], size: int) -> list[dict[str, Any]]:
     """Requests of one sentence each (``[1, length]`` arrays) as sentence-transformers batches them: sorted by
     length (ties in their order), cut into calls of ``size``, each input padded at its end to the call's longest

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from _prep import length_batches
-from tokenizers import Tokenizer
+from _prep import length_batches, sentence_feeds
 
 from ortpilot.session.warmup import WarmupPlan, warm_at_sizes
 
@@ -42,14 +41,8 @@ def main() -> None:
     ap.add_argument("--warm", action="store_true", help="run the OpenVINO session at every length 1-128 first")
     ap.add_argument("--batch", type=int, default=1, help="sentences per call: each slice sorted by length, padded")
     args = ap.parse_args()
-    tok = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(128)
     texts = [s.strip() for s in args.sentences.read_text(encoding="utf-8").splitlines() if s.strip()]
-    feeds = []
-    for enc in tok.encode_batch(texts):
-        ids = np.asarray([enc.ids], np.int64)
-        feeds.append({"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)})
+    feeds = sentence_feeds(MINILM / "tokenizer.json", texts)
 
     def openvino() -> ort.InferenceSession:
         return ort.InferenceSession(

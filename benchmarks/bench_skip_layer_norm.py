@@ -49,20 +49,14 @@ def build(profile: dict[str, Any], source: Path, out: Path) -> dict[str, Path]:
 def child(model: str, sentences: str, spin: str) -> dict[str, float]:
     """Medians (ms) of one call per sentence and of one call per 32 length-sorted sentences, in this process."""
     import onnxruntime as ort
-    from _prep import length_batches
-    from tokenizers import Tokenizer
+    from _prep import length_batches, sentence_feeds
 
-    tok = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
-    tok.no_padding()
     lines = [s for s in Path(sentences).read_text(encoding="utf-8").splitlines() if s.strip()][:640]
     options = ort.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", spin)
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
-    feeds = []
-    for enc in tok.encode_batch(lines):
-        row = {"input_ids": enc.ids, "attention_mask": enc.attention_mask, "token_type_ids": enc.type_ids}
-        feeds.append({n: np.asarray([row[n]], dtype=np.int64) for n in names})
+    feeds = [{n: f[n] for n in names} for f in sentence_feeds(MINILM / "tokenizer.json", lines, limit=None)]
     out = {}
     for label, calls in (("batch1", feeds), ("batch32", length_batches(feeds, 32))):
         for f in calls[:20]:

@@ -65,25 +65,13 @@ def check(profile: Path, sentences: Path, rounds: int) -> dict[str, Any]:
     prepares each new length on its first run), a second profile session loaded with ``warm=False`` is timed
     beside the two (``profile_cold``), so the warm-up's effect on a fresh process reads in the same rounds."""
     import onnxruntime as ort
-    from _prep import length_batches
-    from tokenizers import Tokenizer
+    from _prep import length_batches, sentence_feeds
 
     import ortpilot
 
-    tok = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(128)
     lines = [s for s in sentences.read_text(encoding="utf-8").splitlines() if s.strip()]
-    encs = tok.encode_batch(lines)
-    feeds = [
-        {
-            "input_ids": np.asarray([e.ids], np.int64),
-            "attention_mask": np.asarray([e.attention_mask], np.int64),
-            "token_type_ids": np.asarray([e.type_ids], np.int64),
-        }
-        for e in encs
-    ]
-    lengths = np.array([len(e.ids) for e in encs])
+    feeds = sentence_feeds(MINILM / "tokenizer.json", lines)
+    lengths = np.array([f["input_ids"].shape[1] for f in feeds])
     tuned = ortpilot.load_profile(str(profile))
     plain = ort.InferenceSession(str(MINILM / "model.onnx"), providers=["CPUExecutionProvider"])
     sessions = {"profile": tuned, "plain": plain}
