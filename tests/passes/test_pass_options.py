@@ -145,3 +145,22 @@ def test_quantize_options_picks_the_record_of_the_mode_and_refuses_other_modes_s
         quantize_options("dynamic", colour="red")
     with pytest.raises(UsageError, match="Unknown quantization mode 'int2'"):
         quantize_options("int2")
+
+
+def test_the_openvino_recipe_is_part_of_the_record_and_its_label():
+    # NNCF's own recipe keeps the step's JSON (and every journaled candidate id) as it was
+    assert Step("openvino_int8").to_dict() == {"pass": "openvino_int8"}
+    step = Step("openvino_int8", {"smooth_quant": 0.8, "activation_ranges": "minmax", "exclude": ["a"]})
+    assert step.options == OpenVINOInt8Options(nodes_to_exclude=("a",), smooth_quant=0.8, activation_ranges="minmax")
+    assert step.label() == "int8-openvino-sq0.8-minmax-x1"
+    assert Step.of(step.to_dict()) == step and step.options.excluding(["b"]).smooth_quant == 0.8
+    assert Step("openvino_int8", {"smooth_quant": 1}).options.smooth_quant == 1.0
+    assert Step("openvino_int8", {"activation_ranges": "minmax"}).label() == "int8-openvino-minmax"
+    for alpha in (1.5, -0.1, "0.8", True):
+        with pytest.raises(UsageError, match="SmoothQuant's alpha"):
+            OpenVINOInt8Options(smooth_quant=alpha)
+    with pytest.raises(UsageError, match="activation ranges 'mean'.*nncf, minmax"):
+        OpenVINOInt8Options(activation_ranges="mean")
+    # a CPU INT8 mode refuses the recipe's settings by their flags
+    with pytest.raises(UsageError, match="--smooth-quant do"):
+        quantize_options("dynamic", smooth_quant=0.8)

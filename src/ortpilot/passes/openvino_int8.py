@@ -64,7 +64,7 @@ class OpenVINOInt8Pass(Pass):
         **settings: Any,
     ) -> None:
         """``options`` (None: the defaults) and ``settings``, its fields or changes to it (``model_type``,
-        ``nodes_to_exclude``, ``fast_bias_correction``)."""
+        ``nodes_to_exclude``, ``fast_bias_correction``, ``smooth_quant``, ``activation_ranges``)."""
         self.config = replace(options or OpenVINOInt8Options(), **settings)
         self.calibration = list(calibration or [])
 
@@ -78,12 +78,16 @@ class OpenVINOInt8Pass(Pass):
     model_type = Setting()
     nodes_to_exclude = Setting()
     fast_bias_correction = Setting()
+    smooth_quant = Setting()
+    activation_ranges = Setting()
 
     def options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {
             "model_type": self.model_type,
             "calibration_samples": len(self.calibration),
             "fast_bias_correction": self.fast_bias_correction,
+            "smooth_quant": self.smooth_quant,
+            "activation_ranges": self.activation_ranges,
         }
         if self.nodes_to_exclude:
             opts["nodes_to_exclude"] = list(self.nodes_to_exclude)
@@ -103,7 +107,23 @@ class OpenVINOInt8Pass(Pass):
         return OpenVINOInt8Pass(self.config.excluding(nodes), calibration=self.calibration)
 
     def label(self) -> str:
-        return "int8-openvino" + (f"-x{len(self.nodes_to_exclude)}" if self.nodes_to_exclude else "")
+        return "int8-openvino" + self.recipe_label() + (f"-x{len(self.nodes_to_exclude)}" if self.nodes_to_exclude else "")
+
+    def recipe_label(self) -> str:
+        """What differs from NNCF's own recipe, as labels say it (``-sq0.8-minmax``)."""
+        smooth = "" if self.smooth_quant is None else f"-sq{self.smooth_quant:g}"
+        return smooth + ("" if self.activation_ranges == "nncf" else f"-{self.activation_ranges}")
+
+    def advanced_parameters(self, nncf: Any) -> dict[str, Any]:
+        """``nncf.quantize``'s ``advanced_parameters`` for this recipe ({} for NNCF's own)."""
+        from nncf.quantization.range_estimator import RangeEstimatorParametersSet
+
+        advanced: dict[str, Any] = {}
+        if self.smooth_quant is not None:
+            advanced["smooth_quant_alphas"] = nncf.AdvancedSmoothQuantParameters(matmul=self.smooth_quant)
+        if self.activation_ranges == "minmax":
+            advanced["activations_range_estimator_params"] = RangeEstimatorParametersSet.MINMAX
+        return {"advanced_parameters": nncf.AdvancedQuantizationParameters(**advanced)} if advanced else {}
 
     def prepared(self, source: SourceModel) -> tuple[onnx.ModelProto, list[str]]:
         """The model NNCF quantizes (Constant weights as initializers, every node named: its ignored scope and
@@ -129,6 +149,7 @@ class OpenVINOInt8Pass(Pass):
         }
         if transformer:
             kwargs.update(model_type=nncf.ModelType.TRANSFORMER, preset=nncf.QuantizationPreset.MIXED)
+        kwargs.update(self.advanced_parameters(nncf))
         if self.nodes_to_exclude:
             kwargs["ignored_scope"] = nncf.IgnoredScope(names=list(self.nodes_to_exclude), validate=False)
         try:
@@ -143,7 +164,8 @@ class OpenVINOInt8Pass(Pass):
         count = quantized_node_count(quantized)
         notes.append(
             f"{count} node(s) quantized by NNCF {nncf.__version__} "
-            f"({'transformer preset, mixed' if transformer else 'default preset'})"
+            f"({'transformer preset, mixed' if transformer else 'default preset'}"
+            f"{self._recipe_note(transformer)})"
         )
         return Outcome(
             quantized,
@@ -153,6 +175,16 @@ class OpenVINOInt8Pass(Pass):
             ep_specific=False,
             extra={"nodes_excluded": list(self.nodes_to_exclude), "nncf": nncf.__version__},
         )
+
+    def _recipe_note(self, transformer: bool) -> str:
+        parts = []
+        if self.smooth_quant is not None:
+            parts.append(
+                f"SmoothQuant alpha {self.smooth_quant:g}" if transformer else "no SmoothQuant: not a transformer"
+            )
+        if self.activation_ranges == "minmax":
+            parts.append("activation ranges from the calibration's min and max")
+        return "".join(f"; {p}" for p in parts)
 
 
 __all__ = ["EXTRA", "OpenVINOInt8Pass", "is_transformer", "nncf_module"]
