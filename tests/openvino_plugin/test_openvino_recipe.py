@@ -57,7 +57,9 @@ def test_the_smoothed_recipe_writes_other_ranges_and_runs_on_openvino():
     own = OpenVINOInt8Pass(calibration=calibration).run(model)
     smoothed = OpenVINOInt8Pass(calibration=calibration, smooth_quant=0.8, activation_ranges="minmax").run(model)
     assert OpenVINOInt8Pass(smooth_quant=0.8, activation_ranges="minmax").label() == "int8-openvino-sq0.8-minmax"
-    assert any("SmoothQuant alpha 0.8" in n and "min and max" in n for n in smoothed.record.notes), smoothed.record.notes
+    assert any("SmoothQuant alpha 0.8" in n and "min and max" in n for n in smoothed.record.notes), (
+        smoothed.record.notes
+    )
     own_scales, smoothed_scales = _scales(own.model), _scales(smoothed.model)
     assert own_scales and smoothed_scales
     # min-max ranges are never narrower than NNCF's estimator's (a mean of per-sample ranges) on the same samples,

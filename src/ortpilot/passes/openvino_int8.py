@@ -107,7 +107,9 @@ class OpenVINOInt8Pass(Pass):
         return OpenVINOInt8Pass(self.config.excluding(nodes), calibration=self.calibration)
 
     def label(self) -> str:
-        return "int8-openvino" + self.recipe_label() + (f"-x{len(self.nodes_to_exclude)}" if self.nodes_to_exclude else "")
+        return (
+            "int8-openvino" + self.recipe_label() + (f"-x{len(self.nodes_to_exclude)}" if self.nodes_to_exclude else "")
+        )
 
     def recipe_label(self) -> str:
         """What differs from NNCF's own recipe, as labels say it (``-sq0.8-minmax``)."""

@@ -106,6 +106,11 @@ def settled_anchor_speeds(entries: Sequence[Entry]) -> list[tuple[int, float]]:
     return [(b.seq, b.anchor_s) for e in entries for b in e.paired if b.settled]
 
 
+# How far apart two search estimates can be and still be one speed: a search estimate comes from a few runs and
+# missed the final's figure by up to 5 % on MiniLM's OpenVINO candidates (2.76x searched for 2.94x final).
+SEARCH_ALIKE = 0.10
+
+
 @dataclass
 class Entry:
     """Everything known about one candidate during the search."""
@@ -125,6 +130,16 @@ class Entry:
     @property
     def measured(self) -> bool:
         return self.status == "ok" and bool(self.samples)
+
+    @property
+    def error_share(self) -> float:
+        """The worst held-out error the gate found, as a share of its limit (0 where it did not judge): which of
+        two candidates alike in speed is the more accurate (``Search._finalists``, ``tune._pick``)."""
+        accuracy = self.accuracy or {}
+        error, limit = accuracy.get("worst_error"), accuracy.get("max_error")
+        if error is None:
+            return 0.0
+        return float(error) / float(limit) if limit else float(error)
 
     def paired_cost(self) -> float | None:
         """Its cost relative to the anchor's, timed side by side (runs-weighted geometric mean over its
@@ -579,9 +594,24 @@ class Search:
         return own / anchor if math.isfinite(anchor) and anchor > 0 else own
 
     def _finalists(self, reference: Entry) -> list[Entry]:
-        """The leader and runner-up (never a session that takes CPUs outside the budget) and ``reference``."""
+        """The leader, a runner-up (never a session that takes CPUs outside the budget) and ``reference``. The
+        runner-up is the most accurate candidate within the search's noise of the leader (``SEARCH_ALIKE``)
+        where one is more accurate than the leader, else the second fastest: the final then decides between
+        speed and margin (``tune._pick`` ships the more accurate of two it cannot tell apart)."""
         outside = {e.candidate.id for e in self.entries.values() if e.candidate.baseline} - {reference.candidate.id}
-        finalists = [e for e in self.ranking() if e.candidate.id not in outside][:2]
+        ranked = [e for e in self.ranking() if e.candidate.id not in outside]
+        if len(ranked) < 2:
+            return ranked if reference in ranked else [*ranked, reference]
+        leader = ranked[0]
+        near = [
+            e
+            for e in ranked[1:]
+            if e is not reference
+            and self.score(e) <= self.score(leader) * (1 + SEARCH_ALIKE)
+            and e.error_share < leader.error_share
+        ]
+        runner_up = min(near, key=lambda e: e.error_share) if near else ranked[1]
+        finalists = [leader, runner_up]
         return finalists if reference in finalists else [*finalists, reference]
 
     def _plan_reserve(self) -> None:

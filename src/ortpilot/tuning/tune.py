@@ -712,7 +712,7 @@ def _pick(
     measured = [e for e in finalists if e.final] or [e for e in finalists if e.samples]
     best = min(measured, key=lambda e: _relative_cost(e, reference, objective, states))
     if best is not reference:
-        best = min(_alike(best, measured, reference, objective), key=_error_share)
+        best = min(_alike(best, measured, reference, objective), key=lambda e: e.error_share)
     name = reference_name(reference.candidate.to_dict())
     why_capped = (
         ""
@@ -753,15 +753,6 @@ def _alike(best: Entry, measured: list[Entry], reference: Entry, objective: str)
     ]
 
 
-def _error_share(entry: Entry) -> float:
-    """The worst held-out error the gate found, as a share of its limit (0 for a candidate it did not judge)."""
-    accuracy = entry.accuracy or {}
-    error, limit = accuracy.get("worst_error"), accuracy.get("max_error")
-    if error is None:
-        return 0.0
-    return float(error) / float(limit) if limit else float(error)
-
-
 def _relative_cost(entry: Entry, reference: Entry, objective: str, states: TuneStates | None) -> float:
     """``entry``'s cost over ``reference``'s, lower is better: from the final (or the search), and no lower than
     in the worse of the machine's two states where the tune saw both and timed ``entry`` in each."""
@@ -787,8 +778,8 @@ def _passed_over(finalists: list[Entry], winner: Entry, reference: Entry, states
         why = (
             f"{first.candidate.label} measured {gain['ratio']:.2f}x the winner in the final (95% CI "
             f"{gain['ci_low']:.2f}-{gain['ci_high']:.2f}): within noise, and at the same speed the more accurate "
-            f"ships (worst held-out error {_error_share(first):.0%} of its limit, the winner's "
-            f"{_error_share(winner):.0%})"
+            f"ships (worst held-out error {first.error_share:.0%} of its limit, the winner's "
+            f"{winner.error_share:.0%})"
         )
         return {"id": first.candidate.id, "why": why}
     worst = states.worst(first) if states is not None else None
