@@ -12,6 +12,10 @@ longest (5 interleaved rounds, median). Needs an environment where OpenVINO comp
 
     .venv-ovbench/bin/python benchmarks/bench_nncf_exclusions.py --tune-sentences /tmp/bw5/corpus/part0.txt \\
         --sentences /tmp/bw5/corpus/part1.txt [--count 1000] [--json OUT.json]
+
+``--recipes`` measures NNCF's recipes instead, every layer INT8: its own (``own``), SmoothQuant's alpha at
+0.5-0.9 (``sq0.8``: ``OpenVINOInt8Options.smooth_quant``), min-max activation ranges (``minmax``) and both
+(``sq0.8-minmax``: the tune's second recipe), with ``--calibration-count`` calibration sentences (150).
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ X6 = [
     "/bert/encoder/layer.3/intermediate/dense/MatMul",
     "/bert/encoder/layer.4/intermediate/dense/MatMul",
 ]
+RECIPES: dict[str, dict] = {
+    "own": {},
+    **{f"sq{alpha:g}": {"smooth_quant": alpha} for alpha in (0.5, 0.7, 0.8, 0.9)},
+    "minmax": {"activation_ranges": "minmax"},
+    "sq0.8-minmax": {"smooth_quant": 0.8, "activation_ranges": "minmax"},
+}
 FFN12 = [f"/bert/encoder/layer.{i}/{part}/dense/MatMul" for i in range(6) for part in ("intermediate", "output")]
 
 
@@ -50,6 +60,8 @@ def main() -> None:
     ap.add_argument("--sentences", required=True, type=Path)
     ap.add_argument("--count", type=int, default=1000)
     ap.add_argument("--exclude", default=",".join(X6), help="the x6 variant's layers, comma-separated")
+    ap.add_argument("--recipes", action="store_true", help="NNCF's recipes, every layer INT8 (module docstring)")
+    ap.add_argument("--calibration-count", type=int, default=150)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
 
@@ -64,18 +76,27 @@ def main() -> None:
     def lines(path: Path) -> list[str]:
         return [s.strip() for s in path.read_text(encoding="utf-8").splitlines() if s.strip()]
 
-    calibration = [feed(t) for t in lines(args.tune_sentences)[:150]]
+    calibration = [feed(t) for t in lines(args.tune_sentences)[: args.calibration_count]]
     texts = lines(args.sentences)[: args.count]
     feeds = [feed(t) for t in texts]
     batches = length_batches(feeds, 32)
     plain = ort.InferenceSession(str(MINILM / "model.onnx"), providers=["CPUExecutionProvider"])
     want = [plain.run(["sentence_embedding"], f)[0][0] for f in feeds]
     source = SourceModel.of(MINILM / "model.onnx")
-    variants = {"x0": [], "x6": [n for n in args.exclude.split(",") if n], "ffn12": FFN12}
+    variants: dict[str, dict] = (
+        RECIPES
+        if args.recipes
+        else {
+            "x0": {},
+            "x6": {"nodes_to_exclude": [n for n in args.exclude.split(",") if n]},
+            "ffn12": {"nodes_to_exclude": FFN12},
+        }
+    )
     sessions = {"ORT default": plain}
     rows: dict[str, dict] = {}
-    for name, exclude in variants.items():
-        built = OpenVINOInt8Pass(calibration=calibration, nodes_to_exclude=exclude).transform(source)
+    for name, settings in variants.items():
+        built = OpenVINOInt8Pass(calibration=calibration, **settings).transform(source)
+        exclude = settings.get("nodes_to_exclude", [])
         sess = ort.InferenceSession(
             built.model.SerializeToString(),
             providers=["OpenVINOExecutionProvider"],
@@ -111,6 +132,7 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "onnxruntime": ort.__version__,
         "sentences": len(feeds),
+        "calibration_sentences": len(calibration),
         "load_avg": os.getloadavg()[0],
         "variants": rows,
     }
