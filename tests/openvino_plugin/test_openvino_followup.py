@@ -49,6 +49,7 @@ def test_an_openvino_int8_variant_over_the_gate_is_retried_with_its_noisiest_lay
     assert parents and all(e.status == "rejected" for e in parents)
     measured = [e for e in follow if e.accuracy]
     assert measured, [(e.candidate.label, e.status, e.reason) for e in follow]
+
     def recipe(entry) -> dict:
         return {k: v for k, v in entry.candidate.passes[-1].items() if k != "exclude"}
 

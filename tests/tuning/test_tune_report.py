@@ -101,6 +101,22 @@ def test_each_row_whose_estimate_beats_the_shipped_figure_says_why_it_is_not_the
     assert all(line in render_md(doc) for line in lines)
 
 
+def test_a_row_the_final_passed_over_for_a_more_accurate_runner_up_says_which_one_took_its_place():
+    """bw20 on MiniLM: NNCF's own recipe ranked #2 (~2.95x est.), the smoothed recipe below it went to the final
+    as the more accurate runner-up (Search._finalists)."""
+    doc = _doc(
+        [
+            _cand("default", final_ms=45.6, screen_ms=49.8, paired=1.0, baseline=True),
+            _cand("winner", final_ms=15.8, screen_ms=16.1, paired=0.33),
+            _cand("twin", final_ms=None, screen_ms=15.8, paired=0.339),
+            _cand("accurate", final_ms=16.1, screen_ms=17.0, paired=0.346),
+        ],
+        "winner",
+    )
+    (line,) = [x for x in why_not_lines(doc) if "twin" in x.split(":")[1]]
+    assert "ranked #2 by its search figure, and the final's second place went to accurate" in line, line
+
+
 def test_when_ortpilot_keeps_the_default_every_faster_estimate_is_explained_against_1x():
     doc = _issue_doc()
     doc["default_best"] = True

@@ -113,11 +113,19 @@ def why_not_lines(doc: dict[str, Any]) -> list[str]:
             why = f"the final measured it at {final:.2f}x" + ("" if doc["default_best"] else ", and its figures decide")
         else:
             rank = next((i for i, o in enumerate(order, 1) if o["id"] == c["id"]), None)
-            why = (
-                f"it ranked #{rank} by its search figure and the final measures the top two"
-                if rank
-                else "it never ran beside ORT's default, so it could not be ranked"
-            )
+            # a finalist ranked below it: Search._finalists gave the runner-up's place to a more accurate one
+            accurate = [
+                o["label"] for i, o in enumerate(order, 1) if rank and i > rank and final_ratio(doc, o) is not None
+            ]
+            if not rank:
+                why = "it never ran beside ORT's default, so it could not be ranked"
+            elif accurate:
+                why = (
+                    f"it ranked #{rank} by its search figure, and the final's second place went to "
+                    f"{accurate[0]}, more accurate and within the search's noise of the leader"
+                )
+            else:
+                why = f"it ranked #{rank} by its search figure and the final measures the top two"
         lines.append(f"Not the winner though its estimate is higher: {c['label']} (~{est:.2f}x est.): {why}.")
     return lines
 
