@@ -8,27 +8,13 @@ onnxruntime-openvino distribution and NNCF (on any x86 CPU).
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
-import pytest
+from nncf_lane import MARKS
 
 from ortpilot.modelio import load_model
-from ortpilot.providers.plugins import compute_providers
 
-OV = "OpenVINOExecutionProvider"
-
-
-def _reason() -> str:
-    if importlib.util.find_spec("nncf") is None:
-        return "NNCF is not installed (pip install -e '.[cpu,openvino-plugin]')"
-    if OV not in compute_providers():
-        return "OpenVINO computes nowhere here (the plugin lists Intel CPUs only; or onnxruntime-openvino)"
-    return ""
-
-
-REASON = _reason()
-pytestmark = [pytest.mark.openvino_plugin, pytest.mark.skipif(bool(REASON), reason=REASON or "-")]
+pytestmark = MARKS
 
 
 def _ov_int8(result):

@@ -8,33 +8,18 @@ distribution with NNCF on any x86 CPU).
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
+from nncf_lane import MARKS, OV
 from onnx import numpy_helper
 
 from ortpilot.graph.feeds import make_feeds
 from ortpilot.models import make_cnn, make_encoder
 from ortpilot.passes.openvino_int8 import OpenVINOInt8Pass
 from ortpilot.providers.names import ProviderSpec
-from ortpilot.providers.plugins import compute_providers
 
-OV = "OpenVINOExecutionProvider"
-
-
-def _reason() -> str:
-    if importlib.util.find_spec("nncf") is None:
-        return "NNCF is not installed (pip install -e '.[cpu,openvino-plugin]')"
-    if OV not in compute_providers():
-        return "OpenVINO computes nowhere here (the plugin lists Intel CPUs only; or onnxruntime-openvino)"
-    return ""
-
-
-REASON = _reason()
-pytestmark = [pytest.mark.openvino_plugin, pytest.mark.skipif(bool(REASON), reason=REASON or "-")]
+pytestmark = MARKS
 
 
 def _scales(model: onnx.ModelProto) -> dict[str, float]:
