@@ -74,3 +74,23 @@ def test_a_tune_on_openvino_tries_both_recipes_on_a_transformer_and_one_on_a_cnn
     assert any("int8-openvino-sq0.8-minmax" in label for label in transformer), transformer
     assert any("int8-openvino" in label and "sq" not in label for label in transformer), transformer
     assert not any("sq0.8" in label for label in ov_int8(make_cnn())), ov_int8(make_cnn())
+
+
+def test_quantize_mode_openvino_writes_the_recipe_it_was_given(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "enc.onnx"
+    args = ["quantize", "demo:encoder", "-o", str(out), "--mode", "openvino", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "ortpilot.cli.main", *args, "--smooth-quant", "0.8", "--activation-ranges", "minmax"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)["record"]
+    assert record["options"]["smooth_quant"] == 0.8 and record["options"]["activation_ranges"] == "minmax"
+    assert record["op_diff"].get("Mul", 0) > 0  # SmoothQuant's scales before the MatMuls it smoothed
+    assert out.exists()

@@ -47,3 +47,20 @@ def test_quantize_mode_openvino_refuses_settings_nncf_does_not_take(tmp_path):
     if importlib.util.find_spec("nncf") is None:
         result = CliRunner().invoke(cli, ["quantize", "demo:encoder", "-o", str(out), "--mode", "openvino"])
         assert result.exit_code == 2 and "openvino-plugin" in result.output and not out.exists()
+
+
+def test_quantize_takes_the_openvino_recipe_flags_for_mode_openvino_only(tmp_path):
+    from click.testing import CliRunner
+
+    from ortpilot.cli.main import cli
+
+    out = tmp_path / "q.onnx"
+    for args, said in (
+        (["--mode", "dynamic", "--smooth-quant", "0.8"], "--smooth-quant do(es) not apply"),
+        (["--mode", "qdq", "--activation-ranges", "minmax"], "--activation-ranges do(es) not apply"),
+        (["--mode", "openvino", "--smooth-quant", "1.5"], "0<=x<=1"),
+        (["--mode", "openvino", "--activation-ranges", "mean"], "mean"),
+    ):
+        result = CliRunner().invoke(cli, ["quantize", "demo:encoder", "-o", str(out), *args])
+        assert result.exit_code == 2 and said in result.output, (args, result.output)
+        assert not out.exists()

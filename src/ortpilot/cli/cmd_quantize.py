@@ -30,6 +30,7 @@ from ortpilot.cli.flags import AUTO_EXCLUDE_FLAGS, choice_option, fusion_flags, 
 from ortpilot.cli.groups import arg_group
 from ortpilot.gate.options import GateOptions
 from ortpilot.passes.options import (
+    ACTIVATION_RANGES,
     DEFAULT_ACTIVATION_TYPE,
     DEFAULT_METHOD,
     DEFAULT_WEIGHT_TYPE,
@@ -59,6 +60,8 @@ def build_options(
     block_size: int,
     asymmetric: bool,
     accuracy_level: int,
+    smooth_quant: float | None,
+    activation_ranges: str,
 ) -> QuantizeModeOptions:
     """The mode's options record from its flags (``passes.options.quantize_options``); the flags of the other
     family are left out (weight-only flags with an INT8 mode and the reverse do nothing, as their help says)."""
@@ -73,6 +76,8 @@ def build_options(
             method=method,
             op_types=[t.strip() for t in op_types.split(",") if t.strip()] if op_types else None,
             preprocess=not no_preprocess,
+            smooth_quant=smooth_quant,
+            activation_ranges=activation_ranges,
         )
     return quantize_options(mode, nodes_to_exclude=exclude, **settings)
 
@@ -148,6 +153,18 @@ QUANTIZE_OPTIONS = arg_group(
         default=WeightOnlyOptions.accuracy_level,
         show_default=True,
         help=f"{_WEIGHT_ONLY}: MatMulNBits compute type on CPU (4 = int8, fast with VNNI).",
+    ),
+    click.option(
+        "--smooth-quant",
+        type=click.FloatRange(0, 1),
+        default=None,
+        help="openvino: SmoothQuant's alpha for a transformer's MatMuls (NNCF's own: 0.95; tune also tries 0.8).",
+    ),
+    choice_option(
+        "--activation-ranges",
+        ACTIVATION_RANGES,
+        "nncf",
+        "openvino: activation ranges by NNCF's estimator, or the calibration's min and max.",
     ),
     uses=("mode",),
 )
