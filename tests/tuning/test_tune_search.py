@@ -9,7 +9,7 @@ from ortpilot.tuning import tune
 from ortpilot.tuning.budget import PAIRED_ROUNDS, SETTLE_S, SPIN_S, Budget, paired_anchor_runs
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import read_journal
-from ortpilot.tuning.search import Entry, PairedBench, Search
+from ortpilot.tuning.search import Entry, PairedBench, Search, leaders
 
 
 def _entry(settings: dict, samples_ms: list[float], anchor_ms: float | None) -> Entry:
@@ -59,6 +59,9 @@ def test_the_runner_up_is_the_most_accurate_candidate_within_the_searchs_noise_o
         search.entries[e.candidate.id] = e
     assert search.ranking()[:3] == [own, twin, smooth]
     assert search._finalists(anchor) == [own, smooth, anchor]  # far (0 error) is 1.3x slower: not alike
+    # the knobs are explored around the same two (KNOB_BASES), and the rest keep their order
+    assert leaders(search.ranking(), search.score) == [own, smooth]
+    assert leaders(search.ranking(), search.score, count=4) == [own, smooth, twin, far]
     smooth.accuracy = {**smooth.accuracy, "worst_error": 0.0049}  # no more accurate than the leader
     assert search._finalists(anchor) == [own, twin, anchor]
 

@@ -111,6 +111,25 @@ def settled_anchor_speeds(entries: Sequence[Entry]) -> list[tuple[int, float]]:
 SEARCH_ALIKE = 0.10
 
 
+def leaders(
+    ranked: Sequence[Entry], score: Callable[[Entry], float], reference: Entry | None = None, count: int = 2
+) -> list[Entry]:
+    """The first ``count`` of ``ranked`` (fastest first), except that the second place goes to the most accurate
+    entry within the search's noise of the first (``SEARCH_ALIKE``) where one is more accurate than the first:
+    the knobs explored and the final then weigh speed against margin (``reference``, ORT's default, is added to
+    the final anyway and never takes that place)."""
+    if len(ranked) < 2:
+        return list(ranked)
+    first = ranked[0]
+    near = [
+        e
+        for e in ranked[1:]
+        if e is not reference and score(e) <= score(first) * (1 + SEARCH_ALIKE) and e.error_share < first.error_share
+    ]
+    second = min(near, key=lambda e: e.error_share) if near else ranked[1]
+    return [first, second, *[e for e in ranked[1:] if e is not second]][:count]
+
+
 @dataclass
 class Entry:
     """Everything known about one candidate during the search."""
@@ -495,8 +514,10 @@ class Search:
         return [_try(e) for e in [first, *followups] if e is not entry] + [_try(entry)]
 
     def _explore_knobs(self, facts: Facts) -> None:
-        """Session knobs around the best candidates whose knobs were not explored yet."""
-        for base_entry in [e for e in self.ranking() if e.candidate.id not in self.knobbed][:KNOB_BASES]:
+        """Session knobs around the best candidates whose knobs were not explored yet (``leaders``: the most
+        accurate one alike in speed to the best among them, so its knobs are measured too)."""
+        bases = [e for e in self.ranking() if e.candidate.id not in self.knobbed]
+        for base_entry in leaders(bases, self.score, count=KNOB_BASES):
             self._knobs_around(base_entry, facts)
 
     def _knobs_around(self, base_entry: Entry, facts: Facts, phase: str = "session knobs") -> None:
@@ -599,19 +620,7 @@ class Search:
         where one is more accurate than the leader, else the second fastest: the final then decides between
         speed and margin (``tune._pick`` ships the more accurate of two it cannot tell apart)."""
         outside = {e.candidate.id for e in self.entries.values() if e.candidate.baseline} - {reference.candidate.id}
-        ranked = [e for e in self.ranking() if e.candidate.id not in outside]
-        if len(ranked) < 2:
-            return ranked if reference in ranked else [*ranked, reference]
-        leader = ranked[0]
-        near = [
-            e
-            for e in ranked[1:]
-            if e is not reference
-            and self.score(e) <= self.score(leader) * (1 + SEARCH_ALIKE)
-            and e.error_share < leader.error_share
-        ]
-        runner_up = min(near, key=lambda e: e.error_share) if near else ranked[1]
-        finalists = [leader, runner_up]
+        finalists = leaders([e for e in self.ranking() if e.candidate.id not in outside], self.score, reference)
         return finalists if reference in finalists else [*finalists, reference]
 
     def _plan_reserve(self) -> None:

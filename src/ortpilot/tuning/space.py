@@ -381,12 +381,12 @@ def _openvino_variants(spec: ProviderSpec, facts: Facts, baseline: Candidate) ->
         return out
     facts.int8_reasons[OV_INT8.label()] = "OpenVINO: NNCF's QDQ placement (MatMul/Gemm/Conv inputs; norms in float)"
     out += [baseline.derived(passes=(OV_INT8,), providers=chain) for chain in chains]
-    if facts.model_type:  # a transformer: SmoothQuant applies (on the first chain; precision is a knob after)
+    if facts.model_type:  # a transformer: SmoothQuant applies (on every chain: each recipe meets the same sessions)
         facts.int8_reasons[OV_INT8_SMOOTHED.label()] = (
             "OpenVINO: NNCF's placement with SmoothQuant 0.8 and min-max activation ranges (a transformer's "
             "activation outliers)"
         )
-        out.append(baseline.derived(passes=(OV_INT8_SMOOTHED,), providers=chains[0]))
+        out += [baseline.derived(passes=(OV_INT8_SMOOTHED,), providers=chain) for chain in chains]
     return out
 
 
