@@ -66,6 +66,40 @@ def test_the_runner_up_is_the_most_accurate_candidate_within_the_searchs_noise_o
     assert search._finalists(anchor) == [own, twin, anchor]
 
 
+def test_of_two_models_with_one_structure_on_one_session_only_the_more_accurate_is_timed():
+    """NNCF's own recipe and the smoothed one write the same graph with other scales (MiniLM: 0.98x in one process),
+    so the search keeps the more accurate instead of timing the two in the machine's noise."""
+    from ortpilot.passes.registry import Step
+
+    search = Search(None, Budget(time.monotonic() + 60), objective="p50")  # type: ignore[arg-type]
+    own_step = Step("openvino_int8")
+    smooth_step = Step("openvino_int8", {"smooth_quant": 0.8, "activation_ranges": "minmax"})
+
+    def built(step: Step, error: float, graph: str, **settings) -> Entry:
+        cand = baseline_candidate().derived(passes=(step,))
+        if settings:
+            cand = cand.with_settings(**settings)
+        e = Entry(cand, "model variants", status="ok", samples=[0.01] * 4, prepared={"graph_sha256": graph})
+        e.accuracy = {"passed": True, "max_error": 0.005, "worst_error": error}
+        search.entries[cand.id] = e
+        return e
+
+    own = built(own_step, 0.0048, "g1")
+    smooth = built(smooth_step, 0.0028, "g1")
+    search._dominated(smooth)
+    assert smooth.status == "ok" and own.status == "skipped" and "more accurate" in own.reason
+    assert "56% of the limit, this one's 96%" in own.reason and smooth.candidate.label in own.reason
+    # a less accurate twin arriving later is skipped at once; another session or another structure is no twin
+    late = built(own_step.with_options(activation_ranges="minmax"), 0.004, "g1")
+    search._dominated(late)
+    assert late.status == "skipped"
+    threads = built(own_step, 0.0048, "g1", intra_op_threads=1)
+    other = built(own_step.with_options(exclude=["a"]), 0.006, "g2")
+    for e in (threads, other):
+        search._dominated(e)
+        assert e.status == "ok"
+
+
 def test_every_bench_after_the_default_runs_beside_it_and_the_report_quotes_that_ratio(tmp_path, demo_paths):
     result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=20)
     records = read_journal(tmp_path / "out" / "journal.jsonl")

@@ -68,6 +68,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "outputs": str,
         "output_names": list,
         "output_sha256": dict,
+        "graph_sha256": str,  # the built model's structure (graph.structure); absent for the model as given
         "accuracy": (dict, type(None)),
         "verification": bool,
         "returncode": (int, type(None)),

@@ -416,9 +416,39 @@ class Search:
                 self.budget.record_prepare(cand.passes, record["seconds"], built)
             self._record_prepared(entry, record)
             if entry.status == "ok":
+                self._dominated(entry)
+            if entry.status == "ok":
                 self._bench(entry, "screen", runs, self.budget.candidate_timeout(cand.baseline))
         self._report("screening")
         return entry
+
+    def _dominated(self, entry: Entry) -> None:
+        """Of two passing candidates whose models have one structure (``graph_sha256``: the same nodes, shapes and
+        types, other values) on the same session, only the more accurate stays: they run the same kernels, so
+        timing one against the other measures the machine's noise (two NNCF recipes on MiniLM: 0.98x, the
+        search's estimates 1.2x apart). The other is skipped, not timed (or no longer ranked, if it was)."""
+        graph = entry.prepared.get("graph_sha256")
+        if not graph:
+            return
+        session = {k: v for k, v in entry.candidate.to_dict().items() if k not in ("id", "label", "passes")}
+        twins = [
+            e
+            for e in self.entries.values()
+            if e is not entry
+            and e.status == "ok"
+            and e.prepared.get("graph_sha256") == graph
+            and {k: v for k, v in e.candidate.to_dict().items() if k not in ("id", "label", "passes")} == session
+        ]
+        for twin in twins:
+            keep, drop = (entry, twin) if entry.error_share < twin.error_share else (twin, entry)
+            drop.status, drop.reason = (
+                "skipped",
+                f"the same graph on the same session as {keep.candidate.label}, other values: the same speed by "
+                f"construction, and that one is more accurate (worst held-out error {keep.error_share:.0%} of "
+                f"the limit, this one's {drop.error_share:.0%})",
+            )
+            if drop is entry:
+                return
 
     def _not_started(self, cand: Candidate, seconds: float, basis: str) -> str:
         """Why a candidate was not started: its estimate and what was left (the final's reserve kept)."""

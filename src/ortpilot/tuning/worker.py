@@ -58,6 +58,7 @@ class _Child:
         self.replay = load_samples(replay) if replay.is_file() else self.heldout[:1]
         self.runners: OrderedDict[str, Any] = OrderedDict()  # candidate id -> measure.bench.Runner
         self.replays: dict[str, Any] = {}  # "id/replay" -> a Runner on that candidate's session
+        self.structures: dict[str, str] = {}  # a built model's sha256 -> its structure's (graph.structure)
         (scratch / "outputs").mkdir(exist_ok=True)
 
     def prepare(self, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,7 +115,20 @@ class _Child:
             "outputs": str(out_path),
             "output_names": list(outputs[0]),
             "output_sha256": {name: array_digest(value) for name, value in outputs[0].items()},
+            **({"graph_sha256": self._structure(path, sess.model_hash)} if cand.passes else {}),
         }
+
+    def _structure(self, path: Path, model_sha256: str) -> str:
+        """The built model's structure hash (``graph.structure``), once per model: which variants differ in their
+        values only (``Search._dominated``)."""
+        import onnx
+
+        from ortpilot.graph.structure import structure_sha256
+
+        if model_sha256 not in self.structures:
+            model = onnx.load(str(path), load_external_data=False)
+            self.structures[model_sha256] = structure_sha256(model)
+        return self.structures[model_sha256]
 
     def load(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """The sessions of ``data["candidates"]`` alive, each created again if it was let go (its model from the
