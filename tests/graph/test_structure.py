@@ -36,12 +36,32 @@ def test_other_weights_keep_the_hash_and_every_other_change_moves_it():
     attributed = _copy(model)  # an attribute's value
     node = next(n for n in attributed.graph.node if n.attribute and n.attribute[0].type == onnx.AttributeProto.INT)
     node.attribute[0].i += 1
-    zeroed = _copy(model)  # an integer tensor that becomes all zeros (a zero point ORT's symmetric paths take)
-    zeroed.graph.initializer.append(numpy_helper.from_array(np.array([3, 0], np.uint8), "zp"))
-    shifted = _copy(zeroed)
-    shifted.graph.initializer[-1].CopyFrom(numpy_helper.from_array(np.array([5, 1], np.uint8), "zp"))
-    assert structure_sha256(shifted) == structure_sha256(zeroed)
-    zeroed.graph.initializer[-1].CopyFrom(numpy_helper.from_array(np.zeros(2, np.uint8), "zp"))
-    assert structure_sha256(shifted) != structure_sha256(zeroed)
+    # a weight's zero point of 0 picks ORT's symmetric INT8 kernels: it is structure; an activation's is a value
+    weight = numpy_helper.from_array(np.arange(6, dtype=np.int8).reshape(2, 3), "w")
+    zp = numpy_helper.from_array(np.array(3, np.int8), "w_zp")
+    act_zp = numpy_helper.from_array(np.array(7, np.uint8), "x_zp")
+    scale = numpy_helper.from_array(np.array(0.1, np.float32), "s")
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("QuantizeLinear", ["x", "s", "x_zp"], ["xq"]),
+            onnx.helper.make_node("DequantizeLinear", ["xq", "s", "x_zp"], ["xd"]),
+            onnx.helper.make_node("DequantizeLinear", ["w", "s", "w_zp"], ["wd"]),
+            onnx.helper.make_node("MatMul", ["xd", "wd"], ["y"]),
+        ],
+        "qdq",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 3])],
+        [weight, zp, act_zp, scale],
+    )
+    qdq = onnx.helper.make_model(graph)
+
+    def with_value(name: str, value: int) -> str:
+        m = _copy(qdq)
+        t = next(t for t in m.graph.initializer if t.name == name)
+        t.CopyFrom(numpy_helper.from_array(np.array(value, numpy_helper.to_array(t).dtype), name))
+        return structure_sha256(m)
+
+    assert with_value("w_zp", 5) == structure_sha256(qdq) != with_value("w_zp", 0)
+    assert with_value("x_zp", 0) == structure_sha256(qdq) == with_value("x_zp", 128)
     changed = [structure_sha256(m) for m in (reshaped, retyped, rewired, attributed, make_cnn())]
     assert base not in changed and len(set(changed)) == len(changed)

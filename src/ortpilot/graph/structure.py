@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -25,7 +26,7 @@ def _attribute(attr: onnx.AttributeProto) -> str:
     return f"{attr.name}:{onnx.helper.get_attribute_value(attr)!r}"
 
 
-# Integer tensors whose all-zero value picks a kernel: ORT runs a zero point of 0 on its symmetric INT8 paths.
+# A weight's zero point of 0 picks a kernel (ORT's symmetric INT8 paths); an activation's does not.
 _INTEGER = {
     onnx.TensorProto.INT8,
     onnx.TensorProto.UINT8,
@@ -35,17 +36,29 @@ _INTEGER = {
 }
 
 
-def _zeros(tensor: onnx.TensorProto) -> str:
-    """A mark for an integer initializer that holds only zeros (a value that picks kernels: part of structure)."""
-    if tensor.data_type not in _INTEGER or tensor.data_location == onnx.TensorProto.EXTERNAL:
-        return ""
-    return " zeros" if not numpy_helper.to_array(tensor).any() else ""
+def _weight_zero_points(graph: onnx.GraphProto) -> set[str]:
+    """The integer initializers that sit beside an integer weight in one node (a dequantized weight's zero
+    point, MatMulInteger's ``b_zero_point``) and hold only zeros: part of the structure. An activation's zero
+    point (a QuantizeLinear's, with no integer weight beside it) is a value like any other."""
+    inits = {t.name: t for t in graph.initializer}
+    integer = {
+        name for name, t in inits.items() if t.data_type in _INTEGER and t.data_location != onnx.TensorProto.EXTERNAL
+    }
+    marked = set()
+    for node in graph.node:
+        ints = [name for name in node.input if name in integer]
+        if any(int(np.prod(inits[name].dims)) > 1 for name in ints):  # a weight among them
+            marked.update(name for name in ints if not numpy_helper.to_array(inits[name]).any())
+    return marked
 
 
 def _graph(graph: onnx.GraphProto) -> str:
+    zeros = _weight_zero_points(graph)
     parts = [f"in {v.name} {v.type.SerializeToString().hex()}" for v in graph.input]
     parts += [f"out {v.name} {v.type.SerializeToString().hex()}" for v in graph.output]
-    parts += [f"init {t.name} {t.data_type} {list(t.dims)}{_zeros(t)}" for t in graph.initializer]
+    parts += [
+        f"init {t.name} {t.data_type} {list(t.dims)}{' zeros' if t.name in zeros else ''}" for t in graph.initializer
+    ]
     for node in graph.node:
         attrs = ",".join(sorted(_attribute(a) for a in node.attribute))
         parts.append(f"node {node.domain}:{node.op_type} {list(node.input)} {list(node.output)} {attrs}")
@@ -53,8 +66,8 @@ def _graph(graph: onnx.GraphProto) -> str:
 
 
 def structure_sha256(model: onnx.ModelProto) -> str:
-    """The sha256 of ``model``'s opsets, inputs, outputs, initializers' names, types and shapes (and whether an
-    integer one is all zeros), and nodes (op, wiring, attributes): equal for two models that differ only in
+    """The sha256 of ``model``'s opsets, inputs, outputs, initializers' names, types and shapes (and whether a
+    weight's zero point is all zeros), and nodes (op, wiring, attributes): equal for two models that differ only in
     their weights' and constants' values."""
     opsets = ",".join(sorted(f"{o.domain}:{o.version}" for o in model.opset_import))
     return hashlib.sha256(f"{opsets}\n{_graph(model.graph)}".encode()).hexdigest()
