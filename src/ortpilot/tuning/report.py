@@ -114,15 +114,13 @@ def why_not_lines(doc: dict[str, Any]) -> list[str]:
         else:
             rank = next((i for i, o in enumerate(order, 1) if o["id"] == c["id"]), None)
             # a finalist ranked below it: Search._finalists gave the runner-up's place to a more accurate one
-            accurate = [
-                o["label"] for i, o in enumerate(order, 1) if rank and i > rank and final_ratio(doc, o) is not None
-            ]
+            below = next((o for o in order[rank or len(order) :] if final_ratio(doc, o) is not None), None)
             if not rank:
                 why = "it never ran beside ORT's default, so it could not be ranked"
-            elif accurate:
+            elif below is not None:
                 why = (
                     f"it ranked #{rank} by its search figure, and the final's second place went to "
-                    f"{accurate[0]}, more accurate and within the search's noise of the leader"
+                    f"{below['label']}, more accurate and within the search's noise of the leader"
                 )
             else:
                 why = f"it ranked #{rank} by its search figure and the final measures the top two"

@@ -430,14 +430,14 @@ class Search:
         graph = entry.prepared.get("graph_sha256")
         if not graph:
             return
-        session = {k: v for k, v in entry.candidate.to_dict().items() if k not in ("id", "label", "passes")}
+        session = replace(entry.candidate, passes=())  # everything but the model: providers, settings, plan ...
         twins = [
             e
             for e in self.entries.values()
             if e is not entry
             and e.status == "ok"
             and e.prepared.get("graph_sha256") == graph
-            and {k: v for k, v in e.candidate.to_dict().items() if k not in ("id", "label", "passes")} == session
+            and replace(e.candidate, passes=()) == session
         ]
         for twin in twins:
             keep, drop = (entry, twin) if entry.error_share < twin.error_share else (twin, entry)
