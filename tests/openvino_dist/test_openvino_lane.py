@@ -198,3 +198,25 @@ def test_the_winners_first_run_cost_is_measured_on_openvino_and_a_warm_up_runs_e
     warmed = warm_at_sizes(session, request(20), plan, budget_s=600)
     assert warmed.shapes == tuple((1, n) for n in plan.sizes)
     assert np.allclose(session.run(None, request(13))[0], plain.run(None, request(13))[0], atol=1e-3)
+
+
+def test_openvino_compiled_per_shape_answers_as_the_cpu_ep_at_every_shape_and_prepares_each_once(demo_paths):
+    """``disable_dynamic_shapes`` (the tune's per-shape knob, ``tuning.space.PER_SHAPE_OPTION``): the session
+    compiles the model for each input shape it meets and keeps it, so a second run at a shape answers the same as
+    the first, and every shape answers as the CPU EP does."""
+    from ortpilot.tuning.space import PER_SHAPE_OPTION
+
+    model = str(demo_paths["encoder"])
+    per_shape = load(model, [f"openvino:{PER_SHAPE_OPTION}=True,num_of_threads=2"], "strict")
+    plain = load(model, [CPU], "strict")
+    assert per_shape.providers[0] == OV
+    for batch, n in ((1, 5), (1, 17), (4, 17), (1, 5)):
+        feeds = {
+            "input_ids": np.arange(5, 5 + batch * n, dtype=np.int64).reshape(batch, n) % 90 + 5,
+            "attention_mask": np.ones((batch, n), np.int64),
+            "token_type_ids": np.zeros((batch, n), np.int64),
+        }
+        first, again = per_shape.run(None, feeds)[0], per_shape.run(None, feeds)[0]
+        want = plain.run(None, feeds)[0]
+        assert first.shape == want.shape == (batch, n, want.shape[-1])
+        assert np.array_equal(first, again) and np.allclose(first, want, atol=1e-3), (batch, n)

@@ -137,6 +137,32 @@ def test_model_variants_run_on_the_cpu_too_when_another_provider_comes_first(dem
     assert any(not c.passes for c in on["OpenVINOExecutionProvider"])  # the plain model on OpenVINO
 
 
+def test_openvino_is_tried_compiled_per_shape_where_a_dim_is_free_and_never_on_a_decoder(demo_paths):
+    """onnxruntime-openvino's ``disable_dynamic_shapes`` is an OpenVINO knob where the model leaves a dim free,
+    not on a shape plan's static buckets, not on a decoder (every step a new shape), never twice."""
+    from ortpilot.models import make_decoder
+    from ortpilot.providers.names import ProviderSpec
+    from ortpilot.tuning.space import PER_SHAPE_OPTION, compiles_per_shape, openvino_knobs
+
+    ov = ProviderSpec("OpenVINOExecutionProvider", {"num_of_threads": "2"})
+    encoder = gather_facts(load_model(demo_paths["encoder"]), [ov])
+    assert encoder.symbolic_inputs and compiles_per_shape(encoder)
+    base = baseline_candidate().derived(passes=(), providers=({"name": ov.name, "options": dict(ov.options)},))
+    per_shape = [c for c in openvino_knobs(base, encoder) if PER_SHAPE_OPTION in c.providers[0]["options"]]
+    assert len(per_shape) == 1 and per_shape[0].providers[0]["options"][PER_SHAPE_OPTION] == "True"
+    assert "disable_dynamic_shapes=True" in per_shape[0].label
+    assert not [c for c in openvino_knobs(per_shape[0], encoder) if c.providers == per_shape[0].providers]
+    plan = {"dim": "sequence", "sizes": [8, 16], "axes": [["input_ids", 1]], "pad_values": {}, "beyond": "dynamic"}
+    assert not [c for c in openvino_knobs(base.with_shape_plan(plan), encoder) if PER_SHAPE_OPTION in c.label]
+    decoder = gather_facts(make_decoder(), [ov])
+    assert decoder.decoder and decoder.symbolic_inputs and not compiles_per_shape(decoder)
+    static = load_model(demo_paths["encoder"])
+    for graph_input in static.graph.input:
+        for dim in graph_input.type.tensor_type.shape.dim:
+            dim.dim_value = 8
+    assert not gather_facts(static, [ov]).symbolic_inputs
+
+
 def test_no_candidate_but_the_baseline_oversubscribes_the_cpu_budget(demo_paths):
     """Under ``taskset -c 0`` ORT's default still starts its usual pool: every other candidate gets
     explicit threads within the budget, and the capped default comes first as its stand-in."""

@@ -29,7 +29,7 @@ from ortpilot.providers.cpubudget import default_threads_in_budget, ort_default_
 from ortpilot.providers.cpuisa import Int8Rule, int8_rule
 from ortpilot.providers.names import ProviderSpec
 from ortpilot.providers.openvino import OPENVINO
-from ortpilot.providers.plugins import compute_providers
+from ortpilot.providers.plugins import compute_providers, is_plugin_ep
 from ortpilot.providers.spec import NOT_COMPUTE
 from ortpilot.quantmodes import DYNAMIC, FULL, INT4, INT8_WEIGHTS, QDQ, STATIC
 from ortpilot.session.options import LEVELS
@@ -101,6 +101,7 @@ class Facts:
     shape_plan: dict[str, Any] | None = None  # the workload's buckets (session.shapeplan), tried as a session knob
     given_int8: dict[str, int] = field(default_factory=dict)  # the quantizer's ops the model came with, by count
     model_mb: float = 0.0  # the model's size with its weights (what a variant's preparation scales with)
+    symbolic_inputs: bool = False  # an input has a dim without a fixed size (a sequence, a batch)
 
     @property
     def model_label(self) -> str:
@@ -141,6 +142,7 @@ class Facts:
             "model_mb": round(self.model_mb, 2),
             "excluded": [e.to_dict() for e in self.excluded],
             "shape_plan": self.shape_plan,
+            "symbolic_inputs": self.symbolic_inputs,
         }
 
 
@@ -248,6 +250,18 @@ def gather_facts(
         default_threads=default_threads,
         given_int8=given_int8,
         model_mb=model_bytes(model) / 2**20,
+        symbolic_inputs=has_symbolic_inputs(model),
+    )
+
+
+def has_symbolic_inputs(model: onnx.ModelProto) -> bool:
+    """Whether a graph input (not an initializer) has a dim without a fixed size."""
+    weights = {t.name for t in model.graph.initializer}
+    return any(
+        not d.HasField("dim_value")
+        for i in model.graph.input
+        if i.name not in weights
+        for d in i.type.tensor_type.shape.dim
     )
 
 
@@ -372,6 +386,13 @@ def _openvino_variants(spec: ProviderSpec, facts: Facts, baseline: Candidate) ->
         chains.append(provider_chain(ProviderSpec(ov.name, {**ov.options, "precision": "ACCURACY"})))
     out = [baseline.derived(passes=(), providers=chain) for chain in chains]
     facts.excluded.append(Excluded(*OPENVINO_NOT_TRIED))
+    if facts.symbolic_inputs and not facts.decoder and not compiles_per_shape(facts):
+        facts.excluded.append(
+            Excluded(
+                f"OpenVINO compiled per input shape ({PER_SHAPE_OPTION})",
+                "the onnxruntime-ep-openvino plugin has no such option; the onnxruntime-openvino distribution has",
+            )
+        )
     if not facts.requantize:
         return out
     if importlib.util.find_spec("nncf") is None:
@@ -457,7 +478,8 @@ def fusion_knobs(base: Candidate) -> list[Candidate]:
 
 def openvino_knobs(base: Candidate, facts: Facts) -> list[Candidate]:
     """OpenVINO's own knobs (ORT's session knobs do not reach its kernels): its precision (on a CPU with
-    AMX or AVX-512 BF16 it runs a float model in bf16 unless told ACCURACY) and fewer inference threads."""
+    AMX or AVX-512 BF16 it runs a float model in bf16 unless told ACCURACY), fewer inference threads, and
+    a compile per input shape (``compiles_per_shape``)."""
     options = dict(base.providers[0].get("options") or {})
     out = []
     if options.get("precision") is None:
@@ -467,7 +489,23 @@ def openvino_knobs(base: Candidate, facts: Facts) -> list[Candidate]:
         out.append(base.with_provider_options(num_of_threads=str(max(1, threads // 2))))
     if facts.shape_plan and not base.shape_plan:  # OpenVINO compiles each bucket for its static shape
         out.append(base.with_shape_plan(facts.shape_plan))
+    if compiles_per_shape(facts) and not base.shape_plan and options.get(PER_SHAPE_OPTION) is None:
+        out.append(base.with_provider_options(**{PER_SHAPE_OPTION: "True"}))
     return [c for c in out if c.id != base.id]
+
+
+# onnxruntime-openvino's option to compile the model for each input shape it meets (kept per shape in the
+# session) instead of once with its dims left dynamic: NNCF's INT8 MiniLM ran 2.90-3.02x ORT's default at 32
+# sentences per call against 2.72-2.82x dynamic, the same at one per call (1.47x / 1.49x), a new shape's first
+# run 20-55 ms, 48 shapes up to 32x128 held in less memory than the dynamic session (BENCHMARKS.md).
+PER_SHAPE_OPTION = "disable_dynamic_shapes"
+
+
+def compiles_per_shape(facts: Facts) -> bool:
+    """Whether the tune tries OpenVINO compiled per input shape: the model has a dim left free, it is not a
+    decoder (whose every step is a new shape), and the EP is the distribution's (the plugin has no such
+    option; ``_openvino_variants`` says so in the report)."""
+    return facts.symbolic_inputs and not facts.decoder and not is_plugin_ep(OPENVINO)
 
 
 def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
