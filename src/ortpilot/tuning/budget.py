@@ -142,7 +142,9 @@ class Budget:
         self.binding = binding
         self.clock = clock
         self.costs = costs  # None: variants are estimated like sessions (the median preparation so far)
-        self.latency = 0.01  # ORT's default session's p50 (s), once measured
+        self.latency = 0.01  # ORT's default session's p50 (s) of a timed run (the replay set), once measured
+        # ... and of one sample, as a calibration or held-out run has it (``Search`` sets both)
+        self.sample_latency = 0.01
         self.prep_times: list[float] = []
         self.session_times: list[float] = []  # preparations of candidates without passes (ORT's default first)
         self.ratios: list[float] = []  # measured / estimated, each model variant prepared so far
@@ -173,7 +175,7 @@ class Budget:
             return self.est_session(), "one session, as the sessions so far took"
         if self.costs is None:
             return self.est_prepare(), "the median preparation so far"
-        seconds, basis = self.costs.estimate(steps, self.est_session(), self.latency, built)
+        seconds, basis = self.costs.estimate(steps, self.est_session(), self.sample_latency, built)
         if self.ratios and seconds > self.est_session():
             ratio = float(np.median(self.ratios))
             return seconds * ratio, f"{basis}; x{ratio:.2f}, as the {len(self.ratios)} variant(s) prepared so far ran"
@@ -186,7 +188,7 @@ class Budget:
         if not steps:
             self.session_times.append(seconds)
         elif self.costs is not None:
-            base, _ = self.costs.estimate(steps, self.est_session(), self.latency, built)
+            base, _ = self.costs.estimate(steps, self.est_session(), self.sample_latency, built)
             if base > self.est_session():  # a build, not a session on a model built already
                 self.ratios.append(max(0.05, min(20.0, seconds / max(base, 1e-6))))
 

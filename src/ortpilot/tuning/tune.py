@@ -180,6 +180,7 @@ class _Setup:
     workload: Workload  # what the deployment sends: the user's samples at their own sizes, or the plan's shape
     replay: list[Sample]  # the requests one timed run replays (data.workload.replay_set); [] without user data
     batched: dict[int, list[Sample]]  # batch size -> its replay set (data.workload.batched_requests), for B > 1
+    replay_batch: int = 1  # the batch of each request in ``replay`` (the first --batch where it is formed)
 
 
 def _set_up(request: TuneRequest) -> _Setup:
@@ -219,8 +220,9 @@ def _set_up(request: TuneRequest) -> _Setup:
     pad = pad_values(_text_pad_id(calibration))
     facts.shape_plan = propose_plan(workload, facts, pad)
     batched = _batched(requests, request.batches, inputs, pad, facts)
+    replay_batch = 1
     if request.batches[0] > 1 and request.batches[0] in batched:  # the search times what the server forms
-        replay = batched[request.batches[0]]
+        replay, replay_batch = batched[request.batches[0]], request.batches[0]
     config = {
         "model_sha256": file_sha256(source),
         "outputs": names,
@@ -251,6 +253,7 @@ def _set_up(request: TuneRequest) -> _Setup:
         workload,
         replay,
         batched,
+        replay_batch,
     )
 
 
@@ -439,7 +442,12 @@ def _search(
     )
     budget.costs = PrepCosts(setup.facts.model_mb, len(data.calibration), len(data.heldout), setup.facts.conv_heavy)
     search = Search(
-        steps, budget, objective=setup.objective, progress=progress, requests_per_run=max(1, len(setup.replay))
+        steps,
+        budget,
+        objective=setup.objective,
+        progress=progress,
+        requests_per_run=max(1, len(setup.replay)),
+        samples_per_request=setup.replay_batch,
     )
     base = baseline_candidate()
     finalists = search.run(base, setup.facts)
