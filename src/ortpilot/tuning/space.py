@@ -484,13 +484,13 @@ def openvino_knobs(base: Candidate, facts: Facts) -> list[Candidate]:
     out = []
     if options.get("precision") is None:
         out.append(base.with_provider_options(precision="ACCURACY"))
+    if compiles_per_shape(facts) and not base.shape_plan and options.get(PER_SHAPE_OPTION) is None:
+        out.append(base.with_provider_options(**{PER_SHAPE_OPTION: "True"}))
     threads = int(options.get("num_of_threads") or facts.cores)
     if threads > 1:
         out.append(base.with_provider_options(num_of_threads=str(max(1, threads // 2))))
     if facts.shape_plan and not base.shape_plan:  # OpenVINO compiles each bucket for its static shape
         out.append(base.with_shape_plan(facts.shape_plan))
-    if compiles_per_shape(facts) and not base.shape_plan and options.get(PER_SHAPE_OPTION) is None:
-        out.append(base.with_provider_options(**{PER_SHAPE_OPTION: "True"}))
     return [c for c in out if c.id != base.id]
 
 
