@@ -62,7 +62,7 @@ def ep_variants(model: str, threads: int) -> dict[str, Callable[[], Callable[[di
         return lambda feeds: s.run([OUTPUT], feeds)[0]
 
     def static() -> Callable[[dict], Any]:
-        dims = [d.name for d in ort.InferenceSession(model, providers=["CPUExecutionProvider"]).get_inputs()[0].shape]
+        dims = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).get_inputs()[0].shape
         made: dict[tuple[int, ...], Any] = {}
 
         def run(feeds: dict) -> Any:

@@ -60,7 +60,7 @@ def tune(calibration: Path, out: Path, budget: float, providers: list[str], batc
     return doc
 
 
-def check(profile: Path, sentences: Path, rounds: int) -> dict[str, Any]:
+def check(profile: Path, sentences: Path, rounds: int, settle_s: float = 0.0) -> dict[str, Any]:
     """Step 3, in this (fresh) process. Where the profile asks for a warm-up at load (``warmup``: OpenVINO
     prepares each new length on its first run), a second profile session loaded with ``warm=False`` is timed
     beside the two (``profile_cold``), so the warm-up's effect on a fresh process reads in the same rounds."""
@@ -85,7 +85,7 @@ def check(profile: Path, sentences: Path, rounds: int) -> dict[str, Any]:
         return length_batches([feeds[i] for i in items], size)
 
     per_round = len(feeds) // rounds
-    result: dict[str, Any] = {"sentences": len(feeds), "tokens_p50": float(np.median(lengths))}
+    result: dict[str, Any] = {"sentences": len(feeds), "tokens_p50": float(np.median(lengths)), "settle_s": settle_s}
     if tuned.warmed is not None:
         result["warmed"] = tuned.warmed.to_dict()
     for label, size in (("batch1", 1), ("batch32", 32)):
@@ -95,6 +95,7 @@ def check(profile: Path, sentences: Path, rounds: int) -> dict[str, Any]:
             runs = [feeds[i] for i in items] if size == 1 else batches_of(items, size)
             order = list(sessions) if r % 2 == 0 else list(reversed(sessions))
             for name in order:
+                time.sleep(settle_s)  # the session before it has stopped spinning its threads, as one alone would
                 start = time.perf_counter()
                 for f in runs:
                     sessions[name].run(None, f)
@@ -143,10 +144,13 @@ def main() -> None:
     parser.add_argument("--check-only", default=None, metavar="OUTDIR")
     parser.add_argument("-p", "--provider", action="append", default=[], help="tune's -p (repeatable)")
     parser.add_argument("--batch", default="1,32", help="tune's --batch: the first is tuned for (32,1 for a server)")
+    parser.add_argument(
+        "--settle", type=float, default=0.0, help="seconds idle before each session's turn in the check (0: none)"
+    )
     parser.add_argument("--child", nargs=2, metavar=("PROFILE", "SENTENCES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(check(Path(args.child[0]), Path(args.child[1]), args.rounds)))
+        print(json.dumps(check(Path(args.child[0]), Path(args.child[1]), args.rounds, args.settle)))
         return
     out = Path(args.out)
     calibration, held_out = make_corpus(out / "corpus", args.tune_sentences)
@@ -167,7 +171,8 @@ def main() -> None:
         }
         print(doc["_stderr_tail"], file=sys.stderr)
     child = subprocess.run(
-        [PY, __file__, "--child", str(tuned / "profile.json"), str(held_out), "--rounds", str(args.rounds)],
+        [PY, __file__, "--child", str(tuned / "profile.json"), str(held_out), "--rounds", str(args.rounds)]
+        + ["--settle", str(args.settle)],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -495,9 +495,11 @@ def openvino_knobs(base: Candidate, facts: Facts) -> list[Candidate]:
 
 
 # onnxruntime-openvino's option to compile the model for each input shape it meets (kept per shape in the
-# session) instead of once with its dims left dynamic: NNCF's INT8 MiniLM ran 2.90-3.02x ORT's default at 32
-# sentences per call against 2.72-2.82x dynamic, the same at one per call (1.47x / 1.49x), a new shape's first
-# run 20-55 ms, 48 shapes up to 32x128 held in less memory than the dynamic session (BENCHMARKS.md).
+# session) instead of once with its dims left dynamic. OpenVINO's static-shape kernels are its fastest (native
+# OpenVINO compiled per exact shape: 3.10x ORT's default at 32 sentences per call against 2.72x dynamic, MiniLM
+# INT8, AMD VNNI), but through the EP the measurements split (2.84x against 2.96x dynamic in one benchmark, 2.90-
+# 3.02x against 2.72-2.82x in scratch runs, 2.92x against 2.94x in a tune): a knob the tune measures, not a rule.
+# A new shape's first run costs 20-55 ms; 48 shapes up to 32x128 held less memory than the dynamic session.
 PER_SHAPE_OPTION = "disable_dynamic_shapes"
 
 
