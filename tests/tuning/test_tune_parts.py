@@ -154,6 +154,8 @@ def test_openvino_is_tried_compiled_per_shape_where_a_dim_is_free_and_never_on_a
     assert not [c for c in openvino_knobs(per_shape[0], encoder) if c.providers == per_shape[0].providers]
     plan = {"dim": "sequence", "sizes": [8, 16], "axes": [["input_ids", 1]], "pad_values": {}, "beyond": "dynamic"}
     assert not [c for c in openvino_knobs(base.with_shape_plan(plan), encoder) if PER_SHAPE_OPTION in c.label]
+    both = combine(base, [per_shape[0], base.with_shape_plan(plan)])  # two knobs that beat it: buckets fix the shapes
+    assert both is not None and both.shape_plan and PER_SHAPE_OPTION not in both.providers[0]["options"]
     decoder = gather_facts(make_decoder(), [ov])
     assert decoder.decoder and decoder.symbolic_inputs and not compiles_per_shape(decoder)
     static = load_model(demo_paths["encoder"])

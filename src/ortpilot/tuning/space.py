@@ -528,8 +528,10 @@ def combine(base: Candidate, winners: Sequence[Candidate]) -> Candidate | None:
         return None  # parallel mode needs inter-op threads > 1
     from ortpilot.session import SessionSettings
 
-    providers = ({**base.providers[0], "options": options}, *base.providers[1:])
     shape_plan = base.shape_plan or next((c.shape_plan for c in winners if c.shape_plan), None)
+    if shape_plan:  # its bucket sessions have static shapes: nothing is left to compile per shape
+        options.pop(PER_SHAPE_OPTION, None)
+    providers = ({**base.providers[0], "options": options}, *base.providers[1:])
     passes = next((c.passes for c in winners if c.passes != base.passes), base.passes)  # a model knob's
     return base.derived(
         passes=passes,
