@@ -49,8 +49,10 @@ class ScriptedSteps:
         latency_s: Callable[[Candidate], float],
         skip: Callable[[Candidate], str] = lambda c: "",
         requests_per_run: int = 1,
+        session_s: Callable[[Candidate], float] | None = None,
     ) -> None:
         self.clock, self.prep_s, self.latency_s, self.skip = clock, prep_s, latency_s, skip
+        self.session_s = session_s  # a candidate's session creation (recorded, and paid again to reload it)
         self.requests = requests_per_run  # a run replays this many requests; samples are per request
         self.gate = None
         self.held: set[str] = set()
@@ -76,7 +78,14 @@ class ScriptedSteps:
         self.built.add(cand.model_key)
         self.held = {*list(self.held)[-5:], cand.id}
         accuracy = {"passed": True, "max_error": 0.01, "worst_error": 0.0, "outputs": []}
-        record = {"status": "ok", "seconds": seconds, "session_s": 0.05, "model_path": "m.onnx", "accuracy": accuracy}
+        session = self.session_s(cand) if self.session_s else 0.05
+        record = {
+            "status": "ok",
+            "seconds": seconds,
+            "session_s": session,
+            "model_path": "m.onnx",
+            "accuracy": accuracy,
+        }
         return record, True
 
     def bench(self, cand, stage, runs, timeout, *, anchor=None):
@@ -97,7 +106,7 @@ class ScriptedSteps:
     def final(self, finalists, plan):
         for cand in finalists:
             if cand.id not in self.held:  # loaded again before the plan is made
-                self.clock.now += 0.5
+                self.clock.now += self.session_s(cand) if self.session_s else 0.5
         runs, rounds, _, _ = plan()
         self.clock.now += sum(
             (runs * rounds + 2) * self.latency_s(c) * self.requests + rounds * SETTLE_S for c in finalists
@@ -379,3 +388,23 @@ def test_a_calibration_sample_is_estimated_at_one_samples_time_in_a_tune_of_batc
         requests_per_run=8,
     ).run(baseline_candidate(), facts)
     assert alone.sample_latency == pytest.approx(0.003) and alone.latency == pytest.approx(8 * 0.003)
+
+
+def test_a_finalist_let_go_is_reloaded_at_its_own_session_time_within_the_reserve(demo_paths):
+    """A shape plan's bucket sessions take several plain sessions' time to create (MiniLM on OpenVINO: 2.6-2.9 s
+    against 0.3-0.7 s); when the worker has let two such finalists go, the reserve counts their own session times,
+    so the final (and the batch sizes after it) still end inside the budget."""
+    facts = _facts(demo_paths, "encoder", model_mb=1.0)
+    clock = Clock()
+    budget = Budget(60.0, clock=clock, costs=PrepCosts(facts.model_mb, calibration=8, heldout=4))
+    steps = ScriptedSteps(
+        clock,
+        prep_s=lambda c: 6.0 if c.passes else 0.3,
+        latency_s=lambda c: 0.0007 if c.passes else (0.001 if c.baseline else 0.0009),
+        requests_per_run=8,
+        session_s=lambda c: 6.0 if c.passes else 0.3,  # the fast ones are the slow ones to create
+    )
+    search = Search(steps, budget, objective="p50", requests_per_run=8)
+    finalists = search.run(baseline_candidate(), facts)
+    assert any(f.candidate.passes for f in finalists)
+    assert steps.final_ended is not None and steps.final_ended <= budget.deadline

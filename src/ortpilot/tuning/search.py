@@ -668,8 +668,12 @@ class Search:
         finalists = [e for e in self._finalists(self.anchor) if e.samples]
         per_run = sum(self._run_s(e) for e in finalists)
         self.budget.final_per_run = max(3 * self.budget.latency, per_run if len(finalists) == 3 else 0.0)
-        self.budget.reload_s = self.budget.est_session() * sum(
-            1 for e in finalists if e.candidate.id not in self.steps.held
+        # each one's own session time where measured: a shape plan's bucket sessions took 5x a plain one (MiniLM on
+        # OpenVINO: 2.6-2.9 s against 0.3-0.7 s), and two of them in the final left no time for batches of 32
+        self.budget.reload_s = sum(
+            float(e.prepared.get("session_s") or self.budget.est_session())
+            for e in finalists
+            if e.candidate.id not in self.steps.held
         )
 
     def _report(self, phase: str) -> None:
