@@ -38,10 +38,11 @@ def two_nodes():
         cluster.shutdown()
 
 
-def test_two_replicas_land_on_both_nodes_and_answer_like_load_profile(two_nodes, tuned_encoder, tmp_path):
+def test_two_replicas_land_on_both_nodes_and_answer_like_load_profile(two_nodes, encoder_profile, tmp_path):
+    """A written CPU profile of the demo encoder (no tune: this step of .ci/run runs alone, after the main run)."""
     server = Server(
         [
-            str(tuned_encoder),
+            str(encoder_profile),
             "--name",
             "m",
             "--address",
@@ -61,7 +62,7 @@ def test_two_replicas_land_on_both_nodes_and_answer_like_load_profile(two_nodes,
         replicas = client.get_model_metadata("m")["ortpilot"]["replicas"]
         assert len({r["node"] for r in replicas}) == 2
         assert all(r["verified"] and r["intra_op_threads"] == 1 for r in replicas)
-        sess = ortpilot.load_profile(tuned_encoder / "profile.json", intra_op_threads=1)
+        sess = ortpilot.load_profile(encoder_profile, intra_op_threads=1)
         for seed in range(4):
             feeds = make_feeds(sess.model, seed=seed)
             items = []
