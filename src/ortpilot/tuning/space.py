@@ -19,6 +19,7 @@ from typing import Any
 import onnx
 
 from ortpilot.eps import CPU_EP
+from ortpilot.graph.shapes import graph_inputs
 from ortpilot.modelio import model_bytes
 from ortpilot.passes.base import given_quantized_ops
 from ortpilot.passes.decoder_fusion import count_layers
@@ -250,18 +251,7 @@ def gather_facts(
         default_threads=default_threads,
         given_int8=given_int8,
         model_mb=model_bytes(model) / 2**20,
-        symbolic_inputs=has_symbolic_inputs(model),
-    )
-
-
-def has_symbolic_inputs(model: onnx.ModelProto) -> bool:
-    """Whether a graph input (not an initializer) has a dim without a fixed size."""
-    weights = {t.name for t in model.graph.initializer}
-    return any(
-        not d.HasField("dim_value")
-        for i in model.graph.input
-        if i.name not in weights
-        for d in i.type.tensor_type.shape.dim
+        symbolic_inputs=any(i.symbolic for i in graph_inputs(model)),
     )
 
 
