@@ -46,6 +46,17 @@ def test_embed_a_folder(folders) -> None:
     assert ortpilot.embed(str(folders["embed"]), "one text").shape == (1, 128)
 
 
+def test_text_model_takes_the_text_models_own_limits(folders) -> None:
+    """max_length and run_cost reach the TextModel (docs/concepts/text-models.md's options table)."""
+    short = ortpilot.text_model(folders["embed"], max_length=8, run_cost=0)
+    run = short(TEXTS)
+    assert short.max_length == 8 and max(run.tokens) == 8 and run.truncated == (False, False, True, False)
+    assert len(run.batches) == 3  # run_cost 0: a run costs nothing, so no text is padded to another's length
+    assert ortpilot.text_model(folders["embed"]).max_length == 128
+    with pytest.raises(UsageError, match="run_cost must be a number of tokens"):
+        ortpilot.text_model(folders["embed"], run_cost=-1)
+
+
 def test_a_tune_records_the_task_and_carries_the_tokenizer(tuned: Path, folders) -> None:
     doc = json.loads((tuned / "profile.json").read_text())
     assert doc["text"]["task"]["kind"] == "embed" and doc["text"]["task"]["pooling"] == ["mean_tokens"]

@@ -514,6 +514,8 @@ def text_model(
     max_batch: int | None = None,
     lengths: Sequence[int] | None = None,
     truncate: bool = True,
+    max_length: int | None = None,
+    run_cost: float | None = None,
     model_file: str | None = None,
     kind: str | None = None,
     warm: bool = True,
@@ -525,8 +527,8 @@ def text_model(
     A profile loads with ``load_profile`` (``policy`` strict unless given; its providers are the
     profile's) and reads the task and tokenizer the tune recorded; a folder loads with ``load``
     (``policy`` warn unless given) and reads its files (``data.texttask``); ``pooling`` names the
-    pooling of a folder that does not say it. ``max_batch``, ``lengths`` and ``truncate``: see
-    ``TextModel``. ``kind`` (``embed``, ``rerank``, ``classify``): the task the caller wants; another is
+    pooling of a folder that does not say it. ``max_batch``, ``lengths``, ``truncate``, ``max_length`` and
+    ``run_cost``: see ``TextModel``. ``kind`` (``embed``, ``rerank``, ``classify``): the task the caller wants; another is
     a UsageError naming the one the model does. ``warm``: a profile's warm-up at load, where it has one
     (``session.warmup``; a folder has no workload to warm at). ``load_options`` go to ``load_profile`` or ``load``.
     """
@@ -537,7 +539,13 @@ def text_model(
     from ortpilot.session.profile import load_profile
     from ortpilot.session.text import DEFAULT_MAX_BATCH, TextModel, task_of_folder, text_task_of_profile
 
-    options = {"max_batch": DEFAULT_MAX_BATCH if max_batch is None else max_batch, "lengths": lengths}
+    options: dict[str, Any] = {
+        "max_batch": DEFAULT_MAX_BATCH if max_batch is None else max_batch,
+        "lengths": lengths,
+        "max_length": max_length,
+    }
+    if run_cost is not None:
+        options["run_cost"] = run_cost
     profile = _profile_of(model)
     if profile is not None:
         if providers is not None or pooling is not None or model_file is not None:
