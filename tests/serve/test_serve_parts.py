@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,6 +126,9 @@ def test_the_builders_and_the_library_give_ray_serve_applications(demo_paths):
         ortpilot.serve.deployment(["demo:mlp", "demo:cnn"])
     targets = ortpilot.serve.applications(["demo:mlp", "demo:cnn"])
     assert all(isinstance(t, RunTarget) for t in targets)
+    # one name as a string names the model (not one model per character)
+    named = ortpilot.serve.applications(Path(demo_paths["mlp"]), "mymodel")
+    assert [(t.name, t.route_prefix) for t in named] == [("mymodel", "/v2/models/mymodel"), ("ortpilot", "/")]
     assert [(t.name, t.route_prefix) for t in targets] == [
         ("mlp", "/v2/models/mlp"),
         ("cnn", "/v2/models/cnn"),

@@ -11,6 +11,7 @@ modules, work without the ``serve`` extra.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,11 @@ def model_metadata(spec: ModelSpec, options: ServeOptions, cpus: float, debug_in
     }
 
 
-def _specs(profiles: Any, names: Sequence[str]) -> list[ModelSpec]:
-    if isinstance(profiles, str):
+def _specs(profiles: Any, names: str | Sequence[str]) -> list[ModelSpec]:
+    if isinstance(profiles, (str, os.PathLike)):
         profiles = [profiles]
+    if isinstance(names, str):  # one model's name, not one name per character
+        names = [names]
     if all(isinstance(p, ModelSpec) for p in profiles):
         specs = list(profiles)
     else:
@@ -164,7 +167,7 @@ def server_application(specs: Sequence[ModelSpec], options: ServeOptions, server
 
 def applications(
     profiles: str | Sequence[str] | Sequence[ModelSpec],
-    names: Sequence[str] = (),
+    names: str | Sequence[str] = (),
     *,
     options: ServeOptions | None = None,
     server: ServerOptions | None = None,
@@ -192,7 +195,7 @@ def applications(
 
 def deployment(
     profiles: str | Sequence[str] | Sequence[ModelSpec],
-    names: Sequence[str] = (),
+    names: str | Sequence[str] = (),
     *,
     options: ServeOptions | None = None,
     cpu_budget: int | None = None,
@@ -201,7 +204,7 @@ def deployment(
     """``ortpilot.serve.deployment``: ONE model's application of verified replicas (not yet running).
 
     ``profiles``: a profile.json or tune output folder, a model file or ``demo:NAME`` (one);
-    ``names`` its URL name. ``options`` (or its fields as keywords: ``replicas=2``, ``max_batch=8``
+    ``names`` its URL name (a string, or a list of one). ``options`` (or its fields as keywords: ``replicas=2``, ``max_batch=8``
     ...) set replicas, CPUs and batching. Its replicas answer ``/v2/models/NAME/...`` themselves:
     run it with ``serve.run(app, name=NAME, route_prefix=f"/v2/models/{NAME}")``, or compose it.
     For a whole server (several models, health, /metrics) use ``applications``.
