@@ -15,6 +15,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from ortpilot.errors import Interrupted, OrtpilotError
+from ortpilot.measure.metrics import METRIC_DESCRIPTIONS
 from ortpilot.session import LEVEL_NAMES, POLICIES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -312,8 +313,7 @@ LEVEL_OPTION = click.option(
 PROVIDER_HELP = "Execution provider, in priority order (repeatable): cpu cuda tensorrt openvino coreml dml webgpu qnn, or 'cuda:device_id=1'."
 METRIC_HELP = (
     "How outputs are compared: METRIC for every output, or OUTPUT=METRIC for one (repeatable). Metrics: "
-    "cosine, top1, rel_l2, exact, pooled_cosine, masked_cosine, masked_top1, masked_rel_l2, masked_exact. "
-    "Default: chosen per output on evidence, printed beside it."
+    f"{', '.join(METRIC_DESCRIPTIONS)}. Default: chosen per output on evidence, printed beside it."
 )
 INPUT_HELP = "NAME=FILE.npy, or one FILE.npz with every input."
 SHAPE_HELP = "Fix a dynamic shape: NAME=1x3x224x224 for an input, or DIM=64 for a symbolic dim (repeatable)."
