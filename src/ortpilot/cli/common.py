@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -57,6 +58,18 @@ def setup_logging(debug: bool) -> None:
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if debug else logging.INFO)
     root.propagate = False
+    warnings.showwarning = _show_warning
+
+
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *args: Any) -> None:
+    """ortpilot's own warnings (NaN in a feed, ...) as one console line, not Python's "file:line: Category"."""
+    if category.__module__.split(".")[0] == "ortpilot":
+        stderr.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)
+    else:
+        _python_showwarning(message, category, filename, lineno, *args)
 
 
 def emit_json(doc: Any) -> None:
@@ -270,10 +283,9 @@ def preflight_isolated(models: Sequence[str], providers: Sequence[str] | None = 
 
 def load_input_files(items: tuple[str, ...]) -> dict[str, Any]:
     """``--input NAME=FILE.npy`` (or one ``.npz`` holding every input) into arrays."""
-    import numpy as np
 
     from ortpilot.errors import InputError
-    from ortpilot.graph.feeds import read_npz
+    from ortpilot.graph.feeds import read_npy, read_npz
 
     feeds: dict[str, Any] = {}
     for item in items:
@@ -284,15 +296,9 @@ def load_input_files(items: tuple[str, ...]) -> dict[str, Any]:
                 continue
             if not eq:
                 raise InputError(f"--input '{item}' is not NAME=FILE.npy (or one FILE.npz with all inputs).")
-            value = np.load(path, allow_pickle=False)
-            if not isinstance(value, np.ndarray):  # an .npz given as one input's file
-                value.close()
-                raise ValueError("it holds named arrays (an .npz), not one array: pass it alone, as --input FILE.npz")
-            feeds[name] = value
+            feeds[name] = read_npy(path, f"Input file for '{name}' (pass an .npz alone, as --input FILE.npz)")
         except FileNotFoundError:
             raise InputError(f"Input file '{path or item}' does not exist.") from None
-        except (ValueError, OSError, EOFError) as exc:  # EOFError: an empty file
-            raise InputError(f"Input file '{path or item}' is not a readable .npy/.npz array ({exc}).") from None
     return feeds
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import re
 import warnings
+import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,10 +278,13 @@ def _dims(dims: Sequence[int | str | None]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
+# What numpy raises on a damaged .npy/.npz: a bad header or pickled objects (ValueError), an empty file (EOFError),
+# a truncated or corrupt archive (BadZipFile; zlib.error inside a compressed member), a member missing (KeyError).
+UNREADABLE_ARRAY = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError)
+
+
 def read_npz(path: str | Path, what: str = "Input file") -> dict[str, np.ndarray]:
     """The named arrays of one .npz; a corrupt archive, pickled objects or a plain .npy is an ``InputError``."""
-    import zipfile
-
     try:
         data = np.load(path, allow_pickle=False)
         if not hasattr(data, "files"):  # an .npy file named .npz
@@ -288,8 +293,24 @@ def read_npz(path: str | Path, what: str = "Input file") -> dict[str, np.ndarray
             return {k: data[k] for k in data.files}
     except FileNotFoundError:
         raise InputError(f"{what} '{path}' does not exist.") from None
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+    except UNREADABLE_ARRAY as exc:
         raise InputError(f"{what} '{path}' is not a readable .npz ({type(exc).__name__}: {str(exc)[:200]}).") from None
+
+
+def read_npy(path: str | Path, what: str = "Input file") -> np.ndarray:
+    """The one array of an .npy; a damaged or empty file, pickled objects or an .npz is an ``InputError``."""
+    try:
+        value = np.load(path, allow_pickle=False)
+        if not isinstance(value, np.ndarray):  # an .npz given where one array goes
+            value.close()
+            raise ValueError("it holds named arrays (an .npz), not one array")
+        return value
+    except FileNotFoundError:
+        raise InputError(f"{what} '{path}' does not exist.") from None
+    except UNREADABLE_ARRAY as exc:
+        raise InputError(
+            f"{what} '{path}' is not a readable .npy array ({type(exc).__name__}: {str(exc)[:200]})."
+        ) from None
 
 
 def read_samples(path: str | Path) -> list[dict[str, np.ndarray]]:

@@ -40,7 +40,7 @@ import onnx
 
 from ortpilot.data import DataSource, ImageData, TextData, digest_files
 from ortpilot.errors import InputError, UsageError
-from ortpilot.graph.feeds import generate_samples, plan_feeds, read_npz, validate_feeds
+from ortpilot.graph.feeds import generate_samples, plan_feeds, read_npy, read_npz, validate_feeds
 from ortpilot.graph.shapes import InputInfo, graph_inputs, is_length_dim
 
 log = logging.getLogger("ortpilot")
@@ -259,10 +259,7 @@ def _reader_from_file(spec: str, model: onnx.ModelProto) -> Any:
 
 
 def _load_npy(path: Path) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as exc:
-        raise InputError(f"Calibration file '{path}' is not a readable .npy array ({exc}).") from None
+    return read_npy(path, "Calibration file")
 
 
 def _load_npz(path: Path) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ortpilot.errors import UsageError
-from ortpilot.graph.feeds import make_feeds, plan_feeds
+from ortpilot.graph.feeds import UNREADABLE_ARRAY, make_feeds, plan_feeds
 from ortpilot.modelio import load_model
 
 REFERENCE_FILE = "reference.npz"
@@ -70,7 +70,7 @@ def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndar
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
-    except (OSError, ValueError, EOFError) as exc:
+    except UNREADABLE_ARRAY as exc:
         raise UsageError(
             f"The reference file '{path}' cannot be read ({exc}). It was damaged or edited; "
             "re-run 'ortpilot tune' to write it again."
