@@ -69,14 +69,14 @@ def _check_writable_parent(dest: Path, what: str) -> None:
     if _read_only(parent):
         raise StorageError(
             f"{what} '{dest}' cannot be written: folder '{parent}' is on a read-only filesystem "
-            f"(EROFS). {fix_for(dest)}",
+            f"(EROFS). {fix_for(dest, space=False)}",
             errno=errno.EROFS,
             path=str(dest),
         )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise StorageError(
             f"{what} '{dest}' cannot be written: folder '{parent}' is not writable by this user "
-            f"(EACCES). {fix_for(dest)}",
+            f"(EACCES). {fix_for(dest, space=False)}",
             errno=errno.EACCES,
             path=str(dest),
         )

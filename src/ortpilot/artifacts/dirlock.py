@@ -9,6 +9,7 @@ from ``/proc/locks`` (Linux), so the refusal can name it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ def one_writer(folder: Path, what: str) -> Iterator[None]:
     on bad input leaves no empty OUTDIR behind).
     """
     created = [p for p in [folder, *folder.parents] if not p.exists()]
-    with storage_errors(folder, "create the output folder"):
+    with storage_errors(folder, "create the output folder", also=(errno.ENOENT,)):
         folder.mkdir(parents=True, exist_ok=True)
     fd = _lock(folder, what)
     try:
@@ -64,7 +65,7 @@ def _lock(folder: Path, what: str) -> int:
         if same:
             return fd
         os.close(fd)
-        with storage_errors(folder, "create the output folder"):
+        with storage_errors(folder, "create the output folder", also=(errno.ENOENT,)):
             folder.mkdir(parents=True, exist_ok=True)
     raise UsageError(
         f"The output folder '{folder}' kept being removed and recreated while ortpilot tried to lock it; "

@@ -13,7 +13,7 @@ import contextlib
 import errno
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from ortpilot.artifacts.cachedir import configured_cache_root
@@ -40,6 +40,7 @@ ENVIRONMENTAL = frozenset(
     )
     if hasattr(errno, name)
 )
+_SPACE = ("ENOSPC", "EDQUOT", "EFBIG")  # errors that freeing space there would fix
 _WHY = {
     "ENOSPC": "the filesystem holding it is full{free}",  # free: counted after the partial file went
     "EDQUOT": "this user's disk quota there is used up{free}",
@@ -53,6 +54,7 @@ _WHY = {
     "ENOTEMPTY": "a folder that should be replaced is not empty",
     "ENAMETOOLONG": "the path is too long for that filesystem",
     "ELOOP": "a symbolic link stands in the way (ortpilot does not follow links where it writes)",
+    "ENOENT": "no folder can be made on that path (a virtual filesystem such as /proc, or a folder on it vanished)",
 }
 
 
@@ -69,36 +71,41 @@ def storage_error(exc: OSError, path: str | os.PathLike | None = None, doing: st
         free=f" ({free} bytes free without the partial file)" if free is not None else ""
     )
     return StorageError(
-        f"Could not {doing} '{target}': {exc.strerror or exc} ({code}): {why}. {fix_for(target)}",
+        f"Could not {doing} '{target}': {exc.strerror or exc} ({code}): {why}. {fix_for(target, space=code in _SPACE)}",
         errno=exc.errno,
         path=target,
     )
 
 
 @contextlib.contextmanager
-def storage_errors(path: str | os.PathLike, doing: str = "write") -> Iterator[None]:
-    """Turn environmental ``OSError`` inside the block into ``StorageError`` about ``path``."""
+def storage_errors(path: str | os.PathLike, doing: str = "write", also: Collection[int] = ()) -> Iterator[None]:
+    """Turn environmental ``OSError`` inside the block into ``StorageError`` about ``path``; ``also``: errnos
+    that are the machine's state in this block alone (``ENOENT`` from creating a folder)."""
     try:
         yield
     except OSError as exc:
-        if exc.errno not in ENVIRONMENTAL:
+        if exc.errno not in ENVIRONMENTAL and exc.errno not in also:
             raise
         raise storage_error(exc, path, doing) from None
 
 
-def fix_for(path: str | os.PathLike) -> str:
-    """What to change, by where ``path`` lies: the cache, the temp folder, or an output the user chose."""
+def fix_for(path: str | os.PathLike, space: bool = True) -> str:
+    """What to change, by where ``path`` lies: the cache, the temp folder, or an output the user chose.
+    ``space``: the error was a full disk or quota, so freeing space there is a fix too."""
     where = _real(path)
     cache = _cache_dir()
     if cache is not None and _under(where, cache):
-        return (
-            "Free space there, or point ORTPILOT_CACHE_DIR at a writable folder with room (commands that build "
-            "models also take --no-cache)."
+        fix = (
+            "point ORTPILOT_CACHE_DIR at a writable folder with room (commands that build models also take --no-cache)."
         )
-    for tmp in _temp_dirs():
-        if _under(where, tmp) and (where == tmp or where.relative_to(tmp).parts[0].startswith("ortpilot-")):
-            return "Free space there, or set TMPDIR to a writable folder with room."  # ortpilot's own scratch
-    return "Free space there, or write somewhere else (choose another path with -o)."
+    elif any(
+        _under(where, tmp) and (where == tmp or where.relative_to(tmp).parts[0].startswith("ortpilot-"))
+        for tmp in _temp_dirs()
+    ):
+        fix = "set TMPDIR to a writable folder with room."  # ortpilot's own scratch
+    else:
+        fix = "write somewhere else (choose another path with -o)."
+    return f"Free space there, or {fix}" if space else fix[0].upper() + fix[1:]
 
 
 def _temp_dirs() -> list[Path]:

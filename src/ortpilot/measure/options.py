@@ -23,6 +23,7 @@ from ortpilot.session import SessionSettings
 from ortpilot.session.fallback import check_policy
 
 MAX_CONCURRENCY = 256
+MAX_DURATION_S = 86_400.0  # a day: a longer timing (or inf) is a typo, and would never end
 DEFAULT_DURATION_S = 5.0
 DEFAULT_WARMUP = "auto"  # until the rolling median settles (``measure.bench.Runner.warm_up``)
 DEFAULT_POLICY = "warn"
@@ -111,8 +112,11 @@ def check_budget(runs: int | None, duration_s: float | None, warmup: int | str) 
         raise UsageError("Give a run count or a duration, not both (--runs N or --duration S).")
     if runs is not None and (isinstance(runs, bool) or int(runs) != runs or runs <= 0):
         raise UsageError(f"The run count must be a positive integer, got {runs}.")
-    if duration_s is not None and not duration_s > 0:
-        raise UsageError(f"The duration must be a positive number of seconds, got {duration_s}.")
+    if duration_s is not None and not 0 < duration_s <= MAX_DURATION_S:
+        raise UsageError(
+            f"The duration must be a positive number of seconds, at most {MAX_DURATION_S:,.0f} (a day), "
+            f"got {duration_s}."
+        )
     if warmup != "auto" and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0):
         raise UsageError(f"Warm-up must be 'auto' or a run count >= 0, got {warmup!r}.")
     if runs is None and duration_s is None:

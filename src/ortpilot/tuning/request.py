@@ -22,6 +22,8 @@ from ortpilot.errors import UsageError
 from ortpilot.gate.options import GateOptions
 from ortpilot.tuning.budget import OUTPUT_RESERVE_S
 
+MAX_BUDGET_S = 7 * 86_400.0  # a week: a longer budget (or inf) is a typo
+
 DEMO_MODEL = "demo:encoder"  # what a tune without MODEL tunes
 DEFAULT_OUT_DIR = "ortpilot-out"
 MODEL_BUDGET_S = 300.0
@@ -62,6 +64,8 @@ class TuneRequest:
         if self.model is not None:
             set_(self, "model", os.fspath(self.model))
         set_(self, "out_dir", os.fspath(self.out_dir))
+        if not self.out_dir.strip():
+            raise UsageError("-o/--out needs a folder path, got an empty one (give -o DIR, or leave -o out).")
         set_(self, "shapes", _shape_items(self.shapes))
         set_(self, "metric", as_strings(self.metric))
         set_(self, "outputs", as_strings(self.outputs))
@@ -72,8 +76,10 @@ class TuneRequest:
         budget = self.budget_s
         if budget is None:
             budget = self.budget
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
-            raise UsageError(f"--budget must be a positive number of seconds, got {budget}.")
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= MAX_BUDGET_S:
+            raise UsageError(
+                f"--budget must be a positive number of seconds, at most {MAX_BUDGET_S:,.0f} (a week), got {budget}."
+            )
         if budget <= OUTPUT_RESERVE_S:
             raise UsageError(
                 f"--budget {budget:g} s leaves no time to search: a tune keeps the last {OUTPUT_RESERVE_S:g} s of "
