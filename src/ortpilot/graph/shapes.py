@@ -146,6 +146,7 @@ def resolve_input_shapes(
     """
     overrides = dict(overrides or {})
     names = {i.name for i in inputs}
+    symbols = list(dict.fromkeys(d for i in inputs for d in i.dims if isinstance(d, str) and d))
     dim_values: dict[str, int] = {}
     for key in list(overrides):
         if key not in names:
@@ -154,6 +155,11 @@ def resolve_input_shapes(
                 raise UsageError(
                     f"--shape '{key}' matches no input ({', '.join(sorted(names))}); "
                     "to set one symbolic dim everywhere give one number, e.g. sequence=64."
+                )
+            if key not in symbols:  # a typo would otherwise run at the default shape, silently
+                raise UsageError(
+                    f"--shape {key}={dims[0]} names neither an input nor a symbolic dim of the model. Its inputs: "
+                    f"{', '.join(sorted(names))}; its symbolic dims: {', '.join(symbols) or 'none'}."
                 )
             dim_values[key] = dims[0]
     shapes: dict[str, tuple[int, ...]] = {}

@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 
 from ortpilot.artifacts.atomic import check_output_path
@@ -212,6 +213,7 @@ def _set_up(request: TuneRequest) -> _Setup:
     if workload is not None:
         parsed = {**parsed, **(workload.shapes if workload.varies else _shapes(requests[0]))}
     plan = plan_feeds(proto, parsed)  # a dim with no default raises here, naming the input
+    _refuse_empty(plan.shapes, requests)
     if workload is None:
         workload = Workload("synthetic", 1, shapes=dict(plan.shapes))
     workload = dataclasses.replace(workload, batches=request.batches)
@@ -682,6 +684,24 @@ def _given_data(proto: Any, shapes: Mapping[str, tuple[int, ...]], calibration: 
     from ortpilot.passes.calibration import load_calibration
 
     return load_calibration(calibration, proto, shapes=shapes)
+
+
+def _refuse_empty(shapes: Mapping[str, tuple[int, ...]], samples: Sequence[Sample]) -> None:
+    """A tune of inputs that are all empty (a 0 dim) would time and gate nothing and still ship a "winner":
+    refused, naming the shapes. ``run`` and ``bench`` take them (an edge case a user may want to see run)."""
+    empty = [i for i, s in enumerate(samples) if s and all(np.size(v) == 0 for v in s.values())]
+    if empty:
+        shown = ", ".join(f"'{k}' {list(np.shape(v))}" for k, v in samples[empty[0]].items())
+        raise UsageError(
+            f"{len(empty)} of the {len(samples)} samples given have every input empty (the first, #{empty[0]}: "
+            f"{shown}): a tune would time and compare nothing on them. Give samples with at least one element."
+        )
+    if shapes and all(0 in dims for dims in shapes.values()):
+        shown = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
+        raise UsageError(
+            f"Every input would be empty at the shapes to tune ({shown}): a 0 dim leaves nothing to time or "
+            "compare. Give each dim 1 or more with --shape."
+        )
 
 
 def _folder_attention(folder: ModelFolder | None) -> tuple[int, int]:
