@@ -272,6 +272,7 @@ def render_summary(doc: dict) -> None:
     from ortpilot.tuning.report import (
         RATIO_NOTE,
         data_line,
+        failed_provider_lines,
         final_cells,
         gate_line,
         headline,
@@ -316,6 +317,8 @@ def render_summary(doc: dict) -> None:
     for c in doc["candidates"]:
         counts[c["status"]] = counts.get(c["status"], 0) + 1
     stderr.print("Candidates: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), highlight=False)
+    for line in failed_provider_lines(doc):
+        stderr.print("[yellow]" + escape(line) + "[/]", highlight=False)
     if untried_line(doc):
         stderr.print(escape(untried_line(doc)) + ".", highlight=False)
     rule = doc["facts"].get("int8_rule")

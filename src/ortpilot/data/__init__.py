@@ -153,10 +153,12 @@ def real_data(
     mean: str | None = None,
     std: str | None = None,
     layout: str = "NCHW",
+    text_flag: str = "--calibration-text",
 ) -> TextData | ImageData | None:
     """The data spec a command's ``--calibration-text`` / ``--calibration-images`` flags describe, with the
     tokenizer or preprocessing taken from the flags first, the model's folder second (``folder``: a
-    ``ModelFolder`` or the folder's path; a model file's path is no folder and gives nothing)."""
+    ``ModelFolder`` or the folder's path; a model file's path is no folder and gives nothing). ``text_flag``:
+    the flag a message names for ``text`` (``--workload`` reads its text lines here too)."""
     from ortpilot.errors import UsageError
 
     if folder is not None and not isinstance(folder, ModelFolder):
@@ -166,12 +168,12 @@ def real_data(
     if text is not None:
         file = Path(text)
         if not file.is_file():
-            raise UsageError(f"--calibration-text '{file}' is not a file (one sample per line, UTF-8).")
+            raise UsageError(f"{text_flag} '{file}' is not a file (one sample per line, UTF-8).")
         tok = Path(tokenizer) if tokenizer else (folder.tokenizer_file if folder else None)
         if tok is None:
             where = f"the model folder '{folder.root}' has no tokenizer.json" if folder else "the model is a file"
             raise UsageError(
-                f"--calibration-text '{file}' needs a tokenizer, and {where}: give the model as its folder "
+                f"{text_flag} '{file}' needs a tokenizer, and {where}: give the model as its folder "
                 "(with tokenizer.json) or pass --tokenizer PATH/tokenizer.json."
             )
         limit = folder.get("max_positions") if folder else None

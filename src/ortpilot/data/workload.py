@@ -228,7 +228,7 @@ def read_workload(
     if suffix == ".txt":
         from ortpilot.data import real_data
 
-        data = real_data(text=file, folder=folder)
+        data = real_data(text=file, folder=folder, text_flag="--workload")
         assert data is not None
         requests, _ = data.samples(inputs)
         return _checked(requests, inputs, file), "text"

@@ -153,6 +153,9 @@ def write_outputs(
     out.mkdir(parents=True, exist_ok=True)
     winner = result.winner
     model_file = out / MODEL_FILE
+    # An earlier tune's profile goes first: the profile is written last, so an interrupt between here and there
+    # leaves a folder without one (nothing loads or verifies), never an old profile beside this tune's model.
+    (out / "profile.json").unlink(missing_ok=True)
     atomic_write_bytes(model_file, built.read_bytes())
     latency = {
         "objective": result.objective,

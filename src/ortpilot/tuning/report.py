@@ -347,6 +347,26 @@ def provider_line(doc: dict[str, Any]) -> str:
     return line if line.endswith(".") else f"{line}."  # a last "~1.34x est." ends the sentence already
 
 
+def failed_provider_lines(doc: dict[str, Any]) -> list[str]:
+    """One line per EP the search asked for where every candidate failed, with the first one's reason: the
+    profile then runs elsewhere (ORT's CPU EP), which a user who asked for that EP must read on the console,
+    not only in the report's table."""
+    by_ep: dict[str, list[dict[str, Any]]] = {}
+    for c in doc["candidates"]:
+        by_ep.setdefault(((c.get("providers") or [{}])[0]).get("name", CPU_EP), []).append(c)
+    lines = []
+    for ep, tried in by_ep.items():
+        failed = [c for c in tried if c["status"] in ("failed", "crashed", "timeout")]
+        if ep == CPU_EP or not failed or any(c["status"] == "ok" for c in tried):
+            continue
+        reason = " ".join(str(failed[0].get("reason") or "no reason recorded").split())
+        lines.append(
+            f"{_ep_words(ep)}: none of its {len(failed)} candidate(s) ran, so the profile does not use it. "
+            f"The first one's error: {reason[:400]}{'...' if len(reason) > 400 else ''}"
+        )
+    return lines
+
+
 def _ep_words(name: str) -> str:
     return "the CPU EP" if name == CPU_EP else name.removesuffix("ExecutionProvider")
 

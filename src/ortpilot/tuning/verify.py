@@ -267,8 +267,18 @@ def _verify_outputs(
         path, policy, accept_machine=accept_machine, intra_op_threads=intra_op_threads, optimized=optimized
     )
     doc = session.profile
+    if doc.get("text"):  # a text profile's tokenizer is part of what it serves: the recorded one, unchanged
+        from ortpilot.session.text import text_task_of_profile
+
+        text_task_of_profile(doc, path)
     reference = doc.get("reference_outputs") or {}
     file = path.parent / str(reference.get("file") or REFERENCE_FILE)
+    if reference.get("file") and not file.is_file():
+        raise VerificationError(
+            f"The profile's reference sample '{file}' is missing: the profile names it (reference_outputs.file), "
+            "so its outputs cannot be checked. Copy the tune's whole output folder (or bundle), or re-run "
+            "'ortpilot tune'."
+        )
     if not reference or not file.is_file():
         return ProfileVerification(
             str(path),
