@@ -81,6 +81,8 @@ def test_a_changed_or_missing_tokenizer_is_a_stamp_mismatch(tuned: Path, tmp_pat
     (out / "tokenizer.json").write_text((out / "tokenizer.json").read_text().replace('"cat"', '"kat"'))
     with pytest.raises(StampMismatchError, match="changed since it was tuned"):
         ortpilot.embed(str(out), TEXTS)
+    with pytest.raises(StampMismatchError, match="changed since it was tuned"):  # verify checks what serving reads
+        ortpilot.verify(str(out))
     (out / "tokenizer.json").unlink()
     with pytest.raises(StampMismatchError, match="is missing. Keep the tokenizer.json"):
         ortpilot.embed(str(out), TEXTS)

@@ -73,6 +73,20 @@ def test_tune_json_is_one_document(tmp_path, demo_paths):
     assert np.isfinite(doc["speedup"]["ratio"])
 
 
+def test_an_ep_none_of_whose_candidates_ran_is_named_on_the_console_with_its_error(tmp_path, demo_paths):
+    """The profile then runs on the CPU EP: a user who asked for that EP reads why in the terminal."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this ORT build has CUDA: its candidates can run")
+    args = ["tune", str(demo_paths["mlp"]), "-o", str(tmp_path / "o"), "--budget", "10", "--no-quantize"]
+    result = CliRunner().invoke(cli, [*args, "-p", "cpu", "-p", "cuda"])
+    assert result.exit_code == 0, result.stderr
+    said = " ".join(result.stderr.split())
+    assert "CUDA: none of its" in said and "so the profile does not use it" in said
+    assert "CUDAExecutionProvider is not in this ORT build" in said  # the first failure's own reason
+
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     """One short tune of a model with a float vector, a Softmax output and an int64 passthrough."""

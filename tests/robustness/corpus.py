@@ -1317,3 +1317,89 @@ def _dangling_named(name: str) -> onnx.ModelProto:
     model = tiny_model()
     model.graph.node[1].input[0] = name
     return model
+
+
+def _compressed_npz_corrupt(ws: Workspace) -> list[str]:
+    """A real compressed .npz whose member's deflate stream is damaged (zlib.error while reading it)."""
+    path = ws.inputs / "all.npz"
+    np.savez_compressed(path, x=np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32))
+    data = bytearray(path.read_bytes())
+    start = data.index(b"x.npy") + 200  # inside the member's compressed bytes, past its local header
+    data[start : start + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+    return [str(tiny_file(ws)), "--input", str(path)]
+
+
+def _calibration_folder_npy(data: bytes) -> Callable[[Workspace], list[str]]:
+    def build(ws: Workspace) -> list[str]:
+        folder = ws.inputs / "calib"
+        folder.mkdir()
+        (folder / "x.npy").write_bytes(data)
+        return [str(tiny_file(ws)), "--calibration", str(folder), "-o", str(ws.out / "tune"), "--budget", "30"]
+
+    return build
+
+
+def _profile_with_reference(data: bytes | None) -> Callable[[Workspace], list[str]]:
+    """A profile that names its reference sample: the file damaged (``data``), or missing (None)."""
+
+    def build(ws: Workspace) -> list[str]:
+        profile = tuned_profile(ws)
+        doc = json.loads(profile.read_text())
+        doc["reference_outputs"] = {"file": "reference.npz", "sha256": {}}
+        profile.write_text(json.dumps(doc))
+        if data is not None:
+            (ws.inputs / "reference.npz").write_bytes(data)
+        return [str(profile)]
+
+    return build
+
+
+CASES += [
+    # damaged arrays: every reader names the file (a zip where an .npy goes, a corrupt deflate stream, empty)
+    Case(
+        "run-input-npy-is-a-zip", "run", _npy_bytes(b"PK\x03\x04 not an npy", "x.npy"), 2, ("x.npy", "not a readable")
+    ),
+    Case("run-input-npz-compressed-corrupt", "run", _compressed_npz_corrupt, 2, ("all.npz", "not a readable .npz")),
+    Case(
+        "tune-calibration-folder-empty-npy",
+        "tune",
+        _calibration_folder_npy(b""),
+        2,
+        ("x.npy", "not a readable .npy"),
+    ),
+    Case(
+        "tune-calibration-folder-zip-as-npy",
+        "tune",
+        _calibration_folder_npy(b"PK\x03\x04 junk"),
+        2,
+        ("x.npy", "not a readable .npy"),
+    ),
+    Case("verify-reference-damaged", "verify", _profile_with_reference(b"PK\x03\x04 junk"), 2, ("cannot be read",)),
+    Case("verify-reference-missing", "verify", _profile_with_reference(None), 1, ("reference sample", "is missing")),
+    # numbers and paths that would never end, or land elsewhere
+    Case("tune-budget-infinite", "tune", _model(tiny_file, "--budget", "inf", out="tune"), 2, ("--budget", "a week")),
+    Case("bench-duration-infinite", "bench", _model(tiny_file, "--duration", "inf"), 2, ("duration", "a day")),
+    Case("tune-out-empty", "tune", lambda ws: [str(tiny_file(ws)), "-o", "", "--budget", "30"], 2, ("needs a folder",)),
+    Case(
+        "tune-out-under-proc",
+        "tune",
+        lambda ws: [str(tiny_file(ws)), "-o", "/proc/ortpilot-corpus/out", "--budget", "30"],
+        2,
+        ("/proc/ortpilot-corpus/out", "enoent"),
+    ),
+    # shapes that leave nothing to run, or name nothing in the model
+    Case(
+        "tune-shape-zero", "tune", _model(tiny_file, "--shape", "batch=0", "--budget", "30", out="tune"), 2, ("empty",)
+    ),
+    Case(
+        "run-shape-unknown-dim", "run", _model(tiny_file, "--shape", "bacth=2"), 2, ("bacth=2", "symbolic dims: batch")
+    ),
+    Case(
+        "tune-calibration-every-input-empty",
+        "tune",
+        _calibrated("tune", _calibration_file(lambda: {"x": np.ones((3, 0, 4), np.float32)}, "empty.npz")),
+        2,
+        ("every input empty",),
+    ),
+]

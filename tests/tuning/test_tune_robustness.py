@@ -102,3 +102,25 @@ def test_model_without_input_shapes_asks_for_them_by_name(tmp_path):
     with pytest.raises(UsageError, match="--shape features="):
         tune(str(path), tmp_path / "out", budget_s=10)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tune_stopped_while_writing_into_an_earlier_tunes_folder_leaves_no_profile_of_the_other_model(
+    tmp_path, demo_paths, tuned_mlp, monkeypatch
+):
+    """The profile is written last; the earlier tune's goes first, so the folder never pairs it with this model."""
+    import shutil
+
+    import ortpilot.tuning.report
+
+    out = tmp_path / "out"
+    shutil.copytree(tuned_mlp, out)
+    before = (out / "model.onnx").read_bytes()
+
+    def stopped(result):
+        raise KeyboardInterrupt  # a Ctrl-C between model.onnx and profile.json
+
+    monkeypatch.setattr(ortpilot.tuning.report, "write_reports", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        tune(str(demo_paths["cnn"]), out, budget_s=10, quantize=False)
+    assert (out / "model.onnx").read_bytes() != before  # this tune's model was written ...
+    assert not (out / "profile.json").exists()  # ... and no profile says it is the MLP's

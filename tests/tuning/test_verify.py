@@ -134,6 +134,9 @@ def test_a_fresh_tune_verifies_bit_for_bit_here_and_a_changed_output_fails(tmp_p
     (out / "profile.json").write_text(json.dumps(doc))
     proc = subprocess.run([*CLI, "verify", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "does not reproduce its reference outputs" in proc.stderr
+    (out / "reference.npz").unlink()  # named by the profile: a missing one is a failure, not "not checked"
+    proc = subprocess.run([*CLI, "verify", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "reference sample" in proc.stderr and "is missing" in proc.stderr, proc.stderr
 
 
 def test_a_profile_without_a_reference_sample_says_what_it_did_not_check(tmp_path, demo_paths):
