@@ -1377,6 +1377,13 @@ CASES += [
     ),
     Case("verify-reference-damaged", "verify", _profile_with_reference(b"PK\x03\x04 junk"), 2, ("cannot be read",)),
     Case("verify-reference-missing", "verify", _profile_with_reference(None), 1, ("reference sample", "is missing")),
+    Case(
+        "verify-class-on-a-plain-profile",
+        "verify",
+        lambda ws: [str(tuned_profile(ws)), "--class", "x86-vnni-2cpu"],
+        2,
+        ("--class x86-vnni-2cpu", "is a bundle"),
+    ),
     # numbers and paths that would never end, or land elsewhere
     Case("tune-budget-infinite", "tune", _model(tiny_file, "--budget", "inf", out="tune"), 2, ("--budget", "a week")),
     Case("bench-duration-infinite", "bench", _model(tiny_file, "--duration", "inf"), 2, ("duration", "a day")),

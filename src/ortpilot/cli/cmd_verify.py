@@ -62,6 +62,15 @@ def command(
     from ortpilot.tuning.verify import verify_profile
 
     pct = check_max_slowdown(max_slowdown) if max_slowdown is not None else None
+    if machine_class is not None:
+        from ortpilot.artifacts.bundle import bundle_path
+        from ortpilot.errors import UsageError
+
+        if not any(bundle_path(p) is not None for p in profiles):
+            raise UsageError(
+                f"--class {machine_class} picks one class's profile in a bundle (what 'ortpilot tune --ray' writes), "
+                "and none of the PROFILES given is a bundle: a single profile has one class. Leave --class out."
+            )
     results = [
         verify_profile(
             path,
