@@ -17,6 +17,7 @@ Issue 46's protocol on the MiniLM folder (benchmarks/models/minilm, ``prep_minil
     .venv-test/bin/python benchmarks/bench_workload.py --check-only OUTDIR   # step 3 on an existing tune
     .venv-ovbench/bin/python benchmarks/bench_workload.py -p openvino ...    # OpenVINO's candidates only
     .venv-test/bin/python benchmarks/bench_workload.py --batch 32,1 ...       # tuned for batches of 32
+    .venv-test/bin/python benchmarks/bench_workload.py --check-only OUTDIR --prewarm   # no shape's first run timed
 """
 
 from __future__ import annotations
@@ -60,10 +61,12 @@ def tune(calibration: Path, out: Path, budget: float, providers: list[str], batc
     return doc
 
 
-def check(profile: Path, sentences: Path, rounds: int, settle_s: float = 0.0) -> dict[str, Any]:
+def check(profile: Path, sentences: Path, rounds: int, settle_s: float = 0.0, prewarm: bool = False) -> dict[str, Any]:
     """Step 3, in this (fresh) process. Where the profile asks for a warm-up at load (``warmup``: OpenVINO
     prepares each new length on its first run), a second profile session loaded with ``warm=False`` is timed
-    beside the two (``profile_cold``), so the warm-up's effect on a fresh process reads in the same rounds."""
+    beside the two (``profile_cold``), so the warm-up's effect on a fresh process reads in the same rounds.
+    ``prewarm``: every call the rounds will make is run once on each session first, so no session meets a
+    shape for the first time while timed (a long-running process's state; the default is a fresh one's)."""
     import onnxruntime as ort
     from _prep import length_batches, sentence_feeds
 
@@ -85,7 +88,19 @@ def check(profile: Path, sentences: Path, rounds: int, settle_s: float = 0.0) ->
         return length_batches([feeds[i] for i in items], size)
 
     per_round = len(feeds) // rounds
-    result: dict[str, Any] = {"sentences": len(feeds), "tokens_p50": float(np.median(lengths)), "settle_s": settle_s}
+    result: dict[str, Any] = {
+        "sentences": len(feeds),
+        "tokens_p50": float(np.median(lengths)),
+        "settle_s": settle_s,
+        "prewarm": prewarm,
+    }
+    if prewarm:
+        for size in (1, 32):
+            for r in range(rounds):
+                items = list(range(r * per_round, (r + 1) * per_round))
+                for f in [feeds[i] for i in items] if size == 1 else batches_of(items, size):
+                    for s in sessions.values():
+                        s.run(None, f)
     if tuned.warmed is not None:
         result["warmed"] = tuned.warmed.to_dict()
     for label, size in (("batch1", 1), ("batch32", 32)):
@@ -147,10 +162,15 @@ def main() -> None:
     parser.add_argument(
         "--settle", type=float, default=0.0, help="seconds idle before each session's turn in the check (0: none)"
     )
+    parser.add_argument(
+        "--prewarm",
+        action="store_true",
+        help="run every call of the check once on each session before timing (no first run at a new shape timed)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("PROFILE", "SENTENCES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(check(Path(args.child[0]), Path(args.child[1]), args.rounds, args.settle)))
+        print(json.dumps(check(Path(args.child[0]), Path(args.child[1]), args.rounds, args.settle, args.prewarm)))
         return
     out = Path(args.out)
     calibration, held_out = make_corpus(out / "corpus", args.tune_sentences)
@@ -172,7 +192,8 @@ def main() -> None:
         print(doc["_stderr_tail"], file=sys.stderr)
     child = subprocess.run(
         [PY, __file__, "--child", str(tuned / "profile.json"), str(held_out), "--rounds", str(args.rounds)]
-        + ["--settle", str(args.settle)],
+        + ["--settle", str(args.settle)]
+        + (["--prewarm"] if args.prewarm else []),
         capture_output=True,
         text=True,
         cwd=ROOT,
