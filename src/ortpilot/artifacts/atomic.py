@@ -264,6 +264,9 @@ def atomic_write_model(model: onnx.ModelProto, path: Path) -> Path:
                 location=data_name,
                 size_threshold=1024,
             )
+            # Two renames: the old model goes first, so a crash between them leaves no model.onnx (a load says
+            # it is missing) rather than the old one reading the new weights file.
+            path.unlink(missing_ok=True)
             os.replace(tmp_dir / data_name, path.parent / data_name)
             os.replace(tmp_model, path)
         _fsync_dir(path.parent)
