@@ -1340,6 +1340,14 @@ def _calibration_folder_npy(data: bytes) -> Callable[[Workspace], list[str]]:
     return build
 
 
+def _workload_out_of_vocabulary(ws: Workspace) -> list[str]:
+    """Requests whose token ids lie outside the demo encoder's vocabulary: its embedding Gather refuses them."""
+    ids = np.full((3, 1, 16), 10**6, np.int64)
+    path = ws.inputs / "oov.npz"
+    np.savez(path, input_ids=ids, attention_mask=np.ones_like(ids), token_type_ids=np.zeros_like(ids))
+    return ["demo:encoder", "--workload", str(path), "-o", str(ws.out / "tune"), "--budget", "30"]
+
+
 def _profile_with_reference(data: bytes | None) -> Callable[[Workspace], list[str]]:
     """A profile that names its reference sample: the file damaged (``data``), or missing (None)."""
 
@@ -1383,6 +1391,13 @@ CASES += [
         lambda ws: [str(tuned_profile(ws)), "--class", "x86-vnni-2cpu"],
         2,
         ("--class x86-vnni-2cpu", "is a bundle"),
+    ),
+    Case(
+        "tune-workload-out-of-vocabulary",
+        "tune",
+        _workload_out_of_vocabulary,
+        2,
+        ("could not be measured", "out of data bounds", "--workload's requests"),
     ),
     # numbers and paths that would never end, or land elsewhere
     Case("tune-budget-infinite", "tune", _model(tiny_file, "--budget", "inf", out="tune"), 2, ("--budget", "a week")),

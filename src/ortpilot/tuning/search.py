@@ -334,8 +334,10 @@ class Search:
         if base.status != "ok":
             raise UsageError(
                 f"ORT's default session could not be measured ({base.status}: {base.reason}); "
-                "ortpilot tune needs the model to run with ORT's defaults first. "
-                "Check it with 'ortpilot run MODEL'."
+                "ortpilot tune needs the model to run with ORT's defaults first, on the inputs it times: "
+                "the --workload's requests or the calibration samples where given (their values too, such as "
+                "token ids within the vocabulary), generated ones otherwise. Check it with 'ortpilot run MODEL' "
+                "(--input FILE.npz for one of your samples)."
             )
         self.steps.commit()
         self.screen_runs = int(min(40, max(5, math.ceil(0.25 / max(self.budget.latency, 1e-6)))))
