@@ -89,3 +89,18 @@ def test_openvino_coreml_qnn_dml_defaults():
 def test_ep_library_option_is_not_passed_to_ort():
     spec = parse_provider_arg("webgpu:ep_library=/x/lib.so,foo=1")
     assert spec.as_ort() == ("WebGpuExecutionProvider", {"foo": "1"})
+
+
+def test_cpu_ep_options_are_refused_because_ort_drops_them_without_a_word(tmp_path):
+    """ORT's CPU EP reads no provider options: a real session reports none back, so ortpilot refuses them."""
+    import onnxruntime as ort
+
+    from ortpilot.models import write_demo_models
+
+    model = write_demo_models(tmp_path)["mlp"]
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"], provider_options=[{"foo": "bar"}])
+    assert session.get_provider_options()["CPUExecutionProvider"] == {}  # what ORT did with it: nothing
+    for given in ("cpu:foo=bar", ("cpu", {"intra_op_num_threads": 1}), {"name": "cpu", "options": {"use_arena": 0}}):
+        with pytest.raises(ProviderError, match="The CPU EP takes no provider options"):
+            resolve_providers([given])
+    assert resolve_providers(["cpu"]) == [ProviderSpec("CPUExecutionProvider", {})]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Union
 
+from ortpilot.eps import CPU_EP
 from ortpilot.errors import ProviderError
 from ortpilot.providers.defaults import apply_provider_defaults
 from ortpilot.providers.spec import EP_LIBRARY_OPTION, PROVIDER_ALIASES, SHORT_NAMES, ProviderSpec, short_name
@@ -100,6 +101,18 @@ def _opt_str(value: Any) -> str:
     return str(value)
 
 
+def _checked(spec: ProviderSpec) -> ProviderSpec:
+    """ORT's CPU EP reads no provider options and drops any it is given without a word (``get_provider_options``
+    reports none back): a typo'd or misplaced option would silently do nothing, so it is refused here."""
+    if spec.name == CPU_EP and spec.options:
+        raise ProviderError(
+            f"The CPU EP takes no provider options, and ORT ignores them silently: {', '.join(sorted(spec.options))} "
+            "would do nothing. Threads, the arena and spinning are session settings, not provider options (bench's --threads; "
+            "tune searches them); options belong to other providers, e.g. 'cuda:device_id=1'."
+        )
+    return spec
+
+
 def resolve_providers(
     items: Iterable[ProviderLike] | ProviderLike | None, *, apply_defaults: bool = True
 ) -> list[ProviderSpec]:
@@ -118,7 +131,7 @@ def resolve_providers(
     specs: list[ProviderSpec] = []
     seen: set[str] = set()
     for item in raw:
-        spec = _one(item)
+        spec = _checked(_one(item))
         if spec.name in seen:
             continue
         seen.add(spec.name)
