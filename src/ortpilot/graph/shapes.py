@@ -168,17 +168,9 @@ def resolve_input_shapes(
     ]
     if contradictions:  # every --shape that contradicts the model, each dim of it, in one error
         raise InputError(" ".join(contradictions))
-    named: dict[str, list[str]] = {}  # symbol -> "input=size" each --shape gave it
     for info in inputs:
         if info.name in overrides:
-            shapes[info.name] = _take_override(info, overrides[info.name], dim_values, named)
-    clashes = [f"'{sym}' is {' but '.join(said)}" for sym, said in named.items() if len(set(_sizes(said))) > 1]
-    if clashes:  # one symbol is one size in every input: ORT would refuse the run with a broadcast error
-        raise InputError(
-            "The --shape values disagree on a dim the model's inputs share: "
-            + "; ".join(clashes)
-            + ". Give every input the same size there (or set the dim once, e.g. --shape sequence=64)."
-        )
+            shapes[info.name] = _take_override(info, overrides[info.name], dim_values)
     _default_dims(inputs, dim_values)
     unknown: list[str] = []
     for info in inputs:
@@ -231,22 +223,12 @@ def _contradictions(info: InputInfo, dims: tuple[int, ...]) -> list[str]:
     ]
 
 
-def _take_override(
-    info: InputInfo, dims: tuple[int, ...], dim_values: dict[str, int], named: dict[str, list[str]]
-) -> tuple[int, ...]:
-    """An override that fits the model (``_contradictions`` found nothing); its symbolic dims' values noted, and
-    in ``named`` what each symbol was given by whom (a ``DIM=N`` first, as ``--shape DIM``)."""
+def _take_override(info: InputInfo, dims: tuple[int, ...], dim_values: dict[str, int]) -> tuple[int, ...]:
+    """An override that fits the model (``_contradictions`` found nothing); its symbolic dims' values noted."""
     for want, got in zip(info.dims, dims):
-        if isinstance(want, str) and want:
-            if want in dim_values and not named.get(want):
-                named[want] = [f"{dim_values[want]} in --shape {want}"]
-            named.setdefault(want, []).append(f"{got} in {info.name}")
+        if isinstance(want, str):
             dim_values.setdefault(want, got)
     return dims
-
-
-def _sizes(said: Sequence[str]) -> list[str]:
-    return [s.split(" ", 1)[0] for s in said]
 
 
 def _fmt_dims(dims: Sequence[int | str | None]) -> str:
