@@ -12,7 +12,7 @@ import onnx
 
 from ortpilot.errors import StampMismatchError, UsageError
 from ortpilot.graph.feeds import make_feeds, plan_feeds
-from ortpilot.graph.shapes import parse_shape_args
+from ortpilot.graph.shapes import check_shape_names, graph_inputs, parse_shape_args
 from ortpilot.quantmodes import DYNAMIC
 from ortpilot.session import SessionSettings, VerifiedSession
 from ortpilot.session import load as load_verified
@@ -88,6 +88,8 @@ def run_once(
         isolate=isolate,
     )
     generated = ""
+    if shape_map:
+        check_shape_names(graph_inputs(sess.model), shape_map)
     if feeds:
         feeds = sess.check_feeds(feeds)
     else:
@@ -133,7 +135,7 @@ def inspect_model(
     process first, so a model that crashes ORT kills only the child.
     """
     from ortpilot.graph.check import check_graph
-    from ortpilot.graph.shapes import graph_inputs, resolve_input_shapes
+    from ortpilot.graph.shapes import resolve_input_shapes
     from ortpilot.graph.summary import summarize
     from ortpilot.modelio import load_model
     from ortpilot.providers import resolve_providers
@@ -151,6 +153,7 @@ def inspect_model(
         preflight_isolated([path], list(providers) or None)
     shape_map = parse_shape_args(list(shapes))
     if shape_map:
+        check_shape_names(graph_inputs(proto), shape_map)
         resolve_input_shapes(graph_inputs(proto), shape_map)  # explicit shapes that contradict the model: exit 2
     doc = summarize(proto, path, shape_map).to_dict()
     doc["graph_check"] = validity.to_dict()

@@ -250,3 +250,15 @@ def test_verify_max_slowdown_needs_the_source_model(tuned, tmp_path):
     out = _edited(tuned, tmp_path, lambda d, o: _set(d, ["source_model", "path"], str(tmp_path / "gone.onnx")))
     proc = _verify(out, "--max-slowdown", "10")
     assert proc.returncode == 2 and "missing here or changed" in proc.stderr
+
+
+def test_a_warning_that_is_also_logged_prints_once_and_without_pythons_file_line_prefix(tuned, tmp_path):
+    """load_profile logs an ORT version change and warns it (for API callers' filters): the console shows it once."""
+
+    def older_ort(doc, out):
+        doc["onnxruntime"]["version"] = "1.0.0"
+
+    proc = _verify(_edited(tuned, tmp_path, older_ort))
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert said.count("was measured with ONNX Runtime 1.0.0") == 1, said
+    assert "OrtVersionWarning" not in said

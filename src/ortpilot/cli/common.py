@@ -58,18 +58,27 @@ def setup_logging(debug: bool) -> None:
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if debug else logging.INFO)
     root.propagate = False
+    handler.addFilter(_remember)
     warnings.showwarning = _show_warning
 
 
 _python_showwarning = warnings.showwarning
+_logged: set[str] = set()  # messages the console already printed as log lines
+
+
+def _remember(record: logging.LogRecord) -> bool:
+    if len(_logged) < 1000:
+        _logged.add(record.getMessage())
+    return True
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *args: Any) -> None:
-    """ortpilot's own warnings (NaN in a feed, ...) as one console line, not Python's "file:line: Category"."""
-    if category.__module__.split(".")[0] == "ortpilot":
-        stderr.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)
-    else:
+    """ortpilot's own warnings (NaN in a feed, ...) as one console line, not Python's "file:line: Category"; one
+    the log already printed (a machine mismatch is logged and warned, for API callers' filters) not twice."""
+    if category.__module__.split(".")[0] != "ortpilot":
         _python_showwarning(message, category, filename, lineno, *args)
+    elif str(message) not in _logged:
+        stderr.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)
 
 
 def emit_json(doc: Any) -> None:
@@ -290,15 +299,12 @@ def load_input_files(items: tuple[str, ...]) -> dict[str, Any]:
     feeds: dict[str, Any] = {}
     for item in items:
         name, eq, path = item.partition("=")
-        try:
-            if not eq and item.endswith(".npz"):
-                feeds.update(read_npz(item))
-                continue
-            if not eq:
-                raise InputError(f"--input '{item}' is not NAME=FILE.npy (or one FILE.npz with all inputs).")
-            feeds[name] = read_npy(path, f"Input file for '{name}' (pass an .npz alone, as --input FILE.npz)")
-        except FileNotFoundError:
-            raise InputError(f"Input file '{path or item}' does not exist.") from None
+        if not eq and item.endswith(".npz"):
+            feeds.update(read_npz(item))
+            continue
+        if not eq:
+            raise InputError(f"--input '{item}' is not NAME=FILE.npy (or one FILE.npz with all inputs).")
+        feeds[name] = read_npy(path, f"Input file for '{name}'")
     return feeds
 
 

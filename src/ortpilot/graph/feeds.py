@@ -279,8 +279,9 @@ def _dims(dims: Sequence[int | str | None]) -> str:
 
 
 # What numpy raises on a damaged .npy/.npz: a bad header or pickled objects (ValueError), an empty file (EOFError),
-# a truncated or corrupt archive (BadZipFile; zlib.error inside a compressed member), a member missing (KeyError).
-UNREADABLE_ARRAY = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError)
+# a truncated or corrupt archive (BadZipFile; zlib.error inside a compressed member), a member missing (KeyError),
+# a header claiming a shape larger than memory (MemoryError, before a byte of data is read).
+UNREADABLE_ARRAY = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError, MemoryError)
 
 
 def read_npz(path: str | Path, what: str = "Input file") -> dict[str, np.ndarray]:
@@ -303,7 +304,7 @@ def read_npy(path: str | Path, what: str = "Input file") -> np.ndarray:
         value = np.load(path, allow_pickle=False)
         if not isinstance(value, np.ndarray):  # an .npz given where one array goes
             value.close()
-            raise ValueError("it holds named arrays (an .npz), not one array")
+            raise ValueError("it holds named arrays (an .npz), not one array: an .npz of every input goes alone")
         return value
     except FileNotFoundError:
         raise InputError(f"{what} '{path}' does not exist.") from None

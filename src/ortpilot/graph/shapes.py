@@ -136,6 +136,20 @@ def _integer(value: object) -> int:
     return int(value)
 
 
+def check_shape_names(inputs: Sequence[InputInfo], overrides: Mapping[str, tuple[int, ...]]) -> None:
+    """A user's ``--shape`` names each an input or a symbolic dim of the model: a typo would otherwise run at the
+    default shape, silently. For commands of one model (``run``, ``tune``); ``bench --vs`` hands one ``--shape``
+    to models that may lack a dim, which ``resolve_input_shapes`` lets pass."""
+    names = {i.name for i in inputs}
+    symbols = list(dict.fromkeys(d for i in inputs for d in i.dims if isinstance(d, str) and d))
+    unknown = [k for k in overrides if k not in names and k not in symbols]
+    if unknown:
+        raise UsageError(
+            f"--shape {', '.join(unknown)} names neither an input nor a symbolic dim of the model. Its inputs: "
+            f"{', '.join(sorted(names))}; its symbolic dims: {', '.join(symbols) or 'none'}."
+        )
+
+
 def resolve_input_shapes(
     inputs: Sequence[InputInfo], overrides: Mapping[str, tuple[int, ...]] | None = None
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
@@ -146,7 +160,6 @@ def resolve_input_shapes(
     """
     overrides = dict(overrides or {})
     names = {i.name for i in inputs}
-    symbols = list(dict.fromkeys(d for i in inputs for d in i.dims if isinstance(d, str) and d))
     dim_values: dict[str, int] = {}
     for key in list(overrides):
         if key not in names:
@@ -155,11 +168,6 @@ def resolve_input_shapes(
                 raise UsageError(
                     f"--shape '{key}' matches no input ({', '.join(sorted(names))}); "
                     "to set one symbolic dim everywhere give one number, e.g. sequence=64."
-                )
-            if key not in symbols:  # a typo would otherwise run at the default shape, silently
-                raise UsageError(
-                    f"--shape {key}={dims[0]} names neither an input nor a symbolic dim of the model. Its inputs: "
-                    f"{', '.join(sorted(names))}; its symbolic dims: {', '.join(symbols) or 'none'}."
                 )
             dim_values[key] = dims[0]
     shapes: dict[str, tuple[int, ...]] = {}

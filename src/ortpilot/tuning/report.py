@@ -357,11 +357,11 @@ def failed_provider_lines(doc: dict[str, Any]) -> list[str]:
     lines = []
     for ep, tried in by_ep.items():
         failed = [c for c in tried if c["status"] in ("failed", "crashed", "timeout")]
-        if ep == CPU_EP or not failed or any(c["status"] == "ok" for c in tried):
+        if ep == CPU_EP or not failed or any(c["status"] in ("ok", "rejected") for c in tried):  # some ran
             continue
         reason = " ".join(str(failed[0].get("reason") or "no reason recorded").split())
         lines.append(
-            f"{_ep_words(ep)}: none of its {len(failed)} candidate(s) ran, so the profile does not use it. "
+            f"{_ep_words(ep)}: none of its candidates ran ({len(failed)} failed), so the profile does not use it. "
             f"The first one's error: {reason[:400]}{'...' if len(reason) > 400 else ''}"
         )
     return lines

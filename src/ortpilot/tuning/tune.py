@@ -40,7 +40,7 @@ from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs, s
 from ortpilot.gate.result import gate_data_warning
 from ortpilot.graph.feeds import FeedPlan, batch_size_of, generate_samples, plan_feeds
 from ortpilot.graph.prune import check_outputs
-from ortpilot.graph.shapes import graph_inputs, parse_shape_args
+from ortpilot.graph.shapes import check_shape_names, graph_inputs, parse_shape_args
 from ortpilot.measure import cpushare
 from ortpilot.measure.metrics import MetricOverrides
 from ortpilot.modelio import file_sha256, load_model
@@ -199,6 +199,7 @@ def _set_up(request: TuneRequest) -> _Setup:
     folder = folder_of(path)  # config.json and pooling: metric evidence, and sizes for a fusion the graph cannot size
     gate_spec = request.gate.output_gate(graph, folder, default=DEFAULT_MAX_ERROR)  # bad flags: exit 2 now
     inputs = graph_inputs(proto)
+    check_shape_names(inputs, parsed)
     traffic, traffic_source = read_workload(request.workload, proto, inputs, folder) if request.workload else ([], "")
     calibration = request.calibration
     if calibration is None and traffic_source == "text":  # real sentences: the gate's data too
@@ -693,7 +694,7 @@ def _refuse_empty(shapes: Mapping[str, tuple[int, ...]], samples: Sequence[Sampl
     if empty:
         shown = ", ".join(f"'{k}' {list(np.shape(v))}" for k, v in samples[empty[0]].items())
         raise UsageError(
-            f"{len(empty)} of the {len(samples)} samples given have every input empty (the first, #{empty[0]}: "
+            f"{len(empty)} of {len(samples)} sample(s) given have every input empty (the first, #{empty[0]}: "
             f"{shown}): a tune would time and compare nothing on them. Give samples with at least one element."
         )
     if shapes and all(0 in dims for dims in shapes.values()):

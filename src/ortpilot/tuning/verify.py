@@ -164,13 +164,16 @@ class OutputCheck:
         }
 
 
+MISSING = "reference missing"  # the profile names a reference sample that is not beside it: a failure
+
+
 @dataclass
 class ProfileVerification:
     """What ``verify_profile`` found: the session, how the machine compares, and the outputs."""
 
     profile: str
     session: VerifiedSession
-    mode: str  # "bit-exact" | "tolerance" | "not checked"
+    mode: str  # "bit-exact" | "tolerance" | "not checked" | MISSING
     why: str
     outputs: list[OutputCheck] = field(default_factory=list)
     latency: LatencyCheck | None = None
@@ -184,6 +187,11 @@ class ProfileVerification:
         """The error to raise (exit 1) when an output was not reproduced, else None."""
         if self.passed:
             return None
+        if self.mode == MISSING:
+            return VerificationError(
+                f"Profile '{self.profile}': {self.why}, so its outputs cannot be checked. Copy the tune's whole "
+                "output folder (or bundle) with it, or re-run 'ortpilot tune'."
+            )
         if not all(o.passed for o in self.outputs):
             failed = "; ".join(f"{o.name}: {o.detail}" for o in self.outputs if not o.passed)
             return VerificationError(
@@ -253,6 +261,13 @@ def verify_profile(
         from ortpilot.measure.regression import check_max_slowdown
 
         max_slowdown_pct = check_max_slowdown(max_slowdown_pct)
+    if max_slowdown_pct is not None or bench:  # a bad --duration before the profile loads, named
+        from ortpilot.measure.options import check_budget
+
+        try:
+            check_budget(None, duration_s, "auto")
+        except UsageError as exc:
+            raise UsageError(f"--duration: {exc}") from None
     result = _verify_outputs(path, policy, accept_machine, intra_op_threads, optimized)
     result.bundle = result.session.bundle = choice
     if max_slowdown_pct is not None or bench:
@@ -273,11 +288,13 @@ def _verify_outputs(
         text_task_of_profile(doc, path)
     reference = doc.get("reference_outputs") or {}
     file = path.parent / str(reference.get("file") or REFERENCE_FILE)
-    if reference.get("file") and not file.is_file():
-        raise VerificationError(
-            f"The profile's reference sample '{file}' is missing: the profile names it (reference_outputs.file), "
-            "so its outputs cannot be checked. Copy the tune's whole output folder (or bundle), or re-run "
-            "'ortpilot tune'."
+    if reference.get("file") and not file.is_file():  # a failed row, so the other PROFILES are still checked
+        return ProfileVerification(
+            str(path),
+            session,
+            MISSING,
+            f"the profile names its reference sample ({file.name}, reference_outputs.file) and it is missing",
+            [OutputCheck(name, False, f"{file.name} is missing") for name in reference.get("sha256") or {file.name: 0}],
         )
     if not reference or not file.is_file():
         return ProfileVerification(

@@ -166,7 +166,7 @@ def server_application(specs: Sequence[ModelSpec], options: ServeOptions, server
 
 
 def applications(
-    profiles: str | Sequence[str] | Sequence[ModelSpec],
+    profiles: str | os.PathLike | Sequence[str] | Sequence[ModelSpec],
     names: str | Sequence[str] = (),
     *,
     options: ServeOptions | None = None,
@@ -194,7 +194,7 @@ def applications(
 
 
 def deployment(
-    profiles: str | Sequence[str] | Sequence[ModelSpec],
+    profiles: str | os.PathLike | Sequence[str] | Sequence[ModelSpec],
     names: str | Sequence[str] = (),
     *,
     options: ServeOptions | None = None,
