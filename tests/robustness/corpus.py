@@ -1415,7 +1415,11 @@ CASES += [
         "tune-shape-zero", "tune", _model(tiny_file, "--shape", "batch=0", "--budget", "30", out="tune"), 2, ("empty",)
     ),
     Case(
-        "run-shape-unknown-dim", "run", _model(tiny_file, "--shape", "bacth=2"), 2, ("bacth=2", "symbolic dims: batch")
+        "run-shape-unknown-dim",
+        "run",
+        _model(tiny_file, "--shape", "bacth=2"),
+        2,
+        ("--shape bacth", "symbolic dims: batch"),
     ),
     Case(
         "tune-calibration-every-input-empty",
