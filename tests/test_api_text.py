@@ -133,7 +133,7 @@ def test_the_wrong_task_names_the_right_one(folders) -> None:
     [
         ([], "The texts are an empty list; give at least one string."),
         (["fine", ""], "Item 1 of the texts is empty or only whitespace"),
-        (["fine", 7], "Item 1 of the texts is int, not a string"),
+        (["fine", 7], "Item 1 of the texts is a number, not a string"),
         ({"a": 1}, "The texts must be a list of strings, not dict."),
         ({"a", "b"}, "The texts must be a list of strings, not set."),
     ],

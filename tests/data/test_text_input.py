@@ -23,8 +23,8 @@ def test_check_texts_takes_strings_and_utf8_bytes() -> None:
     ("items", "message"),
     [
         ([], "are an empty list"),
-        (["fine", 3], "Item 1 of the texts is int, not a string"),
-        (["fine", None], "Item 1 of the texts is NoneType"),
+        (["fine", 3], "Item 1 of the texts is a number, not a string"),
+        (["fine", None], "Item 1 of the texts is null, not a string"),
         ([b"ok", b"\xff\xfe"], r"Item 1 of the texts is not UTF-8 \(byte 0"),
         (["a", "", "b", "  \n", "c"], "Items 1, 3 of the texts are empty or only whitespace"),
         (12, "must be a list of strings, not int"),
@@ -85,3 +85,18 @@ def test_tokenized_parts_join_back_into_the_whole() -> None:
     first, rest = whole.part(0, 1), whole.part(1, 3)
     assert len(first) == 1 and rest.lengths == whole.lengths[1:]
     assert Tokenized.join([first, rest]) == whole
+
+
+def test_a_text_far_over_the_limit_is_cut_by_characters_first_and_keeps_the_same_tokens() -> None:
+    """A megabyte is not tokenized to keep 16 tokens; a text of mostly spaces that fits is still read whole."""
+    tok = configure_tokenizer(make_text_tokenizer(), 16)
+    huge, short = "the cat sat on the mat " * 50_000, "the cat sat on the mat " * 20
+    cut = tokenize(tok, [huge, short], max_length=16)
+    assert cut.ids[0] == cut.ids[1] and len(cut.ids[0]) == 16 and cut.truncated == (True, True)
+    spaced = "cat" + " " * 5_000 + "mat"  # over 16 x 100 characters, 4 tokens with [CLS] and [SEP]
+    whole = tokenize(tok, [spaced], truncate=False, max_length=16)
+    assert len(whole.ids[0]) == 4 and whole.truncated == (False,)
+    flagged = tokenize(tok, [spaced], max_length=16)  # truncating: cut at 1,600 characters, and said so
+    assert flagged.truncated == (True,) and len(flagged.ids[0]) == 3
+    with pytest.raises(InputError, match="longer than the model's limit of 16 tokens"):
+        tokenize(tok, [huge], truncate=False, max_length=16)

@@ -52,6 +52,16 @@ def test_binary_and_json_tensors_decode_to_the_same_arrays_and_encode_back():
             "binary_data_size",
         ),
         (b'{"inputs": []}', 99, "Inference-Header-Content-Length is 99"),
+        (
+            b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [0.5, 1e39]}]}',
+            None,
+            r"element 1 \(1e\+39\) is outside FP32's range",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [2], "datatype": "BYTES", "data": [1, 2]}]}',
+            None,
+            r"element 0 is a number: BYTES elements are strings\. If the input takes numbers, declare its datatype",
+        ),
     ],
 )
 def test_undecodable_requests_are_input_errors_naming_the_problem(body, header, message):

@@ -247,7 +247,7 @@ def test_a_text_over_the_models_limit_is_cut_and_the_answer_says_so(server):
             "/v1/embeddings",
             {"model": "embed", "input": ["a", 5]},
             400,
-            "Item 1 of the input texts is int, not a string",
+            "Item 1 of the input texts is a number, not a string",
         ),
         ("/v1/embeddings", {"model": "embed", "input": 5}, 400, "must be a string or a list of strings, not a number"),
         ("/v1/embeddings", {"model": "embed", "input": [[1, 2]]}, 400, "holds token ids"),

@@ -52,7 +52,7 @@ def check_texts(items: Any, what: str = "texts") -> list[str]:
                     f"{_items([index], what)} not UTF-8 (byte {exc.start}: {exc.reason}); send text as UTF-8."
                 ) from None
         if not isinstance(item, str):
-            raise InputError(f"{_items([index], what)} {type(item).__name__}, not a string; every item must be a text.")
+            raise InputError(f"{_items([index], what)} {_kind(item)}, not a string; every item must be a text.")
         try:
             item.encode("utf-8")
         except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in JSON): no text a tokenizer takes
@@ -68,6 +68,12 @@ def check_texts(items: Any, what: str = "texts") -> list[str]:
             "embed or score (its result would be that of the special tokens alone). Leave such items out."
         )
     return texts
+
+
+def _kind(value: Any) -> str:
+    """What a value is, in a client's words (JSON's, mostly), not a Python type name."""
+    kinds = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", list: "a list", tuple: "a list"}
+    return kinds.get(type(value), "an object" if isinstance(value, dict) else f"a {type(value).__name__}")
 
 
 def configure_tokenizer(tokenizer: Any, max_length: int | None) -> Any:
@@ -110,6 +116,21 @@ class Tokenized:
         )
 
 
+# A token covers at most this many characters (WordPiece's max_input_chars_per_word: a longer word is one [UNK]).
+# A text longer than max_length x this is cut to it before tokenizing: the tokenizer would cut it at max_length
+# tokens anyway, and tokenizing a megabyte to keep 128 tokens held up every other request on a server's replica.
+CHARS_PER_TOKEN_BOUND = 100
+
+
+def _cut_chars(item: Any, bound: int | None) -> Any:
+    """``item`` (a text or a pair) with each text cut to ``bound`` characters; the same object when none is longer."""
+    if bound is None:
+        return item
+    if isinstance(item, tuple):
+        return tuple(x[:bound] for x in item) if any(len(x) > bound for x in item) else item
+    return item[:bound] if len(item) > bound else item
+
+
 def tokenize(
     tokenizer: Any,
     items: Sequence[str] | Sequence[tuple[str, str]],
@@ -126,8 +147,15 @@ def tokenize(
     def lower(item: Any) -> Any:
         return item if not lowercase else tuple(x.lower() for x in item) if isinstance(item, tuple) else item.lower()
 
-    encodings = tokenizer.encode_batch([lower(item) for item in items])
-    truncated = tuple(bool(e.overflowing) for e in encodings)
+    bound = max_length * CHARS_PER_TOKEN_BOUND if max_length else None
+    given = [lower(item) for item in items]
+    shortened = [_cut_chars(item, bound) for item in given]
+    encodings = tokenizer.encode_batch(shortened)
+    precut = {i for i, (whole, cut) in enumerate(zip(given, shortened)) if whole is not cut}
+    for i in precut:  # cut before tokenizing but within the limit after (a text of mostly spaces): the whole text
+        if not encodings[i].overflowing and not truncate:
+            encodings[i] = tokenizer.encode(*given[i]) if isinstance(given[i], tuple) else tokenizer.encode(given[i])
+    truncated = tuple(bool(e.overflowing) or (i in precut and truncate) for i, e in enumerate(encodings))
     cut = [i for i, t in enumerate(truncated) if t]
     if cut and not truncate:
         raise InputError(

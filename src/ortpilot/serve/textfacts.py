@@ -110,8 +110,7 @@ def text_facts(spec: Any, model: onnx.ModelProto | None = None) -> TextFacts:
         folder, task = folder_task(spec.folder, model)
         return _facts(task, str(folder.tokenizer_file), f"folder '{folder.root}'", model)
     return TextFacts(
-        missing=f"model '{spec.name}' is served from a model file ({spec.source or spec.path}), which has no "
-        "tokenizer; send its tensors to "
+        missing=f"model '{spec.name}' is served from a model file, which has no tokenizer; send its tensors to "
         f"/v2/models/{spec.name}/infer, or serve the folder it came in (its tokenizer.json and the files that "
         "say what it does)",
         source=spec.source or spec.path,

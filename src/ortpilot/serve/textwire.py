@@ -184,7 +184,7 @@ def _texts(doc: dict[str, Any], field: str, *, allow_string: bool) -> tuple[str,
         value = [value]
     if not isinstance(value, list):
         raise _bad(f"'{field}' must be {_shape(allow_string)}, not {_json_type(value)}.", param=field)
-    if value and (all(_is_int(v) for v in value) or any(isinstance(v, list) for v in value)):
+    if value and (all(_is_int(v) for v in value) or all(_is_ids(v) for v in value)):  # OpenAI's two token forms
         raise _bad(
             f"'{field}' holds token ids; this server takes text only and tokenizes it with the model's own "
             "tokenizer. Send the strings.",
@@ -202,6 +202,11 @@ def texts_of(field: str) -> str:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_ids(value: Any) -> bool:
+    """One text as token ids (a non-empty list of integers); a list of strings is not one."""
+    return isinstance(value, list) and bool(value) and all(_is_int(v) for v in value)
 
 
 def _check(items: Sequence[Any], field: str) -> list[str]:

@@ -72,8 +72,10 @@ def test_embeddings_on_the_models_own_route_equal_ortpilot_embed(replicas, folde
     ("doc", "status", "param", "words"),
     [
         ({"input": ["a", ""]}, 400, "input", "Item 1 of the input texts is empty or only whitespace"),
-        ({"input": ["a", 3]}, 400, "input", "Item 1 of the input texts is int, not a string"),
+        ({"input": ["a", 3]}, 400, "input", "Item 1 of the input texts is a number, not a string"),
         ({"input": [1, 2, 3]}, 400, "input", "holds token ids"),
+        ({"input": [[1, 2], [3]]}, 400, "input", "holds token ids"),
+        ({"input": ["a", ["b"]]}, 400, "input", "Item 1 of the input texts is a list, not a string"),
         ({"input": {"a": 1}}, 400, "input", "must be a string or a list of strings, not an object"),
         ({"input": "a", "dimensions": 64}, 400, "dimensions", "gives 128-dimensional vectors"),
         ({"input": "a", "encoding_format": "int8"}, 400, "encoding_format", "'float' or 'base64'"),
@@ -163,7 +165,7 @@ def test_kserve_bytes_inputs_json_binary_and_grpc_give_the_embedding_tensor(repl
             [{"name": "sentence", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
             "takes 'text' (BYTES [N] or [N, 1])",
         ),
-        ([{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a", 3]}], "element 1 is int"),
+        ([{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a", 3]}], "element 1 is a number: BYTES elements are strings"),
         ([{"name": "text", "shape": [1], "datatype": "BYTES", "data": [""]}], "empty or only whitespace"),
     ],
 )
@@ -196,8 +198,10 @@ def test_the_tensor_api_stays_and_a_model_without_a_tokenizer_says_what_is_missi
     assert status == 400 and "Model 'mlp' takes no text: model 'mlp' is served from a model file" in doc["error"]
     meta = _call(replicas["mlp"], "GET", "/v2/models/mlp")[1]
     assert "text" not in meta["ortpilot"]  # a tensor model's metadata is as before
-    status, _ = _call(replicas["mlp"], "POST", "/v2/models/mlp/v1/embeddings", {"input": "hi"})
-    assert status == 404  # no text routes on a tensor model
+    for method, path in (("POST", "/v2/models/mlp/v1/embeddings"), ("GET", "/v2/models/mlp/v1/models")):
+        status, doc = _call(replicas["mlp"], method, path, {"input": "hi"} if method == "POST" else None)
+        assert status == 400 and doc["error"]["code"] == "model_not_text", doc  # OpenAI's shape, not a bare 404
+        assert "takes no text" in doc["error"]["message"] and "/v2/models/mlp/infer" in doc["error"]["message"]
     meta = _call(replicas["embed"], "GET", "/v2/models/embed")[1]["ortpilot"]["text"]
     assert meta["kind"] == "embed" and meta["dim"] == 128 and meta["outputs"][0]["shape"] == [-1, 128]
 

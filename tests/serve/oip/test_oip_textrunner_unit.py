@@ -75,7 +75,7 @@ def test_the_runner_embeds_as_the_folder_does_and_measures_its_width(folders):
         ),
         ({}, ["ok", b"\xff\xfe"], 400, "Item 1 of the input texts is not UTF-8"),
         ({}, ["ok", "   "], 400, "Item 1 of the input texts is empty or only whitespace"),
-        ({}, ["ok", 7], 400, "Item 1 of the input texts is int, not a string"),
+        ({}, ["ok", 7], 400, "Item 1 of the input texts is a number, not a string"),
     ],
 )
 def test_limits_and_bad_texts_are_refused_naming_the_limit_and_the_value(folders, options, texts, status, words):

@@ -204,7 +204,9 @@ def _decode_bytes_tensor(
     bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
     if bad is not None:
         raise InputError(
-            f"Input '{name}' is BYTES, and its element {bad} is {type(values[bad]).__name__}: send strings."
+            f"Input '{name}' is declared BYTES, and its element {bad} is {_json_kind(values[bad])}: BYTES elements are "
+            "strings. If the input takes numbers, declare its datatype (FP32, INT64, ...: the model's metadata "
+            "names it)."
         )
     if len(values) != count:
         raise InputError(f"Input '{name}' has {len(values)} values, but shape {shape} needs {count}.")
@@ -265,12 +267,27 @@ def _json_array(name: str, data: Any, datatype: str, dtype: np.dtype, shape: lis
             fractional = array[array != np.floor(array)] if array.size else array
             if fractional.size:
                 raise TypeError(f"{datatype} takes integers, and it holds {fractional.reshape(-1)[0].item()!r}")
-        converted = array.astype(dtype) if dtype.kind not in "iu" else np.asarray(data, dtype=dtype)
+        with np.errstate(over="ignore"):  # a float too large for dtype is refused below, by element
+            converted = array.astype(dtype) if dtype.kind not in "iu" else np.asarray(data, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"Input '{name}' data cannot be read as {datatype} ({exc}).") from None
+    if dtype.kind == "f" and array.dtype.kind in "fiu":  # 1e39 as FP32 is inf: every output would be NaN or inf
+        with np.errstate(invalid="ignore"):
+            overflow = np.flatnonzero(np.isfinite(array) & ~np.isfinite(converted))
+        if overflow.size:
+            first = int(overflow[0])
+            raise InputError(
+                f"Input '{name}' element {first} ({array.reshape(-1)[first].item()!r}) is outside {datatype}'s range "
+                f"(largest {np.finfo(dtype).max:.4g}): it would become infinity. Scale the values into that range."
+            )
     if converted.size != math.prod(shape):
         raise InputError(f"Input '{name}' has {converted.size} values, but shape {shape} needs {math.prod(shape)}.")
     return converted
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -88,7 +88,7 @@ class ModelReplica(UnservedRpcs):
         self.info = self._info(verification, started)
         self.reporter = Reporter(spec.name, self.replica_id, config.server_app)
         self.routes = model_routes(self)
-        self.text_routes = model_text_routes(self) if self.text is not None else []
+        self.text_routes = model_text_routes(self)  # a model without text answers them with a 400 that says so
         self.text_prefix = f"/v2/models/{spec.name}{ROUTE_PREFIX}/"
 
     def _info(self, verification: Mapping[str, Any], started: float) -> ReplicaInfo:

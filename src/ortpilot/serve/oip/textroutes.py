@@ -125,21 +125,24 @@ async def text_dispatch(routes: list[Route], request: Any, context: RequestConte
 
 
 def model_text_routes(replica: Any) -> list[Route]:
-    """The OpenAI-style routes a text model's replica answers itself, under ``/v2/models/NAME/v1``: its
-    endpoint (the body's ``model`` may be left out) and ``GET .../v1/models`` (the model alone)."""
+    """The OpenAI-style routes a replica answers itself, under ``/v2/models/NAME/v1``: a text model's endpoint
+    (the body's ``model`` may be left out) and ``GET .../v1/models`` (the model alone); a model without text
+    answers them too, with the 400 that says so and where its tensors go (not a bare 404)."""
     name = replica.name
     base = f"/v2/models/{name}{ROUTE_PREFIX}"
 
     def endpoint(kind: str) -> Any:
         async def handler(request: Any, context: RequestContext) -> Reply:
+            check_model(name, replica.config.text, kind)  # before the body: its answer does not depend on it
             body = await body_of(request, replica.settings.max_request_bytes, replica.settings.request_timeout_s)
             parsed = parse_text_request(kind, body, model=name)
-            check_model(name, replica.config.text, kind)
             return await replica.text_answer(parsed, context)
 
         return handler
 
     async def models(request: Any, context: RequestContext) -> Reply:
+        if not replica.config.text.text:
+            raise ApiError(400, no_text(name, replica.config.text), param="model", code="model_not_text")
         return json_answer(200, {"object": "list", "data": [model_object(name, replica.created)]}, model=name)
 
     routes = [route("POST", base + path, endpoint(kind)) for path, kind in ENDPOINTS.items()]
