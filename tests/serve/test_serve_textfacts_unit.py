@@ -41,7 +41,11 @@ def test_a_text_folder_is_served_as_its_model_file_with_its_task(folders):
 
 def test_a_model_without_a_tokenizer_says_what_is_missing(demo_paths, tmp_path):
     facts = text_facts(ModelSpec("mlp", "model", str(demo_paths["mlp"]), "demo:mlp"))
-    assert not facts.text and "served from a model file, which has no tokenizer" in facts.missing and "demo:mlp" not in facts.missing
+    assert (
+        not facts.text
+        and "served from a model file, which has no tokenizer" in facts.missing
+        and "demo:mlp" not in facts.missing
+    )
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(demo_paths["mlp"], bare / "model.onnx")

@@ -165,7 +165,10 @@ def test_kserve_bytes_inputs_json_binary_and_grpc_give_the_embedding_tensor(repl
             [{"name": "sentence", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
             "takes 'text' (BYTES [N] or [N, 1])",
         ),
-        ([{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a", 3]}], "element 1 is a number: BYTES elements are strings"),
+        (
+            [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a", 3]}],
+            "element 1 is a number: BYTES elements are strings",
+        ),
         ([{"name": "text", "shape": [1], "datatype": "BYTES", "data": [""]}], "empty or only whitespace"),
     ],
 )
