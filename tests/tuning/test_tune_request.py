@@ -31,11 +31,13 @@ def test_arguments_are_normalised_so_requests_compare_and_travel_as_data():
 
 
 def test_providers_are_checked_when_the_request_is_made_and_kept_as_given():
-    req = TuneRequest(providers=["cpu", {"name": "cpu", "options": {"arena": 1}}])
+    req = TuneRequest(providers=["cpu", {"name": "openvino", "options": {"num_of_threads": 1}}])
     assert req.providers[0] == "cpu"
-    assert req.providers[1] == {"name": "CPUExecutionProvider", "options": {"arena": "1"}}
+    assert req.providers[1] == {"name": "OpenVINOExecutionProvider", "options": {"num_of_threads": "1"}}
     with pytest.raises(ProviderError, match="Unknown execution provider 'nosuch'"):
         TuneRequest(providers=["nosuch"])
+    with pytest.raises(ProviderError, match="The CPU EP takes no provider options"):  # ORT would drop them
+        TuneRequest(providers=[{"name": "cpu", "options": {"arena": 1}}])
 
 
 @pytest.mark.parametrize(
