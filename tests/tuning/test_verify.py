@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ortpilot.artifacts.profile import write_profile
-from ortpilot.errors import VerificationError
+from ortpilot.errors import UsageError, VerificationError
 from ortpilot.graph.feeds import make_feeds
 from ortpilot.modelio import load_model
 from ortpilot.passes.quantize import QuantizePass
@@ -168,3 +168,17 @@ def test_a_tune_pinned_to_one_cpu_records_one_intra_op_thread(tmp_path):
     doc = json.loads((out / "profile.json").read_text())
     assert doc["session_settings"]["intra_op_threads"] == 1
     assert doc["machine"]["cpu_budget"] == {"cpus": 1, "source": "affinity"}
+
+
+def test_a_class_asked_of_a_single_profile_is_refused_from_python_too(tmp_path, demo_paths):
+    model = tmp_path / "model.onnx"
+    shutil.copy(demo_paths["mlp"], model)
+    path = write_profile(
+        tmp_path / "profile.json",
+        model_file=model,
+        machine=machine_facts(),
+        providers=[{"name": "CPUExecutionProvider", "options": {}}],
+        settings={"intra_op_threads": 1},
+    )
+    with pytest.raises(UsageError, match="is a single profile, of one class"):
+        verify_profile(path, machine_class="x86-vnni-2cpu")

@@ -58,19 +58,18 @@ def command(
     same kernels, within the tune's gate elsewhere). A bundle gives the profile of this machine's class
     (every class's files are checked against bundle.json). Exit 0 all hold, 1 a verification failed, 2 bad
     input."""
+    from ortpilot.artifacts.bundle import bundle_path
+    from ortpilot.errors import UsageError
     from ortpilot.measure.regression import check_max_slowdown
     from ortpilot.tuning.verify import verify_profile
 
     pct = check_max_slowdown(max_slowdown) if max_slowdown is not None else None
-    if machine_class is not None:
-        from ortpilot.artifacts.bundle import bundle_path
-        from ortpilot.errors import UsageError
-
-        if not any(bundle_path(p) is not None for p in profiles):
-            raise UsageError(
-                f"--class {machine_class} picks one class's profile in a bundle (what 'ortpilot tune --ray' writes), "
-                "and none of the PROFILES given is a bundle: a single profile has one class. Leave --class out."
-            )
+    bundles = [bundle_path(p) is not None for p in profiles]
+    if machine_class is not None and not any(bundles):
+        raise UsageError(
+            f"--class {machine_class} picks one class's profile in a bundle (what 'ortpilot tune --ray' writes), "
+            "and none of the PROFILES given is a bundle: a single profile has one class. Leave --class out."
+        )
     results = [
         verify_profile(
             path,
@@ -78,10 +77,10 @@ def command(
             max_slowdown_pct=pct,
             bench=bench,
             duration_s=duration,
-            machine_class=machine_class,
+            machine_class=machine_class if bundle else None,  # beside bundles, a single profile is its own class
             check_all=True,
         )
-        for path in profiles
+        for path, bundle in zip(profiles, bundles)
     ]
     if as_json:
         emit_json({"profiles": [r.to_dict() for r in results], "passed": all(r.passed for r in results)})

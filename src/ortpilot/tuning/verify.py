@@ -246,6 +246,11 @@ def verify_profile(
     session it will serve with, on its own CPUs).
     """
     choice = None
+    if machine_class is not None and bundle_path(path) is None:
+        raise UsageError(
+            f"machine_class {machine_class!r} (--class) picks one class's profile in a bundle (what 'ortpilot tune "
+            f"--ray' writes), and '{path}' is a single profile, of one class. Leave it out."
+        )
     if bundle_path(path) is not None:
         choice = choose_profile(
             path,
