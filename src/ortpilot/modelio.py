@@ -35,6 +35,15 @@ def max_ir_version_for_ort(ort_version: str | None = None) -> int:
     return 9
 
 
+def _starts_like_json(path: Path) -> bool:
+    """Whether the file's first non-blank byte opens a JSON object (a profile.json given as a model)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(64).lstrip()[:1] == b"{"
+    except OSError:
+        return False
+
+
 def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> onnx.ModelProto:
     """Load and lightly validate an ONNX model, raising ModelLoadError with a fix."""
     p = Path(path)
@@ -54,8 +63,15 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> o
     try:
         model = onnx.load(str(p), load_external_data=False)
     except Exception as exc:  # protobuf DecodeError and friends
+        if _starts_like_json(p):
+            raise ModelLoadError(
+                f"'{p}' is a JSON file, not an ONNX model. A tune's profile.json is loaded with "
+                "ortpilot.load_profile, checked with 'ortpilot verify' and served with 'ortpilot serve'; the model "
+                "it names is the model.onnx beside it."
+            ) from None
+        said = " ".join(str(exc).split())[:300]  # protobuf's ParseError spans lines
         raise ModelLoadError(
-            f"'{p}' is not a readable ONNX model ({type(exc).__name__}: {exc}). It may be truncated, "
+            f"'{p}' is not a readable ONNX model ({type(exc).__name__}: {said}). It may be truncated, "
             "or not an ONNX file at all (a .ort, .pt or .safetensors file?). Re-export or re-download it."
         ) from None
     if not model.graph.node and not model.graph.output:

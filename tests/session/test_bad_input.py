@@ -28,7 +28,9 @@ def bad_models(tmp_path, demo_paths):
         "text": tmp_path / "text.onnx",
         "truncated": tmp_path / "truncated.onnx",
         "external": tmp_path / "ext" / "model.onnx",
+        "profile": tmp_path / "profile.json",
     }
+    cases["profile"].write_text('{\n  "format": "ortpilot-profile", "model": {"file": "model.onnx"}\n}\n')
     cases["empty"].write_bytes(b"")
     cases["text"].write_text("this is not a model\n" * 10)
     cases["truncated"].write_bytes(good[: len(good) // 2])
@@ -45,6 +47,7 @@ EXPECT = {
     "text": "not a readable ONNX model",
     "truncated": "ONNX model",
     "external": "external data",
+    "profile": "is a JSON file, not an ONNX model. A tune's profile.json is loaded with ortpilot.load_profile",
 }
 
 
