@@ -42,6 +42,7 @@ def test_binary_and_json_tensors_decode_to_the_same_arrays_and_encode_back():
     "body, header, message",
     [
         (b"\xff\xfe", None, "not valid JSON"),
+        (b'{"inputs": "caf\xe9"}', None, r"not valid JSON \(it is not UTF-8: byte 15 \(0xe9\)"),
         (b'{"inputs": 3}', None, 'no "inputs" list'),
         (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP99", "data": [1, 2]}]}', None, "FP99"),
         (b'{"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}', None, "non-negative"),

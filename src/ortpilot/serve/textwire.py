@@ -31,6 +31,7 @@ import numpy as np
 
 from ortpilot.errors import InputError
 from ortpilot.serve.http import Reply, printable
+from ortpilot.serve.jsonbody import not_json_reason
 from ortpilot.serve.openaiapi import ApiError, json_answer
 
 try:  # orjson (the serve extra) writes numpy vectors straight from their buffers
@@ -101,7 +102,7 @@ def parse_text_request(kind: str, body: bytes, model: str | None = None) -> Text
     except RecursionError:
         raise _bad("The request body nests JSON too deeply.") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _bad(f"The request body is not valid JSON ({printable(str(exc), 120)}).") from None
+        raise _bad(f"The request body is not valid JSON ({printable(not_json_reason(body, exc), 160)}).") from None
     if not isinstance(doc, dict):
         raise _bad(f"The request body must be a JSON object, not {_json_type(doc)}.")
     unknown = sorted(set(doc) - _FIELDS[kind])

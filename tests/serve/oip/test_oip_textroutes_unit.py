@@ -94,6 +94,8 @@ def test_a_body_that_is_not_json_and_a_wrong_route_are_answered_in_openais_shape
         got, answer = _call(replicas["embed"], "POST", "/v2/models/embed/v1/embeddings", raw)
         message = answer["error"]["message"]
         assert got == 400 and ("not valid JSON" in message or "lone surrogate" in message), message
+        if raw.startswith(b'{"input": "\xff'):  # the body's encoding is named, at its byte
+            assert "it is not UTF-8: byte 11 (0xff)" in message, message
     got, answer = _call(replicas["embed"], "POST", "/v2/models/embed/v1/rerank", {"query": "q", "documents": ["d"]})
     assert got == 400 and "is a sentence encoder: it answers POST /v1/embeddings" in answer["error"]["message"]
     got, answer = _call(replicas["embed"], "GET", "/v2/models/embed/v1/embeddings")

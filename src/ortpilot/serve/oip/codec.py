@@ -20,6 +20,7 @@ import onnx
 
 from ortpilot.errors import InputError
 from ortpilot.graph.tensors import DATATYPES, has_batch_dim, model_tensors
+from ortpilot.serve.jsonbody import not_json_reason
 
 try:  # orjson (the serve extra) parses 4x and writes numpy tensors 20x faster than the json module
     import orjson
@@ -100,7 +101,8 @@ def _json_object(head: bytes) -> dict[str, Any]:
         if "depth limit" in str(exc):  # orjson's word for JSON nested past 1024 levels
             raise InputError("The request body nests JSON too deeply to be an infer request.") from None
         raise InputError(
-            f"The request body is not valid JSON ({exc}). Send an Open Inference Protocol infer "
+            f"The request body is not valid JSON ({not_json_reason(bytes(head), exc)}). Send an Open Inference "
+            "Protocol infer "
             'request: {"inputs": [{"name", "shape", "datatype", "data"}]}.'
         ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):

@@ -23,6 +23,7 @@ from typing import Any
 from ortpilot.serve import openaiapi
 from ortpilot.serve.context import RequestContext
 from ortpilot.serve.http import printable
+from ortpilot.serve.jsonbody import not_json_reason
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
@@ -298,7 +299,9 @@ def parse_request(kind: str, raw: bytes) -> GenerationRequest:
     except RecursionError:
         raise ApiError(400, "The request body nests JSON too deeply.", code="invalid_json") from None
     except ValueError as exc:
-        raise ApiError(400, f"The request body is not valid JSON ({exc}).", code="invalid_json") from None
+        raise ApiError(
+            400, f"The request body is not valid JSON ({not_json_reason(raw or b'', exc)}).", code="invalid_json"
+        ) from None
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
     model = body.get("model")
