@@ -139,17 +139,21 @@ def test_a_fresh_tune_verifies_bit_for_bit_here_and_a_changed_output_fails(tmp_p
     assert proc.returncode == 1 and "reference sample" in proc.stderr and "is missing" in proc.stderr, proc.stderr
 
 
-def test_a_profile_without_a_reference_sample_says_what_it_did_not_check(tmp_path, demo_paths):
+def _bare_profile(tmp_path, demo_paths):
+    """A profile of the demo MLP as write_profile makes it, with no reference sample."""
     model = tmp_path / "model.onnx"
     shutil.copy(demo_paths["mlp"], model)
-    path = write_profile(
+    return write_profile(
         tmp_path / "profile.json",
         model_file=model,
         machine=machine_facts(),
         providers=[{"name": "CPUExecutionProvider", "options": {}}],
         settings={"intra_op_threads": 1},
     )
-    result = verify_profile(path)
+
+
+def test_a_profile_without_a_reference_sample_says_what_it_did_not_check(tmp_path, demo_paths):
+    result = verify_profile(_bare_profile(tmp_path, demo_paths))
     assert result.mode == "not checked" and result.passed and "reference.npz is missing" in result.why
 
 
@@ -171,14 +175,5 @@ def test_a_tune_pinned_to_one_cpu_records_one_intra_op_thread(tmp_path):
 
 
 def test_a_class_asked_of_a_single_profile_is_refused_from_python_too(tmp_path, demo_paths):
-    model = tmp_path / "model.onnx"
-    shutil.copy(demo_paths["mlp"], model)
-    path = write_profile(
-        tmp_path / "profile.json",
-        model_file=model,
-        machine=machine_facts(),
-        providers=[{"name": "CPUExecutionProvider", "options": {}}],
-        settings={"intra_op_threads": 1},
-    )
     with pytest.raises(UsageError, match="is a single profile, of one class"):
-        verify_profile(path, machine_class="x86-vnni-2cpu")
+        verify_profile(_bare_profile(tmp_path, demo_paths), machine_class="x86-vnni-2cpu")
