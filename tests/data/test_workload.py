@@ -112,6 +112,8 @@ def test_a_workload_file_is_text_requests_or_a_histogram_and_bad_ones_name_the_p
     bad = tmp_path / "bad.json"
     for content, message in [
         ("{", "is not a workload histogram"),
+        (json.dumps({"sizes": {}}), "is not a workload histogram \\(it has no 'dims' object\\)"),
+        (json.dumps({"dims": {}}), "gives no dims; name the model's dynamic dims with their sizes: batch, sequence"),
         (json.dumps({"dims": {"nosuch": {"4": 1}}}), "names dims the model does not have \\(nosuch\\)"),
         (json.dumps({"dims": {"sequence": {"0": 1}}}), "sizes must be >= 1"),
     ]:

@@ -260,15 +260,21 @@ def _from_histogram(file: Path, model: Any, inputs: Sequence[InputInfo]) -> list
         doc = json.loads(file.read_text(encoding="utf-8"))
         dims = {str(d): {int(s): int(c) for s, c in dict(h).items()} for d, h in dict(doc["dims"]).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        why = f"it has no {exc} object" if isinstance(exc, KeyError) else " ".join(str(exc).split())[:160]
         raise UsageError(
-            f"--workload '{file}' is not a workload histogram ({type(exc).__name__}: {exc}); write "
+            f"--workload '{file}' is not a workload histogram ({why}); write "
             '{"dims": {"sequence": {"17": 120, "32": 40}}}: each dim, its sizes and how many requests had each.'
         ) from None
     known = {d for i in inputs for d in i.dims if isinstance(d, str)}
     unknown = sorted(set(dims) - known)
-    if unknown or not dims:
+    if not dims:
         raise UsageError(
-            f"--workload '{file}' names dims the model does not have ({', '.join(unknown) or 'none given'}); its "
+            f"--workload '{file}' gives no dims; name the model's dynamic dims with their sizes: "
+            f"{', '.join(sorted(known)) or 'none'}."
+        )
+    if unknown:
+        raise UsageError(
+            f"--workload '{file}' names dims the model does not have ({', '.join(unknown)}); its "
             f"dynamic dims are: {', '.join(sorted(known)) or 'none'}."
         )
     bad = {d: [s for s, c in h.items() if s < 1 or c < 0] for d, h in dims.items()}
