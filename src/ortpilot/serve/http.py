@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ortpilot.serve.context import DeadlineExceeded, RequestContext
@@ -96,7 +96,8 @@ async def dispatch(routes: list[Route], request: Any, context: RequestContext, p
             return error_reply(500, internal_error(f"{request.method} {path}", exc, context.request_id))
     if allowed:
         method = printable(request.method, 20)
-        return error_reply(405, f"{method} is not allowed on {printable(path)} (use {', '.join(allowed)})")
+        reply = error_reply(405, f"{method} is not allowed on {printable(path)} (use {', '.join(allowed)})")
+        return replace(reply, headers={"Allow": ", ".join(allowed)})  # RFC 9110: a 405 says what the path takes
     return error_reply(404, f"no route {printable(request.method, 20)} {printable(path)}")
 
 

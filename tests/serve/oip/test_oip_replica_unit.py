@@ -78,6 +78,8 @@ def test_bad_requests_get_the_protocols_error_shape(mlp, method, path, doc, stat
     response = asyncio.run(mlp(request(method, path, doc)))
     answer = body(response)
     assert response.status_code == status and isinstance(answer["error"], str) and words in answer["error"], answer
+    if status == 405:  # the methods the path takes, as a header too
+        assert response.headers["allow"] == "GET"
 
 
 def test_a_body_over_the_limit_is_413_before_it_is_read(demo_paths, x):
