@@ -149,8 +149,8 @@ def _model(doc: dict[str, Any], model: str | None) -> str:
         raise _bad("The request must name its model ('model': a name from GET /v1/models).", param="model")
     if model is not None and named != model:
         raise _bad(
-            f"This route is model '{model}''s; the body names {printable(named, 80)!r}. Leave 'model' out or "
-            f"name '{model}'.",
+            f"This route belongs to model '{model}', and the body names {printable(named, 80)!r} (a body with the "
+            f"'model' key twice is read by its last). Leave 'model' out or name '{model}' once.",
             param="model",
         )
     return named

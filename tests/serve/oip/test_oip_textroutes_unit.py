@@ -80,7 +80,12 @@ def test_embeddings_on_the_models_own_route_equal_ortpilot_embed(replicas, folde
         ({"input": "a", "dimensions": 64}, 400, "dimensions", "gives 128-dimensional vectors"),
         ({"input": "a", "encoding_format": "int8"}, 400, "encoding_format", "'float' or 'base64'"),
         ({"input": "a", "repetition_penalty": 1}, 400, "repetition_penalty", "does not take 'repetition_penalty'"),
-        ({"input": "a", "model": "other"}, 400, "model", "This route is model 'embed''s"),
+        (
+            {"input": "a", "model": "other"},
+            400,
+            "model",
+            "This route belongs to model 'embed', and the body names 'other'",
+        ),
     ],
 )
 def test_bad_embedding_requests_are_400_in_openais_shape(replicas, doc, status, param, words):

@@ -94,7 +94,7 @@ class ServerApp(UnservedRpcs):
         return [n for n in self.names if self.text_facts(n).text]
 
     def text_facts(self, name: str) -> TextFacts:
-        return self.text.get(name) or TextFacts(missing=f"the server knows nothing of model '{name}''s text")
+        return self.text.get(name) or TextFacts(missing=f"the server knows nothing of the text of model '{name}'")
 
     async def relay_text(self, request: TextRequest, context: RequestContext) -> Reply:
         """A checked text request relayed to one of its model's replicas (``textroutes.relay``)."""
