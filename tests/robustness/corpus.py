@@ -1408,7 +1408,32 @@ CASES += [
         "tune",
         lambda ws: [str(tiny_file(ws)), "-o", "/proc/ortpilot-corpus/out", "--budget", "30"],
         2,
-        ("/proc/ortpilot-corpus/out", "enoent"),
+        ("/proc/ortpilot-corpus/out", "virtual filesystem"),
+    ),
+    Case("compare-atol-nan", "compare", _model(tiny_file, "-p", "cpu", "-p", "cpu", "--atol", "nan"), 2, ("finite",)),
+    Case("bench-threads-huge", "bench", _model(tiny_file, "--threads", "100000", "--runs", "3"), 2, ("4096",)),
+    Case("demo-models-empty-folder", "demo-models", lambda ws: [""], 2, ("needs a folder path",)),
+    Case(
+        "export-triton-empty-output",
+        "export",
+        lambda ws: ["triton", str(tuned_profile(ws)), "-o", ""],
+        2,
+        ("-o/--output", "empty path"),
+    ),
+    Case(
+        "optimize-output-under-proc",
+        "optimize",
+        lambda ws: [str(tiny_file(ws)), "-o", "/proc/ortpilot-corpus.onnx"],
+        2,
+        ("virtual filesystem",),
+    ),
+    Case(
+        "optimize-cache-under-proc",
+        "optimize",
+        _model(tiny_file, out="o.onnx"),
+        2,
+        ("/proc/ortpilot-corpus-cache", "ortpilot_cache_dir"),
+        env={"ORTPILOT_CACHE_DIR": "/proc/ortpilot-corpus-cache"},
     ),
     # shapes that leave nothing to run, or name nothing in the model
     Case(

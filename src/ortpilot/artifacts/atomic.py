@@ -73,6 +73,13 @@ def _check_writable_parent(dest: Path, what: str) -> None:
             errno=errno.EROFS,
             path=str(dest),
         )
+    if _holds_no_files(parent):  # /proc: writable by mode bits (root), yet no file can be made there
+        raise StorageError(
+            f"{what} '{dest}' cannot be written: folder '{parent}' is on a virtual filesystem that holds no "
+            f"files (such as /proc). {fix_for(dest, space=False)}",
+            errno=errno.ENOENT,
+            path=str(dest),
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise StorageError(
             f"{what} '{dest}' cannot be written: folder '{parent}' is not writable by this user "
@@ -81,6 +88,14 @@ def _check_writable_parent(dest: Path, what: str) -> None:
             path=str(dest),
         )
     return dest
+
+
+def _holds_no_files(folder: Path) -> bool:
+    """A pseudo-filesystem (proc, sysfs): statvfs reports no blocks at all."""
+    try:
+        return os.statvfs(folder).f_blocks == 0
+    except OSError:
+        return False
 
 
 def _read_only(folder: Path) -> bool:

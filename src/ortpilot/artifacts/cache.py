@@ -8,6 +8,7 @@ there group-writable too, so every member can use and repair what another built.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -31,7 +32,7 @@ def cache_root() -> Path:
             f"The model cache '{root}' is a file, not a folder. Remove it, or point ORTPILOT_CACHE_DIR at a folder.",
             path=str(root),
         )
-    with storage_errors(root, "create the model cache folder"):
+    with storage_errors(root, "create the model cache folder", also=(errno.ENOENT,)):
         root.mkdir(parents=True, exist_ok=True, mode=0o777 if env else PRIVATE_MODE)
     if not env:
         _check_private(root)
@@ -48,7 +49,7 @@ def is_shared(folder: str | os.PathLike) -> bool:
 
 def make_shared_dir(path: Path, shared: bool) -> None:
     """``mkdir -p`` that gives new folders group write (and setgid, keeping the group) in a shared cache."""
-    with storage_errors(path, "create the cache folder"):
+    with storage_errors(path, "create the cache folder", also=(errno.ENOENT,)):
         missing = [p for p in [path, *path.parents] if not p.exists()]
         path.mkdir(parents=True, exist_ok=True)
         if shared:

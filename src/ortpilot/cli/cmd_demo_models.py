@@ -26,6 +26,7 @@ def command(outdir: str, as_json: bool) -> None:
     import importlib.util
 
     from ortpilot.artifacts.atomic import check_output_path
+    from ortpilot.errors import UsageError
     from ortpilot.models import (
         DEMO_MODELS,
         DEMO_SPECS,
@@ -35,6 +36,8 @@ def command(outdir: str, as_json: bool) -> None:
         write_demo_tokenizer,
     )
 
+    if not outdir.strip():  # Path('') is the current folder: an empty argument is a mistake, not a choice
+        raise UsageError("demo-models needs a folder path, got an empty one (give OUTDIR, e.g. demo).")
     for name in DEMO_MODELS:  # OUTDIR below a file, or not writable: exit 2 before anything is written
         check_output_path(Path(outdir) / f"{name}.onnx", "Demo model")
     for kind in TEXT_KINDS:

@@ -68,7 +68,11 @@ def triton(
     will not check.
     """
     from ortpilot.artifacts.bundle import bundle_path
+    from ortpilot.errors import UsageError
     from ortpilot.export import export_triton, export_triton_bundle
+
+    if not repo.strip():  # Path('') is the current folder: an empty -o is a mistake, not a choice
+        raise UsageError("-o/--output needs the Triton model repository's folder, got an empty path.")
 
     options = {
         "max_batch": max_batch,

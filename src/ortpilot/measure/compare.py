@@ -71,8 +71,8 @@ class Tolerances:
                     number = float(value)
                 except ValueError:
                     raise UsageError(f"--{kind} '{item}' is not a number or NAME:NUMBER (e.g. logits:1e-3).") from None
-                if number < 0:
-                    raise UsageError(f"--{kind} '{item}' is negative.")
+                if not 0 <= number < float("inf"):  # nan passes nothing and inf everything: neither checks
+                    raise UsageError(f"--{kind} '{item}' must be a finite number, 0 or more.")
                 tol.explicit = True
                 if sep:
                     getattr(tol, f"per_output_{kind}")[name] = number

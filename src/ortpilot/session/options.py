@@ -11,6 +11,7 @@ from typing import Any
 
 import onnxruntime as ort
 
+from ortpilot.artifacts.profile_schema import MAX_THREADS
 from ortpilot.errors import UsageError
 
 LEVELS: dict[str, ort.GraphOptimizationLevel] = {
@@ -51,8 +52,8 @@ class SessionSettings:
         if self.execution_mode not in ("sequential", "parallel"):
             raise UsageError(f"Unknown execution mode '{self.execution_mode}': use sequential or parallel.")
         for name in ("intra_op_threads", "inter_op_threads"):
-            if getattr(self, name) < 0:
-                raise UsageError(f"{name} must be >= 0 (0 means ORT's default), got {getattr(self, name)}.")
+            if not 0 <= getattr(self, name) <= MAX_THREADS:  # 100,000 threads ran a machine out of memory
+                raise UsageError(f"{name} must be from 0 (ORT's default) to {MAX_THREADS}, got {getattr(self, name)}.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
