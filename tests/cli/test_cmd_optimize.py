@@ -42,3 +42,14 @@ def test_optimize_outputs_fuses_the_pruned_graph_and_writes_only_the_named_outpu
     bad = CliRunner().invoke(cli, ["optimize", str(model), "-o", str(tmp_path / "x.onnx"), "--outputs", "logits"])
     assert bad.exit_code == 2 and "its outputs are: last_hidden_state, pooler_output, hidden_state_1" in bad.output
     assert "Traceback" not in bad.output and not (tmp_path / "x.onnx").exists()
+
+
+def test_a_fusion_for_another_architecture_is_exit_2_naming_the_inputs_it_dropped(demo_paths, tmp_path):
+    """ViT's fusion on the demo BERT encoder drops attention_mask: the fused model is refused, not run."""
+    from ortpilot.cli.main import cli
+
+    out = tmp_path / "vit.onnx"
+    res = CliRunner().invoke(cli, ["optimize", str(demo_paths["encoder"]), "-o", str(out), "--fusion", "vit"])
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert "The fusion does not fit this graph" in said and "attention_mask" in said and not out.exists()

@@ -1348,6 +1348,14 @@ def _workload_out_of_vocabulary(ws: Workspace) -> list[str]:
     return ["demo:encoder", "--workload", str(path), "-o", str(ws.out / "tune"), "--budget", "30"]
 
 
+def _raising_reader(ws: Workspace) -> list[str]:
+    """A calibration reader file whose factory raises: the user's code, said as such."""
+    reader = ws.inputs / "reader.py"
+    reader.write_text('def make():\n    raise RuntimeError("boom")\n')
+    args = ["--mode", "static", "--calibration", f"{reader}:make", "-o", str(ws.out / "q.onnx")]
+    return [str(tiny_file(ws)), *args]
+
+
 def _profile_with_reference(data: bytes | None) -> Callable[[Workspace], list[str]]:
     """A profile that names its reference sample: the file damaged (``data``), or missing (None)."""
 
@@ -1434,6 +1442,22 @@ CASES += [
         2,
         ("/proc/ortpilot-corpus-cache", "ortpilot_cache_dir"),
         env={"ORTPILOT_CACHE_DIR": "/proc/ortpilot-corpus-cache"},
+    ),
+    Case("optimize-free-dim-zero", "optimize", _model(tiny_file, "--free-dim", "batch=0", out="o.onnx"), 2, ("1 to",)),
+    Case(
+        "optimize-free-dim-unknown",
+        "optimize",
+        _model(tiny_file, "--free-dim", "bacth=2", out="o.onnx"),
+        2,
+        ("--free-dim bacth", "symbolic dims: batch"),
+    ),
+    Case("quantize-calibration-reader-raises", "quantize", _raising_reader, 2, ("raised RuntimeError: boom",)),
+    Case(
+        "export-triton-max-batch-over-int32",
+        "export",
+        lambda ws: ["triton", str(tuned_profile(ws)), "-o", str(ws.out / "repo"), "--max-batch", "2147483648"],
+        2,
+        ("--max-batch", "2147483647"),
     ),
     # shapes that leave nothing to run, or name nothing in the model
     Case(

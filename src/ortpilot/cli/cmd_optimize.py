@@ -94,6 +94,12 @@ def command(
         raise UsageError(f"--free-dim takes NAME=INTEGER, got {' '.join(free_dims)}.") from None
     chain = list(providers) or None
     path = resolve_model_arg(model)
+    if free:  # a name the model lacks would be ignored by ORT, silently
+        from ortpilot.graph.shapes import check_shape_names, graph_inputs
+        from ortpilot.modelio import load_model
+
+        check_shape_names(graph_inputs(load_model(path, load_external_data=False)), free, "--free-dim")
+        SessionSettings(free_dimension_overrides=free)  # 1 or more: before any work
     source: Any = path
     if outputs:  # pruned before optimizing, so fusion sees only what the named outputs need
         from ortpilot.graph.prune import prune_to_outputs

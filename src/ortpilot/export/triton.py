@@ -340,9 +340,12 @@ def _kind(kind: str | None) -> str | None:
     return KIND_GPU if key == "GPU" else KIND_CPU
 
 
+INT32_MAX = 2**31 - 1
+
+
 def _max_batch(requested: int | None, batching: BatchDecision | None, inputs: list[TensorSpec]) -> int:
-    if requested is not None and requested < 0:
-        raise UsageError(f"--max-batch must be 0 (no batching) or more, got {requested}.")
+    if requested is not None and not 0 <= requested <= INT32_MAX:  # config.pbtxt's max_batch_size is an int32
+        raise UsageError(f"--max-batch must be from 0 (no batching) to {INT32_MAX}, got {requested}.")
     if requested == 0 or batching is None:
         return 0
     if requested is None:

@@ -136,7 +136,7 @@ def _integer(value: object) -> int:
     return int(value)
 
 
-def check_shape_names(inputs: Sequence[InputInfo], overrides: Mapping[str, tuple[int, ...]]) -> None:
+def check_shape_names(inputs: Sequence[InputInfo], overrides: Mapping[str, object], flag: str = "--shape") -> None:
     """A user's ``--shape`` names each an input or a symbolic dim of the model: a typo would otherwise run at the
     default shape, silently. For commands of one model (``run``, ``tune``); ``bench --vs`` hands one ``--shape``
     to models that may lack a dim, which ``resolve_input_shapes`` lets pass."""
@@ -145,7 +145,7 @@ def check_shape_names(inputs: Sequence[InputInfo], overrides: Mapping[str, tuple
     unknown = [k for k in overrides if k not in names and k not in symbols]
     if unknown:
         raise UsageError(
-            f"--shape {', '.join(unknown)} names neither an input nor a symbolic dim of the model. Its inputs: "
+            f"{flag} {', '.join(unknown)} names neither an input nor a symbolic dim of the model. Its inputs: "
             f"{', '.join(sorted(names))}; its symbolic dims: {', '.join(symbols) or 'none'}."
         )
 

@@ -246,13 +246,22 @@ def _reader_from_file(spec: str, model: onnx.ModelProto) -> Any:
     if module_spec is None or module_spec.loader is None or not Path(file).is_file():
         raise InputError(f"Calibration reader file '{file}' does not exist or is not a Python file.")
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    factory = getattr(module, attr, None)
-    if factory is None:
+    try:  # the user's code: what it raises is about their file, said as such, not a traceback of ortpilot's
+        module_spec.loader.exec_module(module)
+        factory = getattr(module, attr, None)
+        if factory is None:
+            raise InputError(
+                f"'{file}' defines no '{attr}'. It must be a CalibrationDataReader class or a function returning one."
+            )
+        reader = factory() if callable(factory) and not hasattr(factory, "get_next") else factory
+    except InputError:
+        raise
+    except Exception as exc:
+        said = " ".join(str(exc).split())[:300]
         raise InputError(
-            f"'{file}' defines no '{attr}'. It must be a CalibrationDataReader class or a function returning one."
-        )
-    reader = factory() if callable(factory) and not hasattr(factory, "get_next") else factory
+            f"The calibration reader '{spec}' raised {type(exc).__name__}: {said}. Fix that file (run it alone with "
+            "python to see where), or give the data as --calibration FILE.npz or a folder."
+        ) from None
     if not hasattr(reader, "get_next"):
         raise InputError(f"'{spec}' did not give a CalibrationDataReader (an object with get_next()).")
     return reader

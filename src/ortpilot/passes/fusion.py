@@ -222,6 +222,13 @@ def _check_fused(source: onnx.ModelProto, fused: onnx.ModelProto, heads: int, hi
         feeds = make_feeds(source, plan=plan_feeds(source), seed=0)
     except UsageError as exc:  # a dim with no default: nothing to run it on
         return f"fused model not checked against the source: {exc}"
+    given, taken = [i.name for i in source.graph.input], [i.name for i in fused.graph.input]
+    if sorted(given) != sorted(taken):  # a fusion for another architecture rewired the graph's inputs
+        raise UsageError(
+            f"The fusion does not fit this graph: the fused model takes inputs {', '.join(taken) or 'none'}, the "
+            f"source takes {', '.join(given)}. Give --fusion the model type the graph is (or leave it out: "
+            "ortpilot detects it)."
+        )
     difference = output_difference(source, fused, [feeds])
     worst, where, bound = difference.max_abs, difference.worst, difference.bound(CHECK_ATOL, CHECK_RTOL)
     if not difference.within(CHECK_ATOL, CHECK_RTOL):

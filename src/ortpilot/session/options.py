@@ -11,7 +11,7 @@ from typing import Any
 
 import onnxruntime as ort
 
-from ortpilot.artifacts.profile_schema import MAX_THREADS
+from ortpilot.artifacts.profile_schema import MAX_DIM, MAX_THREADS
 from ortpilot.errors import UsageError
 
 LEVELS: dict[str, ort.GraphOptimizationLevel] = {
@@ -51,6 +51,9 @@ class SessionSettings:
         check_level(self.level)
         if self.execution_mode not in ("sequential", "parallel"):
             raise UsageError(f"Unknown execution mode '{self.execution_mode}': use sequential or parallel.")
+        for dim, value in self.free_dimension_overrides.items():  # a 0 or negative fixed dim gives an unusable model
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
+                raise UsageError(f"The free dim '{dim}' must be fixed at 1 to {MAX_DIM}, got {value!r}.")
         for name in ("intra_op_threads", "inter_op_threads"):
             if not 0 <= getattr(self, name) <= MAX_THREADS:  # 100,000 threads ran a machine out of memory
                 raise UsageError(f"{name} must be from 0 (ORT's default) to {MAX_THREADS}, got {getattr(self, name)}.")
