@@ -153,8 +153,9 @@ def inspect_model(
         preflight_isolated([path], list(providers) or None)
     shape_map = parse_shape_args(list(shapes))
     if shape_map:
-        check_shape_names(graph_inputs(proto), shape_map)
-        resolve_input_shapes(graph_inputs(proto), shape_map)  # explicit shapes that contradict the model: exit 2
+        inputs = graph_inputs(proto)
+        check_shape_names(inputs, shape_map)
+        resolve_input_shapes(inputs, shape_map)  # explicit shapes that contradict the model: exit 2
     doc = summarize(proto, path, shape_map).to_dict()
     doc["graph_check"] = validity.to_dict()
     if folder is not None:

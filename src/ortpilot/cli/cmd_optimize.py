@@ -92,6 +92,7 @@ def command(
         free = {k: int(v) for k, v in parse_kv_list(free_dims).items()}
     except ValueError:
         raise UsageError(f"--free-dim takes NAME=INTEGER, got {' '.join(free_dims)}.") from None
+    settings = SessionSettings(level=level, free_dimension_overrides=free)  # each fixed at 1 or more: before any work
     chain = list(providers) or None
     path = resolve_model_arg(model)
     if free:  # a name the model lacks would be ignored by ORT, silently
@@ -99,7 +100,6 @@ def command(
         from ortpilot.modelio import load_model
 
         check_shape_names(graph_inputs(load_model(path, load_external_data=False)), free, "--free-dim")
-        SessionSettings(free_dimension_overrides=free)  # 1 or more: before any work
     source: Any = path
     if outputs:  # pruned before optimizing, so fusion sees only what the named outputs need
         from ortpilot.graph.prune import prune_to_outputs
@@ -107,7 +107,7 @@ def command(
 
         source = prune_to_outputs(load_model(path), list(outputs))  # a name it lacks: exit 2, nothing written
     if isolate:
-        preflight_isolated([path], chain, SessionSettings(level=level, free_dimension_overrides=free))
+        preflight_isolated([path], chain, settings)
     if fusion is not None:
         from ortpilot.passes.fusion import FusionPass
 

@@ -292,7 +292,6 @@ def preflight_isolated(models: Sequence[str], providers: Sequence[str] | None = 
 
 def load_input_files(items: tuple[str, ...]) -> dict[str, Any]:
     """``--input NAME=FILE.npy`` (or one ``.npz`` holding every input) into arrays."""
-
     from ortpilot.errors import InputError
     from ortpilot.graph.feeds import read_npy, read_npz
 

@@ -52,7 +52,7 @@ def check_texts(items: Any, what: str = "texts") -> list[str]:
                     f"{_items([index], what)} not UTF-8 (byte {exc.start}: {exc.reason}); send text as UTF-8."
                 ) from None
         if not isinstance(item, str):
-            raise InputError(f"{_items([index], what)} {_kind(item)}, not a string; every item must be a text.")
+            raise InputError(f"{_items([index], what)} {json_kind(item)}, not a string; every item must be a text.")
         try:
             item.encode("utf-8")
         except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in JSON): no text a tokenizer takes
@@ -70,10 +70,22 @@ def check_texts(items: Any, what: str = "texts") -> list[str]:
     return texts
 
 
-def _kind(value: Any) -> str:
-    """What a value is, in a client's words (JSON's, mostly), not a Python type name."""
-    kinds = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", list: "a list", tuple: "a list"}
-    return kinds.get(type(value), "an object" if isinstance(value, dict) else f"a {type(value).__name__}")
+_JSON_KINDS = {
+    type(None): "null",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    tuple: "a list",
+    dict: "an object",
+}
+
+
+def json_kind(value: Any) -> str:
+    """What a value is, in a client's words (JSON's), not a Python type name: messages about text and tensors
+    sent over HTTP, and texts given from Python, say "a number", "null", "an object"."""
+    return _JSON_KINDS.get(type(value), f"a {type(value).__name__}")
 
 
 def configure_tokenizer(tokenizer: Any, max_length: int | None) -> Any:
@@ -171,4 +183,4 @@ def tokenize(
     return Tokenized(tuple(tuple(e.ids) for e in encodings), tuple(tuple(e.type_ids) for e in encodings), truncated)
 
 
-__all__ = ["Tokenized", "check_texts", "configure_tokenizer", "tokenize"]
+__all__ = ["Tokenized", "check_texts", "configure_tokenizer", "json_kind", "tokenize"]

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ortpilot.data.textinput import json_kind
 from ortpilot.errors import InputError
 from ortpilot.serve.http import Reply, printable
 from ortpilot.serve.jsonbody import not_json_reason
@@ -104,7 +105,7 @@ def parse_text_request(kind: str, body: bytes, model: str | None = None) -> Text
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"The request body is not valid JSON ({printable(not_json_reason(body, exc), 160)}).") from None
     if not isinstance(doc, dict):
-        raise _bad(f"The request body must be a JSON object, not {_json_type(doc)}.")
+        raise _bad(f"The request body must be a JSON object, not {json_kind(doc)}.")
     unknown = sorted(set(doc) - _FIELDS[kind])
     if unknown:
         raise _bad(
@@ -161,7 +162,7 @@ def _string(doc: dict[str, Any], field: str, *, required: bool) -> str:
     if value is None and not required:
         return ""
     if not isinstance(value, str):
-        raise _bad(f"{field} must be a string, got {_json_type(value)}.", param=field)
+        raise _bad(f"{field} must be a string, got {json_kind(value)}.", param=field)
     return value
 
 
@@ -184,7 +185,7 @@ def _texts(doc: dict[str, Any], field: str, *, allow_string: bool) -> tuple[str,
     if isinstance(value, str) and allow_string:
         value = [value]
     if not isinstance(value, list):
-        raise _bad(f"'{field}' must be {_shape(allow_string)}, not {_json_type(value)}.", param=field)
+        raise _bad(f"'{field}' must be {_shape(allow_string)}, not {json_kind(value)}.", param=field)
     if value and (all(_is_int(v) for v in value) or all(_is_ids(v) for v in value)):  # OpenAI's two token forms
         raise _bad(
             f"'{field}' holds token ids; this server takes text only and tokenizes it with the model's own "
@@ -222,11 +223,6 @@ def _check(items: Sequence[Any], field: str) -> list[str]:
 
 def _shape(allow_string: bool) -> str:
     return "a string or a list of strings" if allow_string else "a list of strings"
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def _short(value: Any, limit: int = 60) -> str:

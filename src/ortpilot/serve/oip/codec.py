@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ortpilot.data.textinput import json_kind
 from ortpilot.errors import InputError
 from ortpilot.graph.tensors import DATATYPES, has_batch_dim, model_tensors
 from ortpilot.serve.jsonbody import not_json_reason
@@ -206,7 +207,7 @@ def _decode_bytes_tensor(
     bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
     if bad is not None:
         raise InputError(
-            f"Input '{name}' is declared BYTES, and its element {bad} is {_json_kind(values[bad])}: BYTES elements are "
+            f"Input '{name}' is declared BYTES, and its element {bad} is {json_kind(values[bad])}: BYTES elements are "
             "strings. If the input takes numbers, declare its datatype (FP32, INT64, ...: the model's metadata "
             "names it)."
         )
@@ -285,11 +286,6 @@ def _json_array(name: str, data: Any, datatype: str, dtype: np.dtype, shape: lis
     if converted.size != math.prod(shape):
         raise InputError(f"Input '{name}' has {converted.size} values, but shape {shape} needs {math.prod(shape)}.")
     return converted
-
-
-def _json_kind(value: Any) -> str:
-    kinds = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
-    return kinds.get(type(value), type(value).__name__)
 
 
 def _short(value: Any, limit: int = 80) -> str:
