@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ortpilot.artifacts.atomic import atomic_write_bytes
-from ortpilot.artifacts.profile import write_profile
+from ortpilot.artifacts.profile import PROFILE_FILE, write_profile
 from ortpilot.errors import UsageError
 from ortpilot.graph.feeds import read_samples
 from ortpilot.modelio import file_sha256
@@ -155,7 +155,7 @@ def write_outputs(
     model_file = out / MODEL_FILE
     # An earlier tune's profile goes first: the profile is written last, so an interrupt between here and there
     # leaves a folder without one (nothing loads or verifies), never an old profile beside this tune's model.
-    (out / "profile.json").unlink(missing_ok=True)
+    (out / PROFILE_FILE).unlink(missing_ok=True)
     atomic_write_bytes(model_file, built.read_bytes())
     latency = {
         "objective": result.objective,
@@ -169,7 +169,7 @@ def write_outputs(
     }
     result.files = {
         "model": str(model_file),
-        "profile": str(out / "profile.json"),
+        "profile": str(out / PROFILE_FILE),
         "reference": str(out / REFERENCE_FILE),
         "report_html": str(out / "report.html"),
         "report_md": str(out / "report.md"),
@@ -191,7 +191,7 @@ def write_outputs(
     compiled = None if shaped else _write_compiled(out, model_file, list(winner.candidate.providers), reference)
     text = _write_text(out, source, model_file)
     write_profile(
-        out / "profile.json",
+        out / PROFILE_FILE,
         model_file=model_file,
         providers=list(winner.candidate.providers),
         settings=settings.to_dict(),
