@@ -58,6 +58,7 @@ from ortpilot.tuning.space import (
     within_budget,
 )
 from ortpilot.tuning.steps import StepRunner
+from ortpilot.tuning.worker import MAX_LIVE_SESSIONS
 
 SCREEN_RUNS_BASELINE = 10
 KNOB_BASES = 2  # model variants whose session knobs are explored
@@ -402,7 +403,8 @@ class Search:
         cand = entry.candidate
         built = self._built()
         seconds, basis = self.budget.prepare_estimate(cand.passes, built)
-        affordable = cand.baseline or self.budget.affords(seconds + self._screen_s(runs))
+        let_go = self._let_go_s(cand)
+        affordable = cand.baseline or self.budget.affords(seconds + self._screen_s(runs) + let_go)
         record, _fresh = self.steps.prepare(
             cand, entry.phase, self.budget.candidate_timeout(cand.baseline), affordable=affordable
         )
@@ -410,7 +412,7 @@ class Search:
             entry.status, entry.reason = (
                 "budget",
                 (
-                    self._not_started(cand, seconds + self._screen_s(runs), basis)
+                    self._not_started(cand, seconds + self._screen_s(runs), basis, let_go)
                     if not affordable
                     else "not measured: the budget ran out"
                 ),
@@ -454,12 +456,17 @@ class Search:
             if drop is entry:
                 return
 
-    def _not_started(self, cand: Candidate, seconds: float, basis: str) -> str:
+    def _not_started(self, cand: Candidate, seconds: float, basis: str, let_go: float = 0.0) -> str:
         """Why a candidate was not started: its estimate and what was left (the final's reserve kept)."""
         left = max(0.0, self.budget.left() - self.budget.reserve())
         what = "its preparation and screening" if cand.passes else "its session and screening"
+        also = (
+            f" plus {_secs(let_go)} to create again a likely finalist's session it would push out of the worker"
+            if let_go
+            else ""
+        )
         return (
-            f"not tried: {what} would take about {_secs(seconds)} ({basis}) and {_secs(left)} "
+            f"not tried: {what} would take about {_secs(seconds)} ({basis}){also}, and {_secs(left)} "
             "were left before the final measurement"
         )
 
@@ -662,21 +669,37 @@ class Search:
         finalists = leaders([e for e in self.ranking() if e.candidate.id not in outside], self.score, reference)
         return finalists if reference in finalists else [*finalists, reference]
 
+    def _likely_finalists(self) -> list[Entry]:
+        """The final as it stands now (none before the anchor is timed)."""
+        if self.anchor is None or not self.anchor.samples:
+            return []
+        return [e for e in self._finalists(self.anchor) if e.samples]
+
+    def _session_s(self, entry: Entry) -> float:
+        """Seconds to create ``entry``'s session again: its own where measured (a shape plan's bucket sessions
+        took 5x a plain one: MiniLM on OpenVINO, 2.6-2.9 s against 0.3-0.7 s), else the budget's estimate."""
+        return float(entry.prepared.get("session_s") or self.budget.est_session())
+
+    def _let_go_s(self, cand: Candidate) -> float:
+        """The session time of the likely finalists that a new session for ``cand`` would make the worker let go
+        (it keeps its MAX_LIVE_SESSIONS most recently used): not in the reserve yet, which counts only those let go
+        already, so a preparation that fits the budget alone could still push the final past the deadline."""
+        held = self.steps.held
+        if cand.id in held or len(held) < MAX_LIVE_SESSIONS:
+            return 0.0
+        gone = set(held[: len(held) - MAX_LIVE_SESSIONS + 1])
+        return sum(self._session_s(e) for e in self._likely_finalists() if e.candidate.id in gone)
+
     def _plan_reserve(self) -> None:
         """The final as it stands now, for the budget's reserve: its likely finalists' latencies, and the sessions
         of those the worker let go (created again before the final)."""
-        if self.anchor is None or not self.anchor.samples:
+        finalists = self._likely_finalists()
+        if not finalists:
             return
-        finalists = [e for e in self._finalists(self.anchor) if e.samples]
         per_run = sum(self._run_s(e) for e in finalists)
         self.budget.final_per_run = max(3 * self.budget.latency, per_run if len(finalists) == 3 else 0.0)
-        # each one's own session time where measured: a shape plan's bucket sessions took 5x a plain one (MiniLM on
-        # OpenVINO: 2.6-2.9 s against 0.3-0.7 s), and two of them in the final left no time for batches of 32
-        self.budget.reload_s = sum(
-            float(e.prepared.get("session_s") or self.budget.est_session())
-            for e in finalists
-            if e.candidate.id not in self.steps.held
-        )
+        # each one's own session time: two of a shape plan's in the final left no time for batches of 32
+        self.budget.reload_s = sum(self._session_s(e) for e in finalists if e.candidate.id not in self.steps.held)
 
     def _report(self, phase: str) -> None:
         self._plan_reserve()

@@ -76,17 +76,19 @@ class StepRunner:
         self.gate: ModelGate | None = None
         self.replay_only = replay_only
         self.on_first_record = on_first_record or (lambda: None)
-        self.held: set[str] = set()  # the candidates whose sessions the worker keeps alive (its last reply's)
+        # the candidates whose sessions the worker keeps alive, least recently used first (its last reply's): the
+        # next session it makes lets the first go once it holds MAX_LIVE_SESSIONS
+        self.held: tuple[str, ...] = ()
 
     def _request(self, op: str, data: dict[str, Any], timeout: float) -> dict[str, Any]:
         """The worker's reply; what it holds is noted (nothing, once it died)."""
         try:
             result = self.worker.request(op, data, timeout)
         except WorkerCrash:
-            self.held = set()
+            self.held = ()
             raise
         if "held" in result:
-            self.held = set(result.pop("held"))
+            self.held = tuple(result.pop("held"))
         return result
 
     def commit(self) -> None:
@@ -239,7 +241,7 @@ class StepRunner:
         if record is not None or self.replay_only or len(finalists) < 2:
             return record
         try:
-            if not {c.id for c in finalists} <= self.held:
+            if not {c.id for c in finalists} <= set(self.held):
                 self._request("load", {"candidates": [c.to_dict() for c in finalists]}, CANDIDATE_TIMEOUT_S)
             runs, rounds, timeout, seconds = plan()
             request = {"candidates": [c.to_dict() for c in finalists], "runs": runs, "rounds": rounds, "warmup": 2}
