@@ -53,3 +53,15 @@ def test_a_fusion_for_another_architecture_is_exit_2_naming_the_inputs_it_droppe
     assert res.exit_code == 2, res.output
     said = " ".join(res.output.split())
     assert "The fusion does not fit this graph" in said and "attention_mask" in said and not out.exists()
+
+
+def test_a_fusion_that_fuses_nothing_is_exit_2_and_writes_nothing(demo_paths, tmp_path):
+    """BERT's fusion on the MLP matches no pattern: an unfused model under a --fusion name is refused."""
+    from ortpilot.cli.main import cli
+
+    out = tmp_path / "fused.onnx"
+    res = CliRunner().invoke(cli, ["optimize", str(demo_paths["mlp"]), "-o", str(out), "--fusion", "bert"])
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert "--fusion bert fused nothing in" in said and "no fusion matched" in said, said
+    assert "--fusion auto" in said and "Traceback" not in said and not out.exists()

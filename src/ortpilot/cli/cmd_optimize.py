@@ -115,6 +115,13 @@ def command(
     else:
         step = OptimizePass(level, chain, free_dimension_overrides=free, use_cache=not no_cache)
     result = step.run(source)
+    if fusion is not None and not any((result.record.fused or {}).values()):  # before anything is written
+        raise UsageError(
+            f"--fusion {fusion.model_type} fused nothing in {path}: "
+            + "; ".join(n for n in result.record.notes if n.startswith(("model type", "no fusion")))
+            + ". Nothing was written. Use --fusion auto to detect the model type, or leave --fusion out for "
+            "ORT's graph optimizations alone."
+        )
     result.save(output)
     doc = {"output": output, "record": result.record.to_dict(), "outputs": list(outputs) or None}
     if as_json:
