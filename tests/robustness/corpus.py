@@ -1471,6 +1471,20 @@ CASES += [
         ("--shape bacth", "symbolic dims: batch"),
     ),
     Case(
+        "quantize-shape-zero",
+        "quantize",
+        _model(tiny_file, "--mode", "dynamic", "--shape", "batch=0", out="q.onnx"),
+        2,
+        ("every input empty", "the gate would time and compare nothing"),
+    ),
+    Case(
+        "compare-shape-zero",
+        "compare",
+        lambda ws: [str(tiny_file(ws)), str(tiny_file(ws, "b.onnx", node_prefix="b_")), "--shape", "batch=0"],
+        2,
+        ("every input empty", "the comparison would time and compare nothing"),
+    ),
+    Case(
         "tune-calibration-every-input-empty",
         "tune",
         _calibrated("tune", _calibration_file(lambda: {"x": np.ones((3, 0, 4), np.float32)}, "empty.npz")),

@@ -26,7 +26,7 @@ from ortpilot.gate.options import GateOptions, gate_keywords
 from ortpilot.gate.outputs import SampleProbe
 from ortpilot.gate.rankings import int8_ranking
 from ortpilot.gate.result import GateResult, gate_failure
-from ortpilot.graph.feeds import generate_samples, plan_feeds
+from ortpilot.graph.feeds import generate_samples, plan_feeds, refuse_all_empty
 from ortpilot.graph.prune import prune_to_outputs
 from ortpilot.measure.metrics import folder_near
 from ortpilot.passes.base import ModelLike, PassResult, SourceModel
@@ -187,6 +187,7 @@ def quantize_int8_gated(
     # A bad --max-error or --metric is refused before any work.
     gate_spec = gate.output_gate(source.proto, folder, compare=True)
     data = _samples(source, options, gate, shapes)
+    refuse_all_empty(data.samples, "the gate", f"samples ({data.source})")
     calib, heldout = data.split(holdout_fraction)
     step, providers = int8_step(options, calib, providers)
     judge = ModelGate.of(

@@ -284,6 +284,20 @@ def _dims(dims: Sequence[int | str | None]) -> str:
 UNREADABLE_ARRAY = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError, MemoryError)
 
 
+def refuse_all_empty(samples: Sequence[Mapping[str, np.ndarray]], job: str, given: str = "sample(s) given") -> None:
+    """Samples whose every input is empty (a 0 dim) give a timing of nothing and an accuracy verdict on nothing:
+    ``job`` (what would "pass" on them: "a tune", "the comparison", "the gate") refuses them, naming the first.
+    ``run`` and ``bench`` take them (an edge case a user may want to see run)."""
+    empty = [i for i, s in enumerate(samples) if s and all(np.size(v) == 0 for v in s.values())]
+    if empty:
+        shown = ", ".join(f"'{k}' {list(np.shape(v))}" for k, v in samples[empty[0]].items())
+        raise InputError(
+            f"{len(empty)} of {len(samples)} {given} have every input empty (the first, #{empty[0]}: {shown}): "
+            f"{job} would time and compare nothing on them. Give inputs with at least one element (each dim of "
+            "--shape 1 or more)."
+        )
+
+
 def read_npz(path: str | Path, what: str = "Input file") -> dict[str, np.ndarray]:
     """The named arrays of one .npz; a corrupt archive, pickled objects or a plain .npy is an ``InputError``."""
     try:

@@ -370,7 +370,7 @@ def compare_models(
     (``measure.metrics.MetricOverrides.parse`` reads them); the rest is chosen on evidence from
     the reference model and the folder it sits in.
     """
-    from ortpilot.graph.feeds import generate_samples, plan_feeds
+    from ortpilot.graph.feeds import generate_samples, plan_feeds, refuse_all_empty
     from ortpilot.session import load
 
     providers = list(providers or [])
@@ -393,6 +393,7 @@ def compare_models(
         samples = generate_samples(sess_a.model, max(1, n_samples), plan=plan)
         described = plan.describe()
     samples = [sess_a.check_feeds(s) for s in samples]
+    refuse_all_empty(samples, "the comparison", "input set(s)")
     user = MetricOverrides.parse(metrics)
     choices = choose_metrics(sess_a.model, folder_near(sess_a.model_path), user)
     reference = run_samples(sess_a, samples)

@@ -26,7 +26,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnxruntime as ort
 
 from ortpilot.artifacts.atomic import check_output_path
@@ -38,7 +37,7 @@ from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs, samples_needed
 from ortpilot.gate.result import gate_data_warning
-from ortpilot.graph.feeds import FeedPlan, batch_size_of, generate_samples, plan_feeds
+from ortpilot.graph.feeds import FeedPlan, batch_size_of, generate_samples, plan_feeds, refuse_all_empty
 from ortpilot.graph.prune import check_outputs
 from ortpilot.graph.shapes import check_shape_names, graph_inputs, parse_shape_args
 from ortpilot.measure import cpushare
@@ -690,14 +689,8 @@ def _given_data(proto: Any, shapes: Mapping[str, tuple[int, ...]], calibration: 
 
 def _refuse_empty(shapes: Mapping[str, tuple[int, ...]], samples: Sequence[Sample]) -> None:
     """A tune of inputs that are all empty (a 0 dim) would time and gate nothing and still ship a "winner":
-    refused, naming the shapes. ``run`` and ``bench`` take them (an edge case a user may want to see run)."""
-    empty = [i for i, s in enumerate(samples) if s and all(np.size(v) == 0 for v in s.values())]
-    if empty:
-        shown = ", ".join(f"'{k}' {list(np.shape(v))}" for k, v in samples[empty[0]].items())
-        raise UsageError(
-            f"{len(empty)} of {len(samples)} sample(s) given have every input empty (the first, #{empty[0]}: "
-            f"{shown}): a tune would time and compare nothing on them. Give samples with at least one element."
-        )
+    refused, naming the samples or the shapes."""
+    refuse_all_empty(samples, "a tune")
     if shapes and all(0 in dims for dims in shapes.values()):
         shown = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
         raise UsageError(
