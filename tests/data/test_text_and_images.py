@@ -115,6 +115,13 @@ def test_shortest_edge_and_center_crop_and_arguments_for_a_bare_cnn(tmp_path, de
         image_samples(pics, ImagePreprocess.from_args("64"), inputs)
     with pytest.raises(UsageError, match="--image-size must be HxW"):
         ImagePreprocess.from_args("big")
+    # an inf std calibrated on zeros, a nan mean reached ORT: both are refused before any image is read
+    with pytest.raises(UsageError, match="image std must be finite numbers, got 0.2,inf,0.2"):
+        ImagePreprocess.from_args("32", std="0.2,inf,0.2")
+    with pytest.raises(UsageError, match="image mean must be finite numbers, got nan"):
+        ImagePreprocess.from_args("32", mean="nan")
+    with pytest.raises(UsageError, match="an image std of 0 would divide by zero"):
+        ImagePreprocess.from_args("32", std="0")
 
 
 def test_an_undecodable_image_is_refused_by_name_and_an_empty_folder_too(tmp_path, demo_paths):

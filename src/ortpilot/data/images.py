@@ -11,6 +11,7 @@ and laid out as one batch-1 sample each. A file that does not decode is refused 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -132,6 +133,10 @@ class ImagePreprocess:
         for name, values in (("mean", self.mean), ("std", self.std)):
             if values and len(values) not in (1, 3):
                 raise UsageError(f"{self.source}: image {name} has {len(values)} values; give 1 or 3 (RGB).")
+        for name, values in (("mean", self.mean), ("std", self.std), ("rescale", (self.rescale,))):
+            if not all(math.isfinite(v) for v in values):  # inf std calibrated on zeros, nan mean blamed ORT
+                shown = ",".join(f"{v:g}" for v in values)
+                raise UsageError(f"{self.source}: image {name} must be finite numbers, got {shown}.")
         if any(v == 0 for v in self.std):
             raise UsageError(f"{self.source}: an image std of 0 would divide by zero.")
 
