@@ -1419,6 +1419,13 @@ CASES += [
         ("/proc/ortpilot-corpus/out", "virtual filesystem"),
     ),
     Case("compare-atol-nan", "compare", _model(tiny_file, "-p", "cpu", "-p", "cpu", "--atol", "nan"), 2, ("finite",)),
+    Case(
+        "compare-atol-unknown-output",
+        "compare",
+        _model(tiny_file, "-p", "cpu", "-p", "cpu", "--atol", "1e-4", "--rtol", "nosuch:0.1"),
+        2,
+        ("--rtol names output(s) 'nosuch'", "Its outputs: "),
+    ),
     Case("bench-threads-huge", "bench", _model(tiny_file, "--threads", "100000", "--runs", "3"), 2, ("4096",)),
     Case("demo-models-empty-folder", "demo-models", lambda ws: [""], 2, ("needs a folder path",)),
     Case(

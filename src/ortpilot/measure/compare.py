@@ -58,6 +58,17 @@ class Tolerances:
     def for_output(self, name: str) -> tuple[float, float]:
         return self.per_output_atol.get(name, self.atol), self.per_output_rtol.get(name, self.rtol)
 
+    def check_outputs(self, names: Sequence[str]) -> None:
+        """A NAME:VALUE for an output the model lacks would hold nothing to it (a typo passes): refused."""
+        for kind, per_output in (("atol", self.per_output_atol), ("rtol", self.per_output_rtol)):
+            unknown = [n for n in per_output if n not in names]
+            if unknown:
+                raise UsageError(
+                    f"--{kind} names output(s) {', '.join(repr(n) for n in unknown)} that the model does not have. "
+                    f"Its outputs: {', '.join(names) or 'none'}. Use NAME:VALUE with one of those, or VALUE alone "
+                    "for every output."
+                )
+
     @classmethod
     def parse(cls, atol: Sequence[str] | str | None = None, rtol: Sequence[str] | str | None = None) -> Tolerances:
         """Parse ``["1e-4", "logits:1e-3"]``: a bare number is the default, NAME:VALUE one output's."""
@@ -392,6 +403,8 @@ def compare_models(
         plan = plan_feeds(sess_a.model, shapes)
         samples = generate_samples(sess_a.model, max(1, n_samples), plan=plan)
         described = plan.describe()
+    if tolerances is not None:
+        tolerances.check_outputs([o.name for o in sess_a.model.graph.output])
     samples = [sess_a.check_feeds(s) for s in samples]
     refuse_all_empty(samples, "the comparison", "input set(s)")
     user = MetricOverrides.parse(metrics)
