@@ -85,7 +85,11 @@ def test_a_model_whose_padding_leaks_gets_no_buckets_and_the_report_says_why(tmp
     folder = text_folder(tmp_path / "leak", leak=True)
     doc = _tune(folder, _sentences(tmp_path / "s.txt"), tmp_path / "out").to_dict()
     shaped = [c for c in doc["candidates"] if c.get("shape_plan")]
-    assert shaped and all(c["status"] == "rejected" for c in shaped)
+    # the model as given, padded, fails the gate; every later bucketed candidate is skipped for it, not built
+    first, *later = shaped
+    assert not first["passes"] and first["status"] == "rejected" and "accuracy" in first["reason"], first
+    assert later and all(c["status"] == "skipped" for c in later), [(c["label"], c["status"]) for c in later]
+    assert all(c["reason"].startswith("not tried: padded to the buckets, the model as given failed") for c in later)
     assert doc["winner"].get("shape_plan") is None
     line = shape_plan_line(doc)
     assert "rejected by the gate: padding changed the outputs" in line and "does not make padding" in line

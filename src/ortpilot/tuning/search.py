@@ -249,6 +249,8 @@ class Search:
         self.requests_per_run = max(1, requests_per_run)
         self.samples_per_request = max(1, samples_per_request)  # a request's batch (the server's batches of B)
         self.knobbed: set[str] = set()  # candidates whose session knobs were explored
+        # why no later candidate gets buckets: padding to them changed the outputs of the model as given
+        self.padding_leaks = ""
 
     @property
     def gate(self) -> Any:
@@ -401,6 +403,10 @@ class Search:
         self.entries[entry.candidate.id] = entry
         runs = runs or self.screen_runs
         cand = entry.candidate
+        if cand.shape_plan and self.padding_leaks:  # padded, it would fail as the model as given did
+            entry.status, entry.reason = "skipped", self.padding_leaks
+            self._report("screening")
+            return entry
         built = self._built()
         seconds, basis = self.budget.prepare_estimate(cand.passes, built)
         let_go = self._let_go_s(cand)
@@ -421,12 +427,23 @@ class Search:
             if record.get("status") == "ok":  # journaled ones too: a resume estimates from what this tune measured
                 self.budget.record_prepare(cand.passes, record["seconds"], built)
             self._record_prepared(entry, record)
+            self._note_padding_leak(entry)
             if entry.status == "ok":
                 self._dominated(entry)
             if entry.status == "ok":
                 self._bench(entry, "screen", runs, self.budget.candidate_timeout(cand.baseline))
         self._report("screening")
         return entry
+
+    def _note_padding_leak(self, entry: Entry) -> None:
+        """The model as given, padded to the workload's buckets, failing the gate: its mask does not make padding
+        invisible, so every later bucketed candidate (other knobs, providers, INT8 on top) is skipped, not built."""
+        cand = entry.candidate
+        if cand.shape_plan and not cand.passes and entry.accuracy and not entry.accuracy["passed"]:
+            self.padding_leaks = (
+                f"not tried: padded to the buckets, the model as given failed the gate ({cand.label}: {entry.reason}), "
+                "so no candidate gets buckets"
+            )
 
     def _dominated(self, entry: Entry) -> None:
         """Of two passing candidates whose models have one structure (``graph_sha256``: the same nodes, shapes and
