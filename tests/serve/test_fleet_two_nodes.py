@@ -3,7 +3,8 @@ head with 2 CPUs and a worker node with 1, two machine classes (the CPU budget d
 bundle that ``ortpilot serve`` serves on both nodes with each replica verified on its own node's class.
 Then what happens when a search loses its Ray worker (it resumes from its journal on another node of its
 class) or its node (the bundle is written incomplete, exit 1, and ``--resume`` finishes it once a node of
-the class is back). Marked ``raycluster``: ``.ci/run`` runs it as its own step.
+the class is back). The tests on two nodes are marked ``raycluster``: ``.ci/run`` runs them as their own
+step; the one-node case (no node can run a search) runs in the main suite.
 
 The nodes share this machine, so the classes are tuned one after the other (and the bundle says so);
 the budgets are small (demo:mlp stops early, demo:encoder runs its 12 s).
@@ -31,7 +32,6 @@ from ortpilot.graph.feeds import make_feeds
 from ortpilot.models import demo_model_path
 from ortpilot.providers.machineclass import this_class
 
-pytestmark = pytest.mark.raycluster
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
 
 
@@ -79,6 +79,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, dict, st
 
 
 def test_a_cluster_with_no_node_for_a_search_is_exit_2(tmp_path):
+    """A one-node cluster (its head offers no CPU): not marked raycluster, it runs in the main suite."""
     cluster, _ = _cluster(0)
     try:
         code, _, err = _finish(_tune(cluster.address, tmp_path / "out"), timeout=240)
@@ -89,6 +90,7 @@ def test_a_cluster_with_no_node_for_a_search_is_exit_2(tmp_path):
     assert not (tmp_path / "out" / "bundle.json").exists()
 
 
+@pytest.mark.raycluster
 def test_two_classes_two_profiles_one_bundle_served_on_both_nodes(two_nodes, tmp_path):
     address = two_nodes["cluster"].address
     bundle = tmp_path / "mlp"
@@ -160,6 +162,7 @@ def test_two_classes_two_profiles_one_bundle_served_on_both_nodes(two_nodes, tmp
         assert chosen == (this_class(1).name if one_cpu else this_class().name)
 
 
+@pytest.mark.raycluster
 def test_a_catalogue_tunes_into_one_bundle_per_model_one_search_at_a_time_on_one_host(two_nodes, tmp_path):
     proc = subprocess.Popen(
         [*CLI, "tune", "demo:mlp", "demo:cnn", "--ray", two_nodes["cluster"].address, "-o", str(tmp_path / "cat")]
@@ -209,6 +212,7 @@ def _journal_seen(folder: Path, deadline: float) -> bool:
 # The driver's resume paths run in-process in seconds (tests/fleet/test_fleet_driver.py: a search stopped after
 # its first journal resumes on another node of its class; a class whose only node dies leaves an incomplete
 # bundle until --resume). These real-Ray twins stay for a full run (-m "raycluster and slow").
+@pytest.mark.raycluster
 @pytest.mark.slow
 def test_a_search_whose_worker_dies_resumes_on_another_node_of_its_class(two_nodes, tmp_path):
     cluster = two_nodes["cluster"]
@@ -234,6 +238,7 @@ def test_a_search_whose_worker_dies_resumes_on_another_node_of_its_class(two_nod
     assert doc["complete"] and ortpilot.load_profile(out, machine_class=one).profile["machine_class"]["name"] == one
 
 
+@pytest.mark.raycluster
 @pytest.mark.slow  # its in-process twin: test_fleet_driver.py (a class whose only node dies)
 def test_a_node_that_dies_mid_search_leaves_an_incomplete_bundle_and_resume_finishes_it(two_nodes, tmp_path):
     cluster = two_nodes["cluster"]
