@@ -51,6 +51,26 @@ def tuned_encoder(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str
     return out
 
 
+@pytest.fixture(scope="session")
+def written_encoder(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str, Path]) -> Path:
+    """The demo encoder's profile written without a tune (ORT's default settings, its reference sample and outputs
+    in reference.npz, so replicas verify it bit for bit), its folder: for a test about serving, not about what a
+    tune wrote (the replica-kill test runs in its own session, where ``tuned_encoder`` would tune first)."""
+    import json
+
+    from export_profiles import with_real_reference, write_cpu_profile
+
+    from ortpilot.providers.machine import machine_facts
+
+    profile = with_real_reference(
+        write_cpu_profile(tmp_path_factory.mktemp("written") / "encoder", demo_paths["encoder"], settings={})
+    )
+    doc = json.loads(profile.read_text())
+    doc["machine"] = machine_facts()  # this machine's kernels, as a tune records them: outputs must match bit for bit
+    profile.write_text(json.dumps(doc, indent=2))
+    return profile.parent
+
+
 def _starter(folder: Path) -> tuple:
     started: list[Server] = []
 

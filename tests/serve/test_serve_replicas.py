@@ -41,19 +41,19 @@ def _replicas(server, name):
 
 
 @pytest.mark.alone  # beside another xdist worker it lost 1 request of several hundred in 2 of 3 runs (issue 37 notes)
-def test_no_request_is_lost_when_one_of_two_replicas_is_killed_under_load(start_server, ray_address, tuned_encoder):
+def test_no_request_is_lost_when_one_of_two_replicas_is_killed_under_load(start_server, ray_address, written_encoder):
     """8 clients back to back with heavy requests (bodies small enough for HAProxy to replay), REST and gRPC
     (with the retry policy the docs give gRPC clients); one of the two replicas is SIGKILLed with requests in
     flight: every request answers right."""
     tg = pytest.importorskip("tritonclient.grpc")
     grpc_port = free_port()
     server = start_server(
-        str(tuned_encoder),
+        str(written_encoder),
         *("--name", "m", "--address", ray_address, "--debug-info", "--grpc-port", str(grpc_port)),
         *("--replicas", "2", "--cpus-per-replica", "1"),
     )
     assert server.ready, server.stderr[-3000:]
-    sess = ortpilot.load_profile(tuned_encoder / "profile.json")
+    sess = ortpilot.load_profile(written_encoder / "profile.json")
     before = _replicas(server, "m")
     assert len(before) == 2 and len({r["pid"] for r in before}) == 2
     feeds = make_feeds(sess.model, dict.fromkeys((i.name for i in sess.inputs), (16, 512)), seed=1)
