@@ -1426,6 +1426,13 @@ CASES += [
         2,
         ("--rtol names output(s) 'nosuch'", "Its outputs: "),
     ),
+    Case(
+        "compare-metric-unknown-output",
+        "compare",
+        _model(tiny_file, "-p", "cpu", "-p", "cpu", "--metric", "nosuch=cosine"),
+        2,
+        ("--metric names output(s) 'nosuch'", "Use OUTPUT=METRIC with one of those"),
+    ),
     Case("bench-threads-huge", "bench", _model(tiny_file, "--threads", "100000", "--runs", "3"), 2, ("4096",)),
     Case("demo-models-empty-folder", "demo-models", lambda ws: [""], 2, ("needs a folder path",)),
     Case(

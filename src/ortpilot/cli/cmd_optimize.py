@@ -115,7 +115,7 @@ def command(
     else:
         step = OptimizePass(level, chain, free_dimension_overrides=free, use_cache=not no_cache)
     result = step.run(source)
-    if fusion is not None and not any((result.record.fused or {}).values()):  # before anything is written
+    if fusion is not None and not result.record.fused:  # before anything is written (zero counts are dropped)
         raise UsageError(
             f"--fusion {fusion.model_type} fused nothing in {path}: "
             + "; ".join(n for n in result.record.notes if n.startswith(("model type", "no fusion")))

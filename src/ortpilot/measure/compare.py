@@ -30,6 +30,7 @@ from ortpilot.measure.metrics import (
     masked,
     masks_of,
     metric_error,
+    refuse_unknown_outputs,
     sequence_figures,
     topk_agreement,
 )
@@ -61,13 +62,7 @@ class Tolerances:
     def check_outputs(self, names: Sequence[str]) -> None:
         """A NAME:VALUE for an output the model lacks would hold nothing to it (a typo passes): refused."""
         for kind, per_output in (("atol", self.per_output_atol), ("rtol", self.per_output_rtol)):
-            unknown = [n for n in per_output if n not in names]
-            if unknown:
-                raise UsageError(
-                    f"--{kind} names output(s) {', '.join(repr(n) for n in unknown)} that the model does not have. "
-                    f"Its outputs: {', '.join(names) or 'none'}. Use NAME:VALUE with one of those, or VALUE alone "
-                    "for every output."
-                )
+            refuse_unknown_outputs(f"--{kind}", list(per_output), names, "NAME:VALUE", "VALUE")
 
     @classmethod
     def parse(cls, atol: Sequence[str] | str | None = None, rtol: Sequence[str] | str | None = None) -> Tolerances:

@@ -164,6 +164,20 @@ class MetricOverrides:
 # --------------------------------------------------------------------------- the choice
 
 
+def refuse_unknown_outputs(
+    flag: str, named: Sequence[str], outputs: Sequence[str], per_output: str, alone: str
+) -> None:
+    """A per-output setting (``--metric OUTPUT=METRIC``, ``--atol NAME:VALUE``) for an output the model does not
+    have would hold nothing to it, so a typo passes: refused, listing the outputs it has."""
+    unknown = [n for n in named if n not in outputs]
+    if unknown:
+        raise UsageError(
+            f"{flag} names output(s) {', '.join(repr(n) for n in unknown)} that the model does not have. "
+            f"Its outputs: {', '.join(outputs) or 'none'}. Use {per_output} with one of those, or {alone} alone "
+            "for every output."
+        )
+
+
 def choose_metrics(
     model: onnx.ModelProto,
     folder: Any = None,
@@ -174,14 +188,7 @@ def choose_metrics(
     output the model lacks, or a masked metric on a model without a mask input, raise UsageError."""
     user = MetricOverrides.parse(overrides)
     facts = output_facts(model)
-    names = [f.name for f in facts]
-    unknown = [n for n in user.per_output if n not in names]
-    if unknown:
-        raise UsageError(
-            f"--metric names output(s) {', '.join(repr(n) for n in unknown)} that the model does not have. "
-            f"Its outputs: {', '.join(names) or 'none'}. Use OUTPUT=METRIC with one of those, or METRIC alone "
-            "for every output."
-        )
+    refuse_unknown_outputs("--metric", user.per_output, [f.name for f in facts], "OUTPUT=METRIC", "METRIC")
     mask = mask_input(model)
     choices = {}
     for f in facts:
@@ -596,6 +603,7 @@ __all__ = [
     "mean_pooled",
     "metric_error",
     "needs_mask",
+    "refuse_unknown_outputs",
     "sequence_figures",
     "step_axis_of",
     "topk_agreement",
