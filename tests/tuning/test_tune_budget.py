@@ -77,9 +77,7 @@ class ScriptedSteps:
         if self.skip(cand):  # the pass changed nothing (the worker's NothingToDo)
             return {"status": "skipped", "reason": self.skip(cand), "seconds": seconds}, True
         self.built.add(cand.model_key)
-        # the worker keeps its MAX_LIVE_SESSIONS most recently used in order (a set's order made the
-        # sessions let go depend on PYTHONHASHSEED, and this test pass or fail by the process)
-        self.held = (*[cid for cid in self.held if cid != cand.id], cand.id)[-MAX_LIVE_SESSIONS:]
+        self._hold(cand)
         accuracy = {"passed": True, "max_error": 0.01, "worst_error": 0.0, "outputs": []}
         session = self.session_s(cand) if self.session_s else 0.05
         record = {
@@ -91,11 +89,16 @@ class ScriptedSteps:
         }
         return record, True
 
+    def _hold(self, cand) -> None:
+        """The worker keeps its MAX_LIVE_SESSIONS most recently used, in order (a set's order made the sessions let
+        go depend on PYTHONHASHSEED, and this test pass or fail by the process)."""
+        self.held = (*[cid for cid in self.held if cid != cand.id], cand.id)[-MAX_LIVE_SESSIONS:]
+
     def _use(self, cand) -> None:
         """As the worker's bench: a session it let go is created again, and the one used is the most recent."""
         if cand.id not in self.held:
             self.clock.now += self.session_s(cand) if self.session_s else 0.05
-        self.held = (*[cid for cid in self.held if cid != cand.id], cand.id)[-MAX_LIVE_SESSIONS:]
+        self._hold(cand)
 
     def bench(self, cand, stage, runs, timeout, *, anchor=None):
         for used in (cand, anchor) if anchor is not None else (cand,):
