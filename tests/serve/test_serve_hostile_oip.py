@@ -43,9 +43,9 @@ def keyfile(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(start_module_server, ray_address, tuned_encoder, keyfile):
+def server(start_module_server, ray_address, written_encoder, keyfile):
     srv = start_module_server(
-        str(tuned_encoder / "profile.json"),
+        str(written_encoder / "profile.json"),
         "demo:mlp",
         *("--name", "m", "--name", "mlp", "--address", ray_address),
         *("--api-key", KEY, "--api-key-file", str(keyfile), "--cors-origin", ORIGIN),
@@ -58,8 +58,8 @@ def server(start_module_server, ray_address, tuned_encoder, keyfile):
 
 
 @pytest.fixture(scope="module")
-def reference(tuned_encoder):
-    sess = ortpilot.load_profile(tuned_encoder / "profile.json")
+def reference(written_encoder):
+    sess = ortpilot.load_profile(written_encoder / "profile.json")
     return sess, make_feeds(sess.model, seed=3)
 
 
@@ -316,14 +316,14 @@ def test_an_unknown_method_gets_the_protocols_json_error(server, path):
     assert status == 405 and "use GET" in _error(body)
 
 
-def test_metadata_shows_no_pids_hosts_or_paths(server, tuned_encoder):
+def test_metadata_shows_no_pids_hosts_or_paths(server, written_encoder):
     status, _h, body = _call(server, "GET", "/v2/models/m", headers=AUTH)
     assert status == 200
     doc = json.loads(body)
     for replica in doc["ortpilot"]["replicas"]:
         assert not {"pid", "host", "node"} & set(replica), replica
     text = body.decode()
-    assert str(tuned_encoder) not in text and "profile.json" not in text and str(os.getpid()) not in text
+    assert str(written_encoder) not in text and "profile.json" not in text and str(os.getpid()) not in text
 
 
 def test_refusals_are_counted_and_the_access_log_is_escaped(server):

@@ -137,14 +137,16 @@ def _servers(admin: str, backend: str) -> dict[str, dict[str, str]]:
 
 
 def test_a_grpc_call_without_application_is_answered_while_haproxy_has_no_replica_up(
-    start_server, ray_address, tuned_encoder
+    start_server, ray_address, written_encoder
 ):
     """With no replica of the model up in HAProxy's view (killed, busy past its health checks), HAProxy hands
     gRPC calls to its backup, Ray's fallback proxy, which refused a call that names no application as soon
     as two applications exist (the model's and the server-wide one): the call must still be answered."""
     tg = pytest.importorskip("tritonclient.grpc")
     grpc_port = free_port()
-    server = start_server(str(tuned_encoder), *("--name", "m", "--address", ray_address, "--grpc-port", str(grpc_port)))
+    server = start_server(
+        str(written_encoder), *("--name", "m", "--address", ray_address, "--grpc-port", str(grpc_port))
+    )
     assert server.ready, server.stderr[-3000:]
     admin = _haproxy_admin(grpc_port)
     deadline = time.monotonic() + 60
@@ -158,7 +160,7 @@ def test_a_grpc_call_without_application_is_answered_while_haproxy_has_no_replic
     assert replicas, servers
     for name in replicas:  # as HAProxy sees it: no replica of the model is up
         assert _haproxy_command(admin, f"set server grpc-m/{name} state maint").strip() == ""
-    sess = ortpilot.load_profile(tuned_encoder / "profile.json")
+    sess = ortpilot.load_profile(written_encoder / "profile.json")
     feeds = make_feeds(sess.model, seed=2)
     expected = sess.run(None, feeds)[0].tobytes()
     output = sess.get_outputs()[0].name
@@ -173,14 +175,14 @@ def test_a_grpc_call_without_application_is_answered_while_haproxy_has_no_replic
 # The one-model case is a variant kept out of CI's time (slow); the relay with several models is what failed.
 @pytest.mark.parametrize("models", [pytest.param(("m",), marks=pytest.mark.slow), ("m", "mlp")])
 def test_on_the_classic_proxy_a_grpc_call_without_application_is_answered(
-    start_server, ray_address, tuned_encoder, demo_paths, models
+    start_server, ray_address, written_encoder, demo_paths, models
 ):
     """``--ingress proxy`` (also the path without an HAProxy binary): Ray's proxy routes gRPC by ``application``
     metadata and, with a model's app and the server-wide one, refused a call without it; serve never became
     ready. A call naming none goes to the one model, or with several to the server-wide app, which relays it."""
     tg = pytest.importorskip("tritonclient.grpc")
     grpc_port = free_port()
-    profiles = [str(tuned_encoder), str(demo_paths["mlp"])][: len(models)]
+    profiles = [str(written_encoder), str(demo_paths["mlp"])][: len(models)]
     names = [arg for name in models for arg in ("--name", name)]
     server = start_server(
         *profiles, *names, *("--address", ray_address, "--ingress", "proxy", "--grpc-port", str(grpc_port))
@@ -189,7 +191,9 @@ def test_on_the_classic_proxy_a_grpc_call_without_application_is_answered(
     assert "the classic Serve proxy takes requests" in server.ingress
     client = tg.InferenceServerClient(f"127.0.0.1:{grpc_port}")
     for name, profile in zip(models, profiles, strict=True):
-        sess = ortpilot.load_profile(tuned_encoder / "profile.json") if name == "m" else ortpilot.load(profile, ["cpu"])
+        sess = (
+            ortpilot.load_profile(written_encoder / "profile.json") if name == "m" else ortpilot.load(profile, ["cpu"])
+        )
         feeds = make_feeds(sess.model, seed=4)
         expected = sess.run(None, feeds)[0].tobytes()
         inputs = [_input(tg, key, value) for key, value in feeds.items()]
@@ -199,10 +203,10 @@ def test_on_the_classic_proxy_a_grpc_call_without_application_is_answered(
 
 
 def test_a_replica_that_fails_verification_never_serves_and_serve_exits_1_saying_why(
-    start_server, ray_address, tuned_encoder, tmp_path
+    start_server, ray_address, written_encoder, tmp_path
 ):
     broken = tmp_path / "broken"
-    shutil.copytree(tuned_encoder, broken)
+    shutil.copytree(written_encoder, broken)
     doc = json.loads((broken / "profile.json").read_text())
     doc["reference_outputs"]["sha256"] = dict.fromkeys(doc["reference_outputs"]["sha256"], "0" * 64)
     (broken / "profile.json").write_text(json.dumps(doc))
@@ -370,13 +374,13 @@ def test_cpus_per_replica_that_does_not_fit_exits_2_before_ray_starts():
     assert "Leave --cpus-per-replica out" in message and "Ray" not in message.split("error:")[0]
 
 
-def test_a_profile_that_cannot_load_exits_naming_it(tmp_path, tuned_encoder):
+def test_a_profile_that_cannot_load_exits_naming_it(tmp_path, written_encoder):
     import subprocess
 
     from serve_procs import CLI, cli_env
 
     changed = tmp_path / "changed"
-    shutil.copytree(tuned_encoder, changed)
+    shutil.copytree(written_encoder, changed)
     with open(changed / "model.onnx", "ab") as fh:
         fh.write(b"\0")
     proc = subprocess.run(
