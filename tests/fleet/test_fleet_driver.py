@@ -82,6 +82,27 @@ def test_two_classes_tune_into_one_bundle_with_a_profile_each(tmp_path):
         assert not (tmp_path / "mlp" / name / JOURNAL_NAME).exists()
 
 
+def test_a_catalogue_tunes_into_one_bundle_per_model_one_search_at_a_time(tmp_path):
+    """Several MODELs: one bundle each under OUTDIR, named by the model, their searches planned together and run
+    one after the other (the real-Ray twin, four searches on two nodes, runs in a full run: tests/serve)."""
+    cluster = InProcessCluster([("one-cpu1", 1)])
+    one = this_class(1).name
+    lines: list[str] = []
+    result = tune_cluster(["demo:mlp", "demo:cnn"], cluster, _request(tmp_path / "cat"), progress=lines.append)
+
+    assert result.complete and [m.name for m in result.models] == ["mlp", "cnn"]
+    spans = sorted((c.start_s, c.end_s) for m in result.models for c in m.classes)
+    assert len(spans) == 2 and spans[0][1] <= spans[1][0]  # one node: one search at a time
+    assert len(result.plan["assignments"]) == 2 and not result.plan["concurrent"]
+    assert sorted(stream.job.source_label for stream in cluster.streams) == ["demo:cnn", "demo:mlp"]
+    for name in ("mlp", "cnn"):
+        bundle = read_bundle(tmp_path / "cat" / name)
+        assert bundle.complete and bundle.doc["model"]["source"] == f"demo:{name}" and bundle.names() == [one]
+        check_files(bundle, bundle.entries[0])
+        assert ortpilot.load_profile(tmp_path / "cat" / name, machine_class=one).bundle.chosen.name == one
+    assert any(line.startswith(f"Wrote {tmp_path / 'cat' / 'cnn' / 'bundle.json'}") for line in lines), lines
+
+
 @pytest.mark.parametrize("how", ["node", "worker"])
 def test_a_search_stopped_after_its_first_journal_resumes_on_another_node_of_its_class(tmp_path, how):
     cluster = InProcessCluster([("one-cpu1", 1), ("one-cpu2", 1)])

@@ -20,23 +20,30 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from serve_procs import RAY_ENV, WAIT_READY_S, Server, free_port
+from serve_procs import WAIT_READY_S, Server, free_port, local_cluster
 
 
 @pytest.fixture(scope="session")
 def ray_address() -> Iterator[str]:
     """A local one-node Ray instance (2 CPUs, no dashboard) shared by every serve test; stopped at the end."""
-    for key, value in RAY_ENV.items():
-        os.environ.setdefault(key, value)
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(
-        initialize_head=True,
-        connect=False,
-        head_node_args={"num_cpus": 2, "include_dashboard": False, "node_ip_address": "127.0.0.1"},
-    )
+    cluster, _ = local_cluster(2)
     try:
         yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def two_nodes() -> Iterator[dict]:
+    """A head (2 CPUs) and a worker node (1 CPU) on this machine, shared by the ``raycluster`` tests (``.ci/run``
+    runs them as one step, so the cluster starts once): ``{"cluster", "worker"}``. A test that adds or removes
+    nodes puts the cluster back as it found it."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("two nodes of this machine's CPUs (two classes) need a machine with two CPUs")
+    cluster, (worker,) = local_cluster(2, 1)
+    state = {"cluster": cluster, "worker": worker}
+    try:
+        yield state
     finally:
         cluster.shutdown()
 

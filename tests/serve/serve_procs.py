@@ -30,6 +30,24 @@ CLI = [sys.executable, "-m", "ortpilot.cli.main"]
 WAIT_READY_S = DEFAULT_READY_TIMEOUT_S + 60
 
 
+def local_cluster(head_cpus: int, *workers: int):
+    """A Ray cluster on this machine (``ray.cluster_utils.Cluster``, loopback, no dashboard): a head offering
+    ``head_cpus`` and one more node per entry of ``workers`` (its CPUs); returns it and those nodes."""
+    for key, value in RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={"num_cpus": head_cpus, "include_dashboard": False, "node_ip_address": "127.0.0.1"},
+    )
+    nodes = [cluster.add_node(num_cpus=n, node_ip_address="127.0.0.1") for n in workers]
+    if nodes:
+        cluster.wait_for_nodes()
+    return cluster, nodes
+
+
 def cli_env() -> dict[str, str]:
     """The environment an ``ortpilot`` command of a test runs in: this one's, lean and quiet, but without the
     single-machine switch, which the command sets itself for a loopback address (``ortpilot.rayenv``)."""

@@ -3,8 +3,9 @@ head with 2 CPUs and a worker node with 1, two machine classes (the CPU budget d
 bundle that ``ortpilot serve`` serves on both nodes with each replica verified on its own node's class.
 Then what happens when a search loses its Ray worker (it resumes from its journal on another node of its
 class) or its node (the bundle is written incomplete, exit 1, and ``--resume`` finishes it once a node of
-the class is back). The tests on two nodes are marked ``raycluster``: ``.ci/run`` runs them as their own
-step; the one-node case (no node can run a search) runs in the main suite.
+the class is back). The tests on two nodes are marked ``raycluster`` and share one cluster (``two_nodes``,
+tests/serve/conftest.py): ``.ci/run`` runs them as their own step; the one-node case (no node can run a search)
+runs in the main suite.
 
 The nodes share this machine, so the classes are tuned one after the other (and the bundle says so);
 the budgets are small (demo:mlp stops early, demo:encoder runs its 12 s).
@@ -25,7 +26,7 @@ import pytest
 
 th = pytest.importorskip("tritonclient.http")
 
-from serve_procs import RAY_ENV, Server, cli_env, free_port
+from serve_procs import Server, cli_env, free_port, local_cluster
 
 import ortpilot
 from ortpilot.graph.feeds import make_feeds
@@ -33,34 +34,6 @@ from ortpilot.models import demo_model_path
 from ortpilot.providers.machineclass import this_class
 
 CLI = [sys.executable, "-m", "ortpilot.cli.main"]
-
-
-def _cluster(head_cpus: int, *workers: int):
-    for key, value in RAY_ENV.items():
-        os.environ.setdefault(key, value)
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(
-        initialize_head=True,
-        connect=False,
-        head_node_args={"num_cpus": head_cpus, "include_dashboard": False, "node_ip_address": "127.0.0.1"},
-    )
-    nodes = [cluster.add_node(num_cpus=n, node_ip_address="127.0.0.1") for n in workers]
-    cluster.wait_for_nodes()
-    return cluster, nodes
-
-
-@pytest.fixture(scope="module")
-def two_nodes():
-    """A head (2 CPUs) and a worker (1 CPU) on this machine; tests that add or remove nodes put it back."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("two classes need a machine with two CPUs")
-    cluster, (worker,) = _cluster(2, 1)
-    state = {"cluster": cluster, "worker": worker}
-    try:
-        yield state
-    finally:
-        cluster.shutdown()
 
 
 def _tune(address: str, out: Path, *extra: str, budget: int = 12, model: str = "demo:mlp") -> subprocess.Popen:
@@ -80,7 +53,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, dict, st
 
 def test_a_cluster_with_no_node_for_a_search_is_exit_2(tmp_path):
     """A one-node cluster (its head offers no CPU): not marked raycluster, it runs in the main suite."""
-    cluster, _ = _cluster(0)
+    cluster, _ = local_cluster(0)
     try:
         code, _, err = _finish(_tune(cluster.address, tmp_path / "out"), timeout=240)
     finally:
@@ -162,7 +135,10 @@ def test_two_classes_two_profiles_one_bundle_served_on_both_nodes(two_nodes, tmp
         assert chosen == (this_class(1).name if one_cpu else this_class().name)
 
 
+# Its in-process twin runs in the main suite (tests/fleet/test_fleet_driver.py: a catalogue, one bundle per model);
+# this real-Ray one (four searches, the step's longest test) stays for a full run (-m "raycluster and slow").
 @pytest.mark.raycluster
+@pytest.mark.slow
 def test_a_catalogue_tunes_into_one_bundle_per_model_one_search_at_a_time_on_one_host(two_nodes, tmp_path):
     proc = subprocess.Popen(
         [*CLI, "tune", "demo:mlp", "demo:cnn", "--ray", two_nodes["cluster"].address, "-o", str(tmp_path / "cat")]

@@ -1,41 +1,21 @@
 """``ortpilot serve --address`` on a real two-node Ray cluster started on this machine (Ray's own
-``cluster_utils.Cluster``: a head and a second node, each its own raylet with one CPU), with one
-replica on each node. Marked ``raycluster``: ``.ci/run`` runs it as its own step."""
+``cluster_utils.Cluster``: a head with two CPUs and a second node with one, each its own raylet), with one
+replica of one CPU on each node. Marked ``raycluster``: ``.ci/run`` runs it as its own step, on the cluster the
+fleet's two-node tests use (``two_nodes``, tests/serve/conftest.py)."""
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pytest
 
 th = pytest.importorskip("tritonclient.http")
 
-from serve_procs import RAY_ENV, Server, free_port
+from serve_procs import Server, free_port
 
 import ortpilot
 from ortpilot.graph.feeds import make_feeds
 
 pytestmark = pytest.mark.raycluster
-
-
-@pytest.fixture
-def two_nodes():
-    for key, value in RAY_ENV.items():
-        os.environ.setdefault(key, value)
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(
-        initialize_head=True,
-        connect=False,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"},
-    )
-    try:
-        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-        cluster.wait_for_nodes()
-        yield cluster
-    finally:
-        cluster.shutdown()
 
 
 def test_two_replicas_land_on_both_nodes_and_answer_like_load_profile(two_nodes, encoder_profile, tmp_path):
@@ -46,7 +26,7 @@ def test_two_replicas_land_on_both_nodes_and_answer_like_load_profile(two_nodes,
             "--name",
             "m",
             "--address",
-            two_nodes.address,
+            two_nodes["cluster"].address,
             "--replicas",
             "2",
             "--cpus-per-replica",
