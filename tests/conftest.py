@@ -4,9 +4,17 @@ packages."""
 from __future__ import annotations
 
 import importlib.util
+import signal
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A shell starts a background job (``cmd &`` in a script) with SIGINT ignored, and the commands the tests
+    start inherit that: the Ctrl-C tests then send a SIGINT nothing sees. The tests run as if from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True, scope="session")
