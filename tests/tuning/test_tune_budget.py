@@ -11,7 +11,6 @@ import pytest
 
 from ortpilot.modelio import load_model
 from ortpilot.providers.cpuisa import Int8Rule
-from ortpilot.tuning import tune
 from ortpilot.tuning.budget import (
     CALIBRATION_LATENCIES,
     GATE_LATENCIES,
@@ -22,7 +21,6 @@ from ortpilot.tuning.budget import (
     PrepCosts,
 )
 from ortpilot.tuning.candidate import Candidate, baseline_candidate
-from ortpilot.tuning.journal import read_journal
 from ortpilot.tuning.report import headline, untried_line
 from ortpilot.tuning.search import Search
 from ortpilot.tuning.space import DYN_PC, DYN_W_PC, QDQ_PC, gather_facts
@@ -268,21 +266,6 @@ def test_the_headline_never_calls_the_default_best_while_something_was_left_unme
         "Not measured within the budget: 3 candidates (2 that cost one session each and 1 model variant: "
         "fp32 · intra=1, fp32 · intra=3, int8-dynamic · intra=4)"  # the cheap ones first
     )
-
-
-def test_a_real_tune_measures_the_sessions_before_any_model_variant(tmp_path, demo_paths):
-    out = tmp_path / "out"
-    result = tune(str(demo_paths["encoder"]), out, budget_s=20)
-    phases = [r["phase"] for r in read_journal(out / "journal.jsonl") if r["kind"] == "prepared"]
-    assert phases[0] == "baseline" and "sessions" in phases
-    if "model variants" in phases:
-        assert max(i for i, p in enumerate(phases) if p == "sessions") < phases.index("model variants")
-    doc = result.to_dict()
-    said = headline(doc)
-    assert not ("already best" in said and any(c["status"] == "budget" for c in doc["candidates"]))
-    profile = json.loads((out / "profile.json").read_text())
-    if profile["candidate"]["baseline"]:  # ORT's default kept is ORT's default, recorded as it ran
-        assert profile["session_settings"]["intra_op_threads"] == 0 and profile["default_best_reason"]
 
 
 def test_the_final_is_planned_once_the_worker_holds_every_finalist_again(tmp_path, demo_paths):

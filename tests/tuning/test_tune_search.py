@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
+
+import pytest
 
 from ortpilot.tuning import tune
 from ortpilot.tuning.budget import PAIRED_ROUNDS, SETTLE_S, SPIN_S, Budget, paired_anchor_runs
 from ortpilot.tuning.candidate import baseline_candidate
 from ortpilot.tuning.journal import read_journal
+from ortpilot.tuning.report import headline
+from ortpilot.tuning.result import TuneResult
 from ortpilot.tuning.search import Entry, PairedBench, Search, leaders
 
 
@@ -100,9 +106,17 @@ def test_of_two_models_with_one_structure_on_one_session_only_the_more_accurate_
         assert e.status == "ok"
 
 
-def test_every_bench_after_the_default_runs_beside_it_and_the_report_quotes_that_ratio(tmp_path, demo_paths):
-    result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=20)
-    records = read_journal(tmp_path / "out" / "journal.jsonl")
+@pytest.fixture(scope="module")
+def encoder_tune(tmp_path_factory, demo_paths) -> tuple[TuneResult, Path]:
+    """One real tune of the demo encoder at ORT's defaults otherwise (its result and OUTDIR), read by the tests
+    below: what its journal, report and profile say."""
+    out = tmp_path_factory.mktemp("encoder-tune") / "out"
+    return tune(str(demo_paths["encoder"]), out, budget_s=20), out
+
+
+def test_every_bench_after_the_default_runs_beside_it_and_the_report_quotes_that_ratio(encoder_tune):
+    result, out = encoder_tune
+    records = read_journal(out / "journal.jsonl")
     base_id = next(r["id"] for r in records if r["kind"] == "prepared" and r["candidate"].get("baseline"))
     benches = [r for r in records if r["kind"] == "bench" and r["status"] == "ok"]
     others = [r for r in benches if r["id"] != base_id]
@@ -136,6 +150,20 @@ def test_every_bench_after_the_default_runs_beside_it_and_the_report_quotes_that
     assert search_rows, "every measured candidate took part in the final"
     for c in search_rows:
         assert abs(c["vs_default"]["ratio"] - doc["baseline"]["paired_cost"] / c["paired_cost"]) < 1e-9
+
+
+def test_a_real_tune_measures_the_sessions_before_any_model_variant(encoder_tune):
+    result, out = encoder_tune
+    phases = [r["phase"] for r in read_journal(out / "journal.jsonl") if r["kind"] == "prepared"]
+    assert phases[0] == "baseline" and "sessions" in phases
+    if "model variants" in phases:
+        assert max(i for i, p in enumerate(phases) if p == "sessions") < phases.index("model variants")
+    doc = result.to_dict()
+    said = headline(doc)
+    assert not ("already best" in said and any(c["status"] == "budget" for c in doc["candidates"]))
+    profile = json.loads((out / "profile.json").read_text())
+    if profile["candidate"]["baseline"]:  # ORT's default kept is ORT's default, recorded as it ran
+        assert profile["session_settings"]["intra_op_threads"] == 0 and profile["default_best_reason"]
 
 
 def test_a_quantization_far_over_the_gate_is_not_built_again_after_another_prefix(tmp_path, demo_paths):
