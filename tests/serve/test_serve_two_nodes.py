@@ -1,7 +1,7 @@
 """``ortpilot serve --address`` on a real two-node Ray cluster started on this machine (Ray's own
 ``cluster_utils.Cluster``: a head with two CPUs and a second node with one, each its own raylet), with one
-replica of one CPU on each node. Marked ``raycluster``: ``.ci/run`` runs it as its own step, on the cluster the
-fleet's two-node tests use (``two_nodes``, tests/serve/conftest.py)."""
+replica of one CPU on each node, on the cluster the fleet's two-node tests use (``two_nodes``,
+tests/serve/conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,14 @@ from serve_procs import Server, free_port
 import ortpilot
 from ortpilot.graph.feeds import make_feeds
 
-pytestmark = pytest.mark.raycluster
+# A full-run variant (-m "raycluster and slow"): the fleet's two-node test (tests/serve/test_fleet_two_nodes.py)
+# serves a bundle the same way in .ci/run's Ray step (two replicas of one CPU, one on each node, each verified on
+# its own node, answers compared with load_profile's); this one serves a plain profile.
+pytestmark = [pytest.mark.raycluster, pytest.mark.slow]
 
 
 def test_two_replicas_land_on_both_nodes_and_answer_like_load_profile(two_nodes, encoder_profile, tmp_path):
-    """A written CPU profile of the demo encoder (no tune: this step of .ci/run runs alone, after the main run)."""
+    """A written CPU profile of the demo encoder (no tune)."""
     server = Server(
         [
             str(encoder_profile),
