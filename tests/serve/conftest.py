@@ -1,4 +1,4 @@
-"""Fixtures for tests/serve: one local Ray instance for the session, a tuned profile, servers by PID.
+"""Fixtures for tests/serve: one local Ray instance for the session, a written profile, servers by PID.
 
 Every ``ortpilot serve`` a test starts is a real process joining the session's Ray instance with
 ``--address`` (one Ray start instead of one per server), listening on 127.0.0.1 on a free port;
@@ -49,20 +49,10 @@ def two_nodes() -> Iterator[dict]:
 
 
 @pytest.fixture(scope="session")
-def tuned_encoder(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str, Path]) -> Path:
-    """A real tune output of the demo encoder (short budget), its folder."""
-    from ortpilot.tuning import tune
-
-    out = tmp_path_factory.mktemp("tuned") / "encoder"
-    tune(str(demo_paths["encoder"]), out, budget_s=15, quantize=False)
-    return out
-
-
-@pytest.fixture(scope="session")
 def written_encoder(tmp_path_factory: pytest.TempPathFactory, demo_paths: dict[str, Path]) -> Path:
     """The demo encoder's profile written without a tune (ORT's default settings, its reference sample and outputs
     in reference.npz, so replicas verify it bit for bit), its folder: for a test about serving, not about what a
-    tune wrote (the replica-kill test runs in its own session, where ``tuned_encoder`` would tune first)."""
+    tune wrote (a real tune's profile is served and verified in test_serve_text.py, ``tuned``)."""
     import json
 
     from export_profiles import with_real_reference, write_cpu_profile

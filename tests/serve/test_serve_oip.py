@@ -23,9 +23,9 @@ from ortpilot.graph.feeds import make_feeds
 
 
 @pytest.fixture(scope="module")
-def server(start_module_server, ray_address, tuned_encoder):
+def server(start_module_server, ray_address, written_encoder):
     srv = start_module_server(
-        str(tuned_encoder / "profile.json"),
+        str(written_encoder / "profile.json"),
         "demo:mlp",
         "--name",
         "m",
@@ -41,8 +41,8 @@ def server(start_module_server, ray_address, tuned_encoder):
 
 
 @pytest.fixture(scope="module")
-def reference(tuned_encoder):
-    sess = ortpilot.load_profile(tuned_encoder / "profile.json")
+def reference(written_encoder):
+    sess = ortpilot.load_profile(written_encoder / "profile.json")
     return sess, make_feeds(sess.model, seed=3)
 
 
@@ -88,7 +88,7 @@ def test_tritonclient_infer_gives_load_profile_outputs_bit_for_bit(server, refer
         assert got.tobytes() == want.tobytes()
 
 
-def test_model_metadata_has_datatypes_shapes_and_each_replicas_providers_and_placement(server, tuned_encoder):
+def test_model_metadata_has_datatypes_shapes_and_each_replicas_providers_and_placement(server, written_encoder):
     client = th.InferenceServerClient(server.url)
     meta = client.get_model_metadata("m")
     assert [i["datatype"] for i in meta["inputs"]] == ["INT64"] * len(meta["inputs"])
@@ -98,7 +98,7 @@ def test_model_metadata_has_datatypes_shapes_and_each_replicas_providers_and_pla
     assert replica["providers"][0] == "CPUExecutionProvider"
     assert replica["placement_share"] == {"CPUExecutionProvider": 1.0}
     assert replica["verification"] == "bit-exact" and replica["verified"] is True
-    profile = json.loads((tuned_encoder / "profile.json").read_text())
+    profile = json.loads((written_encoder / "profile.json").read_text())
     assert replica["profile_intra_op_threads"] == profile["session_settings"]["intra_op_threads"]
     assert replica["intra_op_threads"] == int(replica["cpus"])
     if replica["intra_op_threads"] != replica["profile_intra_op_threads"]:
