@@ -18,8 +18,8 @@ if [ "$PHASE" != test ] || [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
   fi
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  "$VENV/bin/python" -m pip install -q --no-compile -e ".[cpu,serve,export,openvino-plugin]" pytest hypothesis
-  "$VENV/bin/python" -m pip install -q --no-compile --no-deps silero-vad
+  "$VENV/bin/python" -m pip install -q -e ".[cpu,serve,export,openvino-plugin]" pytest hypothesis
+  "$VENV/bin/python" -m pip install -q --no-deps silero-vad
 fi
 
 # Fail early and clearly if the environment is not what the lane claims to test.

@@ -20,8 +20,8 @@ if [ "$PHASE" != test ] || [ ! -x "$VENV/bin/python" ]; then
   fi
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # No [cpu] extra: the CPU onnxruntime would overwrite the OpenVINO build's files.
-  "$VENV/bin/python" -m pip install -q --no-compile "onnxruntime-openvino==$ORT_OPENVINO" -e ".[export]" pytest hypothesis
-  "$VENV/bin/python" -m pip install -q --no-compile --no-deps silero-vad rapidocr nudenet
+  "$VENV/bin/python" -m pip install -q "onnxruntime-openvino==$ORT_OPENVINO" -e ".[export]" pytest hypothesis
+  "$VENV/bin/python" -m pip install -q --no-deps silero-vad rapidocr nudenet
 fi
 
 # Fail early and clearly if the environment is not what the lane claims to test.
