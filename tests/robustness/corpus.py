@@ -1196,6 +1196,8 @@ CASES += [
         2,
         TOO_BIG,
     ),
+    Case("tune-batch-empty-item", "tune", _model(tiny_file, "--batch", "1,,32", out="tune"), 2, ("'1,,32'",)),
+    Case("tune-batch-twice", "tune", _model(tiny_file, "--batch", "8,8", out="tune"), 2, ("names 8 more than once",)),
     Case("compare-shape-above-the-bound", "compare", _model(tiny_file, "--shape", "batch=3000000000"), 2, TOO_BIG),
     Case("inspect-shape-above-the-bound", "inspect", _model(tiny_file, "--shape", "batch=3000000000"), 2, TOO_BIG),
     Case(
@@ -1490,6 +1492,13 @@ CASES += [
         _model(tiny_file, "--mode", "dynamic", "--shape", "batch=0", out="q.onnx"),
         2,
         ("every input empty", "the gate would time and compare nothing"),
+    ),
+    Case(
+        "compare-a-billion-samples",
+        "compare",
+        lambda ws: [str(tiny_file(ws)), str(tiny_file(ws, "b.onnx", node_prefix="b_")), "--samples", "1000000000"],
+        2,
+        ("1,000,000,000 generated input sets", "memory available", "--samples N"),
     ),
     Case(
         "compare-shape-zero",

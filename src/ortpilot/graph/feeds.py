@@ -128,30 +128,34 @@ def generate_samples(
     """``count`` generated input sets, seeds ``first_seed``, ``first_seed + 1``, ... (synthetic samples:
     calibration and gate data when none is given; ``data.DataSource.of_samples`` names them)."""
     plan = plan or plan_feeds(model, shapes)
+    check_memory(plan, {i.name: i for i in plan.inputs or graph_inputs(model)}, count)  # all of them are kept
     return [make_feeds(model, plan=plan, seed=first_seed + i) for i in range(count)]
 
 
-def check_memory(plan: FeedPlan, infos: Mapping[str, InputInfo]) -> None:
+def check_memory(plan: FeedPlan, infos: Mapping[str, InputInfo], count: int = 1) -> None:
     """Refuse inputs that cannot fit before allocating them: exit 2 naming the input, its shape and bytes.
 
     ORT needs at least as much again for outputs and intermediates, so inputs above half of what
-    is available (MemAvailable, or the cgroup's ``memory.max`` less its usage) cannot run.
+    is available (MemAvailable, or the cgroup's ``memory.max`` less its usage) cannot run; ``count``
+    input sets held at once (generated samples) count ``count`` times.
     """
     sizes = {
         name: math.prod(shape) * np.dtype(infos[name].dtype).itemsize
         for name, shape in plan.shapes.items()
         if name in infos and infos[name].elem_type in _SIZED
     }
-    total = sum(sizes.values())
+    total = sum(sizes.values()) * count
     available = available_memory()
     if available is None or total <= available // 2:
         return
     name = max(sizes, key=sizes.get)
+    sets = f"The {count:,} generated input sets" if count > 1 else "The generated inputs"
+    fewer = "Ask for fewer samples (--samples N) or choose" if count > 1 else "Choose"
     raise InputError(
-        f"The generated inputs would need {total:,} bytes ({total / 2**30:.1f} GiB), the largest "
-        f"'{name}' with shape {list(plan.shapes[name])} alone {sizes[name]:,} bytes; with ORT's outputs "
+        f"{sets} would need {total:,} bytes ({total / 2**30:.1f} GiB), the largest input "
+        f"'{name}' with shape {list(plan.shapes[name])} {sizes[name]:,} bytes a set; with ORT's outputs "
         f"and intermediates that is more than the {available:,} bytes ({available / 2**30:.1f} GiB) "
-        "of memory available. Choose smaller dims with --shape NAME=DIMS."
+        f"of memory available. {fewer} smaller dims with --shape NAME=DIMS."
     )
 
 

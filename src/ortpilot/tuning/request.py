@@ -131,16 +131,23 @@ class TuneRequest:
 
 
 def _batches(items: Any) -> tuple[int, ...]:
-    """Batch sizes as given (``--batch 1,8,32`` or a sequence), each a whole number from 1 to MAX_BATCH, no repeats."""
+    """Batch sizes as given (``--batch 1,8,32`` or a sequence), each a whole number from 1 to MAX_BATCH, each once:
+    an empty item (``1,,32``) or a size given twice is a typo for another size, refused rather than dropped."""
+    given = items
     if isinstance(items, str):
-        items = [p for p in items.replace(" ", "").split(",") if p]
+        items = items.replace(" ", "").split(",")
     try:
         values = [int(b) for b in (items if isinstance(items, (list, tuple)) else [items])]
     except (TypeError, ValueError):
-        raise UsageError(f"--batch takes batch sizes like 1,8,32, got {items!r}.") from None
+        raise UsageError(f"--batch takes batch sizes like 1,8,32, got {given!r}.") from None
     if not values or any(b < 1 or b > MAX_BATCH for b in values):
         raise UsageError(f"--batch sizes must be from 1 to {MAX_BATCH}, got {values}.")
-    return tuple(dict.fromkeys(values))
+    repeated = sorted({b for b in values if values.count(b) > 1})
+    if repeated:
+        raise UsageError(
+            f"--batch names {', '.join(map(str, repeated))} more than once ({given!r}); give each batch size once."
+        )
+    return tuple(values)
 
 
 def _shape_items(shapes: Sequence[str] | Mapping[str, Any] | None) -> tuple[str, ...]:
