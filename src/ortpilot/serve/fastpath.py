@@ -38,10 +38,11 @@ MIN_RAY = (2, 60)  # the first Ray whose Serve has HAProxy ingress and direct in
 REPLICA_PORTS = 64  # ports per range a server's replicas may take (one per replica and protocol)
 DRAIN_S = 2  # a direct-ingress replica stays reachable this long after it is told to stop (Ray: 30)
 DRAIN_ENV = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
-# The server-wide application is deleted last, with Serve itself, when no model is left behind HAProxy: a request
-# then gets HAProxy's own 503 + Retry-After whether the replica still listens or not, so it stays no longer (every
-# stop of a server that started Serve waited DRAIN_S more for it: 6.6 -> 4.5 s a stop, measured).
-SERVER_APP_ENV = {DRAIN_ENV: "0"}
+# What answers for the whole server (the OIP stack's server-wide application, the OpenAI stack's ingress) stops last,
+# once the server drains (503 + Retry-After to every new request): a request then gets HAProxy's own 503 + Retry-After
+# whether its replica still listens or not, so it stays no longer than its requests in flight (every stop of a server
+# that started Serve waited DRAIN_S more for it: 6.6 -> 4.5 s a stop of the OIP stack, measured).
+SERVER_WIDE_ENV = {DRAIN_ENV: "0"}
 PROXY_CHECK_S = 30  # how long Ray waits for a proxy to answer ready, and each of its health checks (Ray: 5, 10)
 # Read in Ray's processes: bind Ray's gRPC servers on loopback (``loopback``, both stacks), and the application
 # a gRPC call that names none is for (the OIP stack's ``oip.grpc_service``).

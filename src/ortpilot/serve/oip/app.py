@@ -19,7 +19,7 @@ from typing import Any
 from ortpilot.errors import UsageError
 from ortpilot.serve.counts import HEARTBEAT_S
 from ortpilot.serve.defaults import SHUTDOWN_POLL_S
-from ortpilot.serve.fastpath import SERVER_APP_ENV
+from ortpilot.serve.fastpath import SERVER_WIDE_ENV
 from ortpilot.serve.oip.codec import tensor_metadata
 from ortpilot.serve.oip.config import Batching, ModelFacts, ReplicaConfig
 from ortpilot.serve.oip.limits import InputLimits
@@ -157,7 +157,7 @@ def server_application(specs: Sequence[ModelSpec], options: ServeOptions, server
         ServerApp,
         name=SERVER_DEPLOYMENT,
         num_replicas=1,
-        ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": SERVER_APP_ENV}},
+        ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": SERVER_WIDE_ENV}},
         max_ongoing_requests=SERVER_MAX_ONGOING,
         graceful_shutdown_timeout_s=20.0,
         graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,

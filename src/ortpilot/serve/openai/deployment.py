@@ -13,6 +13,7 @@ from ortpilot.errors import UsageError
 from ortpilot.serve import loopback
 from ortpilot.serve.counts import HEARTBEAT_S
 from ortpilot.serve.defaults import SHUTDOWN_POLL_S
+from ortpilot.serve.fastpath import SERVER_WIDE_ENV
 from ortpilot.serve.openai.decoder import DecoderReplica
 from ortpilot.serve.openai.ingress import OpenAIIngress
 from ortpilot.serve.openai.metrics import EngineCounters, EngineHeartbeat
@@ -87,7 +88,11 @@ def openai_deployment(
         )
         handles[spec.name] = model.bind(spec, ort_threads(cpus))
     ingress = serve.deployment(
-        OpenAIIngress, name=INGRESS_NAME, num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096
+        OpenAIIngress,
+        name=INGRESS_NAME,
+        num_replicas=1,
+        ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": SERVER_WIDE_ENV}},
+        max_ongoing_requests=4096,
     )
     return ingress.bind(handles, settings or RequestSettings())
 
