@@ -108,13 +108,18 @@ def make_feeds(
 ) -> dict[str, np.ndarray]:
     """Generate one set of inputs for the model (deterministic for a seed)."""
     plan = plan or plan_feeds(model, shapes)
-    infos = {i.name: i for i in plan.inputs or graph_inputs(model)}
+    infos = _input_infos(model, plan)
     check_memory(plan, infos)  # before anything is allocated
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for name, shape in plan.shapes.items():
         feeds[name] = _value_for(infos[name], shape, plan, rng)
     return feeds
+
+
+def _input_infos(model: onnx.ModelProto, plan: FeedPlan) -> dict[str, InputInfo]:
+    """The model's inputs by name, as the plan read them (or read now)."""
+    return {i.name: i for i in plan.inputs or graph_inputs(model)}
 
 
 def generate_samples(
@@ -128,7 +133,7 @@ def generate_samples(
     """``count`` generated input sets, seeds ``first_seed``, ``first_seed + 1``, ... (synthetic samples:
     calibration and gate data when none is given; ``data.DataSource.of_samples`` names them)."""
     plan = plan or plan_feeds(model, shapes)
-    check_memory(plan, {i.name: i for i in plan.inputs or graph_inputs(model)}, count)  # all of them are kept
+    check_memory(plan, _input_infos(model, plan), count)  # all of them are kept
     return [make_feeds(model, plan=plan, seed=first_seed + i) for i in range(count)]
 
 
