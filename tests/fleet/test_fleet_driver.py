@@ -33,7 +33,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def _request(out: Path, **fields) -> TuneRequest:
-    return TuneRequest(out_dir=str(out), budget_s=BUDGET_S, quantize=False, **fields)
+    # no INT8 and no session knobs: a real search, short (what these tests check is the fleet's part)
+    return TuneRequest(out_dir=str(out), budget_s=BUDGET_S, quantize=False, session_knobs=False, **fields)
 
 
 def _records(folder: Path) -> list[dict]:

@@ -27,6 +27,7 @@ def test_a_job_and_a_spec_round_trip_through_plain_data_and_json(tmp_path, demo_
         metric=["cosine"],
         providers=["cpu"],
         quantize=False,
+        session_knobs=False,
         outputs=["y"],
         samples=8,
     )
@@ -40,12 +41,18 @@ def test_a_job_and_a_spec_round_trip_through_plain_data_and_json(tmp_path, demo_
     # the node's request: the fleet's, on its own copy of the model, into its scratch OUTDIR
     local = spec.request()
     assert local == replace(request, model=spec.model, out_dir=spec.out, resume=True)
-    assert (local.outputs, local.quantize, local.budget, local.samples) == (("y",), False, 20.0, 8)
+    assert (local.outputs, local.quantize, local.session_knobs, local.budget, local.samples) == (
+        ("y",),
+        False,
+        False,
+        20.0,
+        8,
+    )
     assert spec.request(calibration=[1, 2]).calibration == [1, 2]
 
 
 def test_a_search_streams_that_it_started_its_journal_and_its_profile_folder(tmp_path, demo_paths):
-    request = TuneRequest(budget_s=10, quantize=False)
+    request = TuneRequest(budget_s=10, quantize=False, session_knobs=False)  # a real search, short
     payload, _ = model_payload(demo_paths["mlp"])
     messages = list(search(_job(demo_paths["mlp"], request), payload, None, None))
 

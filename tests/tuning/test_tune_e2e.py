@@ -60,7 +60,9 @@ def test_decoder_gets_gqa_and_weight_only_candidates(tmp_path, monkeypatch):
 
     pytest.importorskip("onnxscript")
     monkeypatch.setenv("ORTPILOT_CACHE_DIR", str(tmp_path / "cache"))
-    result = ortpilot.tune("demo:decoder", out_dir=str(tmp_path / "out"), budget_s=40, max_error=0.6)
+    result = ortpilot.tune(
+        "demo:decoder", out_dir=str(tmp_path / "out"), budget_s=40, max_error=0.6, session_knobs=False
+    )
     by_label = {e.candidate.label: e for e in result.entries}
     assert result.facts.decoder
     assert {"gqa", "int4-weights", "gqa · int4-weights", "int8-weights"} <= set(by_label)

@@ -126,7 +126,9 @@ def test_a_tune_reports_a_declared_output_shape_the_model_does_not_return_and_ga
     from ortpilot.tuning import tune
 
     model = save(ctc_recognizer(), tmp_path / "rec.onnx")
-    result = tune(str(model), tmp_path / "out", budget_s=30, quantize=False, calibration=text_images(24))
+    result = tune(
+        str(model), tmp_path / "out", budget_s=30, quantize=False, session_knobs=False, calibration=text_images(24)
+    )
     assert result.metrics["387"] == "ctc"
     assert "declared [1, seqlen] but returns [20, 1, 40]" in result.metric_evidence["387"]
     report = " ".join((tmp_path / "out" / "report.md").read_text().split())

@@ -6,9 +6,10 @@ a real tune's are checked in tests/cli/test_cmd_tune.py."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
-from ortpilot.tuning.report import final_cells, ranked_candidates, render_md, search_cells, why_not_lines
+from ortpilot.tuning.report import final_cells, pareto_png, ranked_candidates, render_md, search_cells, why_not_lines
 
 
 def _cand(cid: str, *, final_ms: float | None, screen_ms: float | None, paired: float | None, **kw: Any) -> dict:
@@ -257,3 +258,14 @@ def test_buckets_whose_outputs_cannot_be_cut_back_are_said_so_not_called_a_leaki
     assert "'logits', cut back, did not have the shape" in line and "mask" not in line
     rejected["accuracy"]["outputs"][0]["note"] = ""
     assert "does not make padding invisible" in shape_plan_line(doc)
+
+
+def test_the_latency_error_plot_draws_errors_that_are_all_alike_without_a_warning(recwarn):
+    # every candidate at the error floor and the limit there too (a tune with --max-error 1e-9): no empty y range
+    doc = _issue_doc()
+    for cand in doc["candidates"]:
+        cand["accuracy"] = {"worst_error": 0.0}
+    doc["max_error"] = 1e-9
+    png = pareto_png(doc)
+    assert base64.b64decode(png).startswith(b"\x89PNG")
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)], [str(w.message) for w in recwarn]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from ortpilot.cli.main import cli
 from ortpilot.tuning import tune
 from ortpilot.tuning.budget import PAIRED_ROUNDS, SETTLE_S, SPIN_S, Budget, paired_anchor_runs
 from ortpilot.tuning.candidate import baseline_candidate
@@ -166,10 +169,39 @@ def test_a_real_tune_measures_the_sessions_before_any_model_variant(encoder_tune
         assert profile["session_settings"]["intra_op_threads"] == 0 and profile["default_best_reason"]
 
 
-def test_a_quantization_far_over_the_gate_is_not_built_again_after_another_prefix(tmp_path, demo_paths):
+@pytest.fixture(scope="module")
+def variants_only(tmp_path_factory, demo_paths) -> tuple[TuneResult, Path]:
+    """The demo encoder tuned without session knobs, at a limit no INT8 variant of it comes near."""
+    out = tmp_path_factory.mktemp("variants-only") / "out"
+    return tune(str(demo_paths["encoder"]), out, budget_s=30, max_error=1e-9, session_knobs=False), out
+
+
+def test_without_session_knobs_every_candidate_runs_ort_s_default_session_options(variants_only):
+    result, out = variants_only
+    default = baseline_candidate().settings
+    # ORT's default, or its thread pool capped at this process's CPUs where the default would start more
+    allowed = [default, dataclasses.replace(default, intra_op_threads=result.facts.cores)]
+    tried = [e for e in result.entries if e.status != "skipped"]
+    assert any(e.candidate.passes for e in tried)  # model variants were searched
+    knobbed = [e.candidate.label for e in tried if e.candidate.settings not in allowed or e.candidate.iobinding]
+    assert not knobbed
+    assert {e.phase for e in result.entries} <= {"baseline", "sessions", "model variants", "final"}
+    profile = json.loads((out / "profile.json").read_text())
+
+    def unthreaded(settings: dict) -> dict:  # a profile records the thread counts the session started
+        return {k: v for k, v in settings.items() if not k.endswith("_threads")}
+
+    assert unthreaded(profile["session_settings"]) == unthreaded(default.to_dict())
+    assert "- session knobs: --no-session-knobs:" in (out / "report.md").read_text()
+    # Resuming it as a tune that searches them is another tune: refused, naming the difference.
+    again = CliRunner().invoke(cli, ["tune", str(result.model), "-o", str(out), "--budget", "30", "--resume"])
+    assert again.exit_code == 2 and "differs in: " in again.output and "session_knobs" in again.output, again.output
+
+
+def test_a_quantization_far_over_the_gate_is_not_built_again_after_another_prefix(variants_only):
     # A limit no INT8 variant of the demo encoder comes near: the first of each fused/plain pair is built
     # and rejected by far; its twin (the same quantize step without the fusion before it) is skipped.
-    result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=30, max_error=1e-9)
+    result, _ = variants_only
     by_id = {e.candidate.id: e for e in result.entries}
     twins = [e for e in result.entries if e.status == "skipped" and "its twin" in e.reason]
     assert twins, [(e.candidate.label, e.status, e.reason) for e in result.entries]

@@ -68,7 +68,13 @@ def first_dynamic_error(tmp_path_factory, demo_paths) -> float:
     """What this CPU's first dynamic variant of the demo encoder reaches (its INT8 kernels, and so its error,
     depend on the ISA: exact with VNNI, 7-bit weights without it). A budget with room for the first variants on
     a slow 2-core CPU (10 s measured only the default there)."""
-    probe = tune(str(demo_paths["encoder"]), tmp_path_factory.mktemp("probe") / "out", budget_s=16, max_error=1.0)
+    probe = tune(
+        str(demo_paths["encoder"]),
+        tmp_path_factory.mktemp("probe") / "out",
+        budget_s=16,
+        max_error=1.0,
+        session_knobs=False,
+    )
     return _first_dynamic_error(probe)
 
 
@@ -82,7 +88,7 @@ def test_an_int8_variant_within_the_limit_but_over_half_of_it_is_rejected_and_fo
     tmp_path, demo_paths, first_dynamic_error
 ):
     limit = first_dynamic_error * 1.5  # the variant passes the gate, at 2/3 of the limit
-    result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=24, max_error=limit)
+    result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=24, max_error=limit, session_knobs=False)
     first = next(
         e
         for e in result.entries
@@ -106,7 +112,7 @@ def test_a_dynamic_variant_just_over_the_gate_is_retried_with_its_worst_layers_i
 ):
     # The limit sits just under what this CPU's first dynamic variant reaches.
     limit = first_dynamic_error / 2
-    result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=24, max_error=limit)
+    result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=24, max_error=limit, session_knobs=False)
     # The follow-ups (knobs around a follow-up carry its exclusions too, the fusion knob under another prefix)
     follow = [
         e

@@ -44,6 +44,7 @@ def build_request(
     calibration: str | None,
     providers: tuple[str, ...],
     no_quantize: bool,
+    no_session_knobs: bool,
     resume: bool,
     workload: str | None,
     batches: str,
@@ -65,6 +66,7 @@ def build_request(
         calibration=data if data is not None else calibration,
         providers=providers,
         quantize=not no_quantize,
+        session_knobs=not no_session_knobs,
         resume=resume,
         workload=workload,
         batches=batches,
@@ -101,6 +103,12 @@ TUNE_REQUEST = arg_group(
     REAL_DATA_OPTIONS,
     PROVIDER_OPTION,
     click.option("--no-quantize", is_flag=True, help="Leave INT8 variants out of the search."),
+    click.option(
+        "--no-session-knobs",
+        is_flag=True,
+        help="Leave session options (threads, optimization level, IOBinding, an EP's own knobs) out of the search: "
+        "model variants and providers run with ORT's defaults, for a deployment that sets its own.",
+    ),
     click.option("--resume", is_flag=True, help="Continue an interrupted tune from OUTDIR's journal."),
     click.option(
         "--workload",

@@ -40,6 +40,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "max_error": _OPT_NUMBER,
         "metric": _OPT_STR,
         "quantize": bool,
+        "session_knobs": bool,  # absent in journals written before it (they searched them)
         "providers": list,
         "ort": str,
         "data_sha256": _OPT_STR,  # the calibration / gate data file(s), None for generated inputs

@@ -53,6 +53,7 @@ class TuneRequest:
     calibration: Any = field(default=None, compare=False)
     providers: tuple[Any, ...] = ()  # provider names, "name:key=value" or {"name", "options"}; () is CPU
     quantize: bool = True  # INT8 variants in the search
+    session_knobs: bool = True  # session options (threads, levels, IOBinding, an EP's knobs) in the search
     outputs: tuple[str, ...] = ()  # the outputs the deployment reads; () for all
     workload: str | None = None  # a traffic sample (data.workload.read_workload); None: the user's data
     batches: tuple[int, ...] = (1,)  # the batch sizes a server forms: the first is tuned for, each is timed

@@ -71,6 +71,12 @@ OPENVINO_NOT_TRIED = (
 )
 
 
+SESSION_KNOBS_OFF = (
+    "--no-session-knobs: threads, optimization level, IOBinding and an EP's own knobs stay at ORT's defaults "
+    "(the deployment sets its own); model variants and providers are searched"
+)
+
+
 @dataclass(frozen=True)
 class Excluded:
     """A combination not tried, and why."""
@@ -103,6 +109,7 @@ class Facts:
     given_int8: dict[str, int] = field(default_factory=dict)  # the quantizer's ops the model came with, by count
     model_mb: float = 0.0  # the model's size with its weights (what a variant's preparation scales with)
     symbolic_inputs: bool = False  # an input has a dim without a fixed size (a sequence, a batch)
+    session_knobs: bool = True  # session options (and an EP's own knobs) searched; off keeps ORT's defaults
 
     @property
     def model_label(self) -> str:
@@ -137,6 +144,7 @@ class Facts:
             "decoder": self.decoder,
             "parallel_branches": self.parallel_branches,
             "quantize": self.quantize,
+            "session_knobs": self.session_knobs,
             "int8_rule": self.int8.to_dict() if self.int8 else None,
             "int8_variants": dict(self.int8_reasons),
             "given_int8": dict(self.given_int8),
@@ -172,6 +180,7 @@ def gather_facts(
     providers: Sequence[ProviderSpec] | None,
     *,
     quantize: bool = True,
+    session_knobs: bool = True,
     int8: Int8Rule | None = None,
     folder_attention: tuple[int, int] = (0, 0),
 ) -> Facts:
@@ -224,6 +233,8 @@ def gather_facts(
         )
         excluded.append(Excluded("INT8 variants", why))
         log.info("INT8 variants left out: %s.", why)
+    if not session_knobs:
+        excluded.append(Excluded("session knobs", SESSION_KNOBS_OFF))
     default_threads = ort_default_threads()
     if default_threads_in_budget(default_threads, cores):
         excluded.append(
@@ -252,6 +263,7 @@ def gather_facts(
         given_int8=given_int8,
         model_mb=model_bytes(model) / 2**20,
         symbolic_inputs=any(i.symbolic for i in graph_inputs(model)),
+        session_knobs=session_knobs,
     )
 
 
@@ -426,7 +438,10 @@ def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[
 
 
 def knob_variants(base: Candidate, facts: Facts) -> list[Candidate]:
-    """One knob changed at a time from ``base``; what is ruled out goes to ``facts.excluded``."""
+    """One knob changed at a time from ``base``; what is ruled out goes to ``facts.excluded``. None when the
+    tune leaves session options to the deployment (``--no-session-knobs``)."""
+    if not facts.session_knobs:
+        return []
     if base.providers[0]["name"] == OPENVINO:
         return openvino_knobs(base, facts)
     out: list[Candidate] = []

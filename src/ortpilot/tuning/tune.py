@@ -218,7 +218,13 @@ def _set_up(request: TuneRequest) -> _Setup:
         workload = Workload("synthetic", 1, shapes=dict(plan.shapes))
     workload = dataclasses.replace(workload, batches=request.batches)
     specs = resolve_providers(request.providers) if request.providers else None
-    facts = gather_facts(graph, specs, quantize=request.quantize, folder_attention=_folder_attention(folder))
+    facts = gather_facts(
+        graph,
+        specs,
+        quantize=request.quantize,
+        session_knobs=request.session_knobs,
+        folder_attention=_folder_attention(folder),
+    )
     pad = pad_values(_text_pad_id(calibration))
     facts.shape_plan = propose_plan(workload, facts, pad)
     batched = _batched(requests, request.batches, inputs, pad, facts)
@@ -233,6 +239,7 @@ def _set_up(request: TuneRequest) -> _Setup:
         "max_error": request.max_error,
         "metric": overrides.describe(),
         "quantize": request.quantize,
+        "session_knobs": request.session_knobs,
         "providers": [s.to_dict() for s in facts.providers],
         "ort": ort.__version__,
         "data_sha256": given.origin.sha256 if given is not None else None,
@@ -704,6 +711,9 @@ def _folder_attention(folder: ModelFolder | None) -> tuple[int, int]:
     return (int(folder.get("num_heads") or 0), int(folder.get("hidden_size") or 0)) if folder else (0, 0)
 
 
+_BEFORE_FIELD = {"session_knobs": True}  # what a journal written before a start field existed did
+
+
 def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
     header = journal.get("start")
     if journal.replayed:
@@ -717,7 +727,7 @@ def _check_resume(journal: Journal, config: dict[str, Any], out: Path) -> None:
         )
     if header is None:
         return
-    differs = [k for k, v in config.items() if header.get(k) != v]
+    differs = [k for k, v in config.items() if header.get(k, _BEFORE_FIELD.get(k)) != v]
     if differs:
         raise UsageError(
             f"The journal in '{out}' belongs to a different tune (it differs in: {', '.join(differs)}). "
