@@ -25,6 +25,16 @@ REPLICA_RETRIES = 2
 SHUTDOWN_POLL_S = 0.5
 
 
+def start_tries(replicas: int) -> int:
+    """Failed replica starts a model's deployment takes before Ray gives it up (its ``max_constructor_retry_count``),
+    while none of its replicas has started: one per replica. A replica's start loads the profile and verifies it on
+    its node, which on that node fails the same way every time (a reference that does not reproduce, a model that
+    does not load); Ray's default of three per replica made ``serve`` wait through two more model loads per
+    replica before it said why (24 s for one replica). Once a replica has started, Ray restarts failed ones as
+    before."""
+    return max(1, replicas)
+
+
 def retry_delay_s(attempt: int) -> float:
     """The pause before retry number ``attempt + 1`` of a call whose replica died."""
     return 0.2 * (attempt + 1)
@@ -52,4 +62,5 @@ __all__ = [
     "REPLICA_RETRIES",
     "megabytes",
     "retry_delay_s",
+    "start_tries",
 ]

@@ -25,6 +25,8 @@ def test_the_application_binds_records_not_dicts():
     decoder = ingress.init_args[0]["d"]._bound_deployment
     assert decoder.init_args == (spec, 2) and decoder.num_replicas == 2
     assert decoder.max_ongoing_requests == 3 + 5 + 8
+    # one failed start per replica before Ray gives the deployment up (serve.defaults.start_tries)
+    assert decoder._deployment_config.max_constructor_retry_count == 2
 
 
 def test_grpc_port_and_bad_replicas_are_refused_before_ray_starts():
