@@ -1350,6 +1350,17 @@ def _workload_out_of_vocabulary(ws: Workspace) -> list[str]:
     return ["demo:encoder", "--workload", str(path), "-o", str(ws.out / "tune"), "--budget", "30"]
 
 
+def _workload_histogram(doc: dict) -> Callable[[Workspace], list[str]]:
+    """A ``--workload`` histogram of the tiny model's batch dim, written as given."""
+
+    def build(ws: Workspace) -> list[str]:
+        path = ws.inputs / "workload.json"
+        path.write_text(json.dumps(doc))
+        return [str(tiny_file(ws)), "--workload", str(path), "-o", str(ws.out / "tune"), "--budget", "30"]
+
+    return build
+
+
 def _raising_reader(ws: Workspace) -> list[str]:
     """A calibration reader file whose factory raises: the user's code, said as such."""
     reader = ws.inputs / "reader.py"
@@ -1408,6 +1419,13 @@ CASES += [
         _workload_out_of_vocabulary,
         2,
         ("could not be measured", "out of data bounds", "--workload's requests"),
+    ),
+    Case(
+        "tune-workload-count-not-whole",
+        "tune",
+        _workload_histogram({"dims": {"batch": {"1": 2.5}}}),
+        2,
+        ("--workload", "the count of batch=1 is 2.5", "whole number of requests"),
     ),
     # numbers and paths that would never end, or land elsewhere
     Case("tune-budget-infinite", "tune", _model(tiny_file, "--budget", "inf", out="tune"), 2, ("--budget", "a week")),

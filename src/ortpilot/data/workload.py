@@ -258,7 +258,9 @@ def _from_histogram(file: Path, model: Any, inputs: Sequence[InputInfo]) -> list
 
     try:
         doc = json.loads(file.read_text(encoding="utf-8"))
-        dims = {str(d): {int(s): int(c) for s, c in dict(h).items()} for d, h in dict(doc["dims"]).items()}
+        dims = {
+            str(d): {int(s): _count(c, file, d, s) for s, c in dict(h).items()} for d, h in dict(doc["dims"]).items()
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         why = f"it has no {exc} object" if isinstance(exc, KeyError) else " ".join(str(exc).split())[:160]
         raise UsageError(
@@ -287,6 +289,17 @@ def _from_histogram(file: Path, model: Any, inputs: Sequence[InputInfo]) -> list
         shapes = {d: (_quantile(h, q),) for d, h in dims.items()}
         requests.append(make_feeds(model, plan=plan_feeds(model, shapes, inputs=inputs), seed=i))
     return requests
+
+
+def _count(value: Any, file: Path, dim: Any, size: Any) -> int:
+    """A histogram's count as JSON wrote it: a whole number of requests (``true`` or ``2.5`` is a typo for one, and
+    was read as 1 and 2)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(
+            f"--workload '{file}': the count of {dim}={size} is {json.dumps(value)}; each count is a whole number of "
+            'requests, as in {"dims": {"sequence": {"17": 120, "32": 40}}}.'
+        )
+    return value
 
 
 def _quantile(histogram: Mapping[int, int], q: float) -> int:
