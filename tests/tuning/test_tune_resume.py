@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -179,3 +180,19 @@ def test_ctrl_c_then_resume_gates_the_rest_on_the_kept_reference(tmp_path, demo_
     gated = [e for e in result.entries if e.accuracy and e.candidate.id not in {k[1] for k in before}]
     assert gated and all(e.accuracy["passed"] for e in gated)  # fp32 knobs match the kept reference exactly
     assert (out / "profile.json").is_file()
+
+
+def test_a_journal_from_before_the_session_knobs_field_resumes_as_the_tune_that_searched_them(tmp_path, demo_paths):
+    out = tmp_path / "out"
+    model = str(demo_paths["mlp"])
+    first = tune(model, out, budget_s=8, quantize=False)
+    journal = out / "journal.jsonl"
+    lines = journal.read_text().splitlines()
+    start = json.loads(lines[0])
+    assert start["kind"] == "start" and start.pop("session_knobs") is True
+    journal.write_text("\n".join([json.dumps(start), *lines[1:]]) + "\n")  # as ortpilot wrote it before the field
+
+    again = tune(model, out, budget_s=8, quantize=False, resume=True)
+    assert again.resumed and again.winner.candidate.id == first.winner.candidate.id
+    with pytest.raises(UsageError, match="differs in: session_knobs"):
+        tune(model, out, budget_s=8, quantize=False, session_knobs=False, resume=True)
