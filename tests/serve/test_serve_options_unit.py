@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ortpilot.errors import UsageError
-from ortpilot.serve.options import CPU_STEP, ServeOptions, cpu_share, ort_threads
+from ortpilot.serve.options import CPU_STEP, DecoderOptions, ServeOptions, ServerOptions, cpu_share, ort_threads
 
 
 def test_more_replicas_than_cpus_get_a_fraction_each_that_fits():
@@ -42,3 +42,28 @@ def test_cpus_per_replica_that_cannot_all_start_is_refused_naming_what_fits():
     assert "only 2 would start now" in message and "Leave --cpus-per-replica out" in message and "0.6666" in message
     with pytest.raises(UsageError, match="only 1 would start now"):
         ServeOptions(replicas=2, cpus_per_replica=1.5).check_fit(models=1, budget=2)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "make, flag",
+    [
+        (lambda: ServeOptions(cpus_per_replica=INF), "--cpus-per-replica"),
+        (lambda: ServeOptions(cpus_per_replica=NAN), "--cpus-per-replica"),
+        (lambda: ServeOptions(batch_wait_ms=NAN), "--batch-wait-ms"),
+        (lambda: ServeOptions(batch_wait_ms=1e9), "--batch-wait-ms"),
+        (lambda: ServeOptions(max_request_mb=INF), "--max-request-mb"),  # was a traceback (int(inf))
+        (lambda: ServeOptions(max_request_mb=NAN), "--max-request-mb"),
+        (lambda: ServeOptions(max_request_mb=1e9), "--max-request-mb"),  # over gRPC's int32 message size
+        (lambda: ServerOptions(ready_timeout=NAN), "--ready-timeout"),  # a deadline never reached
+        (lambda: ServerOptions(ready_timeout=0), "--ready-timeout"),
+        (lambda: DecoderOptions(prefix_cache_mb=INF), "--prefix-cache-mb"),
+        (lambda: DecoderOptions(prefix_cache_mb=NAN), "--prefix-cache-mb"),
+    ],
+)
+def test_a_number_that_is_no_bound_is_refused_naming_its_flag(make, flag):
+    # nan passes every comparison a bound is written with; inf overflowed where a count was made of it
+    with pytest.raises(UsageError, match=flag):
+        make()

@@ -109,6 +109,10 @@ class TextOptions:
         return cls(**dict(doc or {}))
 
 
+MAX_REQUEST_MB = 2047  # gRPC takes a message size as a signed 32-bit count of bytes
+MAX_BATCH_WAIT_MS = 60_000.0  # a batch that waits longer for company is a request that waits: a minute at most
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     """Replica and batching settings shared by every served model."""
@@ -135,14 +139,21 @@ class ServeOptions:
                     f"--autoscale {low}:{high} needs 1 <= MIN <= MAX (a model is ready once a replica "
                     "verified, so it keeps at least one)."
                 )
-        if self.cpus_per_replica is not None and self.cpus_per_replica <= 0:
-            raise UsageError(f"--cpus-per-replica must be above 0, got {self.cpus_per_replica:g}.")
+        # nan passes every comparison a bound is written with, and inf overflows where a count is made of it
+        if self.cpus_per_replica is not None and not 0 < self.cpus_per_replica < math.inf:
+            raise UsageError(f"--cpus-per-replica must be a number above 0, got {self.cpus_per_replica:g}.")
         if self.max_batch < 1:
             raise UsageError(f"--max-batch must be at least 1 (1 turns batching off), got {self.max_batch}.")
-        if self.batch_wait_ms < 0:
-            raise UsageError(f"--batch-wait-ms must be >= 0, got {self.batch_wait_ms:g}.")
-        if self.max_request_mb <= 0:
-            raise UsageError(f"--max-request-mb must be above 0, got {self.max_request_mb:g}.")
+        if not 0 <= self.batch_wait_ms <= MAX_BATCH_WAIT_MS:
+            raise UsageError(
+                f"--batch-wait-ms must be from 0 to {MAX_BATCH_WAIT_MS:g} (a batch's wait for more requests), "
+                f"got {self.batch_wait_ms:g}."
+            )
+        if not 0 < self.max_request_mb <= MAX_REQUEST_MB:
+            raise UsageError(
+                f"--max-request-mb must be above 0 and at most {MAX_REQUEST_MB} (gRPC's messages stop short of "
+                f"2 GiB), got {self.max_request_mb:g}."
+            )
 
     @property
     def initial_replicas(self) -> int:
@@ -209,8 +220,8 @@ class DecoderOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "formats", tuple(self.formats))
-        if self.prefix_cache_mb < 0:
-            raise UsageError(f"--prefix-cache-mb must be 0 (off) or more, got {self.prefix_cache_mb:g}.")
+        if not 0 <= self.prefix_cache_mb < math.inf:
+            raise UsageError(f"--prefix-cache-mb must be 0 (off) or a number of MiB, got {self.prefix_cache_mb:g}.")
         self.engine()  # the engine's own checks name the setting
         if self.chat_template not in CHAT_TEMPLATES:
             raise UsageError(f"--chat-template must be one of {', '.join(CHAT_TEMPLATES)}; got '{self.chat_template}'.")
@@ -270,6 +281,8 @@ class ServerOptions:
                 f"got {self.max_header_kb}."
             )
 
+        if not 0 < self.ready_timeout < math.inf:
+            raise UsageError(f"--ready-timeout must be a number of seconds above 0, got {self.ready_timeout:g}.")
         if self.ingress not in INGRESS_CHOICES:
             raise UsageError(f"--ingress must be one of {', '.join(INGRESS_CHOICES)}; got '{self.ingress}'.")
         for flag, port in (("--port", self.port), ("--grpc-port", self.grpc_port)):

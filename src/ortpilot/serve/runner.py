@@ -12,6 +12,7 @@ stack: the core imports neither.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -52,9 +53,19 @@ def check_port(host: str, port: int, flag: str = "--port") -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
+            why = exc.strerror or str(exc)
+            if isinstance(exc, socket.gaierror) or exc.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):
+                raise UsageError(
+                    f"--host {host} is not an address this machine can listen on ({why}). Give one of its own "
+                    "addresses: 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an interface's address."
+                ) from None
+            if exc.errno == errno.EACCES:
+                raise UsageError(
+                    f"Port {port} on {host} needs privileges this process lacks ({why}): ports below 1024 are "
+                    f"reserved. Pick another with {flag}, or put a proxy with the privilege in front."
+                ) from None
             raise UsageError(
-                f"Port {port} on {host} is not free ({exc.strerror or exc}). Stop what listens there "
-                f"or pick another with {flag}."
+                f"Port {port} on {host} is not free ({why}). Stop what listens there or pick another with {flag}."
             ) from None
 
 
