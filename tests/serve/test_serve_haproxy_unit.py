@@ -103,6 +103,15 @@ def test_ingress_proxy_says_why():
     assert path.describe().startswith("Ray Serve proxy -> replica")
 
 
+@pytest.mark.parametrize("host", ["::1", "::"])
+def test_an_ipv6_host_takes_the_classic_proxy_and_says_why(host):
+    # Ray's HAProxy dials the replicas at the node's IPv4 address, and they listen on the IPv6 --host: every
+    # request was a 503 and serve never became ready (measured with --host ::1 and --host ::)
+    path = choose("auto", throughput_optimized=True, host=host)
+    assert not path.haproxy and any(f"--host {host} is an IPv6 address" in note for note in path.notes)
+    assert choose("auto", throughput_optimized=True, host="127.0.0.1").haproxy == (haproxy_binary() is not None)
+
+
 # Requests with a valid request line and a header HAProxy refuses (RFC 9112: a request smuggler's tools).
 BROKEN_HEADERS = {
     "two Host headers": b"GET /v2 HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",

