@@ -7,7 +7,10 @@ a real tune's are checked in tests/cli/test_cmd_tune.py."""
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any
+
+import pytest
 
 from ortpilot.tuning.report import final_cells, pareto_png, ranked_candidates, render_md, search_cells, why_not_lines
 
@@ -260,12 +263,16 @@ def test_buckets_whose_outputs_cannot_be_cut_back_are_said_so_not_called_a_leaki
     assert "does not make padding invisible" in shape_plan_line(doc)
 
 
-def test_the_latency_error_plot_draws_errors_that_are_all_alike_without_a_warning(recwarn):
-    # every candidate at the error floor and the limit there too (a tune with --max-error 1e-9): no empty y range
+@pytest.mark.parametrize("max_error", [1e-9, math.inf])
+def test_the_latency_error_plot_draws_errors_that_are_all_alike_and_a_limit_of_inf_without_a_warning(
+    recwarn, max_error
+):
+    # every candidate at the error floor and the limit there too (--max-error 1e-9): no empty y range;
+    # --max-error inf (no limit): nothing to draw for it (setting the plot's range on it raised)
     doc = _issue_doc()
     for cand in doc["candidates"]:
         cand["accuracy"] = {"worst_error": 0.0}
-    doc["max_error"] = 1e-9
+    doc["max_error"] = max_error
     png = pareto_png(doc)
     assert base64.b64decode(png).startswith(b"\x89PNG")
     assert not [w for w in recwarn if issubclass(w.category, UserWarning)], [str(w.message) for w in recwarn]

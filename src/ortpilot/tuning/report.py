@@ -555,8 +555,9 @@ def pareto_png(doc: dict[str, Any]) -> str:
             best = p[1]
     if len(front) > 1:
         ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.8, label="Pareto front")
-    ax.axhline(doc["max_error"], color="gray", lw=0.8, ls=":", label="max error")
-    drawn = [y for y in [*(p[1] for p in points), doc["max_error"]] if y and y > 0]
+    if math.isfinite(doc["max_error"]):  # --max-error inf: no limit to draw
+        ax.axhline(doc["max_error"], color="gray", lw=0.8, ls=":", label="max error")
+    drawn = [y for y in [*(p[1] for p in points), doc["max_error"]] if math.isfinite(y) and y > 0]
     if drawn:  # room around what is drawn: every error alike (at the 1e-9 floor, at the limit) is no empty range
         ax.set_ylim(min(drawn) / 3, max(drawn) * 3)
     ax.set_yscale("log")
