@@ -144,6 +144,8 @@ def test_model_without_cache_recomputes(tmp_path) -> None:
         ({"prompt_ids": [1, 2, 3], "max_length": 3}, "KV buffer holds 3"),
         ({"prompt_ids": [1], "loop": "fast"}, "Unknown loop"),
         ({"prompt_ids": [1], "loop": "shared"}, "no GroupQueryAttention"),
+        ({"prompt_ids": [1], "stop_tokens": [-5]}, r"Stop token id\(s\) \[-5\] are outside the vocabulary"),
+        ({"prompt_ids": [1], "stop_tokens": [2, 300]}, r"\[300\] are outside the vocabulary"),  # never produced
     ],
 )
 def test_bad_requests_are_usage_errors(plain_gen: Generator, kwargs: dict, message: str) -> None:

@@ -92,7 +92,8 @@ def test_generate_options_defaults_normalisation_and_json() -> None:
         ({"loop": "fast"}, "Unknown loop 'fast'"),
         ({"speculation": "maybe"}, "speculation must be one of"),
         ({"draft_tokens": 0}, "draft_tokens"),
-        ({"sampling": {"temperature": -1.0}}, "temperature must be >= 0"),
+        ({"sampling": {"temperature": -1.0}}, "temperature must be a finite number >= 0"),
+        ({"sampling": {"temperature": float("inf")}}, "temperature must be a finite number >= 0"),  # uniform noise
     ],
 )
 def test_a_bad_generate_request_is_refused_as_it_is_made(fields, said) -> None:

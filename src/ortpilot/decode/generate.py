@@ -147,6 +147,7 @@ class Generator:
             self.signature.max_positions or 2**31, "the model's positions"
         )
         ids, mask = self._prompt(prompt_ids, attention_mask)
+        self._check_stops(options.stop_tokens)
         max_length = self._max_length(ids.shape[1], options.max_new_tokens, options.max_length)
         name, reason = self.choose_loop(options.loop, padded=bool((mask == 0).any()))
         notes = (
@@ -220,6 +221,16 @@ class Generator:
             notes=notes,
             speculation=run.speculation,
         )
+
+    def _check_stops(self, stop_tokens: Sequence[int]) -> None:
+        """A stop id outside the vocabulary is never produced: generation would run on past what it was to stop at."""
+        vocab = self.signature.vocab_size
+        bad = sorted({t for t in stop_tokens if t < 0 or (vocab and t >= vocab)})
+        if bad:
+            raise UsageError(
+                f"Stop token id(s) {bad[:10]} are outside the vocabulary (0 .. {vocab - 1 if vocab else 'n'}): the "
+                "model never produces them, so generation would not stop there."
+            )
 
     def _prompt(
         self, prompt_ids: Sequence[int] | np.ndarray, attention_mask: np.ndarray | None

@@ -6,6 +6,7 @@ the same greedy tokens. Sampling draws from one seeded generator, so a seed repr
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,8 +30,8 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise UsageError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        if not 0.0 <= self.temperature < math.inf:  # inf flattens every distribution to uniform noise
+            raise UsageError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}.")
         if self.top_k < 0:
             raise UsageError(f"top_k must be >= 0 (0 = no cut), got {self.top_k}.")
         if not 0.0 < self.top_p <= 1.0:
