@@ -48,6 +48,8 @@ def test_providers_are_checked_when_the_request_is_made_and_kept_as_given():
         ({"budget_s": 4}, "leaves no time to search"),
         ({"objective": "p70"}, "Unknown objective 'p70'"),
         ({"samples": 0}, "samples must be a positive whole number"),
+        ({"session_knobs": "false"}, "session_knobs must be True or False, got 'false'"),  # a true string
+        ({"quantize": 0}, "quantize must be True or False"),
     ],
 )
 def test_bad_options_are_usage_errors_before_anything_runs(fields, message):

@@ -93,6 +93,9 @@ class TuneRequest:
             raise UsageError(f"Unknown objective '{self.objective}'; use one of {', '.join(OBJECTIVES)}.")
         if self.max_error is not None:
             set_(self, "max_error", float(self.max_error))
+        for name in ("quantize", "session_knobs", "resume"):  # "false" is a true string
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"{name} must be True or False, got {getattr(self, name)!r}.")
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
             raise UsageError(f"samples must be a positive whole number, got {self.samples!r}.")
 
