@@ -1421,11 +1421,11 @@ CASES += [
         ("could not be measured", "out of data bounds", "--workload's requests"),
     ),
     Case(
-        "tune-workload-count-not-whole",
+        "tune-workload-count-a-string",
         "tune",
-        _workload_histogram({"dims": {"batch": {"1": 2.5}}}),
+        _workload_histogram({"dims": {"batch": {"1": "3"}}}),
         2,
-        ("--workload", "the count of batch=1 is 2.5", "whole number of requests"),
+        ("--workload", 'the count of batch=1 is "3"', "a number of requests (or their share)"),
     ),
     # numbers and paths that would never end, or land elsewhere
     Case("tune-budget-infinite", "tune", _model(tiny_file, "--budget", "inf", out="tune"), 2, ("--budget", "a week")),

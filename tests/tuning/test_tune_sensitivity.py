@@ -113,7 +113,7 @@ def test_a_dynamic_variant_just_over_the_gate_is_retried_with_its_worst_layers_i
     # The limit sits just under what this CPU's first dynamic variant reaches.
     limit = first_dynamic_error / 2
     result = tune(str(demo_paths["encoder"]), tmp_path / "out", budget_s=24, max_error=limit, session_knobs=False)
-    # The follow-ups (knobs around a follow-up carry its exclusions too, the fusion knob under another prefix)
+    # The follow-ups (the fusion knob around a follow-up carries its exclusions too, under another prefix)
     follow = [
         e
         for e in result.entries

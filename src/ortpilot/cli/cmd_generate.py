@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,8 @@ from ortpilot.passes.options import DecoderFusionOptions
 if TYPE_CHECKING:
     from ortpilot.decode import GenerationResult, Generator
     from ortpilot.session import SessionSettings
+
+log = logging.getLogger("ortpilot")
 
 
 def _prompt_ids(text: str) -> list[int]:
@@ -190,12 +193,23 @@ def command(
     from ortpilot.session import SessionSettings
 
     tok, ids = _read_prompt(model, prompt_ids, prompt, tokenizer, chat, system)
-    options = replace(options, stop_tokens=stop_ids(tok, list(options.stop_tokens)))
     settings = SessionSettings(intra_op_threads=threads)
     source, notes = _prepare_source(model, providers, settings, isolate, fusion)
     gen = Generator(
         source, providers=list(providers) or None, policy=policy, settings=settings, mapping=parse_kv_list(mapping)
     )
+    # --stop-id is held to the vocabulary (Generator.generate); the tokenizer's own end-of-turn ids are added where
+    # the model can produce them
+    vocab = gen.signature.vocab_size
+    own = [t for t in stop_ids(tok) if t not in options.stop_tokens]
+    beyond = [t for t in own if vocab and not 0 <= t < vocab]
+    if beyond:
+        log.warning(
+            "The tokenizer's end-of-turn id(s) %s lie outside the model's vocabulary (0 .. %d): left out of the stops.",
+            beyond,
+            vocab - 1,
+        )
+    options = replace(options, stop_tokens=(*options.stop_tokens, *(t for t in own if t not in beyond)))
     result = gen.generate(ids, options=options, stream=None if as_json else _streamer(tok))
     if as_json:
         emit_json(_document(model, gen, result, notes, tok, list(options.stop_tokens)))

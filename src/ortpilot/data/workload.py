@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -291,13 +292,14 @@ def _from_histogram(file: Path, model: Any, inputs: Sequence[InputInfo]) -> list
     return requests
 
 
-def _count(value: Any, file: Path, dim: Any, size: Any) -> int:
-    """A histogram's count as JSON wrote it: a whole number of requests (``true`` or ``2.5`` is a typo for one, and
-    was read as 1 and 2)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+def _count(value: Any, file: Path, dim: Any, size: Any) -> float:
+    """A histogram's count as JSON wrote it: a number of requests or a share of them (only proportions matter:
+    ``120``, ``120.0`` and ``0.75`` all read as written). ``true`` or ``"3"`` is a typo for one, and was read as 1
+    and 3; NaN and infinity are no proportion."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UsageError(
-            f"--workload '{file}': the count of {dim}={size} is {json.dumps(value)}; each count is a whole number of "
-            'requests, as in {"dims": {"sequence": {"17": 120, "32": 40}}}.'
+            f"--workload '{file}': the count of {dim}={size} is {json.dumps(value)}; each count is a number of "
+            'requests (or their share), as in {"dims": {"sequence": {"17": 120, "32": 40}}}.'
         )
     return value
 

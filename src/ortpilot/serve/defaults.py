@@ -3,6 +3,9 @@ replicas and HAProxy's config all read them here, so a changed default changes e
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 DEFAULT_PORT = 8000
 DEFAULT_MAX_REQUEST_MB = 64.0  # request bodies (REST, gRPC messages, /v1) over this get 413
 DEFAULT_HEADER_TIMEOUT_S = 10  # request line and headers (HAProxy ``timeout http-request``)
@@ -31,8 +34,17 @@ def start_tries(replicas: int) -> int:
     its node, which on that node fails the same way every time (a reference that does not reproduce, a model that
     does not load); Ray's default of three per replica made ``serve`` wait through two more model loads per
     replica before it said why (24 s for one replica). Once a replica has started, Ray restarts failed ones as
-    before."""
+    before. On a cluster of several machine classes a plain profile verifies on its own class only: a replica
+    placed elsewhere fails (serve a bundle, ``tune --ray``, or pass ``--accept-machine``)."""
     return max(1, replicas)
+
+
+def start_tries_option(serve: Any, replicas: int) -> dict[str, int]:
+    """``serve.deployment``'s ``max_constructor_retry_count`` of ``start_tries``, where this Ray Serve takes it
+    (Ray 2.50 and later; before, Ray's own count holds)."""
+    if "max_constructor_retry_count" not in inspect.signature(serve.deployment).parameters:
+        return {}
+    return {"max_constructor_retry_count": start_tries(replicas)}
 
 
 def retry_delay_s(attempt: int) -> float:
@@ -63,4 +75,5 @@ __all__ = [
     "megabytes",
     "retry_delay_s",
     "start_tries",
+    "start_tries_option",
 ]

@@ -143,7 +143,7 @@ def choose(
             "or put haproxy on the PATH): the classic Serve proxy takes requests, one more hop"
         )
         haproxy = False
-    if haproxy and ":" in host:
+    if haproxy and _ipv6(host):
         notes.append(
             f"--host {host} is an IPv6 address: Ray's HAProxy sends requests to the replicas at the node's IPv4 "
             "address while they listen on the IPv6 one (every request 503), so the classic Serve proxy takes "
@@ -165,6 +165,17 @@ def choose(
         tuple(notes),
         loopback=not joined_remote_hosts,
     )
+
+
+def _ipv6(host: str) -> bool:
+    """An IPv6 address that is not an IPv4 one written as IPv6 (``::ffff:127.0.0.1``)."""
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a host name
+        return False
+    return address.version == 6 and address.ipv4_mapped is None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -263,7 +263,8 @@ class Search:
         queue = first_candidates(facts, baseline)
         sessions = [c for c in queue if not c.passes]
         variants = [c for c in queue if c.passes]
-        self.planned = 1 + len(queue) + len(knob_variants(baseline, facts)) + KNOB_BASES * 6
+        knobs_per_base = 6 if facts.session_knobs else 1  # the session knobs, or the model knob alone
+        self.planned = 1 + len(queue) + len(knob_variants(baseline, facts)) + KNOB_BASES * knobs_per_base
         base = self._baseline(baseline)
         self._keep_for_outputs(base, facts)
         for cand in sessions:  # the model as given on every other provider (and the capped default)

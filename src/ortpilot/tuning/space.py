@@ -72,8 +72,8 @@ OPENVINO_NOT_TRIED = (
 
 
 SESSION_KNOBS_OFF = (
-    "--no-session-knobs: threads, optimization level, IOBinding and an EP's own knobs stay at ORT's defaults "
-    "(the deployment sets its own); model variants and providers are searched"
+    "left to the deployment (--no-session-knobs), so threads, optimization level, IOBinding, shape buckets and an "
+    "EP's own knobs stay at ORT's defaults; model variants and providers are searched"
 )
 
 
@@ -438,10 +438,10 @@ def _variants_on(spec: ProviderSpec, facts: Facts, baseline: Candidate) -> list[
 
 
 def knob_variants(base: Candidate, facts: Facts) -> list[Candidate]:
-    """One knob changed at a time from ``base``; what is ruled out goes to ``facts.excluded``. None when the
-    tune leaves session options to the deployment (``--no-session-knobs``)."""
+    """One knob changed at a time from ``base``; what is ruled out goes to ``facts.excluded``. Only the model
+    knob (``fusion_knobs``) when the tune leaves session options to the deployment (``--no-session-knobs``)."""
     if not facts.session_knobs:
-        return []
+        return [c for c in within_budget(fusion_knobs(base), facts) if c.id != base.id]
     if base.providers[0]["name"] == OPENVINO:
         return openvino_knobs(base, facts)
     out: list[Candidate] = []

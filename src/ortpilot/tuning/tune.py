@@ -226,7 +226,8 @@ def _set_up(request: TuneRequest) -> _Setup:
         folder_attention=_folder_attention(folder),
     )
     pad = pad_values(_text_pad_id(calibration))
-    facts.shape_plan = propose_plan(workload, facts, pad)
+    # a session per bucket is a session knob too: a deployment that sets its own sessions runs one
+    facts.shape_plan = propose_plan(workload, facts, pad) if request.session_knobs else None
     batched = _batched(requests, request.batches, inputs, pad, facts)
     replay_batch = 1
     if request.batches[0] > 1 and request.batches[0] in batched:  # the search times what the server forms

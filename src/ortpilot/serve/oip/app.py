@@ -18,7 +18,7 @@ from typing import Any
 
 from ortpilot.errors import UsageError
 from ortpilot.serve.counts import HEARTBEAT_S
-from ortpilot.serve.defaults import SHUTDOWN_POLL_S, start_tries
+from ortpilot.serve.defaults import SHUTDOWN_POLL_S, start_tries_option
 from ortpilot.serve.fastpath import SERVER_WIDE_ENV
 from ortpilot.serve.oip.codec import tensor_metadata
 from ortpilot.serve.oip.config import Batching, ModelFacts, ReplicaConfig
@@ -119,7 +119,7 @@ def model_application(
         health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=20.0,
         graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,
-        max_constructor_retry_count=start_tries(options.autoscale[0] if options.autoscale else options.replicas),
+        **start_tries_option(serve, options.initial_replicas),
         **scaling,
     )
     return model.bind(spec, replica_config(spec, options, server, cpus, server_app))

@@ -12,7 +12,7 @@ from typing import Any
 from ortpilot.errors import UsageError
 from ortpilot.serve import loopback
 from ortpilot.serve.counts import HEARTBEAT_S
-from ortpilot.serve.defaults import SHUTDOWN_POLL_S, start_tries
+from ortpilot.serve.defaults import SHUTDOWN_POLL_S, start_tries_option
 from ortpilot.serve.fastpath import SERVER_WIDE_ENV
 from ortpilot.serve.openai.decoder import DecoderReplica
 from ortpilot.serve.openai.ingress import OpenAIIngress
@@ -85,7 +85,7 @@ def openai_deployment(
             graceful_shutdown_timeout_s=10.0,
             graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,
             health_check_period_s=HEARTBEAT_S,
-            max_constructor_retry_count=start_tries(replicas),
+            **start_tries_option(serve, replicas),
         )
         handles[spec.name] = model.bind(spec, ort_threads(cpus))
     ingress = serve.deployment(
