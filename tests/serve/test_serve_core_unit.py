@@ -75,12 +75,13 @@ def test_a_taken_port_is_a_usage_error_before_anything_starts():
             check_port("127.0.0.1", sock.getsockname()[1], "--grpc-port")
 
 
-@pytest.mark.parametrize("host", ["999.1.1.1", "192.0.2.1"])  # no such address; TEST-NET-1, on no interface here
+@pytest.mark.parametrize("host", ["999.1.1.1", "192.0.2.1", "[::1]"])  # no such address; TEST-NET-1; a URL's form
 def test_a_host_this_machine_cannot_listen_on_is_named_as_the_host_not_a_taken_port(host):
     with pytest.raises(UsageError) as info:
         check_port(host, 8000)
     message = str(info.value)
     assert f"--host {host} is not an address this machine can listen on" in message and "not free" not in message
+    assert ("without brackets (--host ::1)" in message) == host.startswith("[")
 
 
 def _time_wait_port() -> int:

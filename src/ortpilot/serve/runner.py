@@ -28,7 +28,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from ortpilot import rayenv
 from ortpilot.errors import UsageError, VerificationError
@@ -48,17 +48,18 @@ def check_port(host: str, port: int, flag: str = "--port") -> None:
     """Exit 2 before anything starts when ``host:port`` is taken. The test bind uses ``SO_REUSEADDR``, as
     the listeners that will bind it do (HAProxy, Ray's proxy): a port that holds only TIME-WAIT sockets
     (a server stopped moments ago) is free for them, one with a live listener is not."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+    try:  # the family of what the host names (a name may have IPv6 addresses only)
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        _not_a_host(host, exc.strerror or str(exc))
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
             why = exc.strerror or str(exc)
             if isinstance(exc, socket.gaierror) or exc.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):
-                raise UsageError(
-                    f"--host {host} is not an address this machine can listen on ({why}). Give one of its own "
-                    "addresses: 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an interface's address."
-                ) from None
+                _not_a_host(host, why)
             if exc.errno == errno.EACCES:
                 raise UsageError(
                     f"Port {port} on {host} needs privileges this process lacks ({why}): ports below 1024 are "
@@ -67,6 +68,14 @@ def check_port(host: str, port: int, flag: str = "--port") -> None:
             raise UsageError(
                 f"Port {port} on {host} is not free ({why}). Stop what listens there or pick another with {flag}."
             ) from None
+
+
+def _not_a_host(host: str, why: str) -> NoReturn:
+    hint = f" Write an IPv6 address without brackets (--host {host.strip('[]')})." if host.startswith("[") else ""
+    raise UsageError(
+        f"--host {host} is not an address this machine can listen on ({why}).{hint} Give one of its own "
+        "addresses: 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an interface's address."
+    ) from None
 
 
 def failure_reason(message: str) -> str:
