@@ -73,10 +73,18 @@ def test_a_replica_gone_before_the_first_token_is_replaced(replica):
     assert reply.status == 200 and handle.calls == REPLICA_RETRIES + 1, reply.body
 
 
-def test_past_the_retries_the_error_reaches_the_pipeline(replica):
-    handle = FlakyHandle(replica, ReplicaUnavailableError("gone"), REPLICA_RETRIES + 1)
-    with pytest.raises(ReplicaUnavailableError):
+class DeploymentUnavailableError(Exception):
+    """Named like Ray Serve's: the deployment has no replica at all (starting, or every one of them gone)."""
+
+
+@pytest.mark.parametrize("error", [ReplicaUnavailableError("gone"), DeploymentUnavailableError("none")])
+def test_past_the_retries_a_model_with_no_replica_to_take_it_is_503_with_retry_after(replica, error):
+    # not the request's fault, and it may succeed in a moment: it was a 500 (an "internal error") before
+    handle = FlakyHandle(replica, error, REPLICA_RETRIES + 1)
+    with pytest.raises(ApiError) as info:
         asyncio.run(Relay({"d": handle}).answer(REQUEST))
+    assert info.value.status == 503 and info.value.code == "unavailable" and handle.calls == REPLICA_RETRIES + 1
+    assert info.value.reply().headers == {"Retry-After": "1"} and "No replica of 'd'" in str(info.value)
 
 
 def test_a_full_deployment_is_429_with_retry_after(replica):

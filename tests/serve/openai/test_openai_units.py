@@ -167,3 +167,26 @@ def test_a_generation_past_its_deadline_in_the_queue_is_504_and_never_run(replic
     assert after["requests"] == before["requests"] + 1 and after["prefill_tokens"] == before["prefill_tokens"]
     assert sum(after["finished"].values()) == sum(before["finished"].values()) + 2  # the blocker, and it unrun
     assert after["completion_tokens"] == before["completion_tokens"] + 2  # the blocker's two tokens left, no more
+
+
+class DeploymentUnavailableError(Exception):
+    """Named like Ray Serve's: the deployment has no replica (starting, or every one of them gone)."""
+
+
+class _NoReplica(LocalHandle):
+    @property
+    def describe(self):
+        async def describe():
+            raise DeploymentUnavailableError("none")
+
+        return type("Method", (), {"remote": staticmethod(describe)})()
+
+
+def test_a_model_with_no_replica_up_is_503_on_its_models_route_not_a_500(replica):
+    # serve's own readiness wait polls GET /v1/models/NAME: each poll of a decoder still starting was a 500
+    # logged with its traceback
+    server = ServerOptions()
+    ingress = OpenAIIngress({"d": _NoReplica(replica)}, server.requests(ServeOptions(access_log=False)))
+    response = asyncio.run(ingress(request("GET", "/v1/models/d")))
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert body(response)["error"]["code"] == "unavailable"

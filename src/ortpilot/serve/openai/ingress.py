@@ -14,9 +14,9 @@ from typing import Any
 from ortpilot.serve import loopback
 from ortpilot.serve.context import RequestContext
 from ortpilot.serve.defaults import HEALTH_PATHS, LIVE_PATH
-from ortpilot.serve.http import Reply
+from ortpilot.serve.http import Reply, replica_gone
 from ortpilot.serve.openai.metrics import DecoderMetrics, EngineHeartbeat
-from ortpilot.serve.openai.relay import Relay
+from ortpilot.serve.openai.relay import Relay, unavailable
 from ortpilot.serve.openai.wire import (
     ROUTE_PREFIX,
     ApiError,
@@ -150,7 +150,12 @@ class OpenAIIngress:
             name = path[len("/models/") :]
             if name not in self.handles:
                 raise not_found(name, list(self.handles))
-            info = await self.handles[name].describe.remote()  # a DecoderInfo
+            try:
+                info = await self.handles[name].describe.remote()  # a DecoderInfo
+            except Exception as exc:
+                if replica_gone(exc):
+                    raise unavailable(name) from None
+                raise
             # other clients' requests, PIDs and paths stay in the server without --debug-info
             return json_answer(
                 200, model_object(name, self.created, info.to_dict() if self.debug_info else info.public_dict())

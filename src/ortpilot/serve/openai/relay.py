@@ -46,6 +46,18 @@ from ortpilot.serve.openai.wire import (
 log = logging.getLogger("ortpilot")
 
 
+def unavailable(model: str) -> ApiError:
+    """503 + Retry-After for a model none of whose replicas can take a call now (starting, restarting, or all
+    of them gone): not the request's fault, and it may succeed in a moment (it was a 500)."""
+    return ApiError(
+        503,
+        f"No replica of '{model}' can take the request now (starting, restarting or draining); retry.",
+        kind="server_error",
+        code="unavailable",
+        retry_after_s=1,
+    )
+
+
 class Relay:
     """Generations to the decoder deployments behind ``handles`` (model name -> Serve handle)."""
 
@@ -78,8 +90,10 @@ class Relay:
                         code="rate_limit_exceeded",
                         retry_after_s=1,
                     ) from None
-                if not replica_gone(exc) or attempt == REPLICA_RETRIES:
+                if not replica_gone(exc):
                     raise
+                if attempt == REPLICA_RETRIES:
+                    raise unavailable(req.model) from None
                 log.warning("A replica of '%s' went away before answering; retrying on another.", req.model)
                 await asyncio.sleep(retry_delay_s(attempt))
         raise AssertionError("unreachable")
@@ -210,4 +224,4 @@ class Relay:
             on_end()
 
 
-__all__ = ["Relay"]
+__all__ = ["Relay", "unavailable"]
