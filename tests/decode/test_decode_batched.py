@@ -197,6 +197,9 @@ def test_requests_that_cannot_fit_are_refused(fused_gen: Generator, demo_decoder
         Scheduler(fused_gen, max_length=4096)
     with pytest.raises(UsageError, match="Fuse the model first"):
         Scheduler(demo_decoder)
+    # a KV buffer no machine holds (the demo's 4.9 TB) is refused naming what sizes it, before numpy tries
+    with pytest.raises(UsageError, match=r"KV buffer of 10,000,000 stream\(s\) x 1,024 tokens .*\(--max-streams\)"):
+        Scheduler(fused_gen, max_streams=10_000_000, max_length=1024)
 
 
 def test_chunk_plan_never_leaves_a_lone_token() -> None:

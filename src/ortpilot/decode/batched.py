@@ -30,6 +30,7 @@ such a model can differ from single-stream ones at a near tie.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -53,6 +54,25 @@ def chunk_length(remaining: int, budget: int) -> int:
     if remaining - take == 1:
         take += 1
     return min(take, remaining)
+
+
+def kv_buffer_bytes(sig: DecoderSignature, slots: int, max_length: int) -> int:
+    """Bytes of the KV buffer a batched loop of ``slots`` streams of ``max_length`` tokens holds."""
+    return sum(math.prod(c.shape(slots, max_length)) * np.dtype(c.dtype).itemsize for c in sig.cache)
+
+
+def check_kv_memory(sig: DecoderSignature, slots: int, max_length: int) -> None:
+    """Refuse a KV buffer larger than the memory available before allocating it (a UsageError naming the two
+    settings that size it; numpy said only "Unable to allocate 122. GiB" for one of its arrays)."""
+    from ortpilot.graph.feeds import available_memory
+
+    need, available = kv_buffer_bytes(sig, slots, max_length), available_memory()
+    if available is not None and need > available:
+        raise UsageError(
+            f"The KV buffer of {slots:,} stream(s) x {max_length:,} tokens needs {need / 2**30:,.1f} GiB, more than "
+            f"the {available / 2**30:,.1f} GiB of memory available (each replica holds one): lower max_streams "
+            "(--max-streams) or max_length (--max-length)."
+        )
 
 
 def check_batchable(sig: DecoderSignature) -> None:
@@ -170,6 +190,7 @@ class BatchedLoop:
                 raise ValueError("a loop can share the KV buffer only of a loop with the same cache layout")
             self.lengths, self._arrays = share.lengths, share._arrays
         else:
+            check_kv_memory(sig, slots, max_length)
             self.lengths = np.zeros(slots, dtype=np.int64)
             self._arrays = [np.zeros(c.shape(slots, max_length), dtype=c.dtype) for c in sig.cache]
         self._steps: dict[int, _StepBinding] = {}

@@ -78,6 +78,20 @@ def _not_a_host(host: str, why: str) -> NoReturn:
     ) from None
 
 
+def deployment_status(serve: Any, app: str, deployment: str) -> tuple[str, str]:
+    """(status, message) Ray Serve records for ``deployment`` of application ``app`` (``DEPLOY_FAILED`` once Ray
+    gave it up; the message holds the traceback its replica's constructor raised); ("", "") while Serve does not
+    list it or cannot be asked."""
+    try:
+        status = serve.status().applications.get(app)
+    except Exception:
+        return "", ""
+    dep = status.deployments.get(deployment) if status is not None else None
+    if dep is None:
+        return "", ""
+    return str(getattr(dep.status, "value", dep.status)), dep.message or ""
+
+
 def failure_reason(message: str) -> str:
     """The error a replica's constructor raised, from Ray's deployment status message (its traceback)."""
     found = list(_ERROR_LINE.finditer(message))
@@ -550,6 +564,7 @@ __all__ = [
     "check_cpus",
     "check_port",
     "check_ports",
+    "deployment_status",
     "end_serve_leftovers",
     "failure_reason",
     "http_get",

@@ -53,3 +53,10 @@ def test_engine_counters_are_summed_per_model():
     assert 'ortpilot_decode_format_steps_total{format="int4",model="d"} 2.0' in text
     _, reports = metrics.snapshot()
     assert sorted(alive for _, _, alive in reports) == [True, True]
+
+
+def test_a_kv_buffer_no_machine_holds_is_refused_before_ray_starts():
+    from ortpilot.serve.openai.spec import prepare_decoder
+
+    with pytest.raises(UsageError, match=r"KV buffer of 10,000,000 stream\(s\) .* lower max_streams \(--max-streams\)"):
+        prepare_decoder("demo:decoder", "d", DecoderOptions(max_streams=10_000_000))

@@ -23,7 +23,15 @@ from ortpilot.serve.oip.replicainfo import ReplicaInfo
 from ortpilot.serve.oip.server import SERVER_APP
 from ortpilot.serve.options import ModelSpec, ServeOptions, ServerOptions
 from ortpilot.serve.ready import ModelReady, Served
-from ortpilot.serve.runner import GrpcEntry, check_cpus, check_ports, failure_reason, http_get, serve_until_stopped
+from ortpilot.serve.runner import (
+    GrpcEntry,
+    check_cpus,
+    check_ports,
+    deployment_status,
+    failure_reason,
+    http_get,
+    serve_until_stopped,
+)
 
 log = logging.getLogger(__name__)
 
@@ -226,18 +234,13 @@ def _failed(
     serve: Any, specs: Sequence[ModelSpec], ready: dict[str, ModelReady], reasons: dict[str, str]
 ) -> str | None:
     """The first model whose deployment Ray gave up on; keeps each model's latest status message."""
-    try:
-        applications = serve.status().applications
-    except Exception:
-        return None
     for spec in specs:
-        status = applications.get(spec.name)
-        dep = status.deployments.get(f"model-{spec.name}") if status is not None else None
-        if dep is None or spec.name in ready:
+        if spec.name in ready:
             continue
-        if dep.message:
-            reasons[spec.name] = dep.message
-        if str(getattr(dep.status, "value", dep.status)) == "DEPLOY_FAILED":
+        status, message = deployment_status(serve, spec.name, f"model-{spec.name}")
+        if message:
+            reasons[spec.name] = message
+        if status == "DEPLOY_FAILED":
             return spec.name
     return None
 

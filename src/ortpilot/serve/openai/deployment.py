@@ -55,6 +55,11 @@ class DecoderDeployment(DecoderReplica):
             self._ingress = None
 
 
+def deployment_name(model: str) -> str:
+    """The Serve deployment that runs decoder ``model``'s replicas (in application ``APP_NAME``)."""
+    return f"decoder-{model}"
+
+
 def openai_deployment(
     specs: Sequence[DecoderSpec],
     *,
@@ -77,7 +82,7 @@ def openai_deployment(
     for spec in specs:
         model = serve.deployment(
             DecoderDeployment,
-            name=f"decoder-{spec.name}",
+            name=deployment_name(spec.name),
             num_replicas=replicas,
             ray_actor_options={"num_cpus": cpus},
             # Requests beyond the streams and the queue reach the scheduler, which answers 429 itself.
@@ -98,4 +103,4 @@ def openai_deployment(
     return ingress.bind(handles, settings or RequestSettings())
 
 
-__all__ = ["APP_NAME", "INGRESS_NAME", "DecoderDeployment", "openai_deployment"]
+__all__ = ["APP_NAME", "INGRESS_NAME", "DecoderDeployment", "deployment_name", "openai_deployment"]

@@ -12,18 +12,27 @@ from typing import Any
 
 from ortpilot.errors import UsageError, VerificationError
 from ortpilot.serve.errorbody import OPENAI
-from ortpilot.serve.openai.deployment import APP_NAME, openai_deployment
+from ortpilot.serve.openai.deployment import APP_NAME, deployment_name, openai_deployment
 from ortpilot.serve.openai.spec import DecoderSpec
 from ortpilot.serve.openai.wire import ROUTE_PREFIX
 from ortpilot.serve.options import ServeOptions, ServerOptions
 from ortpilot.serve.ready import DecoderReady, Served
-from ortpilot.serve.runner import check_cpus, check_ports, http_get, serve_until_stopped
+from ortpilot.serve.runner import (
+    check_cpus,
+    check_ports,
+    deployment_status,
+    failure_reason,
+    http_get,
+    serve_until_stopped,
+)
 
 
 def wait_ready(
     specs: Sequence[DecoderSpec], server: ServerOptions, replicas: int, started: float, failed: list[BaseException]
 ) -> Served:
     """Each model's ``GET /v1/models/NAME`` once a replica answers it (it loaded and started its engine)."""
+    from ray import serve
+
     url = server.base_url + ROUTE_PREFIX
     headers = server.access.client_headers()
     deadline = time.monotonic() + server.ready_timeout
@@ -36,6 +45,13 @@ def wait_ready(
                     ready[spec.name] = DecoderReady(doc, replicas, url, time.perf_counter() - started)
         if failed:
             raise VerificationError(f"The OpenAI application did not deploy: {failed[0]}")
+        for spec in specs:  # Ray gave a decoder's deployment up: its replicas' constructor failed (say why)
+            status, message = deployment_status(serve, APP_NAME, deployment_name(spec.name))
+            if spec.name not in ready and status == "DEPLOY_FAILED":
+                raise VerificationError(
+                    f"No replica of decoder '{spec.name}' became ready (its deployment failed): "
+                    f"{failure_reason(message)}"
+                )
         if len(ready) < len(specs) and time.monotonic() > deadline:
             missing = next(s.name for s in specs if s.name not in ready)
             raise VerificationError(

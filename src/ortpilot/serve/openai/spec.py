@@ -124,7 +124,7 @@ def prepare_decoder(source: str, name: str | None = None, options: DecoderOption
     only the first start pays); one that cannot be batched is a UsageError naming why, before
     any replica starts.
     """
-    from ortpilot.decode.batched import check_batchable
+    from ortpilot.decode.batched import check_batchable, check_kv_memory
     from ortpilot.decode.prepare import prepare
     from ortpilot.decode.scheduler import resolve_max_length
     from ortpilot.decode.signature import detect_signature
@@ -145,7 +145,7 @@ def prepare_decoder(source: str, name: str | None = None, options: DecoderOption
         path = ready.cache_path
         sig = detect_signature(ready.model)
     check_batchable(sig)
-    resolve_max_length(sig, options.max_length)
+    check_kv_memory(sig, options.max_streams, resolve_max_length(sig, options.max_length))
     return DecoderSpec(name or default, str(path.resolve()), str(ready.tokenizer), source, options, ready.notes)
 
 
