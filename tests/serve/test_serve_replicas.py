@@ -202,6 +202,16 @@ def test_on_the_classic_proxy_a_grpc_call_without_application_is_answered(
             assert got.as_numpy(sess.get_outputs()[0].name).tobytes() == expected, (name, headers)
 
 
+@pytest.mark.slow  # a full-run variant: the choice itself is pinned by test_serve_haproxy_unit.py
+def test_an_ipv6_loopback_host_is_served_through_the_classic_proxy(start_server, ray_address, demo_paths):
+    """Through Ray's HAProxy every request to a server on ``--host ::1`` was a 503 and serve never became ready."""
+    server = start_server(str(demo_paths["mlp"]), "--name", "mlp", "--address", ray_address, "--host", "::1")
+    assert server.ready, server.stderr[-3000:]
+    assert "--host ::1 is an IPv6 address" in server.ingress and "Ray Serve proxy" in server.ingress
+    with urllib.request.urlopen(f"http://[::1]:{server.port}/v2/models/mlp/ready", timeout=30) as resp:
+        assert resp.status == 200
+
+
 def test_a_replica_that_fails_verification_never_serves_and_serve_exits_1_saying_why(
     start_server, ray_address, written_encoder, tmp_path
 ):
