@@ -71,6 +71,18 @@ def test_unknown_input_name(demo_paths):
         sess.run(None, {"z": np.ones((1, 64), np.float32)})
 
 
+def test_feeds_that_are_no_mapping_and_output_names_ort_cannot_take_are_explained(demo_paths):
+    sess = ortpilot.load(demo_paths["mlp"])
+    x = np.ones((1, 64), np.float32)
+    with pytest.raises(ortpilot.InputError, match=r"must be a mapping of input name to array, got list: \{'x'"):
+        sess.run(None, [x])  # was TypeError: unhashable type: 'numpy.ndarray'
+    with pytest.raises(ortpilot.InputError, match=r"output names must be a list of names or None .* run\(\['y'\]"):
+        sess.run("y", {"x": x})  # was pybind11's "incompatible function arguments"
+    with pytest.raises(ortpilot.InputError, match="Unknown output name.*'zz'.*outputs are: y"):
+        sess.run(["zz"], {"x": x})  # was "ORT rejected the inputs: ... Invalid output name:zz"
+    assert sess.run(["y"], {"x": x})[0].shape == (1, 10)
+
+
 def test_wrong_dtype_after_first_run_is_still_explained(demo_paths):
     sess = ortpilot.load(demo_paths["mlp"])
     sess.run(None, {"x": np.ones((1, 64), np.float32)})

@@ -224,6 +224,13 @@ def validate_feeds(inputs: Sequence[InputInfo], feeds: Mapping[str, object]) -> 
 
     Runs before ORT so that the error names the input and the fix, not an ORT status code.
     """
+    if not isinstance(feeds, Mapping):  # ORT's run takes {name: array}; a list of arrays failed as "unhashable"
+        raise InputError(
+            f"The inputs must be a mapping of input name to array, got {type(feeds).__name__}: "
+            + "{"
+            + ", ".join(f"'{i.name}': {i.dtype}{_dims(i.dims)}" for i in inputs)
+            + "}."
+        )
     by_name = {i.name: i for i in inputs}
     unknown = [n for n in feeds if n not in by_name]
     if unknown:

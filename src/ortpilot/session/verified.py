@@ -120,11 +120,12 @@ class VerifiedSession:
         try:
             return self.session.run(output_names, input_feed, run_options)
         except Exception as exc:
-            self._explain(input_feed, exc)
+            self._explain(output_names, input_feed, exc)
             raise
 
-    def _explain(self, input_feed: Mapping[str, Any], exc: Exception) -> None:
+    def _explain(self, output_names: Any, input_feed: Mapping[str, Any], exc: Exception) -> None:
         validate_feeds(self._inputs, input_feed)  # raises InputError when the feed is wrong
+        self._check_output_names(output_names)
         message = str(exc)
         if "InvalidArgument" in message or "INVALID_ARGUMENT" in message:
             raise InputError(f"ORT rejected the inputs: {message.splitlines()[0]}") from None
@@ -140,6 +141,22 @@ class VerifiedSession:
                 f"ORT failed while running the model ({reason}); inputs: {shapes}. The model does not "
                 "run on these inputs under this ORT build."
             ) from None
+
+    def _check_output_names(self, output_names: Any) -> None:
+        """``run``'s first argument as ORT takes it: None (every output) or a list of the model's output names."""
+        known = [o.name for o in self.session.get_outputs()]
+        if output_names is None:
+            return
+        if isinstance(output_names, (str, bytes)) or not isinstance(output_names, Sequence):
+            raise InputError(
+                f"run's output names must be a list of names or None (every output), got {output_names!r}: "
+                f"e.g. run([{known[0]!r}], feeds)."
+            )
+        unknown = [n for n in output_names if n not in known]
+        if unknown:
+            raise InputError(
+                f"Unknown output name(s) {', '.join(map(repr, unknown))}. The model's outputs are: {', '.join(known)}."
+            )
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         return validate_feeds(self._inputs, feeds)

@@ -79,7 +79,7 @@ class TuneRequest:
             budget = self.budget
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= MAX_BUDGET_S:
             raise UsageError(
-                f"--budget must be a positive number of seconds, at most {MAX_BUDGET_S:,.0f} (a week), got {budget}."
+                f"--budget must be a positive number of seconds, at most {MAX_BUDGET_S:,.0f} (a week), got {budget!r}."
             )
         if budget <= OUTPUT_RESERVE_S:
             raise UsageError(
