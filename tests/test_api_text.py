@@ -111,6 +111,17 @@ def test_a_profile_takes_no_folder_options(tuned: Path) -> None:
         ortpilot.embed(str(tuned), TEXTS, pooling="cls")
 
 
+def test_an_option_neither_text_model_nor_the_load_takes_is_named(folders, tuned: Path) -> None:
+    # it was a TypeError from inside the load ("load() got an unexpected keyword argument")
+    with pytest.raises(UsageError, match=r"unknown option\(s\) colour: .* what load\(\) takes: min_coverage"):
+        ortpilot.text_model(str(folders["embed"]), colour="red")
+    with pytest.raises(UsageError, match=r"unknown option\(s\) colour: .* what load_profile\(\) takes: accept_machine"):
+        ortpilot.text_model(str(tuned), colour="red")
+    with pytest.raises(UsageError, match="warm must be True or False, got 'no'"):
+        ortpilot.text_model(str(tuned), warm="no")
+    assert ortpilot.text_model(str(folders["embed"]), min_coverage=0.5).embed(TEXTS).shape == (4, 128)
+
+
 def test_rerank_and_classify(folders) -> None:
     scores = ortpilot.rerank(str(folders["rerank"]), "where is the station", ["the train station", "flour", "salt"])
     assert scores.shape == (3,) and ((scores > 0) & (scores < 1)).all()

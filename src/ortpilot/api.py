@@ -543,6 +543,9 @@ def text_model(
     from ortpilot.session.profile import load_profile
     from ortpilot.session.text import DEFAULT_MAX_BATCH, TextModel, task_of_folder, text_task_of_profile
 
+    for name, value in (("truncate", truncate), ("warm", warm)):  # "no" is a true string
+        if not isinstance(value, bool):
+            raise UsageError(f"{name} must be True or False, got {value!r}.")
     options: dict[str, Any] = {
         "max_batch": DEFAULT_MAX_BATCH if max_batch is None else max_batch,
         "lengths": lengths,
@@ -557,6 +560,7 @@ def text_model(
                 f"'{model}' is a profile: its providers, pooling and model file are the ones the tune recorded. "
                 "Leave providers=, pooling= and model_file= out, or give the model folder instead."
             )
+        _refuse_unknown(load_profile, load_options, "load_profile")
         session = load_profile(profile, policy or "strict", warm=warm, **load_options)
         chosen = session.bundle.profile if getattr(session, "bundle", None) is not None else profile
         task, tokenizer = text_task_of_profile(session.profile, chosen)
@@ -578,10 +582,28 @@ def text_model(
             )
     if folder.tokenizer_file is None:
         raise UsageError(no_tokenizer_message(folder, kind or "a text model"))
+    _refuse_unknown(load_verified, load_options, "load")  # ortpilot.load hands its keywords to the session's
     session = load(str(folder.model_file), providers, policy or "warn", **load_options)
     task = task_of_folder(folder, session, pooling)
     text = TextModel(session, task, folder.tokenizer_file, truncate=truncate, source=f"'{folder.root}'", **options)
     return _of_kind(text, kind)
+
+
+def _refuse_unknown(call: Any, options: Mapping[str, Any], name: str) -> None:
+    """``text_model``'s options beyond its own go to ``call``: one it does not take is a UsageError naming what it
+    takes (it was a TypeError from inside the load)."""
+    import inspect
+
+    taken = [
+        p for p, v in inspect.signature(call).parameters.items() if v.kind == v.KEYWORD_ONLY or v.default is not v.empty
+    ]
+    unknown = sorted(set(options) - set(taken))
+    if unknown:
+        raise UsageError(
+            f"text_model() got unknown option(s) {', '.join(unknown)}: it takes providers, policy, pooling, max_batch, "
+            f"lengths, truncate, max_length, run_cost, model_file, kind, warm, and what {name}() takes: "
+            f"{', '.join(p for p in taken if p not in ('providers', 'policy'))}."
+        )
 
 
 def _of_kind(text: Any, kind: str | None) -> Any:
