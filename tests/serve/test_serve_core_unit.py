@@ -129,3 +129,25 @@ def test_a_port_holding_only_time_wait_sockets_is_free_one_with_a_listener_is_no
 )
 def test_the_reason_a_replica_failed_is_its_own_error_line(message, reason):
     assert failure_reason(message) == reason
+
+
+def test_a_deployment_ray_gave_up_is_read_with_its_message_from_serves_own_status_records():
+    pytest.importorskip("ray.serve")
+    from ray.serve._private.common import DeploymentStatus, DeploymentStatusTrigger
+    from ray.serve.schema import ApplicationStatus, ApplicationStatusOverview, DeploymentStatusOverview
+
+    from ortpilot.serve.runner import deployment_status
+
+    failed = DeploymentStatusOverview(
+        DeploymentStatus.DEPLOY_FAILED,
+        DeploymentStatusTrigger.REPLICA_STARTUP_FAILED,
+        {},
+        "A replica failed to start with exception. Error:\nortpilot.errors.UsageError: The KV buffer ... too large",
+    )
+    apps = {
+        "ortpilot-openai": ApplicationStatusOverview(ApplicationStatus.DEPLOY_FAILED, "", 0.0, {"decoder-d": failed})
+    }
+    status, message = deployment_status(apps, "ortpilot-openai", "decoder-d")
+    assert status == "DEPLOY_FAILED" and failure_reason(message) == "UsageError: The KV buffer ... too large"
+    assert deployment_status(apps, "ortpilot-openai", "decoder-other") == ("", "")  # not listed (yet)
+    assert deployment_status({}, "ortpilot-openai", "decoder-d") == ("", "")  # Serve could not be asked

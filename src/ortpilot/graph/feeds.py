@@ -110,11 +110,13 @@ def make_feeds(
     plan = plan or plan_feeds(model, shapes)
     infos = _input_infos(model, plan)
     check_memory(plan, infos)  # before anything is allocated
+    return _generated(plan, infos, seed)
+
+
+def _generated(plan: FeedPlan, infos: Mapping[str, InputInfo], seed: int) -> dict[str, np.ndarray]:
+    """One input set of ``plan`` for ``seed``, its memory already checked."""
     rng = np.random.default_rng(seed)
-    feeds: dict[str, np.ndarray] = {}
-    for name, shape in plan.shapes.items():
-        feeds[name] = _value_for(infos[name], shape, plan, rng)
-    return feeds
+    return {name: _value_for(infos[name], shape, plan, rng) for name, shape in plan.shapes.items()}
 
 
 def _input_infos(model: onnx.ModelProto, plan: FeedPlan) -> dict[str, InputInfo]:
@@ -133,8 +135,9 @@ def generate_samples(
     """``count`` generated input sets, seeds ``first_seed``, ``first_seed + 1``, ... (synthetic samples:
     calibration and gate data when none is given; ``data.DataSource.of_samples`` names them)."""
     plan = plan or plan_feeds(model, shapes)
-    check_memory(plan, _input_infos(model, plan), count)  # all of them are kept
-    return [make_feeds(model, plan=plan, seed=first_seed + i) for i in range(count)]
+    infos = _input_infos(model, plan)
+    check_memory(plan, infos, count)  # all of them are kept: checked once for all
+    return [_generated(plan, infos, first_seed + i) for i in range(count)]
 
 
 def check_memory(plan: FeedPlan, infos: Mapping[str, InputInfo], count: int = 1) -> None:

@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -78,14 +78,20 @@ def _not_a_host(host: str, why: str) -> NoReturn:
     ) from None
 
 
-def deployment_status(serve: Any, app: str, deployment: str) -> tuple[str, str]:
-    """(status, message) Ray Serve records for ``deployment`` of application ``app`` (``DEPLOY_FAILED`` once Ray
-    gave it up; the message holds the traceback its replica's constructor raised); ("", "") while Serve does not
-    list it or cannot be asked."""
+def serve_applications(serve: Any) -> Mapping[str, Any]:
+    """Serve's application statuses by name (one ``serve.status()`` call: ask once per poll); {} when Serve cannot
+    be asked."""
     try:
-        status = serve.status().applications.get(app)
+        return serve.status().applications
     except Exception:
-        return "", ""
+        return {}
+
+
+def deployment_status(applications: Mapping[str, Any], app: str, deployment: str) -> tuple[str, str]:
+    """(status, message) Ray Serve records for ``deployment`` of application ``app`` in ``applications``
+    (``serve_applications``): ``DEPLOY_FAILED`` once Ray gave it up, the message holding the traceback its replica's
+    constructor raised; ("", "") while Serve does not list it."""
+    status = applications.get(app)
     dep = status.deployments.get(deployment) if status is not None else None
     if dep is None:
         return "", ""
@@ -569,6 +575,7 @@ __all__ = [
     "failure_reason",
     "http_get",
     "require_ray",
+    "serve_applications",
     "serve_until_stopped",
     "start_serve",
 ]

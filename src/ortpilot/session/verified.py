@@ -144,9 +144,9 @@ class VerifiedSession:
 
     def _check_output_names(self, output_names: Any) -> None:
         """``run``'s first argument as ORT takes it: None (every output) or a list of the model's output names."""
-        known = [o.name for o in self.session.get_outputs()]
         if output_names is None:
             return
+        known = [o.name for o in self.session.get_outputs()]
         if isinstance(output_names, (str, bytes)) or not isinstance(output_names, Sequence):
             raise InputError(
                 f"run's output names must be a list of names or None (every output), got {output_names!r}: "

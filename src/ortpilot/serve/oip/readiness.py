@@ -30,6 +30,7 @@ from ortpilot.serve.runner import (
     deployment_status,
     failure_reason,
     http_get,
+    serve_applications,
     serve_until_stopped,
 )
 
@@ -234,10 +235,11 @@ def _failed(
     serve: Any, specs: Sequence[ModelSpec], ready: dict[str, ModelReady], reasons: dict[str, str]
 ) -> str | None:
     """The first model whose deployment Ray gave up on; keeps each model's latest status message."""
+    applications = serve_applications(serve)
     for spec in specs:
         if spec.name in ready:
             continue
-        status, message = deployment_status(serve, spec.name, f"model-{spec.name}")
+        status, message = deployment_status(applications, spec.name, f"model-{spec.name}")
         if message:
             reasons[spec.name] = message
         if status == "DEPLOY_FAILED":

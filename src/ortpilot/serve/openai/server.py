@@ -23,6 +23,7 @@ from ortpilot.serve.runner import (
     deployment_status,
     failure_reason,
     http_get,
+    serve_applications,
     serve_until_stopped,
 )
 
@@ -45,9 +46,10 @@ def wait_ready(
                     ready[spec.name] = DecoderReady(doc, replicas, url, time.perf_counter() - started)
         if failed:
             raise VerificationError(f"The OpenAI application did not deploy: {failed[0]}")
-        for spec in specs:  # Ray gave a decoder's deployment up: its replicas' constructor failed (say why)
-            status, message = deployment_status(serve, APP_NAME, deployment_name(spec.name))
-            if spec.name not in ready and status == "DEPLOY_FAILED":
+        applications = serve_applications(serve) if len(ready) < len(specs) else {}
+        for spec in (s for s in specs if s.name not in ready):  # Ray gave a decoder's deployment up: say why
+            status, message = deployment_status(applications, APP_NAME, deployment_name(spec.name))
+            if status == "DEPLOY_FAILED":
                 raise VerificationError(
                     f"No replica of decoder '{spec.name}' became ready (its deployment failed): "
                     f"{failure_reason(message)}"
