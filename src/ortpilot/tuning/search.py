@@ -7,11 +7,11 @@ the same worker: candidates are ranked by their cost relative to the anchor's in
 stretch of time, so a machine that slows down for a few seconds (a shared host) no longer
 ranks the candidate timed then below one timed in a quiet minute.
 
-What the budget buys first (the budget policy): the candidates that cost one session each, the model as
-given on every other provider and with each session knob (threads, level, IOBinding, arena, spinning), then
-the model variants (fusion, INT8) by expected gain per second of preparation (``space.expected_gain`` over
-``budget.Budget.prepare_estimate``, which grows with the model's size and its calibration samples), then
-session knobs around the best variants. A candidate whose estimate does not fit in what is left is not
+What the budget buys first (the budget policy): the model as given on every other provider, then the model
+variants (fusion, INT8) by expected gain per second of preparation (``space.expected_gain`` over
+``budget.Budget.prepare_estimate``, which grows with the model's size and its calibration samples) and, where
+their prior per second of a session and its screening (``space.KNOB_GAIN``) is due, the session knobs on the
+model as given (threads, level, IOBinding, arena, spinning), then session knobs around the best variants. A candidate whose estimate does not fit in what is left is not
 started, and its reason says the estimate and what was left; a later, cheaper one may still run. A dynamic
 INT8 variant that misses the gate by a little is followed at once by the same variant with its
 most sensitive layers left in float: one more try of the gate's auto-exclude loop
@@ -48,6 +48,7 @@ from ortpilot.tuning.candidate import Candidate
 from ortpilot.tuning.request import OBJECTIVES
 from ortpilot.tuning.space import (
     EXCLUDING_PASSES,
+    KNOB_GAIN,
     Facts,
     combine,
     default_stand_in,
@@ -257,7 +258,7 @@ class Search:
         return self.steps.gate
 
     def run(self, baseline: Candidate, facts: Facts) -> list[Entry]:
-        """Baseline; what costs one session each (other providers, the baseline's knobs); model variants by
+        """Baseline; the model as given on every other provider; model variants and the baseline's knobs by
         expected gain per second (each rejected dynamic INT8 one followed up); knobs around the best; halving; final."""
         baseline = replace(baseline, given=facts.model_label)  # its id stays: labels name the model truly
         queue = first_candidates(facts, baseline)
@@ -270,18 +271,24 @@ class Search:
         for cand in sessions:  # the model as given on every other provider (and the capped default)
             if cand.id not in self.entries:
                 self.evaluate(Entry(cand, "sessions"))
-        self._knobs_around(base, facts, "sessions")  # and each session knob on it
-        self._model_variants(variants, facts)
+        self._model_variants(variants, facts, knobs_of=base)  # and each session knob on it, when it is due
         self._explore_knobs(facts)
         self._halve()
         self.reference = self._reference(base, facts)
         return self._final(self.reference)
 
-    def _model_variants(self, queue: list[Candidate], facts: Facts) -> None:
+    def _model_variants(self, queue: list[Candidate], facts: Facts, knobs_of: Entry | None = None) -> None:
         """Every model variant, the most expected gain per second of preparation first (``_next``); a dynamic INT8
-        one just over the gate is followed at once by its follow-up."""
+        one just over the gate is followed at once by its follow-up. The session knobs on ``knobs_of`` (the model
+        as given) run as soon as a knob's prior per second (``_knob_value``) is at least the next variant's: first
+        where sessions and timed runs are cheap, after the INT8 variants where a screening bench costs more than
+        a knob is expected to give (a server's batches of 32 on a slow CPU: 10 s a knob, MiniLM)."""
         first: list[Candidate] = []  # follow-ups: tried next, whatever their estimate
-        while queue or first:
+        while queue or first or knobs_of is not None:
+            if knobs_of is not None and not first and (not queue or self._knob_value() >= self._value(queue, facts)):
+                self._knobs_around(knobs_of, facts, "sessions")
+                knobs_of = None
+                continue
             cand = first.pop(0) if first else self._next(queue, facts)
             if cand in queue:
                 queue.remove(cand)
@@ -301,6 +308,13 @@ class Search:
         space's order (the INT8 rule's). A variant waits for those of its prefixes that are candidates too (the
         fused model before the fused INT8 ones): the cache then holds the prefix, and a prefix that changes
         nothing (fusion finding no pattern) drops them (``_drop_fused``) before each tries it again."""
+        return self._ranked(queue, facts)[0]
+
+    def _value(self, queue: list[Candidate], facts: Facts) -> float:
+        """The next variant's (``_next``) expected gain per second of preparation and screening."""
+        return self._ranked(queue, facts)[1]
+
+    def _ranked(self, queue: list[Candidate], facts: Facts) -> tuple[Candidate, float]:
         built = self._built()
         pending = [c.passes for c in queue]
         ready = [
@@ -312,7 +326,12 @@ class Search:
             seconds = self.budget.prepare_estimate(cand.passes, built)[0] + self._screen_s()
             return expected_gain(cand, facts) / max(seconds, 1e-3), -index
 
-        return max(ready or list(enumerate(queue)), key=value)[1]
+        best = max(ready or list(enumerate(queue)), key=value)
+        return best[1], value(best)[0]
+
+    def _knob_value(self) -> float:
+        """A session knob's expected gain (``space.KNOB_GAIN``) per second of a session and its screening bench."""
+        return KNOB_GAIN / max(self.budget.prepare_estimate(())[0] + self._screen_s(), 1e-3)
 
     def _built(self) -> list[tuple[Step, ...]]:
         """The pass pipelines this tune has built (their models, and every prefix, are in the model cache)."""
@@ -609,11 +628,12 @@ class Search:
                 return
             runs *= 2
             anchor = self._run_s(self.anchor) if self.anchor is not None else 0.0
-            # a session the worker let go is created again before its bench: that costs a session's time too
+            # a session the worker let go is created again before its bench: its own session's time too (a built
+            # variant's or a shape plan's took several plain sessions' time)
             gone = [e for e in [*pool, self.anchor] if e is not None and e.candidate.id not in self.steps.held]
             if not self.budget.affords(
                 sum(paired_runs_cost(runs, self._run_s(e), anchor) for e in pool) * SAFETY
-                + self.budget.est_session() * len(gone)
+                + sum(self._session_s(e) for e in gone)
             ):
                 return
             for entry in pool:
