@@ -429,16 +429,16 @@ class Search:
             return entry
         built = self._built()
         seconds, basis = self.budget.prepare_estimate(cand.passes, built)
-        let_go = self._let_go_s(cand)
-        affordable = cand.baseline or self.budget.affords(seconds + self._screen_s(runs) + let_go)
-        record, _fresh = self.steps.prepare(
-            cand, entry.phase, self.budget.candidate_timeout(cand.baseline), affordable=affordable
-        )
+        at_risk = 0.0 if cand.baseline else self._at_risk_s()
+        affordable = cand.baseline or self.budget.affords(seconds + self._screen_s(runs) + at_risk)
+        # stopped at this point, the worker's loss is created again for the final inside the budget
+        timeout = max(1.0, self.budget.candidate_timeout(cand.baseline) - at_risk)
+        record, _fresh = self.steps.prepare(cand, entry.phase, timeout, affordable=affordable)
         if record is None:
             entry.status, entry.reason = (
                 "budget",
                 (
-                    self._not_started(cand, seconds + self._screen_s(runs), basis, let_go)
+                    self._not_started(cand, seconds + self._screen_s(runs), basis, at_risk)
                     if not affordable
                     else "not measured: the budget ran out"
                 ),
@@ -451,7 +451,7 @@ class Search:
             if entry.status == "ok":
                 self._dominated(entry)
             if entry.status == "ok":
-                self._bench(entry, "screen", runs, self.budget.candidate_timeout(cand.baseline))
+                self._bench(entry, "screen", runs, max(1.0, self.budget.candidate_timeout(cand.baseline) - at_risk))
         self._report("screening")
         return entry
 
@@ -493,13 +493,14 @@ class Search:
             if drop is entry:
                 return
 
-    def _not_started(self, cand: Candidate, seconds: float, basis: str, let_go: float = 0.0) -> str:
+    def _not_started(self, cand: Candidate, seconds: float, basis: str, at_risk: float = 0.0) -> str:
         """Why a candidate was not started: its estimate and what was left (the final's reserve kept)."""
         left = max(0.0, self.budget.left() - self.budget.reserve())
         what = "its preparation and screening" if cand.passes else "its session and screening"
         also = (
-            f" plus {_secs(let_go)} to create again a likely finalist's session it would push out of the worker"
-            if let_go
+            f" plus {_secs(at_risk)} to create again the likely finalists' sessions the worker holds (stopped, or"
+            " pushing them out, it lets them go)"
+            if at_risk
             else ""
         )
         return (
@@ -628,18 +629,29 @@ class Search:
                 return
             runs *= 2
             anchor = self._run_s(self.anchor) if self.anchor is not None else 0.0
-            # a session the worker let go is created again before its bench: its own session's time too (a built
-            # variant's or a shape plan's took several plain sessions' time)
-            gone = [e for e in [*pool, self.anchor] if e is not None and e.candidate.id not in self.steps.held]
             if not self.budget.affords(
-                sum(paired_runs_cost(runs, self._run_s(e), anchor) for e in pool) * SAFETY
-                + sum(self._session_s(e) for e in gone)
+                sum(paired_runs_cost(runs, self._run_s(e), anchor) for e in pool) * SAFETY + self._reloads_s(pool)
             ):
                 return
             for entry in pool:
                 self._bench(entry, f"round{round_no}", runs, max(5.0, self.budget.left()))
                 self._report(f"halving round {round_no}")
             pool = [e for e in self.ranking() if e in pool]
+
+    def _reloads_s(self, pool: Sequence[Entry]) -> float:
+        """Seconds the worker spends creating sessions again to bench ``pool`` in turn, each beside the anchor: it
+        keeps its MAX_LIVE_SESSIONS most recently used, so a session it let go is created again (its own session's
+        time: a built variant's or a shape plan's took several plain sessions') and may push out one needed next."""
+        held = list(self.steps.held)
+        seconds = 0.0
+        for entry in pool:
+            for used in (entry, self.anchor) if self.anchor is not None else (entry,):
+                if used.candidate.id in held:
+                    held.remove(used.candidate.id)
+                else:
+                    seconds += self._session_s(used)
+                held = [*held, used.candidate.id][-MAX_LIVE_SESSIONS:]
+        return seconds
 
     def _separated(self, a: Entry, b: Entry) -> bool:
         _, a_hi = cost_ci(a.samples, self.objective)
@@ -718,15 +730,13 @@ class Search:
         took 5x a plain one: MiniLM on OpenVINO, 2.6-2.9 s against 0.3-0.7 s), else the budget's estimate."""
         return float(entry.prepared.get("session_s") or self.budget.est_session())
 
-    def _let_go_s(self, cand: Candidate) -> float:
-        """The session time of the likely finalists that a new session for ``cand`` would make the worker let go
-        (it keeps its MAX_LIVE_SESSIONS most recently used): not in the reserve yet, which counts only those let go
-        already, so a preparation that fits the budget alone could still push the final past the deadline."""
-        held = self.steps.held
-        if cand.id in held or len(held) < MAX_LIVE_SESSIONS:
-            return 0.0
-        gone = set(held[: len(held) - MAX_LIVE_SESSIONS + 1])
-        return sum(self._session_s(e) for e in self._likely_finalists() if e.candidate.id in gone)
+    def _at_risk_s(self) -> float:
+        """The session time of the likely finalists the worker holds: a step stopped by the budget takes the worker
+        with it, and a new session past MAX_LIVE_SESSIONS makes it let the oldest go; the reserve counts only those
+        let go already, so a step that fits the budget alone could still push the final past the deadline (a
+        second INT8 build stopped at the reserve: the final created two 6 s sessions again, 55 s of 47.5)."""
+        held = set(self.steps.held)
+        return sum(self._session_s(e) for e in self._likely_finalists() if e.candidate.id in held)
 
     def _plan_reserve(self) -> None:
         """The final as it stands now, for the budget's reserve: its likely finalists' latencies, and the sessions
