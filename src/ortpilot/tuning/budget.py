@@ -217,10 +217,11 @@ class Budget:
         """Whether a step expected to take ``seconds`` fits before the reserve."""
         return not self.binding or self.left() - self.reserve() >= seconds
 
-    def candidate_timeout(self, baseline: bool) -> float:
-        """A candidate may not eat the final measurement's time: its worker is stopped at that point
-        (the baseline, measured first, may use everything)."""
-        left = max(1.0, self.left()) if baseline else max(1.0, self.left() - self.reserve())
+    def candidate_timeout(self, baseline: bool, extra: float = 0.0) -> float:
+        """A candidate may not eat the final measurement's time: its worker is stopped at that point, ``extra``
+        seconds sooner (what the stop itself costs the final: sessions created again); the baseline, measured
+        first, may use everything. Capped at ``CANDIDATE_TIMEOUT_S``, which alone reads as a hang."""
+        left = max(1.0, self.left()) if baseline else max(1.0, self.left() - self.reserve() - extra)
         return min(left, CANDIDATE_TIMEOUT_S)
 
     def final_plan(self, per_run: float, screen_runs: int, finalists: int = 3) -> tuple[int, int]:

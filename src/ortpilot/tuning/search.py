@@ -432,7 +432,7 @@ class Search:
         at_risk = 0.0 if cand.baseline else self._at_risk_s()
         affordable = cand.baseline or self.budget.affords(seconds + self._screen_s(runs) + at_risk)
         # stopped at this point, the worker's loss is created again for the final inside the budget
-        timeout = max(1.0, self.budget.candidate_timeout(cand.baseline) - at_risk)
+        timeout = self.budget.candidate_timeout(cand.baseline, at_risk)
         record, _fresh = self.steps.prepare(cand, entry.phase, timeout, affordable=affordable)
         if record is None:
             entry.status, entry.reason = (
@@ -451,7 +451,7 @@ class Search:
             if entry.status == "ok":
                 self._dominated(entry)
             if entry.status == "ok":
-                self._bench(entry, "screen", runs, max(1.0, self.budget.candidate_timeout(cand.baseline) - at_risk))
+                self._bench(entry, "screen", runs, self.budget.candidate_timeout(cand.baseline, at_risk))
         self._report("screening")
         return entry
 
@@ -639,19 +639,22 @@ class Search:
             pool = [e for e in self.ranking() if e in pool]
 
     def _reloads_s(self, pool: Sequence[Entry]) -> float:
-        """Seconds the worker spends creating sessions again to bench ``pool`` in turn, each beside the anchor: it
-        keeps its MAX_LIVE_SESSIONS most recently used, so a session it let go is created again (its own session's
-        time: a built variant's or a shape plan's took several plain sessions') and may push out one needed next."""
+        """Seconds the worker spends creating sessions again to bench ``pool`` in turn, each beside the anchor (the
+        anchor's session first, as the worker takes them), and the final to create again the likely finalists these
+        benches push out: it keeps its MAX_LIVE_SESSIONS most recently used, so a session it let go is created
+        again (its own session's time: a built variant's or a shape plan's took several plain sessions') and may
+        push out one needed next."""
         held = list(self.steps.held)
         seconds = 0.0
         for entry in pool:
-            for used in (entry, self.anchor) if self.anchor is not None else (entry,):
+            for used in (self.anchor, entry) if self.anchor is not None else (entry,):
                 if used.candidate.id in held:
                     held.remove(used.candidate.id)
                 else:
                     seconds += self._session_s(used)
                 held = [*held, used.candidate.id][-MAX_LIVE_SESSIONS:]
-        return seconds
+        pushed = set(self.steps.held) - set(held)
+        return seconds + sum(self._session_s(e) for e in self._likely_finalists() if e.candidate.id in pushed)
 
     def _separated(self, a: Entry, b: Entry) -> bool:
         _, a_hi = cost_ci(a.samples, self.objective)
