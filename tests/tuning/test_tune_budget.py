@@ -183,6 +183,17 @@ def _search(demo_paths, name: str, model_mb: float, budget_s: float, steps_of: C
     return search, steps, budget
 
 
+def _costs(prep: tuple[float, float], latency: tuple[float, float, float], requests: int = 1):
+    """Scripted steps costing (a variant's preparation, a session) and the latencies of (a variant, ORT's default,
+    another session)."""
+    return lambda clock: ScriptedSteps(
+        clock,
+        prep_s=lambda c: prep[0] if c.passes else prep[1],
+        latency_s=lambda c: latency[0] if c.passes else (latency[1] if c.baseline else latency[2]),
+        requests_per_run=requests,
+    )
+
+
 def test_variants_by_gain_per_second_and_what_does_not_fit_is_not_started(demo_paths):
     variants: list[Candidate] = []
 
@@ -231,17 +242,7 @@ def test_variants_by_gain_per_second_and_what_does_not_fit_is_not_started(demo_p
 def test_session_knobs_come_first_where_they_are_cheaper_per_expected_gain(demo_paths):
     """A conv net of 120 MB, whose INT8 variants are calibrated (0.5-0.6 expected over ~33 s each): each knob on the
     model as given (0.05 over a 0.5 s session and 10 ms runs) is worth more per second, so they all run first."""
-    search, steps, _ = _search(
-        demo_paths,
-        "cnn",
-        120.0,
-        120.0,
-        lambda clock: ScriptedSteps(
-            clock,
-            prep_s=lambda c: 30.0 if c.passes else 0.5,
-            latency_s=lambda c: 0.008 if c.passes else (0.01 if c.baseline else 0.009),
-        ),
-    )
+    search, steps, _ = _search(demo_paths, "cnn", 120.0, 120.0, _costs((30.0, 0.5), (0.008, 0.01, 0.009)))
     phases = [phase for phase, _ in steps.prepared]
     first_variant = phases.index("model variants")
     # ORT's default, then everything that costs one session (each knob on the model as given, then those combined)
@@ -256,18 +257,7 @@ def test_slow_timed_runs_put_the_int8_variants_before_the_knobs(demo_paths):
     """A server's batches of 32 on a slow CPU (MiniLM, 2026-12-07): a timed run replays four requests of 90 ms, so
     a knob's session and screening cost ~10 s for its 0.05 expected; the INT8 variants, 25 s to prepare for 0.9,
     are measured first, where knobs first spent the whole 120 s budget on float sessions (1.05x shipped)."""
-    search, steps, budget = _search(
-        demo_paths,
-        "encoder",
-        86.0,
-        120.0,
-        lambda clock: ScriptedSteps(
-            clock,
-            prep_s=lambda c: 25.0 if c.passes else 0.7,
-            latency_s=lambda c: 0.045 if c.passes else (0.09 if c.baseline else 0.088),
-            requests_per_run=4,
-        ),
-    )
+    search, steps, budget = _search(demo_paths, "encoder", 86.0, 120.0, _costs((25.0, 0.7), (0.045, 0.09, 0.088), 4))
     phases = [phase for phase, _ in steps.prepared]
     first_variant, first_knob = phases.index("model variants"), phases.index("sessions")
     assert first_variant < first_knob
