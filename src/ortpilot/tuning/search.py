@@ -252,6 +252,8 @@ class Search:
         self.knobbed: set[str] = set()  # candidates whose session knobs were explored
         # why no later candidate gets buckets: padding to them changed the outputs of the model as given
         self.padding_leaks = ""
+        # (model, provider) -> the candidate whose model has the same graph with more accurate values (``_dominated``)
+        self.less_accurate: dict[tuple[str, str], Candidate] = {}
 
     @property
     def gate(self) -> Any:
@@ -427,6 +429,15 @@ class Search:
             entry.status, entry.reason = "skipped", self.padding_leaks
             self._report("screening")
             return entry
+        keep = self.less_accurate.get(_model_on(cand))
+        if keep is not None and not cand.baseline:  # its twin with the more accurate values is tried here instead
+            entry.status, entry.reason = (
+                "skipped",
+                f"its model has the same graph as {keep.label}'s with less accurate values (measured on one session of "
+                "this provider): the same speed by construction, so that model is tried on this session instead",
+            )
+            self._report("screening")
+            return entry
         built = self._built()
         seconds, basis = self.budget.prepare_estimate(cand.passes, built)
         at_risk = 0.0 if cand.baseline else self._at_risk_s()
@@ -484,6 +495,7 @@ class Search:
         ]
         for twin in twins:
             keep, drop = (entry, twin) if entry.error_share < twin.error_share else (twin, entry)
+            self.less_accurate[_model_on(drop.candidate)] = keep.candidate
             drop.status, drop.reason = (
                 "skipped",
                 f"the same graph on the same session as {keep.candidate.label}, other values: the same speed by "
@@ -766,6 +778,11 @@ class Search:
                 phase,
             )
         )
+
+
+def _model_on(cand: Candidate) -> tuple[str, str]:
+    """A candidate's model and the provider that runs it (its first): what ``_dominated`` found less accurate."""
+    return cand.model_key, str(cand.providers[0]["name"])
 
 
 def _secs(seconds: float) -> str:
