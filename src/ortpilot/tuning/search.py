@@ -11,8 +11,10 @@ What the budget buys first (the budget policy): the model as given on every othe
 variants (fusion, INT8) by expected gain per second of preparation (``space.expected_gain`` over
 ``budget.Budget.prepare_estimate``, which grows with the model's size and its calibration samples) and, where
 their prior per second of a session and its screening (``space.KNOB_GAIN``) is due, the session knobs on the
-model as given (threads, level, IOBinding, arena, spinning), then session knobs around the best variants. A candidate whose estimate does not fit in what is left is not
-started, and its reason says the estimate and what was left; a later, cheaper one may still run. A dynamic
+model as given (threads, level, IOBinding, arena, spinning), then session knobs around the best variants. A
+candidate whose estimate does not fit in what is left (with the likely finalists' sessions the worker holds,
+which a stopped step loses) is not started, and its reason says the estimate and what was left; a later,
+cheaper one may still run. A dynamic
 INT8 variant that misses the gate by a little is followed at once by the same variant with its
 most sensitive layers left in float: one more try of the gate's auto-exclude loop
 (``gate.exclude``, layers ranked by ``passes.sensitivity`` in the worker), so the search
