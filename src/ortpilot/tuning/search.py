@@ -289,14 +289,17 @@ class Search:
         a knob is expected to give (a server's batches of 32 on a slow CPU: 10 s a knob, MiniLM)."""
         first: list[Candidate] = []  # follow-ups: tried next, whatever their estimate
         while queue or first or knobs_of is not None:
-            if knobs_of is not None and not first and (not queue or self._knob_value() >= self._value(queue, facts)):
-                self._knobs_around(knobs_of, facts, "sessions")
-                knobs_of = None
-                continue
-            cand = first.pop(0) if first else self._next(queue, facts)
+            if first:
+                cand = first.pop(0)
+            else:
+                cand, value = self._next(queue, facts) if queue else (None, 0.0)
+                if knobs_of is not None and (cand is None or self._knob_value() >= value):
+                    self._knobs_around(knobs_of, facts, "sessions")
+                    knobs_of = None
+                    continue
             if cand in queue:
                 queue.remove(cand)
-            if cand.id in self.entries:
+            if cand is None or cand.id in self.entries:
                 continue
             entry = self.evaluate(Entry(cand, "model variants"))
             if facts.fusion_step and cand.passes == (facts.fusion_step,) and entry.status == "skipped":
@@ -307,18 +310,11 @@ class Search:
                 first.append(follow)
                 self.planned += 1
 
-    def _next(self, queue: list[Candidate], facts: Facts) -> Candidate:
-        """The variant with the most expected gain per second of preparation and screening; ties keep the
-        space's order (the INT8 rule's). A variant waits for those of its prefixes that are candidates too (the
-        fused model before the fused INT8 ones): the cache then holds the prefix, and a prefix that changes
+    def _next(self, queue: list[Candidate], facts: Facts) -> tuple[Candidate, float]:
+        """The variant with the most expected gain per second of preparation and screening, and that figure; ties
+        keep the space's order (the INT8 rule's). A variant waits for those of its prefixes that are candidates too
+        (the fused model before the fused INT8 ones): the cache then holds the prefix, and a prefix that changes
         nothing (fusion finding no pattern) drops them (``_drop_fused``) before each tries it again."""
-        return self._ranked(queue, facts)[0]
-
-    def _value(self, queue: list[Candidate], facts: Facts) -> float:
-        """The next variant's (``_next``) expected gain per second of preparation and screening."""
-        return self._ranked(queue, facts)[1]
-
-    def _ranked(self, queue: list[Candidate], facts: Facts) -> tuple[Candidate, float]:
         built = self._built()
         pending = [c.passes for c in queue]
         ready = [
