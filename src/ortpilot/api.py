@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from ortpilot.errors import StampMismatchError, UsageError
+from ortpilot.errors import StampMismatchError, UsageError, require_bools
 from ortpilot.graph.feeds import make_feeds, plan_feeds
 from ortpilot.graph.shapes import check_shape_names, graph_inputs, parse_shape_args
 from ortpilot.quantmodes import DYNAMIC
@@ -543,9 +543,7 @@ def text_model(
     from ortpilot.session.profile import load_profile
     from ortpilot.session.text import DEFAULT_MAX_BATCH, TextModel, task_of_folder, text_task_of_profile
 
-    for name, value in (("truncate", truncate), ("warm", warm)):  # "no" is a true string
-        if not isinstance(value, bool):
-            raise UsageError(f"{name} must be True or False, got {value!r}.")
+    require_bools({"truncate": truncate, "warm": warm})
     options: dict[str, Any] = {
         "max_batch": DEFAULT_MAX_BATCH if max_batch is None else max_batch,
         "lengths": lengths,

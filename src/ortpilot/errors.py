@@ -19,6 +19,14 @@ class UsageError(OrtpilotError):
     exit_code = 2
 
 
+def require_bools(values: dict[str, object]) -> None:
+    """A UsageError naming the first of ``values`` (option name -> value) that is not True or False: a Python
+    caller's "false" or "no" is a true string."""
+    for name, value in values.items():
+        if not isinstance(value, bool):
+            raise UsageError(f"{name} must be True or False, got {value!r}.")
+
+
 class ModelLoadError(UsageError):
     """The model file cannot be read, parsed or checked (missing, truncated, external data)."""
 

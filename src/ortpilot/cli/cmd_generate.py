@@ -200,14 +200,13 @@ def command(
     )
     # --stop-id is held to the vocabulary (Generator.generate); the tokenizer's own end-of-turn ids are added where
     # the model can produce them
-    vocab = gen.signature.vocab_size
     own = [t for t in stop_ids(tok) if t not in options.stop_tokens]
-    beyond = [t for t in own if vocab and not 0 <= t < vocab]
+    beyond = gen.signature.outside_vocabulary(own)
     if beyond:
         log.warning(
-            "The tokenizer's end-of-turn id(s) %s lie outside the model's vocabulary (0 .. %d): left out of the stops.",
+            "The tokenizer's end-of-turn id(s) %s lie outside the model's vocabulary (0 .. %s): left out of the stops.",
             beyond,
-            vocab - 1,
+            gen.signature.vocab_size - 1 if gen.signature.vocab_size else "n",
         )
     options = replace(options, stop_tokens=(*options.stop_tokens, *(t for t in own if t not in beyond)))
     result = gen.generate(ids, options=options, stream=None if as_json else _streamer(tok))

@@ -225,7 +225,7 @@ class Generator:
     def _check_stops(self, stop_tokens: Sequence[int]) -> None:
         """A stop id outside the vocabulary is never produced: generation would run on past what it was to stop at."""
         vocab = self.signature.vocab_size
-        bad = sorted({t for t in stop_tokens if t < 0 or (vocab and t >= vocab)})
+        bad = self.signature.outside_vocabulary(stop_tokens)
         if bad:
             raise UsageError(
                 f"Stop token id(s) {bad[:10]} are outside the vocabulary (0 .. {vocab - 1 if vocab else 'n'}): the "

@@ -102,6 +102,10 @@ class DecoderSignature:
     def kv_dtype(self) -> np.dtype | None:
         return self.cache[0].dtype if self.cache else None
 
+    def outside_vocabulary(self, ids: Iterable[int]) -> list[int]:
+        """The distinct ``ids`` the model never produces (below 0, or at or past its vocabulary where known)."""
+        return sorted({t for t in ids if t < 0 or (self.vocab_size and t >= self.vocab_size)})
+
     @property
     def supports_shared_buffer(self) -> bool:
         """GQA reads every past/present pair, so one max-length buffer can be both."""

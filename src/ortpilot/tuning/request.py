@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ortpilot.artifacts.fields import as_strings, path_or_none, record_of
-from ortpilot.errors import UsageError
+from ortpilot.errors import UsageError, require_bools
 from ortpilot.gate.options import GateOptions
 from ortpilot.tuning.budget import OUTPUT_RESERVE_S
 
@@ -93,9 +93,7 @@ class TuneRequest:
             raise UsageError(f"Unknown objective '{self.objective}'; use one of {', '.join(OBJECTIVES)}.")
         if self.max_error is not None:
             set_(self, "max_error", float(self.max_error))
-        for name in ("quantize", "session_knobs", "resume"):  # "false" is a true string
-            if not isinstance(getattr(self, name), bool):
-                raise UsageError(f"{name} must be True or False, got {getattr(self, name)!r}.")
+        require_bools({name: getattr(self, name) for name in ("quantize", "session_knobs", "resume")})
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
             raise UsageError(f"samples must be a positive whole number, got {self.samples!r}.")
 
