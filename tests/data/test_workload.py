@@ -86,6 +86,20 @@ def test_a_server_batch_sorts_by_size_pads_to_the_longest_and_stacks(demo_paths)
     assert batched_requests([{"x": np.zeros((2, 3), np.float32)}] * 4, 2, [], pad) == []  # not batch 1
 
 
+def test_a_few_server_batches_are_all_replayed_and_many_are_sampled_evenly(demo_paths):
+    inputs = graph_inputs(load_model(demo_paths["encoder"]))
+
+    def pad(name: str) -> float:
+        return 0.0 if "mask" in name else 1.0
+
+    six = batched_requests([_sentence(n) for n in range(3, 27)], 4, inputs, pad)  # 24 requests: 6 runs of 4
+    assert [b["input_ids"].shape[1] for b in six] == [6, 10, 14, 18, 22, 26]  # every one, not 4 with both ends
+    eight = batched_requests([_sentence(n) for n in range(3, 35)], 4, inputs, pad)
+    assert len(eight) == 8  # 2 x runs: still all
+    nine = batched_requests([_sentence(n) for n in range(3, 39)], 4, inputs, pad)  # 9 runs: 4 at quantiles
+    assert [b["input_ids"].shape[1] for b in nine] == [10, 18, 26, 34]  # runs 1, 3, 5, 7
+
+
 def test_a_workload_file_is_text_requests_or_a_histogram_and_bad_ones_name_the_problem(tmp_path, demo_paths):
     import pytest
 

@@ -50,11 +50,14 @@ class ScriptedSteps:
         requests_per_run: int = 1,
         session_s: Callable[[Candidate], float] | None = None,
         graph: Callable[[Candidate], tuple[str, float]] | None = None,
+        final_requests: int | None = None,
     ) -> None:
         self.clock, self.prep_s, self.latency_s, self.skip = clock, prep_s, latency_s, skip
         self.graph = graph  # (graph_sha256, worst held-out error) of a built model
         self.session_s = session_s  # a candidate's session creation (recorded, and paid again to reload it)
         self.requests = requests_per_run  # a run replays this many requests; samples are per request
+        self.final_requests = final_requests or requests_per_run  # a run of the final, given another replay set
+        self.final_replay: str | None = None  # the replay set the final was asked to time
         self.gate = None
         self.held: tuple[str, ...] = ()  # the worker's live sessions, least recently used first
         self.prepared: list[tuple[str, Candidate]] = []  # (phase, candidate), in the order they were started
@@ -119,13 +122,14 @@ class ScriptedSteps:
     def rank(self, key, data, timeout, *, affordable=True):
         return []
 
-    def final(self, finalists, plan):
+    def final(self, finalists, plan, *, replay=None):
         for cand in finalists:
             if cand.id not in self.held:  # loaded again before the plan is made
                 self.clock.now += self.session_s(cand) if self.session_s else 0.5
         runs, rounds, _, _ = plan()
+        self.final_replay, requests = replay, self.final_requests if replay else self.requests
         self.clock.now += sum(
-            (runs * rounds + 2) * self.latency_s(c) * self.requests + rounds * SETTLE_S for c in finalists
+            (runs * rounds + 2) * self.latency_s(c) * requests + rounds * SETTLE_S for c in finalists
         )  # its runs, warm-up and settling
         self.final_ended = self.clock.now
         return {
@@ -425,6 +429,28 @@ def test_a_workload_search_counts_a_run_as_its_replay_set_and_ends_inside_the_bu
     search = Search(steps, budget, objective="p50", requests_per_run=8)
     search.run(baseline_candidate(), facts)
     assert steps.final_ended is not None and steps.final_ended <= budget.deadline
+
+
+def test_a_final_that_replays_every_batch_of_a_screened_set_is_planned_at_its_own_size(demo_paths):
+    """Batches of 32 on a slow CPU: the search screens 4 of the 6 calls, the final replays all 6; planned at the
+    search's 4 (a run 1.5x short), its reserve and runs would end past the budget."""
+    facts = _facts(demo_paths, "encoder", model_mb=1.0)
+    for budget_s in [float(b) for b in range(16, 90, 3)]:  # planned at 4: 22, 25, 31, 34 s ended up to 2 s past
+        clock = Clock()
+        budget = Budget(budget_s, clock=clock, costs=PrepCosts(facts.model_mb, calibration=8, heldout=4))
+        steps = ScriptedSteps(
+            clock,
+            prep_s=lambda c: 1.0 if c.passes else 0.3,
+            latency_s=lambda c: 0.03 if c.passes else (0.09 if c.baseline else 0.08),
+            requests_per_run=4,
+            final_requests=6,
+        )
+        search = Search(
+            steps, budget, objective="p50", requests_per_run=4, samples_per_request=32, final_replay=("b32", 6)
+        )
+        search.run(baseline_candidate(), facts)
+        assert steps.final_replay == "b32" and search.final_replayed is None  # a scripted record carries none
+        assert steps.final_ended is not None and steps.final_ended <= budget.deadline, budget_s
 
 
 def test_a_calibration_sample_is_estimated_at_one_samples_time_in_a_tune_of_batches(demo_paths):

@@ -278,13 +278,13 @@ def render_summary(doc: dict) -> None:
     from rich.table import Table
 
     from ortpilot.tuning.report import (
-        RATIO_NOTE,
         data_line,
         failed_provider_lines,
         final_cells,
         gate_line,
         headline,
         provider_line,
+        ratio_note,
         search_cells,
         shape_plan_line,
         table_rows,
@@ -295,7 +295,9 @@ def render_summary(doc: dict) -> None:
     )
 
     stderr.print(escape(gate_line(doc)), highlight=False)
-    table = Table(title=f"Top candidates ({doc['objective']}, ORT {doc['onnxruntime']})", caption=escape(RATIO_NOTE))
+    table = Table(
+        title=f"Top candidates ({doc['objective']}, ORT {doc['onnxruntime']})", caption=escape(ratio_note(doc))
+    )
     for col in (
         "candidate",
         "final p50 ms (95% CI)",

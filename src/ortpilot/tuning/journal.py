@@ -103,6 +103,7 @@ _FIELDS: dict[str, dict[str, Any]] = {
         "caller_cpus": (list, type(None)),
         "settled_s": _OPT_NUMBER,  # the shortest untimed settling of any turn (measure.interleave.settle)
         "rounds_s": _OPT_NUMBER,  # the rounds' own wall time (they stop at the time planned: tuning.steps.final)
+        "replay": str,  # the replay set timed where not the search's (a batch size's every batch: "b32")
     },
     # a batch size's replay set timed for the winner and ORT's default after the final (stage: "b8", ...)
     "batch": {

@@ -425,6 +425,19 @@ RATIO_NOTE = (
 )
 
 
+def ratio_note(doc: dict[str, Any]) -> str:
+    """``RATIO_NOTE``, and where the search replayed a part of the final's requests, which part."""
+    screened = doc.get("screened")
+    if not screened:
+        return RATIO_NOTE
+    batch = (doc.get("workload") or {}).get("batches", [1])[0]
+    what = f"batches of {batch}" if batch > 1 else "requests"
+    return (
+        f"{RATIO_NOTE} A search run replayed {screened[0]} of the {screened[1]} {what} a final run replays, at "
+        "evenly spaced positions: its p50 ms are of another mix than the final's."
+    )
+
+
 def time_line(doc: dict[str, Any]) -> str:
     """Where the budget went, as the wall clock saw it: the search and its final measurement, and, once the
     outputs are written (the terminal's summary, ``--json``), the whole call."""
@@ -524,7 +537,7 @@ def render_md(doc: dict[str, Any]) -> str:
     excluded = doc["facts"].get("excluded") or []
     if excluded:
         lines += ["", "Not tried:", ""] + [f"- {e['what']}: {e['reason']}" for e in excluded]
-    lines += ["", f"Speedups are over {reference_name(doc['baseline'])}. {RATIO_NOTE}"]
+    lines += ["", f"Speedups are over {reference_name(doc['baseline'])}. {ratio_note(doc)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -622,5 +635,5 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}tr.win{{background
 {f"<p>{e(untried_line(doc))}.</p>" if untried(doc) else ""}
 {int8_html}
 <h2>Not tried</h2><ul>{excluded or "<li>nothing ruled out</li>"}</ul>
-<p>Speedups are over {e(reference_name(doc["baseline"]))}. {e(RATIO_NOTE)}</p></body></html>
+<p>Speedups are over {e(reference_name(doc["baseline"]))}. {e(ratio_note(doc))}</p></body></html>
 """

@@ -98,6 +98,10 @@ class TuneResult:
     files: dict[str, str] = field(default_factory=dict)
     workload: Workload | None = None  # what was timed: the requests' sizes (data.workload); None: one shape
     warmup: WarmupPlan | None = None  # the winner's first-run cost at a new size, and whether loads warm it
+    # (requests a run of the search replayed, a run of the final) where the final replayed more (tune._Setup.
+    # final_replay: a batch size's every batch): its p50 per request is of another mix than the search's, and
+    # the two tell no change of the machine's state; None where both replayed the same requests
+    screened: tuple[int, int] | None = None
 
     winner = _view("pick", "winner")
     baseline = _view("pick", "baseline")
@@ -165,10 +169,13 @@ class TuneResult:
                 note
                 for note in (
                     load_note(self.load_avg, self.facts.cores, self.others_cpu),
-                    state_note([p50 for _, p50 in settled_anchor_speeds(self.entries)], self.baseline.final),
+                    state_note([p50 for _, p50 in settled_anchor_speeds(self.entries)], self.baseline.final)
+                    if self.screened is None
+                    else "",
                 )
                 if note
             ),
+            "screened": list(self.screened) if self.screened else None,
             "gate_data": self.gate_data,
             "calibration_data": self.calibration_data,
             "candidates": candidates,

@@ -235,6 +235,7 @@ class Search:
         progress: Callable[[Progress], None] | None = None,
         requests_per_run: int = 1,
         samples_per_request: int = 1,
+        final_replay: tuple[str, int] | None = None,
     ) -> None:
         if objective not in OBJECTIVES:
             raise UsageError(f"Unknown objective '{objective}'; use one of {', '.join(OBJECTIVES)}.")
@@ -251,6 +252,9 @@ class Search:
         # A timed run replays the workload's replay set: its samples are per request, a run costs this many.
         self.requests_per_run = max(1, requests_per_run)
         self.samples_per_request = max(1, samples_per_request)  # a request's batch (the server's batches of B)
+        # (the worker's replay set, its requests) the final times where the search screened a part of it
+        self.final_replay = final_replay
+        self.final_replayed: str | None = None  # the replay set the final timed (its record's), None: the search's
         self.knobbed: set[str] = set()  # candidates whose session knobs were explored
         # why no later candidate gets buckets: padding to them changed the outputs of the model as given
         self.padding_leaks = ""
@@ -339,10 +343,11 @@ class Search:
             e.candidate.passes for e in self.entries.values() if e.candidate.passes and e.prepared.get("status") == "ok"
         ]
 
-    def _run_s(self, entry: Entry) -> float:
+    def _run_s(self, entry: Entry, *, final: bool = False) -> float:
         """Seconds one timed run of ``entry`` takes: its samples are per request, a run replays the workload's
-        replay set (``requests_per_run`` requests)."""
-        return cost(entry.samples, "p50") * self.requests_per_run
+        replay set (``requests_per_run`` requests; the final's, ``final_replay``, may hold more)."""
+        requests = self.final_replay[1] if final and self.final_replay else self.requests_per_run
+        return cost(entry.samples, "p50") * requests
 
     def _screen_s(self, runs: int | None = None) -> float:
         """A screening bench's expected seconds (its runs and the anchor's beside them)."""
@@ -694,13 +699,15 @@ class Search:
             # asked once the worker holds every finalist's session (steps.final loads the ones it let go first),
             # so the runs fit in what is really left; the worker stops its rounds at that time (after the fewest
             # the final takes) where the finalists run slower than the search timed them
-            per_run = sum(self._run_s(e) for e in finalists)  # a run of each finalist
+            per_run = sum(self._run_s(e, final=True) for e in finalists)  # a run of each finalist
             plan = self.budget.final_plan(per_run, self.screen_runs, len(finalists))
             left = self.budget.left()
             return (*plan, max(5.0, left + 5.0), max(0.0, left - 0.5))
 
-        record = self.steps.final([e.candidate for e in finalists], plan)
+        replay = self.final_replay[0] if self.final_replay else None
+        record = self.steps.final([e.candidate for e in finalists], plan, replay=replay)
         if record and record.get("status") == "ok":
+            self.final_replayed = record.get("replay")  # a journal written before finals replayed more has none
             for entry in finalists:
                 entry.final = record["samples_s"].get(entry.candidate.id, [])
                 entry.final_blocks = record["blocks"].get(entry.candidate.id, [])
@@ -757,7 +764,7 @@ class Search:
         finalists = self._likely_finalists()
         if not finalists:
             return
-        per_run = sum(self._run_s(e) for e in finalists)
+        per_run = sum(self._run_s(e, final=True) for e in finalists)
         self.budget.final_per_run = max(3 * self.budget.latency, per_run if len(finalists) == 3 else 0.0)
         # each one's own session time: two of a shape plan's in the final left no time for batches of 32
         self.budget.reload_s = sum(self._session_s(e) for e in finalists if e.candidate.id not in self.steps.held)

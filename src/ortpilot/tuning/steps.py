@@ -231,12 +231,17 @@ class StepRunner:
         return list(record.get("ranking") or [])
 
     def final(
-        self, finalists: list[Candidate], plan: Callable[[], tuple[int, int, float, float]]
+        self,
+        finalists: list[Candidate],
+        plan: Callable[[], tuple[int, int, float, float]],
+        *,
+        replay: str | None = None,
     ) -> dict[str, Any] | None:
         """The finalists timed round-robin in one process; ``plan()``: (runs, rounds, timeout, seconds), asked only
         when it runs, once the worker holds every finalist's session (one let go is created again first, so the plan
         counts the time that is really left); the worker stops its rounds (after ``FINAL_MIN_ROUNDS``) once another
-        would end past ``seconds``. None when replaying an ended search without one, or with a single finalist."""
+        would end past ``seconds``. ``replay``: the replay set timed (``worker.batch_file``), where not the search's.
+        None when replaying an ended search without one, or with a single finalist."""
         record = self.journal.get("final", "", "final")
         if record is not None or self.replay_only or len(finalists) < 2:
             return record
@@ -246,10 +251,11 @@ class StepRunner:
             runs, rounds, timeout, seconds = plan()
             request = {"candidates": [c.to_dict() for c in finalists], "runs": runs, "rounds": rounds, "warmup": 2}
             request |= {"within_s": seconds, "min_rounds": min(rounds, FINAL_MIN_ROUNDS)}
-            result = self._request("bench", request, timeout)
+            result = self._request("bench", request | ({"replay": replay} if replay else {}), timeout)
         except WorkerCrash as exc:
             result = {"status": "crashed", "error": str(exc)}
-        return self.journal.append({"kind": "final", "stage": "final", "ids": [c.id for c in finalists], **result})
+        record = {"kind": "final", "stage": "final", "ids": [c.id for c in finalists], **result}
+        return self.journal.append(record | ({"replay": replay} if replay else {}))
 
     def batch(self, cands: list[Candidate], name: str, runs: int, rounds: int, timeout: float) -> dict[str, Any] | None:
         """``cands`` timed round-robin on the replay set ``name`` (a batch size's: ``worker.batch_file``), as the

@@ -32,7 +32,7 @@ from ortpilot.artifacts.atomic import check_output_path
 from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.data import DataSource, ModelFolder, folder_of, real_data
-from ortpilot.data.workload import Workload, batched_requests, read_workload, replay_set
+from ortpilot.data.workload import Workload, batched_requests, read_workload, replay_set, screening_set
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs, samples_needed
@@ -146,7 +146,7 @@ def _tune(
         run = RunRecord(time.monotonic() - start, bool(journal.replayed), load_avg, budget_s, others_cpu=others_cpu)
         result = _result(out, setup, data, search, pick, run)
         built = winner_model(worker, pick.winner, setup.path)
-        write_outputs(result, setup.source, built, data.heldout[0], setup.replay)
+        write_outputs(result, setup.source, built, data.heldout[0], setup.timed)
         result.run = dataclasses.replace(run, total_s=time.monotonic() - start)
         journal.append(
             {
@@ -178,9 +178,21 @@ class _Setup:
     given_split: tuple[list[Sample], list[Sample]]  # their (calibration, held-out) split; empty without
     config: dict[str, Any]  # what the journal's start record pins: a resume must match it
     workload: Workload  # what the deployment sends: the user's samples at their own sizes, or the plan's shape
-    replay: list[Sample]  # the requests one timed run replays (data.workload.replay_set); [] without user data
+    replay: list[Sample]  # the requests one timed run of the search replays (data.workload.replay_set, or the first
+    # batch size's screening_set); [] without user data
     batched: dict[int, list[Sample]]  # batch size -> its replay set (data.workload.batched_requests), for B > 1
     replay_batch: int = 1  # the batch of each request in ``replay`` (the first --batch where it is formed)
+
+    @property
+    def timed(self) -> list[Sample]:
+        """The requests the final, the headline and ``verify --bench`` replay: the first batch size's whole replay
+        set where the search screens a part of it, else ``replay``."""
+        return self.batched.get(self.replay_batch, self.replay) if self.replay_batch > 1 else self.replay
+
+    @property
+    def final_replay(self) -> tuple[str, int] | None:
+        """(the worker's name for ``timed``, its request count) where the final replays more than the search."""
+        return (f"b{self.replay_batch}", len(self.timed)) if len(self.timed) > len(self.replay) else None
 
 
 def _set_up(request: TuneRequest) -> _Setup:
@@ -231,7 +243,7 @@ def _set_up(request: TuneRequest) -> _Setup:
     batched = _batched(requests, request.batches, inputs, pad, facts)
     replay_batch = 1
     if request.batches[0] > 1 and request.batches[0] in batched:  # the search times what the server forms
-        replay, replay_batch = batched[request.batches[0]], request.batches[0]
+        replay, replay_batch = screening_set(batched[request.batches[0]]), request.batches[0]
     config = {
         "model_sha256": file_sha256(source),
         "outputs": names,
@@ -458,12 +470,14 @@ def _search(
         progress=progress,
         requests_per_run=max(1, len(setup.replay)),
         samples_per_request=setup.replay_batch,
+        final_replay=setup.final_replay,
     )
     base = baseline_candidate()
     finalists = search.run(base, setup.facts)
     base_entry = search.entries[base.id]
     reference = search.reference or base_entry
-    states = TuneStates.read(list(search.entries.values()), reference) if setup.objective == "p50" else None
+    entries, alike = list(search.entries.values()), search.final_replayed is None
+    states = TuneStates.read(entries, reference, final=alike) if setup.objective == "p50" else None
     winner, default_best, reason = _pick(finalists, reference, setup.objective, states)
     gain = speedup(reference, winner, setup.objective)
     if states is not None and not default_best and states.defaults_ms:
@@ -593,6 +607,7 @@ def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, r
         batch=batch_size_of(data.heldout[0]),
         outputs=setup.outputs,
         workload=setup.workload,
+        screened=(len(setup.replay), len(setup.timed)) if search.final_replayed else None,
     )
 
 
