@@ -70,7 +70,8 @@ class ScriptedSteps:
     def prepare(self, cand, phase, timeout, *, affordable=True):
         if not cand.baseline and not affordable:
             return None, False
-        seconds = self.prep_s(cand) if cand.model_key not in self.built else self.prep_s(Candidate())
+        hit = cand.model_key in self.built
+        seconds = self.prep_s(cand) if not hit else self.prep_s(Candidate())
         self.prepared.append((phase, cand))
         if seconds > timeout:  # the worker is stopped at the reserve, as the real runner does
             self.clock.now += timeout
@@ -89,6 +90,7 @@ class ScriptedSteps:
             "seconds": seconds,
             "session_s": session,
             "model_path": "m.onnx",
+            "cache_hit": hit,
             "accuracy": accuracy,
             **({"graph_sha256": graph} if graph else {}),
         }
@@ -451,6 +453,47 @@ def test_a_final_that_replays_every_batch_of_a_screened_set_is_planned_at_its_ow
         search.run(baseline_candidate(), facts)
         assert steps.final_replay == "b32" and search.final_replayed is None  # a scripted record carries none
         assert steps.final_ended is not None and steps.final_ended <= budget.deadline, budget_s
+
+
+def _earlier_tune(demo_paths, reads_cache: bool) -> tuple[Search, set[str]]:
+    """A 60 s search of an 86 MB model whose dynamic and QDQ INT8 models an earlier tune left in the cache (a
+    session's time to load, 20 s to build anything else); ``reads_cache``: ``Search.cached`` tells it so."""
+    facts = _facts(demo_paths, "encoder", model_mb=86.0)
+    earlier = {Candidate(p).model_key for p in ((DYN_PC,), (DYN_W_PC,), (QDQ_PC,))}
+    clock = Clock()
+    budget = Budget(60.0, clock=clock, costs=PrepCosts(facts.model_mb, calibration=150, heldout=50))
+    steps = ScriptedSteps(clock, prep_s=lambda c: 20.0 if c.passes else 1.0, latency_s=lambda c: 0.01)
+    steps.built = set(earlier)
+    cached = (lambda passes: len(passes) if Candidate(passes).model_key in earlier else 0) if reads_cache else None
+    search = Search(steps, budget, objective="p50", cached=cached)
+    search.run(baseline_candidate(), facts)
+    assert steps.final_ended is not None and steps.final_ended <= budget.deadline
+    return search, earlier
+
+
+def test_a_model_served_from_the_cache_teaches_no_build_estimate(demo_paths):
+    """A cache hit read as a build 14x faster than estimated scaled every later estimate down (x0.07), so the next
+    real build was started and stopped by the budget half-way, its time lost."""
+    search, _ = _earlier_tune(demo_paths, reads_cache=False)
+    assert not [e.candidate.label for e in search.entries.values() if e.reason.startswith("stopped: the budget")]
+    assert search.budget.ratios and min(search.budget.ratios) > 0.5  # only builds measure builds
+
+
+def test_a_variant_an_earlier_tune_built_is_estimated_at_its_load_not_at_a_build(demo_paths):
+    """A second tune of MiniLM estimated OpenVINO's INT8 at 38 s to build (86 MB, 150 calibration samples) and left
+    it untried with 30 s left, its model in the cache to load in 1.2 s. Read from the cache (``Search.cached``),
+    the variants an earlier tune built are estimated as a session each, and all tried."""
+    blind, earlier = _earlier_tune(demo_paths, reads_cache=False)
+    seeing, _ = _earlier_tune(demo_paths, reads_cache=True)
+
+    def tried(search: Search) -> set[str]:
+        return {e.candidate.model_key for e in search.entries.values() if e.status == "ok" and e.candidate.passes}
+
+    assert not earlier <= tried(blind) and earlier <= tried(seeing)
+    as_builds = [
+        e.reason for e in seeing.entries.values() if e.candidate.model_key in earlier and "quantize" in e.reason
+    ]
+    assert not as_builds, as_builds
 
 
 def test_a_calibration_sample_is_estimated_at_one_samples_time_in_a_tune_of_batches(demo_paths):

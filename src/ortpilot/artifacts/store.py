@@ -79,6 +79,10 @@ class ModelStore:
         """The cache folder is group-writable: entries of other group members are served, and ours are shared."""
         return is_shared(self.root) or is_shared(self.root.parent)
 
+    def holds(self, key: str) -> bool:
+        """Whether an entry's model file is there (unchecked: ``get`` checks it when it serves it)."""
+        return (self.entry_dir(key) / MODEL_FILE).is_file()
+
     def get(self, key: str, expect: Mapping[str, Any] | None = None) -> Path | None:
         """The cached model's path, or None; an entry that fails its checks is removed (with a warning).
 

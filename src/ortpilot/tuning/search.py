@@ -236,6 +236,7 @@ class Search:
         requests_per_run: int = 1,
         samples_per_request: int = 1,
         final_replay: tuple[str, int] | None = None,
+        cached: Callable[[Sequence[Step]], int] | None = None,
     ) -> None:
         if objective not in OBJECTIVES:
             raise UsageError(f"Unknown objective '{objective}'; use one of {', '.join(OBJECTIVES)}.")
@@ -255,6 +256,9 @@ class Search:
         # (the worker's replay set, its requests) the final times where the search screened a part of it
         self.final_replay = final_replay
         self.final_replayed: str | None = None  # the replay set the final timed (its record's), None: the search's
+        # how many leading steps of a pipeline the model cache holds from before this tune (transform.cached_steps)
+        self.cached = cached
+        self._cached_n: dict[str, int] = {}  # candidate's model key -> ``cached`` of its passes
         self.knobbed: set[str] = set()  # candidates whose session knobs were explored
         # why no later candidate gets buckets: padding to them changed the outputs of the model as given
         self.padding_leaks = ""
@@ -319,7 +323,7 @@ class Search:
         keep the space's order (the INT8 rule's). A variant waits for those of its prefixes that are candidates too
         (the fused model before the fused INT8 ones): the cache then holds the prefix, and a prefix that changes
         nothing (fusion finding no pattern) drops them (``_drop_fused``) before each tries it again."""
-        built = self._built()
+        built = self._built(*queue)
         pending = [c.passes for c in queue]
         ready = [
             (i, c) for i, c in enumerate(queue) if not any(c.passes[:k] in pending for k in range(1, len(c.passes)))
@@ -337,11 +341,19 @@ class Search:
         """A session knob's expected gain (``space.KNOB_GAIN``) per second of a session and its screening bench."""
         return KNOB_GAIN / max(self.budget.prepare_estimate(())[0] + self._screen_s(), 1e-3)
 
-    def _built(self) -> list[tuple[Step, ...]]:
-        """The pass pipelines this tune has built (their models, and every prefix, are in the model cache)."""
-        return [
+    def _built(self, *also: Candidate) -> list[tuple[Step, ...]]:
+        """The pass pipelines whose models the cache holds, with every prefix: those this tune has built, and of
+        ``also``'s the part an earlier tune built (``cached``): a second tune estimated MiniLM's OpenVINO INT8 at
+        38 s to build, left it untried, and its model was there to load in 1.2 s."""
+        built = [
             e.candidate.passes for e in self.entries.values() if e.candidate.passes and e.prepared.get("status") == "ok"
         ]
+        for cand in also if self.cached is not None else ():
+            if cand.passes and cand.model_key not in self._cached_n:
+                self._cached_n[cand.model_key] = self.cached(cand.passes)
+            if self._cached_n.get(cand.model_key):
+                built.append(cand.passes[: self._cached_n[cand.model_key]])
+        return built
 
     def _run_s(self, entry: Entry, *, final: bool = False) -> float:
         """Seconds one timed run of ``entry`` takes: its samples are per request, a run replays the workload's
@@ -441,7 +453,7 @@ class Search:
             )
             self._report("screening")
             return entry
-        built = self._built()
+        built = self._built(cand)
         seconds, basis = self.budget.prepare_estimate(cand.passes, built)
         at_risk = 0.0 if cand.baseline else self._at_risk_s()
         affordable = cand.baseline or self.budget.affords(seconds + self._screen_s(runs) + at_risk)
@@ -459,7 +471,9 @@ class Search:
             )
         else:
             if record.get("status") == "ok":  # journaled ones too: a resume estimates from what this tune measured
-                self.budget.record_prepare(cand.passes, record["seconds"], built)
+                # a model served from the cache was loaded, not built: no measure of what a build takes
+                loaded = [cand.passes] if record.get("cache_hit") and cand.passes else []
+                self.budget.record_prepare(cand.passes, record["seconds"], [*built, *loaded])
             self._record_prepared(entry, record)
             self._note_padding_leak(entry)
             if entry.status == "ok":

@@ -471,6 +471,7 @@ def _search(
         requests_per_run=max(1, len(setup.replay)),
         samples_per_request=setup.replay_batch,
         final_replay=setup.final_replay,
+        cached=_cache_reader(setup, data),
     )
     base = baseline_candidate()
     finalists = search.run(base, setup.facts)
@@ -490,6 +491,16 @@ def _search(
     return search, Pick(
         winner, reference, gain, default_best, reason, _passed_over(finalists, winner, reference, states)
     )
+
+
+def _cache_reader(setup: _Setup, data: _Data) -> Callable[[Sequence[Any]], int]:
+    """``Search.cached``: how many leading steps of a pipeline the model cache holds built from this tune's model
+    and calibration samples (``transform.cached_steps``, the keys ``build_model`` uses in the worker)."""
+    from ortpilot.tuning.transform import cached_steps
+
+    source = Path(setup.path)
+    sha = setup.config["model_sha256"] if source == Path(setup.source) else file_sha256(source)
+    return lambda steps: cached_steps(sha, steps, data.calibration)
 
 
 BATCH_ROUNDS, BATCH_RUNS = 4, 2  # a batch size's timing: as a short final (winner and ORT's default, interleaved)
