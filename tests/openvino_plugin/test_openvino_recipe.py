@@ -68,11 +68,13 @@ def test_a_tune_on_openvino_tries_both_recipes_on_a_transformer_and_one_on_a_cnn
     def ov_int8(model: onnx.ModelProto) -> list[str]:
         facts = gather_facts(model, [ProviderSpec(OV)])
         cands = first_candidates(facts, baseline_candidate())
-        return sorted({c.label for c in cands if c.passes and c.passes[-1].name == "openvino_int8"})
+        return list(
+            dict.fromkeys(c.passes[-1].label() for c in cands if c.passes and c.passes[-1].name == "openvino_int8")
+        )
 
     transformer = ov_int8(make_encoder())
-    assert any("int8-openvino-sq0.8-minmax" in label for label in transformer), transformer
-    assert any("int8-openvino" in label and "sq" not in label for label in transformer), transformer
+    # the smoothed recipe first: it kept MiniLM's worst sentence where NNCF's own did not, at the same cost
+    assert transformer == ["int8-openvino-sq0.8-minmax", "int8-openvino"], transformer
     assert not any("sq0.8" in label for label in ov_int8(make_cnn())), ov_int8(make_cnn())
 
 
