@@ -496,6 +496,27 @@ def test_a_variant_an_earlier_tune_built_is_estimated_at_its_load_not_at_a_build
     assert not as_builds, as_builds
 
 
+def test_a_cold_tune_of_a_transformer_builds_openvinos_int8_before_dynamic_int8(demo_paths):
+    """NNCF's INT8 on OpenVINO ran MiniLM 2.9-3.3x ORT's default at batches of 32 where dynamic INT8 ran 1.5-1.8x;
+    ranked below it, a cold 120 s tune built the dynamic variants first and missed OpenVINO's INT8 by a second."""
+    facts = _facts(demo_paths, "encoder", model_mb=86.0)
+    clock = Clock()
+    budget = Budget(120.0, clock=clock, costs=PrepCosts(facts.model_mb, calibration=150, heldout=50))
+    steps = ScriptedSteps(clock, prep_s=lambda c: 1.0, latency_s=lambda c: 0.1, requests_per_run=4)
+    search = Search(steps, budget, objective="p50", requests_per_run=4, samples_per_request=32)
+    search._baseline(baseline_candidate())
+    base = baseline_candidate()
+    ov = [{"name": "OpenVINOExecutionProvider", "options": {"num_of_threads": "2"}}]
+    queue = [
+        base.derived(passes=(DYN_W_PC,)),
+        base.derived(passes=(DYN_PC,)),
+        base.derived(passes=(OV_INT8,), providers=ov),
+    ]
+    first, _ = search._next(queue, facts)
+    assert first.passes == (OV_INT8,)
+    assert search._next(queue[:2], facts)[0].passes == (DYN_W_PC,)  # without it, the space's order
+
+
 def test_a_calibration_sample_is_estimated_at_one_samples_time_in_a_tune_of_batches(demo_paths):
     """A tune of batches of 32 replays 4 of them a run: a calibration or held-out sample runs alone, so it costs the
     default's time a request over the batch, not a run's (counted so, NNCF's 150 calibration samples of MiniLM were

@@ -565,14 +565,17 @@ def with_exclusions(cand: Candidate, nodes: Sequence[str]) -> Candidate:
 # model variants by, per second of their estimated preparation (``Search``), not a figure it reports. From this
 # project's measurements (BENCHMARKS.md, "Quantization: dynamic vs static QDQ on conv nets, MiniLM", AMD VNNI CPU):
 # dynamic INT8 made MiniLM 1.9-2.2x faster and both conv nets 3-5x slower (ConvInteger); static QDQ per channel
-# ran the conv nets 1.29-1.69x, full QDQ 1.53-1.95x. Transformer and decoder fusion, weight-only INT4/INT8 and
-# OpenVINO's INT8 have no such table here; their priors are set below the INT8 ones they usually come with
-# (the demo decoder's gqa ran 1.30x), OpenVINO's INT8 beside dynamic INT8 (its own quantizer's placement).
+# ran the conv nets 1.29-1.69x, full QDQ 1.53-1.95x. Transformer and decoder fusion and weight-only INT4/INT8 have
+# no such table here; their priors are set below the INT8 ones they usually come with (the demo decoder's gqa ran
+# 1.30x). OpenVINO's INT8 (NNCF) on MiniLM: 4.2-4.4x ORT's default at 1x128 (Intel AMX, the plugin), 2.9-3.3x at
+# batches of 32 and 1.7-2.1x one sentence per call of real lengths (AMD VNNI, the distribution), where dynamic INT8
+# ran 1.5-1.8x: ranked below it, a cold 120 s tune of batches of 32 spent its budget on the dynamic variants and
+# missed OpenVINO's INT8 by a second (1.55x shipped). On the demo CNN it ran 1.45x (AMX) and lost on AMD.
 # Steps of one pipeline compound. Variants with equal priors and costs keep the space's order (the INT8 rule's).
 STEP_GAINS = {
     "fusion": 0.2,
     "decoder_fusion": 0.3,
-    "openvino_int8": 0.8,
+    "openvino_int8": (1.5, 0.45),  # (MatMul-heavy, conv net)
     ("quantize", DYNAMIC): (0.9, 0.05),  # (MatMul-heavy, conv net)
     ("quantize", QDQ): (0.3, 0.5),
     ("quantize", STATIC): (0.3, 0.5),
