@@ -106,6 +106,7 @@ class Facts:
     default_threads: int = 0  # the intra-op threads ORT's default session starts here (counted)
     int8_reasons: dict[str, str] = field(default_factory=dict)  # INT8 step label -> why it is in the space
     shape_plan: dict[str, Any] | None = None  # the workload's buckets (session.shapeplan), tried as a session knob
+    batch: int = 1  # the requests' batch a timed run replays (the first --batch): a server's batches are padded already
     given_int8: dict[str, int] = field(default_factory=dict)  # the quantizer's ops the model came with, by count
     model_mb: float = 0.0  # the model's size with its weights (what a variant's preparation scales with)
     symbolic_inputs: bool = False  # an input has a dim without a fixed size (a sequence, a batch)
@@ -151,6 +152,7 @@ class Facts:
             "model_mb": round(self.model_mb, 2),
             "excluded": [e.to_dict() for e in self.excluded],
             "shape_plan": self.shape_plan,
+            "batch": self.batch,
             "symbolic_inputs": self.symbolic_inputs,
         }
 
@@ -328,7 +330,8 @@ def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
     the first provider is not the CPU, the model variants on the CPU too (an INT8 model on the
     CPU can beat the float one on an accelerator EP: the search must see both)."""
     out: list[Candidate] = [default_stand_in(facts, baseline)] if facts.default_oversubscribes else []
-    out.extend(shaped_candidates(facts, baseline))
+    if facts.batch == 1:  # at a batch of many, the buckets wait as knobs (``shaped_candidates``)
+        out.extend(shaped_candidates(facts, baseline))
     primary = facts.providers[0] if facts.providers else ProviderSpec(CPU_EP)
     out.extend(_variants_on(primary, facts, baseline))
     for spec in facts.providers:
@@ -346,7 +349,12 @@ def first_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
 
 def shaped_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
     """The source model on each provider with the workload's shape plan (a session per bucket): early, as they
-    cost a session each and tell whether padding is invisible to this model before any variant builds on them."""
+    cost a session each and tell whether padding is invisible to this model before any variant builds on them.
+    Not where a timed request is a server's batch (``Facts.batch`` > 1): each batch is padded to its longest already
+    and a bucket pads it further, and its screening replays calls of 32 (MiniLM on a slow 2-CPU machine: ~12 s
+    each, OpenVINO's bucket sessions 0.85-0.86x its dynamic one in five tunes, the CPU EP's 0.7x, and the two took
+    25 s of a 120 s budget whose INT8 variants then did not fit). There the plan stays a knob of the model as given
+    on each provider, tried by its expected gain per second like the others."""
     if not facts.shape_plan:
         return []
     out = []

@@ -244,6 +244,7 @@ def _set_up(request: TuneRequest) -> _Setup:
     replay_batch = 1
     if request.batches[0] > 1 and request.batches[0] in batched:  # the search times what the server forms
         replay, replay_batch = screening_set(batched[request.batches[0]]), request.batches[0]
+    facts.batch = replay_batch
     config = {
         "model_sha256": file_sha256(source),
         "outputs": names,
