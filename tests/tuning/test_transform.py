@@ -8,7 +8,7 @@ import numpy as np
 
 from ortpilot.modelio import file_sha256
 from ortpilot.tuning.space import DYN_PC, QDQ_PC
-from ortpilot.tuning.transform import build_model, cached_steps
+from ortpilot.tuning.transform import PREPARE, build_model, cached_prefix
 from ortpilot.tuning.worker import load_samples, save_samples
 
 
@@ -33,11 +33,11 @@ def test_a_pipeline_the_worker_built_reads_as_cached_from_the_samples_it_was_cal
     model = Path(demo_paths["encoder"])
     sha = file_sha256(model)
     calibration = _calibration()
-    assert cached_steps(sha, [QDQ_PC], calibration) == 0 and cached_steps(sha, [], calibration) == 0
+    assert cached_prefix(sha, [QDQ_PC], calibration) == () and cached_prefix(sha, [], calibration) == ()
     save_samples(tmp_path / "calibration.npz", calibration)
     _, _, hit = build_model(model, [QDQ_PC], load_samples(tmp_path / "calibration.npz"))
     assert not hit
-    assert cached_steps(sha, [QDQ_PC], calibration) == 1
-    assert cached_steps(sha, [DYN_PC], calibration) == 0  # its preparation is there, its quantization is not
-    assert cached_steps(sha, [QDQ_PC], _calibration(5)) == 0  # calibrated on other samples: another model
-    assert cached_steps("0" * 64, [QDQ_PC], calibration) == 0  # another source model
+    assert cached_prefix(sha, [QDQ_PC], calibration) == (QDQ_PC,)
+    assert cached_prefix(sha, [DYN_PC], calibration) == (PREPARE,)  # its preparation is there, its quantization not
+    assert cached_prefix(sha, [QDQ_PC], _calibration(5)) == (PREPARE,)  # other samples: only the preparation held
+    assert cached_prefix("0" * 64, [QDQ_PC], calibration) == ()  # another source model

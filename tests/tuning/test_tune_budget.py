@@ -433,9 +433,11 @@ def test_a_workload_search_counts_a_run_as_its_replay_set_and_ends_inside_the_bu
     assert steps.final_ended is not None and steps.final_ended <= budget.deadline
 
 
-def test_a_final_that_replays_every_batch_of_a_screened_set_is_planned_at_its_own_size(demo_paths):
+@pytest.mark.parametrize("variants_s", [0.03, 0.09])  # INT8 at a third of ORT's default's time, or as slow
+def test_a_final_that_replays_every_batch_of_a_screened_set_is_planned_at_its_own_size(demo_paths, variants_s):
     """Batches of 32 on a slow CPU: the search screens 4 of the 6 calls, the final replays all 6; planned at the
-    search's 4 (a run 1.5x short), its reserve and runs would end past the budget."""
+    search's 4 (a run 1.5x short), its reserve and runs would end past the budget, and so would its reserve before
+    three likely finalists are known (three of ORT's default's runs: of the final's 6 calls, not the search's 4)."""
     facts = _facts(demo_paths, "encoder", model_mb=1.0)
     for budget_s in [float(b) for b in range(16, 90, 3)]:  # planned at 4: 22, 25, 31, 34 s ended up to 2 s past
         clock = Clock()
@@ -443,7 +445,7 @@ def test_a_final_that_replays_every_batch_of_a_screened_set_is_planned_at_its_ow
         steps = ScriptedSteps(
             clock,
             prep_s=lambda c: 1.0 if c.passes else 0.3,
-            latency_s=lambda c: 0.03 if c.passes else (0.09 if c.baseline else 0.08),
+            latency_s=lambda c: variants_s if c.passes else (0.09 if c.baseline else 0.08),
             requests_per_run=4,
             final_requests=6,
         )
@@ -451,7 +453,7 @@ def test_a_final_that_replays_every_batch_of_a_screened_set_is_planned_at_its_ow
             steps, budget, objective="p50", requests_per_run=4, samples_per_request=32, final_replay=("b32", 6)
         )
         search.run(baseline_candidate(), facts)
-        assert steps.final_replay == "b32" and search.final_replayed is None  # a scripted record carries none
+        assert steps.final_replay == "b32"
         assert steps.final_ended is not None and steps.final_ended <= budget.deadline, budget_s
 
 
@@ -464,7 +466,7 @@ def _earlier_tune(demo_paths, reads_cache: bool) -> tuple[Search, set[str]]:
     budget = Budget(60.0, clock=clock, costs=PrepCosts(facts.model_mb, calibration=150, heldout=50))
     steps = ScriptedSteps(clock, prep_s=lambda c: 20.0 if c.passes else 1.0, latency_s=lambda c: 0.01)
     steps.built = set(earlier)
-    cached = (lambda passes: len(passes) if Candidate(passes).model_key in earlier else 0) if reads_cache else None
+    cached = (lambda passes: tuple(passes) if Candidate(passes).model_key in earlier else ()) if reads_cache else None
     search = Search(steps, budget, objective="p50", cached=cached)
     search.run(baseline_candidate(), facts)
     assert steps.final_ended is not None and steps.final_ended <= budget.deadline
@@ -494,6 +496,18 @@ def test_a_variant_an_earlier_tune_built_is_estimated_at_its_load_not_at_a_build
         e.reason for e in seeing.entries.values() if e.candidate.model_key in earlier and "quantize" in e.reason
     ]
     assert not as_builds, as_builds
+
+
+def test_a_quantizers_preparation_an_earlier_tune_left_is_not_estimated_again():
+    """``transform.cached_prefix`` ends in ``prepare`` where the prepared model is in the cache and the quantized one
+    is not: the estimate then charges the quantization alone, as it does after this tune's own build."""
+    from ortpilot.tuning.transform import PREPARE
+
+    costs = PrepCosts(model_mb=86.0, calibration=8, heldout=4)
+    cold, _ = costs.estimate((DYN_PC,), 1.0, 0.01)
+    prepared, basis = costs.estimate((DYN_PC,), 1.0, 0.01, built=[(PREPARE,)])
+    assert prepared == pytest.approx(cold - PREPARE_S_PER_MB * 86.0) and basis.startswith("86 MB to quantize")
+    assert costs.estimate((DYN_PC,), 1.0, 0.01, built=[(DYN_W_PC,)])[0] == prepared  # a sibling this tune built
 
 
 def test_a_cold_tune_of_a_transformer_builds_openvinos_int8_before_dynamic_int8(demo_paths):

@@ -87,15 +87,6 @@ def test_a_tune_in_one_state_picks_by_the_final_as_before():
     assert winner is fused and _passed_over([fused, plain, default], winner, default, states) == {}
 
 
-def test_a_final_that_replayed_more_requests_than_the_search_tells_no_state():
-    """A tune of batches of 32 screens 4 of the 6 batches and times all 6 in the final: ORT's default's p50 per
-    batch differs between the two mixes, not between machine states."""
-    default, fused, plain = _tune(search_default_ms=0.444)
-    states = TuneStates.read([default, fused, plain], default, final=False)
-    assert states.between_s is None and states.figures == {}
-    assert TuneStates.read([default, fused, plain], default).between_s is not None  # the same final, alike: two
-
-
 def _benches(ms: list[float]) -> list[tuple[int, float]]:
     return [(seq, x / 1e3) for seq, x in enumerate(ms)]
 

@@ -83,8 +83,9 @@ class PrepCosts:
     ) -> tuple[float, str]:
         """(seconds, basis in words) for a candidate with pass ``steps`` (``passes.registry.Step``): ``session_s``
         (a session and its held-out outputs, as ORT's default measured) plus each step's rewrite, calibration and
-        slower gate runs (module constants). ``built``: the pipelines this tune built already; the model cache
-        holds their prefixes (and the quantizer's preparation of each), which cost nothing again."""
+        slower gate runs (module constants). ``built``: the pipelines whose models the model cache holds, with their
+        prefixes (and the quantizer's preparation of each; a pipeline ending in a ``prepare`` step holds that
+        preparation alone), which cost nothing again."""
         steps = list(steps)
         done = max((_common(steps, b) for b in built), default=0)
         if done == len(steps):
@@ -95,7 +96,7 @@ class PrepCosts:
             name, mode = step.name, step.get("mode")
             if name in ("quantize", "openvino_int8"):
                 prepared = name == "quantize" and any(
-                    _common(steps[:i], b) == i and len(b) > i and b[i].name == "quantize" for b in built
+                    _common(steps[:i], b) == i and len(b) > i and b[i].name in ("quantize", "prepare") for b in built
                 )
                 seconds += (0.0 if prepared else PREPARE_S_PER_MB * mb) + QUANTIZE_S_PER_MB * mb
                 parts.append(f"{mb:.0f} MB to quantize" if prepared else f"{mb:.0f} MB to prepare and quantize")
@@ -151,6 +152,7 @@ class Budget:
         # The final as it stands (``Search``): one run of each likely finalist, and the seconds to create again the
         # sessions of those the worker let go (it loads them before the final's plan is made)
         self.final_per_run: float | None = None
+        self.final_scale = 1.0  # a run of the final over a run of the search (a batch size's every call over 4)
         self.reload_s = 0.0
 
     def left(self) -> float:
@@ -200,7 +202,7 @@ class Budget:
         """Time kept for the final interleaved measurement of three candidates: its shortest plan (at the likely
         finalists' latencies, three times the default's until they are known) and their sessions' reloads;
         and the time the steps after it need (``after_final``)."""
-        per_run = self.final_per_run or 3 * self.latency
+        per_run = self.final_per_run or 3 * self.latency * self.final_scale
         return (
             (FINAL_MIN_ROUNDS * FINAL_MIN_RUNS + 2) * per_run * SAFETY
             + FINAL_MIN_ROUNDS * 3 * SETTLE_S

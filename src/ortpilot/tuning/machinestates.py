@@ -70,12 +70,12 @@ def _rounds(entry: Entry) -> dict[int, float]:
     }
 
 
-def observations(entry: Entry, default: Entry, *, final: bool = True) -> list[Observation]:
+def observations(entry: Entry, default: Entry) -> list[Observation]:
     """Every settled bench of ``entry`` beside ORT's default: the search's paired ones whose turns outlasted
-    the last session's spin (``PairedBench.settled``), and (``final``) each round of the final that both ran in
+    the last session's spin (``PairedBench.settled``), and each round of the final that both ran in
     (``default``: the final's reference)."""
     seen = [Observation(b.seq, b.anchor_s, b.ratio, b.runs) for b in entry.paired if b.settled]
-    theirs = _rounds(default) if final else {}
+    theirs = _rounds(default)
     for block, mine in _rounds(entry).items():
         if block in theirs:
             runs = entry.final_blocks.count(block)
@@ -83,11 +83,10 @@ def observations(entry: Entry, default: Entry, *, final: bool = True) -> list[Ob
     return seen
 
 
-def default_speeds(entries: Sequence[Entry], default: Entry, *, final: bool = True) -> list[tuple[int, float]]:
+def default_speeds(entries: Sequence[Entry], default: Entry) -> list[tuple[int, float]]:
     """(when, ORT's default's p50 in s) for every settled bench of the tune: beside each candidate in the
-    search, and (``final``) each final round."""
-    rounds = _rounds(default).items() if final else ()
-    return settled_anchor_speeds(entries) + [(FINAL_SEQ + block, p50) for block, p50 in rounds]
+    search, each final round."""
+    return settled_anchor_speeds(entries) + [(FINAL_SEQ + block, p50) for block, p50 in _rounds(default).items()]
 
 
 def cut(benches: Sequence[tuple[int, float]]) -> tuple[float, frozenset[int]] | None:
@@ -144,18 +143,14 @@ class TuneStates:
     defaults_ms: dict[str, float] = field(default_factory=dict)  # state -> ORT's default's median p50 in it
 
     @classmethod
-    def read(cls, entries: Sequence[Entry], default: Entry, *, final: bool = True) -> TuneStates:
-        """``final``: whether the final replayed the search's requests; where it replayed more (a batch size's
-        every run, ``tune._Setup.final_replay``), its p50 per request is of another mix and tells no state."""
-        speeds = default_speeds(entries, default, final=final)
+    def read(cls, entries: Sequence[Entry], default: Entry) -> TuneStates:
+        speeds = default_speeds(entries, default)
         found = cut(speeds)
         if found is None:
             return cls(None, {})
         between, kept = found
         figures = {
-            e.candidate.id: by_state(observations(e, default, final=final), between, kept)
-            for e in entries
-            if e is not default
+            e.candidate.id: by_state(observations(e, default), between, kept) for e in entries if e is not default
         }
         defaults = {
             state: float(np.median([d for seq, d in speeds if seq in kept and _side(d, between) == state])) * 1e3

@@ -100,7 +100,7 @@ class TuneResult:
     warmup: WarmupPlan | None = None  # the winner's first-run cost at a new size, and whether loads warm it
     # (requests a run of the search replayed, a run of the final) where the final replayed more (tune._Setup.
     # final_replay: a batch size's every batch): its p50 per request is of another mix than the search's, and
-    # the two tell no change of the machine's state; None where both replayed the same requests
+    # the two tell no machine state (none is read); None where both replayed the same requests
     screened: tuple[int, int] | None = None
 
     winner = _view("pick", "winner")

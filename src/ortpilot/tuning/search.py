@@ -236,7 +236,7 @@ class Search:
         requests_per_run: int = 1,
         samples_per_request: int = 1,
         final_replay: tuple[str, int] | None = None,
-        cached: Callable[[Sequence[Step]], int] | None = None,
+        cached: Callable[[Sequence[Step]], tuple[Step, ...]] | None = None,
     ) -> None:
         if objective not in OBJECTIVES:
             raise UsageError(f"Unknown objective '{objective}'; use one of {', '.join(OBJECTIVES)}.")
@@ -255,10 +255,12 @@ class Search:
         self.samples_per_request = max(1, samples_per_request)  # a request's batch (the server's batches of B)
         # (the worker's replay set, its requests) the final times where the search screened a part of it
         self.final_replay = final_replay
+        if final_replay:
+            budget.final_scale = final_replay[1] / self.requests_per_run
         self.final_replayed: str | None = None  # the replay set the final timed (its record's), None: the search's
-        # how many leading steps of a pipeline the model cache holds from before this tune (transform.cached_steps)
+        # the leading part of a pipeline the model cache holds from before this tune (transform.cached_prefix)
         self.cached = cached
-        self._cached_n: dict[str, int] = {}  # candidate's model key -> ``cached`` of its passes
+        self._cached: dict[str, tuple[Step, ...]] = {}  # candidate's model key -> ``cached`` of its passes
         self.knobbed: set[str] = set()  # candidates whose session knobs were explored
         # why no later candidate gets buckets: padding to them changed the outputs of the model as given
         self.padding_leaks = ""
@@ -342,18 +344,17 @@ class Search:
         return KNOB_GAIN / max(self.budget.prepare_estimate(())[0] + self._screen_s(), 1e-3)
 
     def _built(self, *also: Candidate) -> list[tuple[Step, ...]]:
-        """The pass pipelines whose models the cache holds, with every prefix: those this tune has built, and of
-        ``also``'s the part an earlier tune built (``cached``): a second tune estimated MiniLM's OpenVINO INT8 at
-        38 s to build, left it untried, and its model was there to load in 1.2 s."""
+        """The pass pipelines whose models the cache holds, with every prefix: those this tune has built, and the
+        parts an earlier tune built (``cached``) of ``also``'s and of every candidate read so: a second tune
+        estimated MiniLM's OpenVINO INT8 at 38 s to build, left it untried, and its model was there to load in
+        1.2 s. (An entry found so is not read again: this tune's own builds are counted above.)"""
         built = [
             e.candidate.passes for e in self.entries.values() if e.candidate.passes and e.prepared.get("status") == "ok"
         ]
         for cand in also if self.cached is not None else ():
-            if cand.passes and cand.model_key not in self._cached_n:
-                self._cached_n[cand.model_key] = self.cached(cand.passes)
-            if self._cached_n.get(cand.model_key):
-                built.append(cand.passes[: self._cached_n[cand.model_key]])
-        return built
+            if cand.passes and cand.model_key not in self._cached:
+                self._cached[cand.model_key] = self.cached(cand.passes)
+        return built + [held for held in self._cached.values() if held]
 
     def _run_s(self, entry: Entry, *, final: bool = False) -> float:
         """Seconds one timed run of ``entry`` takes: its samples are per request, a run replays the workload's
@@ -779,7 +780,8 @@ class Search:
         if not finalists:
             return
         per_run = sum(self._run_s(e, final=True) for e in finalists)
-        self.budget.final_per_run = max(3 * self.budget.latency, per_run if len(finalists) == 3 else 0.0)
+        floor = 3 * self.budget.latency * self.budget.final_scale  # three of ORT's default's runs of the final
+        self.budget.final_per_run = max(floor, per_run if len(finalists) == 3 else 0.0)
         # each one's own session time: two of a shape plan's in the final left no time for batches of 32
         self.budget.reload_s = sum(self._session_s(e) for e in finalists if e.candidate.id not in self.steps.held)
 

@@ -353,8 +353,9 @@ def shaped_candidates(facts: Facts, baseline: Candidate) -> list[Candidate]:
     Not where a timed request is a server's batch (``Facts.batch`` > 1): each batch is padded to its longest already
     and a bucket pads it further, and its screening replays calls of 32 (MiniLM on a slow 2-CPU machine: ~12 s
     each, OpenVINO's bucket sessions 0.85-0.86x its dynamic one in five tunes, the CPU EP's 0.7x, and the two took
-    25 s of a 120 s budget whose INT8 variants then did not fit). There the plan stays a knob of the model as given
-    on each provider, tried by its expected gain per second like the others."""
+    25 s of a 120 s budget whose INT8 variants then did not fit). There the plan stays a knob: of ORT's default
+    session, with the other knobs on the model as given (by their expected gain per second), and around the best
+    candidates."""
     if not facts.shape_plan:
         return []
     out = []

@@ -245,17 +245,19 @@ class StepRunner:
         record = self.journal.get("final", "", "final")
         if record is not None or self.replay_only or len(finalists) < 2:
             return record
+        named = {"replay": replay} if replay else {}
         try:
             if not {c.id for c in finalists} <= set(self.held):
                 self._request("load", {"candidates": [c.to_dict() for c in finalists]}, CANDIDATE_TIMEOUT_S)
             runs, rounds, timeout, seconds = plan()
             request = {"candidates": [c.to_dict() for c in finalists], "runs": runs, "rounds": rounds, "warmup": 2}
-            request |= {"within_s": seconds, "min_rounds": min(rounds, FINAL_MIN_ROUNDS)}
-            result = self._request("bench", request | ({"replay": replay} if replay else {}), timeout)
+            request |= {"within_s": seconds, "min_rounds": min(rounds, FINAL_MIN_ROUNDS)} | named
+            result = self._request("bench", request, timeout)
         except WorkerCrash as exc:
             result = {"status": "crashed", "error": str(exc)}
-        record = {"kind": "final", "stage": "final", "ids": [c.id for c in finalists], **result}
-        return self.journal.append(record | ({"replay": replay} if replay else {}))
+        return self.journal.append(
+            {"kind": "final", "stage": "final", "ids": [c.id for c in finalists], **result} | named
+        )
 
     def batch(self, cands: list[Candidate], name: str, runs: int, rounds: int, timeout: float) -> dict[str, Any] | None:
         """``cands`` timed round-robin on the replay set ``name`` (a batch size's: ``worker.batch_file``), as the

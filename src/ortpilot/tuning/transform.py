@@ -12,7 +12,7 @@ prepared model) costs a hash check, not a rebuild, across candidates, tunes and 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +80,10 @@ def build_model(
     """
     if not steps:
         return source, [], True
-    expanded = expand(steps)
-    passes = pipeline_for(steps, calibration).passes
     store = ModelStore()
     source_sha = file_sha256(source)
     current, records, hit_all = source, [], True
-    keys = _prefix_keys(source_sha, expanded, passes, calibration)
+    expanded, passes, keys = _prefix_keys(source_sha, steps, calibration)
     for i, (step, step_pass, key) in enumerate(zip(expanded, passes, keys)):
         prefix = [s.to_dict() for s in expanded[: i + 1]]
         is_last = i == len(expanded) - 1
@@ -114,15 +112,21 @@ def build_model(
 
 
 def _prefix_keys(
-    source_sha: str, expanded: Sequence[Step], passes: Sequence[Any], calibration: Sequence[Feeds]
-) -> list[str]:
-    """The model cache's key of each prefix of the expanded pipeline (``build_model`` builds them in turn)."""
-    keys = []
-    digest = None
+    source_sha: str,
+    steps: Sequence[Step | Mapping[str, Any]],
+    calibration: Sequence[Feeds],
+    digest: Callable[[], str] | None = None,
+) -> tuple[list[Step], list[Any], list[str]]:
+    """(the steps as built, their passes, the model cache's key of each prefix): what ``build_model`` builds in turn.
+    ``digest``: the calibration samples' digest where the caller keeps it (computed here at most once otherwise)."""
+    expanded = expand(steps)
+    passes = pipeline_for(steps, calibration).passes
+    keys: list[str] = []
+    known: str | None = None
     for i in range(len(expanded)):
         calibrated = any(p.calibrated for p in passes[: i + 1])
-        if calibrated and digest is None:
-            digest = samples_digest(calibration)
+        if calibrated and known is None:
+            known = digest() if digest is not None else samples_digest(calibration)
         keys.append(
             cache_key(
                 model_sha256=source_sha,
@@ -133,27 +137,30 @@ def _prefix_keys(
                     "steps": [s.to_dict() for s in expanded[: i + 1]],
                     "tuner": STORE_VERSION,
                     "revisions": [p.revision for p in passes[: i + 1]],
-                    "calibration": digest if calibrated else None,
+                    "calibration": known if calibrated else None,
                 },
             )
         )
-    return keys
+    return expanded, passes, keys
 
 
-def cached_steps(source_sha: str, steps: Sequence[Step], calibration: Sequence[Feeds]) -> int:
-    """How many leading ``steps`` the model cache holds built already (each model's file is there; ``build_model``
-    checks an entry when it serves it): what the budget estimates a preparation from, since a cached model costs a
-    load, not a build (a second tune of MiniLM estimated OpenVINO's INT8 at 38 s, prepared in 1.2 s)."""
+def cached_prefix(
+    source_sha: str, steps: Sequence[Step], calibration: Sequence[Feeds], digest: Callable[[], str] | None = None
+) -> tuple[Step, ...]:
+    """The leading ``steps`` whose models the model cache holds (each model's file is there; ``build_model`` checks
+    an entry when it serves it), and ``PREPARE`` after them where the quantizer's preparation of the next step is
+    held too: what the budget estimates a preparation from, since a cached model costs a load, not a build (a
+    second tune of MiniLM estimated OpenVINO's INT8 at 38 s, its model there to load in 1.2 s)."""
     if not steps:
-        return 0
-    expanded = expand(steps)
-    keys = _prefix_keys(source_sha, expanded, pipeline_for(steps, calibration).passes, calibration)
-    store, done = ModelStore(), 0
+        return ()
+    expanded, _, keys = _prefix_keys(source_sha, steps, calibration, digest)
+    store, held = ModelStore(), []
     for step, key in zip(expanded, keys):
         if not store.holds(key):
             break
-        done += step.name != PREPARE.name
-    return done
+        held.append(step)
+    kept = [s for s in held if s.name != PREPARE.name]
+    return (*kept, PREPARE) if held and held[-1].name == PREPARE.name else tuple(kept)
 
 
 # --------------------------------------------------------------------------- attention shape
