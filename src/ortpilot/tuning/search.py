@@ -356,6 +356,12 @@ class Search:
                 self._cached[cand.model_key] = self.cached(cand.passes)
         return built + [held for held in self._cached.values() if held]
 
+    @property
+    def screened(self) -> tuple[int, int] | None:
+        """(requests a run of the search replayed, a run of the final) where the final replayed more (its record
+        says so); None where both replayed the same requests."""
+        return (self.requests_per_run, self.final_replay[1]) if self.final_replayed and self.final_replay else None
+
     def _run_s(self, entry: Entry, *, final: bool = False) -> float:
         """Seconds one timed run of ``entry`` takes: its samples are per request, a run replays the workload's
         replay set (``requests_per_run`` requests; the final's, ``final_replay``, may hold more)."""

@@ -187,7 +187,7 @@ class _Setup:
     def timed(self) -> list[Sample]:
         """The requests the final, the headline and ``verify --bench`` replay: the first batch size's whole replay
         set where the search screens a part of it, else ``replay``."""
-        return self.batched.get(self.replay_batch, self.replay) if self.replay_batch > 1 else self.replay
+        return self.batched.get(self.replay_batch, self.replay)  # batched holds no batch 1
 
     @property
     def final_replay(self) -> tuple[str, int] | None:
@@ -480,7 +480,7 @@ def _search(
     reference = search.reference or base_entry
     # the machine's states are read where the search and the final timed the same requests: ORT's default's p50
     # per request of 4 calls of 32 against 6 tells a mix, not a state (and verify --bench replays the final's)
-    alike = search.final_replayed is None
+    alike = search.screened is None
     states = TuneStates.read(list(search.entries.values()), reference) if setup.objective == "p50" and alike else None
     winner, default_best, reason = _pick(finalists, reference, setup.objective, states)
     gain = speedup(reference, winner, setup.objective)
@@ -624,7 +624,7 @@ def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, r
         batch=batch_size_of(data.heldout[0]),
         outputs=setup.outputs,
         workload=setup.workload,
-        screened=(len(setup.replay), setup.final_replay[1]) if search.final_replayed and setup.final_replay else None,
+        screened=search.screened,
     )
 
 
