@@ -1421,6 +1421,24 @@ CASES += [
         ("could not be measured", "out of data bounds", "--workload's requests"),
     ),
     Case(
+        "tune-workload-npz-is-text",
+        "tune",
+        lambda ws: [
+            str(tiny_file(ws)),
+            "--workload",
+            str(write_bytes(ws, "traffic.npz", b"input_ids,attention_mask\n1,2\n")),
+            "-o",
+            str(ws.out / "tune"),
+            "--budget",
+            "30",
+        ],
+        2,
+        ("traffic.npz", "neither a zip archive's nor an .npy file's header"),
+    ),
+    Case(
+        "run-input-npy-is-text", "run", _npy_bytes(b"0.5 0.5 0.5 0.5", "x.npy"), 2, ("x.npy", "an .npy file's header")
+    ),
+    Case(
         "tune-workload-count-a-string",
         "tune",
         _workload_histogram({"dims": {"batch": {"1": "3"}}}),

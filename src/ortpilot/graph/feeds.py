@@ -317,9 +317,29 @@ def refuse_all_empty(samples: Sequence[Mapping[str, np.ndarray]], job: str, give
         )
 
 
+NPZ_MAGIC = b"PK"  # a zip archive's first bytes
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def _refuse_foreign(path: str | Path, what: str, kind: str) -> None:
+    """numpy reads a file that is neither a zip nor an .npy as a pickle and says "pickled (object) data": a text
+    file or random bytes named .npz would read as that. Say what the file is not instead."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(NPY_MAGIC))
+    except OSError:
+        return  # np.load says what is wrong with a path it cannot open
+    if head and not head.startswith(NPZ_MAGIC) and not head.startswith(NPY_MAGIC):
+        raise InputError(
+            f"{what} '{path}' is not a readable {kind}: it starts with neither a zip archive's nor an .npy file's "
+            "header (numpy.savez writes an .npz, numpy.save an .npy)."
+        )
+
+
 def read_npz(path: str | Path, what: str = "Input file") -> dict[str, np.ndarray]:
     """The named arrays of one .npz; a corrupt archive, pickled objects or a plain .npy is an ``InputError``."""
     try:
+        _refuse_foreign(path, what, ".npz")
         data = np.load(path, allow_pickle=False)
         if not hasattr(data, "files"):  # an .npy file named .npz
             raise ValueError("it holds one array, not named arrays")
@@ -334,6 +354,7 @@ def read_npz(path: str | Path, what: str = "Input file") -> dict[str, np.ndarray
 def read_npy(path: str | Path, what: str = "Input file") -> np.ndarray:
     """The one array of an .npy; a damaged or empty file, pickled objects or an .npz is an ``InputError``."""
     try:
+        _refuse_foreign(path, what, ".npy")
         value = np.load(path, allow_pickle=False)
         if not isinstance(value, np.ndarray):  # an .npz given where one array goes
             value.close()
