@@ -148,3 +148,22 @@ def test_real_data_takes_the_tokenizer_and_limit_from_the_folder(tmp_path, demo_
         real_data(text=text, images=tmp_path)
     with pytest.raises(UsageError, match="needs to know how to preprocess"):
         real_data(images=tmp_path)
+
+
+def test_text_at_its_own_length_is_cut_where_the_folder_cuts_it_and_a_shape_up_to_the_positions(tmp_path):
+    """A sentence-transformers folder says ``max_seq_length`` 128 (its position limit is 512): ``text_model``
+    and serving cut there, so a tune's text samples are cut there too; ``--shape`` may still ask up to 512."""
+    from ortpilot.models.textfolder import MAX_POSITIONS, MAX_SEQ_LENGTH, text_folder
+
+    folder = text_folder(tmp_path / "embed")
+    text = tmp_path / "long.txt"
+    text.write_text(" ".join(["word"] * 300) + "\nshort line\n")
+    data = real_data(text=text, folder=folder)
+    assert data is not None and (data.max_length, data.max_positions) == (MAX_SEQ_LENGTH, MAX_POSITIONS)
+    inputs = graph_inputs(load_model(folder / "model.onnx"))
+    samples, notes = data.samples(inputs)
+    lengths = [s["input_ids"].shape[1] for s in samples]
+    assert lengths[0] == MAX_SEQ_LENGTH and lengths[1] < 20  # the long line cut, the short one at its own
+    assert "longer than 128 tokens and were truncated" in notes[0]
+    padded, _ = data.samples(inputs, {"sequence": (256,)})
+    assert {s["input_ids"].shape for s in padded} == {(1, 256)}

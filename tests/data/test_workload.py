@@ -140,3 +140,48 @@ def test_a_workload_file_is_text_requests_or_a_histogram_and_bad_ones_name_the_p
         read_workload(wrong, proto, inputs)
     with pytest.raises(UsageError, match="is not a file"):
         read_workload(tmp_path / "missing.txt", proto, inputs)
+
+
+def test_a_workload_npz_reads_requests_of_the_inputs_rank_and_refuses_what_is_no_request(tmp_path, demo_paths):
+    """Arrays of the inputs' own rank hold requests of batch 1, as calibration files read; keys that are no
+    input, arrays with no axis, keys not INDEX/INPUT and requests whose mask is not as long as their ids are
+    refused by name (each was a traceback or a tune of requests the model reads otherwise)."""
+    import pytest
+
+    from ortpilot.data.workload import read_workload
+    from ortpilot.errors import UsageError
+
+    proto = load_model(demo_paths["encoder"])
+    inputs = graph_inputs(proto)
+    flat = tmp_path / "flat.npz"
+    ids = np.ones((5, 9), np.int64)
+    np.savez(flat, input_ids=ids, attention_mask=ids, token_type_ids=0 * ids)
+    requests, _ = read_workload(flat, proto, inputs)
+    assert len(requests) == 5 and {r["input_ids"].shape for r in requests} == {(1, 9)}
+    bad = tmp_path / "bad.npz"
+    stacked = np.ones((4, 1, 8), np.int64)
+    for arrays, message in [
+        ({"input_ids": stacked, "attention_mask": stacked, "note": np.array(3)}, "'note' that are not model inputs"),
+        (
+            {"input_ids": stacked, "attention_mask": stacked, "token_type_ids": np.array(0)},
+            "token_type_ids has no axis",
+        ),
+        ({"a/input_ids": stacked[0]}, "has an array named 'a/input_ids'; samples are stored as INDEX/INPUT"),
+        (
+            {"input_ids": stacked, "attention_mask": np.ones((4, 1, 3), np.int64), "token_type_ids": 0 * stacked},
+            "request #0 sizes the model's dim 'sequence' differently \\(input_ids\\[1\\] 8, attention_mask\\[1\\] 3",
+        ),
+    ]:
+        np.savez(bad, **arrays)
+        with pytest.raises(UsageError, match=message):
+            read_workload(bad, proto, inputs)
+
+
+def test_the_extremes_are_the_smallest_and_largest_request_of_each_varying_dim(demo_paths):
+    from ortpilot.data.workload import extremes
+
+    inputs = graph_inputs(load_model(demo_paths["encoder"]))
+    requests = [_sentence(n) for n in (9, 3, 40, 17, 3)]
+    picked = extremes(requests, inputs)
+    assert [r["input_ids"].shape[1] for r in picked] == [3, 40]
+    assert extremes([_sentence(5)] * 3, inputs) == []

@@ -172,7 +172,7 @@ def test_a_tune_of_batches_screens_four_and_times_every_batch_in_the_final(tmp_p
     against 2.89x on all 6 of MiniLM's); OUTDIR's workload.npz, which verify --bench replays, holds the 6."""
     folder = text_folder(tmp_path / "embed")
     data = real_data(text=_sentences(tmp_path / "s.txt"), folder=folder)
-    result = ortpilot.tune(str(folder), str(tmp_path / "out"), 20, calibration=data, quantize=False, batches=(8,))
+    result = ortpilot.tune(str(folder), str(tmp_path / "out"), 20, calibration=data, quantize=False, batches=(8, 1))
     records = [json.loads(line) for line in (tmp_path / "out" / "journal.jsonl").read_text().splitlines()]
     (final,) = [r for r in records if r["kind"] == "final"]
     assert final["status"] == "ok" and final["replay"] == "b8"
@@ -185,6 +185,39 @@ def test_a_tune_of_batches_screens_four_and_times_every_batch_in_the_final(tmp_p
         "A search run replayed 4 of the 6 batches of 8 a final run replays"
         in (tmp_path / "out" / "report.md").read_text()
     )
+    # a run of the search and of the final is a call of 8 items; batch 1, asked second, has a figure or its reason
+    profile = json.loads((tmp_path / "out" / "profile.json").read_text())
+    assert profile["latency"]["winner"]["items_per_run"] == 8
+    if not result.default_best:
+        gain = profile["latency"]["speedup_vs_default"]
+        assert "1" in gain.get("by_batch", {}) or "1" in gain.get("batches_not_timed", {}), gain
+
+
+def test_a_first_batch_size_the_workload_cannot_form_is_refused_before_anything_is_written(tmp_path):
+    """--batch 256,8 on 48 sentences: the search would time calls of 1 and the headline multiply them by 256."""
+    from ortpilot.errors import UsageError
+
+    folder = text_folder(tmp_path / "embed")
+    data = real_data(text=_sentences(tmp_path / "s.txt"), folder=folder)
+    with pytest.raises(UsageError, match="--batch 256: the workload has 48 request"):
+        ortpilot.tune(str(folder), str(tmp_path / "out"), 20, calibration=data, quantize=False, batches=(256, 8))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_workload_request_past_the_models_position_limit_is_refused_by_its_shape(tmp_path):
+    """A request of 600 tokens to an encoder of 512 positions: the replay set's quantiles leave it out, so ORT's
+    default session runs the workload's smallest and largest request first, and the tune stops naming it."""
+    from ortpilot.errors import UsageError
+
+    folder = text_folder(tmp_path / "embed")
+    workload = tmp_path / "traffic.npz"
+    requests = {}
+    for i, n in enumerate([12, 30, 17, 600, 22]):
+        ids = np.full((1, n), 7, np.int64)
+        requests.update({f"{i}/input_ids": ids, f"{i}/attention_mask": ids * 0 + 1, f"{i}/token_type_ids": ids * 0})
+    np.savez(workload, **requests)
+    with pytest.raises(UsageError, match=r"request of shapes input_ids \[1, 600\].*does not run on ORT's default"):
+        ortpilot.tune(str(folder), str(tmp_path / "out"), 20, workload=str(workload), quantize=False)
 
 
 def test_batch_figures_read_as_items_per_second_in_the_headline():
@@ -362,3 +395,7 @@ def test_a_warm_up_plan_outside_its_workload_or_without_its_file_is_skipped_and_
     assert shown.exit_code == 0, shown.output
     text = " ".join(shown.output.replace("│", " ").split())  # the table's rows, unwrapped
     assert "warm-up skipped" in text and "workload file 'workload.npz' is missing" in text
+    # --bench replays the tune's requests to check the headline: timing anything else would check another mix
+    timed = CliRunner().invoke(cli, ["verify", str(folder), "--bench"])
+    assert timed.exit_code == 2, timed.output
+    assert "workload.npz', which is missing: verify --bench replays them" in " ".join(timed.output.split())

@@ -112,7 +112,9 @@ class TextData:
 
     path: Path
     tokenizer: Path
-    max_positions: int | None = None
+    max_positions: int | None = None  # the model's position limit: no --shape beyond it
+    max_length: int | None = None  # where a deployment cuts a text (the folder's max_seq_length): lines at their
+    # own length are cut there, as text_model and serving cut them
 
     @property
     def source(self) -> DataSource:
@@ -122,7 +124,12 @@ class TextData:
         self, inputs: Sequence[InputInfo], shapes: Mapping[str, tuple[int, ...]] | None = None
     ) -> tuple[list[dict[str, np.ndarray]], list[str]]:
         return text_samples(
-            self.path, load_tokenizer(self.tokenizer), inputs, shapes=shapes, max_positions=self.max_positions
+            self.path,
+            load_tokenizer(self.tokenizer),
+            inputs,
+            shapes=shapes,
+            max_positions=self.max_positions,
+            max_length=self.max_length,
         )
 
 
@@ -176,8 +183,11 @@ def real_data(
                 f"{text_flag} '{file}' needs a tokenizer, and {where}: give the model as its folder "
                 "(with tokenizer.json) or pass --tokenizer PATH/tokenizer.json."
             )
-        limit = folder.get("max_positions") if folder else None
-        return TextData(file, tok, limit)
+        from ortpilot.data.texttask import text_length_limit  # a deployment cuts texts there, so the samples too
+
+        if folder is None:
+            return TextData(file, tok)
+        return TextData(file, tok, folder.get("max_positions"), text_length_limit(folder))
     if images is not None:
         if image_size:
             prep = ImagePreprocess.from_args(image_size, mean, std, layout)

@@ -3,8 +3,9 @@
 Only the ``tokenizers`` package is needed. Every line becomes one sample of batch 1 at its own
 length, as ``tokenizer(text)`` and sentence-transformers send it (the padding a tokenizer.json may
 ask for is not applied: real sentences are short, and a tune measures what users send), truncated
-to the model's position limit (``max_position_embeddings`` from the folder's config, or the input's
-static length). ``--shape`` fixes one length instead: every line is then padded or truncated to it.
+where a deployment of the folder cuts texts (its ``max_seq_length``: ``text_model`` and serving cut there)
+and never past the model's position limit (``max_position_embeddings`` from the folder's config, or the
+input's static length). ``--shape`` fixes one length instead: every line is then padded or truncated to it.
 ``attention_mask`` and ``token_type_ids`` are filled as the tokenizer says (masks 0 on padding), and
 each array takes the dtype the model declares. Inputs the text cannot fill are refused by name.
 """
@@ -93,8 +94,10 @@ def encode_lines(
     *,
     sequence: int | None = None,
     max_positions: int | None = None,
+    max_length: int | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], list[str]]:
-    """(samples, notes): each line as one feed dict of batch 1, at its own length or at ``sequence``."""
+    """(samples, notes): each line as one feed dict of batch 1, at its own length (cut at ``max_length`` where
+    given, as a deployment cuts it) or at ``sequence`` (``--shape``: up to the position limit)."""
     by_name = text_inputs(inputs)
     pad_value = pad_id(tokenizer)
     tokenizer.no_padding()  # a tokenizer.json that pads to a fixed length would hide the lengths users send
@@ -111,7 +114,7 @@ def encode_lines(
             "(max_position_embeddings or the input's length): give a shorter sequence."
         )
     longest = max(len(e.ids) for e in encodings)
-    cut = sequence or limit
+    cut = sequence or min((n for n in (limit, max_length) if n), default=None)
     notes = []
     truncated = sum(1 for e in encodings if cut and len(e.ids) > cut)
     if truncated:
@@ -152,6 +155,7 @@ def text_samples(
     *,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     max_positions: int | None = None,
+    max_length: int | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], list[str]]:
     """Samples from a text file; ``shapes`` (parsed ``--shape``) may fix the sequence length."""
     sequence = None
@@ -162,7 +166,9 @@ def text_samples(
         if dims:
             sequence = int(dims[-1])
             break
-    return encode_lines(read_lines(path), tokenizer, inputs, sequence=sequence, max_positions=max_positions)
+    return encode_lines(
+        read_lines(path), tokenizer, inputs, sequence=sequence, max_positions=max_positions, max_length=max_length
+    )
 
 
 __all__ = [

@@ -193,6 +193,16 @@ def text_task(
     )
 
 
+LENGTH_KEYS = ("max_seq_length", "model_max_length")  # where a folder says texts are cut, in this order
+
+
+def text_length_limit(folder: ModelFolder) -> int | None:
+    """Where a deployment of the folder cuts a text (``max_seq_length``, else the tokenizer's
+    ``model_max_length``, never past the position limit): what ``text_model`` and serving truncate at, so
+    the length a tune's text samples are cut at too. None: no limit known."""
+    return _limit(folder, LENGTH_KEYS)[0]
+
+
 def _limit(folder: ModelFolder, keys: Sequence[str]) -> tuple[int | None, list[tuple[str, str]]]:
     """The first length limit the folder gives among ``keys``, capped at the position limit."""
     found = next((k for k in keys if folder.get(k) is not None), None)
@@ -236,7 +246,7 @@ def _embed_task(folder: ModelFolder, outputs: Sequence[OutputFacts], pooling: st
     normalize = "Normalize" in modules
     if "modules" in folder.values:
         sources.append(("normalize", folder.values["modules"].source))
-    limit, limit_source = _limit(folder, ("max_seq_length", "model_max_length"))
+    limit, limit_source = _limit(folder, LENGTH_KEYS)
     lowercase = bool(folder.get("lowercase") or False)
     if "lowercase" in folder.values:
         sources.append(("lowercase", folder.values["lowercase"].source))
@@ -329,7 +339,7 @@ def _scoring_task(folder: ModelFolder, outputs: Sequence[OutputFacts]) -> TextTa
             sources.append(("activation", folder.values["problem_type"].source))
     else:
         activation = "softmax"
-    limit, limit_source = _limit(folder, ("max_seq_length", "model_max_length"))
+    limit, limit_source = _limit(folder, LENGTH_KEYS)
     lowercase = bool(folder.get("lowercase") or False)
     return TextTask(
         kind,
@@ -345,10 +355,12 @@ def _scoring_task(folder: ModelFolder, outputs: Sequence[OutputFacts]) -> TextTa
 __all__ = [
     "APPLIED_MODULES",
     "KINDS",
+    "LENGTH_KEYS",
     "POOLED_NAMES",
     "TOKEN_NAMES",
     "TextTask",
     "names_text_task",
     "no_tokenizer_message",
+    "text_length_limit",
     "text_task",
 ]

@@ -171,6 +171,20 @@ def replay_set(samples: Sequence[Sample], size: int = REPLAY_SIZE) -> list[Sampl
     return [ordered[i] for i in spread(len(ordered), size)]
 
 
+def extremes(samples: Sequence[Sample], inputs: Sequence[InputInfo]) -> list[Sample]:
+    """The smallest and the largest request along each dim that varies: the replay set's quantiles leave them
+    out, so a size the model cannot take (past a position limit, under a convolution's window) is met here
+    first, by ORT's default session before the search (``tuning.worker``'s probe). [] where nothing varies."""
+    out: dict[int, Sample] = {}
+    for axes in varying_dims(samples, inputs).values():
+        name, axis = axes[0]
+        sized = [s for s in samples if name in s and np.ndim(s[name]) > axis]
+        for pick in (min, max):
+            chosen = pick(sized, key=lambda s: int(np.shape(s[name])[axis]))
+            out.setdefault(id(chosen), chosen)
+    return list(out.values())
+
+
 def spread(n: int, count: int) -> list[int]:
     """``count`` indices of ``n`` items at evenly spaced quantiles (the 1/2count, 3/2count ... ones), in order;
     all of them when there are no more than ``count``."""
@@ -251,19 +265,41 @@ def read_workload(
 
         arrays = read_npz(file, "--workload")
         if arrays and all("/" in k for k in arrays):
-            return _checked(read_samples(file), inputs, file), "files"
-        counts = {len(v) for v in arrays.values() if np.ndim(v)}
-        if len(counts) != 1:
-            raise UsageError(
-                f"--workload '{file}': its arrays do not share a first axis counting requests ({sorted(counts)}); "
-                "store one request per key as '0/input_ids', '1/input_ids', ... instead."
-            )
-        (n,) = counts
-        requests = [{k: v[i] for k, v in arrays.items()} for i in range(n)]
-        return _checked(requests, inputs, file), "files"
+            return _checked(read_samples(file, "--workload"), inputs, file), "files"
+        return _checked(_stacked_requests(arrays, inputs, file), inputs, file), "files"
     if suffix == ".json":
         return _from_histogram(file, model, inputs), "synthetic"
     raise UsageError(f"--workload '{file}' is not a .txt, .npz or .json file.")
+
+
+def _stacked_requests(
+    arrays: Mapping[str, np.ndarray], inputs: Sequence[InputInfo], file: Path
+) -> list[dict[str, np.ndarray]]:
+    """The requests in arrays whose first axis counts them: an array of one dim more than its input holds whole
+    requests (``(N, 1, L)``), one of the input's own rank holds requests of batch 1 (``(N, L)``), as calibration
+    files read. Names that are no input, and arrays with no axis to count, are refused by name."""
+    ranks = {i.name: len(i.dims) for i in inputs}
+    unknown = sorted(k for k in arrays if k not in ranks)
+    if unknown:
+        raise UsageError(
+            f"--workload '{file}' does not fit the model: it has arrays {', '.join(map(repr, unknown))} that are "
+            f"not model inputs; the inputs are {', '.join(ranks)} (or store one request per key as '0/input_ids', "
+            "'1/input_ids', ...)."
+        )
+    flat = sorted(k for k, v in arrays.items() if np.ndim(v) == 0)
+    counts = {len(v) for v in arrays.values() if np.ndim(v)}
+    if flat or len(counts) != 1:
+        said = f"{', '.join(flat)} {'has' if len(flat) == 1 else 'have'} no axis" if flat else f"{sorted(counts)}"
+        raise UsageError(
+            f"--workload '{file}': its arrays do not share a first axis counting requests ({said}); "
+            "store one request per key as '0/input_ids', '1/input_ids', ... instead."
+        )
+    (n,) = counts
+
+    def request(i: int) -> dict[str, np.ndarray]:
+        return {k: v[i] if np.ndim(v) > ranks[k] else v[i : i + 1] for k, v in arrays.items()}
+
+    return [request(i) for i in range(n)]
 
 
 def _from_histogram(file: Path, model: Any, inputs: Sequence[InputInfo]) -> list[dict[str, np.ndarray]]:
@@ -331,15 +367,31 @@ def _quantile(histogram: Mapping[int, int], q: float) -> int:
 def _checked(
     requests: list[dict[str, np.ndarray]], inputs: Sequence[InputInfo], file: Path
 ) -> list[dict[str, np.ndarray]]:
-    """The requests, each fed through ``graph.feeds.validate_feeds`` (names, dtypes, ranks, static dims)."""
+    """The requests, each fed through ``graph.feeds.validate_feeds`` (names, dtypes, ranks, static dims), and
+    each one's axes that the graph names with one symbol of one size (an ``attention_mask`` as long as its
+    ``input_ids``: the size a request is timed, bucketed and padded at is read off the first of them)."""
     from ortpilot.graph.feeds import validate_feeds
 
     if not requests:
         raise UsageError(f"--workload '{file}' holds no request.")
     try:
-        return [validate_feeds(inputs, r) for r in requests]
+        checked = [validate_feeds(inputs, r) for r in requests]
     except UsageError as exc:
         raise UsageError(f"--workload '{file}' does not fit the model: {exc}") from None
+    for index, request in enumerate(checked):
+        sizes: dict[str, dict[str, int]] = {}
+        for info in inputs:
+            for axis, dim in enumerate(info.dims):
+                if isinstance(dim, str) and dim and info.name in request:
+                    sizes.setdefault(dim, {})[f"{info.name}[{axis}]"] = int(np.shape(request[info.name])[axis])
+        for dim, seen in sizes.items():
+            if len(set(seen.values())) > 1:
+                said = ", ".join(f"{axis} {size}" for axis, size in seen.items())
+                raise UsageError(
+                    f"--workload '{file}': request #{index} sizes the model's dim '{dim}' differently ({said}); "
+                    f"the graph names these axes '{dim}' alike, so one request gives them one size."
+                )
+    return checked
 
 
 __all__ = [
@@ -347,6 +399,7 @@ __all__ = [
     "DimStats",
     "Workload",
     "batched_requests",
+    "extremes",
     "read_workload",
     "replay_set",
     "screening_set",

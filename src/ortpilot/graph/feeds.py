@@ -368,13 +368,19 @@ def read_npy(path: str | Path, what: str = "Input file") -> np.ndarray:
         ) from None
 
 
-def read_samples(path: str | Path) -> list[dict[str, np.ndarray]]:
-    """Samples saved as ``{i}/{name}`` arrays in one npz (:func:`samples_to_arrays`), in order; none if absent."""
+def read_samples(path: str | Path, what: str = "Sample file") -> list[dict[str, np.ndarray]]:
+    """Samples saved as ``{i}/{name}`` arrays in one npz (:func:`samples_to_arrays`), in order; none if absent.
+    A key of another form is an ``InputError`` naming it."""
     if not Path(path).is_file():
         return []
     out: dict[int, dict[str, np.ndarray]] = {}
-    for key, value in read_npz(path, "Sample file").items():
+    for key, value in read_npz(path, what).items():
         index, _, name = key.partition("/")
+        if not index.isdigit() or not name:
+            raise InputError(
+                f"{what} '{path}' has an array named '{key}'; samples are stored as INDEX/INPUT "
+                "('0/input_ids', '1/input_ids', ...), one index per sample."
+            )
         out.setdefault(int(index), {})[name] = value
     return [out[i] for i in sorted(out)]
 

@@ -32,7 +32,7 @@ from ortpilot.artifacts.atomic import check_output_path
 from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.artifacts.scratch import scratch_dir
 from ortpilot.data import DataSource, ModelFolder, folder_of, real_data
-from ortpilot.data.workload import Workload, batched_requests, read_workload, replay_set, screening_set
+from ortpilot.data.workload import Workload, batched_requests, extremes, read_workload, replay_set, screening_set
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
 from ortpilot.gate.outputs import DEFAULT_MAX_ERROR, OutputGate, SavedOutputs, samples_needed
@@ -58,7 +58,7 @@ from ortpilot.tuning.search import OUTPUT_RESERVE_S, Entry, Progress, Search, co
 from ortpilot.tuning.space import Facts, gather_facts
 from ortpilot.tuning.state import KEPT, keep_for_resume, kept_file, sweep
 from ortpilot.tuning.steps import StepRunner
-from ortpilot.tuning.worker import REPLAY_FILE, WorkerClient, batch_file, load_samples, save_samples
+from ortpilot.tuning.worker import PROBE_FILE, REPLAY_FILE, WorkerClient, batch_file, load_samples, save_samples
 
 log = logging.getLogger("ortpilot")
 CALIBRATION_SAMPLES = 8
@@ -180,14 +180,17 @@ class _Setup:
     workload: Workload  # what the deployment sends: the user's samples at their own sizes, or the plan's shape
     replay: list[Sample]  # the requests one timed run of the search replays (data.workload.replay_set, or the first
     # batch size's screening_set); [] without user data
-    batched: dict[int, list[Sample]]  # batch size -> its replay set (data.workload.batched_requests), for B > 1
-    replay_batch: int = 1  # the batch of each request in ``replay`` (the first --batch where it is formed)
+    batched: dict[int, list[Sample]]  # batch size -> its replay set (data.workload.batched_requests); batch 1's
+    # (the replay set) only where another size is the first
+    replay_batch: int = 1  # the batch of each request in ``replay`` (the first --batch)
+    probe: tuple[Sample, ...] = ()  # the workload's smallest and largest requests (data.workload.extremes), run
+    # once by ORT's default session before the search: a size the model cannot take is refused by name
 
     @property
     def timed(self) -> list[Sample]:
         """The requests the final, the headline and ``verify --bench`` replay: the first batch size's whole replay
         set where the search screens a part of it, else ``replay``."""
-        return self.batched.get(self.replay_batch, self.replay)  # batched holds no batch 1
+        return self.batched.get(self.replay_batch, self.replay) if self.replay_batch > 1 else self.replay
 
     @property
     def final_replay(self) -> tuple[str, int] | None:
@@ -241,9 +244,9 @@ def _set_up(request: TuneRequest) -> _Setup:
     # a session per bucket is a session knob too: a deployment that sets its own sessions runs one
     facts.shape_plan = propose_plan(workload, facts, pad) if request.session_knobs else None
     batched = _batched(requests, request.batches, inputs, pad, facts)
-    replay_batch = 1
-    if request.batches[0] > 1 and request.batches[0] in batched:  # the search times what the server forms
-        replay, replay_batch = screening_set(batched[request.batches[0]]), request.batches[0]
+    replay_batch = request.batches[0]
+    if replay_batch > 1:  # the search times what the server forms
+        replay = screening_set(batched[replay_batch])
     facts.batch = replay_batch
     config = {
         "model_sha256": file_sha256(source),
@@ -277,6 +280,7 @@ def _set_up(request: TuneRequest) -> _Setup:
         replay,
         batched,
         replay_batch,
+        tuple(extremes(requests, inputs)) if workload.varies else (),
     )
 
 
@@ -322,17 +326,26 @@ def pad_values(token_pad_id: int) -> Callable[[str], float]:
 def _batched(
     requests: list[Sample], batches: Sequence[int], inputs: Any, pad: Callable[[str], float], facts: Facts
 ) -> dict[int, list[Sample]]:
-    """Each batch size's replay set (``data.workload.batched_requests``); one that cannot be formed is said in
-    ``facts.excluded``."""
+    """Each batch size's replay set (``data.workload.batched_requests``; batch 1's is the workload's replay set,
+    kept where another size is the first); one that cannot be formed is said in ``facts.excluded``, and the first
+    (the size the search times) refused: its figures would be of another size's calls."""
     from ortpilot.tuning.space import Excluded
 
     out = {}
     for batch in batches:
         if batch == 1:
+            if batches[0] != 1:
+                out[1] = replay_set(requests)
             continue
         made = batched_requests(requests, batch, inputs, pad)
         if made:
             out[batch] = made
+        elif batch == batches[0]:
+            raise UsageError(
+                f"--batch {batch}: the workload has {len(requests)} request(s), and the first --batch, the size "
+                f"tuned for, needs {batch} requests of batch 1 at least to form one call; give more "
+                "--calibration or --workload data, or put a size the requests can form first."
+            )
         else:
             facts.excluded.append(
                 Excluded(
@@ -437,6 +450,8 @@ def _scratch_space(stack: contextlib.ExitStack, setup: _Setup, data: _Data) -> W
     save_samples(scratch / REPLAY_FILE, setup.replay or data.heldout[:1])
     for batch, requests in setup.batched.items():
         save_samples(scratch / batch_file(f"b{batch}"), requests)
+    if setup.probe:
+        save_samples(scratch / PROBE_FILE, list(setup.probe))
     (scratch / "worker.json").write_text(
         json.dumps(
             {"model": str(Path(setup.path).resolve()), "shapes": {k: list(v) for k, v in setup.plan.shapes.items()}}
@@ -621,7 +636,7 @@ def _result(out: Path, setup: _Setup, data: _Data, search: Search, pick: Pick, r
         list(search.entries.values()),
         setup.facts,
         dict(setup.plan.shapes),
-        batch=batch_size_of(data.heldout[0]),
+        batch=setup.replay_batch if setup.replay_batch > 1 else batch_size_of(data.heldout[0]),  # items a run
         outputs=setup.outputs,
         workload=setup.workload,
         screened=search.screened,
@@ -805,18 +820,24 @@ def _pick(
     return best, False, ""
 
 
+# Alike to the fastest finalist: the 95% CI of their ratio holds 1 and its median is at most this much slower
+# (a final timed in a few noisy rounds gave one measured 3.5x slower a CI of 0.26-1.72: noise, not alike).
+ALIKE_RATIO = 1.10
+
+
 def _alike(best: Entry, measured: list[Entry], reference: Entry, objective: str) -> list[Entry]:
-    """``best`` and the finalists the final cannot tell from it (the 95% CI of their ratio holds 1), ``best``
-    first: at the same speed the more accurate one ships, since a model that passed near its limit on the
+    """``best`` and the finalists the final cannot tell from it (the 95% CI of their ratio holds 1, the median
+    within ``ALIKE_RATIO``), ``best`` first: at the same speed the more accurate one ships, since a model that passed near its limit on the
     held-out samples breaks on traffic first (MiniLM: NNCF's INT8 at 0.0048 of an aim of 0.005 left a
     sentence of 2,000 at 0.0132, the recipe beside it at 0.0028 none under 0.99; BENCHMARKS.md, issue 46)."""
     if not best.final:
         return [best]
-    return [best] + [
-        e
-        for e in measured
-        if e is not best and e is not reference and e.final and speedup(e, best, objective)["ci_low"] <= 1.0
-    ]
+
+    def alike(e: Entry) -> bool:
+        gain = speedup(e, best, objective)
+        return gain["ci_low"] <= 1.0 and gain["ratio"] <= ALIKE_RATIO
+
+    return [best] + [e for e in measured if e is not best and e is not reference and e.final and alike(e)]
 
 
 def _relative_cost(entry: Entry, reference: Entry, objective: str, states: TuneStates | None) -> float:

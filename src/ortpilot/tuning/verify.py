@@ -471,7 +471,13 @@ def _timed_requests(doc: dict[str, Any], path: Path) -> Any:
 
     workload = doc.get("workload") or {}
     replay = path.parent / str(workload.get("file") or "")
-    if workload.get("file") and replay.is_file():
+    if workload.get("file") and not replay.is_file():
+        raise UsageError(
+            f"The profile was tuned on the requests in '{replay}', which is missing: verify --bench replays them "
+            "to check the headline (any other input would time another mix of sizes). Copy the tune's OUTDIR "
+            "whole, or re-tune."
+        )
+    if workload.get("file"):
         from ortpilot.modelio import file_sha256
 
         if file_sha256(replay) != workload.get("file_sha256"):

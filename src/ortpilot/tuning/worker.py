@@ -36,6 +36,8 @@ from ortpilot.tuning.budget import SETTLE_S
 CRASH_ENV = "ORTPILOT_TUNE_CRASH_ON"
 MAX_LIVE_SESSIONS = 6
 REPLAY_FILE = "replay.npz"  # the requests one timed run replays (data.workload.replay_set)
+PROBE_FILE = "probe.npz"  # the workload's smallest and largest requests (data.workload.extremes): ORT's default
+# runs each once when it is prepared, so a size the model cannot take is refused before the search
 
 
 def batch_file(name: str) -> str:
@@ -56,6 +58,7 @@ class _Child:
         self.calibration = load_samples(scratch / "calibration.npz")
         replay = scratch / REPLAY_FILE
         self.replay = load_samples(replay) if replay.is_file() else self.heldout[:1]
+        self.probe = load_samples(scratch / PROBE_FILE) if (scratch / PROBE_FILE).is_file() else []
         self.runners: OrderedDict[str, Any] = OrderedDict()  # candidate id -> measure.bench.Runner
         self.replays: dict[str, Any] = {}  # "id/replay" -> a Runner on that candidate's session
         self.structures: dict[str, str] = {}  # a built model's sha256 -> its structure's (graph.structure)
@@ -96,6 +99,12 @@ class _Child:
         session_s = time.perf_counter() - start
         after_mb = rss_mb()
         outputs = [run_session(sess, feeds, iobinding=cand.iobinding) for feeds in self.heldout]
+        if cand.baseline:
+            for feeds in self.probe:
+                try:
+                    run_session(sess, feeds, iobinding=cand.iobinding)
+                except Exception as exc:
+                    raise WorkloadSizeError(feeds, exc) from None
         out_path = self.scratch / "outputs" / f"{cand.id}.npz"
         np.savez(out_path, **samples_to_arrays(outputs))
         # The timing loop is measure.bench's Runner, on this same session: later rounds reuse it.
@@ -259,6 +268,22 @@ class _Child:
             gone, _ = self.runners.popitem(last=False)
             for key in [k for k in self.replays if k.startswith(f"{gone}/")]:
                 del self.replays[key]
+
+
+class WorkloadSizeError(RuntimeError):
+    """One of the workload's extreme requests does not run on ORT's default session: a size the model cannot
+    take (its position limit, a size fixed inside the graph), named with what ORT said."""
+
+    def __init__(self, feeds: Mapping[str, Any], exc: Exception) -> None:
+        import numpy as np
+
+        shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
+        said = " ".join(str(exc).split())[:400]
+        super().__init__(
+            f"the workload's request of shapes {shapes} (its smallest or largest) does not run on ORT's default "
+            f"session ({said}): the model cannot take that size; leave such requests out of the workload, or cut "
+            "them where your deployment cuts them"
+        )
 
 
 class BuiltModelError(RuntimeError):
