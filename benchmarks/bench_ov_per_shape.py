@@ -13,7 +13,8 @@ timed over every call in turn (a pause between them: ORT's idle threads spin aft
   and the resident memory each adds are printed too;
 - with OpenVINO's own Python package (``.venv-ovnative``, which has stock onnxruntime for the anchor): the same model
   read by OpenVINO, compiled with dynamic dims (``native dynamic``) and reshaped and compiled per exact shape
-  (``native static``): the ceiling an EP session can reach.
+  (``native static``): the ceiling an EP session can reach; and static shapes at lengths rounded up to 8 or 16
+  tokens (``lengths to 8``, each call padded there: what buckets at batch B would run, fewer shapes, more padding).
 
     .venv-ovbench/bin/python benchmarks/bench_ov_per_shape.py --model /tmp/bw26/tuned/model.onnx \\
         --sentences /tmp/bw26/corpus/part1.txt --batch 32 [--json OUT.json]
@@ -111,7 +112,29 @@ def native_variants(model: str, threads: int) -> dict[str, Callable[[], Callable
 
         return run
 
-    return {"native dynamic": lambda: compiled(core.read_model(model)), "native static": static}
+    def bucketed(step: int) -> Callable[[], Callable[[dict], Any]]:
+        """Static shapes at lengths rounded up to ``step`` (pad id 0, mask 0): what a bucket per ``step`` tokens
+        would run at batch B, fewer shapes than per exact length, each call padded further."""
+
+        def make() -> Callable[[dict], Any]:
+            exact = static()
+
+            def run(feeds: dict) -> Any:
+                length = int(feeds["input_ids"].shape[1])
+                padded = -(-length // step) * step
+                widths = [(0, 0), (0, padded - length)]
+                return exact({k: np.pad(v, widths) for k, v in feeds.items()})
+
+            return run
+
+        return make
+
+    return {
+        "native dynamic": lambda: compiled(core.read_model(model)),
+        "native static": static,
+        "native static, lengths to 8": bucketed(8),
+        "native static, lengths to 16": bucketed(16),
+    }
 
 
 def main() -> None:
