@@ -88,7 +88,9 @@ def test_tokenized_parts_join_back_into_the_whole() -> None:
 
 
 def test_a_text_far_over_the_limit_is_cut_by_characters_first_and_keeps_the_same_tokens() -> None:
-    """A megabyte is not tokenized to keep 16 tokens; a text of mostly spaces that fits is still read whole."""
+    """A megabyte is not tokenized to keep 16 tokens; a text of mostly spaces that fits is still read whole, and
+    truncating too (cut at 1,600 characters, "cat" + 5,000 spaces + "mat" read as [CLS] cat [SEP], a vector of
+    another text, said to be truncated; a server refused it under --no-truncate as over 16 tokens with 4)."""
     tok = configure_tokenizer(make_text_tokenizer(), 16)
     huge, short = "the cat sat on the mat " * 50_000, "the cat sat on the mat " * 20
     cut = tokenize(tok, [huge, short], max_length=16)
@@ -96,7 +98,12 @@ def test_a_text_far_over_the_limit_is_cut_by_characters_first_and_keeps_the_same
     spaced = "cat" + " " * 5_000 + "mat"  # over 16 x 100 characters, 4 tokens with [CLS] and [SEP]
     whole = tokenize(tok, [spaced], truncate=False, max_length=16)
     assert len(whole.ids[0]) == 4 and whole.truncated == (False,)
-    flagged = tokenize(tok, [spaced], max_length=16)  # truncating: cut at 1,600 characters, and said so
-    assert flagged.truncated == (True,) and len(flagged.ids[0]) == 3
+    kept = tokenize(tok, [spaced], max_length=16)  # truncating: the same tokens, nothing cut
+    assert kept.ids == whole.ids and kept.truncated == (False,)
+    # characters the tokenizer drops that are not whitespace (zero-width spaces): the cut is said, not hidden
+    hidden = "cat" + "\u200b" * 5_000 + "mat"
+    assert tokenize(tok, [hidden], max_length=16).truncated == (True,)
+    read = tokenize(tok, [hidden], truncate=False, max_length=16)  # refusing long texts: read whole, it fits
+    assert read.truncated == (False,) and len(read.ids[0]) < 16 and read.ids[0][-1] == whole.ids[0][-1]
     with pytest.raises(InputError, match="longer than the model's limit of 16 tokens"):
         tokenize(tok, [huge], truncate=False, max_length=16)

@@ -34,6 +34,12 @@ def test_each_endpoint_parses_into_a_record_that_travels():
     assert endpoint_kind("/embeddings") == "embed" and endpoint_kind("/completions") is None
 
 
+def test_a_null_optional_field_reads_as_its_default():
+    doc = {"model": "m", "input": "a", "encoding_format": None, "dimensions": None, "user": None}
+    embed = _parse("embed", doc)
+    assert embed.encoding_format == "float" and embed.dimensions is None
+
+
 @pytest.mark.parametrize(
     ("kind", "doc", "param", "words"),
     [
@@ -44,6 +50,8 @@ def test_each_endpoint_parses_into_a_record_that_travels():
         ("embed", {"model": "m", "input": "a", "dimensions": 0}, "dimensions", "must be a positive integer"),
         ("embed", {"model": 3, "input": "a"}, "model", "must name its model"),
         ("rerank", {"model": "m", "query": "", "documents": ["a"]}, "query", "query is empty"),
+        ("rerank", {"model": "m", "documents": ["a"]}, "query", "The request has no 'query'"),
+        ("embed", {"model": "m", "input": "a", "encoding_format": True}, "encoding_format", "got true"),
         ("rerank", {"model": "m", "query": "q", "documents": ["a"], "top_n": -1}, "top_n", "positive integer"),
         ("rerank", {"model": "m", "query": "q", "documents": ["a"], "max_tokens_per_doc": 5}, "max_tokens_per_doc", ""),
         ("classify", {"model": "m", "input": "a", "raw_scores": True}, "raw_scores", "only false"),

@@ -143,6 +143,13 @@ def _cut_chars(item: Any, bound: int | None) -> Any:
     return item[:bound] if len(item) > bound else item
 
 
+def _squeezed(item: Any) -> Any:
+    """``item`` (a text or a pair) with each run of whitespace one space and none at the ends."""
+    if isinstance(item, tuple):
+        return tuple(" ".join(x.split()) for x in item)
+    return " ".join(item.split())
+
+
 def tokenize(
     tokenizer: Any,
     items: Sequence[str] | Sequence[tuple[str, str]],
@@ -164,10 +171,23 @@ def tokenize(
     shortened = [_cut_chars(item, bound) for item in given]
     encodings = tokenizer.encode_batch(shortened)
     precut = {i for i, (whole, cut) in enumerate(zip(given, shortened)) if whole is not cut}
-    for i in precut:  # cut before tokenizing but within the limit after (a text of mostly spaces): the whole text
-        if not encodings[i].overflowing and not truncate:
-            encodings[i] = tokenizer.encode(*given[i]) if isinstance(given[i], tuple) else tokenizer.encode(given[i])
-    truncated = tuple(bool(e.overflowing) or (i in precut and truncate) for i, e in enumerate(encodings))
+    unsure = set()  # cut before tokenizing, and whether the rest held more tokens is not known
+    for i in precut:
+        if encodings[i].overflowing:
+            continue  # the cut part alone fills the limit: what the whole text would give
+        # Within the limit after the cut: the tokenizer dropped most of those characters (spaces, with WordPiece
+        # and other tokenizers that split on them), so the cut may have left a text's words behind. Runs of
+        # whitespace squeezed to one space give that tokenizer the same tokens, from far fewer characters.
+        squeezed = _squeezed(given[i])
+        again = _cut_chars(squeezed, bound)
+        encodings[i] = tokenizer.encode(*again) if isinstance(again, tuple) else tokenizer.encode(again)
+        if again is not squeezed and not encodings[i].overflowing:
+            if truncate:
+                unsure.add(i)  # characters it drops other than whitespace (zero-width ones): said as cut
+            else:  # refused only if the whole text is over the limit: the whole text, however long
+                whole = given[i]
+                encodings[i] = tokenizer.encode(*whole) if isinstance(whole, tuple) else tokenizer.encode(whole)
+    truncated = tuple(bool(e.overflowing) or i in unsure for i, e in enumerate(encodings))
     cut = [i for i, t in enumerate(truncated) if t]
     if cut and not truncate:
         raise InputError(
@@ -183,4 +203,4 @@ def tokenize(
     return Tokenized(tuple(tuple(e.ids) for e in encodings), tuple(tuple(e.type_ids) for e in encodings), truncated)
 
 
-__all__ = ["Tokenized", "check_texts", "configure_tokenizer", "json_kind", "tokenize"]
+__all__ = ["CHARS_PER_TOKEN_BOUND", "Tokenized", "check_texts", "configure_tokenizer", "json_kind", "tokenize"]

@@ -12,7 +12,7 @@ task again from what it loaded (a bundle's replica, its own class's profile).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,12 @@ class TextFacts:
     def labels(self) -> tuple[str, ...]:
         return self.task.labels if self.task is not None else ()
 
-    def public_dict(self) -> dict[str, Any]:
-        """What model metadata says (``ortpilot.text``): the task and its KServe v2 text tensors."""
+    def public_dict(self, max_tokens: int | None = None) -> dict[str, Any]:
+        """What model metadata says (``ortpilot.text``): the task and its KServe v2 text tensors. ``max_tokens``:
+        where the replica cuts a text (the task's limit, or the server's lower ``--max-text-tokens``)."""
         if not self.text or self.task is None:
             return {"kind": None, "missing": self.missing}
+        task = self.task if max_tokens is None else replace(self.task, max_seq_length=int(max_tokens))
         inputs = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
         if self.kind == "rerank":
             inputs.insert(0, {"name": "query", "datatype": "BYTES", "shape": [1]})
@@ -66,9 +68,9 @@ class TextFacts:
         ]
         return {
             "kind": self.kind,
-            "task": self.task.describe(),
+            "task": task.describe(),
             "labels": list(self.labels) or None,
-            "max_tokens": self.task.max_seq_length,
+            "max_tokens": task.max_seq_length,
             "dim": self.dim,
             "inputs": inputs,
             "outputs": outputs,

@@ -121,7 +121,8 @@ def parse_text_request(kind: str, body: bytes, model: str | None = None) -> Text
     field = _TEXTS_FIELD[kind]
     texts = _texts(doc, field, allow_string=kind != "rerank")
     if kind == "embed":
-        encoding = doc.get("encoding_format", "float")
+        encoding = doc.get("encoding_format")
+        encoding = "float" if encoding is None else encoding  # null, as every optional field: the default
         if encoding not in ENCODINGS:
             raise _bad(f"encoding_format must be 'float' or 'base64', got {_short(encoding)}.", param="encoding_format")
         dimensions = _positive(doc, "dimensions")
@@ -161,6 +162,8 @@ def _string(doc: dict[str, Any], field: str, *, required: bool) -> str:
     value = doc.get(field)
     if value is None and not required:
         return ""
+    if value is None:
+        raise _bad(f"The request has no '{field}'; give it as a string.", param=field)
     if not isinstance(value, str):
         raise _bad(f"{field} must be a string, got {json_kind(value)}.", param=field)
     return value
@@ -226,7 +229,8 @@ def _shape(allow_string: bool) -> str:
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    """A value cut to ``limit`` characters; null, true and false as the client wrote them (JSON), not Python's."""
+    text = "null" if value is None else ("true" if value else "false") if isinstance(value, bool) else repr(value)
     return printable(text if len(text) <= limit else text[: limit - 3] + "...", limit + 20)
 
 

@@ -86,6 +86,31 @@ def test_limits_and_bad_texts_are_refused_naming_the_limit_and_the_value(folders
     assert refused.value.param == "input"
 
 
+def test_a_server_that_refuses_long_texts_counts_no_megabyte_and_reads_spaced_words_whole(folders):
+    """Under --no-truncate a 10 MB text was tokenized whole on the event loop only to print its count (12 s, every
+    other request waiting); it is refused by the limit instead. A short text after 13,000 spaces is 6 tokens:
+    the server took it as cut at [CLS] [SEP] (another text's vector) and refused it under --no-truncate."""
+    runner = _runner(folders["embed"], truncate=False)
+    with pytest.raises(TextRefused) as refused:
+        _answer(runner, ["fine", "ab " * 200_000])
+    assert "Text 1 (over 128 tokens) of 'input'" in refused.value.message, refused.value.message
+    spaced = " " * 13_000 + "the cat sat on the mat"
+    got = _answer(runner, [spaced])
+    assert got.truncated == (False,) and got.tokens == (8,)
+    np.testing.assert_allclose(got.values, _answer(runner, ["the cat sat on the mat"]).values, atol=1e-6)
+
+
+def test_model_metadata_says_the_token_limit_the_server_cuts_at(folders):
+    from dataclasses import replace
+
+    from ortpilot.serve.options import resolve_models
+
+    runner = _runner(folders["embed"], max_text_tokens=64)
+    (spec,) = resolve_models([str(folders["embed"])])
+    public = replace(text_facts(spec), dim=runner.dim).public_dict(runner.limit)
+    assert public["max_tokens"] == 64 and "64 tokens" in public["task"], public
+
+
 def test_a_lower_max_text_tokens_cuts_texts_sooner_and_says_so(folders):
     runner = _runner(folders["embed"], max_text_tokens=8)
     got = _answer(runner, ["the cat sat on the mat today", "hi"])

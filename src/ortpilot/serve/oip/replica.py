@@ -141,7 +141,11 @@ class ModelReplica(UnservedRpcs):
     async def metadata(self) -> dict[str, Any]:
         """The model's metadata: tensors, and what each live replica verified (details with --debug-info)."""
         replicas = await self.replica_infos()
-        text = {"text": replace(self.config.text, dim=self.text.dim).public_dict()} if self.text is not None else {}
+        text = (
+            {"text": replace(self.config.text, dim=self.text.dim).public_dict(self.text.limit)}
+            if self.text is not None
+            else {}
+        )
         return {
             "name": self.name,
             "versions": ["1"],

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ortpilot.data.textinput import Tokenized, check_texts
+from ortpilot.data.textinput import CHARS_PER_TOKEN_BOUND, Tokenized, check_texts
 from ortpilot.errors import InputError
 from ortpilot.serve.context import DeadlineExceeded, RequestContext
 from ortpilot.serve.oip.batcher import Expired
@@ -148,7 +148,10 @@ class TextRunner:
         cut = [i for i, c in enumerate(tokens.truncated) if c]
         if cut and not self.options.truncate:
             counts = self._whole_counts([items[i] for i in cut[:5]])
-            shown = ", ".join(f"{i} ({n} tokens)" for i, n in zip(cut[:5], counts))
+            shown = ", ".join(
+                f"{i} ({n} tokens)" if n is not None else f"{i} (over {self.limit} tokens)"
+                for i, n in zip(cut[:5], counts)
+            )
             more = f" and {len(cut) - 5} more" if len(cut) > 5 else ""
             raise TextRefused(
                 400,
@@ -168,8 +171,10 @@ class TextRunner:
                 field,
             )
 
-    def _whole_counts(self, items: list[Any]) -> list[int]:
-        """The tokens each item has uncut (special tokens included): what a refusal names."""
+    def _whole_counts(self, items: list[Any]) -> list[int | None]:
+        """The tokens each item has uncut (special tokens included): what a refusal names; None for an item longer
+        than the characters its limit's tokens could span (``CHARS_PER_TOKEN_BOUND``): counting a megabyte's
+        tokens to refuse it held the replica's other requests up for seconds (12 s for 10 MB)."""
         if self._whole is None:
             from tokenizers import Tokenizer
 
@@ -183,7 +188,14 @@ class TextRunner:
                 return tuple(t.lower() for t in item) if lower else item
             return item.lower() if lower else item
 
-        return [len(e.ids) for e in self._whole.encode_batch([text(i) for i in items])]
+        bound = CHARS_PER_TOKEN_BOUND * (self.limit or 0)
+        short = [
+            i for i, item in enumerate(items) if sum(map(len, item if isinstance(item, tuple) else (item,))) <= bound
+        ]
+        counts: list[int | None] = [None] * len(items)
+        for i, encoding in zip(short, self._whole.encode_batch([text(items[i]) for i in short])):
+            counts[i] = len(encoding.ids)
+        return counts
 
     def _observe(self, run: TextRun, tokens: Tokenized, requests: int) -> None:
         """Count one batch: each session run's texts, real tokens and padded positions."""
