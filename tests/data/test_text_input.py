@@ -76,6 +76,9 @@ def test_an_item_that_gives_no_token_is_refused() -> None:
     tok.post_processor = None  # no [CLS]/[SEP]: text of only dropped characters gives nothing
     with pytest.raises(InputError, match="Item 1 is made only of characters this tokenizer drops"):
         tokenize(configure_tokenizer(tok, 16), ["the cat", "\x00\x01"])
+    # with [CLS] and [SEP] around it, a zero-width space gives those two alone: an empty text's vector
+    with pytest.raises(InputError, match="Item 1 is made only of characters this tokenizer drops"):
+        tokenize(configure_tokenizer(make_text_tokenizer(), 16), ["the cat", "\u200b\u200b"])
 
 
 def test_tokenized_parts_join_back_into_the_whole() -> None:

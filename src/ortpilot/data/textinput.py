@@ -195,10 +195,11 @@ def tokenize(
             "off; shorten them, split them, or allow truncation (truncate=True cuts them at the limit and "
             "says which were cut)."
         )
-    silent = [i for i, e in enumerate(encodings) if not e.ids]
+    # nothing but the tokenizer's own special tokens ([CLS] [SEP]): the vector of an empty text, which is refused
+    silent = [i for i, e in enumerate(encodings) if all(e.special_tokens_mask)]
     if silent:
         raise InputError(
-            f"{_items(silent)} made only of characters this tokenizer drops: it gives no tokens. Leave such items out."
+            f"{_items(silent)} made only of characters this tokenizer drops: it gives no tokens of its own (only the special ones an empty text gets). Leave such items out."
         )
     return Tokenized(tuple(tuple(e.ids) for e in encodings), tuple(tuple(e.type_ids) for e in encodings), truncated)
 
