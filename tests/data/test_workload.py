@@ -112,7 +112,7 @@ def test_a_workload_file_is_text_requests_or_a_histogram_and_bad_ones_name_the_p
     histogram.write_text(json.dumps({"dims": {"sequence": {"17": 120, "32": 40, "64": 8}}}))
     requests, source = read_workload(histogram, proto, inputs)
     lengths = sorted({r["input_ids"].shape[1] for r in requests})
-    assert source == "synthetic" and lengths == [17, 32, 64] and len(requests) == 32
+    assert source == "synthetic" and lengths == [17, 32, 64] and len(requests) == 40
     assert sum(r["input_ids"].shape[1] == 17 for r in requests) > sum(r["input_ids"].shape[1] == 64 for r in requests)
     stacked = tmp_path / "w.npz"
     np.savez(
@@ -185,3 +185,18 @@ def test_the_extremes_are_the_smallest_and_largest_request_of_each_varying_dim(d
     picked = extremes(requests, inputs)
     assert [r["input_ids"].shape[1] for r in picked] == [3, 40]
     assert extremes([_sentence(5)] * 3, inputs) == []
+
+
+def test_buckets_from_a_histogram_end_at_its_own_quantiles(tmp_path, demo_paths):
+    """{16: 50, 24: 30, 32: 15, 64: 5}: the median 16, p80 24, p95 32 and the longest 64 (32 generated requests
+    put the p95 at 64 and the plan lost its 32 bucket)."""
+    from ortpilot.data.workload import read_workload
+    from ortpilot.session.shapeplan import choose_sizes
+
+    proto = load_model(demo_paths["encoder"])
+    inputs = graph_inputs(proto)
+    histogram = tmp_path / "w.json"
+    histogram.write_text(json.dumps({"dims": {"sequence": {"16": 50, "24": 30, "32": 15, "64": 5}}}))
+    requests, _ = read_workload(histogram, proto, inputs)
+    (dim,) = Workload.of_samples(requests, inputs, "synthetic").dims
+    assert choose_sizes([int(s) for s in dim.sizes]) == (16, 24, 32, 64)

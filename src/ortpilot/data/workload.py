@@ -303,7 +303,7 @@ def _stacked_requests(
 
 
 def _from_histogram(file: Path, model: Any, inputs: Sequence[InputInfo]) -> list[dict[str, np.ndarray]]:
-    """Requests generated at ``REPLAY_SIZE * 4`` sizes spread over the histogram (by its quantiles)."""
+    """``HISTOGRAM_REQUESTS`` requests at sizes spread over the histogram (by its quantiles)."""
     from ortpilot.graph.feeds import make_feeds, plan_feeds
 
     try:
@@ -332,13 +332,19 @@ def _from_histogram(file: Path, model: Any, inputs: Sequence[InputInfo]) -> list
     bad = {d: [s for s, c in h.items() if s < 1 or c < 0] for d, h in dims.items()}
     if any(bad.values()) or not all(sum(h.values()) for h in dims.values()):
         raise UsageError(f"--workload '{file}': sizes must be >= 1 and counts >= 0, with some requests per dim.")
-    count = REPLAY_SIZE * 4
+    count = HISTOGRAM_REQUESTS
     requests = []
     for i in range(count):
         q = (2 * i + 1) / (2 * count)
         shapes = {d: (_quantile(h, q),) for d, h in dims.items()}
         requests.append(make_feeds(model, plan=plan_feeds(model, shapes, inputs=inputs), seed=i))
     return requests
+
+
+# Requests generated from a histogram, at its quantiles: a multiple of 20, so the quantiles shape buckets end at
+# (``session.shapeplan.BUCKET_QUANTILES``: 0.5, 0.8, 0.95) fall on a request and the generated sizes keep the
+# histogram's there (32 requests put {16: 50, 24: 30, 32: 15, 64: 5}'s p95 at 64, not 32).
+HISTOGRAM_REQUESTS = 40
 
 
 def _count(value: Any, file: Path, dim: Any, size: Any) -> float:
