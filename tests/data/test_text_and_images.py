@@ -167,3 +167,37 @@ def test_text_at_its_own_length_is_cut_where_the_folder_cuts_it_and_a_shape_up_t
     assert "longer than 128 tokens and were truncated" in notes[0]
     padded, _ = data.samples(inputs, {"sequence": (256,)})
     assert {s["input_ids"].shape for s in padded} == {(1, 256)}
+
+
+def test_a_dynamic_width_keeps_each_images_own_aspect_with_auto_and_is_warned_about_without(tmp_path, caplog):
+    """An OCR recognizer's lines differ in width: ``--image-size 48xauto`` resizes each to height 48 at its own
+    aspect (what the deployment sends); a fixed width squeezes them all, said as a warning."""
+    import logging
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 48, "width"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 48, "width"])
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "rec", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    inputs = graph_inputs(model)
+    onnx.checker.check_model(model)
+    lines = tmp_path / "lines"
+    for i, size in enumerate([(120, 24), (300, 24), (60, 30)]):
+        write_images(lines / str(i), n=1, size=size)
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i, f in enumerate(sorted(lines.glob("*/*"))):
+        f.rename(flat / f"line{i}{f.suffix}")
+    samples, notes = image_samples(flat, ImagePreprocess.from_args("48xauto", "0.5", "0.5"), inputs)
+    assert sorted(s["x"].shape[3] for s in samples) == [96, 240, 600]  # 120x24 -> 240x48, 300x24 -> 600x48
+    assert "each at its own width (96-600 px)" in notes[0]
+    with caplog.at_level(logging.WARNING, logger="ortpilot"):
+        squeezed, _ = image_samples(flat, ImagePreprocess.from_args("48x320"), inputs)
+    assert {s["x"].shape for s in squeezed} == {(1, 3, 48, 320)}
+    assert "--image-size 48xauto keeps each one's own aspect" in caplog.text
+    with pytest.raises(UsageError, match="--image-size must be HxW, N or Hxauto"):
+        ImagePreprocess.from_args("autox48")

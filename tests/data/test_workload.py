@@ -200,3 +200,27 @@ def test_buckets_from_a_histogram_end_at_its_own_quantiles(tmp_path, demo_paths)
     requests, _ = read_workload(histogram, proto, inputs)
     (dim,) = Workload.of_samples(requests, inputs, "synthetic").dims
     assert choose_sizes([int(s) for s in dim.sizes]) == (16, 24, 32, 64)
+
+
+def test_a_histograms_other_dims_take_the_shapes_given_where_they_have_no_default(tmp_path):
+    """An OCR recognizer's input is ``[DynamicDimension.0, 3, 48, DynamicDimension.1]``: a histogram of widths
+    left the first dim with no default, and the --shape the error suggested did not reach the histogram."""
+    import onnx
+    import pytest
+    from onnx import TensorProto, helper
+
+    from ortpilot.data.workload import read_workload
+    from ortpilot.errors import UsageError
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["DynamicDimension.0", 3, 48, "DynamicDimension.1"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["DynamicDimension.0", 3, 48, "DynamicDimension.1"])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "rec", [x], [y])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(proto)
+    inputs = graph_inputs(proto)
+    widths = tmp_path / "widths.json"
+    widths.write_text(json.dumps({"dims": {"DynamicDimension.1": {"120": 3, "320": 1}}}))
+    with pytest.raises(UsageError, match="DynamicDimension.0"):
+        read_workload(widths, proto, inputs)
+    requests, _ = read_workload(widths, proto, inputs, shapes={"DynamicDimension.0": (1,)})
+    assert {r["x"].shape for r in requests} == {(1, 3, 48, 120), (1, 3, 48, 320)}

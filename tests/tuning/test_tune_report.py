@@ -261,6 +261,10 @@ def test_buckets_whose_outputs_cannot_be_cut_back_are_said_so_not_called_a_leaki
     assert "'logits', cut back, did not have the shape" in line and "mask" not in line
     rejected["accuracy"]["outputs"][0]["note"] = ""
     assert "does not make padding invisible" in shape_plan_line(doc)
+    # bucket candidates the budget left unmeasured passed no gate: the line said they had
+    unmeasured = {"label": "fp32 · buckets(152,200)", "status": "budget", "shape_plan": plan}
+    doc["candidates"] = [unmeasured, {**unmeasured, "status": "skipped"}]
+    assert shape_plan_line(doc).endswith("were proposed but not measured before the budget ran out.")
 
 
 @pytest.mark.parametrize("max_error", [1e-9, math.inf])
@@ -276,3 +280,33 @@ def test_the_latency_error_plot_draws_errors_that_are_all_alike_and_a_limit_of_i
     png = pareto_png(doc)
     assert base64.b64decode(png).startswith(b"\x89PNG")
     assert not [w for w in recwarn if issubclass(w.category, UserWarning)], [str(w.message) for w in recwarn]
+
+
+def test_when_orts_default_ships_the_headline_still_names_each_batch_size_asked_for():
+    """--batch 1,8 on an OCR recognizer where ORT's default shipped: batch 8 left no trace but the profile."""
+    from ortpilot.tuning.report import headline
+
+    doc = {
+        "speedup": {"ratio": 1.0, "ci_low": 1.0, "ci_high": 1.0},
+        "gate_data": {},
+        "default_best": True,
+        "default_best_reason": "ORT's default session measured fastest in the final interleaved measurement",
+        "objective": "p50",
+        "workload": {"batches": [1, 8], "dims": [], "summary": ""},
+        "candidates": [],
+    }
+    assert headline(doc).endswith(
+        "Batches of 8 not timed: they compare a winner with ORT's default, and ORT's default ships."
+    )
+    doc["workload"]["batches"] = [1]
+    assert "Batches" not in headline(doc)
+
+
+def test_a_first_run_that_cost_nothing_measurable_is_not_said_to_cost_a_negative_time():
+    from ortpilot.tuning.report import warmup_line
+
+    plan = {"dim": "DynamicDimension.1", "sizes": [60, 800], "first_run_ms": -1.02, "run_ms": 8.4, "warm": False}
+    line = warmup_line({"warmup": plan})
+    assert "cost the winner no more than the next (within the noise)" in line and "-1.02" not in line
+    plan["first_run_ms"] = 3.3
+    assert "cost the winner 3.30 ms more than the next (a run: 8.40 ms)" in warmup_line({"warmup": plan})

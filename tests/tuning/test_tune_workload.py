@@ -204,6 +204,27 @@ def test_a_first_batch_size_the_workload_cannot_form_is_refused_before_anything_
     assert not (tmp_path / "out").exists()
 
 
+def test_an_npz_workload_alone_is_the_gates_data_too(tmp_path):
+    """The user's requests are real inputs: gated on 4 generated ones instead, an OCR recognizer's INT8 model
+    shipped reading 28 of 30 real lines wrong (a CTC gate on blank lines checks nothing)."""
+    from ortpilot.data import load_tokenizer
+
+    folder = text_folder(tmp_path / "embed")
+    tok = load_tokenizer(folder / "tokenizer.json")
+    tok.no_padding()
+    requests = {}
+    for i, line in enumerate(_sentences(tmp_path / "s.txt", 24).read_text().splitlines()):
+        ids = np.asarray([tok.encode(line).ids], np.int64)
+        requests.update({f"{i}/input_ids": ids, f"{i}/attention_mask": 0 * ids + 1, f"{i}/token_type_ids": 0 * ids})
+    np.savez(tmp_path / "traffic.npz", **requests)
+    result = ortpilot.tune(
+        str(folder), str(tmp_path / "out"), 15, workload=str(tmp_path / "traffic.npz"), quantize=False
+    )
+    gate = result.gate_data
+    assert gate["source"] == "files" and gate["path"].endswith("traffic.npz"), gate
+    assert result.workload.requests == 24 and result.workload.varies
+
+
 def test_a_workload_request_past_the_models_position_limit_is_refused_by_its_shape(tmp_path):
     """A request of 600 tokens to an encoder of 512 positions: the replay set's quantiles leave it out, so ORT's
     default session runs the workload's smallest and largest request first, and the tune stops naming it."""

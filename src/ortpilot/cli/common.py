@@ -227,7 +227,12 @@ _REAL_DATA = (
         help="tokenizer.json for --calibration-text (default: the model folder's); decoder pairs and "
         "int4/int8-weights: the tokenizer of real held-out text prompts.",
     ),
-    _data_option("--image-size", metavar="HxW", help="With --calibration-images and no preprocessor_config.json."),
+    _data_option(
+        "--image-size",
+        metavar="HxW",
+        help="With --calibration-images and no preprocessor_config.json; Hxauto keeps each image's own aspect at "
+        "height H (a dynamic width: text lines).",
+    ),
     _data_option("--mean", metavar="R,G,B", help="Per-channel mean subtracted after scaling pixels to 0..1."),
     _data_option("--std", metavar="R,G,B", help="Per-channel std divided by after the mean."),
     _data_option(

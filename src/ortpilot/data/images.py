@@ -11,6 +11,7 @@ and laid out as one batch-1 sample each. A file that does not decode is refused 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -34,7 +35,7 @@ class ImagePreprocess:
     """How one image becomes one input tensor."""
 
     height: int
-    width: int
+    width: int  # 0: each image's own aspect at ``height`` (``--image-size 48xauto``: a text line's natural width)
     shortest_edge: int | None = None  # resize so the short side is this long (then crop to height x width)
     crop: bool = False
     rescale: float = 1 / 255
@@ -105,15 +106,17 @@ class ImagePreprocess:
     def from_args(
         cls, size: str, mean: str | None = None, std: str | None = None, layout: str = "NCHW", rescale: float = 1 / 255
     ) -> ImagePreprocess:
-        """From ``--image-size HxW|N``, ``--mean a,b,c``, ``--std a,b,c``, ``--layout``."""
+        """From ``--image-size HxW|N|Hxauto``, ``--mean a,b,c``, ``--std a,b,c``, ``--layout``. ``Hxauto``: each
+        image resized to height H at its own aspect (width 0 here), for a model whose width is dynamic."""
         try:
-            parts = [int(p) for p in str(size).lower().split("x")]
+            parts = [0 if p == AUTO else int(p) for p in str(size).lower().split("x")]
         except ValueError:
-            raise UsageError(f"--image-size must be HxW or N (pixels), got {size!r}.") from None
+            raise UsageError(f"--image-size must be HxW, N or Hxauto (pixels), got {size!r}.") from None
         if len(parts) == 1:
             parts *= 2
-        if len(parts) != 2 or min(parts) <= 0 or max(parts) > 16384:
-            raise UsageError(f"--image-size must be HxW or N with sides in 1..16384, got {size!r}.")
+        auto = len(parts) == 2 and parts[1] == 0 and str(size).lower().endswith(AUTO)
+        if len(parts) != 2 or parts[0] <= 0 or (parts[1] <= 0 and not auto) or max(parts) > MAX_SIDE:
+            raise UsageError(f"--image-size must be HxW, N or Hxauto with sides in 1..{MAX_SIDE}, got {size!r}.")
         if layout.upper() not in ("NCHW", "NHWC"):
             raise UsageError(f"--layout must be NCHW or NHWC, got {layout!r}.")
         return cls(
@@ -139,6 +142,10 @@ class ImagePreprocess:
                 raise UsageError(f"{self.source}: image {name} must be finite numbers, got {shown}.")
         if any(v == 0 for v in self.std):
             raise UsageError(f"{self.source}: an image std of 0 would divide by zero.")
+
+
+AUTO = "auto"  # --image-size Hxauto: each image's own width at height H
+MAX_SIDE = 16384
 
 
 def _floats(text: str | None, option: str) -> tuple[float, ...]:
@@ -189,6 +196,9 @@ def load_image(path: Path, prep: ImagePreprocess) -> np.ndarray:
         w, h = rgb.size
         scale = prep.shortest_edge / min(w, h)
         rgb = rgb.resize((max(1, round(w * scale)), max(1, round(h * scale))), resample=prep.resample)
+    elif not prep.width:  # its own aspect at the height asked for: a text line keeps its width
+        w, h = rgb.size
+        rgb = rgb.resize((min(MAX_SIDE, max(1, round(w * prep.height / h))), prep.height), resample=prep.resample)
     elif not prep.crop:
         rgb = rgb.resize((prep.width, prep.height), resample=prep.resample)
     if prep.crop or prep.shortest_edge:
@@ -216,11 +226,12 @@ def image_samples(
             f"Input '{info.name}' {list(info.dims)} has {channels} channels in {layout} layout; images "
             "give 3 (RGB). Pass --layout NHWC if the channels come last."
         )
-    wanted = (prep.height, prep.width)
-    if all(isinstance(d, int) and d > 0 for d in spatial) and tuple(spatial) != wanted:
+    wanted = (prep.height, prep.width or "auto")
+    fixed = [isinstance(d, int) and d > 0 for d in spatial]
+    if (fixed[0] and spatial[0] != prep.height) or (fixed[1] and spatial[1] != wanted[1]):
         raise UsageError(
-            f"Input '{info.name}' takes {spatial[0]}x{spatial[1]} images, but the preprocessing "
-            f"({prep.source}) makes {wanted[0]}x{wanted[1]}: fix --image-size or the config."
+            f"Input '{info.name}' {list(info.dims)} ({layout}) takes {spatial[0]}x{spatial[1]} images, but the "
+            f"preprocessing ({prep.source}) makes {wanted[0]}x{wanted[1]}: fix --image-size (or --layout) or the config."
         )
     dtype = np.dtype(info.dtype)
     samples = []
@@ -228,7 +239,21 @@ def image_samples(
         hwc = load_image(path, prep)
         tensor = hwc.transpose(2, 0, 1) if layout == "NCHW" else hwc
         samples.append({info.name: np.ascontiguousarray(tensor[None].astype(dtype))})
-    notes = [f"{len(samples)} images preprocessed from {prep.source}: {prep.height}x{prep.width} {layout}"]
+    if prep.width:
+        size = f"{prep.height}x{prep.width}"
+    else:
+        widths = sorted(int(s[info.name].shape[3 if layout == "NCHW" else 2]) for s in samples)
+        size = f"height {prep.height}, each at its own width ({widths[0]}-{widths[-1]} px)"
+    notes = [f"{len(samples)} image{'s' * (len(samples) != 1)} preprocessed from {prep.source}: {size} {layout}"]
+    if prep.width and not fixed[1] and not prep.crop:  # said loudly: it changes what the model is tuned on
+        logging.getLogger("ortpilot").warning(
+            "Input '%s' has a dynamic width ('%s'), and every image was resized to %d px wide: --image-size %dxauto "
+            "keeps each one's own aspect, the width a deployment sends (a text line's length).",
+            info.name,
+            spatial[1],
+            prep.width,
+            prep.height,
+        )
     return samples, notes
 
 

@@ -243,12 +243,17 @@ def _size(sample: Sample) -> int:
 
 
 def read_workload(
-    path: str | os.PathLike, model: Any, inputs: Sequence[InputInfo], folder: Any = None
+    path: str | os.PathLike,
+    model: Any,
+    inputs: Sequence[InputInfo],
+    folder: Any = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], str]:
     """(requests, source) of a ``--workload`` file, checked against the model's inputs (a UsageError names
     what does not fit): ``.txt`` lines tokenized at their own length with the model folder's tokenizer,
     ``.npz`` requests (``{i}/{input}`` arrays, or arrays whose first axis counts requests), or ``.json``
-    ``{"dims": {DIM: {SIZE: COUNT}}}``, each request then generated at a size drawn from the histogram."""
+    ``{"dims": {DIM: {SIZE: COUNT}}}``, each request then generated at a size drawn from the histogram, its other
+    dims at ``shapes`` (parsed ``--shape``) or their defaults."""
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"--workload '{file}' is not a file: give a .txt (a request a line), .npz or .json.")
@@ -268,7 +273,7 @@ def read_workload(
             return _checked(read_samples(file, "--workload"), inputs, file), "files"
         return _checked(_stacked_requests(arrays, inputs, file), inputs, file), "files"
     if suffix == ".json":
-        return _from_histogram(file, model, inputs), "synthetic"
+        return _from_histogram(file, model, inputs, shapes or {}), "synthetic"
     raise UsageError(f"--workload '{file}' is not a .txt, .npz or .json file.")
 
 
@@ -302,7 +307,9 @@ def _stacked_requests(
     return [request(i) for i in range(n)]
 
 
-def _from_histogram(file: Path, model: Any, inputs: Sequence[InputInfo]) -> list[dict[str, np.ndarray]]:
+def _from_histogram(
+    file: Path, model: Any, inputs: Sequence[InputInfo], fixed: Mapping[str, tuple[int, ...]]
+) -> list[dict[str, np.ndarray]]:
     """``HISTOGRAM_REQUESTS`` requests at sizes spread over the histogram (by its quantiles)."""
     from ortpilot.graph.feeds import make_feeds, plan_feeds
 
@@ -336,7 +343,7 @@ def _from_histogram(file: Path, model: Any, inputs: Sequence[InputInfo]) -> list
     requests = []
     for i in range(count):
         q = (2 * i + 1) / (2 * count)
-        shapes = {d: (_quantile(h, q),) for d, h in dims.items()}
+        shapes = {**fixed, **{d: (_quantile(h, q),) for d, h in dims.items()}}
         requests.append(make_feeds(model, plan=plan_feeds(model, shapes, inputs=inputs), seed=i))
     return requests
 

@@ -134,10 +134,9 @@ def warmup_line(doc: dict[str, Any]) -> str:
     if not plan:
         return ""
     sizes = plan["sizes"]
-    measured = (
-        f"a first run at a new '{plan['dim']}' cost the winner {plan['first_run_ms']:.2f} ms more than the next "
-        f"(a run: {plan['run_ms']:.2f} ms)"
-    )
+    extra = float(plan["first_run_ms"])  # a median of differences: at or under 0 where none is measurable
+    cost = f"{extra:.2f} ms more than the next" if extra > 0 else "no more than the next (within the noise)"
+    measured = f"a first run at a new '{plan['dim']}' cost the winner {cost} (a run: {plan['run_ms']:.2f} ms)"
     if not plan.get("warm"):
         return f"Warm-up: {measured}; not worth warming at load."
     batches = plan.get("batches") or [1]
@@ -164,8 +163,8 @@ def shape_plan_line(doc: dict[str, Any]) -> str:
             f"Shape plan: {where}, a session per bucket{held}; each request is padded up to its bucket (mask 0) "
             "and its outputs cut back, and every padded held-out request passed the gate at its own size."
         )
-    tried = [c for c in doc["candidates"] if c.get("shape_plan")]
-    if not tried:
+    tried = [c for c in doc["candidates"] if c.get("shape_plan") and c["status"] in ("ok", "rejected")]
+    if not tried:  # none measured: the budget, a skip, a failure (each one's row says which)
         return f"Shape buckets {where} were proposed but not measured before the budget ran out."
     passed = [c for c in tried if c["status"] == "ok"]
     if not passed and any(c["status"] == "rejected" for c in tried):
@@ -258,13 +257,20 @@ def headline(doc: dict[str, Any]) -> str:
     if doc["default_best"]:
         timed = f" on {doc['objective']}{workload_clause(doc)}" if workload_clause(doc) else ""
         left = untried(doc)
+        later = [int(b) for b in ((doc.get("workload") or {}).get("batches") or [1])[1:]]
+        batches = (  # each size the user asked for is said, timed or not
+            f" Batches of {', '.join(map(str, later))} not timed: they compare a winner with ORT's default, and ORT's "
+            "default ships."
+            if later
+            else ""
+        )
         if left:  # never "already best" while the budget left something unmeasured
             return (
                 f"ORT's default session ships{timed}: {doc['default_best_reason']}; {len(left)} candidate"
                 f"{'s were' if len(left) != 1 else ' was'} not measured within the budget, so it is the best "
-                f"of what was measured, not of everything.{gated}"
+                f"of what was measured, not of everything.{batches}{gated}"
             )
-        return f"ORT's default session was already best{timed}: {doc['default_best_reason']}.{gated}"
+        return f"ORT's default session was already best{timed}: {doc['default_best_reason']}.{batches}{gated}"
     timing = (
         "interleaved final measurement"
         if (doc["winner"].get("vs_default") or {}).get("timing", "interleaved") == "interleaved"
