@@ -52,6 +52,10 @@ def test_a_ci_entirely_below_1_never_reproduces_a_headline_of_1x_or_more():
     assert SpeedupVerdict.of(9.6, 10.0, 0.90, 0.999, 1.05).reproduced
     # a headline below 1 claims no such thing: its share decides
     assert SpeedupVerdict.of(9.0, 10.0, 0.85, 0.95, 0.95).reproduced
+    # nor does a profile that is ORT's default session (an OCR recognizer's tune: 0.99x, CI 0.99-0.99, against
+    # its own configuration): its share decides
+    same = SpeedupVerdict.of(9.9, 10.0, 0.99, 0.99, 1.0, default_ships=True)
+    assert not same.below_default and same.verdict == "reproduced"
 
 
 @pytest.mark.parametrize(

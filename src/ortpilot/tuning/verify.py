@@ -72,6 +72,7 @@ class LatencyCheck:
     # where the timed turns ran the calling thread: off the CPUs ORT's default pinned its pool threads to
     # (measure.placement, as in the tune); None where there was no such choice
     caller_cpus: list[int] | None = None
+    default_ships: bool = False  # the profile is ORT's default session (the tune's ``default_best``)
 
     @property
     def verdict(self) -> SpeedupVerdict:
@@ -83,6 +84,7 @@ class LatencyCheck:
             self.ci_high,
             self.recorded,
             max_slowdown_pct=self.max_slowdown_pct,
+            default_ships=self.default_ships,
         )
 
     @property
@@ -461,6 +463,7 @@ def check_latency(
         float(state_speedup) if isinstance(state_speedup, (int, float)) else None,
         untimed,
         comparison.environment.get("caller_cpus"),
+        bool(doc.get("default_best")),
     )
 
 
