@@ -647,3 +647,21 @@ def test_a_model_found_the_less_accurate_twin_is_not_built_on_another_session(de
     assert entry.status == "skipped" and "less accurate values" in entry.reason and smoothed.label in entry.reason
     assert own_basic not in [c for _, c in steps.prepared]
     assert search.evaluate(Entry(smoothed.with_settings(level="basic"), "session knobs")).status == "ok"
+
+
+def test_with_only_orts_default_measured_the_reserve_is_a_final_of_two(demo_paths):
+    """An OCR recognizer (17 ms a request, 8 requests a run) in a 20 s tune: ORT's default took 5 s, and the
+    reserve of a three-way final left 1.1 s for a candidate that needed 6 s; the tune ended at 7 s of 20 having
+    measured nothing else. The next candidate measured makes a final of two, and that is what is kept for it."""
+    facts = _facts(demo_paths, "encoder", model_mb=8.0)
+    clock = Clock()
+    budget = Budget(20.0, clock=clock, costs=PrepCosts(facts.model_mb, calibration=54, heldout=18))
+    steps = ScriptedSteps(
+        clock, prep_s=lambda c: 5.0 if c.baseline else 6.0, latency_s=lambda c: 0.017, requests_per_run=8
+    )
+    search = Search(steps, budget, objective="p50", requests_per_run=8)
+    search.run(baseline_candidate(), facts)
+    assert [c.baseline for _, c in steps.prepared] == [True]  # 20 s: only ORT's default fits, as in that tune
+    search._plan_reserve()
+    assert budget.final_per_run == pytest.approx(2 * budget.latency * budget.final_scale)
+    assert steps.final_ended is not None and steps.final_ended <= budget.deadline
