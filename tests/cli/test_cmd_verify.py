@@ -179,9 +179,11 @@ def test_verify_bench_prints_the_ratio_of_the_p50s_it_prints_and_the_rule_it_fol
     assert float(speedup) == round(float(default) / float(profile), 2)
     assert float(low) <= float(speedup) <= float(high)
     assert float(share) == round(float(speedup) / float(headline), 2)
-    recorded = json.loads((tuned / "profile.json").read_text())["latency"]["speedup_vs_default"]["ratio"]
+    doc = json.loads((tuned / "profile.json").read_text())
+    recorded = doc["latency"]["speedup_vs_default"]["ratio"]
     assert float(headline) == round(recorded, 2)
-    below = float(headline) >= 1 and float(high) < 1
+    # a profile that is ORT's default session claims no speed over it: its share decides (tuning.reproduction)
+    below = not doc.get("default_best") and float(headline) >= 1 and float(high) < 1
     assert (verdict == "reproduced") == (float(share) >= 0.9 and not below), row
     assert "reproduced when the speedup (ORT default p50 / profile p50) is at least 0.90 of the profile's headline" in (
         proc.stdout
