@@ -217,12 +217,14 @@ def test_an_npz_workload_alone_is_the_gates_data_too(tmp_path):
         ids = np.asarray([tok.encode(line).ids], np.int64)
         requests.update({f"{i}/input_ids": ids, f"{i}/attention_mask": 0 * ids + 1, f"{i}/token_type_ids": 0 * ids})
     np.savez(tmp_path / "traffic.npz", **requests)
-    result = ortpilot.tune(
-        str(folder), str(tmp_path / "out"), 15, workload=str(tmp_path / "traffic.npz"), quantize=False
-    )
-    gate = result.gate_data
-    assert gate["source"] == "files" and gate["path"].endswith("traffic.npz"), gate
-    assert result.workload.requests == 24 and result.workload.varies
+    from ortpilot.tuning.request import TuneRequest
+    from ortpilot.tuning.tune import _set_up
+
+    setup = _set_up(TuneRequest(str(folder), str(tmp_path / "out"), workload=str(tmp_path / "traffic.npz")))
+    origin = setup.given.origin  # what the gate's held-out samples and the calibration are taken from
+    assert origin.kind == "files" and origin.path.endswith("traffic.npz") and not setup.given.synthetic
+    assert len(setup.given) == 24 and setup.workload.requests == 24 and setup.workload.varies
+    assert not (tmp_path / "out").exists()  # set-up writes nothing
 
 
 def test_a_workload_request_past_the_models_position_limit_is_refused_by_its_shape(tmp_path):
