@@ -542,6 +542,9 @@ def test_a_port_ortpilot_picked_that_is_taken_before_serve_binds_it_is_picked_ag
     )
     assert out.returncode == 0, out.stderr[-3000:]
     found = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "was taken before Serve bound it; starting Serve again on other ports" in out.stderr, out.stderr[-3000:]
-    assert found["picks"] == 8, found  # four ports a start, two starts
+    restarts = out.stderr.count("was taken before Serve bound it; starting Serve again on other ports")
+    assert restarts >= 1, out.stderr[-3000:]
+    # four ports a start: two starts, or one more where another process (a test beside it) took a port it picked
+    # too (a local run read 12 picks: three starts, each said)
+    assert found["picks"] == 4 * (restarts + 1), (found, restarts)
     assert found["status"] == 503, found  # HAProxy answers on the second start: up, no model deployed
