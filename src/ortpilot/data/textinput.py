@@ -143,6 +143,17 @@ def _cut_chars(item: Any, bound: int | None) -> Any:
     return item[:bound] if len(item) > bound else item
 
 
+def exceeds_char_bound(item: Any, max_length: int | None) -> bool:
+    """Whether a text (or a pair) is longer than ``max_length`` tokens could span (``CHARS_PER_TOKEN_BOUND``
+    characters a token): ``tokenize`` cuts such a text by characters first, and counts nothing past the cut."""
+    return bool(max_length) and _cut_chars(item, max_length * CHARS_PER_TOKEN_BOUND) is not item
+
+
+def _encode(tokenizer: Any, item: Any) -> Any:
+    """One text, or one (first, second) pair, through ``tokenizer``."""
+    return tokenizer.encode(*item) if isinstance(item, tuple) else tokenizer.encode(item)
+
+
 def _squeezed(item: Any) -> Any:
     """``item`` (a text or a pair) with each run of whitespace one space and none at the ends."""
     if isinstance(item, tuple):
@@ -180,13 +191,12 @@ def tokenize(
         # whitespace squeezed to one space give that tokenizer the same tokens, from far fewer characters.
         squeezed = _squeezed(given[i])
         again = _cut_chars(squeezed, bound)
-        encodings[i] = tokenizer.encode(*again) if isinstance(again, tuple) else tokenizer.encode(again)
+        encodings[i] = _encode(tokenizer, again)
         if again is not squeezed and not encodings[i].overflowing:
             if truncate:
                 unsure.add(i)  # characters it drops other than whitespace (zero-width ones): said as cut
             else:  # refused only if the whole text is over the limit: the whole text, however long
-                whole = given[i]
-                encodings[i] = tokenizer.encode(*whole) if isinstance(whole, tuple) else tokenizer.encode(whole)
+                encodings[i] = _encode(tokenizer, given[i])
     truncated = tuple(bool(e.overflowing) or i in unsure for i, e in enumerate(encodings))
     cut = [i for i, t in enumerate(truncated) if t]
     if cut and not truncate:
@@ -204,4 +214,12 @@ def tokenize(
     return Tokenized(tuple(tuple(e.ids) for e in encodings), tuple(tuple(e.type_ids) for e in encodings), truncated)
 
 
-__all__ = ["CHARS_PER_TOKEN_BOUND", "Tokenized", "check_texts", "configure_tokenizer", "json_kind", "tokenize"]
+__all__ = [
+    "CHARS_PER_TOKEN_BOUND",
+    "Tokenized",
+    "check_texts",
+    "configure_tokenizer",
+    "exceeds_char_bound",
+    "json_kind",
+    "tokenize",
+]

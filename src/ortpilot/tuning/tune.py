@@ -31,7 +31,7 @@ import onnxruntime as ort
 from ortpilot.artifacts.atomic import check_output_path
 from ortpilot.artifacts.dirlock import one_writer
 from ortpilot.artifacts.scratch import scratch_dir
-from ortpilot.data import DataSource, ModelFolder, folder_of, real_data
+from ortpilot.data import DataSource, ModelFolder, digest_files, folder_of, real_data
 from ortpilot.data.workload import Workload, batched_requests, extremes, read_workload, replay_set, screening_set
 from ortpilot.errors import UsageError
 from ortpilot.gate.core import ModelGate
@@ -739,7 +739,6 @@ def _shapes(sample: Sample) -> dict[str, tuple[int, ...]]:
 
 def _traffic_as_data(requests: list[Sample], file: Path) -> Any:
     """A ``--workload`` .npz's requests as the calibration and gate data, named by the file they came from."""
-    from ortpilot.data import DataSource, digest_files
     from ortpilot.passes.calibration import CalibrationSet
 
     return CalibrationSet(list(requests), str(file), data=DataSource("files", str(file), digest_files([file])))

@@ -58,7 +58,7 @@ class _Child:
         self.calibration = load_samples(scratch / "calibration.npz")
         replay = scratch / REPLAY_FILE
         self.replay = load_samples(replay) if replay.is_file() else self.heldout[:1]
-        self.probe = load_samples(scratch / PROBE_FILE) if (scratch / PROBE_FILE).is_file() else []
+        self.probe = load_samples(scratch / PROBE_FILE)  # none where the file is absent (nothing varies)
         self.runners: OrderedDict[str, Any] = OrderedDict()  # candidate id -> measure.bench.Runner
         self.replays: dict[str, Any] = {}  # "id/replay" -> a Runner on that candidate's session
         self.structures: dict[str, str] = {}  # a built model's sha256 -> its structure's (graph.structure)

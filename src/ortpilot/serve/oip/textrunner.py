@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ortpilot.data.textinput import CHARS_PER_TOKEN_BOUND, Tokenized, check_texts
+from ortpilot.data.textinput import Tokenized, check_texts, exceeds_char_bound
 from ortpilot.errors import InputError
 from ortpilot.serve.context import DeadlineExceeded, RequestContext
 from ortpilot.serve.oip.batcher import Expired
@@ -173,7 +173,7 @@ class TextRunner:
 
     def _whole_counts(self, items: list[Any]) -> list[int | None]:
         """The tokens each item has uncut (special tokens included): what a refusal names; None for an item longer
-        than the characters its limit's tokens could span (``CHARS_PER_TOKEN_BOUND``): counting a megabyte's
+        than the characters its limit's tokens could span (``exceeds_char_bound``): counting a megabyte's
         tokens to refuse it held the replica's other requests up for seconds (12 s for 10 MB)."""
         if self._whole is None:
             from tokenizers import Tokenizer
@@ -188,10 +188,7 @@ class TextRunner:
                 return tuple(t.lower() for t in item) if lower else item
             return item.lower() if lower else item
 
-        bound = CHARS_PER_TOKEN_BOUND * (self.limit or 0)
-        short = [
-            i for i, item in enumerate(items) if sum(map(len, item if isinstance(item, tuple) else (item,))) <= bound
-        ]
+        short = [i for i, item in enumerate(items) if not exceeds_char_bound(item, self.limit)]
         counts: list[int | None] = [None] * len(items)
         for i, encoding in zip(short, self._whole.encode_batch([text(items[i]) for i in short])):
             counts[i] = len(encoding.ids)
