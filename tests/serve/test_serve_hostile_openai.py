@@ -5,7 +5,7 @@ One server for the module: two replicas of a decoder whose embedding row for tok
 broken model, served for real), an API key, a 1 MiB body limit and short timeouts. Every route needs
 the key (401 in OpenAI's shape), every client mistake is a 4xx in that shape, a request whose logits
 turn NaN fails alone while the streams beside it get their text, slow clients are cut off, a
-replica SIGKILLed under load loses no request that had not started streaming, and SIGTERM
+replica SIGKILLed under 8 clients loses no request that had not started streaming, and SIGTERM
 answers new requests with 503 + Retry-After while the streams in flight finish.
 """
 
@@ -85,7 +85,7 @@ def server(ray_address: str, poisoned: Path) -> Iterator[OpenAIServer]:
             *("--tokenizer", str(demo_tokenizer_path()), "--api-key", KEY),
             *("--replicas", "2", "--cpus-per-replica", "1", "--max-streams", "4", "--max-length", "512"),
             *("--max-request-mb", "1", "--max-header-kb", "16"),
-            *("--header-timeout", "2", "--idle-timeout", "3", "--request-timeout", "4"),
+            *("--header-timeout", "2", "--idle-timeout", "3", "--request-timeout", "30"),
         ],
         ray_address,
         folder / "serve.err",
@@ -271,13 +271,12 @@ def _replica_pids() -> list[int]:
 
 
 def test_no_request_is_lost_when_a_replica_is_killed_under_load(server: OpenAIServer, clean_prompts: list[str]) -> None:
-    """Three clients and a stream on two replicas of four streams each; one replica is killed, and every request
-    in flight on it must run again on the survivor. The server's --request-timeout is 4 s (the slow-client test's
-    408), so the load is what the survivor alone can hold (its four streams): nothing waits in its queue behind
-    other generations, which is a deadline on how fast the machine is, not on losing requests (eight clients
-    queued five requests on the survivor, and one got its 504 at 4.05 s in a whole .ci/run on a 2-core machine)."""
+    """Eight clients and a stream on two replicas of four streams each; one replica is killed: every request in
+    flight on it runs again on the survivor, and the requests beyond its four streams wait in its queue. The
+    module's --request-timeout is 30 s so that waiting is no deadline on how fast the machine is (at 4 s, one
+    request queued behind generations got its 504 at 4.05 s in a whole .ci/run on a 2-core machine; the
+    slow-client test's 408s come from --header-timeout, not from it)."""
     tokens = 100  # what each request asks for, and must get
-    CLIENTS = 3  # with the stream: the survivor's --max-streams
     deadline = time.monotonic() + 60
     while len(_replica_pids()) < 2:
         assert time.monotonic() < deadline, "two decoder replicas did not start"
@@ -309,7 +308,7 @@ def test_no_request_is_lost_when_a_replica_is_killed_under_load(server: OpenAISe
             last = lines[-1][6:] if lines else ""
             streams.append("done" if last == "[DONE]" else json.loads(last)["error"]["type"])
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(CLIENTS)] + [threading.Thread(target=stream)]
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)] + [threading.Thread(target=stream)]
     for thread in threads:
         thread.start()
     time.sleep(3.0)
@@ -321,7 +320,7 @@ def test_no_request_is_lost_when_a_replica_is_killed_under_load(server: OpenAISe
         thread.join(180)
     failed = [o for o in outcomes if o[2] != "ok"]
     assert outcomes and not failed, failed[:5]
-    assert sum(s < killed < e for s, e, _ in outcomes) >= CLIENTS - 1, "too few requests were in flight at the kill"
+    assert sum(s < killed < e for s, e, _ in outcomes) >= 4, "too few requests were in flight at the kill"
     assert streams and set(streams) <= {"done", "server_error"}, streams
 
 
