@@ -68,7 +68,7 @@ def test_two_classes_two_profiles_one_bundle_served_on_both_nodes(two_nodes, tmp
     address = two_nodes["cluster"].address
     bundle = tmp_path / "mlp"
     started = time.monotonic()
-    code, doc, err = _finish(_tune(address, bundle))
+    code, doc, err = _finish(_tune(address, bundle, "--no-session-knobs"))  # the subject is the fleet, not the search
     wall = time.monotonic() - started
     assert code == 0, err[-3000:]
     classes = {c["class"]: c for c in doc["models"][0]["classes"]}
